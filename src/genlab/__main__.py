@@ -1,0 +1,3 @@
+from genlab.cli import main
+
+raise SystemExit(main())

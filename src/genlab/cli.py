@@ -1,0 +1,164 @@
+"""genlab command line: train | sample | eval | data | list | bench | sweep."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from genlab.errors import GenlabError
+
+
+def _split_config_and_overrides(items):
+    """First positional may be a preset name or .toml; everything with '=' is an override."""
+    preset, overrides = None, []
+    for it in items:
+        if "=" in it:
+            overrides.append(it)
+        elif preset is None:
+            preset = it
+        else:
+            raise GenlabError(f"unexpected argument '{it}': give one CONFIG and then key=value overrides")
+    return preset, overrides
+
+
+def cmd_train(args):
+    from genlab.config import load_config
+    from genlab.train.trainer import Trainer, config_for_resume
+    preset, overrides = _split_config_and_overrides(args.items)
+    if args.resume:
+        if preset:
+            raise GenlabError("--resume takes the config saved with the run; give only key=value overrides")
+        cfg = config_for_resume(args.resume, overrides)
+    else:
+        cfg = load_config(preset, overrides)
+    trainer = Trainer(cfg, resume=args.resume)
+    summary = trainer.fit()
+    print_summary(summary)
+    return 0 if summary.get("status") in ("finished", "interrupted") else 1
+
+
+def print_summary(s: dict):
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+    lines = [f"run: {s.get('run_dir')}  status: {s.get('status')}  steps: {s.get('step')}  wall: {fmt(s.get('wall_time'), '.1f')} s",
+             f"final loss: {fmt(s.get('loss'), '.4f')}  throughput: {fmt(s.get('samples_per_s'), '.1f')} samples/s  "
+             f"MFU: {fmt(s.get('mfu') and 100 * s['mfu'], '.1f')}%  peak mem: {fmt(s.get('peak_mem_gib'), '.2f')} GiB"]
+    if "sample_accuracy" in s:
+        lines.append(f"sample accuracy: {100 * s['sample_accuracy']:.1f}% (classifier held-out acc {100 * s['classifier_val_acc']:.1f}%)"
+                     f"  feature FD: {s['feature_fd']:.3f}")
+    for k, v in s.items():
+        if k.startswith(("val_", "bpc", "ppl", "nelbo")) and isinstance(v, (int, float)):
+            lines.append(f"{k}: {v:.4f}")
+    if s.get("samples"):
+        lines.append(f"samples: {s['samples']}")
+    print("\n".join(lines))
+
+
+def cmd_sample(args):
+    from genlab.sample import sample_to_file
+    path = sample_to_file(args.run, n=args.n, steps=args.steps, cfg_scale=args.cfg, class_id=args.class_id,
+                          out=args.out, seed=args.seed, sampler=args.sampler, device=args.device, ema=not args.no_ema)
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_eval(args):
+    from genlab.sample import evaluate_run
+    res = evaluate_run(args.run, overrides=args.overrides, device=args.device)
+    print(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def cmd_list(args):
+    from genlab.config import CONFIG_DIR
+    from genlab.registry import all_registries
+    for kind, reg in all_registries().items():
+        print(f"{kind}:")
+        for name, fn in reg.items():
+            print(f"  {name:<18} {getattr(fn, '_registry_doc', '')}")
+    print("presets:")
+    for p in sorted(CONFIG_DIR.glob("*.toml")):
+        print(f"  {p.stem}")
+    return 0
+
+
+def cmd_data(args):
+    from genlab.data.convert import prepare
+    out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
+                  size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf)
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="genlab", description="train and compare generative transformers")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
+    t.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
+    t.add_argument("--resume", help="run folder or checkpoint to continue from")
+    t.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser("sample", help="draw samples from a run or checkpoint into a PNG grid")
+    s.add_argument("run", help="run folder or checkpoint file")
+    s.add_argument("--n", type=int, default=64)
+    s.add_argument("--steps", type=int, default=None)
+    s.add_argument("--cfg", type=float, default=None, help="classifier-free guidance scale")
+    s.add_argument("--class", dest="class_id", type=int, default=None, help="class id (default: cycle over classes)")
+    s.add_argument("--sampler", default=None)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="auto")
+    s.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
+    s.add_argument("--out", default=None, help="output file (default: RUN/sample_grid.png)")
+    s.set_defaults(fn=cmd_sample)
+
+    e = sub.add_parser("eval", help="evaluate a run or checkpoint (sample accuracy / likelihood bounds)")
+    e.add_argument("run")
+    e.add_argument("overrides", nargs="*", help="eval.* overrides, e.g. eval.num_samples=1000")
+    e.add_argument("--device", default="auto")
+    e.set_defaults(fn=cmd_eval)
+
+    lst = sub.add_parser("list", help="print every registry and its entries, and the presets")
+    lst.set_defaults(fn=cmd_list)
+
+    d = sub.add_parser("data", help="dataset tools")
+    dsub = d.add_subparsers(dest="data_cmd", required=True)
+    prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
+    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | text")
+    prep.add_argument("--src", default=None, help="folder (or file) holding the standard public files")
+    prep.add_argument("--out", required=True, help="output folder (must not hold a dataset already)")
+    prep.add_argument("--download", action="store_true", help="download the public files (needs internet)")
+    prep.add_argument("--no-verify", action="store_true", help="skip the known-checksum check")
+    prep.add_argument("--split", default="train", help="train | test (idx/pickle datasets)")
+    prep.add_argument("--size", type=int, default=0, help="imagefolder: resize to SIZE x SIZE")
+    prep.add_argument("--channels", type=int, default=3, help="imagefolder: 1 (grey) or 3 (RGB)")
+    prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
+    prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
+    prep.set_defaults(fn=cmd_data)
+
+    from genlab import cli_extra
+    cli_extra.add_commands(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except GenlabError as e:
+        print(f"genlab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("genlab: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001
+        from genlab.train.trainer import NonFiniteLoss
+        if isinstance(e, NonFiniteLoss):
+            print(f"genlab: diverged: {e}", file=sys.stderr)
+            return 3
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

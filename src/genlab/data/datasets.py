@@ -1,0 +1,44 @@
+"""Dataset registry: `(cfg.data) -> ImageData` (or another data object with `.spec`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from genlab.data.formats import ImageData, array_checksum, read_image_dataset
+from genlab.errors import GenlabError
+from genlab.registry import dataset_registry
+
+
+def load_digits_uint8() -> ImageData:
+    """scikit-learn's bundled 8x8 digits (1797 images, values 0..16) as uint8 [N, 8, 8, 1]."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    images = np.round(d.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[..., None]
+    labels = d.target.astype(np.int64)
+    meta = {"source": "sklearn.datasets.load_digits", "sha256": array_checksum(images, labels)}
+    return ImageData(images=images, labels=labels, classes=[str(i) for i in range(10)], meta=meta)
+
+
+@dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files")
+def digits(cfg_data):
+    return load_digits_uint8()
+
+
+@dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)")
+def images(cfg_data):
+    if not cfg_data.path:
+        raise GenlabError("data.name=images needs data.path (a folder made by `genlab data prepare`)")
+    return read_image_dataset(cfg_data.path)
+
+
+@dataset_registry.register("synthetic", "random uint8 images of data.image_size/channels/num_classes (benchmarks)")
+def synthetic(cfg_data):
+    rng = np.random.default_rng(0)
+    n, s, c = cfg_data.size, cfg_data.image_size, cfg_data.channels
+    images = rng.integers(0, 256, size=(n, s, s, c), dtype=np.uint8)
+    labels = rng.integers(0, cfg_data.num_classes, size=n).astype(np.int64)
+    return ImageData(images=images, labels=labels, classes=[str(i) for i in range(cfg_data.num_classes)],
+                     meta={"source": "synthetic"})
+
+
+def build_dataset(cfg_data):
+    return dataset_registry.get(cfg_data.name)(cfg_data)

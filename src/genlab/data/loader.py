@@ -1,0 +1,138 @@
+"""Batch loaders: seeded, resumable, rank-sharded, with normalisation done on the device.
+
+The sample stream is the concatenation of per-epoch permutations (seeded by (seed, epoch)), so
+every epoch visits every sample exactly once and batches never need to be dropped. A global batch
+takes the next `batch * world` indices of the stream; rank r takes its slice. The whole state is
+one integer (`pos`), which makes exact resume trivial.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+RESIDENT_LIMIT_BYTES = 4 << 30  # datasets below this live on the device as uint8 when on_device=auto
+
+
+class IndexStream:
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.pos = n, seed, 0
+        self._epoch, self._perm = -1, None
+
+    def _perm_for(self, epoch):
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return self._perm
+
+    def take(self, k: int) -> np.ndarray:
+        out = np.empty(k, dtype=np.int64)
+        filled = 0
+        while filled < k:
+            epoch, off = divmod(self.pos, self.n)
+            m = min(k - filled, self.n - off)
+            out[filled:filled + m] = self._perm_for(epoch)[off:off + m]
+            filled += m
+            self.pos += m
+        return out
+
+    @property
+    def epoch(self) -> float:
+        return self.pos / self.n
+
+
+def normalize_images(u8: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, H, W, C] -> float [B, C, H, W] in [-1, 1] (on whatever device u8 is)."""
+    return u8.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+
+
+class ImageLoader:
+    """Yields {"image": float [B,C,H,W] in [-1,1], "label": long [B]} on `device`."""
+
+    def __init__(self, data, batch_size: int, device, seed: int = 0, rank: int = 0, world: int = 1,
+                 on_device: str = "auto", prefetch: int = 2, pin_memory: str = "auto", hflip: bool = False):
+        self.data, self.batch_size, self.device = data, batch_size, torch.device(device)
+        self.rank, self.world, self.hflip = rank, world, hflip
+        self.stream = IndexStream(len(data), seed)
+        self.wait_time = 0.0
+        nbytes = data.images.nbytes
+        self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
+        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.prefetch = max(1, prefetch)
+        self._flip_gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
+        self._pool, self._futures = None, deque()
+        if self.resident:
+            self.images = torch.from_numpy(np.ascontiguousarray(data.images)).to(self.device)
+            self.labels = torch.from_numpy(np.ascontiguousarray(data.labels)).to(self.device)
+
+    # -- state --------------------------------------------------------------------------
+    def state_dict(self):
+        # batches requested ahead but not yet consumed go back to the stream
+        return {"pos": self.stream.pos - len(self._futures) * self.batch_size * self.world}
+
+    def load_state_dict(self, state):
+        self._drain()
+        self.stream.pos = int(state["pos"])
+
+    @property
+    def epoch(self):
+        return self.stream.epoch
+
+    def _next_indices(self):
+        idx = self.stream.take(self.batch_size * self.world)
+        return idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+    # -- host path: worker threads gather from the memmap into (pinned) memory ahead of use ----
+    def _gather(self, idx):
+        order = np.argsort(idx)  # read the memmap in file order, then restore batch order
+        imgs = np.empty((len(idx),) + self.data.images.shape[1:], dtype=np.uint8)
+        imgs[order] = self.data.images[idx[order]]
+        out = (torch.from_numpy(imgs), torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))
+        return (out[0].pin_memory(), out[1].pin_memory()) if self.pin else out
+
+    def _drain(self):
+        for f in self._futures:
+            f.result()
+        self.stream.pos -= len(self._futures) * self.batch_size * self.world
+        self._futures.clear()
+
+    def _host_batch(self):
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=min(4, self.prefetch))
+        while len(self._futures) < self.prefetch:
+            self._futures.append(self._pool.submit(self._gather, self._next_indices()))
+        imgs, labels = self._futures.popleft().result()
+        return imgs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+
+    def next(self) -> dict:
+        t0 = time.perf_counter()
+        if self.resident:
+            idx = torch.from_numpy(self._next_indices()).to(self.device, non_blocking=True)
+            imgs, labels = self.images[idx], self.labels[idx]
+        else:
+            imgs, labels = self._host_batch()
+        self.wait_time += time.perf_counter() - t0
+        x = normalize_images(imgs)
+        if self.hflip:
+            flip = (torch.rand(x.shape[0], generator=self._flip_gen) < 0.5).to(self.device)
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return {"image": x, "label": labels}
+
+    def close(self):
+        self._drain()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def build_loader(data, cfg_data, batch_size, device, seed, rank=0, world=1):
+    if data.spec.get("kind") == "image":
+        return ImageLoader(data, batch_size, device, seed=seed, rank=rank, world=world,
+                           on_device=cfg_data.on_device, prefetch=cfg_data.prefetch,
+                           pin_memory=cfg_data.pin_memory, hflip=cfg_data.hflip)
+    if hasattr(data, "make_loader"):
+        return data.make_loader(cfg_data, batch_size, device, seed, rank, world)
+    raise ValueError(f"no loader for data of kind {data.spec.get('kind')!r}")

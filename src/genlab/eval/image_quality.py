@@ -1,0 +1,66 @@
+"""Sample quality of class-conditional image generators: sample accuracy, Fréchet feature distance,
+and the per-class sample grid."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from PIL import Image
+
+from genlab.data.loader import normalize_images
+from genlab.eval.classifier import frechet_distance, get_classifier, predict
+
+
+def to_uint8(x: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] float [B, C, H, W] -> uint8 [B, H, W, C], quantised like the training data."""
+    return ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
+def generate(method, model, labels, ctx, batch):
+    out = []
+    for i in range(0, len(labels), batch):
+        out.append(to_uint8(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
+                                          cfg_scale=ctx["eval"].cfg_scale, generator=ctx["generator"],
+                                          device=ctx["device"])).cpu())
+    return torch.cat(out)
+
+
+def evaluate_class_conditional(method, model, data, ctx) -> dict:
+    ecfg, device = ctx["eval"], ctx["device"]
+    k = data.spec["num_classes"]
+    net, val_acc = get_classifier(data, device=device, epochs=ecfg.classifier_epochs)
+    labels = torch.arange(ecfg.num_samples, device=device) % k
+    samples = generate(method, model, labels, ctx, ecfg.batch_size)
+    logits, f_gen = predict(net, normalize_images(samples.to(device)), return_features=True)
+    acc = (logits.argmax(-1) == labels).float().mean().item()
+    n_real = min(len(data), max(2000, ecfg.num_samples))
+    idx = np.random.default_rng(0).choice(len(data), n_real, replace=False)
+    real = normalize_images(torch.from_numpy(np.asarray(data.images[np.sort(idx)])).to(device))
+    _, f_real = predict(net, real, return_features=True)
+    return {"sample_accuracy": acc, "feature_fd": frechet_distance(f_gen.cpu().numpy(), f_real.cpu().numpy()),
+            "classifier_val_acc": val_acc}
+
+
+def save_grid(images_u8: torch.Tensor, rows: int, cols: int, path, upscale: int | None = None):
+    """uint8 [rows*cols, H, W, C] -> one PNG grid with a 1-pixel gap."""
+    n, H, W, C = images_u8.shape
+    up = upscale or max(1, 64 // H)
+    grid = np.full((rows * (H + 1) + 1, cols * (W + 1) + 1, C), 255, dtype=np.uint8)
+    arr = images_u8.cpu().numpy()
+    for i in range(min(n, rows * cols)):
+        r, c = divmod(i, cols)
+        grid[1 + r * (H + 1):1 + r * (H + 1) + H, 1 + c * (W + 1):1 + c * (W + 1) + W] = arr[i]
+    img = Image.fromarray(grid[..., 0] if C == 1 else grid)
+    if up > 1:
+        img = img.resize((img.width * up, img.height * up), Image.NEAREST)
+    img.save(path)
+    return path
+
+
+def save_class_grid(method, model, path, ctx, classes=None):
+    """One row per class (the first 10 classes when there are more), eval.grid_per_class columns."""
+    k = method.spec["num_classes"]
+    classes = list(range(min(k, 10))) if classes is None else classes
+    cols = ctx["eval"].grid_per_class
+    labels = torch.tensor([c for c in classes for _ in range(cols)], device=ctx["device"])
+    samples = generate(method, model, labels, ctx, ctx["eval"].batch_size)
+    return save_grid(samples, len(classes), cols, path)

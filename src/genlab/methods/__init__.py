@@ -1,0 +1,2 @@
+"""Methods own the objective, sampling and evaluation: `loss(model, batch, gen) -> (loss, metrics)`."""
+from genlab.methods import timesteps, samplers, flow  # noqa: F401

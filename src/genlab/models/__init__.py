@@ -1,0 +1,3 @@
+"""Backbones. Each registers a builder `(cfg.model, data_spec) -> nn.Module` that exposes `.blocks`
+(for FSDP wrapping, activation checkpointing and per-block compile) and `flops_per_sample()`."""
+from genlab.models import layers, dit  # noqa: F401

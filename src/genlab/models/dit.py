@@ -1,0 +1,166 @@
+"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748).
+
+The backbone maps (noisy image, t, class) -> an image-shaped output. It knows nothing of noise
+schedules: the method decides what goes in and what the output means.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from genlab.models.layers import Attention, Mlp, TimestepEmbedder, sincos_2d
+from genlab.registry import model_registry
+
+# name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
+DIT_SIZES = {
+    "tiny": (128, 4, 4),
+    "small": (256, 6, 4),
+    "S": (384, 12, 6),
+    "B": (768, 12, 12),
+    "L": (1024, 24, 16),
+    "XL": (1152, 28, 16),
+}
+
+
+@dataclass
+class DiTSpec:
+    image_size: int
+    channels: int
+    num_classes: int
+    dim: int
+    depth: int
+    heads: int
+    patch_size: int = 2
+    mlp_ratio: float = 4.0
+    attention: str = "sdpa"
+    qk_norm: bool = False
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/p)*(W/p), p*p*C], patches in row-major order."""
+    B, C, H, W = x.shape
+    x = x.reshape(B, C, H // p, p, W // p, p)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, (H // p) * (W // p), p * p * C)
+
+
+def depatchify(x: torch.Tensor, p: int, C: int, H: int, W: int) -> torch.Tensor:
+    """Inverse of patchify."""
+    B = x.shape[0]
+    x = x.reshape(B, H // p, W // p, p, p, C)
+    return x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, H, W)
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init."""
+
+    def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        nn.init.zeros_(self.ada[1].weight)
+        nn.init.zeros_(self.ada[1].bias)
+
+    def forward(self, x, c):
+        sh1, sc1, g1, sh2, sc2, g2 = self.ada(c).chunk(6, dim=-1)
+        x = x + g1[:, None] * self.attn(modulate(self.norm1(x), sh1, sc1), causal=False)
+        x = x + g2[:, None] * self.mlp(modulate(self.norm2(x), sh2, sc2))
+        return x
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, dim, out_dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.linear = nn.Linear(dim, out_dim)
+        for m in (self.ada[1], self.linear):
+            nn.init.zeros_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def forward(self, x, c):
+        shift, scale = self.ada(c).chunk(2, dim=-1)
+        return self.linear(modulate(self.norm(x), shift, scale))
+
+
+class DiT(nn.Module):
+    def __init__(self, spec: DiTSpec):
+        super().__init__()
+        self.spec = spec
+        s, p = spec, spec.patch_size
+        if s.image_size % p:
+            raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
+        self.grid = s.image_size // p
+        self.num_tokens = self.grid ** 2
+        self.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
+        self.patch_embed = nn.Linear(p * p * s.channels, s.dim)
+        self.register_buffer("pos_embed", torch.from_numpy(sincos_2d(s.dim, self.grid, self.grid))[None], persistent=False)
+        self.t_embed = TimestepEmbedder(s.dim)
+        self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm) for _ in range(s.depth))
+        self.final = FinalLayer(s.dim, p * p * s.channels)
+        self._init_weights()
+
+    def _init_weights(self):
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear) and not name.endswith(("ada.1", "final.linear")):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        nn.init.normal_(self.y_embed.weight, std=0.02)
+        for m in self.t_embed.mlp:
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional)."""
+        s = self.spec
+        h = self.patch_embed(patchify(x_t, s.patch_size)) + self.pos_embed.to(x_t.dtype)
+        c = self.t_embed(t) + self.y_embed(y)
+        for block in self.blocks:
+            h = block(h, c)
+        out = self.final(h, c)
+        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+
+    def flops_per_sample(self) -> int:
+        """Forward matmul FLOPs (2 per multiply-add) of one sample, attention included.
+
+        Counted like torch.utils.flop_counter: every Linear and both attention matmuls.
+        """
+        s, N, D = self.spec, self.num_tokens, self.spec.dim
+        pd = s.patch_size ** 2 * s.channels
+        hidden = int(D * s.mlp_ratio)
+        f = 2 * N * pd * D                                  # patch embed
+        f += 2 * (self.t_embed.freq_dim * D + D * D)        # timestep MLP
+        per_block = 2 * N * D * 3 * D + 2 * N * D * D       # qkv + out proj
+        per_block += 2 * 2 * N * N * D                      # q@k^T and att@v
+        per_block += 2 * 2 * N * D * hidden                 # MLP
+        per_block += 2 * D * 6 * D                          # adaLN modulation (per sample)
+        f += s.depth * per_block
+        f += 2 * D * 2 * D + 2 * N * D * pd                 # final adaLN + projection
+        return f
+
+
+def dit_size(cfg_model) -> tuple[int, int, int]:
+    if cfg_model.size not in DIT_SIZES:
+        from genlab.errors import GenlabError
+        raise GenlabError(f"unknown DiT size '{cfg_model.size}'; valid: {', '.join(DIT_SIZES)}")
+    dim, depth, heads = DIT_SIZES[cfg_model.size]
+    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
+
+
+@model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class")
+def build_dit(cfg_model, data_spec) -> DiT:
+    dim, depth, heads = dit_size(cfg_model)
+    return DiT(DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
+                       num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
+                       patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
+                       attention=cfg_model.attention, qk_norm=cfg_model.qk_norm))

@@ -1,0 +1,123 @@
+"""Shared transformer parts: attention backends, MLP, embeddings."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genlab.registry import attention_registry
+
+
+@attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)")
+def sdpa_attention(q, k, v, causal: bool = False, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+
+
+@attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")
+def math_attention(q, k, v, causal: bool = False, mask=None):
+    scale = q.shape[-1] ** -0.5
+    att = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        n, m = q.shape[-2], k.shape[-2]
+        keep = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+        att = att.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
+    return att.softmax(-1) @ v
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default."""
+
+    def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True):
+        super().__init__()
+        assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+        self.q_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
+        self.attend = attention_registry.get(backend)
+
+    def forward(self, x, causal: bool = False, rope=None, mask=None):
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = self.attend(q, k, v, causal=causal, mask=mask)
+        return self.proj(out.transpose(1, 2).reshape(B, N, D))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int, kind: str = "gelu", bias: bool = True):
+        super().__init__()
+        self.kind = kind
+        if kind == "swiglu":
+            self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)
+        elif kind == "gelu":
+            self.fc1 = nn.Linear(dim, hidden, bias=bias)
+        else:
+            raise ValueError(f"unknown mlp '{kind}'; valid: gelu, swiglu")
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        if self.kind == "swiglu":
+            a, b = h.chunk(2, dim=-1)
+            h = F.silu(a) * b
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return self.fc2(h)
+
+
+def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of a float timestep per sample (Vaswani et al.; as in DiT)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class TimestepEmbedder(nn.Module):
+    """t in [0, 1] -> sinusoidal features (scaled to [0, 1000] like DiT) -> MLP."""
+
+    def __init__(self, dim: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t):
+        return self.mlp(timestep_embedding(t * 1000.0, self.freq_dim).to(self.mlp[0].weight.dtype))
+
+
+def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:
+    """Fixed 2-D sin-cos positional embedding [grid_h*grid_w, dim] (MAE / DiT): half the channels per axis."""
+    assert dim % 4 == 0, "sin-cos 2-D embedding needs dim divisible by 4"
+
+    def one_axis(d, pos):
+        omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
+        out = np.outer(pos.reshape(-1), omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    gh, gw = np.meshgrid(np.arange(grid_h, dtype=np.float64), np.arange(grid_w, dtype=np.float64), indexing="ij")
+    return np.concatenate([one_axis(dim // 2, gw), one_axis(dim // 2, gh)], axis=1).astype(np.float32)
+
+
+def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0, device=None):
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope(x, rope):
+    """Rotary position embedding (Su et al. 2021) on the last dim, pairs (even, odd)."""
+    cos, sin = rope
+    n = x.shape[-2]
+    cos, sin = cos[:n].to(x.dtype), sin[:n].to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.flatten(-2)

@@ -1,0 +1,55 @@
+"""Name -> builder registries, so every interchangeable part is chosen by a config string."""
+from genlab.errors import GenlabError
+
+REGISTRIES = {}
+
+
+class Registry:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries = {}
+        REGISTRIES[kind] = self
+
+    def register(self, name: str, doc: str = ""):
+        def wrap(fn):
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' registered twice")
+            self._entries[name] = fn
+            fn._registry_doc = doc or (fn.__doc__ or "").strip().split("\n")[0]
+            return fn
+        return wrap
+
+    def get(self, name: str):
+        if name not in self._entries:
+            raise GenlabError(f"unknown {self.kind} '{name}'; valid choices: {', '.join(sorted(self._entries))}")
+        return self._entries[name]
+
+    def names(self):
+        return sorted(self._entries)
+
+    def __contains__(self, name):
+        return name in self._entries
+
+    def items(self):
+        return sorted(self._entries.items())
+
+
+def all_registries():
+    """Import every module that registers something, then return the registries."""
+    import genlab.components  # noqa: F401  (side effect: registrations)
+    return dict(sorted(REGISTRIES.items()))
+
+
+# Every registry of the project; `genlab list` prints them all.
+model_registry = Registry("model")
+attention_registry = Registry("attention")
+method_registry = Registry("method")
+timestep_sampler_registry = Registry("timestep_sampler")
+sampler_registry = Registry("sampler")
+dataset_registry = Registry("dataset")
+optimizer_registry = Registry("optimizer")
+lr_schedule_registry = Registry("lr_schedule")
+precision_registry = Registry("precision")
+compile_registry = Registry("compile")
+ac_registry = Registry("activation_checkpointing")
+parallel_registry = Registry("parallel")

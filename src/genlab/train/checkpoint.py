@@ -1,0 +1,57 @@
+"""Checkpoints: written atomically (temp file + rename), the last K kept, found by step number."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from genlab.errors import GenlabError
+
+CKPT_RE = re.compile(r"step_(\d+)\.pt$")
+
+
+def ckpt_dir(run_dir) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir) -> list[Path]:
+    d = ckpt_dir(run_dir)
+    if not d.exists():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := CKPT_RE.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(run_dir, step: int, state: dict, keep_last: int = 3) -> Path:
+    d = ckpt_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"step_{step:08d}.pt"
+    tmp = d / f".step_{step:08d}.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-write leaves only a .tmp file, never a broken checkpoint
+    if keep_last > 0:
+        for old in list_checkpoints(run_dir)[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def resolve_checkpoint(path_or_run) -> Path:
+    p = Path(path_or_run)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        ckpts = list_checkpoints(p)
+        if ckpts:
+            return ckpts[-1]
+        raise GenlabError(f"no checkpoint in '{p}' (expected {p}/checkpoints/step_*.pt)")
+    raise GenlabError(f"'{p}' is neither a run folder nor a checkpoint file")
+
+
+def load_checkpoint(path_or_run, map_location="cpu") -> dict:
+    p = resolve_checkpoint(path_or_run)
+    try:
+        return torch.load(p, map_location=map_location, weights_only=False)
+    except Exception as e:
+        raise GenlabError(f"cannot read checkpoint '{p}': {e}") from None

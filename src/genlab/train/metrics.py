@@ -1,0 +1,82 @@
+"""Throughput, MFU and memory accounting, and the run's metric sinks (JSONL, TensorBoard, console)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+# Dense (no sparsity) bf16 tensor-core peaks in FLOP/s. MFU is always reported against the bf16
+# peak so that every precision variant is measured on the same scale.
+PEAK_BF16_FLOPS = {
+    "H200": 989e12, "H100 SXM": 989e12, "H100 80GB HBM3": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12,
+    "H100": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
+    "A10G": 70e12, "A10": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12, "T4": 65e12,
+}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """bf16 dense peak of this device, or GENLAB_PEAK_FLOPS; None on CPU (no MFU there)."""
+    if os.environ.get("GENLAB_PEAK_FLOPS"):
+        return float(os.environ["GENLAB_PEAK_FLOPS"])
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_BF16_FLOPS[key]
+    return None
+
+
+def train_flops_per_sample(model) -> int:
+    """Forward + backward = 3x the forward matmul FLOPs (attention included)."""
+    return 3 * model.flops_per_sample()
+
+
+def peak_memory_gib(device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return None
+
+
+class MetricsLog:
+    """Appends metric records to metrics.jsonl and TensorBoard; the console gets a short line."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(Path(run_dir) / "tb"))
+            except ImportError:
+                self.tb = None
+        self._f = open(self.path, "a") if enabled else None
+
+    def write(self, record: dict):
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._f.write(json.dumps(clean) + "\n")
+        self._f.flush()
+        if self.tb is not None:
+            step = record["step"]
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+
+    def close(self):
+        if self._f:
+            self._f.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(run_dir) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

@@ -1,0 +1,333 @@
+"""The training loop. It owns devices, precision, parallelism, compile, accumulation, clipping, EMA,
+the LR schedule, checkpoints, logging and periodic sampling/eval, and never special-cases a family:
+the method gives the loss, the samples and the eval metrics.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from genlab.config import Config, dumps_toml, from_dict, to_dict
+from genlab.data import build_dataset, build_loader
+from genlab.errors import GenlabError
+from genlab.optim import build_optimizer, lr_at
+from genlab.registry import method_registry, model_registry
+from genlab.train import checkpoint as ckpt
+from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib, train_flops_per_sample
+from genlab.train.parallel import all_reduce_mean, init_distributed, no_sync, wrap_parallel
+from genlab.train.switches import apply_switches, build_precision, compile_model_by_name
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def build_model_and_method(cfg: Config, spec: dict):
+    model = model_registry.get(cfg.model.name)(cfg.model, spec)
+    method = method_registry.get(cfg.method.name)(cfg, spec)
+    return model, method
+
+
+def check_model_shapes(model, state: dict, source: str):
+    own = model.state_dict()
+    diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    missing = [k for k in own if k not in state] + [k for k in state if k not in own]
+    if diffs or missing:
+        what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}"
+        raise GenlabError(f"cannot resume from {source}: the model differs from the checkpoint ({what})")
+
+
+@torch.no_grad()
+def ema_update(ema_params, params, decay: float):
+    torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, resume: str | None = None):
+        self.cfg = cfg
+        self.resume_from = resume or cfg.train.resume or None
+        self.stop_requested = False
+        self.stop_after = None  # tests: behave as if Ctrl-C arrived after this step
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _setup(self):
+        cfg, tcfg = self.cfg, self.cfg.train
+        self.dist, self.device = init_distributed(tcfg.device)
+        self.precision = build_precision(tcfg.precision, self.device)
+        if self.precision.float8 is not None or getattr(self.precision, "requires_cuda", False):
+            if self.device.type != "cuda":
+                raise GenlabError(f"train.precision={tcfg.precision} needs a CUDA device (H100/H200)")
+        torch.manual_seed(tcfg.seed + self.dist.rank)
+        self.data = build_dataset(cfg.data)
+        self.spec = self.data.spec
+        self.model, self.method = build_model_and_method(cfg, self.spec)
+        resume_state = None
+        if self.resume_from:
+            resume_state = ckpt.load_checkpoint(self.resume_from)
+            check_model_shapes(self.model, resume_state["model"], self.resume_from)
+            self.model.load_state_dict(resume_state["model"])
+        self.model.to(self.device)
+        self.ema = None
+        if tcfg.ema_decay > 0:
+            self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
+            if resume_state is not None and resume_state.get("ema") is not None:
+                self.ema.load_state_dict(resume_state["ema"])
+        self.flops_per_sample = train_flops_per_sample(self.model)
+        self.base = self.model
+        self.base.train()
+        if self.precision.float8 is not None:
+            from genlab.train.float8 import convert_float8
+            convert_float8(self.base, self.precision.float8)
+        apply_switches(self.base, tcfg)
+        self.wrapped = wrap_parallel(self.base, self.dist, tcfg, self.device)
+        self.wrapped = compile_model_by_name(self.wrapped, tcfg)
+        self.optimizer = build_optimizer(self.base, cfg.optim)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
+        self.micro_batch = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
+        if self.micro_batch < 1 or tcfg.batch_size % (tcfg.grad_accum * self.dist.world):
+            raise GenlabError(f"train.batch_size {tcfg.batch_size} must be divisible by grad_accum x world size "
+                              f"({tcfg.grad_accum} x {self.dist.world})")
+        self.loader = build_loader(self.data, cfg.data, self.micro_batch, self.device, tcfg.seed,
+                                   rank=self.dist.rank, world=self.dist.world)
+        self.gen = torch.Generator(device=self.device).manual_seed(tcfg.seed * 1000 + self.dist.rank)
+        self.step = 0
+        self.nonfinite_skipped = 0
+        if resume_state is not None:
+            self._restore(resume_state)
+        self._make_run_dir(resume_state)
+
+    def _restore(self, state):
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = state["step"]
+        self.loader.load_state_dict(state["loader"])
+        self.gen.set_state(state["gen"])
+        torch.set_rng_state(state["torch_rng"])
+        self.nonfinite_skipped = state.get("nonfinite_skipped", 0)
+
+    def _make_run_dir(self, resume_state):
+        cfg = self.cfg
+        if resume_state is not None:
+            p = Path(self.resume_from)
+            self.run_dir = p if p.is_dir() else p.parent.parent
+        else:
+            name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+            self.run_dir = Path(cfg.train.out_dir) / name
+            if self.dist.is_main and self.run_dir.exists() and any(self.run_dir.iterdir()):
+                raise GenlabError(f"run folder '{self.run_dir}' already exists; resume it with --resume {self.run_dir} or pick another train.name")
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "samples").mkdir(exist_ok=True)
+            (self.run_dir / "config.toml").write_text(dumps_toml(to_dict(cfg)))
+        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _state(self):
+        return {
+            "model": self.base.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
+            "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
+            "torch_rng": torch.get_rng_state(), "nonfinite_skipped": self.nonfinite_skipped,
+            "config": to_dict(self.cfg), "data_spec": self.spec,
+        }
+
+    def save(self):
+        self._check_finite()  # never write a checkpoint of a diverged model
+        if self.dist.is_main:
+            path = ckpt.save_checkpoint(self.run_dir, self.step, self._state(), self.cfg.log.keep_last)
+            return path
+
+    # -- the step -------------------------------------------------------------------------------
+    def _train_step(self):
+        tcfg = self.cfg.train
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(self.step, tcfg.steps, self.cfg.optim)
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(tcfg.grad_accum):
+            batch = self.loader.next()
+            with no_sync(self.wrapped, micro == tcfg.grad_accum - 1), self.precision.autocast(self.device):
+                loss, extra = self.method.loss(self.wrapped, batch, self.gen)
+                loss = loss / tcfg.grad_accum
+            self.scaler.scale(loss).backward()
+            loss_sum += loss.detach().float()
+        self.scaler.unscale_(self.optimizer)
+        if self.cfg.optim.grad_clip > 0:
+            gnorm = torch.nn.utils.clip_grad_norm_(self.base.parameters(), self.cfg.optim.grad_clip)
+        else:
+            gnorm = torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in self.base.parameters() if p.grad is not None]))
+        bad = ~(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
+        if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            self.nonfinite_skipped += 1
+            return loss_sum, gnorm, bad, extra
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            n = self.step
+            decay = min(tcfg.ema_decay, (1 + n) / (10 + n)) if tcfg.ema_warmup else tcfg.ema_decay
+            ema_update(list(self.ema.parameters()), list(self.base.parameters()), decay)
+        return loss_sum, gnorm, bad, extra
+
+    def _check_finite(self):
+        if getattr(self, "_bad_acc", None) is not None and self._bad_acc.item() and not self.cfg.train.skip_nonfinite:
+            raise NonFiniteLoss(f"non-finite loss or gradient before step {self.step}; stopped without saving "
+                                f"(last good checkpoint kept). Try a lower optim.lr, optim.grad_clip, or train.skip_nonfinite=true")
+
+    # -- eval and samples -----------------------------------------------------------------------
+    def eval_ctx(self):
+        return {"eval": self.cfg.eval, "device": self.device, "cfg": self.cfg, "run_dir": self.run_dir,
+                "generator": torch.Generator(device=self.device).manual_seed(self.cfg.train.seed + 12345)}
+
+    def sample_model(self):
+        return self.ema if self.ema is not None else self.base
+
+    def preview(self, final=False):
+        if not self.dist.is_main:
+            return None
+        path = self.run_dir / ("samples.png" if final else f"samples/step_{self.step:08d}.png")
+        model = self.sample_model()
+        was = model.training
+        model.eval()
+        try:
+            return self.method.preview(model, path, self.eval_ctx())
+        finally:
+            model.train(was)
+
+    def evaluate(self):
+        if not self.dist.is_main:
+            return {}
+        model = self.sample_model()
+        was = model.training
+        model.eval()
+        try:
+            with self.precision.autocast(self.device):
+                return self.method.evaluate(model, self.data, self.eval_ctx())
+        finally:
+            model.train(was)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def _on_signal(self, signum, frame):
+        if self.stop_requested:  # second Ctrl-C: give up at once
+            raise KeyboardInterrupt
+        self.stop_requested = True
+
+    def fit(self) -> dict:
+        self._setup()
+        cfg, tcfg, lcfg = self.cfg, self.cfg.train, self.cfg.log
+        old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        peak = peak_flops(self.device)
+        flops_step = self.flops_per_sample * tcfg.batch_size / self.dist.world  # per device
+        bar = self._progress_bar()
+        acc = {"loss": torch.zeros((), device=self.device), "gnorm": torch.zeros((), device=self.device)}
+        self._bad_acc = torch.zeros((), dtype=torch.bool, device=self.device)
+        n_acc, t_last, wall0 = 0, time.perf_counter(), time.perf_counter()
+        self.loader.wait_time = 0.0
+        summary = {"status": "running"}
+        last_record = {}
+        interrupted = False
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            while self.step < tcfg.steps:
+                loss, gnorm, bad, extra = self._train_step()
+                self.step += 1
+                acc["loss"] += loss
+                acc["gnorm"] += gnorm.float()
+                self._bad_acc |= bad
+                n_acc += 1
+                if self.step % lcfg.every == 0 or self.step == tcfg.steps:
+                    self._check_finite()
+                    now = time.perf_counter()
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                        now = time.perf_counter()
+                    dt = (now - t_last) / n_acc
+                    loss_v = all_reduce_mean(acc["loss"] / n_acc, self.dist).item()
+                    rec = {"step": self.step, "loss": loss_v, "grad_norm": (acc["gnorm"] / n_acc).item(),
+                           "lr": self.optimizer.param_groups[0]["lr"], "step_time": dt,
+                           "samples_per_s": tcfg.batch_size / dt, "flops_per_step": flops_step * self.dist.world,
+                           "mfu": (flops_step / dt / peak) if peak else None,
+                           "peak_mem_gib": peak_memory_gib(self.device),
+                           "data_wait_frac": min(1.0, self.loader.wait_time / max(now - t_last, 1e-9)),
+                           "epoch": self.loader.epoch, "wall_time": now - wall0,
+                           "nonfinite_skipped": self.nonfinite_skipped}
+                    rec.update({k: v.item() if torch.is_tensor(v) else v for k, v in extra.items()})
+                    self.log.write(rec)
+                    last_record = rec
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss_v:.4f}", sps=f"{rec['samples_per_s']:.0f}")
+                    acc["loss"].zero_()
+                    acc["gnorm"].zero_()
+                    n_acc, self.loader.wait_time = 0, 0.0
+                    t_last = time.perf_counter()
+                if bar is not None:
+                    bar.update(1)
+                if lcfg.sample_every and self.step % lcfg.sample_every == 0 and self.step < tcfg.steps:
+                    self.preview()
+                if lcfg.eval_every and self.step % lcfg.eval_every == 0 and self.step < tcfg.steps:
+                    self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in self.evaluate().items()}})
+                if lcfg.ckpt_every and self.step % lcfg.ckpt_every == 0 and self.step < tcfg.steps:
+                    self.save()
+                if self.stop_after is not None and self.step >= self.stop_after:
+                    self.stop_requested = True
+                if self.stop_requested:
+                    interrupted = True
+                    break
+            path = self.save()
+            summary.update({"status": "interrupted" if interrupted else "finished", "step": self.step,
+                            "checkpoint": str(path) if path else None})
+            if not interrupted:
+                grid = self.preview(final=True)
+                ev = self.evaluate()
+                if self.dist.is_main and ev:
+                    self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
+                summary.update(ev)
+                summary["samples"] = str(grid) if grid else None
+        except NonFiniteLoss as e:
+            summary.update({"status": "diverged", "error": str(e), "step": self.step})
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            self.loader.close() if hasattr(self.loader, "close") else None
+            summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "mfu", "peak_mem_gib", "step_time", "data_wait_frac")})
+            summary["wall_time"] = time.perf_counter() - wall0
+            summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
+            if self.dist.is_main and hasattr(self, "run_dir"):
+                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+                self.log.close()
+        return summary
+
+    def _progress_bar(self):
+        if not (self.cfg.log.progress and self.dist.is_main):
+            return None
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return None
+        return tqdm(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name, dynamic_ncols=True, leave=True)
+
+
+def train(cfg: Config, resume: str | None = None) -> dict:
+    return Trainer(cfg, resume=resume).fit()
+
+
+def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
+    """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
+    from genlab.config import apply_overrides, validate
+    state = ckpt.load_checkpoint(run_or_ckpt)
+    cfg = from_dict(state["config"])
+    apply_overrides(cfg, overrides)
+    validate(cfg)
+    return cfg
