@@ -1,0 +1,247 @@
+"""`genlab data prepare`: turn the standard public dataset files into genlab's memory-mapped format.
+
+Every converter reads the files exactly as their maintainers publish them, checks the published md5
+(unless told not to), and hands arrays to `write_image_dataset`, which writes atomically.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import pickle
+import shutil
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from genlab.data.formats import write_image_dataset
+from genlab.errors import GenlabError
+
+# Published md5s (the datasets' own pages; torchvision lists the same).
+IDX_FILES = {
+    "mnist": {
+        "url": "https://ossci-datasets.s3.amazonaws.com/mnist/",
+        "classes": [str(i) for i in range(10)],
+        "train": (("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+                  ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432")),
+        "test": (("t10k-images-idx3-ubyte.gz", "9fb629c4189551a2d022fa330f9573f3"),
+                 ("t10k-labels-idx1-ubyte.gz", "ec29112dd5afa0611ce80d1b7f02629c")),
+    },
+    "fashion-mnist": {
+        "url": "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+        "classes": ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"],
+        "train": (("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+                  ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe")),
+        "test": (("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
+                 ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310")),
+    },
+}
+
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
+CIFAR10_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e",
+    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+}
+CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "text")
+
+
+def md5_bytes(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def check_md5(name: str, data: bytes, expected: str, verify: bool):
+    if verify and md5_bytes(data) != expected:
+        raise GenlabError(f"checksum mismatch for {name}: md5 {md5_bytes(data)}, expected {expected} "
+                          f"(corrupt or not the official file; --no-verify skips the check)")
+
+
+def download(url: str, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+            shutil.copyfileobj(r, f)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise GenlabError(f"could not download {url}: {e}") from None
+    tmp.replace(dest)
+    return dest
+
+
+def _src_dir(src, kind: str, download_ok: bool) -> Path:
+    if src:
+        p = Path(src)
+        if not p.exists():
+            raise GenlabError(f"--src '{p}' does not exist")
+        return p
+    if download_ok:
+        return Path.home() / ".cache" / "genlab" / "downloads" / kind
+    raise GenlabError(f"`data prepare {kind}` needs --src DIR holding the public files (or --download)")
+
+
+# -- MNIST / Fashion-MNIST: idx files ------------------------------------------------------------
+def parse_idx(raw: bytes, name: str) -> np.ndarray:
+    """The idx format: 2 zero bytes, dtype code, ndim, big-endian int32 dims, then the data."""
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise GenlabError(f"{name} is not an idx file of unsigned bytes")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">i4", count=ndim, offset=4)
+    offset = 4 + 4 * ndim
+    count = int(np.prod(dims))
+    if len(raw) - offset != count:
+        raise GenlabError(f"{name} is truncated: {len(raw) - offset} bytes of data for shape {tuple(dims)}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(tuple(int(d) for d in dims))
+
+
+def prepare_idx(kind: str, src, out, split: str, verify: bool, download_ok: bool) -> Path:
+    info = IDX_FILES[kind]
+    if split not in ("train", "test"):
+        raise GenlabError(f"unknown --split '{split}' for {kind}; valid: train, test")
+    folder = _src_dir(src, kind, download_ok)
+    arrays = []
+    for fname, md5 in info[split]:
+        path = folder / fname
+        if not path.exists() and download_ok:
+            download(info["url"] + fname, path)
+        if not path.exists():
+            raise GenlabError(f"missing {path}; {kind} needs {', '.join(f for f, _ in info[split])} in --src")
+        raw = path.read_bytes()
+        check_md5(fname, raw, md5, verify)
+        try:
+            arrays.append(parse_idx(gzip.decompress(raw), fname))
+        except (OSError, EOFError) as e:
+            raise GenlabError(f"{path} is not a valid gzip file: {e}") from None
+    images, labels = arrays
+    if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+        raise GenlabError(f"{kind} {split}: images {images.shape} and labels {labels.shape} do not match")
+    return write_image_dataset(out, images[..., None].copy(), labels.astype(np.int64), info["classes"],
+                               source=f"{kind} {split} (idx files)", extra={"split": split})
+
+
+# -- CIFAR-10: python pickle batches ------------------------------------------------------------
+def _cifar_members(folder: Path, names: list[str], download_ok: bool) -> dict[str, bytes]:
+    """Read batch files from a folder (extracted or not) or from cifar-10-python.tar.gz in it."""
+    out = {}
+    for n in names:
+        for cand in (folder / n, folder / "cifar-10-batches-py" / n):
+            if cand.exists():
+                out[n] = cand.read_bytes()
+                break
+    missing = [n for n in names if n not in out]
+    if not missing:
+        return out
+    archive = folder / "cifar-10-python.tar.gz"
+    if not archive.exists() and download_ok:
+        download(CIFAR10_URL, archive)
+    if not archive.exists():
+        raise GenlabError(f"missing CIFAR-10 files {', '.join(missing)} in '{folder}' (nor cifar-10-python.tar.gz)")
+    with tarfile.open(archive, "r:gz") as tar:
+        for n in missing:
+            try:
+                out[n] = tar.extractfile(f"cifar-10-batches-py/{n}").read()
+            except KeyError:
+                raise GenlabError(f"{archive} has no cifar-10-batches-py/{n}") from None
+    return out
+
+
+def _unpickle(raw: bytes, name: str) -> dict:
+    try:
+        d = pickle.load(io.BytesIO(raw), encoding="bytes")
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
+        raise GenlabError(f"{name} is not a CIFAR-10 pickle: {e}") from None
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
+
+
+def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Path:
+    if split not in CIFAR10_SPLITS:
+        raise GenlabError(f"unknown --split '{split}' for cifar10; valid: train, test")
+    folder = _src_dir(src, "cifar10", download_ok)
+    names = CIFAR10_SPLITS[split] + ["batches.meta"]
+    raw = _cifar_members(folder, names, download_ok)
+    for n in names:
+        check_md5(n, raw[n], CIFAR10_MD5[n], verify)
+    classes = [c.decode() if isinstance(c, bytes) else c for c in _unpickle(raw["batches.meta"], "batches.meta")["label_names"]]
+    images, labels = [], []
+    for n in CIFAR10_SPLITS[split]:
+        d = _unpickle(raw[n], n)
+        data = np.asarray(d["data"], dtype=np.uint8)
+        if data.ndim != 2 or data.shape[1] != 3072:
+            raise GenlabError(f"{n}: data has shape {data.shape}, expected [N, 3072]")
+        # rows hold 1024 red, then 1024 green, then 1024 blue values, each 32x32 row-major
+        images.append(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels.append(np.asarray(d["labels"], dtype=np.int64))
+    return write_image_dataset(out, np.ascontiguousarray(np.concatenate(images)), np.concatenate(labels), classes,
+                               source=f"cifar10 {split} (python pickle batches)", extra={"split": split})
+
+
+# -- a folder of images, one subfolder per class ----------------------------------------------------
+def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
+    from PIL import Image
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if channels == 1 else "RGB")
+            if size:
+                w, h = im.size
+                s = min(w, h)  # centre crop to a square, then resize
+                im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
+                im = im.resize((size, size), Image.BICUBIC)
+            a = np.asarray(im, dtype=np.uint8)
+    except OSError as e:
+        raise GenlabError(f"cannot read image {path}: {e}") from None
+    return a[..., None] if a.ndim == 2 else a
+
+
+def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
+    if not src:
+        raise GenlabError("`data prepare imagefolder` needs --src DIR with one subfolder of images per class")
+    root = Path(src)
+    if not root.is_dir():
+        raise GenlabError(f"--src '{root}' is not a folder")
+    if channels not in (1, 3):
+        raise GenlabError(f"--channels must be 1 or 3, got {channels}")
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    files = [(f, ci) for ci, c in enumerate(classes) for f in sorted((root / c).rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise GenlabError(f"no images found under '{root}/<class>/' (suffixes: {', '.join(sorted(IMAGE_SUFFIXES))})")
+    images = [_load_image(f, size, channels) for f, _ in files]
+    shapes = {a.shape for a in images}
+    if len(shapes) > 1:
+        raise GenlabError(f"images under '{root}' have different sizes {sorted(shapes)[:3]}...; pass --size N to resize")
+    if images[0].shape[0] != images[0].shape[1]:
+        raise GenlabError(f"images are {images[0].shape[1]}x{images[0].shape[0]}, not square; pass --size N to crop and resize")
+    return write_image_dataset(out, np.stack(images), np.array([c for _, c in files]), classes,
+                               source=f"imagefolder {root}", extra={"files": len(files)})
+
+
+def prepare_digits(out) -> Path:
+    from genlab.data.datasets import load_digits_uint8
+    d = load_digits_uint8()
+    return write_image_dataset(out, d.images, d.labels, d.classes, source=d.meta["source"])
+
+
+def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool = True, size: int = 0,
+            channels: int = 3, split: str = "train", tokenizer: str = "char", hf=None) -> Path:
+    if kind not in KINDS:
+        raise GenlabError(f"unknown dataset kind '{kind}'; valid: {', '.join(KINDS)}")
+    if out is None:
+        raise GenlabError("`data prepare` needs --out DIR")
+    if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
+        raise GenlabError(f"--out '{out}' already exists and is not empty; choose another --out (nothing is overwritten)")
+    if kind == "digits":
+        return prepare_digits(out)
+    if kind in IDX_FILES:
+        return prepare_idx(kind, src, out, split, verify, download)
+    if kind == "cifar10":
+        return prepare_cifar10(src, out, split, verify, download)
+    if kind == "imagefolder":
+        return prepare_imagefolder(src, out, size, channels)
+    from genlab.data.text import prepare_text
+    return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf)

@@ -1,0 +1,47 @@
+"""Shared test fixtures: a hermetic cache, the shared data folder, tiny configs."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+# tiny DiT on digits: seconds per run on 2 CPU cores
+TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=16", "log.progress=false",
+        "log.tensorboard=false", "eval.num_samples=50", "eval.sample_steps=4", "eval.grid_per_class=2",
+        "eval.classifier_epochs=5", "optim.warmup_steps=5"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hermetic_cache(tmp_path_factory):
+    """Classifiers and downloads are cached per test session, never in the user's home."""
+    os.environ["GENLAB_CACHE"] = str(tmp_path_factory.mktemp("genlab-cache"))
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+
+
+@pytest.fixture
+def shared_data():
+    if not SHARED_DATA.exists():
+        pytest.skip("../shared/data not present")
+    return SHARED_DATA
+
+
+def run_cli(*args, cwd=None, env=None, timeout=600):
+    """Run `python -m genlab ...` in a subprocess; returns CompletedProcess."""
+    import subprocess
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO / "src") + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "genlab", *args], cwd=cwd, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def tiny_config(tmp_path, *overrides, preset="digits_flow"):
+    from genlab.config import load_config
+    return load_config(preset, TINY + [f"train.out_dir={tmp_path}", *overrides])

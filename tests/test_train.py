@@ -1,0 +1,129 @@
+"""The trainer: overfitting, exact resume, divergence handling, Ctrl-C, bad resumes."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO, TINY, tiny_config
+from genlab.errors import GenlabError
+from genlab.methods.flow import FlowMatching
+from genlab.train import checkpoint as ckpt
+from genlab.train.metrics import read_metrics
+from genlab.train.trainer import NonFiniteLoss, Trainer, build_model_and_method
+
+
+def losses(run_dir):
+    return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
+
+
+def test_overfits_a_fixed_batch(tmp_path):
+    """Same images, noise and t every step: the flow loss must go to (almost) zero."""
+    cfg = tiny_config(tmp_path, "model.dim=64")
+    from genlab.data import build_dataset
+    data = build_dataset(cfg.data)
+    model, method = build_model_and_method(cfg, data.spec)
+    batch = {"image": torch.from_numpy(data.images[:8].copy()).permute(0, 3, 1, 2).float() / 127.5 - 1,
+             "label": torch.from_numpy(data.labels[:8].copy())}
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    first = None
+    for _ in range(300):
+        loss, _ = method.loss(model, batch, torch.Generator().manual_seed(0))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        first = first if first is not None else loss.item()
+    assert loss.item() < 0.02 * first
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Interrupted at step 12 and resumed == uninterrupted: data order, EMA, optimizer, LR, RNG."""
+    common = ["train.steps=30", "log.every=1", "log.ckpt_every=0", "optim.warmup_steps=10", "train.ema_decay=0.9"]
+    full = Trainer(tiny_config(tmp_path, *common, "train.name=full"))
+    full.fit()
+    part = Trainer(tiny_config(tmp_path, *common, "train.name=part"))
+    part.stop_after = 12
+    s = part.fit()
+    assert s["status"] == "interrupted" and s["step"] == 12
+    resumed = Trainer(tiny_config(tmp_path, *common, "train.name=part"), resume=str(tmp_path / "part"))
+    resumed.fit()
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")
+    a, b = ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
+    for key in ("model", "ema"):
+        for k in a[key]:
+            assert torch.equal(a[key][k], b[key][k]), f"{key}.{k} differs after resume"
+    assert a["loader"] == b["loader"]
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    real_loss = FlowMatching.loss
+    calls = {"n": 0}
+
+    def poisoned(self, model, batch, gen):
+        calls["n"] += 1
+        loss, extra = real_loss(self, model, batch, gen)
+        return (loss * float("nan") if calls["n"] > 10 else loss), extra
+
+    monkeypatch.setattr(FlowMatching, "loss", poisoned)
+    t = Trainer(tiny_config(tmp_path, "train.steps=40", "log.every=5", "log.ckpt_every=5", "train.name=nan"))
+    with pytest.raises(NonFiniteLoss, match="non-finite"):
+        t.fit()
+    kept = [p.name for p in ckpt.list_checkpoints(tmp_path / "nan")]
+    assert kept[-1] == "step_00000010.pt"
+    state = ckpt.load_checkpoint(tmp_path / "nan")
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
+    real_loss = FlowMatching.loss
+    calls = {"n": 0}
+
+    def poisoned(self, model, batch, gen):
+        calls["n"] += 1
+        loss, extra = real_loss(self, model, batch, gen)
+        return (loss * float("inf") if calls["n"] in (4, 7) else loss), extra
+
+    monkeypatch.setattr(FlowMatching, "loss", poisoned)
+    s = Trainer(tiny_config(tmp_path, "train.steps=10", "log.every=5", "train.skip_nonfinite=true", "train.name=skip")).fit()
+    assert s["status"] == "finished"
+    state = ckpt.load_checkpoint(tmp_path / "skip")
+    assert state["nonfinite_skipped"] == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_resume_with_a_different_model_shape_fails_cleanly(tmp_path):
+    Trainer(tiny_config(tmp_path, "train.steps=3", "train.name=a")).fit()
+    before = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    cfg = tiny_config(tmp_path, "train.steps=6", "model.dim=48", "train.name=a")
+    with pytest.raises(GenlabError, match="model differs"):
+        Trainer(cfg, resume=str(tmp_path / "a")).fit()
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path):
+    Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
+    with pytest.raises(GenlabError, match="already exists"):
+        Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
+
+
+def test_ctrl_c_saves_a_checkpoint(tmp_path):
+    import os
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "genlab", "train", *TINY, "train.steps=100000", "log.every=1",
+                             f"train.out_dir={tmp_path}", "train.name=sig"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    summary = json.loads((tmp_path / "sig" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    state = ckpt.load_checkpoint(tmp_path / "sig")
+    assert state["step"] == summary["step"] >= 3
