@@ -29,6 +29,7 @@ class NonFiniteLoss(RuntimeError):
 
 
 def build_model_and_method(cfg: Config, spec: dict):
+    import genlab.components  # noqa: F401  (registers every model and method)
     model = model_registry.get(cfg.model.name)(cfg.model, spec)
     method = method_registry.get(cfg.method.name)(cfg, spec)
     return model, method
