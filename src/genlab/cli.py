@@ -42,7 +42,8 @@ def print_summary(s: dict):
         return "n/a" if v is None else format(v, spec)
     lines = [f"run: {s.get('run_dir')}  status: {s.get('status')}  steps: {s.get('step')}  wall: {fmt(s.get('wall_time'), '.1f')} s",
              f"final loss: {fmt(s.get('loss'), '.4f')}  throughput: {fmt(s.get('samples_per_s'), '.1f')} samples/s  "
-             f"MFU: {fmt(s.get('mfu') and 100 * s['mfu'], '.1f')}%  peak mem: {fmt(s.get('peak_mem_gib'), '.2f')} GiB"]
+             f"MFU: {'n/a' if s.get('mfu') is None else format(100 * s['mfu'], '.1f') + '%'}  "
+             f"peak mem: {'n/a' if s.get('peak_mem_gib') is None else format(s['peak_mem_gib'], '.2f') + ' GiB'}"]
     if "sample_accuracy" in s:
         lines.append(f"sample accuracy: {100 * s['sample_accuracy']:.1f}% (classifier held-out acc {100 * s['classifier_val_acc']:.1f}%)"
                      f"  feature FD: {s['feature_fd']:.3f}")
