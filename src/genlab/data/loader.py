@@ -65,8 +65,8 @@ class ImageLoader:
         self._flip_gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
         self._pool, self._futures = None, deque()
         if self.resident:
-            self.images = torch.from_numpy(np.ascontiguousarray(data.images)).to(self.device)
-            self.labels = torch.from_numpy(np.ascontiguousarray(data.labels)).to(self.device)
+            self.images = torch.from_numpy(np.array(data.images)).to(self.device)  # copy: memmaps are read-only
+            self.labels = torch.from_numpy(np.array(data.labels)).to(self.device)
 
     # -- state --------------------------------------------------------------------------
     def state_dict(self):

@@ -1,0 +1,89 @@
+"""Does the loader keep up? Batches/s of each loader path on this machine, against a compute stand-in.
+
+Paths: the dataset resident on the device (gather by index there), and the host path (a memory-mapped
+dataset gathered by background threads) with and without pinned memory and prefetch. Run on the GPU
+machine to decide the defaults (data.on_device, data.pin_memory, data.prefetch):
+
+    python benchmarks/bench_loader.py --device cuda --size 32 --channels 3 --n 50000 --batch 256
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from genlab.data.formats import read_image_dataset, write_image_dataset
+from genlab.data.loader import ImageLoader
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(loader, device, steps, work_ms):
+    """Batches/s of `loader` while the device runs `work_ms` of matmuls per step (a model stand-in)."""
+    a = torch.randn(2048, 2048, device=device)
+    per = None
+    if work_ms > 0:  # calibrate how many matmuls make up work_ms
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(5):
+            a @ a
+        sync(device)
+        per = max(1, int(work_ms / 1e3 / ((time.perf_counter() - t) / 5)))
+    for _ in range(3):
+        loader.next()
+    sync(device)
+    loader.wait_time = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        b = loader.next()
+        b["image"].sum()
+        if per:
+            for _ in range(per):
+                a @ a
+    sync(device)
+    dt = time.perf_counter() - t0
+    return steps / dt, loader.wait_time / dt
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--n", type=int, default=50000)
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--work-ms", type=float, default=0.0, help="simulated compute per step (ms)")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        imgs = rng.integers(0, 256, (args.n, args.size, args.size, args.channels), dtype=np.uint8)
+        write_image_dataset(f"{tmp}/d", imgs, rng.integers(0, 10, args.n), [str(i) for i in range(10)], source="bench")
+        data = read_image_dataset(f"{tmp}/d", verify=False)
+        rows = []
+        variants = [("resident on device", dict(on_device="yes")),
+                    ("host, prefetch 1, not pinned", dict(on_device="no", prefetch=1, pin_memory="no")),
+                    ("host, prefetch 1, pinned", dict(on_device="no", prefetch=1, pin_memory="yes")),
+                    ("host, prefetch 4, not pinned", dict(on_device="no", prefetch=4, pin_memory="no")),
+                    ("host, prefetch 4, pinned", dict(on_device="no", prefetch=4, pin_memory="yes"))]
+        for name, kw in variants:
+            ld = ImageLoader(data, args.batch, device, seed=0, **kw)
+            bps, wait = measure(ld, device, args.steps, args.work_ms)
+            ld.close()
+            rows.append((name, bps, bps * args.batch, wait))
+    print(f"| loader path ({args.device}, {args.n}x{args.size}x{args.size}x{args.channels}, batch {args.batch}, "
+          f"work {args.work_ms} ms/step) | batches/s | img/s | data-wait fraction |")
+    print("| --- | --- | --- | --- |")
+    for name, bps, ips, wait in rows:
+        print(f"| {name} | {bps:.1f} | {ips:.0f} | {wait:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
