@@ -62,9 +62,9 @@ def main():
             print(f"| {label} | failed: {r['error']} | | | | |")
             continue
         split = " / ".join(fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
-        mfu = None if r.get("mfu") is None else 100 * r["mfu"]
+        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         print(f"| {label} | {fmt(r.get('samples_per_s'), '.0f')} | {fmt(r.get('step_ms'), '.1f')} | {split} | "
-              f"{fmt(mfu, '.1f')}% | {fmt(r.get('peak_mem_gib'), '.2f')} |")
+              f"{mfu} | {fmt(r.get('peak_mem_gib'), '.2f')} |")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def generate(method, model, labels, ctx, batch):
 
 def evaluate_class_conditional(method, model, data, ctx) -> dict:
     ecfg, device = ctx["eval"], ctx["device"]
+    if ecfg.num_samples <= 0:  # eval switched off (benchmark presets)
+        return {}
     k = data.spec["num_classes"]
     net, val_acc = get_classifier(data, device=device, epochs=ecfg.classifier_epochs)
     labels = torch.arange(ecfg.num_samples, device=device) % k

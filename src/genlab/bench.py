@@ -1,0 +1,207 @@
+"""`genlab bench CONFIG [overrides]`: training-step speed on synthetic data of the config's shape.
+
+No data loading, no logging: the model, method, precision, checkpointing, parallel wrapping, compile and
+optimizer are built exactly as the trainer builds them, and the step does what the trainer's step does
+(autocast forward, loss, scaled backward, clip, optimizer, EMA). The headline step time has no host
+syncs inside the timed loop; a second, synchronised pass splits it into forward / backward / optimizer.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import torch
+
+from genlab.errors import GenlabError
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def data_spec_for(cfg) -> dict:
+    """The data spec without materialising a dataset when it is synthetic (benches can be huge)."""
+    d = cfg.data
+    if d.name == "synthetic":
+        return {"kind": "image", "image_size": d.image_size, "channels": d.channels,
+                "num_classes": d.num_classes, "num_samples": d.size, "classes": [str(i) for i in range(d.num_classes)]}
+    from genlab.data import build_dataset
+    return build_dataset(d).spec
+
+
+def synthetic_batch(method, spec, batch_size, device, generator):
+    if hasattr(method, "synthetic_batch"):
+        return method.synthetic_batch(batch_size, device, generator)
+    if spec.get("kind") != "image":
+        raise GenlabError(f"method {type(method).__name__} has no synthetic_batch for data of kind {spec.get('kind')!r}")
+    C, S = spec["channels"], spec["image_size"]
+    return {"image": torch.randn((batch_size, C, S, S), generator=generator, device=device),
+            "label": torch.randint(0, spec["num_classes"], (batch_size,), generator=generator, device=device)}
+
+
+class BenchStep:
+    """The trainer's step on a fixed synthetic batch, with optional per-phase timing."""
+
+    def __init__(self, cfg):
+        from genlab.optim import build_optimizer
+        from genlab.train.metrics import train_flops_per_sample
+        from genlab.train.parallel import init_distributed, wrap_parallel
+        from genlab.train.switches import apply_switches, build_precision, compile_model_by_name
+        from genlab.train.trainer import build_model_and_method
+        self.cfg, tcfg = cfg, cfg.train
+        self.dist, self.device = init_distributed(tcfg.device)
+        self.precision = build_precision(tcfg.precision, self.device)
+        if (self.precision.float8 is not None) and self.device.type != "cuda":
+            raise GenlabError(f"train.precision={tcfg.precision} needs a CUDA device (H100/H200)")
+        torch.manual_seed(tcfg.seed)
+        self.spec = data_spec_for(cfg)
+        self.model, self.method = build_model_and_method(cfg, self.spec)
+        self.model.to(self.device)
+        self.flops_per_sample = train_flops_per_sample(self.model)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False) if tcfg.ema_decay > 0 else None
+        if self.precision.float8 is not None:
+            from genlab.train.float8 import convert_float8
+            convert_float8(self.model, self.precision.float8)
+        apply_switches(self.model, tcfg)
+        self.wrapped = compile_model_by_name(wrap_parallel(self.model, self.dist, tcfg, self.device), tcfg)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
+        self.micro = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
+        if self.micro < 1:
+            raise GenlabError(f"train.batch_size {tcfg.batch_size} is smaller than grad_accum x world size")
+        gen = torch.Generator(device=self.device).manual_seed(tcfg.seed)
+        self.batch = synthetic_batch(self.method, self.spec, self.micro, self.device, gen)
+        self.gen = gen
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def step(self, timer=None):
+        from genlab.train.parallel import no_sync
+        tcfg = self.cfg.train
+        mark = timer or (lambda name: None)
+        mark("start")
+        for micro in range(tcfg.grad_accum):
+            with no_sync(self.wrapped, micro == tcfg.grad_accum - 1):
+                with self.precision.autocast(self.device):
+                    loss, _ = self.method.loss(self.wrapped, self.batch, self.gen)
+                    loss = loss / tcfg.grad_accum
+                mark("fwd")
+                self.scaler.scale(loss).backward()
+                mark("bwd")
+        self.scaler.unscale_(self.optimizer)
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1 - tcfg.ema_decay)
+        mark("opt")
+
+
+class PhaseTimer:
+    """Synchronising wall-clock marks: accumulates time since the previous mark under each name."""
+
+    def __init__(self, device):
+        self.device, self.totals, self.last = device, {}, None
+
+    def __call__(self, name):
+        _sync(self.device)
+        now = time.perf_counter()
+        if name != "start" and self.last is not None:
+            self.totals[name] = self.totals.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+def _compiled_graphs() -> int:
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["stats"].get("unique_graphs", 0))
+    except Exception:  # noqa: BLE001 - an informational number only
+        return 0
+
+
+def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5) -> dict:
+    from genlab.train.metrics import peak_flops
+    b = BenchStep(cfg)
+    dev, tcfg = b.device, cfg.train
+    for _ in range(warmup):
+        b.step()
+    graphs_after_warmup = _compiled_graphs()
+    _sync(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        b.step()
+    _sync(dev)
+    step_s = (time.perf_counter() - t0) / steps
+    timer = PhaseTimer(dev)
+    for _ in range(split_steps):
+        b.step(timer)
+    split = {k: 1e3 * v / split_steps for k, v in timer.totals.items()}
+    peak = peak_flops(dev)
+    flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
+    seq = b.spec.get("seq_len")
+    samples_per_s = tcfg.batch_size / step_s
+    return {
+        "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * seq if seq else None,
+        "step_ms": 1e3 * step_s, "fwd_ms": split.get("fwd"), "bwd_ms": split.get("bwd"), "opt_ms": split.get("opt"),
+        "mfu": flops_step / step_s / peak if peak else None, "flops_per_step": flops_step * b.dist.world,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "recompiles": max(0, _compiled_graphs() - graphs_after_warmup), "graphs": _compiled_graphs(),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "world": b.dist.world,
+        "switches": {"model": f"{cfg.model.name}-{cfg.model.size}/{cfg.model.patch_size}", "batch": tcfg.batch_size,
+                     "precision": b.precision.name, "compile": tcfg.compile,
+                     "activation_checkpointing": tcfg.activation_checkpointing, "parallel": tcfg.parallel,
+                     "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name},
+        "steps": steps, "warmup": warmup,
+    }
+
+
+def _fmt(v, spec):
+    return "n/a" if v is None else format(v, spec)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown table of run_bench results."""
+    head = "| model | batch | precision | compile | AC | parallel | samples/s | tokens/s | step ms | fwd/bwd/opt ms | MFU | peak GiB |"
+    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in rows:
+        s = r["switches"]
+        split = "/".join(_fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
+        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(f"| {s['model']} | {s['batch']} | {s['precision']} | {s['compile']} | {s['activation_checkpointing']} | "
+                     f"{s['parallel']} | {r['samples_per_s']:.0f} | {_fmt(r.get('tokens_per_s'), '.0f')} | "
+                     f"{r['step_ms']:.1f} | {split} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.2f')} |")
+    return "\n".join(lines)
+
+
+def cmd_bench(args):
+    from genlab.cli import _split_config_and_overrides
+    from genlab.config import load_config
+    preset, overrides = _split_config_and_overrides(args.items)
+    cfg = load_config(preset, overrides)
+    if args.steps < 1 or args.warmup < 0:
+        raise GenlabError("--steps must be >= 1 and --warmup >= 0")
+    res = run_bench(cfg, steps=args.steps, warmup=args.warmup)
+    if res["world"] > 1 and int(__import__("os").environ.get("RANK", "0")) != 0:
+        return 0
+    print(format_table([res]))
+    print(f"device: {res['device']}  world: {res['world']}  FLOPs/step: {res['flops_per_step']:.3e}  "
+          f"compiled graphs: {res['graphs']} (recompiles after warmup: {res['recompiles']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="time training steps on synthetic data of the config's shape")
+    p.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
+    p.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    p.set_defaults(fn=cmd_bench)
+    return p
