@@ -142,3 +142,15 @@ def test_sample_accuracy_of_real_images_is_high_and_of_noise_is_chance():
     assert (pred == data.labels).mean() > 0.9
     shuffled = np.random.default_rng(0).permutation(data.labels)
     assert (pred == shuffled).mean() < 0.2
+
+
+def test_eval_under_bf16_autocast(tmp_path):
+    """The trainer evaluates inside its precision's autocast (bf16 on GPU): features must still reach numpy."""
+    from genlab.train.trainer import Trainer
+    cfg = load_config(None, TINY + ["train.steps=2", f"train.out_dir={tmp_path}", "train.name=bf16",
+                                    "eval.num_samples=20", "eval.sample_steps=2"])
+    tr = Trainer(cfg)
+    tr._setup()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        res = tr.evaluate()
+    assert 0 <= res["sample_accuracy"] <= 1 and np.isfinite(res["feature_fd"])

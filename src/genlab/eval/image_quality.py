@@ -38,7 +38,7 @@ def evaluate_class_conditional(method, model, data, ctx) -> dict:
     idx = np.random.default_rng(0).choice(len(data), n_real, replace=False)
     real = normalize_images(torch.from_numpy(np.asarray(data.images[np.sort(idx)])).to(device))
     _, f_real = predict(net, real, return_features=True)
-    return {"sample_accuracy": acc, "feature_fd": frechet_distance(f_gen.cpu().numpy(), f_real.cpu().numpy()),
+    return {"sample_accuracy": acc, "feature_fd": frechet_distance(f_gen.float().cpu().numpy(), f_real.float().cpu().numpy()),
             "classifier_val_acc": val_acc}
 
 
