@@ -6,7 +6,7 @@ export PYTHONPATH=src
 OUT=${OUT:-/tmp/genlab-out}
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}
 mkdir -p "$OUT" "$ROOT"
-python3 -c "import torchao" 2>/dev/null || pip install --quiet --no-deps wheels/*.whl 2>&1 | tail -1
+python3 -c "import torchao" 2>/dev/null || python3 -m pip install --quiet --no-deps wheels/*.whl 2>&1 | tail -1
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt"
 for s in "$@"; do
   python3 -m genlab sweep "configs/sweeps/$s.toml" --root "$ROOT" 2>&1 | grep -v "^\s*$" | tail -40

@@ -107,7 +107,7 @@ def test_sweep_file_errors_fail_before_anything_runs(tmp_path, axis, needle):
 
 
 def test_unknown_sweep_key(tmp_path):
-    p = _write_sweep(tmp_path, BASE + 'stepz = 3\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
+    p = _write_sweep(tmp_path, 'stepz = 3\n' + BASE + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
     with pytest.raises(GenlabError, match="unknown sweep key"):
         load_sweep(p)
 

@@ -47,14 +47,12 @@ class BenchStep:
     def __init__(self, cfg):
         from genlab.optim import build_optimizer
         from genlab.train.metrics import train_flops_per_sample
-        from genlab.train.parallel import init_distributed, wrap_parallel
-        from genlab.train.switches import apply_switches, build_precision, compile_model_by_name
+        from genlab.train.parallel import init_distributed, shard_like, wrap_parallel
+        from genlab.train.switches import apply_switches, build_precision, compile_model_by_name, compile_optimizer_step
         from genlab.train.trainer import build_model_and_method
         self.cfg, tcfg = cfg, cfg.train
         self.dist, self.device = init_distributed(tcfg.device)
-        self.precision = build_precision(tcfg.precision, self.device)
-        if (self.precision.float8 is not None) and self.device.type != "cuda":
-            raise GenlabError(f"train.precision={tcfg.precision} needs a CUDA device (H100/H200)")
+        self.precision = build_precision(tcfg.precision, self.device)  # float8 checks the GPU here
         torch.manual_seed(tcfg.seed)
         self.spec = data_spec_for(cfg)
         self.model, self.method = build_model_and_method(cfg, self.spec)
@@ -66,7 +64,10 @@ class BenchStep:
             convert_float8(self.model, self.precision.float8)
         apply_switches(self.model, tcfg)
         self.wrapped = compile_model_by_name(wrap_parallel(self.model, self.dist, tcfg, self.device), tcfg)
+        self.ema = shard_like(self.ema, self.model)
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        if tcfg.compile_optimizer:
+            self.optimizer = compile_optimizer_step(self.optimizer, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.micro = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
         if self.micro < 1:
@@ -77,7 +78,9 @@ class BenchStep:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def step(self, timer=None):
-        from genlab.train.parallel import no_sync
+        from genlab.train.parallel import clip_grads, no_sync
+        from genlab.train.switches import backward_context
+        from genlab.train.trainer import ema_update
         tcfg = self.cfg.train
         mark = timer or (lambda name: None)
         mark("start")
@@ -85,18 +88,19 @@ class BenchStep:
             with no_sync(self.wrapped, micro == tcfg.grad_accum - 1):
                 with self.precision.autocast(self.device):
                     loss, _ = self.method.loss(self.wrapped, self.batch, self.gen)
-                    loss = loss / tcfg.grad_accum
+                    if tcfg.grad_accum > 1:
+                        loss = loss / tcfg.grad_accum
                 mark("fwd")
-                self.scaler.scale(loss).backward()
+                with backward_context(tcfg):
+                    self.scaler.scale(loss).backward()
                 mark("bwd")
         self.scaler.unscale_(self.optimizer)
-        if self.cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.grad_clip)
+        clip_grads(self.params, self.cfg.optim.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
-            torch._foreach_lerp_(list(self.ema.parameters()), list(self.model.parameters()), 1 - tcfg.ema_decay)
+            ema_update(list(self.ema.parameters()), list(self.model.parameters()), tcfg.ema_decay)
         mark("opt")
 
 
@@ -115,11 +119,8 @@ class PhaseTimer:
 
 
 def _compiled_graphs() -> int:
-    try:
-        from torch._dynamo.utils import counters
-        return int(counters["stats"].get("unique_graphs", 0))
-    except Exception:  # noqa: BLE001 - an informational number only
-        return 0
+    from genlab.train.switches import compile_counts
+    return compile_counts()["graphs"]
 
 
 def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5) -> dict:
@@ -155,7 +156,8 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5) -> di
         "switches": {"model": f"{cfg.model.name}-{cfg.model.size}/{cfg.model.patch_size}", "batch": tcfg.batch_size,
                      "precision": b.precision.name, "compile": tcfg.compile,
                      "activation_checkpointing": tcfg.activation_checkpointing, "parallel": tcfg.parallel,
-                     "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name},
+                     "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
+                     "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer},
         "steps": steps, "warmup": warmup,
     }
 
@@ -172,7 +174,8 @@ def format_table(rows: list[dict]) -> str:
         s = r["switches"]
         split = "/".join(_fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
         mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {s['model']} | {s['batch']} | {s['precision']} | {s['compile']} | {s['activation_checkpointing']} | "
+        comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
+        lines.append(f"| {s['model']} | {s['batch']} | {s['precision']} | {comp} | {s['activation_checkpointing']} | "
                      f"{s['parallel']} | {r['samples_per_s']:.0f} | {_fmt(r.get('tokens_per_s'), '.0f')} | "
                      f"{r['step_ms']:.1f} | {split} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.2f')} |")
     return "\n".join(lines)

@@ -98,6 +98,8 @@ class TrainConfig:
     parallel: str = "auto"        # registry `parallel`: auto | none | ddp | fsdp | hsdp
     replicate: int = 0            # HSDP replicate degree (0 = world / shard)
     shard: int = 0                # HSDP/FSDP shard degree (0 = all ranks)
+    compiled_autograd: bool = False   # trace the backward with compiled autograd (use with compile=model|blocks)
+    compile_optimizer: bool = False   # torch.compile the optimizer step (torch adamw/adam/sgd; LR kept in a tensor)
     seed: int = 0
     ema_decay: float = 0.999      # 0 = no EMA
     ema_warmup: bool = True       # decay min(ema_decay, (1+n)/(10+n)) so early EMA tracks the model

@@ -9,7 +9,7 @@ import torch
 
 from genlab.errors import GenlabError
 
-CKPT_RE = re.compile(r"step_(\d+)\.pt$")
+CKPT_RE = re.compile(r"step_(\d+)\.(pt|dcp)$")  # .dcp: sharded folder (train/dcp.py)
 
 
 def ckpt_dir(run_dir) -> Path:
@@ -33,13 +33,21 @@ def save_checkpoint(run_dir, step: int, state: dict, keep_last: int = 3) -> Path
     os.replace(tmp, path)  # a crash mid-write leaves only a .tmp file, never a broken checkpoint
     if keep_last > 0:
         for old in list_checkpoints(run_dir)[:-keep_last]:
-            old.unlink(missing_ok=True)
+            prune(old)
     return path
+
+
+def prune(path: Path):
+    if path.is_dir():
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def resolve_checkpoint(path_or_run) -> Path:
     p = Path(path_or_run)
-    if p.is_file():
+    if p.is_file() or (p.is_dir() and p.suffix == ".dcp"):
         return p
     if p.is_dir():
         ckpts = list_checkpoints(p)
@@ -51,6 +59,14 @@ def resolve_checkpoint(path_or_run) -> Path:
 
 def load_checkpoint(path_or_run, map_location="cpu") -> dict:
     p = resolve_checkpoint(path_or_run)
+    if p.suffix in (".dcp", ".safetensors"):
+        from genlab.train import dcp
+        try:
+            return dcp.load_dcp_full(p) if p.suffix == ".dcp" else dcp.load_safetensors(p)
+        except GenlabError:
+            raise
+        except Exception as e:
+            raise GenlabError(f"cannot read checkpoint '{p}': {e}") from None
     try:
         return torch.load(p, map_location=map_location, weights_only=False)
     except Exception as e:

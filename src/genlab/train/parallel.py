@@ -82,10 +82,128 @@ def par_ddp(model, info, tcfg, device):
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def _mesh_dims(info, tcfg, hybrid: bool) -> tuple[int, int]:
+    """(replicate, shard) degrees from train.replicate/train.shard; 0 means 'the rest of the world'."""
+    world, r, sh = info.world, tcfg.replicate, tcfg.shard
+    if r < 0 or sh < 0:
+        raise GenlabError(f"train.replicate ({r}) and train.shard ({sh}) must be >= 0")
+    if not hybrid:
+        if r not in (0, 1) or sh not in (0, world):
+            raise GenlabError(f"train.parallel=fsdp shards over all {world} ranks; for replicate x shard use "
+                              f"train.parallel=hsdp (got replicate={r}, shard={sh})")
+        return 1, world
+    if sh == 0 and r == 0:
+        sh = world
+    if sh == 0:
+        sh = world // r if r and world % r == 0 else 0
+    if r == 0:
+        r = world // sh if sh and world % sh == 0 else 0
+    if r < 1 or sh < 1 or r * sh != world:
+        raise GenlabError(f"train.parallel=hsdp needs replicate x shard = world size; got replicate={tcfg.replicate}, "
+                          f"shard={tcfg.shard} with {world} processes")
+    return r, sh
+
+
+def build_mesh(info, tcfg, device, hybrid: bool):
+    """1-D ('shard',) mesh for FSDP, 2-D ('replicate', 'shard') for HSDP."""
+    from torch.distributed.device_mesh import init_device_mesh
+    r, sh = _mesh_dims(info, tcfg, hybrid)
+    if hybrid:
+        return init_device_mesh(device.type, (r, sh), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device.type, (sh,), mesh_dim_names=("shard",))
+
+
+def _fully_shard_model(model, mesh, mp_policy=None):
+    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root."""
+    from torch.distributed.fsdp import fully_shard
+    kw = {"mesh": mesh}
+    if mp_policy is not None:
+        kw["mp_policy"] = mp_policy
+    for block in model.blocks:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def _mp_policy(tcfg):
+    """bf16 params for compute (fp32 master weights and reduce) when the run is bf16 on a GPU."""
+    if tcfg.precision not in ("bf16", "auto") or not torch.cuda.is_available() or tcfg.device == "cpu":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _shard(model, info, tcfg, device, hybrid):
+    if not info.enabled:
+        if hybrid or tcfg.shard not in (0, 1) or tcfg.replicate not in (0, 1):
+            _mesh_dims(info, tcfg, hybrid)  # same validation as with several ranks
+        return model
+    if not hasattr(model, "blocks"):
+        raise GenlabError(f"train.parallel={tcfg.parallel} needs a model that exposes .blocks")
+    mesh = build_mesh(info, tcfg, device, hybrid)
+    model._genlab_mesh = mesh
+    return _fully_shard_model(model, mesh, _mp_policy(tcfg))
+
+
+@parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)")
+def par_fsdp(model, info, tcfg, device):
+    return _shard(model, info, tcfg, device, hybrid=False)
+
+
+@parallel_registry.register("hsdp", "FSDP2 on a 2-D mesh: replicate (train.replicate) x shard (train.shard)")
+def par_hsdp(model, info, tcfg, device):
+    return _shard(model, info, tcfg, device, hybrid=True)
+
+
+def is_sharded(model) -> bool:
+    """True when the parameters are DTensors (FSDP2/HSDP)."""
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def shard_like(ema, model):
+    """Shard an EMA copy the way `model` is sharded, so the EMA update is local (shard by shard)."""
+    mesh = getattr(model, "_genlab_mesh", None)
+    if ema is None or mesh is None:
+        return ema
+    return _fully_shard_model(ema, mesh)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (shares storage), or the tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor reduced to an ordinary tensor (clip_grad_norm_ on FSDP2 params returns a DTensor)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def grad_norm(params) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    return full_value(torch.nn.utils.get_total_norm(grads)) if grads else torch.zeros(())
+
+
+def clip_grads(params, max_norm: float) -> torch.Tensor:
+    """Global-norm clipping that works on plain, DDP and FSDP2/HSDP (DTensor) parameters."""
+    params = [p for p in params if p.grad is not None]
+    if max_norm > 0:
+        return full_value(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return grad_norm(params)
+
+
+def full_state_dict(model) -> dict | None:
+    """Unsharded CPU state dict of a (possibly FSDP) model on every rank; a collective when sharded."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 def no_sync(model, sync: bool):
     """Skip the gradient all-reduce on micro-steps that are not the last of an accumulation."""
     if sync:
         return contextlib.nullcontext()
+    model = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) hides the DDP wrapper
     if isinstance(model, DDP):
         return model.no_sync()
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2

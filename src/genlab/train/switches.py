@@ -55,6 +55,18 @@ def _fp16(device):
     return Precision("fp16", autocast_dtype=torch.float16, loss_scaling=True)
 
 
+def _float8(recipe):
+    def build(device):
+        from genlab.train.float8 import check_float8_device
+        check_float8_device(device)  # before any model is built: H100/H200 + torchao, else GenlabError
+        return Precision(f"float8_{recipe}", autocast_dtype=torch.bfloat16, float8=recipe)
+    return build
+
+
+precision_registry.register("float8_tensorwise", "torchao float8 linears, one scale per tensor, bf16 elsewhere (SM89+/H100)")(_float8("tensorwise"))
+precision_registry.register("float8_rowwise", "torchao float8 linears, one scale per row, bf16 elsewhere (SM89+/H100)")(_float8("rowwise"))
+
+
 def build_precision(name: str, device: torch.device) -> Precision:
     p = precision_registry.get(name)(device)
     torch.backends.cuda.matmul.allow_tf32 = p.tf32
@@ -63,17 +75,21 @@ def build_precision(name: str, device: torch.device) -> Precision:
 
 
 # -- activation checkpointing -------------------------------------------------------------------
-class Checkpointed(nn.Module):
-    """Recompute the wrapped block in the backward pass instead of storing its activations."""
+def checkpoint_block(block: nn.Module, context_fn=None) -> nn.Module:
+    """Recompute `block` in the backward pass instead of storing its activations.
 
-    def __init__(self, block: nn.Module, context_fn=None):
-        super().__init__()
-        self.block = block
-        self.context_fn = context_fn
+    The block's forward is replaced on the instance, so the module tree and the state-dict keys stay
+    those of the plain model (checkpoints load into any AC mode) and torch.compile / fully_shard
+    applied afterwards see the block itself.
+    """
+    inner = block.forward
+    extra = {"context_fn": context_fn} if context_fn is not None else {}
 
-    def forward(self, *args, **kwargs):
-        extra = {"context_fn": self.context_fn} if self.context_fn is not None else {}
-        return checkpoint(self.block, *args, use_reentrant=False, **extra, **kwargs)
+    def forward(*args, **kwargs):
+        return checkpoint(inner, *args, use_reentrant=False, **extra, **kwargs)
+    block.forward = forward
+    block._genlab_checkpointed = True
+    return block
 
 
 # ops whose outputs the selective policy keeps (the expensive ones); everything else is recomputed
@@ -94,10 +110,9 @@ def _selective_context():
 
 
 def _wrap_blocks(model, which, context_fn=None):
-    blocks = model.blocks
-    for i in range(len(blocks)):
-        if which(i):
-            blocks[i] = Checkpointed(blocks[i], context_fn)
+    for i, block in enumerate(model.blocks):
+        if which(i) and not getattr(block, "_genlab_checkpointed", False):
+            checkpoint_block(block, context_fn)
     return model
 
 
@@ -135,8 +150,8 @@ def compile_model(model, tcfg):
 
 @compile_registry.register("blocks", "torch.compile each block (composes with FSDP and checkpointing)")
 def compile_blocks(model, tcfg):
-    for i, block in enumerate(model.blocks):
-        model.blocks[i] = torch.compile(block)
+    for block in model.blocks:
+        block.compile()  # in place: parameter names stay those of the plain model
     return model
 
 
@@ -149,3 +164,60 @@ def compile_model_by_name(model, tcfg):
     return compile_registry.get(tcfg.compile)(model, tcfg)
 
 
+
+
+# -- compiled autograd, compiled optimizer step, recompile counting -------------------------------
+def backward_context(tcfg):
+    """Around loss.backward(): compiled autograd traces the whole backward graph (one graph, fusable)."""
+    if not getattr(tcfg, "compiled_autograd", False):
+        return contextlib.nullcontext()
+    from torch._dynamo import compiled_autograd
+    enable = getattr(compiled_autograd, "_enable", None) or compiled_autograd.enable
+    return enable(torch.compile(dynamic=False))
+
+
+COMPILABLE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
+
+
+def compile_optimizer_step(optimizer, device):
+    """Rebuild a torch optimizer for a compiled step and compile its `step`.
+
+    The LR lives in a 0-d tensor per group, updated in place by `set_lr`: a Python float would be a
+    guarded constant and every schedule change would recompile. Fused kernels are opaque to dynamo,
+    so the compiled step uses the single-tensor path that inductor fuses itself.
+    """
+    if type(optimizer) not in COMPILABLE_OPTIMIZERS:
+        raise GenlabError(f"train.compile_optimizer=true works with torch's adamw, adam and sgd; "
+                          f"{type(optimizer).__module__}.{type(optimizer).__name__} cannot (heavyball compiles its own step)")
+    groups = []
+    for g in optimizer.param_groups:
+        g = {k: v for k, v in g.items() if k not in ("fused", "foreach", "capturable")}
+        g["lr"] = torch.tensor(float(g["lr"]), device=device)
+        groups.append(g)
+    new = type(optimizer)(groups, lr=groups[0]["lr"], foreach=False, fused=False)
+    new.step = torch.compile(new.step, fullgraph=False)
+    return new
+
+
+def set_lr(optimizer, lr: float):
+    """Set the LR of every group; tensor LRs are filled in place (no recompiles, no host sync)."""
+    for g in optimizer.param_groups:
+        if torch.is_tensor(g["lr"]):
+            g["lr"].fill_(lr)
+        else:
+            g["lr"] = lr
+
+
+def lr_value(optimizer) -> float:
+    lr = optimizer.param_groups[0]["lr"]
+    return float(lr) if torch.is_tensor(lr) else lr
+
+
+def compile_counts() -> dict:
+    """Dynamo's running totals: graphs compiled so far and frames it had to recompile after a guard failed."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001 - informational only
+        return {"graphs": 0, "recompiles": 0}
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0}

@@ -20,8 +20,10 @@ from genlab.optim import build_optimizer, lr_at
 from genlab.registry import method_registry, model_registry
 from genlab.train import checkpoint as ckpt
 from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib, train_flops_per_sample
-from genlab.train.parallel import all_reduce_mean, init_distributed, no_sync, wrap_parallel
-from genlab.train.switches import apply_switches, build_precision, compile_model_by_name
+from genlab.train.parallel import (all_reduce_mean, clip_grads, full_state_dict, init_distributed, is_sharded, local,
+                                   no_sync, shard_like, wrap_parallel)
+from genlab.train.switches import (apply_switches, backward_context, build_precision, compile_counts, compile_model_by_name,
+                                   compile_optimizer_step, lr_value, set_lr)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -46,7 +48,8 @@ def check_model_shapes(model, state: dict, source: str):
 
 @torch.no_grad()
 def ema_update(ema_params, params, decay: float):
-    torch._foreach_lerp_(ema_params, params, 1.0 - decay)
+    # under FSDP both lists are DTensors sharded alike: the EMA of the local shards is the EMA's shard
+    torch._foreach_lerp_([local(p) for p in ema_params], [local(p) for p in params], 1.0 - decay)
 
 
 class Trainer:
@@ -88,7 +91,11 @@ class Trainer:
         apply_switches(self.base, tcfg)
         self.wrapped = wrap_parallel(self.base, self.dist, tcfg, self.device)
         self.wrapped = compile_model_by_name(self.wrapped, tcfg)
+        self.ema = shard_like(self.ema, self.base)
+        self.sharded = is_sharded(self.base)  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
         self.optimizer = build_optimizer(self.base, cfg.optim)
+        if tcfg.compile_optimizer:
+            self.optimizer = compile_optimizer_step(self.optimizer, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.micro_batch = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
         if self.micro_batch < 1 or tcfg.batch_size % (tcfg.grad_accum * self.dist.world):
@@ -104,7 +111,14 @@ class Trainer:
         self._make_run_dir(resume_state)
 
     def _restore(self, state):
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("dcp_path"):
+            from genlab.train.dcp import load_dcp_optimizer
+            load_dcp_optimizer(state["dcp_path"], self.base, self.optimizer)
+            gens = state.get("gens") or [state["gen"]]
+            if self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
+                state = {**state, "gen": gens[self.dist.rank]}
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]
@@ -130,10 +144,11 @@ class Trainer:
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main)
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _state(self):
+    def _state(self, weights=True):
+        big = {"model": self.base.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
+               "optimizer": self.optimizer.state_dict()} if weights else {}
         return {
-            "model": self.base.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
-            "optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            **big, "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "nonfinite_skipped": self.nonfinite_skipped,
             "config": to_dict(self.cfg), "data_spec": self.spec,
@@ -141,6 +156,14 @@ class Trainer:
 
     def save(self):
         self._check_finite()  # never write a checkpoint of a diverged model
+        if self.sharded:  # every rank writes its shards (torch.distributed.checkpoint)
+            from genlab.train.dcp import save_dcp
+            meta = {k: v for k, v in self._state(weights=False).items()}
+            path = save_dcp(ckpt.ckpt_dir(self.run_dir), self.step, self.base, self.optimizer, self.ema, meta, self.dist)
+            if self.dist.is_main and self.cfg.log.keep_last > 0:
+                for old in ckpt.list_checkpoints(self.run_dir)[:-self.cfg.log.keep_last]:
+                    ckpt.prune(old)
+            return path
         if self.dist.is_main:
             path = ckpt.save_checkpoint(self.run_dir, self.step, self._state(), self.cfg.log.keep_last)
             return path
@@ -148,21 +171,19 @@ class Trainer:
     # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
         tcfg = self.cfg.train
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, tcfg.steps, self.cfg.optim)
+        set_lr(self.optimizer, lr_at(self.step, tcfg.steps, self.cfg.optim))
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(tcfg.grad_accum):
             batch = self.loader.next()
             with no_sync(self.wrapped, micro == tcfg.grad_accum - 1), self.precision.autocast(self.device):
                 loss, extra = self.method.loss(self.wrapped, batch, self.gen)
-                loss = loss / tcfg.grad_accum
-            self.scaler.scale(loss).backward()
+                if tcfg.grad_accum > 1:  # a Python-int divide in the graph breaks compiled autograd on CUDA
+                    loss = loss / tcfg.grad_accum
+            with backward_context(tcfg):
+                self.scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
         self.scaler.unscale_(self.optimizer)
-        if self.cfg.optim.grad_clip > 0:
-            gnorm = torch.nn.utils.clip_grad_norm_(self.base.parameters(), self.cfg.optim.grad_clip)
-        else:
-            gnorm = torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm() for p in self.base.parameters() if p.grad is not None]))
+        gnorm = clip_grads(self.base.parameters(), self.cfg.optim.grad_clip)  # a plain tensor, also under FSDP
         bad = ~(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
         if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
             self.optimizer.zero_grad(set_to_none=True)
@@ -178,6 +199,14 @@ class Trainer:
             ema_update(list(self.ema.parameters()), list(self.base.parameters()), decay)
         return loss_sum, gnorm, bad, extra
 
+    def _compile_stats(self) -> dict:
+        """Graphs dynamo compiled, and recompiles = graphs added after the first step (guard failures)."""
+        t = self.cfg.train
+        if t.compile == "off" and not (t.compile_optimizer or t.compiled_autograd):
+            return {}
+        g = compile_counts()["graphs"]
+        return {"compiled_graphs": g, "recompiles": g - self._graphs_first}
+
     def _check_finite(self):
         if getattr(self, "_bad_acc", None) is not None and self._bad_acc.item() and not self.cfg.train.skip_nonfinite:
             raise NonFiniteLoss(f"non-finite loss or gradient before step {self.step}; stopped without saving "
@@ -189,13 +218,30 @@ class Trainer:
                 "generator": torch.Generator(device=self.device).manual_seed(self.cfg.train.seed + 12345)}
 
     def sample_model(self):
-        return self.ema if self.ema is not None else self.base
+        """EMA (or live) weights for sampling; under FSDP a collective gather into a plain model on rank 0."""
+        model = self.ema if self.ema is not None else self.base
+        if not self.sharded:
+            return model
+        full = full_state_dict(model)  # every rank takes part in the all-gather
+        if not self.dist.is_main:
+            return None
+        plain, _ = build_model_and_method(self.cfg, self.spec)
+        plain.load_state_dict(full)
+        return plain.to(self.device)
+
+    def export_weights(self):
+        """Consolidated safetensors of the sampling weights next to a sharded run (what sample/eval load)."""
+        from genlab.train.dcp import export_safetensors
+        weights = full_state_dict(self.ema if self.ema is not None else self.base)  # collective
+        if self.dist.is_main:
+            return export_safetensors({"model": weights, "config": to_dict(self.cfg), "data_spec": self.spec,
+                                       "step": self.step}, self.run_dir / "model.safetensors")
 
     def preview(self, final=False):
+        model = self.sample_model()
         if not self.dist.is_main:
             return None
         path = self.run_dir / ("samples.png" if final else f"samples/step_{self.step:08d}.png")
-        model = self.sample_model()
         was = model.training
         model.eval()
         try:
@@ -204,9 +250,9 @@ class Trainer:
             model.train(was)
 
     def evaluate(self):
+        model = self.sample_model()
         if not self.dist.is_main:
             return {}
-        model = self.sample_model()
         was = model.training
         model.eval()
         try:
@@ -241,6 +287,8 @@ class Trainer:
             while self.step < tcfg.steps:
                 loss, gnorm, bad, extra = self._train_step()
                 self.step += 1
+                if getattr(self, "_graphs_first", None) is None:  # the first step compiles everything
+                    self._graphs_first = compile_counts()["graphs"]
                 acc["loss"] += loss
                 acc["gnorm"] += gnorm.float()
                 self._bad_acc |= bad
@@ -254,13 +302,13 @@ class Trainer:
                     dt = (now - t_last) / n_acc
                     loss_v = all_reduce_mean(acc["loss"] / n_acc, self.dist).item()
                     rec = {"step": self.step, "loss": loss_v, "grad_norm": (acc["gnorm"] / n_acc).item(),
-                           "lr": self.optimizer.param_groups[0]["lr"], "step_time": dt,
+                           "lr": lr_value(self.optimizer), "step_time": dt,
                            "samples_per_s": tcfg.batch_size / dt, "flops_per_step": flops_step * self.dist.world,
                            "mfu": (flops_step / dt / peak) if peak else None,
                            "peak_mem_gib": peak_memory_gib(self.device),
                            "data_wait_frac": min(1.0, self.loader.wait_time / max(now - t_last, 1e-9)),
                            "epoch": self.loader.epoch, "wall_time": now - wall0,
-                           "nonfinite_skipped": self.nonfinite_skipped}
+                           "nonfinite_skipped": self.nonfinite_skipped, **self._compile_stats()}
                     rec.update({k: v.item() if torch.is_tensor(v) else v for k, v in extra.items()})
                     self.log.write(rec)
                     last_record = rec
@@ -284,6 +332,8 @@ class Trainer:
                     interrupted = True
                     break
             path = self.save()
+            if self.sharded:
+                self.export_weights()
             summary.update({"status": "interrupted" if interrupted else "finished", "step": self.step,
                             "checkpoint": str(path) if path else None})
             if not interrupted:

@@ -1,0 +1,103 @@
+"""Worker for the distributed tests, launched by torchrun (or plainly for one process).
+
+It trains a tiny DiT on a FIXED global batch with fixed noise, so a run on any number of ranks must
+follow the single-process trajectory: each rank takes its slice of the global batch, and the parallel
+wrapper's gradient averaging has to reproduce the full-batch gradient. It uses the trainer's own
+pieces (wrap_parallel, no_sync, clip_grads, shard_like/ema_update, DCP save/load).
+
+usage: dist_worker.py OUT.json --mode none|ddp|fsdp|hsdp --steps N [--accum K] [--replicate R --shard S]
+                      [--save-at K --ckpt DIR] [--resume DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+from genlab.models.dit import DiT, DiTSpec
+from genlab.train.dcp import load_dcp_full, load_dcp_optimizer, save_dcp
+from genlab.train.parallel import all_reduce_mean, clip_grads, full_state_dict, init_distributed, no_sync, shard_like, wrap_parallel
+from genlab.train.trainer import ema_update
+
+GLOBAL_BATCH = 8
+
+
+def fixed_batch():
+    g = torch.Generator().manual_seed(123)
+    x1 = torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=g)
+    x0 = torch.randn(GLOBAL_BATCH, 1, 8, 8, generator=g)
+    t = torch.rand(GLOBAL_BATCH, generator=g)
+    y = torch.randint(0, 3, (GLOBAL_BATCH,), generator=g)
+    return x1, x0, t, y
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--mode", default="none")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--accum", type=int, default=1)
+    ap.add_argument("--replicate", type=int, default=0)
+    ap.add_argument("--shard", type=int, default=0)
+    ap.add_argument("--save-at", type=int, default=0)
+    ap.add_argument("--ckpt", default="")
+    ap.add_argument("--resume", default="")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    info, device = init_distributed("cpu")
+    tcfg = SimpleNamespace(parallel=a.mode, replicate=a.replicate, shard=a.shard, precision="fp32", device="cpu")
+    torch.manual_seed(0)
+    model = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2))
+    start = 0
+    if a.resume:
+        state = load_dcp_full(a.resume)
+        model.load_state_dict(state["model"])
+        start = state["step"]
+    ema = copy.deepcopy(model).requires_grad_(False)
+    if a.resume and state.get("ema") is not None:
+        ema.load_state_dict(state["ema"])
+    wrapped = wrap_parallel(model, info, tcfg, device)
+    ema = shard_like(ema, model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0, foreach=True)
+    if a.resume:
+        load_dcp_optimizer(a.resume, model, opt)
+    x1, x0, t, y = fixed_batch()
+    per_rank = GLOBAL_BATCH // info.world
+    lo = info.rank * per_rank
+    x1, x0, t, y = (v[lo:lo + per_rank] for v in (x1, x0, t, y))
+    micro = per_rank // a.accum
+    losses, gnorms = [], []
+    for step in range(start, a.steps):
+        total = torch.zeros(())
+        for m in range(a.accum):
+            sl = slice(m * micro, (m + 1) * micro)
+            tt = t[sl]
+            xt = (1 - tt[:, None, None, None]) * x0[sl] + tt[:, None, None, None] * x1[sl]
+            with no_sync(wrapped, m == a.accum - 1):
+                loss = F.mse_loss(wrapped(xt, tt, y[sl]), x1[sl] - x0[sl]) / a.accum
+                loss.backward()
+            total += loss.detach()
+        gnorms.append(float(clip_grads(model.parameters(), 0.5)))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ema_update(list(ema.parameters()), list(model.parameters()), 0.9)
+        losses.append(float(all_reduce_mean(total, info)))
+        if a.save_at and step + 1 == a.save_at:
+            save_dcp(a.ckpt, step + 1, model, opt, ema, {"step": step + 1}, info)
+    weights, ema_w = full_state_dict(model), full_state_dict(ema)
+    if info.is_main:
+        torch.save({"losses": losses, "gnorms": gnorms, "model": weights, "ema": ema_w,
+                    "world": info.world, "mesh": list(getattr(getattr(model, "_genlab_mesh", None), "shape", ()))}, a.out)
+    if info.enabled:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

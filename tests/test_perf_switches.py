@@ -1,0 +1,229 @@
+"""Speed switches on CPU: activation checkpointing is exact, fp16 loss scaling skips overflowing steps,
+float8 conversion picks the right layers, invalid combinations fail before training, bench sanity."""
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_config
+from genlab.errors import GenlabError
+from genlab.models.dit import DiT, DiTSpec
+from genlab.train.parallel import _mesh_dims, clip_grads
+from genlab.train.switches import apply_switches, build_precision
+
+
+def tiny_dit(depth=4):
+    torch.manual_seed(0)
+    return DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=depth, heads=2))
+
+
+def grads_of(model):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 1, 8, 8, generator=g)
+    t, y = torch.rand(4, generator=g), torch.randint(0, 3, (4,), generator=g)
+    # non-zero adaLN weights so every path of the block carries gradient
+    with torch.no_grad():
+        for b in model.blocks:
+            b.ada[1].weight.normal_(0, 0.1, generator=g)
+    model.zero_grad()
+    F.mse_loss(model(x, t, y), torch.randn(4, 1, 8, 8, generator=g)).backward()
+    return {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["full", "every_k", "selective"])
+def test_activation_checkpointing_gives_the_same_gradients_as_none(mode):
+    ref = grads_of(tiny_dit())
+    model = apply_switches(tiny_dit(), SimpleNamespace(activation_checkpointing=mode, ac_every=2))
+    got = grads_of(model)
+    assert got.keys() == ref.keys()
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], rtol=1e-6, atol=1e-7, msg=k)
+
+
+def test_activation_checkpointing_keeps_state_dict_keys():
+    plain = tiny_dit()
+    ckpt = apply_switches(tiny_dit(), SimpleNamespace(activation_checkpointing="full", ac_every=2))
+    assert list(ckpt.state_dict()) == list(plain.state_dict())
+    assert all(getattr(b, "_genlab_checkpointed", False) for b in ckpt.blocks)
+
+
+def test_every_k_checkpoints_every_kth_block():
+    m = apply_switches(tiny_dit(depth=5), SimpleNamespace(activation_checkpointing="every_k", ac_every=2))
+    assert [getattr(b, "_genlab_checkpointed", False) for b in m.blocks] == [True, False, True, False, True]
+
+
+def test_fp16_loss_scaling_skips_an_overflowing_step_and_lowers_the_scale():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=True)
+    before = copy.deepcopy(model.state_dict())
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    model.weight.grad[0, 0] = float("inf")  # what an fp16 overflow produces
+    scaler.step(opt)
+    scaler.update()
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), "an overflowing step must not touch the weights"
+    assert scaler.get_scale() == 512.0
+    opt.zero_grad()
+    scaler.scale(model(torch.randn(2, 4)).sum()).backward()
+    scaler.step(opt)  # a finite step goes through
+    assert not torch.equal(model.weight, before["weight"])
+
+
+def test_fp16_precision_enables_loss_scaling():
+    p = build_precision("fp16", torch.device("cpu"))
+    assert p.loss_scaling and p.autocast_dtype == torch.float16
+
+
+def test_clip_grads_matches_torch_and_returns_a_plain_tensor():
+    a, b = torch.nn.Linear(5, 3), torch.nn.Linear(5, 3)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(7, 5)
+    for m in (a, b):
+        (m(x) ** 2).sum().backward()
+    want = torch.nn.utils.clip_grad_norm_(a.parameters(), 0.3)
+    got = clip_grads(b.parameters(), 0.3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(b.weight.grad, a.weight.grad)
+    norm = clip_grads(b.parameters(), 0.0)  # 0 = no clipping, still the norm
+    torch.testing.assert_close(norm, torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in b.parameters()])))
+
+
+# -- float8 -------------------------------------------------------------------------------------
+def test_float8_precision_refuses_cpu_before_training():
+    for name in ("float8_tensorwise", "float8_rowwise"):
+        with pytest.raises(GenlabError, match="SM89|H100"):
+            build_precision(name, torch.device("cpu"))
+
+
+def test_float8_run_on_cpu_fails_before_creating_anything(tmp_path):
+    from genlab.train.trainer import Trainer
+    cfg = tiny_config(tmp_path, "train.precision=float8_tensorwise", "train.name=f8", "train.steps=2")
+    with pytest.raises(GenlabError, match="float8"):
+        Trainer(cfg).fit()
+    assert not (tmp_path / "f8").exists()
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_conversion_converts_only_block_linears(recipe):
+    pytest.importorskip("torchao")
+    from genlab.train.float8 import convert_float8, count_float8
+    model = tiny_dit(depth=2)
+    convert_float8(model, recipe)
+    names = {n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
+    # per block: qkv, attention out, 2 MLP linears; never adaLN, embeddings or the final layer
+    assert count_float8(model) == 2 * 4
+    assert all(n.startswith("blocks.") and ".ada" not in n for n in names)
+    assert not any(n.startswith(("final", "patch_embed", "t_embed")) for n in names)
+
+
+def test_float8_filter_needs_dims_divisible_by_16():
+    from genlab.train.float8 import float8_filter
+    assert float8_filter(torch.nn.Linear(32, 64), "blocks.0.mlp.fc1")
+    assert not float8_filter(torch.nn.Linear(24, 64), "blocks.0.mlp.fc1")
+    assert not float8_filter(torch.nn.Linear(32, 64), "final.linear")
+
+
+# -- invalid combinations ---------------------------------------------------------------------
+@pytest.mark.parametrize("world,r,s,ok", [(4, 2, 2, True), (4, 0, 2, True), (4, 4, 0, True), (4, 3, 0, False),
+                                          (4, 2, 3, False), (6, 4, 0, False), (2, -1, 2, False)])
+def test_hsdp_degrees_must_multiply_to_the_world_size(world, r, s, ok):
+    info = SimpleNamespace(world=world)
+    tcfg = SimpleNamespace(replicate=r, shard=s)
+    if ok:
+        rr, ss = _mesh_dims(info, tcfg, hybrid=True)
+        assert rr * ss == world
+    else:
+        with pytest.raises(GenlabError, match="replicate"):
+            _mesh_dims(info, tcfg, hybrid=True)
+
+
+def test_fsdp_rejects_a_partial_shard_degree():
+    with pytest.raises(GenlabError, match="hsdp"):
+        _mesh_dims(SimpleNamespace(world=4), SimpleNamespace(replicate=0, shard=2), hybrid=False)
+
+
+def test_compile_optimizer_refuses_an_optimizer_it_cannot_compile():
+    from genlab.train.switches import compile_optimizer_step
+    opt = torch.optim.RMSprop(torch.nn.Linear(2, 2).parameters())
+    with pytest.raises(GenlabError, match="compile_optimizer"):
+        compile_optimizer_step(opt, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("override", ["train.precision=fp64", "train.compile=everything", "train.parallel=tp",
+                                      "train.activation_checkpointing=some", "train.compiled_autograd=maybe"])
+def test_unknown_switch_values_fail_at_config_time(tmp_path, override):
+    with pytest.raises(GenlabError):
+        tiny_config(tmp_path, override)
+
+
+def test_parallel_none_under_several_processes_is_refused():
+    from genlab.train.parallel import par_none
+    with pytest.raises(GenlabError, match="several processes"):
+        par_none(None, SimpleNamespace(enabled=True), None, None)
+
+
+# -- compiled optimizer: LR in a tensor, no recompiles when it changes ----------------------------
+def test_compiled_optimizer_step_matches_eager_and_does_not_recompile_on_lr_changes():
+    from genlab.train.switches import compile_counts, compile_optimizer_step, set_lr
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 4)
+    b = copy.deepcopy(a)
+    oa = torch.optim.AdamW(a.parameters(), lr=1e-2)
+    ob = compile_optimizer_step(torch.optim.AdamW(b.parameters(), lr=1e-2), torch.device("cpu"))
+    assert torch.is_tensor(ob.param_groups[0]["lr"])
+    x = torch.randn(3, 4)
+    graphs = None
+    for i in range(4):
+        for m, o in ((a, oa), (b, ob)):
+            set_lr(o, 1e-2 / (i + 1))
+            m(x).pow(2).sum().backward()
+            o.step()
+            o.zero_grad()
+        if i == 0:
+            graphs = compile_counts()["graphs"]
+    assert compile_counts()["graphs"] == graphs, "changing the LR recompiled the optimizer step"
+    torch.testing.assert_close(b.weight, a.weight, rtol=1e-5, atol=1e-6)
+
+
+# -- bench --------------------------------------------------------------------------------------
+def test_bench_on_cpu_returns_sane_numbers(tmp_path):
+    from genlab.bench import format_table, run_bench
+    cfg = tiny_config(tmp_path, "train.device=cpu", "train.batch_size=8")
+    r = run_bench(cfg, steps=3, warmup=1, split_steps=2)
+    assert r["samples_per_s"] > 0 and r["step_ms"] > 0 and r["tokens_per_s"] is None
+    assert r["mfu"] is None and r["peak_mem_gib"] is None  # no peak FLOP/s or CUDA memory on CPU
+    split = r["fwd_ms"] + r["bwd_ms"] + r["opt_ms"]
+    assert 0.2 * r["step_ms"] < split < 5 * r["step_ms"]  # loose: a sanity check, not a timing test
+    from genlab.train.metrics import train_flops_per_sample
+    from genlab.train.trainer import build_model_and_method
+    from genlab.bench import data_spec_for
+    model, _ = build_model_and_method(cfg, data_spec_for(cfg))
+    assert r["flops_per_step"] == train_flops_per_sample(model) * 8
+    assert r["switches"]["parallel"] == cfg.train.parallel
+    table = format_table([r])
+    assert table.count("\n") == 2 and "| samples/s |" in table
+
+
+def test_export_writes_safetensors_that_sample_loads_and_refuses_bad_out(tmp_path):
+    from conftest import run_cli
+    r = run_cli("train", *[f"{o}" for o in ("model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=8",
+                "train.steps=2", "log.progress=false", "log.tensorboard=false", "eval.num_samples=0",
+                "eval.grid_per_class=1", "eval.sample_steps=2", f"train.out_dir={tmp_path}", "train.name=r")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    bad = run_cli("export", str(tmp_path / "r"), "--out", str(tmp_path / "w.pt"))
+    assert bad.returncode == 2 and not (tmp_path / "w.pt").exists()
+    ok = run_cli("export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    from genlab.train.checkpoint import load_checkpoint
+    src, exp = load_checkpoint(tmp_path / "r"), load_checkpoint(tmp_path / "w.safetensors")
+    for k, v in src["ema"].items():
+        assert torch.equal(exp["model"][k], v)
+    again = run_cli("export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
+    assert again.returncode == 2  # no silent overwrite
+    s = run_cli("sample", str(tmp_path / "w.safetensors"), "--n", "4", "--out", str(tmp_path / "g.png"), "--device", "cpu")
+    assert s.returncode == 0 and (tmp_path / "g.png").exists(), s.stderr[-2000:]
