@@ -8,7 +8,7 @@ export PYTHONPATH=src
 S="--steps 20 --warmup 5"
 timeout 150 python3 -m genlab bench bench_dit_b2 train.batch_size=256 $S --json "$OUT/json/d1.json" > "$OUT/json/d1.log" 2>&1
 for p in ddp fsdp; do
-  timeout 180 torchrun --standalone --nproc_per_node=2 -m genlab bench bench_dit_b2 train.batch_size=512 train.parallel=$p $S \
+  timeout 180 python3 -m torch.distributed.run --standalone --nproc_per_node=2 -m genlab bench bench_dit_b2 train.batch_size=512 train.parallel=$p $S \
     --json "$OUT/json/d2_$p.json" > "$OUT/json/d2_$p.log" 2>&1 || echo "$p failed (see $OUT/json/d2_$p.log)"
 done
 python3 - "$OUT" <<'PY'
