@@ -11,6 +11,7 @@ from genlab.errors import GenlabError
 from genlab.sweep.spec import load_sweep
 
 from conftest import REPO, run_cli
+from genlab.cli import main as genlab_main
 
 TINY_SWEEP = REPO / "configs" / "sweeps" / "tiny_cpu.toml"
 
@@ -24,7 +25,7 @@ def _write_sweep(tmp_path, body: str, name="s") -> Path:
 BASE = TINY_SWEEP.read_text().split("[[axis]]")[0].replace('name = "tiny_cpu"', 'name = "failing"')
 
 
-def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path):
+def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capsys):
     # lr=1e30 makes the third variant diverge (non-finite loss) while the other two finish
     p = _write_sweep(tmp_path, BASE + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 3e-3, 1e30]\n')
     r = run_cli("sweep", str(p), "--root", str(tmp_path / "sweeps"), timeout=900)
@@ -65,11 +66,31 @@ def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path):
     assert "3 already done, 0 to run" in r.stdout
     assert mtimes == {k: (d / "runs" / k / "summary.json").stat().st_mtime for k in mtimes}
 
-    # report rebuild and side-by-side comparison
-    r = run_cli("sweep", "report", str(d))
-    assert r.returncode == 0 and "lr=0.001" in r.stdout
-    r = run_cli("sweep", "report", str(d), "--compare", str(d))
-    assert r.returncode == 0 and "B/A" in r.stdout and "1.000" in r.stdout
+    # the report is rebuilt from the run folders alone: delete it and rebuild
+    (d / "report.md").unlink()
+    assert genlab_main(["sweep", "report", str(d)]) == 0
+    assert (d / "report.md").read_text() == md
+
+    # side by side: B is a copy of A where one run's final loss doubled and one variant is missing
+    import shutil
+    b = tmp_path / "other" / "failing"
+    shutil.copytree(d, b)
+    m = b / "runs" / "lr=0.003-s0" / "metrics.jsonl"
+    recs = [json.loads(x) for x in m.read_text().splitlines()]
+    last = max(i for i, x in enumerate(recs) if "loss" in x)
+    recs[last]["loss"] *= 2
+    m.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    st = json.loads((b / "status.json").read_text())
+    del st["lr=0.001-s0"]
+    (b / "status.json").write_text(json.dumps(st))
+    capsys.readouterr()
+    assert genlab_main(["sweep", "report", str(d), "--compare", str(b)]) == 0
+    out = capsys.readouterr().out
+    head = [c.strip() for c in out.splitlines()[2].strip("|").split("|")]
+    cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip().strip("|").split("|")] for ln in out.splitlines()[4:]}
+    i = head.index("final loss B/A")
+    assert cells["lr=0.003"][i] == "2.000"
+    assert cells["lr=0.001"][head.index("final loss B")] == "" and cells["lr=0.001"][-1] == "absent"
 
 
 def test_interrupted_variant_resumes(tmp_path):
@@ -98,11 +119,16 @@ def test_interrupted_variant_resumes(tmp_path):
     ('[[axis]]\nkey = "train.compile"\nvalues = ["turbo"]\n', "unknown compile 'turbo'"),
     ('[[axis]]\nzip = { "model.depth" = [2, 4], "model.dim" = [32] }\n', "different lengths"),
     ('', "at least one [[axis]]"),
+    ('[[axis]]\nkey = "train.seed"\nvalues = [1, 2]\n', "set by the sweep itself"),
+    ('[[axis]]\nvariants = [{ name = "a", overrides = ["model.depth"] }]\n', "is not 'key=value'"),
+    ('[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\nvariants = [{ name = "a" }]\n', "exactly one of"),
+    ('[[axis]]\ntype = "constant_params"\ndepths = [12, 24]\nref = { depth = 12, dim = 768 }\n', "no width within 5%"),
 ])
-def test_sweep_file_errors_fail_before_anything_runs(tmp_path, axis, needle):
+def test_sweep_file_errors_fail_before_anything_runs(tmp_path, capsys, axis, needle):
     p = _write_sweep(tmp_path, BASE + "\n" + axis)
-    r = run_cli("sweep", str(p), "--root", str(tmp_path / "sweeps"))
-    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "sweeps").exists()
 
 
@@ -125,14 +151,108 @@ def test_grid_zip_and_variants_expand_with_seeds(tmp_path):
     assert {"model.depth=2", "optim.lr=0.002", "optim.warmup_steps=2", "train.ema_decay=0", "train.seed=0"} <= set(v.overrides)
 
 
-def test_constant_param_sizes_match_real_parameter_counts():
+@pytest.mark.parametrize("head_dim,depths", [(32, [4, 8, 12, 28]), (64, [4, 6, 12, 18, 28])])  # 64: model_size.toml
+def test_constant_param_sizes_match_real_parameter_counts(head_dim, depths):
+    import torch
     from genlab.config import ModelConfig
     from genlab.models.dit import build_dit
     from genlab.sweep.sizes import constant_param_dims
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 1000}
-    ref = sum(p.numel() for p in build_dit(ModelConfig(size="B"), spec).parameters())  # DiT-B/2: depth 12, dim 768
-    for depth, dim, heads, err in constant_param_dims(12, 768, [4, 8, 12, 28], head_dim=32):
-        n = sum(p.numel() for p in build_dit(ModelConfig(size="B", depth=depth, dim=dim, heads=heads), spec).parameters())
-        assert abs(n - ref) / ref == pytest.approx(abs(err), abs=1e-12)
+
+    def count(mc):  # the real DiT's parameter count (shapes only: meta device)
+        with torch.device("meta"):
+            return sum(p.numel() for p in build_dit(mc, spec).parameters())
+    ref = count(ModelConfig(size="B"))  # DiT-B/2: depth 12, dim 768
+    assert 125e6 < ref < 135e6  # DiT-B/2's published ~130M
+    for depth, dim, heads, err in constant_param_dims(12, 768, depths, head_dim=head_dim):
+        n = count(ModelConfig(size="B", depth=depth, dim=dim, heads=heads))
+        assert (n - ref) / ref == pytest.approx(err, abs=1e-12)
         assert abs(err) < 0.05, (depth, dim, err)
-        assert dim % 32 == 0 and dim // heads == 32
+        assert dim % head_dim == 0 and dim // heads == head_dim
+
+
+def test_seeds_are_combined_as_mean_and_sample_std(tmp_path):
+    import statistics
+    from genlab.sweep.report import collect, markdown_table, shown_columns
+    d = tmp_path / "s"
+    status = {}
+    finals = {"a": [1.0, 1.5, 2.5], "b": [4.0]}
+    for var, losses in finals.items():
+        for seed, final in enumerate(losses):
+            rn = f"{var}-s{seed}"
+            run = d / "runs" / rn
+            run.mkdir(parents=True)
+            recs = [{"step": 5, "loss": 9.0, "samples_per_s": 1.0, "wall_time": 1.0},
+                    {"step": 10, "loss": final, "samples_per_s": 10.0 * (seed + 1), "wall_time": 2.0}, {"step": 10, "eval/sample_accuracy": 0.5}]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+            status[rn] = {"status": "finished", "variant": var, "seed": seed}
+    status["b-s1"] = {"status": "failed", "variant": "b", "seed": 1, "reason": "oom: x"}
+    (d / "status.json").write_text(json.dumps(status))
+    rows, cols = collect(d)
+    a, b = rows
+    assert a["final_loss"] == pytest.approx(statistics.mean(finals["a"]))
+    assert a["final_loss_std"] == pytest.approx(statistics.stdev(finals["a"]))
+    assert a["samples_per_s"] == pytest.approx(20.0)  # the first interval of each run (warm-up) is left out
+    assert b["final_loss"] == 4.0 and b["final_loss_std"] is None and b["status"] == "failed (1/2 seeds finished)"
+    table = markdown_table(rows, shown_columns(rows, cols, ["final_loss", "sample_accuracy"]))
+    assert table.splitlines()[0] == "| variant | seeds | final loss | sample_accuracy | status |"
+    assert "| a | 3 | 1.667 ± 0.7638 | 50.0% ± 0.0% | finished |" in table and "failed (1/2 seeds finished): oom: x" in table
+
+
+def test_only_selects_variants_and_dry_run_lists_them(tmp_path, capsys):
+    assert genlab_main(["sweep", str(TINY_SWEEP), "--dry-run", "--only", "lr=0.003,lr=0.01-s0"]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs" in out and "lr=0.003-s0:" in out and "lr=0.01-s0:" in out and "lr=0.001" not in out
+    assert genlab_main(["sweep", str(TINY_SWEEP), "--dry-run", "--only", "lr=42"]) == 2
+    assert "no variant named lr=42" in capsys.readouterr().err
+
+
+def test_gpu_launcher_without_gpu_fails_before_anything_runs(tmp_path, capsys):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is visible")
+    p = _write_sweep(tmp_path, BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
+    assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps")]) == 2
+    assert "no CUDA device is visible" in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_runs_needing_more_gpus_are_skipped_rows_and_time_budget_leaves_runs_for_later(tmp_path):
+    from genlab.sweep.runner import load_status, run_sweep, todo_runs
+    body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + (
+        '[[axis]]\nvariants = [{ name = "ddp4", overrides = ["train.parallel=ddp"], nproc = 4 }, '
+        '{ name = "single", overrides = [] }]\n')
+    sw = load_sweep(_write_sweep(tmp_path, body))
+    d = run_sweep(sw, root=tmp_path / "sweeps", progress=False, max_time=0)  # no time: nothing may start
+    st = load_status(d)
+    assert st["ddp4-s0"]["status"] == "not_run" and st["single-s0"]["status"] == "not_run"
+    assert [v.run_name for v in todo_runs(sw, d, st, retry_failed=False)] == ["ddp4-s0", "single-s0"]
+    assert not (d / "runs").exists()
+    sw.variants = sw.variants[:1]  # the 4-process run: recorded as skipped on a machine with fewer GPUs, not dropped
+    d = run_sweep(sw, root=tmp_path / "sweeps", progress=False)
+    st = load_status(d)
+    assert st["ddp4-s0"]["status"] == "skipped" and st["ddp4-s0"]["reason"].startswith("needs 4 GPUs")
+    md = (d / "report.md").read_text()
+    assert "| ddp4 | 1 |" in md and "skipped: needs 4 GPUs" in md and "not_run: sweep time budget used up" in md
+
+
+@pytest.mark.parametrize("log,rc,reason", [
+    ("step 5\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", 1, "oom: torch.OutOfMemoryError"),
+    ("genlab: diverged: non-finite loss or gradient before step 10\n", 3, "diverged: genlab: diverged"),
+    ("Traceback (most recent call last):\n  File x\nValueError: bad shape\n  more\n", 1, "crashed (exit 1): ValueError: bad shape"),
+    ("", -9, "crashed (exit -9): no output"),
+])
+def test_failure_reasons(tmp_path, log, rc, reason):
+    from genlab.sweep.runner import failure_reason
+    (tmp_path / "x.log").write_text(log)
+    assert failure_reason(tmp_path / "x.log", rc).startswith(reason)
+
+
+def test_resumed_history_is_one_curve():
+    from genlab.sweep.report import train_records
+    # process 1 logged steps 5, 10, 15 (checkpoint at 10) and died; process 2 resumed at 10 with a fresh clock
+    recs = [{"step": 5, "loss": 3.0, "wall_time": 1.0}, {"step": 10, "loss": 2.0, "wall_time": 2.0},
+            {"step": 15, "loss": 1.5, "wall_time": 3.0}, {"step": 15, "loss": 1.4, "wall_time": 0.5},
+            {"step": 15, "eval/x": 1.0}, {"step": 20, "loss": 1.0, "wall_time": 1.5}]
+    out = train_records(recs)
+    assert [(r["step"], r["loss"], r["wall_time"], r["_warm"]) for r in out] == [
+        (5, 3.0, 1.0, True), (10, 2.0, 2.0, False), (15, 1.4, 3.5, True), (20, 1.0, 4.5, False)]

@@ -58,7 +58,9 @@ def print_summary(s: dict):
 def cmd_sample(args):
     from genlab.sample import sample_to_file
     path = sample_to_file(args.run, n=args.n, steps=args.steps, cfg_scale=args.cfg, class_id=args.class_id,
-                          out=args.out, seed=args.seed, sampler=args.sampler, device=args.device, ema=not args.no_ema)
+                          out=args.out, seed=args.seed, sampler=args.sampler, device=args.device, ema=not args.no_ema,
+                          **{k: v for k, v in (("prompt", args.prompt), ("temperature", args.temperature),
+                                               ("top_k", args.top_k)) if v is not None})
     print(f"wrote {path}")
     return 0
 
@@ -111,6 +113,9 @@ def build_parser():
     s.add_argument("--device", default="auto")
     s.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     s.add_argument("--out", default=None, help="output file (default: RUN/sample_grid.png)")
+    s.add_argument("--prompt", default=None, help="text models: prompt text (mdlm: [[N]] marks N tokens to infill)")
+    s.add_argument("--temperature", type=float, default=None, help="text models: sampling temperature (0 = greedy)")
+    s.add_argument("--top-k", dest="top_k", type=int, default=None, help="autoregressive: sample among the k most likely tokens")
     s.set_defaults(fn=cmd_sample)
 
     e = sub.add_parser("eval", help="evaluate a run or checkpoint (sample accuracy / likelihood bounds)")

@@ -69,6 +69,11 @@ class MethodConfig:
     noise_schedule: str = "loglinear"
     antithetic: bool = True
     eps: float = 1e-3
+    temperature: float = 1.0      # language models: sampling temperature (0 = greedy)
+    top_k: int = 0                # autoregressive sampling: keep the k most likely tokens (0 = all)
+    sample_len: int = 0           # tokens per text sample (0 = data.seq_len)
+    prompt: str = ""              # text prompt for previews; mdlm: "[[N]]" marks N tokens to infill
+    block_len: int = 0            # mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)
 
 
 @dataclass
@@ -128,6 +133,10 @@ class EvalConfig:
     classifier_epochs: int = 30
     batch_size: int = 250
     grid_per_class: int = 10      # columns of the sample grid
+    T_list: str = "8,32,128,512,1000"   # mdlm: step counts T of the bound-vs-T table (plus T=inf)
+    nelbo_reps: int = 2           # mdlm: Monte Carlo draws per validation sequence for the NELBO
+    gen_ppl_model: str = ""       # mdlm: autoregressive run dir that scores samples (generative perplexity)
+    gen_samples: int = 16         # mdlm: samples scored for the generative perplexity
 
 
 @dataclass

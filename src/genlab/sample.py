@@ -30,12 +30,12 @@ def _run_dir(run_or_ckpt) -> Path:
 
 
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
-                   device="auto", ema=True):
+                   device="auto", ema=True, **text_kwargs):
     cfg, model, method, dev, state = load_run(run, device, ema)
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
     if hasattr(method, "sample_to_file"):  # non-image families write their own output (text, video)
-        return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev)
+        return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **text_kwargs)
     k = state["data_spec"]["num_classes"]
     if class_id is not None and not (0 <= class_id < k):
         raise GenlabError(f"--class {class_id} out of range; this model has classes 0..{k - 1}")

@@ -1,3 +1,4 @@
 """Backbones. Each registers a builder `(cfg.model, data_spec) -> nn.Module` that exposes `.blocks`
 (for FSDP wrapping, activation checkpointing and per-block compile) and `flops_per_sample()`."""
 from genlab.models import layers, dit  # noqa: F401
+from genlab.models import gpt  # noqa: F401,E402

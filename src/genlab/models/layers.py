@@ -12,12 +12,12 @@ from genlab.registry import attention_registry
 
 
 @attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)")
-def sdpa_attention(q, k, v, causal: bool = False, mask=None):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+def sdpa_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
 
 @attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")
-def math_attention(q, k, v, causal: bool = False, mask=None):
+def math_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     scale = q.shape[-1] ** -0.5
     att = (q @ k.transpose(-2, -1)) * scale
     if causal:
@@ -26,14 +26,17 @@ def math_attention(q, k, v, causal: bool = False, mask=None):
         att = att.masked_fill(~keep, float("-inf"))
     if mask is not None:
         att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
-    return att.softmax(-1) @ v
+    att = att.softmax(-1)
+    return (F.dropout(att, dropout_p) if dropout_p > 0 else att) @ v
 
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default."""
 
-    def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True):
+    def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True,
+                 attn_dropout: float = 0.0):
         super().__init__()
+        self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
         assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
@@ -48,7 +51,8 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = self.attend(q, k, v, causal=causal, mask=mask)
+        extra = {"dropout_p": self.attn_dropout} if self.attn_dropout > 0 and self.training else {}
+        out = self.attend(q, k, v, causal=causal, mask=mask, **extra)
         return self.proj(out.transpose(1, 2).reshape(B, N, D))
 
 

@@ -1,8 +1,10 @@
 """Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids).
 
-Every number of a row comes from that run's own metrics.jsonl and summary.json. Throughput, MFU and
-data-wait are averaged over the logged intervals after the first (which holds compilation and warm-up);
-peak memory is the maximum; wall time is the run's own. Seeds of a variant are combined as mean ± std.
+Every number of a row comes from that run's own files (metrics.jsonl, config.toml). Throughput, MFU and
+data-wait are averaged over the logged intervals after the first of each process (which holds compilation
+and warm-up); peak memory is the maximum; wall time is the training wall-clock to the last step
+(compilation included, the final sampling/eval not); eval metrics are the run's last. Seeds of a variant
+are combined as mean ± std (sample standard deviation).
 """
 from __future__ import annotations
 
@@ -15,19 +17,61 @@ from pathlib import Path
 
 from genlab.train.metrics import read_metrics
 
-COLUMNS = ["final_loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "wall_time", "data_wait_frac"]
+COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "wall_time", "data_wait_frac"]
+
+
+def train_records(recs: list[dict]) -> list[dict]:
+    """The training-log records of one run as one history. A resumed run appends to metrics.jsonl and
+    restarts its clock: records the resumed process logged again supersede the old ones, and its
+    wall_time continues from where the earlier process stopped."""
+    out, offset, prev_wall = [], 0.0, None
+    for r in recs:
+        if "loss" not in r or r.get("loss") is None:
+            continue
+        wall = r.get("wall_time")
+        # a new process: its clock restarted (resume), or it starts again at its checkpoint's step
+        restart = not out or (out and r["step"] <= out[-1]["step"]) or (wall is not None and prev_wall is not None and wall < prev_wall)
+        if out and restart:
+            offset = out[-1].get("wall_time") or 0.0
+            out = [x for x in out if x["step"] < r["step"]]
+        prev_wall = wall
+        out.append({**r, "wall_time": None if wall is None else wall + offset, "_warm": restart})
+    return out
+
+
+def param_count(run_dir: Path) -> int | None:
+    """Parameters of a DiT run on synthetic data, from its saved config (meta device, no weights read)."""
+    p = Path(run_dir) / "config.toml"
+    if not p.exists():
+        return None
+    try:
+        from genlab.config import from_dict, load_toml
+        from genlab.models.dit import dit_size
+        from genlab.sweep.sizes import dit_param_count
+        cfg = from_dict(load_toml(p))
+        if cfg.model.name != "dit" or cfg.data.name != "synthetic":
+            return None
+        dim, depth, heads = dit_size(cfg.model)
+        spec = {"kind": "image", "image_size": cfg.data.image_size, "channels": cfg.data.channels,
+                "num_classes": cfg.data.num_classes}
+        return dit_param_count(depth, dim, heads, cfg.model, spec)
+    except Exception:  # noqa: BLE001 - a column we cannot fill stays empty
+        return None
 
 
 def run_row(run_dir: Path, loss_at=()) -> dict:
     """The numbers of one run, read from its own files."""
     run_dir = Path(run_dir)
-    recs = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    train = [r for r in recs if "loss" in r and r.get("loss") is not None]
+    recs = read_metrics(run_dir)
+    train = train_records(recs)
     row = {}
+    n = param_count(run_dir)
+    if n is not None:
+        row["params_m"] = n / 1e6
     if train:
         row["final_loss"] = train[-1]["loss"]
         row["steps"] = train[-1]["step"]
-        steady = train[1:] or train
+        steady = [r for r in train if not r["_warm"]] or train  # the first interval of a process holds compilation
         for k in ("samples_per_s", "tokens_per_s", "mfu", "data_wait_frac"):
             vals = [r[k] for r in steady if r.get(k) is not None]
             row[k] = sum(vals) / len(vals) if vals else None
@@ -41,15 +85,11 @@ def run_row(run_dir: Path, loss_at=()) -> dict:
         for k, v in r.items():
             if k.startswith("eval/") and isinstance(v, (int, float)):
                 row[k[5:]] = v
-    sp = run_dir / "summary.json"
-    if sp.exists():
-        s = json.loads(sp.read_text())
-        row["wall_time"] = s.get("wall_time", row.get("wall_time"))
     return row
 
 
 def _mean_std(vals):
-    vals = [v for v in vals if isinstance(v, (int, float)) and v is not None and math.isfinite(v)]
+    vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
     if not vals:
         return None, None
     m = sum(vals) / len(vals)
@@ -57,32 +97,44 @@ def _mean_std(vals):
     return m, sd
 
 
+def _sweep_settings(d: Path) -> dict:
+    p = d / "sweep.toml"
+    if not p.exists():
+        return {}
+    import tomllib
+    return tomllib.loads(p.read_text())
+
+
 def collect(d: Path) -> tuple[list[dict], list[str]]:
     """One row per variant (seeds combined) in sweep order, and the ordered metric columns."""
     d = Path(d)
     status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
-    sweep_file = d / "sweep.toml"
-    loss_at = []
-    if sweep_file.exists():
-        import tomllib
-        loss_at = [int(s) for s in tomllib.loads(sweep_file.read_text()).get("loss_at", [])]
+    settings = _sweep_settings(d)
+    loss_at = [int(s) for s in settings.get("loss_at", [])]
     groups: dict[str, list] = {}
     for run_name, st in status.items():
         groups.setdefault(st.get("variant", run_name), []).append((run_name, st))
     rows, metric_keys = [], []
     for variant, members in groups.items():
         per_seed = []
-        for run_name, st in members:
-            r = run_row(Path(st.get("run_dir", d / "runs" / run_name)), loss_at) if st.get("status") == "finished" else {}
+        for run_name, st in members:  # paths relative to d: a sweep folder can be moved or copied
+            r = run_row(d / "runs" / run_name, loss_at) if st.get("status") == "finished" else {}
             per_seed.append(r)
-            for k in r:
-                if k not in metric_keys and k != "steps":
-                    metric_keys.append(k)
+            metric_keys += [k for k in r if k not in metric_keys and k != "steps"]
         statuses = [st.get("status") for _, st in members]
         reasons = sorted({st.get("reason") for _, st in members if st.get("reason")})
-        row = {"variant": variant, "seeds": len(members), "status": "finished" if all(s == "finished" for s in statuses)
-               else ("failed" if "failed" in statuses else statuses[0]), "reason": "; ".join(reasons),
-               "runs": [rn for rn, _ in members], "logs": [st.get("log") for _, st in members]}
+        if all(x == "finished" for x in statuses):
+            agg = "finished"
+        else:
+            agg = next(x for x in ("failed", "interrupted", "not_run", "skipped") if x in statuses) if \
+                any(x in statuses for x in ("failed", "interrupted", "not_run", "skipped")) else statuses[0]
+            n_ok = statuses.count("finished")
+            if n_ok:
+                agg += f" ({n_ok}/{len(statuses)} seeds finished)"
+        logs = [f"logs/{rn}.log" for rn, _ in members if (d / "logs" / f"{rn}.log").exists()]
+        row = {"variant": variant, "seeds": len(members), "status": agg, "reason": "; ".join(reasons),
+               "runs": [rn for rn, _ in members], "finished_runs": [rn for rn, st in members if st.get("status") == "finished"],
+               "logs": logs}
         for k in metric_keys:
             m, sd = _mean_std([r.get(k) for r in per_seed])
             row[k], row[k + "_std"] = m, sd
@@ -95,26 +147,36 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
 def _fmt(v, sd=None, key=""):
     if v is None:
         return ""
-    scale = 100 if key == "mfu" or key.endswith("accuracy") or key == "data_wait_frac" else 1
-    spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time") or scale == 100 else (".2f" if key == "peak_mem_gib" else ".4g")
-    out = format(v * scale, spec) + ("%" if scale == 100 else "")
+    pct = key == "mfu" or key.endswith("accuracy") or key.endswith("_acc") or key == "data_wait_frac"
+    scale = 100 if pct else 1
+    spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m") or pct else (".2f" if key == "peak_mem_gib" else ".4g")
+    out = format(v * scale, spec) + ("%" if pct else "")
     if sd is not None:
-        out += " ± " + format(sd * scale, spec)
+        out += " ± " + format(sd * scale, spec) + ("%" if pct else "")
     return out
 
 
-HEADERS = {"final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s", "mfu": "MFU",
-           "peak_mem_gib": "peak mem GiB", "wall_time": "wall s", "data_wait_frac": "data wait"}
+HEADERS = {"params_m": "params M", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
+           "mfu": "MFU", "peak_mem_gib": "peak mem GiB", "wall_time": "wall s", "data_wait_frac": "data wait"}
+
+
+def shown_columns(rows, cols, wanted=()) -> list[str]:
+    """The table's columns: the sweep file's `metrics` (in its order) if given, else every column with a value."""
+    if wanted:
+        return list(wanted)
+    return [c for c in cols if any(r.get(c) is not None for r in rows)]
+
+
+def _status_text(r) -> str:
+    return r["status"] + (f": {r['reason']}" if r["reason"] else "")
 
 
 def markdown_table(rows, cols) -> str:
-    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
     head = ["variant", "seeds"] + [HEADERS.get(c, c) for c in cols] + ["status"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        st = r["status"] + (f": {r['reason']}" if r["reason"] else "")
-        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols] + [st.replace("|", "/")]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells + [_status_text(r)]) + " |")
     return "\n".join(lines)
 
 
@@ -123,31 +185,32 @@ def _plots(d: Path, rows) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     files = []
-    curves = {}
-    for r in rows:
-        if r["status"] != "finished":
-            continue
-        run = d / "runs" / r["runs"][0]
-        recs = [x for x in read_metrics(run) if "loss" in x]
-        curves[r["variant"]] = recs
+    curves = {r["variant"]: train_records(read_metrics(d / "runs" / r["finished_runs"][0]))
+              for r in rows if r["finished_runs"]}
     for xkey, fname, xlabel in (("step", "loss_vs_step.png", "step"), ("wall_time", "loss_vs_time.png", "wall-clock s")):
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, recs in curves.items():
-            ax.plot([x.get(xkey) for x in recs], [x["loss"] for x in recs], label=name)
+            pts = [(x.get(xkey), x["loss"]) for x in recs if x.get(xkey) is not None and x["loss"] > 0]
+            if pts:
+                ax.plot(*zip(*pts), label=name)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss (first seed)")
+        ax.set_ylabel("training loss (first finished seed)")
         ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        if curves:
+            ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(d / fname, dpi=110)
         plt.close(fig)
         files.append(fname)
-    for key, fname, label in (("samples_per_s", "throughput.png", "samples/s"), ("peak_mem_gib", "memory.png", "peak memory GiB")):
+    tput = "tokens_per_s" if any(r.get("tokens_per_s") for r in rows) else "samples_per_s"
+    for key, fname, label in ((tput, "throughput.png", HEADERS[tput]), ("peak_mem_gib", "memory.png", "peak memory GiB")):
         names = [r["variant"] for r in rows]
         vals = [r.get(key) or 0.0 for r in rows]
+        errs = [r.get(key + "_std") or 0.0 for r in rows]
         fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.2))
-        ax.barh(names, vals, color=["tab:blue" if r["status"] == "finished" else "tab:red" for r in rows])
-        ax.set_xlabel(label + ("" if any(vals) else " (not measured on this device)"))
+        ax.barh(names, vals, xerr=errs if any(errs) else None,
+                color=["tab:blue" if r["status"] == "finished" else "tab:red" for r in rows])
+        ax.set_xlabel(label + ("" if any(vals) else " (not measured on this device)") + "   red: not finished")
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(d / fname, dpi=110)
@@ -157,63 +220,67 @@ def _plots(d: Path, rows) -> list[str]:
 
 
 def write_report(d) -> Path:
+    """Rebuild results.csv, report.md and report.html (with its plots and sample grids) from the runs."""
     d = Path(d)
     rows, cols = collect(d)
+    settings = _sweep_settings(d)
     with open(d / "results.csv", "w", newline="") as f:
         keys = ["variant", "seeds", "status", "reason"] + [k for c in cols for k in (c, c + "_std")]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    table = markdown_table(rows, cols)
-    (d / "report.md").write_text(f"# Sweep {d.name}\n\n{table}\n\nPlots: loss_vs_step.png, loss_vs_time.png, "
-                                 f"throughput.png, memory.png (in report.html).\n")
+    shown = shown_columns(rows, cols, settings.get("metrics", ()))
+    desc = settings.get("description", "")
+    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
+                                 + "\n\nPlots (in report.html): loss_vs_step.png, loss_vs_time.png, throughput.png, memory.png\n")
     plots = _plots(d, rows)
     grids = []
     (d / "grids").mkdir(exist_ok=True)
     for r in rows:
-        src = d / "runs" / r["runs"][0] / "samples.png"
-        if r["status"] == "finished" and src.exists():
+        src = d / "runs" / r["finished_runs"][0] / "samples.png" if r["finished_runs"] else None
+        if src is not None and src.exists():
             dst = d / "grids" / f"{r['variant']}.png"
             shutil.copyfile(src, dst)
             grids.append((r["variant"], f"grids/{dst.name}"))
-    (d / "report.html").write_text(_html(d.name, rows, cols, plots, grids))
+    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids))
     return d / "report.md"
 
 
-def _html(name, rows, cols, plots, grids) -> str:
-    cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
-    head = "".join(f"<th>{html.escape(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
+def _html(name, desc, rows, cols, plots, grids) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
     body = []
     for r in rows:
         cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
-        st = r["status"] + (f": {r['reason']}" if r["reason"] else "")
-        logs = " ".join(f'<a href="{html.escape(str(Path(lg).relative_to(Path(lg).parents[1])))}">log</a>'
-                        for lg in r["logs"] if lg)
-        body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + f"<td>{html.escape(st)} {logs}</td></tr>")
-    imgs = "".join(f'<figure><img src="{p}"><figcaption>{p}</figcaption></figure>' for p in plots)
-    gr = "".join(f'<figure><img src="{p}" style="image-rendering:pixelated"><figcaption>{html.escape(n)}</figcaption></figure>'
+        logs = " ".join(f'<a href="{esc(lg)}">log</a>' for lg in r["logs"])
+        body.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + f"<td>{esc(_status_text(r))} {logs}</td></tr>")
+    imgs = "".join(f'<figure><img src="{esc(p)}"><figcaption>{esc(p)}</figcaption></figure>' for p in plots)
+    gr = "".join(f'<figure><img src="{esc(p)}" width="256" style="image-rendering:pixelated"><figcaption>{esc(n)}</figcaption></figure>'
                  for n, p in grids)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>sweep {html.escape(name)}</title>"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>sweep {esc(name)}</title>"
             "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
             "figure{display:inline-block;margin:8px}</style></head><body>"
-            f"<h1>Sweep {html.escape(name)}</h1><table><tr>{head}</tr>{''.join(body)}</table>"
-            f"<h2>Plots</h2>{imgs}<h2>Samples (first seed)</h2>{gr}</body></html>")
+            f"<h1>Sweep {esc(name)}</h1>" + (f"<p>{esc(desc)}</p>" if desc else "") +
+            f"<table><tr>{head}</tr>{''.join(body)}</table>"
+            f"<h2>Plots</h2>{imgs}<h2>Samples (first finished seed)</h2>{gr}</body></html>")
 
 
 def compare(d1, d2) -> str:
-    """Two sweeps side by side: rows matched by variant name, columns A | B | B/A."""
+    """Two sweeps side by side: rows matched by variant name, columns A | B | B/A (rows of only one side kept)."""
     r1, c1 = collect(Path(d1))
     r2, c2 = collect(Path(d2))
-    cols = [c for c in c1 if c in c2]
-    by2 = {r["variant"]: r for r in r2}
-    head = ["variant"] + [f"{HEADERS.get(c, c)} {x}" for c in cols for x in ("A", "B", "B/A")]
+    cols = [c for c in c1 if c in c2] or [c for c in COLUMNS if c in c1 or c in c2]
+    by1, by2 = {r["variant"]: r for r in r1}, {r["variant"]: r for r in r2}
+    names = list(by1) + [n for n in by2 if n not in by1]
+    head = ["variant"] + [f"{HEADERS.get(c, c)} {x}" for c in cols for x in ("A", "B", "B/A")] + ["status A", "status B"]
     lines = [f"A = {d1}, B = {d2}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in r1:
-        o = by2.get(r["variant"], {})
-        cells = [r["variant"]]
+    for n in names:
+        a_row, b_row = by1.get(n, {}), by2.get(n, {})
+        cells = [n]
         for c in cols:
-            a, b = r.get(c), o.get(c)
+            a, b = a_row.get(c), b_row.get(c)
             ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
             cells += [_fmt(a, None, c), _fmt(b, None, c), ratio]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells += [a_row.get("status", "absent"), b_row.get("status", "absent")]
+        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells) + " |")
     return "\n".join(lines)

@@ -1,24 +1,30 @@
 """Run every variant of a sweep as its own `genlab train` process; record what happened to each.
 
-State lives in sweeps/<name>/status.json (written atomically after every variant), so re-running a
-sweep skips finished variants, resumes interrupted ones from their last checkpoint and never loses a
-finished result. A crash, an out-of-memory error, a timeout or a non-finite loss becomes a failed row
-with its reason and log; the remaining variants still run.
+State lives in sweeps/<name>/status.json (written atomically after every run), so re-running a sweep
+skips finished runs, resumes interrupted ones from their last checkpoint (`genlab train --resume`) and
+never loses a finished result. A crash, an out-of-memory error, a timeout or a non-finite loss becomes
+a failed row with its reason and log; the remaining variants still run. Run states:
+finished | failed | skipped (needs more GPUs than visible) | interrupted | not_run (time budget used up);
+a re-run does the interrupted and not_run ones, and the failed and skipped ones with --retry-failed.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from genlab.sweep.spec import Sweep, Variant
 
 REPO_SRC = Path(__file__).resolve().parents[2]
+_ACTIVE: set = set()  # running child processes (per_gpu runs several at once)
 
 
 def sweep_dir(sw: Sweep, root="sweeps") -> Path:
@@ -26,7 +32,7 @@ def sweep_dir(sw: Sweep, root="sweeps") -> Path:
 
 
 def load_status(d: Path) -> dict:
-    p = d / "status.json"
+    p = Path(d) / "status.json"
     return json.loads(p.read_text()) if p.exists() else {}
 
 
@@ -40,20 +46,30 @@ def visible_gpus() -> int:
     try:
         import torch
         return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no usable CUDA is simply zero GPUs
         return 0
 
 
-def _failure_reason(log: Path, rc: int) -> str:
+def _summary_status(run: Path) -> str | None:
+    p = run / "summary.json"
+    try:
+        return json.loads(p.read_text()).get("status") if p.exists() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
+    """One line: why a run failed, from its exit code, summary and log."""
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     if "out of memory" in text.lower():
         return "oom: " + next((x for x in reversed(lines) if "out of memory" in x.lower()), "")[:200]
-    if rc == 3 or "genlab: diverged" in text:
-        return "diverged: " + next((x for x in reversed(lines) if "diverged" in x), "non-finite loss")[:200]
+    if rc == 3 or "genlab: diverged" in text or (run is not None and _summary_status(run) == "diverged"):
+        return "diverged: " + next((x for x in reversed(lines) if "diverged" in x or "non-finite" in x), "non-finite loss")[:200]
     if rc == 2:
         return "bad config: " + (lines[-1] if lines else "")[:200]
-    return f"crashed (exit {rc}): " + (lines[-1] if lines else "no output")[:200]
+    err = next((x for x in reversed(lines) if re.search(r"(Error|Exception|^genlab:|error:)", x)), lines[-1] if lines else "no output")
+    return f"crashed (exit {rc}): {err[:200]}"
 
 
 def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
@@ -62,23 +78,44 @@ def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
         args = train + ["--resume", str(runs / v.run_name)]
     else:
         args = train + [sw.preset, *v.overrides, f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"]
-    if sw.launcher == "cpu":
-        args += ["train.device=cpu"] if not resume else []
+        if sw.launcher == "cpu":
+            args.append("train.device=cpu")
     if v.nproc > 1 or sw.launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={v.nproc}", *args]
     return [sys.executable, *args]
 
 
-def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None) -> dict:
+def _stop(proc: subprocess.Popen, sig, grace: float):
+    """Signal the run's whole process group (torchrun has children), then kill it if it lingers."""
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def needs_gpus(sw: Sweep, v: Variant, gpus: int) -> str | None:
+    """Why a run cannot start here, or None. torchrun on a machine without GPUs runs on the CPU (gloo)."""
+    if sw.launcher in ("gpu", "per_gpu") or (sw.launcher == "torchrun" and gpus > 0):
+        if v.nproc > max(gpus, 1 if sw.launcher == "torchrun" else gpus):
+            return f"needs {v.nproc} GPUs, {gpus} visible"
+    return None
+
+
+def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: int = 0) -> dict:
     runs = d / "runs"
     run = runs / v.run_name
     log = d / "logs" / f"{v.run_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    if sw.launcher in ("gpu", "per_gpu", "torchrun") and v.nproc > max(1, visible_gpus()):
-        return {"status": "skipped", "reason": f"needs {v.nproc} GPUs, {visible_gpus()} visible", "log": str(log)}
-    has_ckpt = (run / "checkpoints").exists() and any((run / "checkpoints").glob("*.pt"))
-    resume = run.exists() and has_ckpt
-    if run.exists() and not has_ckpt:  # started but never checkpointed: start over, keep the old log
+    why = needs_gpus(sw, v, gpus)
+    if why:
+        return {"status": "skipped", "reason": why, "log": str(log), "run_dir": str(run)}
+    ckpts = run / "checkpoints"
+    resume = ckpts.exists() and any(ckpts.glob("step_*"))
+    if run.exists() and not resume:  # started but never checkpointed: start over, keep the old log
         if log.exists():
             log.rename(log.with_suffix(".log.prev"))
         shutil.rmtree(run)
@@ -88,65 +125,168 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = ""
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    cmd = _command(sw, v, runs, resume)
     t0 = time.time()
+    rc, interrupted = None, False
     with open(log, "a") as f:
-        f.write(f"$ {' '.join(_command(sw, v, runs, resume))}\n")
+        f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
+        # own session: Ctrl-C of the sweep reaches the run only through us, so it can checkpoint cleanly
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _ACTIVE.add(proc)
         try:
-            rc = subprocess.run(_command(sw, v, runs, resume), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                timeout=sw.timeout).returncode
+            rc = proc.wait(timeout=sw.timeout)
         except subprocess.TimeoutExpired:
-            rc = None
+            _stop(proc, signal.SIGTERM, 30)
+        except KeyboardInterrupt:
+            _stop(proc, signal.SIGINT, 120)  # the trainer saves a checkpoint and exits as "interrupted"
+            interrupted = True
+        finally:
+            _ACTIVE.discard(proc)
     rec = {"log": str(log), "run_dir": str(run), "seconds": time.time() - t0, "resumed": resume}
-    summary = run / "summary.json"
-    if rc is None:
+    st = _summary_status(run)
+    if interrupted or (rc == 0 and st == "interrupted"):
+        rec.update(status="interrupted", reason="interrupted; re-run the sweep to resume")
+    elif rc is None:
         rec.update(status="failed", reason=f"timeout after {sw.timeout:.0f} s")
-    elif rc == 0 and summary.exists() and json.loads(summary.read_text()).get("status") == "finished":
+    elif rc == 0 and st == "finished":
         rec.update(status="finished", reason="")
     else:
-        rec.update(status="failed", reason=_failure_reason(log, rc), returncode=rc)
+        rec.update(status="failed", reason=failure_reason(log, rc, run), returncode=rc)
+    if interrupted:
+        rec["_stop"] = True
     return rec
 
 
-def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True) -> Path:
-    d = sweep_dir(sw, root)
-    d.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(sw.path, d / "sweep.toml") if not (d / "sweep.toml").exists() else None
-    status = load_status(d)
+class _Progress:
+    """Overall progress: a tqdm bar on a terminal when tqdm is installed, else one plain line per event."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.total, self.done, self.enabled, self.bar = total, done, enabled, None
+        self.t0, self.ran = time.time(), 0
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm.auto import tqdm
+                self.bar = tqdm(total=total, initial=done, desc="sweep", unit="run")
+            except ImportError:
+                pass
+
+    def say(self, msg: str):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def finished(self, v: Variant, rec: dict):
+        self.done += 1
+        self.ran += 1
+        extra = f" ({rec['reason']})" if rec.get("reason") else ""
+        left = self.total - self.done
+        eta = (time.time() - self.t0) / self.ran * left
+        self.say(f"[{self.done}/{self.total}] {v.run_name}: {rec['status']}{extra} in {rec.get('seconds', 0):.0f} s"
+                 + (f"; {left} left, about {eta / 60:.1f} min" if left else ""))
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Variant]:
+    """The runs still to do. A run whose summary says finished counts as finished even if status.json
+    missed it (e.g. the sweep was killed between the run's end and the status write)."""
     todo = []
     for v in sw.variants:
         st = status.get(v.run_name, {}).get("status")
+        run = d / "runs" / v.run_name
+        if st != "finished" and _summary_status(run) == "finished" and (d / "runs" / v.run_name / "metrics.jsonl").exists():
+            status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
+                                  "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
+                                  "overrides": v.overrides}
+            continue
         if st == "finished" or (st in ("failed", "skipped") and not retry_failed):
             continue
         todo.append(v)
-    done = len(sw.variants) - len(todo)
-    say = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
-    say(f"sweep {sw.name}: {len(sw.variants)} runs, {done} already done, {len(todo)} to run -> {d}")
+    return todo
 
-    def finish(v, rec):
-        nonlocal done
-        status[v.run_name] = {**rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides}
-        save_status(d, status)
-        done += 1
-        extra = f" ({rec['reason']})" if rec.get("reason") else ""
-        say(f"[{done}/{len(sw.variants)}] {v.run_name}: {rec['status']}{extra} in {rec.get('seconds', 0):.0f} s")
 
-    if sw.launcher == "per_gpu" and visible_gpus() > 1:
-        n = visible_gpus()
-        free = list(range(n))
-        with ThreadPoolExecutor(max_workers=n) as pool:
+def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True,
+              max_time: float | None = None) -> Path:
+    """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
+    the rest are recorded as not_run and a later call does them."""
+    d = sweep_dir(sw, root)
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(sw.path, d / "sweep.toml")
+    status = load_status(d)
+    order = sw.order or [v.run_name for v in sw.variants]  # sweep-file order, also under --only
+    todo = todo_runs(sw, d, status, retry_failed)
+    save_status(d, status)
+    gpus = visible_gpus() if sw.launcher != "cpu" else 0
+    prog = _Progress(len(sw.variants), len(sw.variants) - len(todo), progress)
+    prog.say(f"sweep {sw.name}: {len(sw.variants)} runs, {len(sw.variants) - len(todo)} already done, "
+             f"{len(todo)} to run -> {d}")
+    deadline = None if max_time is None else time.time() + max_time
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def finish(v: Variant, rec: dict):
+        halt = rec.pop("_stop", False)
+        with lock:
+            status[v.run_name] = {**rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides}
+            ordered = {k: status[k] for k in order if k in status}
+            ordered.update({k: x for k, x in status.items() if k not in ordered})
+            status.clear()
+            status.update(ordered)
+            save_status(d, status)
+            prog.finished(v, rec)
+        if halt:
+            stop.set()
+
+    def attempt(v: Variant, gpu=None) -> dict:
+        if stop.is_set() or (deadline is not None and time.time() > deadline):
+            return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
+                    "log": "", "run_dir": str(d / "runs" / v.run_name)}
+        prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
+        return run_variant(sw, v, d, gpu, gpus)
+
+    try:
+        single = [v for v in todo if v.nproc == 1]
+        if sw.launcher == "per_gpu" and gpus > 1 and single:
+            free = list(range(gpus))
+
             def job(v):
-                gpu = free.pop()
+                with lock:
+                    gpu = free.pop()
                 try:
-                    return v, run_variant(sw, v, d, gpu)
+                    return attempt(v, gpu)
                 finally:
-                    free.append(gpu)
-            for v, rec in pool.map(job, todo):
-                finish(v, rec)
-    else:
+                    with lock:
+                        free.append(gpu)
+            with ThreadPoolExecutor(max_workers=gpus) as pool:
+                futures = {pool.submit(job, v): v for v in single}
+                pending = set(futures)
+                while pending:
+                    try:
+                        for fut in as_completed(pending):
+                            pending.discard(fut)
+                            finish(futures[fut], fut.result())
+                    except KeyboardInterrupt:  # Ctrl-C reaches only us: pass it on, let the runs checkpoint
+                        stop.set()
+                        for p in list(_ACTIVE):
+                            try:
+                                os.killpg(p.pid, signal.SIGINT)
+                            except ProcessLookupError:
+                                pass
+            todo = [v for v in todo if v.nproc > 1]  # multi-process runs take all GPUs, one after another
         for v in todo:
-            say(f"[{done + 1}/{len(sw.variants)}] running {v.run_name} ...")
-            finish(v, run_variant(sw, v, d))
-    from genlab.sweep.report import write_report
-    write_report(d)
+            finish(v, attempt(v))
+        if stop.is_set():
+            raise KeyboardInterrupt
+    finally:
+        prog.close()
+        from genlab.sweep.report import write_report
+        write_report(d)
     return d

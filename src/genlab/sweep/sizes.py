@@ -1,39 +1,46 @@
 """Fair model-size comparisons: trade depth for width at a constant parameter count."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+# the shape of the shipped DiT-B/2 ablations: synthetic 32x32x4 latents, 1000 classes
+DEFAULT_SPEC = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 1000}
 
-def dit_param_count(depth: int, dim: int, heads: int, patch: int = 2, channels: int = 4, image_size: int = 32,
-                    num_classes: int = 1000) -> int:
-    """Exact parameter count of genlab's DiT, built on the meta device (no memory, no time)."""
+
+def dit_param_count(depth: int, dim: int, heads: int, model=None, spec: dict | None = None) -> int:
+    """Exact parameter count of genlab's DiT, built on the meta device (no memory, no time).
+
+    `model` is a ModelConfig whose other fields (patch size, MLP ratio, qk-norm) are kept; `spec` the data shape.
+    """
     from genlab.config import ModelConfig
     from genlab.models.dit import build_dit
-    mc = ModelConfig(size="B", dim=dim, depth=depth, heads=heads, patch_size=patch)
-    spec = {"kind": "image", "image_size": image_size, "channels": channels, "num_classes": num_classes}
+    base = model if model is not None else ModelConfig(size="B")
+    mc = dataclasses.replace(base, dim=dim, depth=depth, heads=heads)
     with torch.device("meta"):
-        model = build_dit(mc, spec)
-    return sum(p.numel() for p in model.parameters())
+        m = build_dit(mc, spec or DEFAULT_SPEC)
+    return sum(p.numel() for p in m.parameters())
 
 
-def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, **shape):
-    """For each depth, the width (a multiple of head_dim) whose DiT has the parameter count closest to
-    the reference (depth, dim). Returns [(depth, dim, heads, relative_param_error)].
+def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, model=None,
+                        spec: dict | None = None):
+    """For each depth, the width (a multiple of head_dim, heads = width / head_dim) whose DiT has the
+    parameter count closest to the reference (ref_depth, ref_dim). Returns [(depth, dim, heads, rel_error)].
 
-    Block parameters grow as depth * dim^2, so dim ~ ref_dim * sqrt(ref_depth / depth) is the start;
-    the neighbouring multiples of head_dim are then compared by exact count.
+    Block parameters grow as depth * dim^2 (12 dim^2 for attention + MLP, 6 dim^2 for adaLN), so
+    dim ~ ref_dim * sqrt(ref_depth / depth) is the start; neighbouring multiples are compared by exact count.
     """
-    target = dit_param_count(ref_depth, ref_dim, max(1, ref_dim // head_dim), **shape)
+    target = dit_param_count(ref_depth, ref_dim, max(1, ref_dim // head_dim), model, spec)
     out = []
     for d in depths:
         guess = ref_dim * (ref_depth / d) ** 0.5
         base = max(1, round(guess / head_dim))
         best = None
         for m in range(max(1, base - 2), base + 3):
-            w = m * head_dim
-            n = dit_param_count(d, w, m, **shape)
+            n = dit_param_count(d, m * head_dim, m, model, spec)
             err = (n - target) / target
             if best is None or abs(err) < abs(best[3]):
-                best = (d, w, m, err)
+                best = (d, m * head_dim, m, err)
         out.append(best)
     return out

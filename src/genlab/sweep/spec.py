@@ -1,61 +1,36 @@
-"""Sweep files: parse, validate and expand into variants (each a list of config overrides).
-
-A sweep file is TOML:
+"""Sweep files: parse and validate a sweep TOML into a Sweep (a list of variants, each a set of overrides).
 
     name = "lr"                      # folder name under sweeps/
+    description = "..."              # free text, shown in the report
     steps = 200                      # sets train.steps for every variant
     seeds = [0, 1]                   # every variant runs once per seed; the report shows mean ± std
     launcher = "gpu"                 # cpu | gpu | per_gpu | torchrun
     nproc = 2                        # processes per variant for launcher=torchrun
     timeout = 900                    # seconds per variant
-    loss_at = [100, 200]             # extra loss columns
+    loss_at = [100, 200]             # extra "loss at step" columns
+    metrics = ["final_loss", "samples_per_s", "mfu"]   # report columns (default: all found)
 
     [base]
     preset = "bench_dit_b2"
     overrides = ["train.compile=off"]
 
-    [[axis]]                         # a grid: the axes are crossed
-    key = "train.precision"
-    values = ["bf16", "fp32"]
+    [[axis]] ...                     # see genlab.sweep.expand: key+values, zip, variants, type="constant_params"
 
-    [[axis]]                         # zipped keys: one variant per position
-    zip = { "model.depth" = [6, 12], "model.dim" = [1024, 768] }
-
-    [[axis]]                         # named variants, each a set of overrides (optional nproc)
-    variants = [{ name = "ddp2", overrides = ["train.parallel=ddp"], nproc = 2 }]
-
-    [[axis]]                         # depth vs width at a constant parameter count
-    type = "constant_params"
-    depths = [6, 12, 24]
-    ref = { depth = 12, dim = 768 }
-
-Everything is checked (including every variant's full config) before anything runs.
+Everything, including every variant's full config, is checked before anything runs.
 """
 from __future__ import annotations
 
-import itertools
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from genlab.config import load_config, load_toml
 from genlab.errors import GenlabError
+from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
 
-TOP_KEYS = {"name", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "metrics", "base", "axis", "description"}
-AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "name"}
+TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "metrics", "base", "axis"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
-
-
-@dataclass
-class Variant:
-    name: str                      # e.g. "train.precision=bf16,model.depth=6" shortened to "precision=bf16-depth=6"
-    overrides: list
-    seed: int = 0
-    nproc: int = 1
-
-    @property
-    def run_name(self) -> str:
-        return f"{self.name}-s{self.seed}"
+# the runner owns these: every run's folder, name and seed come from the sweep
+RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed")
 
 
 @dataclass
@@ -71,75 +46,48 @@ class Sweep:
     nproc: int = 1
     timeout: float = 3600.0
     loss_at: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+    description: str = ""
+    order: list = field(default_factory=list)   # every run name in sweep-file order (kept by --only)
 
 
-def _value_text(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return "[" + ",".join(_value_text(x) for x in v) + "]"
-    return str(v)
+def _int_list(raw, key, src, minimum=0):
+    v = raw.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v):
+        raise GenlabError(f"{src}: {key} must be a list of integers >= {minimum}, got {v!r}")
+    return v
 
 
-def _short(key: str) -> str:
-    return key.split(".")[-1]
+def _positive(raw, key, src, kind, default):
+    v = raw.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, kind) or v <= 0:
+        raise GenlabError(f"{src}: {key} must be a positive {kind.__name__ if kind is int else 'number'}, got {v!r}")
+    return v
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name)
+def _check_overrides(ovs, where, src):
+    for o in ovs:
+        if not isinstance(o, str) or "=" not in o:
+            raise GenlabError(f"{src}: {where}: override {o!r} is not 'key=value'")
+        if o.split("=", 1)[0].strip() in RESERVED:
+            raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] for seeds")
 
 
-def _axis_entries(ax: dict, i: int, src: str) -> list[tuple[str, list, int]]:
-    """One axis -> [(label, overrides, nproc)]."""
-    unknown = set(ax) - AXIS_KEYS
-    if unknown:
-        raise GenlabError(f"{src}: axis {i} has unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(AXIS_KEYS))}")
-    kinds = [k for k in ("values", "zip", "variants") if k in ax] + (["type"] if "type" in ax else [])
-    if len(kinds) != 1:
-        raise GenlabError(f"{src}: axis {i} must have exactly one of key+values, zip, variants or type=\"constant_params\"")
-    if "values" in ax:
-        if "key" not in ax:
-            raise GenlabError(f"{src}: axis {i} has values but no key")
-        if not isinstance(ax["values"], list) or not ax["values"]:
-            raise GenlabError(f"{src}: axis {i} ({ax['key']}) is empty")
-        return [(f"{_short(ax['key'])}={_value_text(v)}", [f"{ax['key']}={_value_text(v)}"], 1) for v in ax["values"]]
-    if "zip" in ax:
-        z = ax["zip"]
-        if not isinstance(z, dict) or not z or any(not isinstance(v, list) or not v for v in z.values()):
-            raise GenlabError(f"{src}: axis {i} (zip) is empty")
-        lengths = {len(v) for v in z.values()}
-        if len(lengths) != 1:
-            raise GenlabError(f"{src}: axis {i} (zip) lists have different lengths {sorted(lengths)}")
-        out = []
-        for j in range(lengths.pop()):
-            ov = [f"{k}={_value_text(v[j])}" for k, v in z.items()]
-            out.append(("-".join(f"{_short(k)}={_value_text(v[j])}" for k, v in z.items()), ov, 1))
-        return out
-    if "variants" in ax:
-        vs = ax["variants"]
-        if not isinstance(vs, list) or not vs:
-            raise GenlabError(f"{src}: axis {i} (variants) is empty")
-        out = []
-        for v in vs:
-            if not isinstance(v, dict) or "name" not in v or set(v) - {"name", "overrides", "nproc"}:
-                raise GenlabError(f"{src}: axis {i}: each variant needs name and overrides (and optional nproc), got {v!r}")
-            out.append((str(v["name"]), [str(x) for x in v.get("overrides", [])], int(v.get("nproc", 1))))
-        return out
-    if ax["type"] != "constant_params":
-        raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: constant_params")
-    from genlab.sweep.sizes import constant_param_dims
-    depths, ref = ax.get("depths"), ax.get("ref", {})
-    if not depths:
-        raise GenlabError(f"{src}: axis {i} (constant_params) is empty: give depths = [...]")
-    if not {"depth", "dim"} <= set(ref):
-        raise GenlabError(f"{src}: axis {i} (constant_params) needs ref = {{ depth = D, dim = W }}")
-    rows = constant_param_dims(int(ref["depth"]), int(ref["dim"]), [int(d) for d in depths], head_dim=int(ref.get("head_dim", 64)))
-    return [(f"depth={d}-dim={w}", [f"model.depth={d}", f"model.dim={w}", f"model.heads={h}"], 1) for d, w, h, _ in rows]
+def _size_shape(cfg) -> dict:
+    """Model and data shape of the base config, for the constant-parameter size axis."""
+    if cfg.data.name == "synthetic":
+        spec = {"kind": "image", "image_size": cfg.data.image_size, "channels": cfg.data.channels,
+                "num_classes": cfg.data.num_classes}
+    else:
+        spec = None  # real datasets: their shape needs the data; the default latent shape is close enough to rank widths
+    return {"model": cfg.model, "spec": spec}
 
 
 def load_sweep(path) -> Sweep:
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise GenlabError(f"sweep file '{path}' not found")
     raw = load_toml(path)
     src = str(path)
@@ -147,35 +95,66 @@ def load_sweep(path) -> Sweep:
     if unknown:
         raise GenlabError(f"{src}: unknown sweep key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(TOP_KEYS))}")
     base = raw.get("base", {})
-    if set(base) - {"preset", "overrides"}:
-        raise GenlabError(f"{src}: [base] takes preset and overrides, got {', '.join(sorted(base))}")
+    if not isinstance(base, dict) or set(base) - {"preset", "overrides"}:
+        raise GenlabError(f"{src}: [base] takes preset and overrides, got {', '.join(sorted(base)) if isinstance(base, dict) else base!r}")
+    if not isinstance(base.get("overrides", []), list):
+        raise GenlabError(f"{src}: base.overrides must be a list of 'key=value' strings")
     launcher = raw.get("launcher", "cpu")
     if launcher not in LAUNCHERS:
         raise GenlabError(f"{src}: unknown launcher '{launcher}'; valid: {', '.join(LAUNCHERS)}")
-    seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise GenlabError(f"{src}: seeds must be a non-empty list of integers")
-    sw = Sweep(name=_safe(raw.get("name", path.stem)), path=path, preset=base.get("preset", "digits_flow"),
-               base_overrides=[str(x) for x in base.get("overrides", [])], steps=raw.get("steps"), seeds=seeds,
-               launcher=launcher, nproc=int(raw.get("nproc", 1)), timeout=float(raw.get("timeout", 3600)),
-               loss_at=[int(s) for s in raw.get("loss_at", [])])
+    seeds = _int_list(raw, "seeds", src) if "seeds" in raw else [0]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise GenlabError(f"{src}: seeds must be a non-empty list of distinct integers")
+    metrics = raw.get("metrics", [])
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise GenlabError(f"{src}: metrics must be a list of column names, e.g. [\"final_loss\", \"samples_per_s\", \"mfu\"]")
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name or safe_name(name) != name:
+        raise GenlabError(f"{src}: name must be a non-empty folder name (letters, digits, . _ = + -), got {name!r}")
+    sw = Sweep(name=name, path=path, preset=base.get("preset", "digits_flow"),
+               base_overrides=[str(x) for x in base.get("overrides", [])],
+               steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
+               nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
+               loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")))
+    _check_overrides(sw.base_overrides, "base.overrides", src)
+    common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
+    try:
+        base_cfg = load_config(sw.preset, common)
+    except GenlabError as e:
+        raise GenlabError(f"{src}: [base]: {e}") from None
+
     axes = raw.get("axis", [])
     if not isinstance(axes, list) or not axes:
         raise GenlabError(f"{src}: a sweep needs at least one [[axis]]")
-    entries = [_axis_entries(ax, i, src) for i, ax in enumerate(axes)]
-    common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
-    names = set()
-    for combo in itertools.product(*entries):
-        label = _safe("-".join(c[0] for c in combo))
-        ov = [o for c in combo for o in c[1]]
-        nproc = max([c[2] for c in combo] + [sw.nproc if sw.launcher == "torchrun" else 1])
-        if label in names:
+    entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
+    seen = set()
+    for label, ov, nproc in combine(entries):
+        if label in seen:
             raise GenlabError(f"{src}: two variants are both named '{label}'")
-        names.add(label)
+        seen.add(label)
+        _check_overrides(ov, f"variant '{label}'", src)
         try:  # the variant's full config must be valid before anything runs
             load_config(sw.preset, common + ov)
         except GenlabError as e:
             raise GenlabError(f"{src}: variant '{label}': {e}") from None
-        for seed in seeds:
-            sw.variants.append(Variant(label, common + ov + [f"train.seed={seed}"], seed, nproc))
+        nproc = max(nproc, sw.nproc if launcher == "torchrun" else 1)
+        sw.variants.extend(with_seeds(label, common + ov, nproc, seeds))
+    sw.order = [v.run_name for v in sw.variants]
     return sw
+
+
+def select(sw: Sweep, only: list[str]) -> Sweep:
+    """Keep the variants named in `only` (variant names like `compile=model`, or run names with `-s<seed>`)."""
+    if not only:
+        return sw
+    wanted = {x for item in only for x in item.split(",") if x}
+    keep = [v for v in sw.variants if v.name in wanted or v.run_name in wanted]
+    missing = wanted - {v.name for v in keep} - {v.run_name for v in keep}
+    if missing:
+        names = sorted({v.name for v in sw.variants})
+        raise GenlabError(f"--only: no variant named {', '.join(sorted(missing))}; variants: {', '.join(names)}")
+    sw.variants = keep
+    return sw
+
+
+__all__ = ["Sweep", "Variant", "load_sweep", "select", "LAUNCHERS"]

@@ -303,7 +303,8 @@ class Trainer:
                     loss_v = all_reduce_mean(acc["loss"] / n_acc, self.dist).item()
                     rec = {"step": self.step, "loss": loss_v, "grad_norm": (acc["gnorm"] / n_acc).item(),
                            "lr": lr_value(self.optimizer), "step_time": dt,
-                           "samples_per_s": tcfg.batch_size / dt, "flops_per_step": flops_step * self.dist.world,
+                           "samples_per_s": tcfg.batch_size / dt,
+                           "tokens_per_s": tcfg.batch_size * self.spec["seq_len"] / dt if self.spec.get("seq_len") else None, "flops_per_step": flops_step * self.dist.world,
                            "mfu": (flops_step / dt / peak) if peak else None,
                            "peak_mem_gib": peak_memory_gib(self.device),
                            "data_wait_frac": min(1.0, self.loader.wait_time / max(now - t_last, 1e-9)),
@@ -352,7 +353,7 @@ class Trainer:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             self.loader.close() if hasattr(self.loader, "close") else None
-            summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "mfu", "peak_mem_gib", "step_time", "data_wait_frac")})
+            summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "step_time", "data_wait_frac")})
             summary["wall_time"] = time.perf_counter() - wall0
             summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
             if self.dist.is_main and hasattr(self, "run_dir"):

@@ -1,0 +1,201 @@
+"""Token datasets: `genlab data prepare text` (nanoGPT-style train.bin/val.bin + meta.json), the reader,
+and the registered datasets "tokens" (a prepared folder), "text" (the embedded corpus, char level) and
+"synthetic_tokens" (uniform random tokens for benchmarks).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from genlab.data.tokenizers import TOKENIZERS, build_tokenizer, from_meta
+from genlab.errors import GenlabError
+from genlab.registry import dataset_registry
+
+VAL_FRACTION = 0.1
+TEXT_SUFFIXES = {".txt", ".md", ".text", ""}
+
+
+def token_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= 65536 else np.uint32
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class TokenData:
+    train: np.ndarray             # flat token ids (memmap or array)
+    val: np.ndarray
+    seq_len: int
+    meta: dict = field(default_factory=dict)   # tokenizer meta (name, vocab_size, itos ...) and source
+
+    @property
+    def spec(self) -> dict:
+        tok = {k: self.meta[k] for k in ("tokenizer", "itos", "eot") if k in self.meta}
+        return {"kind": "tokens", "vocab_size": int(self.meta["vocab_size"]), "seq_len": self.seq_len,
+                "train_tokens": int(len(self.train)), "val_tokens": int(len(self.val)), **tok}
+
+    def check(self, where: str):
+        for name, arr in (("train", self.train), ("val", self.val)):
+            if len(arr) < self.seq_len + 2:
+                raise GenlabError(f"{where}: the {name} split has {len(arr)} tokens, fewer than data.seq_len+2 = "
+                                  f"{self.seq_len + 2}; use a smaller data.seq_len")
+        return self
+
+    def make_loader(self, cfg_data, batch_size, device, seed, rank=0, world=1):
+        from genlab.data.token_loader import TokenLoader
+        tokens = self.val if cfg_data.split == "val" else self.train
+        return TokenLoader(tokens, self.seq_len, batch_size, device, seed=seed, rank=rank, world=world,
+                           on_device=cfg_data.on_device, pin_memory=cfg_data.pin_memory)
+
+    def tokenizer(self):
+        return from_meta(self.meta)
+
+
+def split_tokens(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = int(len(ids) * (1 - VAL_FRACTION))
+    return ids[:n], ids[n:]
+
+
+def _read_source(src) -> tuple[str, str]:
+    p = Path(src)
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise GenlabError(f"no text files (.txt/.md) under '{p}'")
+    else:
+        raise GenlabError(f"--src '{src}' does not exist")
+    try:
+        text = "\n".join(f.read_text(encoding="utf-8") for f in files)
+    except UnicodeDecodeError as e:
+        raise GenlabError(f"--src: not UTF-8 text ({e})") from None
+    return text, f"{len(files)} file(s) under {p}" if p.is_dir() else str(p)
+
+
+def _read_hf(name: str) -> tuple[list[str], str]:
+    try:
+        import datasets
+    except ImportError:
+        raise GenlabError("--hf needs the `datasets` package (pip install datasets) and internet access") from None
+    try:
+        ds = datasets.load_dataset(name, split="train")
+    except Exception as e:  # noqa: BLE001  (hub, network and format errors)
+        raise GenlabError(f"could not load Hugging Face dataset '{name}': {e}") from None
+    if "text" not in ds.column_names:
+        raise GenlabError(f"Hugging Face dataset '{name}' has no 'text' column (columns: {ds.column_names})")
+    return list(ds["text"]), f"huggingface:{name}"
+
+
+def write_token_dataset(out, train: np.ndarray, val: np.ndarray, meta: dict) -> Path:
+    """train.bin / val.bin / meta.json, written under a temporary name and renamed into place."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GenlabError(f"--out '{out}' already exists and is not empty (nothing is overwritten)")
+    tmp = out.with_name(out.name + ".tmp-write")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        dtype = token_dtype(meta["vocab_size"])
+        for name, arr in (("train", train), ("val", val)):
+            np.asarray(arr, dtype=dtype).tofile(tmp / f"{name}.bin")
+        meta = {"format": "genlab-tokens-v1", **meta, "dtype": np.dtype(dtype).name,
+                "train_tokens": int(len(train)), "val_tokens": int(len(val)),
+                "sha256": {n: sha256_file(tmp / f"{n}.bin") for n in ("train", "val")}}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None) -> Path:
+    if tokenizer not in TOKENIZERS:
+        raise GenlabError(f"unknown tokenizer '{tokenizer}'; valid: {', '.join(TOKENIZERS)}")
+    if out is None:
+        raise GenlabError("`data prepare text` needs --out DIR")
+    if bool(src) == bool(hf):
+        raise GenlabError("`data prepare text` needs exactly one of --src FILE_OR_DIR or --hf DATASET")
+    if hf:
+        docs, source = _read_hf(hf)
+        tok = build_tokenizer(tokenizer, "".join(docs) if tokenizer == "char" else None)
+        sep = [tok.eot] if tokenizer == "gpt2" else tok.encode("\n\n")  # document boundary, as nanoGPT's owt prepare
+        ids = [i for d in docs for i in tok.encode(d) + sep]
+    else:
+        text, source = _read_source(src)
+        tok = build_tokenizer(tokenizer, text)
+        ids = tok.encode(text)
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) < 20:
+        raise GenlabError(f"the source holds only {len(ids)} tokens; too little text to split into train/val")
+    train, val = split_tokens(ids)
+    return write_token_dataset(out, train, val, {**tok.meta(), "source": source})
+
+
+def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenData:
+    p = Path(path)
+    if not (p / "meta.json").exists():
+        raise GenlabError(f"no token dataset at '{p}' (meta.json missing); create one with `genlab data prepare text`")
+    try:
+        meta = json.loads((p / "meta.json").read_text())
+        dtype = np.dtype(meta["dtype"])
+        arrs = {n: np.memmap(p / f"{n}.bin", dtype=dtype, mode="r") for n in ("train", "val")}
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        raise GenlabError(f"token dataset at '{p}' is corrupt: {e}") from None
+    if meta.get("format") != "genlab-tokens-v1":
+        raise GenlabError(f"'{p}' is not a token dataset (format {meta.get('format')!r})")
+    for n, a in arrs.items():
+        if len(a) != meta[f"{n}_tokens"]:
+            raise GenlabError(f"token dataset at '{p}' is corrupt: {n}.bin holds {len(a)} tokens, meta.json says {meta[f'{n}_tokens']}")
+    if verify is None:
+        verify = sum(a.nbytes for a in arrs.values()) < (1 << 30)
+    if verify:
+        for n in arrs:
+            if sha256_file(p / f"{n}.bin") != meta["sha256"][n]:
+                raise GenlabError(f"token dataset at '{p}' is corrupt: {n}.bin checksum differs from meta.json")
+    return TokenData(arrs["train"], arrs["val"], seq_len, meta).check(str(p))
+
+
+def embedded_corpus(seq_len: int) -> TokenData:
+    from genlab.data.corpus import CORPUS
+    tok = build_tokenizer("char", CORPUS)
+    train, val = split_tokens(np.asarray(tok.encode(CORPUS), dtype=np.uint16))
+    return TokenData(train, val, seq_len, {**tok.meta(), "source": "genlab.data.corpus (Tiny Shakespeare excerpt)"})
+
+
+@dataset_registry.register("tokens", "train.bin/val.bin written by `genlab data prepare text` (data.path, data.seq_len)")
+def tokens(cfg_data):
+    if not cfg_data.path:
+        raise GenlabError("data.name=tokens needs data.path (a folder made by `genlab data prepare text`)")
+    return read_token_dataset(cfg_data.path, cfg_data.seq_len)
+
+
+@dataset_registry.register("text", "embedded char-level corpus (a 40 KB Tiny Shakespeare excerpt): needs no files")
+def text(cfg_data):
+    return embedded_corpus(cfg_data.seq_len).check("embedded corpus")
+
+
+@dataset_registry.register("synthetic_tokens", "uniform random tokens of data.vocab_size, data.size sequences (benchmarks)")
+def synthetic_tokens(cfg_data):
+    if cfg_data.vocab_size < 2:
+        raise GenlabError("data.name=synthetic_tokens needs data.vocab_size >= 2")
+    rng = np.random.default_rng(0)
+    n = cfg_data.size * (cfg_data.seq_len + 1)
+    ids = rng.integers(0, cfg_data.vocab_size, size=n + n // 9 + cfg_data.seq_len + 2).astype(token_dtype(cfg_data.vocab_size))
+    train, val = split_tokens(ids)
+    return TokenData(train, val, cfg_data.seq_len, {"vocab_size": cfg_data.vocab_size, "source": "synthetic"}).check("synthetic_tokens")

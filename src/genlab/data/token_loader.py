@@ -1,0 +1,85 @@
+"""Random-window loader for flat token streams (nanoGPT style): each sample is seq_len+1 consecutive
+tokens starting at a random offset, split into inputs x and next-token targets y.
+
+Window starts come from `IndexStream` (a seeded permutation per epoch, so every start is visited once
+per epoch) when the stream is small enough to permute, else from a per-batch seeded draw. Either way
+the state is one integer and a global batch is drawn for all ranks, then sliced per rank: exact
+resume and rank sharding. Small streams live on the device and windows are gathered there.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from genlab.data.loader import IndexStream
+
+PERMUTE_LIMIT = 1 << 24          # window starts above this are drawn iid per batch (a permutation would be too big)
+RESIDENT_LIMIT_BYTES = 1 << 30   # token streams below this (as int32) live on the device when on_device=auto
+
+
+class RandomStarts:
+    """IndexStream's interface without a permutation: batch b draws from rng(seed, b)."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.pos = n, seed, 0
+
+    def take(self, k: int) -> np.ndarray:
+        out = np.random.default_rng([self.seed, self.pos]).integers(0, self.n, size=k)
+        self.pos += k
+        return out
+
+    @property
+    def epoch(self) -> float:
+        return self.pos / self.n
+
+
+def window_starts(n_tokens: int, seq_len: int, seed: int):
+    n = n_tokens - seq_len  # starts s with s + seq_len + 1 <= n_tokens
+    return IndexStream(n, seed) if n <= PERMUTE_LIMIT else RandomStarts(n, seed)
+
+
+class TokenLoader:
+    """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, device, seed: int = 0, rank: int = 0,
+                 world: int = 1, on_device: str = "auto", pin_memory: str = "auto"):
+        self.tokens, self.T, self.batch_size = tokens, seq_len, batch_size
+        self.device, self.rank, self.world = torch.device(device), rank, world
+        self.stream = window_starts(len(tokens), seq_len, seed)
+        self.wait_time = 0.0
+        self.resident = on_device == "yes" or (on_device == "auto" and 4 * len(tokens) <= RESIDENT_LIMIT_BYTES)
+        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.offsets = torch.arange(seq_len + 1, device=self.device if self.resident else "cpu")
+        if self.resident:
+            self.dev_tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(self.device)
+
+    def state_dict(self):
+        return {"pos": self.stream.pos}
+
+    def load_state_dict(self, state):
+        self.stream.pos = int(state["pos"])
+
+    @property
+    def epoch(self):
+        return self.stream.epoch
+
+    def _starts(self) -> np.ndarray:
+        s = self.stream.take(self.batch_size * self.world)
+        return s[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+    def next(self) -> dict:
+        t0 = time.perf_counter()
+        starts = torch.from_numpy(self._starts())
+        if self.resident:
+            win = self.dev_tokens[starts.to(self.device, non_blocking=True)[:, None] + self.offsets].long()
+        else:  # memmap: one contiguous read per window
+            win = torch.from_numpy(np.stack([np.asarray(self.tokens[s:s + self.T + 1], dtype=np.int64)
+                                             for s in starts.tolist()]))
+            win = (win.pin_memory() if self.pin else win).to(self.device, non_blocking=True)
+        self.wait_time += time.perf_counter() - t0
+        return {"x": win[:, :-1], "y": win[:, 1:]}
+
+    def close(self):
+        pass

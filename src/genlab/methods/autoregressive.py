@@ -1,0 +1,123 @@
+"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective).
+
+Training uses the logits over all `n_vocab` rows like nanoGPT (the padding ids never occur as targets
+and are quickly pushed down); evaluation normalises over the real vocabulary only, so val_loss is an
+exact log-likelihood in nats/token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from genlab.errors import GenlabError
+from genlab.methods import lm_common as lm
+from genlab.registry import method_registry
+
+
+@torch.no_grad()
+def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len: int, temperature: float = 1.0,
+             top_k: int = 0, generator=None) -> torch.Tensor:
+    """Append `new_tokens` sampled tokens to idx [B, t0] (context cropped to seq_len; no KV cache)."""
+    for _ in range(new_tokens):
+        logits = model(idx[:, -seq_len:])[:, -1, :vocab_size].float()
+        if temperature <= 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if 0 < top_k < vocab_size:
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
+
+
+@torch.no_grad()
+def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> torch.Tensor:
+    """Per-sequence mean NLL (nats/token) of ids[:, 1:] given the preceding tokens, over the real vocabulary."""
+    out = []
+    for i in range(0, len(ids), batch):
+        x = ids[i:i + batch]
+        logits = model(x[:, :-1])[..., :vocab_size].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        out.append(nll.mean(1))
+    return torch.cat(out)
+
+
+class Autoregressive:
+    family = "text"
+
+    def __init__(self, cfg, data_spec):
+        lm.check_token_spec(data_spec, "autoregressive")
+        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
+        self.V, self.T = data_spec["vocab_size"], data_spec["seq_len"]
+        self._checked = False
+
+    def _check(self, model):
+        if not self._checked:
+            lm.check_backbone(model, causal=True, method="autoregressive")
+            self._checked = True
+
+    def loss(self, model, batch, generator):
+        self._check(model)
+        logits = model(batch["x"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["y"].flatten())
+        return loss, {}
+
+    def synthetic_batch(self, batch_size, device, generator):
+        ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
+        return {"x": ids[:, :-1], "y": ids[:, 1:]}
+
+    @torch.no_grad()
+    def evaluate(self, model, data, ctx) -> dict:
+        ecfg, device = ctx["eval"], ctx["device"]
+        if ecfg.num_samples <= 0:
+            return {}
+        base = lm.check_backbone(model, causal=True, method="autoregressive")
+        wins = lm.val_windows(data, self.T, ecfg.num_samples)
+        bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
+        nats = score_nats(model, wins.to(device), self.V, batch=bs).mean().item()
+        out = lm.per_token_metrics("val", nats, self.spec)
+        out["val_tokens_scored"] = int(wins.shape[0] * self.T)
+        return out
+
+    def _sample_ids(self, model, n, new_tokens, generator, device, prompt="", temperature=None, top_k=None):
+        base = lm.check_backbone(model, causal=True, method="autoregressive")
+        temperature = self.mcfg.temperature if temperature is None else temperature
+        top_k = self.mcfg.top_k if top_k is None else top_k
+        if lm.INFILL.search(prompt or ""):
+            raise GenlabError("[[N]] infilling needs a bidirectional model (method mdlm); autoregressive takes a prefix prompt")
+        start = lm.encode_prompt(self.spec, prompt) if prompt else [self._start_token()]
+        idx = torch.tensor([start] * n, dtype=torch.long, device=device)
+        out = generate(model, idx, new_tokens, self.V, base.spec.seq_len, temperature, top_k, generator)
+        return out if prompt else out[:, 1:]
+
+    def _start_token(self) -> int:
+        if self.spec.get("tokenizer") == "gpt2":
+            return self.spec.get("eot", 50256)
+        try:
+            return lm.encode_prompt(self.spec, "\n")[0]
+        except GenlabError:
+            return 0
+
+    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, prompt="", temperature=None,
+                       top_k=None, length=None, **_):
+        """n text samples of `length` new tokens (default method.sample_len or data.seq_len) into a .txt file."""
+        device = device or next(lm.unwrap(model).parameters()).device
+        length = length or steps or self.mcfg.sample_len or self.T
+        ids = self._sample_ids(model, n, length, generator, device, prompt, temperature, top_k)
+        texts = [lm.decode(self.spec, row.tolist()) for row in ids]
+        t = self.mcfg.temperature if temperature is None else temperature
+        return lm.write_samples(out, texts, f"autoregressive samples: {length} tokens, temperature {t}, "
+                                            f"top_k {self.mcfg.top_k if top_k is None else top_k}, prompt {prompt!r}")
+
+    def preview(self, model, path, ctx):
+        n = max(1, min(4, ctx["eval"].num_samples))
+        return self.sample_to_file(model, path, n=n, generator=ctx["generator"], device=ctx["device"],
+                                   prompt=self.mcfg.prompt, length=self.mcfg.sample_len or self.T)
+
+
+@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT; val loss/bpc/ppl; top-k sampling")
+def build_autoregressive(cfg, data_spec):
+    return Autoregressive(cfg, data_spec)
+

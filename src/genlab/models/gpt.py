@@ -1,0 +1,171 @@
+"""GPT: a decoder-style transformer over token ids (Radford et al. 2019; Karpathy's nanoGPT).
+
+Token embedding + learned or rotary positions, pre-norm blocks (LayerNorm or RMSNorm, GELU or
+SwiGLU MLP), a final norm and a linear head, optionally tied to the embedding. `causal` is fixed at
+build time: autoregressive methods need True, masked diffusion needs False, and each method refuses
+the wrong kind. The embedding has `n_vocab` rows: the data vocabulary plus at least one spare id,
+rounded up to a multiple of 64 (50257 -> 50304, the padding nanoGPT uses for fast matmuls). The first
+spare id, `mask_id == vocab_size`, is the [MASK] token of masked diffusion; the logits cover all
+`n_vocab` rows and the methods ignore the spare ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from genlab.errors import GenlabError
+from genlab.models.layers import Attention, Mlp, rope_cache
+from genlab.registry import model_registry
+
+# name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.
+GPT_SIZES = {
+    "tiny": (128, 4, 4),
+    "small": (384, 6, 6),
+    "gpt2": (768, 12, 12),
+    "gpt2-medium": (1024, 24, 16),
+    "gpt2-large": (1280, 36, 20),
+    "gpt2-xl": (1600, 48, 25),
+}
+
+
+def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
+    """Rows of the embedding: vocab + one spare id ([MASK]), rounded up to `multiple`."""
+    return -(-(vocab_size + 1) // multiple) * multiple
+
+
+@dataclass
+class GPTSpec:
+    vocab_size: int               # real tokens of the data
+    seq_len: int                  # maximum sequence length (positions)
+    dim: int
+    depth: int
+    heads: int
+    mlp_ratio: float = 4.0
+    pos_emb: str = "learned"      # learned | rope
+    norm: str = "layernorm"       # layernorm | rmsnorm
+    mlp: str = "gelu"             # gelu | swiglu
+    tie_weights: bool = True
+    causal: bool = True
+    bias: bool = False
+    dropout: float = 0.0
+    attention: str = "sdpa"
+
+    @property
+    def n_vocab(self) -> int:
+        return padded_vocab(self.vocab_size)
+
+    @property
+    def mlp_hidden(self) -> int:
+        h = int(self.dim * self.mlp_ratio)
+        # SwiGLU has three matrices: 2/3 of the width keeps the parameter count of a GELU MLP (Shazeer 2020)
+        return h if self.mlp == "gelu" else 64 * -(-(2 * h // 3) // 64)
+
+
+def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, bias=bias)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim)
+    raise GenlabError(f"unknown model.norm '{kind}'; valid: layernorm, rmsnorm")
+
+
+class Block(nn.Module):
+    def __init__(self, s: GPTSpec):
+        super().__init__()
+        self.causal = s.causal
+        self.norm1 = make_norm(s.norm, s.dim, s.bias)
+        self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout)
+        self.norm2 = make_norm(s.norm, s.dim, s.bias)
+        self.mlp = Mlp(s.dim, s.mlp_hidden, kind=s.mlp, bias=s.bias)
+        self.drop = nn.Dropout(s.dropout)
+
+    def forward(self, x, rope=None):
+        x = x + self.drop(self.attn(self.norm1(x), causal=self.causal, rope=rope))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, spec: GPTSpec):
+        super().__init__()
+        s = self.spec = spec
+        self.causal = s.causal
+        self.vocab_size, self.n_vocab, self.mask_id = s.vocab_size, s.n_vocab, s.vocab_size
+        self.tok_emb = nn.Embedding(s.n_vocab, s.dim)
+        self.pos_emb = nn.Embedding(s.seq_len, s.dim) if s.pos_emb == "learned" else None
+        if s.pos_emb == "rope":
+            cos, sin = rope_cache(s.seq_len, s.dim // s.heads)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.drop = nn.Dropout(s.dropout)
+        self.blocks = nn.ModuleList(Block(s) for _ in range(s.depth))
+        self.norm = make_norm(s.norm, s.dim, s.bias)
+        self.head = nn.Linear(s.dim, s.n_vocab, bias=False)
+        self._init_weights()
+        if s.tie_weights:
+            self.head.weight = self.tok_emb.weight
+
+    def _init_weights(self):
+        # GPT-2: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * depth)
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                nn.init.zeros_(p) if name.endswith("bias") else None
+                continue
+            std = 0.02 / (2 * self.spec.depth) ** 0.5 if name.endswith(("attn.proj.weight", "mlp.fc2.weight")) else 0.02
+            nn.init.normal_(p, std=std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: long [B, T] (T <= seq_len) -> logits [B, T, n_vocab]."""
+        T = idx.shape[1]
+        if T > self.spec.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.spec.seq_len} positions")
+        h = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            h = h + self.pos_emb.weight[:T]
+        h = self.drop(h)
+        rope = (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
+        for block in self.blocks:
+            h = block(h, rope=rope)
+        return self.head(self.norm(h))
+
+    def flops_per_sample(self, seq_len: int | None = None) -> int:
+        """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and both attention
+        matmuls over the full T x T score matrix (as torch.utils.flop_counter and nanoGPT's MFU count it)."""
+        s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
+        H = s.mlp_hidden
+        mlp = 2 * T * D * H * (3 if s.mlp == "swiglu" else 2)
+        per_block = 2 * T * D * 3 * D + 2 * T * D * D + 2 * 2 * T * T * D + mlp
+        return s.depth * per_block + 2 * T * D * s.n_vocab
+
+    def num_params(self, embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n if embedding or self.pos_emb is None else n - self.pos_emb.weight.numel()
+
+
+def gpt_size(cfg_model) -> tuple[int, int, int]:
+    if cfg_model.size not in GPT_SIZES:
+        raise GenlabError(f"unknown GPT size '{cfg_model.size}'; valid: {', '.join(GPT_SIZES)}")
+    dim, depth, heads = GPT_SIZES[cfg_model.size]
+    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
+
+
+@model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
+                                "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl")
+def build_gpt(cfg_model, data_spec) -> GPT:
+    if data_spec.get("kind") != "tokens":
+        raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
+    dim, depth, heads = gpt_size(cfg_model)
+    if dim % heads or (cfg_model.pos_emb == "rope" and (dim // heads) % 2):
+        raise GenlabError(f"model.dim {dim} must split into {heads} heads (of even width for RoPE)")
+    for key, ok in (("pos_emb", ("learned", "rope")), ("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu"))):
+        if getattr(cfg_model, key) not in ok:
+            raise GenlabError(f"model.{key} must be one of {', '.join(ok)}; got {getattr(cfg_model, key)!r}")
+    vocab = cfg_model.vocab_size or data_spec["vocab_size"]
+    if vocab < data_spec["vocab_size"]:
+        raise GenlabError(f"model.vocab_size {vocab} is smaller than the data's vocabulary {data_spec['vocab_size']}")
+    return GPT(GPTSpec(vocab_size=vocab, seq_len=data_spec["seq_len"], dim=dim, depth=depth, heads=heads,
+                       mlp_ratio=cfg_model.mlp_ratio, pos_emb=cfg_model.pos_emb, norm=cfg_model.norm, mlp=cfg_model.mlp,
+                       tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
+                       dropout=cfg_model.dropout, attention=cfg_model.attention))
+

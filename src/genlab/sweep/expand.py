@@ -1,0 +1,135 @@
+"""Axes -> variants: a grid (crossed keys), zipped keys, named variants, constant-parameter sizes; x seeds.
+
+Variant names are stable and readable (`compile=model`, `depth=6-dim=1088`, `lr=0.001-ema`): the last
+part of each key and its value, joined by '-'; a run adds the seed suffix `-s<seed>`.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from genlab.errors import GenlabError
+
+AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance"}
+
+
+@dataclass
+class Variant:
+    name: str          # e.g. "precision=bf16-depth=6"
+    overrides: list
+    seed: int = 0
+    nproc: int = 1
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.name}-s{self.seed}"
+
+
+def value_text(v) -> str:
+    """A TOML value as the `key=value` override text the config parser reads back."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ",".join(value_text(x) for x in v) + "]"
+    return str(v)
+
+
+def _short(key: str) -> str:
+    return key.split(".")[-1]
+
+
+def safe_name(name: str) -> str:
+    """Folder-safe: keeps letters, digits and . _ = + -."""
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", name)
+
+
+def _grid(ax, i, src):
+    if "key" not in ax or not isinstance(ax["key"], str):
+        raise GenlabError(f"{src}: axis {i} has values but no key = \"section.name\"")
+    if not isinstance(ax["values"], list) or not ax["values"]:
+        raise GenlabError(f"{src}: axis {i} ({ax['key']}) is empty")
+    return [(f"{_short(ax['key'])}={value_text(v)}", [f"{ax['key']}={value_text(v)}"], 1) for v in ax["values"]]
+
+
+def _zip(ax, i, src):
+    z = ax["zip"]
+    if not isinstance(z, dict) or not z or any(not isinstance(v, list) or not v for v in z.values()):
+        raise GenlabError(f"{src}: axis {i} (zip) is empty")
+    lengths = {len(v) for v in z.values()}
+    if len(lengths) != 1:
+        raise GenlabError(f"{src}: axis {i} (zip) lists have different lengths {sorted(lengths)}")
+    out = []
+    for j in range(lengths.pop()):
+        out.append(("-".join(f"{_short(k)}={value_text(v[j])}" for k, v in z.items()),
+                    [f"{k}={value_text(v[j])}" for k, v in z.items()], 1))
+    return out
+
+
+def _named(ax, i, src):
+    vs = ax["variants"]
+    if not isinstance(vs, list) or not vs:
+        raise GenlabError(f"{src}: axis {i} (variants) is empty")
+    out = []
+    for v in vs:
+        if (not isinstance(v, dict) or not isinstance(v.get("name"), str) or set(v) - {"name", "overrides", "nproc"}
+                or not isinstance(v.get("overrides", []), list)):
+            raise GenlabError(f"{src}: axis {i}: each variant is {{ name = \"...\", overrides = [...] }} "
+                              f"(and optional nproc), got {v!r}")
+        nproc = v.get("nproc", 1)
+        if not isinstance(nproc, int) or nproc < 1:
+            raise GenlabError(f"{src}: axis {i}: variant '{v['name']}' has nproc {nproc!r}; give an integer >= 1")
+        out.append((v["name"], [str(x) for x in v.get("overrides", [])], nproc))
+    return out
+
+
+def _constant_params(ax, i, src, shape):
+    if ax["type"] != "constant_params":
+        raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: constant_params")
+    from genlab.sweep.sizes import constant_param_dims
+    depths, ref = ax.get("depths"), ax.get("ref", {})
+    if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d > 0 for d in depths):
+        raise GenlabError(f"{src}: axis {i} (constant_params) is empty: give depths = [positive integers]")
+    if not isinstance(ref, dict) or not {"depth", "dim"} <= set(ref) or set(ref) - {"depth", "dim", "head_dim"}:
+        raise GenlabError(f"{src}: axis {i} (constant_params) needs ref = {{ depth = D, dim = W }} (optional head_dim)")
+    if int(ref["dim"]) % int(ref.get("head_dim", 64)):
+        raise GenlabError(f"{src}: axis {i} (constant_params): ref.dim {ref['dim']} is not a multiple of head_dim {ref.get('head_dim', 64)}")
+    tol = float(ax.get("tolerance", 0.05))
+    rows = constant_param_dims(int(ref["depth"]), int(ref["dim"]), depths, head_dim=int(ref.get("head_dim", 64)), **shape)
+    bad = [f"depth {d}: {100 * e:+.1f}%" for d, _, _, e in rows if abs(e) > tol]
+    if bad:
+        raise GenlabError(f"{src}: axis {i} (constant_params): no width within {100 * tol:.0f}% of the reference "
+                          f"parameter count for {', '.join(bad)}; pick other depths, a smaller ref.head_dim, or raise tolerance")
+    return [(f"depth={d}-dim={w}", [f"model.depth={d}", f"model.dim={w}", f"model.heads={h}"], 1) for d, w, h, _ in rows]
+
+
+def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[tuple[str, list, int]]:
+    """One [[axis]] table -> [(label, overrides, nproc)]. `shape` = the base model/data shape for sizes."""
+    if not isinstance(ax, dict):
+        raise GenlabError(f"{src}: axis {i} must be a table ([[axis]])")
+    unknown = set(ax) - AXIS_KEYS
+    if unknown:
+        raise GenlabError(f"{src}: axis {i} has unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(AXIS_KEYS))}")
+    kinds = [k for k in ("values", "zip", "variants", "type") if k in ax]
+    if len(kinds) != 1:
+        raise GenlabError(f"{src}: axis {i} must have exactly one of key+values, zip, variants or type = \"constant_params\"")
+    kind = kinds[0]
+    if kind == "values":
+        return _grid(ax, i, src)
+    if kind == "zip":
+        return _zip(ax, i, src)
+    if kind == "variants":
+        return _named(ax, i, src)
+    return _constant_params(ax, i, src, shape or {})
+
+
+def combine(entries: list[list[tuple]]) -> list[tuple[str, list, int]]:
+    """Cross the axes: every combination -> (name, overrides, nproc). Duplicate names are an error upstream."""
+    out = []
+    for combo in itertools.product(*entries):
+        out.append((safe_name("-".join(c[0] for c in combo)), [o for c in combo for o in c[1]], max(c[2] for c in combo)))
+    return out
+
+
+def with_seeds(name: str, overrides: list, nproc: int, seeds: list) -> list[Variant]:
+    return [Variant(name, overrides + [f"train.seed={s}"], s, nproc) for s in seeds]
