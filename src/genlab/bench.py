@@ -204,7 +204,7 @@ def add_parser(sub):
     p = sub.add_parser("bench", help="time training steps on synthetic data of the config's shape")
     p.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation and autotuning happen here; 3 were too few for GPT-2 124M)")
     p.add_argument("--json", default=None, help="also write the result as JSON to this file")
     p.set_defaults(fn=cmd_bench)
     return p
