@@ -169,6 +169,25 @@ def test_vocab_padding_and_gpt2_size():
     assert 123e6 < n < 125e6  # GPT-2 small: 124M with the tied head
 
 
+@pytest.mark.parametrize("ce_chunk", [0, 7])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_model_loss_equals_cross_entropy_of_logits(ce_chunk, weighted):
+    # model(x, targets, weights, vocab) (the fused training path, chunked or not) = the cross-entropy of
+    # model(x)'s logits, in value and in every parameter gradient (tied head included)
+    torch.manual_seed(0)
+    model = GPT(GPTSpec(vocab_size=50, seq_len=16, dim=32, depth=2, heads=4, ce_chunk=ce_chunk))
+    x, y = torch.randint(0, 50, (3, 16)), torch.randint(0, 50, (3, 16))
+    w, vocab = (torch.rand(3, 16), 50) if weighted else (None, None)
+    loss = model(x, targets=y, weights=w, vocab=vocab)
+    got = torch.autograd.grad(loss, list(model.parameters()))
+    nll = torch.nn.functional.cross_entropy(model(x)[..., :vocab or model.n_vocab].flatten(0, 1), y.flatten(), reduction="none")
+    ref = nll.mean() if w is None else (w.flatten() * nll).sum()
+    want = torch.autograd.grad(ref, list(model.parameters()))
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    for g, r in zip(got, want):
+        assert torch.allclose(g, r, atol=1e-6, rtol=1e-4)
+
+
 # -- MDLM against brute force ---------------------------------------------------------------------
 def _brute_force_terms(model, x, V):
     """{mask tuple: C(mask)} = sum over masked positions of -log p(x_l | z), in float64, every mask."""
@@ -362,6 +381,28 @@ def test_both_methods_train_with_falling_loss(tmp_path, preset):
     assert s["status"] == "finished" and losses[-1] < 0.85 * losses[0], losses
     key = "val_loss" if preset == "text_ar" else "nelbo_bits_per_token"
     assert key in s and math.isfinite(s[key])
+
+
+def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
+    from genlab.train import checkpoint as ckpt
+    from genlab.train.metrics import read_metrics
+    from genlab.train.trainer import Trainer
+    cfg = lm_config(tmp_path, "text_ar", "train.steps=40", "optim.lr=3e-3", "log.eval_every=10", "log.keep_best=true",
+                    "log.keep_last=1", "train.name=kb")
+    s = Trainer(cfg).fit()
+    evals = {r["step"]: r["eval/val_loss"] for r in read_metrics(s["run_dir"]) if "eval/val_loss" in r}
+    assert sorted(evals) == [10, 20, 30, 40]
+    best_step = min(evals, key=evals.get)
+    assert s["best_step"] == best_step and s["val_loss_best"] == pytest.approx(evals[best_step])
+    state = ckpt.load_checkpoint(s["best_checkpoint"])
+    assert state["step"] == best_step and state["best"]["value"] == pytest.approx(evals[best_step])
+    # best.pt is neither pruned by keep_last nor taken by resume, which continues from the latest step
+    assert [p.name for p in ckpt.list_checkpoints(s["run_dir"])] == ["step_00000040.pt"]
+    assert ckpt.resolve_checkpoint(s["run_dir"]).name == "step_00000040.pt"
+    # the best checkpoint's weights reproduce its validation loss
+    from genlab.sample import evaluate_run
+    res = evaluate_run(s["best_checkpoint"], device="cpu")
+    assert res["val_loss"] == pytest.approx(evals[best_step], rel=1e-4)
 
 
 def test_cli_prepare_train_sample_eval(tmp_path):

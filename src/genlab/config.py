@@ -45,6 +45,7 @@ class ModelConfig:
     attention: str = "sdpa"       # registry `attention`
     class_dropout: float = 0.1    # label dropout that trains the null class for CFG
     qk_norm: bool = False
+    adaln: str = "fused"          # registry `adaln`: LayerNorm + adaLN modulation (fused | unfused)
     dropout: float = 0.0
     # language models
     vocab_size: int = 0           # 0 = from the dataset
@@ -54,6 +55,7 @@ class ModelConfig:
     tie_weights: bool = True
     causal: bool = True
     bias: bool = False
+    ce_chunk: int = 0             # gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)
 
 
 @dataclass
@@ -98,11 +100,14 @@ class TrainConfig:
     device: str = "auto"          # auto | cpu | cuda | cuda:N
     precision: str = "auto"       # registry `precision`; auto = bf16 on CUDA, fp32 on CPU
     compile: str = "off"          # registry `compile`
+    compile_mode: str = "default" # torch.compile mode: default | max-autotune-no-cudagraphs | max-autotune | reduce-overhead
     activation_checkpointing: str = "none"   # registry `activation_checkpointing`
     ac_every: int = 2             # for activation_checkpointing=every_k
     parallel: str = "auto"        # registry `parallel`: auto | none | ddp | fsdp | hsdp
     replicate: int = 0            # HSDP replicate degree (0 = world / shard)
     shard: int = 0                # HSDP/FSDP shard degree (0 = all ranks)
+    fsdp_prefetch: int = 1        # FSDP/HSDP: explicit forward/backward prefetch of this many blocks ahead (0 = implicit only)
+    fsdp_keep_last: int = 1       # FSDP/HSDP: last blocks left unsharded after the forward (their backward follows at once)
     compiled_autograd: bool = False   # trace the backward with compiled autograd (use with compile=model|blocks)
     compile_optimizer: bool = False   # torch.compile the optimizer step (torch adamw/adam/sgd; LR kept in a tensor)
     seed: int = 0
@@ -121,6 +126,7 @@ class LogConfig:
     progress: bool = True
     ckpt_every: int = 500         # 0 = only at the end
     keep_last: int = 3
+    keep_best: bool = False       # also keep checkpoints/best.pt: the lowest validation metric seen at eval_every and at the end
     sample_every: int = 0         # 0 = only at the end
     eval_every: int = 0           # 0 = only at the end
 
@@ -279,6 +285,7 @@ def validate(cfg: Config) -> None:
     C.ac_registry.get(cfg.train.activation_checkpointing)
     C.parallel_registry.get(cfg.train.parallel)
     C.attention_registry.get(cfg.model.attention)
+    C.adaln_registry.get(cfg.model.adaln)
     if cfg.method.name == "flow":
         C.timestep_sampler_registry.get(cfg.method.timestep_sampler)
         C.sampler_registry.get(cfg.method.sampler)
@@ -287,6 +294,9 @@ def validate(cfg: Config) -> None:
             raise GenlabError(f"train.{key} must be >= 1, got {getattr(cfg.train, key)}")
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise GenlabError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by train.grad_accum ({cfg.train.grad_accum})")
+    modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    if cfg.train.compile_mode not in modes:
+        raise GenlabError(f"train.compile_mode must be one of {', '.join(modes)}; got {cfg.train.compile_mode!r}")
     for key in ("on_device", "pin_memory"):
         if getattr(cfg.data, key) not in ("auto", "yes", "no"):
             raise GenlabError(f"data.{key} must be one of auto, yes, no; got {getattr(cfg.data, key)!r}")

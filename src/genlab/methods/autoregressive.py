@@ -1,7 +1,8 @@
 """Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective).
 
 Training uses the logits over all `n_vocab` rows like nanoGPT (the padding ids never occur as targets
-and are quickly pushed down); evaluation normalises over the real vocabulary only, so val_loss is an
+and are quickly pushed down), with the loss computed inside the model call (`model(x, targets=y)`) so that
+a compiled model fuses the head with the cross-entropy; evaluation normalises over the real vocabulary only, so val_loss is an
 exact log-likelihood in nats/token.
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> to
 
 class Autoregressive:
     family = "text"
+    best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
     def __init__(self, cfg, data_spec):
         lm.check_token_spec(data_spec, "autoregressive")
@@ -60,9 +62,8 @@ class Autoregressive:
 
     def loss(self, model, batch, generator):
         self._check(model)
-        logits = model(batch["x"])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch["y"].flatten())
-        return loss, {}
+        # the model computes the loss itself: under torch.compile the head and the cross-entropy fuse
+        return model(batch["x"], targets=batch["y"]), {}
 
     def synthetic_batch(self, batch_size, device, generator):
         ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)

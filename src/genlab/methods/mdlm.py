@@ -138,6 +138,7 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
 
 class MaskedDiffusion:
     family = "text"
+    best_metric = "nelbo_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
     def __init__(self, cfg, data_spec):
         lm.check_token_spec(data_spec, "mdlm")
@@ -165,8 +166,12 @@ class MaskedDiffusion:
         t = eps + (1 - eps) * antithetic_uniform(B, generator, x.device, self.mcfg.antithetic)
         t = t.clamp_min(1e-6)
         u_tok = torch.rand(x.shape, generator=generator, device=x.device)
-        nll = masked_nll(model, x, 1 - alpha(t, self.schedule, eps), u_tok, self.V, self.mask_id)
-        return (weight(t, self.schedule) * nll).sum() / (B * L), {}
+        masked = u_tok < (1 - alpha(t, self.schedule, eps))[:, None]
+        z = torch.where(masked, torch.full_like(x, self.mask_id), x)
+        # per-token weights of the NELBO: w(t) on masked positions, 0 elsewhere (SUBS), / (B * L) tokens;
+        # the model computes sum(weights * CE) over the real vocabulary (no mass on [MASK] or padding)
+        w = masked * (weight(t, self.schedule) / (B * L))[:, None]
+        return model(z, targets=x, weights=w, vocab=self.V), {}
 
     def synthetic_batch(self, batch_size, device, generator):
         ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)

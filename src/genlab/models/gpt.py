@@ -7,6 +7,13 @@ the wrong kind. The embedding has `n_vocab` rows: the data vocabulary plus at le
 rounded up to a multiple of 64 (50257 -> 50304, the padding nanoGPT uses for fast matmuls). The first
 spare id, `mask_id == vocab_size`, is the [MASK] token of masked diffusion; the logits cover all
 `n_vocab` rows and the methods ignore the spare ones.
+
+`model(idx)` returns logits; `model(idx, targets, weights)` returns the training loss
+sum_i weights_i * CE(logits_i, targets_i) instead, so that under torch.compile the head and the
+cross-entropy are one graph (bf16 logits, the float32 upcast fused into the loss kernels, nothing
+[B, T, V]-sized in float32 ever written). `ce_chunk > 0` goes further: a fused linear + cross-entropy
+that never keeps logits at all (gradients formed chunk by chunk in the forward; useful in eager mode
+and for big vocabularies at long context).
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from genlab.errors import GenlabError
 from genlab.models.layers import Attention, Mlp, rope_cache
@@ -51,6 +59,7 @@ class GPTSpec:
     bias: bool = False
     dropout: float = 0.0
     attention: str = "sdpa"
+    ce_chunk: int = 0             # > 0: fused linear + cross-entropy over chunks of this many tokens
 
     @property
     def n_vocab(self) -> int:
@@ -79,7 +88,7 @@ class Block(nn.Module):
         self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout)
         self.norm2 = make_norm(s.norm, s.dim, s.bias)
         self.mlp = Mlp(s.dim, s.mlp_hidden, kind=s.mlp, bias=s.bias)
-        self.drop = nn.Dropout(s.dropout)
+        self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
 
     def forward(self, x, rope=None):
         x = x + self.drop(self.attn(self.norm1(x), causal=self.causal, rope=rope))
@@ -98,7 +107,7 @@ class GPT(nn.Module):
             cos, sin = rope_cache(s.seq_len, s.dim // s.heads)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.drop = nn.Dropout(s.dropout)
+        self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(s) for _ in range(s.depth))
         self.norm = make_norm(s.norm, s.dim, s.bias)
         self.head = nn.Linear(s.dim, s.n_vocab, bias=False)
@@ -115,8 +124,12 @@ class GPT(nn.Module):
             std = 0.02 / (2 * self.spec.depth) ** 0.5 if name.endswith(("attn.proj.weight", "mlp.fc2.weight")) else 0.02
             nn.init.normal_(p, std=std)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx: long [B, T] (T <= seq_len) -> logits [B, T, n_vocab]."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, weights: torch.Tensor | None = None,
+                vocab: int | None = None) -> torch.Tensor:
+        """idx: long [B, T] (T <= seq_len) -> logits [B, T, n_vocab].
+
+        With targets [B, T]: the float32 scalar sum(weights * cross-entropy) over the first `vocab` logits
+        (default all n_vocab rows; weights default 1 / (B * T), i.e. the mean)."""
         T = idx.shape[1]
         if T > self.spec.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.spec.seq_len} positions")
@@ -127,7 +140,18 @@ class GPT(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
         for block in self.blocks:
             h = block(h, rope=rope)
-        return self.head(self.norm(h))
+        h = self.norm(h)
+        if targets is None:
+            return self.head(h)
+        vocab, y = vocab or self.n_vocab, targets.reshape(-1)
+        if self.spec.ce_chunk > 0 and torch.is_grad_enabled():
+            w = torch.full(y.shape, 1 / y.numel(), device=y.device) if weights is None else weights.reshape(-1).float()
+            return LinearCrossEntropy.apply(h.flatten(0, 1), self.head.weight, y, w, vocab, self.spec.ce_chunk)
+        logits = self.head(h).flatten(0, 1)
+        logits = logits if vocab == self.n_vocab else logits[:, :vocab]
+        logits = logits.float() if logits.element_size() < 4 else logits  # bf16 logits, fp32 math (fused when compiled)
+        nll = F.cross_entropy(logits, y, reduction="none")
+        return nll.mean() if weights is None else (weights.reshape(-1).float() * nll).sum()
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
         """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and both attention
@@ -141,6 +165,43 @@ class GPT(nn.Module):
     def num_params(self, embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         return n if embedding or self.pos_emb is None else n - self.pos_emb.weight.numel()
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * CE(h_i @ W[:vocab]^T, y_i) in chunks of `chunk` rows, with d/dh and d/dW formed in the
+    forward: no [N, vocab] logits or probabilities outlive a chunk (Liger's fused linear cross-entropy,
+    in plain torch). Under autocast the matmuls run in the autocast dtype with float32 softmax."""
+
+    @staticmethod
+    def forward(ctx, h, W, y, w, vocab: int, chunk: int):
+        dev = h.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+        with torch.autocast(dev, enabled=False):
+            hc, Wc = h.to(dt), W[:vocab].to(dt)
+            loss = torch.zeros((), device=h.device, dtype=torch.float32)
+            gh = torch.empty_like(hc)
+            gW = torch.zeros(Wc.shape, device=W.device, dtype=torch.float32)
+            for a in range(0, hc.shape[0], chunk):
+                b = min(a + chunk, hc.shape[0])
+                logits = (hc[a:b] @ Wc.T).float()
+                lse = torch.logsumexp(logits, -1)
+                loss = loss + (w[a:b] * (lse - logits.gather(1, y[a:b, None])[:, 0])).sum()
+                g = (logits - lse[:, None]).exp()                        # softmax
+                g = g.scatter_add(1, y[a:b, None], -torch.ones_like(lse)[:, None])  # - one-hot(target)
+                g = (g * w[a:b, None]).to(dt)
+                gh[a:b] = g @ Wc
+                gW += (g.T @ hc[a:b]).float()
+        ctx.save_for_backward(gh, gW)
+        ctx.shapes = (h.dtype, W.shape, W.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        gh, gW = ctx.saved_tensors
+        h_dtype, W_shape, W_dtype = ctx.shapes
+        gW_full = torch.zeros(W_shape, device=gW.device, dtype=W_dtype)
+        gW_full[:gW.shape[0]] = gW * grad
+        return (gh * grad).to(h_dtype), gW_full, None, None, None, None
 
 
 def gpt_size(cfg_model) -> tuple[int, int, int]:
@@ -167,5 +228,5 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     return GPT(GPTSpec(vocab_size=vocab, seq_len=data_spec["seq_len"], dim=dim, depth=depth, heads=heads,
                        mlp_ratio=cfg_model.mlp_ratio, pos_emb=cfg_model.pos_emb, norm=cfg_model.norm, mlp=cfg_model.mlp,
                        tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
-                       dropout=cfg_model.dropout, attention=cfg_model.attention))
+                       dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk))
 

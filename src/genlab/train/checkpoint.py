@@ -10,6 +10,7 @@ import torch
 from genlab.errors import GenlabError
 
 CKPT_RE = re.compile(r"step_(\d+)\.(pt|dcp)$")  # .dcp: sharded folder (train/dcp.py)
+BEST_NAME = "best.pt"  # log.keep_best: the state with the lowest validation metric
 
 
 def ckpt_dir(run_dir) -> Path:
@@ -24,17 +25,26 @@ def list_checkpoints(run_dir) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def save_checkpoint(run_dir, step: int, state: dict, keep_last: int = 3) -> Path:
-    d = ckpt_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"step_{step:08d}.pt"
-    tmp = d / f".step_{step:08d}.pt.tmp"
+def _atomic_save(state: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)  # a crash mid-write leaves only a .tmp file, never a broken checkpoint
+    return path
+
+
+def save_checkpoint(run_dir, step: int, state: dict, keep_last: int = 3) -> Path:
+    path = _atomic_save(state, ckpt_dir(run_dir) / f"step_{step:08d}.pt")
     if keep_last > 0:
         for old in list_checkpoints(run_dir)[:-keep_last]:
             prune(old)
     return path
+
+
+def save_best(run_dir, state: dict) -> Path:
+    """checkpoints/best.pt (log.keep_best): never pruned, never picked by resume (`--resume RUN` takes the
+    latest step_*.pt); pass the file itself to sample/eval/resume from it."""
+    return _atomic_save(state, ckpt_dir(run_dir) / BEST_NAME)
 
 
 def prune(path: Path):

@@ -143,15 +143,21 @@ def compile_off(model, tcfg):
     return model
 
 
+def _mode(tcfg):
+    """train.compile_mode; None (torch's default) for "default"."""
+    mode = getattr(tcfg, "compile_mode", "default")
+    return None if mode == "default" else mode
+
+
 @compile_registry.register("model", "torch.compile the whole model")
 def compile_model(model, tcfg):
-    return torch.compile(model)
+    return torch.compile(model, mode=_mode(tcfg))
 
 
 @compile_registry.register("blocks", "torch.compile each block (composes with FSDP and checkpointing)")
 def compile_blocks(model, tcfg):
     for block in model.blocks:
-        block.compile()  # in place: parameter names stay those of the plain model
+        block.compile(mode=_mode(tcfg))  # in place: parameter names stay those of the plain model
     return model
 
 

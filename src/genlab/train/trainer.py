@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import signal
 import time
 from datetime import datetime
@@ -93,6 +94,10 @@ class Trainer:
         self.wrapped = compile_model_by_name(self.wrapped, tcfg)
         self.ema = shard_like(self.ema, self.base)
         self.sharded = is_sharded(self.base)  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
+        self.best = None  # log.keep_best: {"metric", "value", "step"} of checkpoints/best.pt
+        if cfg.log.keep_best and (self.sharded or not getattr(self.method, "best_metric", None)):
+            raise GenlabError("log.keep_best needs an unsharded model and a method with a validation metric "
+                              f"(method {cfg.method.name} under train.parallel={tcfg.parallel})")
         self.optimizer = build_optimizer(self.base, cfg.optim)
         if tcfg.compile_optimizer:
             self.optimizer = compile_optimizer_step(self.optimizer, self.device)
@@ -126,6 +131,7 @@ class Trainer:
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
         self.nonfinite_skipped = state.get("nonfinite_skipped", 0)
+        self.best = state.get("best")
 
     def _make_run_dir(self, resume_state):
         cfg = self.cfg
@@ -150,7 +156,7 @@ class Trainer:
         return {
             **big, "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
-            "torch_rng": torch.get_rng_state(), "nonfinite_skipped": self.nonfinite_skipped,
+            "torch_rng": torch.get_rng_state(), "nonfinite_skipped": self.nonfinite_skipped, "best": self.best,
             "config": to_dict(self.cfg), "data_spec": self.spec,
         }
 
@@ -168,6 +174,20 @@ class Trainer:
             path = ckpt.save_checkpoint(self.run_dir, self.step, self._state(), self.cfg.log.keep_last)
             return path
 
+    def keep_best(self, ev: dict):
+        """log.keep_best: write checkpoints/best.pt when the method's validation metric (lower is better)
+        beats every earlier evaluation of this run."""
+        if not self.cfg.log.keep_best or not self.dist.is_main:
+            return
+        key = self.method.best_metric
+        v = ev.get(key)
+        if v is None or not math.isfinite(v) or (self.best is not None and v >= self.best["value"]):
+            return
+        self._check_finite()
+        self.best = {"metric": key, "value": v, "step": self.step}
+        ckpt.save_best(self.run_dir, self._state())
+        self.log.write({"step": self.step, f"best/{key}": v})
+
     # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
         tcfg = self.cfg.train
@@ -183,7 +203,9 @@ class Trainer:
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach().float()
         self.scaler.unscale_(self.optimizer)
-        gnorm = clip_grads(self.base.parameters(), self.cfg.optim.grad_clip)  # a plain tensor, also under FSDP
+        # a plain tensor, also under FSDP; without a GradScaler the clip factor rides in the fused AdamW kernel
+        gnorm = clip_grads(self.base.parameters(), self.cfg.optim.grad_clip,
+                           None if self.scaler.is_enabled() else self.optimizer)
         bad = ~(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
         if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
             self.optimizer.zero_grad(set_to_none=True)
@@ -324,7 +346,9 @@ class Trainer:
                 if lcfg.sample_every and self.step % lcfg.sample_every == 0 and self.step < tcfg.steps:
                     self.preview()
                 if lcfg.eval_every and self.step % lcfg.eval_every == 0 and self.step < tcfg.steps:
-                    self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in self.evaluate().items()}})
+                    ev = self.evaluate()
+                    self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
+                    self.keep_best(ev)
                 if lcfg.ckpt_every and self.step % lcfg.ckpt_every == 0 and self.step < tcfg.steps:
                     self.save()
                 if self.stop_after is not None and self.step >= self.stop_after:
@@ -344,6 +368,11 @@ class Trainer:
                     self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
                 summary.update(ev)
                 summary["samples"] = str(grid) if grid else None
+                self.keep_best(ev)
+                if self.best is not None:  # the best-validation model is the one to report
+                    key = self.best["metric"]
+                    summary.update({f"{key}_best": self.best["value"], "best_step": self.best["step"],
+                                    "best_checkpoint": str(ckpt.ckpt_dir(self.run_dir) / ckpt.BEST_NAME)})
         except NonFiniteLoss as e:
             summary.update({"status": "diverged", "error": str(e), "step": self.step})
             raise

@@ -1,0 +1,137 @@
+"""GPT-2 124M training throughput variants in one process (dynamo reset between them), plus an optional
+CUDA kernel profile of one variant: the language-model issue's speed benchmark.
+
+    python benchmarks/bench_lm.py --out DIR [--profile new_b16] [--only a,b] [--budget 380]
+    python benchmarks/bench_lm.py --quick            # CPU smoke run at tiny size
+
+Variants (all `genlab bench gpt2_124m` shape: vocab 50304, context 1024, bf16, compile, fused AdamW):
+  old_loss_b16  the loss computed outside the compiled model (the code before this change), batch 16
+  new_b16/32/48 the loss inside the compiled model (head + cross-entropy fused), batch 16 / 32 / 48
+  chunk_b16     fused linear + cross-entropy over 4096-token chunks (model.ce_chunk=4096)
+  cudnn_b16     SDPA restricted to the cuDNN attention backend
+  autotune_b16  train.compile_mode=max-autotune-no-cudagraphs
+Rows are printed as they finish and written to DIR/bench_lm.md and DIR/bench_lm.json.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+
+from genlab.bench import BenchStep, format_table, run_bench  # noqa: E402
+from genlab.config import load_config  # noqa: E402
+
+VARIANTS = {
+    "old_loss_b16": (["train.batch_size=16"], "old_loss"),
+    "new_b16": (["train.batch_size=16"], None),
+    "new_b32": (["train.batch_size=32"], None),
+    "new_b48": (["train.batch_size=48"], None),
+    "chunk_b16": (["train.batch_size=16", "model.ce_chunk=4096"], None),
+    "cudnn_b16": (["train.batch_size=16"], "cudnn"),
+    "autotune_b16": (["train.batch_size=16", "train.compile_mode=max-autotune-no-cudagraphs"], None),
+    "autotune_b32": (["train.batch_size=32", "train.compile_mode=max-autotune-no-cudagraphs"], None),
+}
+QUICK = ["model.size=tiny", "data.seq_len=64", "train.device=cpu", "train.precision=fp32", "train.compile=off"]
+
+
+@contextlib.contextmanager
+def hook(name):
+    """Temporary changes a variant needs: the old loss path, or one SDPA backend."""
+    if name == "old_loss":
+        import torch.nn.functional as F
+        from genlab.methods.autoregressive import Autoregressive
+        new = Autoregressive.loss
+
+        def old(self, model, batch, generator):
+            self._check(model)
+            logits = model(batch["x"])
+            return F.cross_entropy(logits.flatten(0, 1), batch["y"].flatten()), {}
+        Autoregressive.loss = old
+        try:
+            yield
+        finally:
+            Autoregressive.loss = new
+    elif name == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            yield
+    else:
+        yield
+
+
+def profile(cfg, out: Path, steps=3):
+    """Top CUDA kernels of a few steps after warm-up, as a text table."""
+    from torch.profiler import ProfilerActivity, profile as prof
+    b = BenchStep(cfg)
+    for _ in range(12):
+        b.step()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            b.step()
+        torch.cuda.synchronize()
+    table = p.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
+    (out / "profile.txt").write_text(table)
+    print(table[:6000], flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out")
+    ap.add_argument("--only", default="new_b16,old_loss_b16,new_b32,chunk_b16,cudnn_b16,autotune_b16")
+    ap.add_argument("--profile", default="", help="variant to profile after the benches (e.g. new_b16)")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=15)
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds: start no variant after this")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0, rows, res = time.time(), [], {}
+    names = [n for n in a.only.split(",") if n]
+    for name in names + ([f"profile:{a.profile}"] if a.profile else []):
+        if time.time() - t0 > a.budget:
+            print(f"skipped {name}: past the {a.budget:.0f} s budget", flush=True)
+            continue
+        base = name.split(":")[-1]
+        overrides, h = VARIANTS[base]
+        cfg = load_config("gpt2_124m", overrides + (QUICK if a.quick else []))
+        torch._dynamo.reset()
+        t1 = time.time()
+        try:
+            with hook(h):
+                if name.startswith("profile:"):
+                    profile(cfg, out)
+                    continue
+                r = run_bench(cfg, steps=2 if a.quick else a.steps, warmup=1 if a.quick else a.warmup)
+        except Exception as e:  # noqa: BLE001 - one failed variant must not lose the others
+            traceback.print_exc()
+            res[name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            print(f"{name}: FAILED {res[name]['error']}", flush=True)
+            continue
+        finally:
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        r["variant"], r["wall_s"] = name, time.time() - t1
+        res[name] = r
+        rows.append(r)
+        print(f"{name}: {r['tokens_per_s']:.0f} tokens/s, step {r['step_ms']:.1f} ms, "
+              f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_mem_gib'] or 0:.2f} GiB, "
+              f"recompiles {r['recompiles']}, {r['wall_s']:.0f} s", flush=True)
+        (out / "bench_lm.json").write_text(json.dumps(res, indent=2, default=str))
+    table = format_table(rows) if rows else "(no rows)"
+    labels = "\n".join(f"- row {i + 1}: {r['variant']}" for i, r in enumerate(rows))
+    (out / "bench_lm.md").write_text(table + "\n\n" + labels + "\n")
+    (out / "bench_lm.json").write_text(json.dumps(res, indent=2, default=str))
+    print(table + "\n" + labels)
+
+
+if __name__ == "__main__":
+    main()
