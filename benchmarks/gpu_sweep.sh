@@ -25,9 +25,7 @@ for s in "$@"; do
   [ "$left" -lt 0 ] && left=0
   echo "== sweep $s (start no run after ${left} s more; ${RUN_TIMEOUT} s per run)"
   python3 -m genlab sweep "configs/sweeps/$s.toml" --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" 2>&1 | grep -v "^\s*$" | tail -40
-  mkdir -p "$OUT/$s/logs"
-  cp "$ROOT/$s"/{results.csv,report.md,report.html,status.json,*.png} "$OUT/$s/" 2>/dev/null
-  cp -r "$ROOT/$s/grids" "$OUT/$s/" 2>/dev/null
-  for f in "$ROOT/$s"/logs/*.log; do [ -e "$f" ] && tail -40 "$f" > "$OUT/$s/logs/$(basename "$f")"; done
+  # The device tool returns at most 8 files: pack each sweep's report (not its checkpoints) into one tarball.
+  tar czf "$OUT/$s.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" "$s"
 done
 echo "total ${SECONDS} s"
