@@ -2,3 +2,4 @@
 (for FSDP wrapping, activation checkpointing and per-block compile) and `flops_per_sample()`."""
 from genlab.models import layers, dit  # noqa: F401
 from genlab.models import gpt  # noqa: F401,E402
+from genlab.models import triton_attention  # noqa: F401,E402  (attention backend "triton"; triton imported lazily)

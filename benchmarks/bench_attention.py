@@ -1,0 +1,183 @@
+"""Head-dim-16 attention: the Triton kernel (`model.attention=triton`) vs SDPA's kernels, plus the exp floor.
+
+    python benchmarks/bench_attention.py                     # kernel table (needs CUDA + triton)
+    python benchmarks/bench_attention.py --e2e               # ... then genlab bench bench_longseq, sdpa vs triton
+    python benchmarks/bench_attention.py --variants 2/split,2/atomic --shapes long
+
+FLOPs: 4·N²·D·B·H per forward (both matmuls), backward counted as 2.5× that (fwd+bwd = 3.5×).
+Exp floor: B·H·N² exponentials per forward, the same again for the backward's recompute of P (2× for
+fwd+bwd; the `split` backward does a third), at the rate of a measured MUFU-bound ex2 loop.
+Each triton row is `EXP_MODE/BWD` (see src/genlab/models/triton_attention.py): exp 0 = tl.math.exp2,
+1 = ex2.approx.ftz, 2 = 1 of 4 exps as an FMA polynomial, 3 = 1 of 8; bwd split = dK/dV + dQ kernels,
+atomic = one kernel with fp32 atomics for dQ.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+SHAPES = {"long": (4, 16, 16384, 16), "d64": (4, 16, 4096, 64)}
+DEFAULT_VARIANTS = "0/split,1/split,2/split,3/split,1/atomic,2/atomic,3/atomic"  # all autotuned
+
+
+def mufu_rate() -> float:
+    """ex2/s of a loop that only does ex2.approx.ftz (plus one FMUL each), measured on this GPU."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _mufu_loop(X, Y, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(X + offs)
+        for _ in range(ITERS):
+            x = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * -0.5], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        tl.store(Y + offs, x)
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block, iters, progs = 4096, 1024, sms * 16
+    x = torch.rand(progs * block, device="cuda")
+    y = torch.empty_like(x)
+    run = lambda: _mufu_loop[(progs,)](x, y, ITERS=iters, BLOCK=block, num_warps=4)  # noqa: E731
+    ms = triton.testing.do_bench(run, warmup=50, rep=200, return_mode="median")
+    return progs * block * iters / (ms * 1e-3)
+
+
+def bench(fn, warmup=50, rep=300):
+    import triton
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def run_shape(shape, variants, rate, lines):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from genlab.models.triton_attention import flash_attention
+    B, H, N, D = shape
+    fwd_flops = 4 * N * N * D * B * H
+    g = torch.Generator(device="cuda").manual_seed(0)
+    # the layout Attention produces: views of one fused qkv projection
+    qkv = torch.randn(B, N, 3, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
+    q, k, v = (t.requires_grad_(True) for t in qkv.permute(2, 0, 3, 1, 4).detach().unbind(0))
+    do = torch.randn(B, H, N, D, device="cuda", generator=g, dtype=torch.bfloat16)
+    ref = None
+    rows = []
+
+    def measure(label, attn):
+        nonlocal ref
+        try:
+            out = attn(q, k, v)
+            got = [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
+            if ref is None:
+                ref = got
+            err = max(rel(a, b) for a, b in zip(got, ref))
+            t_f = bench(lambda: attn(q, k, v))
+            t_fb = bench(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do))
+            rows.append((label, t_f, t_fb, fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_fb / 1e9, err))
+        except Exception as e:  # noqa: BLE001 - a backend that does not support the shape is a row, not a crash
+            rows.append((label, None, None, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+        print(rows[-1], flush=True)
+
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
+        def sdpa(q, k, v, _b=getattr(SDPBackend, name)):
+            with sdpa_kernel(_b):
+                return F.scaled_dot_product_attention(q, k, v)
+        measure(f"sdpa {name.split('_')[0].lower()}", sdpa)
+    for var in variants:  # EXP/BWD[/fixed]: "fixed" = first config of each list, no autotuning
+        exp_mode, bwd, *fixed = var.split("/")
+        os.environ["GENLAB_TRITON_ATTN_EXP"], os.environ["GENLAB_TRITON_ATTN_BWD"] = exp_mode, bwd
+        os.environ["GENLAB_TRITON_ATTN_TUNE"] = "0" if fixed else "1"
+        measure(f"triton exp{exp_mode}/{bwd}{' (untuned)' if fixed else ''}", lambda q, k, v: flash_attention(q, k, v))
+    os.environ.pop("GENLAB_TRITON_ATTN_TUNE", None)
+    exps = B * H * N * N
+    t_floor = exps / rate * 1e3
+    rows.append(("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, fwd_flops / t_floor / 1e9,
+                 3.5 * fwd_flops / (2 * t_floor) / 1e9, ""))
+    lines += [f"\n[B={B}, H={H}, N={N}, D={D}] bf16, non-causal; fwd FLOPs {fwd_flops:.3e}\n",
+              "| kernel | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | max rel. diff to sdpa flash (out, dq, dk, dv) |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for label, tf, tfb, ff, ffb, err in rows:
+        if tf is None:
+            lines.append(f"| {label} | n/a | n/a | n/a | n/a | {err} |")
+        else:
+            lines.append(f"| {label} | {tf:.2f} | {tfb:.2f} | {ff:.0f} | {ffb:.0f} | "
+                         f"{err if isinstance(err, str) else format(err, '.1e')} |")
+
+
+def run_e2e(steps, warmup, attentions, profile_dir, lines):
+    lines += ["\n    genlab bench bench_longseq model.attention=X\n",
+              "| attention | img/s | step ms | fwd / bwd / opt ms | MFU | peak mem GiB |", "| --- | --- | --- | --- | --- | --- |"]
+    for att in attentions:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "r.json"
+            env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            cmd = [sys.executable, "-m", "genlab", "bench", "bench_longseq", f"model.attention={att}", "--steps",
+                   str(steps), "--warmup", str(warmup), "--json", str(out)]
+            if profile_dir and att != "sdpa":
+                cmd += ["--profile", str(Path(profile_dir) / f"profile_{att}")]
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            print(r.stdout[-4000:], r.stderr[-2000:], flush=True)
+            if r.returncode != 0 or not out.exists():
+                lines.append(f"| {att} | failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:120]} | | | | |")
+                continue
+            res = json.loads(out.read_text())
+        lines.append(f"| {att} | {res['samples_per_s']:.2f} | {res['step_ms']:.1f} | {res['fwd_ms']:.1f} / "
+                     f"{res['bwd_ms']:.1f} / {res['opt_ms']:.1f} | {100 * res['mfu']:.1f}% | {res['peak_mem_gib']:.2f} |")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shapes", default="long,d64")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma list of EXP_MODE/BWD")
+    p.add_argument("--e2e", action="store_true", help="also genlab bench bench_longseq with sdpa and triton")
+    p.add_argument("--e2e-attention", default="sdpa,triton")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profile-dir", default=None, help="profile the non-sdpa e2e runs into this folder")
+    p.add_argument("--once", default=None, metavar="EXP/BWD", help="run one untuned fwd+bwd (for ncu) and exit")
+    p.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    args = p.parse_args()
+    if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
+        exp_mode, bwd = args.once.split("/")
+        os.environ.update(GENLAB_TRITON_ATTN_EXP=exp_mode, GENLAB_TRITON_ATTN_BWD=bwd, GENLAB_TRITON_ATTN_TUNE="0")
+        from genlab.models.triton_attention import flash_attention
+        B, H, N, D = SHAPES["long"]
+        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        for _ in range(2):
+            torch.autograd.grad(flash_attention(q, k, v), (q, k, v), torch.randn_like(q))
+        torch.cuda.synchronize()
+        return
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention.py needs a CUDA GPU")
+    lines = [f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}"]
+    if args.shapes:
+        import triton
+        rate = mufu_rate()
+        lines[0] += f", triton {triton.__version__}; measured ex2 rate {rate / 1e12:.2f} T/s"
+        print(lines[0], flush=True)
+        for s in args.shapes.split(","):
+            variants = args.variants.split(",") if s == "long" else [v for v in args.variants.split(",") if v.startswith(("0/", "2/"))][:2]
+            run_shape(SHAPES[s], variants, rate, lines)
+    if args.e2e:
+        run_e2e(args.steps, args.warmup, args.e2e_attention.split(","), args.profile_dir, lines)
+    text = "\n".join(lines)
+    print("\n" + text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Triton kernels of the ``triton`` attention backend (see ``triton_attention.py`` for the algorithm).
+
+Imported lazily, on the first use of the backend, so that `import genlab` never imports triton.
+"""
+import triton
+import triton.language as tl
+
+
+# ------------------------------------------------------------------------------------------
+# exp2 variants
+@triton.jit
+def _ex2_ftz(x):
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+@triton.jit
+def _ex2_mixed(x):
+    # 4 elements per asm block: 3 on the MUFU unit, the 4th as a polynomial on the FMA pipe.
+    # poly: 2^f ~ 1 + f (c1 + f (c2 + f c3)) on [0, 1), max rel. error ~9e-5 (bf16 P rounds at 2e-3)
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .f32 xc, t, fl, fr, p;
+        .reg .b32 ti, pi;
+        ex2.approx.ftz.f32 $0, $4;
+        ex2.approx.ftz.f32 $1, $5;
+        ex2.approx.ftz.f32 $2, $6;
+        max.ftz.f32 xc, $7, 0fC2FC0000;
+        add.rm.ftz.f32 t, xc, 0f4B400000;
+        sub.ftz.f32 fl, t, 0f4B400000;
+        sub.ftz.f32 fr, xc, fl;
+        fma.rn.ftz.f32 p, fr, 0f3D9DF09D, 0f3E6906A4;
+        fma.rn.ftz.f32 p, p, fr, 0f3F31F519;
+        fma.rn.ftz.f32 p, p, fr, 0f3F800000;
+        mov.b32 ti, t;
+        shl.b32 ti, ti, 23;
+        mov.b32 pi, p;
+        add.s32 pi, pi, ti;
+        mov.b32 $3, pi;
+        }
+        """,
+        "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=4)
+
+@triton.jit
+def _ex2_mixed8(x):
+    # 8 elements per asm block: 7 on MUFU, 1 polynomial (same polynomial as _ex2_mixed)
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .f32 xc, t, fl, fr, p;
+        .reg .b32 ti, pi;
+        ex2.approx.ftz.f32 $0, $8;
+        ex2.approx.ftz.f32 $1, $9;
+        ex2.approx.ftz.f32 $2, $10;
+        ex2.approx.ftz.f32 $3, $11;
+        ex2.approx.ftz.f32 $4, $12;
+        ex2.approx.ftz.f32 $5, $13;
+        ex2.approx.ftz.f32 $6, $14;
+        max.ftz.f32 xc, $15, 0fC2FC0000;
+        add.rm.ftz.f32 t, xc, 0f4B400000;
+        sub.ftz.f32 fl, t, 0f4B400000;
+        sub.ftz.f32 fr, xc, fl;
+        fma.rn.ftz.f32 p, fr, 0f3D9DF09D, 0f3E6906A4;
+        fma.rn.ftz.f32 p, p, fr, 0f3F31F519;
+        fma.rn.ftz.f32 p, p, fr, 0f3F800000;
+        mov.b32 ti, t;
+        shl.b32 ti, ti, 23;
+        mov.b32 pi, p;
+        add.s32 pi, pi, ti;
+        mov.b32 $7, pi;
+        }
+        """,
+        "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=8)
+
+
+@triton.jit
+def _exp2(x, EXP_MODE: tl.constexpr):
+    if EXP_MODE == 1:
+        y = _ex2_ftz(x)
+    elif EXP_MODE == 2:
+        y = _ex2_mixed(x)
+    elif EXP_MODE == 3:
+        y = _ex2_mixed8(x)
+    else:
+        y = tl.math.exp2(x)
+    return y
+
+# ------------------------------------------------------------------------------------------
+# forward
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               EXP_MODE: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_CTX, other=0.0)
+        else:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        qk = tl.dot(q, kt)
+        if MASKED:
+            keep = offs_n[None, :] < N_CTX
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            qk = tl.where(keep, qk, float("-inf"))
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = _exp2(qk * qk_scale - m_ij[:, None], EXP_MODE)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE, sm_scale,
+              stride_qz, stride_qh, stride_qn, stride_kz, stride_kh, stride_kn,
+              stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_on,
+              H, N_CTX,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              CAUSAL: tl.constexpr, EXP_MODE: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = off_hz // H
+    off_h = off_hz % H
+    qk_scale = sm_scale * 1.4426950408889634
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = Q + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    k_base = K + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = V + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    o_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], mask=offs_m[:, None] < N_CTX, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    n_full = (N_CTX // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
+        mid = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, n_full)
+    else:
+        hi = N_CTX
+        mid = n_full
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, N_CTX,
+                               qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, EXP_MODE)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, N_CTX,
+                               qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, EXP_MODE)
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < N_CTX
+    tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
+    tl.store(o_base + offs_m[:, None] * stride_on + offs_d[None, :], acc.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+
+# ------------------------------------------------------------------------------------------
+# backward
+@triton.jit
+def _attn_bwd_preprocess(O, DO, DELTA, stride_oz, stride_oh, stride_on, stride_dz, stride_dh, stride_dn,
+                         H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    off_hz = tl.program_id(1)
+    off_z = off_hz // H
+    off_h = off_hz % H
+    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = offs_m[:, None] < N_CTX
+    o = tl.load(O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+                + offs_m[:, None] * stride_on + offs_d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + off_z.to(tl.int64) * stride_dz + off_h.to(tl.int64) * stride_dh
+                 + offs_m[:, None] * stride_dn + offs_d[None, :], mask=ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn, stride_dn,
+                    stride_dqn, offs_n, lo, hi, step_rot, N_CTX, qk_scale, sm_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                    CAUSAL: tl.constexpr, EXP_MODE: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    # k, v: [BLOCK_N, D] of this program; loop over query blocks in [lo, hi) (rotated by step_rot so
+    # that programs of one head do not add into the same dQ rows at the same time)
+    offs_d = tl.arange(0, HEAD_DIM)
+    n_steps = tl.cdiv(hi - lo, BLOCK_M)
+    for it in range(0, n_steps):
+        start_m = lo + ((it + step_rot) % n_steps) * BLOCK_M
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < N_CTX
+        qt = tl.load(q_base + offs_m[None, :] * stride_qn + offs_d[:, None], mask=row_ok[None, :], other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_dn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        lse = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+        st = tl.dot(k, qt)  # [BLOCK_N, BLOCK_M]
+        pt = _exp2(st * qk_scale - lse[None, :], EXP_MODE)
+        if MASKED:
+            pt = tl.where(offs_m[None, :] >= offs_n[:, None], pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv)
+        dpt = tl.dot(v, tl.trans(do))  # [BLOCK_N, BLOCK_M]
+        dst = (pt * (dpt - delta[None, :])).to(qt.dtype)
+        dk = tl.dot(dst, tl.trans(qt), dk)
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(dst), k) * sm_scale  # [BLOCK_M, D]
+            tl.atomic_add(dq_base + offs_m[:, None] * stride_dqn + offs_d[None, :], dq,
+                          mask=row_ok[:, None], sem="relaxed")
+    return dk, dv
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, sm_scale,
+                   stride_qz, stride_qh, stride_qn, stride_kz, stride_kh, stride_kn,
+                   stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dn,
+                   stride_dqz, stride_dqh, stride_dqn, stride_gz, stride_gh, stride_gn,
+                   H, N_CTX,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, EXP_MODE: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    # DK and DV share strides (stride_g*); DQ is the fp32 atomic buffer when ATOMIC_DQ
+    pid_n = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    qk_scale = sm_scale * 1.4426950408889634
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n[:, None] < N_CTX
+    k = tl.load(K + off_z * stride_kz + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=col_ok, other=0.0)
+    v = tl.load(V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                mask=col_ok, other=0.0)
+    q_base = Q + off_z * stride_qz + off_h * stride_qh
+    do_base = DO + off_z * stride_dz + off_h * stride_dh
+    dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
+    lse_base = LSE + off_hz.to(tl.int64) * N_CTX
+    delta_base = DELTA + off_hz.to(tl.int64) * N_CTX
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    if CAUSAL:
+        # query blocks that cross this key block's diagonal need the mask; later ones do not
+        lo = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M
+        mid = tl.minimum(tl.cdiv(pid_n * BLOCK_N + BLOCK_N, BLOCK_M) * BLOCK_M, N_CTX)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
+                                 stride_dn, stride_dqn, offs_n, lo, mid, 0, N_CTX, qk_scale, sm_scale,
+                                 HEAD_DIM, BLOCK_M, True, CAUSAL, EXP_MODE, ATOMIC_DQ)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
+                                 stride_dn, stride_dqn, offs_n, mid, N_CTX, 0, N_CTX, qk_scale, sm_scale,
+                                 HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
+    else:
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
+                                 stride_dn, stride_dqn, offs_n, 0, N_CTX, pid_n, N_CTX, qk_scale, sm_scale,
+                                 HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
+    g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
+    tl.store(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
+    tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=col_ok)
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                  EXP_MODE: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
+        vt_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None]
+        if MASKED:
+            kt = tl.load(kt_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
+            vt = tl.load(vt_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
+        else:
+            kt = tl.load(kt_ptrs)
+            vt = tl.load(vt_ptrs)
+        s = tl.dot(q, kt)
+        p = _exp2(s * qk_scale - lse[:, None], EXP_MODE)
+        if MASKED:
+            keep = offs_n[None, :] < N_CTX
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, vt)
+        ds = (p * (dp - delta[:, None])).to(kt.dtype)
+        dq = tl.dot(ds, tl.trans(kt), dq)
+    return dq
+
+@triton.jit
+def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, sm_scale,
+                 stride_qz, stride_qh, stride_qn, stride_kz, stride_kh, stride_kn,
+                 stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dn,
+                 stride_dqz, stride_dqh, stride_dqn,
+                 H, N_CTX,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CAUSAL: tl.constexpr, EXP_MODE: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    qk_scale = sm_scale * 1.4426950408889634
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_CTX
+    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dn + offs_d[None, :],
+                 mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, mask=row_ok, other=0.0)
+    k_base = K + off_z * stride_kz + off_h * stride_kh
+    v_base = V + off_z * stride_vz + off_h * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    n_full = (N_CTX // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
+        mid = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, n_full)
+    else:
+        hi = N_CTX
+        mid = n_full
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, N_CTX,
+                       qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, EXP_MODE)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, N_CTX,
+                       qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, EXP_MODE)
+    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+# ------------------------------------------------------------------------------------------
+# autotuned versions (the raw kernels above run with a fixed config under the interpreter)
+def _cfgs(specs):
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in specs]
+
+
+def _prune(configs, named_args, **kw):
+    d = named_args.get("HEAD_DIM", kw.get("HEAD_DIM", 16))
+    keep = [c for c in configs if not (d >= 64 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 128 * 128)]
+    return keep or configs
+
+def _autotune(kernel, configs, reset=None):
+    key = [k for k in ("N_CTX", "H", "HEAD_DIM", "CAUSAL", "EXP_MODE", "ATOMIC_DQ") if k in kernel.arg_names]
+    kw = dict(configs=configs, key=key,
+              prune_configs_by={"early_config_prune": _prune})
+    if reset:
+        kw["reset_to_zero"] = reset
+    try:
+        return triton.autotune(cache_results=True, **kw)(kernel)
+    except TypeError:  # older triton: no cache_results
+        return triton.autotune(**kw)(kernel)
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list is the untuned default
+_FWD_CONFIGS = [(128, 128, 8, 2), (128, 128, 4, 2), (128, 256, 8, 2), (64, 256, 4, 2), (256, 128, 8, 2), (128, 64, 4, 3)]
+_DKDV_CONFIGS = [(128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 4, 2), (64, 128, 8, 2), (128, 256, 8, 2), (256, 128, 8, 2)]
+_DQ_CONFIGS = [(128, 128, 8, 2), (128, 128, 4, 2), (128, 256, 8, 2), (64, 256, 4, 2), (256, 128, 8, 2), (128, 64, 4, 3)]
+_attn_fwd_tuned = _autotune(_attn_fwd, _cfgs(_FWD_CONFIGS))
+_attn_bwd_dkdv_tuned = _autotune(_attn_bwd_dkdv, _cfgs(_DKDV_CONFIGS), reset=["DQ"])
+_attn_bwd_dq_tuned = _autotune(_attn_bwd_dq, _cfgs(_DQ_CONFIGS))
