@@ -47,10 +47,14 @@ def main():
     ap.add_argument("--save-at", type=int, default=0)
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--resume", default="")
+    ap.add_argument("--fused", action="store_true", help="fused AdamW (on DTensor shards under fsdp/hsdp)")
+    ap.add_argument("--prefetch", type=int, default=0, help="train.fsdp_prefetch")
+    ap.add_argument("--keep-last", type=int, default=0, help="train.fsdp_keep_last")
     a = ap.parse_args()
     torch.set_num_threads(1)
     info, device = init_distributed("cpu")
-    tcfg = SimpleNamespace(parallel=a.mode, replicate=a.replicate, shard=a.shard, precision="fp32", device="cpu")
+    tcfg = SimpleNamespace(parallel=a.mode, replicate=a.replicate, shard=a.shard, precision="fp32", device="cpu",
+                           fsdp_prefetch=a.prefetch, fsdp_keep_last=a.keep_last)
     torch.manual_seed(0)
     model = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2))
     start = 0
@@ -63,7 +67,8 @@ def main():
         ema.load_state_dict(state["ema"])
     wrapped = wrap_parallel(model, info, tcfg, device)
     ema = shard_like(ema, model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0,
+                            **({"fused": True} if a.fused else {"foreach": True}))
     if a.resume:
         load_dcp_optimizer(a.resume, model, opt)
     x1, x0, t, y = fixed_batch()
@@ -82,7 +87,7 @@ def main():
                 loss = F.mse_loss(wrapped(xt, tt, y[sl]), x1[sl] - x0[sl]) / a.accum
                 loss.backward()
             total += loss.detach()
-        gnorms.append(float(clip_grads(model.parameters(), 0.5)))
+        gnorms.append(float(clip_grads(model.parameters(), 0.5, opt)))
         opt.step()
         opt.zero_grad(set_to_none=True)
         ema_update(list(ema.parameters()), list(model.parameters()), 0.9)

@@ -63,6 +63,19 @@ def test_two_ranks_match_one_process(tmp_path, reference, mode, accum):
     assert_same_run(got, reference)
 
 
+def test_fsdp_with_fused_adamw_prefetch_and_unsharded_last_block_matches_one_process(tmp_path, reference):
+    """The FSDP2 speed switches change no numbers: fused AdamW on DTensor shards, explicit prefetch, last block
+    kept unsharded after the forward (and the clip on local shards with one all-reduce)."""
+    got = launch(tmp_path / "f.pt", 2, "--mode", "fsdp", "--steps", STEPS, "--fused", "--prefetch", 1, "--keep-last", 1)
+    assert_same_run(got, reference)
+    torch.testing.assert_close(torch.tensor(got["gnorms"]), torch.tensor(reference["gnorms"]), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adamw_single_process_matches_foreach(tmp_path, reference):
+    got = launch(tmp_path / "f1.pt", 1, "--mode", "none", "--steps", STEPS, "--fused")
+    assert_same_run(got, reference)
+
+
 def test_fsdp_matches_and_dcp_checkpoint_resumes_on_one_rank(tmp_path, reference):
     ck = tmp_path / "ckpt"
     got = launch(tmp_path / "fsdp.pt", 2, "--mode", "fsdp", "--steps", STEPS, "--save-at", 3, "--ckpt", ck)

@@ -95,7 +95,7 @@ class BenchStep:
                     self.scaler.scale(loss).backward()
                 mark("bwd")
         self.scaler.unscale_(self.optimizer)
-        clip_grads(self.params, self.cfg.optim.grad_clip)
+        clip_grads(self.params, self.cfg.optim.grad_clip, None if self.scaler.is_enabled() else self.optimizer)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -118,12 +118,112 @@ class PhaseTimer:
         self.last = now
 
 
+# kernel name (lower case) -> category, first match wins
+_KERNEL_CATEGORIES = [
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "triton_tem", "_mm_", "matmul", "cublas")),
+    ("optimizer", ("multi_tensor", "fused_adam", "foreach", "lerp")),
+    ("fused elementwise/reduction (inductor)", ("triton_",)),
+    ("copy/memset", ("memcpy", "memset", "copy")),
+    ("eager elementwise/reduction", ("elementwise", "reduce", "norm", "softmax", "vectorized", "unrolled")),
+]
+
+
+def kernel_category(name: str) -> str:
+    n = name.lower()
+    for cat, keys in _KERNEL_CATEGORIES:
+        if any(k in n for k in keys):
+            return cat
+    return "other"
+
+
+def _event_device_us(e) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total", "device_time_total", "cuda_time_total"):
+        v = getattr(e, attr, None)
+        if v:
+            return float(v)
+    return 0.0
+
+
+def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
+    """torch.profiler over `steps` training steps: GPU time per kernel category and the top kernels,
+    written to out_dir/profile.md (+ profile.json, trace.json.gz); returns the summary."""
+    import gzip
+    import shutil
+    from pathlib import Path
+    from torch.profiler import ProfilerActivity, profile
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.device.type == "cuda" else [])
+    _sync(b.device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            b.step()
+        _sync(b.device)
+        wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+    kernels = {}
+    if b.device.type == "cuda":
+        for e in prof.events():  # device-side events: one per kernel launch
+            if str(getattr(e, "device_type", "")).endswith("CUDA"):
+                us = e.time_range.elapsed_us() if getattr(e, "time_range", None) is not None else _event_device_us(e)
+                k = kernels.setdefault(e.name, [0.0, 0])
+                k[0] += us
+                k[1] += 1
+        if not kernels:
+            for e in prof.key_averages():
+                if str(getattr(e, "device_type", "")).endswith("CUDA") and _event_device_us(e) > 0:
+                    kernels[e.key] = [_event_device_us(e), e.count]
+    cats = {}
+    for name, (us, n) in kernels.items():
+        cats[kernel_category(name)] = cats.get(kernel_category(name), 0.0) + us / 1e3 / steps
+    busy = sum(cats.values())
+    top = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:30]
+    summary = {"steps": steps, "wall_ms_per_step": wall_ms, "gpu_busy_ms_per_step": busy,
+               "categories_ms_per_step": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
+               "top_kernels": [{"name": n[:160], "ms_per_step": us / 1e3 / steps, "calls_per_step": c / steps,
+                                "category": kernel_category(n)} for n, (us, c) in top]}
+    lines = [f"profile: {steps} steps, wall {wall_ms:.1f} ms/step (profiler on), GPU kernels {busy:.1f} ms/step "
+             f"({100 * busy / wall_ms:.0f}% busy)", "", "| category | ms/step | share of kernel time |", "| --- | --- | --- |"]
+    lines += [f"| {c} | {v:.2f} | {100 * v / max(busy, 1e-9):.1f}% |" for c, v in summary["categories_ms_per_step"].items()]
+    lines += ["", "| kernel | category | ms/step | calls/step |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{k['name'][:90]}` | {k['category']} | {k['ms_per_step']:.2f} | {k['calls_per_step']:.0f} |" for k in summary["top_kernels"]]
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
+    (out / "profile.json").write_text(json.dumps(summary, indent=2))
+    trace = out / "trace.json"
+    try:
+        prof.export_chrome_trace(str(trace))
+        with open(trace, "rb") as f, gzip.open(str(trace) + ".gz", "wb") as g:
+            shutil.copyfileobj(f, g)
+        trace.unlink()
+    except Exception as e:  # noqa: BLE001 - the summary is what matters
+        summary["trace_error"] = str(e)
+    return summary
+
+
+def count_host_syncs(b: "BenchStep") -> int | None:
+    """Host<->device synchronisations in one step (CUDA's sync debug mode), None off CUDA."""
+    if b.device.type != "cuda":
+        return None
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            b.step()
+            _sync(b.device)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+
 def _compiled_graphs() -> int:
     from genlab.train.switches import compile_counts
     return compile_counts()["graphs"]
 
 
-def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5) -> dict:
+def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profile_dir=None, profile_steps_n: int = 5) -> dict:
     from genlab.train.metrics import peak_flops
     b = BenchStep(cfg)
     dev, tcfg = b.device, cfg.train
@@ -142,6 +242,8 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5) -> di
     for _ in range(split_steps):
         b.step(timer)
     split = {k: 1e3 * v / split_steps for k, v in timer.totals.items()}
+    host_syncs = count_host_syncs(b)
+    prof = profile_steps(b, profile_steps_n, profile_dir) if profile_dir else None
     peak = peak_flops(dev)
     flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
     seq = b.spec.get("seq_len")
@@ -157,8 +259,11 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5) -> di
                      "precision": b.precision.name, "compile": tcfg.compile,
                      "activation_checkpointing": tcfg.activation_checkpointing, "parallel": tcfg.parallel,
                      "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
-                     "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer},
-        "steps": steps, "warmup": warmup,
+                     "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer,
+                     "compile_mode": getattr(tcfg, "compile_mode", "default"), "attention": cfg.model.attention,
+                     "adaln": getattr(cfg.model, "adaln", None)},
+        "steps": steps, "warmup": warmup, "host_syncs_per_step": host_syncs,
+        "profile": prof,
     }
 
 
@@ -175,6 +280,8 @@ def format_table(rows: list[dict]) -> str:
         split = "/".join(_fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
         mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
+        if s.get("compile_mode", "default") != "default" and s["compile"] != "off":
+            comp += f" ({s['compile_mode']})"
         lines.append(f"| {s['model']} | {s['batch']} | {s['precision']} | {comp} | {s['activation_checkpointing']} | "
                      f"{s['parallel']} | {r['samples_per_s']:.0f} | {_fmt(r.get('tokens_per_s'), '.0f')} | "
                      f"{r['step_ms']:.1f} | {split} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.2f')} |")
@@ -188,12 +295,15 @@ def cmd_bench(args):
     cfg = load_config(preset, overrides)
     if args.steps < 1 or args.warmup < 0:
         raise GenlabError("--steps must be >= 1 and --warmup >= 0")
-    res = run_bench(cfg, steps=args.steps, warmup=args.warmup)
+    res = run_bench(cfg, steps=args.steps, warmup=args.warmup, profile_dir=args.profile)
     if res["world"] > 1 and int(__import__("os").environ.get("RANK", "0")) != 0:
         return 0
     print(format_table([res]))
     print(f"device: {res['device']}  world: {res['world']}  FLOPs/step: {res['flops_per_step']:.3e}  "
-          f"compiled graphs: {res['graphs']} (recompiles after warmup: {res['recompiles']})")
+          f"compiled graphs: {res['graphs']} (recompiles after warmup: {res['recompiles']})  "
+          f"host syncs/step: {res['host_syncs_per_step']}")
+    if res.get("profile"):
+        print((__import__("pathlib").Path(args.profile) / "profile.md").read_text())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
@@ -206,5 +316,7 @@ def add_parser(sub):
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation and autotuning happen here; 3 were too few for GPT-2 124M)")
     p.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="also run torch.profiler over 5 steps: GPU time per kernel category and top kernels in DIR/profile.md")
     p.set_defaults(fn=cmd_bench)
     return p

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from genlab.models.layers import Attention, Mlp, TimestepEmbedder, sincos_2d
-from genlab.registry import model_registry
+from genlab.registry import adaln_registry, model_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -36,6 +37,7 @@ class DiTSpec:
     mlp_ratio: float = 4.0
     attention: str = "sdpa"
     qk_norm: bool = False
+    adaln: str = "fused"
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -56,30 +58,56 @@ def modulate(x, shift, scale):
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
+# -- LayerNorm (no affine) + adaLN modulation: y = LN(x) * (1 + scale) + shift ----------------------
+@adaln_registry.register("unfused", "nn.LayerNorm, then x*(1+scale)+shift as separate ops (fp32 output under autocast)")
+def norm_modulate_unfused(x, shift, scale, eps):
+    return modulate(F.layer_norm(x, x.shape[-1:], eps=eps), shift, scale)
+
+
+@adaln_registry.register("fused", "LayerNorm + modulation in one fp32 expression, output in the compute dtype "
+                                  "(one kernel under torch.compile; LayerNorm + addcmul in eager)")
+def norm_modulate_fused(x, shift, scale, eps):
+    """Same function as `unfused`; the statistics and the modulation are computed in fp32 (at least) and the result is
+    cast once to the autocast dtype (what the next matmul would cast it to), so nothing fp32 is written."""
+    out_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        cdt = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 when the model is fp64
+        xf, shift, scale = x.to(cdt), shift.to(cdt)[:, None], scale.to(cdt)[:, None]
+        if torch.compiler.is_compiling():  # inductor fuses these into one reduction kernel
+            var, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
+            y = (xf - mean) * torch.rsqrt(var + eps) * (1 + scale) + shift
+        else:
+            y = torch.addcmul(shift, F.layer_norm(xf, xf.shape[-1:], eps=eps), 1 + scale)
+        return y.to(out_dtype)
+
+
 class DiTBlock(nn.Module):
     """Pre-norm transformer block with adaLN-Zero conditioning: identity at init."""
 
-    def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False):
+    eps = 1e-6
+
+    def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused"):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm)
-        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.norm_modulate = adaln_registry.get(adaln)
         nn.init.zeros_(self.ada[1].weight)
         nn.init.zeros_(self.ada[1].bias)
 
     def forward(self, x, c):
         sh1, sc1, g1, sh2, sc2, g2 = self.ada(c).chunk(6, dim=-1)
-        x = x + g1[:, None] * self.attn(modulate(self.norm1(x), sh1, sc1), causal=False)
-        x = x + g2[:, None] * self.mlp(modulate(self.norm2(x), sh2, sc2))
+        x = x + g1[:, None] * self.attn(self.norm_modulate(x, sh1, sc1, self.eps), causal=False)
+        x = x + g2[:, None] * self.mlp(self.norm_modulate(x, sh2, sc2, self.eps))
         return x
 
 
 class FinalLayer(nn.Module):
-    def __init__(self, dim, out_dim):
+    eps = 1e-6
+
+    def __init__(self, dim, out_dim, adaln="fused"):
         super().__init__()
-        self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.norm_modulate = adaln_registry.get(adaln)
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.linear = nn.Linear(dim, out_dim)
         for m in (self.ada[1], self.linear):
@@ -88,7 +116,7 @@ class FinalLayer(nn.Module):
 
     def forward(self, x, c):
         shift, scale = self.ada(c).chunk(2, dim=-1)
-        return self.linear(modulate(self.norm(x), shift, scale))
+        return self.linear(self.norm_modulate(x, shift, scale, self.eps))
 
 
 class DiT(nn.Module):
@@ -105,8 +133,9 @@ class DiT(nn.Module):
         self.register_buffer("pos_embed", torch.from_numpy(sincos_2d(s.dim, self.grid, self.grid))[None], persistent=False)
         self.t_embed = TimestepEmbedder(s.dim)
         self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
-        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm) for _ in range(s.depth))
-        self.final = FinalLayer(s.dim, p * p * s.channels)
+        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln)
+                                    for _ in range(s.depth))
+        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln)
         self._init_weights()
 
     def _init_weights(self):
@@ -163,4 +192,5 @@ def build_dit(cfg_model, data_spec) -> DiT:
     return DiT(DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
                        num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
                        patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
-                       attention=cfg_model.attention, qk_norm=cfg_model.qk_norm))
+                       attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
+                       adaln=getattr(cfg_model, "adaln", "fused")))

@@ -16,6 +16,23 @@ def sdpa_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
 
+def _sdpa_with(backend_name):
+    """SDPA restricted to one kernel on CUDA (same function; for ablating flash vs cuDNN vs efficient)."""
+    def attend(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+        if not q.is_cuda:
+            return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                                                  dropout_p=dropout_p)
+    return attend
+
+
+attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)")(_sdpa_with("FLASH_ATTENTION"))
+attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)")(_sdpa_with("CUDNN_ATTENTION"))
+attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)")(_sdpa_with("EFFICIENT_ATTENTION"))
+
+
 @attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")
 def math_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     scale = q.shape[-1] ** -0.5
@@ -44,6 +61,7 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         self.attend = attention_registry.get(backend)
+        getattr(self.attend, "check", lambda head_dim: None)(dim // heads)  # e.g. triton: GenlabError before training
 
     def forward(self, x, causal: bool = False, rope=None, mask=None):
         B, N, D = x.shape

@@ -19,9 +19,23 @@ def param_groups(model, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _dtensor_fused_adam_supported() -> bool:
+    """DTensor has a sharding rule for the fused Adam(W) kernels (torch >= 2.4): FSDP2 params can use it."""
+    try:
+        from torch.distributed.tensor import DTensor
+        prop, op = DTensor._op_dispatcher.sharding_propagator, torch.ops.aten._fused_adamw_.default
+        return any(op in getattr(prop, name, {}) for name in ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules"))
+    except Exception:  # noqa: BLE001 - older torch: fall back to foreach
+        return False
+
+
 def _fused_ok(model):
+    """The fused CUDA Adam(W) kernel: one launch per group, no per-parameter Python work. FSDP2/HSDP (DTensor)
+    params use it too where DTensor supports it (the update is elementwise, so each rank updates its shard)."""
     p = next(model.parameters())
-    return p.is_cuda and not hasattr(p, "_local_tensor")  # DTensor params (FSDP2) use foreach
+    if hasattr(p, "_local_tensor"):
+        return p._local_tensor.is_cuda and _dtensor_fused_adam_supported()
+    return p.is_cuda
 
 
 @optimizer_registry.register("adamw", "torch.optim.AdamW (fused kernel on CUDA)")

@@ -113,15 +113,30 @@ def build_mesh(info, tcfg, device, hybrid: bool):
     return init_device_mesh(device.type, (sh,), mesh_dim_names=("shard",))
 
 
-def _fully_shard_model(model, mesh, mp_policy=None):
-    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root."""
+def _fully_shard_model(model, mesh, mp_policy=None, keep_last: int = 0, prefetch: int = 0):
+    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root.
+
+    keep_last: the last blocks keep their gathered parameters after the forward (reshard_after_forward=False),
+    since their backward comes right after it: saves one all-gather each for their memory.
+    prefetch: explicit prefetch, in blocks: block i's forward issues the all-gathers of blocks i+1..i+k and its
+    backward those of blocks i-1..i-k, instead of waiting for each block's own hook (FSDP2's implicit order).
+    """
     from torch.distributed.fsdp import fully_shard
     kw = {"mesh": mesh}
     if mp_policy is not None:
         kw["mp_policy"] = mp_policy
-    for block in model.blocks:
-        fully_shard(block, **kw)
+    blocks = list(model.blocks)
+    for i, block in enumerate(blocks):
+        fully_shard(block, reshard_after_forward=i < len(blocks) - max(0, keep_last), **kw)
     fully_shard(model, **kw)
+    if prefetch > 0:
+        for i, block in enumerate(blocks):
+            ahead = blocks[i + 1:i + 1 + prefetch]
+            if ahead:
+                block.set_modules_to_forward_prefetch(ahead)
+            behind = blocks[max(0, i - prefetch):i][::-1]
+            if behind:
+                block.set_modules_to_backward_prefetch(behind)
     return model
 
 
@@ -142,7 +157,8 @@ def _shard(model, info, tcfg, device, hybrid):
         raise GenlabError(f"train.parallel={tcfg.parallel} needs a model that exposes .blocks")
     mesh = build_mesh(info, tcfg, device, hybrid)
     model._genlab_mesh = mesh
-    return _fully_shard_model(model, mesh, _mp_policy(tcfg))
+    return _fully_shard_model(model, mesh, _mp_policy(tcfg), keep_last=getattr(tcfg, "fsdp_keep_last", 0),
+                              prefetch=getattr(tcfg, "fsdp_prefetch", 0))
 
 
 @parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)")
@@ -178,17 +194,59 @@ def full_value(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _shard_groups(t):
+    """Process groups over which a DTensor's local pieces must be summed (its Shard mesh dims)."""
+    from torch.distributed.tensor.placement_types import Shard
+    mesh = t.device_mesh
+    return [mesh.get_group(i) for i, pl in enumerate(t.placements) if isinstance(pl, Shard)]
+
+
 def grad_norm(params) -> torch.Tensor:
+    """Global L2 norm of the gradients as a plain tensor (no host sync).
+
+    DTensor (FSDP2/HSDP) gradients are reduced on their local shards: one foreach norm, one all-reduce of a
+    scalar per sharded mesh dim, instead of DTensor dispatch per tensor.
+    """
     grads = [p.grad for p in params if p.grad is not None]
-    return full_value(torch.nn.utils.get_total_norm(grads)) if grads else torch.zeros(())
+    if not grads:
+        return torch.zeros(())
+    if not hasattr(grads[0], "_local_tensor"):
+        return torch.nn.utils.get_total_norm(grads)
+    norms = torch._foreach_norm([local(g) for g in grads])
+    sq = torch.stack([n.float() for n in norms]).square().sum()
+    for group in _shard_groups(grads[0]):
+        dist.all_reduce(sq, group=group)
+    return sq.sqrt()
 
 
-def clip_grads(params, max_norm: float) -> torch.Tensor:
-    """Global-norm clipping that works on plain, DDP and FSDP2/HSDP (DTensor) parameters."""
+def fusable_grad_scale(optimizer) -> bool:
+    """True when `optimizer.step()` applies `optimizer.grad_scale` inside its fused kernel (torch's fused Adam/AdamW):
+    clipping can then divide the gradients inside the update instead of in a pass of its own."""
+    return (isinstance(optimizer, torch.optim.Adam) and all(g.get("fused") for g in optimizer.param_groups)
+            and not any(hasattr(p, "_local_tensor") for g in optimizer.param_groups for p in g["params"][:1]))
+
+
+def clip_grads(params, max_norm: float, optimizer=None) -> torch.Tensor:
+    """Global-norm clipping that works on plain, DDP and FSDP2/HSDP (DTensor) parameters; returns the norm.
+
+    Same rule as torch.nn.utils.clip_grad_norm_ (grads *= min(1, max_norm / (norm + 1e-6))). With `optimizer`
+    given and `fusable_grad_scale(optimizer)`, the factor goes to the fused AdamW kernel as `grad_scale`
+    (grads / (1 / factor)) and the gradients are not rewritten here; the caller must step that optimizer next
+    (with no GradScaler of its own: fp16 runs keep the plain path). No host sync either way.
+    """
     params = [p for p in params if p.grad is not None]
-    if max_norm > 0:
-        return full_value(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return grad_norm(params)
+    norm = grad_norm(params)
+    if optimizer is not None:
+        optimizer.grad_scale = None
+    if max_norm <= 0 or not params:
+        return norm
+    if optimizer is not None and fusable_grad_scale(optimizer):
+        optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+        return norm
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    grads = [local(p.grad) for p in params]
+    torch._foreach_mul_(grads, coef.to(grads[0].device))
+    return norm
 
 
 def full_state_dict(model) -> dict | None:

@@ -1,0 +1,134 @@
+"""Issue 5 speed switches against references on CPU: the fused LayerNorm+adaLN equals the unfused path (float64,
+eager and compiled, values and gradients), forced SDPA backends are the same function, clipping folded into the
+fused AdamW kernel gives the same update as clip-then-step, and the profiler summary of `genlab bench`."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_config
+from genlab.models.dit import DiT, DiTSpec, norm_modulate_fused, norm_modulate_unfused
+from genlab.train.parallel import clip_grads, fusable_grad_scale
+
+
+def _inputs(dtype=torch.float64, B=3, N=5, D=16):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(B, N, D, generator=g, dtype=dtype) * 3 + 1).requires_grad_()
+    sh = torch.randn(B, D, generator=g, dtype=dtype).requires_grad_()
+    sc = torch.randn(B, D, generator=g, dtype=dtype).requires_grad_()
+    return x, sh, sc
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_fused_adaln_equals_unfused_in_float64(compiled):
+    fn = torch.compile(norm_modulate_fused, backend="aot_eager") if compiled else norm_modulate_fused
+    x, sh, sc = _inputs()
+    gy = torch.randn(3, 5, 16, dtype=torch.float64)
+    ref = norm_modulate_unfused(x, sh, sc, 1e-6)
+    ref_grads = torch.autograd.grad(ref, (x, sh, sc), gy)
+    out = fn(x, sh, sc, 1e-6)
+    grads = torch.autograd.grad(out, (x, sh, sc), gy)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_fused_adaln_compiled_path_is_the_same_function():
+    """The expression inductor fuses (var_mean/rsqrt) against F.layer_norm, float64, through inductor."""
+    x, sh, sc = _inputs()
+    out = torch.compile(norm_modulate_fused)(x, sh, sc, 1e-6)
+    torch.testing.assert_close(out, norm_modulate_unfused(x, sh, sc, 1e-6), rtol=1e-12, atol=1e-12)
+
+
+def test_fused_adaln_returns_the_autocast_dtype_and_matches_fp32():
+    x, sh, sc = _inputs(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = norm_modulate_fused(x, sh.bfloat16(), sc.bfloat16(), 1e-6)
+        ref = norm_modulate_unfused(x, sh.bfloat16(), sc.bfloat16(), 1e-6)
+    assert out.dtype == torch.bfloat16  # cast once to what the next matmul consumes
+    torch.testing.assert_close(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_dit_gradients_are_the_same_with_fused_and_unfused_adaln():
+    def grads(adaln):
+        torch.manual_seed(0)
+        m = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2, adaln=adaln)).double()
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for b in m.blocks:
+                b.ada[1].weight.normal_(0, 0.1, generator=g)
+            m.final.ada[1].weight.normal_(0, 0.1, generator=g)
+            m.final.linear.weight.normal_(0, 0.1, generator=g)
+        x = torch.randn(4, 1, 8, 8, generator=g, dtype=torch.float64)
+        t, y = torch.rand(4, generator=g, dtype=torch.float64), torch.randint(0, 3, (4,), generator=g)
+        loss = F.mse_loss(m(x, t, y), torch.randn(4, 1, 8, 8, generator=g, dtype=torch.float64))
+        loss.backward()
+        return loss.detach(), {k: p.grad for k, p in m.named_parameters()}
+    (l1, g1), (l2, g2) = grads("unfused"), grads("fused")
+    torch.testing.assert_close(l1, l2, rtol=1e-12, atol=0)
+    assert g1.keys() == g2.keys()
+    for k in g1:
+        torch.testing.assert_close(g1[k], g2[k], rtol=1e-9, atol=1e-12, msg=k)
+
+
+def test_adaln_is_a_listed_switch_and_keeps_state_dict_keys(tmp_path):
+    from genlab.errors import GenlabError
+    from genlab.registry import all_registries
+    assert {"fused", "unfused"} <= set(all_registries()["adaln"].names())
+    with pytest.raises(GenlabError, match="adaln"):
+        tiny_config(tmp_path, "model.adaln=triton_maybe")
+    a = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2, adaln="fused"))
+    b = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2, adaln="unfused"))
+    assert list(a.state_dict()) == list(b.state_dict())
+
+
+@pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient"])
+def test_forced_sdpa_backends_are_listed_and_compute_attention(name):
+    from genlab.registry import attention_registry
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
+    ref = attention_registry.get("math")(q, k, v)
+    torch.testing.assert_close(attention_registry.get(name)(q, k, v), ref, rtol=1e-5, atol=1e-5)
+
+
+# -- clipping folded into the fused AdamW kernel ------------------------------------------------------
+@pytest.mark.parametrize("max_norm", [0.05, 100.0])  # clipping active / inactive
+def test_clip_folded_into_fused_adamw_equals_clip_then_step(max_norm):
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.GELU(), torch.nn.Linear(5, 3))
+    b = copy.deepcopy(a)
+    oa = torch.optim.AdamW(a.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
+    ob = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1, fused=True)
+    assert fusable_grad_scale(ob) and not fusable_grad_scale(torch.optim.AdamW(a.parameters(), foreach=True))
+    for step in range(4):
+        x = torch.randn(9, 6)
+        for m in (a, b):
+            (m(x) ** 2).sum().backward()
+        na = torch.nn.utils.clip_grad_norm_(a.parameters(), max_norm)
+        oa.step()
+        nb = clip_grads(b.parameters(), max_norm, ob)
+        assert torch.is_tensor(ob.grad_scale)
+        ob.step()
+        torch.testing.assert_close(nb, na, rtol=1e-6, atol=0)
+        for o in (oa, ob):
+            o.zero_grad(set_to_none=True)
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            torch.testing.assert_close(pb, pa, rtol=1e-6, atol=1e-7)
+    clip_grads(b.parameters(), 0.0, ob)  # no clipping: the factor is removed again
+    assert ob.grad_scale is None
+
+
+def test_bench_profile_writes_a_kernel_summary(tmp_path):
+    from genlab.bench import kernel_category, run_bench
+    cfg = tiny_config(tmp_path, "train.device=cpu", "train.batch_size=4")
+    r = run_bench(cfg, steps=1, warmup=1, split_steps=1, profile_dir=tmp_path / "prof", profile_steps_n=1)
+    assert (tmp_path / "prof" / "profile.md").exists() and r["profile"]["wall_ms_per_step"] > 0
+    assert kernel_category("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul"
+    assert kernel_category("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
+    assert kernel_category("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
+    assert kernel_category("triton_per_fused_add_mul_native_layer_norm_0") == "fused elementwise/reduction (inductor)"
+    assert kernel_category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
+    assert kernel_category("ncclDevKernel_AllGather_RING_LL") == "communication"
