@@ -6,10 +6,11 @@ CUDA kernel profile of one variant: the language-model issue's speed benchmark.
 
 Variants (all `genlab bench gpt2_124m` shape: vocab 50304, context 1024, bf16, compile, fused AdamW):
   old_loss_b16  the loss computed outside the compiled model (the code before this change), batch 16
-  new_b16/32/48 the loss inside the compiled model (head + cross-entropy fused), batch 16 / 32 / 48
+  new_b16/32/48/64 the loss inside the compiled model (head + cross-entropy fused), batch 16 / 32 / 48
   chunk_b16     fused linear + cross-entropy over 4096-token chunks (model.ce_chunk=4096)
-  cudnn_b16     SDPA restricted to the cuDNN attention backend
-  autotune_b16  train.compile_mode=max-autotune-no-cudagraphs
+  cudnn_b16 / flash_b16   SDPA restricted to the cuDNN / flash attention backend (torch 2.11 picks cuDNN on H100)
+  cudagraphs_b32          train.compile_mode=reduce-overhead (CUDA graphs)
+  autotune_b16/b32        train.compile_mode=max-autotune-no-cudagraphs
 Rows are printed as they finish and written to DIR/bench_lm.md and DIR/bench_lm.json.
 """
 from __future__ import annotations
@@ -35,7 +36,10 @@ VARIANTS = {
     "new_b32": (["train.batch_size=32"], None),
     "new_b48": (["train.batch_size=48"], None),
     "chunk_b16": (["train.batch_size=16", "model.ce_chunk=4096"], None),
+    "new_b64": (["train.batch_size=64"], None),
     "cudnn_b16": (["train.batch_size=16"], "cudnn"),
+    "flash_b16": (["train.batch_size=16"], "flash"),
+    "cudagraphs_b32": (["train.batch_size=32", "train.compile_mode=reduce-overhead"], None),
     "autotune_b16": (["train.batch_size=16", "train.compile_mode=max-autotune-no-cudagraphs"], None),
     "autotune_b32": (["train.batch_size=32", "train.compile_mode=max-autotune-no-cudagraphs"], None),
 }
@@ -59,9 +63,9 @@ def hook(name):
             yield
         finally:
             Autoregressive.loss = new
-    elif name == "cudnn":
+    elif name in ("cudnn", "flash"):
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION]):
             yield
     else:
         yield

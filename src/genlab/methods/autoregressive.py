@@ -17,10 +17,24 @@ from genlab.registry import method_registry
 
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len: int, temperature: float = 1.0,
-             top_k: int = 0, generator=None) -> torch.Tensor:
-    """Append `new_tokens` sampled tokens to idx [B, t0] (context cropped to seq_len; no KV cache)."""
+             top_k: int = 0, generator=None, kv_cache: bool = True) -> torch.Tensor:
+    """Append `new_tokens` sampled tokens to idx [B, t0].
+
+    With kv_cache (GPT backbones) each new token costs one position's forward pass; once the cache holds
+    seq_len positions it restarts from the last seq_len // 2 tokens (so the context then varies between
+    seq_len / 2 and seq_len tokens). Without it every step re-runs the last seq_len tokens (nanoGPT)."""
+    base = lm.unwrap(model)
+    cache = [] if kv_cache and hasattr(base, "decode") else None
     for _ in range(new_tokens):
-        logits = model(idx[:, -seq_len:])[:, -1, :vocab_size].float()
+        if cache is None:
+            logits = model(idx[:, -seq_len:])[:, -1]
+        elif cache and cache[0][0].shape[2] < seq_len:
+            logits = base.decode(idx[:, -1:], cache)
+        else:  # start (the prompt), or the cache is full: refill it from the recent context
+            keep = max(1, seq_len // 2) if cache else seq_len
+            cache.clear()
+            logits = base.decode(idx[:, -keep:], cache)
+        logits = logits[:, :vocab_size].float()
         if temperature <= 0:
             nxt = logits.argmax(-1, keepdim=True)
         else:

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
-from genlab.models.layers import Attention, Mlp, rope_cache
+from genlab.models.layers import Attention, Mlp, apply_rope, rope_cache
 from genlab.registry import model_registry
 
 # name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.
@@ -152,6 +152,37 @@ class GPT(nn.Module):
         logits = logits.float() if logits.element_size() < 4 else logits  # bf16 logits, fp32 math (fused when compiled)
         nll = F.cross_entropy(logits, y, reduction="none")
         return nll.mean() if weights is None else (weights.reshape(-1).float() * nll).sum()
+
+    @torch.no_grad()
+    def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
+        """Causal forward with a key/value cache, for sampling: idx [B, t] continues the sequence whose keys
+        and values `cache` holds (a list, one (k, v) per block, extended in place; empty to start with a
+        prompt of t tokens, else t == 1). Returns the logits of the last position [B, n_vocab]."""
+        if not self.causal:
+            raise GenlabError("a key/value cache needs a causal model")
+        B, t = idx.shape
+        pos = cache[0][0].shape[2] if cache else 0
+        if (pos and t != 1) or pos + t > self.spec.seq_len:
+            raise ValueError(f"decode: {t} new tokens after {pos} cached ones (one at a time; <= {self.spec.seq_len} in all)")
+        h = self.tok_emb(idx)
+        if self.pos_emb is not None:
+            h = h + self.pos_emb.weight[pos:pos + t]
+        rope = (self.rope_cos[pos:], self.rope_sin[pos:]) if self.pos_emb is None else None
+        for i, block in enumerate(self.blocks):
+            a = block.attn
+            q, k, v = a.qkv(block.norm1(h)).view(B, t, 3, a.heads, -1).permute(2, 0, 3, 1, 4)
+            q, k = a.q_norm(q), a.k_norm(k)
+            if rope is not None:
+                q, k = apply_rope(q, rope), apply_rope(k, rope)
+            if i < len(cache):
+                k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)
+                cache[i] = (k, v)
+            else:
+                cache.append((k, v))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=pos == 0)  # one new query sees every key
+            h = h + a.proj(out.transpose(1, 2).reshape(B, t, -1))
+            h = h + block.mlp(block.norm2(h))
+        return self.head(self.norm(h[:, -1]))
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
         """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and both attention
