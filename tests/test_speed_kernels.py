@@ -132,3 +132,27 @@ def test_bench_profile_writes_a_kernel_summary(tmp_path):
     assert kernel_category("triton_per_fused_add_mul_native_layer_norm_0") == "fused elementwise/reduction (inductor)"
     assert kernel_category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
     assert kernel_category("ncclDevKernel_AllGather_RING_LL") == "communication"
+
+
+def test_residual_switch_fp32_is_the_old_model_and_compute_keeps_the_stream_in_bf16():
+    from genlab.registry import all_registries
+    assert {"fp32", "compute"} <= set(all_registries()["residual"].names())
+    spec = dict(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2)
+    torch.manual_seed(0)
+    a = DiT(DiTSpec(**spec, residual="fp32"))
+    b = DiT(DiTSpec(**spec, residual="compute"))
+    b.load_state_dict(a.state_dict())
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in (a, b):
+            for blk in m.blocks:
+                blk.ada[1].weight.copy_(torch.randn(blk.ada[1].weight.shape, generator=torch.Generator().manual_seed(2)) * 0.1)
+    x, t, y = torch.randn(4, 1, 8, 8, generator=g), torch.rand(4, generator=g), torch.randint(0, 3, (4,), generator=g)
+    seen = []
+    hook = b.blocks[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = a(x, t, y), b(x, t, y)
+    hook.remove()
+    assert seen == [torch.bfloat16]
+    torch.testing.assert_close(yb.float(), ya.float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(a(x, t, y), b(x, t, y), rtol=0, atol=0)  # without autocast: the same model

@@ -146,6 +146,11 @@ def _event_device_us(e) -> float:
     return 0.0
 
 
+def _is_annotation(name: str) -> bool:
+    """GPU-side ranges of record_function / optimizer annotations, which are not kernels."""
+    return name.startswith(("Optimizer.", "ProfilerStep", "## ")) or "#" in name.split("(")[0]
+
+
 def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     """torch.profiler over `steps` training steps: GPU time per kernel category and the top kernels,
     written to out_dir/profile.md (+ profile.json, trace.json.gz); returns the summary."""
@@ -166,7 +171,7 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     kernels = {}
     if b.device.type == "cuda":
         for e in prof.events():  # device-side events: one per kernel launch
-            if str(getattr(e, "device_type", "")).endswith("CUDA"):
+            if str(getattr(e, "device_type", "")).endswith("CUDA") and not _is_annotation(e.name):
                 us = e.time_range.elapsed_us() if getattr(e, "time_range", None) is not None else _event_device_us(e)
                 k = kernels.setdefault(e.name, [0.0, 0])
                 k[0] += us
@@ -209,12 +214,13 @@ def count_host_syncs(b: "BenchStep") -> int | None:
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        _sync(b.device)
         torch.cuda.set_sync_debug_mode("warn")
         try:
             b.step()
-            _sync(b.device)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+        _sync(b.device)
     return sum("synchroniz" in str(w.message).lower() for w in caught)
 
 

@@ -46,6 +46,7 @@ class ModelConfig:
     class_dropout: float = 0.1    # label dropout that trains the null class for CFG
     qk_norm: bool = False
     adaln: str = "fused"          # registry `adaln`: LayerNorm + adaLN modulation (fused | unfused)
+    residual: str = "fp32"        # registry `residual`: dtype of the DiT residual stream under autocast (fp32 | compute)
     dropout: float = 0.0
     # language models
     vocab_size: int = 0           # 0 = from the dataset
@@ -286,6 +287,7 @@ def validate(cfg: Config) -> None:
     C.parallel_registry.get(cfg.train.parallel)
     C.attention_registry.get(cfg.model.attention)
     C.adaln_registry.get(cfg.model.adaln)
+    C.residual_registry.get(cfg.model.residual)
     if cfg.method.name == "flow":
         C.timestep_sampler_registry.get(cfg.method.timestep_sampler)
         C.sampler_registry.get(cfg.method.sampler)

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.models.layers import Attention, Mlp, TimestepEmbedder, sincos_2d
-from genlab.registry import adaln_registry, model_registry
+from genlab.registry import adaln_registry, model_registry, residual_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -38,6 +38,7 @@ class DiTSpec:
     attention: str = "sdpa"
     qk_norm: bool = False
     adaln: str = "fused"
+    residual: str = "fp32"
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -79,6 +80,18 @@ def norm_modulate_fused(x, shift, scale, eps):
         else:
             y = torch.addcmul(shift, F.layer_norm(xf, xf.shape[-1:], eps=eps), 1 + scale)
         return y.to(out_dtype)
+
+
+# -- dtype of the residual stream -------------------------------------------------------------------
+@residual_registry.register("fp32", "residual stream in the input dtype (fp32 under bf16 autocast, as in the DiT reference)")
+def residual_fp32(x):
+    return x.dtype
+
+
+@residual_registry.register("compute", "residual stream in the autocast dtype (bf16): half the bytes of every "
+                                      "residual add, LayerNorm read and residual gradient; LayerNorm stats stay fp32")
+def residual_compute(x):
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
 
 
 class DiTBlock(nn.Module):
@@ -136,6 +149,7 @@ class DiT(nn.Module):
         self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln)
                                     for _ in range(s.depth))
         self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln)
+        self.residual_dtype = residual_registry.get(s.residual)
         self._init_weights()
 
     def _init_weights(self):
@@ -152,7 +166,8 @@ class DiT(nn.Module):
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional)."""
         s = self.spec
-        h = self.patch_embed(patchify(x_t, s.patch_size)) + self.pos_embed.to(x_t.dtype)
+        h = self.patch_embed(patchify(x_t, s.patch_size))
+        h = h.to(self.residual_dtype(x_t)) + self.pos_embed.to(self.residual_dtype(x_t))
         c = self.t_embed(t) + self.y_embed(y)
         for block in self.blocks:
             h = block(h, c)
@@ -193,4 +208,4 @@ def build_dit(cfg_model, data_spec) -> DiT:
                        num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
                        patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
                        attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
-                       adaln=getattr(cfg_model, "adaln", "fused")))
+                       adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32")))
