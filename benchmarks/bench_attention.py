@@ -7,9 +7,10 @@
 FLOPs: 4·N²·D·B·H per forward (both matmuls), backward counted as 2.5× that (fwd+bwd = 3.5×).
 Exp floor: B·H·N² exponentials per forward, the same again for the backward's recompute of P (2× for
 fwd+bwd; the `split` backward does a third), at the rate of a measured MUFU-bound ex2 loop.
-Each triton row is `EXP_MODE/BWD` (see src/genlab/models/triton_attention.py): exp 0 = tl.math.exp2,
-1 = ex2.approx.ftz, 2 = 1 of 4 exps as an FMA polynomial, 3 = 1 of 8; bwd split = dK/dV + dQ kernels,
-atomic = one kernel with fp32 atomics for dQ.
+Each triton row is `EXP/BWD[/fixed][/mma]` (see src/genlab/models/triton_attention.py): exp 0 =
+tl.math.exp2, 1 = ex2.approx.ftz, 2 = 1 of 4 exps as an FMA polynomial, 3 = 1 of 8; bwd split = dK/dV +
+dQ kernels, atomic = one kernel with fp32 atomics for dQ; fixed = the first block config, untuned;
+mma = softmax row sums by the tensor cores (ones column appended to V).
 """
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def mufu_rate() -> float:
     return progs * block * iters / (ms * 1e-3)
 
 
+def set_variant(var):
+    """EXP/BWD[/fixed][/mma]: exp mode, backward kind; fixed = first config, no autotuning; mma = row sums by MMA."""
+    exp_mode, bwd, *flags = var.split("/")
+    os.environ.update(GENLAB_TRITON_ATTN_EXP=exp_mode, GENLAB_TRITON_ATTN_BWD=bwd,
+                      GENLAB_TRITON_ATTN_TUNE="0" if "fixed" in flags else "1",
+                      GENLAB_TRITON_ATTN_ROWSUM="mma" if "mma" in flags else "fadd")
+
+
 def bench(fn, warmup=50, rep=300):
     import triton
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
@@ -96,12 +105,17 @@ def run_shape(shape, variants, rate, lines):
             with sdpa_kernel(_b):
                 return F.scaled_dot_product_attention(q, k, v)
         measure(f"sdpa {name.split('_')[0].lower()}", sdpa)
-    for var in variants:  # EXP/BWD[/fixed]: "fixed" = first config of each list, no autotuning
-        exp_mode, bwd, *fixed = var.split("/")
-        os.environ["GENLAB_TRITON_ATTN_EXP"], os.environ["GENLAB_TRITON_ATTN_BWD"] = exp_mode, bwd
-        os.environ["GENLAB_TRITON_ATTN_TUNE"] = "0" if fixed else "1"
-        measure(f"triton exp{exp_mode}/{bwd}{' (untuned)' if fixed else ''}", lambda q, k, v: flash_attention(q, k, v))
-    os.environ.pop("GENLAB_TRITON_ATTN_TUNE", None)
+    for var in variants:
+        set_variant(var)
+        measure(f"triton {var}", lambda q, k, v: flash_attention(q, k, v))
+    for key in ("GENLAB_TRITON_ATTN_TUNE", "GENLAB_TRITON_ATTN_ROWSUM"):
+        os.environ.pop(key, None)
+    from genlab.models import triton_attention as T
+    K = T._kernels()
+    for name in ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):  # what the autotuner picked, per key
+        for key, cfg in getattr(getattr(K, name + "_tuned"), "cache", {}).items():
+            if key[0] == N:
+                print(f"tuned {name} {key[:6]}: {cfg}", flush=True)
     exps = B * H * N * N
     t_floor = exps / rate * 1e3
     rows.append(("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, fwd_flops / t_floor / 1e9,
@@ -147,12 +161,11 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile-dir", default=None, help="profile the non-sdpa e2e runs into this folder")
-    p.add_argument("--once", default=None, metavar="EXP/BWD", help="run one untuned fwd+bwd (for ncu) and exit")
+    p.add_argument("--once", default=None, metavar="VARIANT", help="run one untuned fwd+bwd (for ncu) and exit")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
     args = p.parse_args()
     if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
-        exp_mode, bwd = args.once.split("/")
-        os.environ.update(GENLAB_TRITON_ATTN_EXP=exp_mode, GENLAB_TRITON_ATTN_BWD=bwd, GENLAB_TRITON_ATTN_TUNE="0")
+        set_variant(args.once + "/fixed")
         from genlab.models.triton_attention import flash_attention
         B, H, N, D = SHAPES["long"]
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -169,7 +182,9 @@ def main():
         lines[0] += f", triton {triton.__version__}; measured ex2 rate {rate / 1e12:.2f} T/s"
         print(lines[0], flush=True)
         for s in args.shapes.split(","):
-            variants = args.variants.split(",") if s == "long" else [v for v in args.variants.split(",") if v.startswith(("0/", "2/"))][:2]
+            variants = args.variants.split(",")
+            if s != "long":  # context shape: the tuned variants only
+                variants = [v for v in variants if "fixed" not in v][:2] or variants[:2]
             run_shape(SHAPES[s], variants, rate, lines)
     if args.e2e:
         run_e2e(args.steps, args.warmup, args.e2e_attention.split(","), args.profile_dir, lines)

@@ -2,13 +2,13 @@
 # Head-dim-16 attention kernel (issue 5) on ONE H100/H200, ~280 s: GPU correctness test, kernel table
 # (Triton variants vs SDPA backends, exp floor), ncu pipe utilisation, end-to-end genlab bench.
 # Run from the repo root:  bash benchmarks/gpu_attention.sh  (logs and tables in $OUT)
-# STAGES picks steps (default all): test bench e2e ncu; VARIANTS/E2E_ATT/E2E_STEPS override defaults.
+# STAGES picks steps (default all): test bench e2e ncu (bench64: the D=64 table alone); VARIANTS/E2E_ATT/E2E_STEPS override defaults.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 STAGES=${STAGES:-"test bench e2e ncu"}
-VARIANTS=${VARIANTS:-"1/split/fixed,2/split/fixed,3/split/fixed,2/atomic/fixed,3/atomic/fixed,2/split,2/atomic"}
-E2E_ATT=${E2E_ATT:-triton}
+VARIANTS=${VARIANTS:-"1/split/fixed,2/split/fixed,3/split/fixed,2/split/fixed/mma,2/atomic/fixed,3/atomic/fixed,2/split,2/atomic"}
+E2E_ATT=${E2E_ATT:-sdpa,triton}
 START=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
@@ -19,6 +19,9 @@ test)  stamp test
 bench) stamp bench
        timeout ${T_BENCH:-120} python3 benchmarks/bench_attention.py --shapes ${SHAPES:-long,d64} --variants "$VARIANTS" \
          --out "$OUT/kernels.md" > "$OUT/bench.log" 2>&1; tail -5 "$OUT/bench.log" >> "$OUT/main.log" ;;
+bench64) stamp bench64
+       timeout ${T_BENCH64:-60} python3 benchmarks/bench_attention.py --shapes d64 --variants "$VARIANTS" \
+         --out "$OUT/kernels64.md" > "$OUT/bench64.log" 2>&1; tail -8 "$OUT/bench64.log" >> "$OUT/main.log" ;;
 e2e)   stamp e2e
        timeout ${T_E2E:-110} python3 benchmarks/bench_attention.py --shapes "" --e2e --e2e-attention "$E2E_ATT" \
          --steps ${E2E_STEPS:-5} --warmup 3 --profile-dir /tmp/prof --out "$OUT/e2e.md" > "$OUT/e2e.log" 2>&1
@@ -36,4 +39,4 @@ ncu)   stamp ncu
        done ;;
 esac; done
 stamp done
-cat "$OUT"/kernels.md "$OUT"/e2e.md 2>/dev/null
+cat "$OUT"/kernels.md "$OUT"/kernels64.md "$OUT"/e2e.md 2>/dev/null

@@ -26,7 +26,9 @@ At head dim 16 the matmuls are tiny and the time goes to the exponentials (the M
 * 3: the same with 1 of every 8 on the FMA pipe.
 
 Environment knobs (for benchmarking): ``GENLAB_TRITON_ATTN_EXP`` (0-3, default 2 on CUDA),
-``GENLAB_TRITON_ATTN_BWD`` (split/atomic), ``GENLAB_TRITON_ATTN_TUNE=0`` (no autotuning: first config).
+``GENLAB_TRITON_ATTN_BWD`` (atomic (default)/split), ``GENLAB_TRITON_ATTN_TUNE=0`` (no autotuning: first config),
+``GENLAB_TRITON_ATTN_ROWSUM`` (fadd: softmax row sums on the FMA pipe; mma: by the tensor cores, as an
+extra ones-column of V).
 """
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def _exp_mode() -> int:
 
 
 def _bwd_mode() -> str:
-    mode = os.environ.get("GENLAB_TRITON_ATTN_BWD", "split")
+    mode = os.environ.get("GENLAB_TRITON_ATTN_BWD", "atomic")  # measured faster on H100 at D=16 (docs/benchmarks.md)
     if mode not in ("split", "atomic"):
         raise GenlabError(f"GENLAB_TRITON_ATTN_BWD must be split or atomic, got {mode!r}")
     return mode
@@ -135,7 +137,8 @@ def _forward(q, k, v, causal: bool):
     o = _new_bnhd(B, H, N, D, q.dtype, q.device)
     lse = torch.empty(B * H, N, dtype=torch.float32, device=q.device)
     args = (q, k, v, o, lse, D ** -0.5, *_s(q), *_s(k), *_s(v), *_s(o), H, N)
-    meta = dict(HEAD_DIM=D, CAUSAL=causal, EXP_MODE=_exp_mode())
+    meta = dict(HEAD_DIM=D, CAUSAL=causal, EXP_MODE=_exp_mode(),
+                ROWSUM_MMA=os.environ.get("GENLAB_TRITON_ATTN_ROWSUM", "fadd") == "mma")
     _launch("_attn_fwd", lambda m: (_cdiv(N, m["BLOCK_M"]), B * H), args, meta)
     return o, lse
 

@@ -90,7 +90,9 @@ def _exp2(x, EXP_MODE: tl.constexpr):
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               EXP_MODE: tl.constexpr):
+               EXP_MODE: tl.constexpr, ROWSUM_MMA: tl.constexpr):
+    # ROWSUM_MMA: acc is [BLOCK_M, 2*HEAD_DIM] = P @ [v, 1] interleaved, so the tensor cores also sum the rows
+    # of P (saves one FADD per score; the row sums are read back at the end)
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -111,9 +113,13 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, l
         m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = _exp2(qk * qk_scale - m_ij[:, None], EXP_MODE)
         alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
+        if ROWSUM_MMA:
+            v2 = tl.join(v, tl.full([BLOCK_N, HEAD_DIM], 1.0, v.dtype)).reshape(BLOCK_N, 2 * HEAD_DIM)
+            acc = tl.dot(p.to(v.dtype), v2, acc)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_ij
     return acc, l_i, m_i
 
@@ -123,7 +129,7 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale,
               stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_on,
               H, N_CTX,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              CAUSAL: tl.constexpr, EXP_MODE: tl.constexpr):
+              CAUSAL: tl.constexpr, EXP_MODE: tl.constexpr, ROWSUM_MMA: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = off_hz // H
@@ -138,7 +144,7 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale,
     q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], mask=offs_m[:, None] < N_CTX, other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, 2 * HEAD_DIM if ROWSUM_MMA else HEAD_DIM], dtype=tl.float32)
     n_full = (N_CTX // BLOCK_N) * BLOCK_N
     if CAUSAL:
         hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
@@ -147,9 +153,12 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale,
         hi = N_CTX
         mid = n_full
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, N_CTX,
-                               qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, EXP_MODE)
+                               qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, EXP_MODE, ROWSUM_MMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, N_CTX,
-                               qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, EXP_MODE)
+                               qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, EXP_MODE, ROWSUM_MMA)
+    if ROWSUM_MMA:
+        acc, sums = tl.split(acc.reshape(BLOCK_M, HEAD_DIM, 2))
+        l_i = tl.max(sums, 1)
     acc = acc / l_i[:, None]
     row_ok = offs_m < N_CTX
     tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
@@ -329,7 +338,7 @@ def _prune(configs, named_args, **kw):
     return keep or configs
 
 def _autotune(kernel, configs, reset=None):
-    key = [k for k in ("N_CTX", "H", "HEAD_DIM", "CAUSAL", "EXP_MODE", "ATOMIC_DQ") if k in kernel.arg_names]
+    key = [k for k in ("N_CTX", "H", "HEAD_DIM", "CAUSAL", "EXP_MODE", "ATOMIC_DQ", "ROWSUM_MMA") if k in kernel.arg_names]
     kw = dict(configs=configs, key=key,
               prune_configs_by={"early_config_prune": _prune})
     if reset:
@@ -339,10 +348,12 @@ def _autotune(kernel, configs, reset=None):
     except TypeError:  # older triton: no cache_results
         return triton.autotune(**kw)(kernel)
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list is the untuned default
-_FWD_CONFIGS = [(128, 128, 8, 2), (128, 128, 4, 2), (128, 256, 8, 2), (64, 256, 4, 2), (256, 128, 8, 2), (128, 64, 4, 3)]
-_DKDV_CONFIGS = [(128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 4, 2), (64, 128, 8, 2), (128, 256, 8, 2), (256, 128, 8, 2)]
-_DQ_CONFIGS = [(128, 128, 8, 2), (128, 128, 4, 2), (128, 256, 8, 2), (64, 256, 4, 2), (256, 128, 8, 2), (128, 64, 4, 3)]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list is the untuned default. At head dim 16
+# occupancy decides (ncu, H100: 8 warps x 128x128 tiles = 144-243 registers, one block per SM, issue slots
+# 40-50% busy), so the lists lean to 4-warp programs with 64-row tiles.
+_FWD_CONFIGS = [(64, 128, 4, 2), (128, 128, 4, 2), (64, 256, 4, 2), (128, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2)]
+_DKDV_CONFIGS = [(64, 128, 4, 2), (64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 3), (64, 128, 8, 2), (128, 128, 8, 2)]
+_DQ_CONFIGS = [(64, 128, 4, 2), (64, 64, 4, 2), (128, 64, 4, 2), (64, 256, 4, 2), (128, 128, 4, 2), (128, 128, 8, 2)]
 _attn_fwd_tuned = _autotune(_attn_fwd, _cfgs(_FWD_CONFIGS))
 _attn_bwd_dkdv_tuned = _autotune(_attn_bwd_dkdv, _cfgs(_DKDV_CONFIGS), reset=["DQ"])
 _attn_bwd_dq_tuned = _autotune(_attn_bwd_dq, _cfgs(_DQ_CONFIGS))
