@@ -86,12 +86,27 @@ def test_adaln_is_a_listed_switch_and_keeps_state_dict_keys(tmp_path):
     assert list(a.state_dict()) == list(b.state_dict())
 
 
-@pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient"])
+@pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_contiguous"])
 def test_forced_sdpa_backends_are_listed_and_compute_attention(name):
     from genlab.registry import attention_registry
     q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
     ref = attention_registry.get("math")(q, k, v)
     torch.testing.assert_close(attention_registry.get(name)(q, k, v), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_contiguous_qkv_attention_gives_the_same_gradients_through_the_fused_projection():
+    from genlab.models.layers import Attention
+    torch.manual_seed(0)
+    a, b = Attention(16, 4, backend="sdpa").double(), Attention(16, 4, backend="sdpa_contiguous").double()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    for causal in (False, True):
+        ya, yb = a(x, causal=causal), b(x, causal=causal)
+        torch.testing.assert_close(ya, yb)
+        ga = torch.autograd.grad(ya.square().sum(), list(a.parameters()))
+        gb = torch.autograd.grad(yb.square().sum(), list(b.parameters()))
+        for u, w in zip(ga, gb):
+            torch.testing.assert_close(u, w)
 
 
 # -- clipping folded into the fused AdamW kernel ------------------------------------------------------
