@@ -88,6 +88,49 @@ def test_prepare_text_refuses_bad_input_and_creates_nothing(tmp_path):
     assert sorted(p.name for p in busy.iterdir()) == ["keep"]
 
 
+class _FakeHubDataset:
+    """What `datasets.load_dataset(name, split="train")` returns, reduced to what the converter reads."""
+
+    def __init__(self, columns: dict):
+        self.columns = columns
+        self.column_names = list(columns)
+
+    def __getitem__(self, key):
+        return self.columns[key]
+
+
+def test_prepare_text_from_hugging_face_offline(tmp_path, monkeypatch):
+    """The --hf path with a stand-in `datasets` module: documents joined with a boundary, byte-exact
+    round trip, and clear errors for a missing text column or a failed download."""
+    import sys
+    import types
+    docs = ["First document.", "Second one, a bit longer.", "Third!" * 5]
+    calls = []
+
+    def load_dataset(name, split):
+        calls.append((name, split))
+        if name == "no/text":
+            return _FakeHubDataset({"content": docs})
+        if name == "offline/fail":
+            raise ConnectionError("no internet")
+        return _FakeHubDataset({"text": docs})
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    out = prepare_text(hf="someone/corpus", out=str(tmp_path / "ds"), tokenizer="byte")
+    assert calls == [("someone/corpus", "train")]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["source"] == "huggingface:someone/corpus"
+    ids = np.concatenate([np.fromfile(out / f"{n}.bin", dtype=np.dtype(meta["dtype"])) for n in ("train", "val")])
+    assert bytes(ids.astype(np.uint8).tolist()).decode() == "".join(d + "\n\n" for d in docs)
+    with pytest.raises(GenlabError, match="no 'text' column"):
+        prepare_text(hf="no/text", out=str(tmp_path / "a"), tokenizer="byte")
+    with pytest.raises(GenlabError, match="could not load"):
+        prepare_text(hf="offline/fail", out=str(tmp_path / "b"), tokenizer="byte")
+    with pytest.raises(GenlabError, match="exactly one"):
+        prepare_text(src=str(out / "meta.json"), hf="someone/corpus", out=str(tmp_path / "c"), tokenizer="byte")
+    assert not any((tmp_path / n).exists() for n in "abc")
+
+
 def test_corrupt_bin_is_detected(tmp_path):
     (tmp_path / "t.txt").write_text("hello world " * 20)
     out = prepare_text(src=str(tmp_path / "t.txt"), out=str(tmp_path / "ds"), tokenizer="byte")
