@@ -86,6 +86,22 @@ def test_adaln_is_a_listed_switch_and_keeps_state_dict_keys(tmp_path):
     assert list(a.state_dict()) == list(b.state_dict())
 
 
+def test_compile_mode_is_a_listed_switch_handed_to_torch_compile(tmp_path, monkeypatch):
+    from genlab.errors import GenlabError
+    from genlab.registry import all_registries
+    from genlab.train import switches
+    assert set(all_registries()["compile_mode"].names()) == {
+        "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
+    with pytest.raises(GenlabError, match="compile_mode 'fast'.*max-autotune"):
+        tiny_config(tmp_path, "train.compile_mode=fast")
+    seen = []
+    monkeypatch.setattr(switches.torch, "compile", lambda model, mode=None: seen.append(mode) or model)
+    for mode, expected in (("default", None), ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")):
+        cfg = tiny_config(tmp_path, "train.compile=model", f"train.compile_mode={mode}")
+        switches.compile_model_by_name(torch.nn.Linear(2, 2), cfg.train)
+    assert seen == [None, "max-autotune-no-cudagraphs"]
+
+
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_contiguous"])
 def test_forced_sdpa_backends_are_listed_and_compute_attention(name):
     from genlab.registry import attention_registry

@@ -77,8 +77,9 @@ def cmd_list(args):
     from genlab.registry import all_registries
     for kind, reg in all_registries().items():
         print(f"{kind}:")
-        for name, fn in reg.items():
-            print(f"  {name:<18} {getattr(fn, '_registry_doc', '')}")
+        width = max([18] + [len(n) + 1 for n in reg.names()])
+        for name in reg.names():
+            print(f"  {name:<{width}} {reg.doc(name)}")
     print("presets:")
     for p in sorted(CONFIG_DIR.glob("*.toml")):
         print(f"  {p.stem}")

@@ -1,6 +1,6 @@
 """Imports every module that registers an interchangeable part, and re-exports the registries."""
 from genlab.registry import (  # noqa: F401
-    ac_registry, adaln_registry, attention_registry, compile_registry, dataset_registry, lr_schedule_registry,
+    ac_registry, adaln_registry, attention_registry, compile_mode_registry, compile_registry, dataset_registry, lr_schedule_registry,
     method_registry, model_registry, optimizer_registry, parallel_registry, precision_registry, residual_registry,
     sampler_registry, timestep_sampler_registry,
 )

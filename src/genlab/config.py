@@ -101,7 +101,7 @@ class TrainConfig:
     device: str = "auto"          # auto | cpu | cuda | cuda:N
     precision: str = "auto"       # registry `precision`; auto = bf16 on CUDA, fp32 on CPU
     compile: str = "off"          # registry `compile`
-    compile_mode: str = "default" # torch.compile mode: default | max-autotune-no-cudagraphs | max-autotune | reduce-overhead
+    compile_mode: str = "default" # registry `compile_mode`: the torch.compile mode (default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs)
     activation_checkpointing: str = "none"   # registry `activation_checkpointing`
     ac_every: int = 2             # for activation_checkpointing=every_k
     parallel: str = "auto"        # registry `parallel`: auto | none | ddp | fsdp | hsdp
@@ -296,9 +296,7 @@ def validate(cfg: Config) -> None:
             raise GenlabError(f"train.{key} must be >= 1, got {getattr(cfg.train, key)}")
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise GenlabError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by train.grad_accum ({cfg.train.grad_accum})")
-    modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-    if cfg.train.compile_mode not in modes:
-        raise GenlabError(f"train.compile_mode must be one of {', '.join(modes)}; got {cfg.train.compile_mode!r}")
+    C.compile_mode_registry.get(cfg.train.compile_mode)
     for key in ("on_device", "pin_memory"):
         if getattr(cfg.data, key) not in ("auto", "yes", "no"):
             raise GenlabError(f"data.{key} must be one of auto, yes, no; got {getattr(cfg.data, key)!r}")

@@ -8,6 +8,7 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries = {}
+        self._docs = {}  # name -> one-line description (`genlab list`); entries may be plain values
         REGISTRIES[kind] = self
 
     def register(self, name: str, doc: str = ""):
@@ -15,7 +16,7 @@ class Registry:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' registered twice")
             self._entries[name] = fn
-            fn._registry_doc = doc or (fn.__doc__ or "").strip().split("\n")[0]
+            self._docs[name] = doc or (fn.__doc__ or "").strip().split("\n")[0]
             return fn
         return wrap
 
@@ -23,6 +24,9 @@ class Registry:
         if name not in self._entries:
             raise GenlabError(f"unknown {self.kind} '{name}'; valid choices: {', '.join(sorted(self._entries))}")
         return self._entries[name]
+
+    def doc(self, name: str) -> str:
+        return self._docs.get(name, "")
 
     def names(self):
         return sorted(self._entries)
@@ -55,3 +59,4 @@ ac_registry = Registry("activation_checkpointing")
 parallel_registry = Registry("parallel")
 adaln_registry = Registry("adaln")
 residual_registry = Registry("residual")
+compile_mode_registry = Registry("compile_mode")

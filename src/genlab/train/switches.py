@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from genlab.errors import GenlabError
-from genlab.registry import ac_registry, compile_registry, precision_registry
+from genlab.registry import ac_registry, compile_mode_registry, compile_registry, precision_registry
 
 
 # -- precision --------------------------------------------------------------------------------
@@ -143,10 +143,16 @@ def compile_off(model, tcfg):
     return model
 
 
+# train.compile_mode: the `mode` handed to torch.compile (None = torch's default).
+for _name, _doc in (("default", "torch.compile's default: inductor kernels, no CUDA graphs, no GEMM autotuning"),
+                    ("reduce-overhead", "CUDA graphs around the compiled graphs (fewer launches; more memory)"),
+                    ("max-autotune", "autotuned GEMM/conv templates and CUDA graphs (long first compile)"),
+                    ("max-autotune-no-cudagraphs", "autotuned GEMM/conv templates, no CUDA graphs")):
+    compile_mode_registry.register(_name, _doc)(None if _name == "default" else _name)
+
+
 def _mode(tcfg):
-    """train.compile_mode; None (torch's default) for "default"."""
-    mode = getattr(tcfg, "compile_mode", "default")
-    return None if mode == "default" else mode
+    return compile_mode_registry.get(getattr(tcfg, "compile_mode", "default"))
 
 
 @compile_registry.register("model", "torch.compile the whole model")
