@@ -161,6 +161,8 @@ def test_bench_profile_writes_a_kernel_summary(tmp_path):
     assert kernel_category("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "matmul"
     assert kernel_category("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel") == "attention"
     assert kernel_category("triton_per_fused_add_mul_native_layer_norm_0") == "fused elementwise/reduction (inductor)"
+    assert kernel_category("triton_poi_fused__scaled_mm__to_copy_clamp_mul_reciprocal_7") == "fused elementwise/reduction (inductor)"
+    assert kernel_category("triton_tem_fused_mm_3") == "matmul"
     assert kernel_category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
     assert kernel_category("ncclDevKernel_AllGather_RING_LL") == "communication"
 

@@ -122,6 +122,9 @@ class PhaseTimer:
 _KERNEL_CATEGORIES = [
     ("communication", ("nccl",)),
     ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    # inductor's pointwise/reduction kernels are named after the ops they fuse: a float8 cast fused next to a
+    # `_scaled_mm` reads "triton_poi_fused__scaled_mm_..." but moves bytes, it multiplies nothing
+    ("fused elementwise/reduction (inductor)", ("triton_poi_", "triton_red_", "triton_per_")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "sm80_", "triton_tem", "_mm_", "matmul", "cublas")),
     ("optimizer", ("multi_tensor", "fused_adam", "foreach", "lerp")),
     ("fused elementwise/reduction (inductor)", ("triton_",)),
@@ -229,6 +232,11 @@ def _compiled_graphs() -> int:
     return compile_counts()["graphs"]
 
 
+def _model_label(mcfg) -> str:
+    """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
+    return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if mcfg.name != "gpt" else "")
+
+
 def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profile_dir=None, profile_steps_n: int = 5) -> dict:
     from genlab.train.metrics import peak_flops
     b = BenchStep(cfg)
@@ -261,7 +269,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         "recompiles": max(0, _compiled_graphs() - graphs_after_warmup), "graphs": _compiled_graphs(),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "world": b.dist.world,
-        "switches": {"model": f"{cfg.model.name}-{cfg.model.size}/{cfg.model.patch_size}", "batch": tcfg.batch_size,
+        "switches": {"model": _model_label(cfg.model), "batch": tcfg.batch_size,
                      "precision": b.precision.name, "compile": tcfg.compile,
                      "activation_checkpointing": tcfg.activation_checkpointing, "parallel": tcfg.parallel,
                      "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
