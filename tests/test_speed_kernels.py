@@ -189,3 +189,14 @@ def test_residual_switch_fp32_is_the_old_model_and_compute_keeps_the_stream_in_b
     assert seen == [torch.bfloat16]
     torch.testing.assert_close(yb.float(), ya.float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(a(x, t, y), b(x, t, y), rtol=0, atol=0)  # without autocast: the same model
+
+
+def test_sync_sites_name_the_python_line_of_each_sync_warning():
+    import warnings
+    from genlab.bench import sync_sites
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("called a synchronizing CUDA operation")
+        line = __import__("inspect").currentframe().f_lineno - 1
+        warnings.warn("something else")
+    assert sync_sites(caught) == [f"test_speed_kernels.py:{line}"]

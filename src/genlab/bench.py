@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -210,10 +211,16 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     return summary
 
 
-def count_host_syncs(b: "BenchStep") -> int | None:
-    """Host<->device synchronisations in one step (CUDA's sync debug mode), None off CUDA."""
+def sync_sites(caught) -> list[str]:
+    """'file:line' of every recorded sync warning: the Python line that made CUDA wait (C++ warnings are
+    attributed to the calling Python frame), so a stray `.item()` or pageable copy can be found."""
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()]
+
+
+def count_host_syncs(b: "BenchStep") -> tuple[int | None, list[str]]:
+    """Host<->device synchronisations in one step (CUDA's sync debug mode) and where they happened; None off CUDA."""
     if b.device.type != "cuda":
-        return None
+        return None, []
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -224,7 +231,8 @@ def count_host_syncs(b: "BenchStep") -> int | None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
         _sync(b.device)
-    return sum("synchroniz" in str(w.message).lower() for w in caught)
+    sites = sync_sites(caught)
+    return len(sites), sites
 
 
 def _compiled_graphs() -> int:
@@ -256,7 +264,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
     for _ in range(split_steps):
         b.step(timer)
     split = {k: 1e3 * v / split_steps for k, v in timer.totals.items()}
-    host_syncs = count_host_syncs(b)
+    host_syncs, host_sync_sites = count_host_syncs(b)
     prof = profile_steps(b, profile_steps_n, profile_dir) if profile_dir else None
     peak = peak_flops(dev)
     flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
@@ -277,6 +285,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
                      "compile_mode": getattr(tcfg, "compile_mode", "default"), "attention": cfg.model.attention,
                      "adaln": getattr(cfg.model, "adaln", None)},
         "steps": steps, "warmup": warmup, "host_syncs_per_step": host_syncs,
+        "host_sync_sites": host_sync_sites,
         "profile": prof,
     }
 
@@ -315,7 +324,8 @@ def cmd_bench(args):
     print(format_table([res]))
     print(f"device: {res['device']}  world: {res['world']}  FLOPs/step: {res['flops_per_step']:.3e}  "
           f"compiled graphs: {res['graphs']} (recompiles after warmup: {res['recompiles']})  "
-          f"host syncs/step: {res['host_syncs_per_step']}")
+          f"host syncs/step: {res['host_syncs_per_step']}"
+          + (f" at {', '.join(res['host_sync_sites'])}" if res["host_sync_sites"] else ""))
     if res.get("profile"):
         print((__import__("pathlib").Path(args.profile) / "profile.md").read_text())
     if args.json:
