@@ -31,6 +31,9 @@ class DataConfig:
     seq_len: int = 256            # token data: sequence length per sample
     vocab_size: int = 0           # synthetic token data only
     hflip: bool = False           # random horizontal flip, applied on the device
+    context_frames: int = 4       # episodes: L past frames the world model conditions on
+    horizon: int = 8              # episodes: frames after the context in a training window (max closed-loop horizon)
+    heldout: float = 0.1          # episodes: fraction of episodes (the last ones) held out for evaluation
 
 
 @dataclass
@@ -56,6 +59,7 @@ class ModelConfig:
     tie_weights: bool = True
     causal: bool = True
     bias: bool = False
+    context_mode: str = "channels"  # world_dit: context frames stacked on channels | as extra tokens (channels | tokens)
     ce_chunk: int = 0             # gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)
 
 
@@ -77,6 +81,12 @@ class MethodConfig:
     sample_len: int = 0           # tokens per text sample (0 = data.seq_len)
     prompt: str = ""              # text prompt for previews; mdlm: "[[N]]" marks N tokens to infill
     block_len: int = 0            # mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)
+    # world model
+    objective: str = "flow"       # world: flow | edm | l1 (one-step regression; add adv_weight for L1 + GAN)
+    ctx_noise_max: float = 0.7    # world: context frames get Gaussian noise of level U(0, this), told to the model
+    closed_loop_start: float = 0.5   # world: fraction of training after which rollouts feed the context (1 = never)
+    adv_weight: float = 0.0       # world: weight of the adversarial term (patch discriminator); 0 = off
+    disc_lr: float = 2e-4         # world: discriminator learning rate
 
 
 @dataclass
@@ -144,6 +154,8 @@ class EvalConfig:
     nelbo_reps: int = 2           # mdlm: Monte Carlo draws per validation sequence for the NELBO
     gen_ppl_model: str = ""       # mdlm: autoregressive run dir that scores samples (generative perplexity)
     gen_samples: int = 16         # mdlm: samples scored for the generative perplexity
+    world_rollouts: int = 32      # world: held-out windows per rollout evaluation
+    world_horizons: str = "16,32" # world: rollout lengths evaluated (per-step PSNR vs copy-last)
 
 
 @dataclass
