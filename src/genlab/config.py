@@ -83,6 +83,7 @@ class MethodConfig:
     block_len: int = 0            # mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)
     # world model
     objective: str = "flow"       # world: flow | edm | l1 (one-step regression; add adv_weight for L1 + GAN)
+    residual: bool = True         # world: diffuse target - last context frame (zero output = copy the last frame)
     ctx_noise_max: float = 0.7    # world: context frames get Gaussian noise of level U(0, this), told to the model
     closed_loop_start: float = 0.5   # world: fraction of training after which rollouts feed the context (1 = never)
     adv_weight: float = 0.0       # world: weight of the adversarial term (patch discriminator); 0 = off

@@ -92,8 +92,12 @@ class WorldModel(Method):
     def _bc(self, v, x):
         return v.view(-1, *([1] * (x.ndim - 1))).to(x.dtype)
 
-    def denoise_loss(self, model, target, context, actions, level, gen):
-        """(loss, one-step estimate of the clean target) for the configured objective."""
+    def denoise_loss(self, model, target, context, actions, level, gen, base=None):
+        """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
+        clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
+        if base is not None:
+            loss, est = self.denoise_loss(model, target - base, context, actions, level, gen)
+            return loss, est + base
         B = target.shape[0]
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
         if self.objective == "flow":
@@ -139,7 +143,7 @@ class WorldModel(Method):
                 c_skip, c_out, c_in, c_noise = self._edm_scalings(s)
                 den = self._bc(c_skip, x) * x + self._bc(c_out, x) * model(self._bc(c_in, x) * x, c_noise, context, actions, level)
                 x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
-        return x.clamp(-1, 1)
+        return (x + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
@@ -192,7 +196,7 @@ class WorldModel(Method):
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
         context, level = augment_context(context, gen, self.mcfg.ctx_noise_max)
-        loss, est = self.denoise_loss(model, target, context, acts, level, gen)
+        loss, est = self.denoise_loss(model, target, context, acts, level, gen, last if self.mcfg.residual else None)
         metrics = {"horizon": h}
         if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
             return loss, metrics
