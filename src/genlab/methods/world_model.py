@@ -166,6 +166,12 @@ class WorldModel(Method):
         frac = (step - start + 1) / max(total - start, 1)
         return max(1, min(self.H, 1 + int(round(frac * (self.H - 1)))))
 
+    def choose_horizon(self, step: int, total: int) -> int:
+        """This step's horizon, uniform in 1..max: teacher-forced examples stay in the mix. A per-step Python
+        RNG keeps it a host int (no device sync) and reproducible on resume."""
+        h_max = self.closed_loop_horizon(step, total)
+        return random.Random(self.cfg.train.seed * 100003 + step).randint(1, h_max) if h_max > 1 else 1
+
     def _as_ctx(self, ctx_or_gen, device) -> tuple[StepContext, bool]:
         # shim for the current trainer (loss(model, batch, generator)); remove once the spine trainer passes ctx
         if isinstance(ctx_or_gen, torch.Generator):
@@ -183,9 +189,7 @@ class WorldModel(Method):
         frames, actions = batch["frames"], batch["actions"]
         ctx, shim = self._as_ctx(ctx, frames.device)
         gen, L = ctx.generator, self.L
-        h_max = self.closed_loop_horizon(ctx.step, ctx.total_steps)
-        # a per-step Python RNG: the horizon is a host int without a device sync
-        h = random.Random(self.cfg.train.seed * 100003 + ctx.step).randint(1, h_max) if h_max > 1 else 1
+        h = self.choose_horizon(ctx.step, ctx.total_steps)
         context = frames[:, :L]
         if h > 1:  # closed loop: roll out h-1 frames from the real context, then train on frame L+h-1
             was = model.training

@@ -40,8 +40,9 @@ def _explained(X, Y, lam=1e-3):
     mu = Ya.mean(0)
     W = np.linalg.solve(Xa.T @ Xa + lam * len(Xa) * np.eye(X.shape[1]), Xa.T @ (Ya - mu))
     sse = ((Yb - mu - Xb @ W) ** 2).sum(0)
-    sst = ((Yb - Yb.mean(0)) ** 2).sum(0) + 1e-9
-    return float(np.max(1 - sse / sst))
+    sst = ((Yb - Yb.mean(0)) ** 2).sum(0)
+    moving = Yb.var(0) > 1e-4  # features that never change (a clock-like object) explain nothing
+    return float(np.max(1 - sse[moving] / sst[moving])) if moving.any() else 0.0
 
 
 def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dict:
@@ -62,6 +63,12 @@ def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dic
         t = np.arange(max(0, -k), T - 1 - max(0, k))
         t = t[(ep[t] == ep[t + k]) & (ep[t + k] == ep[t + k + 1])]
         scores[k] = _explained(X[t], d[t + k]) if len(t) > 20 else 0.0
+    # chance level: the same fit with the actions shuffled (max over a few permutations)
+    rng = np.random.default_rng(0)
+    t = np.arange(T - 1)
+    t = t[ep[t] == ep[t + 1]]
+    chance = max(_explained(X[rng.permutation(t)], d[t]) for _ in range(8)) if len(t) > 20 else 0.0
+    floor = max(floor, 2 * chance)
     best = max(scores, key=scores.get)
     top = scores[best]
     late = [k for k in scores if k < 0 and scores[k] > max(floor, 0.5 * top)]
@@ -78,7 +85,7 @@ def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dic
                           f"frame t+{first + 1} (R^2 {scores[first]:.3f} vs {scores[0]:.3f} for t+1)")
     else:
         ok, msg = True, f"aligned: action t explains the change into frame t+1 (held-out R^2 {scores[0]:.3f}), nothing before it"
-    return {"ok": ok, "best_lag": best, "scores": scores, "message": msg}
+    return {"ok": ok, "best_lag": best, "scores": scores, "chance": chance, "message": msg}
 
 
 # -- import -------------------------------------------------------------------------------------------
