@@ -119,13 +119,14 @@ class WorldModel(Method):
         return F.l1_loss(est.float(), target.float()), est
 
     @torch.no_grad()
-    def generate(self, model, context, actions, steps=None, generator=None):
-        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]."""
+    def generate(self, model, context, actions, steps=None, generator=None, noise=None):
+        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
+        starting sample) may be given, so a compiled / CUDA-graphed caller keeps the RNG outside the graph."""
         steps = steps or self.mcfg.sample_steps
         B = context.shape[0]
         dev = context.device
         level = torch.zeros(B, device=dev)
-        x = torch.randn(context[:, -1].shape, generator=generator, device=dev, dtype=context.dtype)
+        x = noise if noise is not None else torch.randn(context[:, -1].shape, generator=generator, device=dev, dtype=context.dtype)
         if self.objective == "l1":
             x = x + model(x, torch.zeros(B, device=dev), context, actions, level)
         elif self.objective == "flow":  # Euler on the ODE, t: 0 (noise) -> 1 (data)
@@ -188,6 +189,13 @@ class WorldModel(Method):
     def loss(self, model, batch, ctx):
         frames, actions = batch["frames"], batch["actions"]
         ctx, shim = self._as_ctx(ctx, frames.device)
+        if shim and getattr(self, "_shim_pending", None) is not None:
+            params = [p for p in ctx.extras["disc"].parameters() if p.requires_grad]
+            for p, g in zip(params, self._shim_pending):
+                p.grad = g
+            self._shim_opt["disc"].step()
+            self._shim_opt["disc"].zero_grad(set_to_none=True)
+            self._shim_pending = None
         gen, L = ctx.generator, self.L
         h = self.choose_horizon(ctx.step, ctx.total_steps)
         context = frames[:, :L]
@@ -205,17 +213,18 @@ class WorldModel(Method):
         if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
             return loss, metrics
         disc = ctx.extras["disc"]
-        adv = finite_or_zero(F.softplus(-disc(est, last)).mean())
-        d_loss = F.softplus(-disc(target, last)).mean() + F.softplus(disc(est.detach(), last)).mean()
+        # one discriminator forward for both losses: spectral norm updates its power-iteration vector in place
+        # on every training forward, which would invalidate the graph of an earlier call
+        fake, real = disc(torch.cat([est, target]), torch.cat([last, last])).chunk(2)
+        adv = finite_or_zero(F.softplus(-fake).mean())
+        d_loss = F.softplus(-real).mean() + F.softplus(fake).mean()  # the trainer applies it to the disc params only
         metrics.update({"adv": adv.detach(), "disc_loss": d_loss.detach(),
                         "disc_nonfinite": (~torch.isfinite(d_loss)).float()})
         d_loss = finite_or_zero(d_loss)
         g_loss = loss + self.mcfg.adv_weight * adv
-        if shim:
-            opt = self._shim_opt["disc"]
-            opt.zero_grad(set_to_none=True)
-            d_loss.backward(inputs=list(disc.parameters()))
-            opt.step()
+        if shim:  # the disc's gradient now, its step at the next call: stepping now would break this graph's backward
+            params = [p for p in disc.parameters() if p.requires_grad]
+            self._shim_pending = torch.autograd.grad(d_loss, params, retain_graph=True)
             return g_loss, metrics
         return {"model": g_loss, "disc": d_loss}, metrics
 
