@@ -151,8 +151,12 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from genlab.errors import RunFailed, debug, one_line
     try:
         return args.fn(args)
+    except RunFailed as e:
+        print(f"genlab: failed: {e}", file=sys.stderr)
+        return 1
     except GenlabError as e:
         print(f"genlab: error: {e}", file=sys.stderr)
         return 2
@@ -164,7 +168,11 @@ def main(argv=None) -> int:
         if isinstance(e, NonFiniteLoss):
             print(f"genlab: diverged: {e}", file=sys.stderr)
             return 3
-        raise
+        if debug():
+            raise
+        # a bug or an unreadable input outside the trainer's setup: one line, the traceback on request
+        print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

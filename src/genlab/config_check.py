@@ -33,9 +33,18 @@ def check_config(cfg) -> None:
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
     _check_shapes(cfg)
-    for sec, obj in secs:
-        for f in dataclasses.fields(obj):
-            _check_unused(cfg, sec, f, getattr(obj, f.name))
+    for msg in unused_options(cfg, WARN_SECTIONS, invert=True):
+        raise GenlabError(msg)
+
+
+# An unused sampling/eval option changes no weights (and shared override lists set them for several
+# methods), so it is a warning printed before training and recorded in the run's config.toml; an unused
+# data/model/optim/train option means the run is not what the user believes it is, so it is an error.
+WARN_SECTIONS = ("method", "eval")
+
+
+def config_warnings(cfg) -> list[str]:
+    return unused_options(cfg, WARN_SECTIONS)
 
 
 def _lookup(cfg, dotted: str):
@@ -43,15 +52,24 @@ def _lookup(cfg, dotted: str):
     return getattr(getattr(cfg, sec), key)
 
 
-def _check_unused(cfg, sec, f, value):
-    if value == f.default:
-        return
-    for selector, values in meta_of(f).get("unused", {}).items():
-        chosen = _lookup(cfg, selector)
-        if chosen in values:
-            kind = SELECTOR_KIND.get(selector, selector)
-            raise GenlabError(f"{sec}.{f.name} is not read by {kind} '{chosen}' ({selector}={chosen}); "
-                              f"remove it or choose another {selector}")
+def unused_options(cfg, only: tuple, invert: bool = False) -> list[str]:
+    """One message per option set away from its default that the selected component does not read
+    (sections in `only`, or all but those with invert=True)."""
+    from genlab.config import sections
+    out = []
+    for sec, obj in sections(cfg):
+        if (sec in only) == invert:
+            continue
+        for f in dataclasses.fields(obj):
+            if getattr(obj, f.name) == f.default:
+                continue
+            for selector, values in meta_of(f).get("unused", {}).items():
+                chosen = _lookup(cfg, selector)
+                if chosen in values:
+                    kind = SELECTOR_KIND.get(selector, selector)
+                    out.append(f"{sec}.{f.name} is not read by {kind} '{chosen}' ({selector}={chosen}); "
+                               f"remove it or choose another {selector}")
+    return out
 
 
 def _check_train(cfg):
