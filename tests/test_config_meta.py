@@ -69,3 +69,25 @@ def test_toml_writer_round_trips_characters_outside_the_bmp():
     back = from_dict(tomllib.loads(text))
     assert back.method.prompt == cfg.method.prompt
     assert to_dict(back) == to_dict(cfg)
+
+
+def test_docs_config_md_is_current():
+    from conftest import REPO
+    from genlab.config_doc import markdown
+    doc = (REPO / "docs" / "config.md").read_text()
+    assert doc == markdown(), "docs/config.md is stale: run `python -m genlab.config_doc > docs/config.md`"
+
+
+def test_genlab_config_prints_the_resolved_config_with_descriptions(capsys):
+    from genlab.cli import main
+    assert main(["config", "text_ar", "optim.lr=3e-4"]) == 0
+    out = capsys.readouterr().out
+    assert "# peak learning rate  [> 0]" in out
+    assert to_dict(from_dict(tomllib.loads(out))) == to_dict(load_config("text_ar", ["optim.lr=3e-4"]))
+
+
+def test_genlab_config_refuses_an_unknown_key_with_a_suggestion(capsys):
+    from genlab.cli import main
+    assert main(["config", "optim.lrr=1"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'lr'" in err and len(err.strip().splitlines()) == 1

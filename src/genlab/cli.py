@@ -86,6 +86,17 @@ def cmd_list(args):
     return 0
 
 
+def cmd_config(args):
+    from genlab.config import load_config
+    from genlab.config_doc import annotated_toml, markdown
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
+    preset, overrides = _split_config_and_overrides(args.items)
+    print(annotated_toml(load_config(preset, overrides)), end="")
+    return 0
+
+
 def cmd_data(args):
     from genlab.data.convert import prepare
     out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
@@ -127,6 +138,11 @@ def build_parser():
 
     lst = sub.add_parser("list", help="print every registry and its entries, and the presets")
     lst.set_defaults(fn=cmd_list)
+
+    c = sub.add_parser("config", help="print the resolved config as TOML with each key's description and valid values")
+    c.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
+    c.add_argument("--markdown", action="store_true", help="the reference of every key as Markdown (docs/config.md)")
+    c.set_defaults(fn=cmd_config)
 
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)

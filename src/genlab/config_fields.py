@@ -44,15 +44,16 @@ def _num(x) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
 
-def describe_range(f: dataclasses.Field, typ) -> str:
-    """One line: the valid values of a field, as shown by `genlab config` and docs/config.md."""
+def describe_range(f: dataclasses.Field, typ, names: bool = True) -> str:
+    """One line: the valid values of a field, as shown by `genlab config` and docs/config.md (names=False:
+    registries without their entries, which depend on the optional packages installed)."""
     m = meta_of(f)
     if typ is bool:
         return "true | false"
     if m.get("choices"):
         return " | ".join(str(c) for c in m["choices"])
     if m.get("registry"):
-        return f"registry `{m['registry']}`" + _registry_names(m["registry"])
+        return f"registry `{m['registry']}`" + (_registry_names(m["registry"]) if names else " (`genlab list`)")
     parts = []
     lo = (">= " + _num(m["ge"])) if m.get("ge") is not None else ("> " + _num(m["gt"])) if m.get("gt") is not None else None
     hi = ("<= " + _num(m["le"])) if m.get("le") is not None else ("< " + _num(m["lt"])) if m.get("lt") is not None else None
