@@ -13,7 +13,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from genlab.errors import GenlabError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # shipped as package data
+SWEEP_DIR = CONFIG_DIR / "sweeps"
 
 
 @dataclass
