@@ -75,6 +75,7 @@ def cmd_eval(args):
 def cmd_list(args):
     from genlab.config import CONFIG_DIR
     from genlab.registry import all_registries
+    from genlab.sweep.spec import shipped_sweeps
     for kind, reg in all_registries().items():
         print(f"{kind}:")
         width = max([18] + [len(n) + 1 for n in reg.names()])
@@ -83,6 +84,20 @@ def cmd_list(args):
     print("presets:")
     for p in sorted(CONFIG_DIR.glob("*.toml")):
         print(f"  {p.stem}")
+    print("sweeps (genlab sweep NAME):")
+    for name in shipped_sweeps():
+        print(f"  {name}")
+    return 0
+
+
+def cmd_config(args):
+    from genlab.config import load_config
+    from genlab.config_doc import annotated_toml, markdown
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
+    preset, overrides = _split_config_and_overrides(args.items)
+    print(annotated_toml(load_config(preset, overrides)), end="")
     return 0
 
 
@@ -94,8 +109,20 @@ def cmd_data(args):
     return 0
 
 
+def version() -> str:
+    # the installed distribution's metadata; a source checkout on PYTHONPATH has none (or another copy's)
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    import genlab
+    try:
+        return dist_version("genlab")
+    except PackageNotFoundError:
+        return genlab.__version__
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="genlab", description="train and compare generative transformers")
+    p.add_argument("--version", action="version", version=f"genlab {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
@@ -125,8 +152,13 @@ def build_parser():
     e.add_argument("--device", default="auto")
     e.set_defaults(fn=cmd_eval)
 
-    lst = sub.add_parser("list", help="print every registry and its entries, and the presets")
+    lst = sub.add_parser("list", help="print every registry and its entries, the presets and the shipped sweeps")
     lst.set_defaults(fn=cmd_list)
+
+    c = sub.add_parser("config", help="print the resolved config as TOML with each key's description and valid values")
+    c.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
+    c.add_argument("--markdown", action="store_true", help="the reference of every key as Markdown (docs/config.md)")
+    c.set_defaults(fn=cmd_config)
 
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
@@ -153,8 +185,12 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from genlab.errors import RunFailed, debug, one_line
     try:
         return args.fn(args)
+    except RunFailed as e:
+        print(f"genlab: failed: {e}", file=sys.stderr)
+        return 1
     except GenlabError as e:
         print(f"genlab: error: {e}", file=sys.stderr)
         return 2
@@ -166,7 +202,11 @@ def main(argv=None) -> int:
         if isinstance(e, NonFiniteLoss):
             print(f"genlab: diverged: {e}", file=sys.stderr)
             return 3
-        raise
+        if debug():
+            raise
+        # a bug or an unreadable input outside the trainer's setup: one line, the traceback on request
+        print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
