@@ -200,10 +200,8 @@ class WorldModel(Method):
         h = self.choose_horizon(ctx.step, ctx.total_steps)
         context = frames[:, :L]
         if h > 1:  # closed loop: roll out h-1 frames from the real context, then train on frame L+h-1
-            was = model.training
-            model.eval()
+            # no train/eval switch: the backbone has no dropout or batch norm, and a switch recompiles compiled models
             gen_frames = self.rollout(model, context, actions[:, :L + h - 2], self.mcfg.sample_steps, gen)
-            model.train(was)
             context = torch.cat([context, gen_frames], 1)[:, -L:]
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
