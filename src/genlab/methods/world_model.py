@@ -206,7 +206,10 @@ class WorldModel(Method):
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
         context, level = augment_context(context, gen, self.mcfg.ctx_noise_max)
-        loss, est = self.denoise_loss(model, target, context, acts, level, gen, last if self.mcfg.residual else None)
+        # residual base = the last frame as the model sees it (noised): zero output copies it, so the model learns to
+        # remove noise and artifacts from its base, which is what its own rollouts feed it at inference
+        base = context[:, -1] if self.mcfg.residual else None
+        loss, est = self.denoise_loss(model, target, context, acts, level, gen, base)
         metrics = {"horizon": h}
         if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
             return loss, metrics
