@@ -95,9 +95,10 @@ class WorldModel(Method):
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
-        if base is not None:
-            loss, est = self.denoise_loss(model, target - base, context, actions, level, gen)
-            return loss, est + base
+        if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
+            k = self.mcfg.residual_scale
+            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen)
+            return loss, est / k + base
         B = target.shape[0]
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
         if self.objective == "flow":
@@ -144,7 +145,7 @@ class WorldModel(Method):
                 c_skip, c_out, c_in, c_noise = self._edm_scalings(s)
                 den = self._bc(c_skip, x) * x + self._bc(c_out, x) * model(self._bc(c_in, x) * x, c_noise, context, actions, level)
                 x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
-        return (x + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
+        return (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
