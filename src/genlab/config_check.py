@@ -23,13 +23,19 @@ def data_kind(name: str) -> str | None:
     return "image" if name in IMAGE_SETS else "tokens" if name in TOKEN_SETS else None
 
 
+def check_section(cfg, sec: str) -> None:
+    """Every field of one section against its declared range, choices or registry."""
+    obj = getattr(cfg, sec)
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        check_value(sec, f, hints[f.name], getattr(obj, f.name))
+
+
 def check_config(cfg) -> None:
     from genlab.config import sections
     secs = sections(cfg)
-    for sec, obj in secs:
-        hints = get_type_hints(type(obj))
-        for f in dataclasses.fields(obj):
-            check_value(sec, f, hints[f.name], getattr(obj, f.name))
+    for sec, _ in secs:
+        check_section(cfg, sec)
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
     _check_shapes(cfg)
