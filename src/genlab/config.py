@@ -57,6 +57,14 @@ class ModelConfig:
     causal: bool = True
     bias: bool = False
     ce_chunk: int = 0             # gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)
+    # sparse_transformer (image bytes)
+    raster: str = "channel"       # channel | pixel: channel-major or pixel-major byte order
+    sparse_pattern: str = "strided"   # registry `sparse_pattern`: dense | strided | fixed
+    sparse_mode: str = "split"    # registry `sparse_mode`: interleaved | merged | split (parts across layers/one head/heads)
+    sparse_stride: int = 0        # stride / block length l; 0 = one image row in the raster order
+    sparse_summary: int = 0       # fixed pattern: summary cells c per block; 0 = max(1, l // 8)
+    sparse_backend: str = "auto"  # auto | flex | dense: auto = FlexAttention on CUDA, dense masked SDPA on CPU
+    qk_ratio: float = 1.0         # width of queries/keys relative to dim (0.5 = the paper's halved q/k)
 
 
 @dataclass
@@ -144,6 +152,7 @@ class EvalConfig:
     nelbo_reps: int = 2           # mdlm: Monte Carlo draws per validation sequence for the NELBO
     gen_ppl_model: str = ""       # mdlm: autoregressive run dir that scores samples (generative perplexity)
     gen_samples: int = 16         # mdlm: samples scored for the generative perplexity
+    val_path: str = ""            # image_ar: held-out images folder for bits/dim (default: the last num_samples training images)
 
 
 @dataclass
