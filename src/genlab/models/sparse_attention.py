@@ -9,6 +9,8 @@ written once as a vectorised predicate `allowed(i, j)` on original positions (qu
            A^(2)_i  = {j <= i : (i - j) mod l = 0}              (every l-th position: "the column")
   fixed    A^(1)_i  = {j <= i : floor(j / l) = floor(i / l)}    (the own block of l)
            A^(2)_i  = {j <= i : j mod l in {l - c, ..., l - 1}} (the last c "summary" cells of every block)
+                      and i itself: without it the queries before the first summary would see nothing
+                      (an empty softmax) in a head that holds only this part
 
 A *factorization mode* (section 4.3) assigns parts to layers and heads: `interleaved` (layer r uses
 part r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among parts).
@@ -83,7 +85,7 @@ def strided_parts(l: int, c: int) -> list[Part]:
 
 def fixed_parts(l: int, c: int) -> list[Part]:
     return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l)),
-            Part("fixed/summary", lambda i, j: (j <= i) & (j % l >= l - c), None, summaries_first(l, c))]
+            Part("fixed/summary", lambda i, j: ((j <= i) & (j % l >= l - c)) | (j == i), None, summaries_first(l, c))]
 
 
 @sparse_pattern_registry.register("dense", "causal dense attention (every earlier position)")
@@ -159,7 +161,7 @@ def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int) -> li
 
     def fixed(i):
         a1 = {j for j in range(i + 1) if j // l == i // l}
-        a2 = {j for j in range(i + 1) if j % l in set(range(l - c, l))}
+        a2 = {j for j in range(i + 1) if j % l in set(range(l - c, l))} | {i}
         return [a1, a2]
 
     def dense(i):
