@@ -183,7 +183,7 @@ def test_bad_names_fail_with_the_valid_choices():
 
 def test_tiny_model_trains_through_cli_and_bits_per_dim_drops(tmp_path):
     from genlab.cli import main
-    rc = main(["train", "sparse_tiny_cpu", "train.steps=25", f"train.out_dir={tmp_path}", "train.name=r",
+    rc = main(["train", "sparse_tiny_cpu", "train.steps=15", f"train.out_dir={tmp_path}", "train.name=r",
                "eval.num_samples=32", "train.activation_checkpointing=segments", "train.ac_every=2"])
     assert rc == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())

@@ -271,6 +271,8 @@ class MaskCache:
 def attend(q, k, v, part: Part, cache: MaskCache, backend: str, scale: float):
     """q, k [B, h, n, e], v [B, h, n, ev] in original order -> [B, h, n, ev]."""
     n = q.shape[2]
+    if part.allowed is causal:  # plain causal: SDPA's flash kernel on either backend
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     if backend == "dense":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.get(part, n, q.device, backend), scale=scale)
     bm, qo, kvo, q_inv = cache.get(part, n, q.device, backend)
