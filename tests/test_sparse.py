@@ -211,3 +211,18 @@ def test_flex_backward_matches_dense_reference_bf16(pattern):
             grads.append((out.float(), *[x.float() for x in g]))
         for ref, got in zip(*grads):
             torch.testing.assert_close(got, ref, atol=5e-2, rtol=5e-2)
+
+
+def test_prepare_frames_resizes_episodes_into_the_images_format(tmp_path):
+    from genlab.data.convert import prepare
+    from genlab.data.formats import read_image_dataset
+    for e in range(3):
+        (tmp_path / "eps" / f"ep{e}").mkdir(parents=True)
+        frames = np.full((4, 21, 16, 3), 10 * e, dtype=np.uint8)  # constant frames stay constant under a box filter
+        np.save(tmp_path / "eps" / f"ep{e}" / "frames.npy", frames)
+    train = read_image_dataset(prepare("frames", src=tmp_path / "eps", out=tmp_path / "tr", size=8, split="train"))
+    test = read_image_dataset(prepare("frames", src=tmp_path / "eps", out=tmp_path / "te", size=8, split="test"))
+    assert train.images.shape == (8, 8, 8, 3) and test.images.shape == (4, 8, 8, 3)
+    assert (np.asarray(test.images) == 20).all() and sorted(set(np.asarray(train.labels).tolist())) == [0, 1]
+    with pytest.raises(GenlabError, match="train, test, all"):
+        prepare("frames", src=tmp_path / "eps", out=tmp_path / "x", size=8, split="val")

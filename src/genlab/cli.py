@@ -134,7 +134,7 @@ def build_parser():
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
-    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | text")
+    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text")
     prep.add_argument("--src", default=None, help="folder (or file) holding the standard public files")
     prep.add_argument("--out", required=True, help="output folder (must not hold a dataset already)")
     prep.add_argument("--download", action="store_true", help="download the public files (needs internet)")

@@ -134,10 +134,9 @@ class SparseBlock(nn.Module):
         hidden = int(s.dim * s.mlp_ratio)
         self.fc1, self.fc2 = nn.Linear(s.dim, hidden), nn.Linear(hidden, s.dim)
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
-        self.cache, self.backend = None, "dense"  # set by the model before each forward
 
-    def forward(self, x):
-        x = x + self.drop(self.attn(self.norm1(x), self.cache, self.backend))
+    def forward(self, x, cache: MaskCache, backend: str):
+        x = x + self.drop(self.attn(self.norm1(x), cache, backend))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
 
 
@@ -206,23 +205,22 @@ class SparseTransformer(nn.Module):
         backend = self.resolve_backend(idx.device, backend)
         self.masks.build(self.parts, T, idx.device, backend)
         h = self.embed(idx)
-        for b in self.blocks:
-            b.cache, b.backend = self.masks, backend
         if self.ac_segments > 0 and torch.is_grad_enabled():
-            bounds = torch.linspace(0, len(self.blocks), self.ac_segments + 1).round().long().tolist()
+            k = len(self.blocks)
+            bounds = [round(i * k / self.ac_segments) for i in range(self.ac_segments + 1)]
             for a, z in zip(bounds[:-1], bounds[1:]):
                 if z > a:
-                    h = checkpoint(self._run, h, a, z, use_reentrant=False)
+                    h = checkpoint(self._run, h, a, z, backend, use_reentrant=False)
         else:
-            h = self._run(h, 0, len(self.blocks))
+            h = self._run(h, 0, len(self.blocks), backend)
         logits = self.head(self.norm(h))
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
 
-    def _run(self, h, a, z):
+    def _run(self, h, a, z, backend):
         for b in self.blocks[a:z]:
-            h = b(h)
+            h = b(h, self.masks, backend)
         return h
 
     @torch.no_grad()
@@ -259,8 +257,7 @@ class SparseTransformer(nn.Module):
         rows = []
         for b in self.blocks:
             rows.append(b.attn.probs_row(b.norm1(h), pos))
-            b.cache, b.backend = self.masks, backend
-            h = b(h)
+            h = b(h, self.masks, backend)
         return torch.stack(rows)
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
