@@ -240,6 +240,12 @@ def flex(q, k, v, block_mask, scale):
     if q.device.type != "cuda" or torch.compiler.is_compiling():
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
     if _compiled_flex is None:
+        # every part's mask_mod is its own closure, so each compiles once; past dynamo's default limit of
+        # 8 it would silently fall back to eager flex (full score matrices)
+        import torch._dynamo.config as dcfg
+        for key in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dcfg, key):
+                setattr(dcfg, key, max(64, getattr(dcfg, key)))
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
 
@@ -282,3 +288,11 @@ def attend(q, k, v, part: Part, cache: MaskCache, backend: str, scale: float):
         k, v = k.index_select(2, kvo), v.index_select(2, kvo)
     out = flex(q, k, v, bm, scale)
     return out.index_select(2, q_inv) if q_inv is not None else out
+
+
+if __name__ == "__main__":  # python -m genlab.models.sparse_attention [n] [l] [c]: block densities
+    import sys
+    n, l, c = (int(a) for a in (sys.argv[1:] + ["3072", "64", "16"][len(sys.argv) - 1:])[:3])
+    for pat in ("dense", "strided", "fixed"):
+        for mode in (("split",) if pat == "dense" else ("split", "merged")):
+            print("\n".join(density_report(pat, mode, l, c, n)))
