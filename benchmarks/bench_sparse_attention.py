@@ -27,9 +27,10 @@ import torch  # noqa: E402
 from genlab.models.sparse_attention import (MaskCache, Part, attend, block_density, causal_block_density,  # noqa: E402
                                             layer_groups)
 
-# name -> (n, batch, heads, head_dim, stride l, summary c); paper-like: CIFAR-10 bytes and 64x64x3
-CASES = {"cifar": (3072, 8, 8, 64, 64, 16), "long": (12288, 2, 8, 64, 128, 16)}
-TINY = {"tiny-a": (256, 1, 2, 16, 16, 4), "tiny-b": (512, 1, 2, 16, 32, 4)}
+# name -> (n, batch, heads, head_dim, strided l, fixed l, summary c): CIFAR-10's 3,072 bytes and 64x64x3;
+# strided l ~ sqrt(n) rounded to a power of two, fixed l = 128 and c = 16 (the paper's text settings)
+CASES = {"cifar": (3072, 8, 8, 64, 64, 128, 16), "long": (12288, 2, 8, 64, 128, 128, 16)}
+TINY = {"tiny-a": (256, 1, 2, 16, 16, 32, 4), "tiny-b": (512, 1, 2, 16, 32, 64, 4)}
 ROWS = [("dense", "split"), ("strided", "split"), ("strided", "interleaved"), ("strided", "merged"),
         ("strided-position-wise", "interleaved"), ("fixed", "split"), ("fixed", "interleaved"), ("fixed", "merged")]
 
@@ -72,13 +73,14 @@ def measure(fn, device, iters, warmup):
 
 
 def bench_case(name, shape, device, backward, iters, warmup):
-    n, B, H, D, l, c = shape
+    n, B, H, D, l_strided, l_fixed, c = shape
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     q, k, v = (torch.randn(B, H, n, D, device=device, dtype=dt, requires_grad=backward) for _ in range(3))
     grad = torch.randn(B, H, n, D, device=device, dtype=dt)
     backend = "flex"
     rows, ref_ms = [], None
     for pattern, mode in ROWS:
+        l = l_fixed if pattern == "fixed" else l_strided
         variants = layer_variants(pattern, mode, l, c, H)
         cache = MaskCache()
         dens = []
