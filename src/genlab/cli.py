@@ -76,6 +76,7 @@ def cmd_eval(args):
 def cmd_list(args):
     from genlab.config import CONFIG_DIR
     from genlab.registry import all_registries
+    from genlab.sweep.spec import shipped_sweeps
     for kind, reg in all_registries().items():
         print(f"{kind}:")
         width = max([18] + [len(n) + 1 for n in reg.names()])
@@ -84,6 +85,9 @@ def cmd_list(args):
     print("presets:")
     for p in sorted(CONFIG_DIR.glob("*.toml")):
         print(f"  {p.stem}")
+    print("sweeps (genlab sweep NAME):")
+    for name in shipped_sweeps():
+        print(f"  {name}")
     return 0
 
 
@@ -106,8 +110,20 @@ def cmd_data(args):
     return 0
 
 
+def version() -> str:
+    # the installed distribution's metadata; a source checkout on PYTHONPATH has none (or another copy's)
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    import genlab
+    try:
+        return dist_version("genlab")
+    except PackageNotFoundError:
+        return genlab.__version__
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="genlab", description="train and compare generative transformers")
+    p.add_argument("--version", action="version", version=f"genlab {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
@@ -139,7 +155,7 @@ def build_parser():
     e.add_argument("--device", default="auto")
     e.set_defaults(fn=cmd_eval)
 
-    lst = sub.add_parser("list", help="print every registry and its entries, and the presets")
+    lst = sub.add_parser("list", help="print every registry and its entries, the presets and the shipped sweeps")
     lst.set_defaults(fn=cmd_list)
 
     c = sub.add_parser("config", help="print the resolved config as TOML with each key's description and valid values")

@@ -14,7 +14,8 @@ from typing import Any, get_args, get_origin, get_type_hints
 from genlab.config_fields import F, did_you_mean
 from genlab.errors import GenlabError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # shipped as package data
+SWEEP_DIR = CONFIG_DIR / "sweeps"
 
 
 IMAGE_SETS = ("digits", "images", "synthetic")       # datasets whose samples are images
