@@ -226,3 +226,11 @@ def test_prepare_frames_resizes_episodes_into_the_images_format(tmp_path):
     assert (np.asarray(test.images) == 20).all() and sorted(set(np.asarray(train.labels).tolist())) == [0, 1]
     with pytest.raises(GenlabError, match="train, test, all"):
         prepare("frames", src=tmp_path / "eps", out=tmp_path / "x", size=8, split="val")
+
+
+def test_sample_returns_images_in_the_image_method_contract():
+    method, model, data = _method()
+    x = method.sample(model, torch.zeros(3, dtype=torch.long), generator=torch.Generator().manual_seed(0), device="cpu")
+    assert x.shape == (3, 1, 8, 8) and x.min() >= -1 and x.max() <= 1
+    u8 = (x + 1) * 127.5
+    assert torch.equal(u8, u8.round())  # whole bytes

@@ -147,6 +147,14 @@ class ImageAR:
         t = self.mcfg.temperature if temperature is None else temperature
         return self.image(sample_seq(model, n, self.T, device, temperature=t, generator=generator))
 
+    @torch.no_grad()
+    def sample(self, model, labels=None, n=None, steps=None, cfg_scale=None, sampler=None, generator=None, device=None):
+        """Unconditional whole images in [-1, 1], float [n, C, H, W] (the image-method contract; labels only
+        give n, the model has no classes)."""
+        n = len(labels) if labels is not None else n
+        device = device or next(unwrap(model).parameters()).device
+        return self.sample_images(model, n, generator, device).permute(0, 3, 1, 2).float() / 127.5 - 1
+
     def complete(self, model, u8: torch.Tensor, k: int, generator, device, temperature=None):
         """Completions of images u8 [m, H, W, C] given their top half: long [m, k, H, W, C]."""
         t = self.mcfg.temperature if temperature is None else temperature
