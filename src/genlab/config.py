@@ -22,7 +22,7 @@ IMAGE_SETS = ("digits", "images", "synthetic")       # datasets whose samples ar
 TOKEN_SETS = ("text", "tokens", "synthetic_tokens")  # datasets whose samples are token sequences
 EMBEDDED = ("digits", "text")                        # need no files and no size options
 LM_METHODS = ("autoregressive", "mdlm")
-NOT_WORLD = ("flow",) + LM_METHODS                    # methods that do not read the world-model options
+NOT_WORLD = ("flow", "image_ar") + LM_METHODS                   # methods that do not read the world-model options
 
 
 @dataclass
@@ -83,6 +83,21 @@ class ModelConfig:
                           choices=("channels", "tokens"), unused={"model.name": ("dit", "gpt")})
     ce_chunk: int = F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0,
                       unused={"model.name": ("dit",)})
+    # sparse_transformer (image bytes, Child et al. 2019)
+    raster: str = F("channel", "sparse_transformer: byte order, channel-major or pixel-major", choices=("channel", "pixel"),
+                    unused={"model.name": ("dit", "gpt")})
+    sparse_pattern: str = F("strided", "sparse_transformer: attention pattern", registry="sparse_pattern",
+                            unused={"model.name": ("dit", "gpt")})
+    sparse_mode: str = F("split", "sparse_transformer: factorization (parts across layers | union in one head | across heads)",
+                         registry="sparse_mode", unused={"model.name": ("dit", "gpt")})
+    sparse_stride: int = F(0, "sparse_transformer: stride / block length l (0 = one image row in the raster order)", ge=0,
+                           unused={"model.name": ("dit", "gpt")})
+    sparse_summary: int = F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0,
+                            unused={"model.name": ("dit", "gpt")})
+    sparse_backend: str = F("auto", "sparse_transformer: auto = FlexAttention on CUDA, dense masked SDPA on CPU",
+                            choices=("auto", "flex", "dense"), unused={"model.name": ("dit", "gpt")})
+    qk_ratio: float = F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)",
+                        gt=0, le=1, unused={"model.name": ("dit", "gpt")})
 
 
 @dataclass
@@ -148,7 +163,7 @@ class TrainConfig:
     compile: str = F("off", "what torch.compile wraps", registry="compile")
     compile_mode: str = F("default", "the torch.compile mode", registry="compile_mode")
     activation_checkpointing: str = F("none", "recompute activations in the backward pass", registry="activation_checkpointing")
-    ac_every: int = F(2, "activation_checkpointing=every_k: recompute every k-th block", ge=1)
+    ac_every: int = F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1)
     parallel: str = F("auto", "data parallelism", registry="parallel")
     replicate: int = F(0, "HSDP replicate degree (0 = world / shard)", ge=0)
     shard: int = F(0, "HSDP/FSDP shard degree (0 = all ranks)", ge=0)
@@ -193,6 +208,8 @@ class EvalConfig:
                            free="a run folder", unused={"method.name": ("flow", "autoregressive")})
     gen_samples: int = F(16, "mdlm: samples scored for the generative perplexity", ge=1,
                          unused={"method.name": ("flow", "autoregressive")})
+    val_path: str = F("", "image_ar: held-out images folder for bits/dim (empty: the last eval.num_samples training images)",
+                      free="a folder made by `genlab data prepare`", unused={"method.name": ("flow", "autoregressive", "mdlm")})
     world_rollouts: int = F(32, "world: held-out windows per rollout evaluation", ge=1, unused={"method.name": NOT_WORLD})
     world_horizons: str = F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)",
                             free="comma-separated integers >= 1", unused={"method.name": NOT_WORLD})
