@@ -207,9 +207,10 @@ class WorldModel(Method):
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
         context, level = augment_context(context, gen, self.mcfg.ctx_noise_max)
-        # residual base = the last frame as the model sees it (noised): zero output copies it, so the model learns to
-        # remove noise and artifacts from its base, which is what its own rollouts feed it at inference
-        base = context[:, -1] if self.mcfg.residual else None
+        # residual base = the clean (in closed loop: self-generated) last frame, so zero output copies it and closed-loop
+        # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
+        # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
+        base = last if self.mcfg.residual else None
         loss, est = self.denoise_loss(model, target, context, acts, level, gen, base)
         metrics = {"horizon": h}
         if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
