@@ -397,8 +397,9 @@ class Trainer:
             summary.update({"status": "interrupted", "error": "stopped by a second Ctrl-C without saving", "step": self.step})
             raise
         except Exception as e:  # noqa: BLE001  (a method, the data or the device failed mid-run)
+            kept = ckpt.list_checkpoints(self.run_dir)
             summary.update({"status": "failed", "error": one_line(e), "step": self.step,
-                            "last_checkpoint": str(ckpt.list_checkpoints(self.run_dir)[-1]) if ckpt.list_checkpoints(self.run_dir) else None})
+                            "last_checkpoint": str(kept[-1]) if kept else None})
             if debug():
                 raise
             raise RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}") from e
