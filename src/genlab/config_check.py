@@ -12,8 +12,8 @@ from genlab.config_fields import check_value, meta_of
 from genlab.errors import GenlabError
 
 # what each known component consumes; names other branches add are simply not cross-checked here
-METHOD_DATA = {"flow": "image", "autoregressive": "token", "mdlm": "token"}
-METHOD_MODEL = {"flow": "dit", "autoregressive": "gpt", "mdlm": "gpt"}
+METHOD_DATA = {"flow": "image", "autoregressive": "token", "mdlm": "token", "image_ar": "image"}
+METHOD_MODEL = {"flow": "dit", "autoregressive": "gpt", "mdlm": "gpt", "image_ar": "sparse_transformer"}
 METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
 SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
 
@@ -86,8 +86,8 @@ def _check_train(cfg):
         raise GenlabError(f"unknown train.device '{t.device}'; valid: auto, cpu, cuda, cuda:N")
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
-    if t.activation_checkpointing != "every_k" and t.ac_every != 2:
-        raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k "
+    if t.activation_checkpointing not in ("every_k", "segments") and t.ac_every != 2:
+        raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k|segments "
                           f"(got activation_checkpointing={t.activation_checkpointing})")
     if cfg.method.name == "mdlm":
         from genlab.methods.mdlm import parse_T_list
@@ -119,6 +119,9 @@ def _size_table(name):
     if name == "gpt":
         from genlab.models.gpt import GPT_SIZES
         return GPT_SIZES
+    if name == "sparse_transformer":
+        from genlab.models.sparse_transformer import SPARSE_SIZES
+        return SPARSE_SIZES
     return None
 
 

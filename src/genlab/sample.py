@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from genlab import progress
 from genlab.config import apply_overrides, from_dict
 from genlab.data import build_dataset
 from genlab.errors import GenlabError
@@ -51,6 +52,18 @@ def _run_dir(run_or_ckpt) -> Path:
     return p if p.is_dir() else p.parent.parent
 
 
+def sample_images(method, model, labels, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
+                  batch=256):
+    """Images in [-1, 1], [n, C, H, W], drawn in batches with a progress bar over the sampler steps."""
+    steps = steps or method.mcfg.sample_steps
+    out = []
+    with progress.Task(f"sampling {len(labels)} images", total=steps * -(-len(labels) // batch), unit="step") as task:
+        for i in range(0, len(labels), batch):
+            out.append(method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
+                                     generator=generator, device=device, callback=lambda *_: task.update()))
+    return torch.cat(out)
+
+
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
                    device="auto", ema=True, **text_kwargs):
     check_sample_args(n, steps, cfg_scale, text_kwargs.get("temperature"), text_kwargs.get("top_k"), sampler)
@@ -64,11 +77,8 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
         raise GenlabError(f"--class {class_id} out of range; this model has classes 0..{k - 1}")
     labels = torch.full((n,), class_id, device=dev) if class_id is not None else torch.arange(n, device=dev) % k
     from genlab.eval.image_quality import save_grid, to_uint8
-    imgs = []
-    for i in range(0, n, 256):
-        imgs.append(to_uint8(method.sample(model, labels[i:i + 256], steps=steps, cfg_scale=cfg_scale,
-                                           sampler=sampler, generator=gen, device=dev)))
-    imgs = torch.cat(imgs)
+    imgs = to_uint8(sample_images(method, model, labels, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
+                                  generator=gen, device=dev))
     cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
     rows = (n + cols - 1) // cols
     return save_grid(imgs, rows, cols, out)
