@@ -177,6 +177,8 @@ def build_parser():
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_data)
+    from genlab.world.cli import add_data_commands
+    add_data_commands(dsub)
 
     from genlab import cli_extra
     cli_extra.add_commands(sub)

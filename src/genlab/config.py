@@ -22,6 +22,7 @@ IMAGE_SETS = ("digits", "images", "synthetic")       # datasets whose samples ar
 TOKEN_SETS = ("text", "tokens", "synthetic_tokens")  # datasets whose samples are token sequences
 EMBEDDED = ("digits", "text")                        # need no files and no size options
 LM_METHODS = ("autoregressive", "mdlm")
+NOT_WORLD = ("flow", "image_ar") + LM_METHODS                   # methods that do not read the world-model options
 
 
 @dataclass
@@ -45,6 +46,12 @@ class DataConfig:
     vocab_size: int = F(0, "synthetic tokens: vocabulary size (>= 2 for data.name=synthetic_tokens)", ge=0,
                         unused={"data.name": IMAGE_SETS + ("text", "tokens")})
     hflip: bool = F(False, "random horizontal flip of images, applied on the device", unused={"data.name": TOKEN_SETS})
+    context_frames: int = F(4, "episodes: L past frames the world model conditions on", ge=1,
+                            unused={"data.name": IMAGE_SETS + TOKEN_SETS})
+    horizon: int = F(8, "episodes: frames after the context in a training window (the largest closed-loop horizon)", ge=1,
+                     unused={"data.name": IMAGE_SETS + TOKEN_SETS})
+    heldout: float = F(0.1, "episodes: fraction of episodes (the last ones) held out for evaluation", ge=0, lt=1,
+                       unused={"data.name": IMAGE_SETS + TOKEN_SETS})
 
 
 @dataclass
@@ -72,6 +79,8 @@ class ModelConfig:
     tie_weights: bool = F(True, "gpt: share the embedding with the output head", unused={"model.name": ("dit",)})
     causal: bool = F(True, "gpt: causal attention (autoregressive: true; mdlm: false)", unused={"model.name": ("dit",)})
     bias: bool = F(False, "gpt: biases in linears and norms", unused={"model.name": ("dit",)})
+    context_mode: str = F("channels", "world_dit: context frames stacked on the target's channels, or as extra tokens",
+                          choices=("channels", "tokens"), unused={"model.name": ("dit", "gpt")})
     ce_chunk: int = F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0,
                       unused={"model.name": ("dit",)})
     # sparse_transformer (image bytes, Child et al. 2019)
@@ -114,6 +123,18 @@ class MethodConfig:
                     unused={"method.name": ("flow",)})
     block_len: int = F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0,
                        unused={"method.name": ("flow", "autoregressive")})
+    objective: str = F("flow", "world: flow (rectified flow) | edm (Karras preconditioning) | l1 (one-step regression)",
+                       choices=("flow", "edm", "l1"), unused={"method.name": NOT_WORLD})
+    residual: bool = F(True, "world: diffuse target - last context frame (zero output = copy the last frame)",
+                       unused={"method.name": NOT_WORLD})
+    ctx_noise_max: float = F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0,
+                             unused={"method.name": NOT_WORLD})
+    closed_loop_start: float = F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)",
+                                 ge=0, le=1, unused={"method.name": NOT_WORLD})
+    adv_weight: float = F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0,
+                          unused={"method.name": NOT_WORLD})
+    disc_lr: float = F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0,
+                       unused={"method.name": NOT_WORLD})
 
 
 @dataclass
@@ -187,6 +208,9 @@ class EvalConfig:
                          unused={"method.name": ("flow", "autoregressive")})
     val_path: str = F("", "image_ar: held-out images folder for bits/dim (empty: the last eval.num_samples training images)",
                       free="a folder made by `genlab data prepare`", unused={"method.name": ("flow", "autoregressive", "mdlm")})
+    world_rollouts: int = F(32, "world: held-out windows per rollout evaluation", ge=1, unused={"method.name": NOT_WORLD})
+    world_horizons: str = F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)",
+                            free="comma-separated integers >= 1", unused={"method.name": NOT_WORLD})
 
 
 @dataclass
