@@ -131,6 +131,8 @@ class LogConfig:
     keep_best: bool = False       # also keep checkpoints/best.pt: the lowest validation metric seen at eval_every and at the end
     sample_every: int = 0         # 0 = only at the end
     eval_every: int = 0           # 0 = only at the end
+    wandb: bool = False           # also log to Weights & Biases (pip install "genlab[wandb]"; WANDB_MODE=offline works)
+    wandb_project: str = "genlab"  # W&B project of the run (the run is named after the run folder)
 
 
 @dataclass
