@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
@@ -43,5 +44,9 @@ def test_wandb_offline_run_gets_the_same_metrics_as_the_jsonl(tmp_path, monkeypa
     assert list(run_dir.glob("tb/events.out.tfevents.*"))  # TensorBoard still written alongside
     # the offline run is on disk under RUN/wandb/, its id the run folder's name, with the genlab config attached
     (record,) = (run_dir / "wandb").glob(f"offline-run-*-{run_dir.name}/run-{run_dir.name}.wandb")
-    data = record.read_bytes()
+    for _ in range(100):  # wandb-core finishes writing the file a moment after run.finish() returns
+        data = record.read_bytes()
+        if b"samples_per_s" in data:
+            break
+        time.sleep(0.1)
     assert b"genlab-test" in data and b"wandb_project" in data and b"samples_per_s" in data
