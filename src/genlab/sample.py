@@ -15,14 +15,36 @@ from genlab.train.trainer import build_model_and_method
 
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
+    from genlab.config_check import check_section
+    from genlab.train.trainer import check_model_shapes
     state = ckpt.load_checkpoint(run_or_ckpt)
+    if not isinstance(state.get("data_spec"), dict):
+        raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
     cfg = from_dict(state["config"])
+    for o in overrides:  # the weights fix the model, data and method: only evaluation settings may change
+        if not o.strip().startswith("eval."):
+            raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000)")
     apply_overrides(cfg, list(overrides))
+    check_section(cfg, "eval")  # the rest was validated when the run was trained
     dev = resolve_device(device)
     model, method = build_model_and_method(cfg, state["data_spec"])
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
+    check_model_shapes(model, weights, str(run_or_ckpt), verb="load")
     model.load_state_dict(weights)
     return cfg, model.to(dev).eval(), method, dev, state
+
+
+def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None):
+    """The sample command's numbers, before a checkpoint is opened or a file written."""
+    for flag, v, ok, want in (("--n", n, n is not None and n >= 1, ">= 1"), ("--steps", steps, steps is None or steps >= 1, ">= 1"),
+                              ("--cfg", cfg_scale, cfg_scale is None or cfg_scale >= 0, ">= 0"),
+                              ("--temperature", temperature, temperature is None or temperature >= 0, ">= 0"),
+                              ("--top-k", top_k, top_k is None or top_k >= 0, ">= 0")):
+        if not ok:
+            raise GenlabError(f"{flag} must be {want}, got {v}")
+    if sampler is not None:
+        from genlab.registry import all_registries
+        all_registries()["sampler"].get(sampler)
 
 
 def _run_dir(run_or_ckpt) -> Path:
@@ -44,6 +66,7 @@ def sample_images(method, model, labels, steps=None, cfg_scale=None, sampler=Non
 
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
                    device="auto", ema=True, **text_kwargs):
+    check_sample_args(n, steps, cfg_scale, text_kwargs.get("temperature"), text_kwargs.get("top_k"), sampler)
     cfg, model, method, dev, state = load_run(run, device, ema)
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"

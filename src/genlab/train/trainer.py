@@ -40,13 +40,13 @@ def build_model_and_method(cfg: Config, spec: dict):
     return model, method
 
 
-def check_model_shapes(model, state: dict, source: str):
+def check_model_shapes(model, state: dict, source: str, verb: str = "resume"):
     own = model.state_dict()
     diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
     missing = [k for k in own if k not in state] + [k for k in state if k not in own]
     if diffs or missing:
         what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}"
-        raise GenlabError(f"cannot resume from {source}: the model differs from the checkpoint ({what})")
+        raise GenlabError(f"cannot {verb} from {source}: the model differs from the checkpoint ({what})")
 
 
 @torch.no_grad()
