@@ -78,6 +78,9 @@ class Run:
             return self.decode(ids) if text else ids
         if text:
             raise GenlabError("text=True is for language models; this run samples images")
+        if self.family != "image":
+            raise GenlabError(f"Run.sample draws images or text; a '{self.family}' run ({self.config.method.name}) "
+                              f"samples from data context: use `genlab sample {self.path}`")
         return self._sample_images(n, steps, gen, **kw).float().clamp(-1, 1).cpu()  # as the PNG grids quantise
 
     def decode(self, ids) -> list[str]:

@@ -1,4 +1,4 @@
-"""genlab command line: train | sample | eval | data | list | config | bench | sweep | export, and --version."""
+"""genlab command line: train | sample | eval | data | list | config (+ bench, sweep, export, world via cli_extra), --version."""
 from __future__ import annotations
 
 import argparse
