@@ -37,6 +37,8 @@ def test_readme_example_trains_loads_and_samples(tmp_path, monkeypatch):
     assert torch.equal(images, again) and not torch.equal(images, run.sample(n=10, class_id=7, seed=1))
     with pytest.raises(GenlabError, match="classes 0..9"):
         run.sample(n=2, class_id=10)
+    with pytest.raises(GenlabError, match="did you mean 'class_id'"):
+        run.sample(n=2, clas_id=3)
 
 
 def test_text_run_samples_token_ids_and_text(tmp_path):
