@@ -80,7 +80,7 @@ class Run:
         for k in kw:
             if k not in valid:
                 from genlab.config_fields import did_you_mean
-                raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for an {self.family} run; "
+                raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for this {self.family} run; "
                                   f"valid: n, seed, steps, text, {', '.join(valid)}")
         if n < 1:
             raise GenlabError(f"Run.sample: n must be >= 1, got {n}")
