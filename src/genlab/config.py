@@ -182,12 +182,15 @@ class TrainConfig:
 class LogConfig:
     every: int = F(50, "steps between metric lines (the only host syncs in the loop)", ge=1)
     tensorboard: bool = F(True, "write TensorBoard event files")
-    progress: bool = F(True, "show a progress bar")
+    progress: bool = F(True, "console: a status line every log.every steps and eval/sampling progress (a tqdm bar only on a terminal)")
     ckpt_every: int = F(500, "steps between checkpoints (0 = only at the end)", ge=0)
     keep_last: int = F(3, "checkpoints kept (0 = all)", ge=0)
     keep_best: bool = F(False, "also keep checkpoints/best.pt: the lowest validation metric seen")
     sample_every: int = F(0, "steps between sample previews (0 = only at the end)", ge=0)
     eval_every: int = F(0, "steps between evaluations (0 = only at the end)", ge=0)
+    wandb: bool = F(False, 'also log to Weights & Biases (pip install "genlab[wandb]"; WANDB_MODE=offline works)')
+    wandb_project: str = F("genlab", "W&B project of the run (the W&B run is named after the run folder)",
+                           free="a W&B project name")
 
 
 @dataclass

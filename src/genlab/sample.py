@@ -54,13 +54,21 @@ def _run_dir(run_or_ckpt) -> Path:
 
 def sample_images(method, model, labels, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
                   batch=256):
-    """Images in [-1, 1], [n, C, H, W], drawn in batches with a progress bar over the sampler steps."""
-    steps = steps or method.mcfg.sample_steps
+    """Images in [-1, 1], [n, C, H, W], drawn in batches; progress per sampler step where the method's
+    sample() takes a callback (flow's ODE samplers), else per batch."""
+    import inspect
+    per_step = "callback" in inspect.signature(method.sample).parameters
+    steps = steps or getattr(method.mcfg, "sample_steps", 1)
+    n_batches = -(-len(labels) // batch)
     out = []
-    with progress.Task(f"sampling {len(labels)} images", total=steps * -(-len(labels) // batch), unit="step") as task:
+    with progress.Task(f"sampling {len(labels)} images", total=steps * n_batches if per_step else n_batches,
+                       unit="step" if per_step else "batch") as task:
         for i in range(0, len(labels), batch):
+            kw = {"callback": lambda *_: task.update()} if per_step else {}
             out.append(method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
-                                     generator=generator, device=device, callback=lambda *_: task.update()))
+                                     generator=generator, device=device, **kw))
+            if not per_step:
+                task.update()
     return torch.cat(out)
 
 

@@ -153,7 +153,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "samples").mkdir(exist_ok=True)
             (self.run_dir / "config.toml").write_text("".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(to_dict(cfg)))
-        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main)
+        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main,
+                              wandb_project=cfg.log.wandb_project if cfg.log.wandb else None, config=to_dict(cfg))
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, weights=True):
