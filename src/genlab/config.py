@@ -50,9 +50,9 @@ class ModelConfig:
     dropout: float = 0.0
     # language models
     vocab_size: int = 0           # 0 = from the dataset
-    pos_emb: str = "learned"      # learned | rope
-    norm: str = "layernorm"       # layernorm | rmsnorm
-    mlp: str = "gelu"             # gelu | swiglu
+    pos_emb: str = "auto"         # registry `position`: auto (dit: sincos2d, gpt: learned) | learned | rope | sincos2d | rope2d
+    norm: str = "layernorm"       # registry `norm`: layernorm | rmsnorm
+    mlp: str = "gelu"             # registry `mlp`: gelu | swiglu
     tie_weights: bool = True
     causal: bool = True
     bias: bool = False
@@ -77,6 +77,13 @@ class MethodConfig:
     sample_len: int = 0           # tokens per text sample (0 = data.seq_len)
     prompt: str = ""              # text prompt for previews; mdlm: "[[N]]" marks N tokens to infill
     block_len: int = 0            # mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)
+    teacher: str = ""             # run dir or checkpoint of a frozen teacher, built from that run's own saved config
+    # REPA (method repa): flow loss + repa_weight * (-cosine) between projected DiT tokens and frozen encoder features
+    repa_weight: float = 0.5      # lambda of the alignment term
+    repa_block: int = 1           # DiT block whose output tokens are aligned (1-based; <= model depth)
+    repa_encoder: str = "random"  # random (a frozen randomly initialised conv net) | classifier (the in-project feature CNN)
+    repa_hidden: int = 256        # width of the trainable MLP projector
+    repa_lr: float = 0.0          # projector learning rate (0 = optim.lr)
 
 
 @dataclass
@@ -118,6 +125,8 @@ class TrainConfig:
     name: str = ""                # run name; default: preset name + timestamp
     out_dir: str = "runs"
     resume: str = ""              # run dir or checkpoint to continue from
+    init_from: str = ""           # run dir, checkpoint or exported model.safetensors: start from its weights (strict shapes)
+    convert: list = field(default_factory=list)  # registry `convert`: model converters applied before wrapping, e.g. ["float8"]
 
 
 @dataclass
@@ -187,6 +196,14 @@ def _coerce(value: Any, typ, where: str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+    elif typ is list:  # a list of names: TOML array, JSON text or comma-separated text
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = [v.strip() for v in value.strip("()[]").split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
     elif typ is tuple or origin is tuple:
         if isinstance(value, str):
             try:
@@ -275,7 +292,7 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Config:
 
 def validate(cfg: Config) -> None:
     """Check every registry name before any work is done."""
-    from genlab import components as C
+    from genlab import registry as C
     C.model_registry.get(cfg.model.name)
     C.method_registry.get(cfg.method.name)
     C.dataset_registry.get(cfg.data.name)
@@ -288,6 +305,12 @@ def validate(cfg: Config) -> None:
     C.attention_registry.get(cfg.model.attention)
     C.adaln_registry.get(cfg.model.adaln)
     C.residual_registry.get(cfg.model.residual)
+    C.mlp_registry.get(cfg.model.mlp)
+    C.norm_registry.get(cfg.model.norm)
+    if cfg.model.pos_emb != "auto":
+        C.position_registry.get(cfg.model.pos_emb)
+    for name in cfg.train.convert:
+        C.convert_registry.get(name)
     if cfg.method.name == "flow":
         C.timestep_sampler_registry.get(cfg.method.timestep_sampler)
         C.sampler_registry.get(cfg.method.sampler)

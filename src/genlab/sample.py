@@ -5,23 +5,26 @@ from pathlib import Path
 
 import torch
 
-from genlab.config import apply_overrides, from_dict
+from genlab.config import apply_overrides
 from genlab.data import build_dataset
 from genlab.errors import GenlabError
 from genlab.train import checkpoint as ckpt
 from genlab.train.parallel import resolve_device
-from genlab.train.trainer import build_model_and_method
+from genlab.train.convert import apply_converters, converters_of
+from genlab.train.step import build_model_and_method
 
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
+    """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
     state = ckpt.load_checkpoint(run_or_ckpt)
-    cfg = from_dict(state["config"])
+    cfg = ckpt.config_of(state)
     apply_overrides(cfg, list(overrides))
     dev = resolve_device(device)
     model, method = build_model_and_method(cfg, state["data_spec"])
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     model.load_state_dict(weights)
-    return cfg, model.to(dev).eval(), method, dev, state
+    apply_converters(model.to(dev), converters_of(cfg), dev)  # a run trained converted samples converted
+    return cfg, model.eval(), method, dev, state
 
 
 def _run_dir(run_or_ckpt) -> Path:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from genlab.errors import GenlabError
 from genlab.methods import lm_common as lm
+from genlab.methods.base import Method
 from genlab.registry import method_registry
 
 SCHEDULES = ("loglinear", "cosine")
@@ -136,8 +137,9 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
     return z
 
 
-class MaskedDiffusion:
+class MaskedDiffusion(Method):
     family = "text"
+    batch_keys = ("x",)
     best_metric = "nelbo_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
     def __init__(self, cfg, data_spec):
@@ -156,7 +158,8 @@ class MaskedDiffusion:
             raise GenlabError("mdlm needs a spare embedding row for [MASK] (model vocab > data vocab)")
         return base
 
-    def loss(self, model, batch, generator):
+    def loss(self, model, batch, ctx):
+        generator = ctx.generator
         if not self._checked:
             self.mask_id = self._base(model).mask_id
             self._checked = True

@@ -81,3 +81,13 @@ def load_checkpoint(path_or_run, map_location="cpu") -> dict:
         return torch.load(p, map_location=map_location, weights_only=False)
     except Exception as e:
         raise GenlabError(f"cannot read checkpoint '{p}': {e}") from None
+
+
+def config_of(state: dict):
+    """The Config a checkpoint was trained with. Configs saved before `model.pos_emb` also chose DiT positions
+    (they lack train.convert) meant a DiT's fixed sin-cos table by it, whatever the key said."""
+    from genlab.config import from_dict
+    d = {sec: dict(v) if isinstance(v, dict) else v for sec, v in state["config"].items()}
+    if "convert" not in d.get("train", {}) and d.get("model", {}).get("pos_emb") == "learned" and d["model"].get("name") == "dit":
+        d["model"]["pos_emb"] = "auto"
+    return from_dict(d)
