@@ -86,6 +86,17 @@ def cmd_list(args):
     return 0
 
 
+def cmd_config(args):
+    from genlab.config import load_config
+    from genlab.config_doc import annotated_toml, markdown
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
+    preset, overrides = _split_config_and_overrides(args.items)
+    print(annotated_toml(load_config(preset, overrides)), end="")
+    return 0
+
+
 def cmd_data(args):
     from genlab.data.convert import prepare
     out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
@@ -128,6 +139,11 @@ def build_parser():
     lst = sub.add_parser("list", help="print every registry and its entries, and the presets")
     lst.set_defaults(fn=cmd_list)
 
+    c = sub.add_parser("config", help="print the resolved config as TOML with each key's description and valid values")
+    c.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
+    c.add_argument("--markdown", action="store_true", help="the reference of every key as Markdown (docs/config.md)")
+    c.set_defaults(fn=cmd_config)
+
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
@@ -151,8 +167,12 @@ def build_parser():
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from genlab.errors import RunFailed, debug, one_line
     try:
         return args.fn(args)
+    except RunFailed as e:
+        print(f"genlab: failed: {e}", file=sys.stderr)
+        return 1
     except GenlabError as e:
         print(f"genlab: error: {e}", file=sys.stderr)
         return 2
@@ -164,7 +184,11 @@ def main(argv=None) -> int:
         if isinstance(e, NonFiniteLoss):
             print(f"genlab: diverged: {e}", file=sys.stderr)
             return 3
-        raise
+        if debug():
+            raise
+        # a bug or an unreadable input outside the trainer's setup: one line, the traceback on request
+        print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

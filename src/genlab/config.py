@@ -11,148 +11,178 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+from genlab.config_fields import F, did_you_mean
 from genlab.errors import GenlabError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
+IMAGE_SETS = ("digits", "images", "synthetic")       # datasets whose samples are images
+TOKEN_SETS = ("text", "tokens", "synthetic_tokens")  # datasets whose samples are token sequences
+EMBEDDED = ("digits", "text")                        # need no files and no size options
+LM_METHODS = ("autoregressive", "mdlm")
+
+
 @dataclass
 class DataConfig:
-    name: str = "digits"          # registry `dataset`: digits | images | synthetic | ...
-    path: str = ""                # folder written by `genlab data prepare` (for name=images/tokens)
-    split: str = "train"
-    on_device: str = "auto"       # auto | yes | no: keep the whole uint8 dataset resident on the device
-    prefetch: int = 2             # batches gathered ahead by the host loader thread (when not on device)
-    pin_memory: str = "auto"      # auto | yes | no
-    image_size: int = 32          # synthetic data only
-    channels: int = 4             # synthetic data only
-    num_classes: int = 1000       # synthetic data only
-    size: int = 4096              # synthetic data only: number of samples
-    seq_len: int = 256            # token data: sequence length per sample
-    vocab_size: int = 0           # synthetic token data only
-    hflip: bool = False           # random horizontal flip, applied on the device
+    name: str = F("digits", "dataset to train on", registry="dataset")
+    path: str = F("", "folder written by `genlab data prepare` (data.name=images|tokens)", free="a folder path",
+                  unused={"data.name": EMBEDDED + ("synthetic", "synthetic_tokens")})
+    split: str = F("train", "token data: the split the loader streams (val: the held-out tokens)", choices=("train", "val"),
+                   unused={"data.name": IMAGE_SETS})
+    on_device: str = F("auto", "keep the whole uint8 dataset resident on the device", choices=("auto", "yes", "no"))
+    prefetch: int = F(2, "batches gathered ahead by the host loader thread (when not on device)", ge=0)
+    pin_memory: str = F("auto", "pin host batches for asynchronous copies to the GPU", choices=("auto", "yes", "no"))
+    image_size: int = F(32, "synthetic images: height = width in pixels", ge=1,
+                        unused={"data.name": ("digits", "images") + TOKEN_SETS})
+    channels: int = F(4, "synthetic images: channels", ge=1, unused={"data.name": ("digits", "images") + TOKEN_SETS})
+    num_classes: int = F(1000, "synthetic images: number of classes", ge=1,
+                         unused={"data.name": ("digits", "images") + TOKEN_SETS})
+    size: int = F(4096, "synthetic data: number of samples (images or sequences)", ge=1,
+                  unused={"data.name": ("digits", "images", "text", "tokens")})
+    seq_len: int = F(256, "token data: sequence length per sample", ge=1, unused={"data.name": IMAGE_SETS})
+    vocab_size: int = F(0, "synthetic tokens: vocabulary size (>= 2 for data.name=synthetic_tokens)", ge=0,
+                        unused={"data.name": IMAGE_SETS + ("text", "tokens")})
+    hflip: bool = F(False, "random horizontal flip of images, applied on the device", unused={"data.name": TOKEN_SETS})
 
 
 @dataclass
 class ModelConfig:
-    name: str = "dit"             # registry `model`
-    size: str = "tiny"            # named size preset of the model (e.g. tiny, S, B, L, XL)
-    dim: int = 0                  # 0 = take it from `size`
-    depth: int = 0
-    heads: int = 0
-    patch_size: int = 2
-    mlp_ratio: float = 4.0
-    attention: str = "sdpa"       # registry `attention`
-    class_dropout: float = 0.1    # label dropout that trains the null class for CFG
-    qk_norm: bool = False
-    adaln: str = "fused"          # registry `adaln`: LayerNorm + adaLN modulation (fused | unfused)
-    residual: str = "fp32"        # registry `residual`: dtype of the DiT residual stream under autocast (fp32 | compute)
-    dropout: float = 0.0
-    # language models
-    vocab_size: int = 0           # 0 = from the dataset
-    pos_emb: str = "auto"         # registry `position`: auto (dit: sincos2d, gpt: learned) | learned | rope | sincos2d | rope2d
-    norm: str = "layernorm"       # registry `norm`: layernorm | rmsnorm
-    mlp: str = "gelu"             # registry `mlp`: gelu | swiglu
-    tie_weights: bool = True
-    causal: bool = True
-    bias: bool = False
-    ce_chunk: int = 0             # gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)
+    name: str = F("dit", "backbone", registry="model")
+    size: str = F("tiny", "named size preset (dit: tiny small S B L XL; gpt: tiny small gpt2 gpt2-medium gpt2-large gpt2-xl)",
+                  free="a size name of the chosen model")
+    dim: int = F(0, "width (0 = from model.size)", ge=0)
+    depth: int = F(0, "number of blocks (0 = from model.size)", ge=0)
+    heads: int = F(0, "attention heads (0 = from model.size); must divide model.dim", ge=0)
+    patch_size: int = F(2, "dit: patch side in pixels; must divide the image size", ge=1, unused={"model.name": ("gpt",)})
+    mlp_ratio: float = F(4.0, "MLP hidden width / model width", gt=0)
+    attention: str = F("sdpa", "attention kernel", registry="attention")
+    class_dropout: float = F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1,
+                             unused={"method.name": LM_METHODS})
+    qk_norm: bool = F(False, "dit: normalise queries and keys per head", unused={"model.name": ("gpt",)})
+    adaln: str = F("fused", "dit: LayerNorm + adaLN modulation implementation", registry="adaln", unused={"model.name": ("gpt",)})
+    residual: str = F("fp32", "dit: dtype of the residual stream under autocast", registry="residual",
+                      unused={"model.name": ("gpt",)})
+    dropout: float = F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1, unused={"model.name": ("dit",)})
+    vocab_size: int = F(0, "gpt: embedding rows (0 = from the dataset)", ge=0, unused={"model.name": ("dit",)})
+    pos_emb: str = F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)",
+                     free="auto or a registry `position` entry that fits the model")
+    norm: str = F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm")
+    mlp: str = F("gelu", "MLP kind", registry="mlp")
+    tie_weights: bool = F(True, "gpt: share the embedding with the output head", unused={"model.name": ("dit",)})
+    causal: bool = F(True, "gpt: causal attention (autoregressive: true; mdlm: false)", unused={"model.name": ("dit",)})
+    bias: bool = F(False, "gpt: biases in linears and norms", unused={"model.name": ("dit",)})
+    ce_chunk: int = F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0,
+                      unused={"model.name": ("dit",)})
 
 
 @dataclass
 class MethodConfig:
-    name: str = "flow"            # registry `method`
-    timestep_sampler: str = "logit_normal"   # registry `timestep_sampler`
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
-    sampler: str = "heun"         # registry `sampler`
-    sample_steps: int = 20
-    cfg_scale: float = 2.0
-    # masked diffusion LM
-    noise_schedule: str = "loglinear"
-    antithetic: bool = True
-    eps: float = 1e-3
-    temperature: float = 1.0      # language models: sampling temperature (0 = greedy)
-    top_k: int = 0                # autoregressive sampling: keep the k most likely tokens (0 = all)
-    sample_len: int = 0           # tokens per text sample (0 = data.seq_len)
-    prompt: str = ""              # text prompt for previews; mdlm: "[[N]]" marks N tokens to infill
-    block_len: int = 0            # mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)
-    teacher: str = ""             # run dir or checkpoint of a frozen teacher, built from that run's own saved config
-    # REPA (method repa): flow loss + repa_weight * (-cosine) between projected DiT tokens and frozen encoder features
-    repa_weight: float = 0.5      # lambda of the alignment term
-    repa_block: int = 1           # DiT block whose output tokens are aligned (1-based; <= model depth)
-    repa_encoder: str = "random"  # random (a frozen randomly initialised conv net) | classifier (the in-project feature CNN)
-    repa_hidden: int = 256        # width of the trainable MLP projector
-    repa_lr: float = 0.0          # projector learning rate (0 = optim.lr)
+    name: str = F("flow", "training objective and sampler", registry="method")
+    timestep_sampler: str = F("logit_normal", "flow: distribution of training times t", registry="timestep_sampler",
+                              unused={"method.name": LM_METHODS})
+    logit_mean: float = F(0.0, "flow, logit_normal: mean of logit(t)", ge=-10, le=10, unused={"method.name": LM_METHODS})
+    logit_std: float = F(1.0, "flow, logit_normal: standard deviation of logit(t)", gt=0, unused={"method.name": LM_METHODS})
+    sampler: str = F("heun", "flow: ODE sampler", registry="sampler", unused={"method.name": LM_METHODS})
+    sample_steps: int = F(20, "flow, mdlm: sampler steps for previews", ge=1, unused={"method.name": ("autoregressive",)})
+    cfg_scale: float = F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0,
+                         unused={"method.name": LM_METHODS})
+    noise_schedule: str = F("loglinear", "mdlm: masking schedule", choices=("loglinear", "cosine"),
+                            unused={"method.name": ("flow", "autoregressive")})
+    antithetic: bool = F(True, "mdlm: stratified (antithetic) training times", unused={"method.name": ("flow", "autoregressive")})
+    eps: float = F(1e-3, "mdlm: smallest masking time", ge=0, lt=1, unused={"method.name": ("flow", "autoregressive")})
+    temperature: float = F(1.0, "language models: sampling temperature (0 = greedy)", ge=0, unused={"method.name": ("flow",)})
+    top_k: int = F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0,
+                   unused={"method.name": ("flow", "mdlm")})
+    sample_len: int = F(0, "tokens per text sample (0 = data.seq_len)", ge=0, unused={"method.name": ("flow",)})
+    prompt: str = F("", "text prompt for previews; mdlm: \"[[N]]\" marks N tokens to infill", free="any text",
+                    unused={"method.name": ("flow",)})
+    block_len: int = F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0,
+                       unused={"method.name": ("flow", "autoregressive")})
+    teacher: str = F("", "run folder or checkpoint of a frozen teacher, built from that run's own saved config",
+                     free="a run folder or checkpoint path")
+    repa_weight: float = F(0.5, "repa: lambda of the alignment term -cos(projector(h_k), encoder(x))", ge=0,
+                           unused={"method.name": ("flow",) + LM_METHODS})
+    repa_block: int = F(1, "repa: DiT block (1-based) whose output tokens are aligned", ge=1,
+                        unused={"method.name": ("flow",) + LM_METHODS})
+    repa_encoder: str = F("random", "repa: frozen encoder (classifier: the in-project feature CNN; random: a frozen random conv net)",
+                          choices=("random", "classifier"), unused={"method.name": ("flow",) + LM_METHODS})
+    repa_hidden: int = F(256, "repa: width of the trainable MLP projector", ge=1, unused={"method.name": ("flow",) + LM_METHODS})
+    repa_lr: float = F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0, unused={"method.name": ("flow",) + LM_METHODS})
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"           # registry `optimizer`
-    lr: float = 1e-3
-    betas: tuple = (0.9, 0.99)
-    weight_decay: float = 0.0
-    eps: float = 1e-8
-    schedule: str = "cosine"      # registry `lr_schedule`
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0        # 0 = no clipping
-    caution: bool = False         # cautious updates (heavyball optimizers)
+    name: str = F("adamw", "optimizer", registry="optimizer")
+    lr: float = F(1e-3, "peak learning rate", gt=0)
+    betas: tuple = F((0.9, 0.99), "Adam betas (sgd: betas[0] is the momentum)", ge=0, lt=1)
+    weight_decay: float = F(0.0, "decoupled weight decay", ge=0)
+    eps: float = F(1e-8, "Adam denominator epsilon", gt=0)
+    schedule: str = F("cosine", "learning-rate schedule", registry="lr_schedule")
+    warmup_steps: int = F(100, "linear warmup steps", ge=0)
+    min_lr_ratio: float = F(0.1, "final lr / peak lr of the decaying schedules", ge=0, le=1)
+    grad_clip: float = F(1.0, "clip the global gradient norm to this (0 = no clipping)", ge=0)
+    caution: bool = F(False, "cautious updates (heavyball optimizers)")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 2000
-    batch_size: int = 128         # global batch (summed over micro-steps and ranks)
-    grad_accum: int = 1
-    device: str = "auto"          # auto | cpu | cuda | cuda:N
-    precision: str = "auto"       # registry `precision`; auto = bf16 on CUDA, fp32 on CPU
-    compile: str = "off"          # registry `compile`
-    compile_mode: str = "default" # registry `compile_mode`: the torch.compile mode (default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs)
-    activation_checkpointing: str = "none"   # registry `activation_checkpointing`
-    ac_every: int = 2             # for activation_checkpointing=every_k
-    parallel: str = "auto"        # registry `parallel`: auto | none | ddp | fsdp | hsdp
-    replicate: int = 0            # HSDP replicate degree (0 = world / shard)
-    shard: int = 0                # HSDP/FSDP shard degree (0 = all ranks)
-    fsdp_prefetch: int = 1        # FSDP/HSDP: explicit forward/backward prefetch of this many blocks ahead (0 = implicit only)
-    fsdp_keep_last: int = 1       # FSDP/HSDP: last blocks left unsharded after the forward (their backward follows at once)
-    compiled_autograd: bool = False   # trace the backward with compiled autograd (use with compile=model|blocks)
-    compile_optimizer: bool = False   # torch.compile the optimizer step (torch adamw/adam/sgd; LR kept in a tensor)
-    seed: int = 0
-    ema_decay: float = 0.999      # 0 = no EMA
-    ema_warmup: bool = True       # decay min(ema_decay, (1+n)/(10+n)) so early EMA tracks the model
-    skip_nonfinite: bool = False  # skip (and count) steps with a non-finite loss instead of stopping
-    name: str = ""                # run name; default: preset name + timestamp
-    out_dir: str = "runs"
-    resume: str = ""              # run dir or checkpoint to continue from
-    init_from: str = ""           # run dir, checkpoint or exported model.safetensors: start from its weights (strict shapes)
-    convert: list = field(default_factory=list)  # registry `convert`: model converters applied before wrapping, e.g. ["float8"]
+    steps: int = F(2000, "optimizer steps", ge=1)
+    batch_size: int = F(128, "global batch (summed over micro-steps and ranks)", ge=1)
+    grad_accum: int = F(1, "micro-steps per optimizer step; must divide train.batch_size", ge=1)
+    device: str = F("auto", "auto | cpu | cuda | cuda:N", free="auto, cpu, cuda or cuda:N")
+    precision: str = F("auto", "numeric precision (auto = bf16 on CUDA, fp32 on CPU)", registry="precision")
+    compile: str = F("off", "what torch.compile wraps", registry="compile")
+    compile_mode: str = F("default", "the torch.compile mode", registry="compile_mode")
+    activation_checkpointing: str = F("none", "recompute activations in the backward pass", registry="activation_checkpointing")
+    ac_every: int = F(2, "activation_checkpointing=every_k: recompute every k-th block", ge=1)
+    parallel: str = F("auto", "data parallelism", registry="parallel")
+    replicate: int = F(0, "HSDP replicate degree (0 = world / shard)", ge=0)
+    shard: int = F(0, "HSDP/FSDP shard degree (0 = all ranks)", ge=0)
+    fsdp_prefetch: int = F(1, "FSDP/HSDP: explicit prefetch of this many blocks ahead (0 = implicit only)", ge=0)
+    fsdp_keep_last: int = F(1, "FSDP/HSDP: last blocks left unsharded after the forward", ge=0)
+    compiled_autograd: bool = F(False, "trace the backward with compiled autograd (use with compile=model|blocks)")
+    compile_optimizer: bool = F(False, "torch.compile the optimizer step (torch adamw/adam/sgd; LR kept in a tensor)")
+    seed: int = F(0, "seed of data order, init and noise", ge=0)
+    ema_decay: float = F(0.999, "EMA decay of the sampling weights (0 = no EMA)", ge=0, lt=1)
+    ema_warmup: bool = F(True, "decay min(ema_decay, (1+n)/(10+n)) so early EMA tracks the model")
+    skip_nonfinite: bool = F(False, "skip (and count) steps with a non-finite loss instead of stopping")
+    name: str = F("", "run name (default: preset name + timestamp)", free="a folder name")
+    out_dir: str = F("runs", "folder that holds the run folders", free="a folder path")
+    resume: str = F("", "run folder or checkpoint to continue from", free="a run folder or checkpoint path")
+    init_from: str = F("", "start from these weights (run folder, checkpoint or exported model.safetensors; strict shapes)",
+                       free="a run folder, checkpoint or .safetensors path")
+    convert: list = F([], "model converters applied before wrapping and when sample/eval/export load the run", registry="convert")
 
 
 @dataclass
 class LogConfig:
-    every: int = 50               # steps between metric lines (the only host syncs in the loop)
-    tensorboard: bool = True
-    progress: bool = True
-    ckpt_every: int = 500         # 0 = only at the end
-    keep_last: int = 3
-    keep_best: bool = False       # also keep checkpoints/best.pt: the lowest validation metric seen at eval_every and at the end
-    sample_every: int = 0         # 0 = only at the end
-    eval_every: int = 0           # 0 = only at the end
+    every: int = F(50, "steps between metric lines (the only host syncs in the loop)", ge=1)
+    tensorboard: bool = F(True, "write TensorBoard event files")
+    progress: bool = F(True, "show a progress bar")
+    ckpt_every: int = F(500, "steps between checkpoints (0 = only at the end)", ge=0)
+    keep_last: int = F(3, "checkpoints kept (0 = all)", ge=0)
+    keep_best: bool = F(False, "also keep checkpoints/best.pt: the lowest validation metric seen")
+    sample_every: int = F(0, "steps between sample previews (0 = only at the end)", ge=0)
+    eval_every: int = F(0, "steps between evaluations (0 = only at the end)", ge=0)
 
 
 @dataclass
 class EvalConfig:
-    num_samples: int = 500        # samples for sample accuracy / feature distance
-    sample_steps: int = 20
-    cfg_scale: float = 2.0
-    classifier_epochs: int = 30
-    batch_size: int = 250
-    grid_per_class: int = 10      # columns of the sample grid
-    T_list: str = "8,32,128,512,1000"   # mdlm: step counts T of the bound-vs-T table (plus T=inf)
-    nelbo_reps: int = 2           # mdlm: Monte Carlo draws per validation sequence for the NELBO
-    gen_ppl_model: str = ""       # mdlm: autoregressive run dir that scores samples (generative perplexity)
-    gen_samples: int = 16         # mdlm: samples scored for the generative perplexity
+    num_samples: int = F(500, "samples for sample accuracy / feature distance / validation windows (0 = no eval)", ge=0)
+    sample_steps: int = F(20, "flow: sampler steps in evaluation", ge=1, unused={"method.name": LM_METHODS})
+    cfg_scale: float = F(2.0, "flow: guidance scale in evaluation", ge=0, unused={"method.name": LM_METHODS})
+    classifier_epochs: int = F(30, "flow: epochs of the in-project feature classifier", ge=1, unused={"method.name": LM_METHODS})
+    batch_size: int = F(250, "evaluation batch size", ge=1)
+    grid_per_class: int = F(10, "flow: columns of the sample grid", ge=1, unused={"method.name": LM_METHODS})
+    T_list: str = F("8,32,128,512,1000", "mdlm: step counts T of the bound-vs-T table (plus T=inf)",
+                    free="comma-separated integers >= 1", unused={"method.name": ("flow", "autoregressive")})
+    nelbo_reps: int = F(2, "mdlm: Monte Carlo draws per validation sequence for the NELBO", ge=1,
+                        unused={"method.name": ("flow", "autoregressive")})
+    gen_ppl_model: str = F("", "mdlm: autoregressive run that scores samples (generative perplexity)",
+                           free="a run folder", unused={"method.name": ("flow", "autoregressive")})
+    gen_samples: int = F(16, "mdlm: samples scored for the generative perplexity", ge=1,
+                         unused={"method.name": ("flow", "autoregressive")})
 
 
 @dataclass
@@ -164,7 +194,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    preset: str = "default"
+    preset: str = F("default", "name of the preset the config started from", free="a preset name")
 
 
 def _coerce(value: Any, typ, where: str):
@@ -228,7 +258,7 @@ def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
     top = _section_types(Config)
     for key, val in data.items():
         if key not in top:
-            raise GenlabError(f"unknown config section '{key}' in {source}; valid: {', '.join(top)}")
+            raise GenlabError(f"unknown config section '{key}' in {source}{did_you_mean(key, top)}; valid: {', '.join(top)}")
         if key == "preset":
             cfg.preset = _coerce(val, str, key)
             continue
@@ -238,7 +268,8 @@ def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
         types = _section_types(type(section))
         for k, v in val.items():
             if k not in types:
-                raise GenlabError(f"unknown config key '{key}.{k}' in {source}; valid keys of [{key}]: {', '.join(types)}")
+                raise GenlabError(f"unknown config key '{key}.{k}' in {source}{did_you_mean(k, types)}; "
+                                  f"valid keys of [{key}]: {', '.join(types)}")
             setattr(section, k, _coerce(v, types[k], f"{key}.{k}"))
     return cfg
 
@@ -290,39 +321,17 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Config:
     return cfg
 
 
+def sections(cfg: Config | None = None):
+    """(section name, dataclass type or instance) for every table of the config."""
+    cfg = cfg if cfg is not None else Config()
+    return [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(cfg, f.name))]
+
+
 def validate(cfg: Config) -> None:
-    """Check every registry name before any work is done."""
-    from genlab import registry as C
-    C.model_registry.get(cfg.model.name)
-    C.method_registry.get(cfg.method.name)
-    C.dataset_registry.get(cfg.data.name)
-    C.optimizer_registry.get(cfg.optim.name)
-    C.lr_schedule_registry.get(cfg.optim.schedule)
-    C.precision_registry.get(cfg.train.precision)
-    C.compile_registry.get(cfg.train.compile)
-    C.ac_registry.get(cfg.train.activation_checkpointing)
-    C.parallel_registry.get(cfg.train.parallel)
-    C.attention_registry.get(cfg.model.attention)
-    C.adaln_registry.get(cfg.model.adaln)
-    C.residual_registry.get(cfg.model.residual)
-    C.mlp_registry.get(cfg.model.mlp)
-    C.norm_registry.get(cfg.model.norm)
-    if cfg.model.pos_emb != "auto":
-        C.position_registry.get(cfg.model.pos_emb)
-    for name in cfg.train.convert:
-        C.convert_registry.get(name)
-    if cfg.method.name == "flow":
-        C.timestep_sampler_registry.get(cfg.method.timestep_sampler)
-        C.sampler_registry.get(cfg.method.sampler)
-    for key in ("steps", "batch_size", "grad_accum"):
-        if getattr(cfg.train, key) < 1:
-            raise GenlabError(f"train.{key} must be >= 1, got {getattr(cfg.train, key)}")
-    if cfg.train.batch_size % cfg.train.grad_accum:
-        raise GenlabError(f"train.batch_size ({cfg.train.batch_size}) must be divisible by train.grad_accum ({cfg.train.grad_accum})")
-    C.compile_mode_registry.get(cfg.train.compile_mode)
-    for key in ("on_device", "pin_memory"):
-        if getattr(cfg.data, key) not in ("auto", "yes", "no"):
-            raise GenlabError(f"data.{key} must be one of auto, yes, no; got {getattr(cfg.data, key)!r}")
+    """Every field against its declared range/choices/registry, options the chosen components do not
+    read, then the constraints model, data and method impose on each other: before anything is built."""
+    from genlab.config_check import check_config
+    check_config(cfg)
 
 
 def to_dict(cfg: Config) -> dict:
@@ -341,23 +350,7 @@ def from_dict(d: dict) -> Config:
     return cfg
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
 def dumps_toml(d: dict) -> str:
-    """Write the two-level config dict as TOML (tomllib reads but cannot write)."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict)]
-    for sec, vals in d.items():
-        if isinstance(vals, dict):
-            lines.append(f"\n[{sec}]")
-            lines.extend(f"{k} = {_toml_value(v)}" for k, v in vals.items())
-    return "\n".join(lines) + "\n"
+    """The config dict as TOML, written by tomli-w (tomllib only reads)."""
+    import tomli_w
+    return tomli_w.dumps(d)

@@ -1,2 +1,19 @@
 class GenlabError(Exception):
     """A user-facing error: the CLI prints it on one line and exits with code 2."""
+
+
+class RunFailed(GenlabError):
+    """A run that had started failed (an exception in a method, CUDA out of memory): its summary.json
+    says status "failed" with the reason; the CLI prints one line and exits 1."""
+
+
+def debug() -> bool:
+    """GENLAB_DEBUG=1: let unexpected exceptions show their traceback instead of one line."""
+    import os
+    return os.environ.get("GENLAB_DEBUG", "") not in ("", "0")
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: first line of the message`, for summaries and the console."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")

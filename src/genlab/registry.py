@@ -44,7 +44,9 @@ class Registry:
         if name not in self._entries:
             load_entries()
         if name not in self._entries:
-            raise GenlabError(f"unknown {self.kind} '{name}'; valid choices: {', '.join(sorted(self._entries))}")
+            from genlab.config_fields import did_you_mean
+            raise GenlabError(f"unknown {self.kind} '{name}'{did_you_mean(str(name), self._entries)}; "
+                              f"valid choices: {', '.join(sorted(self._entries))}")
         return self._entries[name]
 
     def doc(self, name: str) -> str:

@@ -152,11 +152,34 @@ def _cifar_members(folder: Path, names: list[str], download_ok: bool) -> dict[st
     return out
 
 
+# The only globals the official batches reference (numpy arrays: written by Python 2 numpy as
+# numpy.core.multiarray, by numpy >= 2 as numpy._core.multiarray); dicts, lists, ints and strings need none.
+CIFAR_GLOBALS = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                 ("numpy", "ndarray"), ("numpy", "dtype")}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Admits only what a CIFAR-10 batch contains, so a crafted file cannot run code on load."""
+
+    def find_class(self, module, name):
+        if (module, name) in CIFAR_GLOBALS:
+            return super().find_class(module, name)
+        raise _Refused(f"{module}.{name}")
+
+
+class _Refused(Exception):
+    pass
+
+
 def _unpickle(raw: bytes, name: str) -> dict:
     try:
-        d = pickle.load(io.BytesIO(raw), encoding="bytes")
+        d = _CifarUnpickler(io.BytesIO(raw), encoding="bytes").load()
+    except _Refused as e:
+        raise GenlabError(f"refused to load {name}: it asks for {e}, which CIFAR-10 batches never contain") from None
     except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
-        raise GenlabError(f"{name} is not a CIFAR-10 pickle: {e}") from None
+        raise GenlabError(f"{name} is not a CIFAR-10 pickle: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(d, dict):
+        raise GenlabError(f"{name} is not a CIFAR-10 pickle (holds a {type(d).__name__}, not a dict)")
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in d.items()}
 
 
@@ -168,10 +191,15 @@ def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Pa
     raw = _cifar_members(folder, names, download_ok)
     for n in names:
         check_md5(n, raw[n], CIFAR10_MD5[n], verify)
-    classes = [c.decode() if isinstance(c, bytes) else c for c in _unpickle(raw["batches.meta"], "batches.meta")["label_names"]]
+    meta = _unpickle(raw["batches.meta"], "batches.meta")
+    if "label_names" not in meta:
+        raise GenlabError("batches.meta is not a CIFAR-10 meta batch (no label_names)")
+    classes = [c.decode() if isinstance(c, bytes) else c for c in meta["label_names"]]
     images, labels = [], []
     for n in CIFAR10_SPLITS[split]:
         d = _unpickle(raw[n], n)
+        if "data" not in d or "labels" not in d:
+            raise GenlabError(f"{n} is not a CIFAR-10 batch (needs data and labels)")
         data = np.asarray(d["data"], dtype=np.uint8)
         if data.ndim != 2 or data.shape[1] != 3072:
             raise GenlabError(f"{n}: data has shape {data.shape}, expected [N, 3072]")

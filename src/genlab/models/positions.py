@@ -86,12 +86,22 @@ position_registry.register("rope", "rotary embedding of the sequence position (q
 position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)")(_entry(Rotary, (2,)))
 
 
-def build_position(name: str, dim: int, heads: int, grid: tuple, model: str):
-    """The position module for a model whose tokens form `grid`; names not fitting that grid fail with the fitting ones."""
-    fits = [n for n, fn in position_registry.items() if len(grid) in fn.axes]
+# rank of the token grid of each model that takes model.pos_emb
+GRID_RANK = {"gpt": 1, "dit": 2}
+
+
+def check_position_fits(name: str, model: str, rank: int | None = None):
+    """Names not fitting the model's token grid fail with the fitting ones (unknown names: the registry's message)."""
+    position_registry.get(name)
+    rank = rank or GRID_RANK.get(model)
+    fits = fitting_positions(rank) if rank else position_registry.names()
     if name not in fits:
-        position_registry.get(name)  # unknown names: the registry's own message
-        raise GenlabError(f"model.pos_emb={name} does not fit model {model}; valid choices: {', '.join(fits)}")
+        raise GenlabError(f"model.pos_emb={name} does not fit model {model}; valid choices: auto, {', '.join(fits)}")
+
+
+def build_position(name: str, dim: int, heads: int, grid: tuple, model: str):
+    """The position module for a model whose tokens form `grid`."""
+    check_position_fits(name, model, len(grid))
     return position_registry.get(name)(dim, heads, grid)
 
 

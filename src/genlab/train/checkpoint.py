@@ -77,10 +77,25 @@ def load_checkpoint(path_or_run, map_location="cpu") -> dict:
             raise
         except Exception as e:
             raise GenlabError(f"cannot read checkpoint '{p}': {e}") from None
+    return safe_load(p, map_location)
+
+
+def safe_load(p: Path, map_location="cpu"):
+    """torch.load that never runs code: `weights_only=True` admits only tensors, numbers, strings, lists,
+    tuples and dicts, which is all a genlab checkpoint holds. Anything else (a pickle payload, or an old
+    checkpoint that pickled objects) is refused in one line, unexecuted."""
+    import pickle
     try:
-        return torch.load(p, map_location=map_location, weights_only=False)
-    except Exception as e:
-        raise GenlabError(f"cannot read checkpoint '{p}': {e}") from None
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        what = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()[0] if str(e) else "not a checkpoint"
+        raise GenlabError(f"refused to load '{p}': it holds more than tensors, numbers, strings, lists and dicts "
+                          f"({what}); only load checkpoints you trust, or share exported model.safetensors") from None
+    except Exception as e:  # noqa: BLE001  (truncated, empty, not a zip/pickle file)
+        raise GenlabError(f"cannot read checkpoint '{p}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise GenlabError(f"'{p}' is not a genlab checkpoint (no model weights and config)")
+    return state
 
 
 def config_of(state: dict):

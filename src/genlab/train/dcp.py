@@ -64,12 +64,24 @@ def load_dcp_full(path) -> dict:
     path = Path(path)
     if not (path / META).exists():
         raise GenlabError(f"'{path}' is not a complete genlab DCP checkpoint (no {META})")
-    meta = torch.load(path / META, map_location="cpu", weights_only=False)
+    meta = _load_meta(path / META)
     keys = {"model", "ema"} if meta.get("has_ema") else {"model"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no process group, loading in a single process" is the intent
         full = _load_state_dict_from_keys(keys, checkpoint_id=str(path))
     return {**meta, "model": full["model"], "ema": full.get("ema"), "optimizer": None, "dcp_path": str(path)}
+
+
+def _load_meta(p: Path) -> dict:
+    """meta.pt with weights_only=True (no code runs on load); refused in one line when it needs more."""
+    import pickle
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise GenlabError(f"refused to load '{p}': it holds more than tensors, numbers, strings, lists and dicts; "
+                          f"only load checkpoints you trust") from None
+    except Exception as e:  # noqa: BLE001
+        raise GenlabError(f"cannot read '{p}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def load_dcp_optimizer(path, model, optimizer) -> None:

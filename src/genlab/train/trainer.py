@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 
 from genlab.config import Config, dumps_toml, to_dict
 from genlab.data import build_dataset, build_loader
-from genlab.errors import GenlabError
+from genlab.errors import GenlabError, RunFailed, debug, one_line
 from genlab.train import checkpoint as ckpt
 from genlab.train.convert import apply_converters
 from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
@@ -97,9 +98,13 @@ class Trainer:
             if self.dist.is_main and self.run_dir.exists() and any(self.run_dir.iterdir()):
                 raise GenlabError(f"run folder '{self.run_dir}' already exists; resume it with --resume {self.run_dir} or pick another train.name")
         if self.dist.is_main:
+            from genlab.config_check import config_warnings
+            warnings = config_warnings(cfg)  # printed before training and kept with the run's config
+            for w in warnings:
+                print(f"genlab: warning: {w}", file=sys.stderr)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "samples").mkdir(exist_ok=True)
-            (self.run_dir / "config.toml").write_text(dumps_toml(to_dict(cfg)))
+            (self.run_dir / "config.toml").write_text("".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(to_dict(cfg)))
         self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main)
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -215,8 +220,20 @@ class Trainer:
             raise KeyboardInterrupt
         self.stop_requested = True
 
+    def setup(self):
+        """Everything before the first step; an unexpected exception here is one line (GenlabError) and,
+        since the run folder is made last, leaves nothing behind. GENLAB_DEBUG=1 keeps the traceback."""
+        try:
+            self._setup()
+        except (GenlabError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if debug():
+                raise
+            raise GenlabError(f"setup failed: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)") from e
+
     def fit(self) -> dict:
-        self._setup()
+        self.setup()
         cfg, tcfg, lcfg = self.cfg, self.cfg.train, self.cfg.log
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         peak = peak_flops(self.device)
@@ -302,6 +319,15 @@ class Trainer:
         except NonFiniteLoss as e:
             summary.update({"status": "diverged", "error": str(e), "step": self.step})
             raise
+        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a final checkpoint
+            summary.update({"status": "interrupted", "error": "stopped by a second Ctrl-C without saving", "step": self.step})
+            raise
+        except Exception as e:  # noqa: BLE001  (a method, the data or the device failed mid-run)
+            summary.update({"status": "failed", "error": one_line(e), "step": self.step,
+                            "last_checkpoint": str(ckpt.list_checkpoints(self.run_dir)[-1]) if ckpt.list_checkpoints(self.run_dir) else None})
+            if debug():
+                raise
+            raise RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}") from e
         finally:
             if bar is not None:
                 bar.close()

@@ -1,0 +1,155 @@
+"""Config validation: declared ranges, unused options, and the constraints model, data and method put
+on each other. Everything here runs before any file is written or any model is built, and every
+failure is one GenlabError line that names the offending key."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import get_type_hints
+
+from genlab.config_fields import check_value, meta_of
+from genlab.errors import GenlabError
+
+# what each known component consumes; names other branches add are simply not cross-checked here
+METHOD_DATA = {"flow": "image", "repa": "image", "autoregressive": "tokens", "mdlm": "tokens"}
+METHOD_MODEL = {"flow": "dit", "repa": "dit", "autoregressive": "gpt", "mdlm": "gpt"}
+METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
+SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
+
+
+def data_kind(name: str) -> str | None:
+    from genlab.config import IMAGE_SETS, TOKEN_SETS
+    return "image" if name in IMAGE_SETS else "tokens" if name in TOKEN_SETS else None
+
+
+def check_config(cfg) -> None:
+    from genlab.config import sections
+    secs = sections(cfg)
+    for sec, obj in secs:
+        hints = get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            check_value(sec, f, hints[f.name], getattr(obj, f.name))
+    _check_train(cfg)
+    _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
+    _check_shapes(cfg)
+    for msg in unused_options(cfg, WARN_SECTIONS, invert=True):
+        raise GenlabError(msg)
+
+
+# An unused sampling/eval option changes no weights (and shared override lists set them for several
+# methods), so it is a warning printed before training and recorded in the run's config.toml; an unused
+# data/model/optim/train option means the run is not what the user believes it is, so it is an error.
+WARN_SECTIONS = ("method", "eval")
+
+
+def config_warnings(cfg) -> list[str]:
+    return unused_options(cfg, WARN_SECTIONS)
+
+
+def _lookup(cfg, dotted: str):
+    sec, key = dotted.split(".")
+    return getattr(getattr(cfg, sec), key)
+
+
+def unused_options(cfg, only: tuple, invert: bool = False) -> list[str]:
+    """One message per option set away from its default that the selected component does not read
+    (sections in `only`, or all but those with invert=True)."""
+    from genlab.config import sections
+    out = []
+    for sec, obj in sections(cfg):
+        if (sec in only) == invert:
+            continue
+        for f in dataclasses.fields(obj):
+            if getattr(obj, f.name) == f.default:
+                continue
+            for selector, values in meta_of(f).get("unused", {}).items():
+                chosen = _lookup(cfg, selector)
+                if chosen in values:
+                    kind = SELECTOR_KIND.get(selector, selector)
+                    out.append(f"{sec}.{f.name} is not read by {kind} '{chosen}' ({selector}={chosen}); "
+                               f"remove it or choose another {selector}")
+    return out
+
+
+def _check_train(cfg):
+    t = cfg.train
+    if t.batch_size % t.grad_accum:
+        raise GenlabError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
+        raise GenlabError(f"unknown train.device '{t.device}'; valid: auto, cpu, cuda, cuda:N")
+    if len(cfg.optim.betas) != 2:
+        raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
+    if t.activation_checkpointing != "every_k" and t.ac_every != 2:
+        raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k "
+                          f"(got activation_checkpointing={t.activation_checkpointing})")
+    if cfg.method.name == "mdlm":
+        from genlab.methods.mdlm import parse_T_list
+        parse_T_list(cfg.eval.T_list)
+
+
+def _check_components(cfg):
+    d, m, meth = cfg.data, cfg.model, cfg.method.name
+    if d.name in ("images", "tokens"):
+        if not d.path:
+            raise GenlabError(f"data.name={d.name} needs data.path (a folder made by `genlab data prepare`)")
+    if d.name == "synthetic_tokens" and d.vocab_size < 2:
+        raise GenlabError("data.vocab_size must be >= 2 for data.name=synthetic_tokens")
+    want, have = METHOD_DATA.get(meth), data_kind(d.name)
+    if want and have and want != have:
+        raise GenlabError(f"method.name={meth} trains on {want} data but data.name={d.name} holds {have}; "
+                          f"choose a matching method.name or data.name")
+    want = METHOD_MODEL.get(meth)
+    if want and m.name in METHOD_MODEL.values() and m.name != want:
+        raise GenlabError(f"method.name={meth} needs model.name={want}, got model.name={m.name}")
+    if meth in METHOD_CAUSAL and m.name == "gpt" and m.causal != METHOD_CAUSAL[meth]:
+        raise GenlabError(f"method.name={meth} needs model.causal={str(METHOD_CAUSAL[meth]).lower()}")
+
+
+def _size_table(name):
+    if name == "dit":
+        from genlab.models.dit import DIT_SIZES
+        return DIT_SIZES
+    if name == "gpt":
+        from genlab.models.gpt import GPT_SIZES
+        return GPT_SIZES
+    return None
+
+
+def image_size_of(d) -> int | None:
+    """The image side a dataset will deliver, when it is known without loading the data."""
+    if d.name == "digits":
+        return 8
+    if d.name == "synthetic":
+        return d.image_size
+    if d.name == "images":
+        try:
+            import numpy as np
+            return int(np.load(Path(d.path) / "images.npy", mmap_mode="r").shape[1])
+        except Exception:  # noqa: BLE001  (a missing/corrupt folder is reported by the dataset reader)
+            return None
+    return None
+
+
+def _check_shapes(cfg):
+    m = cfg.model
+    table = _size_table(m.name)
+    if table is None:
+        return
+    if m.size not in table:
+        from genlab.config_fields import did_you_mean
+        raise GenlabError(f"unknown model.size '{m.size}' for model {m.name}{did_you_mean(m.size, table)}; valid: {', '.join(table)}")
+    dim0, _, heads0 = table[m.size]
+    dim, heads = m.dim or dim0, m.heads or heads0
+    if dim % heads:
+        raise GenlabError(f"model.heads ({heads}) must divide model.dim ({dim})")
+    if m.pos_emb != "auto":
+        from genlab.models.positions import check_position_fits
+        check_position_fits(m.pos_emb, m.name)
+    if m.name == "gpt" and m.pos_emb == "rope" and (dim // heads) % 2:
+        raise GenlabError(f"model.pos_emb=rope needs an even head width; model.dim/model.heads = {dim // heads}")
+    if m.name == "dit":
+        side = image_size_of(cfg.data)
+        if side is not None and side % m.patch_size:
+            raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
+

@@ -1,0 +1,99 @@
+"""Config field metadata: every key declares a one-line description and its valid values next to its
+default, so `validate`, `genlab config` and docs/config.md all read the same declaration.
+
+    lr: float = F(1e-3, "peak learning rate", gt=0)
+    name: str = F("adamw", "optimizer", registry="optimizer")
+    path: str = F("", "dataset folder", free="a folder path", unused={"data.name": ("digits", "text")})
+
+Exactly one kind of declaration is required besides the doc (a test checks every field):
+numeric bounds (ge/gt/le/lt), `choices`, `registry` (a genlab registry name), `free` (what an open
+string holds, e.g. "a file path"), or a bool type (true/false needs nothing more).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any
+
+from genlab.errors import GenlabError
+
+
+def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
+      free: str | None = None, unused: dict | None = None):
+    """A dataclass field with its description and valid values.
+
+    unused: {"section.key": (values...)}: this option is not read when that selector has one of these
+    values (e.g. data.path with data.name=digits); setting it then is an error naming the component.
+    Listing where it is *not* read (rather than where it is) keeps new components unaffected.
+    """
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None,
+            "registry": registry, "free": free, "unused": dict(unused or {})}
+    if isinstance(default, list):  # a mutable default: every config gets its own copy
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def meta_of(f: dataclasses.Field) -> dict:
+    return dict(f.metadata) if f.metadata else {}
+
+
+def declares_range(f: dataclasses.Field, typ) -> bool:
+    m = meta_of(f)
+    return typ is bool or any(m.get(k) is not None for k in ("ge", "gt", "le", "lt", "choices", "registry", "free"))
+
+
+def _num(x) -> str:
+    return repr(x) if isinstance(x, float) else str(x)
+
+
+def describe_range(f: dataclasses.Field, typ, names: bool = True) -> str:
+    """One line: the valid values of a field, as shown by `genlab config` and docs/config.md (names=False:
+    registries without their entries, which depend on the optional packages installed)."""
+    m = meta_of(f)
+    if typ is bool:
+        return "true | false"
+    if m.get("choices"):
+        return " | ".join(str(c) for c in m["choices"])
+    if m.get("registry"):
+        return f"registry `{m['registry']}`" + (_registry_names(m["registry"]) if names else " (`genlab list`)")
+    parts = []
+    lo = (">= " + _num(m["ge"])) if m.get("ge") is not None else ("> " + _num(m["gt"])) if m.get("gt") is not None else None
+    hi = ("<= " + _num(m["le"])) if m.get("le") is not None else ("< " + _num(m["lt"])) if m.get("lt") is not None else None
+    parts = [p for p in (lo, hi) if p]
+    if parts:
+        each = "each " if typ is tuple else ""
+        return each + ", ".join(parts)
+    return m.get("free") or ""
+
+
+def _registry_names(kind: str) -> str:
+    from genlab.registry import all_registries
+    reg = all_registries().get(kind)
+    return f": {', '.join(reg.names())}" if reg is not None else ""
+
+
+def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
+    """Raise a one-line GenlabError when value is outside the field's declared range or choices."""
+    m, key = meta_of(f), f"{section}.{f.name}"
+    if m.get("choices") and value not in m["choices"]:
+        raise GenlabError(f"{key} must be one of {', '.join(map(str, m['choices']))}; got {value!r}" + did_you_mean(str(value), m["choices"]))
+    if m.get("registry"):
+        from genlab.registry import all_registries
+        for v in (value if isinstance(value, list) else [value]):  # list fields name several entries
+            all_registries()[m["registry"]].get(v)  # raises with the valid choices (and a suggestion)
+    for v in (value if isinstance(value, tuple) else (value,)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        if v != v:
+            raise GenlabError(f"{key} must be a number, got nan")
+        for op, bound, ok in (("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
+                              ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)):
+            b = m.get(op)
+            if b is not None and not ok(v, b):
+                raise GenlabError(f"{key} must be {bound} {_num(b)}, got {value!r}")
+
+
+def did_you_mean(word: str, options) -> str:
+    """' (did you mean X?)' for a close match among options, else ''."""
+    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

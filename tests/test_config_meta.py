@@ -1,0 +1,93 @@
+"""Config metadata: every key declares its description and valid values; validate enforces them."""
+import dataclasses
+import tomllib
+from typing import get_type_hints
+
+import pytest
+
+from genlab.config import Config, dumps_toml, from_dict, load_config, sections, to_dict
+from genlab.config_fields import declares_range, meta_of
+from genlab.errors import GenlabError
+
+
+def all_fields():
+    for sec, obj in sections(Config()):
+        hints = get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            yield sec, f, hints[f.name]
+
+
+def test_every_field_has_a_description_and_declared_values():
+    """Fails for a field written `name: type = default  # comment`: use F(default, "doc", ge=/choices=/registry=/free=)."""
+    bad = [f"{sec}.{f.name}" for sec, f, typ in all_fields()
+           if not meta_of(f).get("doc") or not declares_range(f, typ)]
+    assert not bad, f"fields without F(default, doc, <range>) metadata: {bad}"
+
+
+def test_every_unused_selector_names_a_real_key():
+    keys = {f"{sec}.{f.name}" for sec, f, _ in all_fields()}
+    for sec, f, _ in all_fields():
+        for selector in meta_of(f).get("unused", {}):
+            assert selector in keys, f"{sec}.{f.name}: unknown selector {selector}"
+
+
+def test_defaults_are_inside_their_declared_ranges():
+    from genlab.config_check import check_config
+    check_config(Config())
+
+
+@pytest.mark.parametrize("override,key", [
+    ("optim.lr=-1", "optim.lr"), ("train.ema_decay=1.5", "train.ema_decay"), ("optim.betas=[0.9,1.2]", "optim.betas"),
+    ("data.on_device=maybe", "data.on_device"), ("model.patch_size=3", "model.patch_size"),
+    ("model.heads=3", "model.heads"), ("data.path=/tmp/x", "data.path"), ("train.grad_accum=3", "train.grad_accum"),
+    ("method.name=autoregressive", "method.name"), ("optim.lr=nan", "optim.lr"),
+])
+def test_validate_names_the_offending_key(override, key):
+    with pytest.raises(GenlabError, match=key.replace(".", r"\.")):
+        load_config("digits_flow", [override])
+
+
+def test_text_preset_with_a_flow_method_is_one_line_error():
+    with pytest.raises(GenlabError, match="method.name=flow trains on image data"):
+        load_config("text_ar", ["method.name=flow"])
+
+
+def test_unknown_keys_sections_and_names_suggest_the_closest():
+    with pytest.raises(GenlabError, match="did you mean 'lr'"):
+        load_config(None, ["optim.lrr=1"])
+    with pytest.raises(GenlabError, match="did you mean 'optim'"):
+        load_config(None, ["optimm.lr=1"])
+    with pytest.raises(GenlabError, match="did you mean 'adamw'"):
+        load_config(None, ["optim.name=adamww"])
+    with pytest.raises(GenlabError, match="did you mean 'auto'"):
+        load_config(None, ["data.on_device=autoo"])
+
+
+def test_toml_writer_round_trips_characters_outside_the_bmp():
+    cfg = load_config("text_ar", ["method.prompt=ROMEO 🎭 \"quoted\" \\ back\nline 𝄞"])
+    text = dumps_toml(to_dict(cfg))
+    back = from_dict(tomllib.loads(text))
+    assert back.method.prompt == cfg.method.prompt
+    assert to_dict(back) == to_dict(cfg)
+
+
+def test_docs_config_md_is_current():
+    from conftest import REPO
+    from genlab.config_doc import markdown
+    doc = (REPO / "docs" / "config.md").read_text()
+    assert doc == markdown(), "docs/config.md is stale: run `python -m genlab.config_doc > docs/config.md`"
+
+
+def test_genlab_config_prints_the_resolved_config_with_descriptions(capsys):
+    from genlab.cli import main
+    assert main(["config", "text_ar", "optim.lr=3e-4"]) == 0
+    out = capsys.readouterr().out
+    assert "# peak learning rate  [> 0]" in out
+    assert to_dict(from_dict(tomllib.loads(out))) == to_dict(load_config("text_ar", ["optim.lr=3e-4"]))
+
+
+def test_genlab_config_refuses_an_unknown_key_with_a_suggestion(capsys):
+    from genlab.cli import main
+    assert main(["config", "optim.lrr=1"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'lr'" in err and len(err.strip().splitlines()) == 1
