@@ -225,3 +225,11 @@ def build_dit(cfg_model, data_spec) -> DiT:
                        adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
                        mlp=cfg_model.mlp, norm=cfg_model.norm,
                        pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb))
+
+
+# the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
+build_dit.grid_rank = 2
+build_dit.example_spec = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
+build_dit.example_inputs = lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+                                                torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g))
+build_dit.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])

@@ -248,3 +248,10 @@ def build_gpt(cfg_model, data_spec) -> GPT:
                        tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
                        dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk))
 
+
+
+# the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
+build_gpt.grid_rank = 1
+build_gpt.example_spec = {"kind": "tokens", "vocab_size": 11, "seq_len": 12}
+build_gpt.example_inputs = lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),)
+build_gpt.example_output_shape = lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"]))
