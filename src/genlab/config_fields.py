@@ -12,10 +12,9 @@ string holds, e.g. "a file path"), or a bool type (true/false needs nothing more
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
-from genlab.errors import GenlabError
+from genlab.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean lives with the errors: the registry needs no config import)
 
 
 def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
@@ -92,8 +91,3 @@ def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
             if b is not None and not ok(v, b):
                 raise GenlabError(f"{key} must be {bound} {_num(b)}, got {value!r}")
 
-
-def did_you_mean(word: str, options) -> str:
-    """' (did you mean X?)' for a close match among options, else ''."""
-    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -6,7 +6,7 @@ so config validation needs no import of the models, methods or trainer.
 """
 import importlib
 
-from genlab.errors import GenlabError
+from genlab.errors import GenlabError, did_you_mean
 
 REGISTRIES = {}
 # every module that registers something; imported on the first lookup of any registry
@@ -44,7 +44,6 @@ class Registry:
         if name not in self._entries:
             load_entries()
         if name not in self._entries:
-            from genlab.config_fields import did_you_mean
             raise GenlabError(f"unknown {self.kind} '{name}'{did_you_mean(str(name), self._entries)}; "
                               f"valid choices: {', '.join(sorted(self._entries))}")
         return self._entries[name]

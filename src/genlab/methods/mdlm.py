@@ -298,3 +298,6 @@ def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str):
 @method_registry.register("mdlm", "masked diffusion LM (MDLM, absorbing state, SUBS): NELBO, bound vs T, ancestral sampler")
 def build_mdlm(cfg, data_spec):
     return MaskedDiffusion(cfg, data_spec)
+
+
+build_mdlm.check_config = lambda cfg: parse_T_list(cfg.eval.T_list)  # config validation, before any work
