@@ -92,3 +92,62 @@ def test_each_loss_reaches_only_its_own_optimizers_parameters(tmp_path):
     want_g = torch.autograd.grad(-m.d(m.g(x)).mean(), list(m.g.parameters()))
     for p, g in zip(m.g.parameters(), want_g):
         torch.testing.assert_close(p.grad, g)
+
+
+class _Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.SiLU(), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _register_adversarial():
+    """Flow matching + a critic with its own optimizer (LADD-style): one loss per optimizer."""
+    from genlab.methods.base import Extra
+    from genlab.methods.flow import FlowMatching
+    from genlab.registry import method_registry
+
+    class Adversarial(FlowMatching):
+        def __init__(self, cfg, spec):
+            super().__init__(cfg, spec)
+            self.critic = _Critic()
+
+        def extra_modules(self):
+            return {"critic": Extra(self.critic, trainable=True, optimizer="critic", lr=3e-4)}
+
+        def loss(self, model, batch, ctx):
+            flow, _ = super().loss(model, batch, ctx)
+            critic = ctx.extras["critic"]
+            t = torch.full((batch["image"].shape[0],), 0.5)
+            fake = model(torch.randn(batch["image"].shape, generator=ctx.generator), t, batch["label"])
+            g = -critic(fake).mean()
+            d = critic(fake.detach()).mean() - critic(batch["image"]).mean()
+            return {"model": flow + 0.01 * g, "critic": d}, {}
+
+    if "test_adversarial" not in method_registry:
+        method_registry.register("test_adversarial", "test only")(Adversarial)
+
+
+def test_a_method_with_its_own_optimizer_resumes_exactly(tmp_path):
+    _register_adversarial()
+    common = ["method.name=test_adversarial", "model.dim=32", "train.steps=5", "log.every=1", "log.ckpt_every=0",
+              "eval.num_samples=0", "optim.warmup_steps=2", "train.grad_accum=2"]
+    full = Trainer(tiny_config(tmp_path, *common, "train.name=full"))
+    full.fit()
+    assert set(full.steps.optimizers) == {"model", "critic"}
+    # the critic's optimizer runs the schedule at its own LR (3e-4 / optim.lr)
+    assert full.steps.optimizers["critic"].param_groups[0]["lr_scale"] == pytest.approx(3e-4 / full.cfg.optim.lr)
+    part = Trainer(tiny_config(tmp_path, *common, "train.name=part"))
+    part.stop_after = 2
+    part.fit()
+    Trainer(tiny_config(tmp_path, *common, "train.name=part"), resume=str(tmp_path / "part")).fit()
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")
+    a, b = ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
+    for k, v in a["extras"]["critic"].items():
+        assert torch.equal(v, b["extras"]["critic"][k])
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k])
+    sa, sb = a["extra_optimizers"]["critic"]["state"], b["extra_optimizers"]["critic"]["state"]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sa)
