@@ -24,7 +24,7 @@ for s in "$@"; do
   left=$((BUDGET - SECONDS))
   [ "$left" -lt 0 ] && left=0
   echo "== sweep $s (start no run after ${left} s more; ${RUN_TIMEOUT} s per run)"
-  python3 -m genlab sweep "configs/sweeps/$s.toml" --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" 2>&1 | grep -v "^\s*$" | tail -40
+  python3 -m genlab sweep "$s" --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" 2>&1 | grep -v "^\s*$" | tail -40
   # The device tool returns at most 8 files: pack each sweep's report (not its checkpoints) into one tarball.
   tar czf "$OUT/$s.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" "$s"
 done

@@ -1,6 +1,7 @@
 """Every registered model with every layer choice that fits it, on CPU: output shape, finite gradients, and a
-state-dict round trip. A new model (with `example_spec` / `example_inputs` / `example_output_shape` / `grid_rank`
-on its builder) or a new attention/mlp/norm/position entry is tested here without a new test."""
+state-dict round trip. A new model (with `example_spec` / `example_inputs` / `example_output_shape` on its builder,
+plus `layer_keys`, the model.* layer keys it reads, and `grid_rank` when it reads model.pos_emb) or a new
+attention/mlp/norm/position entry is tested here without a new test."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,9 @@ def cases():
         rank = getattr(build, "grid_rank", None)
         axes = {"attention": attention_registry.names(), "mlp": mlp_registry.names(), "norm": norm_registry.names(),
                 "pos_emb": fitting_positions(rank) if rank else ["auto"]}
-        for key, names in axes.items():  # one axis at a time from the defaults: every choice, not every product
-            out += [pytest.param(model, key, name, id=f"{model}-{key}={name}") for name in names]
+        out.append(pytest.param(model, "size", "tiny", id=f"{model}-defaults"))
+        for key in getattr(build, "layer_keys", ()):  # one axis at a time from the defaults: every choice, not every product
+            out += [pytest.param(model, key, name, id=f"{model}-{key}={name}") for name in axes[key]]
     return out
 
 

@@ -13,7 +13,7 @@ from genlab.sweep.spec import load_sweep
 from conftest import REPO, run_cli
 from genlab.cli import main as genlab_main
 
-TINY_SWEEP = REPO / "configs" / "sweeps" / "tiny_cpu.toml"
+TINY_SWEEP = REPO / "src" / "genlab" / "configs" / "sweeps" / "tiny_cpu.toml"
 
 
 def _write_sweep(tmp_path, body: str, name="s") -> Path:
@@ -205,6 +205,15 @@ def test_only_selects_variants_and_dry_run_lists_them(tmp_path, capsys):
     assert "2 runs" in out and "lr=0.003-s0:" in out and "lr=0.01-s0:" in out and "lr=0.001" not in out
     assert genlab_main(["sweep", str(TINY_SWEEP), "--dry-run", "--only", "lr=42"]) == 2
     assert "no variant named lr=42" in capsys.readouterr().err
+
+
+def test_shipped_sweep_runs_by_name_from_any_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ folder here: the name resolves to the packaged file
+    assert genlab_main(["sweep", "tiny_cpu", "--dry-run"]) == 0
+    assert "sweep tiny_cpu: preset digits_flow" in capsys.readouterr().out
+    assert genlab_main(["sweep", "no_such_sweep", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "sweep file 'no_such_sweep' not found" in err and "tiny_cpu" in err and "dtype" in err
 
 
 def test_gpu_launcher_without_gpu_fails_before_anything_runs(tmp_path, capsys):

@@ -1,2 +1,22 @@
-"""genlab: a fast, hackable PyTorch lab for training generative transformers."""
+"""genlab: a fast, hackable PyTorch lab for training generative transformers.
+
+    import genlab
+    cfg = genlab.load_config("digits_flow", {"train.steps": 200})
+    summary = genlab.train(cfg)
+    run = genlab.load_run(summary["run_dir"])
+    images = run.sample(n=16)
+
+The API lives in genlab.api and is imported on first use, so `import genlab` stays light (no torch).
+"""
 __version__ = "0.1.0"
+__all__ = ["load_config", "train", "load_run", "Run", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("load_config", "load_run", "Run"):
+        from genlab import api
+        return getattr(api, name)
+    if name == "train":  # the genlab.train package, callable as genlab.train(cfg): see genlab/train/__init__.py
+        import importlib
+        return importlib.import_module("genlab.train")
+    raise AttributeError(f"module 'genlab' has no attribute {name!r}")

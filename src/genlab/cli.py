@@ -60,7 +60,8 @@ def cmd_sample(args):
     path = sample_to_file(args.run, n=args.n, steps=args.steps, cfg_scale=args.cfg, class_id=args.class_id,
                           out=args.out, seed=args.seed, sampler=args.sampler, device=args.device, ema=not args.no_ema,
                           **{k: v for k, v in (("prompt", args.prompt), ("temperature", args.temperature),
-                                               ("top_k", args.top_k)) if v is not None})
+                                               ("top_k", args.top_k), ("complete", args.complete or None),
+                                               ("attention", args.attention)) if v is not None})
     print(f"wrote {path}")
     return 0
 
@@ -75,6 +76,7 @@ def cmd_eval(args):
 def cmd_list(args):
     from genlab.config import CONFIG_DIR
     from genlab.registry import all_registries
+    from genlab.sweep.spec import shipped_sweeps
     for kind, reg in all_registries().items():
         print(f"{kind}:")
         width = max([18] + [len(n) + 1 for n in reg.names()])
@@ -83,6 +85,9 @@ def cmd_list(args):
     print("presets:")
     for p in sorted(CONFIG_DIR.glob("*.toml")):
         print(f"  {p.stem}")
+    print("sweeps (genlab sweep NAME):")
+    for name in shipped_sweeps():
+        print(f"  {name}")
     return 0
 
 
@@ -105,8 +110,20 @@ def cmd_data(args):
     return 0
 
 
+def version() -> str:
+    # the installed distribution's metadata; a source checkout on PYTHONPATH has none (or another copy's)
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    import genlab
+    try:
+        return dist_version("genlab")
+    except PackageNotFoundError:
+        return genlab.__version__
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="genlab", description="train and compare generative transformers")
+    p.add_argument("--version", action="version", version=f"genlab {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
@@ -128,6 +145,8 @@ def build_parser():
     s.add_argument("--prompt", default=None, help="text models: prompt text (mdlm: [[N]] marks N tokens to infill)")
     s.add_argument("--temperature", type=float, default=None, help="text models: sampling temperature (0 = greedy)")
     s.add_argument("--top-k", dest="top_k", type=int, default=None, help="autoregressive: sample among the k most likely tokens")
+    s.add_argument("--complete", action="store_true", help="image_ar: complete held-out images from their top half")
+    s.add_argument("--attention", default=None, metavar="ROW,COL", help="image_ar: attention maps of the pixel ROW,COL")
     s.set_defaults(fn=cmd_sample)
 
     e = sub.add_parser("eval", help="evaluate a run or checkpoint (sample accuracy / likelihood bounds)")
@@ -136,7 +155,7 @@ def build_parser():
     e.add_argument("--device", default="auto")
     e.set_defaults(fn=cmd_eval)
 
-    lst = sub.add_parser("list", help="print every registry and its entries, and the presets")
+    lst = sub.add_parser("list", help="print every registry and its entries, the presets and the shipped sweeps")
     lst.set_defaults(fn=cmd_list)
 
     c = sub.add_parser("config", help="print the resolved config as TOML with each key's description and valid values")
@@ -147,7 +166,7 @@ def build_parser():
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
-    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | text")
+    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text")
     prep.add_argument("--src", default=None, help="folder (or file) holding the standard public files")
     prep.add_argument("--out", required=True, help="output folder (must not hold a dataset already)")
     prep.add_argument("--download", action="store_true", help="download the public files (needs internet)")
@@ -158,6 +177,8 @@ def build_parser():
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_data)
+    from genlab.world.cli import add_data_commands
+    add_data_commands(dsub)
 
     from genlab import cli_extra
     cli_extra.add_commands(sub)

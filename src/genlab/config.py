@@ -14,13 +14,15 @@ from typing import Any, get_args, get_origin, get_type_hints
 from genlab.config_fields import F, did_you_mean
 from genlab.errors import GenlabError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # shipped as package data
+SWEEP_DIR = CONFIG_DIR / "sweeps"
 
 
 IMAGE_SETS = ("digits", "images", "synthetic")       # datasets whose samples are images
 TOKEN_SETS = ("text", "tokens", "synthetic_tokens")  # datasets whose samples are token sequences
 EMBEDDED = ("digits", "text")                        # need no files and no size options
 LM_METHODS = ("autoregressive", "mdlm")
+NOT_WORLD = ("flow", "image_ar") + LM_METHODS                   # methods that do not read the world-model options
 
 
 @dataclass
@@ -44,6 +46,12 @@ class DataConfig:
     vocab_size: int = F(0, "synthetic tokens: vocabulary size (>= 2 for data.name=synthetic_tokens)", ge=0,
                         unused={"data.name": IMAGE_SETS + ("text", "tokens")})
     hflip: bool = F(False, "random horizontal flip of images, applied on the device", unused={"data.name": TOKEN_SETS})
+    context_frames: int = F(4, "episodes: L past frames the world model conditions on", ge=1,
+                            unused={"data.name": IMAGE_SETS + TOKEN_SETS})
+    horizon: int = F(8, "episodes: frames after the context in a training window (the largest closed-loop horizon)", ge=1,
+                     unused={"data.name": IMAGE_SETS + TOKEN_SETS})
+    heldout: float = F(0.1, "episodes: fraction of episodes (the last ones) held out for evaluation", ge=0, lt=1,
+                       unused={"data.name": IMAGE_SETS + TOKEN_SETS})
 
 
 @dataclass
@@ -66,14 +74,33 @@ class ModelConfig:
     dropout: float = F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1, unused={"model.name": ("dit",)})
     vocab_size: int = F(0, "gpt: embedding rows (0 = from the dataset)", ge=0, unused={"model.name": ("dit",)})
     pos_emb: str = F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)",
-                     free="auto or a registry `position` entry that fits the model")
-    norm: str = F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm")
-    mlp: str = F("gelu", "MLP kind", registry="mlp")
+                     free="auto or a registry `position` entry that fits the model",
+                     unused={"model.name": ("sparse_transformer", "world_dit")})
+    norm: str = F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm",
+                  unused={"model.name": ("sparse_transformer", "world_dit")})
+    mlp: str = F("gelu", "MLP kind", registry="mlp", unused={"model.name": ("sparse_transformer", "world_dit")})
     tie_weights: bool = F(True, "gpt: share the embedding with the output head", unused={"model.name": ("dit",)})
     causal: bool = F(True, "gpt: causal attention (autoregressive: true; mdlm: false)", unused={"model.name": ("dit",)})
     bias: bool = F(False, "gpt: biases in linears and norms", unused={"model.name": ("dit",)})
+    context_mode: str = F("channels", "world_dit: context frames stacked on the target's channels, or as extra tokens",
+                          choices=("channels", "tokens"), unused={"model.name": ("dit", "gpt")})
     ce_chunk: int = F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0,
                       unused={"model.name": ("dit",)})
+    # sparse_transformer (image bytes, Child et al. 2019)
+    raster: str = F("channel", "sparse_transformer: byte order, channel-major or pixel-major", choices=("channel", "pixel"),
+                    unused={"model.name": ("dit", "gpt")})
+    sparse_pattern: str = F("strided", "sparse_transformer: attention pattern", registry="sparse_pattern",
+                            unused={"model.name": ("dit", "gpt")})
+    sparse_mode: str = F("split", "sparse_transformer: factorization (parts across layers | union in one head | across heads)",
+                         registry="sparse_mode", unused={"model.name": ("dit", "gpt")})
+    sparse_stride: int = F(0, "sparse_transformer: stride / block length l (0 = one image row in the raster order)", ge=0,
+                           unused={"model.name": ("dit", "gpt")})
+    sparse_summary: int = F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0,
+                            unused={"model.name": ("dit", "gpt")})
+    sparse_backend: str = F("auto", "sparse_transformer: auto = FlexAttention on CUDA, dense masked SDPA on CPU",
+                            choices=("auto", "flex", "dense"), unused={"model.name": ("dit", "gpt")})
+    qk_ratio: float = F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)",
+                        gt=0, le=1, unused={"model.name": ("dit", "gpt")})
 
 
 @dataclass
@@ -109,6 +136,18 @@ class MethodConfig:
                           choices=("random", "classifier"), unused={"method.name": ("flow",) + LM_METHODS})
     repa_hidden: int = F(256, "repa: width of the trainable MLP projector", ge=1, unused={"method.name": ("flow",) + LM_METHODS})
     repa_lr: float = F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0, unused={"method.name": ("flow",) + LM_METHODS})
+    objective: str = F("flow", "world: flow (rectified flow) | edm (Karras preconditioning) | l1 (one-step regression)",
+                       choices=("flow", "edm", "l1"), unused={"method.name": NOT_WORLD})
+    residual: bool = F(True, "world: diffuse target - last context frame (zero output = copy the last frame)",
+                       unused={"method.name": NOT_WORLD})
+    ctx_noise_max: float = F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0,
+                             unused={"method.name": NOT_WORLD})
+    closed_loop_start: float = F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)",
+                                 ge=0, le=1, unused={"method.name": NOT_WORLD})
+    adv_weight: float = F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0,
+                          unused={"method.name": NOT_WORLD})
+    disc_lr: float = F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0,
+                       unused={"method.name": NOT_WORLD})
 
 
 @dataclass
@@ -135,7 +174,7 @@ class TrainConfig:
     compile: str = F("off", "what torch.compile wraps", registry="compile")
     compile_mode: str = F("default", "the torch.compile mode", registry="compile_mode")
     activation_checkpointing: str = F("none", "recompute activations in the backward pass", registry="activation_checkpointing")
-    ac_every: int = F(2, "activation_checkpointing=every_k: recompute every k-th block", ge=1)
+    ac_every: int = F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1)
     parallel: str = F("auto", "data parallelism", registry="parallel")
     replicate: int = F(0, "HSDP replicate degree (0 = world / shard)", ge=0)
     shard: int = F(0, "HSDP/FSDP shard degree (0 = all ranks)", ge=0)
@@ -183,6 +222,11 @@ class EvalConfig:
                            free="a run folder", unused={"method.name": ("flow", "autoregressive")})
     gen_samples: int = F(16, "mdlm: samples scored for the generative perplexity", ge=1,
                          unused={"method.name": ("flow", "autoregressive")})
+    val_path: str = F("", "image_ar: held-out images folder for bits/dim (empty: the last eval.num_samples training images)",
+                      free="a folder made by `genlab data prepare`", unused={"method.name": ("flow", "autoregressive", "mdlm")})
+    world_rollouts: int = F(32, "world: held-out windows per rollout evaluation", ge=1, unused={"method.name": NOT_WORLD})
+    world_horizons: str = F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)",
+                            free="comma-separated integers >= 1", unused={"method.name": NOT_WORLD})
 
 
 @dataclass

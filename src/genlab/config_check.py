@@ -12,24 +12,30 @@ from genlab.config_fields import check_value, meta_of
 from genlab.errors import GenlabError
 
 # what each known component consumes; names other branches add are simply not cross-checked here
-METHOD_DATA = {"flow": "image", "repa": "image", "autoregressive": "tokens", "mdlm": "tokens"}
-METHOD_MODEL = {"flow": "dit", "repa": "dit", "autoregressive": "gpt", "mdlm": "gpt"}
+METHOD_DATA = {"flow": "image", "repa": "image", "autoregressive": "token", "mdlm": "token", "image_ar": "image"}
+METHOD_MODEL = {"flow": "dit", "repa": "dit", "autoregressive": "gpt", "mdlm": "gpt", "image_ar": "sparse_transformer"}
 METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
 SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
 
 
 def data_kind(name: str) -> str | None:
     from genlab.config import IMAGE_SETS, TOKEN_SETS
-    return "image" if name in IMAGE_SETS else "tokens" if name in TOKEN_SETS else None
+    return "image" if name in IMAGE_SETS else "token" if name in TOKEN_SETS else None
+
+
+def check_section(cfg, sec: str) -> None:
+    """Every field of one section against its declared range, choices or registry."""
+    obj = getattr(cfg, sec)
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        check_value(sec, f, hints[f.name], getattr(obj, f.name))
 
 
 def check_config(cfg) -> None:
     from genlab.config import sections
     secs = sections(cfg)
-    for sec, obj in secs:
-        hints = get_type_hints(type(obj))
-        for f in dataclasses.fields(obj):
-            check_value(sec, f, hints[f.name], getattr(obj, f.name))
+    for sec, _ in secs:
+        check_section(cfg, sec)
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
     _check_shapes(cfg)
@@ -80,8 +86,8 @@ def _check_train(cfg):
         raise GenlabError(f"unknown train.device '{t.device}'; valid: auto, cpu, cuda, cuda:N")
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
-    if t.activation_checkpointing != "every_k" and t.ac_every != 2:
-        raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k "
+    if t.activation_checkpointing not in ("every_k", "segments") and t.ac_every != 2:
+        raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k|segments "
                           f"(got activation_checkpointing={t.activation_checkpointing})")
     # a method checks its own options through its registry entry (no import of the methods from here)
     from genlab.registry import method_registry
@@ -97,7 +103,7 @@ def _check_components(cfg):
         raise GenlabError("data.vocab_size must be >= 2 for data.name=synthetic_tokens")
     want, have = METHOD_DATA.get(meth), data_kind(d.name)
     if want and have and want != have:
-        raise GenlabError(f"method.name={meth} trains on {want} data but data.name={d.name} holds {have}; "
+        raise GenlabError(f"method.name={meth} trains on {want} data but data.name={d.name} provides {have} data; "
                           f"choose a matching method.name or data.name")
     want = METHOD_MODEL.get(meth)
     if want and m.name in METHOD_MODEL.values() and m.name != want:
@@ -113,6 +119,9 @@ def _size_table(name):
     if name == "gpt":
         from genlab.models.gpt import GPT_SIZES
         return GPT_SIZES
+    if name == "sparse_transformer":
+        from genlab.models.sparse_transformer import SPARSE_SIZES
+        return SPARSE_SIZES
     return None
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from genlab import progress
 from genlab.config import apply_overrides
 from genlab.data import build_dataset
 from genlab.errors import GenlabError
@@ -16,15 +17,37 @@ from genlab.train.step import build_model_and_method
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
+    from genlab.config_check import check_section
+    from genlab.train.step import check_model_shapes
     state = ckpt.load_checkpoint(run_or_ckpt)
+    if not isinstance(state.get("data_spec"), dict):
+        raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
+    for o in overrides:  # the weights fix the model, data and method: only evaluation settings may change
+        if not o.strip().startswith("eval."):
+            raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000)")
     apply_overrides(cfg, list(overrides))
+    check_section(cfg, "eval")  # the rest was validated when the run was trained
     dev = resolve_device(device)
     model, method = build_model_and_method(cfg, state["data_spec"])
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
+    check_model_shapes(model, weights, str(run_or_ckpt), verb="load")
     model.load_state_dict(weights)
     apply_converters(model.to(dev), converters_of(cfg), dev)  # a run trained converted samples converted
     return cfg, model.eval(), method, dev, state
+
+
+def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None):
+    """The sample command's numbers, before a checkpoint is opened or a file written."""
+    for flag, v, ok, want in (("--n", n, n is not None and n >= 1, ">= 1"), ("--steps", steps, steps is None or steps >= 1, ">= 1"),
+                              ("--cfg", cfg_scale, cfg_scale is None or cfg_scale >= 0, ">= 0"),
+                              ("--temperature", temperature, temperature is None or temperature >= 0, ">= 0"),
+                              ("--top-k", top_k, top_k is None or top_k >= 0, ">= 0")):
+        if not ok:
+            raise GenlabError(f"{flag} must be {want}, got {v}")
+    if sampler is not None:
+        from genlab.registry import all_registries
+        all_registries()["sampler"].get(sampler)
 
 
 def _run_dir(run_or_ckpt) -> Path:
@@ -32,8 +55,21 @@ def _run_dir(run_or_ckpt) -> Path:
     return p if p.is_dir() else p.parent.parent
 
 
+def sample_images(method, model, labels, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
+                  batch=256):
+    """Images in [-1, 1], [n, C, H, W], drawn in batches with a progress bar over the sampler steps."""
+    steps = steps or method.mcfg.sample_steps
+    out = []
+    with progress.Task(f"sampling {len(labels)} images", total=steps * -(-len(labels) // batch), unit="step") as task:
+        for i in range(0, len(labels), batch):
+            out.append(method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
+                                     generator=generator, device=device, callback=lambda *_: task.update()))
+    return torch.cat(out)
+
+
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
                    device="auto", ema=True, **text_kwargs):
+    check_sample_args(n, steps, cfg_scale, text_kwargs.get("temperature"), text_kwargs.get("top_k"), sampler)
     cfg, model, method, dev, state = load_run(run, device, ema)
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
@@ -44,11 +80,8 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
         raise GenlabError(f"--class {class_id} out of range; this model has classes 0..{k - 1}")
     labels = torch.full((n,), class_id, device=dev) if class_id is not None else torch.arange(n, device=dev) % k
     from genlab.eval.image_quality import save_grid, to_uint8
-    imgs = []
-    for i in range(0, n, 256):
-        imgs.append(to_uint8(method.sample(model, labels[i:i + 256], steps=steps, cfg_scale=cfg_scale,
-                                           sampler=sampler, generator=gen, device=dev)))
-    imgs = torch.cat(imgs)
+    imgs = to_uint8(sample_images(method, model, labels, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
+                                  generator=gen, device=dev))
     cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
     rows = (n + cols - 1) // cols
     return save_grid(imgs, rows, cols, out)

@@ -50,7 +50,7 @@ CIFAR10_MD5 = {
 CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "text")
+KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "frames", "text")
 
 
 def md5_bytes(data: bytes) -> str:
@@ -271,5 +271,8 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
         return prepare_cifar10(src, out, split, verify, download)
     if kind == "imagefolder":
         return prepare_imagefolder(src, out, size, channels)
+    if kind == "frames":
+        from genlab.data.frames import prepare_frames
+        return prepare_frames(src, out, size or 32, channels, split)
     from genlab.data.text import prepare_text
     return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf)

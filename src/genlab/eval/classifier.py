@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from genlab import progress
 from genlab.data.loader import normalize_images
 
 
@@ -51,7 +52,7 @@ def train_classifier(images_u8: np.ndarray, labels: np.ndarray, num_classes: int
     opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
     tr_t = torch.from_numpy(tr).to(device)
-    for step in range(steps):
+    for step in progress.track(range(steps), "eval: training the feature classifier (cached afterwards)", unit="step"):
         idx = tr_t[torch.randint(len(tr), (batch_size,), generator=g).to(device)]
         xb = x[idx]
         shift = torch.randint(-1, 2, (2,), generator=g).tolist()  # small translations regularise

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from genlab import progress
 from genlab.data.loader import normalize_images
 from genlab.eval.classifier import frechet_distance, get_classifier, predict
 
@@ -15,12 +16,14 @@ def to_uint8(x: torch.Tensor) -> torch.Tensor:
     return ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
 
 
-def generate(method, model, labels, ctx, batch):
+def generate(method, model, labels, ctx, batch, desc="sampling"):
     out = []
-    for i in range(0, len(labels), batch):
-        out.append(to_uint8(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
-                                          cfg_scale=ctx["eval"].cfg_scale, generator=ctx["generator"],
-                                          device=ctx["device"])).cpu())
+    with progress.Task(f"{desc} {len(labels)} images", total=len(labels), unit="img") as task:
+        for i in range(0, len(labels), batch):
+            out.append(to_uint8(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
+                                              cfg_scale=ctx["eval"].cfg_scale, generator=ctx["generator"],
+                                              device=ctx["device"])).cpu())
+            task.update(len(out[-1]))
     return torch.cat(out)
 
 
@@ -31,7 +34,7 @@ def evaluate_class_conditional(method, model, data, ctx) -> dict:
     k = data.spec["num_classes"]
     net, val_acc = get_classifier(data, device=device, epochs=ecfg.classifier_epochs)
     labels = torch.arange(ecfg.num_samples, device=device) % k
-    samples = generate(method, model, labels, ctx, ecfg.batch_size)
+    samples = generate(method, model, labels, ctx, ecfg.batch_size, desc="eval: sampling")
     logits, f_gen = predict(net, normalize_images(samples.to(device)), return_features=True)
     acc = (logits.argmax(-1) == labels).float().mean().item()
     n_real = min(len(data), max(2000, ecfg.num_samples))
@@ -64,5 +67,5 @@ def save_class_grid(method, model, path, ctx, classes=None):
     classes = list(range(min(k, 10))) if classes is None else classes
     cols = ctx["eval"].grid_per_class
     labels = torch.tensor([c for c in classes for _ in range(cols)], device=ctx["device"])
-    samples = generate(method, model, labels, ctx, ctx["eval"].batch_size)
+    samples = generate(method, model, labels, ctx, ctx["eval"].batch_size, desc="preview: sampling")
     return save_grid(samples, len(classes), cols, path)

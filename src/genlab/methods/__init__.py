@@ -2,3 +2,5 @@
 (methods/base.py: Method, StepContext, Extra)."""
 from genlab.methods import timesteps, samplers, flow  # noqa: F401
 from genlab.methods import autoregressive, mdlm, repa  # noqa: F401,E402
+from genlab.methods import image_ar  # noqa: F401,E402
+from genlab.methods import world_model  # noqa: F401,E402

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genlab import progress
 from genlab.errors import GenlabError
 from genlab.methods import lm_common as lm
 from genlab.methods.base import Method
@@ -26,7 +27,7 @@ def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len
     seq_len / 2 and seq_len tokens). Without it every step re-runs the last seq_len tokens (nanoGPT)."""
     base = lm.unwrap(model)
     cache = [] if kv_cache and hasattr(base, "decode") else None
-    for _ in range(new_tokens):
+    for _ in progress.track(range(new_tokens), f"sampling {idx.shape[0]} x {new_tokens} tokens", unit="tok"):
         if cache is None:
             logits = model(idx[:, -seq_len:])[:, -1]
         elif cache and cache[0][0].shape[2] < seq_len:
@@ -52,7 +53,7 @@ def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len
 def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> torch.Tensor:
     """Per-sequence mean NLL (nats/token) of ids[:, 1:] given the preceding tokens, over the real vocabulary."""
     out = []
-    for i in range(0, len(ids), batch):
+    for i in progress.track(range(0, len(ids), batch), f"scoring {len(ids)} sequences", unit="batch"):
         x = ids[i:i + batch]
         logits = model(x[:, :-1])[..., :vocab_size].float()
         nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")

@@ -61,8 +61,9 @@ class FlowMatching(Method):
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
-               cfg_scale: float | None = None, sampler: str | None = None, generator=None, device=None):
-        """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional."""
+               cfg_scale: float | None = None, sampler: str | None = None, generator=None, device=None, callback=None):
+        """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional.
+        `callback(i, t, x)` runs after every sampler step (progress, pictures)."""
         base = unwrap(model)
         device = device or next(base.parameters()).device
         n = len(labels) if labels is not None else n
@@ -70,7 +71,7 @@ class FlowMatching(Method):
         x = torch.randn((n, C, S, S), generator=generator, device=device)
         velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale)
         ts = time_grid(steps or self.mcfg.sample_steps, device=device)
-        return sampler_registry.get(sampler or self.mcfg.sampler)(velocity, x, ts)
+        return sampler_registry.get(sampler or self.mcfg.sampler)(velocity, x, ts, callback=callback)
 
     def evaluate(self, model, data, ctx) -> dict:
         from genlab.eval.image_quality import evaluate_class_conditional

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from genlab import progress
 from genlab.errors import GenlabError
 from genlab.methods import lm_common as lm
 from genlab.methods.base import Method
@@ -114,10 +115,12 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
     blocks = [(0, L)] if block_len <= 0 else [(a, min(a + block_len, L)) for a in range(0, L, block_len)]
     calls = 0
     pos = torch.arange(L, device=z.device)
+    task = progress.Task(f"sampling {z.shape[0]} x {L} tokens", total=len(blocks) * steps, unit="step")
     for a, b in blocks:
         free = todo & (pos >= a) & (pos < b)
         cached = None
         for i in range(steps, 0, -1):
+            task.update()
             t, s = torch.tensor(i / steps), torch.tensor((i - 1) / steps)
             p = float((alpha(s, schedule) - alpha(t, schedule)) / (1 - alpha(t, schedule)))
             masked = (z == mask_id) & free
@@ -132,6 +135,7 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
             if reveal.any():
                 z = torch.where(reveal, draw, z)
                 cached = None  # the input changed: the next step needs a fresh forward pass
+    task.close()
     if stats is not None:
         stats["model_calls"] = calls
     return z
@@ -190,11 +194,12 @@ class MaskedDiffusion(Method):
         wins = lm.val_windows(data, self.T, ecfg.num_samples)[:, :-1].to(device)
         bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
         per_seq = {T: [] for T in [math.inf, *T_list]}
-        for _ in range(max(1, ecfg.nelbo_reps)):
-            for i in range(0, len(wins), bs):
-                est = nelbo_estimates(model, wins[i:i + bs], T_list, self.schedule, self.V, base.mask_id, ctx["generator"])
-                for T, v in est.items():
-                    per_seq[T].append(v.double().cpu() / self.T)
+        reps = max(1, ecfg.nelbo_reps)
+        batches = [i for _ in range(reps) for i in range(0, len(wins), bs)]
+        for i in progress.track(batches, f"eval: NELBO of {len(wins)} sequences x {reps}", unit="batch"):
+            est = nelbo_estimates(model, wins[i:i + bs], T_list, self.schedule, self.V, base.mask_id, ctx["generator"])
+            for T, v in est.items():
+                per_seq[T].append(v.double().cpu() / self.T)
         res = {}
         for T, parts in per_seq.items():
             v = torch.cat(parts)

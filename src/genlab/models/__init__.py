@@ -3,3 +3,5 @@
 from genlab.models import layers, positions, dit  # noqa: F401
 from genlab.models import gpt  # noqa: F401,E402
 from genlab.models import triton_attention  # noqa: F401,E402  (attention backend "triton"; triton imported lazily)
+from genlab.models import sparse_transformer  # noqa: F401,E402
+from genlab.models import world_dit  # noqa: F401,E402

@@ -229,6 +229,7 @@ def build_dit(cfg_model, data_spec) -> DiT:
 
 # the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
 build_dit.grid_rank = 2
+build_dit.layer_keys = ("attention", "mlp", "norm", "pos_emb")
 build_dit.example_spec = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
 build_dit.example_inputs = lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
                                                 torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g))

@@ -252,6 +252,7 @@ def build_gpt(cfg_model, data_spec) -> GPT:
 
 # the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
 build_gpt.grid_rank = 1
+build_gpt.layer_keys = ("attention", "mlp", "norm", "pos_emb")
 build_gpt.example_spec = {"kind": "tokens", "vocab_size": 11, "seq_len": 12}
 build_gpt.example_inputs = lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),)
 build_gpt.example_output_shape = lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"]))

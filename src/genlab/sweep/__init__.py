@@ -1,6 +1,6 @@
 """`genlab sweep`: vary one thing, keep the rest fixed, compare — one command, one table, a few plots.
 
-    genlab sweep SWEEP.toml [--dry-run] [--only NAME[,NAME]] [--retry-failed] [--max-time S] [--timeout S]
+    genlab sweep SWEEP.toml|NAME [--dry-run] [--only NAME[,NAME]] [--retry-failed] [--max-time S] [--timeout S]
                  [--root sweeps]
     genlab sweep report DIR [--compare DIR2]
 
@@ -44,7 +44,7 @@ def cmd_sweep(args):
     if args.compare:
         raise GenlabError("--compare goes with `genlab sweep report DIR --compare DIR2`")
     if len(items) != 1:
-        raise GenlabError("usage: genlab sweep SWEEP.toml  (or: genlab sweep report DIR)")
+        raise GenlabError("usage: genlab sweep SWEEP.toml|NAME  (or: genlab sweep report DIR)")
     from genlab.sweep.runner import run_sweep, visible_gpus
     from genlab.sweep.spec import load_sweep, select
     sw = select(load_sweep(items[0]), args.only)  # validates every variant before anything runs
@@ -75,8 +75,9 @@ def cmd_sweep(args):
 
 
 def add_parser(sub):
-    p = sub.add_parser("sweep", help="run an ablation sweep (genlab sweep FILE.toml) or rebuild its report (genlab sweep report DIR)")
-    p.add_argument("items", nargs="+", metavar="SWEEP.toml | report DIR", help="a sweep file, or: report DIR")
+    p = sub.add_parser("sweep", help="run an ablation sweep (genlab sweep FILE.toml or a shipped sweep's NAME) or rebuild its report (genlab sweep report DIR)")
+    p.add_argument("items", nargs="+", metavar="SWEEP.toml | NAME | report DIR",
+                   help="a sweep file, the name of a shipped sweep (genlab list), or: report DIR")
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs without running them")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="run only these variants (variant or run names, comma-separated or repeated)")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genlab.config import load_config, load_toml
+from genlab.config import SWEEP_DIR, load_config, load_toml
 from genlab.errors import GenlabError
 from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
 
@@ -85,10 +85,23 @@ def _size_shape(cfg) -> dict:
     return {"model": cfg.model, "spec": spec}
 
 
+def shipped_sweeps() -> list[str]:
+    return sorted(p.stem for p in SWEEP_DIR.glob("*.toml"))
+
+
+def resolve_sweep_path(name_or_path) -> Path:
+    """A path to a sweep file, or the name of one shipped with genlab (genlab/configs/sweeps/NAME.toml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = SWEEP_DIR / f"{path.name}.toml"
+    if path.suffix != ".toml" and path.name == str(name_or_path) and shipped.is_file():
+        return shipped
+    raise GenlabError(f"sweep file '{name_or_path}' not found; shipped sweeps: {', '.join(shipped_sweeps())} (or a path to a .toml file)")
+
+
 def load_sweep(path) -> Sweep:
-    path = Path(path)
-    if not path.is_file():
-        raise GenlabError(f"sweep file '{path}' not found")
+    path = resolve_sweep_path(path)
     raw = load_toml(path)
     src = str(path)
     unknown = set(raw) - TOP_KEYS

@@ -88,11 +88,16 @@ def safe_load(p: Path, map_location="cpu"):
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        what = str(e).split("WeightsUnpickler error:")[-1].strip().splitlines()[0] if str(e) else "not a checkpoint"
-        raise GenlabError(f"refused to load '{p}': it holds more than tensors, numbers, strings, lists and dicts "
-                          f"({what}); only load checkpoints you trust, or share exported model.safetensors") from None
+        bad_op = re.search(r"Unsupported operand \d+", str(e))
+        if "Weights only load failed" not in str(e) or bad_op:  # garbage bytes, not a refused object
+            raise GenlabError(f"cannot read checkpoint '{p}': not a checkpoint file "
+                              f"({bad_op.group(0) if bad_op else _first(e)})") from None
+        what = re.search(r"GLOBAL ([\w.]+)", str(e))
+        raise GenlabError(f"refused to load '{p}': it holds more than tensors, numbers, strings, lists and dicts"
+                          f"{f' (it asks for {what.group(1)})' if what else ''}; nothing in it was run. Only load "
+                          f"checkpoints you trust; share exported model.safetensors") from None
     except Exception as e:  # noqa: BLE001  (truncated, empty, not a zip/pickle file)
-        raise GenlabError(f"cannot read checkpoint '{p}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise GenlabError(f"cannot read checkpoint '{p}': {_first(e)}") from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise GenlabError(f"'{p}' is not a genlab checkpoint (no model weights and config)")
     return state
@@ -106,3 +111,9 @@ def config_of(state: dict):
     if "convert" not in d.get("train", {}) and d.get("model", {}).get("pos_emb") == "learned" and d["model"].get("name") == "dit":
         d["model"]["pos_emb"] = "auto"
     return from_dict(d)
+
+
+def _first(e: BaseException) -> str:
+    """The first sentence of an exception message (torch's run to several lines)."""
+    text = str(e).strip().split("\n")[0].split(". ")[0]
+    return text or type(e).__name__

@@ -16,6 +16,7 @@ import torch
 
 from genlab.config import Config, dumps_toml, to_dict
 from genlab.data import build_dataset, build_loader
+from genlab import progress
 from genlab.errors import GenlabError, RunFailed, debug, one_line
 from genlab.train import checkpoint as ckpt
 from genlab.train.convert import apply_converters
@@ -198,7 +199,8 @@ class Trainer:
         was = model.training
         model.eval()
         try:
-            return self.method.preview(model, path, self.eval_ctx())
+            with progress.enabled(self.cfg.log.progress):
+                return self.method.preview(model, path, self.eval_ctx())
         finally:
             model.train(was)
 
@@ -209,7 +211,7 @@ class Trainer:
         was = model.training
         model.eval()
         try:
-            with self.precision.autocast(self.device):
+            with self.precision.autocast(self.device), progress.enabled(self.cfg.log.progress):
                 return self.method.evaluate(model, self.data, self.eval_ctx())
         finally:
             model.train(was)
@@ -279,7 +281,7 @@ class Trainer:
                     self.log.write(rec)
                     last_record = rec
                     if bar is not None:
-                        bar.set_postfix(loss=f"{loss_v:.4f}", sps=f"{rec['samples_per_s']:.0f}")
+                        bar.log(rec)
                     acc["loss"].zero_()
                     acc["gnorm"].zero_()
                     n_acc, self.loader.wait_time = 0, 0.0
@@ -343,13 +345,11 @@ class Trainer:
         return summary
 
     def _progress_bar(self):
+        """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
         if not (self.cfg.log.progress and self.dist.is_main):
             return None
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            return None
-        return tqdm(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name, dynamic_ncols=True, leave=True)
+        from genlab.progress import TrainStatus
+        return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
 
 
 def train(cfg: Config, resume: str | None = None) -> dict:

@@ -1,0 +1,298 @@
+"""Factorized sparse attention patterns (Child et al. 2019, "Generating Long Sequences with Sparse
+Transformers", section 4) as FlexAttention block masks, with a dense masked reference.
+
+A pattern is a list of *parts* (the paper's A^(1), A^(2)); each part is a causal mask over positions,
+written once as a vectorised predicate `allowed(i, j)` on original positions (query i, key j):
+
+  dense    A_i      = {j <= i}
+  strided  A^(1)_i  = {t, ..., i}, t = max(0, i - l)          (the previous l positions)
+           A^(2)_i  = {j <= i : (i - j) mod l = 0}              (every l-th position: "the column")
+  fixed    A^(1)_i  = {j <= i : floor(j / l) = floor(i / l)}    (the own block of l)
+           A^(2)_i  = {j <= i : j mod l in {l - c, ..., l - 1}} (the last c "summary" cells of every block)
+                      and i itself: without it the queries before the first summary would see nothing
+                      (an empty softmax) in a head that holds only this part
+
+A *factorization mode* (section 4.3) assigns parts to layers and heads: `interleaved` (layer r uses
+part r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among parts).
+
+Layouts (section 5.3, "attention with a stride can be computed by transposing the matrix and computing
+a local window"): FlexAttention skips 128x128 blocks that are entirely masked, so a position-wise
+strided mask, which touches every block, does causal-dense work. Each part therefore carries a query
+and a key order; the sequence is permuted into that order before the kernel and the output permuted
+back. The strided column part runs column-major (each column becomes one contiguous causal segment),
+and fixed parts put the summary keys first (the summaries of all earlier blocks become one contiguous
+prefix). The mask itself is still evaluated on original positions, so the result does not depend on
+the layout; only the number of blocks visited does (`block_density`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from genlab.errors import GenlabError
+from genlab.registry import Registry
+
+sparse_pattern_registry = Registry("sparse_pattern")
+sparse_mode_registry = Registry("sparse_mode")
+
+FLEX_BLOCK = 128  # FlexAttention's default block size: the unit of skipped work
+
+
+@dataclass(frozen=True)
+class Part:
+    """One factor of a pattern: a causal predicate on original positions and the layouts that make it
+    block-sparse. `q_order(n)` / `kv_order(n)` return permutations of range(n) (None = identity)."""
+    name: str
+    allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    q_order: Callable[[int], torch.Tensor] | None = None
+    kv_order: Callable[[int], torch.Tensor] | None = None
+
+    def dense_mask(self, n: int, device=None, q_start: int = 0) -> torch.Tensor:
+        """bool [n - q_start, n]: row i says which keys query i may see (original order)."""
+        i = torch.arange(q_start, n, device=device)[:, None]
+        j = torch.arange(n, device=device)[None, :]
+        return self.allowed(i, j)
+
+
+def column_major(l: int):
+    """Order positions by (p mod l, p): position p = r*l + k goes to column k, row r."""
+    def order(n):
+        p = torch.arange(n)
+        return torch.argsort((p % l) * n + p)
+    return order
+
+
+def summaries_first(l: int, c: int):
+    """Summary positions (p mod l >= l - c) first, then the rest, each in position order."""
+    def order(n):
+        p = torch.arange(n)
+        return torch.argsort(((p % l) < l - c).long() * n + p)
+    return order
+
+
+def causal(i, j):
+    return j <= i
+
+
+def strided_parts(l: int, c: int) -> list[Part]:
+    return [Part("strided/local", lambda i, j: (j <= i) & (i - j <= l)),
+            Part("strided/column", lambda i, j: (j <= i) & ((i - j) % l == 0), column_major(l), column_major(l))]
+
+
+def fixed_parts(l: int, c: int) -> list[Part]:
+    return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l)),
+            Part("fixed/summary", lambda i, j: ((j <= i) & (j % l >= l - c)) | (j == i), None, summaries_first(l, c))]
+
+
+@sparse_pattern_registry.register("dense", "causal dense attention (every earlier position)")
+def dense_pattern(l: int, c: int) -> list[Part]:
+    return [Part("dense", causal)]
+
+
+@sparse_pattern_registry.register("strided", "previous l positions + every l-th position (images; stride l ~ sqrt(n))")
+def strided_pattern(l: int, c: int) -> list[Part]:
+    return strided_parts(l, c)
+
+
+@sparse_pattern_registry.register("fixed", "own block of l + the last c cells of every earlier block (text)")
+def fixed_pattern(l: int, c: int) -> list[Part]:
+    return fixed_parts(l, c)
+
+
+def merged_layout(pattern: str, l: int, c: int):
+    # the union of both fixed parts is block-sparse with summaries first; the strided union is not
+    # block-sparse in any single order (its two parts want different orders)
+    return summaries_first(l, c) if pattern == "fixed" else None
+
+
+def union(parts: list[Part], kv_order=None) -> Part:
+    if len(parts) == 1:
+        return parts[0]
+    fns = [p.allowed for p in parts]
+
+    def allowed(i, j):
+        out = fns[0](i, j)
+        for f in fns[1:]:
+            out = out | f(i, j)
+        return out
+    return Part("+".join(p.name for p in parts), allowed, None, kv_order)
+
+
+# A mode maps (parts, layer, heads) -> [(n_heads, part), ...] covering all heads of that layer.
+@sparse_mode_registry.register("interleaved", "layer r attends with part r mod p (all heads)")
+def mode_interleaved(parts, merged, layer: int, heads: int):
+    return [(heads, parts[layer % len(parts)])]
+
+
+@sparse_mode_registry.register("merged", "every head attends to the union of the parts")
+def mode_merged(parts, merged, layer: int, heads: int):
+    return [(heads, merged)]
+
+
+@sparse_mode_registry.register("split", "the heads are divided evenly among the parts")
+def mode_split(parts, merged, layer: int, heads: int):
+    if heads % len(parts):
+        raise GenlabError(f"sparse_mode=split needs heads divisible by {len(parts)} parts, got {heads} heads")
+    return [(heads // len(parts), p) for p in parts]
+
+
+def layer_groups(pattern: str, mode: str, l: int, c: int, depth: int, heads: int):
+    """Per layer, a list of (n_heads, Part)."""
+    if l < 1 or not (0 < c <= l):
+        raise GenlabError(f"sparse attention needs stride/block l >= 1 and 0 < c <= l; got l={l}, c={c}")
+    parts = sparse_pattern_registry.get(pattern)(l, c)
+    mode_fn = sparse_mode_registry.get(mode)
+    merged = union(parts, merged_layout(pattern, l, c))
+    return [mode_fn(parts, merged, r, heads) for r in range(depth)]
+
+
+# -- brute force from the paper's set definitions (tests and pictures) ---------------------------
+def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int) -> list[set]:
+    """A_i for every i, built literally from the definitions above with Python sets and loops.
+    part None = the union of the parts (merged); dense has one part."""
+    def strided(i):
+        a1 = set(range(max(0, i - l), i + 1))
+        a2 = {j for j in range(i + 1) if (i - j) % l == 0}
+        return [a1, a2]
+
+    def fixed(i):
+        a1 = {j for j in range(i + 1) if j // l == i // l}
+        a2 = {j for j in range(i + 1) if j % l in set(range(l - c, l))} | {i}
+        return [a1, a2]
+
+    def dense(i):
+        return [set(range(i + 1))]
+    fn = {"strided": strided, "fixed": fixed, "dense": dense}[pattern]
+    out = []
+    for i in range(n):
+        sets = fn(i)
+        out.append(set().union(*sets) if part is None else sets[part])
+    return out
+
+
+def reference_mask(pattern: str, part: int | None, n: int, l: int, c: int) -> torch.Tensor:
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i, s in enumerate(reference_sets(pattern, part, n, l, c)):
+        m[i, sorted(s)] = True
+    return m
+
+
+# -- kernels -------------------------------------------------------------------------------------
+def _orders(part: Part, n: int, device):
+    q = part.q_order(n).to(device) if part.q_order else None
+    kv = part.kv_order(n).to(device) if part.kv_order else None
+    return q, kv
+
+
+def make_block_mask(part: Part, n: int, device, block: int = FLEX_BLOCK):
+    """FlexAttention BlockMask of `part` in its layout (queries in q_order, keys in kv_order)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    q, kv = _orders(part, n, device)
+    qp = q if q is not None else torch.arange(n, device=device)
+    kp = kv if kv is not None else torch.arange(n, device=device)
+    allowed = part.allowed
+
+    def mask_mod(b, h, qi, ki):
+        return allowed(qp[qi], kp[ki])
+    return create_block_mask(mask_mod, None, None, n, n, device=device, BLOCK_SIZE=block)
+
+
+def block_density(block_mask) -> float:
+    """Fraction of (query block, key block) pairs the kernel visits (full + partial)."""
+    kv = block_mask.kv_num_blocks.sum().item()
+    full = block_mask.full_kv_num_blocks.sum().item() if block_mask.full_kv_num_blocks is not None else 0
+    nq, nk = block_mask.kv_indices.shape[-2], block_mask.kv_indices.shape[-1]
+    return (kv + full) / (nq * nk)
+
+
+def causal_block_density(n: int, block: int = FLEX_BLOCK) -> float:
+    nb = math.ceil(n / block)
+    return nb * (nb + 1) / 2 / nb ** 2
+
+
+def density_report(pattern: str, mode: str, l: int, c: int, n: int, heads: int = 2, depth: int = 2,
+                   device="cpu") -> list[str]:
+    """One line per distinct part: block density in its layout vs position-wise, and vs causal dense."""
+    lines, seen = [], set()
+    for groups in layer_groups(pattern, mode, l, c, depth, heads):
+        for _, part in groups:
+            if part.name in seen:
+                continue
+            seen.add(part.name)
+            d = block_density(make_block_mask(part, n, device))
+            plain = block_density(make_block_mask(Part(part.name, part.allowed), n, device))
+            lines.append(f"{pattern}/{mode} part {part.name}: block density {d:.3f} in layout "
+                         f"({plain:.3f} position-wise; causal dense {causal_block_density(n):.3f}), n={n}, l={l}, c={c}")
+    return lines
+
+
+_compiled_flex = None
+
+
+def flex(q, k, v, block_mask, scale):
+    """flex_attention, compiled once on CUDA (eager flex materialises the scores and is for tests)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+    if q.device.type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    if _compiled_flex is None:
+        # every part's mask_mod is its own closure, so each compiles once; past dynamo's default limit of
+        # 8 it would silently fall back to eager flex (full score matrices)
+        import torch._dynamo.config as dcfg
+        for key in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dcfg, key):
+                setattr(dcfg, key, max(64, getattr(dcfg, key)))
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
+
+
+class MaskCache:
+    """Per (part, n, device, backend): the dense bool mask or the BlockMask + layout permutations.
+    Built outside any compiled graph (`build`), looked up inside it (`get`)."""
+
+    def __init__(self):
+        self._store = {}
+
+    @torch.compiler.disable
+    def build(self, parts, n: int, device, backend: str):
+        for part in parts:
+            key = (part.name, n, str(device), backend)
+            if key in self._store:
+                continue
+            if backend == "dense":
+                self._store[key] = part.dense_mask(n, device)
+            else:
+                q, kv = _orders(part, n, device)
+                q_inv = torch.argsort(q) if q is not None else None
+                self._store[key] = (make_block_mask(part, n, device), q, kv, q_inv)
+
+    def get(self, part, n, device, backend):
+        return self._store[(part.name, n, str(device), backend)]
+
+
+def attend(q, k, v, part: Part, cache: MaskCache, backend: str, scale: float):
+    """q, k [B, h, n, e], v [B, h, n, ev] in original order -> [B, h, n, ev]."""
+    n = q.shape[2]
+    if part.allowed is causal:  # plain causal: SDPA's flash kernel on either backend
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if backend == "dense":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.get(part, n, q.device, backend), scale=scale)
+    bm, qo, kvo, q_inv = cache.get(part, n, q.device, backend)
+    if qo is not None:
+        q = q.index_select(2, qo)
+    if kvo is not None:
+        k, v = k.index_select(2, kvo), v.index_select(2, kvo)
+    out = flex(q, k, v, bm, scale)
+    return out.index_select(2, q_inv) if q_inv is not None else out
+
+
+if __name__ == "__main__":  # python -m genlab.models.sparse_attention [n] [l] [c]: block densities
+    import sys
+    n, l, c = (int(a) for a in (sys.argv[1:] + ["3072", "64", "16"][len(sys.argv) - 1:])[:3])
+    for pat in ("dense", "strided", "fixed"):
+        for mode in (("split",) if pat == "dense" else ("split", "merged")):
+            print("\n".join(density_report(pat, mode, l, c, n)))

@@ -1,0 +1,303 @@
+"""Sparse Transformer (Child et al. 2019) over image bytes.
+
+An image uint8 [H, W, C] is a sequence of n = H*W*C bytes in channel-major (all of channel 0 row by
+row, then channel 1, ...) or pixel-major (pixel by pixel, channels interleaved) raster order. The
+input at position t is byte t-1 (a start token, id 256, at t = 0) and position t predicts byte t.
+Its data embedding (section 7.1) is the sum of learned row, column and channel embeddings of the
+byte being predicted, added to the token embedding.
+
+Blocks are pre-activation residual (section 5.2): H = X + drop(attn(norm(X))), X' = H + drop(ff(norm(H))),
+dropout only at the end of each residual branch; ff = W2 GELU(W1 x + b1) + b2 of width 4d (or 2d,
+the half-size network of section 7.1); queries and keys may be narrower than values (qk_ratio 0.5).
+Initialisation of section 6: token embeddings N(0, 0.125/sqrt(d)), data embeddings
+N(0, 0.125/sqrt(d * n_emb)), weights N(0, 0.125/sqrt(d_in)), biases 0, output logits 0; the residual
+outputs (attention output projection, W2) scaled by 1/sqrt(2N) for N layers. With zero output
+logits a fresh model is exactly uniform over the 256 bytes (8 bits/dim).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from genlab.errors import GenlabError
+from genlab.models.sparse_attention import MaskCache, attend, layer_groups
+from genlab.registry import ac_registry, model_registry
+
+START = 256           # id of the start token (after the 256 byte values)
+RASTER_ORDERS = ("channel", "pixel")
+SPARSE_BACKENDS = ("auto", "flex", "dense")
+# name -> (dim, depth, heads)
+SPARSE_SIZES = {"tiny": (64, 2, 2), "small": (256, 8, 4), "base": (512, 16, 8), "cifar": (256, 128, 2)}
+
+
+def raster_coords(H: int, W: int, C: int, order: str) -> torch.Tensor:
+    """long [n, 3]: (row, column, channel) of every sequence position."""
+    r, w, c = torch.meshgrid(torch.arange(H), torch.arange(W), torch.arange(C), indexing="ij")  # [H, W, C]
+    grid = torch.stack([r, w, c], -1)
+    if order == "pixel":
+        return grid.reshape(-1, 3)
+    if order == "channel":
+        return grid.permute(2, 0, 1, 3).reshape(-1, 3)
+    raise GenlabError(f"unknown raster order {order!r}; valid: {', '.join(RASTER_ORDERS)}")
+
+
+def image_to_seq(img: torch.Tensor, order: str) -> torch.Tensor:
+    """uint8/long [B, H, W, C] -> [B, n] in raster order."""
+    if order == "pixel":
+        return img.reshape(img.shape[0], -1)
+    return img.permute(0, 3, 1, 2).reshape(img.shape[0], -1)
+
+
+def seq_to_image(seq: torch.Tensor, H: int, W: int, C: int, order: str) -> torch.Tensor:
+    if order == "pixel":
+        return seq.reshape(-1, H, W, C)
+    return seq.reshape(-1, C, H, W).permute(0, 2, 3, 1)
+
+
+@dataclass
+class SparseSpec:
+    image_size: int
+    channels: int
+    dim: int
+    depth: int
+    heads: int
+    order: str = "channel"
+    pattern: str = "strided"
+    mode: str = "split"
+    stride: int = 0               # l; 0 = the length of one image row in the raster order (~sqrt(n))
+    summary: int = 0              # c of the fixed pattern; 0 = max(1, l // 8)
+    mlp_ratio: float = 4.0
+    qk_ratio: float = 1.0
+    dropout: float = 0.0
+    backend: str = "auto"
+
+    @property
+    def seq_len(self) -> int:
+        return self.image_size ** 2 * self.channels
+
+    @property
+    def l(self) -> int:
+        return self.stride or (self.image_size if self.order == "channel" else self.image_size * self.channels)
+
+    @property
+    def c(self) -> int:
+        return self.summary or max(1, self.l // 8)
+
+
+class SparseAttention(nn.Module):
+    def __init__(self, s: SparseSpec, groups):
+        super().__init__()
+        self.heads, self.groups = s.heads, groups
+        self.qk_dim = int(s.dim * s.qk_ratio)
+        if self.qk_dim % s.heads or s.dim % s.heads:
+            raise GenlabError(f"model.dim {s.dim} (queries/keys {self.qk_dim}) must split into {s.heads} heads")
+        self.q = nn.Linear(s.dim, self.qk_dim)
+        self.k = nn.Linear(s.dim, self.qk_dim)
+        self.v = nn.Linear(s.dim, s.dim)
+        self.proj = nn.Linear(s.dim, s.dim)
+        self.scale = 1.0 / math.sqrt(self.qk_dim // s.heads)
+
+    def qkv(self, x):
+        B, T, _ = x.shape
+        split = lambda t: t.view(B, T, self.heads, -1).transpose(1, 2)  # noqa: E731
+        return split(self.q(x)), split(self.k(x)), split(self.v(x))
+
+    def forward(self, x, cache: MaskCache, backend: str):
+        q, k, v = self.qkv(x)
+        outs, h0 = [], 0
+        for nh, part in self.groups:
+            sl = slice(h0, h0 + nh)
+            outs.append(attend(q[:, sl], k[:, sl], v[:, sl], part, cache, backend, self.scale))
+            h0 += nh
+        out = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
+        return self.proj(out.transpose(1, 2).reshape(x.shape))
+
+    def probs_row(self, x, pos: int):
+        """Attention probabilities of query `pos` over keys [0..pos], per head: [B, heads, pos + 1]."""
+        q, k, _ = self.qkv(x[:, :pos + 1])
+        scores = (q[:, :, -1:] @ k.transpose(-1, -2))[:, :, 0] * self.scale
+        masks = [p.allowed(torch.tensor(pos), torch.arange(pos + 1)).to(x.device) for nh, p in self.groups for _ in range(nh)]
+        return scores.masked_fill(~torch.stack(masks)[None], float("-inf")).softmax(-1)
+
+
+class SparseBlock(nn.Module):
+    def __init__(self, s: SparseSpec, groups):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(s.dim)
+        self.attn = SparseAttention(s, groups)
+        self.norm2 = nn.LayerNorm(s.dim)
+        hidden = int(s.dim * s.mlp_ratio)
+        self.fc1, self.fc2 = nn.Linear(s.dim, hidden), nn.Linear(hidden, s.dim)
+        self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
+
+    def forward(self, x, cache: MaskCache, backend: str):
+        x = x + self.drop(self.attn(self.norm1(x), cache, backend))
+        return x + self.drop(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
+
+
+class SparseTransformer(nn.Module):
+    causal = True
+    vocab_size = 256
+
+    def __init__(self, spec: SparseSpec):
+        super().__init__()
+        s = self.spec = spec
+        if s.order not in RASTER_ORDERS:
+            raise GenlabError(f"model.raster must be one of {', '.join(RASTER_ORDERS)}; got {s.order!r}")
+        if s.backend not in SPARSE_BACKENDS:
+            raise GenlabError(f"model.sparse_backend must be one of {', '.join(SPARSE_BACKENDS)}; got {s.backend!r}")
+        self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads)
+        self.parts = list({p.name: p for g in self.groups for _, p in g}.values())
+        self.masks = MaskCache()
+        self.n_vocab = 257
+        self.tok_emb = nn.Embedding(257, s.dim)
+        self.row_emb = nn.Embedding(s.image_size, s.dim)
+        self.col_emb = nn.Embedding(s.image_size, s.dim)
+        self.chan_emb = nn.Embedding(s.channels, s.dim)
+        self.register_buffer("coords", raster_coords(s.image_size, s.image_size, s.channels, s.order), persistent=False)
+        self.blocks = nn.ModuleList(SparseBlock(s, g) for g in self.groups)
+        self.norm = nn.LayerNorm(s.dim)
+        self.head = nn.Linear(s.dim, 256)
+        self.ac_segments = 0  # > 0: recompute the blocks in this many segments (activation checkpointing "segments")
+        self._init_weights()
+
+    def _init_weights(self):
+        s, n_emb = self.spec, 3
+        for name, p in self.named_parameters():
+            if name.startswith("tok_emb"):
+                nn.init.normal_(p, std=0.125 / math.sqrt(s.dim))
+            elif name.startswith(("row_emb", "col_emb", "chan_emb")):
+                nn.init.normal_(p, std=0.125 / math.sqrt(s.dim * n_emb))
+            elif name.startswith("head"):
+                nn.init.zeros_(p)  # output logits start at zero: the uniform distribution
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif "norm" in name:
+                continue  # LayerNorm gains stay 1
+            else:
+                std = 0.125 / math.sqrt(p.shape[1])
+                if name.endswith(("attn.proj.weight", "fc2.weight")):
+                    std /= math.sqrt(2 * s.depth)
+                nn.init.normal_(p, std=std)
+
+    def resolve_backend(self, device, backend=None) -> str:
+        b = backend or self.spec.backend
+        if b == "auto":  # FlexAttention has no CPU backward: dense masked SDPA there
+            return "flex" if device.type == "cuda" else "dense"
+        return b
+
+    def embed(self, idx, start: int = 0):
+        T = idx.shape[1]
+        rc = self.coords[start:start + T]
+        return self.tok_emb(idx) + self.row_emb(rc[:, 0]) + self.col_emb(rc[:, 1]) + self.chan_emb(rc[:, 2])
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, backend: str | None = None):
+        """idx long [B, T] (ids 0..256, START first) -> logits [B, T, 256]; with targets [B, T] the mean
+        cross-entropy in nats instead."""
+        T = idx.shape[1]
+        if T > self.spec.seq_len:
+            raise ValueError(f"sequence of {T} tokens is longer than the model's {self.spec.seq_len}")
+        backend = self.resolve_backend(idx.device, backend)
+        self.masks.build(self.parts, T, idx.device, backend)
+        h = self.embed(idx)
+        if self.ac_segments > 0 and torch.is_grad_enabled():
+            k = len(self.blocks)
+            bounds = [round(i * k / self.ac_segments) for i in range(self.ac_segments + 1)]
+            for a, z in zip(bounds[:-1], bounds[1:]):
+                if z > a:
+                    h = checkpoint(self._run, h, a, z, backend, use_reentrant=False)
+        else:
+            h = self._run(h, 0, len(self.blocks), backend)
+        logits = self.head(self.norm(h))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
+
+    def _run(self, h, a, z, backend):
+        for b in self.blocks[a:z]:
+            h = b(h, self.masks, backend)
+        return h
+
+    @torch.no_grad()
+    def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
+        """One new token per call with a key/value cache (a list, one (k, v) per block, extended in
+        place): idx [B, 1] at position len(cache k). Returns the logits [B, 256] of that position."""
+        pos = cache[0][0].shape[2] if cache else 0
+        h = self.embed(idx, start=pos)
+        keys = torch.arange(pos + 1, device=idx.device)
+        for i, blk in enumerate(self.blocks):
+            a = blk.attn
+            q, k, v = a.qkv(blk.norm1(h))
+            if i < len(cache):
+                k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)
+                cache[i] = (k, v)
+            else:
+                cache.append((k, v))
+            outs, h0 = [], 0
+            for nh, part in a.groups:
+                m = part.allowed(torch.tensor(pos, device=idx.device), keys)[None]
+                outs.append(F.scaled_dot_product_attention(q[:, h0:h0 + nh], k[:, h0:h0 + nh], v[:, h0:h0 + nh],
+                                                           attn_mask=m, scale=a.scale))
+                h0 += nh
+            h = h + a.proj(torch.cat(outs, 1).transpose(1, 2).reshape(h.shape))
+            h = h + blk.fc2(F.gelu(blk.fc1(blk.norm2(h))))
+        return self.head(self.norm(h))[:, -1]
+
+    @torch.no_grad()
+    def attention_rows(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
+        """Attention probabilities of query `pos` in every layer and head: [depth, B, heads, pos + 1]."""
+        h = self.embed(idx[:, :pos + 1])
+        backend = "dense"
+        self.masks.build(self.parts, pos + 1, idx.device, backend)
+        rows = []
+        for b in self.blocks:
+            rows.append(b.attn.probs_row(b.norm1(h), pos))
+            h = b(h, self.masks, backend)
+        return torch.stack(rows)
+
+    def flops_per_sample(self, seq_len: int | None = None) -> int:
+        """Forward matmul FLOPs of one sequence, attention counted over the full causal-dense T x T score
+        matrix (the convention of gpt.py, so MFU is comparable across patterns)."""
+        s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
+        qk, H = int(D * s.qk_ratio), int(D * s.mlp_ratio)
+        per_block = 2 * T * D * (2 * qk + 2 * D) + 2 * T * T * (qk + D) + 2 * 2 * T * D * H
+        return s.depth * per_block + 2 * T * D * 256
+
+
+@model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes: strided/fixed "
+                                               "factorized attention (FlexAttention), row/col/channel embeddings")
+def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
+    if data_spec.get("kind") != "image":
+        raise GenlabError(f"model sparse_transformer needs image data, got data of kind {data_spec.get('kind')!r}")
+    if cfg_model.size not in SPARSE_SIZES:
+        raise GenlabError(f"unknown sparse_transformer size '{cfg_model.size}'; valid: {', '.join(SPARSE_SIZES)}")
+    dim, depth, heads = SPARSE_SIZES[cfg_model.size]
+    spec = SparseSpec(image_size=data_spec["image_size"], channels=data_spec["channels"], dim=cfg_model.dim or dim,
+                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=cfg_model.raster,
+                      pattern=cfg_model.sparse_pattern, mode=cfg_model.sparse_mode, stride=cfg_model.sparse_stride,
+                      summary=cfg_model.sparse_summary, mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
+                      dropout=cfg_model.dropout, backend=cfg_model.sparse_backend)
+    return SparseTransformer(spec)
+
+
+@ac_registry.register("segments", "recompute the blocks in train.ac_every segments (sparse_transformer: only the "
+                                  "segment boundaries are stored)")
+def ac_segments(model, tcfg):
+    if not hasattr(model, "ac_segments"):
+        raise GenlabError("train.activation_checkpointing=segments needs model.name=sparse_transformer; "
+                          "other models: full | every_k | selective")
+    model.ac_segments = max(1, tcfg.ac_every)
+    return model
+
+
+# the contract test (tests/test_contract.py): tiny image bytes; its attention comes from model.sparse_*, not the layer registries
+build_sparse_transformer.layer_keys = ()
+build_sparse_transformer.example_spec = {"kind": "image", "image_size": 4, "channels": 1, "num_classes": 1}
+build_sparse_transformer.example_inputs = lambda spec, B, g: (
+    torch.randint(0, 257, (B, spec["image_size"] ** 2 * spec["channels"]), generator=g),)
+build_sparse_transformer.example_output_shape = lambda spec, B: (B, spec["image_size"] ** 2 * spec["channels"], 256)

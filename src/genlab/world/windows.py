@@ -1,0 +1,120 @@
+"""Training windows: L context frames + the frames that follow, never crossing an episode boundary.
+
+A window starting at frame s covers frames s .. s+W-1 (W = context + horizon) and the actions taken
+on them. Valid starts are those whose whole window lies inside one episode. The uint8 frames live on
+the device when they fit, and a batch is one index gather there (no host copy, no per-frame loop).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream
+from genlab.errors import GenlabError
+from genlab.registry import dataset_registry
+from genlab.world.episodes import Episodes, read_episodes
+
+
+def valid_starts(starts: np.ndarray, total: int, window: int) -> np.ndarray:
+    """Every s such that frames s .. s+window-1 belong to one episode."""
+    ends = np.append(starts[1:], total)
+    parts = [np.arange(a, b - window + 1) for a, b in zip(starts, ends) if b - a >= window]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def to_float(u8: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., H, W, C] -> float [..., C, H, W] in [-1, 1]."""
+    nd = u8.ndim
+    perm = list(range(nd - 3)) + [nd - 1, nd - 3, nd - 2]
+    return u8.permute(*perm).float().div_(127.5).sub_(1.0)
+
+
+class WindowLoader:
+    """Yields {"frames": float [B, W, C, H, W] in [-1, 1], "actions": long [B, W] or float [B, W, D]}."""
+
+    def __init__(self, eps: Episodes, window: int, batch_size: int, device, seed=0, rank=0, world=1,
+                 on_device="auto", pin_memory="auto"):
+        self.eps, self.window, self.batch_size = eps, window, batch_size
+        self.device, self.rank, self.world = torch.device(device), rank, world
+        self.starts = valid_starts(eps.starts, len(eps.frames), window)
+        if len(self.starts) == 0:
+            raise GenlabError(f"no episode is {window} frames long (data.context_frames + data.horizon); "
+                              f"shorten them or collect longer episodes")
+        self.stream = IndexStream(len(self.starts), seed)
+        self.wait_time = 0.0
+        self.resident = on_device == "yes" or (on_device == "auto" and eps.frames.nbytes <= RESIDENT_LIMIT_BYTES)
+        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.offsets = torch.arange(window, device=self.device)
+        self.actions = torch.from_numpy(np.asarray(eps.actions)).to(self.device)
+        self.starts_t = torch.from_numpy(self.starts).to(self.device)
+        if self.resident:
+            self.frames = torch.from_numpy(np.array(eps.frames)).to(self.device)  # copy: memmaps are read-only
+
+    def state_dict(self):
+        return {"pos": self.stream.pos}
+
+    def load_state_dict(self, state):
+        self.stream.pos = int(state["pos"])
+
+    @property
+    def epoch(self):
+        return self.stream.epoch
+
+    def next(self) -> dict:
+        t0 = time.perf_counter()
+        k = self.stream.take(self.batch_size * self.world)[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        if self.resident:
+            s = self.starts_t[torch.from_numpy(k).to(self.device, non_blocking=True)]
+            idx = s[:, None] + self.offsets  # [B, W]
+            u8 = self.frames[idx]
+        else:  # host gather from the memmap in file order, then one transfer
+            idx_np = self.starts[k][:, None] + np.arange(self.window)
+            flat = idx_np.reshape(-1)
+            order = np.argsort(flat)
+            buf = np.empty((len(flat),) + self.eps.frames.shape[1:], np.uint8)
+            buf[order] = self.eps.frames[flat[order]]
+            u8 = torch.from_numpy(buf.reshape(idx_np.shape + buf.shape[1:]))
+            u8 = (u8.pin_memory() if self.pin else u8).to(self.device, non_blocking=True)
+            idx = torch.from_numpy(idx_np).to(self.device, non_blocking=True)
+        self.wait_time += time.perf_counter() - t0
+        return {"frames": to_float(u8), "actions": self.actions[idx]}
+
+    def close(self):
+        pass
+
+
+class EpisodeData:
+    """The training split of an episode folder, and its held-out episodes (the last `heldout` fraction)."""
+
+    def __init__(self, cfg_data):
+        if not cfg_data.path:
+            raise GenlabError("data.name=episodes needs data.path (a folder made by `genlab data collect` or `import`)")
+        eps = read_episodes(cfg_data.path)
+        E = len(eps.starts)
+        n_val = int(round(E * cfg_data.heldout)) if E > 1 else 0
+        n_val = min(max(n_val, 1 if cfg_data.heldout > 0 and E > 1 else 0), E - 1)
+        self.all = eps
+        self.train = eps if n_val == 0 else eps.select(np.arange(E - n_val))
+        self.val = eps if n_val == 0 else eps.select(np.arange(E - n_val, E))  # one episode only: eval on it too
+        self.context, self.horizon = cfg_data.context_frames, cfg_data.horizon
+        f = eps.frames
+        if f.shape[1] != f.shape[2]:
+            raise GenlabError(f"world models need square frames, got {f.shape[1]}x{f.shape[2]}")
+        self.spec = {"kind": "episodes", "image_size": int(f.shape[1]), "channels": int(f.shape[3]),
+                     "num_actions": eps.num_actions, "action_dim": eps.action_dim, "context": self.context,
+                     "horizon": self.horizon, "action_meanings": eps.meta.get("action_meanings"),
+                     "num_classes": 0, "path": str(cfg_data.path), "batch_keys": ("frames", "actions")}
+
+    def __len__(self):
+        return len(self.train.frames)
+
+    def make_loader(self, cfg_data, batch_size, device, seed, rank, world):
+        return WindowLoader(self.train, self.context + self.horizon, batch_size, device, seed, rank, world,
+                            cfg_data.on_device, cfg_data.pin_memory)
+
+
+@dataset_registry.register("episodes", "game/robot episodes (frames + actions) written by `genlab data collect|import` (data.path)")
+def episodes(cfg_data):
+    return EpisodeData(cfg_data)

@@ -1,0 +1,236 @@
+"""Sparse Transformer (Child et al. 2019): patterns against the paper's set definitions, kernels against
+the dense reference, data embeddings, section-6 initialisation, bits/dim, completion, training."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from genlab.errors import GenlabError
+from genlab.models.sparse_attention import (MaskCache, Part, attend, block_density, density_report, layer_groups,
+                                            make_block_mask, reference_mask, sparse_pattern_registry)
+from genlab.models.sparse_transformer import (SparseSpec, SparseTransformer, image_to_seq, raster_coords,
+                                              seq_to_image)
+
+PATTERNS = ("dense", "strided", "fixed")
+
+
+def tiny(pattern="strided", mode="split", size=4, channels=2, dim=32, depth=2, heads=2, **kw):
+    torch.manual_seed(0)
+    return SparseTransformer(SparseSpec(image_size=size, channels=channels, dim=dim, depth=depth, heads=heads,
+                                        pattern=pattern, mode=mode, **kw))
+
+
+def randomize_head(model):
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # zero-init logits would hide most differences
+    return model
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("n,l,c", [(17, 4, 1), (64, 8, 2), (100, 7, 3), (50, 10, 10)])
+def test_every_part_equals_brute_force_paper_definition(pattern, n, l, c):
+    parts = sparse_pattern_registry.get(pattern)(l, c)
+    for k, part in enumerate(parts):
+        assert torch.equal(part.dense_mask(n), reference_mask(pattern, k, n, l, c)), part.name
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("mode", ("interleaved", "merged", "split"))
+def test_modes_assign_parts_to_layers_and_heads(pattern, mode):
+    n, l, c = 48, 6, 2
+    groups = layer_groups(pattern, mode, l, c, depth=3, heads=4)
+    for r, g in enumerate(groups):
+        assert sum(h for h, _ in g) == 4
+        seen = torch.zeros(n, n, dtype=torch.bool)
+        for _, part in g:
+            seen |= part.dense_mask(n)
+        n_parts = 1 if pattern == "dense" else 2
+        if mode == "interleaved" and n_parts == 2:
+            want = reference_mask(pattern, r % 2, n, l, c)
+        else:  # merged and split both cover the union of the parts in every layer
+            want = reference_mask(pattern, None if n_parts == 2 else 0, n, l, c)
+        assert torch.equal(seen, want)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_no_position_sees_its_future(pattern):
+    for part in sparse_pattern_registry.get(pattern)(5, 2):
+        m = part.dense_mask(40)
+        assert not m.triu(1).any() and m.diagonal().all()
+    model = randomize_head(tiny(pattern, mode="merged"))
+    idx = torch.randint(0, 256, (2, model.spec.seq_len))
+    base = model(idx)
+    for t in (1, 9, 20):
+        changed = idx.clone()
+        changed[:, t] = (changed[:, t] + 1) % 256
+        out = model(changed)
+        assert torch.equal(out[:, :t], base[:, :t])
+        assert not torch.allclose(out[:, t:], base[:, t:])
+
+
+@pytest.mark.parametrize("pattern,mode", [("dense", "split"), ("strided", "split"), ("strided", "interleaved"),
+                                          ("strided", "merged"), ("fixed", "split"), ("fixed", "merged")])
+def test_flex_forward_equals_dense_masked_reference(pattern, mode):
+    n, l, c = 300, 16, 3
+    cache = MaskCache()
+    q, k = torch.randn(2, 2, n, 8), torch.randn(2, 2, n, 8)
+    v = torch.randn(2, 2, n, 16)  # values wider than queries/keys (halved q/k)
+    for groups in layer_groups(pattern, mode, l, c, depth=2, heads=2):
+        for _, part in groups:
+            cache.build([part], n, "cpu", "dense")
+            cache.build([part], n, "cpu", "flex")
+            ref = attend(q, k, v, part, cache, "dense", 0.3)
+            out = attend(q, k, v, part, cache, "flex", 0.3)
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_model_flex_forward_equals_dense_backend():
+    model = randomize_head(tiny("fixed", "split", size=6, channels=3, stride=9, summary=2)).eval()
+    idx = torch.randint(0, 257, (2, model.spec.seq_len))
+    with torch.no_grad():  # FlexAttention has no CPU backward
+        torch.testing.assert_close(model(idx, backend="flex"), model(idx, backend="dense"), atol=1e-5, rtol=1e-5)
+
+
+def test_layouts_make_strided_and_fixed_block_sparse():
+    n = 2048
+    col = sparse_pattern_registry.get("strided")(32, 4)[1]
+    assert block_density(make_block_mask(col, n, "cpu")) < 0.2
+    plain = Part(col.name, col.allowed)  # position-wise: the trap, every causal block touched
+    assert block_density(make_block_mask(plain, n, "cpu")) == pytest.approx((16 * 17 / 2) / 256)
+    summ = sparse_pattern_registry.get("fixed")(128, 8)[1]
+    # one block of summaries + the own diagonal (1-2 blocks) per query block, vs 8.5 of 16 causal-dense
+    assert block_density(make_block_mask(summ, n, "cpu")) <= 3 / 16
+    assert len(density_report("fixed", "merged", 128, 8, n)) == 1
+
+
+@pytest.mark.parametrize("order", ("channel", "pixel"))
+def test_row_column_channel_decomposition(order):
+    H, C = 5, 3
+    img = torch.zeros(1, H, H, C, dtype=torch.long)
+    for r in range(H):
+        for w in range(H):
+            for ch in range(C):
+                img[0, r, w, ch] = 100 * r + 10 * w + ch
+    seq = image_to_seq(img, order)[0]
+    coords = raster_coords(H, H, C, order)
+    assert torch.equal(seq, 100 * coords[:, 0] + 10 * coords[:, 1] + coords[:, 2])
+    assert torch.equal(seq_to_image(seq[None], H, H, C, order), img)
+    if order == "channel":  # all of channel 0 row by row, then channel 1
+        assert coords[H * H].tolist() == [0, 0, 1] and coords[H].tolist() == [1, 0, 0]
+    else:  # pixel by pixel, channels interleaved
+        assert coords[1].tolist() == [0, 0, 1] and coords[C].tolist() == [0, 1, 0]
+
+
+def test_initialisation_matches_section_6():
+    d, depth = 256, 4
+    m = tiny(dim=d, depth=depth, heads=4, size=16, channels=3)
+    assert m.tok_emb.weight.std().item() == pytest.approx(0.125 / math.sqrt(d), rel=0.05)
+    pos = torch.cat([m.row_emb.weight, m.col_emb.weight, m.chan_emb.weight]).std().item()
+    assert pos == pytest.approx(0.125 / math.sqrt(d * 3), rel=0.1)
+    b = m.blocks[1]
+    for w in (b.attn.q.weight, b.attn.k.weight, b.attn.v.weight, b.fc1.weight):
+        assert w.std().item() == pytest.approx(0.125 / math.sqrt(w.shape[1]), rel=0.05)
+    for w in (b.attn.proj.weight, b.fc2.weight):  # residual outputs scaled by 1 / sqrt(2N)
+        assert w.std().item() == pytest.approx(0.125 / math.sqrt(w.shape[1]) / math.sqrt(2 * depth), rel=0.05)
+    assert all(p.abs().max() == 0 for n, p in m.named_parameters() if n.endswith("bias"))
+    assert m.head.weight.abs().max() == 0
+
+
+def _method(cfg_over=(), data="digits"):
+    from genlab.config import load_config
+    from genlab.methods.image_ar import ImageAR
+    from genlab.data import build_dataset
+    cfg = load_config("sparse_tiny_cpu", list(cfg_over))
+    data = build_dataset(cfg.data)
+    from genlab.models.sparse_transformer import build_sparse_transformer
+    torch.manual_seed(0)
+    return ImageAR(cfg, data.spec), build_sparse_transformer(cfg.model, data.spec), data
+
+
+def test_uniform_model_scores_exactly_8_bits_per_dim():
+    method, model, data = _method()
+    u8 = torch.from_numpy(np.asarray(data.images[:20]))
+    assert method.bits_per_dim(model, u8) == pytest.approx(8.0, abs=1e-9)
+
+
+def test_cached_decode_equals_full_forward():
+    model = randomize_head(tiny("strided", "split", size=4, channels=2, stride=3)).eval()
+    idx = torch.randint(0, 257, (2, model.spec.seq_len))
+    full, cache = model(idx), []
+    steps = torch.stack([model.decode(idx[:, t:t + 1], cache) for t in range(idx.shape[1])], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_completion_keeps_the_given_top_half():
+    method, model, data = _method(["model.raster=pixel"])
+    randomize_head(model)
+    u8 = torch.from_numpy(np.asarray(data.images[:3]))
+    out, given = method.complete(model, u8, k=2, generator=torch.Generator().manual_seed(0), device="cpu")
+    assert given[:, :4].all() and not given[:, 4:].any()
+    assert torch.equal(out[:, :, :4], u8.long()[:, None, :4].expand(-1, 2, -1, -1, -1))
+    assert not torch.equal(out[:, :, 4:], u8.long()[:, None, 4:].expand(-1, 2, -1, -1, -1))
+
+
+def test_bad_names_fail_with_the_valid_choices():
+    with pytest.raises(GenlabError, match="dense, fixed, strided"):
+        layer_groups("diagonal", "split", 4, 1, 2, 2)
+    with pytest.raises(GenlabError, match="interleaved, merged, split"):
+        layer_groups("strided", "zigzag", 4, 1, 2, 2)
+    with pytest.raises(GenlabError, match="channel, pixel"):
+        tiny(order="rgb")
+
+
+def test_tiny_model_trains_through_cli_and_bits_per_dim_drops(tmp_path):
+    from genlab.cli import main
+    rc = main(["train", "sparse_tiny_cpu", "train.steps=15", f"train.out_dir={tmp_path}", "train.name=r",
+               "eval.num_samples=32", "train.activation_checkpointing=segments", "train.ac_every=2"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["val_bits_per_dim"] < 6.0  # from exactly 8 at initialisation
+    assert (tmp_path / "r" / "samples_completion.png").exists()
+    assert main(["sample", str(tmp_path / "r"), "--attention", "3,4", "--out", str(tmp_path / "a.png")]) == 0
+    assert (tmp_path / "a_attention.png").exists() and (tmp_path / "a_pattern.png").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("pattern", ("strided", "fixed"))
+def test_flex_backward_matches_dense_reference_bf16(pattern):
+    n, dev = 3072, torch.device("cuda")
+    groups = layer_groups(pattern, "split", 32, 4, depth=1, heads=2)[0]
+    cache = MaskCache()
+    for _, part in groups:
+        cache.build([part], n, dev, "dense")
+        cache.build([part], n, dev, "flex")
+        q, k, v = (torch.randn(2, 4, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        grads = []
+        for backend in ("dense", "flex"):
+            out = attend(q, k, v, part, cache, backend, 0.125)
+            g = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+            grads.append((out.float(), *[x.float() for x in g]))
+        for ref, got in zip(*grads):
+            torch.testing.assert_close(got, ref, atol=5e-2, rtol=5e-2)
+
+
+def test_prepare_frames_resizes_episodes_into_the_images_format(tmp_path):
+    from genlab.data.convert import prepare
+    from genlab.data.formats import read_image_dataset
+    for e in range(3):
+        (tmp_path / "eps" / f"ep{e}").mkdir(parents=True)
+        frames = np.full((4, 21, 16, 3), 10 * e, dtype=np.uint8)  # constant frames stay constant under a box filter
+        np.save(tmp_path / "eps" / f"ep{e}" / "frames.npy", frames)
+    train = read_image_dataset(prepare("frames", src=tmp_path / "eps", out=tmp_path / "tr", size=8, split="train"))
+    test = read_image_dataset(prepare("frames", src=tmp_path / "eps", out=tmp_path / "te", size=8, split="test"))
+    assert train.images.shape == (8, 8, 8, 3) and test.images.shape == (4, 8, 8, 3)
+    assert (np.asarray(test.images) == 20).all() and sorted(set(np.asarray(train.labels).tolist())) == [0, 1]
+    with pytest.raises(GenlabError, match="train, test, all"):
+        prepare("frames", src=tmp_path / "eps", out=tmp_path / "x", size=8, split="val")
+
+
+def test_sample_returns_images_in_the_image_method_contract():
+    method, model, data = _method()
+    x = method.sample(model, torch.zeros(3, dtype=torch.long), generator=torch.Generator().manual_seed(0), device="cpu")
+    assert x.shape == (3, 1, 8, 8) and x.min() >= -1 and x.max() <= 1
+    u8 = (x + 1) * 127.5
+    assert torch.equal(u8, u8.round())  # whole bytes
