@@ -260,7 +260,7 @@ class MaskCache:
     @torch.compiler.disable
     def build(self, parts, n: int, device, backend: str):
         for part in parts:
-            key = (part.name, n, str(device), backend)
+            key = (part.name, n, _dev_key(device), backend)
             if key in self._store:
                 continue
             if backend == "dense":
@@ -271,7 +271,15 @@ class MaskCache:
                 self._store[key] = (make_block_mask(part, n, device), q, kv, q_inv)
 
     def get(self, part, n, device, backend):
-        return self._store[(part.name, n, str(device), backend)]
+        return self._store[(part.name, n, _dev_key(device), backend)]
+
+
+def _dev_key(device) -> str:
+    # 'cuda' and 'cuda:0' name the same device: key by the resolved index so build and get agree
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
 
 
 def attend(q, k, v, part: Part, cache: MaskCache, backend: str, scale: float):
