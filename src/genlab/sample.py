@@ -6,21 +6,23 @@ from pathlib import Path
 import torch
 
 from genlab import progress
-from genlab.config import apply_overrides, from_dict
+from genlab.config import apply_overrides
 from genlab.data import build_dataset
 from genlab.errors import GenlabError
 from genlab.train import checkpoint as ckpt
 from genlab.train.parallel import resolve_device
-from genlab.train.trainer import build_model_and_method
+from genlab.train.convert import apply_converters, converters_of
+from genlab.train.step import build_model_and_method
 
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
+    """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
     from genlab.config_check import check_section
-    from genlab.train.trainer import check_model_shapes
+    from genlab.train.step import check_model_shapes
     state = ckpt.load_checkpoint(run_or_ckpt)
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
-    cfg = from_dict(state["config"])
+    cfg = ckpt.config_of(state)
     for o in overrides:  # the weights fix the model, data and method: only evaluation settings may change
         if not o.strip().startswith("eval."):
             raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000)")
@@ -31,7 +33,8 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     check_model_shapes(model, weights, str(run_or_ckpt), verb="load")
     model.load_state_dict(weights)
-    return cfg, model.to(dev).eval(), method, dev, state
+    apply_converters(model.to(dev), converters_of(cfg), dev)  # a run trained converted samples converted
+    return cfg, model.eval(), method, dev, state
 
 
 def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None):
