@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# World model on one GPU (issue 15): Pong frames -> train (<= ~8 min) -> evaluate -> rollout GIF -> speed table.
-#   OUT=out bash benchmarks/gpu_world.sh [extra train overrides ...]
+# World model on one GPU (issue 15), in two calls that each fit a 10-minute command limit:
+#   OUT=out bash benchmarks/gpu_world.sh [extra train overrides ...]   # Pong frames -> probe -> train (~6-7 min) -> eval -> GIF
+#   OUT=out bash benchmarks/gpu_world.sh bench                          # speed table of runs/pong (GPU batch 1/batched + CPU)
 # Data: a carried gpu_data/pong64 (episode folder, frames gzipped; unpacked on first read), else collected here
 # (needs gymnasium + ale-py). Results under $OUT: world_eval.md (rollout PSNR vs copy-last, action margin),
 # summary.json, rollout.gif/.mp4, speed.md, data_stats.txt, contact_sheet.png, train.log.
@@ -8,7 +9,14 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 DATA=${DATA:-gpu_data/pong64}
-BUDGET=${BUDGET:-420}   # seconds of training after the probe
+BUDGET=${BUDGET:-360}   # seconds of training after the probe
+RUN=runs/pong
+if [ "${1:-}" = bench ]; then
+  { python benchmarks/bench_world.py --run $RUN --batches 1,256,4096,16384 --seconds 2
+    echo; python benchmarks/bench_world.py --run $RUN --device cpu --quick --seconds 2; } > "$OUT/speed.md" 2> "$OUT/speed.err"
+  cat "$OUT/speed.md"; exit 0
+fi
+rm -rf runs/probe $RUN   # run folders of an earlier call on a warm machine
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 if [ ! -f "$DATA/meta.json" ]; then
   python -m genlab data collect atari --game Pong --frames 50000 --policy sticky --size 64 --out "$DATA" || exit 1
@@ -22,15 +30,12 @@ ST=$(python -c "import json;print(json.load(open('runs/probe/summary.json'))['st
 STEPS=$(python -c "print(max(${MIN_STEPS:-500}, int($BUDGET / ($ST * (0.6 + 0.4 * 3.0)) // 100 * 100)))")
 echo "probe step time $ST s -> $STEPS steps" | tee "$OUT/plan.txt"
 # 2) train + evaluate (the trainer evaluates at the end: world_eval.md/json in the run folder); hard cap 9 min
-timeout -s INT 540 python -m genlab train "${COMMON[@]}" train.name=pong train.steps=$STEPS log.ckpt_every=0 \
+timeout -s INT 450 python -m genlab train "${COMMON[@]}" train.name=pong train.steps=$STEPS log.ckpt_every=0 \
   > "$OUT/train.log" 2>&1
-RUN=runs/pong
 if ! grep -q '"status": "finished"' $RUN/summary.json 2>/dev/null; then  # stopped early: evaluate the last checkpoint
   python -m genlab eval $RUN > "$OUT/eval.json" 2>> "$OUT/train.log"
 fi
 cp $RUN/summary.json $RUN/world_eval.md $RUN/world_eval.json $RUN/metrics.jsonl "$OUT/" 2>/dev/null
-# 3) rollout video (H=32, context | real | generated, actions written) and generation speed
+# 3) rollout video (H=32, context | real | generated, actions written)
 python -m genlab sample $RUN --n 6 --out "$OUT/rollout.gif" >> "$OUT/train.log" 2>&1
-{ python benchmarks/bench_world.py --run $RUN --batches 1,256,4096,16384
-  echo; python benchmarks/bench_world.py --run $RUN --device cpu --quick --seconds 2; } > "$OUT/speed.md" 2> "$OUT/speed.err"
-cat "$OUT/plan.txt" "$OUT/world_eval.md" "$OUT/speed.md"
+cat "$OUT/plan.txt" "$OUT/world_eval.md"; tail -3 "$OUT/train.log"

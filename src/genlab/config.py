@@ -140,6 +140,8 @@ class MethodConfig:
                        choices=("flow", "edm", "l1"), unused={"method.name": NOT_WORLD})
     residual: bool = F(True, "world: diffuse target - last context frame (zero output = copy the last frame)",
                        unused={"method.name": NOT_WORLD})
+    residual_scale: float = F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0,
+                              unused={"method.name": NOT_WORLD})
     ctx_noise_max: float = F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0,
                              unused={"method.name": NOT_WORLD})
     closed_loop_start: float = F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)",

@@ -167,7 +167,10 @@ def make_server(session: PlaySession, host="127.0.0.1", port=8765) -> ThreadingH
             for k, v in headers:
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the page was closed mid-frame
+                pass
 
         def do_GET(self):
             url = urlparse(self.path)

@@ -6,6 +6,7 @@ the device when they fit, and a batch is one index gather there (no host copy, n
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -95,8 +96,7 @@ class EpisodeData:
         E = len(eps.starts)
         n_val = int(round(E * cfg_data.heldout)) if E > 1 else 0
         n_val = min(max(n_val, 1 if cfg_data.heldout > 0 and E > 1 else 0), E - 1)
-        self.all = eps
-        self.train = eps if n_val == 0 else eps.select(np.arange(E - n_val))
+        self.all, self.n_val = eps, n_val
         self.val = eps if n_val == 0 else eps.select(np.arange(E - n_val, E))  # one episode only: eval on it too
         self.context, self.horizon = cfg_data.context_frames, cfg_data.horizon
         f = eps.frames
@@ -106,6 +106,12 @@ class EpisodeData:
                      "num_actions": eps.num_actions, "action_dim": eps.action_dim, "context": self.context,
                      "horizon": self.horizon, "action_meanings": eps.meta.get("action_meanings"),
                      "num_classes": 0, "path": str(cfg_data.path), "batch_keys": ("frames", "actions")}
+
+    @functools.cached_property
+    def train(self) -> Episodes:
+        # built on first use: sampling and evaluation need only the held-out episodes
+        E = len(self.all.starts)
+        return self.all if self.n_val == 0 else self.all.select(np.arange(E - self.n_val))
 
     def __len__(self):
         return len(self.train.frames)
