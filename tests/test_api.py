@@ -37,6 +37,8 @@ def test_readme_example_trains_loads_and_samples(tmp_path, monkeypatch):
     assert torch.equal(images, again) and not torch.equal(images, run.sample(n=10, class_id=7, seed=1))
     with pytest.raises(GenlabError, match="classes 0..9"):
         run.sample(n=2, class_id=10)
+    with pytest.raises(GenlabError, match="did you mean 'class_id'"):
+        run.sample(n=2, clas_id=3)
 
 
 def test_text_run_samples_token_ids_and_text(tmp_path):
@@ -48,6 +50,15 @@ def test_text_run_samples_token_ids_and_text(tmp_path):
     assert ids.dtype == torch.long and ids.shape == (3, 12) and int(ids.max()) < run.spec["vocab_size"]
     texts = run.sample(n=2, prompt="ROMEO:", length=5, text=True)
     assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) == len("ROMEO:") + 5 for t in texts)
+
+
+def test_image_bytes_run_samples_images_without_a_sampler_callback(tmp_path):
+    # the Sparse Transformer's sample() has no per-step callback: progress falls back to batches
+    cfg = genlab.load_config("sparse_tiny_cpu", {"train.steps": 2, "train.out_dir": str(tmp_path), "eval.num_samples": 0})
+    run = genlab.load_run(genlab.train(cfg)["run_dir"])
+    images = run.sample(n=3)
+    assert images.shape == (3, 1, 8, 8) and images.min() >= -1 and images.max() <= 1
+    assert len(torch.unique(images)) > 1
 
 
 def test_load_config_takes_a_list_or_a_typed_dict_and_rejects_bad_keys():

@@ -140,11 +140,11 @@ def test_subprocess_gives_one_line_and_exit_2(tmp_path):
 
 
 def test_unexpected_setup_exception_is_one_line_and_leaves_no_run(tmp_path, capsys, monkeypatch):
-    import genlab.train.trainer as tr
+    import genlab.train.step as st  # the trainer (and bench) build the model in train/step.py
 
     def broken(*a, **k):
         raise RuntimeError("boom in the builder\nsecond line")
-    monkeypatch.setattr(tr, "build_model_and_method", broken)
+    monkeypatch.setattr(st, "build_model_and_method", broken)
     rc = main(T + [f"train.out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "RuntimeError: boom in the builder" in err, err

@@ -91,3 +91,15 @@ def test_genlab_config_refuses_an_unknown_key_with_a_suggestion(capsys):
     assert main(["config", "optim.lrr=1"]) == 2
     err = capsys.readouterr().err
     assert "did you mean 'lr'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unused_sampling_option_is_a_warning_recorded_in_the_run_config(tmp_path, capsys):
+    from conftest import TINY
+    from genlab.train.trainer import Trainer
+    cfg = load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=w", "train.steps=1",
+                                             "eval.num_samples=0", "method.top_k=5"])
+    Trainer(cfg).fit()
+    assert "warning: method.top_k is not read by method 'flow'" in capsys.readouterr().err
+    text = (tmp_path / "w" / "config.toml").read_text()
+    assert text.startswith("# warning: method.top_k is not read by method 'flow'")
+    assert from_dict(tomllib.loads(text)).method.top_k == 5

@@ -8,6 +8,7 @@ from genlab.config import load_config
 from genlab.methods.flow import FlowMatching, cfg_velocity, interpolate
 from genlab.methods.samplers import sample_euler, sample_heun, time_grid
 from genlab.methods.timesteps import logit_normal, uniform
+from genlab.methods.base import plain_context
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
 
@@ -31,7 +32,7 @@ def test_flow_loss_feeds_the_noisy_input_and_targets_data_minus_noise():
     method = FlowMatching(cfg, SPEC)
     data = torch.rand(4096, 1, 8, 8) * 2 - 1
     model = SpyModel()
-    loss, _ = method.loss(model, {"image": data, "label": torch.randint(0, 10, (4096,))}, torch.Generator().manual_seed(0))
+    loss, _ = method.loss(model, {"image": data, "label": torch.randint(0, 10, (4096,))}, plain_context(torch.Generator().manual_seed(0)))
     x_t, t, _ = model.calls[0]
     assert not torch.allclose(x_t, data), "the model was fed the clean image"
     tt = t.view(-1, 1, 1, 1)
@@ -56,7 +57,7 @@ def test_class_dropout_uses_the_null_class():
     method = FlowMatching(cfg, SPEC)
     model = SpyModel()
     method.loss(model, {"image": torch.zeros(2000, 1, 8, 8), "label": torch.zeros(2000, dtype=torch.long)},
-                torch.Generator().manual_seed(0))
+                plain_context(torch.Generator().manual_seed(0)))
     y = model.calls[0][2]
     assert set(y.unique().tolist()) == {0, 10}
     assert abs((y == 10).float().mean().item() - 0.5) < 0.05

@@ -57,13 +57,13 @@ def _needs_float8():
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_linear_is_close_to_bf16(recipe):
     _needs_float8()
-    from genlab.train.float8 import convert_float8
+    from genlab.train.convert import apply_converters
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).cuda()
     model = copy.deepcopy(ref)
     # the filter keeps only block linears: name them like a block's MLP
     wrapped = torch.nn.ModuleDict({"blocks": torch.nn.ModuleList([model])})
-    convert_float8(wrapped, recipe)
+    apply_converters(wrapped, [f"float8_{recipe}"], "cuda")  # through the converter registry, as the trainer does
     assert sum(type(m).__name__ == "Float8Linear" for m in model.modules()) == 2
     x = torch.randn(4096, 512, device="cuda", requires_grad=True)
     with torch.autocast("cuda", torch.bfloat16):
@@ -85,10 +85,12 @@ def _train(tmp_path, name, *overrides):
             if '"loss"' in line]
 
 
-def test_float8_training_follows_the_bf16_loss_curve(tmp_path):
+@pytest.mark.parametrize("float8", [["train.convert=float8"], ["train.precision=float8_tensorwise"]],
+                         ids=["convert", "precision-alias"])
+def test_float8_training_follows_the_bf16_loss_curve(tmp_path, float8):
     _needs_float8()
     bf = _train(tmp_path, "bf16", "train.precision=bf16")
-    f8 = _train(tmp_path, "f8", "train.precision=float8_tensorwise")
+    f8 = _train(tmp_path, "f8", "train.precision=bf16", *float8)
     lb, lf = [r["loss"] for r in bf], [r["loss"] for r in f8]
     assert all(map(lambda v: v == v and v < 1e3, lf))
     assert lf[-1] < 0.9 * lf[0], "float8 run must learn"
@@ -113,3 +115,24 @@ def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs():
     assert r["recompiles"] == 0
     assert r["host_syncs_per_step"] is not None and r["host_syncs_per_step"] <= 1
     assert 0 < r["mfu"] < 1 and r["fwd_ms"] > 0 and r["bwd_ms"] > 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_attention_matches_sdpa_on_gpu(causal):
+    from genlab.models.layers import flex_attention, sdpa_attention
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", requires_grad=True) for _ in range(3))
+    a, b = flex_attention(q, k, v, causal=causal), sdpa_attention(q, k, v, causal=causal)
+    torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
+    ga, gb = torch.autograd.grad(a.sum(), (q, k, v)), torch.autograd.grad(b.sum(), (q, k, v))
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=2e-3, rtol=2e-3)
+
+
+def test_repa_extras_train_compiled_on_the_gpu(tmp_path):
+    """The method's extras (trainable projector, frozen encoder) placed on the GPU and compiled with the model."""
+    rows = _train(tmp_path, "repa", "method.name=repa", "method.repa_hidden=64", "train.compile=model",
+                  "train.precision=bf16")
+    losses = [r["loss"] for r in rows]
+    assert all(v == v for v in losses) and losses[-1] < losses[0]
+    assert all(r["repa_align"] < 0 for r in rows[-2:])  # -cos: the projector learned to align

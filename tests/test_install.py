@@ -1,7 +1,9 @@
 """genlab as an installed tool: a built wheel carries the presets and sweep files and works from any folder."""
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,10 +17,11 @@ from conftest import REPO, run_cli
 def test_list_shows_presets_and_shipped_sweeps_from_another_folder(tmp_path):
     r = run_cli("list", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    presets = r.stdout.split("presets:\n")[1].split("sweeps")[0].split()
-    sweeps = r.stdout.split("sweeps (genlab sweep NAME):\n")[1].split()
-    assert "digits_flow" in presets and "gpt2_124m" in presets
-    assert {"tiny_cpu", "dtype", "all_axes"} <= set(sweeps)
+    presets_text, sweeps_text = r.stdout.split("presets:\n")[1].split("sweeps (genlab sweep NAME):\n")
+    presets = {line.split()[0]: line for line in presets_text.splitlines()}
+    sweeps = {line.split()[0]: line for line in sweeps_text.splitlines()}
+    assert {"digits_flow", "gpt2_124m", "text_ar"} <= set(presets) and {"tiny_cpu", "dtype", "all_axes"} <= set(sweeps)
+    assert "The default run" in presets["digits_flow"] and "the tests use it" in sweeps["tiny_cpu"]  # each file's first comment
 
 
 def test_version_flag_prints_the_package_version():
@@ -49,7 +52,25 @@ def test_wheel_ships_presets_and_sweeps_and_runs_outside_the_source_tree(tmp_pat
     assert where.stdout.startswith(str(target)), where  # the installed copy, not the source tree
     r = subprocess.run([sys.executable, "-m", "genlab", "list"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "  digits_flow\n" in r.stdout and "  tiny_cpu\n" in r.stdout
+    assert "\n  digits_flow " in r.stdout and "\n  tiny_cpu " in r.stdout
     r = subprocess.run([sys.executable, "-m", "genlab", "sweep", "tiny_cpu", "--dry-run"], cwd=work, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "sweep tiny_cpu: preset digits_flow" in r.stdout, r.stderr
+
+
+def test_readme_module_map_names_every_module():
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("## How it is built"):]
+    block = block[:block.index("```", block.index("```") + 3)]
+    words = set(re.findall(r"[\w.]+", block))
+    globs = re.findall(r"\w+\*\.py", block)  # e.g. triton_attention*.py
+    src = REPO / "src" / "genlab"
+    missing = []
+    for p in sorted(src.rglob("*.py")):
+        rel = p.relative_to(src)
+        if p.name == "__main__.py" or (p.name == "__init__.py" and len(rel.parts) > 1):
+            continue
+        named = p.name in words or (len(rel.parts) > 1 and p.stem in words)  # in a folder's line the stem will do
+        if not (named or any(fnmatch.fnmatch(p.name, g) for g in globs)):
+            missing.append(str(rel))
+    assert not missing, f"README module map lacks: {', '.join(missing)}"

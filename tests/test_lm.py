@@ -18,6 +18,7 @@ from genlab.data.tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer
 from genlab.errors import GenlabError
 from genlab.methods import mdlm
 from genlab.models.gpt import GPT, GPTSpec, build_gpt, padded_vocab
+from genlab.methods.base import plain_context
 
 LM_TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=16",
            "log.progress=false", "log.tensorboard=false", "optim.warmup_steps=5", "eval.num_samples=8",
@@ -330,7 +331,7 @@ def test_training_loss_is_an_unbiased_nelbo_estimate(mdlm_case):
     method = mdlm.MaskedDiffusion(cfg, {"kind": "tokens", "vocab_size": 3, "seq_len": 4})
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        losses = torch.stack([method.loss(model, {"x": x.repeat(4096, 1)}, gen)[0] for _ in range(40)]).double()
+        losses = torch.stack([method.loss(model, {"x": x.repeat(4096, 1)}, plain_context(gen))[0] for _ in range(40)]).double()
     exact = _exact_continuous(terms, len(x), "loglinear") / len(x)
     assert abs(float(losses.mean()) - exact) < 4 * float(losses.std()) / math.sqrt(40) + 1e-6
 
@@ -423,9 +424,9 @@ def test_methods_refuse_the_wrong_backbone():
     batch = {"x": torch.randint(0, 11, (2, 12)), "y": torch.randint(0, 11, (2, 12))}
     from genlab.methods.autoregressive import Autoregressive
     with pytest.raises(GenlabError, match="causal"):
-        Autoregressive(load_config("text_ar"), spec).loss(tiny_gpt(False), batch, None)
+        Autoregressive(load_config("text_ar"), spec).loss(tiny_gpt(False), batch, plain_context(torch.Generator()))
     with pytest.raises(GenlabError, match="bidirectional"):
-        mdlm.MaskedDiffusion(load_config("text_mdlm"), spec).loss(tiny_gpt(True), batch, torch.Generator())
+        mdlm.MaskedDiffusion(load_config("text_mdlm"), spec).loss(tiny_gpt(True), batch, plain_context(torch.Generator()))
 
 
 def test_embedded_corpus_is_deterministic():

@@ -233,4 +233,4 @@ def test_sample_returns_images_in_the_image_method_contract():
     x = method.sample(model, torch.zeros(3, dtype=torch.long), generator=torch.Generator().manual_seed(0), device="cpu")
     assert x.shape == (3, 1, 8, 8) and x.min() >= -1 and x.max() <= 1
     u8 = (x + 1) * 127.5
-    assert torch.equal(u8, u8.round())  # whole bytes
+    assert (u8 - u8.round()).abs().max() < 1e-4  # whole bytes (as the loader normalises them)

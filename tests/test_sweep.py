@@ -214,6 +214,8 @@ def test_shipped_sweep_runs_by_name_from_any_folder(tmp_path, capsys, monkeypatc
     assert genlab_main(["sweep", "no_such_sweep", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "sweep file 'no_such_sweep' not found" in err and "tiny_cpu" in err and "dtype" in err
+    assert genlab_main(["sweep", "dtyp", "--dry-run"]) == 2
+    assert "did you mean 'dtype'?" in capsys.readouterr().err
 
 
 def test_gpu_launcher_without_gpu_fails_before_anything_runs(tmp_path, capsys):

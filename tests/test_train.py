@@ -14,6 +14,7 @@ from genlab.methods.flow import FlowMatching
 from genlab.train import checkpoint as ckpt
 from genlab.train.metrics import read_metrics
 from genlab.train.trainer import NonFiniteLoss, Trainer, build_model_and_method
+from genlab.methods.base import plain_context
 
 
 def losses(run_dir):
@@ -31,7 +32,7 @@ def test_overfits_a_fixed_batch(tmp_path):
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     first = None
     for _ in range(300):
-        loss, _ = method.loss(model, batch, torch.Generator().manual_seed(0))
+        loss, _ = method.loss(model, batch, plain_context(torch.Generator().manual_seed(0)))
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -45,6 +45,10 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     return Trainer(cfg, resume=resume).fit()
 
 
+IMAGE_KW = ("class_id", "labels", "cfg_scale", "sampler")
+TEXT_KW = ("prompt", "temperature", "length", "top_k", "block_len")
+
+
 class Run:
     """A trained run loaded for sampling: `.model` (eval mode, EMA weights by default), `.method`,
     `.config`, `.device`, `.step`, `.spec` (the dataset spec the model was built for)."""
@@ -72,12 +76,23 @@ class Run:
         Text: token ids [n, L] (or, with text=True, a list of n strings). Keywords: prompt, temperature,
         length (tokens; default method.sample_len or data.seq_len), autoregressive top_k, mdlm block_len;
         steps: the mdlm sampler's step count (autoregressive: new tokens, as in `genlab sample`)."""
+        valid = TEXT_KW if self.family == "text" else IMAGE_KW
+        for k in kw:
+            if k not in valid:
+                from genlab.config_fields import did_you_mean
+                raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for this {self.family} run; "
+                                  f"valid: n, seed, steps, text, {', '.join(valid)}")
+        if n < 1:
+            raise GenlabError(f"Run.sample: n must be >= 1, got {n}")
         gen = torch.Generator(device=self.device).manual_seed(seed)
         if self.family == "text":
             ids = self._sample_ids(n, steps, gen, **kw).cpu()
             return self.decode(ids) if text else ids
         if text:
             raise GenlabError("text=True is for language models; this run samples images")
+        if self.family != "image":
+            raise GenlabError(f"Run.sample draws images or text; a '{self.family}' run ({self.config.method.name}) "
+                              f"samples from data context: use `genlab sample {self.path}`")
         return self._sample_images(n, steps, gen, **kw).float().clamp(-1, 1).cpu()  # as the PNG grids quantise
 
     def decode(self, ids) -> list[str]:

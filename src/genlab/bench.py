@@ -7,7 +7,6 @@ syncs inside the timed loop; a second, synchronised pass splits it into forward 
 """
 from __future__ import annotations
 
-import copy
 import json
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ def data_spec_for(cfg) -> dict:
     d = cfg.data
     if d.name == "synthetic":
         return {"kind": "image", "image_size": d.image_size, "channels": d.channels,
-                "num_classes": d.num_classes, "num_samples": d.size, "classes": [str(i) for i in range(d.num_classes)]}
+                "num_classes": d.num_classes, "num_samples": d.size, "classes": [str(i) for i in range(d.num_classes)],
+                "batch_keys": ("image", "label")}
     from genlab.data import build_dataset
     return build_dataset(d).spec
 
@@ -43,66 +43,30 @@ def synthetic_batch(method, spec, batch_size, device, generator):
 
 
 class BenchStep:
-    """The trainer's step on a fixed synthetic batch, with optional per-phase timing."""
+    """The trainer's own step (train.step.TrainStep) on a fixed synthetic batch, with optional per-phase timing."""
 
     def __init__(self, cfg):
-        from genlab.optim import build_optimizer
-        from genlab.train.metrics import train_flops_per_sample
-        from genlab.train.parallel import init_distributed, shard_like, wrap_parallel
-        from genlab.train.switches import apply_switches, build_precision, compile_model_by_name, compile_optimizer_step
-        from genlab.train.trainer import build_model_and_method
+        from genlab.train.parallel import init_distributed
+        from genlab.train.step import TrainStep
+        from genlab.train.switches import build_precision
         self.cfg, tcfg = cfg, cfg.train
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)  # float8 checks the GPU here
         torch.manual_seed(tcfg.seed)
         self.spec = data_spec_for(cfg)
-        self.model, self.method = build_model_and_method(cfg, self.spec)
-        self.model.to(self.device)
-        self.flops_per_sample = train_flops_per_sample(self.model)
-        self.ema = copy.deepcopy(self.model).requires_grad_(False) if tcfg.ema_decay > 0 else None
-        if self.precision.float8 is not None:
-            from genlab.train.float8 import convert_float8
-            convert_float8(self.model, self.precision.float8)
-        apply_switches(self.model, tcfg)
-        self.wrapped = compile_model_by_name(wrap_parallel(self.model, self.dist, tcfg, self.device), tcfg)
-        self.ema = shard_like(self.ema, self.model)
-        self.optimizer = build_optimizer(self.model, cfg.optim)
-        if tcfg.compile_optimizer:
-            self.optimizer = compile_optimizer_step(self.optimizer, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.micro = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
         if self.micro < 1:
             raise GenlabError(f"train.batch_size {tcfg.batch_size} is smaller than grad_accum x world size")
+        self.train_step = TrainStep(cfg, self.spec, self.dist, self.device, self.precision)
+        self.model, self.method, self.ema = self.train_step.model, self.train_step.method, self.train_step.ema
+        self.flops_per_sample = self.train_step.flops_per_sample
         gen = torch.Generator(device=self.device).manual_seed(tcfg.seed)
         self.batch = synthetic_batch(self.method, self.spec, self.micro, self.device, gen)
-        self.gen = gen
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.n = 0
 
     def step(self, timer=None):
-        from genlab.train.parallel import clip_grads, no_sync
-        from genlab.train.switches import backward_context
-        from genlab.train.trainer import ema_update
-        tcfg = self.cfg.train
-        mark = timer or (lambda name: None)
-        mark("start")
-        for micro in range(tcfg.grad_accum):
-            with no_sync(self.wrapped, micro == tcfg.grad_accum - 1):
-                with self.precision.autocast(self.device):
-                    loss, _ = self.method.loss(self.wrapped, self.batch, self.gen)
-                    if tcfg.grad_accum > 1:
-                        loss = loss / tcfg.grad_accum
-                mark("fwd")
-                with backward_context(tcfg):
-                    self.scaler.scale(loss).backward()
-                mark("bwd")
-        self.scaler.unscale_(self.optimizer)
-        clip_grads(self.params, self.cfg.optim.grad_clip, None if self.scaler.is_enabled() else self.optimizer)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
-            ema_update(list(self.ema.parameters()), list(self.model.parameters()), tcfg.ema_decay)
-        mark("opt")
+        self.train_step.run(self.n, lambda: self.batch, timer)
+        self.n += 1
 
 
 class PhaseTimer:

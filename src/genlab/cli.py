@@ -1,4 +1,4 @@
-"""genlab command line: train | sample | eval | data | list | bench | sweep."""
+"""genlab command line: train | sample | eval | data | list | config (+ bench, sweep, export, world via cli_extra), --version."""
 from __future__ import annotations
 
 import argparse
@@ -82,13 +82,23 @@ def cmd_list(args):
         width = max([18] + [len(n) + 1 for n in reg.names()])
         for name in reg.names():
             print(f"  {name:<{width}} {reg.doc(name)}")
-    print("presets:")
-    for p in sorted(CONFIG_DIR.glob("*.toml")):
-        print(f"  {p.stem}")
-    print("sweeps (genlab sweep NAME):")
-    for name in shipped_sweeps():
-        print(f"  {name}")
+    files = {"presets:": sorted(CONFIG_DIR.glob("*.toml")),
+             "sweeps (genlab sweep NAME):": [CONFIG_DIR / "sweeps" / f"{n}.toml" for n in shipped_sweeps()]}
+    for title, paths in files.items():
+        print(title)
+        for p in paths:
+            print(f"  {p.stem:<24} {_first_comment(p)}".rstrip())
     return 0
+
+
+def _first_comment(path) -> str:
+    """The first line of a preset's or sweep's leading comment: what it is for."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            return ""
+    return ""
 
 
 def cmd_config(args):

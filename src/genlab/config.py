@@ -73,9 +73,12 @@ class ModelConfig:
                       unused={"model.name": ("gpt",)})
     dropout: float = F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1, unused={"model.name": ("dit",)})
     vocab_size: int = F(0, "gpt: embedding rows (0 = from the dataset)", ge=0, unused={"model.name": ("dit",)})
-    pos_emb: str = F("learned", "gpt: position encoding", choices=("learned", "rope"), unused={"model.name": ("dit",)})
-    norm: str = F("layernorm", "gpt: normalisation layer", choices=("layernorm", "rmsnorm"), unused={"model.name": ("dit",)})
-    mlp: str = F("gelu", "gpt: MLP kind", choices=("gelu", "swiglu"), unused={"model.name": ("dit",)})
+    pos_emb: str = F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)",
+                     free="auto or a registry `position` entry that fits the model",
+                     unused={"model.name": ("sparse_transformer", "world_dit")})
+    norm: str = F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm",
+                  unused={"model.name": ("sparse_transformer", "world_dit")})
+    mlp: str = F("gelu", "MLP kind", registry="mlp", unused={"model.name": ("sparse_transformer", "world_dit")})
     tie_weights: bool = F(True, "gpt: share the embedding with the output head", unused={"model.name": ("dit",)})
     causal: bool = F(True, "gpt: causal attention (autoregressive: true; mdlm: false)", unused={"model.name": ("dit",)})
     bias: bool = F(False, "gpt: biases in linears and norms", unused={"model.name": ("dit",)})
@@ -123,6 +126,16 @@ class MethodConfig:
                     unused={"method.name": ("flow",)})
     block_len: int = F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0,
                        unused={"method.name": ("flow", "autoregressive")})
+    teacher: str = F("", "run folder or checkpoint of a frozen teacher, built from that run's own saved config",
+                     free="a run folder or checkpoint path")
+    repa_weight: float = F(0.5, "repa: lambda of the alignment term -cos(projector(h_k), encoder(x))", ge=0,
+                           unused={"method.name": ("flow",) + LM_METHODS})
+    repa_block: int = F(1, "repa: DiT block (1-based) whose output tokens are aligned", ge=1,
+                        unused={"method.name": ("flow",) + LM_METHODS})
+    repa_encoder: str = F("random", "repa: frozen encoder (classifier: the in-project feature CNN; random: a frozen random conv net)",
+                          choices=("random", "classifier"), unused={"method.name": ("flow",) + LM_METHODS})
+    repa_hidden: int = F(256, "repa: width of the trainable MLP projector", ge=1, unused={"method.name": ("flow",) + LM_METHODS})
+    repa_lr: float = F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0, unused={"method.name": ("flow",) + LM_METHODS})
     objective: str = F("flow", "world: flow (rectified flow) | edm (Karras preconditioning) | l1 (one-step regression)",
                        choices=("flow", "edm", "l1"), unused={"method.name": NOT_WORLD})
     residual: bool = F(True, "world: diffuse target - last context frame (zero output = copy the last frame)",
@@ -178,18 +191,24 @@ class TrainConfig:
     name: str = F("", "run name (default: preset name + timestamp)", free="a folder name")
     out_dir: str = F("runs", "folder that holds the run folders", free="a folder path")
     resume: str = F("", "run folder or checkpoint to continue from", free="a run folder or checkpoint path")
+    init_from: str = F("", "start from these weights (run folder, checkpoint or exported model.safetensors; strict shapes)",
+                       free="a run folder, checkpoint or .safetensors path")
+    convert: list = F([], "model converters applied before wrapping and when sample/eval/export load the run", registry="convert")
 
 
 @dataclass
 class LogConfig:
     every: int = F(50, "steps between metric lines (the only host syncs in the loop)", ge=1)
     tensorboard: bool = F(True, "write TensorBoard event files")
-    progress: bool = F(True, "show a progress bar")
+    progress: bool = F(True, "console: a status line every log.every steps and eval/sampling progress (a tqdm bar only on a terminal)")
     ckpt_every: int = F(500, "steps between checkpoints (0 = only at the end)", ge=0)
     keep_last: int = F(3, "checkpoints kept (0 = all)", ge=0)
     keep_best: bool = F(False, "also keep checkpoints/best.pt: the lowest validation metric seen")
     sample_every: int = F(0, "steps between sample previews (0 = only at the end)", ge=0)
     eval_every: int = F(0, "steps between evaluations (0 = only at the end)", ge=0)
+    wandb: bool = F(False, 'also log to Weights & Biases (pip install "genlab[wandb]"; WANDB_MODE=offline works)')
+    wandb_project: str = F("genlab", "W&B project of the run (the W&B run is named after the run folder)",
+                           free="a W&B project name")
 
 
 @dataclass
@@ -256,6 +275,14 @@ def _coerce(value: Any, typ, where: str):
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+    elif typ is list:  # a list of names: TOML array, JSON text or comma-separated text
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = [v.strip() for v in value.strip("()[]").split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
     elif typ is tuple or origin is tuple:
         if isinstance(value, str):
             try:

@@ -12,8 +12,8 @@ from genlab.config_fields import check_value, meta_of
 from genlab.errors import GenlabError
 
 # what each known component consumes; names other branches add are simply not cross-checked here
-METHOD_DATA = {"flow": "image", "autoregressive": "token", "mdlm": "token", "image_ar": "image"}
-METHOD_MODEL = {"flow": "dit", "autoregressive": "gpt", "mdlm": "gpt", "image_ar": "sparse_transformer"}
+METHOD_DATA = {"flow": "image", "repa": "image", "autoregressive": "token", "mdlm": "token", "image_ar": "image"}
+METHOD_MODEL = {"flow": "dit", "repa": "dit", "autoregressive": "gpt", "mdlm": "gpt", "image_ar": "sparse_transformer"}
 METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
 SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
 
@@ -89,9 +89,9 @@ def _check_train(cfg):
     if t.activation_checkpointing not in ("every_k", "segments") and t.ac_every != 2:
         raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k|segments "
                           f"(got activation_checkpointing={t.activation_checkpointing})")
-    if cfg.method.name == "mdlm":
-        from genlab.methods.mdlm import parse_T_list
-        parse_T_list(cfg.eval.T_list)
+    # a method checks its own options through its registry entry (no import of the methods from here)
+    from genlab.registry import method_registry
+    getattr(method_registry.get(cfg.method.name), "check_config", lambda cfg: None)(cfg)
 
 
 def _check_components(cfg):
@@ -152,6 +152,13 @@ def _check_shapes(cfg):
     dim, heads = m.dim or dim0, m.heads or heads0
     if dim % heads:
         raise GenlabError(f"model.heads ({heads}) must divide model.dim ({dim})")
+    if m.pos_emb != "auto":  # through the registries (no import of the models): the entry must fit the token grid
+        from genlab.registry import model_registry, position_registry
+        rank = getattr(model_registry.get(m.name), "grid_rank", None)
+        fits = [n for n, fn in position_registry.items() if rank in getattr(fn, "axes", ())]
+        position_registry.get(m.pos_emb)
+        if rank is not None and m.pos_emb not in fits:
+            raise GenlabError(f"model.pos_emb={m.pos_emb} does not fit model {m.name}; valid choices: auto, {', '.join(fits)}")
     if m.name == "gpt" and m.pos_emb == "rope" and (dim // heads) % 2:
         raise GenlabError(f"model.pos_emb=rope needs an even head width; model.dim/model.heads = {dim // heads}")
     if m.name == "dit":

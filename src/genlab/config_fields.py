@@ -12,10 +12,9 @@ string holds, e.g. "a file path"), or a bool type (true/false needs nothing more
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any
 
-from genlab.errors import GenlabError
+from genlab.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean lives with the errors: the registry needs no config import)
 
 
 def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
@@ -28,6 +27,8 @@ def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, re
     """
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None,
             "registry": registry, "free": free, "unused": dict(unused or {})}
+    if isinstance(default, list):  # a mutable default: every config gets its own copy
+        return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -77,7 +78,8 @@ def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
         raise GenlabError(f"{key} must be one of {', '.join(map(str, m['choices']))}; got {value!r}" + did_you_mean(str(value), m["choices"]))
     if m.get("registry"):
         from genlab.registry import all_registries
-        all_registries()[m["registry"]].get(value)  # raises with the valid choices (and a suggestion)
+        for v in (value if isinstance(value, list) else [value]):  # list fields name several entries
+            all_registries()[m["registry"]].get(v)  # raises with the valid choices (and a suggestion)
     for v in (value if isinstance(value, tuple) else (value,)):
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
@@ -89,8 +91,3 @@ def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
             if b is not None and not ok(v, b):
                 raise GenlabError(f"{key} must be {bound} {_num(b)}, got {value!r}")
 
-
-def did_you_mean(word: str, options) -> str:
-    """' (did you mean X?)' for a close match among options, else ''."""
-    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -1,3 +1,12 @@
+import difflib
+
+
+def did_you_mean(word: str, options) -> str:
+    """' (did you mean X?)' for a close match among options, else ''."""
+    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 class GenlabError(Exception):
     """A user-facing error: the CLI prints it on one line and exits with code 2."""
 

@@ -15,6 +15,11 @@ def cmd_export(args):
     if out.exists() and not args.force:
         raise GenlabError(f"'{out}' exists; pass --force to overwrite")
     state = load_checkpoint(args.run)
+    # load as sample/eval do (converters re-applied): the written weights are those of the converted model
+    from genlab.sample import load_run
+    _, model, _, _, _ = load_run(args.run, "cpu", ema=not args.no_ema)
+    key = "ema" if not args.no_ema and state.get("ema") is not None else "model"
+    state = {**state, key: {k: v for k, v in model.state_dict().items()}}
     path = export_safetensors(state, out, ema=not args.no_ema)
     print(f"wrote {path} (step {state.get('step', 0)}, {'raw' if args.no_ema or state.get('ema') is None else 'EMA'} weights)")
     return 0

@@ -1,7 +1,27 @@
-"""Name -> builder registries, so every interchangeable part is chosen by a config string."""
-from genlab.errors import GenlabError
+"""Name -> builder registries, so every interchangeable part is chosen by a config string.
+
+Registration without an import cycle: this module imports nothing of genlab but its errors. The modules that
+register entries import it; a lookup (`get`, `names`, ...) imports them by name on first use (ENTRY_MODULES),
+so config validation needs no import of the models, methods or trainer.
+"""
+import importlib
+
+from genlab.errors import GenlabError, did_you_mean
 
 REGISTRIES = {}
+# every module that registers something; imported on the first lookup of any registry
+ENTRY_MODULES = ("genlab.models", "genlab.methods", "genlab.data", "genlab.optim", "genlab.train.switches",
+                 "genlab.train.parallel", "genlab.train.convert")
+_loaded = False
+
+
+def load_entries():
+    """Import every registering module once (idempotent)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for name in ENTRY_MODULES:
+            importlib.import_module(name)
 
 
 class Registry:
@@ -22,27 +42,33 @@ class Registry:
 
     def get(self, name: str):
         if name not in self._entries:
-            from genlab.config_fields import did_you_mean
+            load_entries()
+        if name not in self._entries:
             raise GenlabError(f"unknown {self.kind} '{name}'{did_you_mean(str(name), self._entries)}; "
                               f"valid choices: {', '.join(sorted(self._entries))}")
         return self._entries[name]
 
     def doc(self, name: str) -> str:
+        load_entries()
         return self._docs.get(name, "")
 
     def names(self):
+        load_entries()
         return sorted(self._entries)
 
     def __contains__(self, name):
+        if name not in self._entries:
+            load_entries()
         return name in self._entries
 
     def items(self):
+        load_entries()
         return sorted(self._entries.items())
 
 
 def all_registries():
     """Import every module that registers something, then return the registries."""
-    import genlab.components  # noqa: F401  (side effect: registrations)
+    load_entries()
     return dict(sorted(REGISTRIES.items()))
 
 
@@ -62,3 +88,7 @@ parallel_registry = Registry("parallel")
 adaln_registry = Registry("adaln")
 residual_registry = Registry("residual")
 compile_mode_registry = Registry("compile_mode")
+convert_registry = Registry("convert")
+mlp_registry = Registry("mlp")
+norm_registry = Registry("norm")
+position_registry = Registry("position")

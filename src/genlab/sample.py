@@ -6,21 +6,23 @@ from pathlib import Path
 import torch
 
 from genlab import progress
-from genlab.config import apply_overrides, from_dict
+from genlab.config import apply_overrides
 from genlab.data import build_dataset
 from genlab.errors import GenlabError
 from genlab.train import checkpoint as ckpt
 from genlab.train.parallel import resolve_device
-from genlab.train.trainer import build_model_and_method
+from genlab.train.convert import apply_converters, converters_of
+from genlab.train.step import build_model_and_method
 
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
+    """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
     from genlab.config_check import check_section
-    from genlab.train.trainer import check_model_shapes
+    from genlab.train.step import check_model_shapes
     state = ckpt.load_checkpoint(run_or_ckpt)
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
-    cfg = from_dict(state["config"])
+    cfg = ckpt.config_of(state)
     for o in overrides:  # the weights fix the model, data and method: only evaluation settings may change
         if not o.strip().startswith("eval."):
             raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000)")
@@ -31,7 +33,8 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     check_model_shapes(model, weights, str(run_or_ckpt), verb="load")
     model.load_state_dict(weights)
-    return cfg, model.to(dev).eval(), method, dev, state
+    apply_converters(model.to(dev), converters_of(cfg), dev)  # a run trained converted samples converted
+    return cfg, model.eval(), method, dev, state
 
 
 def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None):
@@ -54,13 +57,21 @@ def _run_dir(run_or_ckpt) -> Path:
 
 def sample_images(method, model, labels, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
                   batch=256):
-    """Images in [-1, 1], [n, C, H, W], drawn in batches with a progress bar over the sampler steps."""
-    steps = steps or method.mcfg.sample_steps
+    """Images in [-1, 1], [n, C, H, W], drawn in batches; progress per sampler step where the method's
+    sample() takes a callback (flow's ODE samplers), else per batch."""
+    import inspect
+    per_step = "callback" in inspect.signature(method.sample).parameters
+    steps = steps or getattr(method.mcfg, "sample_steps", 1)
+    n_batches = -(-len(labels) // batch)
     out = []
-    with progress.Task(f"sampling {len(labels)} images", total=steps * -(-len(labels) // batch), unit="step") as task:
+    with progress.Task(f"sampling {len(labels)} images", total=steps * n_batches if per_step else n_batches,
+                       unit="step" if per_step else "batch") as task:
         for i in range(0, len(labels), batch):
+            kw = {"callback": lambda *_: task.update()} if per_step else {}
             out.append(method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
-                                     generator=generator, device=device, callback=lambda *_: task.update()))
+                                     generator=generator, device=device, **kw))
+            if not per_step:
+                task.update()
     return torch.cat(out)
 
 

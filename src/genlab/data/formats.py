@@ -38,7 +38,7 @@ class ImageData:
     def spec(self) -> dict:
         N, H, W, C = self.images.shape
         return {"kind": "image", "image_size": H, "channels": C, "num_classes": len(self.classes),
-                "num_samples": N, "classes": list(self.classes)}
+                "num_samples": N, "classes": list(self.classes), "batch_keys": ("image", "label")}
 
     def __len__(self):
         return len(self.images)

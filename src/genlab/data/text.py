@@ -44,7 +44,7 @@ class TokenData:
     def spec(self) -> dict:
         tok = {k: self.meta[k] for k in ("tokenizer", "itos", "eot") if k in self.meta}
         return {"kind": "tokens", "vocab_size": int(self.meta["vocab_size"]), "seq_len": self.seq_len,
-                "train_tokens": int(len(self.train)), "val_tokens": int(len(self.val)), **tok}
+                "train_tokens": int(len(self.train)), "val_tokens": int(len(self.val)), "batch_keys": ("x", "y"), **tok}
 
     def check(self, where: str):
         for name, arr in (("train", self.train), ("val", self.val)):

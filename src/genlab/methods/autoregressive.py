@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from genlab import progress
 from genlab.errors import GenlabError
 from genlab.methods import lm_common as lm
+from genlab.methods.base import Method
 from genlab.registry import method_registry
 
 
@@ -60,8 +61,9 @@ def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> to
     return torch.cat(out)
 
 
-class Autoregressive:
+class Autoregressive(Method):
     family = "text"
+    batch_keys = ("x", "y")
     best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
     def __init__(self, cfg, data_spec):
@@ -75,7 +77,7 @@ class Autoregressive:
             lm.check_backbone(model, causal=True, method="autoregressive")
             self._checked = True
 
-    def loss(self, model, batch, generator):
+    def loss(self, model, batch, ctx):
         self._check(model)
         # the model computes the loss itself: under torch.compile the head and the cross-entropy fuse
         return model(batch["x"], targets=batch["y"]), {}

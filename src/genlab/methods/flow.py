@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genlab.methods.base import Method
 from genlab.methods.samplers import time_grid
 from genlab.registry import method_registry, sampler_registry, timestep_sampler_registry
 
@@ -33,8 +34,9 @@ def cfg_velocity(model, y, null_class: int, scale: float):
     return velocity
 
 
-class FlowMatching:
+class FlowMatching(Method):
     family = "image"
+    batch_keys = ("image", "label")
 
     def __init__(self, cfg, data_spec):
         self.cfg = cfg
@@ -43,7 +45,8 @@ class FlowMatching:
         self.class_dropout = cfg.model.class_dropout
         self.sample_t = timestep_sampler_registry.get(self.mcfg.timestep_sampler)
 
-    def loss(self, model, batch, generator):
+    def loss(self, model, batch, ctx):
+        generator = ctx.generator
         data, y = batch["image"], batch["label"]
         B = data.shape[0]
         t = self.sample_t(B, generator, data.device, self.mcfg)

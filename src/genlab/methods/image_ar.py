@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from genlab.errors import GenlabError
+from genlab.methods.base import Method
 from genlab.methods.flow import unwrap
 from genlab.models.sparse_transformer import START, image_to_seq, seq_to_image
 from genlab.registry import method_registry
@@ -80,8 +81,9 @@ def heat(values: np.ndarray) -> np.ndarray:
     return (np.stack([v, v ** 0.5 * 0.9, v * 0.2], -1) * 255).astype(np.uint8)
 
 
-class ImageAR:
+class ImageAR(Method):
     family = "image"
+    batch_keys = ("image",)
     best_metric = "val_bits_per_dim"
 
     def __init__(self, cfg, data_spec):
@@ -100,7 +102,7 @@ class ImageAR:
     def image(self, seq):
         return seq_to_image(seq, self.H, self.H, self.C, self.order)
 
-    def loss(self, model, batch, generator):
+    def loss(self, model, batch, ctx):
         y = self.seq(to_bytes(batch["image"]))
         return model(shift_in(y), targets=y), {}
 

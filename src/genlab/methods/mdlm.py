@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from genlab import progress
 from genlab.errors import GenlabError
 from genlab.methods import lm_common as lm
+from genlab.methods.base import Method
 from genlab.registry import method_registry
 
 SCHEDULES = ("loglinear", "cosine")
@@ -140,8 +141,9 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
     return z
 
 
-class MaskedDiffusion:
+class MaskedDiffusion(Method):
     family = "text"
+    batch_keys = ("x",)
     best_metric = "nelbo_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
     def __init__(self, cfg, data_spec):
@@ -160,7 +162,8 @@ class MaskedDiffusion:
             raise GenlabError("mdlm needs a spare embedding row for [MASK] (model vocab > data vocab)")
         return base
 
-    def loss(self, model, batch, generator):
+    def loss(self, model, batch, ctx):
+        generator = ctx.generator
         if not self._checked:
             self.mask_id = self._base(model).mask_id
             self._checked = True
@@ -300,3 +303,6 @@ def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str):
 @method_registry.register("mdlm", "masked diffusion LM (MDLM, absorbing state, SUBS): NELBO, bound vs T, ancestral sampler")
 def build_mdlm(cfg, data_spec):
     return MaskedDiffusion(cfg, data_spec)
+
+
+build_mdlm.check_config = lambda cfg: parse_T_list(cfg.eval.T_list)  # config validation, before any work

@@ -24,7 +24,7 @@ from genlab.errors import GenlabError
 from genlab.methods.flow import interpolate, unwrap
 from genlab.methods.samplers import time_grid
 from genlab.registry import method_registry, timestep_sampler_registry
-from genlab.world.interface import Extra, Method, StepContext
+from genlab.methods.base import Extra, Method, StepContext
 
 OBJECTIVES = ("flow", "edm", "l1")
 EDM_P_MEAN, EDM_P_STD, EDM_SIGMA_MIN, EDM_SIGMA_MAX, EDM_RHO = -0.4, 1.2, 2e-3, 5.0, 7.0

@@ -11,8 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.models.layers import Attention, Mlp, TimestepEmbedder, sincos_2d
-from genlab.registry import adaln_registry, model_registry, residual_registry
+from genlab.models.layers import Attention, TimestepEmbedder
+from genlab.models.positions import build_position
+from genlab.registry import adaln_registry, mlp_registry, model_registry, norm_registry, residual_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -39,6 +40,9 @@ class DiTSpec:
     qk_norm: bool = False
     adaln: str = "fused"
     residual: str = "fp32"
+    mlp: str = "gelu"             # registry `mlp`
+    norm: str = "layernorm"       # registry `norm`: layernorm runs through `adaln`; others normalise, then modulate
+    pos_emb: str = "sincos2d"     # registry `position` (2-D entries)
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -99,28 +103,37 @@ class DiTBlock(nn.Module):
 
     eps = 1e-6
 
-    def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused"):
+    def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused", mlp="gelu",
+                 norm="layernorm"):
         super().__init__()
         self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = mlp_registry.get(mlp)(dim, int(dim * mlp_ratio))
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-        self.norm_modulate = adaln_registry.get(adaln)
+        self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
         nn.init.zeros_(self.ada[1].weight)
         nn.init.zeros_(self.ada[1].bias)
 
-    def forward(self, x, c):
+    def forward(self, x, c, rope=None):
         sh1, sc1, g1, sh2, sc2, g2 = self.ada(c).chunk(6, dim=-1)
-        x = x + g1[:, None] * self.attn(self.norm_modulate(x, sh1, sc1, self.eps), causal=False)
+        x = x + g1[:, None] * self.attn(self.norm_modulate(x, sh1, sc1, self.eps), causal=False, rope=rope)
         x = x + g2[:, None] * self.mlp(self.norm_modulate(x, sh2, sc2, self.eps))
         return x
+
+
+def norm_modulate_by(norm: str, adaln: str, dim: int, eps: float):
+    """LayerNorm goes through the tuned `adaln` entries; any other norm is its module (no affine), then x*(1+scale)+shift."""
+    if norm == "layernorm":
+        return adaln_registry.get(adaln)
+    module = norm_registry.get(norm)(dim, affine=False, eps=eps)
+    return lambda x, shift, scale, eps: modulate(module(x), shift, scale)
 
 
 class FinalLayer(nn.Module):
     eps = 1e-6
 
-    def __init__(self, dim, out_dim, adaln="fused"):
+    def __init__(self, dim, out_dim, adaln="fused", norm="layernorm"):
         super().__init__()
-        self.norm_modulate = adaln_registry.get(adaln)
+        self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
         self.linear = nn.Linear(dim, out_dim)
         for m in (self.ada[1], self.linear):
@@ -143,12 +156,12 @@ class DiT(nn.Module):
         self.num_tokens = self.grid ** 2
         self.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
         self.patch_embed = nn.Linear(p * p * s.channels, s.dim)
-        self.register_buffer("pos_embed", torch.from_numpy(sincos_2d(s.dim, self.grid, self.grid))[None], persistent=False)
+        self.pos = build_position(s.pos_emb, s.dim, s.heads, (self.grid, self.grid), "dit")
         self.t_embed = TimestepEmbedder(s.dim)
         self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
-        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln)
+        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)
                                     for _ in range(s.depth))
-        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln)
+        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
         self.residual_dtype = residual_registry.get(s.residual)
         self._init_weights()
 
@@ -166,11 +179,11 @@ class DiT(nn.Module):
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional)."""
         s = self.spec
-        h = self.patch_embed(patchify(x_t, s.patch_size))
-        h = h.to(self.residual_dtype(x_t)) + self.pos_embed.to(self.residual_dtype(x_t))
+        h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = self.t_embed(t) + self.y_embed(y)
+        rope = self.pos.rope()
         for block in self.blocks:
-            h = block(h, c)
+            h = block(h, c, rope=rope) if rope is not None else block(h, c)
         out = self.final(h, c)
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
@@ -181,12 +194,13 @@ class DiT(nn.Module):
         """
         s, N, D = self.spec, self.num_tokens, self.spec.dim
         pd = s.patch_size ** 2 * s.channels
-        hidden = int(D * s.mlp_ratio)
+        mlp = mlp_registry.get(s.mlp)
+        hidden = mlp.hidden_of(int(D * s.mlp_ratio))
         f = 2 * N * pd * D                                  # patch embed
         f += 2 * (self.t_embed.freq_dim * D + D * D)        # timestep MLP
         per_block = 2 * N * D * 3 * D + 2 * N * D * D       # qkv + out proj
         per_block += 2 * 2 * N * N * D                      # q@k^T and att@v
-        per_block += 2 * 2 * N * D * hidden                 # MLP
+        per_block += 2 * mlp.matrices * N * D * hidden      # MLP
         per_block += 2 * D * 6 * D                          # adaLN modulation (per sample)
         f += s.depth * per_block
         f += 2 * D * 2 * D + 2 * N * D * pd                 # final adaLN + projection
@@ -208,4 +222,15 @@ def build_dit(cfg_model, data_spec) -> DiT:
                        num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
                        patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
                        attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
-                       adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32")))
+                       adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
+                       mlp=cfg_model.mlp, norm=cfg_model.norm,
+                       pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb))
+
+
+# the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
+build_dit.grid_rank = 2
+build_dit.layer_keys = ("attention", "mlp", "norm", "pos_emb")
+build_dit.example_spec = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
+build_dit.example_inputs = lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+                                                torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g))
+build_dit.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])

@@ -24,8 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
-from genlab.models.layers import Attention, Mlp, apply_rope, rope_cache
-from genlab.registry import model_registry
+from genlab.models.layers import Attention, apply_rope
+from genlab.models.positions import build_position, fitting_positions
+from genlab.registry import mlp_registry, model_registry, norm_registry
 
 # name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.
 GPT_SIZES = {
@@ -51,9 +52,9 @@ class GPTSpec:
     depth: int
     heads: int
     mlp_ratio: float = 4.0
-    pos_emb: str = "learned"      # learned | rope
-    norm: str = "layernorm"       # layernorm | rmsnorm
-    mlp: str = "gelu"             # gelu | swiglu
+    pos_emb: str = "learned"      # registry `position` (1-D entries): learned | rope
+    norm: str = "layernorm"       # registry `norm`
+    mlp: str = "gelu"             # registry `mlp`
     tie_weights: bool = True
     causal: bool = True
     bias: bool = False
@@ -67,17 +68,11 @@ class GPTSpec:
 
     @property
     def mlp_hidden(self) -> int:
-        h = int(self.dim * self.mlp_ratio)
-        # SwiGLU has three matrices: 2/3 of the width keeps the parameter count of a GELU MLP (Shazeer 2020)
-        return h if self.mlp == "gelu" else 64 * -(-(2 * h // 3) // 64)
+        return mlp_registry.get(self.mlp).hidden_of(int(self.dim * self.mlp_ratio))
 
 
 def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
-    if kind == "layernorm":
-        return nn.LayerNorm(dim, bias=bias)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(dim)
-    raise GenlabError(f"unknown model.norm '{kind}'; valid: layernorm, rmsnorm")
+    return norm_registry.get(kind)(dim, bias=bias)
 
 
 class Block(nn.Module):
@@ -87,7 +82,7 @@ class Block(nn.Module):
         self.norm1 = make_norm(s.norm, s.dim, s.bias)
         self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout)
         self.norm2 = make_norm(s.norm, s.dim, s.bias)
-        self.mlp = Mlp(s.dim, s.mlp_hidden, kind=s.mlp, bias=s.bias)
+        self.mlp = mlp_registry.get(s.mlp)(s.dim, int(s.dim * s.mlp_ratio), bias=s.bias)
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
 
     def forward(self, x, rope=None):
@@ -102,11 +97,7 @@ class GPT(nn.Module):
         self.causal = s.causal
         self.vocab_size, self.n_vocab, self.mask_id = s.vocab_size, s.n_vocab, s.vocab_size
         self.tok_emb = nn.Embedding(s.n_vocab, s.dim)
-        self.pos_emb = nn.Embedding(s.seq_len, s.dim) if s.pos_emb == "learned" else None
-        if s.pos_emb == "rope":
-            cos, sin = rope_cache(s.seq_len, s.dim // s.heads)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+        self.pos_emb = build_position(s.pos_emb, s.dim, s.heads, (s.seq_len,), "gpt")
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(s) for _ in range(s.depth))
         self.norm = make_norm(s.norm, s.dim, s.bias)
@@ -133,11 +124,8 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if T > self.spec.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.spec.seq_len} positions")
-        h = self.tok_emb(idx)
-        if self.pos_emb is not None:
-            h = h + self.pos_emb.weight[:T]
-        h = self.drop(h)
-        rope = (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
+        h = self.drop(self.pos_emb(self.tok_emb(idx)))
+        rope = self.pos_emb.rope()
         for block in self.blocks:
             h = block(h, rope=rope)
         h = self.norm(h)
@@ -164,10 +152,8 @@ class GPT(nn.Module):
         pos = cache[0][0].shape[2] if cache else 0
         if (pos and t != 1) or pos + t > self.spec.seq_len:
             raise ValueError(f"decode: {t} new tokens after {pos} cached ones (one at a time; <= {self.spec.seq_len} in all)")
-        h = self.tok_emb(idx)
-        if self.pos_emb is not None:
-            h = h + self.pos_emb.weight[pos:pos + t]
-        rope = (self.rope_cos[pos:], self.rope_sin[pos:]) if self.pos_emb is None else None
+        h = self.pos_emb(self.tok_emb(idx), offset=pos)
+        rope = self.pos_emb.rope(offset=pos)
         for i, block in enumerate(self.blocks):
             a = block.attn
             q, k, v = a.qkv(block.norm1(h)).view(B, t, 3, a.heads, -1).permute(2, 0, 3, 1, 4)
@@ -189,13 +175,14 @@ class GPT(nn.Module):
         matmuls over the full T x T score matrix (as torch.utils.flop_counter and nanoGPT's MFU count it)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
-        mlp = 2 * T * D * H * (3 if s.mlp == "swiglu" else 2)
+        mlp = 2 * T * D * H * mlp_registry.get(s.mlp).matrices
         per_block = 2 * T * D * 3 * D + 2 * T * D * D + 2 * 2 * T * T * D + mlp
         return s.depth * per_block + 2 * T * D * s.n_vocab
 
     def num_params(self, embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n if embedding or self.pos_emb is None else n - self.pos_emb.weight.numel()
+        learned = [p.numel() for p in self.pos_emb.parameters()]
+        return n if embedding else n - sum(learned)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -248,16 +235,24 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
     dim, depth, heads = gpt_size(cfg_model)
-    if dim % heads or (cfg_model.pos_emb == "rope" and (dim // heads) % 2):
+    pos = "learned" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb
+    if dim % heads or (pos == "rope" and (dim // heads) % 2):
         raise GenlabError(f"model.dim {dim} must split into {heads} heads (of even width for RoPE)")
-    for key, ok in (("pos_emb", ("learned", "rope")), ("norm", ("layernorm", "rmsnorm")), ("mlp", ("gelu", "swiglu"))):
-        if getattr(cfg_model, key) not in ok:
-            raise GenlabError(f"model.{key} must be one of {', '.join(ok)}; got {getattr(cfg_model, key)!r}")
+    if pos not in fitting_positions(1):
+        raise GenlabError(f"model.pos_emb={pos} does not fit model gpt; valid choices: auto, {', '.join(fitting_positions(1))}")
     vocab = cfg_model.vocab_size or data_spec["vocab_size"]
     if vocab < data_spec["vocab_size"]:
         raise GenlabError(f"model.vocab_size {vocab} is smaller than the data's vocabulary {data_spec['vocab_size']}")
     return GPT(GPTSpec(vocab_size=vocab, seq_len=data_spec["seq_len"], dim=dim, depth=depth, heads=heads,
-                       mlp_ratio=cfg_model.mlp_ratio, pos_emb=cfg_model.pos_emb, norm=cfg_model.norm, mlp=cfg_model.mlp,
+                       mlp_ratio=cfg_model.mlp_ratio, pos_emb=pos, norm=cfg_model.norm, mlp=cfg_model.mlp,
                        tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
                        dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk))
 
+
+
+# the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
+build_gpt.grid_rank = 1
+build_gpt.layer_keys = ("attention", "mlp", "norm", "pos_emb")
+build_gpt.example_spec = {"kind": "tokens", "vocab_size": 11, "seq_len": 12}
+build_gpt.example_inputs = lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),)
+build_gpt.example_output_shape = lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"]))

@@ -1,4 +1,4 @@
-"""Shared transformer parts: attention backends, MLP, embeddings."""
+"""Shared transformer parts: attention backends, MLPs and norms (registries `attention`, `mlp`, `norm`), embeddings."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.registry import attention_registry
+from genlab.errors import GenlabError
+from genlab.registry import attention_registry, mlp_registry, norm_registry
 
 
 @attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)")
@@ -54,6 +55,39 @@ def math_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return (F.dropout(att, dropout_p) if dropout_p > 0 else att) @ v
 
 
+_BLOCK_MASKS = {}
+
+
+@attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)")
+def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import flex_attention as flex
+    if mask is not None or dropout_p > 0:
+        raise GenlabError("model.attention=flex supports neither explicit masks nor attention dropout; use sdpa or math")
+    block_mask = None
+    if causal:
+        n, m = q.shape[-2], k.shape[-2]
+        key = (n, m, str(q.device))
+        if key not in _BLOCK_MASKS:  # built once per shape: creating a block mask costs more than the attention
+            _BLOCK_MASKS[key] = create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=q.device)
+        block_mask = _BLOCK_MASKS[key]
+    run = _compiled_flex() if q.is_cuda else flex  # eager flex is a slow reference; its kernels come from compile
+    return run(q, k, v, block_mask=block_mask)
+
+
+flex_attention.cpu_backward = False  # torch implements FlexAttention's backward for CUDA only
+
+
+_FLEX = []
+
+
+def _compiled_flex():
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        _FLEX.append(torch.compile(flex, dynamic=False))
+    return _FLEX[0]
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default."""
 
@@ -82,6 +116,8 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
+    """Two-layer MLP; SwiGLU (Shazeer 2020) packs its gate and value into fc1."""
+
     def __init__(self, dim: int, hidden: int, kind: str = "gelu", bias: bool = True):
         super().__init__()
         self.kind = kind
@@ -101,6 +137,38 @@ class Mlp(nn.Module):
         else:
             h = F.gelu(h, approximate="tanh")
         return self.fc2(h)
+
+
+# MLP entries: (dim, hidden, bias) -> module, where `hidden` is the GELU-MLP width of model.mlp_ratio; each entry
+# maps it to its own width (`hidden_of`) and says how many dim x hidden matrices it multiplies (`matrices`, FLOPs).
+@mlp_registry.register("gelu", "Linear -> GELU (tanh) -> Linear")
+def gelu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
+    return Mlp(dim, hidden, "gelu", bias)
+
+
+gelu_mlp.hidden_of = lambda hidden: hidden
+gelu_mlp.matrices = 2
+
+
+@mlp_registry.register("swiglu", "SwiGLU: Linear -> silu(a) * b -> Linear, 2/3 of the width (same parameters as GELU)")
+def swiglu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
+    return Mlp(dim, swiglu_mlp.hidden_of(hidden), "swiglu", bias)
+
+
+# three matrices: 2/3 of the width keeps the parameter count of a GELU MLP, rounded up to 64
+swiglu_mlp.hidden_of = lambda hidden: 64 * -(-(2 * hidden // 3) // 64)
+swiglu_mlp.matrices = 3
+
+
+# norm entries: (dim, bias, affine, eps) -> module; affine=False for adaLN, which brings its own scale and shift
+@norm_registry.register("layernorm", "LayerNorm (Ba et al. 2016)")
+def layernorm(dim: int, bias: bool = True, affine: bool = True, eps: float | None = None) -> nn.Module:
+    return nn.LayerNorm(dim, eps=eps or 1e-5, elementwise_affine=affine, bias=bias and affine)
+
+
+@norm_registry.register("rmsnorm", "RMSNorm (Zhang & Sennrich 2019): no mean subtraction, no bias")
+def rmsnorm(dim: int, bias: bool = True, affine: bool = True, eps: float | None = None) -> nn.Module:
+    return nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:

@@ -293,3 +293,11 @@ def ac_segments(model, tcfg):
                           "other models: full | every_k | selective")
     model.ac_segments = max(1, tcfg.ac_every)
     return model
+
+
+# the contract test (tests/test_contract.py): tiny image bytes; its attention comes from model.sparse_*, not the layer registries
+build_sparse_transformer.layer_keys = ()
+build_sparse_transformer.example_spec = {"kind": "image", "image_size": 4, "channels": 1, "num_classes": 1}
+build_sparse_transformer.example_inputs = lambda spec, B, g: (
+    torch.randint(0, 257, (B, spec["image_size"] ** 2 * spec["channels"]), generator=g),)
+build_sparse_transformer.example_output_shape = lambda spec, B: (B, spec["image_size"] ** 2 * spec["channels"], 256)

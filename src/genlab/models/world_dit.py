@@ -99,3 +99,14 @@ def build_world_dit(cfg_model, data_spec) -> WorldDiT:
     return WorldDiT(data_spec["image_size"], data_spec["channels"], data_spec["context"], data_spec["num_actions"],
                     data_spec["action_dim"], dim, depth, heads, cfg_model.patch_size, cfg_model.mlp_ratio,
                     cfg_model.context_mode, cfg_model.attention, cfg_model.qk_norm, cfg_model.adaln)
+
+
+# the contract test (tests/test_contract.py): a tiny episode spec, inputs, output shape; it reads model.attention
+build_world_dit.layer_keys = ("attention",)
+build_world_dit.example_spec = {"kind": "episodes", "image_size": 8, "channels": 3, "context": 2, "num_actions": 4,
+                                "action_dim": 0}
+build_world_dit.example_inputs = lambda spec, B, g: (
+    torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g), torch.rand(B, generator=g),
+    torch.randn(B, spec["context"], spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+    torch.randint(0, spec["num_actions"], (B, spec["context"]), generator=g), torch.rand(B, generator=g))
+build_world_dit.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])

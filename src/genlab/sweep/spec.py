@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genlab.config import SWEEP_DIR, load_config, load_toml
+from genlab.config_fields import did_you_mean
 from genlab.errors import GenlabError
 from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
 
@@ -97,7 +98,8 @@ def resolve_sweep_path(name_or_path) -> Path:
     shipped = SWEEP_DIR / f"{path.name}.toml"
     if path.suffix != ".toml" and path.name == str(name_or_path) and shipped.is_file():
         return shipped
-    raise GenlabError(f"sweep file '{name_or_path}' not found; shipped sweeps: {', '.join(shipped_sweeps())} (or a path to a .toml file)")
+    raise GenlabError(f"sweep file '{name_or_path}' not found{did_you_mean(path.stem, shipped_sweeps())}; "
+                      f"shipped sweeps: {', '.join(shipped_sweeps())} (or a path to a .toml file)")
 
 
 def load_sweep(path) -> Sweep:

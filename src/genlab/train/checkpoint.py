@@ -103,6 +103,16 @@ def safe_load(p: Path, map_location="cpu"):
     return state
 
 
+def config_of(state: dict):
+    """The Config a checkpoint was trained with. Configs saved before `model.pos_emb` also chose DiT positions
+    (they lack train.convert) meant a DiT's fixed sin-cos table by it, whatever the key said."""
+    from genlab.config import from_dict
+    d = {sec: dict(v) if isinstance(v, dict) else v for sec, v in state["config"].items()}
+    if "convert" not in d.get("train", {}) and d.get("model", {}).get("pos_emb") == "learned" and d["model"].get("name") == "dit":
+        d["model"]["pos_emb"] = "auto"
+    return from_dict(d)
+
+
 def _first(e: BaseException) -> str:
     """The first sentence of an exception message (torch's run to several lines)."""
     text = str(e).strip().split("\n")[0].split(". ")[0]

@@ -6,6 +6,8 @@ projection) gain nothing but casting overhead and hurt accuracy at the output.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 
@@ -47,12 +49,15 @@ def float8_filter(module: nn.Module, name: str) -> bool:
     return not any(p in SKIP_PARTS for p in parts)
 
 
-def convert_float8(model: nn.Module, recipe: str) -> nn.Module:
-    """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model."""
+def convert_float8(model: nn.Module, recipe: str, emulate: bool = False) -> nn.Module:
+    """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model. `emulate`: float8
+    arithmetic in plain torch ops (a CPU loading a float8-trained run to sample it)."""
     if recipe not in RECIPES:
         raise GenlabError(f"unknown float8 recipe '{recipe}'; valid: {', '.join(RECIPES)}")
     f8 = _import_torchao()
     config = f8.Float8LinearConfig.from_recipe_name(recipe)
+    if emulate:
+        config = dataclasses.replace(config, emulate=True)
     f8.convert_to_float8_training(model, module_filter_fn=float8_filter, config=config)
     return model
 

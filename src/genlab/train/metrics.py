@@ -1,12 +1,15 @@
-"""Throughput, MFU and memory accounting, and the run's metric sinks (JSONL, TensorBoard, console)."""
+"""Throughput, MFU and memory accounting, and the run's metric sinks (JSONL, TensorBoard, Weights & Biases)."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
+
+from genlab.errors import GenlabError
 
 # Dense (no sparsity) bf16 tensor-core peaks in FLOP/s. MFU is always reported against the bf16
 # peak so that every precision variant is measured on the same scale.
@@ -41,12 +44,26 @@ def peak_memory_gib(device) -> float | None:
     return None
 
 
-class MetricsLog:
-    """Appends metric records to metrics.jsonl and TensorBoard; the console gets a short line."""
+def start_wandb(run_dir: Path, project: str, config: dict | None):
+    """A W&B run named after the run folder. Its id is the folder name, so `genlab train --resume` continues
+    the same W&B run; WANDB_MODE=offline writes it under RUN/wandb/ for a later `wandb sync`."""
+    try:
+        import wandb
+    except ImportError:
+        raise GenlabError('log.wandb=true needs the wandb package: pip install "genlab[wandb]"') from None
+    name = Path(run_dir).name
+    return wandb.init(project=project, name=name, id=re.sub(r"[^\w.-]", "-", name), resume="allow",
+                      dir=str(run_dir), config=config)
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
+
+class MetricsLog:
+    """Appends metric records to metrics.jsonl, TensorBoard and (log.wandb) Weights & Biases."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True, wandb_project: str | None = None,
+                 config: dict | None = None):
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.wandb = start_wandb(run_dir, wandb_project, config) if enabled and wandb_project else None
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -67,12 +84,18 @@ class MetricsLog:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and v is not None and math.isfinite(v):
                     self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in clean.items() if k != "step" and isinstance(v, (int, float))},
+                           step=record["step"])
 
     def close(self):
         if self._f:
             self._f.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
 
 
 def read_metrics(run_dir) -> list[dict]:

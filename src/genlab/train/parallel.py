@@ -278,5 +278,13 @@ def _restore_sync(model):
         model.set_requires_gradient_sync(True)
 
 
+def wrap_extra(module, info, device):
+    """A method's trainable extra module: replicated with DDP whenever several processes run (also under FSDP,
+    where the model is sharded: extras are small auxiliary modules)."""
+    if not info.enabled:
+        return module
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def wrap_parallel(model, info, tcfg, device):
     return parallel_registry.get(tcfg.parallel)(model, info, tcfg, device)

@@ -22,7 +22,7 @@ class Precision:
     autocast_dtype: torch.dtype | None = None   # None = no autocast
     loss_scaling: bool = False                  # fp16 needs a GradScaler
     tf32: bool = False
-    float8: str | None = None                   # torchao recipe name
+    convert: tuple = ()                         # model converters this precision implies (float8_* aliases)
 
     def autocast(self, device: torch.device):
         if self.autocast_dtype is None:
@@ -56,15 +56,16 @@ def _fp16(device):
 
 
 def _float8(recipe):
+    # an alias kept for existing configs and sweeps: bf16 autocast + the train.convert entry float8_<recipe>
     def build(device):
         from genlab.train.float8 import check_float8_device
         check_float8_device(device)  # before any model is built: H100/H200 + torchao, else GenlabError
-        return Precision(f"float8_{recipe}", autocast_dtype=torch.bfloat16, float8=recipe)
+        return Precision(f"float8_{recipe}", autocast_dtype=torch.bfloat16, convert=(f"float8_{recipe}",))
     return build
 
 
-precision_registry.register("float8_tensorwise", "torchao float8 linears, one scale per tensor, bf16 elsewhere (SM89+/H100)")(_float8("tensorwise"))
-precision_registry.register("float8_rowwise", "torchao float8 linears, one scale per row, bf16 elsewhere (SM89+/H100)")(_float8("rowwise"))
+precision_registry.register("float8_tensorwise", "bf16 + train.convert=[\"float8_tensorwise\"] (torchao float8 linears, SM89+/H100)")(_float8("tensorwise"))
+precision_registry.register("float8_rowwise", "bf16 + train.convert=[\"float8_rowwise\"] (torchao float8 linears, SM89+/H100)")(_float8("rowwise"))
 
 
 def build_precision(name: str, device: torch.device) -> Precision:
@@ -176,6 +177,11 @@ def compile_model_by_name(model, tcfg):
     return compile_registry.get(tcfg.compile)(model, tcfg)
 
 
+def compile_extra(module, tcfg):
+    """A method's extra module is compiled whole whenever the model is compiled at all (extras have no blocks)."""
+    return module if tcfg.compile == "off" else torch.compile(module, mode=_mode(tcfg))
+
+
 
 
 # -- compiled autograd, compiled optimizer step, recompile counting -------------------------------
@@ -212,12 +218,14 @@ def compile_optimizer_step(optimizer, device):
 
 
 def set_lr(optimizer, lr: float):
-    """Set the LR of every group; tensor LRs are filled in place (no recompiles, no host sync)."""
+    """Set the LR of every group (times its `lr_scale`, set for extras with their own LR); tensor LRs are filled in
+    place (no recompiles, no host sync)."""
     for g in optimizer.param_groups:
+        v = lr * g.get("lr_scale", 1.0)
         if torch.is_tensor(g["lr"]):
-            g["lr"].fill_(lr)
+            g["lr"].fill_(v)
         else:
-            g["lr"] = lr
+            g["lr"] = v
 
 
 def lr_value(optimizer) -> float:

@@ -4,7 +4,6 @@ the method gives the loss, the samples and the eval metrics.
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import signal
@@ -15,44 +14,20 @@ from pathlib import Path
 
 import torch
 
-from genlab.config import Config, dumps_toml, from_dict, to_dict
+from genlab.config import Config, dumps_toml, to_dict
 from genlab.data import build_dataset, build_loader
 from genlab import progress
 from genlab.errors import GenlabError, RunFailed, debug, one_line
-from genlab.optim import build_optimizer, lr_at
-from genlab.registry import method_registry, model_registry
 from genlab.train import checkpoint as ckpt
-from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib, train_flops_per_sample
-from genlab.train.parallel import (all_reduce_mean, clip_grads, full_state_dict, init_distributed, is_sharded, local,
-                                   no_sync, shard_like, wrap_parallel)
-from genlab.train.switches import (apply_switches, backward_context, build_precision, compile_counts, compile_model_by_name,
-                                   compile_optimizer_step, lr_value, set_lr)
+from genlab.train.convert import apply_converters
+from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
+from genlab.train.parallel import all_reduce_mean, full_state_dict, init_distributed
+from genlab.train.step import build_model_and_method, check_model_shapes, ema_update, TrainStep  # noqa: F401 (re-exported)
+from genlab.train.switches import build_precision, compile_counts, lr_value
 
 
 class NonFiniteLoss(RuntimeError):
     pass
-
-
-def build_model_and_method(cfg: Config, spec: dict):
-    import genlab.components  # noqa: F401  (registers every model and method)
-    model = model_registry.get(cfg.model.name)(cfg.model, spec)
-    method = method_registry.get(cfg.method.name)(cfg, spec)
-    return model, method
-
-
-def check_model_shapes(model, state: dict, source: str, verb: str = "resume"):
-    own = model.state_dict()
-    diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
-    missing = [k for k in own if k not in state] + [k for k in state if k not in own]
-    if diffs or missing:
-        what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}"
-        raise GenlabError(f"cannot {verb} from {source}: the model differs from the checkpoint ({what})")
-
-
-@torch.no_grad()
-def ema_update(ema_params, params, decay: float):
-    # under FSDP both lists are DTensors sharded alike: the EMA of the local shards is the EMA's shard
-    torch._foreach_lerp_([local(p) for p in ema_params], [local(p) for p in params], 1.0 - decay)
 
 
 class Trainer:
@@ -67,50 +42,27 @@ class Trainer:
         cfg, tcfg = self.cfg, self.cfg.train
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)
-        if self.precision.float8 is not None or getattr(self.precision, "requires_cuda", False):
-            if self.device.type != "cuda":
-                raise GenlabError(f"train.precision={tcfg.precision} needs a CUDA device (H100/H200)")
         torch.manual_seed(tcfg.seed + self.dist.rank)
         self.data = build_dataset(cfg.data)
         self.spec = self.data.spec
-        self.model, self.method = build_model_and_method(cfg, self.spec)
-        resume_state = None
-        if self.resume_from:
-            resume_state = ckpt.load_checkpoint(self.resume_from)
-            check_model_shapes(self.model, resume_state["model"], self.resume_from)
-            self.model.load_state_dict(resume_state["model"])
-        self.model.to(self.device)
-        self.ema = None
-        if tcfg.ema_decay > 0:
-            self.ema = copy.deepcopy(self.model).requires_grad_(False).eval()
-            if resume_state is not None and resume_state.get("ema") is not None:
-                self.ema.load_state_dict(resume_state["ema"])
-        self.flops_per_sample = train_flops_per_sample(self.model)
-        self.base = self.model
-        self.base.train()
-        if self.precision.float8 is not None:
-            from genlab.train.float8 import convert_float8
-            convert_float8(self.base, self.precision.float8)
-        apply_switches(self.base, tcfg)
-        self.wrapped = wrap_parallel(self.base, self.dist, tcfg, self.device)
-        self.wrapped = compile_model_by_name(self.wrapped, tcfg)
-        self.ema = shard_like(self.ema, self.base)
-        self.sharded = is_sharded(self.base)  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
+        resume_state = ckpt.load_checkpoint(self.resume_from) if self.resume_from else None
+        # model, method, extras, converters, EMA, wrapping, compile, optimizers: built as `genlab bench` builds them
+        self.steps = TrainStep(cfg, self.spec, self.dist, self.device, self.precision, resume_state, str(self.resume_from))
+        st = self.steps
+        self.model = self.base = st.model
+        self.method, self.wrapped, self.ema, self.gen = st.method, st.wrapped, st.ema, st.gen
+        self.optimizer, self.scaler, self.flops_per_sample = st.optimizer, st.scaler, st.flops_per_sample
+        self.sharded = st.sharded  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
         self.best = None  # log.keep_best: {"metric", "value", "step"} of checkpoints/best.pt
         if cfg.log.keep_best and (self.sharded or not getattr(self.method, "best_metric", None)):
             raise GenlabError("log.keep_best needs an unsharded model and a method with a validation metric "
                               f"(method {cfg.method.name} under train.parallel={tcfg.parallel})")
-        self.optimizer = build_optimizer(self.base, cfg.optim)
-        if tcfg.compile_optimizer:
-            self.optimizer = compile_optimizer_step(self.optimizer, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.loss_scaling)
         self.micro_batch = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
         if self.micro_batch < 1 or tcfg.batch_size % (tcfg.grad_accum * self.dist.world):
             raise GenlabError(f"train.batch_size {tcfg.batch_size} must be divisible by grad_accum x world size "
                               f"({tcfg.grad_accum} x {self.dist.world})")
         self.loader = build_loader(self.data, cfg.data, self.micro_batch, self.device, tcfg.seed,
                                    rank=self.dist.rank, world=self.dist.world)
-        self.gen = torch.Generator(device=self.device).manual_seed(tcfg.seed * 1000 + self.dist.rank)
         self.step = 0
         self.nonfinite_skipped = 0
         if resume_state is not None:
@@ -126,6 +78,7 @@ class Trainer:
                 state = {**state, "gen": gens[self.dist.rank]}
         else:
             self.optimizer.load_state_dict(state["optimizer"])
+        self.steps.load_extra_optimizers(state)
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = state["step"]
@@ -153,14 +106,15 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "samples").mkdir(exist_ok=True)
             (self.run_dir / "config.toml").write_text("".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(to_dict(cfg)))
-        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main)
+        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main,
+                              wandb_project=cfg.log.wandb_project if cfg.log.wandb else None, config=to_dict(cfg))
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, weights=True):
         big = {"model": self.base.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
                "optimizer": self.optimizer.state_dict()} if weights else {}
         return {
-            **big, "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            **big, **self.steps.extra_state(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(), "nonfinite_skipped": self.nonfinite_skipped, "best": self.best,
             "config": to_dict(self.cfg), "data_spec": self.spec,
@@ -196,36 +150,9 @@ class Trainer:
 
     # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
-        tcfg = self.cfg.train
-        set_lr(self.optimizer, lr_at(self.step, tcfg.steps, self.cfg.optim))
-        loss_sum = torch.zeros((), device=self.device)
-        for micro in range(tcfg.grad_accum):
-            batch = self.loader.next()
-            with no_sync(self.wrapped, micro == tcfg.grad_accum - 1), self.precision.autocast(self.device):
-                loss, extra = self.method.loss(self.wrapped, batch, self.gen)
-                if tcfg.grad_accum > 1:  # a Python-int divide in the graph breaks compiled autograd on CUDA
-                    loss = loss / tcfg.grad_accum
-            with backward_context(tcfg):
-                self.scaler.scale(loss).backward()
-            loss_sum += loss.detach().float()
-        self.scaler.unscale_(self.optimizer)
-        # a plain tensor, also under FSDP; without a GradScaler the clip factor rides in the fused AdamW kernel
-        gnorm = clip_grads(self.base.parameters(), self.cfg.optim.grad_clip,
-                           None if self.scaler.is_enabled() else self.optimizer)
-        bad = ~(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
-        if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.update()
-            self.nonfinite_skipped += 1
-            return loss_sum, gnorm, bad, extra
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
-            n = self.step
-            decay = min(tcfg.ema_decay, (1 + n) / (10 + n)) if tcfg.ema_warmup else tcfg.ema_decay
-            ema_update(list(self.ema.parameters()), list(self.base.parameters()), decay)
-        return loss_sum, gnorm, bad, extra
+        loss, gnorm, bad, extra, skipped = self.steps.run(self.step, self.loader.next)
+        self.nonfinite_skipped += skipped
+        return loss, gnorm, bad, extra
 
     def _compile_stats(self) -> dict:
         """Graphs dynamo compiled, and recompiles = graphs added after the first step (guard failures)."""
@@ -255,7 +182,7 @@ class Trainer:
             return None
         plain, _ = build_model_and_method(self.cfg, self.spec)
         plain.load_state_dict(full)
-        return plain.to(self.device)
+        return apply_converters(plain.to(self.device), self.steps.converters, self.device)
 
     def export_weights(self):
         """Consolidated safetensors of the sampling weights next to a sharded run (what sample/eval load)."""
@@ -399,8 +326,9 @@ class Trainer:
             summary.update({"status": "interrupted", "error": "stopped by a second Ctrl-C without saving", "step": self.step})
             raise
         except Exception as e:  # noqa: BLE001  (a method, the data or the device failed mid-run)
+            kept = ckpt.list_checkpoints(self.run_dir)
             summary.update({"status": "failed", "error": one_line(e), "step": self.step,
-                            "last_checkpoint": str(ckpt.list_checkpoints(self.run_dir)[-1]) if ckpt.list_checkpoints(self.run_dir) else None})
+                            "last_checkpoint": str(kept[-1]) if kept else None})
             if debug():
                 raise
             raise RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}") from e
@@ -434,7 +362,7 @@ def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
     """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
     from genlab.config import apply_overrides, validate
     state = ckpt.load_checkpoint(run_or_ckpt)
-    cfg = from_dict(state["config"])
+    cfg = ckpt.config_of(state)
     apply_overrides(cfg, overrides)
     validate(cfg)
     return cfg

@@ -105,7 +105,7 @@ class EpisodeData:
         self.spec = {"kind": "episodes", "image_size": int(f.shape[1]), "channels": int(f.shape[3]),
                      "num_actions": eps.num_actions, "action_dim": eps.action_dim, "context": self.context,
                      "horizon": self.horizon, "action_meanings": eps.meta.get("action_meanings"),
-                     "num_classes": 0, "path": str(cfg_data.path)}
+                     "num_classes": 0, "path": str(cfg_data.path), "batch_keys": ("frames", "actions")}
 
     @functools.cached_property
     def train(self) -> Episodes:

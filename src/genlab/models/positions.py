@@ -1,0 +1,109 @@
+"""Position entries (registry `position`): `(dim, heads, grid) -> module`, grid = (T,) for sequences or (H, W) for
+patch grids. A module adds its table to the tokens (`forward(h, offset)`) and/or hands rotary tables to attention
+(`rope(offset)`); `axes` says which grid ranks an entry serves, so each model offers only the fitting ones."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from genlab.errors import GenlabError
+from genlab.models.layers import rope_cache, sincos_2d
+from genlab.registry import position_registry
+
+
+class LearnedPosition(nn.Module):
+    """A trained table, one row per position (GPT-2); `weight` keeps nn.Embedding's parameter name."""
+
+    def __init__(self, dim: int, heads: int, grid: tuple):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(int(torch.tensor(grid).prod()), dim).normal_(std=0.02))
+
+    def forward(self, h, offset: int = 0):
+        return h + self.weight[offset:offset + h.shape[1]].to(h.dtype)
+
+    def rope(self, offset: int = 0):
+        return None
+
+
+class SinCos2d(nn.Module):
+    """Fixed 2-D sin-cos table (MAE / DiT), not saved (it is a function of the grid)."""
+
+    def __init__(self, dim: int, heads: int, grid: tuple):
+        super().__init__()
+        self.register_buffer("table", torch.from_numpy(sincos_2d(dim, *grid)), persistent=False)
+
+    def forward(self, h, offset: int = 0):
+        return h + self.table[offset:offset + h.shape[1]].to(h.dtype)
+
+    def rope(self, offset: int = 0):
+        return None
+
+
+class Rotary(nn.Module):
+    """RoPE (Su et al. 2021): nothing added to the tokens; queries and keys rotate by position in attention."""
+
+    def __init__(self, dim: int, heads: int, grid: tuple):
+        super().__init__()
+        hd = dim // heads
+        if len(grid) == 1:
+            if hd % 2:
+                raise GenlabError(f"rope needs an even head width, got {hd}")
+            cos, sin = rope_cache(grid[0], hd)
+        else:
+            cos, sin = rope_2d(grid, hd)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, h, offset: int = 0):
+        return h
+
+    def rope(self, offset: int = 0):
+        return self.cos[offset:], self.sin[offset:]
+
+
+def rope_2d(grid: tuple, head_dim: int, base: float = 10000.0):
+    """Axial 2-D RoPE: the first half of the rotated pairs turn with the row, the second half with the column."""
+    if head_dim % 4:
+        raise GenlabError(f"rope2d needs a head width divisible by 4, got {head_dim}")
+    gh, gw = grid
+    inv = 1.0 / base ** (torch.arange(0, head_dim // 2, 2, dtype=torch.float32) / (head_dim // 2))
+    rows = torch.arange(gh, dtype=torch.float32).repeat_interleave(gw)
+    cols = torch.arange(gw, dtype=torch.float32).repeat(gh)
+    ang = torch.cat([torch.outer(rows, inv), torch.outer(cols, inv)], dim=-1)
+    return torch.cos(ang), torch.sin(ang)
+
+
+def _entry(cls, axes):
+    def build(dim: int, heads: int, grid: tuple):
+        return cls(dim, heads, tuple(grid))
+    build.axes = axes
+    return build
+
+
+position_registry.register("learned", "a trained table, one row per position")(_entry(LearnedPosition, (1, 2)))
+position_registry.register("sincos2d", "fixed 2-D sin-cos table over the patch grid (DiT)")(_entry(SinCos2d, (2,)))
+position_registry.register("rope", "rotary embedding of the sequence position (queries and keys)")(_entry(Rotary, (1,)))
+position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)")(_entry(Rotary, (2,)))
+
+
+# rank of the token grid of each model that takes model.pos_emb
+GRID_RANK = {"gpt": 1, "dit": 2}
+
+
+def check_position_fits(name: str, model: str, rank: int | None = None):
+    """Names not fitting the model's token grid fail with the fitting ones (unknown names: the registry's message)."""
+    position_registry.get(name)
+    rank = rank or GRID_RANK.get(model)
+    fits = fitting_positions(rank) if rank else position_registry.names()
+    if name not in fits:
+        raise GenlabError(f"model.pos_emb={name} does not fit model {model}; valid choices: auto, {', '.join(fits)}")
+
+
+def build_position(name: str, dim: int, heads: int, grid: tuple, model: str):
+    """The position module for a model whose tokens form `grid`."""
+    check_position_fits(name, model, len(grid))
+    return position_registry.get(name)(dim, heads, grid)
+
+
+def fitting_positions(rank: int) -> list[str]:
+    return [n for n, fn in position_registry.items() if rank in fn.axes]

@@ -1,0 +1,85 @@
+"""Model converters (`train.convert = ["float8"]`): functions that swap modules of a built model before it is
+wrapped, and again whenever `sample`/`eval`/`export` load the run, so a run trained converted samples converted."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from genlab.registry import convert_registry
+
+# module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
+from genlab.train.float8 import SKIP_PARTS
+
+
+@dataclass
+class Converter:
+    apply: Callable[[nn.Module, torch.device], nn.Module]   # in place; returns the model
+    check: Callable[[torch.device], None] = lambda device: None   # before training builds anything
+
+
+def _float8(recipe):
+    def apply(model, device):
+        from genlab.train.float8 import convert_float8
+        return convert_float8(model, recipe, emulate=device.type != "cuda")  # emulated off CUDA: sampling only
+
+    def check(device):
+        from genlab.train.float8 import check_float8_device
+        check_float8_device(device)
+    return Converter(apply, check)
+
+
+for _recipe in ("tensorwise", "rowwise"):
+    convert_registry.register(f"float8_{_recipe}", f"torchao Float8Linear for the block linears, {_recipe} scales "
+                                                   "(trains on SM89+/H100; emulated when a CPU loads the run)")(_float8(_recipe))
+convert_registry.register("float8", "alias of float8_tensorwise")(_float8("tensorwise"))
+
+
+def bitlinear_filter(module: nn.Module, name: str) -> bool:
+    return type(module) is nn.Linear and not any(p in SKIP_PARTS for p in name.split("."))
+
+
+def _bitlinear(model, device):
+    from genlab.models.bitlinear import to_bitlinear
+    for name, m in list(model.named_modules()):
+        if bitlinear_filter(m, name):
+            to_bitlinear(m)
+    return model
+
+
+convert_registry.register("bitlinear", "BitNet b1.58 BitLinear for the block linears: ternary absmean weights, "
+                                       "int8 absmax activations, straight-through gradients")(Converter(_bitlinear))
+
+
+def converters_of(cfg, precision=None) -> list[str]:
+    """train.convert plus what the precision implies (float8_* precision names are aliases), deduplicated."""
+    names = list(getattr(cfg.train, "convert", []) or [])
+    for n in (precision.convert if precision is not None else _precision_convert(cfg)):
+        if n not in names and not (n == "float8_tensorwise" and "float8" in names):
+            names.append(n)
+    for n in names:
+        convert_registry.get(n)
+    return names
+
+
+def _precision_convert(cfg) -> tuple:
+    p = cfg.train.precision
+    return (p,) if p.startswith("float8_") and p in convert_registry else ()
+
+
+def check_converters(names, device):
+    for n in names:
+        convert_registry.get(n).check(device)
+
+
+def apply_converters(model: nn.Module, names, device) -> nn.Module:
+    for n in names:
+        model = convert_registry.get(n).apply(model, torch.device(device))
+    return model
+
+
+def count_converted(model: nn.Module, cls_name: str) -> int:
+    return sum(type(m).__name__ == cls_name for m in model.modules())
+

@@ -1,0 +1,242 @@
+"""The training step and everything it acts on, built one way for the trainer and for `genlab bench`.
+
+`TrainStep` owns the model, the method's extra modules, the optimizers, the loss scaler and the EMA;
+`run()` is one optimizer step (forward, per-optimizer backward, clip, optimizer, EMA). What `genlab bench`
+times is therefore exactly what trains.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+
+import torch
+
+from genlab.errors import GenlabError
+from genlab.methods.base import StepContext, as_loss_dict, check_batch_keys, check_extras
+from genlab.optim import build_optimizer, lr_at
+from genlab.registry import method_registry, model_registry
+from genlab.train.convert import apply_converters, check_converters, converters_of
+from genlab.train.metrics import train_flops_per_sample
+from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
+from genlab.train.switches import apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
+
+
+def build_model_and_method(cfg, spec: dict):
+    model = model_registry.get(cfg.model.name)(cfg.model, spec)
+    method = method_registry.get(cfg.method.name)(cfg, spec)
+    return model, method
+
+
+def check_model_shapes(model, state: dict, source: str, verb: str = "resume from"):
+    own = model.state_dict()
+    diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    missing = [k for k in own if k not in state] + [k for k in state if k not in own]
+    if diffs or missing:
+        what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}"
+        raise GenlabError(f"cannot {verb} {source}: the model differs from the checkpoint ({what})")
+
+
+def init_weights_from(model, source: str) -> None:
+    """train.init_from: the weights (not the EMA, optimizer or step) of a checkpoint or exported model.safetensors."""
+    from genlab.train import checkpoint as ckpt
+    weights = ckpt.load_checkpoint(source)["model"]
+    check_model_shapes(model, weights, source, verb="initialise from")
+    model.load_state_dict(weights)
+
+
+@torch.no_grad()
+def ema_update(ema_params, params, decay: float):
+    # under FSDP both lists are DTensors sharded alike: the EMA of the local shards is the EMA's shard
+    torch._foreach_lerp_([local(p) for p in ema_params], [local(p) for p in params], 1.0 - decay)
+
+
+def extra_flops_per_sample(extras) -> int:
+    """Extras that count their FLOPs: trainable ones forward + backward (3x), frozen ones forward only."""
+    return sum((3 if e.trainable else 1) * e.module.flops_per_sample() for e in extras.values()
+               if hasattr(e.module, "flops_per_sample"))
+
+
+class TrainStep:
+    def __init__(self, cfg, spec: dict, dist, device, precision, resume_state: dict | None = None,
+                 resume_from: str = "the checkpoint"):
+        tcfg = cfg.train
+        self.cfg, self.spec, self.dist, self.device, self.precision = cfg, spec, dist, device, precision
+        self.converters = converters_of(cfg, precision)
+        check_converters(self.converters, device)  # e.g. float8 refuses a CPU before anything is built
+        self.model, self.method = build_model_and_method(cfg, spec)
+        check_batch_keys(self.method, spec, cfg.method.name)
+        if resume_state is not None:
+            check_model_shapes(self.model, resume_state["model"], resume_from)
+            self.model.load_state_dict(resume_state["model"])
+        elif tcfg.init_from:
+            init_weights_from(self.model, tcfg.init_from)
+        self.model.to(device)
+        self.flops_per_sample = train_flops_per_sample(self.model)
+        self.ema = copy.deepcopy(self.model).requires_grad_(False).eval() if tcfg.ema_decay > 0 else None
+        if resume_state is not None and self.ema is not None and resume_state.get("ema") is not None:
+            self.ema.load_state_dict(resume_state["ema"])
+        self.model.train()
+        apply_converters(self.model, self.converters, device)
+        if self.ema is not None:  # the EMA samples, so it runs converted too
+            apply_converters(self.ema, self.converters, device)
+        apply_switches(self.model, tcfg)
+        self.wrapped = compile_model_by_name(wrap_parallel(self.model, dist, tcfg, device), tcfg)
+        self.ema = shard_like(self.ema, self.model)
+        self._build_extras(resume_state)
+        self._build_optimizers()
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision.loss_scaling)
+        self.gen = torch.Generator(device=device).manual_seed(tcfg.seed * 1000 + dist.rank)
+        self._checked_keys = False
+
+    # -- extras and optimizers --------------------------------------------------------------------
+    def _build_extras(self, resume_state):
+        tcfg = self.cfg.train
+        self.extras = self.method.extra_modules()
+        check_extras(self.extras, self.cfg.method.name)
+        saved = (resume_state or {}).get("extras") or {}
+        self.extra_modules, self.extras_wrapped = {}, {}
+        for name, e in self.extras.items():
+            m = e.module
+            if name in saved:
+                m.load_state_dict(saved[name])
+            m.to(self.device)
+            if e.trainable:
+                m.train()
+            else:
+                m.requires_grad_(False).eval()
+            self.extra_modules[name] = m
+            w = wrap_extra(m, self.dist, self.device) if e.trainable else m
+            self.extras_wrapped[name] = compile_extra(w, tcfg)
+        self.flops_per_sample += extra_flops_per_sample(self.extras)
+
+    def _build_optimizers(self):
+        ocfg, tcfg = self.cfg.optim, self.cfg.train
+        self.optimizers = {"model": build_optimizer(self.model, ocfg)}
+        self.params = {"model": [p for p in self.model.parameters() if p.requires_grad]}
+        for name, e in self.extras.items():
+            if not e.trainable:
+                continue
+            ps = [p for p in self.extra_modules[name].parameters() if p.requires_grad]
+            scale = (e.lr if e.lr is not None else ocfg.lr) / ocfg.lr  # the LR schedule scales every group alike
+            if e.optimizer is None:
+                if self.sharded:
+                    raise GenlabError(f"extra '{name}': under FSDP/HSDP a trainable extra needs its own optimizer "
+                                      "(Extra(optimizer='name')), not a group of the sharded model's")
+                self.optimizers["model"].add_param_group({"params": ps, "lr": ocfg.lr * scale, "lr_scale": scale})
+                self.params["model"] += ps
+            else:
+                if e.optimizer in self.optimizers:
+                    opt = self.optimizers[e.optimizer]
+                    opt.add_param_group({"params": ps, "lr": ocfg.lr * scale, "lr_scale": scale})
+                else:
+                    opt = build_optimizer(self.extra_modules[name], dataclasses.replace(ocfg, lr=ocfg.lr * scale))
+                    for g in opt.param_groups:
+                        g["lr_scale"] = scale
+                    self.optimizers[e.optimizer] = opt
+                    self.params[e.optimizer] = []
+                self.params[e.optimizer] += ps
+        if tcfg.compile_optimizer:
+            self.optimizers = {k: compile_optimizer_step(o, self.device) for k, o in self.optimizers.items()}
+
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.model)
+
+    @property
+    def optimizer(self):
+        return self.optimizers["model"]
+
+    def context(self, step: int) -> StepContext:
+        return StepContext(step=step, total_steps=self.cfg.train.steps, generator=self.gen, device=self.device,
+                           precision=self.precision.name, ema=self.ema, extras=self.extras_wrapped)
+
+    # -- checkpoint state of what the method owns -------------------------------------------------
+    def extra_state(self) -> dict:
+        return {"extras": {k: m.state_dict() for k, m in self.extra_modules.items()},
+                "extra_optimizers": {k: o.state_dict() for k, o in self.optimizers.items() if k != "model"}}
+
+    def load_extra_optimizers(self, state: dict):
+        saved = state.get("extra_optimizers") or {}
+        for k, o in self.optimizers.items():
+            if k != "model":
+                if k not in saved:
+                    raise GenlabError(f"the checkpoint has no state for optimizer '{k}' of method {self.cfg.method.name}")
+                o.load_state_dict(saved[k])
+
+    # -- the step ---------------------------------------------------------------------------------
+    def _no_sync(self, sync: bool):
+        """no_sync over the model and every trainable extra (micro-steps before the last skip the all-reduce)."""
+        stack = contextlib.ExitStack()
+        for m in [self.wrapped, *(self.extras_wrapped[k] for k, e in self.extras.items() if e.trainable)]:
+            stack.enter_context(no_sync(m, sync))
+        return stack
+
+    def _backward(self, losses: dict):
+        if len(self.optimizers) == 1 and len(losses) == 1:  # the common case: one plain backward
+            self.scaler.scale(losses["model"]).backward()
+            return
+        names = list(losses)
+        for i, name in enumerate(names):
+            # each loss reaches only its own optimizer's parameters; shared graph parts stay for later losses
+            torch.autograd.backward(self.scaler.scale(losses[name]), inputs=self.params[name],
+                                    retain_graph=i < len(names) - 1)
+
+    def _check_loss_keys(self, losses: dict):
+        if self._checked_keys:
+            return
+        unknown = [k for k in losses if k not in self.optimizers]
+        if unknown:
+            raise GenlabError(f"method {self.cfg.method.name} returned a loss for '{unknown[0]}'; "
+                              f"optimizers: {', '.join(self.optimizers)}")
+        self._checked_keys = True
+
+    def run(self, step: int, next_batch, mark=None):
+        """One optimizer step. next_batch() gives each micro-batch; mark(name) times phases (bench).
+        Returns (model loss summed over micro-steps, model grad norm, non-finite flag, metrics, skipped)."""
+        tcfg, mark = self.cfg.train, mark or (lambda name: None)
+        mark("start")
+        lr = lr_at(step, tcfg.steps, self.cfg.optim)
+        for opt in self.optimizers.values():
+            set_lr(opt, lr)
+        ctx = self.context(step)
+        loss_sum = {k: torch.zeros((), device=self.device) for k in self.optimizers}
+        for micro in range(tcfg.grad_accum):
+            batch = next_batch()
+            with self._no_sync(micro == tcfg.grad_accum - 1):
+                with self.precision.autocast(self.device):
+                    loss, metrics = self.method.loss(self.wrapped, batch, ctx)
+                    losses = as_loss_dict(loss)
+                    self._check_loss_keys(losses)
+                    if tcfg.grad_accum > 1:  # a Python-int divide in the graph breaks compiled autograd on CUDA
+                        losses = {k: v / tcfg.grad_accum for k, v in losses.items()}
+                mark("fwd")
+                with backward_context(tcfg):
+                    self._backward(losses)
+                mark("bwd")
+            for k, v in losses.items():
+                loss_sum[k] += v.detach().float()
+        for opt in self.optimizers.values():
+            self.scaler.unscale_(opt)
+        # a plain tensor, also under FSDP; without a GradScaler the clip factor rides in the fused AdamW kernel
+        gnorms = {k: clip_grads(self.params[k], self.cfg.optim.grad_clip, None if self.scaler.is_enabled() else opt)
+                  for k, opt in self.optimizers.items()}
+        bad = ~(torch.isfinite(torch.stack(list(loss_sum.values()))).all() & torch.isfinite(torch.stack(list(gnorms.values()))).all())
+        if len(self.optimizers) > 1:
+            metrics = {**metrics, **{f"loss/{k}": v for k, v in loss_sum.items()}, **{f"grad_norm/{k}": v for k, v in gnorms.items()}}
+        if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
+            for opt in self.optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            self.scaler.update()
+            return loss_sum["model"], gnorms["model"], bad, metrics, True
+        for opt in self.optimizers.values():
+            self.scaler.step(opt)
+        self.scaler.update()
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
+            ema_update(list(self.ema.parameters()), list(self.model.parameters()), decay)
+        mark("opt")
+        return loss_sum["model"], gnorms["model"], bad, metrics, False
+

@@ -1,0 +1,51 @@
+"""Console output: a status line every log.every steps, progress for eval and sampling, no bar spam off a terminal."""
+from __future__ import annotations
+
+import io
+import re
+
+from genlab import progress
+
+from conftest import TINY, run_cli
+
+
+def test_train_off_a_terminal_prints_status_lines_and_eval_and_sampling_progress(tmp_path):
+    over = [o for o in TINY if not o.startswith("log.progress")] + [
+        f"train.out_dir={tmp_path}", "train.steps=10", "log.every=5", "eval.classifier_epochs=2"]
+    r = run_cli("train", *over, timeout=600)  # stdout and stderr are pipes, as under nohup or CI
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    assert [l.split()[1] for l in status] == ["5/10", "10/10"]
+    assert re.fullmatch(r"step 5/10  loss \d+\.\d{4}  lr \d\.\d\de-\d\d  \d+ samples/s  ETA \d+s", status[0]), status[0]
+    assert "\r" not in r.stdout + r.stderr  # no carriage-return progress bar in a log file
+    assert re.search(r"^eval: sampling 50 images: 50/50 img in \d+\.\d s$", r.stderr, re.M), r.stderr
+    assert re.search(r"^preview: sampling \d+ images: ", r.stderr, re.M)
+
+    run_dir = next(tmp_path.glob("digits_flow-*"))
+    s = run_cli("sample", str(run_dir), "--n", "8", "--steps", "3", "--out", str(tmp_path / "g.png"))
+    assert s.returncode == 0 and "wrote" in s.stdout, s.stderr
+    assert re.search(r"^sampling 8 images: 3/3 step in \d+\.\d s$", s.stderr, re.M), s.stderr  # heun: per ODE step
+
+
+def test_progress_is_silent_when_switched_off_and_a_bar_only_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    pipe, tty = io.StringIO(), Tty()
+    with progress.enabled(False):
+        with progress.Task("quiet", total=3, stream=pipe) as t:
+            t.update(3)
+    assert pipe.getvalue() == ""
+    with progress.Task("loud", total=3, stream=pipe) as t:
+        t.update(3)
+    assert re.fullmatch(r"loud: 3/3 it in \d+\.\d s\n", pipe.getvalue())
+    with progress.Task("bar", total=3, stream=tty) as t:
+        t.update(3)
+    assert "\r" in tty.getvalue() and tty.getvalue().rstrip().endswith("s")  # tqdm drew on the terminal
+
+
+def test_status_line_names_step_loss_lr_throughput_and_eta():
+    rec = {"step": 100, "loss": 0.51234, "lr": 1e-3, "samples_per_s": 912.4, "tokens_per_s": None}
+    assert progress.status_line(rec, 800, 65.2) == "step 100/800  loss 0.5123  lr 1.00e-03  912 samples/s  ETA 1m05s"
+    assert progress.fmt_duration(3725) == "1h02m" and progress.fmt_duration(9.6) == "10s"
