@@ -381,3 +381,16 @@ def test_every_objective_and_context_mode_trains_and_generates(toy_dir, tmp_path
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
     out = method.generate(model.eval(), batch["frames"][:, :method.L], batch["actions"][:, :method.L])
     assert out.shape == (4, 3, 16, 16) and torch.isfinite(out).all()
+
+
+def test_ssim_is_one_for_equal_images_and_bounded_under_bf16_autocast():
+    # regression: under the eval's bf16 autocast the variance terms cancelled and SSIM came out as 2.09 on GPU
+    import torch
+    from genlab.world.evaluate import ssim
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(4, 3, 32, 32, generator=g) * 2 - 1
+    b = (a + 0.3 * torch.randn(a.shape, generator=g)).clamp(-1, 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        same, diff = ssim(a, a), ssim(a, b)
+    assert torch.allclose(same, torch.ones(4), atol=1e-5)
+    assert ((diff > -1) & (diff < 1)).all()

@@ -28,10 +28,12 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     g = (g / g.sum())
     w = (g[:, None] * g[None]).expand(C, 1, 11, 11)
     a, b = a.float(), b.float()
-    mu_a, mu_b = F.conv2d(a, w, groups=C), F.conv2d(b, w, groups=C)
-    s_aa = F.conv2d(a * a, w, groups=C) - mu_a ** 2
-    s_bb = F.conv2d(b * b, w, groups=C) - mu_b ** 2
-    s_ab = F.conv2d(a * b, w, groups=C) - mu_a * mu_b
+    # fp32 even under the eval's bf16 autocast: E[x^2] - mu^2 cancels catastrophically in bf16 (SSIM > 1 seen on GPU)
+    with torch.autocast(a.device.type, enabled=False):
+        mu_a, mu_b = F.conv2d(a, w, groups=C), F.conv2d(b, w, groups=C)
+        s_aa = F.conv2d(a * a, w, groups=C) - mu_a ** 2
+        s_bb = F.conv2d(b * b, w, groups=C) - mu_b ** 2
+        s_ab = F.conv2d(a * b, w, groups=C) - mu_a * mu_b
     c1, c2 = (0.01 * 2) ** 2, (0.03 * 2) ** 2  # data range 2
     m = ((2 * mu_a * mu_b + c1) * (2 * s_ab + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (s_aa + s_bb + c2))
     return m.flatten(1).mean(1)
