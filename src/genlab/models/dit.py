@@ -104,9 +104,9 @@ class DiTBlock(nn.Module):
     eps = 1e-6
 
     def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused", mlp="gelu",
-                 norm="layernorm"):
+                 norm="layernorm", layer=0):
         super().__init__()
-        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm)
+        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer)
         self.mlp = mlp_registry.get(mlp)(dim, int(dim * mlp_ratio))
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
@@ -159,8 +159,8 @@ class DiT(nn.Module):
         self.pos = build_position(s.pos_emb, s.dim, s.heads, (self.grid, self.grid), "dit")
         self.t_embed = TimestepEmbedder(s.dim)
         self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
-        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)
-                                    for _ in range(s.depth))
+        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
+                                             layer=i) for i in range(s.depth))
         self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
         self.residual_dtype = residual_registry.get(s.residual)
         self._init_weights()

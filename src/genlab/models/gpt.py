@@ -76,11 +76,12 @@ def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, s: GPTSpec):
+    def __init__(self, s: GPTSpec, layer: int = 0):
         super().__init__()
         self.causal = s.causal
         self.norm1 = make_norm(s.norm, s.dim, s.bias)
-        self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout)
+        self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout,
+                              layer=layer)
         self.norm2 = make_norm(s.norm, s.dim, s.bias)
         self.mlp = mlp_registry.get(s.mlp)(s.dim, int(s.dim * s.mlp_ratio), bias=s.bias)
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
@@ -99,7 +100,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(s.n_vocab, s.dim)
         self.pos_emb = build_position(s.pos_emb, s.dim, s.heads, (s.seq_len,), "gpt")
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
-        self.blocks = nn.ModuleList(Block(s) for _ in range(s.depth))
+        self.blocks = nn.ModuleList(Block(s, layer=i) for i in range(s.depth))
         self.norm = make_norm(s.norm, s.dim, s.bias)
         self.head = nn.Linear(s.dim, s.n_vocab, bias=False)
         self._init_weights()

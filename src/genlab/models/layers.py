@@ -60,22 +60,121 @@ _BLOCK_MASKS = {}
 
 @attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)")
 def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
-    from torch.nn.attention.flex_attention import create_block_mask
     from torch.nn.attention.flex_attention import flex_attention as flex
     if mask is not None or dropout_p > 0:
         raise GenlabError("model.attention=flex supports neither explicit masks nor attention dropout; use sdpa or math")
-    block_mask = None
-    if causal:
-        n, m = q.shape[-2], k.shape[-2]
-        key = (n, m, str(q.device))
-        if key not in _BLOCK_MASKS:  # built once per shape: creating a block mask costs more than the attention
-            _BLOCK_MASKS[key] = create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=q.device)
-        block_mask = _BLOCK_MASKS[key]
+    block_mask = _causal_block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
     run = _compiled_flex() if q.is_cuda else flex  # eager flex is a slow reference; its kernels come from compile
     return run(q, k, v, block_mask=block_mask)
 
 
 flex_attention.cpu_backward = False  # torch implements FlexAttention's backward for CUDA only
+
+
+def _causal_block_mask(n: int, m: int, device):
+    """FlexAttention block mask for causal attention of n queries over m keys (queries are the last n positions)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    key = (n, m, str(device))
+    if key not in _BLOCK_MASKS:  # built once per shape: creating a block mask costs more than the attention
+        _BLOCK_MASKS[key] = create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=device)
+    return _BLOCK_MASKS[key]
+
+
+def sigmoid_attention_plain(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+    """sigmoid(q k^T / sqrt(d) - log n) v in plain torch ops (reference; runs anywhere, with gradients)."""
+    m = k.shape[-2]
+    logits = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5 - math.log(m)
+    if mask is not None and mask.dtype != torch.bool:  # float: added to the logits, like sdpa's additive mask
+        logits = logits + mask
+    att = torch.sigmoid(logits)
+    if mask is not None and mask.dtype == torch.bool:  # False drops the key
+        att = att.masked_fill(~mask, 0.0)
+    if causal:  # sigmoid weights are not normalised, so a masked key must be zeroed, not sent to -inf
+        n = q.shape[-2]
+        att = att * torch.ones(n, m, dtype=att.dtype, device=q.device).tril(m - n)
+    return (F.dropout(att, dropout_p) if dropout_p > 0 else att) @ v
+
+
+def sigmoid_attention_flex(q, k, v, causal: bool = False):
+    """The same through FlexAttention: a score_mod of logsigmoid(s - log n) makes flex's exp() the sigmoid weight;
+    flex then divides by their sum, which its log-sum-exp returns, so multiplying by exp(lse) undoes it."""
+    from torch.nn.attention.flex_attention import AuxRequest
+    from torch.nn.attention.flex_attention import flex_attention as flex
+    n, m = q.shape[-2], k.shape[-2]
+    bias = -math.log(m)
+
+    def score_mod(score, b, h, qi, ki):
+        return F.logsigmoid(score + bias)
+
+    block_mask = _causal_block_mask(n, m, q.device) if causal else None
+    run = _compiled_flex() if q.is_cuda else flex
+    out, aux = run(q, k, v, score_mod=score_mod, block_mask=block_mask, return_aux=AuxRequest(lse=True))
+    return out * aux.lse.exp().unsqueeze(-1).to(out.dtype)
+
+
+@attention_registry.register("sigmoid", "sigmoid attention with the -log(n) bias (Ramapuram et al. 2024); "
+                                        "FlexAttention on CUDA, plain torch on CPU or with masks/dropout")
+def sigmoid_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+    if q.is_cuda and mask is None and dropout_p == 0:
+        return sigmoid_attention_flex(q, k, v, causal=causal)
+    return sigmoid_attention_plain(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+
+
+@attention_registry.register("linear", "SANA's ReLU linear attention (Xie et al. 2024), O(n) in fp32; causal via "
+                                       "running sums (O(n d^2) memory); no masks or attention dropout")
+def linear_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0, eps: float = 1e-6):
+    if mask is not None or dropout_p > 0:
+        raise GenlabError("model.attention=linear supports neither explicit masks nor attention dropout "
+                          "(it never forms the attention matrix); use sdpa or math")
+    dtype, work = q.dtype, torch.promote_types(q.dtype, torch.float32)  # at least fp32: sums over all keys lose bf16's bits
+    q, k, v = F.relu(q.to(work)), F.relu(k.to(work)), v.to(work)
+    if not causal:
+        kv = k.transpose(-2, -1) @ v                            # [B, H, d, dv]: K^T V first, so no n x n matrix
+        num = q @ kv
+        den = q @ k.sum(-2).unsqueeze(-1)                       # [B, H, n, 1]
+    else:  # query i sees keys j <= i + (m - n): prefix sums of k_j v_j^T and of k_j
+        off = k.shape[-2] - q.shape[-2]
+        kv = torch.cumsum(k.unsqueeze(-1) * v.unsqueeze(-2), dim=-3)[..., off:, :, :]
+        num = torch.einsum("bhnd,bhnde->bhne", q, kv)
+        den = (q * k.cumsum(-2)[..., off:, :]).sum(-1, keepdim=True)
+    return (num / (den + eps)).to(dtype)
+
+
+class DifferentialAttention(nn.Module):
+    """Differential attention (Ye et al. 2024): (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v with q, k split in
+    halves per head, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init, then a per-head RMSNorm times
+    (1 - lambda_init). An attention entry that owns parameters: Attention builds it with (head_dim, heads, layer)."""
+
+    def __init__(self, head_dim: int, heads: int, layer: int = 0):
+        super().__init__()
+        self.check(head_dim)
+        half = head_dim // 2
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)  # the paper's 0.8 - 0.6 exp(-0.3 (l - 1)), l = layer + 1
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.randn(half) * 0.1) for _ in range(4))
+        self.norm = nn.RMSNorm(head_dim, eps=1e-5)
+
+    @staticmethod
+    def check(head_dim: int, device=None):
+        if head_dim % 2:
+            raise GenlabError(f"model.attention=differential splits each head's q and k in halves; head dim {head_dim} is odd")
+
+    def lam(self) -> torch.Tensor:
+        return (torch.exp(self.lambda_q1 @ self.lambda_k1) - torch.exp(self.lambda_q2 @ self.lambda_k2)
+                + self.lambda_init)
+
+    def forward(self, q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+        q1, q2 = q.chunk(2, dim=-1)
+        k1, k2 = k.chunk(2, dim=-1)
+        # A1 v - lambda A2 v: two SDPA calls keep the fused kernels (scale 1/sqrt(head_dim / 2), as in the paper)
+        a1 = sdpa_attention(q1, k1, v, causal=causal, mask=mask, dropout_p=dropout_p)
+        a2 = sdpa_attention(q2, k2, v, causal=causal, mask=mask, dropout_p=dropout_p)
+        out = a1 - self.lam().to(a1.dtype) * a2
+        return self.norm(out) * (1 - self.lambda_init)
+
+
+attention_registry.register("differential", "Differential Transformer attention (Ye et al. 2024): two softmax "
+                                            "maps subtracted with a learned lambda, per-head RMSNorm")(DifferentialAttention)
 
 
 _FLEX = []
@@ -89,10 +188,11 @@ def _compiled_flex():
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default."""
+    """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default.
+    `layer` (0-based depth) is passed to attention entries that own parameters and depend on depth (differential)."""
 
     def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True,
-                 attn_dropout: float = 0.0):
+                 attn_dropout: float = 0.0, layer: int = 0):
         super().__init__()
         self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
         assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
@@ -101,7 +201,10 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=bias)
         self.q_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
-        self.attend = attention_registry.get(backend)
+        entry = attention_registry.get(backend)
+        # an entry that is a module class owns parameters (e.g. differential's lambda): one instance per layer
+        is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
+        self.attend = entry(dim // heads, heads, layer) if is_module else entry
         getattr(self.attend, "check", lambda head_dim: None)(dim // heads)  # e.g. triton: GenlabError before training
 
     def forward(self, x, causal: bool = False, rope=None, mask=None):

@@ -45,7 +45,8 @@ class WorldDiT(nn.Module):
         self.noise_embed = TimestepEmbedder(dim)  # the context noise level, so the model can discount noisy frames
         self.action_embed = nn.Embedding(num_actions, action_emb) if num_actions else nn.Linear(action_dim, action_emb)
         self.action_proj = nn.Sequential(nn.Linear(context * action_emb, dim), nn.SiLU(), nn.Linear(dim, dim))
-        self.blocks = nn.ModuleList(DiTBlock(dim, heads, mlp_ratio, attention, qk_norm, adaln) for _ in range(depth))
+        self.blocks = nn.ModuleList(DiTBlock(dim, heads, mlp_ratio, attention, qk_norm, adaln, layer=i)
+                                    for i in range(depth))
         self.final = FinalLayer(dim, pd, adaln)
         self.mlp_ratio = mlp_ratio
         for name, m in self.named_modules():
