@@ -234,3 +234,64 @@ def test_sample_returns_images_in_the_image_method_contract():
     assert x.shape == (3, 1, 8, 8) and x.min() >= -1 and x.max() <= 1
     u8 = (x + 1) * 127.5
     assert (u8 - u8.round()).abs().max() < 1e-4  # whole bytes (as the loader normalises them)
+
+
+# --- text: the paper's attention embeddings, trained by the autoregressive method ---
+
+def tiny_text_model(pattern="fixed", embed="attention", T=24, V=11, l=4, c=1):
+    spec = SparseSpec(image_size=0, channels=0, dim=32, depth=2, heads=2, vocab=V, text_len=T, embed=embed,
+                      pattern=pattern, mode="split", stride=l, summary=c)
+    torch.manual_seed(0)
+    return SparseTransformer(spec)
+
+
+def test_attention_embedding_is_row_and_column_of_the_stride_matrix():
+    from genlab.models.sparse_transformer import attention_coords
+    m = tiny_text_model(T=22, l=5)
+    assert m.pos_tables == ("attn_row_emb", "attn_col_emb")
+    assert m.attn_row_emb.num_embeddings == 5 and m.attn_col_emb.num_embeddings == 5  # ceil(22 / 5) rows
+    for t in range(22):  # brute force: position t of a width-5 matrix
+        assert attention_coords(22, 5)[t].tolist() == [t // 5, t % 5]
+    idx = torch.randint(0, 11, (2, 22))
+    want = m.tok_emb(idx) + m.attn_row_emb.weight[torch.arange(22) // 5] + m.attn_col_emb.weight[torch.arange(22) % 5]
+    torch.testing.assert_close(m.embed(idx), want)
+    # section 6 with n_emb = 2 position tables
+    big = SparseTransformer(SparseSpec(image_size=0, channels=0, dim=256, depth=2, heads=2, vocab=50, text_len=4096,
+                                       stride=64))
+    assert big.spec.embedding == "attention"
+    std = big.attn_col_emb.weight.std().item()
+    assert abs(std - 0.125 / math.sqrt(256 * 2)) < 0.05 * 0.125 / math.sqrt(256 * 2)
+
+
+def test_text_model_outputs_the_vocabulary_and_prompt_decode_equals_forward():
+    m = tiny_text_model().eval()
+    idx = torch.randint(0, 11, (3, 24))
+    full = m(idx)
+    assert full.shape == (3, 24, 11) and m.vocab_size == 11 and m.n_vocab == 11
+    cache = []
+    torch.testing.assert_close(m.decode(idx[:, :10], cache), full[:, 9], atol=1e-5, rtol=1e-5)  # a prompt at once
+    for t in range(10, 24):
+        torch.testing.assert_close(m.decode(idx[:, t:t + 1], cache), full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_data_embedding_on_text_is_refused_in_one_line():
+    from genlab.config import load_config
+    with pytest.raises(GenlabError, match="sparse_embed=data needs image data"):
+        load_config("text_sparse", ["model.sparse_embed=data"])
+    with pytest.raises(GenlabError, match="needs model.name=gpt"):
+        load_config("text_sparse", ["method.name=mdlm"])
+
+
+def test_text_sparse_preset_trains_and_samples_through_cli(tmp_path):
+    from genlab.cli import main
+    rc = main(["train", "text_sparse", "train.steps=30", f"train.out_dir={tmp_path}", "train.name=t", "log.every=10",
+               "log.tensorboard=false", "eval.num_samples=8", "method.sample_len=20"])
+    assert rc == 0
+    rows = [json.loads(x) for x in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert losses[-1] < losses[0] - 0.5  # from ~ln(vocab) down
+    s = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert s["status"] == "finished" and s["val_loss"] < losses[0], s
+    out = tmp_path / "s.txt"
+    assert main(["sample", str(tmp_path / "t"), "--n", "2", "--steps", "16", "--prompt", "ROMEO:", "--out", str(out)]) == 0
+    assert "ROMEO:" in out.read_text()

@@ -99,6 +99,9 @@ class ModelConfig:
                             unused={"model.name": ("dit", "gpt")})
     sparse_backend: str = F("auto", "sparse_transformer: auto = FlexAttention on CUDA, dense masked SDPA on CPU",
                             choices=("auto", "flex", "dense"), unused={"model.name": ("dit", "gpt")})
+    sparse_embed: str = F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
+                          "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)",
+                          choices=("auto", "data", "attention"), unused={"model.name": ("dit", "gpt", "world_dit")})
     qk_ratio: float = F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)",
                         gt=0, le=1, unused={"model.name": ("dit", "gpt")})
 

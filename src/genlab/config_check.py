@@ -13,7 +13,8 @@ from genlab.errors import GenlabError
 
 # what each known component consumes; names other branches add are simply not cross-checked here
 METHOD_DATA = {"flow": "image", "repa": "image", "autoregressive": "token", "mdlm": "token", "image_ar": "image"}
-METHOD_MODEL = {"flow": "dit", "repa": "dit", "autoregressive": "gpt", "mdlm": "gpt", "image_ar": "sparse_transformer"}
+METHOD_MODEL = {"flow": ("dit",), "repa": ("dit",), "autoregressive": ("gpt", "sparse_transformer"), "mdlm": ("gpt",),
+                "image_ar": ("sparse_transformer",)}
 METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
 SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
 
@@ -106,8 +107,10 @@ def _check_components(cfg):
         raise GenlabError(f"method.name={meth} trains on {want} data but data.name={d.name} provides {have} data; "
                           f"choose a matching method.name or data.name")
     want = METHOD_MODEL.get(meth)
-    if want and m.name in METHOD_MODEL.values() and m.name != want:
-        raise GenlabError(f"method.name={meth} needs model.name={want}, got model.name={m.name}")
+    if want and any(m.name in names for names in METHOD_MODEL.values()) and m.name not in want:
+        raise GenlabError(f"method.name={meth} needs model.name={' or '.join(want)}, got model.name={m.name}")
+    if m.name == "sparse_transformer" and have == "token" and m.sparse_embed == "data":
+        raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
     if meth in METHOD_CAUSAL and m.name == "gpt" and m.causal != METHOD_CAUSAL[meth]:
         raise GenlabError(f"method.name={meth} needs model.causal={str(METHOD_CAUSAL[meth]).lower()}")
 

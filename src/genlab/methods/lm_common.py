@@ -24,7 +24,7 @@ def check_token_spec(spec: dict, method: str):
 def check_backbone(model, causal: bool, method: str):
     base = unwrap(model)
     if not hasattr(base, "causal") or not hasattr(base, "vocab_size"):
-        raise GenlabError(f"method {method} needs a token backbone (model.name=gpt)")
+        raise GenlabError(f"method {method} needs a token backbone (model.name=gpt or sparse_transformer)")
     if bool(base.causal) != causal:
         want = "true" if causal else "false"
         raise GenlabError(f"method {method} needs a {'causal' if causal else 'bidirectional'} backbone: set model.causal={want}")

@@ -1,10 +1,13 @@
-"""Sparse Transformer (Child et al. 2019) over image bytes.
+"""Sparse Transformer (Child et al. 2019) over image bytes or text tokens.
 
 An image uint8 [H, W, C] is a sequence of n = H*W*C bytes in channel-major (all of channel 0 row by
 row, then channel 1, ...) or pixel-major (pixel by pixel, channels interleaved) raster order. The
 input at position t is byte t-1 (a start token, id 256, at t = 0) and position t predicts byte t.
 Its data embedding (section 7.1) is the sum of learned row, column and channel embeddings of the
-byte being predicted, added to the token embedding.
+byte being predicted, added to the token embedding. Text (or images, with `embed="attention"`) uses the
+paper's attention embeddings instead: position t sits at row t // l and column t % l of a matrix whose
+width is the stride l, and learned row and column embeddings are summed (n_emb = 2). A text model
+reads the data's tokens directly (no start token: the autoregressive method shifts the window).
 
 Blocks are pre-activation residual (section 5.2): H = X + drop(attn(norm(X))), X' = H + drop(ff(norm(H))),
 dropout only at the end of each residual branch; ff = W2 GELU(W1 x + b1) + b2 of width 4d (or 2d,
@@ -31,6 +34,7 @@ from genlab.registry import ac_registry, model_registry
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")
 SPARSE_BACKENDS = ("auto", "flex", "dense")
+EMBEDDINGS = ("auto", "data", "attention")
 # name -> (dim, depth, heads)
 SPARSE_SIZES = {"tiny": (64, 2, 2), "small": (256, 8, 4), "base": (512, 16, 8), "cifar": (256, 128, 2)}
 
@@ -61,11 +65,14 @@ def seq_to_image(seq: torch.Tensor, H: int, W: int, C: int, order: str) -> torch
 
 @dataclass
 class SparseSpec:
-    image_size: int
+    image_size: int               # images; 0 for text
     channels: int
     dim: int
     depth: int
     heads: int
+    vocab: int = 0                # > 0: a text model over this many token ids (seq_len given by `text_len`)
+    text_len: int = 0
+    embed: str = "auto"           # data (row/col/channel) | attention (row/col of the stride matrix); auto by data
     order: str = "channel"
     pattern: str = "strided"
     mode: str = "split"
@@ -77,12 +84,24 @@ class SparseSpec:
     backend: str = "auto"
 
     @property
+    def is_text(self) -> bool:
+        return self.vocab > 0
+
+    @property
     def seq_len(self) -> int:
-        return self.image_size ** 2 * self.channels
+        return self.text_len if self.is_text else self.image_size ** 2 * self.channels
 
     @property
     def l(self) -> int:
-        return self.stride or (self.image_size if self.order == "channel" else self.image_size * self.channels)
+        if self.stride:
+            return self.stride
+        if self.is_text:
+            return max(1, math.isqrt(self.text_len))
+        return self.image_size if self.order == "channel" else self.image_size * self.channels
+
+    @property
+    def embedding(self) -> str:
+        return ("attention" if self.is_text else "data") if self.embed == "auto" else self.embed
 
     @property
     def c(self) -> int:
@@ -140,9 +159,14 @@ class SparseBlock(nn.Module):
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
 
 
+def attention_coords(n: int, l: int) -> torch.Tensor:
+    """long [n, 2]: (row, column) of every position in a matrix of width l (the paper's attention embedding)."""
+    t = torch.arange(n)
+    return torch.stack([t // l, t % l], -1)
+
+
 class SparseTransformer(nn.Module):
     causal = True
-    vocab_size = 256
 
     def __init__(self, spec: SparseSpec):
         super().__init__()
@@ -151,27 +175,38 @@ class SparseTransformer(nn.Module):
             raise GenlabError(f"model.raster must be one of {', '.join(RASTER_ORDERS)}; got {s.order!r}")
         if s.backend not in SPARSE_BACKENDS:
             raise GenlabError(f"model.sparse_backend must be one of {', '.join(SPARSE_BACKENDS)}; got {s.backend!r}")
+        if s.embed not in EMBEDDINGS:
+            raise GenlabError(f"model.sparse_embed must be one of {', '.join(EMBEDDINGS)}; got {s.embed!r}")
+        if s.is_text and s.embedding == "data":
+            raise GenlabError("model.sparse_embed=data needs image data (rows, columns, channels); text: attention or auto")
         self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads)
         self.parts = list({p.name: p for g in self.groups for _, p in g}.values())
         self.masks = MaskCache()
-        self.n_vocab = 257
-        self.tok_emb = nn.Embedding(257, s.dim)
-        self.row_emb = nn.Embedding(s.image_size, s.dim)
-        self.col_emb = nn.Embedding(s.image_size, s.dim)
-        self.chan_emb = nn.Embedding(s.channels, s.dim)
-        self.register_buffer("coords", raster_coords(s.image_size, s.image_size, s.channels, s.order), persistent=False)
+        self.vocab_size = s.vocab or 256         # real output classes (bytes, or the text vocabulary)
+        self.n_vocab = s.vocab or 257            # input ids: images add the start token
+        self.tok_emb = nn.Embedding(self.n_vocab, s.dim)
+        if s.embedding == "data":
+            coords = raster_coords(s.image_size, s.image_size, s.channels, s.order)
+            tables = {"row_emb": s.image_size, "col_emb": s.image_size, "chan_emb": s.channels}
+        else:
+            coords = attention_coords(s.seq_len, s.l)
+            tables = {"attn_row_emb": -(-s.seq_len // s.l), "attn_col_emb": s.l}
+        self.pos_tables = tuple(tables)
+        for name, rows in tables.items():
+            setattr(self, name, nn.Embedding(rows, s.dim))
+        self.register_buffer("coords", coords, persistent=False)
         self.blocks = nn.ModuleList(SparseBlock(s, g) for g in self.groups)
         self.norm = nn.LayerNorm(s.dim)
-        self.head = nn.Linear(s.dim, 256)
+        self.head = nn.Linear(s.dim, self.vocab_size)
         self.ac_segments = 0  # > 0: recompute the blocks in this many segments (activation checkpointing "segments")
         self._init_weights()
 
     def _init_weights(self):
-        s, n_emb = self.spec, 3
+        s, n_emb = self.spec, len(self.pos_tables)
         for name, p in self.named_parameters():
             if name.startswith("tok_emb"):
                 nn.init.normal_(p, std=0.125 / math.sqrt(s.dim))
-            elif name.startswith(("row_emb", "col_emb", "chan_emb")):
+            elif name.startswith(self.pos_tables):
                 nn.init.normal_(p, std=0.125 / math.sqrt(s.dim * n_emb))
             elif name.startswith("head"):
                 nn.init.zeros_(p)  # output logits start at zero: the uniform distribution
@@ -194,11 +229,14 @@ class SparseTransformer(nn.Module):
     def embed(self, idx, start: int = 0):
         T = idx.shape[1]
         rc = self.coords[start:start + T]
-        return self.tok_emb(idx) + self.row_emb(rc[:, 0]) + self.col_emb(rc[:, 1]) + self.chan_emb(rc[:, 2])
+        h = self.tok_emb(idx)
+        for k, name in enumerate(self.pos_tables):
+            h = h + getattr(self, name)(rc[:, k])
+        return h
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, backend: str | None = None):
-        """idx long [B, T] (ids 0..256, START first) -> logits [B, T, 256]; with targets [B, T] the mean
-        cross-entropy in nats instead."""
+        """idx long [B, T] (images: ids 0..256, START first; text: token ids) -> logits [B, T, vocab_size];
+        with targets [B, T] the mean cross-entropy in nats instead."""
         T = idx.shape[1]
         if T > self.spec.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.spec.seq_len}")
@@ -225,11 +263,14 @@ class SparseTransformer(nn.Module):
 
     @torch.no_grad()
     def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
-        """One new token per call with a key/value cache (a list, one (k, v) per block, extended in
-        place): idx [B, 1] at position len(cache k). Returns the logits [B, 256] of that position."""
+        """New tokens with a key/value cache (a list, one (k, v) per block, extended in place): idx [B, t]
+        at positions len(cache k) ... + t - 1 (t = 1 per step; a prompt at once). Returns the logits
+        [B, vocab_size] of the last position."""
         pos = cache[0][0].shape[2] if cache else 0
+        t = idx.shape[1]
         h = self.embed(idx, start=pos)
-        keys = torch.arange(pos + 1, device=idx.device)
+        queries = torch.arange(pos, pos + t, device=idx.device)[:, None]
+        keys = torch.arange(pos + t, device=idx.device)[None, :]
         for i, blk in enumerate(self.blocks):
             a = blk.attn
             q, k, v = a.qkv(blk.norm1(h))
@@ -240,7 +281,7 @@ class SparseTransformer(nn.Module):
                 cache.append((k, v))
             outs, h0 = [], 0
             for nh, part in a.groups:
-                m = part.allowed(torch.tensor(pos, device=idx.device), keys)[None]
+                m = part.allowed(queries, keys)[None]
                 outs.append(F.scaled_dot_product_attention(q[:, h0:h0 + nh], k[:, h0:h0 + nh], v[:, h0:h0 + nh],
                                                            attn_mask=m, scale=a.scale))
                 h0 += nh
@@ -266,18 +307,22 @@ class SparseTransformer(nn.Module):
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         qk, H = int(D * s.qk_ratio), int(D * s.mlp_ratio)
         per_block = 2 * T * D * (2 * qk + 2 * D) + 2 * T * T * (qk + D) + 2 * 2 * T * D * H
-        return s.depth * per_block + 2 * T * D * 256
+        return s.depth * per_block + 2 * T * D * self.vocab_size
 
 
 @model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes: strided/fixed "
                                                "factorized attention (FlexAttention), row/col/channel embeddings")
 def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
-    if data_spec.get("kind") != "image":
-        raise GenlabError(f"model sparse_transformer needs image data, got data of kind {data_spec.get('kind')!r}")
+    kind = data_spec.get("kind")
+    if kind not in ("image", "tokens"):
+        raise GenlabError(f"model sparse_transformer needs image or token data, got data of kind {kind!r}")
     if cfg_model.size not in SPARSE_SIZES:
         raise GenlabError(f"unknown sparse_transformer size '{cfg_model.size}'; valid: {', '.join(SPARSE_SIZES)}")
     dim, depth, heads = SPARSE_SIZES[cfg_model.size]
-    spec = SparseSpec(image_size=data_spec["image_size"], channels=data_spec["channels"], dim=cfg_model.dim or dim,
+    text = kind == "tokens"
+    spec = SparseSpec(image_size=0 if text else data_spec["image_size"], channels=0 if text else data_spec["channels"],
+                      vocab=(cfg_model.vocab_size or data_spec["vocab_size"]) if text else 0,
+                      text_len=data_spec["seq_len"] if text else 0, embed=cfg_model.sparse_embed, dim=cfg_model.dim or dim,
                       depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=cfg_model.raster,
                       pattern=cfg_model.sparse_pattern, mode=cfg_model.sparse_mode, stride=cfg_model.sparse_stride,
                       summary=cfg_model.sparse_summary, mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
