@@ -150,7 +150,7 @@ def test_loader_rank_sharding_no_duplicates_or_gaps():
     per_rank = [[] for _ in range(world)]
     for r, ld in enumerate(loaders):
         for _ in range(steps):
-            per_rank[r].append(ld._next_indices())
+            per_rank[r].append(ld.take_rank_slice())
     for step in range(steps):
         for r in range(world):
             seen.extend(per_rank[r][step].tolist())

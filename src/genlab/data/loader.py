@@ -44,12 +44,32 @@ class IndexStream:
         return self.pos / self.n
 
 
+class StreamPosition:
+    """The resumable part every loader shares: a position in `self.stream` (an IndexStream or
+    RandomStarts); each rank takes its slice of one global draw, so the order does not depend on the
+    number of ranks."""
+
+    def state_dict(self):
+        return {"pos": self.stream.pos}
+
+    def load_state_dict(self, state):
+        self.stream.pos = int(state["pos"])
+
+    @property
+    def epoch(self):
+        return self.stream.epoch
+
+    def take_rank_slice(self) -> np.ndarray:
+        k = self.stream.take(self.batch_size * self.world)
+        return k[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+
 def normalize_images(u8: torch.Tensor) -> torch.Tensor:
     """uint8 [B, H, W, C] -> float [B, C, H, W] in [-1, 1] (on whatever device u8 is)."""
     return u8.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
 
 
-class ImageLoader:
+class ImageLoader(StreamPosition):
     """Yields {"image": float [B,C,H,W] in [-1,1], "label": long [B]} on `device`."""
 
     def __init__(self, data, batch_size: int, device, seed: int = 0, rank: int = 0, world: int = 1,
@@ -75,15 +95,7 @@ class ImageLoader:
 
     def load_state_dict(self, state):
         self._drain()
-        self.stream.pos = int(state["pos"])
-
-    @property
-    def epoch(self):
-        return self.stream.epoch
-
-    def _next_indices(self):
-        idx = self.stream.take(self.batch_size * self.world)
-        return idx[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        super().load_state_dict(state)
 
     # -- host path: worker threads gather from the memmap into (pinned) memory ahead of use ----
     def _gather(self, idx):
@@ -103,14 +115,14 @@ class ImageLoader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=min(4, self.prefetch))
         while len(self._futures) < self.prefetch:
-            self._futures.append(self._pool.submit(self._gather, self._next_indices()))
+            self._futures.append(self._pool.submit(self._gather, self.take_rank_slice()))
         imgs, labels = self._futures.popleft().result()
         return imgs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def next(self) -> dict:
         t0 = time.perf_counter()
         if self.resident:
-            idx = torch.from_numpy(self._next_indices()).to(self.device, non_blocking=True)
+            idx = torch.from_numpy(self.take_rank_slice()).to(self.device, non_blocking=True)
             imgs, labels = self.images[idx], self.labels[idx]
         else:
             imgs, labels = self._host_batch()

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from genlab.data.loader import IndexStream
+from genlab.data.loader import IndexStream, StreamPosition
 
 PERMUTE_LIMIT = 1 << 24          # window starts above this are drawn iid per batch (a permutation would be too big)
 RESIDENT_LIMIT_BYTES = 1 << 30   # token streams below this (as int32) live on the device when on_device=auto
@@ -40,7 +40,7 @@ def window_starts(n_tokens: int, seq_len: int, seed: int):
     return IndexStream(n, seed) if n <= PERMUTE_LIMIT else RandomStarts(n, seed)
 
 
-class TokenLoader:
+class TokenLoader(StreamPosition):
     """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, device, seed: int = 0, rank: int = 0,
@@ -55,23 +55,9 @@ class TokenLoader:
         if self.resident:
             self.dev_tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(self.device)
 
-    def state_dict(self):
-        return {"pos": self.stream.pos}
-
-    def load_state_dict(self, state):
-        self.stream.pos = int(state["pos"])
-
-    @property
-    def epoch(self):
-        return self.stream.epoch
-
-    def _starts(self) -> np.ndarray:
-        s = self.stream.take(self.batch_size * self.world)
-        return s[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
-
     def next(self) -> dict:
         t0 = time.perf_counter()
-        starts = torch.from_numpy(self._starts())
+        starts = torch.from_numpy(self.take_rank_slice())
         if self.resident:
             win = self.dev_tokens[starts.to(self.device, non_blocking=True)[:, None] + self.offsets].long()
         else:  # memmap: one contiguous read per window

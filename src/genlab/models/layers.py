@@ -307,9 +307,14 @@ def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:
     return np.concatenate([one_axis(dim // 2, gw), one_axis(dim // 2, gh)], axis=1).astype(np.float32)
 
 
+def rope_angles(pos: torch.Tensor, width: int, base: float = 10000.0) -> torch.Tensor:
+    """[n, width // 2] rotation angles of `width` channels (width // 2 pairs) at float positions `pos` [n]."""
+    inv = 1.0 / base ** (torch.arange(0, width, 2, device=pos.device, dtype=torch.float32) / width)
+    return torch.outer(pos.float(), inv)
+
+
 def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0, device=None):
-    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    ang = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv)
+    ang = rope_angles(torch.arange(seq_len, device=device), head_dim, base)
     return torch.cos(ang), torch.sin(ang)
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.models.layers import rope_cache, sincos_2d
+from genlab.models.layers import rope_angles, rope_cache, sincos_2d
 from genlab.registry import position_registry
 
 
@@ -66,10 +66,9 @@ def rope_2d(grid: tuple, head_dim: int, base: float = 10000.0):
     if head_dim % 4:
         raise GenlabError(f"rope2d needs a head width divisible by 4, got {head_dim}")
     gh, gw = grid
-    inv = 1.0 / base ** (torch.arange(0, head_dim // 2, 2, dtype=torch.float32) / (head_dim // 2))
-    rows = torch.arange(gh, dtype=torch.float32).repeat_interleave(gw)
-    cols = torch.arange(gw, dtype=torch.float32).repeat(gh)
-    ang = torch.cat([torch.outer(rows, inv), torch.outer(cols, inv)], dim=-1)
+    rows = torch.arange(gh).repeat_interleave(gw)
+    cols = torch.arange(gw).repeat(gh)
+    ang = torch.cat([rope_angles(rows, head_dim // 2, base), rope_angles(cols, head_dim // 2, base)], dim=-1)
     return torch.cos(ang), torch.sin(ang)
 
 

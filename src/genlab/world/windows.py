@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.errors import GenlabError
 from genlab.registry import dataset_registry
 from genlab.world.episodes import Episodes, read_episodes
@@ -32,7 +32,7 @@ def to_float(u8: torch.Tensor) -> torch.Tensor:
     return u8.permute(*perm).float().div_(127.5).sub_(1.0)
 
 
-class WindowLoader:
+class WindowLoader(StreamPosition):
     """Yields {"frames": float [B, W, C, H, W] in [-1, 1], "actions": long [B, W] or float [B, W, D]}."""
 
     def __init__(self, eps: Episodes, window: int, batch_size: int, device, seed=0, rank=0, world=1,
@@ -53,19 +53,9 @@ class WindowLoader:
         if self.resident:
             self.frames = torch.from_numpy(np.array(eps.frames)).to(self.device)  # copy: memmaps are read-only
 
-    def state_dict(self):
-        return {"pos": self.stream.pos}
-
-    def load_state_dict(self, state):
-        self.stream.pos = int(state["pos"])
-
-    @property
-    def epoch(self):
-        return self.stream.epoch
-
     def next(self) -> dict:
         t0 = time.perf_counter()
-        k = self.stream.take(self.batch_size * self.world)[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        k = self.take_rank_slice()
         if self.resident:
             s = self.starts_t[torch.from_numpy(k).to(self.device, non_blocking=True)]
             idx = s[:, None] + self.offsets  # [B, W]
