@@ -42,7 +42,9 @@ class Trainer:
         cfg, tcfg = self.cfg, self.cfg.train
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)
-        torch.manual_seed(tcfg.seed + self.dist.rank)
+        # the same seed on every rank while the model is built: FSDP2 keeps each rank's own shard of its
+        # local init (DDP would broadcast rank 0's), so differing seeds would stitch several inits together
+        torch.manual_seed(tcfg.seed)
         self.data = build_dataset(cfg.data)
         self.spec = self.data.spec
         resume_state = ckpt.load_checkpoint(self.resume_from) if self.resume_from else None
@@ -53,6 +55,7 @@ class Trainer:
         self.method, self.wrapped, self.ema, self.gen = st.method, st.wrapped, st.ema, st.gen
         self.optimizer, self.scaler, self.flops_per_sample = st.optimizer, st.scaler, st.flops_per_sample
         self.sharded = st.sharded  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
+        torch.manual_seed(tcfg.seed + self.dist.rank)  # per-rank randomness from here on (dropout, augmentation)
         self.best = None  # log.keep_best: {"metric", "value", "step"} of checkpoints/best.pt
         if cfg.log.keep_best and (self.sharded or not getattr(self.method, "best_metric", None)):
             raise GenlabError("log.keep_best needs an unsharded model and a method with a validation metric "
