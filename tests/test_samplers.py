@@ -159,3 +159,27 @@ def test_flow_sample_uses_schedule_sde_and_interval():
                                 generator=g, noise=0.5)
     assert torch.allclose(x, ref, atol=1e-5)
     assert x.mean().item() == pytest.approx(MU, abs=0.02) and x.std().item() == pytest.approx(SIGMA, rel=0.06)
+
+
+# -- genlab eval: quality vs NFE ------------------------------------------------------------------------
+def test_eval_reports_quality_vs_nfe(tmp_path):
+    from conftest import tiny_config
+    from genlab.sample import evaluate_run
+    from genlab.train.trainer import Trainer
+    Trainer(tiny_config(tmp_path, "train.steps=10", "log.ckpt_every=0", "eval.num_samples=0", "train.name=r")).fit()
+    run = tmp_path / "r"
+    ev = ["eval.num_samples=20", "eval.batch_size=20"]
+    res = evaluate_run(run, [*ev, "eval.nfe_list=2,5", "eval.samplers=euler,heun"])
+    rows = res["nfe_table"]
+    assert [(r["sampler"], r["nfe"], r["steps"]) for r in rows] == [("euler", 2, 2), ("euler", 5, 5), ("heun", 2, 1),
+                                                                    ("heun", 4, 2)]
+    # each row is the plain evaluation at that sampler and step count (the run samples with heun)
+    plain = evaluate_run(run, [*ev, "eval.sample_steps=2"])
+    assert "nfe_table" not in plain
+    assert rows[3]["sample_accuracy"] == plain["sample_accuracy"] and rows[3]["feature_fd"] == plain["feature_fd"]
+    md = (run / "eval_nfe.md").read_text()
+    assert "| heun | 4 | 2 |" in md and "feature_fd" in md
+    with pytest.raises(GenlabError, match="eval.nfe_list"):
+        evaluate_run(run, [*ev, "eval.nfe_list=0,4"])
+    with pytest.raises(GenlabError, match="unknown sampler"):
+        evaluate_run(run, [*ev, "eval.nfe_list=4", "eval.samplers=rk45"])

@@ -207,3 +207,13 @@ def test_adaptive_state_is_checkpointed_and_resumed(tmp_path):
     Trainer(tiny_config(tmp_path, *common, "train.name=a", "train.steps=14"), resume=str(tmp_path / "a")).fit()
     assert ckpt.load_checkpoint(tmp_path / "a")["extras"]["timesteps"]["updates"].item() == 7, \
         "the resumed run continues the saved state (a fresh one would count 1 update)"
+
+
+def test_timesteps_sweep_expands_to_every_sampler():
+    from genlab.sweep.spec import load_sweep
+    sw = load_sweep("timesteps")  # every variant's full config is validated here
+    used = {o.split("=", 1)[1] for v in sw.variants for o in v.overrides if o.startswith("method.timestep_sampler=")}
+    assert used == set(timestep_sampler_registry.names()) - {"linear"}  # linear is an alias of uniform
+    assert any("method.loss_weighting=min_snr" in v.overrides for v in sw.variants)
+    assert {v.seed for v in sw.variants} == {0} and all("train.steps=2000" in v.overrides for v in sw.variants)
+    assert {"sample_accuracy", "feature_fd"} <= set(sw.metrics)

@@ -155,6 +155,10 @@ def check_flow_config(cfg):
     """Flow options that a field declaration cannot check alone, before any work."""
     m = cfg.method
     parse_interval(m.cfg_interval)
+    if cfg.eval.nfe_list:
+        from genlab.eval.nfe import parse_int_list, samplers_of
+        parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
+        samplers_of(cfg)
     if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
         raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
