@@ -191,8 +191,19 @@ def test_reinforce_moves_mass_to_the_bin_whose_updates_pay():
         reward = (1.0 if b.item() == 5 else 0.0) + 0.3 * torch.randn((), generator=g)
         a.reinforce(b, reward)
     p = a.probs()
-    assert p.argmax().item() == 5 and p[5] > 0.5
+    assert p.argmax().item() == 5 and p[5] > 2 / 8 and p[5] > 2 * p[torch.arange(8) != 5].max()
     assert p.min() >= 0.1 / 8 - 1e-6, "the uniform mixture keeps every bin alive"
+
+
+def test_entropy_bonus_keeps_the_policy_near_uniform_under_pure_noise():
+    spread = {}
+    for entropy in (0.0, 1.0):
+        a = AdaptiveTimesteps(bins=8, lr=0.2, mix=0.1, entropy=entropy)
+        g = torch.Generator().manual_seed(0)
+        for step in range(1000):
+            a.reinforce(a.shared_bin(step, a.probs()), torch.randn((), generator=g))
+        spread[entropy] = a.probs().max().item()
+    assert spread[1.0] < 0.25 < spread[0.0], spread
 
 
 def test_adaptive_state_is_checkpointed_and_resumed(tmp_path):

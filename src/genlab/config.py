@@ -128,6 +128,8 @@ class MethodConfig:
                             unused={"method.name": FLOW_ONLY})
     adaptive_mix: float = F(0.1, "flow, adaptive: weight of the uniform law mixed into the learned one (exploration)", gt=0,
                             le=1, unused={"method.name": FLOW_ONLY})
+    adaptive_entropy: float = F(1.0, "flow, adaptive: weight of the entropy bonus (a bin's logit settles near its mean "
+                                     "standardised advantage / this)", ge=0, unused={"method.name": FLOW_ONLY})
     time_shift: float = F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
                                "0 = sqrt(pixels / method.shift_base^2))", ge=0, unused={"method.name": FLOW_ONLY})
     shift_base: int = F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1,

@@ -5,14 +5,16 @@ that update lowers the diffusion loss on a few look-ahead times (their Delta_k^t
 against collapse. genlab keeps the idea and makes it small:
 
 - the policy is a categorical distribution over `bins` equal-width bins of t (logits in a buffer),
-  mixed with `mix` of the uniform law so every bin keeps being tried (the paper: a Beta network of x0
-  plus an entropy bonus); t is uniform inside its bin (piecewise-constant density, `pdf`);
+  mixed with `mix` of the uniform law so every bin keeps being tried, plus the paper's entropy bonus
+  (weight `entropy`) against collapse onto a bin by reward noise (the paper's policy: a Beta network of
+  x0); t is uniform inside its bin (piecewise-constant density, `pdf`);
 - every `every` steps the whole batch (every rank alike) trains on ONE bin b drawn from the policy, so
   the batch-level reward belongs to one action (the paper draws t per sample from x0's own policy);
 - the reward is Delta = L_probe(before the update) - L_probe(after), with L_probe the plain velocity MSE
   on a fixed probe (PROBE_SAMPLES images of that batch at PROBE_TIMES random times each, same noise
   before and after), all-reduced over ranks; the advantage is Delta minus a running mean, over a running
-  std, and the logits take one REINFORCE step lr * A * grad log p(b).
+  std, and the logits take one step lr * (A * grad log p(b) + entropy * grad H(softmax(logits))). At
+  equilibrium a bin's logit sits about (its mean advantage) / entropy above the others.
 
 The state (logits, reward statistics) is a buffer of a frozen extra module, so checkpoints carry it and
 resume continues it. Two no-grad forwards of PROBE_SAMPLES * PROBE_TIMES samples every `every` steps; no host sync.
@@ -30,9 +32,10 @@ PROBE_SAMPLES, PROBE_TIMES = 32, 3  # the paper's look-ahead set S has 3 times
 
 
 class AdaptiveTimesteps(nn.Module):
-    def __init__(self, bins: int = 16, lr: float = 0.1, every: int = 10, mix: float = 0.1, seed: int = 0):
+    def __init__(self, bins: int = 16, lr: float = 0.1, every: int = 10, mix: float = 0.1, entropy: float = 1.0,
+                 seed: int = 0):
         super().__init__()
-        self.bins, self.lr, self.every, self.mix, self.seed = bins, lr, every, mix, seed
+        self.bins, self.lr, self.every, self.mix, self.entropy, self.seed = bins, lr, every, mix, entropy, seed
         self.register_buffer("logits", torch.zeros(bins))
         self.register_buffer("reward_mean", torch.zeros(()))
         self.register_buffer("reward_var", torch.ones(()))
@@ -70,7 +73,8 @@ class AdaptiveTimesteps(nn.Module):
 
     # -- the REINFORCE update -------------------------------------------------------------------------
     def reinforce(self, b: torch.Tensor, reward: torch.Tensor):
-        """logits += lr * A * d log p(b) / d logits, with A the reward standardised by running statistics."""
+        """logits += lr * (A * d log p(b) / d logits + entropy * dH / d logits), with A the reward standardised
+        by running statistics and H the entropy of softmax(logits)."""
         reward = reward.detach().float().to(self.logits.device)
         first = self.updates == 0
         mean = torch.where(first, reward, self.reward_mean)
@@ -80,7 +84,9 @@ class AdaptiveTimesteps(nn.Module):
         p_b = (1 - self.mix) * pi[b] + self.mix / self.bins
         onehot = F.one_hot(b.long().reshape(()), self.bins).float()
         grad = (1 - self.mix) * pi[b] * (onehot - pi) / p_b  # gradient of log of the mixed probability of b
-        self.logits.add_(self.lr * adv * grad)
+        log_pi = F.log_softmax(self.logits.float(), 0)
+        grad_h = -pi * (log_pi + (-(pi * log_pi).sum()))  # dH/dz_j = -pi_j (log pi_j + H)
+        self.logits.add_(self.lr * (adv * grad + self.entropy * grad_h))
         # running statistics after the advantage, so the reward is judged against its past
         self.reward_mean.copy_(torch.where(first, reward, 0.9 * mean + 0.1 * reward))
         self.reward_var.copy_(torch.where(first, reward.square().clamp(min=1e-12),

@@ -69,7 +69,7 @@ class FlowMatching(Method):
         self.adaptive = None
         if m.timestep_sampler == "adaptive":
             self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
-                                              seed=cfg.train.seed)
+                                              m.adaptive_entropy, seed=cfg.train.seed)
         else:
             self.sample_t = timestep_sampler_registry.get(m.timestep_sampler)
         self.shift = resolve_shift(m.time_shift, data_spec["image_size"], m.shift_base)
