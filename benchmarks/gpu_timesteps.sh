@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The timestep-sampler sweep (src/genlab/configs/sweeps/timesteps.toml: 10 runs of DiT-S/4 on class-conditional
 # MNIST, 2000 steps each, FD and sample accuracy at equal steps) on ONE GPU, then the quality-vs-NFE table of one
-# finished run for every sampler. Resumable like gpu_sweep.sh: no run starts after SWEEP_BUDGET s (default 420),
-# each run is capped at RUN_TIMEOUT s (default 300); call the SAME command again on the still-warm machine to
-# continue (finished runs are skipped, SWEEP_ROOT persists). Run times are not measured yet: the first call tells.
+# finished run for every sampler. Resumable like gpu_sweep.sh: no run starts after SWEEP_BUDGET s (default 360),
+# each run is capped at RUN_TIMEOUT s (default 200), so one call stays under 10 minutes; call the SAME command again
+# on the still-warm machine to continue (finished runs are skipped, SWEEP_ROOT persists). Run times are not
+# measured yet (estimate: 60-100 s per run incl. compile, the first run also trains the cached MNIST classifier),
+# so expect two or three calls, then one NFE_ONLY=1 call.
 # Needs gpu_data/mnist/*.gz (carried: the four standard MNIST idx files).
-# Usage (repo root): OUT=/dir bash benchmarks/gpu_timesteps.sh            # sweep, then the NFE table when all ran
+# Usage (repo root): OUT=/dir bash benchmarks/gpu_timesteps.sh            # sweep (+ the NFE table if time is left)
 #                    OUT=/dir NFE_ONLY=1 bash benchmarks/gpu_timesteps.sh  # only the NFE table
 set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/genlab-out}
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}
-BUDGET=${SWEEP_BUDGET:-420}
-RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+BUDGET=${SWEEP_BUDGET:-360}
+RUN_TIMEOUT=${RUN_TIMEOUT:-200}
 NFE_RUN=${NFE_RUN:-logit_normal-s0}
 G="python3 -m genlab"
 mkdir -p "$OUT" "$ROOT"
@@ -27,9 +29,9 @@ if [ "${NFE_ONLY:-0}" != 1 ]; then
   cp "$ROOT"/timesteps/report.md "$OUT/timesteps_report.md" 2>/dev/null
 fi
 RUN="$ROOT/timesteps/runs/$NFE_RUN"
-if [ -d "$RUN/checkpoints" ] && [ $((SECONDS)) -lt $((BUDGET + 60)) -o "${NFE_ONLY:-0}" = 1 ]; then
+if [ -d "$RUN/checkpoints" ] && { [ "${NFE_ONLY:-0}" = 1 ] || [ "$SECONDS" -lt 150 ]; }; then
   echo "== quality vs NFE of $NFE_RUN (eval.num_samples=2000, guidance 1.5)"
-  timeout 420 $G eval "$RUN" eval.nfe_list=4,8,16,32,64 eval.samplers=euler,heun,midpoint,euler_maruyama \
+  timeout 480 $G eval "$RUN" eval.nfe_list=4,8,16,32,64 eval.samplers=euler,heun,midpoint,euler_maruyama \
     > "$OUT/nfe_eval.json" 2> "$OUT/nfe_eval.log"
   cp "$RUN/eval_nfe.md" "$OUT/" 2>/dev/null && cat "$OUT/eval_nfe.md" || tail -5 "$OUT/nfe_eval.log"
 fi

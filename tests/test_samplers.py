@@ -168,7 +168,7 @@ def test_eval_reports_quality_vs_nfe(tmp_path):
     from genlab.train.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.steps=10", "log.ckpt_every=0", "eval.num_samples=0", "train.name=r")).fit()
     run = tmp_path / "r"
-    ev = ["eval.num_samples=20", "eval.batch_size=20"]
+    ev = ["eval.num_samples=20", "eval.batch_size=20", "eval.classifier_epochs=1"]
     res = evaluate_run(run, [*ev, "eval.nfe_list=2,5", "eval.samplers=euler,heun"])
     rows = res["nfe_table"]
     assert [(r["sampler"], r["nfe"], r["steps"]) for r in rows] == [("euler", 2, 2), ("euler", 5, 5), ("heun", 2, 1),

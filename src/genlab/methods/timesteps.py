@@ -25,7 +25,7 @@ def uniform(n, generator, device, cfg=None):
     return _u(n, generator, device)
 
 
-timestep_sampler_registry.register("linear", "alias of uniform (SD3's name for it)")(uniform)
+timestep_sampler_registry.register("linear", "alias of uniform")(uniform)
 
 
 @timestep_sampler_registry.register("logit_normal", "t = sigmoid(N(logit_mean, logit_std)) (SD3, Esser et al. 2024)")
