@@ -7,7 +7,7 @@ against collapse. genlab keeps the idea and makes it small:
 - the policy is a categorical distribution over `bins` equal-width bins of t (logits in a buffer),
   mixed with `mix` of the uniform law so every bin keeps being tried, plus the paper's entropy bonus
   (weight `entropy`) against collapse onto a bin by reward noise (the paper's policy: a Beta network of
-  x0); t is uniform inside its bin (piecewise-constant density, `pdf`);
+  x0); t is uniform inside its bin (a piecewise-constant density);
 - every `every` steps the whole batch (every rank alike) trains on ONE bin b drawn from the policy, so
   the batch-level reward belongs to one action (the paper draws t per sample from x0's own policy);
 - the reward is Delta = L_probe(before the update) - L_probe(after), with L_probe the plain velocity MSE
@@ -45,10 +45,6 @@ class AdaptiveTimesteps(nn.Module):
     def probs(self) -> torch.Tensor:
         """The behaviour policy over bins: softmax(logits) mixed with the uniform law."""
         return (1 - self.mix) * F.softmax(self.logits.float(), 0) + self.mix / self.bins
-
-    def pdf(self, t: torch.Tensor) -> torch.Tensor:
-        b = (t * self.bins).long().clamp(0, self.bins - 1)
-        return self.probs().to(t.device)[b] * self.bins
 
     def draw(self, n, generator, device, step: int | None = None) -> torch.Tensor:
         """t [n]: inverse CDF of the piecewise-constant density; on an update step every draw lies in one bin."""
