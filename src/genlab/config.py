@@ -23,6 +23,8 @@ TOKEN_SETS = ("text", "tokens", "synthetic_tokens")  # datasets whose samples ar
 EMBEDDED = ("digits", "text")                        # need no files and no size options
 LM_METHODS = ("autoregressive", "mdlm")
 NOT_WORLD = ("flow", "image_ar") + LM_METHODS                   # methods that do not read the world-model options
+NOT_T = LM_METHODS + ("image_ar",)                              # methods that draw no flow times t
+FLOW_ONLY = NOT_T + ("world",)                                  # options only flow and repa read
 
 
 @dataclass
@@ -109,11 +111,45 @@ class ModelConfig:
 @dataclass
 class MethodConfig:
     name: str = F("flow", "training objective and sampler", registry="method")
-    timestep_sampler: str = F("logit_normal", "flow: distribution of training times t", registry="timestep_sampler",
-                              unused={"method.name": LM_METHODS})
+    timestep_sampler: str = F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)",
+                              registry="timestep_sampler", unused={"method.name": LM_METHODS})
     logit_mean: float = F(0.0, "flow, logit_normal: mean of logit(t)", ge=-10, le=10, unused={"method.name": LM_METHODS})
     logit_std: float = F(1.0, "flow, logit_normal: standard deviation of logit(t)", gt=0, unused={"method.name": LM_METHODS})
-    sampler: str = F("heun", "flow: ODE sampler", registry="sampler", unused={"method.name": LM_METHODS})
+    mode_scale: float = F(1.29, "flow, mode: SD3's s of f_mode (0 = uniform; > 0 favours mid t; monotone for -1..2/(pi-2))",
+                          ge=-1, le=1.7519, unused={"method.name": NOT_T})
+    lq_threshold: float = F(0.025, "flow, linear_quadratic (sampler or step schedule): t reached by the linear part (Mochi)",
+                            gt=0, lt=1, unused={"method.name": NOT_T})
+    lq_linear_frac: float = F(0.5, "flow, linear_quadratic: fraction of the steps (draws) in the linear part (Mochi)",
+                              gt=0, lt=1, unused={"method.name": NOT_T})
+    speed_tau: float = F(0.11, "flow, speed: t below which lies SpeeD's convergence area (0.11: the DDPM linear schedule's "
+                               "boundary mapped by SNR)", gt=0, lt=1, unused={"method.name": NOT_T})
+    speed_k: float = F(5.0, "flow, speed: density ratio of t >= speed_tau over t < speed_tau (SpeeD code: 2.5/0.5)", gt=0,
+                       unused={"method.name": NOT_T})
+    adaptive_bins: int = F(16, "flow, adaptive: bins of the learned categorical law of t", ge=2, unused={"method.name": FLOW_ONLY})
+    adaptive_lr: float = F(0.1, "flow, adaptive: REINFORCE step size on the bin logits", ge=0, unused={"method.name": FLOW_ONLY})
+    adaptive_every: int = F(10, "flow, adaptive: steps between sampler updates (that step's batch shares one bin)", ge=1,
+                            unused={"method.name": FLOW_ONLY})
+    adaptive_mix: float = F(0.1, "flow, adaptive: weight of the uniform law mixed into the learned one (exploration)", gt=0,
+                            le=1, unused={"method.name": FLOW_ONLY})
+    adaptive_entropy: float = F(1.0, "flow, adaptive: weight of the entropy bonus (a bin's logit settles near its mean "
+                                     "standardised advantage / this)", ge=0, unused={"method.name": FLOW_ONLY})
+    time_shift: float = F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
+                               "0 = sqrt(pixels / method.shift_base^2))", ge=0, unused={"method.name": FLOW_ONLY})
+    shift_base: int = F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1,
+                        unused={"method.name": FLOW_ONLY})
+    loss_weighting: str = F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting",
+                            unused={"method.name": FLOW_ONLY})
+    snr_gamma: float = F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0, unused={"method.name": FLOW_ONLY})
+    sampler: str = F("heun", "flow: ODE/SDE sampler", registry="sampler", unused={"method.name": LM_METHODS})
+    step_schedule: str = F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule",
+                           unused={"method.name": FLOW_ONLY})
+    sample_shift: float = F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0,
+                            unused={"method.name": FLOW_ONLY})
+    sde_noise: float = F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0,
+                         unused={"method.name": FLOW_ONLY})
+    cfg_interval: str = F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
+                                 "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))",
+                          free="two numbers 'lo,hi' with 0 <= lo < hi <= 1", unused={"method.name": FLOW_ONLY})
     sample_steps: int = F(20, "flow, mdlm: sampler steps for previews", ge=1, unused={"method.name": ("autoregressive",)})
     cfg_scale: float = F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0,
                          unused={"method.name": LM_METHODS})
@@ -232,6 +268,11 @@ class EvalConfig:
                          unused={"method.name": ("flow", "autoregressive")})
     val_path: str = F("", "image_ar: held-out images folder for bits/dim (empty: the last eval.num_samples training images)",
                       free="a folder made by `genlab data prepare`", unused={"method.name": ("flow", "autoregressive", "mdlm")})
+    nfe_list: str = F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
+                          "evaluations per sample; empty = off)", free="comma-separated integers >= 1",
+                      unused={"method.name": FLOW_ONLY})
+    samplers: str = F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)",
+                      free="comma-separated names of registry `sampler`", unused={"method.name": FLOW_ONLY})
     world_rollouts: int = F(32, "world: held-out windows per rollout evaluation", ge=1, unused={"method.name": NOT_WORLD})
     world_horizons: str = F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)",
                             free="comma-separated integers >= 1", unused={"method.name": NOT_WORLD})

@@ -97,9 +97,26 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
 
 def evaluate_run(run, overrides=(), device="auto"):
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
+    nfe_table = _nfe_table_wanted(cfg, method)
     data = build_dataset(cfg.data)
     ctx = {"eval": cfg.eval, "device": dev, "cfg": cfg, "run_dir": _run_dir(run),
            "generator": torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)}
     res = method.evaluate(model, data, ctx)
+    if nfe_table:  # eval.nfe_list: the same evaluation per (sampler, NFE), as a table (eval/nfe.py)
+        import sys
+        from genlab.eval.nfe import nfe_rows, write_table
+        res["nfe_table"] = nfe_rows(method, model, data, ctx, cfg)
+        print(write_table(res["nfe_table"], ctx["run_dir"], cfg.eval.cfg_scale), file=sys.stderr)
     res["step"] = state["step"]
     return res
+
+
+def _nfe_table_wanted(cfg, method) -> bool:
+    """eval.nfe_list set on a flow run; its values are checked before any sampling."""
+    from genlab.methods.flow import FlowMatching
+    if not cfg.eval.nfe_list or not isinstance(method, FlowMatching):
+        return False
+    from genlab.eval.nfe import parse_int_list, samplers_of
+    parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
+    samplers_of(cfg)
+    return True

@@ -22,7 +22,7 @@ def generate(method, model, labels, ctx, batch, desc="sampling"):
         for i in range(0, len(labels), batch):
             out.append(to_uint8(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
                                               cfg_scale=ctx["eval"].cfg_scale, generator=ctx["generator"],
-                                              device=ctx["device"])).cpu())
+                                              device=ctx["device"], sampler=ctx.get("sampler"))).cpu())
             task.update(len(out[-1]))
     return torch.cat(out)
 

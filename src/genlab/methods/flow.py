@@ -9,9 +9,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genlab.methods.base import Method
-from genlab.methods.samplers import time_grid
-from genlab.registry import method_registry, sampler_registry, timestep_sampler_registry
+from genlab.errors import GenlabError
+from genlab.methods.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
+from genlab.methods.base import Extra, Method
+from genlab.methods.samplers import call_sampler, time_grid
+from genlab.methods.timesteps import resolve_shift, shift_time
+from genlab.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
 
 
 def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -19,18 +22,38 @@ def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> tor
     return (1 - t) * noise + t * data
 
 
-def cfg_velocity(model, y, null_class: int, scale: float):
-    """Velocity field with classifier-free guidance: v_u + s * (v_c - v_u), both in one batch."""
+def parse_interval(text: str, key: str = "method.cfg_interval") -> tuple[float, float]:
+    """"lo,hi" -> (lo, hi) with 0 <= lo < hi <= 1."""
+    try:
+        lo, hi = (float(v) for v in str(text).split(","))
+    except ValueError:
+        raise GenlabError(f"{key} must be two numbers 'lo,hi' in [0, 1] (e.g. 0.15,0.8), got {text!r}") from None
+    if not 0 <= lo < hi <= 1:
+        raise GenlabError(f"{key} must satisfy 0 <= lo < hi <= 1, got {text!r}")
+    return lo, hi
+
+
+def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0)):
+    """Velocity field with classifier-free guidance: v_u + s * (v_c - v_u), both in one batch. Guidance acts
+    only for t in `interval` (Kynkaanniemi et al. 2024, "guidance in a limited interval"); elsewhere the
+    conditional velocity alone, at one forward instead of two."""
     if y is None:
         return lambda x, t: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long))
     if scale == 1.0:
         return lambda x, t: model(x, t, y)
+    lo, hi = interval
+    limited = (lo, hi) != (0.0, 1.0)
 
     def velocity(x, t):
+        if limited:
+            inside = (t >= lo) & (t <= hi)
+            if not bool(inside.any()):  # one host sync per sampler step, outside the training loop
+                return model(x, t, y)
         y_null = torch.full_like(y, null_class)
         v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]))
         v_c, v_u = v.chunk(2)
-        return v_u + scale * (v_c - v_u)
+        guided = v_u + scale * (v_c - v_u)
+        return torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c) if limited else guided
     return velocity
 
 
@@ -40,24 +63,57 @@ class FlowMatching(Method):
 
     def __init__(self, cfg, data_spec):
         self.cfg = cfg
-        self.mcfg = cfg.method
+        self.mcfg = m = cfg.method
         self.spec = data_spec
         self.class_dropout = cfg.model.class_dropout
-        self.sample_t = timestep_sampler_registry.get(self.mcfg.timestep_sampler)
+        self.adaptive = None
+        if m.timestep_sampler == "adaptive":
+            self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
+                                              m.adaptive_entropy, seed=cfg.train.seed)
+        else:
+            self.sample_t = timestep_sampler_registry.get(m.timestep_sampler)
+        self.shift = resolve_shift(m.time_shift, data_spec["image_size"], m.shift_base)
+        self.weight = loss_weighting_registry.get(m.loss_weighting)
+        self.cfg_interval = parse_interval(m.cfg_interval)
+
+    def extra_modules(self):
+        # the adaptive sampler's state is a frozen extra: checkpointed and restored with the run
+        return {"timesteps": Extra(self.adaptive, trainable=False)} if self.adaptive is not None else {}
+
+    def draw_t(self, B, generator, device, step=None):
+        """Training times: the configured sampler, then the resolution shift."""
+        t = self.adaptive.draw(B, generator, device, step) if self.adaptive is not None else \
+            self.sample_t(B, generator, device, self.mcfg)
+        return shift_time(t, self.shift)
+
+    def _probe(self, model, data, y, generator):
+        """The adaptive sampler's look-ahead set: a few images of the batch at random times, fixed noise."""
+        n = min(PROBE_SAMPLES, data.shape[0])
+        x = data[:n].repeat(PROBE_TIMES, *([1] * (data.ndim - 1)))
+        t = shift_time(torch.rand(x.shape[0], generator=generator, device=data.device), self.shift)
+        noise = torch.randn(x.shape, generator=generator, device=data.device, dtype=data.dtype)
+        return interpolate(noise, x, t), t, y[:n].repeat(PROBE_TIMES), (x - noise).float()
 
     def loss(self, model, batch, ctx):
         generator = ctx.generator
         data, y = batch["image"], batch["label"]
         B = data.shape[0]
-        t = self.sample_t(B, generator, data.device, self.mcfg)
+        if self.adaptive is not None:
+            def probe_loss(p):
+                with torch.no_grad():
+                    return F.mse_loss(model(p[0], p[1], p[2]).float(), p[3])
+            self.adaptive.step_probe(ctx.step, probe_loss, lambda: self._probe(model, data, y, generator))
+        t = self.draw_t(B, generator, data.device, ctx.step)
         noise = torch.randn(data.shape, generator=generator, device=data.device, dtype=data.dtype)
         x_t = interpolate(noise, data, t)
         if self.class_dropout > 0:
             drop = torch.rand(B, generator=generator, device=data.device) < self.class_dropout
             y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
         v = model(x_t, t, y)
-        loss = F.mse_loss(v.float(), (data - noise).float())
-        return loss, {}
+        if self.mcfg.loss_weighting == "none":
+            return F.mse_loss(v.float(), (data - noise).float()), {}
+        per_sample = (v.float() - (data - noise).float()).square().flatten(1).mean(1)
+        return (self.weight(t.float(), self.mcfg) * per_sample).mean(), {}
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
@@ -69,9 +125,11 @@ class FlowMatching(Method):
         n = len(labels) if labels is not None else n
         C, S = self.spec["channels"], self.spec["image_size"]
         x = torch.randn((n, C, S, S), generator=generator, device=device)
-        velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale)
-        ts = time_grid(steps or self.mcfg.sample_steps, device=device)
-        return sampler_registry.get(sampler or self.mcfg.sampler)(velocity, x, ts, callback=callback)
+        velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale,
+                                self.cfg_interval)
+        ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
+        return call_sampler(sampler_registry.get(sampler or self.mcfg.sampler), velocity, x, ts, callback=callback,
+                            generator=generator, noise=self.mcfg.sde_noise)
 
     def evaluate(self, model, data, ctx) -> dict:
         from genlab.eval.image_quality import evaluate_class_conditional
@@ -93,6 +151,22 @@ def unwrap(model):
             return model
 
 
-@method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), Euler/Heun ODE sampling, CFG")
+def check_flow_config(cfg):
+    """Flow options that a field declaration cannot check alone, before any work."""
+    m = cfg.method
+    parse_interval(m.cfg_interval)
+    if cfg.eval.nfe_list:
+        from genlab.eval.nfe import parse_int_list, samplers_of
+        parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
+        samplers_of(cfg)
+    if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
+        raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
+                          f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
+
+
+@method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG")
 def build_flow(cfg, data_spec):
     return FlowMatching(cfg, data_spec)
+
+
+build_flow.check_config = check_flow_config

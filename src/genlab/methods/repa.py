@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from genlab.errors import GenlabError
 from genlab.methods.base import Extra
-from genlab.methods.flow import FlowMatching, unwrap
+from genlab.methods.flow import FlowMatching, check_flow_config, unwrap
 from genlab.registry import method_registry
 
 ENCODERS = ("random", "classifier")
@@ -97,7 +97,7 @@ class REPA(FlowMatching):
         return net.features[:6]
 
     def extra_modules(self):
-        return {"projector": Extra(self.projector, trainable=True, lr=self.lr),
+        return {**super().extra_modules(), "projector": Extra(self.projector, trainable=True, lr=self.lr),
                 "encoder": Extra(self.encoder, trainable=False)}
 
     def _keep(self, module, args, out):
@@ -125,3 +125,6 @@ class REPA(FlowMatching):
                                   "(trainable projector, frozen encoder; method.repa_*)")
 def build_repa(cfg, data_spec):
     return REPA(cfg, data_spec)
+
+
+build_repa.check_config = check_flow_config

@@ -1,17 +1,55 @@
-"""ODE samplers for flow matching as small pure functions of a velocity field.
+"""Samplers for flow matching as small pure functions of a velocity field, and their step schedules.
 
 `velocity(x, t) -> v` where t is a [B] tensor; the path runs from t=0 (noise) to t=1 (data).
-`callback(i, t, x)` is called after every step (for pictures and progress).
+`callback(i, t, x)` is called after every step (for pictures and progress). `fn.nfe_per_step` is the
+number of velocity evaluations per step (the NFE of a run is steps * nfe_per_step).
 """
+import inspect
+
 import torch
 
-from genlab.registry import sampler_registry
+from genlab.registry import sampler_registry, step_schedule_registry
 
 
-def time_grid(steps: int, device=None) -> torch.Tensor:
-    return torch.linspace(0.0, 1.0, steps + 1, device=device)
+# -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
+@step_schedule_registry.register("uniform", "t_i = i / N")
+def uniform_grid(steps, cfg=None):
+    return torch.linspace(0.0, 1.0, steps + 1)
 
 
+@step_schedule_registry.register("shifted", "uniform grid through SD3's shift t/(s(1-t)+t), s = method.sample_shift "
+                                            "(> 1: more steps near the noise; Esser et al. 2024)")
+def shifted_grid(steps, cfg=None):
+    from genlab.methods.timesteps import shift_time
+    return shift_time(torch.linspace(0.0, 1.0, steps + 1), getattr(cfg, "sample_shift", 3.0) if cfg is not None else 3.0)
+
+
+@step_schedule_registry.register("linear_quadratic", "Mochi 1's grid: linear to method.lq_threshold over the first "
+                                                     "method.lq_linear_frac of the steps, then quadratic (Genmo 2024)")
+def linear_quadratic_grid(steps, cfg=None):
+    from genlab.methods.timesteps import lq_map
+    th = getattr(cfg, "lq_threshold", 0.025) if cfg is not None else 0.025
+    fr = getattr(cfg, "lq_linear_frac", 0.5) if cfg is not None else 0.5
+    return lq_map(torch.linspace(0.0, 1.0, steps + 1), th, fr)
+
+
+def time_grid(steps: int, device=None, schedule: str = "uniform", cfg=None) -> torch.Tensor:
+    ts = step_schedule_registry.get(schedule)(steps, cfg)
+    ts[0], ts[-1] = 0.0, 1.0  # exact end points whatever the rounding of the map
+    return ts.to(device)
+
+
+def call_sampler(fn, velocity, x, ts, callback=None, **opts):
+    """Run a registered sampler, passing only the options it declares (the SDE takes a generator and noise)."""
+    params = inspect.signature(fn).parameters
+    return fn(velocity, x, ts, callback=callback, **{k: v for k, v in opts.items() if k in params})
+
+
+def nfe_per_step(name: str) -> int:
+    return getattr(sampler_registry.get(name), "nfe_per_step", 1)
+
+
+# -- ODE samplers ---------------------------------------------------------------------------------
 @sampler_registry.register("euler", "explicit Euler on the probability-flow ODE, 1 evaluation per step")
 @torch.no_grad()
 def sample_euler(velocity, x, ts, callback=None):
@@ -35,3 +73,44 @@ def sample_heun(velocity, x, ts, callback=None):
         if callback is not None:
             callback(i, ts[i + 1], x)
     return x
+
+
+@sampler_registry.register("midpoint", "explicit midpoint rule (2nd-order Runge-Kutta), 2 evaluations per step")
+@torch.no_grad()
+def sample_midpoint(velocity, x, ts, callback=None):
+    for i in range(len(ts) - 1):
+        dt = ts[i + 1] - ts[i]
+        x_mid = x + 0.5 * dt * velocity(x, ts[i].expand(x.shape[0]))
+        x = x + dt * velocity(x_mid, (ts[i] + 0.5 * dt).expand(x.shape[0]))
+        if callback is not None:
+            callback(i, ts[i + 1], x)
+    return x
+
+
+# -- SDE sampler ----------------------------------------------------------------------------------
+@sampler_registry.register("euler_maruyama", "Euler-Maruyama on the flow's marginal-preserving SDE dx = [v - eta (x - t v)] dt "
+                                             "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)")
+@torch.no_grad()
+def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0):
+    """For x_t = (1-t) z + t x1 the velocity is v = E[x1 - z | x_t], and E[z | x_t] = x_t - t v, so the score is
+    grad log p_t(x) = -E[z | x_t] / (1-t) = -(x - t v) / (1-t). Any g(t) gives an SDE with the ODE's marginals
+    (Fokker-Planck): dx = [v + g^2/2 grad log p_t] dt + g dW, integrated forward in t from noise to data. With
+    g(t)^2 = 2 eta (1-t) the drift is v - eta (x - t v), finite at both ends, and g vanishes at the data.
+    The last step is deterministic: x + (1-t) v = E[x1 | x_t] when it ends at t=1 (no noise left in the output)."""
+    for i in range(len(ts) - 1):
+        t, dt = ts[i], ts[i + 1] - ts[i]
+        v = velocity(x, t.expand(x.shape[0]))
+        if i == len(ts) - 2 or noise == 0:
+            x = x + dt * v
+        else:
+            g = torch.sqrt(2 * noise * (1 - t) * dt)
+            x = x + dt * (v - noise * (x - t * v)) + g * torch.randn(x.shape, generator=generator, device=x.device,
+                                                                        dtype=x.dtype)
+        if callback is not None:
+            callback(i, ts[i + 1], x)
+    return x
+
+
+for _fn, _n in ((sample_euler, 1), (sample_heun, 2), (sample_midpoint, 2), (sample_euler_maruyama, 1)):
+    _fn.nfe_per_step = _n
+del _fn, _n

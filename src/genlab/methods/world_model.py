@@ -266,3 +266,11 @@ def build_world(cfg, data_spec):
     return WorldModel(cfg, data_spec)
 
 
+def check_world_config(cfg):
+    if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
+        raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
+
+
+build_world.check_config = check_world_config
+
+
