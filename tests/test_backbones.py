@@ -321,3 +321,14 @@ def test_matched_params_axis_needs_the_data_shape(tmp_path):
                  'variants = [{ name = "mmdit", overrides = ["model.name=mmdit"] }]\n')
     with pytest.raises(GenlabError, match="data = "):
         load_sweep(p)
+
+
+def test_sweep_report_counts_parameters_of_every_image_backbone(tmp_path):
+    from genlab.config import dumps_toml, to_dict
+    from genlab.sweep.report import param_count as report_count
+    cfg = load_config("digits_flow", ["model.name=mmdit", "model.dual_blocks=1", "model.mlp=mixffn"])
+    (tmp_path / "config.toml").write_text(dumps_toml(to_dict(cfg)))
+    digits = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
+    assert report_count(tmp_path) == param_count(cfg.model, digits)
+    with torch.device("meta"):
+        assert report_count(tmp_path) == sum(p.numel() for p in model_registry.get("mmdit")(cfg.model, digits).parameters())
