@@ -261,6 +261,7 @@ def test_genlab_train_runs_the_hybrid_with_linear_attention_and_mixffn(tmp_path)
     (["model.name=mmdit", "model.dual_blocks=9", "model.depth=4"], "dual_blocks"),
     (["model.name=dit", "model.dual_blocks=2"], "dual_blocks"),
     (["model.name=mmdit", "model.ln_placement=post"], "ln_placement"),
+    (["model.name=mmdit", "model.attention=flex", "train.device=cpu"], "no backward"),
 ])
 def test_invalid_combinations_fail_in_config_validation(overrides, needle):
     with pytest.raises(GenlabError) as e:

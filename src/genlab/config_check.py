@@ -164,6 +164,10 @@ def _check_shapes(cfg):
     if m.name == "gpt" and m.pos_emb == "rope" and (dim // heads) % 2:
         raise GenlabError(f"model.pos_emb=rope needs an even head width; model.dim/model.heads = {dim // heads}")
     _check_layers(m, dim, heads, m.depth or table[m.size][1])
+    from genlab.registry import attention_registry
+    if cfg.train.device == "cpu" and not getattr(attention_registry.get(m.attention), "cpu_backward", True):
+        raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
+                          f"train with sdpa or math there (sampling and eval run the forward anywhere)")
     if m.name in IMAGE_BACKBONES:
         side = image_size_of(cfg.data)
         if side is not None and side % m.patch_size:
