@@ -1,7 +1,9 @@
 """Every registered model with every layer choice that fits it, on CPU: output shape, finite gradients, and a
 state-dict round trip. A new model (with `example_spec` / `example_inputs` / `example_output_shape` on its builder,
-plus `layer_keys`, the model.* layer keys it reads, and `grid_rank` when it reads model.pos_emb) or a new
-attention/mlp/norm/position entry is tested here without a new test."""
+plus `layer_keys`, the model.* layer keys it reads, `grid_rank` when it reads model.pos_emb, and `option_cases`,
+other model.* options to cover one at a time) or a new attention/mlp/norm/position entry is tested here without a
+new test. A layer a model cannot use (an MLP that needs a patch grid in a model without one) must be refused with
+a one-line GenlabError when the model is built."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +16,7 @@ from genlab.errors import GenlabError
 from genlab.models.positions import fitting_positions
 from genlab.registry import attention_registry, mlp_registry, model_registry, norm_registry
 
-BASE = dict(dim=32, depth=2, heads=2, size="tiny")
+BASE = dict(dim=32, depth=3, heads=2, size="tiny")  # depth 3: one U-ViT long skip (block 0 -> block 2)
 
 
 def cases():
@@ -26,7 +28,15 @@ def cases():
         out.append(pytest.param(model, "size", "tiny", id=f"{model}-defaults"))
         for key in getattr(build, "layer_keys", ()):  # one axis at a time from the defaults: every choice, not every product
             out += [pytest.param(model, key, name, id=f"{model}-{key}={name}") for name in axes[key]]
+        for key, values in getattr(build, "option_cases", {}).items():
+            out += [pytest.param(model, key, v, id=f"{model}-{key}={v}") for v in values]
     return out
+
+
+def _refused(model, key, name):
+    """Layer choices the model cannot use: an MLP that convolves over the patch grid in a model without one."""
+    rank = getattr(model_registry.get(model), "grid_rank", None)
+    return key == "mlp" and getattr(mlp_registry.get(name), "needs_grid", False) and rank != 2
 
 
 def build(model, key, name, seed):
@@ -54,6 +64,11 @@ def _cpu_ok(key, name):
 @pytest.mark.parametrize("model,key,name", cases())
 def test_model_with_layer_choice_keeps_the_contract(model, key, name):
     _cpu_ok(key, name)
+    if _refused(model, key, name):
+        with pytest.raises(GenlabError) as e:
+            build(model, key, name, seed=0)
+        assert "\n" not in str(e.value) and name in str(e.value)
+        return
     m, b = build(model, key, name, seed=0)
     x = inputs(b)
     backward_ok = key != "attention" or getattr(attention_registry.get(name), "cpu_backward", True)

@@ -25,6 +25,8 @@ LM_METHODS = ("autoregressive", "mdlm")
 NOT_WORLD = ("flow", "image_ar") + LM_METHODS                   # methods that do not read the world-model options
 NOT_T = LM_METHODS + ("image_ar",)                              # methods that draw no flow times t
 FLOW_ONLY = NOT_T + ("world",)                                  # options only flow and repa read
+IMAGE_BACKBONES = ("dit", "dit_incontext", "mmdit")              # class-conditional image models (models/dit.py)
+NOT_IMAGE_BACKBONES = ("gpt", "sparse_transformer", "world_dit")
 
 
 @dataclass
@@ -70,42 +72,50 @@ class ModelConfig:
     class_dropout: float = F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1,
                              unused={"method.name": LM_METHODS})
     qk_norm: bool = F(False, "dit: normalise queries and keys per head", unused={"model.name": ("gpt",)})
-    adaln: str = F("fused", "dit: LayerNorm + adaLN modulation implementation", registry="adaln", unused={"model.name": ("gpt",)})
+    adaln: str = F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln",
+                   unused={"model.name": ("gpt", "dit_incontext")})
     residual: str = F("fp32", "dit: dtype of the residual stream under autocast", registry="residual",
                       unused={"model.name": ("gpt",)})
-    dropout: float = F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1, unused={"model.name": ("dit",)})
-    vocab_size: int = F(0, "gpt: embedding rows (0 = from the dataset)", ge=0, unused={"model.name": ("dit",)})
+    dropout: float = F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1, unused={"model.name": IMAGE_BACKBONES})
+    vocab_size: int = F(0, "gpt: embedding rows (0 = from the dataset)", ge=0, unused={"model.name": IMAGE_BACKBONES})
     pos_emb: str = F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)",
                      free="auto or a registry `position` entry that fits the model",
                      unused={"model.name": ("sparse_transformer", "world_dit")})
     norm: str = F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm",
                   unused={"model.name": ("sparse_transformer", "world_dit")})
     mlp: str = F("gelu", "MLP kind", registry="mlp", unused={"model.name": ("sparse_transformer", "world_dit")})
-    tie_weights: bool = F(True, "gpt: share the embedding with the output head", unused={"model.name": ("dit",)})
-    causal: bool = F(True, "gpt: causal attention (autoregressive: true; mdlm: false)", unused={"model.name": ("dit",)})
-    bias: bool = F(False, "gpt: biases in linears and norms", unused={"model.name": ("dit",)})
+    long_skips: bool = F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])",
+                         unused={"model.name": NOT_IMAGE_BACKBONES})
+    ln_placement: str = F("pre", "dit_incontext: pre-LN (x + f(norm(x))) or post-LN (norm(x + f(x))) blocks",
+                          choices=("pre", "post"), unused={"model.name": ("dit", "mmdit") + NOT_IMAGE_BACKBONES})
+    dual_blocks: int = F(0, "mmdit: the first k blocks are dual-stream, the rest DiT blocks over the joint sequence "
+                            "(0 = all dual: SD3's MMDiT)", ge=0,
+                         unused={"model.name": ("dit", "dit_incontext") + NOT_IMAGE_BACKBONES})
+    tie_weights: bool = F(True, "gpt: share the embedding with the output head", unused={"model.name": IMAGE_BACKBONES})
+    causal: bool = F(True, "gpt: causal attention (autoregressive: true; mdlm: false)", unused={"model.name": IMAGE_BACKBONES})
+    bias: bool = F(False, "gpt: biases in linears and norms", unused={"model.name": IMAGE_BACKBONES})
     context_mode: str = F("channels", "world_dit: context frames stacked on the target's channels, or as extra tokens",
-                          choices=("channels", "tokens"), unused={"model.name": ("dit", "gpt")})
+                          choices=("channels", "tokens"), unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     ce_chunk: int = F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0,
-                      unused={"model.name": ("dit",)})
+                      unused={"model.name": IMAGE_BACKBONES})
     # sparse_transformer (image bytes, Child et al. 2019)
     raster: str = F("channel", "sparse_transformer: byte order, channel-major or pixel-major", choices=("channel", "pixel"),
-                    unused={"model.name": ("dit", "gpt")})
+                    unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_pattern: str = F("strided", "sparse_transformer: attention pattern", registry="sparse_pattern",
-                            unused={"model.name": ("dit", "gpt")})
+                            unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_mode: str = F("split", "sparse_transformer: factorization (parts across layers | union in one head | across heads)",
-                         registry="sparse_mode", unused={"model.name": ("dit", "gpt")})
+                         registry="sparse_mode", unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_stride: int = F(0, "sparse_transformer: stride / block length l (0 = one image row in the raster order)", ge=0,
-                           unused={"model.name": ("dit", "gpt")})
+                           unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_summary: int = F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0,
-                            unused={"model.name": ("dit", "gpt")})
+                            unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_backend: str = F("auto", "sparse_transformer: auto = FlexAttention on CUDA, dense masked SDPA on CPU",
-                            choices=("auto", "flex", "dense"), unused={"model.name": ("dit", "gpt")})
+                            choices=("auto", "flex", "dense"), unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_embed: str = F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
                           "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)",
-                          choices=("auto", "data", "attention"), unused={"model.name": ("dit", "gpt", "world_dit")})
+                          choices=("auto", "data", "attention"), unused={"model.name": IMAGE_BACKBONES + ("gpt", "world_dit")})
     qk_ratio: float = F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)",
-                        gt=0, le=1, unused={"model.name": ("dit", "gpt")})
+                        gt=0, le=1, unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
 
 
 @dataclass

@@ -13,7 +13,8 @@ from genlab.errors import GenlabError
 
 # what each known component consumes; names other branches add are simply not cross-checked here
 METHOD_DATA = {"flow": "image", "repa": "image", "autoregressive": "token", "mdlm": "token", "image_ar": "image"}
-METHOD_MODEL = {"flow": ("dit",), "repa": ("dit",), "autoregressive": ("gpt", "sparse_transformer"), "mdlm": ("gpt",),
+IMAGE_BACKBONES = ("dit", "dit_incontext", "mmdit")  # the class-conditional image backbones (config.IMAGE_BACKBONES)
+METHOD_MODEL = {"flow": IMAGE_BACKBONES, "repa": ("dit",), "autoregressive": ("gpt", "sparse_transformer"), "mdlm": ("gpt",),
                 "image_ar": ("sparse_transformer",)}
 METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
 SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
@@ -107,8 +108,8 @@ def _check_components(cfg):
         raise GenlabError(f"method.name={meth} trains on {want} data but data.name={d.name} provides {have} data; "
                           f"choose a matching method.name or data.name")
     want = METHOD_MODEL.get(meth)
-    if want and any(m.name in names for names in METHOD_MODEL.values()) and m.name not in want:
-        raise GenlabError(f"method.name={meth} needs model.name={' or '.join(want)}, got model.name={m.name}")
+    if want and m.name in {n for names in METHOD_MODEL.values() for n in names} and m.name not in want:
+        raise GenlabError(f"method.name={meth} needs model.name={'|'.join(want)}, got model.name={m.name}")
     if m.name == "sparse_transformer" and have == "token" and m.sparse_embed == "data":
         raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
     if meth in METHOD_CAUSAL and m.name == "gpt" and m.causal != METHOD_CAUSAL[meth]:
@@ -116,7 +117,7 @@ def _check_components(cfg):
 
 
 def _size_table(name):
-    if name == "dit":
+    if name in IMAGE_BACKBONES:
         from genlab.models.dit import DIT_SIZES
         return DIT_SIZES
     if name == "gpt":
@@ -164,8 +165,34 @@ def _check_shapes(cfg):
             raise GenlabError(f"model.pos_emb={m.pos_emb} does not fit model {m.name}; valid choices: auto, {', '.join(fits)}")
     if m.name == "gpt" and m.pos_emb == "rope" and (dim // heads) % 2:
         raise GenlabError(f"model.pos_emb=rope needs an even head width; model.dim/model.heads = {dim // heads}")
-    if m.name == "dit":
+    _check_layers(m, dim, heads, m.depth or table[m.size][1])
+    from genlab.registry import attention_registry
+    if cfg.train.device == "cpu" and not getattr(attention_registry.get(m.attention), "cpu_backward", True):
+        raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
+                          f"train with sdpa or math there (sampling and eval run the forward anywhere)")
+    if m.name in IMAGE_BACKBONES:
         side = image_size_of(cfg.data)
         if side is not None and side % m.patch_size:
             raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
 
+
+
+def _check_layers(m, dim: int, heads: int, depth: int):
+    """Layer choices that cannot work with this model's shape or token layout, through the registries (no import
+    of the models): Mix-FFN needs a patch grid, differential attention an even head width, 2-D positions
+    widths divisible by 4, the MMDiT hybrid at most model.depth dual blocks."""
+    from genlab.registry import attention_registry, mlp_registry, model_registry
+    hd = dim // heads
+    rank = getattr(model_registry.get(m.name), "grid_rank", None)
+    if "mlp" in getattr(model_registry.get(m.name), "layer_keys", ()) and getattr(mlp_registry.get(m.mlp), "needs_grid", False) and rank != 2:
+        raise GenlabError(f"model.mlp={m.mlp} convolves over the patch grid; model {m.name} has no grid: "
+                          f"choose model.mlp=gelu|swiglu or model.name={'|'.join(IMAGE_BACKBONES)}")
+    if m.attention == "differential" and hd % 2:
+        raise GenlabError(f"model.attention=differential splits each head in halves; head width model.dim/model.heads = {hd} is odd")
+    if rank == 2 and m.pos_emb == "rope2d" and hd % 4:
+        raise GenlabError(f"model.pos_emb=rope2d needs a head width divisible by 4; model.dim/model.heads = {hd}")
+    if rank == 2 and m.pos_emb in ("auto", "sincos2d") and dim % 4:
+        raise GenlabError(f"model.pos_emb=sincos2d needs model.dim divisible by 4, got {dim}")
+    if m.name == "mmdit" and m.dual_blocks > depth:
+        raise GenlabError(f"model.dual_blocks ({m.dual_blocks}) must be at most model.depth ({depth}); 0 = all blocks dual-stream")
+    attention_registry.get(m.attention)

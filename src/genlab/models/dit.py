@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.models.layers import Attention, TimestepEmbedder
+from genlab.models.backbone import LongSkips, block_flops, embed_flops
+from genlab.models.layers import Attention, TimestepEmbedder, TokenGrid
 from genlab.models.positions import build_position
 from genlab.registry import adaln_registry, mlp_registry, model_registry, norm_registry, residual_registry
 
@@ -43,6 +44,10 @@ class DiTSpec:
     mlp: str = "gelu"             # registry `mlp`
     norm: str = "layernorm"       # registry `norm`: layernorm runs through `adaln`; others normalise, then modulate
     pos_emb: str = "sincos2d"     # registry `position` (2-D entries)
+    long_skips: bool = False      # U-ViT long skips (models/backbone.py)
+    ln_placement: str = "pre"     # dit_incontext: pre-LN or post-LN blocks
+    dual_blocks: int = 0          # mmdit: first k blocks dual-stream (0 = all)
+    context_dim: int = 0          # mmdit: > 0 = a sequence of condition embeddings of this width (text-like)
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -99,25 +104,43 @@ def residual_compute(x):
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init."""
+    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init.
+
+    Also one stream of an MMDiT joint block (models/mmdit.py): `pre` (modulate, project to q/k/v) and `post`
+    (gated attention output, gated MLP) around a joint attention; kernel=False leaves the attention kernel to the
+    other stream, pre_only=True (SD3's last context block, whose output is discarded) keeps only `pre`, grid=False
+    tells an MLP that needs a patch grid (Mix-FFN) that this stream's tokens never have one."""
 
     eps = 1e-6
 
     def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused", mlp="gelu",
-                 norm="layernorm", layer=0):
+                 norm="layernorm", layer=0, kernel=True, pre_only=False, grid=True):
         super().__init__()
-        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer)
-        self.mlp = mlp_registry.get(mlp)(dim, int(dim * mlp_ratio))
-        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        self.pre_only = pre_only
+        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer, kernel=kernel)
+        if pre_only:  # only its keys and values are read (its queries, like its outputs, would be discarded)
+            self.attn.proj, self.attn.q_norm = nn.Identity(), nn.Identity()
+        else:
+            entry = mlp_registry.get(mlp)
+            self.mlp = entry(dim, int(dim * mlp_ratio), **({} if grid or not getattr(entry, "needs_grid", False)
+                                                           else {"grid": False}))
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, (2 if pre_only else 6) * dim))
         self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
         nn.init.zeros_(self.ada[1].weight)
         nn.init.zeros_(self.ada[1].bias)
 
-    def forward(self, x, c, rope=None):
-        sh1, sc1, g1, sh2, sc2, g2 = self.ada(c).chunk(6, dim=-1)
-        x = x + g1[:, None] * self.attn(self.norm_modulate(x, sh1, sc1, self.eps), causal=False, rope=rope)
-        x = x + g2[:, None] * self.mlp(self.norm_modulate(x, sh2, sc2, self.eps))
-        return x
+    def pre(self, x, c, rope=None):
+        mod = self.ada(c).chunk(2 if self.pre_only else 6, dim=-1)
+        return self.attn.heads_qkv(self.norm_modulate(x, mod[0], mod[1], self.eps), rope), mod
+
+    def post(self, x, o, mod, grid=None):
+        _, _, g1, sh2, sc2, g2 = mod
+        x = x + g1[:, None] * self.attn.out(o)
+        return x + g2[:, None] * self.mlp(self.norm_modulate(x, sh2, sc2, self.eps), grid=grid)
+
+    def forward(self, x, c, rope=None, grid=None):
+        qkv, mod = self.pre(x, c, rope)
+        return self.post(x, self.attn.kernel(*qkv), mod, grid)
 
 
 def norm_modulate_by(norm: str, adaln: str, dim: int, eps: float):
@@ -161,6 +184,7 @@ class DiT(nn.Module):
         self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
         self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
                                              layer=i) for i in range(s.depth))
+        self.skips = LongSkips(s.dim, s.depth, s.long_skips)
         self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
         self.residual_dtype = residual_registry.get(s.residual)
         self._init_weights()
@@ -175,36 +199,33 @@ class DiT(nn.Module):
         for m in self.t_embed.mlp:
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, std=0.02)
+        self.skips.reset_parameters()
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = self.t_embed(t) + self.y_embed(y)
-        rope = self.pos.rope()
-        for block in self.blocks:
-            h = block(h, c, rope=rope) if rope is not None else block(h, c)
+        rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
+        saved = {}
+        for i, block in enumerate(self.blocks):
+            if i in self.skips.source:
+                h = self.skips.merge(i, h, saved.pop(self.skips.source[i]))
+            h = block(h, c, rope=rope, grid=grid)
+            if i in self.skips.sources:
+                saved[i] = h
         out = self.final(h, c)
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self) -> int:
-        """Forward matmul FLOPs (2 per multiply-add) of one sample, attention included.
-
-        Counted like torch.utils.flop_counter: every Linear and both attention matmuls.
-        """
+        """Forward FLOPs (2 per multiply-add) of one sample, counted like torch.utils.flop_counter: every Linear,
+        the attention kernel's matmuls (each entry's own formula: layers.attention_flops) and Mix-FFN's conv."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
         pd = s.patch_size ** 2 * s.channels
-        mlp = mlp_registry.get(s.mlp)
-        hidden = mlp.hidden_of(int(D * s.mlp_ratio))
-        f = 2 * N * pd * D                                  # patch embed
-        f += 2 * (self.t_embed.freq_dim * D + D * D)        # timestep MLP
-        per_block = 2 * N * D * 3 * D + 2 * N * D * D       # qkv + out proj
-        per_block += 2 * 2 * N * N * D                      # q@k^T and att@v
-        per_block += 2 * mlp.matrices * N * D * hidden      # MLP
-        per_block += 2 * D * 6 * D                          # adaLN modulation (per sample)
-        f += s.depth * per_block
-        f += 2 * D * 2 * D + 2 * N * D * pd                 # final adaLN + projection
-        return f
+        f = 2 * N * pd * D + embed_flops(self.t_embed, D)                # patch embed, timestep MLP
+        f += s.depth * block_flops(s, N, N, ada=6)
+        f += self.skips.flops(lambda j: N)
+        return f + 2 * D * 2 * D + 2 * N * D * pd                        # final adaLN + projection
 
 
 def dit_size(cfg_model) -> tuple[int, int, int]:
@@ -215,22 +236,36 @@ def dit_size(cfg_model) -> tuple[int, int, int]:
     return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
 
 
+def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
+    """The image-backbone spec of a model config (shared by every image backbone)."""
+    dim, depth, heads = dit_size(cfg_model)
+    return DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
+                   num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
+                   patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
+                   attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
+                   adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
+                   mlp=cfg_model.mlp, norm=cfg_model.norm,
+                   pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb,
+                   long_skips=getattr(cfg_model, "long_skips", False), **extra)
+
+
 @model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class")
 def build_dit(cfg_model, data_spec) -> DiT:
-    dim, depth, heads = dit_size(cfg_model)
-    return DiT(DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
-                       num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
-                       patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
-                       attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
-                       adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
-                       mlp=cfg_model.mlp, norm=cfg_model.norm,
-                       pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb))
+    return DiT(spec_from_config(cfg_model, data_spec))
 
 
-# the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
-build_dit.grid_rank = 2
-build_dit.layer_keys = ("attention", "mlp", "norm", "pos_emb")
-build_dit.example_spec = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
-build_dit.example_inputs = lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
-                                                torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g))
-build_dit.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])
+def image_backbone_contract(build, options=None):
+    """What the contract test (tests/test_contract.py) and config checks read off an image backbone's builder: the
+    grid rank, the layer keys it reads, a tiny data spec, inputs, output shape, and extra options to cover."""
+    build.grid_rank = 2
+    build.layer_keys = ("attention", "mlp", "norm", "pos_emb")
+    build.option_cases = {"long_skips": [True], "qk_norm": [True], **(options or {})}
+    build.example_spec = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
+    build.example_inputs = lambda spec, B, g: (
+        torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+        torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g))
+    build.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])
+    return build
+
+
+image_backbone_contract(build_dit)

@@ -239,6 +239,8 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     pos = "learned" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb
     if dim % heads or (pos == "rope" and (dim // heads) % 2):
         raise GenlabError(f"model.dim {dim} must split into {heads} heads (of even width for RoPE)")
+    if getattr(mlp_registry.get(cfg_model.mlp), "needs_grid", False):
+        raise GenlabError(f"model.mlp={cfg_model.mlp} convolves over a patch grid; model gpt has none: choose gelu or swiglu")
     if pos not in fitting_positions(1):
         raise GenlabError(f"model.pos_emb={pos} does not fit model gpt; valid choices: auto, {', '.join(fitting_positions(1))}")
     vocab = cfg_model.vocab_size or data_spec["vocab_size"]

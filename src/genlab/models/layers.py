@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -189,10 +190,12 @@ def _compiled_flex():
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default.
-    `layer` (0-based depth) is passed to attention entries that own parameters and depend on depth (differential)."""
+    `layer` (0-based depth) is passed to attention entries that own parameters and depend on depth (differential).
+    kernel=False builds only the projections: a stream of a joint (MMDiT) block whose tokens are attended by
+    another stream's kernel, so a parameterised kernel (differential's lambda) exists once per block."""
 
     def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True,
-                 attn_dropout: float = 0.0, layer: int = 0):
+                 attn_dropout: float = 0.0, layer: int = 0, kernel: bool = True):
         super().__init__()
         self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
         assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
@@ -204,18 +207,53 @@ class Attention(nn.Module):
         entry = attention_registry.get(backend)
         # an entry that is a module class owns parameters (e.g. differential's lambda): one instance per layer
         is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
-        self.attend = entry(dim // heads, heads, layer) if is_module else entry
-        getattr(self.attend, "check", lambda head_dim: None)(dim // heads)  # e.g. triton: GenlabError before training
+        getattr(entry, "check", lambda head_dim: None)(dim // heads)  # e.g. triton: GenlabError before training
+        self.attend = None if not kernel else entry(dim // heads, heads, layer) if is_module else entry
 
-    def forward(self, x, causal: bool = False, rope=None, mask=None):
+    def heads_qkv(self, x, rope=None):
+        """x [B, N, D] -> q, k, v [B, H, N, D/H] (normalised and rotated)."""
         B, N, D = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
+        return q, k, v
+
+    def kernel(self, q, k, v, causal: bool = False, mask=None):
         extra = {"dropout_p": self.attn_dropout} if self.attn_dropout > 0 and self.training else {}
-        out = self.attend(q, k, v, causal=causal, mask=mask, **extra)
-        return self.proj(out.transpose(1, 2).reshape(B, N, D))
+        return self.attend(q, k, v, causal=causal, mask=mask, **extra)
+
+    def out(self, o):
+        """Attention output [B, H, N, D/H] -> the output projection [B, N, D]."""
+        B, H, N, hd = o.shape
+        return self.proj(o.transpose(1, 2).reshape(B, N, H * hd))
+
+    def forward(self, x, causal: bool = False, rope=None, mask=None):
+        return self.out(self.kernel(*self.heads_qkv(x, rope), causal=causal, mask=mask))
+
+
+def softmax_flops(n: int, m: int, head_dim: int) -> int:
+    """q k^T and (weights) v of one head: 2 n m d each (what the counter sees in math/plain attention)."""
+    return 2 * 2 * n * m * head_dim
+
+
+def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int) -> int:
+    """Forward matmul FLOPs of one sample's attention kernel, n queries over m keys (bidirectional)."""
+    return heads * getattr(attention_registry.get(name), "flops", softmax_flops)(n, m, head_dim)
+
+
+# linear attention: K^T V (2 m d^2), Q (K^T V) (2 n d^2) and the normaliser Q sum_j k_j (2 n d): linear in tokens
+linear_attention.flops = lambda n, m, d: 2 * m * d * d + 2 * n * d * d + 2 * n * d
+# differential: two maps over half-width q/k (2 n m d/2 each) and two weighted sums over full-width v (2 n m d each)
+DifferentialAttention.flops = staticmethod(lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d))
+
+
+class TokenGrid(NamedTuple):
+    """Where the patch grid sits in a token sequence: tokens [start, start + h*w) in row-major order. Tokens
+    outside it (conditioning tokens) have no neighbours; a layer that mixes neighbours (Mix-FFN) skips them."""
+    start: int
+    h: int
+    w: int
 
 
 class Mlp(nn.Module):
@@ -232,7 +270,7 @@ class Mlp(nn.Module):
             raise ValueError(f"unknown mlp '{kind}'; valid: gelu, swiglu")
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
 
-    def forward(self, x):
+    def forward(self, x, grid: TokenGrid | None = None):  # grid: unused (Mix-FFN reads it)
         h = self.fc1(x)
         if self.kind == "swiglu":
             a, b = h.chunk(2, dim=-1)
@@ -261,6 +299,55 @@ def swiglu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
 # three matrices: 2/3 of the width keeps the parameter count of a GELU MLP, rounded up to 64
 swiglu_mlp.hidden_of = lambda hidden: 64 * -(-(2 * hidden // 3) // 64)
 swiglu_mlp.matrices = 3
+
+
+class MixFFN(nn.Module):
+    """SANA's Mix-FFN (Xie et al. 2024, the GLUMBConv of EfficientViT): 1x1 conv expand to 2 x hidden with SiLU,
+    3x3 depthwise conv over the token grid, GLU (value * silu(gate)), 1x1 conv project. The 1x1 convs are
+    Linears over tokens (the same maths); the depthwise conv runs on the grid's tokens only (`TokenGrid`)."""
+
+    needs_grid = True
+
+    def __init__(self, dim: int, hidden: int, bias: bool = True, conv: bool = True):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)
+        # conv=False: a stream whose tokens never form a grid (MMDiT's conditioning stream) has no conv to train
+        self.dw = nn.Conv2d(2 * hidden, 2 * hidden, 3, padding=1, groups=2 * hidden, bias=True) if conv else None
+        self.fc2 = nn.Linear(hidden, dim, bias=bias)
+
+    def forward(self, x, grid: TokenGrid | None = None):
+        if grid is None:
+            raise GenlabError("model.mlp=mixffn needs the token grid (H, W) of an image backbone; "
+                              "this model has none: choose model.mlp=gelu or swiglu")
+        h = F.silu(self.fc1(x))
+        s, gh, gw = grid
+        if gh * gw and self.dw is not None:  # conditioning tokens around the grid are no image positions: the conv skips them
+            B, _, C = h.shape
+            tokens = h[:, s:s + gh * gw].transpose(1, 2).reshape(B, C, gh, gw)
+            conv = self.dw(tokens).flatten(2).transpose(1, 2)
+            h = conv if h.shape[1] == gh * gw else torch.cat([h[:, :s], conv, h[:, s + gh * gw:]], dim=1)
+        a, gate = h.chunk(2, dim=-1)
+        return self.fc2(a * F.silu(gate))
+
+
+@mlp_registry.register("mixffn", "SANA Mix-FFN: 1x1 expand (SiLU) -> 3x3 depthwise conv over the patch grid -> GLU -> "
+                                 "1x1 project, 2/3 of the width (Xie et al. 2024); image backbones only")
+def mixffn_mlp(dim: int, hidden: int, bias: bool = True, grid: bool = True) -> MixFFN:
+    return MixFFN(dim, mixffn_mlp.hidden_of(hidden), bias, conv=grid)
+
+
+mixffn_mlp.hidden_of = swiglu_mlp.hidden_of  # three dim x hidden matrices, like SwiGLU (the conv adds 10 per channel)
+mixffn_mlp.matrices = 3
+mixffn_mlp.needs_grid = True
+mixffn_mlp.grid_flops = lambda grid_tokens, hidden: 2 * grid_tokens * 2 * hidden * 9  # the 3x3 depthwise conv
+
+
+def mlp_flops(name: str, n: int, dim: int, hidden: int, grid_tokens: int = 0) -> int:
+    """Forward FLOPs of one sample's MLP over n tokens, grid_tokens of them on the patch grid; `hidden` is the
+    GELU width of model.mlp_ratio (each entry maps it to its own)."""
+    entry = mlp_registry.get(name)
+    h = entry.hidden_of(hidden)
+    return 2 * entry.matrices * n * dim * h + getattr(entry, "grid_flops", lambda g, h: 0)(grid_tokens, h)
 
 
 # norm entries: (dim, bias, affine, eps) -> module; affine=False for adaLN, which brings its own scale and shift

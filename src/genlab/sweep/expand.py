@@ -1,4 +1,5 @@
-"""Axes -> variants: a grid (crossed keys), zipped keys, named variants, constant-parameter sizes; x seeds.
+"""Axes -> variants: a grid (crossed keys), zipped keys, named variants, constant-parameter sizes, named variants
+matched in parameters to a reference DiT; x seeds.
 
 Variant names are stable and readable (`compile=model`, `depth=6-dim=1088`, `lr=0.001-ema`): the last
 part of each key and its value, joined by '-'; a run adds the seed suffix `-s<seed>`.
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 
 from genlab.errors import GenlabError
 
-AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance"}
+AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance", "data"}
+AXIS_TYPES = ("constant_params", "matched_params")
 
 
 @dataclass
@@ -83,9 +85,33 @@ def _named(ax, i, src):
     return out
 
 
+def _matched_params(ax, i, src, shape):
+    """Named variants, each given the width (and MLP width) whose parameter count matches a plain DiT of the base
+    config's size (genlab.models.match), at the data shape `data = { image_size, channels, num_classes }`."""
+    import copy
+
+    from genlab.config import apply_overrides
+    from genlab.models.match import matched_overrides, reference_params
+    data, base = ax.get("data"), shape.get("cfg")
+    if not isinstance(data, dict) or set(data) != {"image_size", "channels", "num_classes"}:
+        raise GenlabError(f"{src}: axis {i} (matched_params) needs data = {{ image_size = S, channels = C, num_classes = K }}")
+    spec = {"kind": "image", **{k: int(v) for k, v in data.items()}}
+    tol = float(ax.get("tolerance", 0.02))
+    target = reference_params(base.model, spec)
+    out = []
+    for label, ovs, nproc in _named(ax, i, src):
+        cfg = copy.deepcopy(base)
+        try:
+            apply_overrides(cfg, [o for o in ovs if o.startswith("model.")])
+            out.append((label, ovs + matched_overrides(cfg.model, spec, target, tol), nproc))
+        except GenlabError as e:
+            raise GenlabError(f"{src}: axis {i} (matched_params): variant '{label}': {e}") from None
+    return out
+
+
 def _constant_params(ax, i, src, shape):
-    if ax["type"] != "constant_params":
-        raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: constant_params")
+    if ax["type"] not in AXIS_TYPES:
+        raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: {', '.join(AXIS_TYPES)}")
     from genlab.sweep.sizes import constant_param_dims
     depths, ref = ax.get("depths"), ax.get("ref", {})
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d > 0 for d in depths):
@@ -95,7 +121,8 @@ def _constant_params(ax, i, src, shape):
     if int(ref["dim"]) % int(ref.get("head_dim", 64)):
         raise GenlabError(f"{src}: axis {i} (constant_params): ref.dim {ref['dim']} is not a multiple of head_dim {ref.get('head_dim', 64)}")
     tol = float(ax.get("tolerance", 0.05))
-    rows = constant_param_dims(int(ref["depth"]), int(ref["dim"]), depths, head_dim=int(ref.get("head_dim", 64)), **shape)
+    rows = constant_param_dims(int(ref["depth"]), int(ref["dim"]), depths, head_dim=int(ref.get("head_dim", 64)),
+                               **{k: v for k, v in shape.items() if k in ("model", "spec")})
     bad = [f"depth {d}: {100 * e:+.1f}%" for d, _, _, e in rows if abs(e) > tol]
     if bad:
         raise GenlabError(f"{src}: axis {i} (constant_params): no width within {100 * tol:.0f}% of the reference "
@@ -110,6 +137,10 @@ def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[
     unknown = set(ax) - AXIS_KEYS
     if unknown:
         raise GenlabError(f"{src}: axis {i} has unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(AXIS_KEYS))}")
+    if ax.get("type") == "matched_params":  # named variants, each matched in size to the reference DiT
+        if "variants" not in ax or "values" in ax or "zip" in ax:
+            raise GenlabError(f"{src}: axis {i} (matched_params) takes variants = [...] (and data, tolerance)")
+        return _matched_params(ax, i, src, shape or {})
     kinds = [k for k in ("values", "zip", "variants", "type") if k in ax]
     if len(kinds) != 1:
         raise GenlabError(f"{src}: axis {i} must have exactly one of key+values, zip, variants or type = \"constant_params\"")

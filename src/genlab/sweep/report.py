@@ -39,22 +39,32 @@ def train_records(recs: list[dict]) -> list[dict]:
     return out
 
 
+def _image_spec(cfg) -> dict | None:
+    """The data shape of an image run, known without loading its data (synthetic, digits, a prepared folder)."""
+    d = cfg.data
+    if d.name == "synthetic":
+        return {"kind": "image", "image_size": d.image_size, "channels": d.channels, "num_classes": d.num_classes}
+    if d.name == "digits":
+        return {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
+    if d.name == "images":
+        meta = json.loads((Path(d.path) / "meta.json").read_text())
+        return {"kind": "image", "image_size": meta["shape"][0], "channels": meta["shape"][2],
+                "num_classes": len(meta["classes"])}
+    return None
+
+
 def param_count(run_dir: Path) -> int | None:
-    """Parameters of a DiT run on synthetic data, from its saved config (meta device, no weights read)."""
+    """Parameters of an image-backbone run (dit, dit_incontext, mmdit), from its saved config (meta device, no
+    weights read)."""
     p = Path(run_dir) / "config.toml"
     if not p.exists():
         return None
     try:
-        from genlab.config import from_dict, load_toml
-        from genlab.models.dit import dit_size
-        from genlab.sweep.sizes import dit_param_count
+        from genlab.config import IMAGE_BACKBONES, from_dict, load_toml
+        from genlab.models.match import param_count as count
         cfg = from_dict(load_toml(p))
-        if cfg.model.name != "dit" or cfg.data.name != "synthetic":
-            return None
-        dim, depth, heads = dit_size(cfg.model)
-        spec = {"kind": "image", "image_size": cfg.data.image_size, "channels": cfg.data.channels,
-                "num_classes": cfg.data.num_classes}
-        return dit_param_count(depth, dim, heads, cfg.model, spec)
+        spec = _image_spec(cfg) if cfg.model.name in IMAGE_BACKBONES else None
+        return None if spec is None else count(cfg.model, spec)
     except Exception:  # noqa: BLE001 - a column we cannot fill stays empty
         return None
 

@@ -14,7 +14,8 @@
     preset = "bench_dit_b2"
     overrides = ["train.compile=off"]
 
-    [[axis]] ...                     # see genlab.sweep.expand: key+values, zip, variants, type="constant_params"
+    [[axis]] ...                     # see genlab.sweep.expand: key+values, zip, variants, type="constant_params",
+                                     # type="matched_params" (variants at a reference DiT's parameter count)
 
 Everything, including every variant's full config, is checked before anything runs.
 """
@@ -83,7 +84,7 @@ def _size_shape(cfg) -> dict:
                 "num_classes": cfg.data.num_classes}
     else:
         spec = None  # real datasets: their shape needs the data; the default latent shape is close enough to rank widths
-    return {"model": cfg.model, "spec": spec}
+    return {"model": cfg.model, "spec": spec, "cfg": cfg}
 
 
 def shipped_sweeps() -> list[str]:

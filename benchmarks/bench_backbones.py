@@ -1,0 +1,186 @@
+"""Backbone x attention training throughput (issue 17): img/s, MFU and peak memory of `genlab bench`'s own step for
+every image backbone and attention entry at about DiT-B size, at 256 tokens (32x32x4 latents, patch 2) and 4,096
+tokens (128x128x4 latents, patch 2), then the attention kernels alone over a range of token counts to find where
+SANA's linear attention overtakes softmax attention (SDPA).
+
+Each variant has the parameter count of DiT-B/2 (genlab.models.match: depth 12, head width 64; --no-match keeps
+the DiT-B shape). The batch holds 65,536 tokens at every length (256 x 256, 16 x 4,096). MFU is each variant's own
+analytic FLOPs (linear attention's are linear in tokens) over the device peak, so it compares hardware use, not
+work done. Compiled configurations run in their own process (dynamo's recompile limit, docs/benchmarks.md).
+
+    python benchmarks/bench_backbones.py                       # GPU: the full table + crossover (bf16, compile)
+    python benchmarks/bench_backbones.py --quick               # CPU smoke run at tiny size (fp32, eager, in process)
+    python benchmarks/bench_backbones.py --backbones dit,mmdit --attention sdpa,linear --tokens 4096
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+BACKBONES = {"dit": [], "long_skips": ["model.long_skips=true"], "incontext_pre": ["model.name=dit_incontext"],
+             "incontext_post": ["model.name=dit_incontext", "model.ln_placement=post"], "mmdit": ["model.name=mmdit"],
+             "hybrid": ["model.name=mmdit", "model.dual_blocks={half}"]}  # half the blocks dual-stream
+ATTENTION = ["sdpa", "flex", "sigmoid", "differential", "linear"]
+TOKENS_PER_BATCH = 65536
+QUICK = ["model.size=tiny", "train.device=cpu", "train.precision=fp32", "train.compile=off"]
+
+
+def shape_overrides(tokens: int, patch: int = 2) -> tuple[list, dict]:
+    side = int(round(tokens ** 0.5)) * patch
+    if (side // patch) ** 2 != tokens:
+        raise SystemExit(f"--tokens {tokens} is not a square number of patches")
+    spec = {"kind": "image", "image_size": side, "channels": 4, "num_classes": 1000}
+    return [f"data.image_size={side}", "data.channels=4", f"model.patch_size={patch}"], spec
+
+
+def matched(overrides: list, spec: dict) -> list:
+    """Width / MLP width giving this variant DiT-B/2's parameter count at this data shape."""
+    from genlab.config import load_config
+    from genlab.models.match import matched_overrides, reference_params
+    cfg = load_config("bench_dit_b2", overrides)
+    return matched_overrides(cfg.model, spec, reference_params(cfg.model, spec))
+
+
+def bench_in_process(overrides, steps, warmup):
+    from genlab.bench import run_bench
+    from genlab.config import load_config
+    try:
+        return run_bench(load_config("bench_dit_b2", overrides), steps=steps, warmup=warmup)
+    except Exception as e:  # noqa: BLE001 - one failed row (e.g. flex backward on CPU) must not stop the table
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:120]}
+
+
+def bench_subprocess(overrides, steps, warmup):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        cmd = [sys.executable, "-m", "genlab", "bench", "bench_dit_b2", *overrides, "--steps", str(steps),
+               "--warmup", str(warmup), "--json", str(out)]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0 or not out.exists():
+            lines = [x for x in r.stderr.strip().splitlines() if x.strip()] or ["failed"]
+            return {"error": lines[-1][:160]}
+        return json.loads(out.read_text())
+
+
+def attention_time(name, n, batch, heads, head_dim, device, dtype, reps):
+    """Forward + backward of one attention call (ms), q/k/v [batch, heads, n, head_dim]."""
+    import torch
+
+    from genlab.registry import attention_registry
+    entry = attention_registry.get(name)
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, generator=g).requires_grad_()
+               for _ in range(3))
+    fn = entry(head_dim, heads, 0).to(device=device, dtype=dtype) if isinstance(entry, type) else entry
+
+    def once():
+        fn(q, k, v).float().sum().backward()
+    for _ in range(2):
+        once()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        once()
+    sync()
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
+def crossover(token_list, heads, head_dim, device, dtype, reps, tokens_per_batch):
+    rows = []
+    for n in token_list:
+        b = max(1, tokens_per_batch // n)
+        soft = attention_time("sdpa", n, b, heads, head_dim, device, dtype, reps)
+        lin = attention_time("linear", n, b, heads, head_dim, device, dtype, reps)
+        rows.append((n, b, soft, lin))
+    first = next((n for n, _, s, lin in rows if lin < s), None)
+    return rows, first
+
+
+def fmt(v, spec):
+    return "n/a" if v is None else format(v, spec)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny CPU smoke run (fp32, eager, in process)")
+    p.add_argument("--backbones", default=",".join(BACKBONES))
+    p.add_argument("--attention", default=",".join(ATTENTION))
+    p.add_argument("--tokens", default="256,4096", help="patch tokens per image (squares)")
+    p.add_argument("--compile", default="model", help="train.compile of the GPU runs (off | model | blocks)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps (compilation happens here)")
+    p.add_argument("--no-match", action="store_true", help="keep the DiT-B shape instead of matching its parameters")
+    p.add_argument("--crossover-tokens", default="256,512,1024,2048,4096,8192,16384")
+    p.add_argument("--no-table", action="store_true", help="only the kernel crossover")
+    p.add_argument("--no-crossover", action="store_true")
+    p.add_argument("--out", default=None, help="also write the markdown to this file")
+    args = p.parse_args()
+    import torch
+    quick = args.quick or not torch.cuda.is_available()
+    lines = []
+
+    def emit(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    if not args.no_table:
+        tokens = [16, 64] if args.quick else [int(x) for x in args.tokens.split(",") if x]
+        emit(f"| backbone | attention | tokens | batch | dim | img/s | step ms | MFU | peak GiB |")
+        emit("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for n in tokens:
+            shape, spec = shape_overrides(n)
+            batch = 4 if quick else max(1, TOKENS_PER_BATCH // n)
+            for bb in args.backbones.split(","):
+                for att in args.attention.split(","):
+                    half = 2 if quick else 6  # depth 4 (tiny) or 12 (B)
+                    ov = shape + [o.format(half=half) for o in BACKBONES[bb]]
+                    ov += [f"model.attention={att}", f"train.batch_size={batch}"]
+                    ov += QUICK if quick else [f"train.compile={args.compile}"]
+                    try:
+                        ov += [] if args.no_match or quick else matched(ov, spec)
+                    except Exception as e:  # noqa: BLE001
+                        emit(f"| {bb} | {att} | {n} | {batch} | | match failed: {e} | | | |")
+                        continue
+                    run = bench_in_process if quick or args.compile == "off" else bench_subprocess
+                    r = run(ov, 2 if quick else args.steps, 1 if quick else args.warmup)
+                    dim = next((o.split("=")[1] for o in ov if o.startswith("model.dim=")), "B" if not quick else "tiny")
+                    if "error" in r:
+                        emit(f"| {bb} | {att} | {n} | {batch} | {dim} | failed: {r['error']} | | | |")
+                        continue
+                    mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+                    emit(f"| {bb} | {att} | {n} | {batch} | {dim} | {r['samples_per_s']:.1f} | {r['step_ms']:.1f} | {mfu} | "
+                         f"{fmt(r.get('peak_mem_gib'), '.2f')} |")
+        emit()
+    if not args.no_crossover:
+        dev = torch.device("cpu" if quick else "cuda")
+        dtype = torch.float32 if quick else torch.bfloat16
+        heads, hd = (2, 16) if quick else (12, 64)
+        toks = [16, 64, 256] if quick else [int(x) for x in args.crossover_tokens.split(",")]
+        per_batch = 1024 if quick else TOKENS_PER_BATCH
+        rows, first = crossover(toks, heads, hd, dev, dtype, 3 if quick else 20, per_batch)
+        emit(f"Attention kernels alone, forward + backward, {heads} heads x {hd}, {dtype}, {per_batch} tokens per batch:")
+        emit()
+        emit("| tokens | batch | sdpa ms | linear ms | linear / sdpa |")
+        emit("| --- | --- | --- | --- | --- |")
+        for n, b, s, lin in rows:
+            emit(f"| {n} | {b} | {s:.3f} | {lin:.3f} | {lin / s:.2f} |")
+        emit()
+        emit(f"crossover: linear attention is faster than sdpa from {first} tokens" if first else
+             "crossover: linear attention was not faster than sdpa at any measured length")
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

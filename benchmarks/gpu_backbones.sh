@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Backbone x attention zoo (issue 17) on ONE H100/H200; tables and sweep reports land in $OUT.
+#   table    benchmarks/bench_backbones.py: img/s, MFU, peak memory per backbone x attention at DiT-B/2's parameter
+#            count, 256 and 4,096 tokens, bf16, compile=model, one process per row (~40-70 s a row with compile:
+#            split the 60 rows over calls with BACKBONES / ATTENTION / TOKENS, each call < 10 min)
+#   cross    the attention kernels alone (sdpa vs linear, fwd+bwd, 12 heads x 64, bf16) from 256 to 16,384 tokens
+#   sweeps   genlab sweep architectures and attention on MNIST (matched parameters, 2000 steps a run; not timed
+#            yet, estimated 2-4 min a run: 12 runs). No run starts after SWEEP_BUDGET s (default 280) and each is
+#            capped at RUN_TIMEOUT s (default 300); call again on the same warm machine to continue (finished runs
+#            are skipped, SWEEP_ROOT persists)
+# Needs gpu_data/mnist/*.gz (carried) for the sweeps. Examples (repo root):
+#   OUT=out STAGES=cross bash benchmarks/gpu_backbones.sh
+#   OUT=out STAGES=table TOKENS=256 BACKBONES=dit,incontext_pre,incontext_post bash benchmarks/gpu_backbones.sh
+#   OUT=out STAGES=table TOKENS=4096 BACKBONES=mmdit,hybrid ATTENTION=sdpa,linear bash benchmarks/gpu_backbones.sh
+#   OUT=out STAGES=sweeps SWEEPS="architectures attention" bash benchmarks/gpu_backbones.sh
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+STAGES=${STAGES:-"cross table"}
+BACKBONES=${BACKBONES:-dit,long_skips,incontext_pre,incontext_post,mmdit,hybrid}
+ATTENTION=${ATTENTION:-sdpa,flex,sigmoid,differential,linear}
+TOKENS=${TOKENS:-256,4096}
+TAG=${TAG:-$(echo "$TOKENS-$BACKBONES-$ATTENTION" | tr ',' '_' | cut -c1-80)}
+START=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
+{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee -a "$OUT/main.log"
+for s in $STAGES; do case $s in
+cross) stamp cross
+       timeout ${T_CROSS:-240} python3 benchmarks/bench_backbones.py --no-table --out "$OUT/crossover.md" \
+         > "$OUT/crossover.log" 2>&1; tail -14 "$OUT/crossover.log" | tee -a "$OUT/main.log" ;;
+table) stamp "table $TAG"
+       timeout ${T_TABLE:-560} python3 benchmarks/bench_backbones.py --no-crossover --tokens "$TOKENS" \
+         --backbones "$BACKBONES" --attention "$ATTENTION" --compile ${COMPILE:-model} --steps ${STEPS:-10} \
+         --warmup ${WARMUP:-10} --out "$OUT/table_$TAG.md" > "$OUT/table_$TAG.log" 2>&1
+       cat "$OUT/table_$TAG.log" | grep "^|" | tee -a "$OUT/main.log" ;;
+sweeps) stamp sweeps
+       if [ ! -d data/mnist ]; then
+         python3 -m genlab data prepare mnist --src gpu_data/mnist --out gpu_data/mnist_prepared > "$OUT/prepare.log" 2>&1 \
+           || { echo "prepare failed"; tail "$OUT/prepare.log"; exit 1; }
+         mkdir -p data && ln -sfn "$PWD/gpu_data/mnist_prepared" data/mnist
+       fi
+       ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
+       for sw in ${SWEEPS:-architectures attention}; do
+         left=$(( ${SWEEP_BUDGET:-280} - ($(date +%s) - START) )); [ "$left" -lt 0 ] && left=0
+         python3 -m genlab sweep "$sw" --root "$ROOT" --max-time "$left" --timeout ${RUN_TIMEOUT:-300} 2>&1 | grep -v "^\s*$" | tail -30 | tee -a "$OUT/main.log"
+         tar czf "$OUT/$sw.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" "$sw"
+       done ;;
+esac; done
+stamp done
