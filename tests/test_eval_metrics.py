@@ -409,12 +409,16 @@ def test_unknown_metric_lists_the_valid_choices():
 
 @pytest.fixture(scope="module")
 def evaluated_run(tmp_path_factory):
+    """A 6-step run evaluated at steps 3 and 6, with the closed-form classifier stand-in throughout."""
+    import genlab.eval.classifier as clf
     from genlab.config import load_config
     from genlab.train.trainer import Trainer
     out = tmp_path_factory.mktemp("evalrun")
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={out}", "train.name=r", "train.steps=6", "log.eval_every=3",
                                              "eval.num_samples=30", "eval.sample_steps=2"])
-    return Trainer(cfg).fit(), out / "r"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(clf, "get_classifier", lambda data, device="cpu", epochs=0: (_NearestMean(data).to(device), 0.9))
+        yield Trainer(cfg).fit(), out / "r"
 
 
 def test_periodic_and_final_eval_log_every_distance_with_its_floor(evaluated_run):
