@@ -218,7 +218,7 @@ def summary_line(res: dict) -> str:
     """One console line; every distance carries its real-vs-real floor."""
     parts = []
     if "sample_accuracy" in res:
-        parts.append(f"sample accuracy {100 * res['sample_accuracy']:.1f}% (classifier held-out acc {100 * res['classifier_val_acc']:.1f}%)")
+        parts.append(f"sample accuracy: {100 * res['sample_accuracy']:.1f}% (classifier held-out acc {100 * res['classifier_val_acc']:.1f}%)")
     if "feature_fd" in res:
         parts.append(f"feature FD {res['feature_fd']:.4g} (real-vs-real floor {res['feature_fd_floor']:.4g})")
     if "precision" in res:
