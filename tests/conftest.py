@@ -21,6 +21,9 @@ TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=16",
 def _hermetic_cache(tmp_path_factory):
     """Classifiers and downloads are cached per test session, never in the user's home."""
     os.environ["GENLAB_CACHE"] = str(tmp_path_factory.mktemp("genlab-cache"))
+    os.environ["TORCH_HOME"] = str(tmp_path_factory.mktemp("torch-home"))  # no metric weights unless a test puts them there
+    for k in ("GENLAB_FID_WEIGHTS", "GENLAB_LPIPS_WEIGHTS"):
+        os.environ.pop(k, None)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     yield
 

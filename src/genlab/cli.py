@@ -44,9 +44,9 @@ def print_summary(s: dict):
              f"final loss: {fmt(s.get('loss'), '.4f')}  throughput: {fmt(s.get('samples_per_s'), '.1f')} samples/s  "
              f"MFU: {'n/a' if s.get('mfu') is None else format(100 * s['mfu'], '.1f') + '%'}  "
              f"peak mem: {'n/a' if s.get('peak_mem_gib') is None else format(s['peak_mem_gib'], '.2f') + ' GiB'}"]
-    if "sample_accuracy" in s:
-        lines.append(f"sample accuracy: {100 * s['sample_accuracy']:.1f}% (classifier held-out acc {100 * s['classifier_val_acc']:.1f}%)"
-                     f"  feature FD: {s['feature_fd']:.3f}")
+    if "eval_samples" in s:  # image metrics: every distance beside its real-vs-real floor
+        from genlab.eval.metrics import summary_line
+        lines.append(summary_line(s))
     for k, v in s.items():
         if k.startswith(("val_", "bpc", "ppl", "nelbo")) and isinstance(v, (int, float)):
             lines.append(f"{k}: {v:.4f}")
@@ -68,7 +68,8 @@ def cmd_sample(args):
 
 def cmd_eval(args):
     from genlab.sample import evaluate_run
-    res = evaluate_run(args.run, overrides=args.overrides, device=args.device)
+    metrics = [f"eval.metrics={args.metrics}"] if args.metrics is not None else []
+    res = evaluate_run(args.run, overrides=list(args.overrides) + metrics, device=args.device)
     print(json.dumps(res, indent=2, default=str))
     return 0
 
@@ -159,10 +160,13 @@ def build_parser():
     s.add_argument("--attention", default=None, metavar="ROW,COL", help="image_ar: attention maps of the pixel ROW,COL")
     s.set_defaults(fn=cmd_sample)
 
-    e = sub.add_parser("eval", help="evaluate a run or checkpoint (sample accuracy / likelihood bounds)")
+    e = sub.add_parser("eval", help="evaluate a run or checkpoint (sample accuracy, FD, precision/recall, FID, LPIPS / likelihood bounds)")
     e.add_argument("run")
     e.add_argument("overrides", nargs="*", help="eval.* overrides, e.g. eval.num_samples=1000")
     e.add_argument("--device", default="auto")
+    e.add_argument("--metrics", default=None, metavar="LIST",
+                   help="image metrics, comma-separated: accuracy,fd,pr (default, offline), fid, lpips (need weights); "
+                        "same as eval.metrics=LIST")
     e.set_defaults(fn=cmd_eval)
 
     lst = sub.add_parser("list", help="print every registry and its entries, the presets and the shipped sweeps")

@@ -27,6 +27,7 @@ NOT_T = LM_METHODS + ("image_ar",)                              # methods that d
 FLOW_ONLY = NOT_T + ("world",)                                  # options only flow and repa read
 IMAGE_BACKBONES = ("dit", "dit_incontext", "mmdit")              # class-conditional image models (models/dit.py)
 NOT_IMAGE_BACKBONES = ("gpt", "sparse_transformer", "world_dit")
+IMAGE_METRICS_UNUSED = ("image_ar", "world") + LM_METHODS       # methods that do not read eval.metrics and its options
 
 
 @dataclass
@@ -276,8 +277,27 @@ class EvalConfig:
                            free="a run folder", unused={"method.name": ("flow", "autoregressive")})
     gen_samples: int = F(16, "mdlm: samples scored for the generative perplexity", ge=1,
                          unused={"method.name": ("flow", "autoregressive")})
-    val_path: str = F("", "image_ar: held-out images folder for bits/dim (empty: the last eval.num_samples training images)",
-                      free="a folder made by `genlab data prepare`", unused={"method.name": ("flow", "autoregressive", "mdlm")})
+    val_path: str = F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
+                      "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
+                      "eval.num_samples training images)",
+                      free="a folder made by `genlab data prepare`", unused={"method.name": ("autoregressive", "mdlm")})
+    metrics: str = F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid and lpips need downloaded weights; README: Evaluation metrics)",
+                     free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, lpips, pr",
+                     unused={"method.name": IMAGE_METRICS_UNUSED})
+    ref_samples: int = F(10000, "flow: held-out images in the reference set of FD/FID (at most the held-out split)", ge=2,
+                         unused={"method.name": IMAGE_METRICS_UNUSED})
+    pr_k: int = F(3, "flow: k of the k-NN manifolds of precision/recall (Kynkäänniemi et al. 2019)", ge=1,
+                  unused={"method.name": IMAGE_METRICS_UNUSED})
+    fid_weights: str = F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
+                         "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)",
+                         free="a file or folder path", unused={"method.name": IMAGE_METRICS_UNUSED})
+    lpips_net: str = F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg"),
+                       unused={"method.name": IMAGE_METRICS_UNUSED})
+    lpips_weights: str = F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
+                           "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)",
+                           free="a folder path", unused={"method.name": IMAGE_METRICS_UNUSED})
+    lpips_pairs: int = F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1,
+                         unused={"method.name": IMAGE_METRICS_UNUSED})
     nfe_list: str = F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
                           "evaluations per sample; empty = off)", free="comma-separated integers >= 1",
                       unused={"method.name": FLOW_ONLY})

@@ -31,6 +31,9 @@ def check_section(cfg, sec: str) -> None:
     hints = get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         check_value(sec, f, hints[f.name], getattr(obj, f.name))
+    if sec == "eval":  # a list of registry names: each must exist (weights are checked where eval will run)
+        from genlab.eval.metrics import parse_metrics
+        parse_metrics(obj.metrics)
 
 
 def check_config(cfg) -> None:

@@ -11,7 +11,7 @@ from genlab.errors import GenlabError, did_you_mean
 REGISTRIES = {}
 # every module that registers something; imported on the first lookup of any registry
 ENTRY_MODULES = ("genlab.models", "genlab.methods", "genlab.data", "genlab.optim", "genlab.train.switches",
-                 "genlab.train.parallel", "genlab.train.convert")
+                 "genlab.train.parallel", "genlab.train.convert", "genlab.eval.metrics")
 _loaded = False
 
 
@@ -94,3 +94,4 @@ convert_registry = Registry("convert")
 mlp_registry = Registry("mlp")
 norm_registry = Registry("norm")
 position_registry = Registry("position")
+eval_metric_registry = Registry("eval_metric")

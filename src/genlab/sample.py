@@ -98,6 +98,7 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
 def evaluate_run(run, overrides=(), device="auto"):
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     nfe_table = _nfe_table_wanted(cfg, method)
+    getattr(method, "check_eval", lambda cfg: None)(cfg)  # weights of eval.metrics present before sampling
     data = build_dataset(cfg.data)
     ctx = {"eval": cfg.eval, "device": dev, "cfg": cfg, "run_dir": _run_dir(run),
            "generator": torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)}

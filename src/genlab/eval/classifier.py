@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from genlab import progress
 from genlab.data.loader import normalize_images
+from genlab.eval.frechet import frechet_distance  # noqa: F401  (its old home; callers import it from here)
 
 
 def cache_dir() -> Path:
@@ -100,15 +101,3 @@ def get_classifier(data, device="cpu", epochs: int = 30):
         torch.save({"model": net.cpu().state_dict(), "val_acc": acc}, tmp)
         os.replace(tmp, path)
     return net.to(device).eval(), acc
-
-
-def frechet_distance(f1: np.ndarray, f2: np.ndarray) -> float:
-    """||mu1-mu2||^2 + Tr(S1 + S2 - 2 (S1 S2)^{1/2}) (Heusel et al. 2017), in float64."""
-    f1, f2 = np.asarray(f1, np.float64), np.asarray(f2, np.float64)
-    mu1, mu2 = f1.mean(0), f2.mean(0)
-    s1, s2 = np.cov(f1, rowvar=False), np.cov(f2, rowvar=False)
-    # Tr (S1 S2)^{1/2} = sum sqrt(eig(A S2 A)) with A = S1^{1/2}: symmetric, so eigh is stable
-    w, u = np.linalg.eigh(s1)
-    a = (u * np.sqrt(np.clip(w, 0, None))) @ u.T
-    tr_covmean = np.sqrt(np.clip(np.linalg.eigvalsh(a @ s2 @ a), 0, None)).sum()
-    return float(((mu1 - mu2) ** 2).sum() + np.trace(s1) + np.trace(s2) - 2 * tr_covmean)

@@ -7,8 +7,6 @@ import torch
 from PIL import Image
 
 from genlab import progress
-from genlab.data.loader import normalize_images
-from genlab.eval.classifier import frechet_distance, get_classifier, predict
 
 
 def to_uint8(x: torch.Tensor) -> torch.Tensor:
@@ -28,21 +26,14 @@ def generate(method, model, labels, ctx, batch, desc="sampling"):
 
 
 def evaluate_class_conditional(method, model, data, ctx) -> dict:
+    """Samples for every class in turn, scored by the metrics of eval.metrics (eval/metrics.py)."""
     ecfg, device = ctx["eval"], ctx["device"]
     if ecfg.num_samples <= 0:  # eval switched off (benchmark presets)
         return {}
-    k = data.spec["num_classes"]
-    net, val_acc = get_classifier(data, device=device, epochs=ecfg.classifier_epochs)
-    labels = torch.arange(ecfg.num_samples, device=device) % k
+    labels = torch.arange(ecfg.num_samples, device=device) % data.spec["num_classes"]
     samples = generate(method, model, labels, ctx, ecfg.batch_size, desc="eval: sampling")
-    logits, f_gen = predict(net, normalize_images(samples.to(device)), return_features=True)
-    acc = (logits.argmax(-1) == labels).float().mean().item()
-    n_real = min(len(data), max(2000, ecfg.num_samples))
-    idx = np.random.default_rng(0).choice(len(data), n_real, replace=False)
-    real = normalize_images(torch.from_numpy(np.asarray(data.images[np.sort(idx)])).to(device))
-    _, f_real = predict(net, real, return_features=True)
-    return {"sample_accuracy": acc, "feature_fd": frechet_distance(f_gen.float().cpu().numpy(), f_real.float().cpu().numpy()),
-            "classifier_val_acc": val_acc}
+    from genlab.eval.metrics import image_metrics
+    return image_metrics(samples, labels, data, ctx)
 
 
 def save_grid(images_u8: torch.Tensor, rows: int, cols: int, path, upscale: int | None = None):

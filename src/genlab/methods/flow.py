@@ -131,6 +131,12 @@ class FlowMatching(Method):
         return call_sampler(sampler_registry.get(sampler or self.mcfg.sampler), velocity, x, ts, callback=callback,
                             generator=generator, noise=self.mcfg.sde_noise)
 
+    def check_eval(self, cfg) -> None:
+        """Before training or sampling: eval.metrics valid and their weights files present."""
+        if cfg.eval.num_samples > 0:
+            from genlab.eval.metrics import check_metrics
+            check_metrics(cfg.eval)
+
     def evaluate(self, model, data, ctx) -> dict:
         from genlab.eval.image_quality import evaluate_class_conditional
         return evaluate_class_conditional(self, model, data, ctx)

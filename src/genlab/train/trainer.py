@@ -53,6 +53,7 @@ class Trainer:
         st = self.steps
         self.model = self.base = st.model
         self.method, self.wrapped, self.ema, self.gen = st.method, st.wrapped, st.ema, st.gen
+        getattr(self.method, "check_eval", lambda cfg: None)(cfg)  # e.g. FID weights missing: fail before step 1
         self.optimizer, self.scaler, self.flops_per_sample = st.optimizer, st.scaler, st.flops_per_sample
         self.sharded = st.sharded  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
         torch.manual_seed(tcfg.seed + self.dist.rank)  # per-rank randomness from here on (dropout, augmentation)

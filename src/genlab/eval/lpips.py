@@ -1,0 +1,160 @@
+"""LPIPS (Zhang et al. 2018, "The Unreasonable Effectiveness of Deep Features as a Perceptual Metric"),
+version 0.1, written here without torchvision or the lpips package:
+
+    d(x, y) = sum_l mean_hw  w_l . (f̂_l(x) - f̂_l(y))^2,   f̂ = f / ||f||_channels
+
+with f_l the ReLU outputs of five layers of an ImageNet AlexNet or VGG-16 and w_l >= 0 learned per
+channel. The feature network is an nn.Sequential `features` whose indices match torchvision's
+alexnet()/vgg16() `features.*` keys, and the linear layers are `lin0..lin4` with `model.1.weight`
+as in the lpips package's weights files (alex.pth / vgg.pth), so both published files load strictly."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genlab.errors import GenlabError
+from genlab.eval.weights import find_file, load_state
+
+# conv (out, kernel, stride, padding) | "M" max pool; the index in the Sequential is torchvision's
+ALEX = [(64, 11, 4, 2), "M", (192, 5, 1, 2), "M", (384, 3, 1, 1), (256, 3, 1, 1), (256, 3, 1, 1), "M"]
+VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+# index of the ReLU whose output is each LPIPS layer (relu1..relu5 / relu1_2, relu2_2, relu3_3, relu4_3, relu5_3)
+TAPS = {"alex": (1, 4, 7, 9, 11), "vgg": (3, 8, 15, 22, 29)}
+CHANNELS = {"alex": (64, 192, 384, 256, 256), "vgg": (64, 128, 256, 512, 512)}
+BACKBONE_FILES = {"alex": "alexnet-owt-7be5be79.pth", "vgg": "vgg16-397923af.pth"}  # torchvision's names
+BACKBONE_URLS = {n: f"https://download.pytorch.org/models/{f}" for n, f in BACKBONE_FILES.items()}
+LIN_URL = "https://github.com/richzhang/PerceptualSimilarity/raw/master/lpips/weights/v0.1/{net}.pth"
+MIN_SIZE = 64  # smaller images are upsampled first: AlexNet's stride-4 stem and pools leave nothing of 8x8 or 28x28
+
+
+def _features(net: str) -> nn.Sequential:
+    layers, cin = [], 3
+    if net == "alex":
+        for spec in ALEX:
+            if spec == "M":
+                layers.append(nn.MaxPool2d(3, 2))
+            else:
+                out, k, s, p = spec
+                layers += [nn.Conv2d(cin, out, k, stride=s, padding=p), nn.ReLU()]
+                cin = out
+    else:
+        for spec in VGG16:
+            if spec == "M":
+                layers.append(nn.MaxPool2d(2, 2))
+            else:
+                layers += [nn.Conv2d(cin, spec, 3, padding=1), nn.ReLU()]
+                cin = spec
+    return nn.Sequential(*layers)
+
+
+class _Lin(nn.Module):
+    """1x1 conv to one channel without bias; `model.0` is the package's (eval-time inert) dropout."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.model = nn.Sequential(nn.Dropout(), nn.Conv2d(c, 1, 1, bias=False))
+
+
+class LPIPS(nn.Module):
+    def __init__(self, net: str = "alex"):
+        super().__init__()
+        if net not in TAPS:
+            raise GenlabError(f"unknown eval.lpips_net '{net}'; valid choices: {', '.join(TAPS)}")
+        self.net = net
+        self.features = _features(net)[:TAPS[net][-1] + 1]  # layers after relu5 are never used
+        for i, c in enumerate(CHANNELS[net]):
+            self.add_module(f"lin{i}", _Lin(c))
+        # v0.1 input scaling: ImageNet statistics expressed on the [-1, 1] scale
+        self.register_buffer("shift", torch.tensor([-.030, -.088, -.188]).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("scale", torch.tensor([.458, .448, .450]).view(1, 3, 1, 1), persistent=False)
+
+    def layer_features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        h, out, taps = (x - self.shift) / self.scale, [], set(TAPS[self.net])
+        for i, layer in enumerate(self.features):
+            h = layer(h)
+            if i in taps:
+                out.append(h)
+        return out
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x, y: float [B, 3, H, W] in [-1, 1] -> distance [B]."""
+        total = 0
+        for i, (fx, fy) in enumerate(zip(self.layer_features(x), self.layer_features(y))):
+            fx = fx / (fx.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+            fy = fy / (fy.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+            total = total + getattr(self, f"lin{i}").model((fx - fy) ** 2).mean((2, 3))
+        return total.flatten()
+
+
+def to_lpips_input(images_u8: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, H, W, C] -> float [B, 3, >=64, >=64] in [-1, 1] (grey replicated to RGB)."""
+    x = images_u8.permute(0, 3, 1, 2).float() / 127.5 - 1
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    if min(x.shape[-2:]) < MIN_SIZE:
+        s = MIN_SIZE / min(x.shape[-2:])
+        x = F.interpolate(x, size=(round(x.shape[-2] * s), round(x.shape[-1] * s)), mode="bilinear", align_corners=False)
+    return x
+
+
+@torch.no_grad()
+def lpips_pairs(model: LPIPS, a_u8, b_u8, batch: int = 250, device=None) -> np.ndarray:
+    """LPIPS between a[i] and b[i] (uint8 [n, H, W, C] each), float32 with autocast off."""
+    device = device or next(model.parameters()).device
+    out = []
+    for i in range(0, len(a_u8), batch):
+        xa = to_lpips_input(torch.as_tensor(np.asarray(a_u8[i:i + batch])).to(device))
+        xb = to_lpips_input(torch.as_tensor(np.asarray(b_u8[i:i + batch])).to(device))
+        with torch.autocast(torch.device(device).type, enabled=False):
+            out.append(model(xa, xb).double().cpu())
+    return torch.cat(out).numpy()
+
+
+def same_class_pairs(labels: np.ndarray, n_pairs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """n_pairs index pairs (i != j, same label), cycling over the classes that have two members."""
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    groups = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    groups = [g for g in groups if len(g) >= 2]
+    if not groups:
+        raise GenlabError("LPIPS diversity needs at least two samples of one class (raise eval.num_samples)")
+    i, j = [], []
+    for p in range(n_pairs):
+        a, b = rng.choice(groups[p % len(groups)], 2, replace=False)
+        i.append(a)
+        j.append(b)
+    return np.array(i), np.array(j)
+
+
+def find_lpips_files(net: str, explicit: str = ""):
+    what = f"LPIPS ({net})"
+    backbone = find_file((BACKBONE_FILES[net],), explicit, "GENLAB_LPIPS_WEIGHTS", "eval.lpips_weights", what,
+                         BACKBONE_URLS[net])
+    lin = find_file((f"{net}.pth",), explicit, "GENLAB_LPIPS_WEIGHTS", "eval.lpips_weights", what,
+                    LIN_URL.format(net=net))
+    return backbone, lin
+
+
+def load_lpips_state(model: LPIPS, backbone: dict, lin: dict, what: str = "LPIPS weights") -> LPIPS:
+    """Strict loads: the backbone file's features.* (its classifier.* is not needed) and lin0..lin4."""
+    feats = {k[len("features."):]: v for k, v in backbone.items() if k.startswith("features.")}
+    feats = {k: v for k, v in feats.items() if int(k.split(".")[0]) < len(model.features)}
+    lins = {k: v for k, v in lin.items() if k.startswith("lin")}
+    try:
+        model.features.load_state_dict(feats, strict=True)
+        missing = [k for k in model.state_dict() if k.startswith("lin") and k not in lins]
+        if missing:
+            raise RuntimeError(f"missing {', '.join(missing)}")
+        model.load_state_dict({**{f"features.{k}": v for k, v in feats.items()}, **lins}, strict=True)
+    except RuntimeError as e:
+        raise GenlabError(f"{what} do not fit LPIPS-{model.net}: {' '.join(str(e).split())[:300]}") from None
+    return model
+
+
+def load_lpips(net: str = "alex", explicit: str = "", device="cpu") -> LPIPS:
+    backbone, lin = find_lpips_files(net, explicit)
+    model = load_lpips_state(LPIPS(net), load_state(backbone, "LPIPS backbone"), load_state(lin, "LPIPS linear layers"),
+                             f"LPIPS weights {backbone.name} + {lin.name}")
+    return model.to(device).eval().requires_grad_(False)

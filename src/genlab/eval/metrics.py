@@ -1,0 +1,233 @@
+"""Image-sample metrics, selected by eval.metrics (registry `eval_metric`), run by `genlab eval` and
+periodically during training. Every distance compares the generated samples with the held-out real
+images (real_split.py) and reports the real-vs-real floor beside it: the same distance between
+training images and the held-out set at the same sample count."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from genlab import progress
+from genlab.errors import GenlabError
+from genlab.registry import eval_metric_registry
+
+DEFAULT_METRICS = "accuracy,fd,pr"   # the ones that need no downloaded weights
+_CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
+_CACHE_MAX = 32
+
+
+def parse_metrics(text: str) -> list[str]:
+    names = [s.strip() for s in str(text).split(",") if s.strip()]
+    valid = eval_metric_registry.names()
+    if not names:
+        raise GenlabError(f"eval.metrics is empty; valid choices: {', '.join(valid)} (eval.num_samples=0 turns eval off)")
+    for n in names:
+        if n not in valid:
+            from genlab.errors import did_you_mean
+            raise GenlabError(f"unknown eval.metrics entry '{n}'{did_you_mean(n, valid)}; valid choices: {', '.join(valid)}")
+    return list(dict.fromkeys(names))
+
+
+def check_metrics(ecfg) -> list[str]:
+    """Names valid and every weights file present: called before training or sampling starts."""
+    names = parse_metrics(ecfg.metrics)
+    for n in names:
+        check = getattr(eval_metric_registry.get(n), "check", None)
+        if check is not None:
+            check(ecfg)
+    return names
+
+
+def _cached(key, fn):
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = fn()
+    return _CACHE[key]
+
+
+class Evaluation:
+    """One evaluation: the generated samples, the real split, and feature sets computed once each."""
+
+    def __init__(self, samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx):
+        self.samples = samples_u8.cpu()
+        self.labels = labels.cpu()
+        self.data, self.ecfg, self.device = data, ctx["eval"], ctx["device"]
+        self.n = len(self.samples)
+        self.data_key = (data.meta.get("sha256") or f"id{id(data)}", self.ecfg.val_path, self.ecfg.ref_samples, self.n)
+        from genlab.eval.real_split import real_split
+        self.split = _cached(("split", *self.data_key),
+                             lambda: real_split(data, self.ecfg.val_path, self.n, self.ecfg.ref_samples))
+        self._gen = {}
+
+    # -- feature spaces ---------------------------------------------------------------------
+    def classifier(self):
+        if "classifier" not in self._gen:
+            from genlab.eval.classifier import get_classifier
+            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=self.ecfg.classifier_epochs)
+        return self._gen["classifier"]
+
+    def _classify(self, images_u8):
+        from genlab.data.loader import normalize_images
+        from genlab.eval.classifier import predict
+        net, _ = self.classifier()
+        x = normalize_images(torch.as_tensor(np.asarray(images_u8)).to(self.device))
+        with torch.autocast(torch.device(self.device).type, enabled=False):
+            logits, f = predict(net, x, return_features=True)
+        return logits.float().cpu(), f.double().cpu().numpy()
+
+    def gen_logits_features(self):
+        if "clf_gen" not in self._gen:
+            self._gen["clf_gen"] = self._classify(self.samples)
+        return self._gen["clf_gen"]
+
+    def features(self, space: str, which: str) -> np.ndarray:
+        """[n, d] float64 features of 'gen', 'ref' (held-out) or 'train' (train subset) in a feature space."""
+        if which == "gen":
+            if space == "classifier":
+                return self.gen_logits_features()[1]
+            if (space, "gen") not in self._gen:
+                self._gen[(space, "gen")] = self._extract(space, self.samples)
+            return self._gen[(space, "gen")]
+        images = self.split.held_out if which == "ref" else self.split.train
+        return _cached((space, which, self._space_key(space), *self.data_key), lambda: self._extract(space, images))
+
+    def _space_key(self, space):
+        if space == "classifier":  # a fingerprint of the weights: a retrained classifier is another feature space
+            net = self.classifier()[0]
+            return (sum(float(v.double().sum()) for v in net.state_dict().values()),)
+        return (self.ecfg.fid_weights,)
+
+    def _extract(self, space, images_u8):
+        if space == "classifier":
+            return self._classify(images_u8)[1]
+        if space == "inception":
+            from genlab.eval.inception import inception_features
+            return inception_features(self.inception(), images_u8, batch=min(self.ecfg.batch_size, 200), device=self.device)
+        raise ValueError(space)
+
+    def inception(self):
+        from genlab.eval.inception import load_fid_inception
+        return _cached(("inception_net", self.ecfg.fid_weights, str(self.device)),
+                       lambda: load_fid_inception(self.ecfg.fid_weights, self.device))
+
+    def fd_pair(self, space: str) -> tuple[float, float]:
+        """(FD of the samples, real-vs-real floor), both against the held-out set's Gaussian."""
+        from genlab.eval.frechet import frechet_from_stats, gaussian_stats
+        ref = _cached(("stats", space, self._space_key(space), *self.data_key),
+                      lambda: gaussian_stats(self.features(space, "ref")))
+        floor = _cached(("floor", space, self._space_key(space), *self.data_key),
+                        lambda: frechet_from_stats(*gaussian_stats(self.features(space, "train")), *ref))
+        return frechet_from_stats(*gaussian_stats(self.features(space, "gen")), *ref), floor
+
+    def pr_pair(self, space: str) -> dict:
+        """Precision/recall of the samples and of the train subset, against n held-out images."""
+        from genlab.eval.precision_recall import precision_recall
+        k = self.ecfg.pr_k
+        ref = self.features(space, "ref")[: self.n]
+        p, r = precision_recall(ref, self.features(space, "gen"), k=k, device=self.device)
+        pf, rf = _cached(("pr_floor", space, k, self._space_key(space), *self.data_key),
+                         lambda: precision_recall(ref, self.features(space, "train"), k=k, device=self.device))
+        return {"precision": p, "recall": r, "precision_floor": pf, "recall_floor": rf}
+
+
+# -- the metrics ------------------------------------------------------------------------------
+@eval_metric_registry.register("accuracy", "sample accuracy: the in-project classifier agrees with the requested class")
+def accuracy(ev: Evaluation) -> dict:
+    logits, _ = ev.gen_logits_features()
+    return {"sample_accuracy": (logits.argmax(-1) == ev.labels).float().mean().item(),
+            "classifier_val_acc": ev.classifier()[1]}
+
+
+@eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor")
+def fd(ev: Evaluation) -> dict:
+    v, floor = ev.fd_pair("classifier")
+    return {"feature_fd": v, "feature_fd_floor": floor, "classifier_val_acc": ev.classifier()[1]}
+
+
+@eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space")
+def pr(ev: Evaluation) -> dict:
+    return ev.pr_pair("classifier")
+
+
+@eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights)")
+def fid(ev: Evaluation) -> dict:
+    v, floor = ev.fd_pair("inception")
+    return {"fid": v, "fid_floor": floor}
+
+
+def _check_fid(ecfg):
+    from genlab.eval.inception import find_fid_weights
+    find_fid_weights(ecfg.fid_weights)
+
+
+fid.check = _check_fid
+
+
+def _at_least(k: int, what: str):
+    def check(ecfg):
+        if ecfg.num_samples < k:
+            raise GenlabError(f"eval.metrics={what} needs eval.num_samples >= {k}, got {ecfg.num_samples}")
+    return check
+
+
+fd.check = _at_least(2, "fd")  # a covariance needs two samples
+pr.check = lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg)  # the k-th neighbour of a point among the others
+
+
+@eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)")
+def lpips(ev: Evaluation) -> dict:
+    from genlab.eval.lpips import load_lpips, lpips_pairs, same_class_pairs
+    e = ev.ecfg
+    model = _cached(("lpips_net", e.lpips_net, e.lpips_weights, str(ev.device)),
+                    lambda: load_lpips(e.lpips_net, e.lpips_weights, ev.device))
+    i, j = same_class_pairs(ev.labels.numpy(), e.lpips_pairs, seed=0)
+    gen = float(lpips_pairs(model, ev.samples[i], ev.samples[j], e.batch_size, ev.device).mean())
+
+    def real():
+        a, b = same_class_pairs(ev.split.held_out_labels, e.lpips_pairs, seed=1)
+        return float(lpips_pairs(model, ev.split.held_out[a], ev.split.held_out[b], e.batch_size, ev.device).mean())
+    return {"lpips_diversity": gen,
+            "lpips_diversity_real": _cached(("lpips_real", e.lpips_net, e.lpips_pairs, *ev.data_key), real)}
+
+
+def _check_lpips(ecfg):
+    from genlab.eval.lpips import find_lpips_files
+    find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights)
+
+
+lpips.check = _check_lpips
+
+
+# -- running them ------------------------------------------------------------------------------
+def image_metrics(samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx) -> dict:
+    """Every metric of eval.metrics on uint8 [n, H, W, C] samples drawn for `labels`."""
+    ev = Evaluation(samples_u8, labels, data, ctx)
+    res = {}
+    for name in parse_metrics(ctx["eval"].metrics):
+        res.update(eval_metric_registry.get(name)(ev))
+    res.update({"eval_samples": ev.n, "reference": ev.split.source, "floor_samples": len(ev.split.train)})
+    if progress.is_on():
+        print(summary_line(res), file=sys.stderr, flush=True)
+    return res
+
+
+def summary_line(res: dict) -> str:
+    """One console line; every distance carries its real-vs-real floor."""
+    parts = []
+    if "sample_accuracy" in res:
+        parts.append(f"sample accuracy: {100 * res['sample_accuracy']:.1f}% (classifier held-out acc {100 * res['classifier_val_acc']:.1f}%)")
+    if "feature_fd" in res:
+        parts.append(f"feature FD {res['feature_fd']:.4g} (real-vs-real floor {res['feature_fd_floor']:.4g})")
+    if "precision" in res:
+        parts.append(f"precision {res['precision']:.3f} recall {res['recall']:.3f} "
+                     f"(real-vs-real {res['precision_floor']:.3f} / {res['recall_floor']:.3f})")
+    if "fid" in res:
+        parts.append(f"FID {res['fid']:.4g} (real-vs-real floor {res['fid_floor']:.4g})")
+    if "lpips_diversity" in res:
+        parts.append(f"LPIPS diversity {res['lpips_diversity']:.4f} (real {res['lpips_diversity_real']:.4f})")
+    floor_n = res.get("floor_samples")
+    n_note = f"; floor from {floor_n} train images" if floor_n is not None and floor_n != res.get("eval_samples") else ""
+    return f"eval ({res.get('eval_samples')} samples vs {res.get('reference')}{n_note}): " + " | ".join(parts)

@@ -1,0 +1,50 @@
+"""The real images that generated samples are compared with, and the real-vs-real floor.
+
+'Held-out' means, per dataset:
+- eval.val_path set (e.g. MNIST/Fashion-MNIST/CIFAR-10 prepared with `--split test`): that folder, the
+  dataset's own test split, never seen in training;
+- otherwise (digits, synthetic, a prepared folder without eval.val_path): a fixed half of the training
+  images (seed 0). It is disjoint from the train subset below, so the floor is a real-vs-real distance
+  between independent draws, but the generator did train on it.
+The train subset is `n` training images (n = number of generated samples) disjoint from the held-out
+set: FD(train subset, held-out) is the distance a perfect generator would score at that sample count."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from genlab.errors import GenlabError
+
+
+@dataclass
+class RealSplit:
+    held_out: np.ndarray         # uint8 [R, H, W, C]: the reference set of every distance
+    held_out_labels: np.ndarray  # int64 [R]
+    train: np.ndarray            # uint8 [min(n, pool), H, W, C]: training images disjoint from held_out
+    source: str                  # what 'held-out' is for this dataset
+
+
+def _take(images, idx):
+    return np.ascontiguousarray(np.asarray(images[np.sort(idx)]))
+
+
+def real_split(data, val_path: str, n: int, ref_samples: int, seed: int = 0) -> RealSplit:
+    rng = np.random.default_rng(seed)
+    if val_path:
+        from genlab.data.formats import read_image_dataset
+        val = read_image_dataset(val_path)
+        if val.images.shape[1:] != data.images.shape[1:]:
+            raise GenlabError(f"eval.val_path images are {list(val.images.shape[1:])}, the training images "
+                              f"{list(data.images.shape[1:])}")
+        ref = np.sort(rng.permutation(len(val))[:ref_samples])
+        train = rng.permutation(len(data))[:n]
+        return RealSplit(_take(val.images, ref), np.asarray(val.labels)[ref], _take(data.images, train),
+                         f"eval.val_path ({len(ref)} of {len(val)} held-out images)")
+    if len(data) < 4:
+        raise GenlabError(f"the dataset has {len(data)} images; the real-vs-real floor needs at least 4")
+    perm = rng.permutation(len(data))
+    half = len(data) // 2
+    ref = np.sort(perm[:half][:ref_samples])
+    return RealSplit(_take(data.images, ref), np.asarray(data.labels)[ref], _take(data.images, perm[half:][:n]),
+                     f"a fixed half of the training images ({len(ref)} of {half}; no eval.val_path)")
