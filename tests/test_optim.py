@@ -330,3 +330,15 @@ def test_optimizer_sweep_covers_every_optimizer_with_and_without_caution(tmp_pat
     tiny.write_text(base + text[text.index("[[axis]]"):])
     cpu = load_sweep(tiny)
     assert len(cpu.variants) == len(sw.variants) == 2 * 3 * len(OPTIMIZERS)
+
+
+def test_report_reads_loss_at_equal_wall_clock_step_time_and_state_memory(tmp_path):
+    import json
+    from genlab.sweep.report import run_row
+    recs = [{"step": s, "loss": 1.0 / s, "wall_time": 0.5 * s, "step_time": 0.5, "optim_state_mib": 3.0} for s in range(1, 7)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    row = run_row(tmp_path, loss_at=[4], loss_at_time=[1.9, 2.5, 10])
+    assert row["loss@4"] == 0.25
+    assert row["loss@1.9s"] == 1 / 3 and row["loss@2.5s"] == 0.2  # the last loss logged by then (steps 3 and 5)
+    assert row["loss@10s"] is None  # the run ended before 10 s
+    assert row["step_time"] == 0.5 and row["optim_state_mib"] == 3.0
