@@ -56,9 +56,10 @@ class Cautious(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        loss = None
         if closure is not None:
             with torch.enable_grad():
-                closure()
+                loss = closure()
         params, factors = [], []
         for g in self.param_groups:
             f = self.decay_factor(g) if self.decay_factor else 1.0
@@ -67,7 +68,8 @@ class Cautious(torch.optim.Optimizer):
                     params.append(p)
                     factors.append(f)
         if not params:
-            return self.base.step()
+            self.base.step()
+            return loss
         local = [_local(p) for p in params]
         grads = [_local(p.grad) for p in params]
         if self.clone_grads:
@@ -84,7 +86,7 @@ class Cautious(torch.optim.Optimizer):
         scale = numel / kept.clamp(min=1)
         for t, b, d, m, s in zip(local, before, delta, masks, scale.unbind()):
             t.copy_(b + d * m * s.to(d.dtype))
-        return None
+        return loss
 
 
 def _sum_over_shards(counts: torch.Tensor, params) -> None:

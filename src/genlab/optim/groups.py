@@ -26,7 +26,7 @@ MATMUL_TYPES = (nn.Linear, nn.modules.conv._ConvNd)
 
 
 def _param_owners(model: nn.Module) -> dict[int, list[tuple[str, nn.Module]]]:
-    """id(param) -> [(qualified name, owning module)], every owner of a tied parameter included."""
+    """id(param) -> [(qualified name, owning module, attribute name)], every owner of a tied parameter included."""
     owners: dict[int, list] = {}
     for mname, mod in model.named_modules(remove_duplicate=False):
         for pname, p in mod.named_parameters(recurse=False):
