@@ -6,7 +6,7 @@ wrapper's gradient averaging has to reproduce the full-batch gradient. It uses t
 pieces (wrap_parallel, no_sync, clip_grads, shard_like/ema_update, DCP save/load).
 
 usage: dist_worker.py OUT.json --mode none|ddp|fsdp|hsdp --steps N [--accum K] [--replicate R --shard S]
-                      [--save-at K --ckpt DIR] [--resume DIR]
+                      [--save-at K --ckpt DIR] [--resume DIR] [--optim NAME [--caution]]
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -50,9 +51,29 @@ def main():
     ap.add_argument("--fused", action="store_true", help="fused AdamW (on DTensor shards under fsdp/hsdp)")
     ap.add_argument("--prefetch", type=int, default=0, help="train.fsdp_prefetch")
     ap.add_argument("--keep-last", type=int, default=0, help="train.fsdp_keep_last")
+    ap.add_argument("--optim", default="", help="a genlab optimizer entry (lr 1e-2, weight_decay 0.01) instead of torch AdamW")
+    ap.add_argument("--caution", action="store_true", help="with --optim: optim.caution=true")
+    ap.add_argument("--optims", default="", help="comma-separated genlab optimizers, each trained from the same start "
+                    "in this process; OUT holds {name: result} and DCP checkpoints go to CKPT/name")
     a = ap.parse_args()
     torch.set_num_threads(1)
     info, device = init_distributed("cpu")
+    if a.optims:
+        results = {}
+        for name in a.optims.split(","):
+            a.optim = name
+            results[name] = train(a, info, device, Path(a.ckpt) / name if a.ckpt else "")
+        out = results
+    else:
+        out = train(a, info, device, a.ckpt)
+    if info.is_main:
+        torch.save(out, a.out)
+    if info.enabled:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def train(a, info, device, ckpt_dir):
     tcfg = SimpleNamespace(parallel=a.mode, replicate=a.replicate, shard=a.shard, precision="fp32", device="cpu",
                            fsdp_prefetch=a.prefetch, fsdp_keep_last=a.keep_last)
     torch.manual_seed(0)
@@ -67,8 +88,13 @@ def main():
         ema.load_state_dict(state["ema"])
     wrapped = wrap_parallel(model, info, tcfg, device)
     ema = shard_like(ema, model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0,
-                            **({"fused": True} if a.fused else {"foreach": True}))
+    if a.optim:
+        from genlab.config import OptimConfig
+        from genlab.optim import build_optimizer
+        opt = build_optimizer(model, OptimConfig(name=a.optim, lr=1e-2, weight_decay=0.01, caution=a.caution))
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0,
+                                **({"fused": True} if a.fused else {"foreach": True}))
     if a.resume:
         load_dcp_optimizer(a.resume, model, opt)
     x1, x0, t, y = fixed_batch()
@@ -93,14 +119,10 @@ def main():
         ema_update(list(ema.parameters()), list(model.parameters()), 0.9)
         losses.append(float(all_reduce_mean(total, info)))
         if a.save_at and step + 1 == a.save_at:
-            save_dcp(a.ckpt, step + 1, model, opt, ema, {"step": step + 1}, info)
+            save_dcp(ckpt_dir, step + 1, model, opt, ema, {"step": step + 1}, info)
     weights, ema_w = full_state_dict(model), full_state_dict(ema)
-    if info.is_main:
-        torch.save({"losses": losses, "gnorms": gnorms, "model": weights, "ema": ema_w,
-                    "world": info.world, "mesh": list(getattr(getattr(model, "_genlab_mesh", None), "shape", ()))}, a.out)
-    if info.enabled:
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    return {"losses": losses, "gnorms": gnorms, "model": weights, "ema": ema_w,
+            "world": info.world, "mesh": list(getattr(getattr(model, "_genlab_mesh", None), "shape", ()))}
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ FLOW_ONLY = NOT_T + ("world",)                                  # options only f
 IMAGE_BACKBONES = ("dit", "dit_incontext", "mmdit")              # class-conditional image models (models/dit.py)
 NOT_IMAGE_BACKBONES = ("gpt", "sparse_transformer", "world_dit")
 IMAGE_METRICS_UNUSED = ("image_ar", "world") + LM_METHODS       # methods that do not read eval.metrics and its options
+NOT_MUON = ("adam", "adamw", "sgd", "shampoo", "mars", "soap", "psgd_kron", "adopt", "heavyball_adamw")  # optimizers without Muon groups
+NOT_PRECONDITIONED = ("adam", "adamw", "sgd", "mars", "psgd_kron", "adopt", "muon", "heavyball_adamw")
 
 
 @dataclass
@@ -213,7 +215,16 @@ class OptimConfig:
     warmup_steps: int = F(100, "linear warmup steps", ge=0)
     min_lr_ratio: float = F(0.1, "final lr / peak lr of the decaying schedules", ge=0, le=1)
     grad_clip: float = F(1.0, "clip the global gradient norm to this (0 = no clipping)", ge=0)
-    caution: bool = F(False, "cautious updates (heavyball optimizers)")
+    caution: bool = F(False, "cautious updates (Liang et al. 2024) on any optimizer: the library's own where faithful, else genlab's wrapper")
+    muon_scope: str = F("hidden", "muon: which matrices Muon updates (hidden: 2-D Linear weights in the blocks without adaLN; "
+                        "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
+                        choices=("hidden", "hidden_adaln", "all_2d"), unused={"optim.name": NOT_MUON})
+    precondition_every: int = F(0, "shampoo/soap: recompute the preconditioner every this many steps (0 = 10)", ge=0,
+                                unused={"optim.name": NOT_PRECONDITIONED})
+    decay_frac: float = F(0.2, "wsd: fraction of the steps in the final decay", gt=0, le=1,
+                          unused={"optim.schedule": ("cosine", "constant", "linear")})
+    decay_shape: str = F("1-sqrt", "wsd: shape of the final decay (Hägele et al. 2024)", choices=("linear", "1-sqrt"),
+                         unused={"optim.schedule": ("cosine", "constant", "linear")})
 
 
 @dataclass

@@ -17,7 +17,8 @@ IMAGE_BACKBONES = ("dit", "dit_incontext", "mmdit")  # the class-conditional ima
 METHOD_MODEL = {"flow": IMAGE_BACKBONES, "repa": ("dit",), "autoregressive": ("gpt", "sparse_transformer"), "mdlm": ("gpt",),
                 "image_ar": ("sparse_transformer",)}
 METHOD_CAUSAL = {"autoregressive": True, "mdlm": False}
-SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method"}
+SELECTOR_KIND = {"data.name": "dataset", "model.name": "model", "method.name": "method", "optim.name": "optimizer",
+                 "optim.schedule": "lr schedule"}
 
 
 def data_kind(name: str) -> str | None:
@@ -95,7 +96,10 @@ def _check_train(cfg):
         raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k|segments "
                           f"(got activation_checkpointing={t.activation_checkpointing})")
     # a method checks its own options through its registry entry (no import of the methods from here)
-    from genlab.registry import method_registry
+    from genlab.registry import method_registry, optimizer_registry
+    if t.parallel in ("fsdp", "hsdp") and not getattr(optimizer_registry.get(cfg.optim.name), "fsdp", True):
+        raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
+                          f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
     getattr(method_registry.get(cfg.method.name), "check_config", lambda cfg: None)(cfg)
 
 

@@ -1,106 +1,173 @@
-"""Optimizers and LR schedules by name. torch's built-ins, plus heavyball's (SOAP, PSGD-Kron, ADOPT,
-Muon, ...) when it is installed: a maintained library rather than hand-written update rules."""
-from __future__ import annotations
+"""Optimizers and LR schedules by name, from maintained libraries rather than hand-written update rules:
+torch's own (Adam, AdamW, SGD), pytorch-optimizer (Shampoo, MARS, ADOPT) and heavyball (SOAP, PSGD-Kron,
+Muon). Every entry takes the same parameter groups (optim/groups.py) and honours `optim.caution` (the
+library's own cautious update where it has a faithful one, else optim/caution.py).
 
-import math
+An entry is `build(model, ocfg) -> torch.optim.Optimizer`; attributes on it: `fsdp` (False: refused with
+train.parallel=fsdp|hsdp, see tests/test_optim.py) and `preconditioned` (reads optim.precondition_every).
+"""
+from __future__ import annotations
 
 import torch
 
 from genlab.errors import GenlabError
+from genlab.optim import schedules  # noqa: F401  (registers the LR schedules)
+from genlab.optim.caution import Cautious, adamw_decay_factor
+from genlab.optim.groups import param_groups
+from genlab.optim.state import keep_saved_dtypes, state_bytes  # noqa: F401  (state_bytes: the trainer's metric)
 from genlab.registry import lr_schedule_registry, optimizer_registry
 
-
-def param_groups(model, weight_decay: float):
-    """Decay matrices only; norms, biases and embeddings' 1-D params are not decayed (nanoGPT/DiT)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+# optim.precondition_every=0: every 10 steps, the SOAP paper's frequency (Vyas et al. 2024), also for Shampoo
+# (pytorch-optimizer's default, 1, runs an SVD of every preconditioner on every step)
+DEFAULT_PRECONDITION_EVERY = 10
 
 
-def _dtensor_fused_adam_supported() -> bool:
-    """DTensor has a sharding rule for the fused Adam(W) kernels (torch >= 2.4): FSDP2 params can use it."""
+def _entry(name, doc, fsdp=True, preconditioned=False):
+    def wrap(fn):
+        fn.fsdp, fn.preconditioned = fsdp, preconditioned
+        return optimizer_registry.register(name, doc)(fn)
+    return wrap
+
+
+def _precondition_every(ocfg) -> int:
+    return ocfg.precondition_every or DEFAULT_PRECONDITION_EVERY
+
+
+# -- torch -------------------------------------------------------------------------------------------
+def _dtensor_fused_supported(op) -> bool:
+    """DTensor has a sharding rule for this fused kernel (Adam(W): torch >= 2.4): FSDP2 params can use it."""
     try:
         from torch.distributed.tensor import DTensor
-        prop, op = DTensor._op_dispatcher.sharding_propagator, torch.ops.aten._fused_adamw_.default
+        prop = DTensor._op_dispatcher.sharding_propagator
         return any(op in getattr(prop, name, {}) for name in ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules"))
     except Exception:  # noqa: BLE001 - older torch: fall back to foreach
         return False
 
 
-def _fused_ok(model):
-    """The fused CUDA Adam(W) kernel: one launch per group, no per-parameter Python work. FSDP2/HSDP (DTensor)
-    params use it too where DTensor supports it (the update is elementwise, so each rank updates its shard)."""
+def _fused_ok(model, op=None):
+    """The fused CUDA kernel: one launch per group, no per-parameter Python work. FSDP2/HSDP (DTensor) params use
+    it too where DTensor has a rule for it (the update is elementwise, so each rank updates its shard)."""
     p = next(model.parameters())
     if hasattr(p, "_local_tensor"):
-        return p._local_tensor.is_cuda and _dtensor_fused_adam_supported()
+        return p._local_tensor.is_cuda and _dtensor_fused_supported(op or torch.ops.aten._fused_adamw_.default)
     return p.is_cuda
 
 
-@optimizer_registry.register("adamw", "torch.optim.AdamW (fused kernel on CUDA)")
+def _cautious(opt, ocfg, **kw):
+    return Cautious(opt, **kw) if ocfg.caution else opt
+
+
+@_entry("adamw", "torch.optim.AdamW (Loshchilov & Hutter 2019), fused kernel on CUDA; caution: genlab's wrapper")
 def adamw(model, ocfg):
-    if ocfg.caution:
-        raise GenlabError("optim.caution needs a heavyball optimizer (e.g. optim.name=heavyball_adamw)")
-    return torch.optim.AdamW(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas),
-                             eps=ocfg.eps, fused=_fused_ok(model) or None)
-
-
-@optimizer_registry.register("adam", "torch.optim.Adam (fused kernel on CUDA)")
-def adam(model, ocfg):
-    return torch.optim.Adam(model.parameters(), lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps,
+    opt = torch.optim.AdamW(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps,
                             fused=_fused_ok(model) or None)
+    return _cautious(opt, ocfg, decay_factor=adamw_decay_factor)
 
 
-@optimizer_registry.register("sgd", "torch.optim.SGD with momentum betas[0] (Nesterov)")
+@_entry("adam", "torch.optim.Adam (Kingma & Ba 2015; weight_decay as L2 in the gradient), fused on CUDA; caution: wrapper")
+def adam(model, ocfg):
+    opt = torch.optim.Adam(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps,
+                           fused=_fused_ok(model, torch.ops.aten._fused_adam_.default) or None)
+    return _cautious(opt, ocfg)
+
+
+@_entry("sgd", "torch.optim.SGD, Nesterov momentum betas[0] (weight_decay as L2), fused on CUDA; caution: wrapper")
 def sgd(model, ocfg):
-    return torch.optim.SGD(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, momentum=ocfg.betas[0], nesterov=True)
+    fused = _fused_ok(model, torch.ops.aten._fused_sgd_.default) if hasattr(torch.ops.aten, "_fused_sgd_") else False
+    opt = torch.optim.SGD(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, momentum=ocfg.betas[0], nesterov=True,
+                          fused=fused or None)
+    return _cautious(opt, ocfg)
 
 
-def _heavyball(cls_name):
-    def build(model, ocfg):
-        try:
-            import heavyball
-        except ImportError:
-            raise GenlabError(f"optimizer '{cls_name}' needs heavyball: pip install heavyball==3.2.1") from None
-        if not torch.cuda.is_available():
-            heavyball.utils.compile_mode = None  # its compiled step takes minutes to build on CPU
-        cls = getattr(heavyball, cls_name)
-        kwargs = dict(lr=ocfg.lr, weight_decay=ocfg.weight_decay)
-        if ocfg.caution:
-            kwargs["caution"] = True
-        if cls_name not in ("SGD", "PSGDKron", "Muon"):
-            kwargs["betas"] = tuple(ocfg.betas)
-        return cls(model.parameters(), **kwargs)
-    return build
+def _sharded(model) -> bool:
+    return hasattr(next(model.parameters()), "_local_tensor")
 
 
-for _name, _cls in [("soap", "SOAP"), ("psgd_kron", "PSGDKron"), ("adopt", "ADOPT"), ("muon", "MuonAdamW"),
-                    ("heavyball_adamw", "AdamW")]:
-    optimizer_registry.register(_name, f"heavyball.{_cls} (optim.caution=true for cautious updates)")(_heavyball(_cls))
+# -- pytorch-optimizer ---------------------------------------------------------------------------------
+def _pytorch_optimizer(name):
+    try:
+        import pytorch_optimizer
+    except ImportError:
+        raise GenlabError(f"optimizer '{name}' needs pytorch-optimizer: pip install pytorch-optimizer==4.1.0") from None
+    return pytorch_optimizer
 
 
-@lr_schedule_registry.register("cosine", "linear warmup, then cosine decay to min_lr_ratio * lr")
-def cosine(step, total, ocfg):
-    if step < ocfg.warmup_steps:
-        return (step + 1) / ocfg.warmup_steps
-    progress = min(1.0, (step - ocfg.warmup_steps) / max(1, total - ocfg.warmup_steps))
-    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+@_entry("shampoo", "pytorch_optimizer.Shampoo (Gupta et al. 2018), momentum betas[0], decoupled decay, inverse roots every "
+                   "optim.precondition_every steps; caution: wrapper", fsdp=False, preconditioned=True)
+def shampoo(model, ocfg):
+    po = _pytorch_optimizer("shampoo")
+    opt = po.Shampoo(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, momentum=ocfg.betas[0], weight_decouple=True,
+                     preconditioning_compute_steps=_precondition_every(ocfg))
+    # Shampoo folds momentum and decay into p.grad in place: the wrapper compares with a copy of the gradient
+    return _cautious(opt, ocfg, decay_factor=adamw_decay_factor, clone_grads=True)
 
 
-@lr_schedule_registry.register("constant", "linear warmup, then constant")
-def constant(step, total, ocfg):
-    return min(1.0, (step + 1) / max(1, ocfg.warmup_steps))
+@_entry("mars", "pytorch_optimizer.MARS (Yuan et al. 2024), MARS-AdamW on matrices, AdamW on 1-D params; caution: "
+                "the library's `cautious`")
+def mars(model, ocfg):
+    po = _pytorch_optimizer("mars")
+    groups = param_groups(model, ocfg.weight_decay)
+    for g in groups:  # MARS decays 1-D params by its own weight_decay_1d (default 0.1): the group's decay instead
+        g["weight_decay_1d"] = g["weight_decay"]
+    # its foreach path uses _foreach_copy_, which DTensor has no sharding rule for: per-tensor updates under FSDP2
+    return po.MARS(groups, lr=ocfg.lr, betas=tuple(ocfg.betas), lr_1d=ocfg.lr, betas_1d=tuple(ocfg.betas), eps=ocfg.eps,
+                   cautious=ocfg.caution, foreach=False if _sharded(model) else None)
 
 
-@lr_schedule_registry.register("linear", "linear warmup, then linear decay to min_lr_ratio * lr")
-def linear(step, total, ocfg):
-    if step < ocfg.warmup_steps:
-        return (step + 1) / ocfg.warmup_steps
-    progress = min(1.0, (step - ocfg.warmup_steps) / max(1, total - ocfg.warmup_steps))
-    return 1 - (1 - ocfg.min_lr_ratio) * progress
+@_entry("adopt", "pytorch_optimizer.ADOPT (Taniguchi et al. 2024) with the paper's step**0.25 clip, decoupled decay; "
+                 "caution: the library's `cautious`")
+def adopt(model, ocfg):
+    # not heavyball.ADOPT: it lacks the paper's clip, and g / sqrt(v) with v = 0 (the all-zero first gradients of
+    # adaLN-Zero blocks) gave NaN losses within 8 steps on the digits DiT
+    po = _pytorch_optimizer("adopt")
+    groups = param_groups(model, ocfg.weight_decay)
+    for g in groups:
+        g["cautious"] = ocfg.caution
+    return po.ADOPT(groups, lr=ocfg.lr, betas=tuple(ocfg.betas), weight_decay=ocfg.weight_decay, weight_decouple=True,
+                    foreach=False if _sharded(model) else None)  # its foreach path has no DTensor rule either
 
 
+# -- heavyball -----------------------------------------------------------------------------------------
+def _heavyball(model, ocfg, cls, groups=None, **kwargs):
+    try:
+        import heavyball
+    except ImportError:
+        raise GenlabError(f"optimizer '{ocfg.name}' needs heavyball: pip install heavyball==3.2.1") from None
+    if not torch.cuda.is_available():
+        heavyball.utils.compile_mode = None  # its compiled step takes minutes to build on CPU
+    cls = getattr(heavyball, cls) if isinstance(cls, str) else cls
+    groups = groups if groups is not None else param_groups(model, ocfg.weight_decay)
+    return keep_saved_dtypes(cls(groups, lr=ocfg.lr, caution=ocfg.caution, **kwargs))
+
+
+@_entry("soap", "heavyball.SOAP (Vyas et al. 2024), preconditioner every optim.precondition_every steps; caution: heavyball",
+        fsdp=False, preconditioned=True)
+def soap(model, ocfg):
+    return _heavyball(model, ocfg, "SOAP", betas=tuple(ocfg.betas), eps=ocfg.eps,
+                      precondition_frequency=_precondition_every(ocfg))
+
+
+@_entry("psgd_kron", "heavyball.PSGDKron (Li 2018; Kronecker-factored PSGD); caution: heavyball")
+def psgd_kron(model, ocfg):
+    # a fixed initial preconditioner scale: heavyball's default derives it from the first gradient and fails when
+    # one is all zeros, as every block's is on the first step of an adaLN-Zero DiT
+    return _heavyball(model, ocfg, "PSGDKron", betas=tuple(ocfg.betas), precond_init_scale=1.0)
+
+
+@_entry("muon", "heavyball Muon (Jordan et al. 2024) on the hidden matrices (optim.muon_scope), AdamW on the rest, "
+                "Muon LR matched to AdamW's update RMS (Liu et al. 2025); caution: heavyball")
+def muon(model, ocfg):
+    from genlab.optim.muon import muon_adamw_by_group
+    groups = param_groups(model, ocfg.weight_decay, muon_scope=ocfg.muon_scope)
+    return _heavyball(model, ocfg, muon_adamw_by_group(), groups=groups, betas=tuple(ocfg.betas), eps=ocfg.eps)
+
+
+@_entry("heavyball_adamw", "heavyball.AdamW (caution: heavyball); the torch `adamw` is the faster default")
+def heavyball_adamw(model, ocfg):
+    return _heavyball(model, ocfg, "AdamW", betas=tuple(ocfg.betas), eps=ocfg.eps)
+
+
+# -- building, schedule -----------------------------------------------------------------------
 def build_optimizer(model, ocfg):
     return optimizer_registry.get(ocfg.name)(model, ocfg)
 

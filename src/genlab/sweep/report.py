@@ -17,7 +17,8 @@ from pathlib import Path
 
 from genlab.train.metrics import read_metrics
 
-COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "wall_time", "data_wait_frac"]
+COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
+           "wall_time", "data_wait_frac"]
 
 
 def train_records(recs: list[dict]) -> list[dict]:
@@ -69,8 +70,9 @@ def param_count(run_dir: Path) -> int | None:
         return None
 
 
-def run_row(run_dir: Path, loss_at=()) -> dict:
-    """The numbers of one run, read from its own files."""
+def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
+    """The numbers of one run, read from its own files. loss_at: steps; loss_at_time: training wall-clock seconds
+    (the last logged loss at or before that time, so runs compare at equal compute time)."""
     run_dir = Path(run_dir)
     recs = read_metrics(run_dir)
     train = train_records(recs)
@@ -82,20 +84,29 @@ def run_row(run_dir: Path, loss_at=()) -> dict:
         row["final_loss"] = train[-1]["loss"]
         row["steps"] = train[-1]["step"]
         steady = [r for r in train if not r["_warm"]] or train  # the first interval of a process holds compilation
-        for k in ("samples_per_s", "tokens_per_s", "mfu", "data_wait_frac"):
+        for k in ("samples_per_s", "tokens_per_s", "mfu", "data_wait_frac", "step_time"):
             vals = [r[k] for r in steady if r.get(k) is not None]
             row[k] = sum(vals) / len(vals) if vals else None
         mems = [r["peak_mem_gib"] for r in train if r.get("peak_mem_gib") is not None]
         row["peak_mem_gib"] = max(mems) if mems else None
+        states = [r["optim_state_mib"] for r in train if r.get("optim_state_mib") is not None]
+        row["optim_state_mib"] = max(states) if states else None
         row["wall_time"] = train[-1].get("wall_time")
         for s in loss_at:
             at = [r for r in train if r["step"] <= s]
             row[f"loss@{s}"] = at[-1]["loss"] if at else None
+        for s in loss_at_time:
+            at = [r for r in train if r.get("wall_time") is not None and r["wall_time"] <= s]
+            row[f"loss@{_num(s)}s"] = at[-1]["loss"] if at and train[-1]["wall_time"] >= s else None
     for r in recs:
         for k, v in r.items():
             if k.startswith("eval/") and isinstance(v, (int, float)):
                 row[k[5:]] = v
     return row
+
+
+def _num(s) -> str:
+    return str(int(s)) if float(s).is_integer() else str(s)
 
 
 def _mean_std(vals):
@@ -121,6 +132,7 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
     status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
     settings = _sweep_settings(d)
     loss_at = [int(s) for s in settings.get("loss_at", [])]
+    loss_at_time = [float(s) for s in settings.get("loss_at_time", [])]
     groups: dict[str, list] = {}
     for run_name, st in status.items():
         groups.setdefault(st.get("variant", run_name), []).append((run_name, st))
@@ -128,7 +140,7 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
     for variant, members in groups.items():
         per_seed = []
         for run_name, st in members:  # paths relative to d: a sweep folder can be moved or copied
-            r = run_row(d / "runs" / run_name, loss_at) if st.get("status") == "finished" else {}
+            r = run_row(d / "runs" / run_name, loss_at, loss_at_time) if st.get("status") == "finished" else {}
             per_seed.append(r)
             metric_keys += [k for k in r if k not in metric_keys and k != "steps"]
         statuses = [st.get("status") for _, st in members]
@@ -149,7 +161,8 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
             m, sd = _mean_std([r.get(k) for r in per_seed])
             row[k], row[k + "_std"] = m, sd
         rows.append(row)
-    order = [c for c in COLUMNS if c in metric_keys] + [k for k in metric_keys if k.startswith("loss@")]
+    order = [c for c in COLUMNS if c in metric_keys] + [k for k in metric_keys if k.startswith("loss@") and not k.endswith("s")]
+    order += [k for k in metric_keys if k.startswith("loss@") and k.endswith("s")]
     order += [k for k in metric_keys if k not in order]
     return rows, order
 
@@ -159,7 +172,8 @@ def _fmt(v, sd=None, key=""):
         return ""
     pct = key == "mfu" or key.endswith("accuracy") or key.endswith("_acc") or key == "data_wait_frac"
     scale = 100 if pct else 1
-    spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m") or pct else (".2f" if key == "peak_mem_gib" else ".4g")
+    spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m", "optim_state_mib") or pct else \
+        (".2f" if key == "peak_mem_gib" else ".4g")
     out = format(v * scale, spec) + ("%" if pct else "")
     if sd is not None:
         out += " ± " + format(sd * scale, spec) + ("%" if pct else "")
@@ -167,7 +181,8 @@ def _fmt(v, sd=None, key=""):
 
 
 HEADERS = {"params_m": "params M", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
-           "mfu": "MFU", "peak_mem_gib": "peak mem GiB", "wall_time": "wall s", "data_wait_frac": "data wait"}
+           "mfu": "MFU", "peak_mem_gib": "peak mem GiB", "wall_time": "wall s", "data_wait_frac": "data wait",
+           "step_time": "step s", "optim_state_mib": "optim state MiB"}
 
 
 def shown_columns(rows, cols, wanted=()) -> list[str]:

@@ -8,6 +8,7 @@
     nproc = 2                        # processes per variant for launcher=torchrun
     timeout = 900                    # seconds per variant
     loss_at = [100, 200]             # extra "loss at step" columns
+    loss_at_time = [30, 60]          # extra "loss at training wall-clock seconds" columns
     metrics = ["final_loss", "samples_per_s", "mfu"]   # report columns (default: all found)
 
     [base]
@@ -29,7 +30,7 @@ from genlab.config_fields import did_you_mean
 from genlab.errors import GenlabError
 from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
 
-TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "metrics", "base", "axis"}
+TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base", "axis"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
 # the runner owns these: every run's folder, name and seed come from the sweep
 RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed")
@@ -121,6 +122,9 @@ def load_sweep(path) -> Sweep:
     seeds = _int_list(raw, "seeds", src) if "seeds" in raw else [0]
     if not seeds or len(set(seeds)) != len(seeds):
         raise GenlabError(f"{src}: seeds must be a non-empty list of distinct integers")
+    lat = raw.get("loss_at_time", [])
+    if not isinstance(lat, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lat):
+        raise GenlabError(f"{src}: loss_at_time must be a list of positive seconds, got {lat!r}")
     metrics = raw.get("metrics", [])
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         raise GenlabError(f"{src}: metrics must be a list of column names, e.g. [\"final_loss\", \"samples_per_s\", \"mfu\"]")

@@ -89,6 +89,8 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         self.gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("device_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["device_rng"], self.device)
         self.nonfinite_skipped = state.get("nonfinite_skipped", 0)
         self.best = state.get("best")
 
@@ -120,9 +122,14 @@ class Trainer:
         return {
             **big, **self.steps.extra_state(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
             "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
-            "torch_rng": torch.get_rng_state(), "nonfinite_skipped": self.nonfinite_skipped, "best": self.best,
+            "torch_rng": torch.get_rng_state(), "device_rng": self._device_rng(), "nonfinite_skipped": self.nonfinite_skipped, "best": self.best,
             "config": to_dict(self.cfg), "data_spec": self.spec,
         }
+
+    def _device_rng(self):
+        """The CUDA generator's state: heavyball's stochastic rounding (Muon, PSGD) draws from it, so an exact resume
+        needs it as well as the CPU one."""
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
     def save(self):
         self._check_finite()  # never write a checkpoint of a diverged model
@@ -165,6 +172,11 @@ class Trainer:
             return {}
         g = compile_counts()["graphs"]
         return {"compiled_graphs": g, "recompiles": g - self._graphs_first}
+
+    def _optim_state_mib(self) -> float:
+        """MiB of every optimizer's state tensors on this rank (metadata only: no sync)."""
+        from genlab.optim import state_bytes
+        return sum(state_bytes(o) for o in self.steps.optimizers.values()) / 2**20
 
     def _check_finite(self):
         if getattr(self, "_bad_acc", None) is not None and self._bad_acc.item() and not self.cfg.train.skip_nonfinite:
@@ -281,7 +293,8 @@ class Trainer:
                            "peak_mem_gib": peak_memory_gib(self.device),
                            "data_wait_frac": min(1.0, self.loader.wait_time / max(now - t_last, 1e-9)),
                            "epoch": self.loader.epoch, "wall_time": now - wall0,
-                           "nonfinite_skipped": self.nonfinite_skipped, **self._compile_stats()}
+                           "nonfinite_skipped": self.nonfinite_skipped, "optim_state_mib": self._optim_state_mib(),
+                           **self._compile_stats()}
                     rec.update({k: v.item() if torch.is_tensor(v) else v for k, v in extra.items()})
                     self.log.write(rec)
                     last_record = rec
@@ -342,7 +355,8 @@ class Trainer:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             self.loader.close() if hasattr(self.loader, "close") else None
-            summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "step_time", "data_wait_frac")})
+            summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "step_time",
+                                                           "data_wait_frac", "optim_state_mib")})
             summary["wall_time"] = time.perf_counter() - wall0
             summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
             if self.dist.is_main and hasattr(self, "run_dir"):

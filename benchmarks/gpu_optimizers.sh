@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Optimizers (issue 18): the `optimizers` sweep (every optimizer with and without Caution at a 3-point LR grid,
+# DiT-B/2 width on MNIST, 300 steps; see src/genlab/configs/sweeps/optimizers.toml) and, first, the exact-resume
+# tests of every optimizer on the GPU (heavyball's stochastic rounding draws from the CUDA generator).
+# Writes $OUT/report.md (loss at steps 100/200/300 and at 10/20 s of training, step time, optimizer-state MiB,
+# peak memory), $OUT/results.csv, $OUT/optimizers.tgz (the sweep folder without checkpoints) and logs.
+# Needs: wheels/{heavyball,opt_einsum,pytorch_optimizer}*.whl and gpu_data/mnist/*.gz (both carried).
+#   OUT=out bash benchmarks/gpu_optimizers.sh              # STAGES="test sweep" by default
+# 60 runs, one per GPU at a time (launcher per_gpu): on nvidia-h200-x8 about 8 rounds; on one GPU they run one after
+# another and no run starts after SWEEP_BUDGET s (default 480): calling the script again on the same (warm) machine
+# skips finished runs and continues (SWEEP_ROOT persists there).
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
+BUDGET=${SWEEP_BUDGET:-480}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
+STAGES=${STAGES:-"test sweep"}
+python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps wheels/heavyball-*.whl \
+  wheels/opt_einsum-*.whl wheels/pytorch_optimizer-*.whl 2>&1 | tail -2
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -c "import torch, heavyball, pytorch_optimizer as po; print('torch', torch.__version__, 'pytorch-optimizer', po.__version__)"
+  git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
+if [ ! -f data/mnist/meta.json ]; then
+  python3 -m genlab data prepare mnist --src gpu_data/mnist --out data/mnist > "$OUT/prepare.log" 2>&1 \
+    || { echo "MNIST prepare failed (carry gpu_data/mnist/*.gz)"; tail -3 "$OUT/prepare.log"; exit 1; }
+fi
+for s in $STAGES; do case $s in
+test)  echo "== exact resume of every optimizer on $(python3 -c 'import torch; print(torch.cuda.get_device_name())')"
+       timeout ${T_TEST:-300} python3 -m pytest -q -p no:cacheprovider tests/test_optim.py -k "resumes_exactly" 2>&1 | tail -8 \
+         | tee "$OUT/test_resume.log" ;;
+sweep) left=$((BUDGET - SECONDS)); [ "$left" -lt 0 ] && left=0
+       echo "== sweep optimizers (no run starts after ${left} s more; ${RUN_TIMEOUT} s per run)"
+       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" 2>&1 | grep -v "^\s*$" | tail -70
+       cp "$ROOT/optimizers/report.md" "$ROOT/optimizers/results.csv" "$OUT/" 2>/dev/null
+       tar czf "$OUT/optimizers.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" optimizers ;;
+esac; done
+echo "total ${SECONDS} s"

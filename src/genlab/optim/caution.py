@@ -1,0 +1,101 @@
+"""Caution (Liang et al. 2024, "Cautious Optimizers: Improving Training with One Line of Code") for any
+optimizer whose library does not implement it.
+
+With the base optimizer's step written p <- p - lr*u (plus decoupled decay), the cautious step keeps only the
+coordinates where u agrees with the gradient (u*g > 0) and rescales the kept ones by numel / max(kept, 1) per
+tensor (1 / mean(mask), clamped; the same rule as heavyball's caution):
+
+    p <- p*(1 - lr*wd) - lr * (u * mask) * numel / max(sum(mask), 1)
+
+`Cautious` wraps an optimizer without knowing its rule: it lets the base step, reads -lr*u back as the change
+of each parameter (with the decoupled decay factor removed where the base applies one, `decay_factor`), and
+re-applies the masked, rescaled change. Its state, param groups and state_dict are the base's, so checkpoints
+and resume are those of the base. Under FSDP2 the mask counts are summed over the shards, so each tensor's
+scale is that of the whole tensor.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _local(t):
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
+def adamw_decay_factor(group) -> float:
+    """torch AdamW: p *= 1 - lr*wd before the Adam step (decoupled decay, left unmasked)."""
+    return 1.0 - float(group["lr"]) * group["weight_decay"]
+
+
+class Cautious(torch.optim.Optimizer):
+    """`Cautious(base, decay_factor=None, clone_grads=False)`: clone_grads for bases that modify p.grad in place."""
+
+    def __init__(self, base: torch.optim.Optimizer, decay_factor=None, clone_grads: bool = False):
+        # no Optimizer.__init__: param_groups, state and defaults are the base's (properties below)
+        self.base, self.decay_factor, self.clone_grads = base, decay_factor, clone_grads
+
+    param_groups = property(lambda self: self.base.param_groups)
+    state = property(lambda self: self.base.state)
+    defaults = property(lambda self: self.base.defaults)
+
+    def __repr__(self):
+        return f"Cautious({self.base!r})"
+
+    def state_dict(self):
+        return self.base.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.base.load_state_dict(state_dict)
+
+    def add_param_group(self, group):
+        self.base.add_param_group(group)
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.base.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params, factors = [], []
+        for g in self.param_groups:
+            f = self.decay_factor(g) if self.decay_factor else 1.0
+            for p in g["params"]:
+                if p.grad is not None:
+                    params.append(p)
+                    factors.append(f)
+        if not params:
+            self.base.step()
+            return loss
+        local = [_local(p) for p in params]
+        grads = [_local(p.grad) for p in params]
+        if self.clone_grads:
+            grads = [g.clone() for g in grads]
+        before = [t.clone() for t in local]
+        self.base.step()
+        if any(f != 1.0 for f in factors):
+            before = [b.mul_(f) if f != 1.0 else b for b, f in zip(before, factors)]
+        delta = torch._foreach_sub(local, before)  # = -lr*u: agreement with g means delta*g < 0
+        masks = [(d * g.to(d.dtype)) < 0 for d, g in zip(delta, grads)]
+        kept = torch.stack([m.sum() for m in masks]).double()  # float64: numel / kept exact enough for any dtype
+        _sum_over_shards(kept, params)
+        numel = torch.tensor([float(p.numel()) for p in params], dtype=torch.float64, device=kept.device)  # DTensor: global
+        scale = numel / kept.clamp(min=1)
+        for t, b, d, m, s in zip(local, before, delta, masks, scale.unbind()):
+            t.copy_(b + d * m * s.to(d.dtype))
+        return loss
+
+
+def _sum_over_shards(counts: torch.Tensor, params) -> None:
+    """Sum each tensor's kept count over the mesh dims that shard it (FSDP2/HSDP), in place."""
+    p = params[0]
+    if not hasattr(p, "_local_tensor") or not dist.is_initialized():
+        return
+    from torch.distributed.tensor.placement_types import Shard
+    mesh = p.device_mesh
+    for i, pl in enumerate(p.placements):
+        if isinstance(pl, Shard):
+            dist.all_reduce(counts, group=mesh.get_group(i))

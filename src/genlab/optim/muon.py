@@ -1,0 +1,37 @@
+"""Muon for the hidden matrices and AdamW for the rest, in ONE heavyball optimizer routed by param group.
+
+heavyball.MuonAdamW routes by tensor rank (ndim >= 2 -> Muon), which would orthogonalise embedding tables and
+the output head. genlab's grouping (optim/groups.py, `optim.muon_scope`) marks Muon groups {"muon": True};
+this subclass keeps MuonAdamW's update rules (Nesterov EMA + Newton-Schulz orthogonalisation; Adam for the
+rest) and only replaces its route predicate by that flag. One optimizer means one state_dict, one LR
+schedule and heavyball's own caution on both parts.
+"""
+from __future__ import annotations
+
+_CLASS = None
+
+
+def muon_adamw_by_group():
+    global _CLASS
+    if _CLASS is not None:
+        return _CLASS
+    import heavyball
+    import heavyball.chainable as C
+
+    class MuonAdamWByGroup(heavyball.MuonAdamW):
+        def __init__(self, params, **kwargs):
+            super().__init__(params, **kwargs)
+            self._muon_group = False
+            routes = [fn for fn in self.fns if isinstance(fn, C.Route)]
+            if len(routes) != 1 or len(routes[0].routes) != 1:
+                raise RuntimeError("heavyball.MuonAdamW changed: expected one Route with one Muon branch")
+            _, chain = routes[0].routes[0]
+            # the predicate sees one tensor; the group being stepped decides (set in _step)
+            routes[0].routes[0] = (lambda p: self._muon_group, chain)
+
+        def _step(self, group):
+            self._muon_group = bool(group.get("muon"))
+            super()._step(group)
+
+    _CLASS = MuonAdamWByGroup
+    return _CLASS

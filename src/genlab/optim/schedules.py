@@ -1,0 +1,51 @@
+"""LR schedules: multipliers of optim.lr as pure functions of (step, total steps, optim config), so resume
+needs no scheduler state."""
+from __future__ import annotations
+
+import math
+
+from genlab.registry import lr_schedule_registry
+
+
+def _warmup(step, ocfg):
+    return (step + 1) / ocfg.warmup_steps
+
+
+@lr_schedule_registry.register("cosine", "linear warmup, then cosine decay to min_lr_ratio * lr")
+def cosine(step, total, ocfg):
+    if step < ocfg.warmup_steps:
+        return _warmup(step, ocfg)
+    progress = min(1.0, (step - ocfg.warmup_steps) / max(1, total - ocfg.warmup_steps))
+    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@lr_schedule_registry.register("constant", "linear warmup, then constant")
+def constant(step, total, ocfg):
+    return min(1.0, (step + 1) / max(1, ocfg.warmup_steps))
+
+
+@lr_schedule_registry.register("linear", "linear warmup, then linear decay to min_lr_ratio * lr")
+def linear(step, total, ocfg):
+    if step < ocfg.warmup_steps:
+        return _warmup(step, ocfg)
+    progress = min(1.0, (step - ocfg.warmup_steps) / max(1, total - ocfg.warmup_steps))
+    return 1 - (1 - ocfg.min_lr_ratio) * progress
+
+
+DECAY_SHAPES = {"linear": lambda x: 1 - x, "1-sqrt": lambda x: 1 - math.sqrt(x)}
+
+
+def wsd_decay_start(total: int, ocfg) -> int:
+    return total - int(round(ocfg.decay_frac * total))
+
+
+@lr_schedule_registry.register("wsd", "warmup-stable-decay (Hägele et al. 2024): linear warmup, constant lr, then the last "
+                                      "optim.decay_frac of the steps decay to min_lr_ratio * lr (optim.decay_shape)")
+def wsd(step, total, ocfg):
+    if step < ocfg.warmup_steps:
+        return _warmup(step, ocfg)
+    start = wsd_decay_start(total, ocfg)
+    if step < start:
+        return 1.0
+    progress = min(1.0, (step - start) / max(1, total - start))
+    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[ocfg.decay_shape](progress)
