@@ -154,3 +154,16 @@ def test_eval_under_bf16_autocast(tmp_path):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         res = tr.evaluate()
     assert 0 <= res["sample_accuracy"] <= 1 and np.isfinite(res["feature_fd"])
+
+
+def test_overrides_may_follow_options():
+    """`section.key=value` after an option still counts as an override (argparse alone would reject it)."""
+    from genlab.cli import parse_args
+    a = parse_args(["eval", "RUN", "--metrics", "fd", "eval.num_samples=9", "eval.pr_k=2"])
+    assert a.run == "RUN" and a.metrics == "fd" and a.overrides == ["eval.num_samples=9", "eval.pr_k=2"]
+    a = parse_args(["train", "mnist_flow", "--resume", "runs/r", "train.steps=3"])
+    assert a.items == ["mnist_flow", "train.steps=3"] and a.resume == "runs/r"
+    for bad in (["eval", "RUN", "--metrics", "fd", "--bogus"], ["eval", "RUN", "--metrics", "fd", "stray"], ["list", "a=b"]):
+        with pytest.raises(SystemExit) as e:  # anything else is still argparse's usage error, exit 2
+            parse_args(bad)
+        assert e.value.code == 2

@@ -124,29 +124,38 @@ def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path):
     assert load_checkpoint(run)["step"] == 6
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_sparse_transformer_two_ranks_follow_the_one_process_run(tmp_path, mode):
-    """The Sparse Transformer family under torchrun: 2 ranks (DDP or FSDP2) train the same trajectory as
-    one process on the same global batch (image_ar draws no noise, so only the reduction order differs)."""
+SPARSE_OVER = ["train.steps=4", "train.batch_size=8", "train.device=cpu", "log.every=1", "log.progress=false",
+               "log.tensorboard=false", "log.ckpt_every=0", "eval.num_samples=0"]
+
+
+def _run_losses(run):
     import json
-    over = ["train.steps=4", "train.batch_size=8", "train.device=cpu", "log.every=1", "log.progress=false",
-            "log.tensorboard=false", "log.ckpt_every=0", "eval.num_samples=0", f"train.out_dir={tmp_path}"]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return torch.tensor([r["loss"] for r in rows if "loss" in r])
 
-    def losses(name):
-        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        return torch.tensor([r["loss"] for r in rows if "loss" in r])
 
-    one = run_cli("train", "sparse_tiny_cpu", *over, "train.parallel=none", "train.name=one")
-    assert one.returncode == 0, one.stderr[-2000:]
+@pytest.fixture(scope="module")
+def sparse_one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sparse1")
+    r = run_cli("train", "sparse_tiny_cpu", *SPARSE_OVER, f"train.out_dir={out}", "train.parallel=none", "train.name=one")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out / "one"
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_sparse_transformer_two_ranks_follow_the_one_process_run(tmp_path, mode, sparse_one_process):
+    """The Sparse Transformer family under torchrun: 2 ranks (DDP or FSDP2) train the same trajectory as
+    one process on the same global batch (image_ar draws no noise, so only the reduction order differs).
+    It also pins the model's init: every rank builds it under the same seed (FSDP2 keeps each rank's shard)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "genlab", "train",
-           "sparse_tiny_cpu", *over, f"train.parallel={mode}", "train.name=two"]
+           "sparse_tiny_cpu", *SPARSE_OVER, f"train.out_dir={tmp_path}", f"train.parallel={mode}", "train.name=two"]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    a, b = losses("one"), losses("two")
+    a, b = _run_losses(sparse_one_process), _run_losses(tmp_path / "two")
     assert len(a) == len(b) == 4
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     from genlab.train.checkpoint import load_checkpoint
-    w1, w2 = load_checkpoint(tmp_path / "one")["model"], load_checkpoint(tmp_path / "two")
+    w1, w2 = load_checkpoint(sparse_one_process)["model"], load_checkpoint(tmp_path / "two")
     w2 = w2["model"] if w2.get("model") else w2["ema"]
     for k, v in w1.items():
         torch.testing.assert_close(w2[k], v, rtol=0, atol=1e-4, msg=f"weight {k}")

@@ -199,9 +199,21 @@ def build_parser():
     return p
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # section.key=value overrides may also follow options (`genlab eval RUN --metrics fd eval.num_samples=2000`):
+    # argparse closes a nargs="*" positional at the first option, so collect the ones after it here
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        slot = next((k for k in ("overrides", "items") if hasattr(args, k)), None)
+        if slot is None or any(x.startswith("-") or "=" not in x for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        setattr(args, slot, list(getattr(args, slot) or []) + extra)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     from genlab.errors import RunFailed, debug, one_line
     try:
         return args.fn(args)

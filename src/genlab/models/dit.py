@@ -168,20 +168,27 @@ class FinalLayer(nn.Module):
         return self.linear(self.norm_modulate(x, shift, scale, self.eps))
 
 
+def add_image_stem(model: nn.Module, s) -> None:
+    """The input side every image backbone shares: the patch grid, patch embedding, positions, timestep and
+    class embeddings. Set as attributes of `model`, so the state-dict keys are the same in every backbone."""
+    p = s.patch_size
+    if s.image_size % p:
+        raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
+    model.grid = s.image_size // p
+    model.num_tokens = model.grid ** 2
+    model.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
+    model.patch_embed = nn.Linear(p * p * s.channels, s.dim)
+    model.pos = build_position(s.pos_emb, s.dim, s.heads, (model.grid, model.grid), "dit")
+    model.t_embed = TimestepEmbedder(s.dim)
+    model.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+
+
 class DiT(nn.Module):
     def __init__(self, spec: DiTSpec):
         super().__init__()
         self.spec = spec
         s, p = spec, spec.patch_size
-        if s.image_size % p:
-            raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
-        self.grid = s.image_size // p
-        self.num_tokens = self.grid ** 2
-        self.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
-        self.patch_embed = nn.Linear(p * p * s.channels, s.dim)
-        self.pos = build_position(s.pos_emb, s.dim, s.heads, (self.grid, self.grid), "dit")
-        self.t_embed = TimestepEmbedder(s.dim)
-        self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+        add_image_stem(self, s)
         self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
                                              layer=i) for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)

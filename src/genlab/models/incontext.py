@@ -8,9 +8,8 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
-from genlab.models.dit import DiTSpec, depatchify, image_backbone_contract, patchify, spec_from_config
-from genlab.models.layers import Attention, TimestepEmbedder, TokenGrid
-from genlab.models.positions import build_position
+from genlab.models.dit import DiTSpec, add_image_stem, depatchify, image_backbone_contract, patchify, spec_from_config
+from genlab.models.layers import Attention, TokenGrid
 from genlab.registry import mlp_registry, model_registry, norm_registry, residual_registry
 
 PLACEMENTS = ("pre", "post")
@@ -44,15 +43,7 @@ class InContextDiT(nn.Module):
         super().__init__()
         s, p = spec, spec.patch_size
         self.spec = s
-        if s.image_size % p:
-            raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
-        self.grid = s.image_size // p
-        self.num_tokens = self.grid ** 2
-        self.null_class = s.num_classes
-        self.patch_embed = nn.Linear(p * p * s.channels, s.dim)
-        self.pos = build_position(s.pos_emb, s.dim, s.heads, (self.grid, self.grid), "dit")
-        self.t_embed = TimestepEmbedder(s.dim)
-        self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+        add_image_stem(self, s)
         self.blocks = nn.ModuleList(PlainBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.mlp, s.norm,
                                                s.ln_placement, layer=i) for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)

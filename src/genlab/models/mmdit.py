@@ -17,10 +17,9 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
-from genlab.models.dit import (DiT, DiTBlock, DiTSpec, FinalLayer, depatchify, image_backbone_contract, patchify,
+from genlab.models.dit import (DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, image_backbone_contract, patchify,
                                spec_from_config)
-from genlab.models.layers import TimestepEmbedder, TokenGrid, attention_flops
-from genlab.models.positions import build_position
+from genlab.models.layers import TokenGrid, attention_flops
 from genlab.registry import model_registry, residual_registry
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
@@ -52,18 +51,10 @@ class MMDiT(nn.Module):
         super().__init__()
         s, p = spec, spec.patch_size
         self.spec = s
-        if s.image_size % p:
-            raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
         if not 0 <= s.dual_blocks <= s.depth:
             raise GenlabError(f"model.dual_blocks ({s.dual_blocks}) must be between 0 and model.depth ({s.depth})")
         self.dual = s.dual_blocks or s.depth
-        self.grid = s.image_size // p
-        self.num_tokens = self.grid ** 2
-        self.null_class = s.num_classes
-        self.patch_embed = nn.Linear(p * p * s.channels, s.dim)
-        self.pos = build_position(s.pos_emb, s.dim, s.heads, (self.grid, self.grid), "dit")
-        self.t_embed = TimestepEmbedder(s.dim)
-        self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+        add_image_stem(self, s)
         self.context_embed = nn.Linear(s.context_dim, s.dim) if s.context_dim else None
         self.blocks = nn.ModuleList(
             JointBlock(s, i, last=i == s.depth - 1) if i < self.dual else
