@@ -135,7 +135,7 @@ class Autoregressive(Method):
                                    prompt=self.mcfg.prompt, length=self.mcfg.sample_len or self.T)
 
 
-@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT; val loss/bpc/ppl; top-k sampling")
+@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling")
 def build_autoregressive(cfg, data_spec):
     return Autoregressive(cfg, data_spec)
 

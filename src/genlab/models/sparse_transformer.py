@@ -310,8 +310,8 @@ class SparseTransformer(nn.Module):
         return s.depth * per_block + 2 * T * D * self.vocab_size
 
 
-@model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes: strided/fixed "
-                                               "factorized attention (FlexAttention), row/col/channel embeddings")
+@model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes or text: "
+                                               "strided/fixed factorized attention (FlexAttention), data or attention embeddings")
 def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
     kind = data_spec.get("kind")
     if kind not in ("image", "tokens"):
