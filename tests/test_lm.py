@@ -195,9 +195,11 @@ def test_bidirectional_model_sees_the_future(pos_emb):
         assert not torch.allclose(model(x)[:, 0], model(x2)[:, 0], atol=1e-5)
 
 
-@pytest.mark.parametrize("mlp,tie", [("gelu", True), ("swiglu", False)])
-def test_flops_match_flop_counter(mlp, tie):
-    model = build_gpt(ModelConfig(name="gpt", size="tiny", mlp=mlp, tie_weights=tie, attention="math", causal=True),
+@pytest.mark.parametrize("mlp,tie,attention,causal", [("gelu", True, "math", True), ("swiglu", False, "math", True),
+                                                      ("gelu", True, "differential", True), ("gelu", True, "linear", True),
+                                                      ("gelu", True, "linear", False)])
+def test_flops_match_flop_counter(mlp, tie, attention, causal):
+    model = build_gpt(ModelConfig(name="gpt", size="tiny", mlp=mlp, tie_weights=tie, attention=attention, causal=causal),
                       {"kind": "tokens", "vocab_size": 65, "seq_len": 48})
     x = torch.randint(0, 65, (3, 48))
     with FlopCounterMode(display=False) as fc, torch.no_grad():

@@ -353,11 +353,11 @@ def test_play_page_in_real_browser(play_server, tmp_path):
         browser.quit()
 
 
-@pytest.mark.parametrize("mode", ["channels", "tokens"])
-def test_world_dit_flops_match_flop_counter(toy_dir, tmp_path, mode):
+@pytest.mark.parametrize("mode,attention", [("channels", "math"), ("tokens", "math"), ("tokens", "linear")])
+def test_world_dit_flops_match_flop_counter(toy_dir, tmp_path, mode, attention):
     from torch.utils.flop_counter import FlopCounterMode
     # the "math" backend spells attention as matmuls; the counter does not see CPU's fused SDPA kernel
-    cfg = world_cfg(tmp_path, toy_dir, f"model.context_mode={mode}", "model.attention=math")
+    cfg = world_cfg(tmp_path, toy_dir, f"model.context_mode={mode}", f"model.attention={attention}")
     _, model, method = build(cfg, toy_dir)
     L = method.L
     args = (torch.randn(1, 3, 16, 16), torch.rand(1), torch.randn(1, L, 3, 16, 16), torch.zeros(1, L, dtype=torch.long),

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
-from genlab.models.layers import Attention, apply_rope
+from genlab.models.layers import Attention, apply_rope, attention_flops
 from genlab.models.positions import build_position, fitting_positions
 from genlab.registry import mlp_registry, model_registry, norm_registry
 
@@ -172,12 +172,14 @@ class GPT(nn.Module):
         return self.head(self.norm(h[:, -1]))
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and both attention
-        matmuls over the full T x T score matrix (as torch.utils.flop_counter and nanoGPT's MFU count it)."""
+        """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and the attention kernel's
+        matmuls (softmax: both over the full T x T score matrix, as torch.utils.flop_counter and nanoGPT's MFU
+        count it; other entries by their own formula, layers.attention_flops)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
         mlp = 2 * T * D * H * mlp_registry.get(s.mlp).matrices
-        per_block = 2 * T * D * 3 * D + 2 * T * D * D + 2 * 2 * T * T * D + mlp
+        attn = attention_flops(s.attention, T, T, s.heads, D // s.heads, causal=s.causal)
+        per_block = 2 * T * D * 3 * D + 2 * T * D * D + attn + mlp
         return s.depth * per_block + 2 * T * D * s.n_vocab
 
     def num_params(self, embedding: bool = True) -> int:

@@ -237,13 +237,20 @@ def softmax_flops(n: int, m: int, head_dim: int) -> int:
     return 2 * 2 * n * m * head_dim
 
 
-def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int) -> int:
-    """Forward matmul FLOPs of one sample's attention kernel, n queries over m keys (bidirectional)."""
-    return heads * getattr(attention_registry.get(name), "flops", softmax_flops)(n, m, head_dim)
+def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int, causal: bool = False) -> int:
+    """Forward matmul FLOPs of one sample's attention kernel, n queries over m keys. Causal softmax counts the
+    full score matrix, as torch.utils.flop_counter and nanoGPT's MFU do; an entry whose causal form runs
+    different matmuls declares `causal_flops`."""
+    entry = attention_registry.get(name)
+    fn = getattr(entry, "causal_flops", None) if causal else None
+    return heads * (fn or getattr(entry, "flops", softmax_flops))(n, m, head_dim)
 
 
 # linear attention: K^T V (2 m d^2), Q (K^T V) (2 n d^2) and the normaliser Q sum_j k_j (2 n d): linear in tokens
 linear_attention.flops = lambda n, m, d: 2 * m * d * d + 2 * n * d * d + 2 * n * d
+# causal: q_i against the prefix sums S_i = sum_{j<=i} k_j v_j^T (2 n d^2); the prefix sums and the normaliser
+# are element-wise work (about 2 n d^2 more), which the matmul convention of MFU does not count
+linear_attention.causal_flops = lambda n, m, d: 2 * n * d * d
 # differential: two maps over half-width q/k (2 n m d/2 each) and two weighted sums over full-width v (2 n m d each)
 DifferentialAttention.flops = staticmethod(lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d))
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.models.dit import DiTBlock, FinalLayer, depatchify, dit_size, patchify
-from genlab.models.layers import TimestepEmbedder, sincos_2d
+from genlab.models.layers import TimestepEmbedder, attention_flops, sincos_2d
 from genlab.registry import model_registry
 
 CONTEXT_MODES = ("channels", "tokens")
@@ -45,6 +45,7 @@ class WorldDiT(nn.Module):
         self.noise_embed = TimestepEmbedder(dim)  # the context noise level, so the model can discount noisy frames
         self.action_embed = nn.Embedding(num_actions, action_emb) if num_actions else nn.Linear(action_dim, action_emb)
         self.action_proj = nn.Sequential(nn.Linear(context * action_emb, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.attention, self.heads = attention, heads
         self.blocks = nn.ModuleList(DiTBlock(dim, heads, mlp_ratio, attention, qk_norm, adaln, layer=i)
                                     for i in range(depth))
         self.final = FinalLayer(dim, pd, adaln)
@@ -86,7 +87,8 @@ class WorldDiT(nn.Module):
         f += 2 * (self.action_proj[0].in_features * D + D * D)     # action projection
         if not self.num_actions:
             f += 2 * L * self.action_dim * self.action_embed.out_features
-        per_block = 2 * n * D * 4 * D + 2 * 2 * n * n * D + 2 * 2 * n * D * hidden + 2 * D * 6 * D
+        attn = attention_flops(self.attention, n, n, self.heads, D // self.heads)
+        per_block = 2 * n * D * 4 * D + attn + 2 * 2 * n * D * hidden + 2 * D * 6 * D
         f += self.depth * per_block
         f += 2 * D * 2 * D + 2 * N * D * pd
         return f
