@@ -71,6 +71,8 @@ CASES = [
     ("sample a checkpoint of the wrong model", ["sample", "{tmp}/wrong_model.pt"], "model differs"),
     ("eval negative samples", ["eval", "{run}", "eval.num_samples=-5"], "eval.num_samples"),
     ("eval overrides the model", ["eval", "{run}", "model.dim=8"], "model.dim"),
+    ("eval overrides a training-time method key", ["eval", "{run}", "method.timestep_sampler=uniform"], "method.timestep_sampler"),
+    ("eval bad guidance interval", ["eval", "{run}", "method.cfg_interval=0.9,0.1"], "cfg_interval"),
     ("eval a missing run", ["eval", "{tmp}/missing"], "missing"),
     ("unknown eval metric", T + ["eval.metrics=accuracy,fidd"], "fidd"),
     ("empty eval metrics", T + ["eval.metrics=,"], "eval.metrics"),

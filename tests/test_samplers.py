@@ -183,3 +183,13 @@ def test_eval_reports_quality_vs_nfe(tmp_path):
         evaluate_run(run, [*ev, "eval.nfe_list=0,4"])
     with pytest.raises(GenlabError, match="unknown sampler"):
         evaluate_run(run, [*ev, "eval.nfe_list=4", "eval.samplers=rk45"])
+
+
+def test_eval_may_vary_sampling_keys_but_not_training_ones():
+    from genlab.errors import GenlabError
+    from genlab.sample import SAMPLING_KEYS, check_eval_overrides
+    check_eval_overrides(["eval.num_samples=10", "method.cfg_interval=0.3,1", "method.sampler=midpoint"])
+    assert "method.cfg_interval" in SAMPLING_KEYS and "method.timestep_sampler" not in SAMPLING_KEYS
+    for bad in ("method.timestep_sampler=uniform", "model.dim=8", "method.name=mdlm"):
+        with pytest.raises(GenlabError, match="not allowed here"):
+            check_eval_overrides([bad])

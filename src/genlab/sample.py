@@ -15,6 +15,19 @@ from genlab.train.convert import apply_converters, converters_of
 from genlab.train.step import build_model_and_method
 
 
+# method keys that act only at sampling time (they change no weights), so eval may vary them on a trained run
+SAMPLING_KEYS = ("method.sampler", "method.step_schedule", "method.sample_shift", "method.sde_noise", "method.cfg_interval")
+
+
+def check_eval_overrides(overrides) -> None:
+    """The weights fix the model, data and method: only evaluation and sampling settings may change."""
+    for o in overrides:
+        key = o.strip().split("=", 1)[0]
+        if not (key.startswith("eval.") or key in SAMPLING_KEYS):
+            raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000) "
+                              f"and the sampling keys {', '.join(SAMPLING_KEYS)}")
+
+
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
     from genlab.config_check import check_section
@@ -23,11 +36,10 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
-    for o in overrides:  # the weights fix the model, data and method: only evaluation settings may change
-        if not o.strip().startswith("eval."):
-            raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000)")
+    check_eval_overrides(overrides)
     apply_overrides(cfg, list(overrides))
     check_section(cfg, "eval")  # the rest was validated when the run was trained
+    check_section(cfg, "method")
     dev = resolve_device(device)
     model, method = build_model_and_method(cfg, state["data_spec"])
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
