@@ -48,3 +48,27 @@ def run_cli(*args, cwd=None, env=None, timeout=600):
 def tiny_config(tmp_path, *overrides, preset="digits_flow"):
     from genlab.config import load_config
     return load_config(preset, TINY + [f"train.out_dir={tmp_path}", *overrides])
+
+
+def straight_and_resumed(tmp_path, stop_after: int, *overrides, preset="digits_flow"):
+    """The exact-resume experiment: run `full` uninterrupted; run `part`, stop it after `stop_after` steps (as
+    Ctrl-C would), resume it to the end. Returns the full trainer and both runs' final checkpoints."""
+    from genlab.train import checkpoint as ckpt
+    from genlab.train.trainer import Trainer
+    full = Trainer(tiny_config(tmp_path, *overrides, "train.name=full", preset=preset))
+    full.fit()
+    part = Trainer(tiny_config(tmp_path, *overrides, "train.name=part", preset=preset))
+    part.stop_after = stop_after
+    s = part.fit()
+    assert s["status"] == "interrupted" and s["step"] == stop_after
+    Trainer(tiny_config(tmp_path, *overrides, "train.name=part", preset=preset), resume=str(tmp_path / "part")).fit()
+    return full, ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a loaded 2-core machine two threads thrash."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -28,13 +28,7 @@ ATTENTIONS = ["sdpa", "math", "sigmoid", "differential", "linear"]  # flex: forw
 OPTIONS = list(itertools.product([False, True], ["sincos2d", "rope2d"], ["gelu", "swiglu", "mixffn"], [False, True]))
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread avoids OpenMP contention on the shared cores (the file runs in ~40 s alone)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
 
 def model_cfg(backbone, **kw):

@@ -8,9 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import tiny_config
+from conftest import straight_and_resumed, tiny_config
 from genlab.errors import GenlabError
-from genlab.train import checkpoint as ckpt
 from genlab.train.trainer import Trainer
 
 REPA = ["method.name=repa", "method.repa_hidden=32", "method.repa_block=1", "model.dim=32", "train.steps=6",
@@ -22,14 +21,8 @@ def losses(run):
 
 
 def test_repa_trains_checkpoints_and_resumes_exactly(tmp_path):
-    full = Trainer(tiny_config(tmp_path, *REPA, "train.name=full"))
-    full.fit()
-    part = Trainer(tiny_config(tmp_path, *REPA, "train.name=part"))
-    part.stop_after = 3
-    assert part.fit()["status"] == "interrupted"
-    Trainer(tiny_config(tmp_path, *REPA, "train.name=part"), resume=str(tmp_path / "part")).fit()
+    _, a, b = straight_and_resumed(tmp_path, 3, *REPA)
     assert losses(tmp_path / "part") == losses(tmp_path / "full")
-    a, b = ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
     for key in ("model", "ema"):
         for k in a[key]:
             assert torch.equal(a[key][k], b[key][k]), f"{key}.{k} differs after resume"
@@ -134,17 +127,11 @@ def test_a_method_with_its_own_optimizer_resumes_exactly(tmp_path):
     _register_adversarial()
     common = ["method.name=test_adversarial", "model.dim=32", "train.steps=5", "log.every=1", "log.ckpt_every=0",
               "eval.num_samples=0", "optim.warmup_steps=2", "train.grad_accum=2"]
-    full = Trainer(tiny_config(tmp_path, *common, "train.name=full"))
-    full.fit()
+    full, a, b = straight_and_resumed(tmp_path, 2, *common)
     assert set(full.steps.optimizers) == {"model", "critic"}
     # the critic's optimizer runs the schedule at its own LR (3e-4 / optim.lr)
     assert full.steps.optimizers["critic"].param_groups[0]["lr_scale"] == pytest.approx(3e-4 / full.cfg.optim.lr)
-    part = Trainer(tiny_config(tmp_path, *common, "train.name=part"))
-    part.stop_after = 2
-    part.fit()
-    Trainer(tiny_config(tmp_path, *common, "train.name=part"), resume=str(tmp_path / "part")).fit()
     assert losses(tmp_path / "part") == losses(tmp_path / "full")
-    a, b = ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
     for k, v in a["extras"]["critic"].items():
         assert torch.equal(v, b["extras"]["critic"][k])
     for k, v in a["model"].items():

@@ -3,7 +3,6 @@ form), exact resume of every optimizer with and without Caution, optimizer-state
 optimizer sweep file."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import subprocess
@@ -14,16 +13,14 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import REPO, tiny_config
+from conftest import REPO, straight_and_resumed
 from genlab.config import OptimConfig, load_config
 from genlab.errors import GenlabError
 from genlab.optim import build_optimizer, lr_at, state_bytes
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
 from genlab.registry import optimizer_registry
-from genlab.train import checkpoint as ckpt
 from genlab.train.step import build_model_and_method
-from genlab.train.trainer import Trainer
 
 OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw"]
 
@@ -248,13 +245,7 @@ def test_every_optimizer_resumes_exactly(tmp_path, name, caution):
     common = RESUME + [f"optim.name={name}", f"optim.caution={str(caution).lower()}"]
     if name in ("shampoo", "soap"):
         common.append("optim.precondition_every=2")  # a preconditioner refresh after the resume
-    full = Trainer(tiny_config(tmp_path, *common, "train.name=full"))
-    full.fit()
-    part = Trainer(tiny_config(tmp_path, *common, "train.name=part"))
-    part.stop_after = 2
-    assert part.fit()["status"] == "interrupted"
-    Trainer(tiny_config(tmp_path, *common, "train.name=part"), resume=str(tmp_path / "part")).fit()
-    a, b = ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
+    _, a, b = straight_and_resumed(tmp_path, 2, *common)
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), f"{name}: {k} differs after resume"
     _assert_same_state(a["optimizer"]["state"], b["optimizer"]["state"], name)

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, TINY, tiny_config
+from conftest import REPO, TINY, straight_and_resumed, tiny_config
 from genlab.errors import GenlabError
 from genlab.methods.flow import FlowMatching
 from genlab.train import checkpoint as ckpt
@@ -43,16 +43,8 @@ def test_overfits_a_fixed_batch(tmp_path):
 def test_resume_continues_exactly(tmp_path):
     """Interrupted at step 12 and resumed == uninterrupted: data order, EMA, optimizer, LR, RNG."""
     common = ["train.steps=30", "log.every=1", "log.ckpt_every=0", "optim.warmup_steps=10", "train.ema_decay=0.9"]
-    full = Trainer(tiny_config(tmp_path, *common, "train.name=full"))
-    full.fit()
-    part = Trainer(tiny_config(tmp_path, *common, "train.name=part"))
-    part.stop_after = 12
-    s = part.fit()
-    assert s["status"] == "interrupted" and s["step"] == 12
-    resumed = Trainer(tiny_config(tmp_path, *common, "train.name=part"), resume=str(tmp_path / "part"))
-    resumed.fit()
+    _, a, b = straight_and_resumed(tmp_path, 12, *common)
     assert losses(tmp_path / "part") == losses(tmp_path / "full")
-    a, b = ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
     for key in ("model", "ema"):
         for k in a[key]:
             assert torch.equal(a[key][k], b[key][k]), f"{key}.{k} differs after resume"

@@ -17,13 +17,7 @@ from genlab.world.episodes import read_episodes, write_episodes
 MEANINGS = ["NOOP", "LEFT", "RIGHT"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads; on a loaded 2-core machine two threads thrash."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
 
 def toy_game(T=120, episodes=3, size=16, seed=0):
