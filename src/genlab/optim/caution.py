@@ -82,10 +82,10 @@ class Cautious(torch.optim.Optimizer):
         masks = [(d * g.to(d.dtype)) < 0 for d, g in zip(delta, grads)]
         kept = torch.stack([m.sum() for m in masks]).double()  # float64: numel / kept exact enough for any dtype
         _sum_over_shards(kept, params)
-        numel = torch.tensor([float(p.numel()) for p in params], dtype=torch.float64, device=kept.device)  # DTensor: global
-        scale = numel / kept.clamp(min=1)
-        for t, b, d, m, s in zip(local, before, delta, masks, scale.unbind()):
-            t.copy_(b + d * m * s.to(d.dtype))
+        inv_kept = kept.clamp(min=1).reciprocal()
+        # scale = numel / kept (p.numel() is the global size of a DTensor); Python numbers: no host-to-device copy
+        for t, b, d, m, inv, p in zip(local, before, delta, masks, inv_kept.unbind(), params):
+            t.copy_(b + d * m * (inv * p.numel()).to(d.dtype))
         return loss
 
 
