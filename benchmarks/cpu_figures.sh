@@ -6,7 +6,7 @@
 # Usage (repo root): OUT=/dir STAGES="quickstart guidance text" bash benchmarks/cpu_figures.sh
 # (guidance alone reuses $OUT/quickstart's run when it is there). Tables and logs go to $OUT.
 set -euo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/genlab-cpu-figures}
 STAGES=${STAGES:-"quickstart guidance text"}
 G="python -m genlab"

@@ -5,7 +5,7 @@
 # STAGES picks steps (default all): test bench e2e ncu (bench64: the D=64 table alone); VARIANTS/E2E_ATT/E2E_STEPS override defaults.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 STAGES=${STAGES:-"test bench e2e ncu"}
 VARIANTS=${VARIANTS:-"1/split/fixed,2/split/fixed,3/split/fixed,2/split/fixed/mma,2/atomic/fixed,3/atomic/fixed,2/split,2/atomic"}
 E2E_ATT=${E2E_ATT:-sdpa,triton}

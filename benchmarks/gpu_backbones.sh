@@ -15,7 +15,7 @@
 #   OUT=out STAGES=sweeps SWEEPS="architectures attention" bash benchmarks/gpu_backbones.sh
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 STAGES=${STAGES:-"cross table"}
 BACKBONES=${BACKBONES:-dit,long_skips,incontext_pre,incontext_post,mmdit,hybrid}
 ATTENTION=${ATTENTION:-sdpa,flex,sigmoid,differential,linear}

@@ -6,7 +6,7 @@
 # Run from the repo root: bash benchmarks/gpu_dist.sh [EXTRA OVERRIDES]   (table in $OUT/dist.md; ~390 s)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT/json"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast here
 S="--steps 20 --warmup 10"
 X="$*"

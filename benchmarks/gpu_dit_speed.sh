@@ -5,7 +5,7 @@
 # VARIANTS_FILE: one variant a line, "name|preset overrides...|extra bench args|ENV=VALUE ..." (e.g. "|--profile DIR").
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT/j"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 VF=$1; shift
 PROBE=0; BUDGET=360; WARM=0; PER=150
 while [ $# -gt 0 ]; do case $1 in --probe) PROBE=1;; --warm) WARM=1;; --budget) BUDGET=$2; shift;; --per) PER=$2; shift;; esac; shift; done

@@ -7,7 +7,7 @@
 # Needs gpu_data/mnist/*.gz and gpu_data/fashion-mnist/*.gz (carried: copy ../shared/data/{mnist,fashion-mnist}).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1 GENLAB_CACHE=/tmp/genlab_evalq_cache
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 GENLAB_CACHE=/tmp/genlab_evalq_cache
 G="python3 -m genlab"; RUNS=/tmp/genlab_evalq_runs; rm -rf "$RUNS"
 for ds in mnist fashion-mnist; do
   for split in train test; do

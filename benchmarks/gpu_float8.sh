@@ -5,7 +5,7 @@
 # WIDTHS="4096 768" picks the widths (in that order); XL=0 skips the DiT-XL/2 rows; MLP_BUDGET=s stops the MLP rows.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT/json"
-export PYTHONPATH=src
+export PYTHONPATH=src:${PYTHONPATH:-}
 python3 -m pip install --no-deps wheels/*.whl >/dev/null 2>&1 || { echo "needs the torchao wheel in wheels/"; exit 1; }
 START=$(date +%s)
 : > "$OUT/json/f8.jsonl"

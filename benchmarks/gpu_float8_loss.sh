@@ -8,7 +8,7 @@
 # Needs gpu_data/mnist/*.gz (carried) and the torchao wheel in wheels/.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -m pip install --no-deps wheels/*.whl >/dev/null 2>&1 || { echo "needs the torchao wheel in wheels/"; exit 1; }
 G="python3 -m genlab"; RUNS=/tmp/genlab_f8loss; rm -rf "$RUNS"
 STEPS=${STEPS:-500}

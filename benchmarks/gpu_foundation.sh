@@ -3,7 +3,7 @@
 # the activation-checkpointing memory table and the default digits run on the GPU.
 # Usage on the GPU machine, from the repo root:  OUT=/some/dir bash benchmarks/gpu_foundation.sh
 set -uo pipefail
-export PYTHONPATH=src
+export PYTHONPATH=src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/genlab-out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -12,7 +12,7 @@
 # Run from the repo root: bash benchmarks/gpu_lm.sh   (tables, samples and logs land in $OUT)
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src
+export PYTHONPATH=src:${PYTHONPATH:-}
 RUNS=/tmp/genlab_lm_runs; rm -rf "$RUNS" gpu_data/shakespeare_char; mkdir -p "$RUNS"
 G="python3 -m genlab"
 STEPS=5000   # the nanoGPT recipe; both methods get the same steps x batch 64 x 256 tokens

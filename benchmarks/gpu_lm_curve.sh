@@ -1,5 +1,5 @@
 set -u
-export PYTHONPATH=src
+export PYTHONPATH=src:${PYTHONPATH:-}
 G="python3 -m genlab"
 RUNS=/tmp/r; mkdir -p $RUNS
 $G data prepare text --src gpu_data/tinyshakespeare.txt --tokenizer char --out gpu_data/shakespeare_char > /dev/null 2>&1

@@ -6,7 +6,7 @@
 # Needs gpu_data/tinyshakespeare.txt (carried). Tables and logs land in $OUT.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 RUNS=/tmp/genlab_tune; rm -rf "$RUNS"; mkdir -p "$RUNS"
 G="python3 -m genlab"
 CAP=${CAP:-360}

@@ -9,14 +9,16 @@
 # 60 runs, one per GPU at a time (launcher per_gpu): on nvidia-h200-x8 about 8 rounds; on one GPU they run one after
 # another and no run starts after SWEEP_BUDGET s (default 480): calling the script again on the same (warm) machine
 # skips finished runs and continues (SWEEP_ROOT persists there).
+# JOBS=N runs N at once per GPU (then step time and loss at equal wall-clock are shared-GPU figures; each run takes
+# ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory); ONLY=a,b picks variants.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
 BUDGET=${SWEEP_BUDGET:-480}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 STAGES=${STAGES:-"test sweep"}
-python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps wheels/heavyball-*.whl \
-  wheels/opt_einsum-*.whl wheels/pytorch_optimizer-*.whl 2>&1 | tail -2
+python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
+  ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl 2>&1 | tail -2
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import torch, heavyball, pytorch_optimizer as po; print('torch', torch.__version__, 'pytorch-optimizer', po.__version__)"
   git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
@@ -30,7 +32,7 @@ test)  echo "== exact resume of every optimizer on $(python3 -c 'import torch; p
          | tee "$OUT/test_resume.log" ;;
 sweep) left=$((BUDGET - SECONDS)); [ "$left" -lt 0 ] && left=0
        echo "== sweep optimizers (no run starts after ${left} s more; ${RUN_TIMEOUT} s per run)"
-       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" 2>&1 | grep -v "^\s*$" | tail -70
+       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} 2>&1 | grep -v "^\s*$" | tail -70
        cp "$ROOT/optimizers/report.md" "$ROOT/optimizers/results.csv" "$OUT/" 2>/dev/null
        tar czf "$OUT/optimizers.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" optimizers ;;
 esac; done

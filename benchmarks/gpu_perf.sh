@@ -6,7 +6,7 @@
 # float8 crossover lives in benchmarks/gpu_float8.sh (another ~400 s), 2 GPUs in benchmarks/gpu_dist.sh.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT/json"
-export PYTHONPATH=src
+export PYTHONPATH=src:${PYTHONPATH:-}
 python3 -m pip install --no-deps wheels/*.whl >/dev/null 2>&1 || echo "torchao wheel not installed (float8 rows will fail)"
 START=$(date +%s); DEADLINE=${DEADLINE:-540}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"

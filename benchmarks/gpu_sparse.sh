@@ -8,7 +8,7 @@
 # Under a 10-minute limit run it twice: STAGES="test bench" (~5 min), then STAGES=quality (~6 min).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 STAGES=${STAGES:-"test bench quality"}
 STEPS=${STEPS:-1000}
 START=$(date +%s)

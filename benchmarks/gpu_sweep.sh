@@ -8,7 +8,7 @@
 # GPU) needs two calls, all_axes_part2 one.
 # Usage (repo root): OUT=/dir bash benchmarks/gpu_sweep.sh [all_axes] [dtype ...]
 set -uo pipefail
-export PYTHONPATH=src
+export PYTHONPATH=src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/genlab-out}
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}
 BUDGET=${SWEEP_BUDGET:-390}

@@ -7,10 +7,11 @@
 # measured yet (estimate: 60-100 s per run incl. compile, the first run also trains the cached MNIST classifier),
 # so expect two or three calls, then one NFE_ONLY=1 call.
 # Needs gpu_data/mnist/*.gz (carried: the four standard MNIST idx files).
+# JOBS=N packs N runs onto the GPU at once (DiT-S/4 leaves an H100 mostly idle; the FD/accuracy columns are unaffected).
 # Usage (repo root): OUT=/dir bash benchmarks/gpu_timesteps.sh            # sweep (+ the NFE table if time is left)
 #                    OUT=/dir NFE_ONLY=1 bash benchmarks/gpu_timesteps.sh  # only the NFE table
 set -uo pipefail
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/genlab-out}
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}
 BUDGET=${SWEEP_BUDGET:-360}
@@ -24,7 +25,7 @@ mkdir -p "$OUT" "$ROOT"
   > "$OUT/prepare.log" 2>&1 || { echo "MNIST prepare failed (carry gpu_data/mnist/*.gz)"; tail -3 "$OUT/prepare.log"; exit 1; }
 if [ "${NFE_ONLY:-0}" != 1 ]; then
   echo "== sweep timesteps (no run starts after ${BUDGET} s; ${RUN_TIMEOUT} s per run)"
-  $G sweep timesteps --root "$ROOT" --max-time "$BUDGET" --timeout "$RUN_TIMEOUT" 2>&1 | grep -v "^\s*$" | tail -40
+  $G sweep timesteps --root "$ROOT" --max-time "$BUDGET" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" 2>&1 | grep -v "^\s*$" | tail -40
   tar czf "$OUT/timesteps.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" timesteps
   cp "$ROOT"/timesteps/report.md "$OUT/timesteps_report.md" 2>/dev/null
 fi

@@ -7,7 +7,7 @@
 # summary.json, rollout.gif/.mp4, speed.md, data_stats.txt, contact_sheet.png, train.log.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 DATA=${DATA:-gpu_data/pong64}
 BUDGET=${BUDGET:-360}   # seconds of training after the probe
 RUN=runs/pong

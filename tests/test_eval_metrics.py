@@ -418,7 +418,8 @@ def evaluated_run(tmp_path_factory):
                                              "eval.num_samples=30", "eval.sample_steps=2"])
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(clf, "get_classifier", lambda data, device="cpu", epochs=0: (_NearestMean(data).to(device), 0.9))
-        yield Trainer(cfg).fit(), out / "r"
+        summary = Trainer(cfg).fit()
+    return summary, out / "r"  # the stand-in is undone here, not at the module's end
 
 
 def test_periodic_and_final_eval_log_every_distance_with_its_floor(evaluated_run):
@@ -442,3 +443,37 @@ def test_cli_eval_metrics_flag(evaluated_run, capsys):
     assert "real-vs-real floor" in out.err
     assert main(["eval", str(run), "--metrics", "fid"]) == 2
     assert "pt_inception-2015-12-05-6726825d.pth" in capsys.readouterr().err
+
+
+def test_feature_classifier_trains_in_fp32_under_the_trainers_autocast():
+    """The trainer's final evaluation runs under bf16 autocast; the classifier must not train in bf16 (it stayed at
+    chance accuracy on MNIST and poisoned the cache). Same seed and data: identical weights inside autocast or not."""
+    from genlab.eval.classifier import train_classifier
+    g = np.random.default_rng(0)
+    imgs = g.integers(0, 256, (300, 1, 28, 28), dtype=np.uint8)
+    labels = g.integers(0, 10, 300)
+    plain, _ = train_classifier(imgs, labels, 10, epochs=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under, _ = train_classifier(imgs, labels, 10, epochs=2)
+    for (k, a), b in zip(plain.state_dict().items(), under.state_dict().values()):
+        assert a.dtype == torch.float32 and torch.equal(a, b), k
+
+
+def test_a_cached_classifier_that_never_learned_is_retrained(tmp_path, monkeypatch):
+    from genlab.eval import classifier as C
+    monkeypatch.setenv("GENLAB_CACHE", str(tmp_path))
+    g = np.random.default_rng(1)
+
+    class Data:
+        images = g.integers(0, 256, (200, 1, 28, 28), dtype=np.uint8)
+        labels = g.integers(0, 10, 200)
+        spec = {"channels": 1, "num_classes": 10}
+        meta = {"sha256": "ab" * 32}
+    path = tmp_path / "classifiers" / f"{'ab' * 8}-e2.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"model": C.SmallConvNet(1, 10).state_dict(), "val_acc": 0.1}, path)  # at chance: a poisoned entry
+    calls = []
+    monkeypatch.setattr(C, "train_classifier", lambda *a, **k: calls.append(1) or (C.SmallConvNet(1, 10), 0.9))
+    _, acc = C.get_classifier(Data(), epochs=2)
+    assert calls == [1] and acc == 0.9
+    assert torch.load(path, weights_only=True)["val_acc"] == 0.9

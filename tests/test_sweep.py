@@ -267,3 +267,36 @@ def test_resumed_history_is_one_curve():
     out = train_records(recs)
     assert [(r["step"], r["loss"], r["wall_time"], r["_warm"]) for r in out] == [
         (5, 3.0, 1.0, True), (10, 2.0, 2.0, False), (15, 1.4, 3.5, True), (20, 1.0, 4.5, False)]
+
+
+def test_jobs_per_gpu_packs_runs_onto_one_gpu(tmp_path, monkeypatch):
+    """--jobs-per-gpu 2 on one visible GPU: two runs at once, both on GPU 0, never a third; records say so."""
+    import threading
+    import time
+    from genlab.sweep import runner
+    body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
+    sw = load_sweep(_write_sweep(tmp_path, body))
+    lock, now, seen = threading.Lock(), [0], []
+
+    def fake_run(sw_, v, d, gpu=None, gpus=0):
+        with lock:
+            now[0] += 1
+            seen.append((now[0], gpu))
+        time.sleep(0.2)
+        with lock:
+            now[0] -= 1
+        return {"status": "finished", "log": "", "run_dir": str(d / "runs" / v.run_name)}
+    monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(runner, "run_variant", fake_run)
+    d = runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False, jobs_per_gpu=2)
+    assert len(seen) == 4 and {g for _, g in seen} == {0}
+    assert max(n for n, _ in seen) == 2
+    st = runner.load_status(d)
+    assert all(st[r]["jobs_per_gpu"] == 2 and st[r]["status"] == "finished" for r in st)
+
+
+def test_jobs_per_gpu_needs_a_gpu_launcher(tmp_path, capsys):
+    p = _write_sweep(tmp_path, BASE + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
+    assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps"), "--jobs-per-gpu", "2"]) == 2
+    assert "--jobs-per-gpu needs launcher gpu or per_gpu" in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists()

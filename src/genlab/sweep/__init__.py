@@ -59,11 +59,16 @@ def cmd_sweep(args):
         if args.timeout <= 0:
             raise GenlabError(f"--timeout must be > 0 seconds, got {args.timeout}")
         sw.timeout = args.timeout
+    if args.jobs_per_gpu < 1:
+        raise GenlabError(f"--jobs-per-gpu must be >= 1, got {args.jobs_per_gpu}")
+    if args.jobs_per_gpu > 1 and sw.launcher not in ("gpu", "per_gpu"):
+        raise GenlabError(f"--jobs-per-gpu needs launcher gpu or per_gpu; sweep '{sw.name}' has launcher \"{sw.launcher}\"")
     if sw.launcher in ("gpu", "per_gpu") and visible_gpus() == 0:
         raise GenlabError(f"sweep '{sw.name}' has launcher = \"{sw.launcher}\" but no CUDA device is visible; "
                           "use launcher = \"cpu\" to run it here")
     try:
-        d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed, max_time=args.max_time)
+        d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed, max_time=args.max_time,
+                      jobs_per_gpu=args.jobs_per_gpu)
     except KeyboardInterrupt:
         print("genlab: sweep interrupted; runs in flight saved a checkpoint. Re-run the same command to resume.")
         return 130
@@ -85,6 +90,8 @@ def add_parser(sub):
     p.add_argument("--max-time", type=float, default=None, metavar="S",
                    help="start no run after S seconds; the rest are left for the next call")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit (overrides the file's timeout)")
+    p.add_argument("--jobs-per-gpu", type=int, default=1, metavar="N",
+                   help="run N single-process runs on each GPU at once (small models; step times are then shared-GPU times)")
     p.add_argument("--root", default="sweeps", help="parent folder of sweep folders (default: sweeps)")
     p.add_argument("--compare", default=None, metavar="DIR2", help="with `report`: a second sweep folder to put side by side")
     p.set_defaults(fn=cmd_sweep)

@@ -214,9 +214,11 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
 
 
 def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True,
-              max_time: float | None = None) -> Path:
+              max_time: float | None = None, jobs_per_gpu: int = 1) -> Path:
     """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
-    the rest are recorded as not_run and a later call does them."""
+    the rest are recorded as not_run and a later call does them. `jobs_per_gpu` > 1 packs that many
+    single-process runs onto each GPU at once (small models leave a GPU mostly idle); their step times
+    are then shared-GPU times, and each run's record says so."""
     d = sweep_dir(sw, root)
     d.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sw.path, d / "sweep.toml")
@@ -254,18 +256,22 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
 
     try:
         single = [v for v in todo if v.nproc == 1]
-        if sw.launcher == "per_gpu" and gpus > 1 and single:
-            free = list(range(gpus))
+        slots = gpus * jobs_per_gpu if sw.launcher in ("gpu", "per_gpu") else 0
+        if slots > 1 and (sw.launcher == "per_gpu" or jobs_per_gpu > 1) and single:
+            free = [g for _ in range(jobs_per_gpu) for g in range(gpus)]
 
             def job(v):
                 with lock:
                     gpu = free.pop()
                 try:
-                    return attempt(v, gpu)
+                    rec = attempt(v, gpu)
+                    if jobs_per_gpu > 1:
+                        rec["jobs_per_gpu"] = jobs_per_gpu
+                    return rec
                 finally:
                     with lock:
                         free.append(gpu)
-            with ThreadPoolExecutor(max_workers=gpus) as pool:
+            with ThreadPoolExecutor(max_workers=slots) as pool:
                 futures = {pool.submit(job, v): v for v in single}
                 pending = set(futures)
                 while pending:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 18's quality target on ONE GPU: class-conditional flow on MNIST trained for <= 3 minutes, then sample accuracy
+# and in-domain feature FD (with its real-vs-real floor at the same sample count, against the test split) at several
+# guidance settings. Each recipe trains alone on the GPU (its wall clock is the figure); RECIPES picks which.
+#   OUT=out RECIPES="s2 s4" bash benchmarks/gpu_mnist_target.sh
+#   OUT=out DATASET=fashion-mnist RECIPES=s2 bash benchmarks/gpu_mnist_target.sh
+# Needs gpu_data/{mnist,fashion-mnist}/*.gz (carried: the four idx files of each).
+set -u
+DS=${DATASET:-mnist}
+FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"  # logs gathered here, packed into $FINAL/target_$DS.tgz
+export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+G="python3 -m genlab"; RUNS=${RUNS:-/tmp/genlab_target_runs}
+N=${NUM_SAMPLES:-2000}
+for split in train test; do
+  [ -f gpu_data/${DS}_$split/meta.json ] || $G data prepare $DS --src gpu_data/$DS --split $split \
+    --out gpu_data/${DS}_$split >> "$OUT/prepare.log" 2>&1 || { echo "prepare $DS $split failed"; tail -3 "$OUT/prepare.log"; exit 1; }
+done
+# recipe name -> overrides of the mnist_flow preset (DiT-S; bf16 on CUDA; compiled model)
+recipe() { case $1 in
+  s2) echo "model.patch_size=2 optim.lr=5e-4 optim.warmup_steps=300 train.steps=${STEPS_S2:-6000}" ;;
+  s4) echo "optim.lr=1e-3 optim.warmup_steps=300 train.steps=${STEPS_S4:-10000}" ;;
+  b2) echo "model.size=B model.patch_size=2 optim.lr=3e-4 optim.warmup_steps=300 train.steps=${STEPS_B2:-3000}" ;;
+  *) echo "unknown recipe $1 (s2 | s4 | b2)" >&2; return 2 ;;
+esac; }
+# guidance settings of the evaluation: scale:interval
+SETTINGS=${SETTINGS:-"1.0:0,1 1.5:0,1 2.0:0.3,0.8 3.0:0.3,0.8 3.0:0.5,1"}
+for r in ${RECIPES:-s2 s4}; do
+ {
+  ov=$(recipe $r) || exit 2
+  name=${DS}_$r
+  echo "== $name: $ov"
+  timeout ${CAP:-300} $G train mnist_flow data.path=gpu_data/${DS}_train eval.val_path=gpu_data/${DS}_test $ov \
+    train.compile=model train.batch_size=256 train.ema_decay=0.9999 log.every=200 log.ckpt_every=0 log.sample_every=0 \
+    log.tensorboard=false eval.num_samples=0 train.out_dir=$RUNS train.name=$name > "$OUT/train_$name.log" 2>&1 \
+    || { echo "train $name failed"; tail -5 "$OUT/train_$name.log"; exit 0; }  # leaves this recipe's subshell
+  grep -E "wall|train_time|final|img/s" "$OUT/train_$name.log" | tail -4
+  for s in $SETTINGS; do
+    g=${s%%:*}; iv=${s#*:}
+    timeout 240 $G eval $RUNS/$name eval.num_samples=$N eval.cfg_scale=$g method.cfg_interval=$iv \
+      eval.sample_steps=${SAMPLE_STEPS:-25} --metrics accuracy,fd,pr > "$OUT/eval_${name}_g${g}_${iv/,/-}.json" \
+      2> "$OUT/eval_${name}.err" || { echo "eval $name $s failed"; tail -3 "$OUT/eval_${name}.err"; continue; }
+    python3 - "$OUT/eval_${name}_g${g}_${iv/,/-}.json" "$name cfg $g interval [$iv]" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+flat = {}
+def walk(d, p=""):
+    for k, v in d.items():
+        walk(v, p + k + "/") if isinstance(v, dict) else flat.__setitem__(p + k, v)
+walk(r)
+keys = [k for k in flat if any(w in k for w in ("accuracy", "fd", "floor", "precision", "recall"))]
+print(sys.argv[2] + ": " + ", ".join(f"{k}={flat[k]:.4g}" if isinstance(flat[k], float) else f"{k}={flat[k]}" for k in keys))
+EOF
+  done
+ } 2>&1 | tee -a "$FINAL/summary_$DS.txt"
+done
+echo "total ${SECONDS} s"
+tar czf "$FINAL/target_$DS.tgz" -C "$OUT" .
