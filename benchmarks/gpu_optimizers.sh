@@ -20,7 +20,7 @@ STAGES=${STAGES:-"test sweep"}
 python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
   ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl 2>&1 | tail -2
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-  python3 -c "import torch, heavyball, pytorch_optimizer as po; print('torch', torch.__version__, 'pytorch-optimizer', po.__version__)"
+  python3 -c "import torch; from importlib.metadata import version as v; print('torch', torch.__version__, 'pytorch-optimizer', v('pytorch_optimizer'), 'heavyball', v('heavyball'))"
   git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1
 if [ ! -f data/mnist/meta.json ]; then
   python3 -m genlab data prepare mnist --src gpu_data/mnist --out data/mnist > "$OUT/prepare.log" 2>&1 \
