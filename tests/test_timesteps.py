@@ -226,5 +226,5 @@ def test_timesteps_sweep_expands_to_every_sampler():
     used = {o.split("=", 1)[1] for v in sw.variants for o in v.overrides if o.startswith("method.timestep_sampler=")}
     assert used == set(timestep_sampler_registry.names()) - {"linear"}  # linear is an alias of uniform
     assert any("method.loss_weighting=min_snr" in v.overrides for v in sw.variants)
-    assert {v.seed for v in sw.variants} == {0} and all("train.steps=2000" in v.overrides for v in sw.variants)
+    assert {v.seed for v in sw.variants} == {0} and all("train.steps=1000" in v.overrides for v in sw.variants)
     assert {"sample_accuracy", "feature_fd"} <= set(sw.metrics)
