@@ -221,6 +221,35 @@ def test_closed_loop_rollouts_feed_back_generated_frames(toy_dir, tmp_path):
     assert train_call["actions"][0].tolist() == [2, 0, 1]  # actions 2..4 lead into frames 3..5 -> target is frame 5
 
 
+@pytest.mark.parametrize("steps", [1, 3])
+def test_flow_x_prediction_lands_on_the_network_frame_whatever_the_noise(toy_dir, tmp_path, steps):
+    """Rollout noise (issue 15): with prediction=x the last Euler step lands exactly on the network's frame, so a
+    network that outputs a zero residual copies the last frame for any noise; with v the same network leaves the
+    initial noise in the frame. The training loss is the v-loss of the derived velocity: 0 for the oracle."""
+    from genlab.world.interface import StepContext
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow", "method.ctx_noise_max=0", "method.closed_loop_start=1.0")
+    assert cfg.method.prediction == "x"  # the default
+    _, _, method = build(cfg, toy_dir)
+    B, L = 4, method.L
+    context = torch.rand(B, L, 3, 16, 16) * 2 - 1
+    acts = torch.zeros(B, L, dtype=torch.long)
+    zero = Spy(lambda x, c: torch.zeros_like(x))
+    for seed in range(3):
+        out = method.generate(zero, context, acts, steps, torch.Generator().manual_seed(seed))
+        assert torch.allclose(out, context[:, -1], atol=1e-6)
+    method.mcfg.prediction = "v"
+    out = method.generate(zero, context, acts, steps, torch.Generator().manual_seed(0))
+    assert (out - context[:, -1]).abs().mean() > 0.3  # the noise stays
+    method.mcfg.prediction = "x"
+    frames = torch.rand(B, L + method.H, 3, 16, 16) * 2 - 1
+    oracle = Spy(lambda x, c: frames[:, L] - frames[:, L - 1])  # the true residual
+    ctx = StepContext(step=0, total_steps=10, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
+                      precision="fp32", ema=None, extras={})
+    method.sample_t = lambda n, g, dev, cfg: torch.tensor([0.0, 0.5, 0.97, 1.0])[:n]  # t ~ 1 included
+    loss, _ = method.loss(oracle, {"frames": frames, "actions": torch.zeros(B, L + method.H, dtype=torch.long)}, ctx)
+    assert loss.item() < 1e-8
+
+
 def test_rollout_uses_only_context_and_actions(toy_dir, tmp_path):
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow")
     _, model, method = build(cfg, toy_dir)
