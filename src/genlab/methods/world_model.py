@@ -59,6 +59,12 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
     return context + level.view(B, 1, 1, 1, 1).to(context.dtype) * noise, level
 
 
+def quantize(x: torch.Tensor) -> torch.Tensor:
+    """Round frames in [-1, 1] to the 256 levels of uint8 frames (windows.to_float): a generated frame re-enters
+    the context on the grid of the real frames it stands in for, and sub-level noise does not compound."""
+    return ((x + 1) * 127.5).round() / 127.5 - 1
+
+
 def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
     """A non-finite loss term becomes 0 (no host sync); the counter metric says how often it happened."""
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
@@ -134,12 +140,15 @@ class WorldModel(Method):
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
         """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
-        starting sample) may be given, so a compiled / CUDA-graphed caller keeps the RNG outside the graph."""
+        starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
+        caller keeps the RNG outside the graph."""
         steps = steps or self.mcfg.sample_steps
         B = context.shape[0]
         dev = context.device
         level = torch.zeros(B, device=dev)
-        x = noise if noise is not None else torch.randn(context[:, -1].shape, generator=generator, device=dev, dtype=context.dtype)
+        if noise is None:
+            noise = torch.randn(context[:, -1].shape, generator=generator, device=dev, dtype=context.dtype)
+        x = noise * self.mcfg.sample_temperature  # 0: the deterministic frame from the noise mean (best PSNR)
         if self.objective == "l1":
             x = x + model(x, torch.zeros(B, device=dev), context, actions, level)
         elif self.objective == "flow":  # Euler on the ODE, t: 0 (noise) -> 1 (data)
@@ -160,7 +169,8 @@ class WorldModel(Method):
                 c_skip, c_out, c_in, c_noise = self._edm_scalings(s)
                 den = self._bc(c_skip, x) * x + self._bc(c_out, x) * model(self._bc(c_in, x) * x, c_noise, context, actions, level)
                 x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
-        return (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
+        x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
+        return quantize(x) if self.mcfg.quantize_frames else x
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
