@@ -207,7 +207,8 @@ def test_closed_loop_rollouts_feed_back_generated_frames(toy_dir, tmp_path):
     B, L, H = 4, method.L, method.H
     frames = torch.full((B, L + H, 3, 16, 16), -0.5)
     frames[:, L:] = 0.9  # ground-truth future: must never reach the model as context
-    spy = Spy(lambda x, c: 0.25 - x)  # every generated frame is 0.25
+    g = 160 / 127.5 - 1  # a uint8 level, so quantised feedback keeps it
+    spy = Spy(lambda x, c: g - x)  # every generated frame is g
     ctx = StepContext(step=99, total_steps=100, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
                       precision="fp32", ema=None, extras={})
     assert method.closed_loop_horizon(99, 100) == H
@@ -217,8 +218,75 @@ def test_closed_loop_rollouts_feed_back_generated_frames(toy_dir, tmp_path):
     assert len(rollout_calls) == 2 and not any(c["grad"] for c in rollout_calls) and train_call["grad"]
     assert all((c["context"] != 0.9).all() for c in spy.calls)
     ctx_frames = train_call["context"][0, :, 0, 0, 0]
-    assert torch.allclose(ctx_frames, torch.tensor([-0.5, 0.25, 0.25]))  # last real frame, then its own two frames
+    assert torch.allclose(ctx_frames, torch.tensor([-0.5, g, g]))  # last real frame, then its own two frames
     assert train_call["actions"][0].tolist() == [2, 0, 1]  # actions 2..4 lead into frames 3..5 -> target is frame 5
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_flow_x_prediction_lands_on_the_network_frame_whatever_the_noise(toy_dir, tmp_path, steps):
+    """Rollout noise (issue 15): with prediction=x the last Euler step lands exactly on the network's frame, so a
+    network that outputs a zero residual copies the last frame for any noise; with v the same network leaves the
+    initial noise in the frame. The training loss is the v-loss of the derived velocity: 0 for the oracle."""
+    from genlab.world.interface import StepContext
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow", "method.ctx_noise_max=0", "method.closed_loop_start=1.0",
+                    "method.sample_temperature=1", "method.quantize_frames=false")
+    assert cfg.method.prediction == "x"  # the default
+    _, _, method = build(cfg, toy_dir)
+    B, L = 4, method.L
+    context = torch.rand(B, L, 3, 16, 16) * 2 - 1
+    acts = torch.zeros(B, L, dtype=torch.long)
+    zero = Spy(lambda x, c: torch.zeros_like(x))
+    for seed in range(3):
+        out = method.generate(zero, context, acts, steps, torch.Generator().manual_seed(seed))
+        assert torch.allclose(out, context[:, -1], atol=1e-6)
+    method.mcfg.prediction = "v"
+    out = method.generate(zero, context, acts, steps, torch.Generator().manual_seed(0))
+    assert (out - context[:, -1]).abs().mean() > 0.3  # the noise stays
+    method.mcfg.prediction = "x"
+    frames = torch.rand(B, L + method.H, 3, 16, 16) * 2 - 1
+    oracle = Spy(lambda x, c: frames[:, L] - frames[:, L - 1])  # the true residual
+    ctx = StepContext(step=0, total_steps=10, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
+                      precision="fp32", ema=None, extras={})
+    method.sample_t = lambda n, g, dev, cfg: torch.tensor([0.0, 0.5, 0.97, 1.0])[:n]  # t ~ 1 included
+    loss, _ = method.loss(oracle, {"frames": frames, "actions": torch.zeros(B, L + method.H, dtype=torch.long)}, ctx)
+    assert loss.item() < 1e-8
+
+
+def test_quantized_frames_drop_sub_level_noise_in_rollouts(toy_dir, tmp_path):
+    """method.quantize_frames: generated frames are put back on the uint8 grid of real frames, so a network whose
+    residual is sub-level noise rolls out the last real frame exactly instead of a random walk."""
+    from genlab.world.windows import to_float
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.quantize_frames=true")
+    _, _, method = build(cfg, toy_dir)
+    B, L, K = 4, method.L, 12
+    context = to_float(torch.randint(0, 256, (B, L, 16, 16, 3), dtype=torch.uint8))
+    g = torch.Generator().manual_seed(0)
+    jitter = Spy(lambda x, c: -x + 0.006 * torch.rand(x.shape, generator=g) - 0.003)  # l1: residual ~ U(+-0.003)
+    acts = torch.zeros(B, L + K - 1, dtype=torch.long)
+    out = method.rollout(jitter, context, acts)
+    assert torch.equal(out, context[:, -1:].expand_as(out))
+    assert torch.equal(((out + 1) * 127.5).round() / 127.5 - 1, out)  # on the grid
+    method.mcfg.quantize_frames = False
+    drift = (method.rollout(jitter, context, acts) - context[:, -1:]).pow(2).mean((0, 2, 3, 4)).sqrt()
+    assert drift[-1] > 2.5 * drift[0] > 0  # without it the noise compounds: a random walk, ~sqrt(K)
+
+
+def test_sample_temperature_scales_the_starting_noise(toy_dir, tmp_path):
+    """method.sample_temperature: 1 draws a sample (the frame depends on the seed), 0 starts every frame from the noise
+    mean, so rollouts are deterministic; a net that adds its input to the frame shows the scale exactly."""
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.residual=false", "method.quantize_frames=false")
+    assert cfg.method.sample_temperature == 0 and cfg.method.quantize_frames is False
+    _, _, method = build(cfg, toy_dir)
+    B, L = 2, method.L
+    context = torch.zeros(B, L, 3, 16, 16)
+    acts = torch.zeros(B, L, dtype=torch.long)
+    echo = Spy(lambda x, c: torch.zeros_like(x))  # l1: frame = noise + net(noise) = the scaled starting noise
+    noise = lambda seed: torch.randn(context[:, -1].shape, generator=torch.Generator().manual_seed(seed))
+    for temp in (0.0, 0.5, 1.0):
+        method.mcfg.sample_temperature = temp
+        outs = [method.generate(echo, context, acts, 1, torch.Generator().manual_seed(s)) for s in (0, 1)]
+        assert torch.allclose(outs[0], (temp * noise(0)).clamp(-1, 1))
+        assert torch.equal(outs[0], outs[1]) == (temp == 0)
 
 
 def test_rollout_uses_only_context_and_actions(toy_dir, tmp_path):
@@ -255,6 +323,13 @@ def test_adversarial_objective_stays_finite(toy_dir, tmp_path):
     logged = [r for r in recs if "disc_loss" in r]
     assert logged and all(np.isfinite(r["disc_loss"]) and r["disc_nonfinite"] == 0 for r in logged)
     assert max(r["horizon"] for r in recs if "horizon" in r) >= 1 and np.isfinite(summary["loss"])
+    # sampling settings may change on a trained run (eval, play); what the weights fixed may not
+    from genlab.errors import GenlabError
+    from genlab.sample import load_run
+    _, _, method, _, _ = load_run(summary["run_dir"], "cpu", overrides=["method.sample_temperature=1", "method.quantize_frames=false"])
+    assert method.mcfg.sample_temperature == 1 and method.mcfg.quantize_frames is False
+    with pytest.raises(GenlabError, match="not allowed"):
+        load_run(summary["run_dir"], "cpu", overrides=["method.objective=flow"])
 
 
 # -- play ------------------------------------------------------------------------------------------------

@@ -194,6 +194,14 @@ class MethodConfig:
                        unused={"method.name": NOT_WORLD})
     residual_scale: float = F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0,
                               unused={"method.name": NOT_WORLD})
+    prediction: str = F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
+                             "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)",
+                        choices=("x", "v"), unused={"method.name": NOT_WORLD})
+    sample_temperature: float = F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
+                                        "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
+                                        "rollouts track the real frames best (PSNR)", ge=0, unused={"method.name": NOT_WORLD})
+    quantize_frames: bool = F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
+                                     "closed-loop contexts)", unused={"method.name": NOT_WORLD})
     ctx_noise_max: float = F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0,
                              unused={"method.name": NOT_WORLD})
     closed_loop_start: float = F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)",

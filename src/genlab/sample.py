@@ -16,7 +16,8 @@ from genlab.train.step import build_model_and_method
 
 
 # method keys that act only at sampling time (they change no weights), so eval may vary them on a trained run
-SAMPLING_KEYS = ("method.sampler", "method.step_schedule", "method.sample_shift", "method.sde_noise", "method.cfg_interval")
+SAMPLING_KEYS = ("method.sampler", "method.step_schedule", "method.sample_shift", "method.sde_noise", "method.cfg_interval",
+                 "method.sample_steps", "method.sample_temperature", "method.quantize_frames")
 
 
 def check_eval_overrides(overrides) -> None:

@@ -6,6 +6,10 @@ frame j given frames j-L..j-1 and actions j-L..j-1 (actions[t] leads from frame 
 - objective: `flow` (rectified flow, x_t = (1-t)·noise + t·data, v = data - noise), `edm` (Karras et
   al. 2022 preconditioning, DIAMOND's choice) or `l1` (one-step regression from noise, the users' GAN
   setting; add method.adv_weight > 0 for the adversarial term with a spectral-normed patch discriminator).
+- prediction (flow): the network outputs the clean frame x (`x`, default) or the velocity (`v`). With v
+  the clean frame is x_t + (1-t)·v, so the network has to reproduce and cancel the sampling noise itself;
+  what it misses stays in the static background, compounds over a rollout and loses to copy-last. With x
+  (and the residual) an output of zero is exactly the last frame, whatever the noise.
 - context noise augmentation: the context frames get Gaussian noise of a random level that the model is
   told, so at rollout time it tolerates its own imperfect frames.
 - schedule: teacher-forced until `closed_loop_start` of training, then closed-loop: the context of the
@@ -55,6 +59,12 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
     return context + level.view(B, 1, 1, 1, 1).to(context.dtype) * noise, level
 
 
+def quantize(x: torch.Tensor) -> torch.Tensor:
+    """Round frames in [-1, 1] to the 256 levels of uint8 frames (windows.to_float): a generated frame re-enters
+    the context on the grid of the real frames it stands in for, and sub-level noise does not compound."""
+    return ((x + 1) * 127.5).round() / 127.5 - 1
+
+
 def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
     """A non-finite loss term becomes 0 (no host sync); the counter metric says how often it happened."""
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
@@ -92,6 +102,11 @@ class WorldModel(Method):
     def _bc(self, v, x):
         return v.view(-1, *([1] * (x.ndim - 1))).to(x.dtype)
 
+    def _v_from_x(self, x_hat, x_t, t):
+        # v = (x - x_t) / (1 - t) = data - noise; the floor (applied to the target alike) keeps the rare t ~ 1
+        # samples from dominating the loss, which is ||x_hat - x||^2 / max(1 - t, 0.05)^2
+        return (x_hat - x_t) / self._bc((1 - t).clamp_min(0.05), x_t)
+
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
@@ -104,9 +119,12 @@ class WorldModel(Method):
         if self.objective == "flow":
             t = self.sample_t(B, gen, target.device, self.mcfg)
             x_t = interpolate(noise, target, t)
-            v = model(x_t, t, context, actions, level)
-            est = x_t + self._bc(1 - t, x_t) * v
-            return F.mse_loss(v.float(), (target - noise).float()), est
+            out = model(x_t, t, context, actions, level)
+            if self.mcfg.prediction == "x":  # the network outputs the clean target; the loss stays on v
+                est, v, v_target = out, self._v_from_x(out, x_t, t), self._v_from_x(target, x_t, t)
+            else:
+                est, v, v_target = x_t + self._bc(1 - t, x_t) * out, out, target - noise
+            return F.mse_loss(v.float(), v_target.float()), est
         if self.objective == "edm":
             sigma = (torch.randn(B, generator=gen, device=target.device) * EDM_P_STD + EDM_P_MEAN).exp()
             c_skip, c_out, c_in, c_noise = self._edm_scalings(sigma)
@@ -122,18 +140,24 @@ class WorldModel(Method):
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
         """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
-        starting sample) may be given, so a compiled / CUDA-graphed caller keeps the RNG outside the graph."""
+        starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
+        caller keeps the RNG outside the graph."""
         steps = steps or self.mcfg.sample_steps
         B = context.shape[0]
         dev = context.device
         level = torch.zeros(B, device=dev)
-        x = noise if noise is not None else torch.randn(context[:, -1].shape, generator=generator, device=dev, dtype=context.dtype)
+        if noise is None:
+            noise = torch.randn(context[:, -1].shape, generator=generator, device=dev, dtype=context.dtype)
+        x = noise * self.mcfg.sample_temperature  # 0: the deterministic frame from the noise mean (best PSNR)
         if self.objective == "l1":
             x = x + model(x, torch.zeros(B, device=dev), context, actions, level)
         elif self.objective == "flow":  # Euler on the ODE, t: 0 (noise) -> 1 (data)
             ts = time_grid(steps, device=dev)
             for i in range(steps):
-                x = x + (ts[i + 1] - ts[i]) * model(x, ts[i].expand(B), context, actions, level)
+                out = model(x, ts[i].expand(B), context, actions, level)
+                if self.mcfg.prediction == "x":  # the last step (to t=1) lands exactly on the predicted frame
+                    out = (out - x) / (1 - ts[i])
+                x = x + (ts[i + 1] - ts[i]) * out
         else:  # Euler on the EDM probability-flow ODE over the Karras sigma schedule
             r = 1 / EDM_RHO
             i = torch.arange(steps, device=dev, dtype=torch.float32)
@@ -145,7 +169,8 @@ class WorldModel(Method):
                 c_skip, c_out, c_in, c_noise = self._edm_scalings(s)
                 den = self._bc(c_skip, x) * x + self._bc(c_out, x) * model(self._bc(c_in, x) * x, c_noise, context, actions, level)
                 x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
-        return (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
+        x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
+        return quantize(x) if self.mcfg.quantize_frames else x
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):

@@ -39,10 +39,11 @@ class PlaySession:
         self.reset()
 
     @classmethod
-    def from_run(cls, run, device="auto", steps=None, record=None, seed=0):
+    def from_run(cls, run, device="auto", steps=None, record=None, seed=0, temperature=None):
         from genlab.data import build_dataset
         from genlab.sample import load_run
-        cfg, model, method, dev, state = load_run(run, device)
+        overrides = [] if temperature is None else [f"method.sample_temperature={temperature}"]
+        cfg, model, method, dev, state = load_run(run, device, overrides=overrides)
         if getattr(method, "family", "") != "world":
             raise GenlabError(f"{run} is not a world-model run (method {cfg.method.name}); play needs method.name=world")
         data = build_dataset(cfg.data)
@@ -201,8 +202,8 @@ def make_server(session: PlaySession, host="127.0.0.1", port=8765) -> ThreadingH
     return ThreadingHTTPServer((host, port), Handler)
 
 
-def run_play(run, host="127.0.0.1", port=8765, device="auto", steps=None, record=None, log=print):
-    session = PlaySession.from_run(run, device, steps=steps, record=record)
+def run_play(run, host="127.0.0.1", port=8765, device="auto", steps=None, record=None, log=print, temperature=None):
+    session = PlaySession.from_run(run, device, steps=steps, record=record, temperature=temperature)
     server = make_server(session, host, port)
     log(f"genlab play: open http://{host}:{server.server_address[1]}/  (arrow keys / WASD / space; Ctrl-C to stop)")
     try:
