@@ -2,6 +2,7 @@
 # World model on one GPU (issue 15), in two calls that each fit a 10-minute command limit:
 #   OUT=out bash benchmarks/gpu_world.sh [extra train overrides ...]   # Pong frames -> probe -> train (~6-7 min) -> eval -> GIF
 #   OUT=out bash benchmarks/gpu_world.sh bench                          # speed table of runs/pong (GPU batch 1/batched + CPU)
+#                                                                       # + sampling.md (temperature 1 vs 0, quantised or not)
 # Data: a carried gpu_data/pong64 (episode folder, frames gzipped; unpacked on first read), else collected here
 # (needs gymnasium + ale-py). Results under $OUT: world_eval.md (rollout PSNR vs copy-last, action margin),
 # summary.json, rollout.gif/.mp4, speed.md, data_stats.txt, contact_sheet.png, train.log.
@@ -14,7 +15,8 @@ RUN=runs/pong
 if [ "${1:-}" = bench ]; then
   { python benchmarks/bench_world.py --run $RUN --batches 1,256,4096,16384 --seconds 2
     echo; python benchmarks/bench_world.py --run $RUN --device cpu --quick --seconds 2; } > "$OUT/speed.md" 2> "$OUT/speed.err"
-  cat "$OUT/speed.md"; exit 0
+  python benchmarks/world_sampling.py $RUN --rollouts 64 --variants 1:n,1:q,0:n,0:q > "$OUT/sampling.md" 2>> "$OUT/speed.err"
+  cat "$OUT/speed.md" "$OUT/sampling.md"; exit 0
 fi
 rm -rf runs/probe $RUN   # run folders of an earlier call on a warm machine
 nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt" 2>&1

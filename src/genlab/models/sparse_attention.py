@@ -255,23 +255,34 @@ class MaskCache:
     Built outside any compiled graph (`build`), looked up inside it (`get`)."""
 
     def __init__(self):
+        global _build_eagerly
         self._store = {}
+        # masks are built eagerly even when called from a compiled forward; wrapped on first use, not by a
+        # decorator, because torch.compiler.disable imports dynamo (~2 s): every CLI start, even a config error
+        if _build_eagerly is None:
+            _build_eagerly = torch.compiler.disable(_build_masks)
 
-    @torch.compiler.disable
     def build(self, parts, n: int, device, backend: str):
-        for part in parts:
-            key = (part.name, n, _dev_key(device), backend)
-            if key in self._store:
-                continue
-            if backend == "dense":
-                self._store[key] = part.dense_mask(n, device)
-            else:
-                q, kv = _orders(part, n, device)
-                q_inv = torch.argsort(q) if q is not None else None
-                self._store[key] = (make_block_mask(part, n, device), q, kv, q_inv)
+        _build_eagerly(self, parts, n, device, backend)
 
     def get(self, part, n, device, backend):
         return self._store[(part.name, n, _dev_key(device), backend)]
+
+
+_build_eagerly = None
+
+
+def _build_masks(cache: MaskCache, parts, n: int, device, backend: str):
+    for part in parts:
+        key = (part.name, n, _dev_key(device), backend)
+        if key in cache._store:
+            continue
+        if backend == "dense":
+            cache._store[key] = part.dense_mask(n, device)
+        else:
+            q, kv = _orders(part, n, device)
+            q_inv = torch.argsort(q) if q is not None else None
+            cache._store[key] = (make_block_mask(part, n, device), q, kv, q_inv)
 
 
 def _dev_key(device) -> str:
