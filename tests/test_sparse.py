@@ -92,6 +92,20 @@ def test_model_flex_forward_equals_dense_backend():
         torch.testing.assert_close(model(idx, backend="flex"), model(idx, backend="dense"), atol=1e-5, rtol=1e-5)
 
 
+def test_compiled_forward_and_deep_copy_give_the_reference_output():
+    """The mask cache's builder is wrapped by torch.compiler.disable on first use (not at import, which would import
+    dynamo into every CLI start): a compiled forward still gives the eager output, and a deep-copied model (EMA)
+    builds into its own cache."""
+    import copy
+    model = randomize_head(tiny("fixed", "split", size=6, channels=3, stride=9, summary=2)).eval()
+    idx = torch.randint(0, 257, (2, model.spec.seq_len))
+    with torch.no_grad():
+        ref = model(idx, backend="dense")
+        torch.testing.assert_close(torch.compile(model, backend="eager")(idx, backend="dense"), ref)
+        twin = copy.deepcopy(model)
+        torch.testing.assert_close(twin(idx, backend="flex"), ref, atol=1e-5, rtol=1e-5)
+
+
 def test_layouts_make_strided_and_fixed_block_sparse():
     n = 2048
     col = sparse_pattern_registry.get("strided")(32, 4)[1]
