@@ -138,3 +138,24 @@ def test_a_method_with_its_own_optimizer_resumes_exactly(tmp_path):
         assert torch.equal(v, b["model"][k])
     sa, sb = a["extra_optimizers"]["critic"]["state"], b["extra_optimizers"]["critic"]["state"]
     assert sa.keys() == sb.keys() and all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sa)
+
+
+def test_repa_hook_fires_in_a_compiled_dit_after_another_dit_was_compiled(tmp_path, monkeypatch):
+    """torch.compile shares compiled code between instances of a class and by default leaves forward hooks
+    unguarded: a second compiled DiT skipped REPA's hook (on the GPU: 'pop from empty list' at step 0)."""
+    from genlab.data import build_dataset
+    from genlab.train.step import build_model_and_method
+    cfg = tiny_config(tmp_path, *REPA, "train.compile=model")
+    spec = build_dataset(cfg.data).spec
+    first, _ = build_model_and_method(cfg, spec)
+    second, method = build_model_and_method(cfg, spec)
+    x, t, y = torch.randn(2, spec["channels"], spec["image_size"], spec["image_size"]), torch.rand(2), torch.zeros(2, dtype=torch.long)
+    from genlab.train.switches import compile_model_by_name
+    compile_ = torch.compile  # genlab's compile path, with dynamo's eager backend: the guards, not inductor's kernels
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compile_(m, backend="eager"))
+    compile_model_by_name(first, cfg.train)(x, t, y)  # compiled without a hook, as another run in the process would
+    method._hook(second)
+    method._hidden.clear()
+    out = compile_model_by_name(second, cfg.train)(x, t, y)
+    assert len(method._hidden) == 1 and out.shape == x.shape
+    assert method._hidden[0].shape[:2] == (2, (spec["image_size"] // cfg.model.patch_size) ** 2)

@@ -107,6 +107,7 @@ class REPA(FlowMatching):
     def _hook(self, model):
         base = unwrap(model)
         if self._hooked is not base:
+            # the hook is seen by compiled code because genlab compiles with hook guards (switches.guard_module_hooks)
             base.blocks[self.block - 1].register_forward_hook(self._keep)
             self._hooked = base
 

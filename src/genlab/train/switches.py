@@ -156,13 +156,23 @@ def _mode(tcfg):
     return compile_mode_registry.get(getattr(tcfg, "compile_mode", "default"))
 
 
+def guard_module_hooks():
+    """Compiled code is shared by every instance of a module class and, by default, does not check forward hooks:
+    a model compiled after another of its class would silently skip its own hooks (REPA's feature tap). Guarding
+    the hook dicts costs a dict check per call; set before each compile so every compiled entry carries the guard."""
+    import torch._dynamo
+    torch._dynamo.config.skip_nnmodule_hook_guards = False
+
+
 @compile_registry.register("model", "torch.compile the whole model")
 def compile_model(model, tcfg):
+    guard_module_hooks()
     return torch.compile(model, mode=_mode(tcfg))
 
 
 @compile_registry.register("blocks", "torch.compile each block (composes with FSDP and checkpointing)")
 def compile_blocks(model, tcfg):
+    guard_module_hooks()
     for block in model.blocks:
         block.compile(mode=_mode(tcfg))  # in place: parameter names stay those of the plain model
     return model
@@ -179,7 +189,10 @@ def compile_model_by_name(model, tcfg):
 
 def compile_extra(module, tcfg):
     """A method's extra module is compiled whole whenever the model is compiled at all (extras have no blocks)."""
-    return module if tcfg.compile == "off" else torch.compile(module, mode=_mode(tcfg))
+    if tcfg.compile == "off":
+        return module
+    guard_module_hooks()
+    return torch.compile(module, mode=_mode(tcfg))
 
 
 
