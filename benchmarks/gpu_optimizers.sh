@@ -10,7 +10,9 @@
 # another and no run starts after SWEEP_BUDGET s (default 480): calling the script again on the same (warm) machine
 # skips finished runs and continues (SWEEP_ROOT persists there).
 # JOBS=N runs N at once per GPU (then step time and loss at equal wall-clock are shared-GPU figures; each run takes
-# ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory); ONLY=a,b picks variants.
+# ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory; shampoo's full-matrix preconditioners take far more:
+# run ONLY=shampoo-... with JOBS=1, the others with JOBS=5). ONLY=a,b picks variants by full run-variant name, e.g.
+# ONLY=adamw-lr=1e-3-caution=false,adamw-lr=1e-3-caution=true (a name without its -caution=... part is refused).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
