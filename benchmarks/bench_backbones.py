@@ -7,10 +7,13 @@ Each variant has the parameter count of DiT-B/2 (genlab.models.match: depth 12, 
 the DiT-B shape). The batch holds 65,536 tokens at every length (256 x 256, 16 x 4,096). MFU is each variant's own
 analytic FLOPs (linear attention's are linear in tokens) over the device peak, so it compares hardware use, not
 work done. Compiled configurations run in their own process (dynamo's recompile limit, docs/benchmarks.md).
+A row costs ~80 s on an H100, nearly all of it compilation: --parallel N runs N rows' processes at once, which
+compile together and take turns on the GPU for warm-up and timing (`genlab bench --turn-lock`).
 
     python benchmarks/bench_backbones.py                       # GPU: the full table + crossover (bf16, compile)
     python benchmarks/bench_backbones.py --quick               # CPU smoke run at tiny size (fp32, eager, in process)
     python benchmarks/bench_backbones.py --backbones dit,mmdit --attention sdpa,linear --tokens 4096
+    python benchmarks/bench_backbones.py --no-crossover --parallel 6   # the whole table, six rows compiling at once
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,12 +63,14 @@ def bench_in_process(overrides, steps, warmup):
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:120]}
 
 
-def bench_subprocess(overrides, steps, warmup):
+def bench_subprocess(overrides, steps, warmup, turn_lock=None, parallel=1):
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        if turn_lock and "TORCHINDUCTOR_COMPILE_THREADS" not in env:  # several compiles share the host's cores
+            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 2) // max(1, parallel)))
         cmd = [sys.executable, "-m", "genlab", "bench", "bench_dit_b2", *overrides, "--steps", str(steps),
-               "--warmup", str(warmup), "--json", str(out)]
+               "--warmup", str(warmup), "--json", str(out)] + (["--turn-lock", str(turn_lock)] if turn_lock else [])
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0 or not out.exists():
             lines = [x for x in r.stderr.strip().splitlines() if x.strip()] or ["failed"]
@@ -124,6 +130,8 @@ def main():
     p.add_argument("--crossover-tokens", default="256,512,1024,2048,4096,8192,16384")
     p.add_argument("--no-table", action="store_true", help="only the kernel crossover")
     p.add_argument("--no-crossover", action="store_true")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="GPU: rows run as this many processes at once (compile together, time one at a time)")
     p.add_argument("--out", default=None, help="also write the markdown to this file")
     args = p.parse_args()
     import torch
@@ -138,6 +146,7 @@ def main():
         tokens = [16, 64] if args.quick else [int(x) for x in args.tokens.split(",") if x]
         emit(f"| backbone | attention | tokens | batch | dim | img/s | step ms | MFU | peak GiB |")
         emit("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        rows = []  # (label cells, overrides or None when matching failed, error)
         for n in tokens:
             shape, spec = shape_overrides(n)
             batch = 4 if quick else max(1, TOKENS_PER_BATCH // n)
@@ -150,17 +159,31 @@ def main():
                     try:
                         ov += [] if args.no_match or quick else matched(ov, spec)
                     except Exception as e:  # noqa: BLE001
-                        emit(f"| {bb} | {att} | {n} | {batch} | | match failed: {e} | | | |")
+                        rows.append(((bb, att, n, batch), None, f"match failed: {e}"))
                         continue
-                    run = bench_in_process if quick or args.compile == "off" else bench_subprocess
-                    r = run(ov, 2 if quick else args.steps, 1 if quick else args.warmup)
-                    dim = next((o.split("=")[1] for o in ov if o.startswith("model.dim=")), "B" if not quick else "tiny")
-                    if "error" in r:
-                        emit(f"| {bb} | {att} | {n} | {batch} | {dim} | failed: {r['error']} | | | |")
-                        continue
-                    mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-                    emit(f"| {bb} | {att} | {n} | {batch} | {dim} | {r['samples_per_s']:.1f} | {r['step_ms']:.1f} | {mfu} | "
-                         f"{fmt(r.get('peak_mem_gib'), '.2f')} |")
+                    rows.append(((bb, att, n, batch), ov, None))
+        in_process = quick or args.compile == "off"
+        lock = None if in_process or args.parallel < 2 else Path(tempfile.mkdtemp()) / "gpu.lock"
+
+        def one(row):
+            _, ov, err = row
+            if ov is None:
+                return {"error": err}
+            if in_process:
+                return bench_in_process(ov, 2 if quick else args.steps, 1 if quick else args.warmup)
+            return bench_subprocess(ov, args.steps, args.warmup, lock, args.parallel)
+        with ThreadPoolExecutor(1 if in_process else max(1, args.parallel)) as pool:
+            futures = {pool.submit(one, row): row for row in rows}
+            for fut in as_completed(futures):  # as they finish: a time limit keeps every row measured so far
+                (bb, att, n, batch), ov, _ = futures[fut]
+                r = fut.result()
+                dim = next((o.split("=")[1] for o in ov or [] if o.startswith("model.dim=")), "tiny" if quick else "B")
+                if "error" in r:
+                    emit(f"| {bb} | {att} | {n} | {batch} | {dim} | failed: {r['error']} | | | |")
+                    continue
+                mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+                emit(f"| {bb} | {att} | {n} | {batch} | {dim} | {r['samples_per_s']:.1f} | {r['step_ms']:.1f} | {mfu} | "
+                     f"{fmt(r.get('peak_mem_gib'), '.2f')} |")
         emit()
     if not args.no_crossover:
         dev = torch.device("cpu" if quick else "cuda")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Backbone x attention zoo (issue 17) on ONE H100/H200; tables and sweep reports land in $OUT.
 #   table    benchmarks/bench_backbones.py: img/s, MFU, peak memory per backbone x attention at DiT-B/2's parameter
-#            count, 256 and 4,096 tokens, bf16, compile=model, one process per row (~40-70 s a row with compile:
-#            split the 60 rows over calls with BACKBONES / ATTENTION / TOKENS, each call < 10 min)
+#            count, 256 and 4,096 tokens, bf16, compile=model, one process per row. Measured: ~80 s a row on an H100,
+#            nearly all compilation. PARALLEL rows (default 5) compile at once and take turns on the GPU for warm-up and
+#            timing (genlab bench --turn-lock); rows print as they finish, so the T_TABLE cap keeps every finished row.
+#            Split the 60 rows over calls with BACKBONES / ATTENTION / TOKENS, each call < 10 min
 #   cross    the attention kernels alone (sdpa vs linear, fwd+bwd, 12 heads x 64, bf16) from 256 to 16,384 tokens
 #   sweeps   genlab sweep architectures and attention on MNIST (matched parameters, 2000 steps a run; not timed
 #            yet, estimated 2-4 min a run: 12 runs). No run starts after SWEEP_BUDGET s (default 280) and each is
@@ -33,7 +35,7 @@ cross) stamp cross
 table) stamp "table $TAG"
        timeout ${T_TABLE:-560} python3 benchmarks/bench_backbones.py --no-crossover --tokens "$TOKENS" \
          --backbones "$BACKBONES" --attention "$ATTENTION" --compile ${COMPILE:-model} --steps ${STEPS:-10} \
-         --warmup ${WARMUP:-10} --out "$OUT/table_$TAG.md" > "$OUT/table_$TAG.log" 2>&1
+         --warmup ${WARMUP:-10} --parallel ${PARALLEL:-5} --out "$OUT/table_$TAG.md" > "$OUT/table_$TAG.log" 2>&1
        cat "$OUT/table_$TAG.log" | grep "^|" | tee -a "$OUT/main.log" ;;
 sweeps) stamp sweeps
        if [ ! -d data/mnist ]; then

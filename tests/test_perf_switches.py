@@ -209,6 +209,44 @@ def test_bench_on_cpu_returns_sane_numbers(tmp_path):
     assert table.count("\n") == 2 and "| samples/s |" in table
 
 
+def test_gpu_turn_lets_one_holder_of_a_lock_file_in_at_a_time(tmp_path):
+    import threading
+    import time
+
+    from genlab.bench import gpu_turn
+    for lock, may_overlap in ((tmp_path / "gpu.lock", False), (None, True)):
+        spans = []
+
+        def hold():
+            with gpu_turn(lock):
+                t0 = time.time()
+                time.sleep(0.3)
+                spans.append((t0, time.time()))
+        threads = [threading.Thread(target=hold) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        (a0, a1), (b0, b1) = sorted(spans)
+        assert (b0 < a1) == may_overlap, (lock, spans)
+
+
+def test_benches_sharing_a_turn_lock_measure_one_at_a_time(tmp_path):
+    """bench_backbones.py --parallel: benches compile together and take turns for warm-up and timing."""
+    import threading
+
+    from genlab.bench import run_bench
+    lock, out = tmp_path / "gpu.lock", {}
+
+    def bench(name):
+        cfg = tiny_config(tmp_path, "train.device=cpu", "train.batch_size=8", f"train.name={name}")
+        out[name] = run_bench(cfg, steps=3, warmup=2, split_steps=1, turn_lock=lock)
+    threads = [threading.Thread(target=bench, args=(k,)) for k in "ab"]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    (a0, a1), (b0, b1) = sorted(out[k]["turn_s"] for k in "ab")
+    assert a0 < a1 <= b0 < b1
+    assert all(out[k]["warmup"] == 2 and out[k]["steps"] == 3 and out[k]["step_ms"] > 0 for k in "ab")
+
+
 def test_export_writes_safetensors_that_sample_loads_and_refuses_bad_out(tmp_path):
     from conftest import run_cli
     r = run_cli("train", *[f"{o}" for o in ("model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=8",

@@ -7,6 +7,7 @@ syncs inside the timed loop; a second, synchronised pass splits it into forward 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -209,27 +210,84 @@ def _model_label(mcfg) -> str:
     return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if mcfg.name != "gpt" else "")
 
 
-def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profile_dir=None, profile_steps_n: int = 5) -> dict:
+@contextlib.contextmanager
+def gpu_turn(lock_path):
+    """Sole use of the GPU among the bench processes that share `lock_path` (an exclusive flock): they compile at
+    the same time and take turns to run and time their steps. No path: no lock."""
+    if not lock_path:
+        yield
+        return
+    import fcntl
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # while waiting, leave the memory of the compile step to the process timing
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _retrying_oom(fn, patient: bool, tries: int = 60, wait_s: float = 5.0):
+    """fn(); when sharing the GPU (patient), an out-of-memory error means another process holds the memory for a
+    moment: free the cache, wait and run fn again."""
+    for attempt in range(tries if patient else 1):
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            if not patient or attempt == tries - 1:
+                raise
+            torch.cuda.empty_cache()
+            time.sleep(wait_s)
+
+
+def _time_steps(b, steps: int, windows: int) -> float:
+    """Seconds per step: the fastest of `windows` windows of `steps` steps, each without host syncs inside."""
+    best = float("inf")
+    for _ in range(windows):
+        _sync(b.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            b.step()
+        _sync(b.device)
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return best
+
+
+def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profile_dir=None, profile_steps_n: int = 5,
+              turn_lock=None) -> dict:
+    """turn_lock: a file shared by bench processes that run at once on one GPU. The first warm-up step (where
+    torch.compile compiles) runs unlocked, in parallel with the others' compilation; the rest, timing included,
+    holds the lock. The step time is then the faster of two windows, since another process's first step may
+    still run on the GPU during one of them."""
     from genlab.train.metrics import peak_flops
     b = BenchStep(cfg)
     dev, tcfg = b.device, cfg.train
-    for _ in range(warmup):
-        b.step()
-    graphs_after_warmup = _compiled_graphs()
-    _sync(dev)
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        b.step()
-    _sync(dev)
-    step_s = (time.perf_counter() - t0) / steps
-    timer = PhaseTimer(dev)
-    for _ in range(split_steps):
-        b.step(timer)
-    split = {k: 1e3 * v / split_steps for k, v in timer.totals.items()}
-    host_syncs, host_sync_sites = count_host_syncs(b)
-    prof = profile_steps(b, profile_steps_n, profile_dir) if profile_dir else None
+    shared, warmup_total = bool(turn_lock), warmup
+    if shared and warmup > 0:
+        _retrying_oom(b.step, patient=True)
+        warmup -= 1
+
+    def measure():
+        for _ in range(warmup):
+            b.step()
+        graphs = _compiled_graphs()
+        _sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        step_s = _time_steps(b, steps, 2 if shared else 1)
+        timer = PhaseTimer(dev)
+        for _ in range(split_steps):
+            b.step(timer)
+        return graphs, step_s, timer
+    with gpu_turn(turn_lock):
+        turn_start = time.time()
+        graphs_after_warmup, step_s, timer = _retrying_oom(measure, patient=shared, tries=5)
+        split = {k: 1e3 * v / split_steps for k, v in timer.totals.items()}
+        host_syncs, host_sync_sites = count_host_syncs(b)
+        prof = profile_steps(b, profile_steps_n, profile_dir) if profile_dir else None
+        peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+        turn = [turn_start, time.time()]  # wall clock (epoch s) of the measured part: turns must not overlap
     peak = peak_flops(dev)
     flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
     seq = b.spec.get("seq_len")
@@ -238,7 +296,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
         "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * seq if seq else None,
         "step_ms": 1e3 * step_s, "fwd_ms": split.get("fwd"), "bwd_ms": split.get("bwd"), "opt_ms": split.get("opt"),
         "mfu": flops_step / step_s / peak if peak else None, "flops_per_step": flops_step * b.dist.world,
-        "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "peak_mem_gib": peak_mem,
         "recompiles": max(0, _compiled_graphs() - graphs_after_warmup), "graphs": _compiled_graphs(),
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "world": b.dist.world,
         "switches": {"model": _model_label(cfg.model), "batch": tcfg.batch_size,
@@ -248,7 +306,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
                      "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer,
                      "compile_mode": getattr(tcfg, "compile_mode", "default"), "attention": cfg.model.attention,
                      "adaln": getattr(cfg.model, "adaln", None)},
-        "steps": steps, "warmup": warmup, "host_syncs_per_step": host_syncs,
+        "steps": steps, "warmup": warmup_total, "turn_s": turn, "host_syncs_per_step": host_syncs,
         "host_sync_sites": host_sync_sites,
         "profile": prof,
     }
@@ -282,7 +340,7 @@ def cmd_bench(args):
     cfg = load_config(preset, overrides)
     if args.steps < 1 or args.warmup < 0:
         raise GenlabError("--steps must be >= 1 and --warmup >= 0")
-    res = run_bench(cfg, steps=args.steps, warmup=args.warmup, profile_dir=args.profile)
+    res = run_bench(cfg, steps=args.steps, warmup=args.warmup, profile_dir=args.profile, turn_lock=args.turn_lock)
     if res["world"] > 1 and int(__import__("os").environ.get("RANK", "0")) != 0:
         return 0
     print(format_table([res]))
@@ -306,5 +364,8 @@ def add_parser(sub):
     p.add_argument("--json", default=None, help="also write the result as JSON to this file")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="also run torch.profiler over 5 steps: GPU time per kernel category and top kernels in DIR/profile.md")
+    p.add_argument("--turn-lock", default=None, metavar="FILE",
+                   help="share one GPU with other bench processes given the same FILE: compile at the same time, take "
+                        "turns to time (benchmarks/bench_backbones.py --parallel)")
     p.set_defaults(fn=cmd_bench)
     return p
