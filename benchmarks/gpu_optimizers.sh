@@ -11,7 +11,7 @@
 # skips finished runs and continues (SWEEP_ROOT persists there).
 # JOBS=N runs N at once per GPU (then step time and loss at equal wall-clock are shared-GPU figures; each run takes
 # ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory; shampoo's full-matrix preconditioners take far more:
-# run ONLY=shampoo-... with JOBS=1, the others with JOBS=5). ONLY=a,b picks variants by full run-variant name, e.g.
+# run ONLY=shampoo-... with JOBS=1, the others with JOBS=5; a packed run that runs out of memory is retried alone). ONLY=a,b picks variants by full run-variant name, e.g.
 # ONLY=adamw-lr=1e-3-caution=false,adamw-lr=1e-3-caution=true (a name without its -caution=... part is refused).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"

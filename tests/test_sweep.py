@@ -295,6 +295,40 @@ def test_jobs_per_gpu_packs_runs_onto_one_gpu(tmp_path, monkeypatch):
     assert all(st[r]["jobs_per_gpu"] == 2 and st[r]["status"] == "finished" for r in st)
 
 
+def test_packed_run_out_of_memory_is_run_again_alone(tmp_path, monkeypatch):
+    """--jobs-per-gpu 2: a run that fails with out-of-memory while packed runs once more after the pool,
+    with nothing beside it; other failures are not retried."""
+    import threading
+    import time
+    from genlab.sweep import runner
+    body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
+    sw = load_sweep(_write_sweep(tmp_path, body))
+    big, broken = sw.variants[1].run_name, sw.variants[2].run_name
+    lock, now, calls = threading.Lock(), [0], []
+
+    def fake_run(sw_, v, d, gpu=None, gpus=0):
+        with lock:
+            now[0] += 1
+            calls.append((v.run_name, now[0]))
+        time.sleep(0.2)
+        with lock:
+            alone = now[0] == 1
+            now[0] -= 1
+        rec = {"log": "", "run_dir": str(d / "runs" / v.run_name)}
+        if v.run_name == big and not alone:
+            return {**rec, "status": "failed", "reason": "oom: torch.OutOfMemoryError: CUDA out of memory"}
+        if v.run_name == broken:
+            return {**rec, "status": "failed", "reason": "ValueError: bad"}
+        return {**rec, "status": "finished"}
+    monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(runner, "run_variant", fake_run)
+    st = runner.load_status(runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False, jobs_per_gpu=2))
+    assert [n for n, _ in calls].count(big) == 2 and [n for n, _ in calls].count(broken) == 1
+    assert calls[-1] == (big, 1)  # the retry ran alone, last
+    assert st[big]["status"] == "finished" and st[big]["retried_alone_after"].startswith("oom")
+    assert st[broken]["status"] == "failed" and "retried_alone_after" not in st[broken]
+
+
 def test_jobs_per_gpu_needs_a_gpu_launcher(tmp_path, capsys):
     p = _write_sweep(tmp_path, BASE + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
     assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps"), "--jobs-per-gpu", "2"]) == 2

@@ -218,7 +218,8 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
     """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
     the rest are recorded as not_run and a later call does them. `jobs_per_gpu` > 1 packs that many
     single-process runs onto each GPU at once (small models leave a GPU mostly idle); their step times
-    are then shared-GPU times, and each run's record says so."""
+    are then shared-GPU times, and each run's record says so. A packed run that runs out of memory is run
+    again alone once the others are done (its record keeps the first failure in `retried_alone_after`)."""
     d = sweep_dir(sw, root)
     d.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sw.path, d / "sweep.toml")
@@ -286,6 +287,14 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
                                 os.killpg(p.pid, signal.SIGINT)
                             except ProcessLookupError:
                                 pass
+            if jobs_per_gpu > 1:  # out of memory beside other runs: once more, alone on a GPU, after the pool
+                for v in single:
+                    rec = status.get(v.run_name, {})
+                    if rec.get("status") == "failed" and str(rec.get("reason", "")).startswith("oom"):
+                        prog.say(f"{v.run_name}: out of memory beside other runs; running it again, alone")
+                        again = attempt(v, 0)
+                        again["retried_alone_after"] = rec["reason"][:120]
+                        finish(v, again)
             todo = [v for v in todo if v.nproc > 1]  # multi-process runs take all GPUs, one after another
         for v in todo:
             finish(v, attempt(v))
