@@ -155,3 +155,22 @@ def test_gradients_are_finite(name, causal):
 
 def test_entries_are_registered():
     assert {"sigmoid", "differential", "linear"} <= set(attention_registry.names())
+
+
+def test_differential_blocks_compile_once_not_once_per_depth(monkeypatch):
+    """lambda_init differs per block; read from a Python float, torch.compile guarded on it and compile=blocks made a
+    graph per block (past dynamo's recompile limit the rest ran eager). The buffer keeps one graph for all blocks."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+    from genlab.config import load_config
+    from genlab.models.dit import build_dit
+    from genlab.train.switches import compile_model_by_name
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compile_(m, backend=counter))
+    cfg = load_config("digits_flow", ["model.attention=differential", "model.depth=4", "train.compile=blocks"])
+    model = build_dit(cfg.model, {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 3})
+    assert len({b.attn.attend.lambda_init for b in model.blocks}) == 4
+    out = compile_model_by_name(model, cfg.train)(torch.randn(2, 1, 8, 8), torch.rand(2), torch.zeros(2, dtype=torch.long))
+    assert out.shape[0] == 2 and counter.frame_count == 1

@@ -151,6 +151,10 @@ class DifferentialAttention(nn.Module):
         self.check(head_dim)
         half = head_dim // 2
         self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer)  # the paper's 0.8 - 0.6 exp(-0.3 (l - 1)), l = layer + 1
+        # forward reads it from a buffer: a float attribute differs per block, and torch.compile guards on it, so
+        # compile=blocks would recompile every block (past dynamo's limit: silently eager)
+        self.register_buffer("lambda_init_t", torch.tensor(self.lambda_init, dtype=torch.float64),
+                             persistent=False)
         self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
             nn.Parameter(torch.randn(half) * 0.1) for _ in range(4))
         self.norm = nn.RMSNorm(head_dim, eps=1e-5)
@@ -162,7 +166,7 @@ class DifferentialAttention(nn.Module):
 
     def lam(self) -> torch.Tensor:
         return (torch.exp(self.lambda_q1 @ self.lambda_k1) - torch.exp(self.lambda_q2 @ self.lambda_k2)
-                + self.lambda_init)
+                + self.lambda_init_t.to(self.lambda_q1.dtype))
 
     def forward(self, q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
         q1, q2 = q.chunk(2, dim=-1)
@@ -171,7 +175,7 @@ class DifferentialAttention(nn.Module):
         a1 = sdpa_attention(q1, k1, v, causal=causal, mask=mask, dropout_p=dropout_p)
         a2 = sdpa_attention(q2, k2, v, causal=causal, mask=mask, dropout_p=dropout_p)
         out = a1 - self.lam().to(a1.dtype) * a2
-        return self.norm(out) * (1 - self.lambda_init)
+        return self.norm(out) * (1 - self.lambda_init_t.to(out.dtype))
 
 
 attention_registry.register("differential", "Differential Transformer attention (Ye et al. 2024): two softmax "
