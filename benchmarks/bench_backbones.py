@@ -132,6 +132,8 @@ def main():
     p.add_argument("--no-crossover", action="store_true")
     p.add_argument("--parallel", type=int, default=1,
                    help="GPU: rows run as this many processes at once (compile together, time one at a time)")
+    p.add_argument("--rows", default=None,
+                   help="only these rows of the grid, as backbone:attention:tokens,... (re-measure failed rows)")
     p.add_argument("--out", default=None, help="also write the markdown to this file")
     args = p.parse_args()
     import torch
@@ -147,11 +149,16 @@ def main():
         emit(f"| backbone | attention | tokens | batch | dim | img/s | step ms | MFU | peak GiB |")
         emit("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         rows = []  # (label cells, overrides or None when matching failed, error)
+        wanted = None if args.rows is None else set(args.rows.split(","))
+        if wanted and (bad := sorted(w for w in wanted if len(w.split(":")) != 3)):
+            raise SystemExit(f"--rows takes backbone:attention:tokens items; got {bad}")
         for n in tokens:
             shape, spec = shape_overrides(n)
             batch = 4 if quick else max(1, TOKENS_PER_BATCH // n)
             for bb in args.backbones.split(","):
                 for att in args.attention.split(","):
+                    if wanted is not None and f"{bb}:{att}:{n}" not in wanted:
+                        continue
                     half = 2 if quick else 6  # depth 4 (tiny) or 12 (B)
                     ov = shape + [o.format(half=half) for o in BACKBONES[bb]]
                     ov += [f"model.attention={att}", f"train.batch_size={batch}"]
@@ -172,18 +179,29 @@ def main():
             if in_process:
                 return bench_in_process(ov, 2 if quick else args.steps, 1 if quick else args.warmup)
             return bench_subprocess(ov, args.steps, args.warmup, lock, args.parallel)
+
+        def report(row, r):
+            (bb, att, n, batch), ov, _ = row
+            dim = next((o.split("=")[1] for o in ov or [] if o.startswith("model.dim=")), "tiny" if quick else "B")
+            if "error" in r:
+                emit(f"| {bb} | {att} | {n} | {batch} | {dim} | failed: {r['error']} | | | |")
+                return
+            mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+            emit(f"| {bb} | {att} | {n} | {batch} | {dim} | {r['samples_per_s']:.1f} | {r['step_ms']:.1f} | {mfu} | "
+                 f"{fmt(r.get('peak_mem_gib'), '.2f')} |")
+        retry = []
         with ThreadPoolExecutor(1 if in_process else max(1, args.parallel)) as pool:
             futures = {pool.submit(one, row): row for row in rows}
             for fut in as_completed(futures):  # as they finish: a time limit keeps every row measured so far
-                (bb, att, n, batch), ov, _ = futures[fut]
-                r = fut.result()
-                dim = next((o.split("=")[1] for o in ov or [] if o.startswith("model.dim=")), "tiny" if quick else "B")
-                if "error" in r:
-                    emit(f"| {bb} | {att} | {n} | {batch} | {dim} | failed: {r['error']} | | | |")
+                row, r = futures[fut], fut.result()
+                if "error" in r and lock is not None and row[1] is not None:
+                    retry.append(row)  # packed rows share GPU memory: one that failed runs again alone, below
+                    print(f"# {row[0][:3]} failed while packed ({r['error'][:80]}); retried alone after the others",
+                          flush=True)
                     continue
-                mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-                emit(f"| {bb} | {att} | {n} | {batch} | {dim} | {r['samples_per_s']:.1f} | {r['step_ms']:.1f} | {mfu} | "
-                     f"{fmt(r.get('peak_mem_gib'), '.2f')} |")
+                report(row, r)
+        for row in retry:
+            report(row, bench_subprocess(row[1], args.steps, args.warmup))
         emit()
     if not args.no_crossover:
         dev = torch.device("cpu" if quick else "cuda")

@@ -2,8 +2,10 @@
 # Backbone x attention zoo (issue 17) on ONE H100/H200; tables and sweep reports land in $OUT.
 #   table    benchmarks/bench_backbones.py: img/s, MFU, peak memory per backbone x attention at DiT-B/2's parameter
 #            count, 256 and 4,096 tokens, bf16, compile=model, one process per row. Measured: ~80 s a row on an H100,
-#            nearly all compilation. PARALLEL rows (default 5) compile at once and take turns on the GPU for warm-up and
-#            timing (genlab bench --turn-lock); rows print as they finish, so the T_TABLE cap keeps every finished row.
+#            nearly all compilation (COMPILE=blocks compiles one block graph). PARALLEL rows (default 2: DiT-B/2 at
+#            batch 256 peaks at 24-30 GiB, so 5 at once ran out of memory) compile at once and take turns on the GPU for
+#            timing (genlab bench --turn-lock); a row that fails while packed runs again alone after the others. Rows print
+#            as they finish, so the T_TABLE cap keeps every finished row. ROWS=bb:att:tokens,... re-measures chosen rows.
 #            Split the 60 rows over calls with BACKBONES / ATTENTION / TOKENS, each call < 10 min
 #   cross    the attention kernels alone (sdpa vs linear, fwd+bwd, 12 heads x 64, bf16) from 256 to 16,384 tokens
 #   sweeps   genlab sweep architectures and attention on MNIST (matched parameters, 2000 steps a run; not timed
@@ -35,7 +37,7 @@ cross) stamp cross
 table) stamp "table $TAG"
        timeout ${T_TABLE:-560} python3 benchmarks/bench_backbones.py --no-crossover --tokens "$TOKENS" \
          --backbones "$BACKBONES" --attention "$ATTENTION" --compile ${COMPILE:-model} --steps ${STEPS:-10} \
-         --warmup ${WARMUP:-10} --parallel ${PARALLEL:-5} --out "$OUT/table_$TAG.md" > "$OUT/table_$TAG.log" 2>&1
+         --warmup ${WARMUP:-10} --parallel ${PARALLEL:-2} ${ROWS:+--rows "$ROWS"} --out "$OUT/table_$TAG.md" > "$OUT/table_$TAG.log" 2>&1
        cat "$OUT/table_$TAG.log" | grep "^|" | tee -a "$OUT/main.log" ;;
 sweeps) stamp sweeps
        if [ ! -d data/mnist ]; then
