@@ -8,9 +8,10 @@
 #            as they finish, so the T_TABLE cap keeps every finished row. ROWS=bb:att:tokens,... re-measures chosen rows.
 #            Split the 60 rows over calls with BACKBONES / ATTENTION / TOKENS, each call < 10 min
 #   cross    the attention kernels alone (sdpa vs linear, fwd+bwd, 12 heads x 64, bf16) from 256 to 16,384 tokens
-#   sweeps   genlab sweep architectures and attention on MNIST (matched parameters, 2000 steps a run; not timed
-#            yet, estimated 2-4 min a run: 12 runs). No run starts after SWEEP_BUDGET s (default 280) and each is
-#            capped at RUN_TIMEOUT s (default 300); call again on the same warm machine to continue (finished runs
+#   sweeps   genlab sweep architectures and attention on MNIST (matched parameters, 2000 steps a run, 6 runs each),
+#            JOBS runs at once on the GPU (default 6: DiT-S/4 at 49 tokens is launch-bound, 6.5% MFU alone; a packed
+#            run that runs out of memory is retried alone). No run starts after SWEEP_BUDGET s (default 480) and each
+#            is capped at RUN_TIMEOUT s (default 300); call again on the same warm machine to continue (finished runs
 #            are skipped, SWEEP_ROOT persists)
 # Needs gpu_data/mnist/*.gz (carried) for the sweeps. Examples (repo root):
 #   OUT=out STAGES=cross bash benchmarks/gpu_backbones.sh
@@ -47,8 +48,8 @@ sweeps) stamp sweeps
        fi
        ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
        for sw in ${SWEEPS:-architectures attention}; do
-         left=$(( ${SWEEP_BUDGET:-280} - ($(date +%s) - START) )); [ "$left" -lt 0 ] && left=0
-         python3 -m genlab sweep "$sw" --root "$ROOT" --max-time "$left" --timeout ${RUN_TIMEOUT:-300} 2>&1 | grep -v "^\s*$" | tail -30 | tee -a "$OUT/main.log"
+         left=$(( ${SWEEP_BUDGET:-480} - ($(date +%s) - START) )); [ "$left" -lt 0 ] && left=0
+         python3 -m genlab sweep "$sw" --root "$ROOT" --max-time "$left" --timeout ${RUN_TIMEOUT:-300} --jobs-per-gpu ${JOBS:-6} 2>&1 | grep -v "^\s*$" | tail -30 | tee -a "$OUT/main.log"
          tar czf "$OUT/$sw.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" "$sw"
        done ;;
 esac; done
