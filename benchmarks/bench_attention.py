@@ -3,6 +3,8 @@
     python benchmarks/bench_attention.py                     # kernel table (needs CUDA + triton)
     python benchmarks/bench_attention.py --e2e               # ... then genlab bench bench_longseq, sdpa vs triton
     python benchmarks/bench_attention.py --variants 2/split,2/atomic --shapes long
+    python benchmarks/bench_attention.py --sigmoid           # sdpa vs sigmoid attention (triton, flex, plain)
+    python benchmarks/bench_attention.py --sigmoid --quick   # tiny shapes; also runs on CPU (rows that need CUDA say so)
 
 FLOPs: 4·N²·D·B·H per forward (both matmuls), backward counted as 2.5× that (fwd+bwd = 3.5×).
 Exp floor: B·H·N² exponentials per forward, the same again for the backward's recompute of P (2× for
@@ -11,6 +13,9 @@ Each triton row is `EXP/BWD[/fixed][/mma]` (see src/genlab/models/triton_attenti
 tl.math.exp2, 1 = ex2.approx.ftz, 2 = 1 of 4 exps as an FMA polynomial, 3 = 1 of 8; bwd split = dK/dV +
 dQ kernels, atomic = one kernel with fp32 atomics for dQ; fixed = the first block config, untuned;
 mma = softmax row sums by the tensor cores (ones column appended to V).
+--sigmoid: DiT-B attention (12 heads x 64, bf16, batch 65536 // N, views of a fused qkv projection) at
+256, 258 (in-context tokens), 1024 and 4096 tokens: SDPA (softmax) against sigmoid attention through
+its Triton kernel (src/genlab/models/triton_sigmoid.py), FlexAttention and plain torch ops.
 """
 from __future__ import annotations
 
@@ -131,6 +136,64 @@ def run_shape(shape, variants, rate, lines):
                          f"{err if isinstance(err, str) else format(err, '.1e')} |")
 
 
+SIGMOID_TOKENS = (256, 258, 1024, 4096)
+
+
+def _time_ms(fn, cuda):
+    if cuda:
+        return bench(fn, warmup=10, rep=100)
+    import time
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    return (time.perf_counter() - t0) / 3 * 1e3
+
+
+def run_sigmoid(tokens, heads, head_dim, total, lines):
+    """fwd and fwd+bwd ms of softmax SDPA and of sigmoid attention's paths; errors vs an fp32 plain reference."""
+    from genlab.models.layers import sigmoid_attention_flex, sigmoid_attention_plain
+    from genlab.models.triton_sigmoid import sigmoid_attention_triton
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    backends = [("sdpa (softmax)", lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
+                ("sigmoid triton", sigmoid_attention_triton),
+                ("sigmoid flex", sigmoid_attention_flex),
+                ("sigmoid plain", sigmoid_attention_plain)]
+    lines += [f"\n[{heads} heads x {head_dim}, bf16, batch {total} // N, fused-qkv views, non-causal] on {dev}\n",
+              "| N | batch | attention | fwd ms | fwd+bwd ms | fwd+bwd vs sdpa | rel. err vs fp32 plain (out, dq, dk, dv) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for n in tokens:
+        B = max(1, total // n)
+        g = torch.Generator(device=dev).manual_seed(0)
+        qkv = torch.randn(B, n, 3, heads, head_dim, device=dev, generator=g, dtype=torch.bfloat16)
+        q, k, v = (t.requires_grad_(True) for t in qkv.permute(2, 0, 3, 1, 4).detach().unbind(0))
+        do = torch.randn(B, heads, n, head_dim, device=dev, generator=g, dtype=torch.bfloat16)
+        r = min(B, 2)  # the reference on the first samples only (fp32 n x n weights)
+        q32, k32, v32 = (t[:r].detach().float().requires_grad_(True) for t in (q, k, v))
+        ref = sigmoid_attention_plain(q32, k32, v32)
+        ref = [ref.detach(), *torch.autograd.grad(ref, (q32, k32, v32), do[:r].float())]
+        t_sdpa = None
+        for label, attn in backends:
+            try:
+                out = attn(q, k, v)
+                got = [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
+                err = "n/a" if label.startswith("sdpa") else \
+                    ", ".join(f"{rel(a[:r], b):.1e}" for a, b in zip(got, ref))
+                del out, got
+                t_f = _time_ms(lambda: attn(q, k, v), cuda)
+                t_fb = _time_ms(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do), cuda)
+                t_sdpa = t_fb if label.startswith("sdpa") else t_sdpa
+                ratio = f"{t_fb / t_sdpa:.2f}x" if t_sdpa else "n/a"
+                lines.append(f"| {n} | {B} | {label} | {t_f:.3f} | {t_fb:.3f} | {ratio} | {err} |")
+            except Exception as e:  # noqa: BLE001 - a path that cannot run here (no CUDA, OOM) is a row, not a crash
+                lines.append(f"| {n} | {B} | {label} | n/a | n/a | n/a | {type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:80]} |")
+            print(lines[-1], flush=True)
+            if cuda:
+                torch.cuda.empty_cache()
+
+
 def run_e2e(steps, warmup, attentions, profile_dir, lines):
     lines += ["\n    genlab bench bench_longseq model.attention=X\n",
               "| attention | img/s | step ms | fwd / bwd / opt ms | MFU | peak mem GiB |", "| --- | --- | --- | --- | --- | --- |"]
@@ -163,7 +226,22 @@ def main():
     p.add_argument("--profile-dir", default=None, help="profile the non-sdpa e2e runs into this folder")
     p.add_argument("--once", default=None, metavar="VARIANT", help="run one untuned fwd+bwd (for ncu) and exit")
     p.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    p.add_argument("--sigmoid", action="store_true", help="sdpa vs sigmoid attention (triton/flex/plain) only")
+    p.add_argument("--tokens", default=",".join(map(str, SIGMOID_TOKENS)), help="--sigmoid: sequence lengths")
+    p.add_argument("--quick", action="store_true", help="--sigmoid at tiny shapes (smoke test; runs on CPU)")
     args = p.parse_args()
+    if args.sigmoid:
+        lines = [f"device: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}, "
+                 f"torch {torch.__version__}"]
+        if args.quick:
+            run_sigmoid((64, 66), 2, 64, 256, lines)
+        else:
+            run_sigmoid([int(t) for t in args.tokens.split(",")], 12, 64, 65536, lines)
+        text = "\n".join(lines)
+        print("\n" + text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return
     if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
         set_variant(args.once + "/fixed")
         from genlab.models.triton_attention import flash_attention

@@ -1,0 +1,238 @@
+"""Triton kernels of sigmoid attention (see ``triton_sigmoid.py`` for the math and the host side).
+
+Imported lazily, on the first use, so that `import genlab` never imports triton.
+
+Layout: q ``[B, H, N, D]``, k and v ``[B, H, M, D]``, unit stride over D, (batch, head, token) strides passed
+in. Program ids: axis 0 = the block of rows this program owns (query rows for the forward and dQ, key rows
+for dK/dV), axis 1 = batch * heads. Sigmoid weights need no running max and no row sum, so each key block
+is independent: ``p = sigmoid(s * scale + bias)`` is one exp2 and a reciprocal per score (`_sigmoid`).
+
+Boundaries: rows past N or M are loaded as zeros, and zero v / dO rows make their terms vanish, so only the
+causal mask (query i sees keys j <= i + M - N) needs ``p = 0`` explicitly; blocks that lie wholly below the
+diagonal run without it (``MASK=False``).
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sigmoid(s, scale2, bias2, RCP_ITERS: tl.constexpr):
+    """sigmoid(s * scale + bias) = 1 / (1 + 2^-(s * scale2 + bias2)), scale2 and bias2 times log2(e).
+
+    The exp2 takes the MUFU unit (16 ops/clk/SM on H100, as slow as the head-dim-64 matmuls per score), so the
+    reciprocal is not a second MUFU op: RCP_ITERS > 0 computes it on the FMA pipe from a bit-trick first
+    guess (within 5%) and Newton steps y += y (1 - d y) that square the relative error (2 steps: 7e-6,
+    3 steps: 1e-7); RCP_ITERS = 0 divides. The exponent is capped at 100 so d and its guess stay normal."""
+    d = 1.0 + tl.math.exp2(tl.minimum(-(s * scale2 + bias2), 100.0))
+    if RCP_ITERS == 0:
+        p = 1.0 / d
+    else:
+        p = (0x7EF311C7 - d.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        for _ in tl.static_range(RCP_ITERS):
+            p = p + p * (1.0 - d * p)
+    return p
+
+
+@triton.jit
+def _load_rows(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
+    """[len(offs), D] tile of rows `offs` (zeros past row n unless EVEN says every row exists)."""
+    ptrs = base + offs[:, None] * stride + offs_d[None, :]
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs[:, None] < n, other=0.0)
+    return x
+
+
+@triton.jit
+def _load_rows_t(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
+    """[D, len(offs)] transposed tile (read through the pointers, no register shuffle)."""
+    ptrs = base + offs[None, :] * stride + offs_d[:, None]
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs[None, :] < n, other=0.0)
+    return x
+
+
+# ------------------------------------------------------------------------------------------
+# forward: O = sigmoid(Q K^T scale + bias) V, one program per (query block, batch*head)
+@triton.jit
+def _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, M_KV, causal_off, scale2, bias2,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN_N: tl.constexpr,
+               PRECISION: tl.constexpr, RCP_ITERS: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt = _load_rows_t(k_base, offs_n, stride_kn, offs_d, M_KV, EVEN_N)
+        v = _load_rows(v_base, offs_n, stride_vn, offs_d, M_KV, EVEN_N)
+        p = _sigmoid(tl.dot(q, kt, input_precision=PRECISION), scale2, bias2, RCP_ITERS)
+        if MASK:  # causal: query i sees key j iff j <= i + M - N
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_off, p, 0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _sigmoid_fwd(Q, K, V, O, scale2, bias2,
+                 stride_qz, stride_qh, stride_qn, stride_kz, stride_kh, stride_kn,
+                 stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_on,
+                 H, N_Q, M_KV,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                 EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, PRECISION: tl.constexpr, RCP_ITERS: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = _load_rows(Q + off_z * stride_qz + off_h * stride_qh, offs_m, stride_qn, offs_d, N_Q, EVEN_M)
+    k_base = K + off_z * stride_kz + off_h * stride_kh
+    v_base = V + off_z * stride_vz + off_h * stride_vh
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    causal_off = M_KV - N_Q
+    n_full = (M_KV // BLOCK_N) * BLOCK_N  # key blocks with no row past M
+    if CAUSAL:
+        # keys < first_row + off + 1 are seen by every row of this block: those blocks need no mask
+        mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, n_full)
+        hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
+        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
+                         scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
+        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
+                         scale2, bias2, HEAD_DIM, BLOCK_N, True, EVEN_N, PRECISION, RCP_ITERS)
+    else:
+        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, n_full, M_KV, causal_off,
+                         scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
+        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, n_full, M_KV, M_KV, causal_off,
+                         scale2, bias2, HEAD_DIM, BLOCK_N, False, False, PRECISION, RCP_ITERS)
+    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
+    if EVEN_M:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+
+
+# ------------------------------------------------------------------------------------------
+# backward, dK and dV: one program per (key block, batch*head), looping over query blocks.
+# Transposed tiles (keys on rows): sT = K Q^T, dV += pT dO, dpT = V dO^T, dsT = dpT pT (1 - pT), dK += dsT Q.
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, lo, hi, N_Q, causal_off, scale2, bias2,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK: tl.constexpr, EVEN_M: tl.constexpr,
+                PRECISION: tl.constexpr, RCP_ITERS: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        qt = _load_rows_t(q_base, offs_m, stride_qn, offs_d, N_Q, EVEN_M)
+        do = _load_rows(do_base, offs_m, stride_dn, offs_d, N_Q, EVEN_M)
+        pt = _sigmoid(tl.dot(k, qt, input_precision=PRECISION), scale2, bias2, RCP_ITERS)
+        if MASK:
+            pt = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_off, pt, 0.0)
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        dst = dpt * pt * (1.0 - pt)
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _sigmoid_bwd_dkdv(Q, K, V, DO, DK, DV, scale, scale2, bias2,
+                      stride_qz, stride_qh, stride_qn, stride_kz, stride_kh, stride_kn,
+                      stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dn,
+                      stride_gz, stride_gh, stride_gn,
+                      H, N_Q, M_KV,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                      EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, PRECISION: tl.constexpr, RCP_ITERS: tl.constexpr):
+    start_n = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    k = _load_rows(K + off_z * stride_kz + off_h * stride_kh, offs_n, stride_kn, offs_d, M_KV, EVEN_N)
+    v = _load_rows(V + off_z * stride_vz + off_h * stride_vh, offs_n, stride_vn, offs_d, M_KV, EVEN_N)
+    q_base = Q + off_z * stride_qz + off_h * stride_qh
+    do_base = DO + off_z * stride_dz + off_h * stride_dh
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    causal_off = M_KV - N_Q
+    if CAUSAL:
+        # rows i >= j - off see key j: start at the block of the first row that sees this key block, and
+        # from the first row that sees all of it (i >= last_key - off) on, no mask is needed
+        lo = tl.maximum(start_n * BLOCK_N - causal_off, 0) // BLOCK_M * BLOCK_M
+        mid = tl.minimum(tl.cdiv(tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - causal_off, 0), BLOCK_M) * BLOCK_M, N_Q)
+        mid = tl.maximum(mid, lo)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, lo, mid, N_Q, causal_off,
+                             scale2, bias2, HEAD_DIM, BLOCK_M, True, EVEN_M, PRECISION, RCP_ITERS)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, mid, N_Q, N_Q, causal_off,
+                             scale2, bias2, HEAD_DIM, BLOCK_M, False, EVEN_M, PRECISION, RCP_ITERS)
+    else:
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, 0, N_Q, N_Q, causal_off,
+                             scale2, bias2, HEAD_DIM, BLOCK_M, False, EVEN_M, PRECISION, RCP_ITERS)
+    g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
+    if EVEN_N:
+        tl.store(DK + g_off, (dk * scale).to(DK.dtype.element_ty))
+        tl.store(DV + g_off, dv.to(DV.dtype.element_ty))
+    else:
+        tl.store(DK + g_off, (dk * scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < M_KV)
+        tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < M_KV)
+
+
+# ------------------------------------------------------------------------------------------
+# backward, dQ: one program per (query block, batch*head), looping over key blocks (same ranges as the forward).
+# dp = dO V^T, ds = dp p (1 - p), dQ += ds K.
+@triton.jit
+def _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, M_KV, causal_off, scale2, bias2,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN_N: tl.constexpr,
+              PRECISION: tl.constexpr, RCP_ITERS: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kt = _load_rows_t(k_base, offs_n, stride_kn, offs_d, M_KV, EVEN_N)
+        vt = _load_rows_t(v_base, offs_n, stride_vn, offs_d, M_KV, EVEN_N)
+        p = _sigmoid(tl.dot(q, kt, input_precision=PRECISION), scale2, bias2, RCP_ITERS)
+        if MASK:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + causal_off, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=PRECISION)
+        ds = dp * p * (1.0 - p)
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _sigmoid_bwd_dq(Q, K, V, DO, DQ, scale, scale2, bias2,
+                    stride_qz, stride_qh, stride_qn, stride_kz, stride_kh, stride_kn,
+                    stride_vz, stride_vh, stride_vn, stride_dz, stride_dh, stride_dn,
+                    stride_gz, stride_gh, stride_gn,
+                    H, N_Q, M_KV,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, PRECISION: tl.constexpr, RCP_ITERS: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = _load_rows(Q + off_z * stride_qz + off_h * stride_qh, offs_m, stride_qn, offs_d, N_Q, EVEN_M)
+    do = _load_rows(DO + off_z * stride_dz + off_h * stride_dh, offs_m, stride_dn, offs_d, N_Q, EVEN_M)
+    k_base = K + off_z * stride_kz + off_h * stride_kh
+    v_base = V + off_z * stride_vz + off_h * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    causal_off = M_KV - N_Q
+    n_full = (M_KV // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, n_full)
+        hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
+        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
+                       scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
+        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
+                       scale2, bias2, HEAD_DIM, BLOCK_N, True, EVEN_N, PRECISION, RCP_ITERS)
+    else:
+        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, 0, n_full, M_KV, causal_off,
+                       scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
+        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, n_full, M_KV, M_KV, causal_off,
+                       scale2, bias2, HEAD_DIM, BLOCK_N, False, False, PRECISION, RCP_ITERS)
+    g_ptrs = DQ + off_z * stride_gz + off_h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :]
+    if EVEN_M:
+        tl.store(g_ptrs, (dq * scale).to(DQ.dtype.element_ty))
+    else:
+        tl.store(g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < N_Q)
