@@ -26,6 +26,7 @@ import os
 import torch
 
 from genlab.errors import GenlabError
+from genlab.models.triton_attention import _cdiv, _new_bnhd, _prep, _s  # host-side layout helpers (no triton import)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 LOG2E = 1.4426950408889634
@@ -88,23 +89,6 @@ def _config(kind: str, D: int, dtype: torch.dtype):
         return bm, bn, {"BLOCK_M": bm, "BLOCK_N": bn}
     bm, bn, warps, stages = (_FP32_CONFIGS if dtype == torch.float32 else _CONFIGS)[kind][D]
     return bm, bn, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
-
-
-def _s(t):  # (batch, head, token) strides of a [B, H, L, D] tensor
-    return t.stride(0), t.stride(1), t.stride(2)
-
-
-def _prep(t):
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _new_bnhd(B, H, N, D, dtype, device):
-    """[B, H, N, D] view of a [B, N, H, D] buffer: `out.transpose(1, 2).reshape(B, N, H*D)` is then free."""
-    return torch.empty(B, N, H, D, dtype=dtype, device=device).permute(0, 2, 1, 3)
-
-
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def _common(q, k):
