@@ -95,9 +95,14 @@ def _interpreter_main():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_attention_interpreter_matches_float64_reference():
+    run_under_interpreter(__file__)
+
+
+def run_under_interpreter(script):
+    """Run a test file as a script with TRITON_INTERPRET=1 (set before any kernel is defined); it prints OK last."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    r = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     print(r.stdout)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
 

@@ -112,11 +112,8 @@ def check_compile():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_sigmoid_interpreter_matches_float64_reference():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
-    print(r.stdout)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+    from test_triton_attention import run_under_interpreter
+    run_under_interpreter(__file__)
 
 
 def test_sigmoid_triton_entry_stays_plain_on_cpu_and_names_the_triton_path():
@@ -136,6 +133,24 @@ def test_sigmoid_triton_entry_stays_plain_on_cpu_and_names_the_triton_path():
     assert r.returncode == 0, r.stderr
     kernels, triton = r.stdout.split()
     assert kernels == "False" and (triton == "False" or torch.cuda.is_available()), r.stdout  # torch may load triton on GPU hosts
+
+
+def test_without_triton_both_kernel_paths_refuse_in_one_line(monkeypatch):
+    """No importable triton: the softmax backend's check and the sigmoid op name the package and the import error."""
+    import sys
+
+    from genlab.errors import GenlabError
+    from genlab.models import triton_attention, triton_sigmoid
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for name in ("triton_attention_kernels", "triton_sigmoid_kernels"):
+        monkeypatch.delitem(sys.modules, f"genlab.models.{name}", raising=False)
+    monkeypatch.setattr(triton_attention, "_LOADED", {})
+    with pytest.raises(GenlabError, match=r"needs the 'triton' package \(ModuleNotFoundError: .*valid choices"):
+        triton_attention.check_available(64)
+    q = torch.randn(1, 1, 4, 64)
+    assert not triton_sigmoid.triton_available()
+    with pytest.raises(GenlabError, match=r"Triton path needs the 'triton' package \(ModuleNotFoundError: "):
+        triton_sigmoid._check(q, q, q)
 
 
 # ----------------------------------------------------------------------------------------------

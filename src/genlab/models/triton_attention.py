@@ -32,6 +32,7 @@ extra ones-column of V).
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -47,29 +48,38 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-_KERNELS = None
-_IMPORT_ERROR: Exception | None = None
+_LOADED: dict = {}
+
+
+def load_kernels(name: str):
+    """The kernels module genlab.models.<name> (imports triton on first use), or the exception its import raised
+    (no triton, or a broken install); cached either way. Shared by the softmax and sigmoid backends."""
+    if name not in _LOADED:
+        try:
+            _LOADED[name] = importlib.import_module(f"genlab.models.{name}")
+        except Exception as e:  # noqa: BLE001 - ImportError, or whatever a broken triton install raises
+            _LOADED[name] = e
+    return _LOADED[name]
+
+
+def missing_triton(name: str) -> str:
+    """'(ErrorType: first line)' of the failed import of kernels module `name`, for one-line errors."""
+    e = load_kernels(name)
+    return f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
 def _kernels():
-    """The kernels module (imports triton on first use); None when triton cannot be imported."""
-    global _KERNELS, _IMPORT_ERROR
-    if _KERNELS is None and _IMPORT_ERROR is None:
-        try:
-            from genlab.models import triton_attention_kernels as K
-            _KERNELS = K
-        except Exception as e:  # ImportError, or a broken triton install
-            _IMPORT_ERROR = e
-    return _KERNELS
+    """The softmax kernels module; None when triton cannot be imported."""
+    m = load_kernels("triton_attention_kernels")
+    return None if isinstance(m, Exception) else m
 
 
 def check_available(head_dim: int | None = None, device: torch.device | str | None = None) -> None:
     """Raise a one-line GenlabError when this backend cannot run (no triton, no CUDA, unsupported D)."""
     others = ", ".join(n for n in attention_registry.names() if n != "triton")
     if _kernels() is None:
-        msg = str(_IMPORT_ERROR).splitlines()[0] if str(_IMPORT_ERROR) else ""
-        raise GenlabError(f"model.attention=triton needs the 'triton' package ({type(_IMPORT_ERROR).__name__}: "
-                          f"{msg}); valid choices without it: {others}")
+        raise GenlabError(f"model.attention=triton needs the 'triton' package "
+                          f"{missing_triton('triton_attention_kernels')}; valid choices without it: {others}")
     cuda_ok = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     if not cuda_ok and not interpreting():
         raise GenlabError(f"model.attention=triton needs a CUDA device (or TRITON_INTERPRET=1); "

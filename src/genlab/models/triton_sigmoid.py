@@ -26,29 +26,16 @@ import os
 import torch
 
 from genlab.errors import GenlabError
-from genlab.models.triton_attention import _cdiv, _new_bnhd, _prep, _s  # host-side layout helpers (no triton import)
+from genlab.models.triton_attention import (LOG2E, _cdiv, _new_bnhd, _prep, _s, interpreting,  # no triton import
+                                            load_kernels, missing_triton)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
-LOG2E = 1.4426950408889634
-
-_KERNELS = None
-_IMPORT_ERROR: Exception | None = None
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _kernels():
-    """The kernels module (imports triton on first use); None when triton cannot be imported."""
-    global _KERNELS, _IMPORT_ERROR
-    if _KERNELS is None and _IMPORT_ERROR is None:
-        try:
-            from genlab.models import triton_sigmoid_kernels as K
-            _KERNELS = K
-        except Exception as e:  # ImportError, or a broken triton install
-            _IMPORT_ERROR = e
-    return _KERNELS
+    """The sigmoid kernels module; None when triton cannot be imported."""
+    m = load_kernels("triton_sigmoid_kernels")
+    return None if isinstance(m, Exception) else m
 
 
 @torch.compiler.assume_constant_result
@@ -103,8 +90,8 @@ def _common(q, k):
 def _check(q, k, v):
     K = _kernels()
     if K is None:
-        raise GenlabError(f"sigmoid attention's Triton path needs the 'triton' package ({type(_IMPORT_ERROR).__name__}: "
-                          f"{str(_IMPORT_ERROR).splitlines()[0] if str(_IMPORT_ERROR) else ''})")
+        raise GenlabError(f"sigmoid attention's Triton path needs the 'triton' package "
+                          f"{missing_triton('triton_sigmoid_kernels')}")
     if not (q.dim() == k.dim() == v.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2]
             and k.shape[-1] == q.shape[-1] and q.shape[-1] in SUPPORTED_HEAD_DIMS and k.shape[-2] > 0):
         raise GenlabError(f"sigmoid_attention_triton needs q [B, H, N, D] and k, v [B, H, M, D] with D in "
