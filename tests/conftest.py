@@ -45,6 +45,28 @@ def run_cli(*args, cwd=None, env=None, timeout=600):
                           text=True, timeout=timeout)
 
 
+def cli_in_process(capfd, *args, cwd=None):
+    """`genlab.cli.main(args)` in this process (no ~3-8 s interpreter + torch start-up); returns a
+    CompletedProcess like run_cli: the exit code main returns (or SystemExit's, for argparse errors) and
+    what it wrote to stdout/stderr (file-descriptor level, so C-level writes count too)."""
+    import subprocess
+    from genlab.cli import main
+    capfd.readouterr()
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        try:
+            rc = main([str(a) for a in args])
+            rc = 0 if rc is None else rc  # as `raise SystemExit(main())` in __main__ would exit
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.chdir(old)
+    got = capfd.readouterr()
+    return subprocess.CompletedProcess(["genlab", *map(str, args)], rc, got.out, got.err)
+
+
 def tiny_config(tmp_path, *overrides, preset="digits_flow"):
     from genlab.config import load_config
     return load_config(preset, TINY + [f"train.out_dir={tmp_path}", *overrides])

@@ -11,7 +11,7 @@ import torch
 from genlab.config import load_config
 from genlab.errors import GenlabError
 
-from conftest import TINY, run_cli
+from conftest import TINY, cli_in_process, run_cli
 
 
 def _one_line_error(r, *needles):
@@ -32,16 +32,17 @@ def _one_line_error(r, *needles):
     ("train.precision=fp64", ["unknown precision 'fp64'", "bf16"]),
     ("data.name=images", ["data.path"]),
 ])
-def test_bad_config_fails_with_one_line_and_creates_nothing(tmp_path, override, needles):
-    r = run_cli("train", f"train.out_dir={tmp_path / 'runs'}", override, cwd=tmp_path)
+def test_bad_config_fails_with_one_line_and_creates_nothing(tmp_path, capfd, override, needles):
+    # in-process (the CLI's main with this argv); test_unknown_preset_and_missing_dataset runs a real `python -m genlab`
+    r = cli_in_process(capfd, "train", f"train.out_dir={tmp_path / 'runs'}", override, cwd=tmp_path)
     _one_line_error(r, *needles)
     assert not (tmp_path / "runs").exists()
 
 
-def test_unknown_preset_and_missing_dataset(tmp_path):
-    r = run_cli("train", "no_such_preset", f"train.out_dir={tmp_path / 'runs'}", cwd=tmp_path)
+def test_unknown_preset_and_missing_dataset(tmp_path, capfd):
+    r = run_cli("train", "no_such_preset", f"train.out_dir={tmp_path / 'runs'}", cwd=tmp_path)  # a real process: exit 2
     _one_line_error(r, "config 'no_such_preset' not found", "digits_flow")
-    r = run_cli("train", "data.name=images", f"data.path={tmp_path / 'missing'}", f"train.out_dir={tmp_path / 'runs'}")
+    r = cli_in_process(capfd, "train", "data.name=images", f"data.path={tmp_path / 'missing'}", f"train.out_dir={tmp_path / 'runs'}")
     _one_line_error(r, "no dataset at")
     assert not (tmp_path / "runs").exists()
 
@@ -54,8 +55,8 @@ def test_config_layers_and_types():
         load_config(None, ["train.batch_size=10", "train.grad_accum=3"])
 
 
-def test_list_prints_every_registry():
-    r = run_cli("list")
+def test_list_prints_every_registry(capfd):
+    r = cli_in_process(capfd, "list")  # test_install runs `genlab list` as a process
     assert r.returncode == 0
     from genlab.registry import all_registries
     for kind, reg in all_registries().items():
@@ -65,10 +66,10 @@ def test_list_prints_every_registry():
     assert "digits_flow" in r.stdout
 
 
-def test_cli_end_to_end_train_sample_eval_resume(tmp_path):
+def test_cli_end_to_end_train_sample_eval_resume(tmp_path, capfd):
     args = [*TINY, "train.steps=30", "log.every=10", "log.ckpt_every=20", f"train.out_dir={tmp_path}", "train.name=e2e",
             "log.tensorboard=true"]
-    r = run_cli("train", *args, cwd=tmp_path)
+    r = run_cli("train", *args, cwd=tmp_path)  # a real `python -m genlab train`; the later commands run in-process
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "e2e"
     assert "sample accuracy:" in r.stdout and "feature FD" in r.stdout
@@ -93,23 +94,23 @@ def test_cli_end_to_end_train_sample_eval_resume(tmp_path):
     assert saved["train"]["steps"] == 30 and saved["model"]["dim"] == 32
 
     out = tmp_path / "grid.png"
-    r = run_cli("sample", str(run), "--n", "8", "--steps", "3", "--cfg", "2.0", "--class", "3", "--out", str(out))
+    r = cli_in_process(capfd, "sample", str(run), "--n", "8", "--steps", "3", "--cfg", "2.0", "--class", "3", "--out", str(out))
     assert r.returncode == 0 and out.exists(), r.stderr[-2000:]
-    r = run_cli("sample", str(run), "--n", "8", "--class", "11", "--out", str(tmp_path / "bad.png"))
+    r = cli_in_process(capfd, "sample", str(run), "--n", "8", "--class", "11", "--out", str(tmp_path / "bad.png"))
     _one_line_error(r, "--class 11")
     assert not (tmp_path / "bad.png").exists()
 
-    r = run_cli("eval", str(run), "eval.num_samples=20", "eval.sample_steps=3")
+    r = cli_in_process(capfd, "eval", str(run), "eval.num_samples=20", "eval.sample_steps=3")
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert {"sample_accuracy", "feature_fd", "step"} <= set(res) and res["step"] == 30
 
     # resume with more steps continues from step 30 and appends to the same metrics
-    r = run_cli("train", "--resume", str(run), "train.steps=40")
+    r = cli_in_process(capfd, "train", "--resume", str(run), "train.steps=40")
     assert r.returncode == 0, r.stderr[-2000:]
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in recs if "loss" in x][-1] == 40
-    r = run_cli("train", "--resume", str(tmp_path / "nope"))
+    r = cli_in_process(capfd, "train", "--resume", str(tmp_path / "nope"))
     _one_line_error(r)
 
 
