@@ -10,7 +10,7 @@ import pytest
 from genlab.errors import GenlabError
 from genlab.sweep.spec import load_sweep
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 from genlab.cli import main as genlab_main
 
 TINY_SWEEP = REPO / "src" / "genlab" / "configs" / "sweeps" / "tiny_cpu.toml"
@@ -25,10 +25,11 @@ def _write_sweep(tmp_path, body: str, name="s") -> Path:
 BASE = TINY_SWEEP.read_text().split("[[axis]]")[0].replace('name = "tiny_cpu"', 'name = "failing"')
 
 
-def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capsys):
-    # lr=1e30 makes the third variant diverge (non-finite loss) while the other two finish
+def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capfd):
+    # lr=1e30 makes the third variant diverge (non-finite loss) while the other two finish.
+    # The sweep command runs in-process; each variant is still its own `genlab train` process.
     p = _write_sweep(tmp_path, BASE + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 3e-3, 1e30]\n')
-    r = run_cli("sweep", str(p), "--root", str(tmp_path / "sweeps"), timeout=900)
+    r = cli_in_process(capfd, "sweep", str(p), "--root", str(tmp_path / "sweeps"))
     d = tmp_path / "sweeps" / "failing"
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]  # one variant failed
     status = json.loads((d / "status.json").read_text())
@@ -62,7 +63,7 @@ def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capsys)
 
     # re-running skips finished (and failed) variants: their runs are not touched
     mtimes = {k: (d / "runs" / k / "summary.json").stat().st_mtime for k in ("lr=0.001-s0", "lr=0.003-s0")}
-    r = run_cli("sweep", str(p), "--root", str(tmp_path / "sweeps"))
+    r = cli_in_process(capfd, "sweep", str(p), "--root", str(tmp_path / "sweeps"))
     assert "3 already done, 0 to run" in r.stdout
     assert mtimes == {k: (d / "runs" / k / "summary.json").stat().st_mtime for k in mtimes}
 
@@ -83,9 +84,9 @@ def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capsys)
     st = json.loads((b / "status.json").read_text())
     del st["lr=0.001-s0"]
     (b / "status.json").write_text(json.dumps(st))
-    capsys.readouterr()
+    capfd.readouterr()
     assert genlab_main(["sweep", "report", str(d), "--compare", str(b)]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     head = [c.strip() for c in out.splitlines()[2].strip("|").split("|")]
     cells = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip().strip("|").split("|")] for ln in out.splitlines()[4:]}
     i = head.index("final loss B/A")
