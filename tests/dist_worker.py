@@ -7,6 +7,8 @@ pieces (wrap_parallel, no_sync, clip_grads, shard_like/ema_update, DCP save/load
 
 usage: dist_worker.py OUT.json --mode none|ddp|fsdp|hsdp --steps N [--accum K] [--replicate R --shard S]
                       [--save-at K --ckpt DIR] [--resume DIR] [--optim NAME [--caution]]
+       dist_worker.py OUT.json --batch RUNS.json   (RUNS.json: {"name": [the options above], ...}; each run is
+                      trained in turn in this one process group, from the same start; OUT holds {name: result})
 """
 from __future__ import annotations
 
@@ -55,10 +57,17 @@ def main():
     ap.add_argument("--caution", action="store_true", help="with --optim: optim.caution=true")
     ap.add_argument("--optims", default="", help="comma-separated genlab optimizers, each trained from the same start "
                     "in this process; OUT holds {name: result} and DCP checkpoints go to CKPT/name")
+    ap.add_argument("--batch", default="", help="a JSON file {name: [options]}: several runs in one launch "
+                    "(one interpreter + process-group start-up instead of one per run)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     info, device = init_distributed("cpu")
-    if a.optims:
+    if a.batch:
+        out = {}
+        for name, opts in json.loads(Path(a.batch).read_text()).items():
+            b = ap.parse_args([a.out, *map(str, opts)])
+            out[name] = train(b, info, device, b.ckpt)
+    elif a.optims:
         results = {}
         for name in a.optims.split(","):
             a.optim = name

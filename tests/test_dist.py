@@ -7,6 +7,7 @@ Tolerances: losses agree to 1e-5 relative; weights after 5 AdamW steps (lr 1e-2)
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_in_process
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 STEPS = 5
@@ -38,9 +39,40 @@ def launch(out, nproc, *args):
     return torch.load(out, weights_only=False)
 
 
+def launch_batch(d, nproc, runs: dict):
+    """Several worker runs ({name: options}) in ONE launch on `nproc` ranks: each run trains from the same start
+    in turn, so each result is what its own launch would give, without paying torchrun's and every rank's
+    interpreter start-up once per run. Returns {name: result}."""
+    spec = d / "runs.json"
+    spec.write_text(json.dumps({k: [str(x) for x in v] for k, v in runs.items()}))
+    return launch(d / "out.pt", nproc, "--batch", spec)
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("ref") / "ref.pt", 1, "--mode", "none", "--steps", STEPS)
+def two_ranks(tmp_path_factory):
+    d = tmp_path_factory.mktemp("two")
+    got = launch_batch(d, 2, {
+        "ddp-1": ["--mode", "ddp", "--steps", STEPS, "--accum", 1],
+        "ddp-2": ["--mode", "ddp", "--steps", STEPS, "--accum", 2],
+        "fsdp-2": ["--mode", "fsdp", "--steps", STEPS, "--accum", 2],
+        "fsdp-fused": ["--mode", "fsdp", "--steps", STEPS, "--fused", "--prefetch", 1, "--keep-last", 1],
+        "fsdp-ckpt": ["--mode", "fsdp", "--steps", STEPS, "--save-at", 3, "--ckpt", d / "ckpt"]})
+    return got, d / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, two_ranks):
+    """The single-process runs, in one launch: the reference, fused AdamW, and the resume (on 1 rank) of the
+    2-rank FSDP run's DCP checkpoint at step 3."""
+    return launch_batch(tmp_path_factory.mktemp("one"), 1, {
+        "ref": ["--mode", "none", "--steps", STEPS],
+        "fused": ["--mode", "none", "--steps", STEPS, "--fused"],
+        "resumed": ["--mode", "none", "--steps", STEPS, "--resume", two_ranks[1] / "step_00000003.dcp"]})
+
+
+@pytest.fixture(scope="module")
+def reference(one_process):
+    return one_process["ref"]
 
 
 def assert_same_run(got, ref):
@@ -57,34 +89,33 @@ def test_reference_trains(reference):
 
 
 @pytest.mark.parametrize("mode,accum", [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
-def test_two_ranks_match_one_process(tmp_path, reference, mode, accum):
-    got = launch(tmp_path / "out.pt", 2, "--mode", mode, "--steps", STEPS, "--accum", accum)
+def test_two_ranks_match_one_process(two_ranks, reference, mode, accum):
+    got = two_ranks[0][f"{mode}-{accum}"]
     assert got["world"] == 2
     assert_same_run(got, reference)
 
 
-def test_fsdp_with_fused_adamw_prefetch_and_unsharded_last_block_matches_one_process(tmp_path, reference):
+def test_fsdp_with_fused_adamw_prefetch_and_unsharded_last_block_matches_one_process(two_ranks, reference):
     """The FSDP2 speed switches change no numbers: fused AdamW on DTensor shards, explicit prefetch, last block
     kept unsharded after the forward (and the clip on local shards with one all-reduce)."""
-    got = launch(tmp_path / "f.pt", 2, "--mode", "fsdp", "--steps", STEPS, "--fused", "--prefetch", 1, "--keep-last", 1)
+    got = two_ranks[0]["fsdp-fused"]
     assert_same_run(got, reference)
     torch.testing.assert_close(torch.tensor(got["gnorms"]), torch.tensor(reference["gnorms"]), rtol=1e-5, atol=1e-6)
 
 
-def test_fused_adamw_single_process_matches_foreach(tmp_path, reference):
-    got = launch(tmp_path / "f1.pt", 1, "--mode", "none", "--steps", STEPS, "--fused")
+def test_fused_adamw_single_process_matches_foreach(one_process, reference):
+    got = one_process["fused"]
     assert_same_run(got, reference)
 
 
-def test_fsdp_matches_and_dcp_checkpoint_resumes_on_one_rank(tmp_path, reference):
-    ck = tmp_path / "ckpt"
-    got = launch(tmp_path / "fsdp.pt", 2, "--mode", "fsdp", "--steps", STEPS, "--save-at", 3, "--ckpt", ck)
+def test_fsdp_matches_and_dcp_checkpoint_resumes_on_one_rank(two_ranks, one_process, reference):
+    got, ck = two_ranks[0]["fsdp-ckpt"], two_ranks[1]
     assert got["mesh"] == [2]
     assert_same_run(got, reference)
     dcp_dir = ck / "step_00000003.dcp"
     assert (dcp_dir / ".metadata").exists() and (dcp_dir / "meta.pt").exists()
     assert not list(ck.glob(".*.tmp"))
-    resumed = launch(tmp_path / "resumed.pt", 1, "--mode", "none", "--steps", STEPS, "--resume", dcp_dir)
+    resumed = one_process["resumed"]  # `--resume dcp_dir` in the single-process launch
     # the 1-process continuation (steps 3, 4) equals the uninterrupted run's last two steps
     torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(reference["losses"][3:]), rtol=1e-5, atol=1e-6)
     for k, v in reference["model"].items():
@@ -97,7 +128,7 @@ def test_hsdp_two_by_two_mesh_on_four_ranks(tmp_path, reference):
     assert_same_run(got, reference)
 
 
-def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path):
+def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path, capfd):
     """`genlab train` under torchrun with parallel=fsdp: DCP checkpoints, model.safetensors, then sample/eval/resume work."""
     over = ["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=16", "train.steps=4",
             "train.parallel=fsdp", "train.device=cpu", "log.every=2", "log.progress=false", "log.tensorboard=false",
@@ -114,12 +145,13 @@ def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path):
     assert dcp_state["step"] == 4 and exported["step"] == 4
     for k, v in exported["model"].items():  # the export holds the EMA weights of the DCP checkpoint
         torch.testing.assert_close(v, dcp_state["ema"][k], rtol=0, atol=0)
-    s = run_cli("sample", str(run), "--n", "4", "--out", str(tmp_path / "grid.png"), "--device", "cpu")
+    s = cli_in_process(capfd, "sample", str(run), "--n", "4", "--out", str(tmp_path / "grid.png"), "--device", "cpu")
     assert s.returncode == 0, s.stderr[-2000:]
-    s = run_cli("sample", str(run / "model.safetensors"), "--n", "4", "--out", str(tmp_path / "grid2.png"), "--device", "cpu")
+    s = cli_in_process(capfd, "sample", str(run / "model.safetensors"), "--n", "4", "--out", str(tmp_path / "grid2.png"), "--device", "cpu")
     assert s.returncode == 0, s.stderr[-2000:]
+    # (sample and resume run in-process: the CLI's main with this argv)
     # resume the 2-rank run in ONE process (no parallel wrapper) for two more steps
-    s = run_cli("train", "--resume", str(run), "train.steps=6", "train.parallel=auto")
+    s = cli_in_process(capfd, "train", "--resume", str(run), "train.steps=6", "train.parallel=auto")
     assert s.returncode == 0, s.stderr[-2000:]
     assert load_checkpoint(run)["step"] == 6
 
@@ -136,9 +168,9 @@ def _run_losses(run):
 
 @pytest.fixture(scope="module")
 def sparse_one_process(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sparse1")
-    r = run_cli("train", "sparse_tiny_cpu", *SPARSE_OVER, f"train.out_dir={out}", "train.parallel=none", "train.name=one")
-    assert r.returncode == 0, r.stderr[-2000:]
+    from genlab.cli import main
+    out = tmp_path_factory.mktemp("sparse1")  # the one-process run: `genlab train` in-process
+    assert main(["train", "sparse_tiny_cpu", *SPARSE_OVER, f"train.out_dir={out}", "train.parallel=none", "train.name=one"]) == 0
     return out / "one"
 
 
