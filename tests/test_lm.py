@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import run_cli
+from conftest import cli_in_process
 from genlab.config import ModelConfig, load_config
 from genlab.data.text import embedded_corpus, prepare_text, read_token_dataset
 from genlab.data.token_loader import TokenLoader
@@ -471,41 +471,42 @@ def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
     assert res["val_loss"] == pytest.approx(evals[best_step], rel=1e-4)
 
 
-def test_cli_prepare_train_sample_eval(tmp_path):
+def test_cli_prepare_train_sample_eval(tmp_path, capfd):
+    """Every command runs in-process (the CLI's main with this argv; test_cli and test_bad_inputs run real processes)."""
     src = tmp_path / "corpus.txt"
     src.write_text(("It was the best of times, it was the worst of times.\n" * 40))
-    r = run_cli("data", "prepare", "text", "--src", str(src), "--tokenizer", "char", "--out", str(tmp_path / "ds"))
+    r = cli_in_process(capfd, "data", "prepare", "text", "--src", str(src), "--tokenizer", "char", "--out", str(tmp_path / "ds"))
     assert r.returncode == 0, r.stderr
-    r = run_cli("data", "prepare", "text", "--src", str(src), "--tokenizer", "nope", "--out", str(tmp_path / "ds2"))
+    r = cli_in_process(capfd, "data", "prepare", "text", "--src", str(src), "--tokenizer", "nope", "--out", str(tmp_path / "ds2"))
     assert r.returncode == 2 and not (tmp_path / "ds2").exists()
     common = LM_TINY + [f"train.out_dir={tmp_path}", "train.steps=6", "data.name=tokens", f"data.path={tmp_path / 'ds'}"]
-    r = run_cli("train", "text_ar", *common, "train.name=ar")
+    r = cli_in_process(capfd, "train", "text_ar", *common, "train.name=ar")
     assert r.returncode == 0, r.stderr
     assert "val_loss" in r.stdout and (tmp_path / "ar" / "samples.txt").exists()
-    r = run_cli("sample", str(tmp_path / "ar"), "--n", "2", "--prompt", "It was", "--temperature", "0.5",
-                "--top-k", "5", "--out", str(tmp_path / "s.txt"))
+    r = cli_in_process(capfd, "sample", str(tmp_path / "ar"), "--n", "2", "--prompt", "It was", "--temperature", "0.5",
+                       "--top-k", "5", "--out", str(tmp_path / "s.txt"))
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "s.txt").read_text()
     assert text.count("===== sample") == 2 and "\nIt was" in text
-    r = run_cli("train", "text_mdlm", *common, "train.name=md")
+    r = cli_in_process(capfd, "train", "text_mdlm", *common, "train.name=md")
     assert r.returncode == 0, r.stderr
-    r = run_cli("eval", str(tmp_path / "md"), "eval.T_list=4,16", f"eval.gen_ppl_model={tmp_path / 'ar'}", "eval.gen_samples=2")
+    r = cli_in_process(capfd, "eval", str(tmp_path / "md"), "eval.T_list=4,16", f"eval.gen_ppl_model={tmp_path / 'ar'}", "eval.gen_samples=2")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["nelbo_T4_bits_per_token"] > 0 and res["gen_ppl"] > 1
     table = (tmp_path / "md" / "bound_vs_T.md").read_text()
     assert "| 4 |" in table and "| 16 |" in table and "| inf |" in table
-    r = run_cli("sample", str(tmp_path / "md"), "--n", "1", "--steps", "8", "--prompt", "It [[5]] the", "--out", str(tmp_path / "m.txt"))
+    r = cli_in_process(capfd, "sample", str(tmp_path / "md"), "--n", "1", "--steps", "8", "--prompt", "It [[5]] the", "--out", str(tmp_path / "m.txt"))
     assert r.returncode == 0, r.stderr
     body = (tmp_path / "m.txt").read_text().split("=====\n", 1)[1]
     assert body.startswith("It ") and body[8:12] == " the"
 
 
-def test_cli_prepare_tiny_shakespeare(tmp_path, shared_data):
+def test_cli_prepare_tiny_shakespeare(tmp_path, shared_data, capfd):
     src = shared_data / "text" / "tinyshakespeare.txt"
     if not src.exists():
         pytest.skip("Tiny Shakespeare not present")
-    r = run_cli("data", "prepare", "text", "--src", str(src), "--tokenizer", "char", "--out", str(tmp_path / "sc"))
+    r = cli_in_process(capfd, "data", "prepare", "text", "--src", str(src), "--tokenizer", "char", "--out", str(tmp_path / "sc"))
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "sc" / "meta.json").read_text())
     assert meta["vocab_size"] == 65 and meta["train_tokens"] == 1003854 and meta["val_tokens"] == 111540  # as nanoGPT

@@ -247,21 +247,21 @@ def test_benches_sharing_a_turn_lock_measure_one_at_a_time(tmp_path):
     assert all(out[k]["warmup"] == 2 and out[k]["steps"] == 3 and out[k]["step_ms"] > 0 for k in "ab")
 
 
-def test_export_writes_safetensors_that_sample_loads_and_refuses_bad_out(tmp_path):
-    from conftest import run_cli
-    r = run_cli("train", *[f"{o}" for o in ("model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=8",
-                "train.steps=2", "log.progress=false", "log.tensorboard=false", "eval.num_samples=0",
-                "eval.grid_per_class=1", "eval.sample_steps=2", f"train.out_dir={tmp_path}", "train.name=r")])
+def test_export_writes_safetensors_that_sample_loads_and_refuses_bad_out(tmp_path, capfd):
+    from conftest import cli_in_process  # in-process: the CLI's main with this argv
+    r = cli_in_process(capfd, "train", *[f"{o}" for o in ("model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=8",
+                       "train.steps=2", "log.progress=false", "log.tensorboard=false", "eval.num_samples=0",
+                       "eval.grid_per_class=1", "eval.sample_steps=2", f"train.out_dir={tmp_path}", "train.name=r")])
     assert r.returncode == 0, r.stderr[-2000:]
-    bad = run_cli("export", str(tmp_path / "r"), "--out", str(tmp_path / "w.pt"))
+    bad = cli_in_process(capfd, "export", str(tmp_path / "r"), "--out", str(tmp_path / "w.pt"))
     assert bad.returncode == 2 and not (tmp_path / "w.pt").exists()
-    ok = run_cli("export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
+    ok = cli_in_process(capfd, "export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
     assert ok.returncode == 0, ok.stderr[-2000:]
     from genlab.train.checkpoint import load_checkpoint
     src, exp = load_checkpoint(tmp_path / "r"), load_checkpoint(tmp_path / "w.safetensors")
     for k, v in src["ema"].items():
         assert torch.equal(exp["model"][k], v)
-    again = run_cli("export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
+    again = cli_in_process(capfd, "export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
     assert again.returncode == 2  # no silent overwrite
-    s = run_cli("sample", str(tmp_path / "w.safetensors"), "--n", "4", "--out", str(tmp_path / "g.png"), "--device", "cpu")
+    s = cli_in_process(capfd, "sample", str(tmp_path / "w.safetensors"), "--n", "4", "--out", str(tmp_path / "g.png"), "--device", "cpu")
     assert s.returncode == 0 and (tmp_path / "g.png").exists(), s.stderr[-2000:]
