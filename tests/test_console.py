@@ -6,10 +6,10 @@ import re
 
 from genlab import progress
 
-from conftest import TINY, run_cli
+from conftest import TINY, cli_in_process, run_cli
 
 
-def test_train_off_a_terminal_prints_status_lines_and_eval_and_sampling_progress(tmp_path):
+def test_train_off_a_terminal_prints_status_lines_and_eval_and_sampling_progress(tmp_path, capfd):
     over = [o for o in TINY if not o.startswith("log.progress")] + [
         f"train.out_dir={tmp_path}", "train.steps=10", "log.every=5", "eval.classifier_epochs=2"]
     r = run_cli("train", *over, timeout=600)  # stdout and stderr are pipes, as under nohup or CI
@@ -22,7 +22,8 @@ def test_train_off_a_terminal_prints_status_lines_and_eval_and_sampling_progress
     assert re.search(r"^preview: sampling \d+ images: ", r.stderr, re.M)
 
     run_dir = next(tmp_path.glob("digits_flow-*"))
-    s = run_cli("sample", str(run_dir), "--n", "8", "--steps", "3", "--out", str(tmp_path / "g.png"))
+    # in-process: the captured stdout/stderr are not a terminal either
+    s = cli_in_process(capfd, "sample", str(run_dir), "--n", "8", "--steps", "3", "--out", str(tmp_path / "g.png"))
     assert s.returncode == 0 and "wrote" in s.stdout, s.stderr
     assert re.search(r"^sampling 8 images: 3/3 step in \d+\.\d s$", s.stderr, re.M), s.stderr  # heun: per ODE step
 
