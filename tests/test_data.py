@@ -16,7 +16,7 @@ from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.loader import ImageLoader, IndexStream
 from genlab.errors import GenlabError
 
-from conftest import run_cli
+from conftest import cli_in_process
 
 
 def test_mnist_converter_on_real_files(shared_data, tmp_path):
@@ -104,13 +104,13 @@ def test_imagefolder_converter(tmp_path):
     assert d.labels.tolist() == [0, 0, 0, 1, 1, 1]
 
 
-def test_prepare_refuses_existing_output_and_unknown_kind(tmp_path):
+def test_prepare_refuses_existing_output_and_unknown_kind(tmp_path, capfd):  # the CLI in-process
     out = convert.prepare("digits", out=tmp_path / "d")
     before = hashlib.sha256((out / "images.npy").read_bytes()).hexdigest()
-    r = run_cli("data", "prepare", "digits", "--out", str(out))
+    r = cli_in_process(capfd, "data", "prepare", "digits", "--out", str(out))
     assert r.returncode == 2 and "already exists" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert hashlib.sha256((out / "images.npy").read_bytes()).hexdigest() == before
-    r = run_cli("data", "prepare", "svhn", "--out", str(tmp_path / "x"))
+    r = cli_in_process(capfd, "data", "prepare", "svhn", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "valid: digits, mnist, fashion-mnist, cifar10, imagefolder" in r.stderr
     assert not (tmp_path / "x").exists()
 
