@@ -266,13 +266,27 @@ FSDP_OK = [n for n in OPTIMIZERS if getattr(optimizer_registry.get(n), "fsdp", T
 FSDP_REFUSED = [n for n in OPTIMIZERS if n not in FSDP_OK]
 
 
-def _launch(out, nproc, *args):
+def _start(out, nproc, *args):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     head = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                  f"--nproc_per_node={nproc}"]
-    r = subprocess.run(head + [str(WORKER), str(out), *map(str, args)], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    return out, subprocess.Popen(head + [str(WORKER), str(out), *map(str, args)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+
+
+def _finish(started):
+    out, proc = started
+    try:
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, err[-3000:]
     return torch.load(out, weights_only=False)
+
+
+def _launch(out, nproc, *args):
+    return _finish(_start(out, nproc, *args))
 
 
 @pytest.mark.slow
@@ -282,9 +296,11 @@ def test_fsdp2_optimizers_follow_the_single_process_run(tmp_path):
     reductions run in another order. Refused: shampoo (its preconditioner statistics mix DTensor and plain tensors)
     and soap (it runs but leaves the 1-process trajectory: 0.03 weight difference after 4 steps of lr 1e-2)."""
     names = ",".join(FSDP_OK)
-    ref = _launch(tmp_path / "ref.pt", 1, "--mode", "none", "--steps", 3, "--optims", names, "--caution")
+    # the 1-process reference runs beside the 2-rank run (independent processes; it fills the ranks' idle time)
+    ref = _start(tmp_path / "ref.pt", 1, "--mode", "none", "--steps", 3, "--optims", names, "--caution")
     got = _launch(tmp_path / "fsdp.pt", 2, "--mode", "fsdp", "--steps", 3, "--optims", names, "--caution",
                   "--save-at", 2, "--ckpt", tmp_path / "ck")
+    ref = _finish(ref)
     for n in FSDP_OK:
         torch.testing.assert_close(torch.tensor(got[n]["losses"]), torch.tensor(ref[n]["losses"]), rtol=1e-5, atol=1e-6)
         tol = 5e-3 if n == "muon" else 1e-3  # Muon's Newton-Schulz rounds to bf16 stochastically, per rank's RNG
