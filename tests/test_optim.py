@@ -349,3 +349,23 @@ def test_report_reads_loss_at_equal_wall_clock_step_time_and_state_memory(tmp_pa
     assert row["loss@1.9s"] == 1 / 3 and row["loss@2.5s"] == 0.2  # the last loss logged by then (steps 3 and 5)
     assert row["loss@10s"] is None  # the run ended before 10 s
     assert row["step_time"] == 0.5 and row["optim_state_mib"] == 3.0
+
+
+@pytest.mark.parametrize("mode, expected", [("default", "default"), ("off", None),
+                                            ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+def test_heavyball_compile_mode_follows_the_config_on_cuda_and_is_eager_on_cpu(monkeypatch, mode, expected):
+    """optim.heavyball_compile sets the mode heavyball reads at its first step; without CUDA it is always eager."""
+    heavyball = pytest.importorskip("heavyball")
+    monkeypatch.setattr(heavyball.utils, "compile_mode", "sentinel")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    build_optimizer(nn.Linear(4, 4), OptimConfig(name="soap", heavyball_compile=mode))
+    assert heavyball.utils.compile_mode is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    build_optimizer(nn.Linear(4, 4), OptimConfig(name="soap", heavyball_compile=mode))
+    assert heavyball.utils.compile_mode == expected
+
+
+def test_heavyball_compile_is_refused_for_optimizers_that_do_not_read_it():
+    with pytest.raises(GenlabError, match="optim.heavyball_compile is not read by"):
+        load_config("digits_flow", ["optim.name=adamw", "optim.heavyball_compile=off"])
+    load_config("digits_flow", ["optim.name=muon", "optim.heavyball_compile=off"])  # muon is heavyball's MuonAdamW

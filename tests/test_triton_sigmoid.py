@@ -116,17 +116,17 @@ def test_triton_sigmoid_interpreter_matches_float64_reference():
     run_under_interpreter(__file__)
 
 
-def test_sigmoid_triton_entry_stays_plain_on_cpu_and_names_the_triton_path():
+def test_sigmoid_entry_stays_plain_on_cpu_and_names_the_triton_path():
     """On CPU the registry entry never touches triton (import genlab must not import it either)."""
     from genlab.models.layers import sigmoid_attention_plain
-    from genlab.models.layers import sigmoid_attention_triton as sigmoid_attention
+    from genlab.models.layers import sigmoid_attention
     from genlab.models.triton_sigmoid import supports
     from genlab.registry import attention_registry
     q, k, v = (torch.randn(1, 2, 5, 32) for _ in range(3))
     torch.testing.assert_close(sigmoid_attention(q, k, v), sigmoid_attention_plain(q, k, v))
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         assert not supports(q, k, v)  # CPU tensors: not the Triton path
-    assert "Triton" in attention_registry.doc("sigmoid_triton")
+    assert "Triton" in attention_registry.doc("sigmoid") and "Flex" in attention_registry.doc("sigmoid_flex")
     code = "import sys, genlab.models; print('genlab.models.triton_sigmoid_kernels' in sys.modules, 'triton' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
                        capture_output=True, text=True, timeout=120)
@@ -162,7 +162,7 @@ def test_without_triton_both_kernel_paths_refuse_in_one_line(monkeypatch):
 def test_triton_sigmoid_gpu_matches_reference(monkeypatch, n, causal):
     """bf16 kernels vs float64 at 256/258/4096 tokens (fused qkv views), as close as the bf16 plain-torch path."""
     from genlab.models.layers import sigmoid_attention_plain
-    from genlab.models.layers import sigmoid_attention_triton as sigmoid_attention
+    from genlab.models.layers import sigmoid_attention
     from genlab.models.triton_sigmoid import supports
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     B = max(1, 8192 // n)
@@ -199,7 +199,7 @@ def test_triton_sigmoid_under_torch_compile_has_no_graph_break(monkeypatch):
     from genlab.models.layers import Attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     torch.manual_seed(0)
-    layer = Attention(768, 12, backend="sigmoid_triton").cuda()
+    layer = Attention(768, 12, backend="sigmoid").cuda()
     x = torch.randn(4, 258, 768, device="cuda", requires_grad=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         eager = layer(x)

@@ -29,6 +29,7 @@ IMAGE_BACKBONES = ("dit", "dit_incontext", "mmdit")              # class-conditi
 NOT_IMAGE_BACKBONES = ("gpt", "sparse_transformer", "world_dit")
 IMAGE_METRICS_UNUSED = ("image_ar", "world") + LM_METHODS       # methods that do not read eval.metrics and its options
 NOT_MUON = ("adam", "adamw", "sgd", "shampoo", "mars", "soap", "psgd_kron", "adopt", "heavyball_adamw")  # optimizers without Muon groups
+NOT_HEAVYBALL = ("adam", "adamw", "sgd", "shampoo", "mars", "adopt")  # optimizers not backed by heavyball
 NOT_PRECONDITIONED = ("adam", "adamw", "sgd", "mars", "psgd_kron", "adopt", "muon", "heavyball_adamw")
 
 
@@ -229,6 +230,9 @@ class OptimConfig:
                         choices=("hidden", "hidden_adaln", "all_2d"), unused={"optim.name": NOT_MUON})
     precondition_every: int = F(0, "shampoo/soap: recompute the preconditioner every this many steps (0 = 10)", ge=0,
                                 unused={"optim.name": NOT_PRECONDITIONED})
+    heavyball_compile: str = F("max-autotune-no-cudagraphs", "heavyball optimizers on CUDA: torch.compile mode of their "
+                               "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
+                               choices=("max-autotune-no-cudagraphs", "default", "off"), unused={"optim.name": NOT_HEAVYBALL})
     decay_frac: float = F(0.2, "wsd: fraction of the steps in the final decay", gt=0, le=1,
                           unused={"optim.schedule": ("cosine", "constant", "linear")})
     decay_shape: str = F("1-sqrt", "wsd: shape of the final decay (Hägele et al. 2024)", choices=("linear", "1-sqrt"),

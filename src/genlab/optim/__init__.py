@@ -133,8 +133,9 @@ def _heavyball(model, ocfg, cls, groups=None, **kwargs):
         import heavyball
     except ImportError:
         raise GenlabError(f"optimizer '{ocfg.name}' needs heavyball: pip install heavyball==3.2.1") from None
-    if not torch.cuda.is_available():
-        heavyball.utils.compile_mode = None  # its compiled step takes minutes to build on CPU
+    # heavyball compiles its step; the mode is a module global, read when the step first runs
+    mode = None if ocfg.heavyball_compile == "off" else ocfg.heavyball_compile
+    heavyball.utils.compile_mode = mode if torch.cuda.is_available() else None  # minutes to build on CPU
     cls = getattr(heavyball, cls) if isinstance(cls, str) else cls
     groups = groups if groups is not None else param_groups(model, ocfg.weight_decay)
     return keep_saved_dtypes(cls(groups, lr=ocfg.lr, caution=ocfg.caution, **kwargs))
