@@ -176,3 +176,28 @@ def test_loader_batches_are_normalised_and_resumable():
     ref = torch.from_numpy(data.images[a.stream.__class__(len(data), 1).take(16)]).permute(0, 3, 1, 2).double() / 127.5 - 1
     torch.testing.assert_close(x.double(), ref)
     a.close()
+
+
+def test_embedded_digits_equal_sklearns_loader_and_skip_importing_sklearn():
+    """The digits are read from the csv inside scikit-learn; they must be exactly what sklearn's loader returns,
+    and reading them must not import scikit-learn (~2-3 s of every run's start-up)."""
+    import os
+    import subprocess
+    import sys
+    from conftest import REPO
+    code = ("import sys; from genlab.data.datasets import load_digits_uint8; d = load_digits_uint8(); "
+            "print('sklearn' in sys.modules, d.meta['sha256'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert r.returncode == 0, r.stderr
+    imported, checksum = r.stdout.split()
+    assert imported == "False"
+    from sklearn.datasets import load_digits
+    from genlab.data.datasets import load_digits_uint8
+    from genlab.data.formats import array_checksum
+    ref = load_digits()
+    images = np.round(ref.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[..., None]
+    data = load_digits_uint8()
+    np.testing.assert_array_equal(data.images, images)
+    np.testing.assert_array_equal(data.labels, ref.target)
+    assert checksum == data.meta["sha256"] == array_checksum(images, ref.target.astype(np.int64))

@@ -2,7 +2,7 @@
 
 
 def add_commands(sub):
-    for mod_name in ("genlab.bench", "genlab.sweep", "genlab.export", "genlab.world.cli"):
+    for mod_name in ("genlab.bench_cli", "genlab.sweep", "genlab.export", "genlab.world.cli"):
         try:
             mod = __import__(mod_name, fromlist=["add_parser"])
         except ModuleNotFoundError as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+from pathlib import Path
 
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
 from genlab.errors import GenlabError
@@ -10,12 +11,25 @@ from genlab.registry import dataset_registry
 
 def load_digits_uint8() -> ImageData:
     """scikit-learn's bundled 8x8 digits (1797 images, values 0..16) as uint8 [N, 8, 8, 1]."""
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    images = np.round(d.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[..., None]
-    labels = d.target.astype(np.int64)
+    pixels, labels = _read_digits_csv()
+    images = np.round(pixels.reshape(-1, 8, 8) * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[..., None]
+    labels = labels.astype(np.int64)
     meta = {"source": "sklearn.datasets.load_digits", "sha256": array_checksum(images, labels)}
     return ImageData(images=images, labels=labels, classes=[str(i) for i in range(10)], meta=meta)
+
+
+def _read_digits_csv():
+    """The digits file that ships inside scikit-learn, read without importing scikit-learn (its import, scipy
+    included, costs ~3 s of every run's start-up); falls back to sklearn's loader if the file moves."""
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        return d.data, d.target
+    table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
+    return table[:, :-1], table[:, -1]
 
 
 @dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files")
