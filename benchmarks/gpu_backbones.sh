@@ -10,8 +10,10 @@
 #   cross    the attention kernels alone (sdpa vs linear, fwd+bwd, 12 heads x 64, bf16) from 256 to 16,384 tokens
 #   sweeps   genlab sweep architectures and attention on MNIST (matched parameters, 2000 steps a run, 6 runs each),
 #            JOBS runs at once on the GPU (default 6: DiT-S/4 at 49 tokens is launch-bound, 6.5% MFU alone; a packed
-#            run that runs out of memory is retried alone). No run starts after SWEEP_BUDGET s (default 480) and each
-#            is capped at RUN_TIMEOUT s (default 300); call again on the same warm machine to continue (finished runs
+#            run that runs out of memory is retried alone). No run starts after SWEEP_BUDGET s (default 120) and each
+#            is capped at RUN_TIMEOUT s (default 420: six packed runs took 230-310 s each with their evaluation on an
+#            H100, and a 300 s cap cut them all); one sweep per call (SWEEPS=architectures, then SWEEPS=attention),
+#            SWEEP_BUDGET + RUN_TIMEOUT under the 600 s call limit; call again on the same warm machine to continue (finished runs
 #            are skipped, SWEEP_ROOT persists)
 # Needs gpu_data/mnist/*.gz (carried) for the sweeps. Examples (repo root):
 #   OUT=out STAGES=cross bash benchmarks/gpu_backbones.sh
@@ -48,8 +50,8 @@ sweeps) stamp sweeps
        fi
        ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
        for sw in ${SWEEPS:-architectures attention}; do
-         left=$(( ${SWEEP_BUDGET:-480} - ($(date +%s) - START) )); [ "$left" -lt 0 ] && left=0
-         python3 -m genlab sweep "$sw" --root "$ROOT" --max-time "$left" --timeout ${RUN_TIMEOUT:-300} --jobs-per-gpu ${JOBS:-6} 2>&1 | grep -v "^\s*$" | tail -30 | tee -a "$OUT/main.log"
+         left=$(( ${SWEEP_BUDGET:-120} - ($(date +%s) - START) )); [ "$left" -lt 0 ] && left=0
+         python3 -m genlab sweep "$sw" --root "$ROOT" --max-time "$left" --timeout ${RUN_TIMEOUT:-420} --jobs-per-gpu ${JOBS:-6} 2>&1 | grep --line-buffered -v "^\s*$" | tee -a "$OUT/main.log"
          tar czf "$OUT/$sw.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" "$sw"
        done ;;
 esac; done

@@ -7,7 +7,7 @@
 # Needs: wheels/{heavyball,opt_einsum,pytorch_optimizer}*.whl and gpu_data/mnist/*.gz (both carried).
 #   OUT=out bash benchmarks/gpu_optimizers.sh              # STAGES="test sweep" by default
 # 60 runs, one per GPU at a time (launcher per_gpu): on nvidia-h200-x8 about 8 rounds; on one GPU they run one after
-# another and no run starts after SWEEP_BUDGET s (default 480): calling the script again on the same (warm) machine
+# another and no run starts after SWEEP_BUDGET s (default 300): calling the script again on the same (warm) machine
 # skips finished runs and continues (SWEEP_ROOT persists there).
 # JOBS=N runs N at once per GPU (then step time and loss at equal wall-clock are shared-GPU figures; each run takes
 # ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory; shampoo's full-matrix preconditioners take far more:
@@ -17,7 +17,9 @@ set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
-BUDGET=${SWEEP_BUDGET:-480}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
+BUDGET=${SWEEP_BUDGET:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
+# a device call ends at 600 s: the last run may start at BUDGET and run RUN_TIMEOUT more (one call lost all output so)
+[ $((BUDGET + RUN_TIMEOUT)) -gt 570 ] && echo "warning: SWEEP_BUDGET + RUN_TIMEOUT = $((BUDGET + RUN_TIMEOUT)) s passes a 600 s device call"
 STAGES=${STAGES:-"test sweep"}
 python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
   ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl 2>&1 | tail -2
@@ -34,7 +36,7 @@ test)  echo "== exact resume of every optimizer on $(python3 -c 'import torch; p
          | tee "$OUT/test_resume.log" ;;
 sweep) left=$((BUDGET - SECONDS)); [ "$left" -lt 0 ] && left=0
        echo "== sweep optimizers (no run starts after ${left} s more; ${RUN_TIMEOUT} s per run)"
-       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} 2>&1 | grep -v "^\s*$" | tail -70
+       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} 2>&1 | grep --line-buffered -v "^\s*$" | tee "$OUT/sweep.log"
        cp "$ROOT/optimizers/report.md" "$ROOT/optimizers/results.csv" "$OUT/" 2>/dev/null
        tar czf "$OUT/optimizers.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" optimizers ;;
 esac; done
