@@ -114,6 +114,30 @@ def test_interrupted_variant_resumes(tmp_path):
     assert steps[:2] == [5, 10] and steps[-2] == 20  # continued from 10, not restarted
 
 
+@pytest.mark.parametrize("by_this_run", [True, False])
+def test_a_run_past_its_timeout_keeps_a_summary_it_wrote_itself(tmp_path, monkeypatch, by_this_run):
+    """The timeout kills a run. One that wrote a finished summary (it was exiting) keeps its result; a finished
+    summary left from before this process started does not count."""
+    import sys
+    from genlab.sweep import runner
+    p = _write_sweep(tmp_path, BASE.replace('name = "failing"', 'name = "late"') + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
+    sw = load_sweep(p)
+    sw.timeout = 5
+    v = sw.variants[0]
+    d = tmp_path / "sweeps" / "late"
+    run = d / "runs" / v.run_name
+    (run / "checkpoints" / "step_1").mkdir(parents=True)  # a checkpoint, so the runner resumes and keeps the folder
+    summary = run / "summary.json"
+    write = f"import pathlib; pathlib.Path({str(summary)!r}).write_text('{{\"status\": \"finished\"}}'); "
+    if not by_this_run:
+        summary.write_text('{"status": "finished"}')
+        write = ""
+    monkeypatch.setattr(runner, "_command", lambda *a: [sys.executable, "-c", write + "import time; time.sleep(60)"])
+    rec = runner.run_variant(sw, v, d)
+    assert rec["status"] == ("finished" if by_this_run else "failed") and rec["seconds"] < 40, rec
+    assert "timeout" in rec["reason"] and ("while exiting" in rec["reason"]) == by_this_run, rec
+
+
 @pytest.mark.parametrize("axis,needle", [
     ('[[axis]]\nkey = "optim.lr"\nvalues = []\n', "is empty"),
     ('[[axis]]\nkey = "optim.learning_rate"\nvalues = [1e-3]\n', "unknown config key 'optim.learning_rate'"),

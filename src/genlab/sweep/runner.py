@@ -147,6 +147,9 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: in
     st = _summary_status(run)
     if interrupted or (rc == 0 and st == "interrupted"):
         rec.update(status="interrupted", reason="interrupted; re-run the sweep to resume")
+    elif rc is None and st == "finished" and (run / "summary.json").stat().st_mtime >= t0:
+        # killed while exiting, after this process wrote its summary: keep the result
+        rec.update(status="finished", reason=f"finished; stopped at the {sw.timeout:.0f} s timeout while exiting")
     elif rc is None:
         rec.update(status="failed", reason=f"timeout after {sw.timeout:.0f} s")
     elif rc == 0 and st == "finished":
