@@ -6,6 +6,7 @@
 #   (gpu_data/mnist/{train,test}: genlab data prepare mnist --src ../shared/data/mnist [--split test] --out ...)
 # STAGES picks steps (default all): test bench quality; STEPS (default 1000) sets the training length.
 # Under a 10-minute limit run it twice: STAGES="test bench" (~5 min), then STAGES=quality (~6 min).
+# BLOCKS=128,64 times FlexAttention at each block size (model.sparse_block); BATCH=N overrides each case's batch.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -18,7 +19,7 @@ for s in $STAGES; do case $s in
 test)    stamp test
          timeout ${T_TEST:-150} python3 -m pytest -q -p no:cacheprovider tests/test_sparse.py -k bf16 2>&1 | tail -15 >> "$OUT/main.log" ;;
 bench)   stamp bench
-         timeout ${T_BENCH:-240} python3 benchmarks/bench_sparse_attention.py --out "$OUT/sparse_attention.md" > "$OUT/bench.log" 2>&1
+         timeout ${T_BENCH:-240} python3 benchmarks/bench_sparse_attention.py --blocks ${BLOCKS:-128} ${BATCH:+--batch $BATCH} --out "$OUT/sparse_attention.md" > "$OUT/bench.log" 2>&1
          cat "$OUT/sparse_attention.md" >> "$OUT/main.log" 2>/dev/null || tail -20 "$OUT/bench.log" >> "$OUT/main.log" ;;
 quality) stamp quality
          if [ ! -f gpu_data/mnist/train/meta.json ]; then echo "gpu_data/mnist/train missing (carry it)" | tee -a "$OUT/main.log"; continue; fi

@@ -85,6 +85,26 @@ def test_flex_forward_equals_dense_masked_reference(pattern, mode):
             torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("block", [32, 64])
+def test_smaller_flex_blocks_give_the_reference_output_and_skip_more(block):
+    """model.sparse_block: masks at 32/64 still equal the dense masked reference, and a thin pattern's layout
+    visits a smaller fraction of the (smaller) tiles than at 128."""
+    n, l, c = 300, 16, 3
+    cache = MaskCache(block=block)
+    q, k, v = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+    for pattern in ("strided", "fixed"):
+        for _, part in layer_groups(pattern, "split", l, c, depth=1, heads=2)[0]:
+            cache.build([part], n, "cpu", "dense")
+            cache.build([part], n, "cpu", "flex")
+            assert cache.get(part, n, "cpu", "flex")[0].BLOCK_SIZE == (block, block)
+            torch.testing.assert_close(attend(q, k, v, part, cache, "flex", 0.3),
+                                       attend(q, k, v, part, cache, "dense", 0.3), atol=1e-5, rtol=1e-5)
+    col = sparse_pattern_registry.get("strided")(32, 4)[1]
+    assert block_density(make_block_mask(col, 2048, "cpu", block)) < block_density(make_block_mask(col, 2048, "cpu"))
+    model = SparseTransformer(SparseSpec(image_size=4, channels=1, dim=16, depth=1, heads=2, block=block))
+    assert model.masks.block == block
+
+
 def test_model_flex_forward_equals_dense_backend():
     model = randomize_head(tiny("fixed", "split", size=6, channels=3, stride=9, summary=2)).eval()
     idx = torch.randint(0, 257, (2, model.spec.seq_len))

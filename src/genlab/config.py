@@ -115,6 +115,9 @@ class ModelConfig:
                             unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_backend: str = F("auto", "sparse_transformer: auto = FlexAttention on CUDA, dense masked SDPA on CPU",
                             choices=("auto", "flex", "dense"), unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
+    sparse_block: int = F(128, "sparse_transformer: FlexAttention block size, the unit of skipped work (32 | 64 | 128; "
+                               "smaller blocks skip more of a thin pattern with smaller tiles)",
+                          choices=(32, 64, 128), unused={"model.name": IMAGE_BACKBONES + ("gpt", "world_dit")})
     sparse_embed: str = F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
                           "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)",
                           choices=("auto", "data", "attention"), unused={"model.name": IMAGE_BACKBONES + ("gpt", "world_dit")})

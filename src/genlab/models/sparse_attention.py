@@ -40,6 +40,7 @@ sparse_pattern_registry = Registry("sparse_pattern")
 sparse_mode_registry = Registry("sparse_mode")
 
 FLEX_BLOCK = 128  # FlexAttention's default block size: the unit of skipped work
+FLEX_BLOCKS = (32, 64, 128)  # smaller blocks skip more of a thin pattern but run smaller tiles
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def causal_block_density(n: int, block: int = FLEX_BLOCK) -> float:
 
 
 def density_report(pattern: str, mode: str, l: int, c: int, n: int, heads: int = 2, depth: int = 2,
-                   device="cpu") -> list[str]:
+                   device="cpu", block: int = FLEX_BLOCK) -> list[str]:
     """One line per distinct part: block density in its layout vs position-wise, and vs causal dense."""
     lines, seen = [], set()
     for groups in layer_groups(pattern, mode, l, c, depth, heads):
@@ -223,10 +224,10 @@ def density_report(pattern: str, mode: str, l: int, c: int, n: int, heads: int =
             if part.name in seen:
                 continue
             seen.add(part.name)
-            d = block_density(make_block_mask(part, n, device))
-            plain = block_density(make_block_mask(Part(part.name, part.allowed), n, device))
-            lines.append(f"{pattern}/{mode} part {part.name}: block density {d:.3f} in layout "
-                         f"({plain:.3f} position-wise; causal dense {causal_block_density(n):.3f}), n={n}, l={l}, c={c}")
+            d = block_density(make_block_mask(part, n, device, block))
+            plain = block_density(make_block_mask(Part(part.name, part.allowed), n, device, block))
+            lines.append(f"{pattern}/{mode} part {part.name}: block density {d:.3f} in layout ({plain:.3f} position-wise; "
+                         f"causal dense {causal_block_density(n, block):.3f}), n={n}, l={l}, c={c}, block={block}")
     return lines
 
 
@@ -254,9 +255,9 @@ class MaskCache:
     """Per (part, n, device, backend): the dense bool mask or the BlockMask + layout permutations.
     Built outside any compiled graph (`build`), looked up inside it (`get`)."""
 
-    def __init__(self):
+    def __init__(self, block: int = FLEX_BLOCK):
         global _build_eagerly
-        self._store = {}
+        self._store, self.block = {}, block
         # masks are built eagerly even when called from a compiled forward; wrapped on first use, not by a
         # decorator, because torch.compiler.disable imports dynamo (~2 s): every CLI start, even a config error
         if _build_eagerly is None:
@@ -282,7 +283,7 @@ def _build_masks(cache: MaskCache, parts, n: int, device, backend: str):
         else:
             q, kv = _orders(part, n, device)
             q_inv = torch.argsort(q) if q is not None else None
-            cache._store[key] = (make_block_mask(part, n, device), q, kv, q_inv)
+            cache._store[key] = (make_block_mask(part, n, device, cache.block), q, kv, q_inv)
 
 
 def _dev_key(device) -> str:

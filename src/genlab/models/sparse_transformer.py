@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from genlab.errors import GenlabError
-from genlab.models.sparse_attention import MaskCache, attend, layer_groups
+from genlab.models.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
 from genlab.registry import ac_registry, model_registry
 
 START = 256           # id of the start token (after the 256 byte values)
@@ -82,6 +82,7 @@ class SparseSpec:
     qk_ratio: float = 1.0
     dropout: float = 0.0
     backend: str = "auto"
+    block: int = 128              # FlexAttention block size: the unit of skipped work
 
     @property
     def is_text(self) -> bool:
@@ -181,7 +182,9 @@ class SparseTransformer(nn.Module):
             raise GenlabError("model.sparse_embed=data needs image data (rows, columns, channels); text: attention or auto")
         self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads)
         self.parts = list({p.name: p for g in self.groups for _, p in g}.values())
-        self.masks = MaskCache()
+        if s.block not in FLEX_BLOCKS:
+            raise GenlabError(f"model.sparse_block must be one of {', '.join(map(str, FLEX_BLOCKS))}; got {s.block}")
+        self.masks = MaskCache(block=s.block)
         self.vocab_size = s.vocab or 256         # real output classes (bytes, or the text vocabulary)
         self.n_vocab = s.vocab or 257            # input ids: images add the start token
         self.tok_emb = nn.Embedding(self.n_vocab, s.dim)
@@ -326,7 +329,8 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
                       depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=cfg_model.raster,
                       pattern=cfg_model.sparse_pattern, mode=cfg_model.sparse_mode, stride=cfg_model.sparse_stride,
                       summary=cfg_model.sparse_summary, mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
-                      dropout=cfg_model.dropout, backend=cfg_model.sparse_backend)
+                      dropout=cfg_model.dropout, backend=cfg_model.sparse_backend,
+                      block=cfg_model.sparse_block)
     return SparseTransformer(spec)
 
 
