@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,31 @@ def test_without_triton_both_kernel_paths_refuse_in_one_line(monkeypatch):
     assert not triton_sigmoid.triton_available()
     with pytest.raises(GenlabError, match=r"Triton path needs the 'triton' package \(ModuleNotFoundError: "):
         triton_sigmoid._check(q, q, q)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("case, needle", [("head_dim", "D in (32, 64, 128)"), ("kv_shape", "k, v [B, H, M, D]"),
+                                          ("dtype", "of one dtype"), ("float64", "fp16/bf16/fp32")])
+def test_unsupported_inputs_are_refused_by_the_op_and_routed_away_by_supports(monkeypatch, case, needle):
+    """The op's one-line errors and `supports` read the same shape and dtype rules (here under the interpreter,
+    so only the inputs decide)."""
+    from genlab.errors import GenlabError
+    from genlab.models import triton_sigmoid
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q = k = v = torch.randn(1, 2, 8, 32)
+    if case == "head_dim":
+        q = k = v = torch.randn(1, 2, 8, 48)
+    elif case == "kv_shape":
+        k = torch.randn(1, 2, 8, 32)[..., :8, :]
+        v = torch.randn(1, 2, 6, 32)
+    elif case == "dtype":
+        v = v.half()
+    else:
+        q = k = v = q.double()
+    assert triton_sigmoid.supports(torch.randn(1, 2, 8, 32), torch.randn(1, 2, 5, 32), torch.randn(1, 2, 5, 32))
+    assert not triton_sigmoid.supports(q, k, v)
+    with pytest.raises(GenlabError, match=re.escape(needle)):
+        triton_sigmoid._check(q, k, v)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Dataset registry: `(cfg.data) -> ImageData` (or another data object with `.spec`)."""
 from __future__ import annotations
 
-import numpy as np
 from pathlib import Path
+
+import numpy as np
 
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
 from genlab.errors import GenlabError

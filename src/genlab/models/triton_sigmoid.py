@@ -44,12 +44,18 @@ def triton_available() -> bool:
     return _kernels() is not None
 
 
+def _shapes_ok(q, k, v) -> bool:
+    return (q.dim() == k.dim() == v.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2]
+            and k.shape[-1] == q.shape[-1] and q.shape[-1] in SUPPORTED_HEAD_DIMS and k.shape[-2] > 0)
+
+
+def _dtypes_ok(q, k, v) -> bool:
+    return q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `sigmoid_attention_triton` runs these inputs (CUDA or the interpreter, head dim, dtypes, shapes)."""
-    return ((q.is_cuda or interpreting()) and q.shape[-1] in SUPPORTED_HEAD_DIMS and q.dim() == 4
-            and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.dtype == k.dtype == v.dtype
-            and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[-1] == q.shape[-1]
-            and k.shape[-2] > 0 and triton_available())
+    return (q.is_cuda or interpreting()) and _shapes_ok(q, k, v) and _dtypes_ok(q, k, v) and triton_available()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,11 +98,10 @@ def _check(q, k, v):
     if K is None:
         raise GenlabError(f"sigmoid attention's Triton path needs the 'triton' package "
                           f"{missing_triton('triton_sigmoid_kernels')}")
-    if not (q.dim() == k.dim() == v.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2]
-            and k.shape[-1] == q.shape[-1] and q.shape[-1] in SUPPORTED_HEAD_DIMS and k.shape[-2] > 0):
+    if not _shapes_ok(q, k, v):
         raise GenlabError(f"sigmoid_attention_triton needs q [B, H, N, D] and k, v [B, H, M, D] with D in "
                           f"{SUPPORTED_HEAD_DIMS} and M > 0, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if not _dtypes_ok(q, k, v):
         raise GenlabError(f"sigmoid_attention_triton needs fp16/bf16/fp32 q, k, v of one dtype, got "
                           f"{q.dtype}, {k.dtype}, {v.dtype}")
     return K
