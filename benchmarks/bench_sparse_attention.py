@@ -1,15 +1,19 @@
 """Sparse Transformer attention (issue 16): one layer's attention, forward + backward, bf16, dense causal
-(SDPA flash) vs the factorized strided / fixed patterns (FlexAttention, compiled, in their block-sparse
-layouts, permutations included in the time), with peak memory and block density.
+(SDPA flash) vs the factorized strided / fixed patterns, with peak memory and block density. Backends:
+`flex` (FlexAttention, compiled, in the block-sparse layouts, permutations included in the time) and
+`blocked` (the segment forms: flash on runs / columns / run pairs; fixed/summary still FlexAttention).
 
     python benchmarks/bench_sparse_attention.py                      # CUDA: 3,072 and 12,288 tokens
     python benchmarks/bench_sparse_attention.py --out table.md
     python benchmarks/bench_sparse_attention.py --tiny               # CPU check: small n, forward only, fp32
     python benchmarks/bench_sparse_attention.py --blocks 128,64 --batch 32   # block sizes; a less launch-bound batch
+    python benchmarks/bench_sparse_attention.py --backends blocked           # only the segment forms
 
 `split` runs each part on half the heads (one layer's full cost); `interleaved` is the mean of the
 layers that use each part on all heads; `merged` is the union in one head. `position-wise` rows are the
-strided column mask without the layout (the trap: every causal block is visited).
+strided column mask without the layout (the trap: every causal block is visited). `parts kernel ms` gives
+each head group's (split) or layer's (interleaved) own kernel time. Density is the FlexAttention block mask's even for
+`blocked` rows (the work it skips is the same: whole segments).
 Targets: >= 1.5x dense at 3,072 and >= 3x at 12,288 (the paper: 3.7x for strided at 12,288).
 """
 from __future__ import annotations
@@ -34,6 +38,9 @@ CASES = {"cifar": (3072, 8, 8, 64, 64, 128, 16), "long": (12288, 2, 8, 64, 128, 
 TINY = {"tiny-a": (256, 1, 2, 16, 16, 32, 4), "tiny-b": (512, 1, 2, 16, 32, 64, 4)}
 ROWS = [("dense", "split"), ("strided", "split"), ("strided", "interleaved"), ("strided", "merged"),
         ("strided-position-wise", "interleaved"), ("fixed", "split"), ("fixed", "interleaved"), ("fixed", "merged")]
+BACKENDS = ("flex", "blocked")
+# blocked changes nothing for merged unions (no segment form) or the position-wise trap: those rows stay flex-only
+BLOCKED_ROWS = [("strided", "split"), ("strided", "interleaved"), ("fixed", "split"), ("fixed", "interleaved")]
 
 
 def layer_variants(pattern, mode, l, c, heads):
@@ -54,6 +61,9 @@ def run_layer(q, k, v, groups, cache, backend):
 
 
 def measure(fn, device, iters, warmup):
+    """(wall ms per call from CUDA events, extra peak MiB, GPU kernel ms per call from the profiler). At small
+    sizes an eager fwd+bwd is bound by the host's launches, so wall ms says more about Python than about the
+    kernels; kernel ms is the sum of the kernels' own device time (copies and permutations included)."""
     for _ in range(warmup):
         fn()
     if device.type == "cuda":
@@ -66,22 +76,36 @@ def measure(fn, device, iters, warmup):
             fn()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters, (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        wall, mem = start.elapsed_time(end) / iters, (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+        kernel_us = sum(getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+                        for e in prof.key_averages())
+        return wall, mem, kernel_us / 1e3 / iters
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    return (time.perf_counter() - t0) / iters * 1e3, float("nan")
+    return (time.perf_counter() - t0) / iters * 1e3, float("nan"), float("nan")
 
 
-def bench_case(name, shape, device, backward, iters, warmup, block=FLEX_BLOCK, batch=0):
+def fmt(x, spec):
+    return "-" if x != x else format(x, spec)  # NaN (CPU: no kernel times) -> "-"
+
+
+def bench_case(name, shape, device, backward, iters, warmup, block=FLEX_BLOCK, batch=0, backends=BACKENDS,
+               modes=("split", "interleaved", "merged")):
     n, B, H, D, l_strided, l_fixed, c = shape
     B = batch or B
     dt = torch.bfloat16 if device.type == "cuda" else torch.float32
     q, k, v = (torch.randn(B, H, n, D, device=device, dtype=dt, requires_grad=backward) for _ in range(3))
     grad = torch.randn(B, H, n, D, device=device, dtype=dt)
-    backend = "flex"
-    rows, ref_ms = [], None
-    for pattern, mode in ROWS:
+    rows, ref_ms, ref_kms = [], None, None
+    todo = [("flex", pm) for pm in ROWS if ("flex" in backends and pm[1] in modes) or pm[0] == "dense"]
+    todo += [("blocked", pm) for pm in BLOCKED_ROWS if "blocked" in backends and pm[1] in modes]
+    for backend, (pattern, mode) in todo:
         l = l_fixed if pattern == "fixed" else l_strided
         variants = layer_variants(pattern, mode, l, c, H)
         cache = MaskCache(block=block)
@@ -89,21 +113,33 @@ def bench_case(name, shape, device, backward, iters, warmup, block=FLEX_BLOCK, b
         for groups in variants:
             parts = [p for _, p in groups]
             cache.build(parts, n, device, backend)
+            cache.build(parts, n, device, "flex")  # the densities
             for nh, p in groups:
-                d = causal_block_density(n, block) if p.name == "dense" else block_density(cache.get(p, n, device, backend)[0])
+                d = causal_block_density(n, block) if p.name == "dense" else block_density(cache.get(p, n, device, "flex")[0])
                 dens.append(d * nh / H / len(variants))  # head-weighted: the work of one layer
-        ms, mem = 0.0, 0.0
+        ms, kms, mem, parts_ms = 0.0, 0.0, 0.0, []
         for groups in variants:
             def step():
                 out = run_layer(q, k, v, groups, cache, backend)
                 if backward:
                     torch.autograd.grad(out, (q, k, v), grad)
-            t, m = measure(step, device, iters, warmup)
+            t, m, kt = measure(step, device, iters, warmup)
             ms += t / len(variants)
+            kms += kt / len(variants)
             mem = max(mem, m)
-        ref_ms = ms if pattern == "dense" else ref_ms
-        rows.append(f"| {name} | {n} | {B} | {block} | {pattern} | {mode if pattern != 'dense' else '-'} | {l} | {c} | {sum(dens):.3f} "
-                    f"| {ms:.3f} | {ref_ms / ms:.2f}x | {'-' if device.type != 'cuda' else f'{mem:.0f}'} |")
+            if len(variants) > 1:
+                parts_ms.append(kt)
+            elif len(groups) > 1:  # split: each head group alone (they run one after another)
+                for one in groups:
+                    hq, hk, hv, hg = (x[:, :one[0]] for x in (q, k, v, grad))
+                    parts_ms.append(measure(lambda: torch.autograd.grad(run_layer(hq, hk, hv, [one], cache, backend), (q, k, v), hg)
+                                            if backward else run_layer(hq, hk, hv, [one], cache, backend), device, iters, warmup)[2])
+        ref_ms, ref_kms = (ms, kms) if pattern == "dense" else (ref_ms, ref_kms)
+        shown = "flex" if pattern == "dense" else backend
+        rows.append(f"| {name} | {n} | {B} | {block} | {pattern} | {mode if pattern != 'dense' else '-'} | {shown if pattern != 'dense' else 'sdpa'} "
+                    f"| {l} | {c} | {sum(dens):.3f} | {ms:.3f} | {ref_ms / ms:.2f}x | {fmt(kms, '.3f')} "
+                    f"| {'/'.join(fmt(t, '.3f') for t in parts_ms) or '-'} | {fmt(ref_kms / kms, '.2f')}{'x' if kms == kms else ''} "
+                    f"| {'-' if device.type != 'cuda' else f'{mem:.0f}'} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -114,6 +150,9 @@ def main():
     ap.add_argument("--cases", default="cifar,long", help=f"comma list of {', '.join(CASES)}")
     ap.add_argument("--blocks", default=str(FLEX_BLOCK), help=f"FlexAttention block sizes, comma list of {FLEX_BLOCKS}")
     ap.add_argument("--batch", type=int, default=0, help="batch instead of each case's own (larger: less launch-bound)")
+    ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
+    ap.add_argument("--modes", default="split,interleaved,merged", help="comma list of the factorization modes to time "
+                    "(the dense reference row always runs)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default=None, help="also write the table to this markdown file")
@@ -121,6 +160,9 @@ def main():
     blocks = [int(b) for b in a.blocks.split(",") if b]
     if bad := [b for b in blocks if b not in FLEX_BLOCKS]:
         raise SystemExit(f"--blocks: {bad} not in {FLEX_BLOCKS}")
+    backends = [b for b in a.backends.split(",") if b]
+    if bad := [b for b in backends if b not in BACKENDS]:
+        raise SystemExit(f"--backends: {bad} not in {BACKENDS}")
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     cuda = torch.cuda.is_available() and not a.tiny
     device = torch.device("cuda" if cuda else "cpu")
@@ -128,16 +170,18 @@ def main():
     what = "forward + backward, bf16" if cuda else "forward only, fp32 (CPU check; FlexAttention eager)"
     gpu = torch.cuda.get_device_name() if cuda else "CPU"
     head = [f"Sparse attention, one layer, {what}, {gpu}; density = fraction of block x block tiles visited "
-            f"(dense rows: causal at that block size); speedup vs SDPA causal (flash); peak = extra MiB allocated "
-            "during the step",
-            "", "| case | n | batch | block | pattern | mode | l | c | block density | ms | speedup | peak MiB |",
-            "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            f"(dense rows: causal at that block size); speedup vs SDPA causal (flash); wall = CUDA events around the eager "
+            "calls, kernel = the kernels' summed device time (profiler); peak = extra MiB allocated during the step",
+            "", "| case | n | batch | block | pattern | mode | backend | l | c | block density | wall ms | wall speedup | kernel ms "
+            "| parts kernel ms | kernel speedup | peak MiB |",
+            "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     print("\n".join(head), flush=True)
     rows = []
     for name, shape in cases.items():
         for block in blocks:
             rows += bench_case(name, shape, device, backward=cuda, iters=a.iters if cuda else 2,
-                               warmup=a.warmup if cuda else 1, block=block, batch=a.batch)
+                               warmup=a.warmup if cuda else 1, block=block, batch=a.batch, backends=backends,
+                               modes=a.modes.split(","))
     if a.out:
         Path(a.out).write_text("\n".join(head + rows) + "\n")
 

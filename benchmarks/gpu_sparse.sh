@@ -6,7 +6,8 @@
 #   (gpu_data/mnist/{train,test}: genlab data prepare mnist --src ../shared/data/mnist [--split test] --out ...)
 # STAGES picks steps (default all): test bench quality; STEPS (default 1000) sets the training length.
 # Under a 10-minute limit run it twice: STAGES="test bench" (~5 min), then STAGES=quality (~6 min).
-# BLOCKS=128,64 times FlexAttention at each block size (model.sparse_block); BATCH=N overrides each case's batch.
+# BLOCKS=128,64 times FlexAttention at each block size (model.sparse_block); BATCH=N overrides each case's batch;
+# BACKENDS=flex,blocked picks the bench's backends; BACKEND (default auto) is model.sparse_backend of the quality runs.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -19,19 +20,19 @@ for s in $STAGES; do case $s in
 test)    stamp test
          timeout ${T_TEST:-150} python3 -m pytest -q -p no:cacheprovider tests/test_sparse.py -k bf16 2>&1 | tail -15 >> "$OUT/main.log" ;;
 bench)   stamp bench
-         timeout ${T_BENCH:-240} python3 benchmarks/bench_sparse_attention.py --blocks ${BLOCKS:-128} ${BATCH:+--batch $BATCH} --out "$OUT/sparse_attention.md" > "$OUT/bench.log" 2>&1
+         timeout ${T_BENCH:-240} python3 benchmarks/bench_sparse_attention.py --blocks ${BLOCKS:-128} ${BATCH:+--batch $BATCH} --backends ${BACKENDS:-flex,blocked} --out "$OUT/sparse_attention.md" > "$OUT/bench.log" 2>&1
          cat "$OUT/sparse_attention.md" >> "$OUT/main.log" 2>/dev/null || tail -20 "$OUT/bench.log" >> "$OUT/main.log" ;;
 quality) stamp quality
          if [ ! -f gpu_data/mnist/train/meta.json ]; then echo "gpu_data/mnist/train missing (carry it)" | tee -a "$OUT/main.log"; continue; fi
-         echo "| pattern | mode | steps | val bits/dim | wall s | samples/s |" > "$OUT/bits_per_dim.md"
-         echo "| --- | --- | ---: | ---: | ---: | ---: |" >> "$OUT/bits_per_dim.md"
+         echo "| pattern | mode | backend | steps | val bits/dim | wall s | samples/s |" > "$OUT/bits_per_dim.md"
+         echo "| --- | --- | --- | ---: | ---: | ---: | ---: |" >> "$OUT/bits_per_dim.md"
          for p in dense strided fixed; do
-           timeout ${T_RUN:-140} python3 -m genlab train mnist_sparse model.sparse_pattern=$p train.steps=$STEPS \
+           timeout ${T_RUN:-140} python3 -m genlab train mnist_sparse model.sparse_pattern=$p model.sparse_backend=${BACKEND:-auto} train.steps=$STEPS \
              train.out_dir="$OUT/runs" train.name=$p log.tensorboard=false > "$OUT/train_$p.log" 2>&1
-           python3 - "$OUT/runs/$p/summary.json" $p $STEPS >> "$OUT/bits_per_dim.md" <<'PY' || tail -5 "$OUT/train_$p.log" >> "$OUT/main.log"
+           python3 - "$OUT/runs/$p/summary.json" $p $STEPS ${BACKEND:-auto} >> "$OUT/bits_per_dim.md" <<'PY' || tail -5 "$OUT/train_$p.log" >> "$OUT/main.log"
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(f"| {sys.argv[2]} | split | {sys.argv[3]} | {s['val_bits_per_dim']:.4f} | {s['wall_time']:.1f} | {s['samples_per_s']:.1f} |")
+print(f"| {sys.argv[2]} | split | {sys.argv[4]} | {sys.argv[3]} | {s['val_bits_per_dim']:.4f} | {s['wall_time']:.1f} | {s['samples_per_s']:.1f} |")
 PY
          done
          cat "$OUT/bits_per_dim.md" >> "$OUT/main.log"

@@ -105,6 +105,53 @@ def test_smaller_flex_blocks_give_the_reference_output_and_skip_more(block):
     assert model.masks.block == block
 
 
+@pytest.mark.parametrize("n,l,c", [(300, 16, 3), (17, 4, 1), (64, 8, 2), (100, 7, 3), (5, 8, 2)])
+def test_blocked_segments_equal_the_dense_reference_forward_and_backward(n, l, c):
+    """The `blocked` backend's segment forms (flash on runs, columns, run pairs) against masked SDPA in float64,
+    values and gradients, with n a multiple of l and not (padding), and n shorter than one run."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(2, 3, n, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(2, 3, n, 16, dtype=torch.float64, requires_grad=True)
+    seen = 0
+    for pattern in ("strided", "fixed"):
+        for part in sparse_pattern_registry.get(pattern)(l, c):
+            cache = MaskCache()
+            cache.build([part], n, "cpu", "dense")
+            cache.build([part], n, "cpu", "blocked")
+            ref, out = (attend(q, k, v, part, cache, b, 0.3) for b in ("dense", "blocked"))
+            torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+            w = torch.randn_like(ref)
+            for a, b in zip(torch.autograd.grad((ref * w).sum(), (q, k, v)), torch.autograd.grad((out * w).sum(), (q, k, v))):
+                torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-12)
+            seen += part.segments is not None
+    assert seen == 3  # local, column, block; fixed/summary has no segment form and fell back to dense
+
+
+def test_permutation_backward_is_the_inverse_gather():
+    from genlab.models.sparse_attention import _permute
+    order = torch.randperm(50)
+    x = torch.randn(2, 3, 50, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 3, 50, 4, dtype=torch.float64)
+    got = torch.autograd.grad((_permute(x, order, torch.argsort(order)) * w).sum(), x)[0]
+    want = torch.autograd.grad((x.index_select(2, order) * w).sum(), x)[0]
+    assert torch.equal(got, want)
+
+
+def test_model_blocked_backend_equals_dense_backend_with_gradients():
+    for pattern, mode in (("strided", "split"), ("fixed", "interleaved"), ("fixed", "merged")):
+        model = randomize_head(tiny(pattern, mode, size=6, channels=3, stride=9, summary=2)).double()
+        idx = torch.randint(0, 257, (2, model.spec.seq_len))
+        outs, grads = [], []
+        for backend in ("dense", "blocked"):
+            model.zero_grad()
+            out = model(idx, backend=backend)
+            out.square().mean().backward()
+            outs.append(out)
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(grads[1], grads[0], atol=1e-10, rtol=1e-10)
+
+
 def test_model_flex_forward_equals_dense_backend():
     model = randomize_head(tiny("fixed", "split", size=6, channels=3, stride=9, summary=2)).eval()
     idx = torch.randint(0, 257, (2, model.spec.seq_len))
@@ -230,21 +277,50 @@ def test_tiny_model_trains_through_cli_and_bits_per_dim_drops(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pattern", ("strided", "fixed"))
-def test_flex_backward_matches_dense_reference_bf16(pattern):
+@pytest.mark.parametrize("backend", ("flex", "blocked"))
+def test_flex_backward_matches_dense_reference_bf16(pattern, backend):
     n, dev = 3072, torch.device("cuda")
     groups = layer_groups(pattern, "split", 32, 4, depth=1, heads=2)[0]
     cache = MaskCache()
     for _, part in groups:
         cache.build([part], n, dev, "dense")
-        cache.build([part], n, dev, "flex")
+        cache.build([part], n, dev, backend)
         q, k, v = (torch.randn(2, 4, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         grads = []
-        for backend in ("dense", "flex"):
+        for backend in ("dense", backend):
             out = attend(q, k, v, part, cache, backend, 0.125)
             g = torch.autograd.grad(out.float().square().sum(), (q, k, v))
             grads.append((out.float(), *[x.float() for x in g]))
         for ref, got in zip(*grads):
             torch.testing.assert_close(got, ref, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("block", (64, 32))
+def test_small_flex_blocks_compile_and_match_dense_reference_bf16(block):
+    """model.sparse_block=64|32 on the GPU: the compiled kernel needs tiles that divide the block mask
+    (forward: flex_kernel_options; backward: the max-autotune list); forward and backward against masked SDPA."""
+    n, dev = 1024, torch.device("cuda")
+    cache = MaskCache(block=block)
+    for _, part in layer_groups("strided", "split", 32, 4, depth=1, heads=2)[0]:
+        cache.build([part], n, dev, "dense")
+        cache.build([part], n, dev, "flex")
+        q, k, v = (torch.randn(2, 4, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        res = []
+        for backend in ("dense", "flex"):
+            out = attend(q, k, v, part, cache, backend, 0.125)
+            res.append((out.float(), *[g.float() for g in torch.autograd.grad(out.float().square().sum(), (q, k, v))]))
+        for ref, got in zip(*res):
+            torch.testing.assert_close(got, ref, atol=5e-2, rtol=5e-2)
+
+
+def test_flex_kernel_options_divide_every_block_size():
+    from genlab.models.sparse_attention import FLEX_BLOCKS, flex_kernel_options
+    for block in FLEX_BLOCKS:
+        opts = flex_kernel_options(block) or {}
+        assert all(block % t == 0 for t in opts.values()) and (block == 128) == (not opts), (block, opts)
+    assert flex_kernel_options(128) is None  # the compiled kernel's own tiles
 
 
 def test_prepare_frames_resizes_episodes_into_the_images_format(tmp_path):

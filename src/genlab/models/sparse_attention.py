@@ -23,6 +23,13 @@ back. The strided column part runs column-major (each column becomes one contigu
 and fixed parts put the summary keys first (the summaries of all earlier blocks become one contiguous
 prefix). The mask itself is still evaluated on original positions, so the result does not depend on
 the layout; only the number of blocks visited does (`block_density`).
+
+Backends: `dense` (masked SDPA over all n x n scores: the reference), `flex` (FlexAttention block masks in
+the layouts above) and `blocked`: the parts that are causal attention inside equal segments run as
+SDPA on those segments, stacked into the batch (flash, unmasked, for two of the three). fixed/block is
+causal inside each run of l positions; strided/column is causal down each column of the n/l x l matrix
+(the paper's transpose); strided/local is each run of l attending to itself and the previous run (one
+small [l, 2l] mask). The others (fixed/summary, merged unions) fall back to flex on CUDA, dense on CPU.
 """
 from __future__ import annotations
 
@@ -46,11 +53,14 @@ FLEX_BLOCKS = (32, 64, 128)  # smaller blocks skip more of a thin pattern but ru
 @dataclass(frozen=True)
 class Part:
     """One factor of a pattern: a causal predicate on original positions and the layouts that make it
-    block-sparse. `q_order(n)` / `kv_order(n)` return permutations of range(n) (None = identity)."""
+    block-sparse. `q_order(n)` / `kv_order(n)` return permutations of range(n) (None = identity).
+    `segments(q, k, v, scale)`, where a part has one, computes it exactly with unmasked flash attention on
+    reshaped segments (the `blocked` backend)."""
     name: str
     allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     q_order: Callable[[int], torch.Tensor] | None = None
     kv_order: Callable[[int], torch.Tensor] | None = None
+    segments: Callable | None = None
 
     def dense_mask(self, n: int, device=None, q_start: int = 0) -> torch.Tensor:
         """bool [n - q_start, n]: row i says which keys query i may see (original order)."""
@@ -79,13 +89,79 @@ def causal(i, j):
     return j <= i
 
 
+# -- segment forms (the `blocked` backend): [B, h, n, e] in original order -> [B, h, n, ev] ----------
+def _pad_to(x, m: int):
+    """Pad the sequence (dim 2) at the end to a multiple of m: padded keys come after every real query of
+    their segment, so a causal segment never lets a real query see them."""
+    pad = (-x.shape[2]) % m
+    return F.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+def _runs(x, l: int):
+    """[B, h, n, e] -> [B * n/l, h, l, e]: each run of l consecutive positions a batch entry."""
+    B, h, _, e = x.shape
+    x = _pad_to(x, l)
+    return x.reshape(B, h, -1, l, e).transpose(1, 2).reshape(-1, h, l, e)
+
+
+def _unruns(out, B: int, n: int):
+    _, h, l, e = out.shape
+    return out.reshape(B, -1, h, l, e).transpose(1, 2).reshape(B, h, -1, e)[:, :, :n]
+
+
+def block_causal_segments(l: int):
+    """fixed/block: causal attention inside each run of l positions."""
+    def run(q, k, v, scale):
+        out = F.scaled_dot_product_attention(_runs(q, l), _runs(k, l), _runs(v, l), is_causal=True, scale=scale)
+        return _unruns(out, q.shape[0], q.shape[2])
+    return run
+
+
+def column_segments(l: int):
+    """strided/column: position r*l + k is row r of column k; each column is causal attention over its rows."""
+    def cols(x):
+        B, h, _, e = x.shape
+        x = _pad_to(x, l)
+        return x.reshape(B, h, -1, l, e).transpose(2, 3).reshape(B, h * l, -1, e)
+
+    def run(q, k, v, scale):
+        B, h, n, _ = q.shape
+        out = F.scaled_dot_product_attention(cols(q), cols(k), cols(v), is_causal=True, scale=scale)
+        return out.reshape(B, h, l, -1, out.shape[-1]).transpose(2, 3).reshape(B, h, -1, out.shape[-1])[:, :, :n]
+    return run
+
+
+def local_segments(l: int):
+    """strided/local (keys i-l .. i): run r of l queries attends to runs r-1 and r (2l keys) under one
+    [l, 2l] band mask; run 0's previous run is padding, masked out."""
+    def pairs(x):
+        B, h, _, e = x.shape
+        x = F.pad(_pad_to(x, l), (0, 0, l, 0)).reshape(B, h, -1, l, e)
+        both = torch.cat([x[:, :, :-1], x[:, :, 1:]], 3)  # [B, h, n/l, 2l, e]
+        return both.transpose(1, 2).reshape(-1, h, 2 * l, e)
+
+    def run(q, k, v, scale):
+        B, n = q.shape[0], q.shape[2]
+        runs = -(-n // l)
+        a = torch.arange(l, device=q.device)[:, None]
+        m = torch.arange(2 * l, device=q.device)[None, :]
+        band = (m >= a) & (m - l <= a)                       # key (r-1)*l + m for query r*l + a
+        first = band & (m >= l)
+        mask = torch.stack([first] + [band] * (runs - 1)) if runs > 1 else first[None]
+        mask = mask[:, None].repeat(B, 1, 1, 1)               # [B * n/l, 1, l, 2l]
+        out = F.scaled_dot_product_attention(_runs(q, l), pairs(k), pairs(v), attn_mask=mask, scale=scale)
+        return _unruns(out, B, n)
+    return run
+
+
 def strided_parts(l: int, c: int) -> list[Part]:
-    return [Part("strided/local", lambda i, j: (j <= i) & (i - j <= l)),
-            Part("strided/column", lambda i, j: (j <= i) & ((i - j) % l == 0), column_major(l), column_major(l))]
+    return [Part("strided/local", lambda i, j: (j <= i) & (i - j <= l), segments=local_segments(l)),
+            Part("strided/column", lambda i, j: (j <= i) & ((i - j) % l == 0), column_major(l), column_major(l),
+                 column_segments(l))]
 
 
 def fixed_parts(l: int, c: int) -> list[Part]:
-    return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l)),
+    return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l), segments=block_causal_segments(l)),
             Part("fixed/summary", lambda i, j: ((j <= i) & (j % l >= l - c)) | (j == i), None, summaries_first(l, c))]
 
 
@@ -231,24 +307,49 @@ def density_report(pattern: str, mode: str, l: int, c: int, n: int, heads: int =
     return lines
 
 
-_compiled_flex = None
+_compiled_flex: dict = {}
+
+
+def flex_kernel_options(block: int) -> dict | None:
+    """Forward tiles that divide a block mask of `block`: the compiled kernel's default forward tile is 128
+    and below that it refuses the mask ("Q and KV block size must be divisible by BLOCK_M and BLOCK_N")."""
+    return None if block >= FLEX_BLOCK else {"BLOCK_M": block, "BLOCK_N": block}
 
 
 def flex(q, k, v, block_mask, scale):
-    """flex_attention, compiled once on CUDA (eager flex materialises the scores and is for tests)."""
-    global _compiled_flex
+    """flex_attention, compiled on CUDA (eager flex materialises the scores and is for tests).
+    Blocks under 128 compile on their own with max-autotune: inductor (2.11-2.13) keeps only backward tile
+    configurations that divide the block mask, and its single default one on sm90 (64 x 128) divides only
+    128, so without the autotune list the backward has no kernel at all (pytorch issue 176025)."""
     from torch.nn.attention.flex_attention import flex_attention
-    if q.device.type != "cuda" or torch.compiler.is_compiling():
+    block = block_mask.BLOCK_SIZE[0]
+    if q.device.type != "cuda":
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
-    if _compiled_flex is None:
+    options = flex_kernel_options(block)
+    if torch.compiler.is_compiling():
+        if options is None:
+            return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+        # inside a compiled model: a graph break, so the small-block kernel gets its own autotuned compile
+        return torch.compiler.disable(_flex_outside_graph)(q, k, v, block_mask, scale, options)
+    return _flex_outside_graph(q, k, v, block_mask, scale, options)
+
+
+def _flex_compiled(small: bool):
+    if small not in _compiled_flex:
+        from torch.nn.attention.flex_attention import flex_attention
         # every part's mask_mod is its own closure, so each compiles once; past dynamo's default limit of
         # 8 it would silently fall back to eager flex (full score matrices)
         import torch._dynamo.config as dcfg
         for key in ("recompile_limit", "cache_size_limit"):
             if hasattr(dcfg, key):
                 setattr(dcfg, key, max(64, getattr(dcfg, key)))
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
+        _compiled_flex[small] = torch.compile(flex_attention, dynamic=False,
+                                              mode="max-autotune-no-cudagraphs" if small else None)
+    return _compiled_flex[small]
+
+
+def _flex_outside_graph(q, k, v, block_mask, scale, options):
+    return _flex_compiled(options is not None)(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
 
 
 class MaskCache:
@@ -273,17 +374,25 @@ class MaskCache:
 _build_eagerly = None
 
 
+def _fallback(backend: str, device) -> str:
+    """The backend that runs a part with no segment form under `blocked`."""
+    return ("flex" if torch.device(device).type == "cuda" else "dense") if backend == "blocked" else backend
+
+
 def _build_masks(cache: MaskCache, parts, n: int, device, backend: str):
     for part in parts:
-        key = (part.name, n, _dev_key(device), backend)
+        if backend == "blocked" and part.segments is not None:
+            continue  # computed from its segments: no mask
+        b = _fallback(backend, device)
+        key = (part.name, n, _dev_key(device), b)
         if key in cache._store:
             continue
-        if backend == "dense":
+        if b == "dense":
             cache._store[key] = part.dense_mask(n, device)
         else:
             q, kv = _orders(part, n, device)
-            q_inv = torch.argsort(q) if q is not None else None
-            cache._store[key] = (make_block_mask(part, n, device, cache.block), q, kv, q_inv)
+            inv = lambda o: torch.argsort(o) if o is not None else None  # noqa: E731
+            cache._store[key] = (make_block_mask(part, n, device, cache.block), q, inv(q), kv, inv(kv))
 
 
 def _dev_key(device) -> str:
@@ -294,20 +403,42 @@ def _dev_key(device) -> str:
     return str(d)
 
 
+class _Permute(torch.autograd.Function):
+    """x.index_select(2, order) whose backward is a gather with the inverse order: index_select's own
+    backward is a scatter-add (atomics), the slowest part of a permuted FlexAttention layer."""
+
+    @staticmethod
+    def forward(ctx, x, order, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(2, order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(2, inverse), None, None
+
+
+def _permute(x, order, inverse):
+    return _Permute.apply(x, order, inverse) if x.requires_grad else x.index_select(2, order)
+
+
 def attend(q, k, v, part: Part, cache: MaskCache, backend: str, scale: float):
     """q, k [B, h, n, e], v [B, h, n, ev] in original order -> [B, h, n, ev]."""
     n = q.shape[2]
-    if part.allowed is causal:  # plain causal: SDPA's flash kernel on either backend
+    if part.allowed is causal:  # plain causal: SDPA's flash kernel on any backend
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if backend == "blocked" and part.segments is not None:
+        return part.segments(q, k, v, scale)
+    backend = _fallback(backend, q.device)
     if backend == "dense":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=cache.get(part, n, q.device, backend), scale=scale)
-    bm, qo, kvo, q_inv = cache.get(part, n, q.device, backend)
+    bm, qo, q_inv, kvo, kv_inv = cache.get(part, n, q.device, backend)
     if qo is not None:
-        q = q.index_select(2, qo)
+        q = _permute(q, qo, q_inv)
     if kvo is not None:
-        k, v = k.index_select(2, kvo), v.index_select(2, kvo)
+        k, v = _permute(k, kvo, kv_inv), _permute(v, kvo, kv_inv)
     out = flex(q, k, v, bm, scale)
-    return out.index_select(2, q_inv) if q_inv is not None else out
+    return _permute(out, q_inv, qo) if q_inv is not None else out
 
 
 if __name__ == "__main__":  # python -m genlab.models.sparse_attention [n] [l] [c]: block densities

@@ -33,7 +33,7 @@ from genlab.registry import ac_registry, model_registry
 
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")
-SPARSE_BACKENDS = ("auto", "flex", "dense")
+SPARSE_BACKENDS = ("auto", "blocked", "flex", "dense")
 EMBEDDINGS = ("auto", "data", "attention")
 # name -> (dim, depth, heads)
 SPARSE_SIZES = {"tiny": (64, 2, 2), "small": (256, 8, 4), "base": (512, 16, 8), "cifar": (256, 128, 2)}
