@@ -137,6 +137,13 @@ def test_permutation_backward_is_the_inverse_gather():
     assert torch.equal(got, want)
 
 
+def test_auto_backend_is_blocked_on_cpu_and_flex_on_cuda():
+    model = tiny()
+    assert model.resolve_backend(torch.device("cpu")) == "blocked"
+    assert model.resolve_backend(torch.device("cuda")) == "flex"
+    assert model.resolve_backend(torch.device("cpu"), "dense") == "dense"
+
+
 def test_model_blocked_backend_equals_dense_backend_with_gradients():
     for pattern, mode in (("strided", "split"), ("fixed", "interleaved"), ("fixed", "merged")):
         model = randomize_head(tiny(pattern, mode, size=6, channels=3, stride=9, summary=2)).double()

@@ -113,10 +113,12 @@ class ModelConfig:
                            unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_summary: int = F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0,
                             unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
-    sparse_backend: str = F("auto", "sparse_transformer: auto = FlexAttention on CUDA, dense masked SDPA on CPU",
-                            choices=("auto", "flex", "dense"), unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
+    sparse_backend: str = F("auto", "sparse_transformer: auto = flex on CUDA, blocked on CPU; flex = FlexAttention block "
+                            "masks; blocked = unmasked SDPA on segments (runs, columns) where a part has them; dense = "
+                            "masked SDPA (the reference)", choices=("auto", "blocked", "flex", "dense"),
+                            unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_block: int = F(128, "sparse_transformer: FlexAttention block size, the unit of skipped work (32 | 64 | 128; "
-                               "smaller blocks skip more of a thin pattern with smaller tiles)",
+                               "smaller blocks skip more of a thin pattern with smaller tiles and compile with max-autotune)",
                           choices=(32, 64, 128), unused={"model.name": IMAGE_BACKBONES + ("gpt", "world_dit")})
     sparse_embed: str = F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
                           "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)",

@@ -225,8 +225,8 @@ class SparseTransformer(nn.Module):
 
     def resolve_backend(self, device, backend=None) -> str:
         b = backend or self.spec.backend
-        if b == "auto":  # FlexAttention has no CPU backward: dense masked SDPA there
-            return "flex" if device.type == "cuda" else "dense"
+        if b == "auto":  # FlexAttention has no CPU backward: the segment forms there (masked SDPA for the rest)
+            return "flex" if device.type == "cuda" else "blocked"
         return b
 
     def embed(self, idx, start: int = 0):
