@@ -92,13 +92,60 @@ def _pytorch_optimizer(name):
     return pytorch_optimizer
 
 
-@_entry("shampoo", "pytorch_optimizer.Shampoo (Gupta et al. 2018), momentum betas[0], decoupled decay, inverse roots every "
-                   "optim.precondition_every steps; caution: wrapper", fsdp=False, preconditioned=True)
+def _tensor_state_shampoo(po):
+    """ScalableShampoo whose state_dict holds only tensors. The library keeps a PreConditioner and a graft object
+    per parameter, which genlab's checkpoint loader (it unpickles no classes) refuses; here their tensors are saved
+    and, on load, the objects are rebuilt as the library builds them and the tensors put back."""
+    from pytorch_optimizer.optimizer.utils.graft import build_graft
+    from pytorch_optimizer.optimizer.utils.preconditioner import PreConditioner
+
+    def tensors(obj):
+        return {k: v for k, v in vars(obj).items()
+                if torch.is_tensor(v) or (isinstance(v, list) and all(torch.is_tensor(x) for x in v))}
+
+    class TensorStateShampoo(po.ScalableShampoo):
+        OBJECTS = ("pre_conditioner", "graft")
+
+        def state_dict(self):
+            sd = super().state_dict()
+            state = {k: {kk: tensors(vv) if kk in self.OBJECTS else vv for kk, vv in st.items()}
+                     for k, st in sd["state"].items()}
+            return {**sd, "state": state}
+
+        def load_state_dict(self, sd):
+            plain = {k: {kk: vv for kk, vv in st.items() if kk not in self.OBJECTS} for k, st in sd["state"].items()}
+            super().load_state_dict({**sd, "state": plain})
+            params = [p for g in self.param_groups for p in g["params"]]
+            beta2 = {id(p): g["betas"][1] for g in self.param_groups for p in g["params"]}
+            for k, st in sd["state"].items():
+                if "pre_conditioner" not in st:
+                    continue
+                p = params[int(k)]
+                pc = PreConditioner(p, beta2[id(p)], self.inverse_exponent_override, self.block_size,
+                                    self.skip_preconditioning_rank_lt, self.no_preconditioning_for_layers_with_dim_gt,
+                                    self.shape_interpretation, self.pre_conditioner_type, self.matrix_eps, self.use_svd)
+                graft = build_graft(p, self.graft_type, self.diagonal_eps)
+                for obj, saved in ((pc, st["pre_conditioner"]), (graft, st["graft"])):
+                    for name, v in saved.items():
+                        setattr(obj, name, [x.to(p.device) for x in v] if isinstance(v, list) else v.to(p.device))
+                self.state[p]["pre_conditioner"], self.state[p]["graft"] = pc, graft
+    return TensorStateShampoo
+
+
+@_entry("shampoo", "pytorch_optimizer.ScalableShampoo (Gupta et al. 2018; Anil et al. 2020's practical form): blocks of "
+                   "512, RMSProp grafting, betas, decoupled decay, inverse roots every optim.precondition_every steps "
+                   "(the first at that step); caution: wrapper", fsdp=False, preconditioned=True)
 def shampoo(model, ocfg):
     po = _pytorch_optimizer("shampoo")
-    opt = po.Shampoo(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, momentum=ocfg.betas[0], weight_decouple=True,
-                     preconditioning_compute_steps=_precondition_every(ocfg))
-    # Shampoo folds momentum and decay into p.grad in place: the wrapper compares with a copy of the gradient
+    from pytorch_optimizer.optimizer.utils.graft import LayerWiseGrafting
+    # not the library's plain Shampoo: with no grafting its step has no Adam-like scale, and on the digits DiT at lr
+    # 3e-4 (and the sweep's DiT-B/2 on an H100) the preconditioner went non-finite by step 19; the grafted,
+    # block-partitioned form keeps AdamW's step size and bounds each factor at 512 x 512
+    opt = _tensor_state_shampoo(po)(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas),
+                                    decoupled_weight_decay=True, preconditioning_compute_steps=_precondition_every(ocfg),
+                                    start_preconditioning_step=_precondition_every(ocfg),
+                                    graft_type=LayerWiseGrafting.RMSPROP, diagonal_eps=ocfg.eps)
+    # the update is built from p.grad in place: the wrapper compares with a copy of the gradient
     return _cautious(opt, ocfg, decay_factor=adamw_decay_factor, clone_grads=True)
 
 
