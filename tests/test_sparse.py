@@ -35,6 +35,49 @@ def test_every_part_equals_brute_force_paper_definition(pattern, n, l, c):
         assert torch.equal(part.dense_mask(n), reference_mask(pattern, k, n, l, c)), part.name
 
 
+@pytest.mark.parametrize("n,l,c,groups", [(64, 8, 2, 2), (100, 12, 3, 4), (50, 10, 3, 3)])
+def test_summary_groups_equal_the_definition_and_split_their_heads(n, l, c, groups):
+    """fixed with g summary groups: part s sees the cells l-(s+1)c .. l-sc-1 of every block (brute force), the
+    summary heads are divided among the groups in every mode, and all parts together cover the merged union."""
+    parts = sparse_pattern_registry.get("fixed")(l, c, groups)
+    assert len(parts) == 1 + groups and [p.factor for p in parts] == [0] + [1] * groups
+    for k, part in enumerate(parts):
+        assert torch.equal(part.dense_mask(n), reference_mask("fixed", k, n, l, c, groups)), part.name
+    heads = 2 * groups
+    split = layer_groups("fixed", "split", l, c, depth=1, heads=heads, groups=groups)[0]
+    assert [(h, p.name) for h, p in split] == [(groups, "fixed/block")] + [(1, p.name) for p in parts[1:]]
+    inter = layer_groups("fixed", "interleaved", l, c, depth=2, heads=heads, groups=groups)
+    assert [(h, p.name) for h, p in inter[1]] == [(2, p.name) for p in parts[1:]]
+    (h, merged), = layer_groups("fixed", "merged", l, c, depth=1, heads=heads, groups=groups)[0]
+    assert torch.equal(merged.dense_mask(n), reference_mask("fixed", None, n, l, c, groups))
+    seen = torch.zeros(n, n, dtype=torch.bool)
+    for _, part in split:
+        seen |= part.dense_mask(n)
+    assert torch.equal(seen, merged.dense_mask(n))
+
+
+def test_summary_groups_flex_and_blocked_equal_dense_and_bad_settings_are_refused():
+    n, l, c, groups = 200, 16, 3, 3
+    cache = MaskCache()
+    q, k, v = torch.randn(2, 2, n, 8), torch.randn(2, 2, n, 8), torch.randn(2, 2, n, 8)
+    for part in sparse_pattern_registry.get("fixed")(l, c, groups):
+        for b in ("dense", "flex", "blocked"):
+            cache.build([part], n, "cpu", b)
+        ref = attend(q, k, v, part, cache, "dense", 0.3)
+        for b in ("flex", "blocked"):
+            torch.testing.assert_close(attend(q, k, v, part, cache, b, 0.3), ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(GenlabError, match="groups \\* c <= l"):
+        layer_groups("fixed", "split", 8, 3, depth=1, heads=6, groups=3)
+    with pytest.raises(GenlabError, match="sparse_pattern=fixed"):
+        layer_groups("strided", "split", 8, 2, depth=1, heads=4, groups=2)
+    with pytest.raises(GenlabError, match="summary factor gets 1 of 2 heads"):
+        layer_groups("fixed", "split", 8, 2, depth=1, heads=2, groups=2)
+    model = randomize_head(tiny("fixed", "split", size=6, channels=2, heads=4, stride=12, summary=3, summary_groups=2)).eval()
+    idx = torch.randint(0, 257, (2, model.spec.seq_len))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx, backend="blocked"), model(idx, backend="dense"), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("mode", ("interleaved", "merged", "split"))
 def test_modes_assign_parts_to_layers_and_heads(pattern, mode):

@@ -113,6 +113,9 @@ class ModelConfig:
                            unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
     sparse_summary: int = F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0,
                             unused={"model.name": IMAGE_BACKBONES + ("gpt",)})
+    sparse_summary_groups: int = F(1, "sparse_transformer: fixed pattern: the summary heads attend to this many distinct "
+                                      "sub-blocks of c cells (the paper's section 4.2; groups * c <= l)", ge=1,
+                                   unused={"model.name": IMAGE_BACKBONES + ("gpt", "world_dit")})
     sparse_backend: str = F("auto", "sparse_transformer: auto = flex on CUDA, blocked on CPU; flex = FlexAttention block "
                             "masks; blocked = unmasked SDPA on segments (runs, columns) where a part has them; dense = "
                             "masked SDPA (the reference)", choices=("auto", "blocked", "flex", "dense"),

@@ -11,9 +11,13 @@ written once as a vectorised predicate `allowed(i, j)` on original positions (qu
            A^(2)_i  = {j <= i : j mod l in {l - c, ..., l - 1}} (the last c "summary" cells of every block)
                       and i itself: without it the queries before the first summary would see nothing
                       (an empty softmax) in a head that holds only this part
+  fixed with g summary groups (section 4.2: heads attending to distinct sub-blocks of length c did better
+  than heads sharing one): A^(2) becomes g parts, part s with the cells {l - (s+1)c, ..., l - sc - 1};
+  the summary heads are divided among them. Each part records which factor it belongs to (`factor`).
 
-A *factorization mode* (section 4.3) assigns parts to layers and heads: `interleaved` (layer r uses
-part r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among parts).
+A *factorization mode* (section 4.3) assigns the factors to layers and heads: `interleaved` (layer r uses
+factor r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors);
+a factor with several parts (summary groups) divides its heads among them.
 
 Layouts (section 5.3, "attention with a stride can be computed by transposing the matrix and computing
 a local window"): FlexAttention skips 128x128 blocks that are entirely masked, so a position-wise
@@ -61,6 +65,7 @@ class Part:
     q_order: Callable[[int], torch.Tensor] | None = None
     kv_order: Callable[[int], torch.Tensor] | None = None
     segments: Callable | None = None
+    factor: int = 0  # which of the pattern's factors (A^(1), A^(2)) this part is, or a sub-block of
 
     def dense_mask(self, n: int, device=None, q_start: int = 0) -> torch.Tensor:
         """bool [n - q_start, n]: row i says which keys query i may see (original order)."""
@@ -77,11 +82,12 @@ def column_major(l: int):
     return order
 
 
-def summaries_first(l: int, c: int):
-    """Summary positions (p mod l >= l - c) first, then the rest, each in position order."""
+def summaries_first(l: int, c: int, offset: int = 0):
+    """Summary positions (l - c - offset <= p mod l < l - offset) first, then the rest, each in position order."""
     def order(n):
-        p = torch.arange(n)
-        return torch.argsort(((p % l) < l - c).long() * n + p)
+        p = torch.arange(n) % l
+        rest = (p < l - c - offset) | (p >= l - offset)
+        return torch.argsort(rest.long() * n + torch.arange(n))
     return order
 
 
@@ -157,33 +163,41 @@ def local_segments(l: int):
 def strided_parts(l: int, c: int) -> list[Part]:
     return [Part("strided/local", lambda i, j: (j <= i) & (i - j <= l), segments=local_segments(l)),
             Part("strided/column", lambda i, j: (j <= i) & ((i - j) % l == 0), column_major(l), column_major(l),
-                 column_segments(l))]
+                 column_segments(l), factor=1)]
 
 
-def fixed_parts(l: int, c: int) -> list[Part]:
-    return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l), segments=block_causal_segments(l)),
-            Part("fixed/summary", lambda i, j: ((j <= i) & (j % l >= l - c)) | (j == i), None, summaries_first(l, c))]
+def summary_part(l: int, c: int, group: int) -> Part:
+    lo, hi = l - (group + 1) * c, l - group * c  # this group's cells within every block: [lo, hi)
+    return Part("fixed/summary" + (f"{group}" if group else ""),
+                lambda i, j: ((j <= i) & (j % l >= lo) & (j % l < hi)) | (j == i), None,
+                summaries_first(l, c, group * c), factor=1)
+
+
+def fixed_parts(l: int, c: int, groups: int = 1) -> list[Part]:
+    return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l), segments=block_causal_segments(l))] + \
+        [summary_part(l, c, g) for g in range(groups)]
 
 
 @sparse_pattern_registry.register("dense", "causal dense attention (every earlier position)")
-def dense_pattern(l: int, c: int) -> list[Part]:
+def dense_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
     return [Part("dense", causal)]
 
 
 @sparse_pattern_registry.register("strided", "previous l positions + every l-th position (images; stride l ~ sqrt(n))")
-def strided_pattern(l: int, c: int) -> list[Part]:
+def strided_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
     return strided_parts(l, c)
 
 
-@sparse_pattern_registry.register("fixed", "own block of l + the last c cells of every earlier block (text)")
-def fixed_pattern(l: int, c: int) -> list[Part]:
-    return fixed_parts(l, c)
+@sparse_pattern_registry.register("fixed", "own block of l + the last c cells of every earlier block (text); "
+                                           "model.sparse_summary_groups > 1: heads on distinct sub-blocks of c")
+def fixed_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
+    return fixed_parts(l, c, groups)
 
 
-def merged_layout(pattern: str, l: int, c: int):
-    # the union of both fixed parts is block-sparse with summaries first; the strided union is not
+def merged_layout(pattern: str, l: int, c: int, groups: int = 1):
+    # the union of the fixed parts is block-sparse with (all groups') summaries first; the strided union is not
     # block-sparse in any single order (its two parts want different orders)
-    return summaries_first(l, c) if pattern == "fixed" else None
+    return summaries_first(l, c * groups) if pattern == "fixed" else None
 
 
 def union(parts: list[Part], kv_order=None) -> Part:
@@ -199,38 +213,50 @@ def union(parts: list[Part], kv_order=None) -> Part:
     return Part("+".join(p.name for p in parts), allowed, None, kv_order)
 
 
-# A mode maps (parts, layer, heads) -> [(n_heads, part), ...] covering all heads of that layer.
-@sparse_mode_registry.register("interleaved", "layer r attends with part r mod p (all heads)")
-def mode_interleaved(parts, merged, layer: int, heads: int):
-    return [(heads, parts[layer % len(parts)])]
-
-
-@sparse_mode_registry.register("merged", "every head attends to the union of the parts")
-def mode_merged(parts, merged, layer: int, heads: int):
-    return [(heads, merged)]
-
-
-@sparse_mode_registry.register("split", "the heads are divided evenly among the parts")
-def mode_split(parts, merged, layer: int, heads: int):
+def _share(heads: int, parts, what: str):
+    """Divide `heads` evenly among `parts`: [(n_heads, part), ...]."""
     if heads % len(parts):
-        raise GenlabError(f"sparse_mode=split needs heads divisible by {len(parts)} parts, got {heads} heads")
+        raise GenlabError(f"{what} needs heads divisible by {len(parts)}, got {heads} heads")
     return [(heads // len(parts), p) for p in parts]
 
 
-def layer_groups(pattern: str, mode: str, l: int, c: int, depth: int, heads: int):
-    """Per layer, a list of (n_heads, Part)."""
+# A mode maps (factors, merged, layer, heads) -> [(n_heads, part), ...] covering all heads of that layer;
+# factors is a list of lists of parts (a factor with several parts: the summary groups).
+@sparse_mode_registry.register("interleaved", "layer r attends with factor r mod p (all heads)")
+def mode_interleaved(factors, merged, layer: int, heads: int):
+    return _share(heads, factors[layer % len(factors)], "sparse_mode=interleaved with summary groups")
+
+
+@sparse_mode_registry.register("merged", "every head attends to the union of the parts")
+def mode_merged(factors, merged, layer: int, heads: int):
+    return [(heads, merged)]
+
+
+@sparse_mode_registry.register("split", "the heads are divided evenly among the factors")
+def mode_split(factors, merged, layer: int, heads: int):
+    per = _share(heads, factors, f"sparse_mode=split of {len(factors)} factors")
+    return [g for (h, parts) in per
+            for g in _share(h, parts, f"sparse_mode=split (the summary factor gets {h} of {heads} heads) with {len(parts)} summary groups")]
+
+
+def layer_groups(pattern: str, mode: str, l: int, c: int, depth: int, heads: int, groups: int = 1):
+    """Per layer, a list of (n_heads, Part). `groups` > 1: the fixed pattern's summary sub-blocks."""
     if l < 1 or not (0 < c <= l):
         raise GenlabError(f"sparse attention needs stride/block l >= 1 and 0 < c <= l; got l={l}, c={c}")
-    parts = sparse_pattern_registry.get(pattern)(l, c)
+    if groups > 1 and (pattern != "fixed" or groups * c > l):
+        raise GenlabError(f"model.sparse_summary_groups={groups} needs sparse_pattern=fixed and groups * c <= l; "
+                          f"got pattern {pattern}, c={c}, l={l}")
+    parts = sparse_pattern_registry.get(pattern)(l, c, groups)
+    factors = [[p for p in parts if p.factor == f] for f in sorted({p.factor for p in parts})]
     mode_fn = sparse_mode_registry.get(mode)
-    merged = union(parts, merged_layout(pattern, l, c))
-    return [mode_fn(parts, merged, r, heads) for r in range(depth)]
+    merged = union(parts, merged_layout(pattern, l, c, groups))
+    return [mode_fn(factors, merged, r, heads) for r in range(depth)]
 
 
 # -- brute force from the paper's set definitions (tests and pictures) ---------------------------
-def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int) -> list[set]:
+def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int, groups: int = 1) -> list[set]:
     """A_i for every i, built literally from the definitions above with Python sets and loops.
-    part None = the union of the parts (merged); dense has one part."""
+    part None = the union of the parts (merged); dense has one part; fixed has 1 + groups."""
     def strided(i):
         a1 = set(range(max(0, i - l), i + 1))
         a2 = {j for j in range(i + 1) if (i - j) % l == 0}
@@ -238,8 +264,8 @@ def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int) -> li
 
     def fixed(i):
         a1 = {j for j in range(i + 1) if j // l == i // l}
-        a2 = {j for j in range(i + 1) if j % l in set(range(l - c, l))} | {i}
-        return [a1, a2]
+        subs = [set(range(l - (g + 1) * c, l - g * c)) for g in range(groups)]
+        return [a1] + [{j for j in range(i + 1) if j % l in sub} | {i} for sub in subs]
 
     def dense(i):
         return [set(range(i + 1))]
@@ -251,9 +277,9 @@ def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int) -> li
     return out
 
 
-def reference_mask(pattern: str, part: int | None, n: int, l: int, c: int) -> torch.Tensor:
+def reference_mask(pattern: str, part: int | None, n: int, l: int, c: int, groups: int = 1) -> torch.Tensor:
     m = torch.zeros(n, n, dtype=torch.bool)
-    for i, s in enumerate(reference_sets(pattern, part, n, l, c)):
+    for i, s in enumerate(reference_sets(pattern, part, n, l, c, groups)):
         m[i, sorted(s)] = True
     return m
 

@@ -78,6 +78,7 @@ class SparseSpec:
     mode: str = "split"
     stride: int = 0               # l; 0 = the length of one image row in the raster order (~sqrt(n))
     summary: int = 0              # c of the fixed pattern; 0 = max(1, l // 8)
+    summary_groups: int = 1       # fixed: the summary heads attend to this many distinct sub-blocks of c
     mlp_ratio: float = 4.0
     qk_ratio: float = 1.0
     dropout: float = 0.0
@@ -180,7 +181,7 @@ class SparseTransformer(nn.Module):
             raise GenlabError(f"model.sparse_embed must be one of {', '.join(EMBEDDINGS)}; got {s.embed!r}")
         if s.is_text and s.embedding == "data":
             raise GenlabError("model.sparse_embed=data needs image data (rows, columns, channels); text: attention or auto")
-        self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads)
+        self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads, s.summary_groups)
         self.parts = list({p.name: p for g in self.groups for _, p in g}.values())
         if s.block not in FLEX_BLOCKS:
             raise GenlabError(f"model.sparse_block must be one of {', '.join(map(str, FLEX_BLOCKS))}; got {s.block}")
@@ -328,7 +329,8 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
                       text_len=data_spec["seq_len"] if text else 0, embed=cfg_model.sparse_embed, dim=cfg_model.dim or dim,
                       depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=cfg_model.raster,
                       pattern=cfg_model.sparse_pattern, mode=cfg_model.sparse_mode, stride=cfg_model.sparse_stride,
-                      summary=cfg_model.sparse_summary, mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
+                      summary=cfg_model.sparse_summary, summary_groups=cfg_model.sparse_summary_groups,
+                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
                       dropout=cfg_model.dropout, backend=cfg_model.sparse_backend,
                       block=cfg_model.sparse_block)
     return SparseTransformer(spec)
