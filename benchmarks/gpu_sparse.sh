@@ -7,7 +7,9 @@
 # STAGES picks steps (default all): test bench quality; STEPS (default 1000) sets the training length.
 # Under a 10-minute limit run it twice: STAGES="test bench" (~5 min), then STAGES=quality (~6 min).
 # BLOCKS=128,64 times FlexAttention at each block size (model.sparse_block); BATCH=N overrides each case's batch;
-# BACKENDS=flex,blocked picks the bench's backends; BACKEND (default auto) is model.sparse_backend of the quality runs.
+# BACKENDS=flex,blocked picks the bench's backends; BACKEND (default auto) is model.sparse_backend of the quality runs;
+# PATTERNS (default "dense strided fixed") picks them; FIXED_ARGS adds overrides to the fixed run, e.g.
+# FIXED_ARGS="model.heads=8 model.sparse_summary=7 model.sparse_summary_groups=4" (split gives the summary groups half the heads).
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -26,8 +28,9 @@ quality) stamp quality
          if [ ! -f gpu_data/mnist/train/meta.json ]; then echo "gpu_data/mnist/train missing (carry it)" | tee -a "$OUT/main.log"; continue; fi
          echo "| pattern | mode | backend | steps | val bits/dim | wall s | samples/s |" > "$OUT/bits_per_dim.md"
          echo "| --- | --- | --- | ---: | ---: | ---: | ---: |" >> "$OUT/bits_per_dim.md"
-         for p in dense strided fixed; do
-           timeout ${T_RUN:-140} python3 -m genlab train mnist_sparse model.sparse_pattern=$p model.sparse_backend=${BACKEND:-auto} train.steps=$STEPS \
+         for p in ${PATTERNS:-dense strided fixed}; do
+           extra=""; [ "$p" = fixed ] && extra="${FIXED_ARGS:-}"
+           timeout ${T_RUN:-140} python3 -m genlab train mnist_sparse model.sparse_pattern=$p model.sparse_backend=${BACKEND:-auto} train.steps=$STEPS $extra \
              train.out_dir="$OUT/runs" train.name=$p log.tensorboard=false > "$OUT/train_$p.log" 2>&1
            python3 - "$OUT/runs/$p/summary.json" $p $STEPS ${BACKEND:-auto} >> "$OUT/bits_per_dim.md" <<'PY' || tail -5 "$OUT/train_$p.log" >> "$OUT/main.log"
 import json, sys
