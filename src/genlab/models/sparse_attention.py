@@ -58,14 +58,14 @@ FLEX_BLOCKS = (32, 64, 128)  # smaller blocks skip more of a thin pattern but ru
 class Part:
     """One factor of a pattern: a causal predicate on original positions and the layouts that make it
     block-sparse. `q_order(n)` / `kv_order(n)` return permutations of range(n) (None = identity).
-    `segments(q, k, v, scale)`, where a part has one, computes it exactly with unmasked flash attention on
-    reshaped segments (the `blocked` backend)."""
+    `segments(q, k, v, scale)`, where a part has one, computes it exactly with SDPA on reshaped segments
+    (the `blocked` backend)."""
     name: str
     allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     q_order: Callable[[int], torch.Tensor] | None = None
     kv_order: Callable[[int], torch.Tensor] | None = None
     segments: Callable | None = None
-    factor: int = 0  # which of the pattern's factors (A^(1), A^(2)) this part is, or a sub-block of
+    factor: int = 0  # the pattern's factor (A^(1) = 0, A^(2) = 1) this part is, or is a sub-block of
 
     def dense_mask(self, n: int, device=None, q_start: int = 0) -> torch.Tensor:
         """bool [n - q_start, n]: row i says which keys query i may see (original order)."""
