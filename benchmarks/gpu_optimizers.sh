@@ -7,7 +7,7 @@
 # Needs: wheels/{heavyball,opt_einsum,pytorch_optimizer}*.whl and gpu_data/mnist/*.gz (both carried).
 #   OUT=out bash benchmarks/gpu_optimizers.sh              # STAGES="test sweep" by default
 # 60 runs, one per GPU at a time (launcher per_gpu): on nvidia-h200-x8 about 8 rounds; on one GPU they run one after
-# another and no run starts after SWEEP_BUDGET s (default 300): calling the script again on the same (warm) machine
+# another and no run starts after SWEEP_BUDGET s (default 300, counted from the end of setup: wheels, data): calling the script again on the same (warm) machine
 # skips finished runs and continues (SWEEP_ROOT persists there).
 # JOBS=N runs N at once per GPU (then step time and loss at equal wall-clock are shared-GPU figures; each run takes
 # ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory; shampoo's full-matrix preconditioners take far more:
@@ -30,11 +30,12 @@ if [ ! -f data/mnist/meta.json ]; then
   python3 -m genlab data prepare mnist --src gpu_data/mnist --out data/mnist > "$OUT/prepare.log" 2>&1 \
     || { echo "MNIST prepare failed (carry gpu_data/mnist/*.gz)"; tail -3 "$OUT/prepare.log"; exit 1; }
 fi
+SETUP=$SECONDS  # wheels and data preparation do not count against SWEEP_BUDGET (a budget of 20 s once went to them)
 for s in $STAGES; do case $s in
 test)  echo "== exact resume of every optimizer on $(python3 -c 'import torch; print(torch.cuda.get_device_name())')"
        timeout ${T_TEST:-300} python3 -m pytest -q -p no:cacheprovider tests/test_optim.py -k "resumes_exactly" 2>&1 | tail -8 \
          | tee "$OUT/test_resume.log" ;;
-sweep) left=$((BUDGET - SECONDS)); [ "$left" -lt 0 ] && left=0
+sweep) left=$((BUDGET - SECONDS + SETUP)); [ "$left" -lt 0 ] && left=0
        echo "== sweep optimizers (no run starts after ${left} s more; ${RUN_TIMEOUT} s per run)"
        python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} 2>&1 | grep --line-buffered -v "^\s*$" | tee "$OUT/sweep.log"
        cp "$ROOT/optimizers/report.md" "$ROOT/optimizers/results.csv" "$OUT/" 2>/dev/null
