@@ -133,12 +133,12 @@ def test_frechet_distance_matches_gaussian_closed_form():
 def test_sample_accuracy_of_real_images_is_high_and_of_noise_is_chance():
     """The metric itself: real digits labelled correctly score high, shuffled labels near chance."""
     from genlab.data.datasets import load_digits_uint8
-    from genlab.data.loader import normalize_images
+    from genlab.data.pixels import to_model
     from genlab.eval.classifier import get_classifier, predict
     data = load_digits_uint8()
     net, val_acc = get_classifier(data, epochs=30)
     assert val_acc > 0.9
-    x = normalize_images(torch.from_numpy(np.asarray(data.images)))
+    x = to_model(torch.from_numpy(np.asarray(data.images)))
     pred = predict(net, x).argmax(-1).numpy()
     assert (pred == data.labels).mean() > 0.9
     shuffled = np.random.default_rng(0).permutation(data.labels)

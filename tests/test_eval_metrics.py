@@ -343,8 +343,8 @@ class _NearestMean(torch.nn.Module):
 
     def __init__(self, data):
         super().__init__()
-        from genlab.data.loader import normalize_images
-        x = normalize_images(torch.from_numpy(np.asarray(data.images))).flatten(1)
+        from genlab.data.pixels import to_model
+        x = to_model(torch.from_numpy(np.asarray(data.images))).flatten(1)
         y = torch.from_numpy(np.asarray(data.labels))
         self.register_buffer("means", torch.stack([x[y == c].mean(0) for c in range(10)]))
 

@@ -255,11 +255,11 @@ def test_flow_x_prediction_lands_on_the_network_frame_whatever_the_noise(toy_dir
 def test_quantized_frames_drop_sub_level_noise_in_rollouts(toy_dir, tmp_path):
     """method.quantize_frames: generated frames are put back on the uint8 grid of real frames, so a network whose
     residual is sub-level noise rolls out the last real frame exactly instead of a random walk."""
-    from genlab.world.windows import to_float
+    from genlab.data.pixels import to_model
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.quantize_frames=true")
     _, _, method = build(cfg, toy_dir)
     B, L, K = 4, method.L, 12
-    context = to_float(torch.randint(0, 256, (B, L, 16, 16, 3), dtype=torch.uint8))
+    context = to_model(torch.randint(0, 256, (B, L, 16, 16, 3), dtype=torch.uint8))
     g = torch.Generator().manual_seed(0)
     jitter = Spy(lambda x, c: -x + 0.006 * torch.rand(x.shape, generator=g) - 0.003)  # l1: residual ~ U(+-0.003)
     acts = torch.zeros(B, L + K - 1, dtype=torch.long)

@@ -100,8 +100,9 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
     if class_id is not None and not (0 <= class_id < k):
         raise GenlabError(f"--class {class_id} out of range; this model has classes 0..{k - 1}")
     labels = torch.full((n,), class_id, device=dev) if class_id is not None else torch.arange(n, device=dev) % k
-    from genlab.eval.image_quality import save_grid, to_uint8
-    imgs = to_uint8(sample_images(method, model, labels, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
+    from genlab.data.pixels import to_pixels
+    from genlab.eval.image_quality import save_grid
+    imgs = to_pixels(sample_images(method, model, labels, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
                                   generator=gen, device=dev))
     cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
     rows = (n + cols - 1) // cols

@@ -14,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from genlab.data.pixels import to_model
+
 RESIDENT_LIMIT_BYTES = 4 << 30  # datasets below this live on the device as uint8 when on_device=auto
 
 
@@ -62,11 +64,6 @@ class StreamPosition:
     def take_rank_slice(self) -> np.ndarray:
         k = self.stream.take(self.batch_size * self.world)
         return k[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
-
-
-def normalize_images(u8: torch.Tensor) -> torch.Tensor:
-    """uint8 [B, H, W, C] -> float [B, C, H, W] in [-1, 1] (on whatever device u8 is)."""
-    return u8.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
 
 
 class ImageLoader(StreamPosition):
@@ -127,7 +124,7 @@ class ImageLoader(StreamPosition):
         else:
             imgs, labels = self._host_batch()
         self.wait_time += time.perf_counter() - t0
-        x = normalize_images(imgs)
+        x = to_model(imgs)
         if self.hflip:
             flip = (torch.rand(x.shape[0], generator=self._flip_gen) < 0.5).to(self.device)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)

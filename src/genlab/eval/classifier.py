@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab import progress
-from genlab.data.loader import normalize_images
+from genlab.data.pixels import to_model
 from genlab.eval.frechet import frechet_distance  # noqa: F401  (its old home; callers import it from here)
 
 
@@ -51,7 +51,7 @@ def _train_classifier(images_u8, labels, num_classes, epochs, device, seed, batc
     perm = torch.randperm(n, generator=g).numpy()
     n_val = max(1, n // 10)
     val, tr = perm[:n_val], perm[n_val:]
-    x = normalize_images(torch.from_numpy(np.ascontiguousarray(images_u8))).to(device)
+    x = to_model(torch.from_numpy(np.ascontiguousarray(images_u8))).to(device)
     y = torch.from_numpy(np.asarray(labels, dtype=np.int64)).to(device)
     net = SmallConvNet(x.shape[1], num_classes).to(device)
     # scale the epoch count down for large datasets so the classifier costs about the same

@@ -7,18 +7,14 @@ import torch
 from PIL import Image
 
 from genlab import progress
-
-
-def to_uint8(x: torch.Tensor) -> torch.Tensor:
-    """[-1, 1] float [B, C, H, W] -> uint8 [B, H, W, C], quantised like the training data."""
-    return ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+from genlab.data.pixels import to_pixels
 
 
 def generate(method, model, labels, ctx, batch, desc="sampling"):
     out = []
     with progress.Task(f"{desc} {len(labels)} images", total=len(labels), unit="img") as task:
         for i in range(0, len(labels), batch):
-            out.append(to_uint8(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
+            out.append(to_pixels(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
                                               cfg_scale=ctx["eval"].cfg_scale, generator=ctx["generator"],
                                               device=ctx["device"], sampler=ctx.get("sampler"))).cpu())
             task.update(len(out[-1]))

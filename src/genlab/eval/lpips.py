@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from genlab.data.pixels import to_model
 from genlab.errors import GenlabError
 from genlab.eval.weights import find_file, load_state
 
@@ -90,7 +91,7 @@ class LPIPS(nn.Module):
 
 def to_lpips_input(images_u8: torch.Tensor) -> torch.Tensor:
     """uint8 [B, H, W, C] -> float [B, 3, >=64, >=64] in [-1, 1] (grey replicated to RGB)."""
-    x = images_u8.permute(0, 3, 1, 2).float() / 127.5 - 1
+    x = to_model(images_u8)
     if x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1)
     if min(x.shape[-2:]) < MIN_SIZE:

@@ -70,10 +70,10 @@ class Evaluation:
         return self._gen["classifier"]
 
     def _classify(self, images_u8):
-        from genlab.data.loader import normalize_images
+        from genlab.data.pixels import to_model
         from genlab.eval.classifier import predict
         net, _ = self.classifier()
-        x = normalize_images(torch.as_tensor(np.asarray(images_u8)).to(self.device))
+        x = to_model(torch.as_tensor(np.asarray(images_u8)).to(self.device))
         with torch.autocast(torch.device(self.device).type, enabled=False):
             logits, f = predict(net, x, return_features=True)
         return logits.float().cpu(), f.double().cpu().numpy()

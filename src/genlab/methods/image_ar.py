@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from genlab.data.pixels import to_model, to_pixels
 from genlab.errors import GenlabError
 from genlab.methods.base import Method
 from genlab.methods.flow import unwrap
@@ -26,7 +27,7 @@ LN2 = math.log(2.0)
 
 def to_bytes(x: torch.Tensor) -> torch.Tensor:
     """float [B, C, H, W] in [-1, 1] -> long [B, H, W, C] in 0..255."""
-    return ((x.float() + 1) * 127.5).round().clamp(0, 255).long().permute(0, 2, 3, 1)
+    return to_pixels(x).long()
 
 
 def shift_in(seq: torch.Tensor) -> torch.Tensor:
@@ -107,8 +108,8 @@ class ImageAR(Method):
         return model(shift_in(y), targets=y), {}
 
     def synthetic_batch(self, batch_size, device, generator):
-        u8 = torch.randint(0, 256, (batch_size, self.C, self.H, self.H), generator=generator, device=device)
-        return {"image": u8.float() / 127.5 - 1, "label": torch.zeros(batch_size, dtype=torch.long, device=device)}
+        u8 = torch.randint(0, 256, (batch_size, self.H, self.H, self.C), generator=generator, device=device)
+        return {"image": to_model(u8), "label": torch.zeros(batch_size, dtype=torch.long, device=device)}
 
     # -- evaluation -----------------------------------------------------------------------------
     def heldout(self, data, k: int):
@@ -155,7 +156,7 @@ class ImageAR(Method):
         give n, the model has no classes)."""
         n = len(labels) if labels is not None else n
         device = device or next(unwrap(model).parameters()).device
-        return self.sample_images(model, n, generator, device).permute(0, 3, 1, 2).float() / 127.5 - 1
+        return to_model(self.sample_images(model, n, generator, device))
 
     def complete(self, model, u8: torch.Tensor, k: int, generator, device, temperature=None):
         """Completions of images u8 [m, H, W, C] given their top half: long [m, k, H, W, C]."""

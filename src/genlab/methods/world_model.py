@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from genlab.data.pixels import quantize
 from genlab.errors import GenlabError
 from genlab.methods.flow import interpolate, unwrap
 from genlab.methods.samplers import time_grid
@@ -57,12 +58,6 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
     level = torch.rand(B, generator=generator, device=context.device) * max_level
     noise = torch.randn(context.shape, generator=generator, device=context.device, dtype=context.dtype)
     return context + level.view(B, 1, 1, 1, 1).to(context.dtype) * noise, level
-
-
-def quantize(x: torch.Tensor) -> torch.Tensor:
-    """Round frames in [-1, 1] to the 256 levels of uint8 frames (windows.to_float): a generated frame re-enters
-    the context on the grid of the real frames it stands in for, and sub-level noise does not compound."""
-    return ((x + 1) * 127.5).round() / 127.5 - 1
 
 
 def finite_or_zero(x: torch.Tensor) -> torch.Tensor:

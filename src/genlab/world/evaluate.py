@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from genlab.methods.world_model import psnr
 from genlab.world.video import compose_frames, write_video
-from genlab.world.windows import to_float, valid_starts
+from genlab.data.pixels import to_model
+from genlab.world.windows import valid_starts
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -46,7 +47,7 @@ def eval_windows(eps, window: int, n: int, device):
         return None, None
     pick = starts[np.linspace(0, len(starts) - 1, min(n, len(starts))).round().astype(np.int64)]
     idx = pick[:, None] + np.arange(window)
-    frames = to_float(torch.from_numpy(np.asarray(eps.frames[idx.reshape(-1)])).to(device))
+    frames = to_model(torch.from_numpy(np.asarray(eps.frames[idx.reshape(-1)])).to(device))
     frames = frames.view(*idx.shape, *frames.shape[1:])
     return frames, torch.from_numpy(np.asarray(eps.actions)[idx]).to(device)
 

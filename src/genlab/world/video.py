@@ -6,11 +6,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from genlab.data.pixels import to_pixels
+
 
 def to_u8(x: torch.Tensor) -> np.ndarray:
     """float [..., C, H, W] in [-1, 1] -> uint8 [..., H, W, 3]."""
-    a = ((x.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).cpu()
-    a = a.movedim(-3, -1).numpy()
+    a = to_pixels(x).cpu().numpy()
     return np.repeat(a, 3, -1) if a.shape[-1] == 1 else a
 
 

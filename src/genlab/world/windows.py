@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
+from genlab.data.pixels import to_model
 from genlab.errors import GenlabError
 from genlab.registry import dataset_registry
 from genlab.world.episodes import Episodes, read_episodes
@@ -23,13 +24,6 @@ def valid_starts(starts: np.ndarray, total: int, window: int) -> np.ndarray:
     ends = np.append(starts[1:], total)
     parts = [np.arange(a, b - window + 1) for a, b in zip(starts, ends) if b - a >= window]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
-
-
-def to_float(u8: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., H, W, C] -> float [..., C, H, W] in [-1, 1]."""
-    nd = u8.ndim
-    perm = list(range(nd - 3)) + [nd - 1, nd - 3, nd - 2]
-    return u8.permute(*perm).float().div_(127.5).sub_(1.0)
 
 
 class WindowLoader(StreamPosition):
@@ -70,7 +64,7 @@ class WindowLoader(StreamPosition):
             u8 = (u8.pin_memory() if self.pin else u8).to(self.device, non_blocking=True)
             idx = torch.from_numpy(idx_np).to(self.device, non_blocking=True)
         self.wait_time += time.perf_counter() - t0
-        return {"frames": to_float(u8), "actions": self.actions[idx]}
+        return {"frames": to_model(u8), "actions": self.actions[idx]}
 
     def close(self):
         pass
