@@ -28,3 +28,4 @@ def test_out_of_range_values_clamp_and_quantize_lands_on_the_grid():
     assert q.min() == -1 and q.max() == 1
     assert torch.equal(quantize(q), q)  # idempotent: already on the grid
     assert torch.allclose((q + 1) * 127.5, ((q + 1) * 127.5).round(), atol=1e-4)
+    assert quantize(torch.zeros(3, dtype=torch.bfloat16)).dtype == torch.bfloat16  # frames keep their dtype

@@ -12,14 +12,14 @@ def to_model(u8: torch.Tensor) -> torch.Tensor:
 
 def to_pixels(x: torch.Tensor) -> torch.Tensor:
     """float [..., C, H, W] (clamped to [-1, 1]) -> uint8 [..., H, W, C], rounded to the nearest level."""
-    return quantize_levels(x).to(torch.uint8).movedim(-3, -1)
+    return quantize_levels(x.detach()).to(torch.uint8).movedim(-3, -1)
 
 
 def quantize_levels(x: torch.Tensor) -> torch.Tensor:
     """float in [-1, 1] (clamped) -> its uint8 level 0..255, still float and in x's layout."""
-    return ((x.detach().float().clamp(-1, 1) + 1) * 127.5).round()
+    return ((x.float().clamp(-1, 1) + 1) * 127.5).round()
 
 
 def quantize(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to the 256 levels that stored pixels can take, in [-1, 1] and x's layout."""
-    return quantize_levels(x) / 127.5 - 1
+    """x rounded to the 256 levels that stored pixels can take, in [-1, 1], x's layout and dtype."""
+    return (quantize_levels(x) / 127.5 - 1).to(x.dtype)
