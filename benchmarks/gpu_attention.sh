@@ -4,15 +4,10 @@
 # Run from the repo root:  bash benchmarks/gpu_attention.sh  (logs and tables in $OUT)
 # STAGES picks steps (default all): test bench e2e ncu (bench64: the D=64 table alone); VARIANTS/E2E_ATT/E2E_STEPS override defaults.
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, stamp, the GPU/torch/commit header
 STAGES=${STAGES:-"test bench e2e ncu"}
 VARIANTS=${VARIANTS:-"1/split/fixed,2/split/fixed,3/split/fixed,2/split/fixed/mma,2/atomic/fixed,3/atomic/fixed,2/split,2/atomic"}
 E2E_ATT=${E2E_ATT:-sdpa,triton}
-START=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
-{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } 2>&1 | tee -a "$OUT/main.log"
 for s in $STAGES; do case $s in
 test)  stamp test
        timeout ${T_TEST:-90} python3 -m pytest -q -p no:cacheprovider tests/test_triton_attention.py -k gpu 2>&1 | tail -25 >> "$OUT/main.log" ;;

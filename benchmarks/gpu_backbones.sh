@@ -21,18 +21,12 @@
 #   OUT=out STAGES=table TOKENS=4096 BACKBONES=mmdit,hybrid ATTENTION=sdpa,linear bash benchmarks/gpu_backbones.sh
 #   OUT=out STAGES=sweeps SWEEPS="architectures attention" bash benchmarks/gpu_backbones.sh
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, stamp, the GPU/torch/commit header
 STAGES=${STAGES:-"cross table"}
 BACKBONES=${BACKBONES:-dit,long_skips,incontext_pre,incontext_post,mmdit,hybrid}
 ATTENTION=${ATTENTION:-sdpa,flex,sigmoid,differential,linear}
 TOKENS=${TOKENS:-256,4096}
 TAG=${TAG:-$(echo "$TOKENS-$BACKBONES-$ATTENTION" | tr ',' '_' | cut -c1-80)}
-START=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
-{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee -a "$OUT/main.log"
 for s in $STAGES; do case $s in
 cross) stamp cross
        timeout ${T_CROSS:-240} python3 benchmarks/bench_backbones.py --no-table --out "$OUT/crossover.md" \

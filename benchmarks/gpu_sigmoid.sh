@@ -7,18 +7,12 @@
 #   OUT=out bash benchmarks/gpu_sigmoid.sh            STAGES picks: test kernels rows (default all three)
 #   ROWS=dit:sigmoid_flex:256,... overrides the backbone rows
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, stamp, the GPU/torch/commit header
 STAGES=${STAGES:-"test kernels rows"}
 DEFAULT_ROWS=""
 for bb in dit incontext_pre mmdit hybrid; do DEFAULT_ROWS+="$bb:sdpa:256,$bb:sigmoid:256,"; done
 DEFAULT_ROWS+="long_skips:sigmoid:256,incontext_post:sigmoid:256,hybrid:differential:256"
 ROWS=${ROWS:-$DEFAULT_ROWS}
-START=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
-{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee -a "$OUT/main.log"
 for s in $STAGES; do case $s in
 test)    stamp test
          timeout ${T_TEST:-150} python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_triton_sigmoid.py 2>&1 \

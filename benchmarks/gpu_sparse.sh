@@ -11,13 +11,9 @@
 # PATTERNS (default "dense strided fixed") picks them; FIXED_ARGS adds overrides to the fixed run, e.g.
 # FIXED_ARGS="model.heads=8 model.sparse_summary=7 model.sparse_summary_groups=4" (split gives the summary groups half the heads).
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, stamp, the GPU/torch/commit header
 STAGES=${STAGES:-"test bench quality"}
 STEPS=${STEPS:-1000}
-START=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$OUT/main.log"
 for s in $STAGES; do case $s in
 test)    stamp test
          timeout ${T_TEST:-150} python3 -m pytest -q -p no:cacheprovider tests/test_sparse.py -k bf16 2>&1 | tail -15 >> "$OUT/main.log" ;;
