@@ -4,7 +4,7 @@
 # tests of every optimizer on the GPU (heavyball's stochastic rounding draws from the CUDA generator).
 # Writes $OUT/report.md (loss at steps 100/200/300 and at 10/20 s of training, step time, optimizer-state MiB,
 # peak memory), $OUT/results.csv, $OUT/optimizers.tgz (the sweep folder without checkpoints) and logs.
-# Needs: wheels/{heavyball,opt_einsum,pytorch_optimizer}*.whl and gpu_data/mnist/*.gz (both carried).
+# Needs: wheels/{heavyball,opt_einsum,pytorch_optimizer,tomli_w}*.whl and gpu_data/mnist/*.gz (both carried).
 #   OUT=out bash benchmarks/gpu_optimizers.sh              # STAGES="test sweep" by default
 # 60 runs, one per GPU at a time (launcher per_gpu): on nvidia-h200-x8 about 8 rounds; on one GPU they run one after
 # another and no run starts after SWEEP_BUDGET s (default 300, counted from the end of setup: wheels, data): calling the script again on the same (warm) machine
@@ -21,8 +21,8 @@ BUDGET=${SWEEP_BUDGET:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 # a device call ends at 600 s: the last run may start at BUDGET and run RUN_TIMEOUT more (one call lost all output so)
 [ $((BUDGET + RUN_TIMEOUT)) -gt 570 ] && echo "warning: SWEEP_BUDGET + RUN_TIMEOUT = $((BUDGET + RUN_TIMEOUT)) s passes a 600 s device call"
 STAGES=${STAGES:-"test sweep"}
-python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
-  ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl 2>&1 | tail -2
+python3 -c "import heavyball, pytorch_optimizer, tomli_w" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
+  ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl ${WHEELS:-wheels}/tomli_w-*.whl 2>&1 | tail -2
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import torch; from importlib.metadata import version as v; print('torch', torch.__version__, 'pytorch-optimizer', v('pytorch_optimizer'), 'heavyball', v('heavyball'))"
   git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1

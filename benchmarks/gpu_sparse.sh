@@ -9,7 +9,8 @@
 # BLOCKS=128,64 times FlexAttention at each block size (model.sparse_block); BATCH=N overrides each case's batch;
 # BACKENDS=flex,blocked picks the bench's backends; BACKEND (default auto) is model.sparse_backend of the quality runs;
 # PATTERNS (default "dense strided fixed") picks them; FIXED_ARGS adds overrides to the fixed run, e.g.
-# FIXED_ARGS="model.heads=8 model.sparse_summary=7 model.sparse_summary_groups=4" (split gives the summary groups half the heads).
+# FIXED_ARGS="model.sparse_summary=7 model.sparse_summary_groups=4" (split gives the summary groups half the heads);
+# ARGS adds overrides to every quality run, e.g. ARGS="model.heads=8" so all patterns share one head width.
 set -u
 source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, stamp, the GPU/torch/commit header
 STAGES=${STAGES:-"test bench quality"}
@@ -22,10 +23,11 @@ bench)   stamp bench
          cat "$OUT/sparse_attention.md" >> "$OUT/main.log" 2>/dev/null || tail -20 "$OUT/bench.log" >> "$OUT/main.log" ;;
 quality) stamp quality
          if [ ! -f gpu_data/mnist/train/meta.json ]; then echo "gpu_data/mnist/train missing (carry it)" | tee -a "$OUT/main.log"; continue; fi
-         echo "| pattern | mode | backend | steps | val bits/dim | wall s | samples/s |" > "$OUT/bits_per_dim.md"
+         echo "overrides: ${ARGS:-none}; fixed also: ${FIXED_ARGS:-none}" > "$OUT/bits_per_dim.md"
+         echo "| pattern | mode | backend | steps | val bits/dim | wall s | samples/s |" >> "$OUT/bits_per_dim.md"
          echo "| --- | --- | --- | ---: | ---: | ---: | ---: |" >> "$OUT/bits_per_dim.md"
          for p in ${PATTERNS:-dense strided fixed}; do
-           extra=""; [ "$p" = fixed ] && extra="${FIXED_ARGS:-}"
+           extra="${ARGS:-}"; [ "$p" = fixed ] && extra="$extra ${FIXED_ARGS:-}"
            timeout ${T_RUN:-140} python3 -m genlab train mnist_sparse model.sparse_pattern=$p model.sparse_backend=${BACKEND:-auto} train.steps=$STEPS $extra \
              train.out_dir="$OUT/runs" train.name=$p log.tensorboard=false > "$OUT/train_$p.log" 2>&1
            python3 - "$OUT/runs/$p/summary.json" $p $STEPS ${BACKEND:-auto} >> "$OUT/bits_per_dim.md" <<'PY' || tail -5 "$OUT/train_$p.log" >> "$OUT/main.log"

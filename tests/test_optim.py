@@ -137,6 +137,20 @@ def _run_entry(name, p0, grads, **ocfg):
     return opt, layer.weight.detach()
 
 
+def test_shampoo_steps_do_not_depend_on_the_gradient_scale():
+    """Grafted Shampoo is scale-free: the Kronecker factors' inverse roots and the RMSProp graft both normalise the
+    gradient, and the ridge of the roots is relative. So gradients 1e-4 times smaller must give the same steps. The
+    library's own start, statistics = 1e-6 * I, outweighs gradients this small and turns the step into SGD's."""
+    # 64 x 96: smaller matrices are merged into one dimension by the library and left unpreconditioned
+    p0 = torch.randn(64, 96, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads = _fixed_grads(6, (64, 96), seed=2)
+    kw = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-14, weight_decay=0.0, precondition_every=2)
+    _, big = _run_entry("shampoo", p0, grads, **kw)
+    _, small = _run_entry("shampoo", p0, [g * 1e-4 for g in grads], **kw)
+    assert not torch.allclose(big, p0)
+    torch.testing.assert_close(small - p0, big - p0, rtol=1e-4, atol=1e-6)  # without the fix: 0.05 apart
+
+
 def test_cautious_adamw_matches_a_float64_hand_computation():
     lr, wd, (b1, b2), eps = 0.05, 0.1, (0.9, 0.99), 1e-8
     p0, grads = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)), _fixed_grads(6, (4, 3))

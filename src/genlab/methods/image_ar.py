@@ -119,8 +119,8 @@ class ImageAR(Method):
             val = read_image_dataset(self.cfg.eval.val_path)
             if list(val.images.shape[1:]) != [self.H, self.H, self.C]:
                 raise GenlabError(f"eval.val_path images are {list(val.images.shape[1:])}, the model's {[self.H, self.H, self.C]}")
-            return np.asarray(val.images[:k]), "val_path"
-        return np.asarray(data.images[len(data) - min(k, len(data)):]), "train_tail"
+            return np.array(val.images[:k]), "val_path"  # a copy: the memmap is read-only, torch warns on it
+        return np.array(data.images[len(data) - min(k, len(data)):]), "train_tail"
 
     @torch.no_grad()
     def bits_per_dim(self, model, u8: torch.Tensor, batch: int = 64) -> float:
