@@ -9,6 +9,7 @@
 # 60 runs, one per GPU at a time (launcher per_gpu): on nvidia-h200-x8 about 8 rounds; on one GPU they run one after
 # another and no run starts after SWEEP_BUDGET s (default 300, counted from the end of setup: wheels, data): calling the script again on the same (warm) machine
 # skips finished runs and continues (SWEEP_ROOT persists there).
+# CALL_LIMIT (default 570 s) caps RUN_TIMEOUT so that the last run and the report copy end inside one device call.
 # JOBS=N runs N at once per GPU (then step time and loss at equal wall-clock are shared-GPU figures; each run takes
 # ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory; shampoo's full-matrix preconditioners take far more:
 # run ONLY=shampoo-... with JOBS=1, the others with JOBS=5; a packed run that runs out of memory is retried alone). ONLY=a,b picks variants by full run-variant name, e.g.
@@ -18,8 +19,6 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
 BUDGET=${SWEEP_BUDGET:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
-# a device call ends at 600 s: the last run may start at BUDGET and run RUN_TIMEOUT more (one call lost all output so)
-[ $((BUDGET + RUN_TIMEOUT)) -gt 570 ] && echo "warning: SWEEP_BUDGET + RUN_TIMEOUT = $((BUDGET + RUN_TIMEOUT)) s passes a 600 s device call"
 STAGES=${STAGES:-"test sweep"}
 python3 -c "import heavyball, pytorch_optimizer, tomli_w" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
   ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl ${WHEELS:-wheels}/tomli_w-*.whl 2>&1 | tail -2
@@ -36,6 +35,10 @@ test)  echo "== exact resume of every optimizer on $(python3 -c 'import torch; p
        timeout ${T_TEST:-300} python3 -m pytest -q -p no:cacheprovider tests/test_optim.py -k "resumes_exactly" 2>&1 | tail -8 \
          | tee "$OUT/test_resume.log" ;;
 sweep) left=$((BUDGET - SECONDS + SETUP)); [ "$left" -lt 0 ] && left=0
+       # the last run must end, and the report be copied (~15 s), before the device call does (CALL_LIMIT, default
+       # 570 s): an outer timeout once killed this script after the runs and before the copy, losing the report
+       cap=$(( ${CALL_LIMIT:-570} - SECONDS - left - 15 ))
+       [ "$RUN_TIMEOUT" -gt "$cap" ] && { echo "RUN_TIMEOUT $RUN_TIMEOUT -> $cap s (CALL_LIMIT ${CALL_LIMIT:-570})"; RUN_TIMEOUT=$cap; }
        echo "== sweep optimizers (no run starts after ${left} s more; ${RUN_TIMEOUT} s per run)"
        python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} 2>&1 | grep --line-buffered -v "^\s*$" | tee "$OUT/sweep.log"
        cp "$ROOT/optimizers/report.md" "$ROOT/optimizers/results.csv" "$OUT/" 2>/dev/null
