@@ -15,13 +15,12 @@
 # run ONLY=shampoo-... with JOBS=1, the others with JOBS=5; a packed run that runs out of memory is retried alone). ONLY=a,b picks variants by full run-variant name, e.g.
 # ONLY=adamw-lr=1e-3-caution=false,adamw-lr=1e-3-caution=true (a name without its -caution=... part is refused).
 set -u
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, the GPU/torch/commit header in main.log, tomli_w
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
 BUDGET=${SWEEP_BUDGET:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 STAGES=${STAGES:-"test sweep"}
-python3 -c "import heavyball, pytorch_optimizer, tomli_w" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
-  ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl ${WHEELS:-wheels}/tomli_w-*.whl 2>&1 | tail -2
+python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
+  ${WHEELS:-wheels}/opt_einsum-*.whl ${WHEELS:-wheels}/pytorch_optimizer-*.whl 2>&1 | tail -2
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python3 -c "import torch; from importlib.metadata import version as v; print('torch', torch.__version__, 'pytorch-optimizer', v('pytorch_optimizer'), 'heavyball', v('heavyball'))"
   git rev-parse --short HEAD 2>/dev/null; } > "$OUT/env.txt" 2>&1

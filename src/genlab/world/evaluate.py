@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from genlab.data.pixels import to_model
 from genlab.methods.world_model import psnr
 from genlab.world.video import compose_frames, write_video
-from genlab.data.pixels import to_model
 from genlab.world.windows import valid_starts
 
 
