@@ -14,9 +14,15 @@
 # ~13 GiB, so at most 5 on an 80 GB H100: 10 ran out of memory; shampoo's full-matrix preconditioners take far more:
 # run ONLY=shampoo-... with JOBS=1, the others with JOBS=5; a packed run that runs out of memory is retried alone). ONLY=a,b picks variants by full run-variant name, e.g.
 # ONLY=adamw-lr=1e-3-caution=false,adamw-lr=1e-3-caution=true (a name without its -caution=... part is refused).
+# CONTINUE=1: a second call on the same warm machine that finishes runs the first call's RUN_TIMEOUT cut (they saved a
+# checkpoint when stopped; --retry-failed resumes them from it); it stops at once when the machine was released in
+# between (the sweep root is gone), rather than starting them over. Shampoo's 300 steps (~2 s a step) need this.
 set -u
 source "$(dirname "$0")/gpu_common.sh"  # OUT, PYTHONPATH, the GPU/torch/commit header in main.log, tomli_w
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}; mkdir -p "$ROOT"
+if [ -n "${CONTINUE:-}" ] && [ ! -d "$ROOT/optimizers/runs" ]; then
+  echo "CONTINUE: $ROOT/optimizers/runs is gone (a fresh machine): nothing to continue"; exit 3
+fi
 BUDGET=${SWEEP_BUDGET:-300}; RUN_TIMEOUT=${RUN_TIMEOUT:-240}
 STAGES=${STAGES:-"test sweep"}
 python3 -c "import heavyball, pytorch_optimizer" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/heavyball-*.whl \
@@ -39,7 +45,7 @@ sweep) left=$((BUDGET - SECONDS + SETUP)); [ "$left" -lt 0 ] && left=0
        cap=$(( ${CALL_LIMIT:-570} - SECONDS - left - 15 ))
        [ "$RUN_TIMEOUT" -gt "$cap" ] && { echo "RUN_TIMEOUT $RUN_TIMEOUT -> $cap s (CALL_LIMIT ${CALL_LIMIT:-570})"; RUN_TIMEOUT=$cap; }
        echo "== sweep optimizers (no run starts after ${left} s more; ${RUN_TIMEOUT} s per run)"
-       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} 2>&1 | grep --line-buffered -v "^\s*$" | tee "$OUT/sweep.log"
+       python3 -m genlab sweep optimizers --root "$ROOT" --max-time "$left" --timeout "$RUN_TIMEOUT" --jobs-per-gpu "${JOBS:-1}" ${ONLY:+--only "$ONLY"} ${CONTINUE:+--retry-failed} 2>&1 | grep --line-buffered -v "^\s*$" | tee "$OUT/sweep.log"
        cp "$ROOT/optimizers/report.md" "$ROOT/optimizers/results.csv" "$OUT/" 2>/dev/null
        tar czf "$OUT/optimizers.tgz" -C "$ROOT" --exclude="checkpoints" --exclude="*.pt" --exclude="events.out.tfevents*" optimizers ;;
 esac; done
