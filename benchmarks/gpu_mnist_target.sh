@@ -28,7 +28,8 @@ recipe() { case $1 in
   s2t) echo "model.patch_size=2 method.time_shift=2 optim.lr=5e-4 optim.warmup_steps=300 train.steps=${STEPS_S2T:-4500}" ;;
   *) echo "unknown recipe $1 (s2 | s4 | b2 | s4t | s2t)" >&2; return 2 ;;
 esac; }
-# guidance settings of the evaluation: scale:interval
+# evaluation settings: scale:interval, or scale:interval:overrides joined by + (e.g. the sampler:
+# 1.25:0,1:method.sampler=euler_maruyama+eval.sample_steps=50); each gets its own eval_<run>_<tag>.json
 SETTINGS=${SETTINGS:-"1.0:0,1 1.5:0,1 2.0:0.3,0.8 3.0:0.3,0.8 3.0:0.5,1"}
 for r in ${RECIPES:-s2 s4}; do
  {
@@ -41,11 +42,13 @@ for r in ${RECIPES:-s2 s4}; do
     || { echo "train $name failed"; tail -5 "$OUT/train_$name.log"; exit 0; }  # leaves this recipe's subshell
   grep -E "wall|train_time|final|img/s" "$OUT/train_$name.log" | tail -4
   for s in $SETTINGS; do
-    g=${s%%:*}; iv=${s#*:}
+    g=${s%%:*}; rest=${s#*:}; iv=${rest%%:*}; extra=""
+    [ "$rest" != "$iv" ] && extra=${rest#*:}
+    tag="g${g}_${iv/,/-}${extra:+_$(echo "$extra" | tr -c 'A-Za-z0-9.=\n' '_')}"
     timeout 240 $G eval $RUNS/$name eval.num_samples=$N eval.cfg_scale=$g method.cfg_interval=$iv \
-      eval.sample_steps=${SAMPLE_STEPS:-25} --metrics accuracy,fd,pr > "$OUT/eval_${name}_g${g}_${iv/,/-}.json" \
+      eval.sample_steps=${SAMPLE_STEPS:-25} ${extra//+/ } --metrics accuracy,fd,pr > "$OUT/eval_${name}_$tag.json" \
       2> "$OUT/eval_${name}.err" || { echo "eval $name $s failed"; tail -3 "$OUT/eval_${name}.err"; continue; }
-    python3 - "$OUT/eval_${name}_g${g}_${iv/,/-}.json" "$name cfg $g interval [$iv]" <<'EOF'
+    python3 - "$OUT/eval_${name}_$tag.json" "$name cfg $g interval [$iv]${extra:+ ${extra//+/ }}" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 flat = {}
