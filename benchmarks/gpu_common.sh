@@ -8,6 +8,5 @@ stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total,temperature.gpu,power.draw --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee -a "$OUT/main.log"
-# genlab writes each run's config as TOML (tomli_w), which the GPU image lacks: install it from the carried wheels
-# (WHEELS, default wheels/ as in the other gpu_*.sh).
-python3 -c "import tomli_w" 2>/dev/null || python3 -m pip install --quiet --no-deps ${WHEELS:-wheels}/tomli_w-*.whl 2>&1 | tail -1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_deps.sh"  # tomli_w
+

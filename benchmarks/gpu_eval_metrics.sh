@@ -6,6 +6,7 @@
 #   OUT=out [STEPS=3000] bash benchmarks/gpu_eval_metrics.sh
 # Needs gpu_data/mnist/*.gz and gpu_data/fashion-mnist/*.gz (carried: copy ../shared/data/{mnist,fashion-mnist}).
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 GENLAB_CACHE=/tmp/genlab_evalq_cache
 G="python3 -m genlab"; RUNS=/tmp/genlab_evalq_runs; rm -rf "$RUNS"

@@ -7,6 +7,7 @@
 # unaffected, their throughput figures are not speed measurements).
 # Needs gpu_data/mnist/*.gz (carried) and the torchao wheel in wheels/.
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 python3 -m pip install --no-deps wheels/*.whl >/dev/null 2>&1 || { echo "needs the torchao wheel in wheels/"; exit 1; }

@@ -3,6 +3,7 @@
 # the activation-checkpointing memory table and the default digits run on the GPU.
 # Usage on the GPU machine, from the repo root:  OUT=/some/dir bash benchmarks/gpu_foundation.sh
 set -uo pipefail
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 export PYTHONPATH=src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/genlab-out}
 mkdir -p "$OUT"

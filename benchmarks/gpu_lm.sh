@@ -11,6 +11,7 @@
 #     PYTHONPATH=src python3 benchmarks/bench_lm.py --out out --only new_b16,new_b32,new_b64
 # Run from the repo root: bash benchmarks/gpu_lm.sh   (tables, samples and logs land in $OUT)
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-}
 RUNS=/tmp/genlab_lm_runs; rm -rf "$RUNS" gpu_data/shakespeare_char; mkdir -p "$RUNS"

@@ -1,4 +1,5 @@
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 export PYTHONPATH=src:${PYTHONPATH:-}
 G="python3 -m genlab"
 RUNS=/tmp/r; mkdir -p $RUNS

@@ -5,6 +5,7 @@
 #   VARIANTS="name|preset|overrides;..." CAP=360 OUT=out bash benchmarks/gpu_lm_tune.sh
 # Needs gpu_data/tinyshakespeare.txt (carried). Tables and logs land in $OUT.
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 RUNS=/tmp/genlab_tune; rm -rf "$RUNS"; mkdir -p "$RUNS"

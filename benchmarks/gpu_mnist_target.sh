@@ -7,6 +7,7 @@
 #   OUT=out DATASET=fashion-mnist RECIPES=s2 bash benchmarks/gpu_mnist_target.sh
 # Needs gpu_data/{mnist,fashion-mnist}/*.gz (carried: the four idx files of each).
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 DS=${DATASET:-mnist}
 FINAL=${OUT:-out}; OUT=$(mktemp -d); mkdir -p "$FINAL"  # logs gathered here, packed into $FINAL/target_$DS.tgz
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1

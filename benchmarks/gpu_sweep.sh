@@ -8,6 +8,7 @@
 # GPU) needs two calls, all_axes_part2 one.
 # Usage (repo root): OUT=/dir bash benchmarks/gpu_sweep.sh [all_axes] [dtype ...]
 set -uo pipefail
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 export PYTHONPATH=src:${PYTHONPATH:-}
 OUT=${OUT:-/tmp/genlab-out}
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}

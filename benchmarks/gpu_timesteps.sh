@@ -11,6 +11,7 @@
 # Usage (repo root): OUT=/dir bash benchmarks/gpu_timesteps.sh            # sweep (+ the NFE table if time is left)
 #                    OUT=/dir NFE_ONLY=1 bash benchmarks/gpu_timesteps.sh  # only the NFE table
 set -uo pipefail
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/genlab-out}
 ROOT=${SWEEP_ROOT:-/tmp/genlab-sweeps}

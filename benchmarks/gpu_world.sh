@@ -9,6 +9,7 @@
 # (needs gymnasium + ale-py). Results under $OUT: world_eval.md (rollout PSNR vs copy-last, action margin),
 # summary.json, rollout.gif/.mp4, speed.md, data_stats.txt, contact_sheet.png, train.log.
 set -u
+source "$(dirname "$0")/gpu_deps.sh"  # tomli_w for genlab train
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 DATA=${DATA:-gpu_data/pong64}
