@@ -97,6 +97,31 @@ def test_resume_with_a_different_model_shape_fails_cleanly(tmp_path):
     assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
 
 
+def test_a_run_whose_setup_fails_leaves_no_folder(tmp_path, monkeypatch):
+    # the config could not be written (tomli_w missing on a GPU image did this): no empty run folder may remain,
+    # or the next `genlab train` of that name refuses with "already exists"
+    import genlab.train.trainer as trainer_mod
+
+    def no_tomli_w(d):
+        raise ModuleNotFoundError("No module named 'tomli_w'")
+
+    monkeypatch.setattr(trainer_mod, "dumps_toml", no_tomli_w)
+    with pytest.raises(GenlabError, match="tomli_w"):
+        Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
+    assert not (tmp_path / "a").exists()
+    monkeypatch.undo()
+
+    def broken_log(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer_mod, "MetricsLog", broken_log)  # fails after the folder and its config.toml exist
+    with pytest.raises(GenlabError, match="disk full"):
+        Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
+    assert not (tmp_path / "a").exists()
+    monkeypatch.undo()
+    assert Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()["status"] == "finished"
+
+
 def test_existing_run_folder_is_not_overwritten(tmp_path):
     Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
     with pytest.raises(GenlabError, match="already exists"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import sys
 import time
@@ -104,16 +105,24 @@ class Trainer:
             self.run_dir = Path(cfg.train.out_dir) / name
             if self.dist.is_main and self.run_dir.exists() and any(self.run_dir.iterdir()):
                 raise GenlabError(f"run folder '{self.run_dir}' already exists; resume it with --resume {self.run_dir} or pick another train.name")
-        if self.dist.is_main:
-            from genlab.config_check import config_warnings
-            warnings = config_warnings(cfg)  # printed before training and kept with the run's config
-            for w in warnings:
-                print(f"genlab: warning: {w}", file=sys.stderr)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "samples").mkdir(exist_ok=True)
-            (self.run_dir / "config.toml").write_text("".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(to_dict(cfg)))
-        self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main,
-                              wandb_project=cfg.log.wandb_project if cfg.log.wandb else None, config=to_dict(cfg))
+        made = self.dist.is_main and resume_state is None and not self.run_dir.exists()
+        try:
+            if self.dist.is_main:
+                from genlab.config_check import config_warnings
+                warnings = config_warnings(cfg)  # printed before training and kept with the run's config
+                for w in warnings:
+                    print(f"genlab: warning: {w}", file=sys.stderr)
+                # rendered before the folder exists (tomli_w missing once left an empty run that blocked the next)
+                text = "".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(to_dict(cfg))
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / "samples").mkdir(exist_ok=True)
+                (self.run_dir / "config.toml").write_text(text)
+            self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main,
+                                  wandb_project=cfg.log.wandb_project if cfg.log.wandb else None, config=to_dict(cfg))
+        except BaseException:
+            if made:  # a new run that could not start leaves nothing behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, weights=True):
