@@ -103,3 +103,14 @@ def test_unused_sampling_option_is_a_warning_recorded_in_the_run_config(tmp_path
     text = (tmp_path / "w" / "config.toml").read_text()
     assert text.startswith("# warning: method.top_k is not read by method 'flow'")
     assert from_dict(tomllib.loads(text)).method.top_k == 5
+
+
+def test_every_shipped_preset_loads_and_passes_the_checks():
+    # a preset is a user-facing command (`genlab train NAME`): a key renamed in config.py or a value out of range in
+    # one of them must fail here, not on the user's GPU
+    from genlab.config import CONFIG_DIR, load_config
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+    assert {"digits_flow", "mnist_flow", "mnist_flow_fast", "fashion_flow_fast"} <= set(names)
+    for name in names:
+        cfg = load_config(name, [])
+        assert cfg.preset == name

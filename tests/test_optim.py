@@ -247,6 +247,19 @@ def test_state_bytes_counts_adamw_moments_and_steps():
     assert state_bytes(opt) == 2 * 4 * n + 4 * len(list(model.parameters()))
 
 
+
+def test_state_bytes_counts_shampoos_kronecker_factors():
+    # pytorch-optimizer keeps Shampoo's factors in PreConditioner / graft objects, not in tensors of the state dict:
+    # counting only those tensors reported Shampoo's state as its momentum alone (SGD's size) in the sweep
+    pytest.importorskip("pytorch_optimizer")
+    model = nn.Linear(96, 64, bias=False)
+    opt = build_optimizer(model, OptimConfig(name="shampoo", lr=1e-3))
+    model(torch.randn(8, 96)).square().mean().backward()
+    opt.step()
+    momentum, graft = 64 * 96, 2 * 64 * 96              # Shampoo momentum; RMSProp graft statistics + momentum
+    factors = 2 * (64 * 64 + 96 * 96)                   # left/right statistics and their inverse roots (one block)
+    assert state_bytes(opt) == 4 * (momentum + graft + factors)
+
 # -- exact resume -----------------------------------------------------------------------------------------
 RESUME = ["train.steps=4", "log.every=1", "log.ckpt_every=0", "eval.num_samples=0", "eval.grid_per_class=1",
           "eval.sample_steps=2", "optim.warmup_steps=2", "optim.weight_decay=0.01", "train.ema_decay=0"]

@@ -21,6 +21,10 @@ def state_bytes(optimizer) -> int:
         elif isinstance(v, (list, tuple)):
             for x in v:
                 walk(x)
+        elif hasattr(v, "__dict__") and not isinstance(v, (type, torch.nn.Module)) and id(v) not in seen:
+            # state held in library objects (pytorch-optimizer Shampoo's PreConditioner and graft): their tensors
+            seen.add(id(v))
+            walk(vars(v))
     for s in optimizer.state.values():
         walk(s)
     return total
