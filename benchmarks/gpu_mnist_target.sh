@@ -45,7 +45,8 @@ for r in ${RECIPES:-s2 s4}; do
   if [ -n "${FILL_S:-}" ]; then  # size train.steps to a wall of FILL_S s: time the step first (genlab bench)
     $G bench mnist_flow $base $ov --steps 40 --warmup 15 --json "$OUT/bench_$name.json" > "$OUT/bench_$name.log" 2>&1 \
       || { echo "bench $name failed"; tail -3 "$OUT/bench_$name.log"; exit 0; }
-    # start-up and compilation took ~50 s of the 168.6 s s4t run; the loop's step is ~10% slower than bench's (EMA, data)
+    # start-up and compilation took ~50 s of the cold 168.6 s s4t run (after the bench the compile cache is warm: ~6 s
+    # in s4t512); the loop's step is ~10% slower than bench's (EMA, data)
     ov="$ov train.steps=$(python3 -c "import json; ms = json.load(open('$OUT/bench_$name.json'))['step_ms']
 print(int(($FILL_S - ${STARTUP_S:-50}) / (1.1 * ms / 1e3)))")"
     echo "bench: $(python3 -c "import json; print(round(json.load(open('$OUT/bench_$name.json'))['step_ms'], 2))") ms/step -> $ov"
