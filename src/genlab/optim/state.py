@@ -5,7 +5,8 @@ import torch
 
 
 def state_bytes(optimizer) -> int:
-    """Bytes of the optimizer's state tensors on this rank (FSDP2: the local shards), nested dicts included."""
+    """Bytes of the optimizer's state tensors on this rank (FSDP2: the local shards), in nested dicts, lists and
+    library state objects."""
     seen, total = set(), 0
 
     def walk(v):
