@@ -9,4 +9,3 @@ stamp() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/main.log"; }
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee -a "$OUT/main.log"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_deps.sh"  # tomli_w
-

@@ -47,9 +47,10 @@ for r in ${RECIPES:-s2 s4}; do
       || { echo "bench $name failed"; tail -3 "$OUT/bench_$name.log"; exit 0; }
     # start-up and compilation took ~50 s of the cold 168.6 s s4t run (after the bench the compile cache is warm: ~6 s
     # in s4t512); the loop's step is ~10% slower than bench's (EMA, data)
-    ov="$ov train.steps=$(python3 -c "import json; ms = json.load(open('$OUT/bench_$name.json'))['step_ms']
-print(int(($FILL_S - ${STARTUP_S:-50}) / (1.1 * ms / 1e3)))")"
-    echo "bench: $(python3 -c "import json; print(round(json.load(open('$OUT/bench_$name.json'))['step_ms'], 2))") ms/step -> $ov"
+    read -r ms steps < <(python3 -c "import json; ms = json.load(open('$OUT/bench_$name.json'))['step_ms']
+print(round(ms, 2), int(($FILL_S - ${STARTUP_S:-50}) / (1.1 * ms / 1e3)))")
+    ov="${ov% train.steps=*} train.steps=$steps"  # every recipe ends with its train.steps: replaced, not repeated
+    echo "bench: $ms ms/step -> $ov"
   fi
   timeout ${CAP:-300} $G train mnist_flow $base $ov log.every=200 log.ckpt_every=0 log.sample_every=0 \
     log.tensorboard=false eval.num_samples=0 train.out_dir=$RUNS train.name=$name > "$OUT/train_$name.log" 2>&1 \

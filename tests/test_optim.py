@@ -247,7 +247,6 @@ def test_state_bytes_counts_adamw_moments_and_steps():
     assert state_bytes(opt) == 2 * 4 * n + 4 * len(list(model.parameters()))
 
 
-
 def test_state_bytes_counts_shampoos_kronecker_factors():
     # pytorch-optimizer keeps Shampoo's factors in PreConditioner / graft objects, not in tensors of the state dict:
     # counting only those tensors reported Shampoo's state as its momentum alone (SGD's size) in the sweep
@@ -259,6 +258,7 @@ def test_state_bytes_counts_shampoos_kronecker_factors():
     momentum, graft = 64 * 96, 2 * 64 * 96              # Shampoo momentum; RMSProp graft statistics + momentum
     factors = 2 * (64 * 64 + 96 * 96)                   # left/right statistics and their inverse roots (one block)
     assert state_bytes(opt) == 4 * (momentum + graft + factors)
+
 
 # -- exact resume -----------------------------------------------------------------------------------------
 RESUME = ["train.steps=4", "log.every=1", "log.ckpt_every=0", "eval.num_samples=0", "eval.grid_per_class=1",
