@@ -50,13 +50,106 @@ def test_payload_checkpoint_is_refused_unexecuted(tmp_path, capsys, cmd):
     assert sorted(p.name for p in run.rglob("*")) == before
 
 
-def test_payload_dcp_metadata_is_refused_unexecuted(tmp_path, capsys):
+def test_payload_dcp_meta_pt_is_refused_unexecuted(tmp_path, capsys):
     marker = tmp_path / "pwned"
     d = tmp_path / "runs" / "x" / "checkpoints" / "step_00000001.dcp"
     d.mkdir(parents=True)
     (d / ".metadata").write_bytes(b"")
     torch.save({"step": 1, "x": Payload(marker)}, d / "meta.pt")
     _refused(capsys, ["sample", str(d), "--n", "4"], marker)
+
+
+@pytest.fixture(scope="module")
+def dcp_run(tmp_path_factory):
+    """A real single-process DCP checkpoint of a tiny digits run (the layout an FSDP run writes)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    root = tmp_path_factory.mktemp("dcp")
+    Trainer(load_config("digits_flow", TINY + [f"train.out_dir={root}", "train.name=src", "train.steps=2",
+                                               "eval.num_samples=0"])).fit()
+    state = ckpt.load_checkpoint(root / "src")
+    run = root / "dcprun"
+    d = run / "checkpoints" / "step_00000002.dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": state["model"], "ema": state["ema"], "extra": {"lr": 0.5, "names": ["a", "b"]}},
+                 checkpoint_id=str(d))
+    meta = {k: v for k, v in state.items() if k not in ("model", "ema", "optimizer")}
+    torch.save({**meta, "world": 1, "has_ema": True}, d / "meta.pt")
+    return root, run, d, state
+
+
+def _copy_run(dcp_run, tmp_path):
+    import shutil
+    _, run, d, _ = dcp_run
+    shutil.copytree(run, tmp_path / "runs" / "x")
+    return tmp_path / "runs" / "x", tmp_path / "runs" / "x" / "checkpoints" / d.name
+
+
+def test_a_real_dcp_checkpoint_loads_through_the_restricted_reader(dcp_run):
+    _, run, _, state = dcp_run
+    loaded = ckpt.load_checkpoint(run)
+    for k, v in state["model"].items():
+        assert torch.equal(loaded["model"][k], v), k
+    for k, v in state["ema"].items():
+        assert torch.equal(loaded["ema"][k], v), k
+
+
+def _load_argv(cmd, run, tmp_path):
+    return {"sample": ["sample", str(run), "--n", "4", "--out", str(tmp_path / "g.png")],
+            "eval": ["eval", str(run)],
+            "resume": ["train", "--resume", str(run)],
+            "export": ["export", str(run), "--out", str(tmp_path / "m.safetensors")],
+            "play": ["play", str(run), "--port", "0"],
+            "init_from": ["train", "digits_flow", *TINY, f"train.out_dir={tmp_path / 'new'}", "train.steps=2",
+                          f"train.init_from={run}"]}[cmd]
+
+
+@pytest.mark.parametrize("cmd", ["sample", "eval", "resume", "export", "play", "init_from"])
+def test_payload_dcp_metadata_is_refused_unexecuted_by_every_command(dcp_run, tmp_path, capsys, cmd):
+    """A valid tensors-only meta.pt next to a crafted .metadata: DCP would unpickle it with plain pickle."""
+    marker = tmp_path / "pwned"
+    run, d = _copy_run(dcp_run, tmp_path)
+    (d / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    before = sorted(str(p) for p in run.rglob("*"))
+    err = _refused(capsys, _load_argv(cmd, run, tmp_path), marker)
+    assert "posix.system" in err or "os.system" in err
+    assert sorted(str(p) for p in run.rglob("*")) == before
+    assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
+
+
+def test_payload_in_a_dcp_non_tensor_entry_is_refused_unexecuted(dcp_run, tmp_path, capsys):
+    """DCP loads non-tensor entries with torch.load(weights_only=False); genlab's planner does not."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    marker = tmp_path / "pwned"
+    _, _, _, state = dcp_run
+    run = tmp_path / "runs" / "x"
+    d = run / "checkpoints" / "step_00000002.dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {**state["model"], "evil": Payload(marker)}}, checkpoint_id=str(d))
+    meta = {k: v for k, v in state.items() if k not in ("model", "ema", "optimizer")}
+    torch.save({**meta, "world": 1, "has_ema": False}, d / "meta.pt")
+    assert not marker.exists()
+    _refused(capsys, ["sample", str(run), "--n", "4", "--out", str(tmp_path / "g.png")], marker)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "foreign_class", "not_metadata"])
+def test_damaged_dcp_metadata_is_one_line(dcp_run, tmp_path, capsys, damage):
+    import collections
+    run, d = _copy_run(dcp_run, tmp_path)
+    good = (d / ".metadata").read_bytes()
+    (d / ".metadata").write_bytes({"empty": b"", "truncated": good[: len(good) // 2], "garbage": b"\x00not a pickle",
+                                   "foreign_class": pickle.dumps(collections.Counter("ab")),
+                                   "not_metadata": pickle.dumps({"a": 1})}[damage])
+    rc = main(["sample", str(run), "--n", "4", "--out", str(tmp_path / "g.png")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert ("refused" in err) if damage == "foreign_class" else ("cannot read DCP checkpoint" in err), err
+    assert not (tmp_path / "g.png").exists()
 
 
 def test_payload_cifar_batch_is_refused_unexecuted(tmp_path, capsys):

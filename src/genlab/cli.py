@@ -236,6 +236,11 @@ def main(argv=None) -> int:
         # a bug or an unreadable input outside the trainer's setup: one line, the traceback on request
         print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
+    except BaseException as e:  # e.g. torch's CheckpointException, which does not derive from Exception
+        if isinstance(e, (SystemExit, GeneratorExit)) or debug():
+            raise
+        print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

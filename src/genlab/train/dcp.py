@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from genlab.errors import GenlabError
+from genlab.errors import GenlabError, one_line
 
 META = "meta.pt"
 
@@ -60,15 +60,22 @@ def save_dcp(ckpt_dir, step: int, model, optimizer, ema, meta: dict, info) -> Pa
 
 def load_dcp_full(path) -> dict:
     """Trainer meta + unsharded model and EMA weights (CPU), on any number of processes."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
     path = Path(path)
     if not (path / META).exists():
         raise GenlabError(f"'{path}' is not a complete genlab DCP checkpoint (no {META})")
     meta = _load_meta(path / META)
+    reader = SafeReader(path)  # .metadata is checked before DCP reads anything else
     keys = {"model", "ema"} if meta.get("has_ema") else {"model"}
+    full: dict = {}
+
+    class Planner(_SafeBytes, _EmptyStateDictLoadPlanner):
+        pass
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "no process group, loading in a single process" is the intent
-        full = _load_state_dict_from_keys(keys, checkpoint_id=str(path))
+        _dcp_call(path, lambda: _load_state_dict(state_dict=full, storage_reader=reader, no_dist=True,
+                                                 planner=Planner(keys=keys)))
     return {**meta, "model": full["model"], "ema": full.get("ema"), "optimizer": None, "dcp_path": str(path)}
 
 
@@ -84,15 +91,115 @@ def _load_meta(p: Path) -> dict:
         raise GenlabError(f"cannot read '{p}': {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
+# What DCP's `.metadata` pickle holds (torch 2.x): its own dataclasses, torch.Size, dtypes, layouts by name
+# and the folder as a path. Anything else is refused before it is constructed.
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                              "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                                              "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+}
+
+
+def _allowed(module: str, name: str) -> bool:
+    if name in _METADATA_CLASSES.get(module, ()):
+        return True
+    return module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))
+
+
+def read_metadata(path) -> object:
+    """A DCP folder's `.metadata`, unpickled by a loader that admits only the classes DCP's metadata holds:
+    a crafted file is refused in one line with nothing in it run; an empty or cut file is one line too."""
+    import pickle
+    from torch.distributed.checkpoint.metadata import Metadata
+    p = Path(path) / ".metadata"
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            if not _allowed(module, name):
+                raise GenlabError(f"refused to load '{p}': it asks for {module}.{name}, which DCP metadata never holds; "
+                                  f"nothing in it was run. Only load checkpoints you trust; share exported model.safetensors")
+            return super().find_class(module, name)
+    try:
+        with open(p, "rb") as f:
+            md = Restricted(f).load()
+    except GenlabError:
+        raise
+    except Exception as e:  # noqa: BLE001  (empty, truncated, not a pickle)
+        raise GenlabError(f"cannot read DCP checkpoint '{p}': not DCP metadata ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else 'empty or cut short'})") from None
+    if not isinstance(md, Metadata):
+        raise GenlabError(f"cannot read DCP checkpoint '{p}': it holds a {type(md).__name__}, not DCP metadata")
+    return md
+
+
+def _reader_class():
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        """FileSystemReader whose metadata comes from `read_metadata` (plain pickle.load runs any payload)."""
+        def read_metadata(self, *args, **kwargs):
+            md = read_metadata(self.path)
+            if getattr(md, "storage_meta", None) is None:
+                md.storage_meta = StorageMeta()
+            md.storage_meta.load_id = self.load_id
+            return md
+    return Reader
+
+
+def SafeReader(path):  # noqa: N802  (a class built on first use: torch.distributed.checkpoint loads lazily)
+    return _reader_class()(str(path))
+
+
+class _SafeBytes:
+    """Planner mix-in: DCP loads non-tensor entries (optimizer hyper-parameters) with torch.load(weights_only=False);
+    genlab only ever saves numbers, strings, lists and dicts there, so they load with weights_only=True."""
+    def load_bytes(self, read_item, value):
+        try:
+            obj = torch.load(value, weights_only=True)
+        except Exception:  # noqa: BLE001
+            raise GenlabError(f"refused to load a DCP entry '{read_item.dest_index.fqn}': it holds more than tensors, "
+                              f"numbers, strings, lists and dicts; nothing in it was run") from None
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._traverse import set_element
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def _dcp_call(path, fn):
+    """DCP's CheckpointException derives from BaseException (the CLI's one-line handler misses it): one line here."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    try:
+        return fn()
+    except GenlabError:
+        raise
+    except CheckpointException as e:
+        excs = [pair[0] for pair in e.failures.values() if isinstance(pair, tuple) and pair]
+        for exc in excs:  # a GenlabError raised inside DCP (a refused entry) comes back wrapped per rank
+            if isinstance(exc, GenlabError):
+                raise GenlabError(str(exc)) from None
+        why = one_line(excs[0]) if excs else "unreadable"
+        raise GenlabError(f"cannot read DCP checkpoint '{path}': {why}") from None
+
+
 def load_dcp_optimizer(path, model, optimizer) -> None:
     """Restore the optimizer from a DCP checkpoint into this run's (possibly differently sharded) model."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     osd = get_optimizer_state_dict(model, optimizer)
     state = {"optim": osd}
+
+    class Planner(_SafeBytes, DefaultLoadPlanner):
+        pass
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.load(state, checkpoint_id=str(path))
+        _dcp_call(path, lambda: dcp.load(state, storage_reader=SafeReader(path), planner=Planner()))
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
 
