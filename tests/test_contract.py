@@ -1,5 +1,5 @@
 """Every registered model with every layer choice that fits it, on CPU: output shape, finite gradients, and a
-state-dict round trip. A new model (with `example_spec` / `example_inputs` / `example_output_shape` on its builder,
+state-dict round trip. A new model (with an `example` in its registry spec,
 plus `layer_keys`, the model.* layer keys it reads, `grid_rank` when it reads model.pos_emb, and `option_cases`,
 other model.* options to cover one at a time) or a new attention/mlp/norm/position entry is tested here without a
 new test. A layer a model cannot use (an MLP that needs a patch grid in a model without one) must be refused with
@@ -21,35 +21,35 @@ BASE = dict(dim=32, depth=3, heads=2, size="tiny")  # depth 3: one U-ViT long sk
 
 def cases():
     out = []
-    for model, build in model_registry.items():
-        rank = getattr(build, "grid_rank", None)
+    for model, spec in model_registry.specs():
+        rank = spec.grid_rank
         axes = {"attention": attention_registry.names(), "mlp": mlp_registry.names(), "norm": norm_registry.names(),
                 "pos_emb": fitting_positions(rank) if rank else ["auto"]}
         out.append(pytest.param(model, "size", "tiny", id=f"{model}-defaults"))
-        for key in getattr(build, "layer_keys", ()):  # one axis at a time from the defaults: every choice, not every product
+        for key in spec.layer_keys:  # one axis at a time from the defaults: every choice, not every product
             out += [pytest.param(model, key, name, id=f"{model}-{key}={name}") for name in axes[key]]
-        for key, values in getattr(build, "option_cases", {}).items():
+        for key, values in ((spec.example.option_cases if spec.example else None) or {}).items():
             out += [pytest.param(model, key, v, id=f"{model}-{key}={v}") for v in values]
     return out
 
 
 def _refused(model, key, name):
     """Layer choices the model cannot use: an MLP that convolves over the patch grid in a model without one."""
-    rank = getattr(model_registry.get(model), "grid_rank", None)
-    return key == "mlp" and getattr(mlp_registry.get(name), "needs_grid", False) and rank != 2
+    rank = model_registry.spec(model).grid_rank
+    return key == "mlp" and mlp_registry.spec(name).needs_grid and rank != 2
 
 
 def build(model, key, name, seed):
-    b = model_registry.get(model)
-    if not hasattr(b, "example_spec"):
-        pytest.fail(f"model {model} declares no example_spec/example_inputs/example_output_shape for the contract test")
+    spec = model_registry.spec(model)
+    if spec.example is None:
+        pytest.fail(f"model {model} declares no `example` (registry.ModelExample) for the contract test")
     torch.manual_seed(seed)
     cfg = dataclasses.replace(ModelConfig(name=model, **BASE), **{key: name})
-    return b(cfg, b.example_spec), b
+    return spec.builder(cfg, spec.example.spec), spec.example
 
 
 def inputs(b, B=3):
-    return b.example_inputs(b.example_spec, B, torch.Generator().manual_seed(1))
+    return b.inputs(b.spec, B, torch.Generator().manual_seed(1))
 
 
 def _cpu_ok(key, name):
@@ -71,7 +71,7 @@ def test_model_with_layer_choice_keeps_the_contract(model, key, name):
         return
     m, b = build(model, key, name, seed=0)
     x = inputs(b)
-    backward_ok = key != "attention" or getattr(attention_registry.get(name), "cpu_backward", True)
+    backward_ok = key != "attention" or attention_registry.spec(name).cpu_backward
     if not backward_ok:  # e.g. FlexAttention: no CPU backward in torch, so its forward is held to sdpa's
         ref, _ = build(model, key, "sdpa", seed=0)
         ref.load_state_dict(m.state_dict())
@@ -82,7 +82,7 @@ def test_model_with_layer_choice_keeps_the_contract(model, key, name):
         for p in m.parameters():
             p.add_(0.02 * torch.randn_like(p))
     out = m(*x)
-    assert tuple(out.shape) == tuple(b.example_output_shape(b.example_spec, 3))
+    assert tuple(out.shape) == tuple(b.output_shape(b.spec, 3))
     out.float().square().mean().backward()
     named = [(n, p.grad) for n, p in m.named_parameters() if p.requires_grad]
     assert named and all(g is not None and torch.isfinite(g).all() for _, g in named)

@@ -18,7 +18,7 @@ from genlab.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean
 
 
 def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
-      free: str | None = None, unused: dict | None = None):
+      free: str | None = None, unused: dict | None = None, type: type | None = None, lists: str | None = None):
     """A dataclass field with its description and valid values.
 
     unused: {"section.key": (values...)}: this option is not read when that selector has one of these
@@ -26,10 +26,49 @@ def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, re
     Listing where it is *not* read (rather than where it is) keeps new components unaffected.
     """
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None,
-            "registry": registry, "free": free, "unused": dict(unused or {})}
+            "registry": registry, "free": free, "unused": dict(unused or {}), "lists": lists,
+            "type": type or _type_of(default)}
     if isinstance(default, list):  # a mutable default: every config gets its own copy
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_of(default):
+    for t in (bool, int, float, str, list, tuple):
+        if isinstance(default, t):
+            return t
+    raise TypeError(f"cannot infer the type of a config key from default {default!r}: pass F(..., type=...)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One config key as a component declares it: `section.name`, its type and its F(...) field."""
+    section: str
+    name: str
+    field: dataclasses.Field
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def type(self):
+        return self.field.metadata["type"]
+
+    @property
+    def default(self):
+        f = self.field
+        return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def declare(section: str, **fields) -> tuple[Key, ...]:
+    """Config keys a component reads, next to its code: `KEYS = declare("method", time_shift=F(1.0, "...", ge=0))`.
+    User-facing names stay `section.name`; the section classes are assembled from every declaration."""
+    for name, f in fields.items():
+        if not isinstance(f, dataclasses.Field) or "doc" not in (f.metadata or {}):
+            raise TypeError(f"{section}.{name}: declare keys with F(default, doc, ...)")
+        f.name = name
+    return tuple(Key(section, name, f) for name, f in fields.items())
 
 
 def meta_of(f: dataclasses.Field) -> dict:

@@ -1,69 +1,218 @@
-"""Name -> builder registries, so every interchangeable part is chosen by a config string.
+"""Name -> spec registries, so every interchangeable part is chosen by a config string.
 
-Registration without an import cycle: this module imports nothing of genlab but its errors. The modules that
-register entries import it; a lookup (`get`, `names`, ...) imports them by name on first use (ENTRY_MODULES),
-so config validation needs no import of the models, methods or trainer.
+An entry is registered next to its code with a typed spec: its builder, a one-line doc, the config keys it reads
+(`keys`: declared here with `config_fields.declare`; `reads`: keys another component declares) and its
+capabilities as fields of the registry's spec class. A misspelt capability is a TypeError at import, and config
+validation, `genlab config` and docs/config.md are derived from the specs.
+
+Registration without an import cycle: this module imports nothing of genlab but its errors and field helpers.
+The modules that register entries import it; a lookup imports them on first use (`load_entries`), found by
+scanning the package for registrations, so no file keeps a list of component modules.
 """
+from __future__ import annotations
+
 import importlib
+import os
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 from genlab.errors import GenlabError, did_you_mean
 
-REGISTRIES = {}
-# every module that registers something; imported on the first lookup of any registry
-ENTRY_MODULES = ("genlab.models", "genlab.methods", "genlab.data", "genlab.optim", "genlab.train.switches",
-                 "genlab.train.parallel", "genlab.train.convert", "genlab.eval.metrics")
+REGISTRIES: dict[str, "Registry"] = {}
 _loaded = False
+generation = 0  # bumped on every registration: derived config classes are rebuilt when it moves
+
+
+def _entry_modules() -> list[str]:
+    """Every genlab module whose source registers something (a text scan: nothing is imported to find them)."""
+    import genlab
+    root = Path(genlab.__file__).parent
+    found = []
+    for info in pkgutil.walk_packages([str(root)], prefix="genlab."):
+        rel = info.name.split(".")[1:]
+        path = root.joinpath(*rel)
+        path = path / "__init__.py" if info.ispkg else path.with_suffix(".py")
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if "_registry.register(" in text or "registry.register(" in text:
+            found.append(info.name)
+    return sorted(found)
 
 
 def load_entries():
-    """Import every registering module once (idempotent)."""
+    """Import every registering module once (idempotent), then the files named by $GENLAB_PLUGINS
+    (os.pathsep-separated module names or .py paths: a component of your own in one file)."""
     global _loaded
-    if not _loaded:
-        _loaded = True
-        for name in ENTRY_MODULES:
-            importlib.import_module(name)
+    if _loaded:
+        return
+    _loaded = True
+    for name in _entry_modules():
+        importlib.import_module(name)
+    for item in filter(None, os.environ.get("GENLAB_PLUGINS", "").split(os.pathsep)):
+        load_plugin(item)
+
+
+def load_plugin(item: str):
+    """Import one plugin: a module name, or a .py file (registered under its file stem)."""
+    if not item.endswith(".py"):
+        return importlib.import_module(item)
+    import importlib.util
+    import sys
+    p = Path(item)
+    if not p.is_file():
+        raise GenlabError(f"plugin file '{item}' not found ($GENLAB_PLUGINS)")
+    name = f"genlab_plugin_{p.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, p)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- specs: what an entry declares about itself --------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    builder: Any                  # the registered function, class or value
+    doc: str = ""
+    keys: tuple = ()              # config_fields.Key declarations this entry reads (it owns them)
+    reads: tuple[str, ...] = ()   # dotted keys declared by another component that this entry reads too
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodSpec(Spec):
+    data_kinds: tuple[str, ...] = ()      # dataset kinds it trains on (DatasetSpec.kind)
+    model_families: tuple[str, ...] = ()  # backbone families it drives (ModelSpec.family)
+    causal: bool | None = None            # the attention a model with a `model.causal` key must use
+    check: Callable | None = None         # check(cfg): the method's own config checks, before any work
+    sampling_keys: tuple[str, ...] = ()   # its keys that act only at sampling time (eval/sample may override them)
+
+
+@dataclass(frozen=True)
+class ModelExample:
+    """What the contract test (tests/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
+    and extra option values to cover beyond each layer registry's entries."""
+    spec: dict
+    inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments
+    output_shape: Callable        # output_shape(spec, batch) -> tuple
+    option_cases: dict = None     # model.<key> -> values
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec(Spec):
+    family: str                            # what methods name in model_families
+    sizes: dict | None = None              # model.size name -> (dim, depth, heads)
+    grid_rank: int | None = None           # token grid: 2 = image patches, 1 = a sequence, None = neither
+    layer_keys: tuple[str, ...] = ()       # model.* layer choices it builds from the registries (contract test)
+    block_tokens: bool = False             # its blocks output the patch tokens [B, N, D] alone (REPA hooks them)
+    example: ModelExample | None = None    # the contract test's tiny instance
+    check: Callable | None = None          # check(cfg, dim, heads, depth): shape constraints of its own options
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSpec(Spec):
+    kind: str                              # image | token | episodes
+    needs_path: bool = False               # reads a folder written by `genlab data ...` (data.path)
+    image_size: Callable | None = None     # image_size(cfg_data) -> side in pixels, when known without loading
+    check: Callable | None = None          # check(cfg_data): its own option checks
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionSpec(Spec):
+    cpu_backward: bool = True              # has a backward pass on the CPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlpSpec(Spec):
+    needs_grid: bool = False               # convolves over the 2-D patch grid
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionSpec(Spec):
+    axes: tuple[int, ...] = ()             # token-grid ranks it fits (1: sequences, 2: patch grids)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerSpec(Spec):
+    nfe_per_step: int = 1                  # model evaluations per step (NFE = steps * this)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec(Spec):
+    fsdp: bool = True                      # can update DTensor shards (train.parallel=fsdp|hsdp)
+    preconditioned: bool = False           # keeps a preconditioner (optim.precondition_every)
+    muon_groups: bool = False              # splits parameters into Muon and AdamW groups (optim.muon_scope)
+    heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
 
 
 class Registry:
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, spec: type = Spec):
         self.kind = kind
-        self._entries = {}
-        self._docs = {}  # name -> one-line description (`genlab list`); entries may be plain values
+        self.spec_type = spec
+        self._specs: dict[str, Spec] = {}
         REGISTRIES[kind] = self
 
-    def register(self, name: str, doc: str = ""):
+    def register(self, name: str, doc: str = "", **fields):
+        """Decorator: `@registry.register("name", "doc", keys=..., <capability>=...)`; the registered object is
+        returned unchanged. Also usable as `registry.register(name, doc, ...)(value)` for plain values."""
         def wrap(fn):
-            if name in self._entries:
+            global generation
+            if name in self._specs:
                 raise ValueError(f"{self.kind} '{name}' registered twice")
-            self._entries[name] = fn
-            self._docs[name] = doc or (fn.__doc__ or "").strip().split("\n")[0]
+            first_line = doc or (getattr(fn, "__doc__", None) or "").strip().split("\n")[0]
+            self._specs[name] = self.spec_type(builder=fn, doc=first_line, **fields)
+            generation += 1
             return fn
         return wrap
 
-    def get(self, name: str):
-        if name not in self._entries:
+    def unregister(self, name: str):
+        """Remove an entry (tests that register a toy component)."""
+        global generation
+        self._specs.pop(name, None)
+        generation += 1
+
+    def _find(self, name: str) -> Spec:
+        if name not in self._specs:
             load_entries()
-        if name not in self._entries:
-            raise GenlabError(f"unknown {self.kind} '{name}'{did_you_mean(str(name), self._entries)}; "
-                              f"valid choices: {', '.join(sorted(self._entries))}")
-        return self._entries[name]
+        if name not in self._specs:
+            raise GenlabError(f"unknown {self.kind} '{name}'{did_you_mean(str(name), self._specs)}; "
+                              f"valid choices: {', '.join(sorted(self._specs))}")
+        return self._specs[name]
+
+    def get(self, name: str):
+        """The registered builder (function, class or value)."""
+        return self._find(name).builder
+
+    def spec(self, name: str) -> Spec:
+        return self._find(name)
 
     def doc(self, name: str) -> str:
         load_entries()
-        return self._docs.get(name, "")
+        return self._specs[name].doc if name in self._specs else ""
 
     def names(self):
         load_entries()
-        return sorted(self._entries)
+        return sorted(self._specs)
 
     def __contains__(self, name):
-        if name not in self._entries:
+        if name not in self._specs:
             load_entries()
-        return name in self._entries
+        return name in self._specs
 
     def items(self):
+        """(name, builder) pairs, sorted by name."""
         load_entries()
-        return sorted(self._entries.items())
+        return [(n, s.builder) for n, s in sorted(self._specs.items())]
+
+    def specs(self):
+        """(name, spec) pairs, sorted by name."""
+        load_entries()
+        return sorted(self._specs.items())
 
 
 def all_registries():
@@ -73,15 +222,15 @@ def all_registries():
 
 
 # Every registry of the project; `genlab list` prints them all.
-model_registry = Registry("model")
-attention_registry = Registry("attention")
-method_registry = Registry("method")
+model_registry = Registry("model", ModelSpec)
+attention_registry = Registry("attention", AttentionSpec)
+method_registry = Registry("method", MethodSpec)
 timestep_sampler_registry = Registry("timestep_sampler")
-sampler_registry = Registry("sampler")
+sampler_registry = Registry("sampler", SamplerSpec)
 step_schedule_registry = Registry("step_schedule")
 loss_weighting_registry = Registry("loss_weighting")
-dataset_registry = Registry("dataset")
-optimizer_registry = Registry("optimizer")
+dataset_registry = Registry("dataset", DatasetSpec)
+optimizer_registry = Registry("optimizer", OptimizerSpec)
 lr_schedule_registry = Registry("lr_schedule")
 precision_registry = Registry("precision")
 compile_registry = Registry("compile")
@@ -91,7 +240,7 @@ adaln_registry = Registry("adaln")
 residual_registry = Registry("residual")
 compile_mode_registry = Registry("compile_mode")
 convert_registry = Registry("convert")
-mlp_registry = Registry("mlp")
+mlp_registry = Registry("mlp", MlpSpec)
 norm_registry = Registry("norm")
-position_registry = Registry("position")
+position_registry = Registry("position", PositionSpec)
 eval_metric_registry = Registry("eval_metric")

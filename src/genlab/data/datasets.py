@@ -7,7 +7,22 @@ import numpy as np
 
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
 from genlab.errors import GenlabError
+from genlab.config_fields import F, declare
 from genlab.registry import dataset_registry
+
+# data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
+PATH_KEYS = declare("data",
+    path=F("", "folder written by `genlab data prepare` (data.name=images|tokens)", free="a folder path"),
+)
+IMAGE_KEYS = declare("data",
+    hflip=F(False, "random horizontal flip of images, applied on the device"),
+)
+SYNTHETIC_KEYS = declare("data",
+    image_size=F(32, "synthetic images: height = width in pixels", ge=1),
+    channels=F(4, "synthetic images: channels", ge=1),
+    num_classes=F(1000, "synthetic images: number of classes", ge=1),
+    size=F(4096, "synthetic data: number of samples (images or sequences)", ge=1),
+)
 
 
 def load_digits_uint8() -> ImageData:
@@ -17,6 +32,15 @@ def load_digits_uint8() -> ImageData:
     labels = labels.astype(np.int64)
     meta = {"source": "sklearn.datasets.load_digits", "sha256": array_checksum(images, labels)}
     return ImageData(images=images, labels=labels, classes=[str(i) for i in range(10)], meta=meta)
+
+
+def prepared_image_size(path) -> int | None:
+    """The image side of a prepared folder, read from the header of images.npy (None when missing or unreadable:
+    the dataset reader reports that)."""
+    try:
+        return int(np.load(Path(path) / "images.npy", mmap_mode="r").shape[1])
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _read_digits_csv():
@@ -33,19 +57,22 @@ def _read_digits_csv():
     return table[:, :-1], table[:, -1]
 
 
-@dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files")
+@dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files", kind="image",
+                           keys=IMAGE_KEYS, image_size=lambda d: 8)
 def digits(cfg_data):
     return load_digits_uint8()
 
 
-@dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)")
+@dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)", kind="image",
+                           keys=PATH_KEYS + IMAGE_KEYS, needs_path=True, image_size=lambda d: prepared_image_size(d.path))
 def images(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=images needs data.path (a folder made by `genlab data prepare`)")
     return read_image_dataset(cfg_data.path)
 
 
-@dataset_registry.register("synthetic", "random uint8 images of data.image_size/channels/num_classes (benchmarks)")
+@dataset_registry.register("synthetic", "random uint8 images of data.image_size/channels/num_classes (benchmarks)",
+                           kind="image", keys=IMAGE_KEYS + SYNTHETIC_KEYS, image_size=lambda d: d.image_size)
 def synthetic(cfg_data):
     rng = np.random.default_rng(0)
     n, s, c = cfg_data.size, cfg_data.image_size, cfg_data.channels

@@ -15,6 +15,8 @@ import numpy as np
 
 from genlab.data.tokenizers import TOKENIZERS, build_tokenizer, from_meta
 from genlab.errors import GenlabError
+from genlab.config_fields import F, declare
+from genlab.data.datasets import PATH_KEYS
 from genlab.registry import dataset_registry
 
 VAL_FRACTION = 0.1
@@ -178,19 +180,36 @@ def embedded_corpus(seq_len: int) -> TokenData:
     return TokenData(train, val, seq_len, {**tok.meta(), "source": "genlab.data.corpus (Tiny Shakespeare excerpt)"})
 
 
-@dataset_registry.register("tokens", "train.bin/val.bin written by `genlab data prepare text` (data.path, data.seq_len)")
+TOKEN_KEYS = declare("data",
+    split=F("train", "token data: the split the loader streams (val: the held-out tokens)", choices=("train", "val")),
+    seq_len=F(256, "token data: sequence length per sample", ge=1),
+)
+VOCAB_KEYS = declare("data",
+    vocab_size=F(0, "synthetic tokens: vocabulary size (>= 2 for data.name=synthetic_tokens)", ge=0),
+)
+
+
+def _check_synthetic_tokens(d):
+    if d.vocab_size < 2:
+        raise GenlabError("data.vocab_size must be >= 2 for data.name=synthetic_tokens")
+
+
+@dataset_registry.register("tokens", "train.bin/val.bin written by `genlab data prepare text` (data.path, data.seq_len)",
+                           kind="token", keys=PATH_KEYS + TOKEN_KEYS, needs_path=True)
 def tokens(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=tokens needs data.path (a folder made by `genlab data prepare text`)")
     return read_token_dataset(cfg_data.path, cfg_data.seq_len)
 
 
-@dataset_registry.register("text", "embedded char-level corpus (a 40 KB Tiny Shakespeare excerpt): needs no files")
+@dataset_registry.register("text", "embedded char-level corpus (a 40 KB Tiny Shakespeare excerpt): needs no files",
+                           kind="token", keys=TOKEN_KEYS)
 def text(cfg_data):
     return embedded_corpus(cfg_data.seq_len).check("embedded corpus")
 
 
-@dataset_registry.register("synthetic_tokens", "uniform random tokens of data.vocab_size, data.size sequences (benchmarks)")
+@dataset_registry.register("synthetic_tokens", "uniform random tokens of data.vocab_size, data.size sequences (benchmarks)",
+                           kind="token", keys=TOKEN_KEYS + VOCAB_KEYS, reads=("data.size",), check=_check_synthetic_tokens)
 def synthetic_tokens(cfg_data):
     if cfg_data.vocab_size < 2:
         raise GenlabError("data.name=synthetic_tokens needs data.vocab_size >= 2")

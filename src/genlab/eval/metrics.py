@@ -11,7 +11,32 @@ import torch
 
 from genlab import progress
 from genlab.errors import GenlabError
+from genlab import config_fields as cf
 from genlab.registry import eval_metric_registry
+
+# eval.* keys of the image metrics: the classifier and reference set every metric shares, then each metric's own
+EVAL_IMAGE_KEYS = cf.declare("eval",
+    classifier_epochs=cf.F(30, "flow: epochs of the in-project feature classifier", ge=1),
+    val_path=cf.F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
+                      "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
+                      "eval.num_samples training images)", free="a folder made by `genlab data prepare`"),
+)
+REF_KEYS = cf.declare("eval",
+    ref_samples=cf.F(10000, "flow: held-out images in the reference set of FD/FID (at most the held-out split)", ge=2),
+)
+PR_KEYS = cf.declare("eval",
+    pr_k=cf.F(3, "flow: k of the k-NN manifolds of precision/recall (Kynkäänniemi et al. 2019)", ge=1),
+)
+FID_KEYS = cf.declare("eval",
+    fid_weights=cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
+                         "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path"),
+)
+LPIPS_KEYS = cf.declare("eval",
+    lpips_net=cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg")),
+    lpips_weights=cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
+                           "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path"),
+    lpips_pairs=cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1),
+)
 
 DEFAULT_METRICS = "accuracy,fd,pr"   # the ones that need no downloaded weights
 _CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
@@ -141,18 +166,21 @@ def accuracy(ev: Evaluation) -> dict:
             "classifier_val_acc": ev.classifier()[1]}
 
 
-@eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor")
+@eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor",
+                               keys=REF_KEYS)
 def fd(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("classifier")
     return {"feature_fd": v, "feature_fd_floor": floor, "classifier_val_acc": ev.classifier()[1]}
 
 
-@eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space")
+@eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space",
+                               keys=REF_KEYS + PR_KEYS)
 def pr(ev: Evaluation) -> dict:
     return ev.pr_pair("classifier")
 
 
-@eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights)")
+@eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights)",
+                               keys=REF_KEYS + FID_KEYS)
 def fid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception")
     return {"fid": v, "fid_floor": floor}
@@ -177,7 +205,8 @@ fd.check = _at_least(2, "fd")  # a covariance needs two samples
 pr.check = lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg)  # the k-th neighbour of a point among the others
 
 
-@eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)")
+@eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
+                                keys=LPIPS_KEYS)
 def lpips(ev: Evaluation) -> dict:
     from genlab.eval.lpips import load_lpips, lpips_pairs, same_class_pairs
     e = ev.ecfg

@@ -14,6 +14,7 @@ from genlab import progress
 from genlab.errors import GenlabError
 from genlab.methods import lm_common as lm
 from genlab.methods.base import Method
+from genlab import config_fields as cf
 from genlab.registry import method_registry
 
 
@@ -135,7 +136,14 @@ class Autoregressive(Method):
                                    prompt=self.mcfg.prompt, length=self.mcfg.sample_len or self.T)
 
 
-@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling")
+AR_KEYS = cf.declare("method",
+    top_k=cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0),
+)
+
+
+@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
+                          keys=AR_KEYS + lm.TEXT_SAMPLING_KEYS, data_kinds=("token",), model_families=("gpt", "sparse_transformer"),
+                          causal=True, sampling_keys=("method.temperature", "method.top_k", "method.sample_len", "method.prompt"))
 def build_autoregressive(cfg, data_spec):
     return Autoregressive(cfg, data_spec)
 

@@ -10,10 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
+from genlab.eval.metrics import EVAL_IMAGE_KEYS
 from genlab.methods.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.methods.base import Extra, Method
 from genlab.methods.samplers import call_sampler, time_grid
 from genlab.methods.timesteps import resolve_shift, shift_time
+from genlab import config_fields as cf
 from genlab.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
 
 
@@ -170,9 +172,38 @@ def check_flow_config(cfg):
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
 
 
-@method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG")
+FLOW_METHOD_KEYS = cf.declare("method",
+    timestep_sampler=cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler"),
+    time_shift=cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
+                               "0 = sqrt(pixels / method.shift_base^2))", ge=0),
+    shift_base=cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1),
+    loss_weighting=cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting"),
+    sampler=cf.F("heun", "flow: ODE/SDE sampler", registry="sampler"),
+    step_schedule=cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule"),
+    cfg_interval=cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
+                                 "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1"),
+    sample_steps=cf.F(20, "flow, mdlm: sampler steps for previews", ge=1),
+    cfg_scale=cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0),
+)
+FLOW_EVAL_KEYS = cf.declare("eval",
+    sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
+    cfg_scale=cf.F(2.0, "flow: guidance scale in evaluation", ge=0),
+    grid_per_class=cf.F(10, "flow: columns of the sample grid", ge=1),
+    metrics=cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid and lpips need downloaded weights; README: Evaluation metrics)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, lpips, pr", lists="eval_metric"),
+    nfe_list=cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
+                          "evaluations per sample; empty = off)", free="comma-separated integers >= 1"),
+    samplers=cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler"),
+)
+CLASS_DROPOUT = cf.declare("model",
+    class_dropout=cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1),
+)
+FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
+# the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
+FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale")
+FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING)
+
+
+@method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
+                          keys=FLOW_KEYS, **FLOW_SPEC)
 def build_flow(cfg, data_spec):
     return FlowMatching(cfg, data_spec)
-
-
-build_flow.check_config = check_flow_config

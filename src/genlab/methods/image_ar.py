@@ -246,6 +246,8 @@ class ImageAR(Method):
 
 
 @method_registry.register("image_ar", "autoregressive image bytes (Sparse Transformer): bits/dim, sampling, "
-                                      "top-half completion, attention pictures")
+                                      "top-half completion, attention pictures",
+                          reads=("method.temperature", "eval.val_path"), data_kinds=("image",),
+                          model_families=("sparse_transformer",), sampling_keys=("method.temperature",))
 def build_image_ar(cfg, data_spec):
     return ImageAR(cfg, data_spec)

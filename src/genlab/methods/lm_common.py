@@ -8,12 +8,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from genlab import config_fields as cf
 from genlab.data.tokenizers import from_meta
 from genlab.errors import GenlabError
 from genlab.methods.flow import unwrap
 
 LN2 = math.log(2.0)
 INFILL = re.compile(r"\[\[(\d+)\]\]")  # "[[N]]" in a prompt: N tokens for masked diffusion to fill in
+
+
+# sampling keys every text method reads (autoregressive, mdlm)
+TEXT_SAMPLING_KEYS = cf.declare("method",
+    temperature=cf.F(1.0, "language models: sampling temperature (0 = greedy)", ge=0),
+    sample_len=cf.F(0, "tokens per text sample (0 = data.seq_len)", ge=0),
+    prompt=cf.F("", "text prompt for previews; mdlm: \"[[N]]\" marks N tokens to infill", free="any text"),
+)
 
 
 def check_token_spec(spec: dict, method: str):

@@ -6,7 +6,13 @@ error is the data error over (1-t): |v_hat - v|^2 = |x_hat - x|^2 / (1-t)^2, and
 """
 import torch
 
+from genlab import config_fields as cf
 from genlab.registry import loss_weighting_registry
+
+
+MIN_SNR_KEYS = cf.declare("method",
+    snr_gamma=cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0),
+)
 
 
 @loss_weighting_registry.register("none", "w = 1: the plain velocity MSE (rectified flow)")
@@ -15,7 +21,8 @@ def no_weighting(t, cfg=None):
 
 
 @loss_weighting_registry.register("min_snr", "Min-SNR-gamma (Hang et al. 2023) on the data error: w = min(SNR, gamma) "
-                                             "(1-t)^2 = min(t^2, gamma (1-t)^2) on the velocity loss (method.snr_gamma)")
+                                             "(1-t)^2 = min(t^2, gamma (1-t)^2) on the velocity loss (method.snr_gamma)",
+    keys=MIN_SNR_KEYS)
 def min_snr(t, cfg=None):
     # Min-SNR weights the x0 loss by min(SNR, gamma). That one target is kept whatever the network predicts:
     # on the velocity loss it becomes min(SNR, gamma) (1-t)^2, identical to the paper's eps form min(SNR, gamma)/SNR

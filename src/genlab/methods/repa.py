@@ -18,8 +18,9 @@ import torch.nn.functional as F
 
 from genlab.errors import GenlabError
 from genlab.methods.base import Extra
-from genlab.methods.flow import FlowMatching, check_flow_config, unwrap
-from genlab.registry import method_registry
+from genlab import config_fields as cf
+from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, unwrap
+from genlab.registry import method_registry, model_registry
 
 ENCODERS = ("random", "classifier")
 
@@ -122,10 +123,25 @@ class REPA(FlowMatching):
         return flow + self.weight * align, {**metrics, "flow_loss": flow.detach(), "repa_align": align.detach()}
 
 
+REPA_KEYS = cf.declare("method",
+    repa_weight=cf.F(0.5, "repa: lambda of the alignment term -cos(projector(h_k), encoder(x))", ge=0),
+    repa_block=cf.F(1, "repa: DiT block (1-based) whose output tokens are aligned", ge=1),
+    repa_encoder=cf.F("random", "repa: frozen encoder (classifier: the in-project feature CNN; random: a frozen random conv net)", choices=("random", "classifier")),
+    repa_hidden=cf.F(256, "repa: width of the trainable MLP projector", ge=1),
+    repa_lr=cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0),
+)
+
+
+def check_repa_config(cfg):
+    check_flow_config(cfg)
+    if not model_registry.spec(cfg.model.name).block_tokens:
+        raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
+                          f"blocks: use a model whose blocks output them (genlab list: model.dit)")
+
+
 @method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
-                                  "(trainable projector, frozen encoder; method.repa_*)")
+                                  "(trainable projector, frozen encoder; method.repa_*)",
+                          keys=REPA_KEYS, **{**FLOW_SPEC, "check": check_repa_config,
+                                             "reads": tuple(k.dotted for k in FLOW_KEYS)})
 def build_repa(cfg, data_spec):
     return REPA(cfg, data_spec)
-
-
-build_repa.check_config = check_flow_config

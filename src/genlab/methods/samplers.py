@@ -1,31 +1,42 @@
 """Samplers for flow matching as small pure functions of a velocity field, and their step schedules.
 
 `velocity(x, t) -> v` where t is a [B] tensor; the path runs from t=0 (noise) to t=1 (data).
-`callback(i, t, x)` is called after every step (for pictures and progress). `fn.nfe_per_step` is the
+`callback(i, t, x)` is called after every step (for pictures and progress). the registry spec's `nfe_per_step` is the
 number of velocity evaluations per step (the NFE of a run is steps * nfe_per_step).
 """
 import inspect
 
 import torch
 
+from genlab import config_fields as cf
 from genlab.registry import sampler_registry, step_schedule_registry
 
 
 # -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
+SHIFTED_KEYS = cf.declare("method",
+    sample_shift=cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0),
+)
+SDE_KEYS = cf.declare("method",
+    sde_noise=cf.F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0),
+)
+
+
 @step_schedule_registry.register("uniform", "t_i = i / N")
 def uniform_grid(steps, cfg=None):
     return torch.linspace(0.0, 1.0, steps + 1)
 
 
 @step_schedule_registry.register("shifted", "uniform grid through SD3's shift t/(s(1-t)+t), s = method.sample_shift "
-                                            "(> 1: more steps near the noise; Esser et al. 2024)")
+                                            "(> 1: more steps near the noise; Esser et al. 2024)",
+    keys=SHIFTED_KEYS)
 def shifted_grid(steps, cfg=None):
     from genlab.methods.timesteps import shift_time
     return shift_time(torch.linspace(0.0, 1.0, steps + 1), getattr(cfg, "sample_shift", 3.0) if cfg is not None else 3.0)
 
 
 @step_schedule_registry.register("linear_quadratic", "Mochi 1's grid: linear to method.lq_threshold over the first "
-                                                     "method.lq_linear_frac of the steps, then quadratic (Genmo 2024)")
+                                                     "method.lq_linear_frac of the steps, then quadratic (Genmo 2024)",
+    reads=("method.lq_threshold", "method.lq_linear_frac"))
 def linear_quadratic_grid(steps, cfg=None):
     from genlab.methods.timesteps import lq_map
     th = getattr(cfg, "lq_threshold", 0.025) if cfg is not None else 0.025
@@ -46,7 +57,7 @@ def call_sampler(fn, velocity, x, ts, callback=None, **opts):
 
 
 def nfe_per_step(name: str) -> int:
-    return getattr(sampler_registry.get(name), "nfe_per_step", 1)
+    return sampler_registry.spec(name).nfe_per_step
 
 
 # -- ODE samplers ---------------------------------------------------------------------------------
@@ -61,7 +72,8 @@ def sample_euler(velocity, x, ts, callback=None):
     return x
 
 
-@sampler_registry.register("heun", "Heun's 2nd-order method (Karras et al. 2022, Alg. 1), 2 evaluations per step")
+@sampler_registry.register("heun", "Heun's 2nd-order method (Karras et al. 2022, Alg. 1), 2 evaluations per step",
+                           nfe_per_step=2)
 @torch.no_grad()
 def sample_heun(velocity, x, ts, callback=None):
     for i in range(len(ts) - 1):
@@ -75,7 +87,8 @@ def sample_heun(velocity, x, ts, callback=None):
     return x
 
 
-@sampler_registry.register("midpoint", "explicit midpoint rule (2nd-order Runge-Kutta), 2 evaluations per step")
+@sampler_registry.register("midpoint", "explicit midpoint rule (2nd-order Runge-Kutta), 2 evaluations per step",
+                           nfe_per_step=2)
 @torch.no_grad()
 def sample_midpoint(velocity, x, ts, callback=None):
     for i in range(len(ts) - 1):
@@ -89,7 +102,8 @@ def sample_midpoint(velocity, x, ts, callback=None):
 
 # -- SDE sampler ----------------------------------------------------------------------------------
 @sampler_registry.register("euler_maruyama", "Euler-Maruyama on the flow's marginal-preserving SDE dx = [v - eta (x - t v)] dt "
-                                             "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)")
+                                             "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)",
+                           keys=SDE_KEYS)
 @torch.no_grad()
 def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0):
     """For x_t = (1-t) z + t x1 the velocity is v = E[x1 - z | x_t], and E[z | x_t] = x_t - t v, so the score is
@@ -110,7 +124,3 @@ def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise:
             callback(i, ts[i + 1], x)
     return x
 
-
-for _fn, _n in ((sample_euler, 1), (sample_heun, 2), (sample_midpoint, 2), (sample_euler_maruyama, 1)):
-    _fn.nfe_per_step = _n
-del _fn, _n

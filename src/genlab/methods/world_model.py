@@ -28,6 +28,7 @@ from genlab.data.pixels import quantize
 from genlab.errors import GenlabError
 from genlab.methods.flow import interpolate, unwrap
 from genlab.methods.samplers import time_grid
+from genlab import config_fields as cf
 from genlab.registry import method_registry, timestep_sampler_registry
 from genlab.methods.base import Extra, Method, StepContext
 
@@ -278,12 +279,26 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
 
 
-@method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
-                                   "closed-loop fine-tuning, few-step Euler rollouts")
-def build_world(cfg, data_spec):
-    if cfg.method.sample_steps < 1:
-        raise GenlabError("method.sample_steps must be >= 1")
-    return WorldModel(cfg, data_spec)
+WORLD_KEYS = cf.declare("method",
+    objective=cf.F("flow", "world: flow (rectified flow) | edm (Karras preconditioning) | l1 (one-step regression)", choices=("flow", "edm", "l1")),
+    residual=cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)"),
+    residual_scale=cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0),
+    prediction=cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
+                             "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v")),
+    sample_temperature=cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
+                                        "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
+                                        "rollouts track the real frames best (PSNR)", ge=0),
+    quantize_frames=cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
+                                     "closed-loop contexts)"),
+    ctx_noise_max=cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0),
+    closed_loop_start=cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1),
+    adv_weight=cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0),
+    disc_lr=cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0),
+)
+WORLD_EVAL_KEYS = cf.declare("eval",
+    world_rollouts=cf.F(32, "world: held-out windows per rollout evaluation", ge=1),
+    world_horizons=cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1"),
+)
 
 
 def check_world_config(cfg):
@@ -291,6 +306,13 @@ def check_world_config(cfg):
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
 
 
-build_world.check_config = check_world_config
-
-
+@method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
+                                   "closed-loop fine-tuning, few-step Euler rollouts",
+                          keys=WORLD_KEYS + WORLD_EVAL_KEYS,
+                          reads=("method.timestep_sampler", "method.sampler", "method.sample_steps", "eval.sample_steps"),
+                          data_kinds=("episodes",), model_families=("world_dit",), check=check_world_config,
+                          sampling_keys=("method.sample_steps", "method.sample_temperature", "method.quantize_frames"))
+def build_world(cfg, data_spec):
+    if cfg.method.sample_steps < 1:
+        raise GenlabError("method.sample_steps must be >= 1")
+    return WorldModel(cfg, data_spec)

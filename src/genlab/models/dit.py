@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from genlab.models.backbone import LongSkips, block_flops, embed_flops
 from genlab.models.layers import Attention, TimestepEmbedder, TokenGrid
 from genlab.models.positions import build_position
-from genlab.registry import adaln_registry, mlp_registry, model_registry, norm_registry, residual_registry
+from genlab import config_fields as cf
+from genlab.registry import ModelExample, adaln_registry, mlp_registry, model_registry, norm_registry, residual_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -122,7 +123,7 @@ class DiTBlock(nn.Module):
             self.attn.proj, self.attn.q_norm = nn.Identity(), nn.Identity()
         else:
             entry = mlp_registry.get(mlp)
-            self.mlp = entry(dim, int(dim * mlp_ratio), **({} if grid or not getattr(entry, "needs_grid", False)
+            self.mlp = entry(dim, int(dim * mlp_ratio), **({} if grid or not mlp_registry.spec(mlp).needs_grid
                                                            else {"grid": False}))
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, (2 if pre_only else 6) * dim))
         self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
@@ -256,23 +257,34 @@ def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
                    long_skips=getattr(cfg_model, "long_skips", False), **extra)
 
 
-@model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class")
+# model.* keys of the DiT family (dit, dit_incontext and mmdit read them through spec_from_config)
+DIT_KEYS = cf.declare("model",
+    patch_size=cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1),
+    qk_norm=cf.F(False, "dit: normalise queries and keys per head"),
+    adaln=cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln"),
+    residual=cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual"),
+    pos_emb=cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model"),
+    norm=cf.F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm"),
+    mlp=cf.F("gelu", "MLP kind", registry="mlp"),
+    long_skips=cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])"),
+)
+
+
+def image_backbone_example(options=None) -> ModelExample:
+    """The contract test's instance of an image backbone: a tiny data spec, inputs, output shape, extra options."""
+    return ModelExample(
+        spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
+        inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+                                   torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g)),
+        output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
+        option_cases={"long_skips": [True], "qk_norm": [True], **(options or {})})
+
+
+# what an image backbone declares: the family flow/repa drive, sizes, a 2-D token grid, the layer keys it builds
+IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=("attention", "mlp", "norm", "pos_emb"))
+
+
+@model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class",
+                         keys=DIT_KEYS, block_tokens=True, example=image_backbone_example(), **IMAGE_BACKBONE)
 def build_dit(cfg_model, data_spec) -> DiT:
     return DiT(spec_from_config(cfg_model, data_spec))
-
-
-def image_backbone_contract(build, options=None):
-    """What the contract test (tests/test_contract.py) and config checks read off an image backbone's builder: the
-    grid rank, the layer keys it reads, a tiny data spec, inputs, output shape, and extra options to cover."""
-    build.grid_rank = 2
-    build.layer_keys = ("attention", "mlp", "norm", "pos_emb")
-    build.option_cases = {"long_skips": [True], "qk_norm": [True], **(options or {})}
-    build.example_spec = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
-    build.example_inputs = lambda spec, B, g: (
-        torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
-        torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g))
-    build.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])
-    return build
-
-
-image_backbone_contract(build_dit)

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from genlab.errors import GenlabError
 from genlab.models.layers import Attention, apply_rope, attention_flops
 from genlab.models.positions import build_position, fitting_positions
-from genlab.registry import mlp_registry, model_registry, norm_registry
+from genlab import config_fields as cf
+from genlab.registry import ModelExample, mlp_registry, model_registry, norm_registry
 
 # name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.
 GPT_SIZES = {
@@ -232,8 +233,29 @@ def gpt_size(cfg_model) -> tuple[int, int, int]:
     return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
 
 
+GPT_KEYS = cf.declare("model",
+    dropout=cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1),
+    vocab_size=cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0),
+    tie_weights=cf.F(True, "gpt: share the embedding with the output head"),
+    causal=cf.F(True, "gpt: causal attention (autoregressive: true; mdlm: false)"),
+    bias=cf.F(False, "gpt: biases in linears and norms"),
+    ce_chunk=cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0),
+)
+GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/test_contract.py)
+    spec={"kind": "tokens", "vocab_size": 11, "seq_len": 12},
+    inputs=lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),),
+    output_shape=lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"])))
+
+
+def _check_gpt(cfg, dim: int, heads: int, depth: int):
+    if cfg.model.pos_emb == "rope" and (dim // heads) % 2:
+        raise GenlabError(f"model.pos_emb=rope needs an even head width; model.dim/model.heads = {dim // heads}")
+
+
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
-                                "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl")
+                                "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl",
+                         family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp"), sizes=GPT_SIZES,
+                         grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), check=_check_gpt, example=GPT_EXAMPLE)
 def build_gpt(cfg_model, data_spec) -> GPT:
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
@@ -241,7 +263,7 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     pos = "learned" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb
     if dim % heads or (pos == "rope" and (dim // heads) % 2):
         raise GenlabError(f"model.dim {dim} must split into {heads} heads (of even width for RoPE)")
-    if getattr(mlp_registry.get(cfg_model.mlp), "needs_grid", False):
+    if mlp_registry.spec(cfg_model.mlp).needs_grid:
         raise GenlabError(f"model.mlp={cfg_model.mlp} convolves over a patch grid; model gpt has none: choose gelu or swiglu")
     if pos not in fitting_positions(1):
         raise GenlabError(f"model.pos_emb={pos} does not fit model gpt; valid choices: auto, {', '.join(fitting_positions(1))}")
@@ -252,12 +274,3 @@ def build_gpt(cfg_model, data_spec) -> GPT:
                        mlp_ratio=cfg_model.mlp_ratio, pos_emb=pos, norm=cfg_model.norm, mlp=cfg_model.mlp,
                        tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
                        dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk))
-
-
-
-# the contract test (tests/test_contract.py) builds every model from these: a tiny data spec, inputs, output shape
-build_gpt.grid_rank = 1
-build_gpt.layer_keys = ("attention", "mlp", "norm", "pos_emb")
-build_gpt.example_spec = {"kind": "tokens", "vocab_size": 11, "seq_len": 12}
-build_gpt.example_inputs = lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),)
-build_gpt.example_output_shape = lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"]))

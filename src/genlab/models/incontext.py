@@ -8,7 +8,8 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
-from genlab.models.dit import DiTSpec, add_image_stem, depatchify, image_backbone_contract, patchify, spec_from_config
+from genlab import config_fields as cf
+from genlab.models.dit import DIT_KEYS, DiTSpec, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify, spec_from_config
 from genlab.models.layers import Attention, TokenGrid
 from genlab.registry import mlp_registry, model_registry, norm_registry, residual_registry
 
@@ -87,10 +88,16 @@ class InContextDiT(nn.Module):
         return f + 2 * N * D * pd
 
 
+INCONTEXT_KEYS = cf.declare("model",
+    ln_placement=cf.F("pre", "dit_incontext: pre-LN (x + f(norm(x))) or post-LN (norm(x + f(x))) blocks", choices=("pre", "post")),
+)
+
+
 @model_registry.register("dit_incontext", "DiT with in-context conditioning: timestep and class as two extra tokens, "
-                                          "no adaLN; pre-LN or post-LN blocks (model.ln_placement)")
+                                          "no adaLN; pre-LN or post-LN blocks (model.ln_placement)",
+                         keys=INCONTEXT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS if k.name != "adaln"),
+                         example=image_backbone_example({"ln_placement": ["post"]}), **IMAGE_BACKBONE)
 def build_incontext(cfg_model, data_spec) -> InContextDiT:
     return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=getattr(cfg_model, "ln_placement", "pre")))
 
 
-image_backbone_contract(build_incontext, {"ln_placement": ["post"]})

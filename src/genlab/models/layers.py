@@ -59,7 +59,8 @@ def math_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
 _BLOCK_MASKS = {}
 
 
-@attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)")
+@attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)",
+                             cpu_backward=False)  # torch implements FlexAttention's backward for CUDA only
 def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     from torch.nn.attention.flex_attention import flex_attention as flex
     if mask is not None or dropout_p > 0:
@@ -69,7 +70,6 @@ def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return run(q, k, v, block_mask=block_mask)
 
 
-flex_attention.cpu_backward = False  # torch implements FlexAttention's backward for CUDA only
 
 
 def _causal_block_mask(n: int, m: int, device):
@@ -353,14 +353,13 @@ class MixFFN(nn.Module):
 
 
 @mlp_registry.register("mixffn", "SANA Mix-FFN: 1x1 expand (SiLU) -> 3x3 depthwise conv over the patch grid -> GLU -> "
-                                 "1x1 project, 2/3 of the width (Xie et al. 2024); image backbones only")
+                                 "1x1 project, 2/3 of the width (Xie et al. 2024); image backbones only", needs_grid=True)
 def mixffn_mlp(dim: int, hidden: int, bias: bool = True, grid: bool = True) -> MixFFN:
     return MixFFN(dim, mixffn_mlp.hidden_of(hidden), bias, conv=grid)
 
 
 mixffn_mlp.hidden_of = swiglu_mlp.hidden_of  # three dim x hidden matrices, like SwiGLU (the conv adds 10 per channel)
 mixffn_mlp.matrices = 3
-mixffn_mlp.needs_grid = True
 mixffn_mlp.grid_flops = lambda grid_tokens, hidden: 2 * grid_tokens * 2 * hidden * 9  # the 3x3 depthwise conv
 
 

@@ -17,7 +17,8 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
-from genlab.models.dit import (DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, image_backbone_contract, patchify,
+from genlab import config_fields as cf
+from genlab.models.dit import (DIT_KEYS, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
                                spec_from_config)
 from genlab.models.layers import TokenGrid, attention_flops
 from genlab.registry import model_registry, residual_registry
@@ -127,10 +128,23 @@ class MMDiT(nn.Module):
         return f + 2 * D * 2 * D + 2 * N * D * pd
 
 
+MMDIT_KEYS = cf.declare("model",
+    dual_blocks=cf.F(0, "mmdit: the first k blocks are dual-stream, the rest DiT blocks over the joint sequence "
+                            "(0 = all dual: SD3's MMDiT)", ge=0),
+)
+
+
+def _check_mmdit(cfg, dim: int, heads: int, depth: int):
+    if cfg.model.dual_blocks > depth:
+        raise GenlabError(f"model.dual_blocks ({cfg.model.dual_blocks}) must be at most model.depth ({depth}); "
+                          f"0 = all blocks dual-stream")
+
+
 @model_registry.register("mmdit", "MMDiT (SD3): image and conditioning streams with their own weights, joint attention, "
-                                  "adaLN from the pooled condition; model.dual_blocks=k: k dual blocks, then DiT blocks")
+                                  "adaLN from the pooled condition; model.dual_blocks=k: k dual blocks, then DiT blocks",
+                         keys=MMDIT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS), check=_check_mmdit,
+                         example=image_backbone_example({"dual_blocks": [1]}), **IMAGE_BACKBONE)
 def build_mmdit(cfg_model, data_spec) -> MMDiT:
     return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=getattr(cfg_model, "dual_blocks", 0)))
 
 
-image_backbone_contract(build_mmdit, {"dual_blocks": [1]})

@@ -72,27 +72,24 @@ def rope_2d(grid: tuple, head_dim: int, base: float = 10000.0):
     return torch.cos(ang), torch.sin(ang)
 
 
-def _entry(cls, axes):
+def _entry(cls):
     def build(dim: int, heads: int, grid: tuple):
         return cls(dim, heads, tuple(grid))
-    build.axes = axes
     return build
 
 
-position_registry.register("learned", "a trained table, one row per position")(_entry(LearnedPosition, (1, 2)))
-position_registry.register("sincos2d", "fixed 2-D sin-cos table over the patch grid (DiT)")(_entry(SinCos2d, (2,)))
-position_registry.register("rope", "rotary embedding of the sequence position (queries and keys)")(_entry(Rotary, (1,)))
-position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)")(_entry(Rotary, (2,)))
-
-
-# rank of the token grid of each model that takes model.pos_emb
-GRID_RANK = {"gpt": 1, "dit": 2}
+position_registry.register("learned", "a trained table, one row per position", axes=(1, 2))(_entry(LearnedPosition))
+position_registry.register("sincos2d", "fixed 2-D sin-cos table over the patch grid (DiT)", axes=(2,))(_entry(SinCos2d))
+position_registry.register("rope", "rotary embedding of the sequence position (queries and keys)", axes=(1,))(_entry(Rotary))
+position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)", axes=(2,))(_entry(Rotary))
 
 
 def check_position_fits(name: str, model: str, rank: int | None = None):
     """Names not fitting the model's token grid fail with the fitting ones (unknown names: the registry's message)."""
     position_registry.get(name)
-    rank = rank or GRID_RANK.get(model)
+    if rank is None:
+        from genlab.registry import model_registry
+        rank = model_registry.spec(model).grid_rank
     fits = fitting_positions(rank) if rank else position_registry.names()
     if name not in fits:
         raise GenlabError(f"model.pos_emb={name} does not fit model {model}; valid choices: auto, {', '.join(fits)}")
@@ -105,4 +102,4 @@ def build_position(name: str, dim: int, heads: int, grid: tuple, model: str):
 
 
 def fitting_positions(rank: int) -> list[str]:
-    return [n for n, fn in position_registry.items() if rank in fn.axes]
+    return [n for n, s in position_registry.specs() if rank in s.axes]

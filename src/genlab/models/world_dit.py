@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.models.dit import DiTBlock, FinalLayer, depatchify, dit_size, patchify
+from genlab.models.dit import DIT_SIZES, DiTBlock, FinalLayer, depatchify, dit_size, patchify
 from genlab.models.layers import TimestepEmbedder, attention_flops, sincos_2d
-from genlab.registry import model_registry
+from genlab import config_fields as cf
+from genlab.registry import ModelExample, model_registry
 
 CONTEXT_MODES = ("channels", "tokens")
 
@@ -94,7 +95,21 @@ class WorldDiT(nn.Module):
         return f
 
 
-@model_registry.register("world_dit", "next-frame DiT: target patches + L context frames (channels|tokens) + action conditioning")
+WORLD_DIT_KEYS = cf.declare("model",
+    context_mode=cf.F("channels", "world_dit: context frames stacked on the target's channels, or as extra tokens", choices=("channels", "tokens")),
+)
+WORLD_DIT_EXAMPLE = ModelExample(  # a tiny episode spec; it reads model.attention
+    spec={"kind": "episodes", "image_size": 8, "channels": 3, "context": 2, "num_actions": 4, "action_dim": 0},
+    inputs=lambda spec, B, g: (
+        torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g), torch.rand(B, generator=g),
+        torch.randn(B, spec["context"], spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+        torch.randint(0, spec["num_actions"], (B, spec["context"]), generator=g), torch.rand(B, generator=g)),
+    output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]))
+
+
+@model_registry.register("world_dit", "next-frame DiT: target patches + L context frames (channels|tokens) + action conditioning",
+                         family="world_dit", keys=WORLD_DIT_KEYS, reads=("model.patch_size", "model.qk_norm", "model.adaln"),
+                         sizes=DIT_SIZES, layer_keys=("attention",), example=WORLD_DIT_EXAMPLE)
 def build_world_dit(cfg_model, data_spec) -> WorldDiT:
     if data_spec.get("kind") != "episodes":
         raise GenlabError("model.name=world_dit needs episode data (data.name=episodes)")
@@ -102,14 +117,3 @@ def build_world_dit(cfg_model, data_spec) -> WorldDiT:
     return WorldDiT(data_spec["image_size"], data_spec["channels"], data_spec["context"], data_spec["num_actions"],
                     data_spec["action_dim"], dim, depth, heads, cfg_model.patch_size, cfg_model.mlp_ratio,
                     cfg_model.context_mode, cfg_model.attention, cfg_model.qk_norm, cfg_model.adaln)
-
-
-# the contract test (tests/test_contract.py): a tiny episode spec, inputs, output shape; it reads model.attention
-build_world_dit.layer_keys = ("attention",)
-build_world_dit.example_spec = {"kind": "episodes", "image_size": 8, "channels": 3, "context": 2, "num_actions": 4,
-                                "action_dim": 0}
-build_world_dit.example_inputs = lambda spec, B, g: (
-    torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g), torch.rand(B, generator=g),
-    torch.randn(B, spec["context"], spec["channels"], spec["image_size"], spec["image_size"], generator=g),
-    torch.randint(0, spec["num_actions"], (B, spec["context"]), generator=g), torch.rand(B, generator=g))
-build_world_dit.example_output_shape = lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"])

@@ -24,8 +24,7 @@ DEFAULT_PRECONDITION_EVERY = 10
 
 def _entry(name, doc, fsdp=True, preconditioned=False):
     def wrap(fn):
-        fn.fsdp, fn.preconditioned = fsdp, preconditioned
-        return optimizer_registry.register(name, doc)(fn)
+        return optimizer_registry.register(name, doc, fsdp=fsdp, preconditioned=preconditioned)(fn)
     return wrap
 
 

@@ -15,6 +15,8 @@ import torch
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.data.pixels import to_model
 from genlab.errors import GenlabError
+from genlab.config_fields import F, declare
+from genlab.data.datasets import PATH_KEYS
 from genlab.registry import dataset_registry
 from genlab.world.episodes import Episodes, read_episodes
 
@@ -105,6 +107,14 @@ class EpisodeData:
                             cfg_data.on_device, cfg_data.pin_memory)
 
 
-@dataset_registry.register("episodes", "game/robot episodes (frames + actions) written by `genlab data collect|import` (data.path)")
+EPISODE_KEYS = declare("data",
+    context_frames=F(4, "episodes: L past frames the world model conditions on", ge=1),
+    horizon=F(8, "episodes: frames after the context in a training window (the largest closed-loop horizon)", ge=1),
+    heldout=F(0.1, "episodes: fraction of episodes (the last ones) held out for evaluation", ge=0, lt=1),
+)
+
+
+@dataset_registry.register("episodes", "game/robot episodes (frames + actions) written by `genlab data collect|import` (data.path)",
+                           kind="episodes", keys=PATH_KEYS + EPISODE_KEYS, needs_path=True)
 def episodes(cfg_data):
     return EpisodeData(cfg_data)
