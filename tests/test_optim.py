@@ -16,9 +16,11 @@ import torch.nn as nn
 from conftest import REPO, straight_and_resumed
 from genlab.config import OptimConfig, load_config
 from genlab.errors import GenlabError
-from genlab.optim import build_optimizer, lr_at, state_bytes
+from genlab.optim.build import build_optimizer
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
+from genlab.optim.schedules import lr_at
+from genlab.optim.state import state_bytes
 from genlab.registry import optimizer_registry
 from genlab.train.step import build_model_and_method
 
@@ -27,6 +29,16 @@ OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_
 
 def test_every_registered_optimizer_is_covered_here():
     assert sorted(optimizer_registry.names()) == sorted(OPTIMIZERS)
+
+
+@pytest.mark.parametrize("names, attribute", [("NOT_MUON", "muon_groups"), ("NOT_HEAVYBALL", "heavyball"),
+                                              ("NOT_PRECONDITIONED", "preconditioned")])
+def test_config_optimizer_name_lists_are_the_entries_without_that_attribute(names, attribute):
+    """config.py's hand-kept lists (which optimizers leave optim.muon_scope, optim.heavyball_compile and
+    optim.precondition_every unread) say what each entry declares next to its code."""
+    import genlab.config
+    without = [n for n, build in optimizer_registry.items() if not getattr(build, attribute)]
+    assert sorted(getattr(genlab.config, names)) == without
 
 
 # -- parameter groups --------------------------------------------------------------------------------
