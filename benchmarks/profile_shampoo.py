@@ -15,7 +15,7 @@ import time
 import torch
 
 from genlab.config import OptimConfig
-from genlab.optim import build_optimizer
+from genlab.optim.build import build_optimizer
 
 
 def main():

@@ -99,7 +99,7 @@ def train(a, info, device, ckpt_dir):
     ema = shard_like(ema, model)
     if a.optim:
         from genlab.config import OptimConfig
-        from genlab.optim import build_optimizer
+        from genlab.optim.build import build_optimizer
         opt = build_optimizer(model, OptimConfig(name=a.optim, lr=1e-2, weight_decay=0.01, caution=a.caution))
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0,

@@ -24,11 +24,24 @@ def test_every_field_has_a_description_and_declared_values():
     assert not bad, f"fields without F(default, doc, <range>) metadata: {bad}"
 
 
-def test_every_unused_selector_names_a_real_key():
-    keys = {f"{sec}.{f.name}" for sec, f, _ in all_fields()}
-    for sec, f, _ in all_fields():
-        for selector in meta_of(f).get("unused", {}):
-            assert selector in keys, f"{sec}.{f.name}: unknown selector {selector}"
+def test_every_key_is_read_by_some_component_or_every_run():
+    """No key that nothing reads: each is a core key or listed by a registered component (keys or reads)."""
+    from genlab.config_doc import readers
+    from genlab.config import CORE_KEYS
+    core = {k.dotted for k in CORE_KEYS}
+    orphans = [k for k, who in readers().items() if not who and k not in core]
+    assert not orphans, orphans
+    every = {f"{sec}.{f.name}" for sec, f, _ in all_fields()}
+    assert every == set(readers())
+
+
+def test_a_removed_key_loads_from_a_saved_config_only_at_its_old_default():
+    d = to_dict(Config())
+    d["method"]["teacher"] = ""
+    assert to_dict(from_dict(d)) == to_dict(Config())
+    d["method"]["teacher"] = "runs/x"
+    with pytest.raises(GenlabError, match="method.teacher.*was removed"):
+        from_dict(d)
 
 
 def test_defaults_are_inside_their_declared_ranges():

@@ -16,9 +16,11 @@ import torch.nn as nn
 from conftest import REPO, straight_and_resumed
 from genlab.config import OptimConfig, load_config
 from genlab.errors import GenlabError
-from genlab.optim import build_optimizer, lr_at, state_bytes
+from genlab.optim.build import build_optimizer
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
+from genlab.optim.schedules import lr_at
+from genlab.optim.state import state_bytes
 from genlab.registry import optimizer_registry
 from genlab.train.step import build_model_and_method
 
@@ -27,6 +29,19 @@ OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_
 
 def test_every_registered_optimizer_is_covered_here():
     assert sorted(optimizer_registry.names()) == sorted(OPTIMIZERS)
+
+
+@pytest.mark.parametrize("key, value, capability", [("optim.muon_scope", "all_2d", "muon_groups"),
+                                                      ("optim.heavyball_compile", "off", "heavyball"),
+                                                      ("optim.precondition_every", "3", "preconditioned")])
+def test_a_capability_key_is_accepted_exactly_by_the_entries_that_have_the_capability(key, value, capability):
+    """The entry's typed capability decides whether its key is read: set with any other optimizer it is an error."""
+    for name, spec in optimizer_registry.specs():
+        if getattr(spec, capability):
+            load_config(None, [f"optim.name={name}", f"{key}={value}"])
+        else:
+            with pytest.raises(GenlabError, match=f"{key} is not read by optimizer '{name}'"):
+                load_config(None, [f"optim.name={name}", f"{key}={value}"])
 
 
 # -- parameter groups --------------------------------------------------------------------------------

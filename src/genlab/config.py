@@ -95,21 +95,7 @@ _EVAL = declare("eval",
     batch_size=F(250, "evaluation batch size", ge=1),
 )
 
-# Interim (until the optimizer entries declare them): optimizer-specific keys with the optimizers that skip them.
-NOT_MUON = ("adam", "adamw", "sgd", "shampoo", "mars", "soap", "psgd_kron", "adopt", "heavyball_adamw")
-NOT_HEAVYBALL = ("adam", "adamw", "sgd", "shampoo", "mars", "adopt")
-NOT_PRECONDITIONED = ("adam", "adamw", "sgd", "mars", "psgd_kron", "adopt", "muon", "heavyball_adamw")
-_OPTIM_EXTRA = declare("optim",
-    muon_scope=F("hidden", "muon: which matrices Muon updates (hidden: 2-D Linear weights in the blocks without adaLN; "
-                 "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
-                 choices=("hidden", "hidden_adaln", "all_2d"), unused={"optim.name": NOT_MUON}),
-    precondition_every=F(0, "shampoo/soap: recompute the preconditioner every this many steps (0 = 10)", ge=0,
-                         unused={"optim.name": NOT_PRECONDITIONED}),
-    heavyball_compile=F("max-autotune-no-cudagraphs", "heavyball optimizers on CUDA: torch.compile mode of their "
-                        "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
-                        choices=("max-autotune-no-cudagraphs", "default", "off"), unused={"optim.name": NOT_HEAVYBALL}),
-)
-CORE_KEYS = _DATA + _MODEL + _METHOD + _OPTIM + _OPTIM_EXTRA + _TRAIN + _LOG + _EVAL
+CORE_KEYS = _DATA + _MODEL + _METHOD + _OPTIM + _TRAIN + _LOG + _EVAL
 SECTIONS = ("data", "model", "method", "optim", "train", "log", "eval")
 
 # Keys that existed once and were removed: a saved run config that holds one at its old default still loads.

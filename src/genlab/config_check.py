@@ -115,15 +115,6 @@ def unused_options(cfg, only: tuple, invert: bool = False) -> list[str]:
             if getattr(obj, f.name) == f.default or (f.default is dataclasses.MISSING and getattr(obj, f.name) == f.default_factory()):
                 continue
             dotted = f"{sec}.{f.name}"
-            legacy = meta_of(f).get("unused", {})
-            if legacy:  # interim: a key that lists where it is not read
-                for selector, values in legacy.items():
-                    chosen = _lookup(cfg, selector)
-                    if chosen in values:
-                        kind = selector.split(".")[0] if selector != "optim.name" else "optimizer"
-                        out.append(f"{dotted} is not read by {kind} '{chosen}' ({selector}={chosen}); "
-                                   f"remove it or choose another {selector}")
-                continue
             if dotted not in read:
                 out.append(f"{dotted} {_why_unused(cfg, dotted, declared, read)}")
     return out

@@ -74,8 +74,6 @@ def markdown() -> str:
         for f, typ in fields:
             m = meta_of(f)
             note = m["doc"]
-            for selector, values in m.get("unused", {}).items():
-                note += f" (not read with {selector} = {', '.join(values)})"
             default = _toml_line("x", defaults[sec][f.name])[4:]
             by = _read_by(who.get(f"{sec}.{f.name}", [])) or "every run"
             out.append(f"| `{f.name}` | `{_md(default)}` | {_md(describe_range(f, typ, names=False))} | {_md(note)} | {_md(by)} |")

@@ -1,9 +1,11 @@
 """Config field metadata: every key declares a one-line description and its valid values next to its
 default, so `validate`, `genlab config` and docs/config.md all read the same declaration.
 
-    lr: float = F(1e-3, "peak learning rate", gt=0)
-    name: str = F("adamw", "optimizer", registry="optimizer")
-    path: str = F("", "dataset folder", free="a folder path", unused={"data.name": ("digits", "text")})
+    KEYS = declare("method", time_shift=F(1.0, "SD3 shift of training times", ge=0),
+                   sampler=F("heun", "ODE/SDE sampler", registry="sampler"))
+
+A component lists its declarations in its registry spec (`keys=KEYS`); which components read a key is
+what decides whether setting it is valid (config_check.read_keys).
 
 Exactly one kind of declaration is required besides the doc (a test checks every field):
 numeric bounds (ge/gt/le/lt), `choices`, `registry` (a genlab registry name), `free` (what an open
@@ -18,15 +20,14 @@ from genlab.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean
 
 
 def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
-      free: str | None = None, unused: dict | None = None, type: type | None = None, lists: str | None = None):
+      free: str | None = None, type: type | None = None, lists: str | None = None):
     """A dataclass field with its description and valid values.
 
-    unused: {"section.key": (values...)}: this option is not read when that selector has one of these
-    values (e.g. data.path with data.name=digits); setting it then is an error naming the component.
-    Listing where it is *not* read (rather than where it is) keeps new components unaffected.
+    registry: the value names an entry of that registry (its keys are then read too); lists: the value is a
+    comma-separated list of that registry's entries; type: the key's type when the default does not say it.
     """
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None,
-            "registry": registry, "free": free, "unused": dict(unused or {}), "lists": lists,
+            "registry": registry, "free": free, "lists": lists,
             "type": type or _type_of(default)}
     if isinstance(default, list):  # a mutable default: every config gets its own copy
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)

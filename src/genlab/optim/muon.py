@@ -8,6 +8,10 @@ schedule and heavyball's own caution on both parts.
 """
 from __future__ import annotations
 
+from genlab.optim.build import optimizer_entry
+from genlab.optim.groups import param_groups
+from genlab.optim.heavyball_optimizers import build_heavyball
+
 _CLASS = None
 
 
@@ -35,3 +39,11 @@ def muon_adamw_by_group():
 
     _CLASS = MuonAdamWByGroup
     return _CLASS
+
+
+@optimizer_entry("muon", "heavyball Muon (Jordan et al. 2024) on the hidden matrices (optim.muon_scope), AdamW on the rest, "
+                         "Muon LR matched to AdamW's update RMS (Liu et al. 2025); caution: heavyball",
+                 muon_groups=True, heavyball=True)
+def muon(model, ocfg):
+    groups = param_groups(model, ocfg.weight_decay, muon_scope=ocfg.muon_scope)
+    return build_heavyball(model, ocfg, muon_adamw_by_group(), groups=groups, betas=tuple(ocfg.betas), eps=ocfg.eps)

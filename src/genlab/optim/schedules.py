@@ -57,3 +57,8 @@ def wsd(step, total, ocfg):
         return 1.0
     progress = min(1.0, (step - start) / max(1, total - start))
     return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[ocfg.decay_shape](progress)
+
+
+def lr_at(step: int, total: int, ocfg) -> float:
+    """The learning rate of `step`: a pure function of the step, so resume needs no scheduler state."""
+    return ocfg.lr * lr_schedule_registry.get(ocfg.schedule)(step, total, ocfg)

@@ -14,7 +14,8 @@ import torch
 
 from genlab.errors import GenlabError
 from genlab.methods.base import StepContext, as_loss_dict, check_batch_keys, check_extras
-from genlab.optim import build_optimizer, lr_at
+from genlab.optim.build import build_optimizer
+from genlab.optim.schedules import lr_at
 from genlab.registry import method_registry, model_registry
 from genlab.train.convert import apply_converters, check_converters, converters_of
 from genlab.train.metrics import train_flops_per_sample

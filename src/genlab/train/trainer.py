@@ -184,7 +184,7 @@ class Trainer:
 
     def _optim_state_mib(self) -> float:
         """MiB of every optimizer's state tensors on this rank (metadata only: no sync)."""
-        from genlab.optim import state_bytes
+        from genlab.optim.state import state_bytes
         return sum(state_bytes(o) for o in self.steps.optimizers.values()) / 2**20
 
     def _check_finite(self):

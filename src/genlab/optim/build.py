@@ -1,0 +1,51 @@
+"""What the optimizer entries share: their registration, with the facts config validation reads about each, the
+helpers more than one family uses, and building an optimizer by name."""
+from __future__ import annotations
+
+from genlab.optim.caution import Cautious
+from genlab import config_fields as cf
+from genlab.registry import optimizer_registry
+
+# optim.precondition_every=0: every 10 steps, the SOAP paper's frequency (Vyas et al. 2024), also for Shampoo
+# (pytorch-optimizer's default, 1, runs an SVD of every preconditioner on every step)
+DEFAULT_PRECONDITION_EVERY = 10
+
+
+# optim.* keys that come with an optimizer capability (each entry reads those of the capabilities it has)
+PRECONDITION_KEYS = cf.declare("optim",
+    precondition_every=cf.F(0, "shampoo/soap: recompute the preconditioner every this many steps (0 = 10)", ge=0),
+)
+MUON_KEYS = cf.declare("optim",
+    muon_scope=cf.F("hidden", "muon: which matrices Muon updates (hidden: 2-D Linear weights in the blocks without adaLN; "
+                    "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
+                    choices=("hidden", "hidden_adaln", "all_2d")),
+)
+HEAVYBALL_KEYS = cf.declare("optim",
+    heavyball_compile=cf.F("max-autotune-no-cudagraphs", "heavyball optimizers on CUDA: torch.compile mode of their "
+                           "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
+                           choices=("max-autotune-no-cudagraphs", "default", "off")),
+)
+
+
+def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=False, heavyball=False):
+    """Register `build(model, ocfg) -> torch.optim.Optimizer` as optimizer `name` with its capabilities (typed
+    OptimizerSpec fields): `fsdp` (False: refused with train.parallel=fsdp|hsdp, see tests/test_optim.py),
+    `preconditioned` (reads optim.precondition_every), `muon_groups` (gives Muon its own parameter groups: reads
+    optim.muon_scope) and `heavyball` (backed by heavyball: reads optim.heavyball_compile)."""
+    keys = (PRECONDITION_KEYS if preconditioned else ()) + (MUON_KEYS if muon_groups else ()) + \
+        (HEAVYBALL_KEYS if heavyball else ())
+    return optimizer_registry.register(name, doc, keys=keys, fsdp=fsdp, preconditioned=preconditioned,
+                                       muon_groups=muon_groups, heavyball=heavyball)
+
+
+def precondition_every(ocfg) -> int:
+    return ocfg.precondition_every or DEFAULT_PRECONDITION_EVERY
+
+
+def cautious(opt, ocfg, **kw):
+    """genlab's Caution wrapper (optim/caution.py) where optim.caution asks for it and the library has none of its own."""
+    return Cautious(opt, **kw) if ocfg.caution else opt
+
+
+def build_optimizer(model, ocfg):
+    return optimizer_registry.get(ocfg.name)(model, ocfg)

@@ -1,0 +1,45 @@
+"""Entries backed by heavyball (SOAP, PSGD-Kron, its AdamW), with heavyball's own caution; its Muon has a module of
+its own (muon.py)."""
+from __future__ import annotations
+
+import torch
+
+from genlab.errors import GenlabError
+from genlab.optim.build import optimizer_entry, precondition_every
+from genlab.optim.groups import param_groups
+from genlab.optim.state import keep_saved_dtypes
+
+
+def build_heavyball(model, ocfg, cls, groups=None, **kwargs):
+    """heavyball's optimizer `cls` (a name or a class) over genlab's parameter groups, compiled as
+    optim.heavyball_compile says."""
+    try:
+        import heavyball
+    except ImportError:
+        raise GenlabError(f"optimizer '{ocfg.name}' needs heavyball: pip install heavyball==3.2.1") from None
+    # heavyball compiles its step; the mode is a module global, read when the step first runs
+    mode = None if ocfg.heavyball_compile == "off" else ocfg.heavyball_compile
+    heavyball.utils.compile_mode = mode if torch.cuda.is_available() else None  # minutes to build on CPU
+    cls = getattr(heavyball, cls) if isinstance(cls, str) else cls
+    groups = groups if groups is not None else param_groups(model, ocfg.weight_decay)
+    return keep_saved_dtypes(cls(groups, lr=ocfg.lr, caution=ocfg.caution, **kwargs))
+
+
+@optimizer_entry("soap", "heavyball.SOAP (Vyas et al. 2024), preconditioner every optim.precondition_every steps; "
+                         "caution: heavyball", fsdp=False, preconditioned=True, heavyball=True)
+def soap(model, ocfg):
+    return build_heavyball(model, ocfg, "SOAP", betas=tuple(ocfg.betas), eps=ocfg.eps,
+                           precondition_frequency=precondition_every(ocfg))
+
+
+@optimizer_entry("psgd_kron", "heavyball.PSGDKron (Li 2018; Kronecker-factored PSGD); caution: heavyball", heavyball=True)
+def psgd_kron(model, ocfg):
+    # a fixed initial preconditioner scale: heavyball's default derives it from the first gradient and fails when
+    # one is all zeros, as every block's is on the first step of an adaLN-Zero DiT
+    return build_heavyball(model, ocfg, "PSGDKron", betas=tuple(ocfg.betas), precond_init_scale=1.0)
+
+
+@optimizer_entry("heavyball_adamw", "heavyball.AdamW (caution: heavyball); the torch `adamw` is the faster default",
+                 heavyball=True)
+def heavyball_adamw(model, ocfg):
+    return build_heavyball(model, ocfg, "AdamW", betas=tuple(ocfg.betas), eps=ocfg.eps)
