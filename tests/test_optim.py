@@ -304,7 +304,7 @@ def _assert_same_state(x, y, where):
 
 # -- FSDP2 ------------------------------------------------------------------------------------------------
 WORKER = Path(__file__).with_name("dist_worker.py")
-FSDP_OK = [n for n in OPTIMIZERS if getattr(optimizer_registry.get(n), "fsdp", True)]
+FSDP_OK = [n for n in OPTIMIZERS if optimizer_registry.spec(n).fsdp]
 FSDP_REFUSED = [n for n in OPTIMIZERS if n not in FSDP_OK]
 
 
