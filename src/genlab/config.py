@@ -197,8 +197,8 @@ class MethodConfig:
                           choices=("random", "classifier"), unused={"method.name": ("flow",) + LM_METHODS})
     repa_hidden: int = F(256, "repa: width of the trainable MLP projector", ge=1, unused={"method.name": ("flow",) + LM_METHODS})
     repa_lr: float = F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0, unused={"method.name": ("flow",) + LM_METHODS})
-    objective: str = F("flow", "world: flow (rectified flow) | edm (Karras preconditioning) | l1 (one-step regression)",
-                       choices=("flow", "edm", "l1"), unused={"method.name": NOT_WORLD})
+    objective: str = F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective",
+                       unused={"method.name": NOT_WORLD})
     residual: bool = F(True, "world: diffuse target - last context frame (zero output = copy the last frame)",
                        unused={"method.name": NOT_WORLD})
     residual_scale: float = F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0,
