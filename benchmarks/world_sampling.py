@@ -29,7 +29,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     from genlab.data import build_dataset
     from genlab.sample import load_run
-    from genlab.world.evaluate import evaluate_world
+    from genlab.eval.rollouts import evaluate_world
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from genlab.errors import GenlabError
-from genlab.world.episodes import read_episodes, write_episodes
+from genlab.data.episodes import read_episodes, write_episodes
 
 MEANINGS = ["NOOP", "LEFT", "RIGHT"]
 
@@ -123,7 +123,7 @@ def test_alignment_check_flags_shifted_action_file(toy_dir, tmp_path):
 
 
 def _with_actions(eps, actions):
-    from genlab.world.episodes import Episodes
+    from genlab.data.episodes import Episodes
     return Episodes(eps.frames, actions, eps.rewards, eps.terminations, eps.starts, eps.meta)
 
 
@@ -141,7 +141,7 @@ def test_stats_report_histogram_coverage_and_contact_sheet(toy_dir, tmp_path, ca
 
 
 def test_window_sampling_never_crosses_episode_boundary(tmp_path):
-    from genlab.world.windows import WindowLoader, valid_starts
+    from genlab.data.windows import WindowLoader, valid_starts
     T, starts = 60, np.array([0, 7, 9, 30, 41])
     ep_of = np.searchsorted(starts, np.arange(T), side="right") - 1
     frames = np.broadcast_to(ep_of[:, None, None, None].astype(np.uint8), (T, 4, 4, 1)).copy()
@@ -177,7 +177,7 @@ class Spy(torch.nn.Module):
 
 
 def test_context_noise_augmentation_touches_context_only(toy_dir, tmp_path):
-    from genlab.world.interface import StepContext
+    from genlab.methods.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.residual=false", "method.ctx_noise_max=0.5",
                     "method.closed_loop_start=1.0")
     _, _, method = build(cfg, toy_dir)
@@ -200,7 +200,7 @@ def test_context_noise_augmentation_touches_context_only(toy_dir, tmp_path):
 
 
 def test_closed_loop_rollouts_feed_back_generated_frames(toy_dir, tmp_path):
-    from genlab.world.interface import StepContext
+    from genlab.methods.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.residual=false", "method.ctx_noise_max=0",
                     "method.closed_loop_start=0", "data.horizon=4", "data.context_frames=3")
     _, _, method = build(cfg, toy_dir)
@@ -227,7 +227,7 @@ def test_flow_x_prediction_lands_on_the_network_frame_whatever_the_noise(toy_dir
     """Rollout noise (issue 15): with prediction=x the last Euler step lands exactly on the network's frame, so a
     network that outputs a zero residual copies the last frame for any noise; with v the same network leaves the
     initial noise in the frame. The training loss is the v-loss of the derived velocity: 0 for the oracle."""
-    from genlab.world.interface import StepContext
+    from genlab.methods.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow", "method.ctx_noise_max=0", "method.closed_loop_start=1.0",
                     "method.sample_temperature=1", "method.quantize_frames=false")
     assert cfg.method.prediction == "x"  # the default
@@ -338,8 +338,8 @@ def play_server(toy_dir, tmp_path):
     from genlab.world.play import PlaySession, make_server
     cfg = world_cfg(tmp_path, toy_dir)
     data, model, method = build(cfg, toy_dir)
-    from genlab.world.evaluate import eval_windows
-    frames, actions = eval_windows(data.val, method.L, 1, torch.device("cpu"))
+    from genlab.data.windows import spaced_windows
+    frames, actions = spaced_windows(data.val, method.L, 1, torch.device("cpu"))
     session = PlaySession(model.eval(), method, frames, actions, record=str(tmp_path / "session.gif"))
     server = make_server(session, port=0)
     th = threading.Thread(target=server.serve_forever, daemon=True)
@@ -439,7 +439,7 @@ def test_world_dit_flops_match_flop_counter(toy_dir, tmp_path, mode, attention):
 @pytest.mark.parametrize("objective", ["flow", "edm", "l1"])
 @pytest.mark.parametrize("mode", ["channels", "tokens"])
 def test_every_objective_and_context_mode_trains_and_generates(toy_dir, tmp_path, objective, mode):
-    from genlab.world.interface import StepContext
+    from genlab.methods.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, f"method.objective={objective}", f"model.context_mode={mode}")
     data, model, method = build(cfg, toy_dir)
     batch = data.make_loader(cfg.data, 4, "cpu", 0, 0, 1).next()
@@ -455,7 +455,7 @@ def test_every_objective_and_context_mode_trains_and_generates(toy_dir, tmp_path
 def test_ssim_is_one_for_equal_images_and_bounded_under_bf16_autocast():
     # regression: under the eval's bf16 autocast the variance terms cancelled and SSIM came out as 2.09 on GPU
     import torch
-    from genlab.world.evaluate import ssim
+    from genlab.eval.rollouts import ssim
     g = torch.Generator().manual_seed(0)
     a = torch.rand(4, 3, 32, 32, generator=g) * 2 - 1
     b = (a + 0.3 * torch.randn(a.shape, generator=g)).clamp(-1, 1)
@@ -472,7 +472,7 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
     pytest.importorskip("imageio_ffmpeg")
     from PIL import Image, ImageSequence
 
-    from genlab.world.video import compose_frames, write_video
+    from genlab.eval.video import compose_frames, write_video
     g = torch.Generator().manual_seed(0)
     # two levels per channel: with the captions' anti-aliased colours (~240) about what a 256-colour GIF palette holds
     ctx, real = (torch.randint(0, 2, s, generator=g).float() * 2 - 1 for s in [(2, 2, 3, 16, 16), (2, 5, 3, 16, 16)])
@@ -492,3 +492,31 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
     # lossy H.264 (4:2:0 chroma on binary noise): each decoded frame is still far closer to its own frame than to any other
     err = np.array([[np.abs(m[:h, :w].astype(float) - f).mean() for f in frames] for m in mp4])
     assert (err.argmin(1) == np.arange(5)).all() and (err.diagonal() < 0.5 * np.sort(err, 1)[:, 1]).all(), err
+
+
+# -- layers ----------------------------------------------------------------------------------------------
+def _genlab_imports(path: Path) -> set[str]:
+    """Every genlab module a file imports, at any level (lazy imports inside functions included)."""
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.startswith("genlab")}
+
+
+def test_world_family_layers_import_no_front_end_and_eval_no_method():
+    """Episodes and windows (data/), rollout evaluation and videos (eval/) and the method (methods/world/) never
+    import the front-end tools of genlab.world, and the rollout evaluation imports no method: the cycles
+    methods/world <-> evaluation and data -> world -> data cannot come back."""
+    import genlab
+    src = Path(genlab.__file__).parent
+    layers = [*(src / "data").glob("*.py"), *(src / "eval").glob("*.py"), *(src / "methods").rglob("*.py")]
+    for path in layers:
+        bad = sorted(m for m in _genlab_imports(path) if m == "genlab.world" or m.startswith("genlab.world."))
+        assert not bad, f"{path.relative_to(src)} imports {bad}"
+    for name in ("rollouts.py", "video.py"):
+        bad = sorted(m for m in _genlab_imports(src / "eval" / name) if m.startswith("genlab.methods"))
+        assert not bad, f"eval/{name} imports {bad}"

@@ -1,7 +1,7 @@
 """Collect game frames with gymnasium + ale-py (the ROMs ship inside the ale-py wheel: works offline).
 
 Workers run independent environments in parallel processes; each returns whole episodes, which are
-concatenated into one episode folder (genlab.world.episodes). Sticky actions of ALE v5 are turned off
+concatenated into one episode folder (genlab.data.episodes). Sticky actions of ALE v5 are turned off
 in the emulator so that a frame is a function of the past frames and the recorded action; the
 `sticky` policy instead repeats its own previous action (longer, more varied paddle/ship motion).
 """
@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
+from genlab.data.episodes import write_episodes
 from genlab.errors import GenlabError
-from genlab.world.episodes import write_episodes
 
 POLICIES = ("random", "sticky")
 

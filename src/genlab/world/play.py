@@ -10,14 +10,14 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 import torch
 
+from genlab.data.windows import spaced_windows
 from genlab.errors import GenlabError
-from genlab.world.video import to_u8
+from genlab.eval.video import to_u8, write_video
 
 # arrow keys / WASD / space -> the ALE action-name parts they press
 KEY_PARTS = {"ArrowUp": "UP", "w": "UP", "ArrowDown": "DOWN", "s": "DOWN", "ArrowLeft": "LEFT", "a": "LEFT",
@@ -47,8 +47,7 @@ class PlaySession:
         if getattr(method, "family", "") != "world":
             raise GenlabError(f"{run} is not a world-model run (method {cfg.method.name}); play needs method.name=world")
         data = build_dataset(cfg.data)
-        from genlab.world.evaluate import eval_windows
-        frames, actions = eval_windows(data.val, method.L, 1, dev)
+        frames, actions = spaced_windows(data.val, method.L, 1, dev)
         if frames is None:
             raise GenlabError("the held-out episodes are shorter than the context; nothing to start from")
         return cls(model, method, frames, actions, steps=steps, seed=seed, record=record)
@@ -108,7 +107,6 @@ class PlaySession:
         if not self.record or not self.recorded:
             return []
         from PIL import Image
-        from genlab.world.video import write_video
         big = [np.asarray(Image.fromarray(f).resize((f.shape[1] * 4, f.shape[0] * 4), Image.NEAREST)) for f in self.recorded]
         paths = write_video(big, self.record, fps=15, log=log)
         log("recorded " + ", ".join(str(p) for p in paths))

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from genlab.data.episodes import Episodes, read_episodes, write_episodes
 from genlab.errors import GenlabError
-from genlab.world.episodes import Episodes, read_episodes, write_episodes
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 

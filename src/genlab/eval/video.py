@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from genlab.data.pixels import to_pixels
+from genlab.data.windows import spaced_windows
 
 
 def to_u8(x: torch.Tensor) -> np.ndarray:
@@ -70,3 +71,20 @@ def write_video(frames: list[np.ndarray], path, fps: int = 8, log=print) -> list
             wr.append_data(f)
     written.append(mp4)
     return written
+
+
+@torch.no_grad()
+def rollout_video_from_data(method, model, eps, path, device, generator=None, horizon=16, n=4, steps=None):
+    """Roll out `method` (duck-typed: L, rollout, spec) from n held-out windows of the episodes `eps` and write
+    the video at `path`; the horizon halves until the episodes are long enough. Returns the GIF path or None."""
+    L = method.L
+    frames, actions = None, None
+    while horizon >= 1 and frames is None:
+        frames, actions = spaced_windows(eps, L + horizon, n, device)
+        horizon = horizon // 2 if frames is None else horizon
+    if frames is None:
+        return None
+    gen = method.rollout(model, frames[:, :L], actions[:, :L + horizon - 1], steps,
+                         torch.Generator(device=device).manual_seed(0))
+    meanings = method.spec.get("action_meanings")
+    return write_video(compose_frames(frames[:, :L], frames[:, L:], gen, actions, meanings), path)[0]

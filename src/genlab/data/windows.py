@@ -12,13 +12,13 @@ import time
 import numpy as np
 import torch
 
+from genlab.data.episodes import Episodes, read_episodes
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.data.pixels import to_model
 from genlab.errors import GenlabError
 from genlab.config_fields import F, declare
 from genlab.data.datasets import PATH_KEYS
 from genlab.registry import dataset_registry
-from genlab.world.episodes import Episodes, read_episodes
 
 
 def valid_starts(starts: np.ndarray, total: int, window: int) -> np.ndarray:
@@ -26,6 +26,19 @@ def valid_starts(starts: np.ndarray, total: int, window: int) -> np.ndarray:
     ends = np.append(starts[1:], total)
     parts = [np.arange(a, b - window + 1) for a, b in zip(starts, ends) if b - a >= window]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def spaced_windows(eps: Episodes, window: int, n: int, device):
+    """n evenly spaced windows (deterministic) of `window` frames from the given episodes: (frames float
+    [n, window, C, H, W] in [-1, 1], actions [n, window(, D)]), or (None, None) if no episode is long enough."""
+    starts = valid_starts(eps.starts, len(eps.frames), window)
+    if len(starts) == 0:
+        return None, None
+    pick = starts[np.linspace(0, len(starts) - 1, min(n, len(starts))).round().astype(np.int64)]
+    idx = pick[:, None] + np.arange(window)
+    frames = to_model(torch.from_numpy(np.asarray(eps.frames[idx.reshape(-1)])).to(device))
+    frames = frames.view(*idx.shape, *frames.shape[1:])
+    return frames, torch.from_numpy(np.asarray(eps.actions)[idx]).to(device)
 
 
 class WindowLoader(StreamPosition):

@@ -6,20 +6,25 @@
   pooled real held-out frames: no ImageNet network knows Pong);
 - action sensitivity: the same contexts and noise with true vs shuffled actions; a positive margin
   (true PSNR - shuffled PSNR) means the controls steer the generated frames.
+
+The method is duck-typed (`L`, `rollout`): this module imports no method.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from genlab.data.pixels import to_model
-from genlab.methods.world_model import psnr
-from genlab.world.video import compose_frames, write_video
-from genlab.world.windows import valid_starts
+from genlab.data.windows import spaced_windows
+from genlab.eval.frechet import frechet_distance
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
+    mse = (a.float() - b.float()).pow(2).flatten(1).mean(1)
+    return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -40,25 +45,12 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return m.flatten(1).mean(1)
 
 
-def eval_windows(eps, window: int, n: int, device):
-    """n evenly spaced windows (deterministic) of `window` frames from the given episodes."""
-    starts = valid_starts(eps.starts, len(eps.frames), window)
-    if len(starts) == 0:
-        return None, None
-    pick = starts[np.linspace(0, len(starts) - 1, min(n, len(starts))).round().astype(np.int64)]
-    idx = pick[:, None] + np.arange(window)
-    frames = to_model(torch.from_numpy(np.asarray(eps.frames[idx.reshape(-1)])).to(device))
-    frames = frames.view(*idx.shape, *frames.shape[1:])
-    return frames, torch.from_numpy(np.asarray(eps.actions)[idx]).to(device)
-
-
 def pooled(x: torch.Tensor) -> torch.Tensor:
     x = x.flatten(0, -4).float()
     return F.adaptive_avg_pool2d(x, min(16, x.shape[-1])).flatten(1)
 
 
 def frechet_in_domain(real: torch.Tensor, fake: torch.Tensor, dims: int = 32) -> float:
-    from genlab.eval.classifier import frechet_distance
     r, f = pooled(real), pooled(fake)
     mean = r.mean(0)
     dims = min(dims, r.shape[0] - 1, r.shape[1])
@@ -86,7 +78,7 @@ def evaluate_world(method, model, data, ctx) -> dict:
     L, eps, bs = method.L, data.val, ecfg.batch_size
     horizons = [int(h) for h in str(ecfg.world_horizons).split(",") if h.strip()]
     res, curves = {}, {}
-    frames, actions = eval_windows(eps, L + 1, max(ecfg.world_rollouts, 64), dev)
+    frames, actions = spaced_windows(eps, L + 1, max(ecfg.world_rollouts, 64), dev)
     if frames is None:
         return {"error": f"held-out episodes are shorter than {L + 1} frames"}
     gen = _rollout_batched(method, model, frames, actions, 1, 0, bs)[:, 0]
@@ -94,7 +86,7 @@ def evaluate_world(method, model, data, ctx) -> dict:
     res.update({"tf_psnr": psnr(gen, real).mean().item(), "tf_ssim": ssim(gen, real).mean().item(),
                 "tf_mse": (gen - real).pow(2).mean().item(), "tf_copy_last_psnr": psnr(last, real).mean().item()})
     for H in horizons:
-        frames, actions = eval_windows(eps, L + H, ecfg.world_rollouts, dev)
+        frames, actions = spaced_windows(eps, L + H, ecfg.world_rollouts, dev)
         if frames is None:
             res[f"rollout_h{H}"] = "skipped: held-out episodes too short"
             continue
@@ -134,17 +126,3 @@ def rollout_table(curves: dict, res: dict) -> str:
         lines.append(f"action sensitivity: true {res['action_psnr_true']:.2f} dB, shuffled "
                      f"{res['action_psnr_shuffled']:.2f} dB, margin {res['action_margin_db']:+.3f} dB")
     return "\n".join(lines) + "\n"
-
-
-@torch.no_grad()
-def rollout_video_from_data(method, model, eps, path, device, generator=None, horizon=16, n=4, steps=None):
-    L = method.L
-    frames, actions = None, None
-    while horizon >= 1 and frames is None:
-        frames, actions = eval_windows(eps, L + horizon, n, device)
-        horizon = horizon // 2 if frames is None else horizon
-    if frames is None:
-        return None
-    gen = method.rollout(model, frames[:, :L], actions[:, :L + horizon - 1], steps, _seeded(device, 0))
-    meanings = method.spec.get("action_meanings")
-    return write_video(compose_frames(frames[:, :L], frames[:, L:], gen, actions, meanings), path)[0]
