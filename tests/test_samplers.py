@@ -187,9 +187,17 @@ def test_eval_reports_quality_vs_nfe(tmp_path):
 
 def test_eval_may_vary_sampling_keys_but_not_training_ones():
     from genlab.errors import GenlabError
-    from genlab.sample import SAMPLING_KEYS, check_eval_overrides
-    check_eval_overrides(["eval.num_samples=10", "method.cfg_interval=0.3,1", "method.sampler=midpoint"])
-    assert "method.cfg_interval" in SAMPLING_KEYS and "method.timestep_sampler" not in SAMPLING_KEYS
+    from genlab.config import load_config
+    from genlab.sample import check_eval_overrides, sampling_keys
+    cfg = load_config("digits_flow")
+    check_eval_overrides(cfg, ["eval.num_samples=10", "method.cfg_interval=0.3,1", "method.sampler=midpoint",
+                               "method.sde_noise=0.5", "method.sample_shift=2"])
+    keys = sampling_keys(cfg)
+    assert "method.cfg_interval" in keys and "method.sde_noise" in keys and "method.timestep_sampler" not in keys
     for bad in ("method.timestep_sampler=uniform", "model.dim=8", "method.name=mdlm"):
         with pytest.raises(GenlabError, match="not allowed here"):
-            check_eval_overrides([bad])
+            check_eval_overrides(cfg, [bad])
+    text = load_config("text_mdlm")  # each method lists its own sampling keys
+    check_eval_overrides(text, ["method.block_len=4", "method.temperature=0.5"])
+    with pytest.raises(GenlabError, match="not allowed here"):
+        check_eval_overrides(text, ["method.noise_schedule=cosine"])

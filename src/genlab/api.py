@@ -45,10 +45,6 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     return Trainer(cfg, resume=resume).fit()
 
 
-IMAGE_KW = ("class_id", "labels", "cfg_scale", "sampler")
-TEXT_KW = ("prompt", "temperature", "length", "top_k", "block_len")
-
-
 class Run:
     """A trained run loaded for sampling: `.model` (eval mode, EMA weights by default), `.method`,
     `.config`, `.device`, `.step`, `.spec` (the dataset spec the model was built for)."""
@@ -59,67 +55,36 @@ class Run:
         self.config, self.model, self.method, self.device, state = _load(path, device, ema)
         self.step, self.spec = state["step"], state["data_spec"]
 
-    @property
-    def family(self) -> str:
-        return getattr(self.method, "family", "image")
-
     def __repr__(self):
         return (f"Run({str(self.path)!r}, model={self.config.model.name}, method={self.config.method.name}, "
                 f"step={self.step}, device={self.device})")
 
     @torch.no_grad()
-    def sample(self, n: int = 16, *, seed: int = 0, steps: int | None = None, text: bool = False, **kw):
-        """n samples on the CPU.
-
-        Images: a float tensor [n, C, H, W] in [-1, 1]. Keywords: class_id (one class) or labels (a tensor of
+    def sample(self, n: int = 16, *, seed: int = 0, steps: int | None = None, text: bool = False, **options):
+        """n samples on the CPU, drawn by the run's method (`Method.draw`).
+        Images: a float tensor [n, C, H, W] in [-1, 1]; flow keywords: class_id (one class) or labels (a tensor of
         n class ids; default: cycle over the classes), cfg_scale, sampler, steps.
-        Text: token ids [n, L] (or, with text=True, a list of n strings). Keywords: prompt, temperature,
-        length (tokens; default method.sample_len or data.seq_len), autoregressive top_k, mdlm block_len;
-        steps: the mdlm sampler's step count (autoregressive: new tokens, as in `genlab sample`)."""
-        valid = TEXT_KW if self.family == "text" else IMAGE_KW
-        for k in kw:
+        Text: token ids [n, L] (or, with text=True, a list of n strings); keywords: prompt, temperature, length
+        (tokens; default method.sample_len or data.seq_len), autoregressive top_k, mdlm block_len; steps: the mdlm
+        sampler's step count (autoregressive: new tokens, as in `genlab sample`).
+        `run.method.sample_options` lists the keywords this run takes."""
+        valid = self.method.sample_options
+        for k in options:
             if k not in valid:
                 from genlab.config_fields import did_you_mean
-                raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for this {self.family} run; "
-                                  f"valid: n, seed, steps, text, {', '.join(valid)}")
+                raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for method "
+                                  f"{self.config.method.name}; valid: n, seed, steps, text, {', '.join(valid)}")
         if n < 1:
             raise GenlabError(f"Run.sample: n must be >= 1, got {n}")
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        if self.family == "text":
-            ids = self._sample_ids(n, steps, gen, **kw).cpu()
-            return self.decode(ids) if text else ids
+        out = self.method.draw(self.model, n, steps=steps, generator=gen, device=self.device, **options).cpu()
         if text:
-            raise GenlabError("text=True is for language models; this run samples images")
-        if self.family != "image":
-            raise GenlabError(f"Run.sample draws images or text; a '{self.family}' run ({self.config.method.name}) "
-                              f"samples from data context: use `genlab sample {self.path}`")
-        return self._sample_images(n, steps, gen, **kw).float().clamp(-1, 1).cpu()  # as the PNG grids quantise
+            return self.decode(out)
+        return out.float().clamp(-1, 1) if out.is_floating_point() else out  # images as the PNG grids quantise
 
     def decode(self, ids) -> list[str]:
-        """Token ids [n, L] -> n strings with the run's tokenizer."""
-        from genlab.methods import lm_common as lm
-        return [lm.decode(self.spec, row.tolist()) for row in ids]
-
-    def _sample_images(self, n, steps, gen, class_id=None, labels=None, cfg_scale=None, sampler=None):
-        from genlab.sample import sample_images
-        k = self.spec.get("num_classes", 0)
-        if labels is None:
-            if class_id is not None and not 0 <= class_id < k:
-                raise GenlabError(f"class_id {class_id} out of range; this model has classes 0..{k - 1}")
-            labels = torch.full((n,), class_id) if class_id is not None else torch.arange(n) % max(k, 1)
-        labels = torch.as_tensor(labels, dtype=torch.long, device=self.device)
-        return sample_images(self.method, self.model, labels, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
-                             generator=gen, device=self.device)
-
-    def _sample_ids(self, n, steps, gen, prompt="", temperature=None, length=None, top_k=None, block_len=None):
-        m, mc = self.method, self.config.method
-        if self.config.method.name == "mdlm":
-            return m.sample_ids(self.model, n, steps or mc.sample_steps, gen, self.device, prompt, temperature,
-                                length, block_len)
-        if block_len is not None:
-            raise GenlabError("block_len is an mdlm sampling option; this run is autoregressive")
-        length = length or steps or mc.sample_len or m.T  # as `genlab sample`: steps = new tokens
-        return m._sample_ids(self.model, n, length, gen, self.device, prompt, temperature, top_k)
+        """Token ids [n, L] -> n strings with the run's tokenizer (language models)."""
+        return self.method.decode(ids)
 
 
 def load_run(path, device: str = "auto", ema: bool = True) -> Run:

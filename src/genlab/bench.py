@@ -33,16 +33,6 @@ def data_spec_for(cfg) -> dict:
     return build_dataset(d).spec
 
 
-def synthetic_batch(method, spec, batch_size, device, generator):
-    if hasattr(method, "synthetic_batch"):
-        return method.synthetic_batch(batch_size, device, generator)
-    if spec.get("kind") != "image":
-        raise GenlabError(f"method {type(method).__name__} has no synthetic_batch for data of kind {spec.get('kind')!r}")
-    C, S = spec["channels"], spec["image_size"]
-    return {"image": torch.randn((batch_size, C, S, S), generator=generator, device=device),
-            "label": torch.randint(0, spec["num_classes"], (batch_size,), generator=generator, device=device)}
-
-
 class BenchStep:
     """The trainer's own step (train.step.TrainStep) on a fixed synthetic batch, with optional per-phase timing."""
 
@@ -62,7 +52,7 @@ class BenchStep:
         self.model, self.method, self.ema = self.train_step.model, self.train_step.method, self.train_step.ema
         self.flops_per_sample = self.train_step.flops_per_sample
         gen = torch.Generator(device=self.device).manual_seed(tcfg.seed)
-        self.batch = synthetic_batch(self.method, self.spec, self.micro, self.device, gen)
+        self.batch = self.method.synthetic_batch(self.micro, self.device, gen)
         self.n = 0
 
     def step(self, timer=None):

@@ -30,18 +30,39 @@ def check_config(cfg) -> None:
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
     _check_shapes(cfg)
-    for msg in unused_options(cfg, WARN_SECTIONS, invert=True):
-        raise GenlabError(msg)
+    for key, msg in unused_options(cfg):
+        if not _soft(key):
+            raise GenlabError(msg)
 
 
 # An unused sampling/eval option changes no weights (and shared override lists set them for several
-# methods), so it is a warning printed before training and recorded in the run's config.toml; an unused
-# data/model/optim/train option means the run is not what the user believes it is, so it is an error.
-WARN_SECTIONS = ("method", "eval")
+# methods), so it is a warning printed before training and recorded in the run's config.toml; any other
+# unused option (data, model, optim, train, a method's training option) means the run is not what the user
+# believes it is, so it is an error. Which method keys act only at sampling time, each method's spec says.
+def _soft(key: str) -> bool:
+    if key.startswith("eval."):
+        return True
+    from genlab.registry import method_registry
+    return any(key in sampling_keys_of(name) for name in method_registry.names())
+
+
+def sampling_keys_of(method: str) -> list[str]:
+    """Those the method's spec lists, plus the keys of every entry of the registries those keys select (e.g.
+    method.sampler -> the SDE's method.sde_noise)."""
+    from genlab.config import declared_keys
+    from genlab.config_fields import meta_of
+    from genlab.registry import REGISTRIES, method_registry
+    declared = declared_keys()
+    keys = list(method_registry.spec(method).sampling_keys)
+    for dotted in list(keys):
+        kind = meta_of(declared[dotted][0].field).get("registry")
+        for _, spec in (REGISTRIES[kind].specs() if kind in REGISTRIES else ()):
+            keys += [k.dotted for k in spec.keys if k.dotted not in keys]
+    return keys
 
 
 def config_warnings(cfg) -> list[str]:
-    return unused_options(cfg, WARN_SECTIONS)
+    return [msg for key, msg in unused_options(cfg) if _soft(key)]
 
 
 def _lookup(cfg, dotted: str):
@@ -102,21 +123,18 @@ def _why_unused(cfg, dotted: str, declared: dict, read: dict) -> str:
     return f"is not read by the components this config selects; read by {', '.join(everyone)}"
 
 
-def unused_options(cfg, only: tuple, invert: bool = False) -> list[str]:
-    """One message per option set away from its default that no selected component reads
-    (sections in `only`, or all but those with invert=True)."""
+def unused_options(cfg) -> list[tuple[str, str]]:
+    """(key, message) per option set away from its default that no selected component reads."""
     from genlab.config import declared_keys, sections
     declared, read = declared_keys(), read_keys(cfg)
     out = []
     for sec, obj in sections(cfg):
-        if (sec in only) == invert:
-            continue
         for f in dataclasses.fields(obj):
             if getattr(obj, f.name) == f.default or (f.default is dataclasses.MISSING and getattr(obj, f.name) == f.default_factory()):
                 continue
             dotted = f"{sec}.{f.name}"
             if dotted not in read:
-                out.append(f"{dotted} {_why_unused(cfg, dotted, declared, read)}")
+                out.append((dotted, f"{dotted} {_why_unused(cfg, dotted, declared, read)}"))
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,6 +24,10 @@ from genlab.errors import GenlabError, did_you_mean
 REGISTRIES: dict[str, "Registry"] = {}
 _loaded = False
 generation = 0  # bumped on every registration: derived config classes are rebuilt when it moves
+
+
+# a registration: `x_registry.register(...)` or a family's decorator built on it (`optimizer_entry(...)`)
+_REGISTERS = re.compile(r"^\s*@?\w*(registry\.register|_entry)\(", re.M)
 
 
 def _entry_modules() -> list[str]:
@@ -38,7 +43,7 @@ def _entry_modules() -> list[str]:
             text = path.read_text()
         except OSError:
             continue
-        if "_registry.register(" in text or "registry.register(" in text:
+        if _REGISTERS.search(text):
             found.append(info.name)
     return sorted(found)
 
@@ -91,6 +96,7 @@ class MethodSpec(Spec):
     causal: bool | None = None            # the attention a model with a `model.causal` key must use
     check: Callable | None = None         # check(cfg): the method's own config checks, before any work
     sampling_keys: tuple[str, ...] = ()   # its keys that act only at sampling time (eval/sample may override them)
+    conditions: dict | None = None        # extra model inputs {name: embedder} (models/conditions.py), e.g. a step size
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,27 @@ from genlab import progress
 from genlab.config import apply_overrides
 from genlab.data import build_dataset
 from genlab.errors import GenlabError
+from genlab.sampling import eval_context
 from genlab.train import checkpoint as ckpt
 from genlab.train.parallel import resolve_device
 from genlab.train.convert import apply_converters, converters_of
 from genlab.train.step import build_model_and_method
 
 
-# method keys that act only at sampling time (they change no weights), so eval may vary them on a trained run
-SAMPLING_KEYS = ("method.sampler", "method.step_schedule", "method.sample_shift", "method.sde_noise", "method.cfg_interval",
-                 "method.sample_steps", "method.sample_temperature", "method.quantize_frames")
+def sampling_keys(cfg) -> list[str]:
+    """The method keys a trained run may change at sampling time (they change no weights)."""
+    from genlab.config_check import sampling_keys_of
+    return sampling_keys_of(cfg.method.name)
 
 
-def check_eval_overrides(overrides) -> None:
+def check_eval_overrides(cfg, overrides) -> None:
     """The weights fix the model, data and method: only evaluation and sampling settings may change."""
+    allowed = sampling_keys(cfg)
     for o in overrides:
         key = o.strip().split("=", 1)[0]
-        if not (key.startswith("eval.") or key in SAMPLING_KEYS):
+        if not (key.startswith("eval.") or key in allowed):
             raise GenlabError(f"override '{o}' is not allowed here: only eval.* keys (e.g. eval.num_samples=1000) "
-                              f"and the sampling keys {', '.join(SAMPLING_KEYS)}")
+                              f"and the sampling keys of method {cfg.method.name}: {', '.join(allowed) or 'none'}")
 
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
@@ -37,7 +40,7 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
-    check_eval_overrides(overrides)
+    check_eval_overrides(cfg, overrides)
     apply_overrides(cfg, list(overrides))
     check_section(cfg, "eval")  # the rest was validated when the run was trained
     check_section(cfg, "method")
@@ -68,54 +71,23 @@ def _run_dir(run_or_ckpt) -> Path:
     return p if p.is_dir() else p.parent.parent
 
 
-def sample_images(method, model, labels, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
-                  batch=256):
-    """Images in [-1, 1], [n, C, H, W], drawn in batches; progress per sampler step where the method's
-    sample() takes a callback (flow's ODE samplers), else per batch."""
-    import inspect
-    per_step = "callback" in inspect.signature(method.sample).parameters
-    steps = steps or getattr(method.mcfg, "sample_steps", 1)
-    n_batches = -(-len(labels) // batch)
-    out = []
-    with progress.Task(f"sampling {len(labels)} images", total=steps * n_batches if per_step else n_batches,
-                       unit="step" if per_step else "batch") as task:
-        for i in range(0, len(labels), batch):
-            kw = {"callback": lambda *_: task.update()} if per_step else {}
-            out.append(method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
-                                     generator=generator, device=device, **kw))
-            if not per_step:
-                task.update()
-    return torch.cat(out)
-
-
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
-                   device="auto", ema=True, **text_kwargs):
-    check_sample_args(n, steps, cfg_scale, text_kwargs.get("temperature"), text_kwargs.get("top_k"), sampler)
+                   device="auto", ema=True, **options):
+    """`genlab sample`: the run's method writes n samples (a PNG grid, a text file, a video) and says where."""
+    check_sample_args(n, steps, cfg_scale, options.get("temperature"), options.get("top_k"), sampler)
     cfg, model, method, dev, state = load_run(run, device, ema)
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
-    if hasattr(method, "sample_to_file"):  # non-image families write their own output (text, video)
-        return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **text_kwargs)
-    k = state["data_spec"]["num_classes"]
-    if class_id is not None and not (0 <= class_id < k):
-        raise GenlabError(f"--class {class_id} out of range; this model has classes 0..{k - 1}")
-    labels = torch.full((n,), class_id, device=dev) if class_id is not None else torch.arange(n, device=dev) % k
-    from genlab.data.pixels import to_pixels
-    from genlab.eval.image_quality import save_grid
-    imgs = to_pixels(sample_images(method, model, labels, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
-                                  generator=gen, device=dev))
-    cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
-    rows = (n + cols - 1) // cols
-    return save_grid(imgs, rows, cols, out)
+    given = {k: v for k, v in (("class_id", class_id), ("cfg_scale", cfg_scale), ("sampler", sampler)) if v is not None}
+    return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **given, **options)
 
 
 def evaluate_run(run, overrides=(), device="auto"):
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     nfe_table = _nfe_table_wanted(cfg, method)
-    getattr(method, "check_eval", lambda cfg: None)(cfg)  # weights of eval.metrics present before sampling
+    method.check_eval(cfg)  # weights of eval.metrics present before sampling
     data = build_dataset(cfg.data)
-    ctx = {"eval": cfg.eval, "device": dev, "cfg": cfg, "run_dir": _run_dir(run),
-           "generator": torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)}
+    ctx = eval_context(cfg, dev, _run_dir(run))
     res = method.evaluate(model, data, ctx)
     if nfe_table:  # eval.nfe_list: the same evaluation per (sampler, NFE), as a table (eval/nfe.py)
         import sys
@@ -127,9 +99,9 @@ def evaluate_run(run, overrides=(), device="auto"):
 
 
 def _nfe_table_wanted(cfg, method) -> bool:
-    """eval.nfe_list set on a flow run; its values are checked before any sampling."""
-    from genlab.methods.flow import FlowMatching
-    if not cfg.eval.nfe_list or not isinstance(method, FlowMatching):
+    """eval.nfe_list set on a run whose components read it; its values are checked before any sampling."""
+    from genlab.config_check import read_keys
+    if not cfg.eval.nfe_list or "eval.nfe_list" not in read_keys(cfg):
         return False
     from genlab.eval.nfe import parse_int_list, samplers_of
     parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")

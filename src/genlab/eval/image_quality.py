@@ -6,19 +6,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from genlab import progress
 from genlab.data.pixels import to_pixels
+from genlab.sampling import sample_images
 
 
 def generate(method, model, labels, ctx, batch, desc="sampling"):
-    out = []
-    with progress.Task(f"{desc} {len(labels)} images", total=len(labels), unit="img") as task:
-        for i in range(0, len(labels), batch):
-            out.append(to_pixels(method.sample(model, labels[i:i + batch], steps=ctx["eval"].sample_steps,
-                                              cfg_scale=ctx["eval"].cfg_scale, generator=ctx["generator"],
-                                              device=ctx["device"], sampler=ctx.get("sampler"))).cpu())
-            task.update(len(out[-1]))
-    return torch.cat(out)
+    """uint8 pixels on the CPU, with the evaluation's steps, guidance and sampler (sampling.sample_images)."""
+    return sample_images(method, model, labels, steps=ctx["eval"].sample_steps, cfg_scale=ctx["eval"].cfg_scale,
+                         sampler=ctx.get("sampler"), generator=ctx["generator"], device=ctx["device"], batch=batch,
+                         desc=desc, post=lambda x: to_pixels(x).cpu())
 
 
 def evaluate_class_conditional(method, model, data, ctx) -> dict:

@@ -36,13 +36,14 @@ def samplers_of(cfg) -> list[str]:
 def nfe_rows(method, model, data, ctx, cfg) -> list[dict]:
     """One row per (sampler, NFE): the method's evaluation with that sampler and step count, same seed each."""
     from genlab.methods.samplers import nfe_per_step
+    from genlab.sampling import eval_context
     rows = []
     for name in samplers_of(cfg):
         k = nfe_per_step(name)
         for nfe in parse_int_list(cfg.eval.nfe_list, "eval.nfe_list"):
             steps = max(1, nfe // k)
-            sub = {**ctx, "eval": dataclasses.replace(ctx["eval"], sample_steps=steps), "sampler": name,
-                   "generator": torch.Generator(device=ctx["device"]).manual_seed(cfg.train.seed + 12345)}
+            sub = eval_context(cfg, ctx["device"], ctx["run_dir"], sampler=name)
+            sub["eval"] = dataclasses.replace(ctx["eval"], sample_steps=steps)
             res = method.evaluate(model, data, sub)
             rows.append({"sampler": name, "nfe": steps * k, "steps": steps,
                          **{m: v for m, v in res.items() if isinstance(v, (int, float)) and m != "classifier_val_acc"}})

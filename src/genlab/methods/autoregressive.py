@@ -63,7 +63,7 @@ def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> to
 
 
 class Autoregressive(Method):
-    family = "text"
+    sample_options = ("prompt", "temperature", "length", "top_k")
     batch_keys = ("x", "y")
     best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
@@ -110,6 +110,15 @@ class Autoregressive(Method):
         idx = torch.tensor([start] * n, dtype=torch.long, device=device)
         out = generate(model, idx, new_tokens, self.V, base.spec.seq_len, temperature, top_k, generator)
         return out if prompt else out[:, 1:]
+
+    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
+             top_k=None):
+        """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`)."""
+        length = length or steps or self.mcfg.sample_len or self.T
+        return self._sample_ids(model, n, length, generator, device, prompt, temperature, top_k)
+
+    def decode(self, samples) -> list[str]:
+        return [lm.decode(self.spec, row.tolist()) for row in samples]
 
     def _start_token(self) -> int:
         if self.spec.get("tokenizer") == "gpt2":

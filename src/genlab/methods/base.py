@@ -34,9 +34,13 @@ class Extra:
 
 
 class Method:
-    """Base class of every method. Subclasses set `batch_keys` and implement `loss` (and sampling/eval)."""
+    """Base class of every method: its whole contract, with defaults. Subclasses set `batch_keys` and implement
+    `loss`; the rest is optional. Front ends (CLI, API, eval, play) call only these, never ask which method it is."""
 
-    batch_keys: tuple[str, ...] = ()   # batch dict keys loss() reads; validated against the dataset spec's "batch_keys"
+    batch_keys: tuple[str, ...] = ()     # batch dict keys loss() reads; validated against the dataset spec's "batch_keys"
+    best_metric: str | None = None       # log.keep_best keeps the checkpoint with the lowest value of this eval metric
+    sample_options: tuple[str, ...] = ()  # keyword options of draw() (Run.sample); anything else is refused
+    interactive: bool = False            # generates frames from live controls (`genlab play`)
 
     def extra_modules(self) -> dict[str, Extra]:
         return {}
@@ -44,6 +48,39 @@ class Method:
     def loss(self, model, batch: dict, ctx: StepContext) -> tuple[Tensor | dict[str, Tensor], dict]:
         """One scalar loss, or {"model": loss for the model's optimizer, "<optimizer name>": loss for that optimizer};
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
+        raise NotImplementedError
+
+    def check_eval(self, cfg) -> None:
+        """Before training or sampling: evaluation settings that need files (weights) or the data."""
+
+    def evaluate(self, model, data, ctx) -> dict:
+        """Metrics of a trained model (ctx: sampling.eval_context). Default: none."""
+        return {}
+
+    def preview(self, model, path, ctx):
+        """A picture/text/video of samples at `path` (without its final suffix decided); None = no preview."""
+        return None
+
+    def synthetic_batch(self, batch_size: int, device, generator) -> dict:
+        """A batch of the right shapes for `genlab bench` (random values). Default: class-labelled images."""
+        spec = getattr(self, "spec", {})
+        if spec.get("kind") != "image":
+            raise GenlabError(f"method {type(self).__name__} has no synthetic_batch for data of kind {spec.get('kind')!r}")
+        C, S = spec["channels"], spec["image_size"]
+        return {"image": torch.randn((batch_size, C, S, S), generator=generator, device=device),
+                "label": torch.randint(0, spec["num_classes"], (batch_size,), generator=generator, device=device)}
+
+    def draw(self, model, n: int, *, steps=None, generator=None, device=None, **options):
+        """n samples as tensors (images in [-1, 1] [n, C, H, W], or token ids [n, L]); `options` are sample_options."""
+        raise GenlabError(f"method {type(self).__name__} samples from data context (e.g. past frames and controls), "
+                          f"not from noise alone: use `genlab sample RUN`")
+
+    def decode(self, samples) -> list[str]:
+        """Samples from draw() as text (language models)."""
+        raise GenlabError(f"method {type(self).__name__} does not draw text")
+
+    def sample_to_file(self, model, out, *, n: int = 16, steps=None, generator=None, device=None, **options):
+        """`genlab sample`: write n samples to `out` (PNG grid, text file or video) and return the path written."""
         raise NotImplementedError
 
 

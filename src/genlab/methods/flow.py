@@ -35,24 +35,31 @@ def parse_interval(text: str, key: str = "method.cfg_interval") -> tuple[float, 
     return lo, hi
 
 
+def _twice(v):
+    """A condition for the doubled CFG batch: per-sample tensors repeat, scalars stay."""
+    return torch.cat([v, v]) if torch.is_tensor(v) and v.ndim > 0 else v
+
+
 def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0)):
     """Velocity field with classifier-free guidance: v_u + s * (v_c - v_u), both in one batch. Guidance acts
     only for t in `interval` (Kynkaanniemi et al. 2024, "guidance in a limited interval"); elsewhere the
-    conditional velocity alone, at one forward instead of two."""
+    conditional velocity alone, at one forward instead of two. Extra conditions (`**cond`, the sampler's
+    extra_args) pass through to the model; only the class is dropped for the unconditional half."""
     if y is None:
-        return lambda x, t: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long))
+        return lambda x, t, **cond: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long),
+                                          **cond)
     if scale == 1.0:
-        return lambda x, t: model(x, t, y)
+        return lambda x, t, **cond: model(x, t, y, **cond)
     lo, hi = interval
     limited = (lo, hi) != (0.0, 1.0)
 
-    def velocity(x, t):
+    def velocity(x, t, **cond):
         if limited:
             inside = (t >= lo) & (t <= hi)
             if not bool(inside.any()):  # one host sync per sampler step, outside the training loop
-                return model(x, t, y)
+                return model(x, t, y, **cond)
         y_null = torch.full_like(y, null_class)
-        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]))
+        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **{k: _twice(c) for k, c in cond.items()})
         v_c, v_u = v.chunk(2)
         guided = v_u + scale * (v_c - v_u)
         return torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c) if limited else guided
@@ -60,8 +67,8 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
 
 
 class FlowMatching(Method):
-    family = "image"
     batch_keys = ("image", "label")
+    sample_options = ("class_id", "labels", "cfg_scale", "sampler")
 
     def __init__(self, cfg, data_spec):
         self.cfg = cfg
@@ -119,9 +126,10 @@ class FlowMatching(Method):
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
-               cfg_scale: float | None = None, sampler: str | None = None, generator=None, device=None, callback=None):
-        """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional.
-        `callback(i, t, x)` runs after every sampler step (progress, pictures)."""
+               cfg_scale: float | None = None, sampler: str | None = None, generator=None, device=None, callback=None,
+               conditions: dict | None = None):
+        """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional; `conditions`: the model's
+        extra named inputs (default: `sample_conditions`). `callback(i, t, x, denoised)` runs after every step."""
         base = unwrap(model)
         device = device or next(base.parameters()).device
         n = len(labels) if labels is not None else n
@@ -130,8 +138,13 @@ class FlowMatching(Method):
         velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale,
                                 self.cfg_interval)
         ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
+        extra = self.sample_conditions(n, device) if conditions is None else conditions
         return call_sampler(sampler_registry.get(sampler or self.mcfg.sampler), velocity, x, ts, callback=callback,
-                            generator=generator, noise=self.mcfg.sde_noise)
+                            extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
+
+    def sample_conditions(self, n: int, device) -> dict:
+        """The extra model inputs at sampling time (a subclass that adds a condition returns its value here)."""
+        return {}
 
     def check_eval(self, cfg) -> None:
         """Before training or sampling: eval.metrics valid and their weights files present."""
@@ -142,6 +155,32 @@ class FlowMatching(Method):
     def evaluate(self, model, data, ctx) -> dict:
         from genlab.eval.image_quality import evaluate_class_conditional
         return evaluate_class_conditional(self, model, data, ctx)
+
+    def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
+        """The class of each of n samples: `labels`, or one class, or cycling over the classes."""
+        k = self.spec.get("num_classes", 0)
+        if labels is None:
+            if class_id is not None and not 0 <= class_id < k:
+                raise GenlabError(f"--class {class_id} (class_id) out of range; this model has classes 0..{k - 1}")
+            labels = torch.full((n,), class_id) if class_id is not None else torch.arange(n) % max(k, 1)
+        return torch.as_tensor(labels, dtype=torch.long, device=device)
+
+    def draw(self, model, n, *, steps=None, generator=None, device=None, class_id=None, labels=None, cfg_scale=None,
+             sampler=None):
+        from genlab.sampling import sample_images
+        return sample_images(self, model, self.labels_for(n, class_id, labels, device), steps=steps, cfg_scale=cfg_scale,
+                             sampler=sampler, generator=generator, device=device)
+
+    def sample_to_file(self, model, out, *, n=64, steps=None, generator=None, device=None, class_id=None, cfg_scale=None,
+                       sampler=None, **_):
+        """A PNG grid: one column per class when n is a multiple of the class count (up to 16 classes)."""
+        from genlab.data.pixels import to_pixels
+        from genlab.eval.image_quality import save_grid
+        imgs = to_pixels(self.draw(model, n, steps=steps, generator=generator, device=device, class_id=class_id,
+                                   cfg_scale=cfg_scale, sampler=sampler))
+        k = self.spec["num_classes"]
+        cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
+        return save_grid(imgs, (n + cols - 1) // cols, cols, out)
 
     def preview(self, model, path, ctx):
         from genlab.eval.image_quality import save_class_grid

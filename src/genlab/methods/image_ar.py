@@ -83,7 +83,7 @@ def heat(values: np.ndarray) -> np.ndarray:
 
 
 class ImageAR(Method):
-    family = "image"
+    sample_options = ("temperature",)
     batch_keys = ("image",)
     best_metric = "val_bits_per_dim"
 
@@ -149,6 +149,10 @@ class ImageAR(Method):
     def sample_images(self, model, n, generator, device, temperature=None):
         t = self.mcfg.temperature if temperature is None else temperature
         return self.image(sample_seq(model, n, self.T, device, temperature=t, generator=generator))
+
+    def draw(self, model, n, *, steps=None, generator=None, device=None, temperature=None):
+        device = device or next(unwrap(model).parameters()).device
+        return to_model(self.sample_images(model, n, generator, device, temperature))
 
     @torch.no_grad()
     def sample(self, model, labels=None, n=None, steps=None, cfg_scale=None, sampler=None, generator=None, device=None):

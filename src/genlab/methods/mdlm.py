@@ -143,7 +143,7 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
 
 
 class MaskedDiffusion(Method):
-    family = "text"
+    sample_options = ("prompt", "temperature", "length", "block_len")
     batch_keys = ("x",)
     best_metric = "nelbo_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
@@ -252,6 +252,15 @@ class MaskedDiffusion(Method):
         return ancestral_sample(model, z, steps, self.schedule, self.V, base.mask_id, generator,
                                 self.mcfg.temperature if temperature is None else temperature,
                                 self.mcfg.block_len if block_len is None else block_len, stats)
+
+    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
+             block_len=None):
+        """Token ids [n, L] from `steps` denoising steps (default method.sample_steps)."""
+        return self.sample_ids(model, n, steps or self.mcfg.sample_steps, generator, device, prompt, temperature,
+                               length, block_len)
+
+    def decode(self, samples) -> list[str]:
+        return [lm.decode(self.spec, row.tolist()) for row in samples]
 
     def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, prompt="", temperature=None,
                        length=None, block_len=None, **_):

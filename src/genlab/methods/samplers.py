@@ -1,7 +1,9 @@
 """Samplers for flow matching as small pure functions of a velocity field, and their step schedules.
 
-`velocity(x, t) -> v` where t is a [B] tensor; the path runs from t=0 (noise) to t=1 (data).
-`callback(i, t, x)` is called after every step (for pictures and progress). the registry spec's `nfe_per_step` is the
+`velocity(x, t, **extra_args) -> v` where t is a [B] tensor; the path runs from t=0 (noise) to t=1 (data);
+`extra_args` (conditioning: classes, a step size, ...) pass through to the model untouched, as in k-diffusion.
+`callback(i, t, x, denoised)` is called after every step (pictures, progress) with the data estimate
+x_t + (1 - t) v of the step's start point. the registry spec's `nfe_per_step` is the
 number of velocity evaluations per step (the NFE of a run is steps * nfe_per_step).
 """
 import inspect
@@ -50,10 +52,16 @@ def time_grid(steps: int, device=None, schedule: str = "uniform", cfg=None) -> t
     return ts.to(device)
 
 
-def call_sampler(fn, velocity, x, ts, callback=None, **opts):
+def call_sampler(fn, velocity, x, ts, callback=None, extra_args=None, **opts):
     """Run a registered sampler, passing only the options it declares (the SDE takes a generator and noise)."""
     params = inspect.signature(fn).parameters
-    return fn(velocity, x, ts, callback=callback, **{k: v for k, v in opts.items() if k in params})
+    return fn(velocity, x, ts, callback=callback, extra_args=extra_args, **{k: v for k, v in opts.items() if k in params})
+
+
+def _report(callback, i, t_next, x, t, v):
+    """callback(i, t_{i+1}, x_{i+1}, denoised): denoised = x_t + (1 - t) v, the data the step's start point predicts."""
+    if callback is not None:
+        callback(i, t_next, x[0], x[1] + (1 - t) * v)
 
 
 def nfe_per_step(name: str) -> int:
@@ -63,40 +71,45 @@ def nfe_per_step(name: str) -> int:
 # -- ODE samplers ---------------------------------------------------------------------------------
 @sampler_registry.register("euler", "explicit Euler on the probability-flow ODE, 1 evaluation per step")
 @torch.no_grad()
-def sample_euler(velocity, x, ts, callback=None):
+def sample_euler(velocity, x, ts, callback=None, extra_args=None):
+    extra = extra_args or {}
     for i in range(len(ts) - 1):
         t = ts[i].expand(x.shape[0])
-        x = x + (ts[i + 1] - ts[i]) * velocity(x, t)
-        if callback is not None:
-            callback(i, ts[i + 1], x)
+        v = velocity(x, t, **extra)
+        x_next = x + (ts[i + 1] - ts[i]) * v
+        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v)
+        x = x_next
     return x
 
 
 @sampler_registry.register("heun", "Heun's 2nd-order method (Karras et al. 2022, Alg. 1), 2 evaluations per step",
                            nfe_per_step=2)
 @torch.no_grad()
-def sample_heun(velocity, x, ts, callback=None):
+def sample_heun(velocity, x, ts, callback=None, extra_args=None):
+    extra = extra_args or {}
     for i in range(len(ts) - 1):
         dt = ts[i + 1] - ts[i]
-        v0 = velocity(x, ts[i].expand(x.shape[0]))
+        v0 = velocity(x, ts[i].expand(x.shape[0]), **extra)
         x_pred = x + dt * v0
-        v1 = velocity(x_pred, ts[i + 1].expand(x.shape[0]))
-        x = x + dt * 0.5 * (v0 + v1)
-        if callback is not None:
-            callback(i, ts[i + 1], x)
+        v1 = velocity(x_pred, ts[i + 1].expand(x.shape[0]), **extra)
+        x_next = x + dt * 0.5 * (v0 + v1)
+        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v0)
+        x = x_next
     return x
 
 
 @sampler_registry.register("midpoint", "explicit midpoint rule (2nd-order Runge-Kutta), 2 evaluations per step",
                            nfe_per_step=2)
 @torch.no_grad()
-def sample_midpoint(velocity, x, ts, callback=None):
+def sample_midpoint(velocity, x, ts, callback=None, extra_args=None):
+    extra = extra_args or {}
     for i in range(len(ts) - 1):
         dt = ts[i + 1] - ts[i]
-        x_mid = x + 0.5 * dt * velocity(x, ts[i].expand(x.shape[0]))
-        x = x + dt * velocity(x_mid, (ts[i] + 0.5 * dt).expand(x.shape[0]))
-        if callback is not None:
-            callback(i, ts[i + 1], x)
+        v0 = velocity(x, ts[i].expand(x.shape[0]), **extra)
+        x_mid = x + 0.5 * dt * v0
+        x_next = x + dt * velocity(x_mid, (ts[i] + 0.5 * dt).expand(x.shape[0]), **extra)
+        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v0)
+        x = x_next
     return x
 
 
@@ -105,22 +118,23 @@ def sample_midpoint(velocity, x, ts, callback=None):
                                              "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)",
                            keys=SDE_KEYS)
 @torch.no_grad()
-def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0):
+def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0, extra_args=None):
     """For x_t = (1-t) z + t x1 the velocity is v = E[x1 - z | x_t], and E[z | x_t] = x_t - t v, so the score is
     grad log p_t(x) = -E[z | x_t] / (1-t) = -(x - t v) / (1-t). Any g(t) gives an SDE with the ODE's marginals
     (Fokker-Planck): dx = [v + g^2/2 grad log p_t] dt + g dW, integrated forward in t from noise to data. With
     g(t)^2 = 2 eta (1-t) the drift is v - eta (x - t v), finite at both ends, and g vanishes at the data.
     The last step is deterministic: x + (1-t) v = E[x1 | x_t] when it ends at t=1 (no noise left in the output)."""
+    extra = extra_args or {}
     for i in range(len(ts) - 1):
         t, dt = ts[i], ts[i + 1] - ts[i]
-        v = velocity(x, t.expand(x.shape[0]))
+        v = velocity(x, t.expand(x.shape[0]), **extra)
         if i == len(ts) - 2 or noise == 0:
-            x = x + dt * v
+            x_next = x + dt * v
         else:
             g = torch.sqrt(2 * noise * (1 - t) * dt)
-            x = x + dt * (v - noise * (x - t * v)) + g * torch.randn(x.shape, generator=generator, device=x.device,
-                                                                        dtype=x.dtype)
-        if callback is not None:
-            callback(i, ts[i + 1], x)
+            x_next = x + dt * (v - noise * (x - t * v)) + g * torch.randn(x.shape, generator=generator, device=x.device,
+                                                                             dtype=x.dtype)
+        _report(callback, i, ts[i + 1], (x_next, x), t, v)
+        x = x_next
     return x
 

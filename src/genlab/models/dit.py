@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from genlab.models.backbone import LongSkips, block_flops, embed_flops
 from genlab.models.layers import Attention, TimestepEmbedder, TokenGrid
+from genlab.models.conditions import ConditionSet
 from genlab.models.positions import build_position
 from genlab import config_fields as cf
 from genlab.registry import ModelExample, adaln_registry, mlp_registry, model_registry, norm_registry, residual_registry
@@ -49,6 +50,7 @@ class DiTSpec:
     ln_placement: str = "pre"     # dit_incontext: pre-LN or post-LN blocks
     dual_blocks: int = 0          # mmdit: first k blocks dual-stream (0 = all)
     context_dim: int = 0          # mmdit: > 0 = a sequence of condition embeddings of this width (text-like)
+    conditions: tuple = ()        # extra named conditions (name, embedder) a method adds (models/conditions.py)
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -182,7 +184,12 @@ def add_image_stem(model: nn.Module, s) -> None:
     model.pos = build_position(s.pos_emb, s.dim, s.heads, (model.grid, model.grid), "dit")
     model.t_embed = TimestepEmbedder(s.dim)
     model.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+    model.cond_embed = ConditionSet(s.dim, s.conditions)
 
+
+def embed_conditions(model, t, y, extra: dict) -> list[torch.Tensor]:
+    """[B, D] embeddings of time, class and every extra condition, the same way in every image backbone."""
+    return [model.t_embed(t), model.y_embed(y), *model.cond_embed(t.shape[0], **extra)]
 
 class DiT(nn.Module):
     def __init__(self, spec: DiTSpec):
@@ -209,11 +216,12 @@ class DiT(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
         self.skips.reset_parameters()
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional)."""
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional);
+        conditions: the extra named conditions the model was built with (spec.conditions)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        c = self.t_embed(t) + self.y_embed(y)
+        c = sum(embed_conditions(self, t, y, conditions))
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
         saved = {}
         for i, block in enumerate(self.blocks):
@@ -230,7 +238,7 @@ class DiT(nn.Module):
         the attention kernel's matmuls (each entry's own formula: layers.attention_flops) and Mix-FFN's conv."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
         pd = s.patch_size ** 2 * s.channels
-        f = 2 * N * pd * D + embed_flops(self.t_embed, D)                # patch embed, timestep MLP
+        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)  # patch embed, condition MLPs
         f += s.depth * block_flops(s, N, N, ada=6)
         f += self.skips.flops(lambda j: N)
         return f + 2 * D * 2 * D + 2 * N * D * pd                        # final adaLN + projection
@@ -254,7 +262,8 @@ def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
                    adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
                    mlp=cfg_model.mlp, norm=cfg_model.norm,
                    pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb,
-                   long_skips=getattr(cfg_model, "long_skips", False), **extra)
+                   long_skips=getattr(cfg_model, "long_skips", False),
+                   conditions=tuple(data_spec.get("conditions", {}).items()), **extra)
 
 
 # model.* keys of the DiT family (dit, dit_incontext and mmdit read them through spec_from_config)

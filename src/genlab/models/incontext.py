@@ -9,7 +9,7 @@ import torch.nn as nn
 from genlab.errors import GenlabError
 from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
 from genlab import config_fields as cf
-from genlab.models.dit import DIT_KEYS, DiTSpec, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify, spec_from_config
+from genlab.models.dit import DIT_KEYS, embed_conditions, DiTSpec, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify, spec_from_config
 from genlab.models.layers import Attention, TokenGrid
 from genlab.registry import mlp_registry, model_registry, norm_registry, residual_registry
 
@@ -63,12 +63,13 @@ class InContextDiT(nn.Module):
         nn.init.zeros_(self.head.weight)  # zero velocity at init, as DiT's zero-initialised final layer
         self.skips.reset_parameters()
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        cond = torch.stack([self.t_embed(t), self.y_embed(y)], dim=1).to(h.dtype)
+        cond = torch.stack(embed_conditions(self, t, y, conditions), dim=1).to(h.dtype)  # one token per condition
+        k = cond.shape[1]
         h = torch.cat([cond, h], dim=1)
-        rope, grid = prefix_rope(self.pos.rope(), COND_TOKENS), TokenGrid(COND_TOKENS, self.grid, self.grid)
+        rope, grid = prefix_rope(self.pos.rope(), k), TokenGrid(k, self.grid, self.grid)
         saved = {}
         for i, block in enumerate(self.blocks):
             if i in self.skips.source:
@@ -76,14 +77,14 @@ class InContextDiT(nn.Module):
             h = block(h, rope=rope, grid=grid)
             if i in self.skips.sources:
                 saved[i] = h
-        out = self.head(self.final_norm(h[:, COND_TOKENS:]))
+        out = self.head(self.final_norm(h[:, k:]))
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs as torch.utils.flop_counter counts them (see DiT.flops_per_sample): N + 2 tokens per block."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
-        n, pd = N + COND_TOKENS, s.patch_size ** 2 * s.channels
-        f = 2 * N * pd * D + embed_flops(self.t_embed, D)
+        n, pd = N + COND_TOKENS + len(s.conditions), s.patch_size ** 2 * s.channels
+        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
         f += s.depth * block_flops(s, n, N, ada=0) + self.skips.flops(lambda j: n)
         return f + 2 * N * D * pd
 

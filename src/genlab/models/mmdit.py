@@ -18,7 +18,7 @@ import torch.nn as nn
 from genlab.errors import GenlabError
 from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
 from genlab import config_fields as cf
-from genlab.models.dit import (DIT_KEYS, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
+from genlab.models.dit import (DIT_KEYS, embed_conditions, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
                                spec_from_config)
 from genlab.models.layers import TokenGrid, attention_flops
 from genlab.registry import model_registry, residual_registry
@@ -75,12 +75,14 @@ class MMDiT(nn.Module):
             return self.context_embed(context)
         return torch.stack([y_emb, t_emb], dim=1)
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None = None):
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None = None,
+                **conditions):
         """x_t [B, C, H, W], t [B], y [B] class ids (null_class = unconditional); context [B, L, context_dim] optional."""
         s = self.spec
         x = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        t_emb, y_emb = self.t_embed(t), self.y_embed(y)
-        c = t_emb + y_emb
+        embs = embed_conditions(self, t, y, conditions)
+        t_emb, y_emb = embs[0], embs[1]
+        c = sum(embs)
         ctx = self.context_tokens(t_emb, y_emb, context).to(x.dtype)
         L = ctx.shape[1]
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
@@ -113,7 +115,7 @@ class MMDiT(nn.Module):
         conditioning tokens (2: class and timestep)."""
         s, N, D, L = self.spec, self.num_tokens, self.spec.dim, context_len
         pd = s.patch_size ** 2 * s.channels
-        f = 2 * N * pd * D + embed_flops(self.t_embed, D)
+        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
         if self.context_embed is not None and context_len:
             f += 2 * L * s.context_dim * D
         for i in range(s.depth):

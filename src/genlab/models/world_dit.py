@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.models.dit import DIT_SIZES, DiTBlock, FinalLayer, depatchify, dit_size, patchify
+from genlab.models.conditions import ConditionSet
 from genlab.models.layers import TimestepEmbedder, attention_flops, sincos_2d
 from genlab import config_fields as cf
 from genlab.registry import ModelExample, model_registry
@@ -23,7 +24,7 @@ class WorldDiT(nn.Module):
     def __init__(self, image_size: int, channels: int, context: int, num_actions: int, action_dim: int,
                  dim: int, depth: int, heads: int, patch_size: int = 4, mlp_ratio: float = 4.0,
                  context_mode: str = "channels", attention: str = "sdpa", qk_norm: bool = False, adaln: str = "fused",
-                 action_emb: int = 64):
+                 action_emb: int = 64, conditions: dict | None = None):
         super().__init__()
         if context_mode not in CONTEXT_MODES:
             raise GenlabError(f"unknown model.context_mode '{context_mode}'; valid choices: {', '.join(CONTEXT_MODES)}")
@@ -44,6 +45,7 @@ class WorldDiT(nn.Module):
         self.register_buffer("pos_embed", torch.from_numpy(sincos_2d(dim, self.grid, self.grid))[None], persistent=False)
         self.t_embed = TimestepEmbedder(dim)
         self.noise_embed = TimestepEmbedder(dim)  # the context noise level, so the model can discount noisy frames
+        self.cond_embed = ConditionSet(dim, conditions or {})  # extra named conditions a method adds
         self.action_embed = nn.Embedding(num_actions, action_emb) if num_actions else nn.Linear(action_dim, action_emb)
         self.action_proj = nn.Sequential(nn.Linear(context * action_emb, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.attention, self.heads = attention, heads
@@ -58,7 +60,7 @@ class WorldDiT(nn.Module):
         if self.frame_embed is not None:
             nn.init.normal_(self.frame_embed, std=0.02)
 
-    def forward(self, x_t, t, context, actions, ctx_noise):
+    def forward(self, x_t, t, context, actions, ctx_noise, **conditions):
         """x_t [B,C,H,W] noisy target; t [B] in [0,1]; context [B,L,C,H,W]; actions [B,L] (long) or [B,L,D];
         ctx_noise [B] noise level of the context in [0,1]. Returns [B,C,H,W]."""
         B, L = context.shape[:2]
@@ -71,7 +73,8 @@ class WorldDiT(nn.Module):
             ctx = ctx + self.pos_embed[:, None] + self.frame_embed[None, :, None]
             h = torch.cat([tgt, ctx.flatten(1, 2)], 1)
         a = self.action_embed(actions if self.num_actions else actions.to(self.action_embed.weight.dtype))
-        c = self.t_embed(t) + self.noise_embed(ctx_noise) + self.action_proj(a.flatten(1))
+        c = sum([self.t_embed(t) + self.noise_embed(ctx_noise) + self.action_proj(a.flatten(1)),
+                 *self.cond_embed(t.shape[0], **conditions)])
         for block in self.blocks:
             h = block(h, c)
         out = self.final(h[:, :self.num_tokens], c)
@@ -84,7 +87,7 @@ class WorldDiT(nn.Module):
         hidden = int(D * self.mlp_ratio)
         n = N if self.context_mode == "channels" else N * (L + 1)
         f = 2 * N * pd * (L + 1) * D                               # patch embeds (target + context)
-        f += 2 * 2 * (self.t_embed.freq_dim * D + D * D)           # time and noise-level MLPs
+        f += 2 * 2 * (self.t_embed.freq_dim * D + D * D) + self.cond_embed.flops(D)  # time, noise-level, condition MLPs
         f += 2 * (self.action_proj[0].in_features * D + D * D)     # action projection
         if not self.num_actions:
             f += 2 * L * self.action_dim * self.action_embed.out_features
@@ -116,4 +119,5 @@ def build_world_dit(cfg_model, data_spec) -> WorldDiT:
     dim, depth, heads = dit_size(cfg_model)
     return WorldDiT(data_spec["image_size"], data_spec["channels"], data_spec["context"], data_spec["num_actions"],
                     data_spec["action_dim"], dim, depth, heads, cfg_model.patch_size, cfg_model.mlp_ratio,
-                    cfg_model.context_mode, cfg_model.attention, cfg_model.qk_norm, cfg_model.adaln)
+                    cfg_model.context_mode, cfg_model.attention, cfg_model.qk_norm, cfg_model.adaln,
+                    conditions=data_spec.get("conditions"))

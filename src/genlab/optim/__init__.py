@@ -1,11 +1,5 @@
 """Optimizers and LR schedules by name, from maintained libraries rather than hand-written update rules:
 torch's own (Adam, AdamW, SGD), pytorch-optimizer (Shampoo, MARS, ADOPT) and heavyball (SOAP, PSGD-Kron,
 Muon). Every entry takes the same parameter groups (optim/groups.py) and honours `optim.caution` (the
-library's own cautious update where it has a faithful one, else optim/caution.py).
-
-Each family's module registers its entries with `optimizer_entry` (optim/build.py, which also builds one by
-name); importing the modules here is what registers them.
-"""
-from genlab.optim import schedules  # noqa: F401
-from genlab.optim import torch_optimizers, pytorch_optimizer_library, shampoo  # noqa: F401
-from genlab.optim import heavyball_optimizers, muon  # noqa: F401
+library's own cautious update where it has a faithful one, else optim/caution.py). Each family's module
+registers its entries with `optimizer_entry` (optim/build.py); registry.load_entries finds them."""

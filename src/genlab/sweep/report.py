@@ -61,10 +61,11 @@ def param_count(run_dir: Path) -> int | None:
     if not p.exists():
         return None
     try:
-        from genlab.config import IMAGE_BACKBONES, from_dict, load_toml
+        from genlab.config import from_dict, load_toml
         from genlab.models.match import param_count as count
+        from genlab.registry import model_registry
         cfg = from_dict(load_toml(p))
-        spec = _image_spec(cfg) if cfg.model.name in IMAGE_BACKBONES else None
+        spec = _image_spec(cfg) if model_registry.spec(cfg.model.name).family == "image" else None
         return None if spec is None else count(cfg.model, spec)
     except Exception:  # noqa: BLE001 - a column we cannot fill stays empty
         return None

@@ -24,6 +24,10 @@ from genlab.train.switches import apply_switches, backward_context, compile_extr
 
 
 def build_model_and_method(cfg, spec: dict):
+    """The backbone (built with the extra conditions the method declares) and the method."""
+    conditions = method_registry.spec(cfg.method.name).conditions
+    if conditions:
+        spec = {**spec, "conditions": dict(conditions)}
     model = model_registry.get(cfg.model.name)(cfg.model, spec)
     method = method_registry.get(cfg.method.name)(cfg, spec)
     return model, method

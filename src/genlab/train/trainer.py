@@ -54,12 +54,12 @@ class Trainer:
         st = self.steps
         self.model = self.base = st.model
         self.method, self.wrapped, self.ema, self.gen = st.method, st.wrapped, st.ema, st.gen
-        getattr(self.method, "check_eval", lambda cfg: None)(cfg)  # e.g. FID weights missing: fail before step 1
+        self.method.check_eval(cfg)  # e.g. FID weights missing: fail before step 1
         self.optimizer, self.scaler, self.flops_per_sample = st.optimizer, st.scaler, st.flops_per_sample
         self.sharded = st.sharded  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
         torch.manual_seed(tcfg.seed + self.dist.rank)  # per-rank randomness from here on (dropout, augmentation)
         self.best = None  # log.keep_best: {"metric", "value", "step"} of checkpoints/best.pt
-        if cfg.log.keep_best and (self.sharded or not getattr(self.method, "best_metric", None)):
+        if cfg.log.keep_best and (self.sharded or not self.method.best_metric):
             raise GenlabError("log.keep_best needs an unsharded model and a method with a validation metric "
                               f"(method {cfg.method.name} under train.parallel={tcfg.parallel})")
         self.micro_batch = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
@@ -194,8 +194,8 @@ class Trainer:
 
     # -- eval and samples -----------------------------------------------------------------------
     def eval_ctx(self):
-        return {"eval": self.cfg.eval, "device": self.device, "cfg": self.cfg, "run_dir": self.run_dir,
-                "generator": torch.Generator(device=self.device).manual_seed(self.cfg.train.seed + 12345)}
+        from genlab.sampling import eval_context
+        return eval_context(self.cfg, self.device, self.run_dir)
 
     def sample_model(self):
         """EMA (or live) weights for sampling; under FSDP a collective gather into a plain model on rank 0."""

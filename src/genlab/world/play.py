@@ -44,8 +44,9 @@ class PlaySession:
         from genlab.sample import load_run
         overrides = [] if temperature is None else [f"method.sample_temperature={temperature}"]
         cfg, model, method, dev, state = load_run(run, device, overrides=overrides)
-        if getattr(method, "family", "") != "world":
-            raise GenlabError(f"{run} is not a world-model run (method {cfg.method.name}); play needs method.name=world")
+        if not method.interactive:
+            raise GenlabError(f"{run} is not a world-model run (method {cfg.method.name} does not generate frames from "
+                              f"controls); play needs method.name=world")
         data = build_dataset(cfg.data)
         frames, actions = spaced_windows(data.val, method.L, 1, dev)
         if frames is None:

@@ -37,7 +37,7 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
 
 
 class WorldModel(Method):
-    family = "world"
+    interactive = True  # `genlab play`: frames from live controls
     batch_keys = ("frames", "actions")
     best_metric = "tf_mse"
 

@@ -1,0 +1,96 @@
+"""Components declare themselves: a method added from one file at run time trains, samples through `genlab
+sample`, has its config key validated and documented, and conditions the model on a new input, with no other
+edit; and the declarations leave no key unread and no component without its typed spec."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, TINY
+from genlab.cli import main
+from genlab.config import load_config
+from genlab.errors import GenlabError
+from genlab.registry import load_plugin, method_registry
+
+PLUGIN = REPO / "tests" / "plugins" / "toy_conditioned_flow.py"
+
+
+@pytest.fixture(scope="module")
+def toy():
+    load_plugin(str(PLUGIN))
+    yield "toy_conditioned"
+    method_registry.unregister("toy_conditioned")
+
+
+def test_a_plugin_key_is_range_checked_and_refused_with_another_method(toy):
+    cfg = load_config(None, [f"method.name={toy}", "method.toy_strength=0.25"])
+    assert cfg.method.toy_strength == 0.25
+    with pytest.raises(GenlabError, match=r"method.toy_strength must be <= 1"):
+        load_config(None, [f"method.name={toy}", "method.toy_strength=2"])
+    with pytest.raises(GenlabError, match=r"method.toy_strength is not read by method 'flow'.*toy_conditioned"):
+        load_config(None, ["method.toy_strength=0.25"])
+
+
+def test_a_plugin_key_is_documented_by_genlab_config(toy, capsys):
+    assert main(["config", f"method.name={toy}"]) == 0
+    out = capsys.readouterr().out
+    assert "# toy: the strength every sample is conditioned on at sampling time  [>= 0, <= 1]" in out
+    assert "toy_strength = 0.5" in out
+
+
+def test_a_plugin_method_trains_samples_and_conditions_the_model(toy, tmp_path, capsys):
+    run = tmp_path / "toy"
+    assert main(["train", "digits_flow", *TINY, f"method.name={toy}", "train.steps=3", "eval.num_samples=0",
+                 f"train.out_dir={tmp_path}", "train.name=toy"]) == 0
+    assert main(["sample", str(run), "--n", "10", "--steps", "2", "--out", str(tmp_path / "grid.png")]) == 0
+    assert (tmp_path / "grid.png").stat().st_size > 0
+    from genlab.sample import load_run
+    _, model, method, _, _ = load_run(run)
+    assert "cond_embed.embed.strength.mlp.0.weight" in model.state_dict()
+    x, t, y = torch.randn(2, 1, 8, 8), torch.rand(2), torch.tensor([1, 2])
+    with torch.no_grad():
+        a, b = model(x, t, y, strength=torch.zeros(2)), model(x, t, y, strength=torch.ones(2))
+    assert not torch.allclose(a, b)  # the new input reaches the output
+    with pytest.raises(GenlabError, match="missing"):
+        model(x, t, y)
+    g = torch.Generator().manual_seed(0)
+    weak = method.sample(model, y, steps=2, generator=g, conditions={"strength": torch.zeros(2)})
+    g = torch.Generator().manual_seed(0)
+    strong = method.sample(model, y, steps=2, generator=g, conditions={"strength": torch.ones(2)})
+    assert not torch.allclose(weak, strong)  # samplers pass the condition through (extra_args)
+
+
+def test_genlab_plugins_loads_a_component_file_in_a_fresh_process(tmp_path):
+    env = {**os.environ, "GENLAB_PLUGINS": str(PLUGIN), "PYTHONPATH": str(REPO / "src")}
+    out = subprocess.run([sys.executable, "-m", "genlab", "config", "method.name=toy_conditioned",
+                          "method.toy_strength=0.75"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "toy_strength = 0.75" in out.stdout
+
+
+def test_every_entry_has_its_registry_spec_type():
+    from genlab.registry import all_registries
+    for kind, reg in all_registries().items():
+        for name, spec in reg.specs():
+            assert isinstance(spec, reg.spec_type), (kind, name)
+
+
+def test_a_misspelt_capability_fails_at_registration():
+    from genlab.registry import Registry, SamplerSpec
+    reg = Registry("toy_kind_for_test", SamplerSpec)
+    with pytest.raises(TypeError, match="nfe_per_stp"):
+        reg.register("x", "doc", nfe_per_stp=2)(lambda: None)
+    del __import__("genlab.registry").registry.REGISTRIES["toy_kind_for_test"]
+
+
+def test_method_model_and_data_constraints_come_from_the_specs():
+    with pytest.raises(GenlabError, match="method.name=mdlm trains on token data but data.name=digits provides image"):
+        load_config(None, ["method.name=mdlm"])
+    with pytest.raises(GenlabError, match="method.name=flow needs model.name=dit\\|dit_incontext\\|mmdit"):
+        load_config("text_ar", ["method.name=flow", "data.name=digits"])
+    with pytest.raises(GenlabError, match="method.name=repa aligns"):
+        load_config(None, ["method.name=repa", "model.name=mmdit"])
+    with pytest.raises(GenlabError, match="method.name=mdlm needs model.causal=false"):
+        load_config("text_mdlm", ["model.causal=true"])
