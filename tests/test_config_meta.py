@@ -5,7 +5,8 @@ from typing import get_type_hints
 
 import pytest
 
-from genlab.config import Config, dumps_toml, from_dict, load_config, sections, to_dict
+from genlab.config import Config, dumps_toml, from_dict, load_config, to_dict
+from genlab.config_keys import sections
 from genlab.config_fields import declares_range, meta_of
 from genlab.errors import GenlabError
 
@@ -27,7 +28,7 @@ def test_every_field_has_a_description_and_declared_values():
 def test_every_key_is_read_by_some_component_or_every_run():
     """No key that nothing reads: each is a core key or listed by a registered component (keys or reads)."""
     from genlab.config_doc import readers
-    from genlab.config import CORE_KEYS
+    from genlab.config_keys import CORE_KEYS
     core = {k.dotted for k in CORE_KEYS}
     orphans = [k for k, who in readers().items() if not who and k not in core]
     assert not orphans, orphans

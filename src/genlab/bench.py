@@ -24,11 +24,10 @@ def _sync(device):
 
 def data_spec_for(cfg) -> dict:
     """The data spec without materialising a dataset when it is synthetic (benches can be huge)."""
-    d = cfg.data
-    if d.name == "synthetic":
-        return {"kind": "image", "image_size": d.image_size, "channels": d.channels,
-                "num_classes": d.num_classes, "num_samples": d.size, "classes": [str(i) for i in range(d.num_classes)],
-                "batch_keys": ("image", "label")}
+    from genlab.registry import dataset_registry
+    d, spec = cfg.data, dataset_registry.spec(cfg.data.name)
+    if spec.synthetic and spec.shape is not None:
+        return spec.shape(d)
     from genlab.data import build_dataset
     return build_dataset(d).spec
 
@@ -197,7 +196,10 @@ def _compiled_graphs() -> int:
 
 def _model_label(mcfg) -> str:
     """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
-    return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if mcfg.name != "gpt" else "")
+    from genlab.registry import model_registry
+    patches = "model.patch_size" in {k.dotted for k in model_registry.spec(mcfg.name).keys} | \
+        set(model_registry.spec(mcfg.name).reads)
+    return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if patches else "")
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ def check_section(cfg, sec: str) -> None:
 
 
 def check_config(cfg) -> None:
-    from genlab.config import sections
+    from genlab.config_keys import sections
     for sec, _ in sections(cfg):
         check_section(cfg, sec)
     _check_train(cfg)
@@ -49,7 +49,7 @@ def _soft(key: str) -> bool:
 def sampling_keys_of(method: str) -> list[str]:
     """Those the method's spec lists, plus the keys of every entry of the registries those keys select (e.g.
     method.sampler -> the SDE's method.sde_noise)."""
-    from genlab.config import declared_keys
+    from genlab.config_keys import declared_keys
     from genlab.config_fields import meta_of
     from genlab.registry import REGISTRIES, method_registry
     declared = declared_keys()
@@ -81,7 +81,7 @@ def _selected(cfg, dotted: str, meta: dict) -> list[str]:
 def read_keys(cfg) -> dict[str, str]:
     """dotted key -> who reads it, for this config: the core keys, then the keys of every selected component
     (a selector key that is read picks entries of its registry, whose keys may select further entries)."""
-    from genlab.config import declared_keys
+    from genlab.config_keys import declared_keys
     from genlab.registry import REGISTRIES
     declared = declared_keys()
     read = {dotted: "core" for dotted, (_, owners) in declared.items() if "core" in owners}
@@ -125,7 +125,7 @@ def _why_unused(cfg, dotted: str, declared: dict, read: dict) -> str:
 
 def unused_options(cfg) -> list[tuple[str, str]]:
     """(key, message) per option set away from its default that no selected component reads."""
-    from genlab.config import declared_keys, sections
+    from genlab.config_keys import declared_keys, sections
     declared, read = declared_keys(), read_keys(cfg)
     out = []
     for sec, obj in sections(cfg):
@@ -173,8 +173,6 @@ def _check_components(cfg):
     if meth.model_families and model.family not in meth.model_families:
         fits = [n for n, s in model_registry.specs() if s.family in meth.model_families]
         raise GenlabError(f"method.name={cfg.method.name} needs model.name={'|'.join(fits)}, got model.name={m.name}")
-    if m.name == "sparse_transformer" and data.kind == "token" and m.sparse_embed == "data":
-        raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
     if meth.causal is not None and "model.causal" in read_keys(cfg) and m.causal != meth.causal:
         raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
 
@@ -205,8 +203,9 @@ def _check_shapes(cfg):
         raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
                           f"train with sdpa or math there (sampling and eval run the forward anywhere)")
     if spec.grid_rank == 2 and "model.patch_size" in read_keys(cfg):
-        sizer = dataset_registry.spec(cfg.data.name).image_size
-        side = sizer(cfg.data) if sizer is not None else None
+        shape_of = dataset_registry.spec(cfg.data.name).shape
+        shape = shape_of(cfg.data) if shape_of is not None else None
+        side = shape["image_size"] if shape else None
         if side is not None and side % m.patch_size:
             raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
 

@@ -124,7 +124,9 @@ class ModelSpec(Spec):
 class DatasetSpec(Spec):
     kind: str                              # image | token | episodes
     needs_path: bool = False               # reads a folder written by `genlab data ...` (data.path)
-    image_size: Callable | None = None     # image_size(cfg_data) -> side in pixels, when known without loading
+    synthetic: bool = False                # random data for benchmarks: `shape` gives its whole data spec
+    shape: Callable | None = None          # shape(cfg_data) -> {kind, image_size, channels, num_classes} or None,
+                                           # known without loading the data
     check: Callable | None = None          # check(cfg_data): its own option checks
 
 

@@ -34,13 +34,22 @@ def load_digits_uint8() -> ImageData:
     return ImageData(images=images, labels=labels, classes=[str(i) for i in range(10)], meta=meta)
 
 
-def prepared_image_size(path) -> int | None:
-    """The image side of a prepared folder, read from the header of images.npy (None when missing or unreadable:
-    the dataset reader reports that)."""
+def prepared_shape(path) -> dict | None:
+    """The shape of a prepared folder from the header of images.npy and meta.json (None when missing or
+    unreadable: the dataset reader reports that)."""
     try:
-        return int(np.load(Path(path) / "images.npy", mmap_mode="r").shape[1])
+        import json
+        n, h, w, c = np.load(Path(path) / "images.npy", mmap_mode="r").shape
+        classes = json.loads((Path(path) / "meta.json").read_text()).get("classes", [])
+        return {"kind": "image", "image_size": int(h), "channels": int(c), "num_classes": len(classes)}
     except Exception:  # noqa: BLE001
         return None
+
+
+def synthetic_spec(d) -> dict:
+    """The data spec of data.name=synthetic without generating it (benchmarks at large data.size)."""
+    return {"kind": "image", "image_size": d.image_size, "channels": d.channels, "num_classes": d.num_classes,
+            "num_samples": d.size, "classes": [str(i) for i in range(d.num_classes)], "batch_keys": ("image", "label")}
 
 
 def _read_digits_csv():
@@ -58,13 +67,13 @@ def _read_digits_csv():
 
 
 @dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files", kind="image",
-                           keys=IMAGE_KEYS, image_size=lambda d: 8)
+                           keys=IMAGE_KEYS, shape=lambda d: {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10})
 def digits(cfg_data):
     return load_digits_uint8()
 
 
 @dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)", kind="image",
-                           keys=PATH_KEYS + IMAGE_KEYS, needs_path=True, image_size=lambda d: prepared_image_size(d.path))
+                           keys=PATH_KEYS + IMAGE_KEYS, needs_path=True, shape=lambda d: prepared_shape(d.path))
 def images(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=images needs data.path (a folder made by `genlab data prepare`)")
@@ -72,7 +81,7 @@ def images(cfg_data):
 
 
 @dataset_registry.register("synthetic", "random uint8 images of data.image_size/channels/num_classes (benchmarks)",
-                           kind="image", keys=IMAGE_KEYS + SYNTHETIC_KEYS, image_size=lambda d: d.image_size)
+                           kind="image", keys=IMAGE_KEYS + SYNTHETIC_KEYS, synthetic=True, shape=lambda d: synthetic_spec(d))
 def synthetic(cfg_data):
     rng = np.random.default_rng(0)
     n, s, c = cfg_data.size, cfg_data.image_size, cfg_data.channels

@@ -20,7 +20,7 @@ from genlab.errors import GenlabError
 from genlab.methods.base import Method
 from genlab.methods.flow import unwrap
 from genlab.models.sparse_transformer import START, image_to_seq, seq_to_image
-from genlab.registry import method_registry
+from genlab.registry import method_registry, model_registry
 
 LN2 = math.log(2.0)
 
@@ -90,7 +90,7 @@ class ImageAR(Method):
     def __init__(self, cfg, data_spec):
         if data_spec.get("kind") != "image":
             raise GenlabError(f"method image_ar needs image data (data.name=images|digits|synthetic), got {data_spec.get('kind')!r}")
-        if cfg.model.name != "sparse_transformer":
+        if model_registry.spec(cfg.model.name).family != "sparse_transformer":
             raise GenlabError(f"method image_ar needs model.name=sparse_transformer, got {cfg.model.name!r}")
         self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
         self.H, self.C = data_spec["image_size"], data_spec["channels"]

@@ -75,8 +75,8 @@ class REPA(FlowMatching):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         m = cfg.method
-        if cfg.model.name != "dit":
-            raise GenlabError(f"method repa aligns DiT block outputs; model.name must be dit, got {cfg.model.name!r}")
+        if not model_registry.spec(cfg.model.name).block_tokens:
+            raise GenlabError(f"method repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such blocks")
         if m.repa_encoder not in ENCODERS:
             raise GenlabError(f"method.repa_encoder must be one of {', '.join(ENCODERS)}; got {m.repa_encoder!r}")
         from genlab.models.dit import dit_size

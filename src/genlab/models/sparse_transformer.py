@@ -338,10 +338,16 @@ SPARSE_EXAMPLE = ModelExample(  # tiny image bytes; its attention comes from mod
     output_shape=lambda spec, B: (B, spec["image_size"] ** 2 * spec["channels"], 256))
 
 
+def _check_sparse(cfg, dim: int, heads: int, depth: int):
+    from genlab.registry import dataset_registry
+    if cfg.model.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
+        raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
+
+
 @model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes or text: "
                                                "strided/fixed factorized attention (FlexAttention), data or attention embeddings",
                          family="sparse_transformer", keys=SPARSE_KEYS, reads=("model.dropout", "model.vocab_size"),
-                         sizes=SPARSE_SIZES, example=SPARSE_EXAMPLE)
+                         sizes=SPARSE_SIZES, check=_check_sparse, example=SPARSE_EXAMPLE)
 def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
     kind = data_spec.get("kind")
     if kind not in ("image", "tokens"):

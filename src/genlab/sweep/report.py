@@ -42,16 +42,10 @@ def train_records(recs: list[dict]) -> list[dict]:
 
 def _image_spec(cfg) -> dict | None:
     """The data shape of an image run, known without loading its data (synthetic, digits, a prepared folder)."""
-    d = cfg.data
-    if d.name == "synthetic":
-        return {"kind": "image", "image_size": d.image_size, "channels": d.channels, "num_classes": d.num_classes}
-    if d.name == "digits":
-        return {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
-    if d.name == "images":
-        meta = json.loads((Path(d.path) / "meta.json").read_text())
-        return {"kind": "image", "image_size": meta["shape"][0], "channels": meta["shape"][2],
-                "num_classes": len(meta["classes"])}
-    return None
+    from genlab.registry import dataset_registry
+    shape_of = dataset_registry.spec(cfg.data.name).shape
+    shape = shape_of(cfg.data) if shape_of is not None else None
+    return {k: shape[k] for k in ("kind", "image_size", "channels", "num_classes")} if shape else None
 
 
 def param_count(run_dir: Path) -> int | None:

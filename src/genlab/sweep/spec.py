@@ -80,9 +80,10 @@ def _check_overrides(ovs, where, src):
 
 def _size_shape(cfg) -> dict:
     """Model and data shape of the base config, for the constant-parameter size axis."""
-    if cfg.data.name == "synthetic":
-        spec = {"kind": "image", "image_size": cfg.data.image_size, "channels": cfg.data.channels,
-                "num_classes": cfg.data.num_classes}
+    from genlab.registry import dataset_registry
+    ds = dataset_registry.spec(cfg.data.name)
+    if ds.synthetic and ds.shape is not None:
+        spec = {k: ds.shape(cfg.data)[k] for k in ("kind", "image_size", "channels", "num_classes")}
     else:
         spec = None  # real datasets: their shape needs the data; the default latent shape is close enough to rank widths
     return {"model": cfg.model, "spec": spec, "cfg": cfg}
