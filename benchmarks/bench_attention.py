@@ -152,7 +152,7 @@ def _time_ms(fn, cuda):
 
 def run_sigmoid(tokens, heads, head_dim, total, lines):
     """fwd and fwd+bwd ms of softmax SDPA and of sigmoid attention's paths; errors vs an fp32 plain reference."""
-    from genlab.models.layers import sigmoid_attention_flex, sigmoid_attention_plain
+    from genlab.models.attention import sigmoid_attention_flex, sigmoid_attention_plain
     from genlab.models.triton_sigmoid import sigmoid_attention_triton
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"

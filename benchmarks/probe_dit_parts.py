@@ -122,7 +122,7 @@ def optimizer_variants(model, dev):
 
 
 def norm_variants(tokens_b, N, D, dev):
-    from genlab.models.dit import norm_modulate_fused, norm_modulate_unfused
+    from genlab.models.norm import norm_modulate_fused, norm_modulate_unfused
     x = torch.randn(tokens_b, N, D, device=dev, requires_grad=True)
     sh = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
     sc = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from genlab.errors import GenlabError
-from genlab.models.layers import (Attention, DifferentialAttention, linear_attention, math_attention,
+from genlab.models.attention import (Attention, DifferentialAttention, linear_attention, math_attention,
                                   sigmoid_attention, sigmoid_attention_flex)
 from genlab.registry import attention_registry
 

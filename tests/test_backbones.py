@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-import genlab.models.layers as layers
+import genlab.models.attention as attention_kernels
 from genlab.config import ModelConfig, load_config
 from genlab.errors import GenlabError
-from genlab.models.layers import MixFFN, TokenGrid
+from genlab.models.mlp import MixFFN, TokenGrid
 from genlab.models.match import match_params, param_count, reference_params
 from genlab.registry import model_registry
 
@@ -111,7 +111,7 @@ def test_flex_forward_matches_sdpa(backbone):
 @pytest.mark.parametrize("attention", ["sdpa", "sigmoid", "differential", "linear"])
 @pytest.mark.parametrize("backbone", list(BACKBONES))
 def test_analytic_flops_match_flop_counter(backbone, attention, monkeypatch):
-    monkeypatch.setattr(layers, "sdpa_attention", layers.math_attention)
+    monkeypatch.setattr(attention_kernels, "sdpa_attention", attention_kernels.math_attention)
     name = "math" if attention == "sdpa" else attention
     for mlp, skips in [("gelu", False), ("mixffn", True), ("swiglu", True)]:
         m = build(model_cfg(backbone, attention=name, mlp=mlp, long_skips=skips, depth=4))
@@ -121,10 +121,10 @@ def test_analytic_flops_match_flop_counter(backbone, attention, monkeypatch):
 
 
 def test_linear_attention_flops_grow_linearly_and_differential_costs_one_and_a_half_softmax():
-    f = {n: layers.attention_flops(n, 4096, 4096, 12, 64) for n in ("sdpa", "linear", "differential")}
+    f = {n: attention_kernels.attention_flops(n, 4096, 4096, 12, 64) for n in ("sdpa", "linear", "differential")}
     assert f["differential"] == 1.5 * f["sdpa"]  # two maps at half width, two weighted sums at full width
-    assert layers.attention_flops("linear", 8192, 8192, 12, 64) == 2 * f["linear"]
-    assert layers.attention_flops("sdpa", 8192, 8192, 12, 64) == 4 * f["sdpa"]
+    assert attention_kernels.attention_flops("linear", 8192, 8192, 12, 64) == 2 * f["linear"]
+    assert attention_kernels.attention_flops("sdpa", 8192, 8192, 12, 64) == 4 * f["sdpa"]
 
 
 # -- behaviour against references ---------------------------------------------------------------------------------

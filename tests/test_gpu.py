@@ -119,7 +119,7 @@ def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flex_attention_matches_sdpa_on_gpu(causal):
-    from genlab.models.layers import flex_attention, sdpa_attention
+    from genlab.models.attention import flex_attention, sdpa_attention
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", requires_grad=True) for _ in range(3))
     a, b = flex_attention(q, k, v, causal=causal), sdpa_attention(q, k, v, causal=causal)

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from genlab.models.dit import DiT, DiTSpec, norm_modulate_fused, norm_modulate_unfused
+from genlab.models.dit import DiT, DiTSpec
+from genlab.models.norm import norm_modulate_fused, norm_modulate_unfused
 from genlab.train.parallel import clip_grads, fusable_grad_scale
 
 
@@ -111,7 +112,7 @@ def test_forced_sdpa_backends_are_listed_and_compute_attention(name):
 
 
 def test_contiguous_qkv_attention_gives_the_same_gradients_through_the_fused_projection():
-    from genlab.models.layers import Attention
+    from genlab.models.attention import Attention
     torch.manual_seed(0)
     a, b = Attention(16, 4, backend="sdpa").double(), Attention(16, 4, backend="sdpa_contiguous").double()
     b.load_state_dict(a.state_dict())

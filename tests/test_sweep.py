@@ -181,7 +181,7 @@ def test_constant_param_sizes_match_real_parameter_counts(head_dim, depths):
     import torch
     from genlab.config import ModelConfig
     from genlab.models.dit import build_dit
-    from genlab.sweep.sizes import constant_param_dims
+    from genlab.models.match import constant_param_dims
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 1000}
 
     def count(mc):  # the real DiT's parameter count (shapes only: meta device)

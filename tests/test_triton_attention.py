@@ -46,7 +46,7 @@ def make_qkv(B, H, N, D, dtype, fused, device="cpu", seed=0):
 
 def check_case(B, H, N, D, causal, dtype, bwd, fused, tol):
     """Forward and dq/dk/dv of the triton backend vs float64 `math_attention`; returns the errors."""
-    from genlab.models.layers import math_attention
+    from genlab.models.attention import math_attention
     from genlab.models.triton_attention import flash_attention
     os.environ["GENLAB_TRITON_ATTN_BWD"] = bwd
     dt = getattr(torch, dtype)
@@ -110,7 +110,7 @@ def run_under_interpreter(script):
 def test_triton_backend_refuses_clearly_without_cuda(monkeypatch):
     from genlab.errors import GenlabError
     from genlab.models import triton_attention as T
-    from genlab.models.layers import Attention
+    from genlab.models.attention import Attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if not torch.cuda.is_available():  # no CUDA (or no triton): one line that names the valid choices
         with pytest.raises(GenlabError, match=r"valid choices.*sdpa") as e:

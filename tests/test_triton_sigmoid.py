@@ -52,7 +52,7 @@ def make_qkv(B, H, N, M, D, dtype, fused, device="cpu", seed=0):
 
 def check_case(B, H, N, M, D, causal, dtype, fused, tol, device="cpu", q_scale=1.0):
     """Forward and dq/dk/dv of the kernels vs float64 `sigmoid_attention_plain`; returns the errors."""
-    from genlab.models.layers import sigmoid_attention_plain
+    from genlab.models.attention import sigmoid_attention_plain
     from genlab.models.triton_sigmoid import sigmoid_attention_triton
     dt = getattr(torch, dtype)
     q, k, v = make_qkv(B, H, N, M, D, dt, fused, device=device, seed=N * D + M)
@@ -119,8 +119,8 @@ def test_triton_sigmoid_interpreter_matches_float64_reference():
 
 def test_sigmoid_entry_stays_plain_on_cpu_and_names_the_triton_path():
     """On CPU the registry entry never touches triton (import genlab must not import it either)."""
-    from genlab.models.layers import sigmoid_attention_plain
-    from genlab.models.layers import sigmoid_attention
+    from genlab.models.attention import sigmoid_attention_plain
+    from genlab.models.attention import sigmoid_attention
     from genlab.models.triton_sigmoid import supports
     from genlab.registry import attention_registry
     q, k, v = (torch.randn(1, 2, 5, 32) for _ in range(3))
@@ -187,8 +187,8 @@ def test_unsupported_inputs_are_refused_by_the_op_and_routed_away_by_supports(mo
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_sigmoid_gpu_matches_reference(monkeypatch, n, causal):
     """bf16 kernels vs float64 at 256/258/4096 tokens (fused qkv views), as close as the bf16 plain-torch path."""
-    from genlab.models.layers import sigmoid_attention_plain
-    from genlab.models.layers import sigmoid_attention
+    from genlab.models.attention import sigmoid_attention_plain
+    from genlab.models.attention import sigmoid_attention
     from genlab.models.triton_sigmoid import supports
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     B = max(1, 8192 // n)
@@ -222,7 +222,7 @@ def test_triton_sigmoid_under_torch_compile_has_no_graph_break(monkeypatch):
     """A small attention module compiles in one graph (custom op with a fake impl) and matches eager."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
-    from genlab.models.layers import Attention
+    from genlab.models.attention import Attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     torch.manual_seed(0)
     layer = Attention(768, 12, backend="sigmoid").cuda()

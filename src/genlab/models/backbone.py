@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from genlab.models.layers import attention_flops, mlp_flops
+from genlab.models.attention import attention_flops
+from genlab.models.mlp import mlp_flops
 
 
 class LongSkips(nn.Module):
@@ -48,11 +49,6 @@ def prefix_rope(rope, prefix: int):
         return rope
     cos, sin = rope
     return (torch.cat([cos.new_ones(prefix, cos.shape[-1]), cos]), torch.cat([sin.new_zeros(prefix, sin.shape[-1]), sin]))
-
-
-def embed_flops(t_embed, dim: int) -> int:
-    """The timestep MLP: sinusoidal features -> dim -> dim."""
-    return 2 * (t_embed.freq_dim * dim + dim * dim)
 
 
 def block_flops(s, n: int, grid_tokens: int, ada: int = 6, kernel: bool = True, pre_only: bool = False) -> int:

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.models.layers import TimestepEmbedder
+from genlab.models.embeddings import TimestepEmbedder
 from genlab.registry import Registry
 
 condition_registry = Registry("condition")

@@ -9,14 +9,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from genlab.models.backbone import LongSkips, block_flops, embed_flops
-from genlab.models.layers import Attention, TimestepEmbedder, TokenGrid
+from genlab.models.attention import Attention
+from genlab.models.backbone import LongSkips, block_flops
 from genlab.models.conditions import ConditionSet
+from genlab.models.embeddings import TimestepEmbedder, embed_flops
+from genlab.models.mlp import TokenGrid
+from genlab.models.norm import norm_modulate_by
 from genlab.models.positions import build_position
 from genlab import config_fields as cf
-from genlab.registry import ModelExample, adaln_registry, mlp_registry, model_registry, norm_registry, residual_registry
+from genlab.registry import ModelExample, mlp_registry, model_registry, residual_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -67,45 +69,6 @@ def depatchify(x: torch.Tensor, p: int, C: int, H: int, W: int) -> torch.Tensor:
     return x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, H, W)
 
 
-def modulate(x, shift, scale):
-    return x * (1 + scale[:, None]) + shift[:, None]
-
-
-# -- LayerNorm (no affine) + adaLN modulation: y = LN(x) * (1 + scale) + shift ----------------------
-@adaln_registry.register("unfused", "nn.LayerNorm, then x*(1+scale)+shift as separate ops (fp32 output under autocast)")
-def norm_modulate_unfused(x, shift, scale, eps):
-    return modulate(F.layer_norm(x, x.shape[-1:], eps=eps), shift, scale)
-
-
-@adaln_registry.register("fused", "LayerNorm + modulation in one fp32 expression, output in the compute dtype "
-                                  "(one kernel under torch.compile; LayerNorm + addcmul in eager)")
-def norm_modulate_fused(x, shift, scale, eps):
-    """Same function as `unfused`; the statistics and the modulation are computed in fp32 (at least) and the result is
-    cast once to the autocast dtype (what the next matmul would cast it to), so nothing fp32 is written."""
-    out_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-    with torch.autocast(x.device.type, enabled=False):
-        cdt = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 when the model is fp64
-        xf, shift, scale = x.to(cdt), shift.to(cdt)[:, None], scale.to(cdt)[:, None]
-        if torch.compiler.is_compiling():  # inductor fuses these into one reduction kernel
-            var, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
-            y = (xf - mean) * torch.rsqrt(var + eps) * (1 + scale) + shift
-        else:
-            y = torch.addcmul(shift, F.layer_norm(xf, xf.shape[-1:], eps=eps), 1 + scale)
-        return y.to(out_dtype)
-
-
-# -- dtype of the residual stream -------------------------------------------------------------------
-@residual_registry.register("fp32", "residual stream in the input dtype (fp32 under bf16 autocast, as in the DiT reference)")
-def residual_fp32(x):
-    return x.dtype
-
-
-@residual_registry.register("compute", "residual stream in the autocast dtype (bf16): half the bytes of every "
-                                      "residual add, LayerNorm read and residual gradient; LayerNorm stats stay fp32")
-def residual_compute(x):
-    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-
-
 class DiTBlock(nn.Module):
     """Pre-norm transformer block with adaLN-Zero conditioning: identity at init.
 
@@ -144,14 +107,6 @@ class DiTBlock(nn.Module):
     def forward(self, x, c, rope=None, grid=None):
         qkv, mod = self.pre(x, c, rope)
         return self.post(x, self.attn.kernel(*qkv), mod, grid)
-
-
-def norm_modulate_by(norm: str, adaln: str, dim: int, eps: float):
-    """LayerNorm goes through the tuned `adaln` entries; any other norm is its module (no affine), then x*(1+scale)+shift."""
-    if norm == "layernorm":
-        return adaln_registry.get(adaln)
-    module = norm_registry.get(norm)(dim, affine=False, eps=eps)
-    return lambda x, shift, scale, eps: modulate(module(x), shift, scale)
 
 
 class FinalLayer(nn.Module):
@@ -235,7 +190,7 @@ class DiT(nn.Module):
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs (2 per multiply-add) of one sample, counted like torch.utils.flop_counter: every Linear,
-        the attention kernel's matmuls (each entry's own formula: layers.attention_flops) and Mix-FFN's conv."""
+        the attention kernel's matmuls (each entry's own formula: attention.attention_flops) and Mix-FFN's conv."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
         pd = s.patch_size ** 2 * s.channels
         f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)  # patch embed, condition MLPs

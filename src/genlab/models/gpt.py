@@ -24,8 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
-from genlab.models.layers import Attention, apply_rope, attention_flops
-from genlab.models.positions import build_position, fitting_positions
+from genlab.models.attention import Attention, attention_flops
+from genlab.models.positions import apply_rope, build_position, fitting_positions
 from genlab import config_fields as cf
 from genlab.registry import ModelExample, mlp_registry, model_registry, norm_registry
 
@@ -175,18 +175,13 @@ class GPT(nn.Module):
     def flops_per_sample(self, seq_len: int | None = None) -> int:
         """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and the attention kernel's
         matmuls (softmax: both over the full T x T score matrix, as torch.utils.flop_counter and nanoGPT's MFU
-        count it; other entries by their own formula, layers.attention_flops)."""
+        count it; other entries by their own formula, attention.attention_flops)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
         mlp = 2 * T * D * H * mlp_registry.get(s.mlp).matrices
         attn = attention_flops(s.attention, T, T, s.heads, D // s.heads, causal=s.causal)
         per_block = 2 * T * D * 3 * D + 2 * T * D * D + attn + mlp
         return s.depth * per_block + 2 * T * D * s.n_vocab
-
-    def num_params(self, embedding: bool = True) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        learned = [p.numel() for p in self.pos_emb.parameters()]
-        return n if embedding else n - sum(learned)
 
 
 class LinearCrossEntropy(torch.autograd.Function):

@@ -7,10 +7,12 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
+from genlab.models.attention import Attention
+from genlab.models.backbone import LongSkips, block_flops, prefix_rope
 from genlab import config_fields as cf
 from genlab.models.dit import DIT_KEYS, embed_conditions, DiTSpec, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify, spec_from_config
-from genlab.models.layers import Attention, TokenGrid
+from genlab.models.embeddings import embed_flops
+from genlab.models.mlp import TokenGrid
 from genlab.registry import mlp_registry, model_registry, norm_registry, residual_registry
 
 PLACEMENTS = ("pre", "post")

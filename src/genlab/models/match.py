@@ -1,10 +1,15 @@
-"""Parameter matching: the width (and, to close the last gap, the MLP width) that gives a backbone the parameter
-count of a reference model, so architectures and attention kernels are compared at equal size.
+"""Parameter matching: the widths that give a backbone a reference model's parameter count, so architectures,
+attention kernels and depths are compared at equal size. Counts are exact: each candidate is built on the meta
+device (no memory, no init cost), and among neighbouring head counts the one closest to the target wins.
 
-Depth and head width stay those of the config: the number of heads moves in steps of one (a width step of one
-head width), then model.mlp_ratio moves the MLP width until the count is within `tol` of the target (the MLP
-is about 2/3 of a block's weights, so it can absorb the remainder of a head-width step: at DiT-S/B widths a few
-percent of mlp_ratio). Counts are exact: each candidate is built on the meta device (no memory, no init cost).
+Two questions are answered:
+- `match_params`: at the config's depth and head width, which width (and, to close the last gap, which MLP
+  width) has the target count? The number of heads moves in steps of one (a width step of one head width),
+  then model.mlp_ratio moves the MLP width until the count is within `tol` of the target (the MLP is about 2/3
+  of a block's weights, so it can absorb the remainder of a head-width step: at DiT-S/B widths a few percent of
+  mlp_ratio). Used by the sweeps' `matched_params` axis and benchmarks/bench_backbones.py.
+- `constant_param_dims`: for each of several depths, which width of a DiT has the count of a reference depth and
+  width (the sweeps' `constant_params` axis, trading depth for width).
 """
 from __future__ import annotations
 
@@ -16,6 +21,10 @@ import torch
 from genlab.errors import GenlabError
 from genlab.registry import mlp_registry, model_registry
 
+# the data shape of the shipped DiT-B/2 ablations (synthetic 32x32x4 latents, 1000 classes): constant_param_dims'
+# default, for base configs whose data shape is only known once the data is read
+LATENT_SPEC = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 1000}
+
 
 def param_count(cfg_model, data_spec: dict) -> int:
     """Exact parameter count of the model `cfg_model` describes, for data of `data_spec`'s shape."""
@@ -24,9 +33,12 @@ def param_count(cfg_model, data_spec: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _shape(cfg_model):
-    from genlab.models.dit import dit_size
-    return dit_size(cfg_model)
+def _nearest_heads(count, guess: int, radius: int, target: int) -> tuple[int, int]:
+    """(heads, count(heads)) for the head count within `radius` of `guess` whose count is closest to `target`
+    (the smaller one on a tie)."""
+    counts = {h: count(h) for h in range(max(1, guess - radius), guess + radius + 1)}
+    heads = min(counts, key=lambda h: abs(counts[h] - target))
+    return heads, counts[heads]
 
 
 def _ratio_for(hidden: int, dim: int) -> float:
@@ -37,7 +49,8 @@ def _ratio_for(hidden: int, dim: int) -> float:
 def match_params(cfg_model, data_spec: dict, target: int, tol: float = 0.02) -> dict:
     """{dim, heads, depth, mlp_ratio} for cfg_model's backbone with ~`target` parameters (|error| <= tol),
     keeping its depth and head width (model.dim / model.heads). Raises GenlabError when no width gets there."""
-    dim0, depth, heads0 = _shape(cfg_model)
+    from genlab.models.dit import dit_size
+    dim0, depth, heads0 = dit_size(cfg_model)
     head_dim = dim0 // heads0
     base = dataclasses.replace(cfg_model, depth=depth)
 
@@ -47,9 +60,8 @@ def match_params(cfg_model, data_spec: dict, target: int, tol: float = 0.02) -> 
     r0 = cfg_model.mlp_ratio
     n0 = count(heads0, r0)
     guess = max(1, round(heads0 * math.sqrt(target / n0)))  # block weights grow as width^2
-    cands = {h: count(h, r0) for h in range(max(1, guess - 1), guess + 2)}
-    heads = min(cands, key=lambda h: abs(cands[h] - target))
-    dim, n = heads * head_dim, cands[heads]
+    heads, n = _nearest_heads(lambda h: count(h, r0), guess, 1, target)
+    dim = heads * head_dim
     out = {"dim": dim, "heads": heads, "depth": depth, "mlp_ratio": r0}
     if abs(n - target) <= tol * target:
         return out
@@ -79,3 +91,29 @@ def matched_overrides(cfg_model, data_spec: dict, target: int, tol: float = 0.02
     """match_params as `model.key=value` overrides (what the sweeps append to a variant)."""
     m = match_params(cfg_model, data_spec, target, tol)
     return [f"model.{k}={v}" for k, v in m.items()]
+
+
+def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, model=None,
+                        spec: dict | None = None):
+    """For each depth, the width (a multiple of head_dim, heads = width / head_dim) whose DiT has the
+    parameter count closest to the reference (ref_depth, ref_dim). Returns [(depth, dim, heads, rel_error)].
+
+    `model` is a ModelConfig whose other fields (patch size, MLP ratio, qk-norm, ...) are kept, though the
+    backbone counted is always a DiT (default DiT-B); `spec` the data shape (default LATENT_SPEC).
+    Block parameters grow as depth * dim^2 (12 dim^2 for attention + MLP, 6 dim^2 for adaLN), so
+    dim ~ ref_dim * sqrt(ref_depth / depth) is the start; neighbouring multiples are compared by exact count.
+    """
+    from genlab.config import ModelConfig
+    base = dataclasses.replace(model if model is not None else ModelConfig(size="B"), name="dit")
+    spec = spec or LATENT_SPEC
+
+    def count(depth, dim, heads):
+        return param_count(dataclasses.replace(base, dim=dim, depth=depth, heads=heads), spec)
+
+    target = count(ref_depth, ref_dim, max(1, ref_dim // head_dim))
+    out = []
+    for d in depths:
+        guess = max(1, round(ref_dim * (ref_depth / d) ** 0.5 / head_dim))
+        heads, n = _nearest_heads(lambda h: count(d, h * head_dim, h), guess, 2, target)
+        out.append((d, heads * head_dim, heads, (n - target) / target))
+    return out

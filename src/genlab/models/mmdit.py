@@ -16,11 +16,13 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.models.backbone import LongSkips, block_flops, embed_flops, prefix_rope
+from genlab.models.attention import attention_flops
+from genlab.models.backbone import LongSkips, block_flops, prefix_rope
 from genlab import config_fields as cf
 from genlab.models.dit import (DIT_KEYS, embed_conditions, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
                                spec_from_config)
-from genlab.models.layers import TokenGrid, attention_flops
+from genlab.models.embeddings import embed_flops
+from genlab.models.mlp import TokenGrid
 from genlab.registry import model_registry, residual_registry
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions

@@ -1,14 +1,49 @@
 """Position entries (registry `position`): `(dim, heads, grid) -> module`, grid = (T,) for sequences or (H, W) for
 patch grids. A module adds its table to the tokens (`forward(h, offset)`) and/or hands rotary tables to attention
-(`rope(offset)`); `axes` says which grid ranks an entry serves, so each model offers only the fitting ones."""
+(`rope(offset)`); `axes` says which grid ranks an entry serves, so each model offers only the fitting ones.
+The tables themselves (sin-cos, rotary angles) and `apply_rope` are here too: attention and the world backbone use them."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.models.layers import rope_angles, rope_cache, sincos_2d
 from genlab.registry import position_registry
+
+
+def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:
+    """Fixed 2-D sin-cos positional embedding [grid_h*grid_w, dim] (MAE / DiT): half the channels per axis."""
+    assert dim % 4 == 0, "sin-cos 2-D embedding needs dim divisible by 4"
+
+    def one_axis(d, pos):
+        omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
+        out = np.outer(pos.reshape(-1), omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    gh, gw = np.meshgrid(np.arange(grid_h, dtype=np.float64), np.arange(grid_w, dtype=np.float64), indexing="ij")
+    return np.concatenate([one_axis(dim // 2, gw), one_axis(dim // 2, gh)], axis=1).astype(np.float32)
+
+
+def rope_angles(pos: torch.Tensor, width: int, base: float = 10000.0) -> torch.Tensor:
+    """[n, width // 2] rotation angles of `width` channels (width // 2 pairs) at float positions `pos` [n]."""
+    inv = 1.0 / base ** (torch.arange(0, width, 2, device=pos.device, dtype=torch.float32) / width)
+    return torch.outer(pos.float(), inv)
+
+
+def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0, device=None):
+    ang = rope_angles(torch.arange(seq_len, device=device), head_dim, base)
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope(x, rope):
+    """Rotary position embedding (Su et al. 2021) on the last dim, pairs (even, odd)."""
+    cos, sin = rope
+    n = x.shape[-2]
+    cos, sin = cos[:n].to(x.dtype), sin[:n].to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.flatten(-2)
 
 
 class LearnedPosition(nn.Module):

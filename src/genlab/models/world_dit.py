@@ -11,9 +11,11 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
+from genlab.models.attention import attention_flops
 from genlab.models.dit import DIT_SIZES, DiTBlock, FinalLayer, depatchify, dit_size, patchify
 from genlab.models.conditions import ConditionSet
-from genlab.models.layers import TimestepEmbedder, attention_flops, sincos_2d
+from genlab.models.embeddings import TimestepEmbedder
+from genlab.models.positions import sincos_2d
 from genlab import config_fields as cf
 from genlab.registry import ModelExample, model_registry
 

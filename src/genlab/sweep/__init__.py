@@ -4,8 +4,8 @@
                  [--root sweeps]
     genlab sweep report DIR [--compare DIR2]
 
-Modules: spec (read and validate the file), expand (axes -> variants), sizes (constant-parameter
-widths), runner (one process per run, skip/resume/failures), report (CSV, Markdown, HTML with plots).
+Modules: spec (read and validate the file), expand (axes -> variants; the size axes' widths come from
+genlab.models.match), runner (one process per run, skip/resume/failures), report (CSV, Markdown, HTML with plots).
 """
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def _matched_params(ax, i, src, shape):
 def _constant_params(ax, i, src, shape):
     if ax["type"] not in AXIS_TYPES:
         raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: {', '.join(AXIS_TYPES)}")
-    from genlab.sweep.sizes import constant_param_dims
+    from genlab.models.match import constant_param_dims
     depths, ref = ax.get("depths"), ax.get("ref", {})
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d > 0 for d in depths):
         raise GenlabError(f"{src}: axis {i} (constant_params) is empty: give depths = [positive integers]")

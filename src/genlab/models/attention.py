@@ -1,16 +1,17 @@
-"""Shared transformer parts: attention backends, MLPs and norms (registries `attention`, `mlp`, `norm`), embeddings."""
+"""Attention kernels (registry `attention`): `(q, k, v, causal, mask, dropout_p) -> out` on [B, H, N, D] tensors, or
+a module class built per layer when the kernel owns parameters (differential); `Attention` is the layer around
+them (fused QKV projection, qk-norm, RoPE, output projection), `attention_flops` their analytic FLOP count."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
-from genlab.registry import attention_registry, mlp_registry, norm_registry
+from genlab.models.positions import apply_rope
+from genlab.registry import attention_registry
 
 
 @attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)")
@@ -70,8 +71,6 @@ def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return run(q, k, v, block_mask=block_mask)
 
 
-
-
 def _causal_block_mask(n: int, m: int, device):
     """FlexAttention block mask for causal attention of n queries over m keys (queries are the last n positions)."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -79,6 +78,16 @@ def _causal_block_mask(n: int, m: int, device):
     if key not in _BLOCK_MASKS:  # built once per shape: creating a block mask costs more than the attention
         _BLOCK_MASKS[key] = create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=device)
     return _BLOCK_MASKS[key]
+
+
+_FLEX = []
+
+
+def _compiled_flex():
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        _FLEX.append(torch.compile(flex, dynamic=False))
+    return _FLEX[0]
 
 
 def sigmoid_attention_plain(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
@@ -193,15 +202,6 @@ attention_registry.register("differential", "Differential Transformer attention 
                                             "maps subtracted with a learned lambda, per-head RMSNorm")(DifferentialAttention)
 
 
-_FLEX = []
-
-
-def _compiled_flex():
-    if not _FLEX:
-        from torch.nn.attention.flex_attention import flex_attention as flex
-        _FLEX.append(torch.compile(flex, dynamic=False))
-    return _FLEX[0]
-
 
 class Attention(nn.Module):
     """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default.
@@ -268,169 +268,3 @@ linear_attention.flops = lambda n, m, d: 2 * m * d * d + 2 * n * d * d + 2 * n *
 linear_attention.causal_flops = lambda n, m, d: 2 * n * d * d
 # differential: two maps over half-width q/k (2 n m d/2 each) and two weighted sums over full-width v (2 n m d each)
 DifferentialAttention.flops = staticmethod(lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d))
-
-
-class TokenGrid(NamedTuple):
-    """Where the patch grid sits in a token sequence: tokens [start, start + h*w) in row-major order. Tokens
-    outside it (conditioning tokens) have no neighbours; a layer that mixes neighbours (Mix-FFN) skips them."""
-    start: int
-    h: int
-    w: int
-
-
-class Mlp(nn.Module):
-    """Two-layer MLP; SwiGLU (Shazeer 2020) packs its gate and value into fc1."""
-
-    def __init__(self, dim: int, hidden: int, kind: str = "gelu", bias: bool = True):
-        super().__init__()
-        self.kind = kind
-        if kind == "swiglu":
-            self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)
-        elif kind == "gelu":
-            self.fc1 = nn.Linear(dim, hidden, bias=bias)
-        else:
-            raise ValueError(f"unknown mlp '{kind}'; valid: gelu, swiglu")
-        self.fc2 = nn.Linear(hidden, dim, bias=bias)
-
-    def forward(self, x, grid: TokenGrid | None = None):  # grid: unused (Mix-FFN reads it)
-        h = self.fc1(x)
-        if self.kind == "swiglu":
-            a, b = h.chunk(2, dim=-1)
-            h = F.silu(a) * b
-        else:
-            h = F.gelu(h, approximate="tanh")
-        return self.fc2(h)
-
-
-# MLP entries: (dim, hidden, bias) -> module, where `hidden` is the GELU-MLP width of model.mlp_ratio; each entry
-# maps it to its own width (`hidden_of`) and says how many dim x hidden matrices it multiplies (`matrices`, FLOPs).
-@mlp_registry.register("gelu", "Linear -> GELU (tanh) -> Linear")
-def gelu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
-    return Mlp(dim, hidden, "gelu", bias)
-
-
-gelu_mlp.hidden_of = lambda hidden: hidden
-gelu_mlp.matrices = 2
-
-
-@mlp_registry.register("swiglu", "SwiGLU: Linear -> silu(a) * b -> Linear, 2/3 of the width (same parameters as GELU)")
-def swiglu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
-    return Mlp(dim, swiglu_mlp.hidden_of(hidden), "swiglu", bias)
-
-
-# three matrices: 2/3 of the width keeps the parameter count of a GELU MLP, rounded up to 64
-swiglu_mlp.hidden_of = lambda hidden: 64 * -(-(2 * hidden // 3) // 64)
-swiglu_mlp.matrices = 3
-
-
-class MixFFN(nn.Module):
-    """SANA's Mix-FFN (Xie et al. 2024, the GLUMBConv of EfficientViT): 1x1 conv expand to 2 x hidden with SiLU,
-    3x3 depthwise conv over the token grid, GLU (value * silu(gate)), 1x1 conv project. The 1x1 convs are
-    Linears over tokens (the same maths); the depthwise conv runs on the grid's tokens only (`TokenGrid`)."""
-
-    needs_grid = True
-
-    def __init__(self, dim: int, hidden: int, bias: bool = True, conv: bool = True):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)
-        # conv=False: a stream whose tokens never form a grid (MMDiT's conditioning stream) has no conv to train
-        self.dw = nn.Conv2d(2 * hidden, 2 * hidden, 3, padding=1, groups=2 * hidden, bias=True) if conv else None
-        self.fc2 = nn.Linear(hidden, dim, bias=bias)
-
-    def forward(self, x, grid: TokenGrid | None = None):
-        if grid is None:
-            raise GenlabError("model.mlp=mixffn needs the token grid (H, W) of an image backbone; "
-                              "this model has none: choose model.mlp=gelu or swiglu")
-        h = F.silu(self.fc1(x))
-        s, gh, gw = grid
-        if gh * gw and self.dw is not None:  # conditioning tokens around the grid are no image positions: the conv skips them
-            B, _, C = h.shape
-            tokens = h[:, s:s + gh * gw].transpose(1, 2).reshape(B, C, gh, gw)
-            conv = self.dw(tokens).flatten(2).transpose(1, 2)
-            h = conv if h.shape[1] == gh * gw else torch.cat([h[:, :s], conv, h[:, s + gh * gw:]], dim=1)
-        a, gate = h.chunk(2, dim=-1)
-        return self.fc2(a * F.silu(gate))
-
-
-@mlp_registry.register("mixffn", "SANA Mix-FFN: 1x1 expand (SiLU) -> 3x3 depthwise conv over the patch grid -> GLU -> "
-                                 "1x1 project, 2/3 of the width (Xie et al. 2024); image backbones only", needs_grid=True)
-def mixffn_mlp(dim: int, hidden: int, bias: bool = True, grid: bool = True) -> MixFFN:
-    return MixFFN(dim, mixffn_mlp.hidden_of(hidden), bias, conv=grid)
-
-
-mixffn_mlp.hidden_of = swiglu_mlp.hidden_of  # three dim x hidden matrices, like SwiGLU (the conv adds 10 per channel)
-mixffn_mlp.matrices = 3
-mixffn_mlp.grid_flops = lambda grid_tokens, hidden: 2 * grid_tokens * 2 * hidden * 9  # the 3x3 depthwise conv
-
-
-def mlp_flops(name: str, n: int, dim: int, hidden: int, grid_tokens: int = 0) -> int:
-    """Forward FLOPs of one sample's MLP over n tokens, grid_tokens of them on the patch grid; `hidden` is the
-    GELU width of model.mlp_ratio (each entry maps it to its own)."""
-    entry = mlp_registry.get(name)
-    h = entry.hidden_of(hidden)
-    return 2 * entry.matrices * n * dim * h + getattr(entry, "grid_flops", lambda g, h: 0)(grid_tokens, h)
-
-
-# norm entries: (dim, bias, affine, eps) -> module; affine=False for adaLN, which brings its own scale and shift
-@norm_registry.register("layernorm", "LayerNorm (Ba et al. 2016)")
-def layernorm(dim: int, bias: bool = True, affine: bool = True, eps: float | None = None) -> nn.Module:
-    return nn.LayerNorm(dim, eps=eps or 1e-5, elementwise_affine=affine, bias=bias and affine)
-
-
-@norm_registry.register("rmsnorm", "RMSNorm (Zhang & Sennrich 2019): no mean subtraction, no bias")
-def rmsnorm(dim: int, bias: bool = True, affine: bool = True, eps: float | None = None) -> nn.Module:
-    return nn.RMSNorm(dim, eps=eps, elementwise_affine=affine)
-
-
-def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal embedding of a float timestep per sample (Vaswani et al.; as in DiT)."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
-    args = t.float()[:, None] * freqs[None]
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
-
-class TimestepEmbedder(nn.Module):
-    """t in [0, 1] -> sinusoidal features (scaled to [0, 1000] like DiT) -> MLP."""
-
-    def __init__(self, dim: int, freq_dim: int = 256):
-        super().__init__()
-        self.freq_dim = freq_dim
-        self.mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-
-    def forward(self, t):
-        return self.mlp(timestep_embedding(t * 1000.0, self.freq_dim).to(self.mlp[0].weight.dtype))
-
-
-def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:
-    """Fixed 2-D sin-cos positional embedding [grid_h*grid_w, dim] (MAE / DiT): half the channels per axis."""
-    assert dim % 4 == 0, "sin-cos 2-D embedding needs dim divisible by 4"
-
-    def one_axis(d, pos):
-        omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
-        out = np.outer(pos.reshape(-1), omega)
-        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
-
-    gh, gw = np.meshgrid(np.arange(grid_h, dtype=np.float64), np.arange(grid_w, dtype=np.float64), indexing="ij")
-    return np.concatenate([one_axis(dim // 2, gw), one_axis(dim // 2, gh)], axis=1).astype(np.float32)
-
-
-def rope_angles(pos: torch.Tensor, width: int, base: float = 10000.0) -> torch.Tensor:
-    """[n, width // 2] rotation angles of `width` channels (width // 2 pairs) at float positions `pos` [n]."""
-    inv = 1.0 / base ** (torch.arange(0, width, 2, device=pos.device, dtype=torch.float32) / width)
-    return torch.outer(pos.float(), inv)
-
-
-def rope_cache(seq_len: int, head_dim: int, base: float = 10000.0, device=None):
-    ang = rope_angles(torch.arange(seq_len, device=device), head_dim, base)
-    return torch.cos(ang), torch.sin(ang)
-
-
-def apply_rope(x, rope):
-    """Rotary position embedding (Su et al. 2021) on the last dim, pairs (even, odd)."""
-    cos, sin = rope
-    n = x.shape[-2]
-    cos, sin = cos[:n].to(x.dtype), sin[:n].to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return out.flatten(-2)
