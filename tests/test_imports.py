@@ -22,12 +22,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 KNOWN = {
     # config -> config_check -> config: validate() calls check_config, which reads config's sections
     ("genlab.config", "genlab.config_check"),
-    # data -> world.windows -> data: data/__init__ registers the episodes dataset of world/windows.py,
-    # which imports data.loader and data.pixels (and so runs data/__init__)
-    ("genlab.data", "genlab.world.windows"),
-    # methods.world_model -> world.evaluate -> methods.world_model: the method calls the rollout eval, which
-    # takes psnr from the method (and so runs methods/__init__)
-    ("genlab.methods.world_model", "genlab.world.evaluate"),
     # train -> api -> train: genlab.train(cfg) calls api.train, whose import of train.trainer runs train/__init__
     ("genlab.train", "genlab.api"),
     # eval.nfe -> methods -> methods.flow -> eval.nfe: nfe imports methods.samplers, which runs methods/__init__
