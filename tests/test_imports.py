@@ -22,14 +22,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 KNOWN = {
     # config -> config_check -> config: validate() calls check_config, which reads config's sections
     ("genlab.config", "genlab.config_check"),
-    # train -> api -> train: genlab.train(cfg) calls api.train, whose import of train.trainer runs train/__init__
+    # train -> api -> train (and api -> sample -> train -> api): genlab.train(cfg) calls api.train, whose imports of
+    # train.trainer (and sample's of train.*) run train/__init__
     ("genlab.train", "genlab.api"),
-    # eval.nfe -> methods -> methods.flow -> eval.nfe: nfe imports methods.samplers, which runs methods/__init__
-    # (every method); flow's config check uses nfe's parsers
-    ("genlab.eval.nfe", "genlab.methods"),
-    # methods.mdlm -> sample -> train.step -> methods -> methods.mdlm: mdlm's generative perplexity loads the
-    # AR judge run through sample.load_run
-    ("genlab.methods.mdlm", "genlab.sample"),
 }
 
 
