@@ -1,4 +1,4 @@
-"""genlab as an installed tool: a built wheel carries the presets and sweep files and works from any folder."""
+"""genlab as an installed tool: a built wheel carries the presets, sweep files and text corpus and works from any folder."""
 from __future__ import annotations
 
 import fnmatch
@@ -41,6 +41,7 @@ def test_wheel_ships_presets_and_sweeps_and_runs_outside_the_source_tree(tmp_pat
     (wheel,) = wheels.glob("genlab-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "genlab/configs/digits_flow.toml" in names and "genlab/configs/sweeps/tiny_cpu.toml" in names
+    assert "genlab/data/shakespeare_excerpt.txt" in names  # the embedded text corpus (data.name=text)
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -56,6 +57,9 @@ def test_wheel_ships_presets_and_sweeps_and_runs_outside_the_source_tree(tmp_pat
     r = subprocess.run([sys.executable, "-m", "genlab", "sweep", "tiny_cpu", "--dry-run"], cwd=work, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "sweep tiny_cpu: preset digits_flow" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-c", "from genlab.data.corpus import read_corpus; print(len(read_corpus()))"],
+                       cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "39908", r.stderr  # the excerpt's length in characters
 
 
 def test_readme_module_map_names_every_module():

@@ -174,9 +174,10 @@ def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenD
 
 
 def embedded_corpus(seq_len: int) -> TokenData:
-    from genlab.data.corpus import CORPUS
-    tok = build_tokenizer("char", CORPUS)
-    train, val = split_tokens(np.asarray(tok.encode(CORPUS), dtype=np.uint16))
+    from genlab.data.corpus import read_corpus
+    corpus = read_corpus()
+    tok = build_tokenizer("char", corpus)
+    train, val = split_tokens(np.asarray(tok.encode(corpus), dtype=np.uint16))
     return TokenData(train, val, seq_len, {**tok.meta(), "source": "genlab.data.corpus (Tiny Shakespeare excerpt)"})
 
 

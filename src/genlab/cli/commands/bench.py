@@ -1,22 +1,27 @@
-"""`genlab bench`'s parser and command; the timing itself is in genlab.bench, imported when the command runs
-(building the CLI's parser must not import torch: a bad command line is answered in a fraction of a second)."""
+"""`genlab bench [CONFIG] [key=value ...]`: time training steps on synthetic data of the config's shape. The timing
+itself is in genlab.bench, imported when the command runs (building the CLI's parser must not import torch: a bad
+command line is answered in a fraction of a second)."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
+from genlab.cli.items import split_config_and_overrides
 from genlab.errors import GenlabError
+
+ORDER = 6
 
 
 def cmd_bench(args):
-    from genlab.cli import _split_config_and_overrides
     from genlab.config import load_config
-    preset, overrides = _split_config_and_overrides(args.items)
+    preset, overrides = split_config_and_overrides(args.items)
     cfg = load_config(preset, overrides)
     if args.steps < 1 or args.warmup < 0:
         raise GenlabError("--steps must be >= 1 and --warmup >= 0")
     from genlab.bench import format_table, run_bench  # torch is imported here, not when the CLI parser is built
     res = run_bench(cfg, steps=args.steps, warmup=args.warmup, profile_dir=args.profile, turn_lock=args.turn_lock)
-    if res["world"] > 1 and int(__import__("os").environ.get("RANK", "0")) != 0:
+    if res["world"] > 1 and int(os.environ.get("RANK", "0")) != 0:
         return 0
     print(format_table([res]))
     print(f"device: {res['device']}  world: {res['world']}  FLOPs/step: {res['flops_per_step']:.3e}  "
@@ -24,7 +29,7 @@ def cmd_bench(args):
           f"host syncs/step: {res['host_syncs_per_step']}"
           + (f" at {', '.join(res['host_sync_sites'])}" if res["host_sync_sites"] else ""))
     if res.get("profile"):
-        print((__import__("pathlib").Path(args.profile) / "profile.md").read_text())
+        print((Path(args.profile) / "profile.md").read_text())
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

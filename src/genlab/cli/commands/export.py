@@ -5,6 +5,8 @@ from pathlib import Path
 
 from genlab.errors import GenlabError
 
+ORDER = 8
+
 
 def cmd_export(args):
     from genlab.train.checkpoint import load_checkpoint

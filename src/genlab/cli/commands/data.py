@@ -1,12 +1,23 @@
-"""CLI of the world-model family: `genlab data collect|import|stats` and `genlab play`."""
+"""`genlab data prepare|collect|import|stats`: convert public files, collect or import game episodes, inspect them."""
 from __future__ import annotations
 
 import json
 
+from genlab.errors import GenlabError
+
+ORDER = 5
+
+
+def cmd_prepare(args):
+    from genlab.data.convert import prepare
+    out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
+                  size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf)
+    print(f"wrote {out}")
+    return 0
+
 
 def cmd_collect(args):
     from genlab.world.collect import collect_atari
-    from genlab.errors import GenlabError
     if args.source != "atari":
         raise GenlabError(f"unknown collection source '{args.source}'; valid choices: atari")
     path = collect_atari(args.game, args.frames, args.out, policy=args.policy, size=args.size, channels=args.channels,
@@ -16,7 +27,6 @@ def cmd_collect(args):
 
 
 def cmd_import(args):
-    from genlab.errors import GenlabError
     from genlab.world.tools import import_episodes
     if args.kind != "episodes":
         raise GenlabError(f"unknown import kind '{args.kind}'; valid choices: episodes")
@@ -33,7 +43,31 @@ def cmd_stats(args):
     return 0
 
 
-def add_data_commands(dsub):
+def add_parser(sub):
+    d = sub.add_parser("data", help="dataset tools")
+    dsub = d.add_subparsers(dest="data_cmd", required=True)
+    _add_prepare(dsub)
+    _add_episode_commands(dsub)
+    return d
+
+
+def _add_prepare(dsub):
+    prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
+    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text")
+    prep.add_argument("--src", default=None, help="folder (or file) holding the standard public files")
+    prep.add_argument("--out", required=True, help="output folder (must not hold a dataset already)")
+    prep.add_argument("--download", action="store_true", help="download the public files (needs internet)")
+    prep.add_argument("--no-verify", action="store_true", help="skip the known-checksum check")
+    prep.add_argument("--split", default="train", help="train | test (idx/pickle datasets)")
+    prep.add_argument("--size", type=int, default=0, help="imagefolder: resize to SIZE x SIZE")
+    prep.add_argument("--channels", type=int, default=3, help="imagefolder: 1 (grey) or 3 (RGB)")
+    prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
+    prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
+    prep.set_defaults(fn=cmd_prepare)
+
+
+def _add_episode_commands(dsub):
+    """The world-model family's episode folders: collect, import, stats."""
     c = dsub.add_parser("collect", help="collect game frames + actions into an episode folder (gymnasium + ale-py)")
     c.add_argument("source", help="atari")
     c.add_argument("--game", default="Pong", help="any ALE game name, e.g. Pong, Breakout, MsPacman")
@@ -59,22 +93,3 @@ def add_data_commands(dsub):
     s.add_argument("--sheet", default=None, help="contact sheet PNG (default DIR/contact_sheet.png)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stats)
-
-
-def cmd_play(args):
-    from genlab.world.play import run_play
-    return run_play(args.run, host=args.host, port=args.port, device=args.device, steps=args.steps, record=args.record,
-                    temperature=args.temperature)
-
-
-def add_parser(sub):
-    p = sub.add_parser("play", help="play a world-model run in a local web page (frames generated live)")
-    p.add_argument("run", help="run folder or checkpoint of a method.name=world run")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--steps", type=int, default=None, help="sampling steps per frame (default: method.sample_steps)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="scale of the starting noise: 0 the deterministic frame, 1 a sample (default: method.sample_temperature)")
-    p.add_argument("--record", default=None, help="write the session as a video (GIF + MP4) to this path on exit")
-    p.set_defaults(fn=cmd_play)

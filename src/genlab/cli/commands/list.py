@@ -1,0 +1,38 @@
+"""`genlab list`: every registry and its entries, the presets and the shipped sweeps, each with its one-line doc."""
+from __future__ import annotations
+
+ORDER = 3
+
+
+def cmd_list(args):
+    from genlab.config import CONFIG_DIR
+    from genlab.registry import all_registries
+    from genlab.sweep.spec import shipped_sweeps
+    for kind, reg in all_registries().items():
+        print(f"{kind}:")
+        width = max([18] + [len(n) + 1 for n in reg.names()])
+        for name in reg.names():
+            print(f"  {name:<{width}} {reg.doc(name)}")
+    files = {"presets:": sorted(CONFIG_DIR.glob("*.toml")),
+             "sweeps (genlab sweep NAME):": [CONFIG_DIR / "sweeps" / f"{n}.toml" for n in shipped_sweeps()]}
+    for title, paths in files.items():
+        print(title)
+        for p in paths:
+            print(f"  {p.stem:<24} {_first_comment(p)}".rstrip())
+    return 0
+
+
+def _first_comment(path) -> str:
+    """The first line of a preset's or sweep's leading comment: what it is for."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            return ""
+    return ""
+
+
+def add_parser(sub):
+    lst = sub.add_parser("list", help="print every registry and its entries, the presets and the shipped sweeps")
+    lst.set_defaults(fn=cmd_list)
+    return lst

@@ -1,0 +1,94 @@
+"""`genlab sweep SWEEP.toml|NAME` runs an ablation sweep; `genlab sweep report DIR [--compare DIR2]` rebuilds
+its report. The sweep itself (spec, expand, sizes, runner, report) is the genlab.sweep package, imported when the
+command runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from genlab.errors import GenlabError
+
+ORDER = 7
+
+
+def _is_sweep_dir(d: Path) -> bool:
+    return (d / "status.json").is_file()
+
+
+def cmd_report(items, args):
+    if len(items) != 2:
+        raise GenlabError("usage: genlab sweep report DIR [--compare DIR2]")
+    from genlab.sweep.report import compare, write_report
+    d = Path(items[1])
+    for x in [d] + ([Path(args.compare)] if args.compare else []):
+        if not _is_sweep_dir(x):
+            raise GenlabError(f"'{x}' is not a sweep folder (no status.json)")
+    if args.compare:
+        text = compare(d, args.compare)
+        print(text)
+        return 0
+    print(write_report(d).read_text())
+    print(f"report: {d / 'report.html'}")
+    return 0
+
+
+def cmd_sweep(args):
+    items = args.items
+    # `report` is a sub-command unless a sweep file of that name exists
+    if items[0] == "report" and not Path(items[0]).is_file():
+        return cmd_report(items, args)
+    if args.compare:
+        raise GenlabError("--compare goes with `genlab sweep report DIR --compare DIR2`")
+    if len(items) != 1:
+        raise GenlabError("usage: genlab sweep SWEEP.toml|NAME  (or: genlab sweep report DIR)")
+    from genlab.sweep.runner import run_sweep, visible_gpus
+    from genlab.sweep.spec import load_sweep, select
+    sw = select(load_sweep(items[0]), args.only)  # validates every variant before anything runs
+    if args.dry_run:
+        print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.variants)} runs")
+        for v in sw.variants:
+            print(f"  {v.run_name}: {' '.join(v.overrides)}" + (f"  (nproc {v.nproc})" if v.nproc > 1 else ""))
+        return 0
+    if args.max_time is not None and args.max_time < 0:
+        raise GenlabError(f"--max-time must be >= 0 seconds, got {args.max_time}")
+    if args.timeout is not None:
+        if args.timeout <= 0:
+            raise GenlabError(f"--timeout must be > 0 seconds, got {args.timeout}")
+        sw.timeout = args.timeout
+    if args.jobs_per_gpu < 1:
+        raise GenlabError(f"--jobs-per-gpu must be >= 1, got {args.jobs_per_gpu}")
+    if args.jobs_per_gpu > 1 and sw.launcher not in ("gpu", "per_gpu"):
+        raise GenlabError(f"--jobs-per-gpu needs launcher gpu or per_gpu; sweep '{sw.name}' has launcher \"{sw.launcher}\"")
+    if sw.launcher in ("gpu", "per_gpu") and visible_gpus() == 0:
+        raise GenlabError(f"sweep '{sw.name}' has launcher = \"{sw.launcher}\" but no CUDA device is visible; "
+                          "use launcher = \"cpu\" to run it here")
+    try:
+        d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed, max_time=args.max_time,
+                      jobs_per_gpu=args.jobs_per_gpu)
+    except KeyboardInterrupt:
+        print("genlab: sweep interrupted; runs in flight saved a checkpoint. Re-run the same command to resume.")
+        return 130
+    print((d / "report.md").read_text())
+    print(f"report: {d / 'report.html'}")
+    status = json.loads((d / "status.json").read_text())
+    mine = [status[v.run_name]["status"] for v in sw.variants if v.run_name in status]
+    return 0 if all(s in ("finished", "skipped") for s in mine) else 1
+
+
+def add_parser(sub):
+    p = sub.add_parser("sweep", help="run an ablation sweep (genlab sweep FILE.toml or a shipped sweep's NAME) or rebuild its report (genlab sweep report DIR)")
+    p.add_argument("items", nargs="+", metavar="SWEEP.toml | NAME | report DIR",
+                   help="a sweep file, the name of a shipped sweep (genlab list), or: report DIR")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the runs without running them")
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="run only these variants (variant or run names, comma-separated or repeated)")
+    p.add_argument("--retry-failed", action="store_true", help="run failed and skipped variants again")
+    p.add_argument("--max-time", type=float, default=None, metavar="S",
+                   help="start no run after S seconds; the rest are left for the next call")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit (overrides the file's timeout)")
+    p.add_argument("--jobs-per-gpu", type=int, default=1, metavar="N",
+                   help="run N single-process runs on each GPU at once (small models; step times are then shared-GPU times)")
+    p.add_argument("--root", default="sweeps", help="parent folder of sweep folders (default: sweeps)")
+    p.add_argument("--compare", default=None, metavar="DIR2", help="with `report`: a second sweep folder to put side by side")
+    p.set_defaults(fn=cmd_sweep)
+    return p

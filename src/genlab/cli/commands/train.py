@@ -1,0 +1,49 @@
+"""`genlab train [CONFIG] [section.key=value ...] [--resume RUN]` and the run summary it prints."""
+from __future__ import annotations
+
+from genlab.cli.items import split_config_and_overrides
+from genlab.errors import GenlabError
+
+ORDER = 0
+
+
+def cmd_train(args):
+    from genlab.config import load_config
+    from genlab.train.trainer import Trainer, config_for_resume
+    preset, overrides = split_config_and_overrides(args.items)
+    if args.resume:
+        if preset:
+            raise GenlabError("--resume takes the config saved with the run; give only key=value overrides")
+        cfg = config_for_resume(args.resume, overrides)
+    else:
+        cfg = load_config(preset, overrides)
+    trainer = Trainer(cfg, resume=args.resume)
+    summary = trainer.fit()
+    print_summary(summary)
+    return 0 if summary.get("status") in ("finished", "interrupted") else 1
+
+
+def print_summary(s: dict):
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+    lines = [f"run: {s.get('run_dir')}  status: {s.get('status')}  steps: {s.get('step')}  wall: {fmt(s.get('wall_time'), '.1f')} s",
+             f"final loss: {fmt(s.get('loss'), '.4f')}  throughput: {fmt(s.get('samples_per_s'), '.1f')} samples/s  "
+             f"MFU: {'n/a' if s.get('mfu') is None else format(100 * s['mfu'], '.1f') + '%'}  "
+             f"peak mem: {'n/a' if s.get('peak_mem_gib') is None else format(s['peak_mem_gib'], '.2f') + ' GiB'}"]
+    if "eval_samples" in s:  # image metrics: every distance beside its real-vs-real floor
+        from genlab.eval.metrics import summary_line
+        lines.append(summary_line(s))
+    for k, v in s.items():
+        if k.startswith(("val_", "bpc", "ppl", "nelbo")) and isinstance(v, (int, float)):
+            lines.append(f"{k}: {v:.4f}")
+    if s.get("samples"):
+        lines.append(f"samples: {s['samples']}")
+    print("\n".join(lines))
+
+
+def add_parser(sub):
+    t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
+    t.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
+    t.add_argument("--resume", help="run folder or checkpoint to continue from")
+    t.set_defaults(fn=cmd_train)
+    return t
