@@ -37,12 +37,8 @@ def load_config(preset: str | None = None, overrides=()) -> Config:
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     """Train one run (a Config, or a preset name) and return its summary: run_dir, status, step, loss,
     samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or checkpoint."""
-    from genlab.train.trainer import Trainer
-    if cfg is None or isinstance(cfg, str):
-        cfg = load_config(cfg)
-    if not isinstance(cfg, Config):
-        raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
-    return Trainer(cfg, resume=resume).fit()
+    from genlab.train.trainer import train as _train
+    return _train(cfg, resume=resume)
 
 
 class Run:

@@ -14,7 +14,7 @@ def generate(method, model, labels, ctx, batch, desc="sampling"):
     """uint8 pixels on the CPU, with the evaluation's steps, guidance and sampler (sampling.sample_images)."""
     return sample_images(method, model, labels, steps=ctx["eval"].sample_steps, cfg_scale=ctx["eval"].cfg_scale,
                          sampler=ctx.get("sampler"), generator=ctx["generator"], device=ctx["device"], batch=batch,
-                         desc=desc, post=lambda x: to_pixels(x).cpu())
+                         desc=desc, post=lambda x: to_pixels(x).cpu(), per_step=False)
 
 
 def evaluate_class_conditional(method, model, data, ctx) -> dict:

@@ -10,7 +10,7 @@ import types
 
 class _CallablePackage(types.ModuleType):
     def __call__(self, cfg=None, resume=None) -> dict:
-        from genlab.api import train
+        from genlab.train.trainer import train
         return train(cfg, resume=resume)
 
 

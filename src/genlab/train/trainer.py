@@ -381,7 +381,15 @@ class Trainer:
         return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
 
 
-def train(cfg: Config, resume: str | None = None) -> dict:
+def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
+    """Train one run (a Config, or a preset name; None = the default preset) and return its summary: run_dir,
+    status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
+    checkpoint. This is `genlab.train(cfg)`."""
+    if cfg is None or isinstance(cfg, str):
+        from genlab.config import load_config
+        cfg = load_config(cfg)
+    if not isinstance(cfg, Config):
+        raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
     return Trainer(cfg, resume=resume).fit()
 
 
