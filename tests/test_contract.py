@@ -54,7 +54,7 @@ def inputs(b, B=3):
 
 def _cpu_ok(key, name):
     if key == "attention":
-        check = getattr(attention_registry.get(name), "check", None)
+        check = attention_registry.spec(name).check
         try:
             check and check(BASE["dim"] // BASE["heads"], "cpu")
         except GenlabError as e:

@@ -133,11 +133,22 @@ class DatasetSpec(Spec):
 @dataclass(frozen=True, kw_only=True)
 class AttentionSpec(Spec):
     cpu_backward: bool = True              # has a backward pass on the CPU
+    flops: Callable | None = None          # flops(n, m, head_dim) of one head, n queries over m keys (None: softmax's)
+    causal_flops: Callable | None = None   # the causal form's, where it runs different matmuls
+    check: Callable | None = None          # check(head_dim): GenlabError at build time where it cannot run
 
 
 @dataclass(frozen=True, kw_only=True)
 class MlpSpec(Spec):
     needs_grid: bool = False               # convolves over the 2-D patch grid
+    hidden_of: Callable = lambda hidden: hidden  # its own width from the GELU width of model.mlp_ratio
+    matrices: int = 2                      # dim x hidden matrices it multiplies (FLOPs)
+    grid_flops: Callable | None = None     # grid_flops(grid_tokens, hidden): extra FLOPs over the patch grid
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricSpec(Spec):
+    check: Callable | None = None          # check(cfg.eval): before training or sampling (weights present, enough samples)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,5 +262,5 @@ convert_registry = Registry("convert")
 mlp_registry = Registry("mlp", MlpSpec)
 norm_registry = Registry("norm")
 position_registry = Registry("position", PositionSpec)
-eval_metric_registry = Registry("eval_metric")
+eval_metric_registry = Registry("eval_metric", MetricSpec)
 world_objective_registry = Registry("world_objective")

@@ -59,7 +59,7 @@ def check_metrics(ecfg) -> list[str]:
     """Names valid and every weights file present: called before training or sampling starts."""
     names = parse_metrics(ecfg.metrics)
     for n in names:
-        check = getattr(eval_metric_registry.get(n), "check", None)
+        check = eval_metric_registry.spec(n).check
         if check is not None:
             check(ecfg)
     return names
@@ -167,20 +167,21 @@ def accuracy(ev: Evaluation) -> dict:
 
 
 @eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor",
-                               keys=REF_KEYS)
+                               keys=REF_KEYS, check=lambda ecfg: _at_least(2, "fd")(ecfg))  # a covariance needs two samples
 def fd(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("classifier")
     return {"feature_fd": v, "feature_fd_floor": floor, "classifier_val_acc": ev.classifier()[1]}
 
 
 @eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space",
-                               keys=REF_KEYS + PR_KEYS)
+                               keys=REF_KEYS + PR_KEYS,  # the k-th neighbour of a point among the others
+                               check=lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg))
 def pr(ev: Evaluation) -> dict:
     return ev.pr_pair("classifier")
 
 
 @eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights)",
-                               keys=REF_KEYS + FID_KEYS)
+                               keys=REF_KEYS + FID_KEYS, check=lambda ecfg: _check_fid(ecfg))
 def fid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception")
     return {"fid": v, "fid_floor": floor}
@@ -191,8 +192,6 @@ def _check_fid(ecfg):
     find_fid_weights(ecfg.fid_weights)
 
 
-fid.check = _check_fid
-
 
 def _at_least(k: int, what: str):
     def check(ecfg):
@@ -201,12 +200,9 @@ def _at_least(k: int, what: str):
     return check
 
 
-fd.check = _at_least(2, "fd")  # a covariance needs two samples
-pr.check = lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg)  # the k-th neighbour of a point among the others
-
 
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
-                                keys=LPIPS_KEYS)
+                                keys=LPIPS_KEYS, check=lambda ecfg: _check_lpips(ecfg))
 def lpips(ev: Evaluation) -> dict:
     from genlab.eval.lpips import load_lpips, lpips_pairs, same_class_pairs
     e = ev.ecfg
@@ -226,8 +222,6 @@ def _check_lpips(ecfg):
     from genlab.eval.lpips import find_lpips_files
     find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights)
 
-
-lpips.check = _check_lpips
 
 
 # -- running them ------------------------------------------------------------------------------

@@ -141,8 +141,13 @@ def sigmoid_attention_flex_entry(q, k, v, causal: bool = False, mask=None, dropo
     return sigmoid_attention_plain(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
 
 
+# linear attention: K^T V (2 m d^2), Q (K^T V) (2 n d^2) and the normaliser Q sum_j k_j (2 n d): linear in tokens;
+# causal: q_i against the prefix sums S_i = sum_{j<=i} k_j v_j^T (2 n d^2); the prefix sums and the normaliser
+# are element-wise work (about 2 n d^2 more), which the matmul convention of MFU does not count
 @attention_registry.register("linear", "SANA's ReLU linear attention (Xie et al. 2024), O(n) in fp32; causal via "
-                                       "running sums (O(n d^2) memory); no masks or attention dropout")
+                                       "running sums (O(n d^2) memory); no masks or attention dropout",
+                             flops=lambda n, m, d: 2 * m * d * d + 2 * n * d * d + 2 * n * d,
+                             causal_flops=lambda n, m, d: 2 * n * d * d)
 def linear_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0, eps: float = 1e-6):
     if mask is not None or dropout_p > 0:
         raise GenlabError("model.attention=linear supports neither explicit masks nor attention dropout "
@@ -198,8 +203,10 @@ class DifferentialAttention(nn.Module):
         return self.norm(out) * (1 - self.lambda_init_t.to(out.dtype))
 
 
+# two maps over half-width q/k (2 n m d/2 each) and two weighted sums over full-width v (2 n m d each)
 attention_registry.register("differential", "Differential Transformer attention (Ye et al. 2024): two softmax "
-                                            "maps subtracted with a learned lambda, per-head RMSNorm")(DifferentialAttention)
+                                            "maps subtracted with a learned lambda, per-head RMSNorm",
+                            flops=lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d))(DifferentialAttention)
 
 
 
@@ -222,7 +229,9 @@ class Attention(nn.Module):
         entry = attention_registry.get(backend)
         # an entry that is a module class owns parameters (e.g. differential's lambda): one instance per layer
         is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
-        getattr(entry, "check", lambda head_dim: None)(dim // heads)  # e.g. triton: GenlabError before training
+        check = attention_registry.spec(backend).check
+        if check is not None:  # e.g. triton: GenlabError before training
+            check(dim // heads)
         self.attend = None if not kernel else entry(dim // heads, heads, layer) if is_module else entry
 
     def heads_qkv(self, x, rope=None):
@@ -256,15 +265,6 @@ def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int, causal
     """Forward matmul FLOPs of one sample's attention kernel, n queries over m keys. Causal softmax counts the
     full score matrix, as torch.utils.flop_counter and nanoGPT's MFU do; an entry whose causal form runs
     different matmuls declares `causal_flops`."""
-    entry = attention_registry.get(name)
-    fn = getattr(entry, "causal_flops", None) if causal else None
-    return heads * (fn or getattr(entry, "flops", softmax_flops))(n, m, head_dim)
-
-
-# linear attention: K^T V (2 m d^2), Q (K^T V) (2 n d^2) and the normaliser Q sum_j k_j (2 n d): linear in tokens
-linear_attention.flops = lambda n, m, d: 2 * m * d * d + 2 * n * d * d + 2 * n * d
-# causal: q_i against the prefix sums S_i = sum_{j<=i} k_j v_j^T (2 n d^2); the prefix sums and the normaliser
-# are element-wise work (about 2 n d^2 more), which the matmul convention of MFU does not count
-linear_attention.causal_flops = lambda n, m, d: 2 * n * d * d
-# differential: two maps over half-width q/k (2 n m d/2 each) and two weighted sums over full-width v (2 n m d each)
-DifferentialAttention.flops = staticmethod(lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d))
+    spec = attention_registry.spec(name)
+    fn = spec.causal_flops if causal else None
+    return heads * (fn or spec.flops or softmax_flops)(n, m, head_dim)

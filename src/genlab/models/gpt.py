@@ -69,7 +69,7 @@ class GPTSpec:
 
     @property
     def mlp_hidden(self) -> int:
-        return mlp_registry.get(self.mlp).hidden_of(int(self.dim * self.mlp_ratio))
+        return mlp_registry.spec(self.mlp).hidden_of(int(self.dim * self.mlp_ratio))
 
 
 def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
@@ -178,7 +178,7 @@ class GPT(nn.Module):
         count it; other entries by their own formula, attention.attention_flops)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
-        mlp = 2 * T * D * H * mlp_registry.get(s.mlp).matrices
+        mlp = 2 * T * D * H * mlp_registry.spec(s.mlp).matrices
         attn = attention_flops(s.attention, T, T, s.heads, D // s.heads, causal=s.causal)
         per_block = 2 * T * D * 3 * D + 2 * T * D * D + attn + mlp
         return s.depth * per_block + 2 * T * D * s.n_vocab

@@ -67,7 +67,7 @@ def match_params(cfg_model, data_spec: dict, target: int, tol: float = 0.02) -> 
         return out
     # the count is affine in the MLP's own width (hidden_of of the GELU width int(dim * ratio)): one more build
     # gives the slope, then the GELU width whose hidden_of lands closest to the target is searched without builds
-    hidden_of = mlp_registry.get(cfg_model.mlp).hidden_of
+    hidden_of = mlp_registry.spec(cfg_model.mlp).hidden_of
     h0 = int(dim * r0)
     h1 = next(h for h in range(h0 + 1, 4 * h0 + 64) if hidden_of(h) != hidden_of(h0))
     slope = (count(heads, _ratio_for(h1, dim)) - n) / (hidden_of(h1) - hidden_of(h0))

@@ -46,23 +46,20 @@ class Mlp(nn.Module):
 
 # MLP entries: (dim, hidden, bias) -> module, where `hidden` is the GELU-MLP width of model.mlp_ratio; each entry
 # maps it to its own width (`hidden_of`) and says how many dim x hidden matrices it multiplies (`matrices`, FLOPs).
-@mlp_registry.register("gelu", "Linear -> GELU (tanh) -> Linear")
+@mlp_registry.register("gelu", "Linear -> GELU (tanh) -> Linear", matrices=2)
 def gelu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
     return Mlp(dim, hidden, "gelu", bias)
 
 
-gelu_mlp.hidden_of = lambda hidden: hidden
-gelu_mlp.matrices = 2
+def two_thirds(hidden: int) -> int:
+    """Three matrices at 2/3 of the width keep the parameter count of a GELU MLP (rounded up to 64)."""
+    return 64 * -(-(2 * hidden // 3) // 64)
 
 
-@mlp_registry.register("swiglu", "SwiGLU: Linear -> silu(a) * b -> Linear, 2/3 of the width (same parameters as GELU)")
+@mlp_registry.register("swiglu", "SwiGLU: Linear -> silu(a) * b -> Linear, 2/3 of the width (same parameters as GELU)",
+                       hidden_of=two_thirds, matrices=3)
 def swiglu_mlp(dim: int, hidden: int, bias: bool = True) -> Mlp:
-    return Mlp(dim, swiglu_mlp.hidden_of(hidden), "swiglu", bias)
-
-
-# three matrices: 2/3 of the width keeps the parameter count of a GELU MLP, rounded up to 64
-swiglu_mlp.hidden_of = lambda hidden: 64 * -(-(2 * hidden // 3) // 64)
-swiglu_mlp.matrices = 3
+    return Mlp(dim, two_thirds(hidden), "swiglu", bias)
 
 
 class MixFFN(nn.Module):
@@ -95,20 +92,17 @@ class MixFFN(nn.Module):
 
 
 @mlp_registry.register("mixffn", "SANA Mix-FFN: 1x1 expand (SiLU) -> 3x3 depthwise conv over the patch grid -> GLU -> "
-                                 "1x1 project, 2/3 of the width (Xie et al. 2024); image backbones only", needs_grid=True)
+                                 "1x1 project, 2/3 of the width (Xie et al. 2024); image backbones only", needs_grid=True,
+                       hidden_of=two_thirds, matrices=3,  # like SwiGLU (the conv adds 10 parameters per channel)
+                       grid_flops=lambda grid_tokens, hidden: 2 * grid_tokens * 2 * hidden * 9)  # the 3x3 depthwise conv
 def mixffn_mlp(dim: int, hidden: int, bias: bool = True, grid: bool = True) -> MixFFN:
-    return MixFFN(dim, mixffn_mlp.hidden_of(hidden), bias, conv=grid)
-
-
-mixffn_mlp.hidden_of = swiglu_mlp.hidden_of  # three dim x hidden matrices, like SwiGLU (the conv adds 10 per channel)
-mixffn_mlp.matrices = 3
-mixffn_mlp.grid_flops = lambda grid_tokens, hidden: 2 * grid_tokens * 2 * hidden * 9  # the 3x3 depthwise conv
+    return MixFFN(dim, two_thirds(hidden), bias, conv=grid)
 
 
 def mlp_flops(name: str, n: int, dim: int, hidden: int, grid_tokens: int = 0) -> int:
     """Forward FLOPs of one sample's MLP over n tokens, grid_tokens of them on the patch grid; `hidden` is the
     GELU width of model.mlp_ratio (each entry maps it to its own)."""
-    entry = mlp_registry.get(name)
-    h = entry.hidden_of(hidden)
-    return 2 * entry.matrices * n * dim * h + getattr(entry, "grid_flops", lambda g, h: 0)(grid_tokens, h)
+    spec = mlp_registry.spec(name)
+    h = spec.hidden_of(hidden)
+    return 2 * spec.matrices * n * dim * h + (spec.grid_flops(grid_tokens, h) if spec.grid_flops else 0)
 

@@ -240,6 +240,6 @@ def _triton_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float
     return flash_attention(q, k, v, causal)
 
 
-_triton_attention.check = check_available  # called by Attention at build time (before training starts)
-attention_registry.register(
-    "triton", "Triton flash attention tuned for small head dims (16/32/64), bf16/fp16, CUDA")(_triton_attention)
+attention_registry.register(  # check: called by Attention at build time (before training starts)
+    "triton", "Triton flash attention tuned for small head dims (16/32/64), bf16/fp16, CUDA",
+    check=check_available)(_triton_attention)
