@@ -63,7 +63,9 @@ def test_frechet_singular_covariances_stay_finite_and_exact():
     assert frechet_distance(f, f) == pytest.approx(0.0, abs=1e-9)
     d = frechet_distance(f, g)
     assert np.isfinite(d) and d > 0
-    assert d == pytest.approx(frechet_distance(g, f), rel=1e-9)
+    # the square root of a singular product (rank <= 10 of 32) is conditioned like sqrt(machine eps) ~ 1.5e-8 per
+    # unit of trace: a fresh clone on another BLAS differed by 1.4e-9 relative, so symmetry is held to 1e-6
+    assert d == pytest.approx(frechet_distance(g, f), rel=1e-6)
 
 
 def test_frechet_sample_estimate_converges_to_the_closed_form():

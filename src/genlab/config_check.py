@@ -199,7 +199,7 @@ def _check_shapes(cfg):
     if spec.check is not None:
         spec.check(cfg, dim, heads, depth)
     _check_layers(m, spec, dim, heads)
-    if cfg.train.device == "cpu" and not attention_registry.spec(m.attention).cpu_backward:
+    if _trains_on_cpu(cfg.train.device) and not attention_registry.spec(m.attention).cpu_backward:
         raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
                           f"train with sdpa or math there (sampling and eval run the forward anywhere)")
     if spec.grid_rank == 2 and "model.patch_size" in read_keys(cfg):
@@ -208,6 +208,16 @@ def _check_shapes(cfg):
         side = shape["image_size"] if shape else None
         if side is not None and side % m.patch_size:
             raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
+
+
+def _trains_on_cpu(device: str) -> bool:
+    """train.device=cpu, or auto on a machine without CUDA."""
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    import torch
+    return not torch.cuda.is_available()
 
 
 def _check_layers(m, spec, dim: int, heads: int):

@@ -123,8 +123,8 @@ def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
     for v in (value if isinstance(value, tuple) else (value,)):
         if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        if v != v:
-            raise GenlabError(f"{key} must be a number, got nan")
+        if v != v or v in (float("inf"), float("-inf")):
+            raise GenlabError(f"{key} must be a finite number, got {v}")
         for op, bound, ok in (("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
                               ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)):
             b = m.get(op)

@@ -208,13 +208,24 @@ def export_safetensors(state: dict, out, ema: bool = True) -> Path:
     from safetensors.torch import save_file
     out = Path(out)
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
+    tensors, seen = {}, set()
+    for k, v in weights.items():  # tied weights (a GPT's embedding and head) share storage: safetensors stores each once
+        t = v.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        tensors[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
     meta = {"genlab_config": json.dumps(state["config"]), "genlab_data_spec": json.dumps(state["data_spec"]),
             "genlab_step": str(state.get("step", 0)), "genlab_weights": "ema" if weights is state.get("ema") else "model"}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, out)
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a shared model file is readable like any file the user writes
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 

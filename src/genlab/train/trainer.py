@@ -5,6 +5,7 @@ the method gives the loss, the samples and the eval metrics.
 from __future__ import annotations
 
 import json
+import os
 import math
 import shutil
 import signal
@@ -328,6 +329,7 @@ class Trainer:
                 if self.stop_requested:
                     interrupted = True
                     break
+            self._check_weights_finite()
             path = self.save()
             if self.sharded:
                 self.export_weights()
@@ -369,9 +371,17 @@ class Trainer:
             summary["wall_time"] = time.perf_counter() - wall0
             summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
             if self.dist.is_main and hasattr(self, "run_dir"):
-                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+                write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
                 self.log.close()
         return summary
+
+    def _check_weights_finite(self):
+        """After the last update, before any checkpoint: non-finite weights (e.g. optim.lr far too large) end the run
+        as diverged, not finished (one host sync per run)."""
+        bad = [n for n, p in self.base.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise NonFiniteLoss(f"non-finite weights after step {self.step} ({bad[0]}{' and more' if len(bad) > 1 else ''}); "
+                                f"stopped without saving (last good checkpoint kept). Try a lower optim.lr or optim.grad_clip")
 
     def _progress_bar(self):
         """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
@@ -379,6 +389,17 @@ class Trainer:
             return None
         from genlab.progress import TrainStatus
         return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
+
+
+def write_atomic(path, text: str) -> None:
+    """Write a file through a temporary name and a rename: a full disk leaves the old file or none, never half of it,
+    and no temporary file behind."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:

@@ -5,6 +5,9 @@ from genlab.cli.items import split_config_and_overrides
 from genlab.errors import GenlabError
 
 ORDER = 0
+# a run stopped by SIGINT/SIGTERM saved its checkpoint and is not done: EX_TEMPFAIL (75), so a scheduler requeues it
+# (`genlab train --resume RUN` continues exactly); 0 only for a finished run
+EXIT_INTERRUPTED = 75
 
 
 def cmd_train(args):
@@ -20,7 +23,7 @@ def cmd_train(args):
     trainer = Trainer(cfg, resume=args.resume)
     summary = trainer.fit()
     print_summary(summary)
-    return 0 if summary.get("status") in ("finished", "interrupted") else 1
+    return {"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(summary.get("status"), 1)
 
 
 def print_summary(s: dict):

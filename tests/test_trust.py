@@ -1,0 +1,60 @@
+"""Trust: checks that fire before work, runs that diverge say so, files written whole, exports that load back."""
+import os
+
+import pytest
+import torch
+
+from conftest import TINY
+from genlab.cli import main
+from genlab.config import load_config
+from genlab.errors import GenlabError
+from genlab.train.trainer import NonFiniteLoss, Trainer
+
+
+@pytest.mark.parametrize("override", ["optim.lr=inf", "optim.lr=-inf", "train.ema_decay=nan", "method.time_shift=inf"])
+def test_infinite_and_nan_numbers_are_refused(override):
+    with pytest.raises(GenlabError, match="must be a finite number"):
+        load_config(None, [override])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only resolution of train.device=auto")
+def test_attention_without_cpu_backward_is_refused_when_auto_means_cpu():
+    with pytest.raises(GenlabError, match="model.attention=flex has no backward pass on the CPU"):
+        load_config(None, ["model.attention=flex"])
+
+
+def test_non_finite_weights_after_the_last_update_end_as_diverged(tmp_path, monkeypatch):
+    cfg = load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=nan", "train.steps=2",
+                                             "eval.num_samples=0", "log.every=1", "log.ckpt_every=0"])
+    t = Trainer(cfg)
+    step = Trainer._train_step
+
+    def poisoned(self):
+        out = step(self)
+        if self.step == cfg.train.steps - 1:  # the last update leaves a weight non-finite (its loss was finite)
+            with torch.no_grad():
+                next(self.base.parameters()).fill_(float("nan"))
+        return out
+    monkeypatch.setattr(Trainer, "_train_step", poisoned)
+    with pytest.raises(NonFiniteLoss, match="non-finite weights"):
+        t.fit()
+    import json
+    assert json.loads((tmp_path / "nan" / "summary.json").read_text())["status"] == "diverged"
+    assert not list((tmp_path / "nan").glob("checkpoints/step_*.pt"))  # no checkpoint of NaN weights
+    assert not list((tmp_path / "nan").glob(".*.tmp"))
+
+
+def test_a_gpt_with_tied_weights_exports_and_samples_back(tmp_path, capsys):
+    lm = ["model.dim=32", "model.depth=1", "model.heads=2", "data.seq_len=16", "train.batch_size=8", "log.progress=false",
+          "log.tensorboard=false", "eval.num_samples=0", "train.steps=2", f"train.out_dir={tmp_path}", "train.name=g"]
+    assert main(["train", "text_ar", *lm]) == 0
+    out = tmp_path / "model.safetensors"
+    assert main(["export", str(tmp_path / "g"), "--out", str(out)]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert main(["sample", str(out), "--n", "2", "--out", str(tmp_path / "s.txt")]) == 0
+    from genlab.train.checkpoint import load_checkpoint
+    a, b = load_checkpoint(tmp_path / "g"), load_checkpoint(out)
+    for k, v in (a["ema"] or a["model"]).items():
+        assert torch.equal(b["model"][k], v), k
