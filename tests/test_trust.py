@@ -58,3 +58,13 @@ def test_a_gpt_with_tied_weights_exports_and_samples_back(tmp_path, capsys):
     a, b = load_checkpoint(tmp_path / "g"), load_checkpoint(out)
     for k, v in (a["ema"] or a["model"]).items():
         assert torch.equal(b["model"][k], v), k
+
+
+def test_a_missing_val_path_is_refused_before_training(tmp_path):
+    with pytest.raises(GenlabError, match="eval.val_path .* is not a folder made by `genlab data prepare`"):
+        load_config(None, [f"eval.val_path={tmp_path / 'nope'}"])
+
+
+def test_a_malformed_world_horizon_list_is_refused_before_training():
+    with pytest.raises(GenlabError, match="eval.world_horizons must be comma-separated integers"):
+        load_config("pong_world_tiny", ["eval.world_horizons=16,x"])

@@ -176,6 +176,8 @@ WORLD_EVAL_KEYS = cf.declare("eval",
 def check_world_config(cfg):
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
+    from genlab.eval.nfe import parse_int_list
+    parse_int_list(cfg.eval.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
 
 
 @method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
