@@ -1,0 +1,72 @@
+"""The benchmark suites (benchmarks/suites/*.toml) parse, name entries the driver can run, and the driver runs a
+tiny CPU suite end to end."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from suite_driver import spec  # noqa: E402
+from suite_driver.execute import Runner  # noqa: E402
+
+SUITES = spec.all_suites()
+
+
+def test_there_are_suites_and_no_gpu_shell_scripts_left():
+    assert "perf" in SUITES and "tiny_cpu" in SUITES
+    assert not list((ROOT / "benchmarks").glob("gpu_*.sh"))
+
+
+@pytest.mark.parametrize("name", SUITES)
+def test_suite_parses_and_names_runnable_entries(name, tmp_path):
+    suite = spec.load(name, environ={})
+    assert suite.description and suite.entries
+    assert spec.problems(suite) == []
+    runner = Runner(suite, tmp_path, "test", echo=lambda s: None)
+    for entry in suite.entries:
+        argv, _ = runner.command(entry, runner.values(entry), dry=True)
+        assert argv and all(isinstance(a, str) and a for a in argv), entry.name
+    tables_used = {e.table for e in suite.entries if e.table}
+    assert tables_used <= set(suite.tables)
+
+
+def test_unknown_key_kind_table_and_placeholder_are_one_line_errors(tmp_path):
+    cases = {
+        'nme = "x"\n': "unknown key",
+        '[[entry]]\nname = "a"\nkind = "bash"\n': "kind 'bash'",
+        '[[entry]]\nname = "a"\nkind = "python"\ntable = "t"\n': "not declared",
+        '[[entry]]\nname = "a"\nkind = "python"\nargs = ["{NOPE}"]\n': "unknown placeholder",
+    }
+    for text, message in cases.items():
+        p = tmp_path / "bad.toml"
+        p.write_text('description = "x"\n' + text)
+        with pytest.raises(spec.SuiteError, match=message):
+            spec.load(str(p), environ={})
+
+
+def test_placeholders_expand_to_words_conditions_and_matrix(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('description = "x"\n[params]\nA = "p q"\nB = ""\nL = "1;2"\n'
+                 '[[entry]]\nname = "e{n}"\nkind = "python"\nmatrix = { n = "{L}" }\n'
+                 'args = ["s.py", "{A}", "{B?--b}", "{B}", "{n=2?two}", "x={n}"]\n')
+    suite = spec.load(str(p), environ={})
+    assert [e.name for e in suite.entries] == ["e1", "e2"]
+    assert suite.entries[0].args == ["s.py", "p", "q", "x=1"]
+    assert suite.entries[1].args == ["s.py", "p", "q", "two", "x=2"]
+    assert spec.load(str(p), {"B": "v"}, environ={}).entries[0].args == ["s.py", "p", "q", "--b", "v", "x=1"]
+    with pytest.raises(spec.SuiteError, match="not a parameter"):
+        spec.load(str(p), {"C": "1"}, environ={})
+
+
+def test_driver_runs_the_tiny_cpu_suite_end_to_end(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--suite", "tiny_cpu", "--out", str(tmp_path),
+                        "--set", "RUNS=" + str(tmp_path / "runs")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    bench, train = (tmp_path / "bench.md").read_text(), (tmp_path / "train.md").read_text()
+    assert "| bench_tiny | dit-" in bench and "commit" in bench and "command: `python benchmarks/run.py" in bench
+    assert "| train_tiny | finished | 2 |" in train
+    assert (tmp_path / "logs.tgz").exists() and (tmp_path / "env.txt").exists()
