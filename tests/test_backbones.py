@@ -209,6 +209,7 @@ TRAIN_CASES = [("dit", "sdpa", {}), ("incontext_pre", "sigmoid", {}), ("incontex
                ("mmdit", "linear", {"mlp": "mixffn"}), ("hybrid", "math", {}), ("dit", "linear", {"long_skips": True})]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone,attention,extra", TRAIN_CASES)
 def test_trains_on_digits(backbone, attention, extra):
     from genlab.data import build_dataset

@@ -61,6 +61,7 @@ def test_placeholders_expand_to_words_conditions_and_matrix(tmp_path):
         spec.load(str(p), {"C": "1"}, environ={})
 
 
+@pytest.mark.slow
 def test_driver_runs_the_tiny_cpu_suite_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--suite", "tiny_cpu", "--out", str(tmp_path),
                         "--set", "RUNS=" + str(tmp_path / "runs")],

@@ -130,6 +130,7 @@ def test_frechet_distance_matches_gaussian_closed_form():
     assert abs(frechet_distance(f1, f1)) < 1e-8
 
 
+@pytest.mark.slow
 def test_sample_accuracy_of_real_images_is_high_and_of_noise_is_chance():
     """The metric itself: real digits labelled correctly score high, shuffled labels near chance."""
     from genlab.data.datasets import load_digits_uint8

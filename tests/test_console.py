@@ -4,11 +4,14 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
+
 from genlab import progress
 
 from conftest import TINY, cli_in_process, run_cli
 
 
+@pytest.mark.slow
 def test_train_off_a_terminal_prints_status_lines_and_eval_and_sampling_progress(tmp_path, capfd):
     over = [o for o in TINY if not o.startswith("log.progress")] + [
         f"train.out_dir={tmp_path}", "train.steps=10", "log.every=5", "eval.classifier_epochs=2"]

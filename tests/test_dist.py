@@ -122,12 +122,14 @@ def test_fsdp_matches_and_dcp_checkpoint_resumes_on_one_rank(two_ranks, one_proc
         torch.testing.assert_close(resumed["model"][k], v, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_hsdp_two_by_two_mesh_on_four_ranks(tmp_path, reference):
     got = launch(tmp_path / "hsdp.pt", 4, "--mode", "hsdp", "--steps", STEPS, "--replicate", 2, "--shard", 2)
     assert got["world"] == 4 and got["mesh"] == [2, 2]
     assert_same_run(got, reference)
 
 
+@pytest.mark.slow
 def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path, capfd):
     """`genlab train` under torchrun with parallel=fsdp: DCP checkpoints, model.safetensors, then sample/eval/resume work."""
     over = ["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=16", "train.steps=4",
@@ -174,6 +176,7 @@ def sparse_one_process(tmp_path_factory):
     return out / "one"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_sparse_transformer_two_ranks_follow_the_one_process_run(tmp_path, mode, sparse_one_process):
     """The Sparse Transformer family under torchrun: 2 ranks (DDP or FSDP2) train the same trajectory as

@@ -437,6 +437,7 @@ def test_embedded_corpus_is_deterministic():
 
 
 # -- training and CLI -----------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["text_ar", "text_mdlm"])
 def test_both_methods_train_with_falling_loss(tmp_path, preset):
     from genlab.train.metrics import read_metrics
@@ -449,6 +450,7 @@ def test_both_methods_train_with_falling_loss(tmp_path, preset):
     assert key in s and math.isfinite(s[key])
 
 
+@pytest.mark.slow
 def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
     from genlab.train import checkpoint as ckpt
     from genlab.train.metrics import read_metrics
@@ -471,6 +473,7 @@ def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
     assert res["val_loss"] == pytest.approx(evals[best_step], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_prepare_train_sample_eval(tmp_path, capfd):
     """Every command runs in-process (the CLI's main with this argv; test_cli and test_bad_inputs run real processes)."""
     src = tmp_path / "corpus.txt"

@@ -20,6 +20,7 @@ def losses(run):
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
 
 
+@pytest.mark.slow
 def test_repa_trains_checkpoints_and_resumes_exactly(tmp_path):
     _, a, b = straight_and_resumed(tmp_path, 3, *REPA)
     assert losses(tmp_path / "part") == losses(tmp_path / "full")
@@ -123,6 +124,7 @@ def _register_adversarial():
         method_registry.register("test_adversarial", "test only")(Adversarial)
 
 
+@pytest.mark.slow
 def test_a_method_with_its_own_optimizer_resumes_exactly(tmp_path):
     _register_adversarial()
     common = ["method.name=test_adversarial", "model.dim=32", "train.steps=5", "log.every=1", "log.ckpt_every=0",

@@ -107,6 +107,7 @@ def test_muon_groups_carry_the_rms_matching_lr_scale():
                 assert g["lr_scale"] == pytest.approx(0.2 * math.sqrt(max(a, b)) / math.sqrt(max(1, a / b)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_weight_decay_reaches_exactly_the_decay_group(name):
     """Same gradients, weight_decay 0 vs 0.1: the no-decay parameters follow the same trajectory bit for bit, the
@@ -280,6 +281,7 @@ RESUME = ["train.steps=4", "log.every=1", "log.ckpt_every=0", "eval.num_samples=
           "eval.sample_steps=2", "optim.warmup_steps=2", "optim.weight_decay=0.01", "train.ema_decay=0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("caution", [False, True], ids=["plain", "caution"])
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_every_optimizer_resumes_exactly(tmp_path, name, caution):
