@@ -146,7 +146,7 @@ def main():
 
     if not args.no_table:
         tokens = [16, 64] if args.quick else [int(x) for x in args.tokens.split(",") if x]
-        emit(f"| backbone | attention | tokens | batch | dim | img/s | step ms | MFU | peak GiB |")
+        emit("| backbone | attention | tokens | batch | dim | img/s | step ms | MFU | peak GiB |")
         emit("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         rows = []  # (label cells, overrides or None when matching failed, error)
         wanted = None if args.rows is None else set(args.rows.split(","))

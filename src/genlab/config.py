@@ -7,9 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, get_origin, get_type_hints
 
 from genlab.config_fields import did_you_mean
 from genlab.config_keys import RETIRED, SECTIONS, Config, section_class

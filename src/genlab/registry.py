@@ -12,6 +12,7 @@ scanning the package for registrations, so no file keeps a list of component mod
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import pkgutil
 import re
@@ -65,7 +66,6 @@ def load_plugin(item: str):
     """Import one plugin: a module name, or a .py file (registered under its file stem)."""
     if not item.endswith(".py"):
         return importlib.import_module(item)
-    import importlib.util
     import sys
     p = Path(item)
     if not p.is_file():

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import torch
 
-from genlab import progress
 from genlab.config import apply_overrides
 from genlab.data import build_dataset
 from genlab.errors import GenlabError

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import torch
-
 from genlab.errors import GenlabError
 
 

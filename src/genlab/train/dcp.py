@@ -84,7 +84,7 @@ def _load_meta(p: Path) -> dict:
     import pickle
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
+    except pickle.UnpicklingError:
         raise GenlabError(f"refused to load '{p}': it holds more than tensors, numbers, strings, lists and dicts; "
                           f"only load checkpoints you trust") from None
     except Exception as e:  # noqa: BLE001

@@ -263,7 +263,7 @@ class Trainer:
 
     def fit(self) -> dict:
         self.setup()
-        cfg, tcfg, lcfg = self.cfg, self.cfg.train, self.cfg.log
+        tcfg, lcfg = self.cfg.train, self.cfg.log
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         peak = peak_flops(self.device)
         flops_step = self.flops_per_sample * tcfg.batch_size / self.dist.world  # per device
