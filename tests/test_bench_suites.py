@@ -35,11 +35,13 @@ def test_suite_parses_and_names_runnable_entries(name, tmp_path):
 
 @pytest.mark.parametrize("name", SUITES)
 def test_bench_and_train_entries_are_valid_genlab_configs(name):
-    """Every `genlab bench` / `genlab train` entry's preset and overrides pass genlab's own validation."""
+    """Every `genlab bench` / `genlab train` entry's preset and overrides pass genlab's own validation (but for the
+    held-out folder, which the GPU machine has and this one may not)."""
     import genlab
     for entry in spec.load(name, environ={}).entries:
         if entry.kind in ("bench", "train"):
-            genlab.load_config(entry.args[0], [a for a in entry.args[1:] if "=" in a and not a.startswith("-")])
+            overrides = [a for a in entry.args[1:] if "=" in a and not a.startswith(("-", "eval.val_path="))]
+            genlab.load_config(entry.args[0], overrides + ["eval.val_path="])
 
 
 def test_unknown_key_kind_table_and_placeholder_are_one_line_errors(tmp_path):
