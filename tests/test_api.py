@@ -41,6 +41,7 @@ def test_readme_example_trains_loads_and_samples(tmp_path, monkeypatch):
         run.sample(n=2, clas_id=3)
 
 
+@pytest.mark.slow
 def test_text_run_samples_token_ids_and_text(tmp_path):
     over = {**_tiny(tmp_path), "train.steps": 4, "model.dim": 32, "model.depth": 1, "data.seq_len": 32,
             "eval.num_samples": 4}
@@ -52,6 +53,7 @@ def test_text_run_samples_token_ids_and_text(tmp_path):
     assert len(texts) == 2 and all(t.startswith("ROMEO:") and len(t) == len("ROMEO:") + 5 for t in texts)
 
 
+@pytest.mark.slow
 def test_image_bytes_run_samples_images_without_a_sampler_callback(tmp_path):
     # the Sparse Transformer's sample() has no per-step callback: progress falls back to batches
     cfg = genlab.load_config("sparse_tiny_cpu", {"train.steps": 2, "train.out_dir": str(tmp_path), "eval.num_samples": 0})

@@ -65,6 +65,7 @@ def test_list_prints_every_registry(capfd):
     assert "digits_flow" in r.stdout
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_train_sample_eval_resume(tmp_path, capfd):
     args = [*TINY, "train.steps=30", "log.every=10", "log.ckpt_every=20", f"train.out_dir={tmp_path}", "train.name=e2e",
             "log.tensorboard=true"]

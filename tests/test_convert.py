@@ -63,6 +63,7 @@ def test_float8_precision_names_are_aliases_of_the_converter():
     assert converters_of(load_config(None, ["train.convert=float8", "train.precision=float8_tensorwise"])) == ["float8"]
 
 
+@pytest.mark.slow
 def test_a_run_trained_converted_is_loaded_converted(tmp_path):
     from genlab.sample import load_run, sample_to_file
     Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.name=bit", *SHORT)).fit()

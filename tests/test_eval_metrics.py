@@ -424,6 +424,7 @@ def evaluated_run(tmp_path_factory):
     return summary, out / "r"  # the stand-in is undone here, not at the module's end
 
 
+@pytest.mark.slow
 def test_periodic_and_final_eval_log_every_distance_with_its_floor(evaluated_run):
     summary, run = evaluated_run
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

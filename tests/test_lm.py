@@ -312,6 +312,7 @@ def test_continuous_nelbo_is_schedule_invariant_and_any_order_closed_form(mdlm_c
         assert _exact_continuous(terms, L, schedule) == pytest.approx(closed, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", mdlm.SCHEDULES)
 def test_monte_carlo_nelbo_matches_brute_force(mdlm_case, schedule):
     model, x, terms = mdlm_case
@@ -361,6 +362,7 @@ class OracleDenoiser(torch.nn.Module):
         return logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", mdlm.SCHEDULES)
 def test_T_step_bound_is_above_continuous_and_falls_with_T(schedule):
     # For the exact denoiser the continuous NELBO is tight for every x (any-order chain rule). A T-step

@@ -25,6 +25,7 @@ def _write_sweep(tmp_path, body: str, name="s") -> Path:
 BASE = TINY_SWEEP.read_text().split("[[axis]]")[0].replace('name = "tiny_cpu"', 'name = "failing"')
 
 
+@pytest.mark.slow
 def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capfd):
     # lr=1e30 makes the third variant diverge (non-finite loss) while the other two finish.
     # The sweep command runs in-process; each variant is still its own `genlab train` process.
