@@ -60,9 +60,11 @@ def test_a_gpt_with_tied_weights_exports_and_samples_back(tmp_path, capsys):
         assert torch.equal(b["model"][k], v), k
 
 
-def test_a_missing_val_path_is_refused_before_training(tmp_path):
-    with pytest.raises(GenlabError, match="eval.val_path .* is not a folder made by `genlab data prepare`"):
-        load_config(None, [f"eval.val_path={tmp_path / 'nope'}"])
+def test_a_missing_val_path_is_refused_before_training(tmp_path, capsys):
+    rc = main(["train", *TINY, f"eval.val_path={tmp_path / 'nope'}", f"train.out_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "eval.val_path" in err and "is not a folder made by `genlab data prepare`" in err, err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # no run folder left
 
 
 def test_a_malformed_world_horizon_list_is_refused_before_training():

@@ -173,13 +173,18 @@ def _check_components(cfg):
     if meth.model_families and model.family not in meth.model_families:
         fits = [n for n, s in model_registry.specs() if s.family in meth.model_families]
         raise GenlabError(f"method.name={cfg.method.name} needs model.name={'|'.join(fits)}, got model.name={m.name}")
+    if meth.causal is not None and "model.causal" in read_keys(cfg) and m.causal != meth.causal:
+        raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
+
+
+def check_data_on_disk(cfg) -> None:
+    """Files a config names that must exist before training starts (the trainer calls this before it creates the run
+    folder; load_config does not, so presets that name a folder you prepare later still load)."""
     if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
         from genlab.data.datasets import prepared_shape
         if prepared_shape(cfg.eval.val_path) is None:  # found now, not after training
             raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
                               f"(no readable images.npy + meta.json)")
-    if meth.causal is not None and "model.causal" in read_keys(cfg) and m.causal != meth.causal:
-        raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
 
 
 def _check_shapes(cfg):

@@ -47,6 +47,8 @@ class Trainer:
         # the same seed on every rank while the model is built: FSDP2 keeps each rank's own shard of its
         # local init (DDP would broadcast rank 0's), so differing seeds would stitch several inits together
         torch.manual_seed(tcfg.seed)
+        from genlab.config_check import check_data_on_disk
+        check_data_on_disk(cfg)
         self.data = build_dataset(cfg.data)
         self.spec = self.data.spec
         resume_state = ckpt.load_checkpoint(self.resume_from) if self.resume_from else None
