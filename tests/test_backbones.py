@@ -251,7 +251,7 @@ def test_genlab_train_runs_the_hybrid_with_linear_attention_and_mixffn(tmp_path)
 
 # -- invalid combinations: one line before anything is built ------------------------------------------------------
 @pytest.mark.parametrize("overrides,needle", [
-    (["model.name=dit_incontext", "model.attention=differential", "model.dim=30", "model.heads=2"], "odd"),
+    (["model.name=dit_incontext", "model.attention=differential", "model.dim=30", "model.heads=2"], "divisible by 2"),
     (["model.name=mmdit", "model.pos_emb=rope2d", "model.dim=24", "model.heads=4"], "rope2d"),
     (["model.name=mmdit", "model.dual_blocks=9", "model.depth=4"], "dual_blocks"),
     (["model.name=dit", "model.dual_blocks=2"], "dual_blocks"),

@@ -146,11 +146,8 @@ def _check_train(cfg):
         raise GenlabError(f"unknown train.device '{t.device}'; valid: auto, cpu, cuda, cuda:N")
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
-    if t.activation_checkpointing not in ("every_k", "segments") and t.ac_every != 2:
-        raise GenlabError(f"train.ac_every is read only by train.activation_checkpointing=every_k|segments "
-                          f"(got activation_checkpointing={t.activation_checkpointing})")
-    from genlab.registry import method_registry, optimizer_registry
-    if t.parallel in ("fsdp", "hsdp") and not optimizer_registry.spec(cfg.optim.name).fsdp:
+    from genlab.registry import method_registry, optimizer_registry, parallel_registry
+    if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
         raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
                           f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
     check = method_registry.spec(cfg.method.name).check
@@ -231,8 +228,8 @@ def _trains_on_cpu(device: str) -> bool:
 
 
 def _check_layers(m, spec, dim: int, heads: int):
-    """Layer choices that cannot work with this model's shape or token layout: Mix-FFN needs a patch grid,
-    differential attention an even head width, 2-D positions widths divisible by 4."""
+    """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
+    needs a patch grid, an attention or position entry's head-width and width multiples."""
     from genlab.registry import attention_registry, mlp_registry
     hd = dim // heads
     if "mlp" in spec.layer_keys and mlp_registry.spec(m.mlp).needs_grid and spec.grid_rank != 2:
@@ -240,10 +237,15 @@ def _check_layers(m, spec, dim: int, heads: int):
         grids = [n for n, s in model_registry.specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]
         raise GenlabError(f"model.mlp={m.mlp} convolves over the patch grid; model {m.name} has no grid: "
                           f"choose model.mlp=gelu|swiglu or model.name={'|'.join(grids)}")
-    if m.attention == "differential" and hd % 2:
-        raise GenlabError(f"model.attention=differential splits each head in halves; head width model.dim/model.heads = {hd} is odd")
-    if spec.grid_rank == 2 and m.pos_emb == "rope2d" and hd % 4:
-        raise GenlabError(f"model.pos_emb=rope2d needs a head width divisible by 4; model.dim/model.heads = {hd}")
-    if spec.grid_rank == 2 and m.pos_emb in ("auto", "sincos2d") and dim % 4:
-        raise GenlabError(f"model.pos_emb=sincos2d needs model.dim divisible by 4, got {dim}")
-    attention_registry.get(m.attention)
+    k = attention_registry.spec(m.attention).head_multiple
+    if hd % k:
+        raise GenlabError(f"model.attention={m.attention} needs a head width divisible by {k}; model.dim/model.heads = {hd}")
+    pos = spec.default_position if m.pos_emb == "auto" else m.pos_emb
+    if pos is not None and "pos_emb" in spec.layer_keys:
+        from genlab.registry import position_registry
+        p = position_registry.spec(pos)
+        if hd % p.head_multiple:
+            raise GenlabError(f"model.pos_emb={pos} needs a head width divisible by {p.head_multiple}; "
+                              f"model.dim/model.heads = {hd}")
+        if dim % p.dim_multiple:
+            raise GenlabError(f"model.pos_emb={pos} needs model.dim divisible by {p.dim_multiple}, got {dim}")

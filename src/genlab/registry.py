@@ -117,6 +117,7 @@ class ModelSpec(Spec):
     layer_keys: tuple[str, ...] = ()       # model.* layer choices it builds from the registries (contract test)
     block_tokens: bool = False             # its blocks output the patch tokens [B, N, D] alone (REPA hooks them)
     example: ModelExample | None = None    # the contract test's tiny instance
+    default_position: str | None = None    # the position entry model.pos_emb=auto means
     check: Callable | None = None          # check(cfg, dim, heads, depth): shape constraints of its own options
 
 
@@ -136,6 +137,7 @@ class AttentionSpec(Spec):
     flops: Callable | None = None          # flops(n, m, head_dim) of one head, n queries over m keys (None: softmax's)
     causal_flops: Callable | None = None   # the causal form's, where it runs different matmuls
     check: Callable | None = None          # check(head_dim): GenlabError at build time where it cannot run
+    head_multiple: int = 1                 # the head width must be a multiple of this (checked with the config)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,11 +156,18 @@ class MetricSpec(Spec):
 @dataclass(frozen=True, kw_only=True)
 class PositionSpec(Spec):
     axes: tuple[int, ...] = ()             # token-grid ranks it fits (1: sequences, 2: patch grids)
+    head_multiple: int = 1                 # the head width must be a multiple of this (rotations in pairs per axis)
+    dim_multiple: int = 1                  # the model width must be a multiple of this (sin-cos per axis)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplerSpec(Spec):
     nfe_per_step: int = 1                  # model evaluations per step (NFE = steps * this)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSpec(Spec):
+    sharded: bool = False                  # shards parameters and optimizer state (the optimizer must update DTensors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,7 +263,7 @@ lr_schedule_registry = Registry("lr_schedule")
 precision_registry = Registry("precision")
 compile_registry = Registry("compile")
 ac_registry = Registry("activation_checkpointing")
-parallel_registry = Registry("parallel")
+parallel_registry = Registry("parallel", ParallelSpec)
 adaln_registry = Registry("adaln")
 residual_registry = Registry("residual")
 compile_mode_registry = Registry("compile_mode")

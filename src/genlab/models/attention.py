@@ -206,7 +206,8 @@ class DifferentialAttention(nn.Module):
 # two maps over half-width q/k (2 n m d/2 each) and two weighted sums over full-width v (2 n m d each)
 attention_registry.register("differential", "Differential Transformer attention (Ye et al. 2024): two softmax "
                                             "maps subtracted with a learned lambda, per-head RMSNorm",
-                            flops=lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d))(DifferentialAttention)
+                            flops=lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d),
+                            head_multiple=2)(DifferentialAttention)  # each head splits in halves
 
 
 

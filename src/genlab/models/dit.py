@@ -245,7 +245,8 @@ def image_backbone_example(options=None) -> ModelExample:
 
 
 # what an image backbone declares: the family flow/repa drive, sizes, a 2-D token grid, the layer keys it builds
-IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=("attention", "mlp", "norm", "pos_emb"))
+IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=("attention", "mlp", "norm", "pos_emb"),
+                      default_position="sincos2d")
 
 
 @model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class",

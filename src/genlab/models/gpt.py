@@ -242,15 +242,11 @@ GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/test_contract
     output_shape=lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"])))
 
 
-def _check_gpt(cfg, dim: int, heads: int, depth: int):
-    if cfg.model.pos_emb == "rope" and (dim // heads) % 2:
-        raise GenlabError(f"model.pos_emb=rope needs an even head width; model.dim/model.heads = {dim // heads}")
-
-
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
                                 "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl",
                          family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp"), sizes=GPT_SIZES,
-                         grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), check=_check_gpt, example=GPT_EXAMPLE)
+                         grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), default_position="learned",
+                         example=GPT_EXAMPLE)
 def build_gpt(cfg_model, data_spec) -> GPT:
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")

@@ -114,9 +114,12 @@ def _entry(cls):
 
 
 position_registry.register("learned", "a trained table, one row per position", axes=(1, 2))(_entry(LearnedPosition))
-position_registry.register("sincos2d", "fixed 2-D sin-cos table over the patch grid (DiT)", axes=(2,))(_entry(SinCos2d))
-position_registry.register("rope", "rotary embedding of the sequence position (queries and keys)", axes=(1,))(_entry(Rotary))
-position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)", axes=(2,))(_entry(Rotary))
+position_registry.register("sincos2d", "fixed 2-D sin-cos table over the patch grid (DiT)", axes=(2,),
+                           dim_multiple=4)(_entry(SinCos2d))
+position_registry.register("rope", "rotary embedding of the sequence position (queries and keys)", axes=(1,),
+                           head_multiple=2)(_entry(Rotary))
+position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)", axes=(2,),
+                           head_multiple=4)(_entry(Rotary))
 
 
 def check_position_fits(name: str, model: str, rank: int | None = None):

@@ -369,7 +369,8 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
 
 
 @ac_registry.register("segments", "recompute the blocks in train.ac_every segments (sparse_transformer: only the "
-                                  "segment boundaries are stored)")
+                                  "segment boundaries are stored)",
+                 reads=("train.ac_every",))
 def ac_segments(model, tcfg):
     if not hasattr(model, "ac_segments"):
         raise GenlabError("train.activation_checkpointing=segments needs model.name=sparse_transformer; "

@@ -161,12 +161,12 @@ def _shard(model, info, tcfg, device, hybrid):
                               prefetch=getattr(tcfg, "fsdp_prefetch", 0))
 
 
-@parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)")
+@parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)", sharded=True)
 def par_fsdp(model, info, tcfg, device):
     return _shard(model, info, tcfg, device, hybrid=False)
 
 
-@parallel_registry.register("hsdp", "FSDP2 on a 2-D mesh: replicate (train.replicate) x shard (train.shard)")
+@parallel_registry.register("hsdp", "FSDP2 on a 2-D mesh: replicate (train.replicate) x shard (train.shard)", sharded=True)
 def par_hsdp(model, info, tcfg, device):
     return _shard(model, info, tcfg, device, hybrid=True)
 

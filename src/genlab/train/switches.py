@@ -12,6 +12,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from genlab.errors import GenlabError
+from genlab import config_fields as cf
 from genlab.registry import ac_registry, compile_mode_registry, compile_registry, precision_registry
 
 
@@ -127,7 +128,12 @@ def ac_full(model, tcfg):
     return _wrap_blocks(model, lambda i: True)
 
 
-@ac_registry.register("every_k", "recompute every train.ac_every-th block")
+AC_EVERY_KEYS = cf.declare("train",
+    ac_every=cf.F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1),
+)
+
+
+@ac_registry.register("every_k", "recompute every train.ac_every-th block", keys=AC_EVERY_KEYS)
 def ac_every_k(model, tcfg):
     k = max(1, tcfg.ac_every)
     return _wrap_blocks(model, lambda i: i % k == 0)
