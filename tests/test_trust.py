@@ -70,3 +70,33 @@ def test_a_missing_val_path_is_refused_before_training(tmp_path, capsys):
 def test_a_malformed_world_horizon_list_is_refused_before_training():
     with pytest.raises(GenlabError, match="eval.world_horizons must be comma-separated integers"):
         load_config("pong_world_tiny", ["eval.world_horizons=16,x"])
+
+
+def test_two_trains_with_one_name_at_once_run_exactly_one(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    argv = [sys.executable, "-m", "genlab", "train", *TINY, "train.steps=2", "eval.num_samples=0",
+            f"train.out_dir={tmp_path}", "train.name=same"]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for rc, err in results if rc == 2)
+    assert "already exists" in loser or "just created by another genlab train" in loser, loser
+    assert (tmp_path / "same" / "summary.json").exists()
+
+
+def test_the_run_config_shows_what_the_components_read_and_loads_back(tmp_path):
+    import tomllib
+
+    from genlab.config import from_dict, to_dict
+    cfg = load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=c", "train.steps=1",
+                                             "eval.num_samples=0"])
+    Trainer(cfg).fit()
+    saved = tomllib.loads((tmp_path / "c" / "config.toml").read_text())
+    assert "num_classes" not in saved["data"] and "vocab_size" not in saved["model"]  # digits/dit do not read them
+    assert "patch_size" in saved["model"] and "time_shift" in saved["method"]
+    assert to_dict(from_dict(saved)) == to_dict(cfg)

@@ -116,10 +116,16 @@ class Trainer:
                 for w in warnings:
                     print(f"genlab: warning: {w}", file=sys.stderr)
                 # rendered before the folder exists (tomli_w missing once left an empty run that blocked the next)
-                text = "".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(to_dict(cfg))
+                text = "".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(run_config_dict(cfg))
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 (self.run_dir / "samples").mkdir(exist_ok=True)
-                (self.run_dir / "config.toml").write_text(text)
+                try:  # "x": exactly one of two `genlab train` started with one name at once gets the folder
+                    with open(self.run_dir / "config.toml", "x" if resume_state is None else "w") as f:
+                        f.write(text)
+                except FileExistsError:
+                    made = False  # the other process's folder: leave it
+                    raise GenlabError(f"run folder '{self.run_dir}' was just created by another genlab train; "
+                                      f"pick another train.name") from None
             self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main,
                                   wandb_project=cfg.log.wandb_project if cfg.log.wandb else None, config=to_dict(cfg))
         except BaseException:
@@ -391,6 +397,16 @@ class Trainer:
             return None
         from genlab.progress import TrainStatus
         return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
+
+
+def run_config_dict(cfg) -> dict:
+    """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
+    warning's subject stays visible); loading it back gives the same Config, the rest at their defaults."""
+    from genlab.config_check import read_keys
+    read, d = read_keys(cfg), to_dict(cfg)
+    defaults = to_dict(type(cfg)())
+    return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
+                  if isinstance(vals, dict) else vals) for sec, vals in d.items()}
 
 
 def write_atomic(path, text: str) -> None:
