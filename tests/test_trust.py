@@ -100,3 +100,12 @@ def test_the_run_config_shows_what_the_components_read_and_loads_back(tmp_path):
     assert "num_classes" not in saved["data"] and "vocab_size" not in saved["model"]  # digits/dit do not read them
     assert "patch_size" in saved["model"] and "time_shift" in saved["method"]
     assert to_dict(from_dict(saved)) == to_dict(cfg)
+
+
+def test_a_sparse_stride_as_long_as_the_sequence_is_refused():
+    with pytest.raises(GenlabError, match=r"model.sparse_stride \(256\) must be shorter than the sequence \(256 tokens\)"):
+        load_config("sparse_tiny_cpu", ["model.sparse_stride=256", "data.name=text", "data.seq_len=256",
+                                        "method.name=autoregressive", "model.sparse_embed=auto"])
+    with pytest.raises(GenlabError, match=r"must be shorter than the sequence \(64 tokens\)"):
+        load_config(None, ["model.name=sparse_transformer", "method.name=image_ar", "model.sparse_stride=64",
+                           "model.size=tiny"])

@@ -342,6 +342,20 @@ def _check_sparse(cfg, dim: int, heads: int, depth: int):
     from genlab.registry import dataset_registry
     if cfg.model.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
         raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
+    length = _sequence_length(cfg)
+    if cfg.model.sparse_stride and length is not None and cfg.model.sparse_stride >= length:
+        raise GenlabError(f"model.sparse_stride ({cfg.model.sparse_stride}) must be shorter than the sequence ({length} "
+                          f"tokens): one stride would cover it all and the pattern would be dense")
+
+
+def _sequence_length(cfg) -> int | None:
+    """Tokens per sequence when known without loading the data: image bytes H*W*C, else data.seq_len of token data."""
+    from genlab.registry import dataset_registry
+    spec = dataset_registry.spec(cfg.data.name)
+    if spec.kind == "token":
+        return cfg.data.seq_len
+    shape = spec.shape(cfg.data) if spec.shape is not None else None
+    return shape["image_size"] ** 2 * shape["channels"] if shape else None
 
 
 @model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes or text: "
