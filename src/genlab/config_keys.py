@@ -93,7 +93,19 @@ RETIRED = {"method.teacher": ""}
 
 def declared_keys() -> dict[str, tuple]:
     """dotted key -> (Key, owners): the core keys (owner "core") and every key a registered component declares in
-    its spec's `keys`. A key declared twice must be the same declaration (one Key object shared by its readers)."""
+    its spec's `keys`. A key declared twice must be the same declaration (one Key object shared by its readers).
+    Computed once per registry state (validation asks several times per config)."""
+    from genlab import registry
+    registry.load_entries()
+    if _declared.get("generation") != registry.generation:
+        _declared.update(generation=registry.generation, keys=_collect_keys())
+    return _declared["keys"]
+
+
+_declared: dict = {}
+
+
+def _collect_keys() -> dict[str, tuple]:
     from genlab.registry import all_registries
     out = {k.dotted: (k, ["core"]) for k in CORE_KEYS}
     for kind, reg in all_registries().items():

@@ -40,6 +40,14 @@ class _Log2(nn.Module):
         return self.inner((torch.log2(v.clamp_min(1e-6)) + 16.0) / 16.0)
 
 
+def combine(embeddings: list[torch.Tensor]) -> torch.Tensor:
+    """The adaLN vector: the embeddings added in order (no `sum()`, whose start value 0 costs an extra kernel)."""
+    c = embeddings[0]
+    for e in embeddings[1:]:
+        c = c + e
+    return c
+
+
 class ConditionSet(nn.Module):
     """The embedders of a backbone's extra conditions, in declaration order (empty: no state-dict keys)."""
 

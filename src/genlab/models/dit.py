@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from genlab.models.attention import Attention
 from genlab.models.backbone import LongSkips, block_flops
-from genlab.models.conditions import ConditionSet
+from genlab.models.conditions import ConditionSet, combine
 from genlab.models.embeddings import TimestepEmbedder, embed_flops
 from genlab.models.mlp import TokenGrid
 from genlab.models.norm import norm_modulate_by
@@ -176,7 +176,7 @@ class DiT(nn.Module):
         conditions: the extra named conditions the model was built with (spec.conditions)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        c = sum(embed_conditions(self, t, y, conditions))
+        c = combine(embed_conditions(self, t, y, conditions))
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
         saved = {}
         for i, block in enumerate(self.blocks):

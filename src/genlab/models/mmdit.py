@@ -19,6 +19,7 @@ from genlab.errors import GenlabError
 from genlab.models.attention import attention_flops
 from genlab.models.backbone import LongSkips, block_flops, prefix_rope
 from genlab import config_fields as cf
+from genlab.models.conditions import combine
 from genlab.models.dit import (DIT_KEYS, embed_conditions, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
                                spec_from_config)
 from genlab.models.embeddings import embed_flops
@@ -84,7 +85,7 @@ class MMDiT(nn.Module):
         x = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         embs = embed_conditions(self, t, y, conditions)
         t_emb, y_emb = embs[0], embs[1]
-        c = sum(embs)
+        c = combine(embs)
         ctx = self.context_tokens(t_emb, y_emb, context).to(x.dtype)
         L = ctx.shape[1]
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)

@@ -13,7 +13,7 @@ import torch.nn as nn
 from genlab.errors import GenlabError
 from genlab.models.attention import attention_flops
 from genlab.models.dit import DIT_SIZES, DiTBlock, FinalLayer, depatchify, dit_size, patchify
-from genlab.models.conditions import ConditionSet
+from genlab.models.conditions import ConditionSet, combine
 from genlab.models.embeddings import TimestepEmbedder
 from genlab.models.positions import sincos_2d
 from genlab import config_fields as cf
@@ -75,7 +75,7 @@ class WorldDiT(nn.Module):
             ctx = ctx + self.pos_embed[:, None] + self.frame_embed[None, :, None]
             h = torch.cat([tgt, ctx.flatten(1, 2)], 1)
         a = self.action_embed(actions if self.num_actions else actions.to(self.action_embed.weight.dtype))
-        c = sum([self.t_embed(t) + self.noise_embed(ctx_noise) + self.action_proj(a.flatten(1)),
+        c = combine([self.t_embed(t) + self.noise_embed(ctx_noise) + self.action_proj(a.flatten(1)),
                  *self.cond_embed(t.shape[0], **conditions)])
         for block in self.blocks:
             h = block(h, c)
