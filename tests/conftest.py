@@ -94,3 +94,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def flow_teacher(tmp_path_factory):
+    """A tiny flow run on digits (30 steps, seconds): the teacher of the few-step distillation tests."""
+    from genlab.train.trainer import Trainer
+    out = tmp_path_factory.mktemp("teacher")
+    Trainer(tiny_config(out, "train.name=teacher", "train.steps=30", "log.every=10", "log.ckpt_every=0",
+                        "eval.num_samples=0", "log.sample_every=0")).fit()
+    return str(out / "teacher")

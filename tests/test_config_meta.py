@@ -36,12 +36,14 @@ def test_every_key_is_read_by_some_component_or_every_run():
     assert every == set(readers())
 
 
-def test_a_removed_key_loads_from_a_saved_config_only_at_its_old_default():
+def test_a_removed_key_loads_from_a_saved_config_only_at_its_old_default(monkeypatch):
+    from genlab import config as config_mod
+    monkeypatch.setitem(config_mod.RETIRED, "method.gone_key", "")
     d = to_dict(Config())
-    d["method"]["teacher"] = ""
+    d["method"]["gone_key"] = ""
     assert to_dict(from_dict(d)) == to_dict(Config())
-    d["method"]["teacher"] = "runs/x"
-    with pytest.raises(GenlabError, match="method.teacher.*was removed"):
+    d["method"]["gone_key"] = "runs/x"
+    with pytest.raises(GenlabError, match="method.gone_key.*was removed"):
         from_dict(d)
 
 

@@ -97,9 +97,9 @@ def test_init_from_an_exported_safetensors_file(tmp_path):
 
 
 def test_teacher_is_built_from_its_own_saved_config_and_frozen(tmp_path):
-    from genlab.methods.teacher import load_teacher
+    from genlab.methods.few_step.base import build_teacher, teacher_state
     Trainer(tiny_config(tmp_path, "train.name=t", "model.dim=48", "model.heads=3", *SHORT)).fit()
-    teacher = load_teacher(str(tmp_path / "t"))
+    teacher = build_teacher(teacher_state(str(tmp_path / "t")))
     ema = ckpt.load_checkpoint(tmp_path / "t")["ema"]
     assert teacher.spec.dim == 48 and not teacher.training
     assert not any(p.requires_grad for p in teacher.parameters())
@@ -109,4 +109,4 @@ def test_teacher_is_built_from_its_own_saved_config_and_frozen(tmp_path):
     with torch.no_grad():
         assert F.mse_loss(teacher(x, torch.rand(2), torch.zeros(2, dtype=torch.long)), x).isfinite()
     with pytest.raises(GenlabError, match="method.teacher"):
-        load_teacher("")
+        teacher_state("")

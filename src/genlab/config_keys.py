@@ -88,7 +88,7 @@ CORE_KEYS = _DATA + _MODEL + _METHOD + _OPTIM + _TRAIN + _LOG + _EVAL
 SECTIONS = ("data", "model", "method", "optim", "train", "log", "eval")
 
 # Keys that existed once and were removed: a saved run config that holds one at its old default still loads.
-RETIRED = {"method.teacher": ""}
+RETIRED: dict[str, object] = {}
 
 
 def declared_keys() -> dict[str, tuple]:

@@ -97,6 +97,7 @@ class MethodSpec(Spec):
     check: Callable | None = None         # check(cfg): the method's own config checks, before any work
     sampling_keys: tuple[str, ...] = ()   # its keys that act only at sampling time (eval/sample may override them)
     conditions: dict | None = None        # extra model inputs {name: embedder} (models/conditions.py), e.g. a step size
+    output: str = ""                      # what its model predicts ("velocity": a flow teacher for few-step methods)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ class PositionSpec(Spec):
 @dataclass(frozen=True, kw_only=True)
 class SamplerSpec(Spec):
     nfe_per_step: int = 1                  # model evaluations per step (NFE = steps * this)
+    condition: str | None = None           # a model condition it sets itself at every step (e.g. "d", the step size)
 
 
 @dataclass(frozen=True, kw_only=True)

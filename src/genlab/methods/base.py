@@ -45,6 +45,9 @@ class Method:
     def extra_modules(self) -> dict[str, Extra]:
         return {}
 
+    def init_weights(self, model) -> None:
+        """A fresh run's starting weights (not on resume or train.init_from); default: the backbone's own init."""
+
     def loss(self, model, batch: dict, ctx: StepContext) -> tuple[Tensor | dict[str, Tensor], dict]:
         """One scalar loss, or {"model": loss for the model's optimizer, "<optimizer name>": loss for that optimizer};
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""

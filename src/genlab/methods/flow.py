@@ -198,14 +198,28 @@ def unwrap(model):
             return model
 
 
+def check_sampler_conditions(method_name: str, samplers) -> None:
+    """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it."""
+    from genlab.registry import method_registry
+    have = method_registry.spec(method_name).conditions or {}
+    for name in samplers:
+        need = sampler_registry.spec(name).condition
+        if need and need not in have:
+            fits = [n for n, s in sampler_registry.specs() if not s.condition or s.condition in have]
+            raise GenlabError(f"sampler '{name}' feeds the model a '{need}' input that method {method_name} does not "
+                              f"train; samplers for it: {', '.join(fits)}")
+
+
 def check_flow_config(cfg):
     """Flow options that a field declaration cannot check alone, before any work."""
     m = cfg.method
     parse_interval(m.cfg_interval)
+    samplers = [m.sampler]
     if cfg.eval.nfe_list:
         from genlab.eval.nfe import parse_int_list, samplers_of
         parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
-        samplers_of(cfg)
+        samplers += samplers_of(cfg)
+    check_sampler_conditions(cfg.method.name, samplers)
     if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
         raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
@@ -239,7 +253,8 @@ CLASS_DROPOUT = cf.declare("model",
 FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
 # the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
 FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale")
-FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING)
+FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING,
+                 output="velocity")
 
 
 @method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",

@@ -76,6 +76,8 @@ class TrainStep:
             self.model.load_state_dict(resume_state["model"])
         elif tcfg.init_from:
             init_weights_from(self.model, tcfg.init_from)
+        else:
+            self.method.init_weights(self.model)  # e.g. a student from its teacher's weights
         self.model.to(device)
         self.flops_per_sample = train_flops_per_sample(self.model)
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval() if tcfg.ema_decay > 0 else None
