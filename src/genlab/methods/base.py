@@ -21,7 +21,7 @@ class StepContext:
     generator: torch.Generator
     device: torch.device
     precision: str            # train.precision resolved (e.g. "fp32", "bf16")
-    ema: nn.Module | None     # EMA of the model (read-only)
+    ema: nn.Module | None     # EMA of the model (read-only; compiled when the model is)
     extras: dict[str, nn.Module] = field(default_factory=dict)  # the method's extra modules as the trainer placed/wrapped them
 
 

@@ -90,6 +90,9 @@ class TrainStep:
         apply_switches(self.model, tcfg)
         self.wrapped = compile_model_by_name(wrap_parallel(self.model, dist, tcfg, device), tcfg)
         self.ema = shard_like(self.ema, self.model)
+        # methods that call the EMA in their loss (few-step targets) get it compiled like the model: eager, its
+        # forwards cost as much as the compiled training step itself
+        self.ema_for_loss = compile_extra(self.ema, tcfg) if self.ema is not None else None
         self._build_extras(resume_state)
         self._build_optimizers()
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.loss_scaling)
@@ -156,7 +159,7 @@ class TrainStep:
 
     def context(self, step: int) -> StepContext:
         return StepContext(step=step, total_steps=self.cfg.train.steps, generator=self.gen, device=self.device,
-                           precision=self.precision.name, ema=self.ema, extras=self.extras_wrapped)
+                           precision=self.precision.name, ema=self.ema_for_loss, extras=self.extras_wrapped)
 
     # -- checkpoint state of what the method owns -------------------------------------------------
     def extra_state(self) -> dict:
