@@ -1,4 +1,5 @@
 """The trainer: overfitting, exact resume, divergence handling, Ctrl-C, bad resumes."""
+import errno
 import json
 import signal
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, straight_and_resumed, tiny_config
-from genlab.errors import GenlabError
+from genlab.errors import GenlabError, RunFailed
 from genlab.methods.flow import FlowMatching
 from genlab.train import checkpoint as ckpt
 from genlab.train.metrics import read_metrics
@@ -119,7 +120,28 @@ def test_a_run_whose_setup_fails_leaves_no_folder(tmp_path, monkeypatch):
         Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
     assert not (tmp_path / "a").exists()
     monkeypatch.undo()
+
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer_mod, "MetricsLog", full_disk)  # the machine's failure, not bad input: exit 1
+    with pytest.raises(RunFailed, match="No space left"):
+        Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
+    assert not (tmp_path / "a").exists()
+    monkeypatch.undo()
     assert Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()["status"] == "finished"
+
+
+def test_a_full_disk_outside_training_exits_1_not_the_bad_input_code(monkeypatch, capfd):
+    from conftest import cli_in_process
+    import genlab.config_doc as config_doc
+
+    def full_disk(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(config_doc, "annotated_toml", full_disk)
+    r = cli_in_process(capfd, "config", "digits_flow")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == "genlab: failed: OSError: [Errno 28] No space left on device"
 
 
 def test_existing_run_folder_is_not_overwritten(tmp_path):

@@ -16,6 +16,15 @@ class RunFailed(GenlabError):
     says status "failed" with the reason; the CLI prints one line and exits 1."""
 
 
+def machine_failure(e: BaseException) -> bool:
+    """An error of the machine, not of the input (disk full, quota, I/O error, read-only disk, out of memory): such
+    failures exit 1 like a failed run, so a scheduler does not read them as a bad command line (exit 2)."""
+    import errno
+    if isinstance(e, MemoryError):
+        return True
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ENOMEM)
+
+
 def debug() -> bool:
     """GENLAB_DEBUG=1: let unexpected exceptions show their traceback instead of one line."""
     import os

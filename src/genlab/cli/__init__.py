@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from genlab.errors import RunFailed, debug, one_line
+    from genlab.errors import RunFailed, debug, machine_failure, one_line
     try:
         return args.fn(args)
     except RunFailed as e:
@@ -71,6 +71,9 @@ def main(argv=None) -> int:
             return 3
         if debug():
             raise
+        if machine_failure(e):  # a full disk or an I/O error is not bad input
+            print(f"genlab: failed: {one_line(e)}", file=sys.stderr)
+            return 1
         # a bug or an unreadable input outside the trainer's setup: one line, the traceback on request
         print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import torch
 from genlab.config import Config, dumps_toml, to_dict
 from genlab.data import build_dataset, build_loader
 from genlab import progress
-from genlab.errors import GenlabError, RunFailed, debug, one_line
+from genlab.errors import GenlabError, RunFailed, debug, machine_failure, one_line
 from genlab.train import checkpoint as ckpt
 from genlab.train.convert import apply_converters
 from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
@@ -267,6 +267,8 @@ class Trainer:
         except Exception as e:  # noqa: BLE001
             if debug():
                 raise
+            if machine_failure(e):  # e.g. a full disk: exit 1, not the bad-input code
+                raise RunFailed(f"setup failed: {one_line(e)}") from e
             raise GenlabError(f"setup failed: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)") from e
 
     def fit(self) -> dict:
