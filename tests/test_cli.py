@@ -169,3 +169,18 @@ def test_overrides_may_follow_options():
         with pytest.raises(SystemExit) as e:  # anything else is still argparse's usage error, exit 2
             parse_args(bad)
         assert e.value.code == 2
+
+
+def test_list_describes_every_preset_and_sweep_in_one_whole_sentence_without_internal_wording(capfd):
+    from conftest import cli_in_process
+    r = cli_in_process(capfd, "list")
+    assert r.returncode == 0
+    lines = r.stdout[r.stdout.index("presets:"):].splitlines()
+    entries = [ln.strip() for ln in lines if ln.startswith("  ")]
+    assert len(entries) > 30
+    for e in entries:
+        name, _, text = e.partition(" ")
+        text = text.strip()
+        assert text.endswith("."), (name, text)            # a whole sentence, not a line cut mid-way
+        for internal in ("issue", "seed's", "users' log"):
+            assert internal not in text, (name, text)

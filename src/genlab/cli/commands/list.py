@@ -1,6 +1,8 @@
 """`genlab list`: every registry and its entries, the presets and the shipped sweeps, each with its one-line doc."""
 from __future__ import annotations
 
+import re
+
 ORDER = 3
 
 
@@ -23,13 +25,15 @@ def cmd_list(args):
 
 
 def _first_comment(path) -> str:
-    """The first line of a preset's or sweep's leading comment: what it is for."""
+    """The first sentence of a preset's or sweep's leading comment (which may span lines): what it is for."""
+    words = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-        if line.strip():
-            return ""
-    return ""
+        if not line.startswith("#"):
+            break
+        words.append(line.lstrip("# ").strip())
+    text = " ".join(w for w in words if w)
+    end = re.search(r"(?<! al)(?<! e\.g)(?<! i\.e)\.(\s|$)", text)  # "Frans et al. 2024" does not end it
+    return text[:end.start() + 1] if end else text
 
 
 def add_parser(sub):

@@ -29,7 +29,10 @@ def teacher_state(path: str) -> dict:
     if not path:
         raise GenlabError("this method needs method.teacher=RUN (a flow run folder, checkpoint or exported "
                           "model.safetensors)")
-    return ckpt.load_checkpoint(path)
+    try:
+        return ckpt.load_checkpoint(path)
+    except GenlabError as e:
+        raise GenlabError(f"method.teacher: {e}") from None
 
 
 def check_teacher(state: dict, spec: dict, path: str):
