@@ -168,6 +168,21 @@ def test_generate_pairs_bad_input_is_one_line_exit_2_and_writes_nothing(case, fl
     assert case != "out_exists" or not any(out.iterdir())
 
 
+def test_generate_pairs_interrupted_leaves_nothing_at_out(flow_teacher, tmp_path, capfd, monkeypatch):
+    import genlab.methods.samplers as samplers
+    real, calls = samplers.call_sampler, []
+
+    def interrupted(*a, **kw):  # Ctrl-C during the second batch
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(samplers, "call_sampler", interrupted)
+    r = cli_in_process(capfd, "data", "generate", "pairs", flow_teacher, "--out", tmp_path / "pairs", "--n", 8,
+                       "--batch", 4, "--steps", 1, "--device", "cpu")
+    assert r.returncode == 130 and len(calls) == 2 and list(tmp_path.iterdir()) == []
+
+
 # -- reflow --------------------------------------------------------------------------------------------------
 def test_reflow_loss_falls_on_the_teachers_pairs(flow_teacher, pairs_dir, tmp_path, one_thread):
     from genlab.train.trainer import Trainer
