@@ -138,10 +138,10 @@ class ImageLoader(StreamPosition):
 
 
 def build_loader(data, cfg_data, batch_size, device, seed, rank=0, world=1):
+    if hasattr(data, "make_loader"):  # data with its own batches (episode windows, teacher pairs)
+        return data.make_loader(cfg_data, batch_size, device, seed, rank, world)
     if data.spec.get("kind") == "image":
         return ImageLoader(data, batch_size, device, seed=seed, rank=rank, world=world,
                            on_device=cfg_data.on_device, prefetch=cfg_data.prefetch,
                            pin_memory=cfg_data.pin_memory, hflip=cfg_data.hflip)
-    if hasattr(data, "make_loader"):
-        return data.make_loader(cfg_data, batch_size, device, seed, rank, world)
     raise ValueError(f"no loader for data of kind {data.spec.get('kind')!r}")

@@ -1,4 +1,5 @@
-"""`genlab data prepare|collect|import|stats`: convert public files, collect or import game episodes, inspect them."""
+"""`genlab data prepare|generate|collect|import|stats`: convert public files, draw teacher pairs, collect or import
+game episodes, inspect them."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,16 @@ def cmd_prepare(args):
     from genlab.data.convert import prepare
     out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
                   size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_generate(args):
+    from genlab.methods.few_step.generate_pairs import generate_pairs
+    if args.kind != "pairs":
+        raise GenlabError(f"unknown generate kind '{args.kind}'; valid choices: pairs")
+    out = generate_pairs(args.run, args.out, args.n, steps=args.steps, sampler=args.sampler, cfg_scale=args.cfg_scale,
+                         batch=args.batch, seed=args.seed, device=args.device)
     print(f"wrote {out}")
     return 0
 
@@ -47,6 +58,7 @@ def add_parser(sub):
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     _add_prepare(dsub)
+    _add_generate(dsub)
     _add_episode_commands(dsub)
     return d
 
@@ -64,6 +76,24 @@ def _add_prepare(dsub):
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_prepare)
+
+
+def _add_generate(dsub):
+    g = dsub.add_parser("generate", help="draw (noise, image, label) pairs with a trained flow run's ODE sampler "
+                                         "(reflow's data)")
+    g.add_argument("kind", help="pairs")
+    g.add_argument("run", help="a velocity-predicting run (flow, REPA): run folder, checkpoint or model.safetensors")
+    g.add_argument("--out", required=True, help="output folder (must not exist)")
+    g.add_argument("--n", type=int, default=50000, help="number of pairs")
+    g.add_argument("--steps", type=int, default=None, help="sampler steps (default: the run's eval.sample_steps)")
+    g.add_argument("--sampler", default=None, help="a deterministic ODE sampler (default: the run's method.sampler "
+                                                   "if it is one, else heun)")
+    g.add_argument("--cfg-scale", dest="cfg_scale", type=float, default=None,
+                   help="guidance scale (default: the run's eval.cfg_scale)")
+    g.add_argument("--batch", type=int, default=256, help="images per sampler call")
+    g.add_argument("--seed", type=int, default=0, help="seed of the noise and the label order")
+    g.add_argument("--device", default="auto")
+    g.set_defaults(fn=cmd_generate)
 
 
 def _add_episode_commands(dsub):

@@ -1,0 +1,151 @@
+"""Teacher pairs: (noise, image, label) triples drawn by a flow model's ODE sampler (`genlab data generate pairs`),
+the data of reflow (methods/few_step/reflow.py).
+
+A pairs folder is a prepared image folder (data/formats.py: images.npy uint8 [N, H, W, C], labels.npy, meta.json),
+so `data.name=images` reads it too (e.g. adversarial distillation on teacher samples), plus
+- samples.npy float32 [N, C, H, W]: the sampler's output exactly as the model returned it (not clamped, not rounded);
+- noise.npy   float32 [N, C, H, W]: the noise each sample started from;
+and meta.json's "pairs" entry (what drew them and what that cost). Why two copies of the images: reflow's target is
+the straight line between the stored noise and the sampler's endpoint, so the pairs keep the endpoint exactly
+(rounding to 256 levels moves it by up to 1/255 and clamping more); the image stack outside them (the loader's
+resident copy, the evaluation's real split and feature classifier) reads uint8 images, which images.npy keeps.
+
+`data.name=pairs` yields batches {"image": the float samples, "label", "noise"}. Its evaluation reference is the
+teacher's own data (meta.json "pairs.teacher_data"), not the teacher's samples: see PairData.reference.
+"""
+from __future__ import annotations
+
+import json
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genlab.data.datasets import PATH_KEYS, prepared_shape
+from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
+from genlab.errors import GenlabError
+from genlab.registry import dataset_registry
+
+PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
+
+
+@dataclass
+class PairData(ImageData):
+    samples: np.ndarray = None    # float32 [N, C, H, W]: the teacher's endpoints
+    noise: np.ndarray = None      # float32 [N, C, H, W]: their start points
+
+    @property
+    def spec(self) -> dict:
+        return {**super().spec, "batch_keys": ("image", "label", "noise")}
+
+    def make_loader(self, cfg_data, batch_size, device, seed, rank, world):
+        return PairLoader(self, batch_size, device, seed, rank, world, cfg_data.on_device, cfg_data.pin_memory)
+
+    def reference(self):
+        """The teacher's training data (its data config, recorded in meta.json): what samples of a student trained on
+        these pairs are compared with, so its scores stand beside the teacher's."""
+        from genlab.data.datasets import build_dataset
+        if getattr(self, "_reference", None) is not None:  # read once per process (each evaluation asks)
+            return self._reference
+        d = (self.meta.get("pairs") or {}).get("teacher_data")
+        if not d:
+            raise GenlabError("this pairs folder does not record the teacher's data (meta.json pairs.teacher_data); "
+                              "regenerate it with `genlab data generate pairs`")
+        try:
+            self._reference = build_dataset(types.SimpleNamespace(**d))
+            return self._reference
+        except GenlabError as e:
+            raise GenlabError(f"the teacher's data ({d.get('name')} {d.get('path', '')}) that students of these pairs "
+                              f"are evaluated against cannot be read: {e}") from None
+
+
+class PairLoader(StreamPosition):
+    """Yields {"image": float [B, C, H, W], "label": long [B], "noise": float [B, C, H, W]} on `device`; the whole
+    state is the stream position, as for the image loader."""
+
+    def __init__(self, data: PairData, batch_size, device, seed=0, rank=0, world=1, on_device="auto", pin_memory="auto"):
+        self.data, self.batch_size, self.device = data, batch_size, torch.device(device)
+        self.rank, self.world = rank, world
+        self.stream = IndexStream(len(data), seed)
+        self.wait_time = 0.0
+        nbytes = data.samples.nbytes + data.noise.nbytes
+        self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
+        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        arrays = (data.samples, data.labels, data.noise)
+        if self.resident:  # copies: memmaps are read-only
+            self.arrays = [torch.from_numpy(np.array(a)).to(self.device) for a in arrays]
+
+    def _host(self, idx):
+        order = np.argsort(idx)  # read the memmaps in file order, then restore batch order
+        out = []
+        for a in (self.data.samples, self.data.labels, self.data.noise):
+            buf = np.empty((len(idx),) + a.shape[1:], dtype=a.dtype)
+            buf[order] = a[idx[order]]
+            t = torch.from_numpy(buf)
+            out.append((t.pin_memory() if self.pin else t).to(self.device, non_blocking=True))
+        return out
+
+    def next(self) -> dict:
+        t0 = time.perf_counter()
+        k = self.take_rank_slice()
+        if self.resident:
+            idx = torch.from_numpy(k).to(self.device, non_blocking=True)
+            image, label, noise = (a[idx] for a in self.arrays)
+        else:
+            image, label, noise = self._host(k)
+        self.wait_time += time.perf_counter() - t0
+        return {"image": image, "label": label.long(), "noise": noise}
+
+    def close(self):
+        pass
+
+
+def read_pairs(path, verify: bool | None = None) -> PairData:
+    base = read_image_dataset(path, verify)
+    p = Path(path)
+    if not all((p / f"{name}.npy").exists() for name in PAIR_ARRAYS):
+        raise GenlabError(f"'{p}' holds images but no pairs (samples.npy, noise.npy); make pairs with "
+                          f"`genlab data generate pairs RUN --out {p}`")
+    try:
+        samples, noise = (np.load(p / f"{name}.npy", mmap_mode="r") for name in PAIR_ARRAYS)
+    except (OSError, ValueError) as e:
+        raise GenlabError(f"pairs at '{p}' are corrupt: {e}") from None
+    N, H, W, C = base.images.shape
+    if samples.shape != (N, C, H, W) or noise.shape != (N, C, H, W):
+        raise GenlabError(f"pairs at '{p}' are corrupt: samples {samples.shape}, noise {noise.shape}, images {base.images.shape}")
+    want = (base.meta.get("pairs") or {}).get("sha256")
+    if verify is None:
+        verify = samples.nbytes + noise.nbytes < VERIFY_LIMIT_BYTES
+    if verify and want and array_checksum(samples, noise) != want:
+        raise GenlabError(f"pairs at '{p}' are corrupt: checksum mismatch with meta.json")
+    return PairData(images=base.images, labels=base.labels, classes=base.classes, meta=base.meta,
+                    samples=samples, noise=noise)
+
+
+def write_pairs(tmp: Path, images_u8, labels, samples, noise, classes, meta_extra: dict) -> None:
+    """The arrays of a pairs folder into `tmp` (an empty folder the caller renames into place). samples and noise
+    may already be .npy memmaps inside tmp (written while sampling); they are flushed, not copied."""
+    np.save(tmp / "images.npy", images_u8)
+    np.save(tmp / "labels.npy", labels)
+    for name, a in (("samples", samples), ("noise", noise)):
+        if isinstance(a, np.memmap):
+            a.flush()
+        else:
+            np.save(tmp / f"{name}.npy", a)
+    meta = {"format": "genlab-images-v1", "source": "genlab data generate pairs", "num_samples": int(len(images_u8)),
+            "shape": list(images_u8.shape[1:]), "classes": list(classes), "sha256": array_checksum(images_u8, labels),
+            "pairs": {**meta_extra, "sha256": array_checksum(samples, noise)}}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+@dataset_registry.register("pairs", "teacher (noise, image, label) triples written by `genlab data generate pairs` "
+                                    "(data.path); batches image, label, noise", kind="image",
+                           keys=PATH_KEYS, needs_path=True, shape=lambda d: prepared_shape(d.path))
+def pairs(cfg_data):
+    if not cfg_data.path:
+        raise GenlabError("data.name=pairs needs data.path (a folder made by `genlab data generate pairs`)")
+    return read_pairs(cfg_data.path)
