@@ -192,3 +192,16 @@ def test_an_n_step_sample_makes_exactly_n_network_calls(tmp_path, flow_teacher, 
     model.register_forward_hook(lambda *a: calls.append(1))
     x = method.sample(model, torch.arange(4), steps=n, generator=torch.Generator().manual_seed(0))
     assert len(calls) == n and x.shape == (4, 1, 8, 8) and torch.isfinite(x).all()
+
+
+@pytest.mark.slow
+def test_pcm_with_the_adversarial_loss_trains_compiled(tmp_path, flow_teacher, one_thread):
+    """Compiled, the teacher's hooks still fire (features for the heads) and the per-optimizer backward, which retains
+    the graph shared by the model's and the heads' losses, runs (compiled backwards must not donate their buffers)."""
+    import math
+
+    from genlab.train.trainer import Trainer
+    cfg = tiny_config(tmp_path, f"method.teacher={flow_teacher}", *PCM_ADV, "train.compile=model", "train.name=c",
+                      "train.steps=3", "log.every=1", "train.ema_decay=0.9", *QUIET)
+    assert Trainer(cfg).fit()["status"] == "finished"
+    assert all(math.isfinite(v) for v in loss_curve(tmp_path / "c"))
