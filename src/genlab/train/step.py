@@ -20,7 +20,7 @@ from genlab.registry import method_registry, model_registry
 from genlab.train.convert import apply_converters, check_converters, converters_of
 from genlab.train.metrics import train_flops_per_sample
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
-from genlab.train.switches import apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
+from genlab.train.switches import allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
 
 
 def build_model_and_method(cfg, spec: dict):
@@ -146,6 +146,8 @@ class TrainStep:
                     self.optimizers[e.optimizer] = opt
                     self.params[e.optimizer] = []
                 self.params[e.optimizer] += ps
+        if len(self.optimizers) > 1 and tcfg.compile != "off":
+            allow_retained_backward()  # before the first compiled forward
         if tcfg.compile_optimizer:
             self.optimizers = {k: compile_optimizer_step(o, self.device) for k, o in self.optimizers.items()}
 

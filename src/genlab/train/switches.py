@@ -170,6 +170,14 @@ def guard_module_hooks():
     torch._dynamo.config.skip_nnmodule_hook_guards = False
 
 
+def allow_retained_backward():
+    """A method with several optimizers back-propagates each loss with retain_graph=True through graph parts they
+    share (a discriminator's forward); compiled backwards that donate their saved buffers refuse that, so they
+    keep them (a little more memory, only in such runs)."""
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
+
+
 @compile_registry.register("model", "torch.compile the whole model")
 def compile_model(model, tcfg):
     guard_module_hooks()

@@ -1,0 +1,207 @@
+"""The teacher-feature discriminator (methods/few_step/discriminator.py) and the two teacher-based methods that use
+it: phased consistency models (pcm) and latent adversarial diffusion distillation (ladd)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from genlab.errors import GenlabError
+from tests.conftest import straight_and_resumed, tiny_config
+
+QUIET = ["log.ckpt_every=0", "log.sample_every=0", "eval.num_samples=0"]
+PCM = ["method.name=pcm", "method.sampler=euler", "method.sample_steps=4", "method.pcm_solver_steps=6",
+       "method.cfg_scale=1.0"]
+PCM_ADV = ["method.name=pcm", "method.sampler=euler", "method.pcm_phases=2", "method.sample_steps=2",
+           "method.pcm_adv_weight=0.1", "method.tdisc_hidden=16", "method.cfg_scale=1.0"]
+LADD = ["method.name=ladd", "method.sampler=consistency", "method.sample_steps=4", "method.tdisc_hidden=16",
+        "method.cfg_scale=1.0"]
+
+
+def built(tmp_path, teacher, *overrides):
+    """A student initialised from the teacher, its method and extras as plain modules (no trainer)."""
+    from genlab.data import build_dataset
+    from genlab.train.step import build_model_and_method
+    cfg = tiny_config(tmp_path, f"method.teacher={teacher}", *overrides)
+    spec = build_dataset(cfg.data).spec
+    torch.manual_seed(0)
+    model, method = build_model_and_method(cfg, spec)
+    method.init_weights(model)
+    extras = {k: e.module for k, e in method.extra_modules().items()}
+    return model, method, extras, spec
+
+
+def batch_of(spec, B=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {"image": torch.rand(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g) * 2 - 1,
+            "label": torch.randint(0, spec["num_classes"], (B,), generator=g)}
+
+
+def loss_curve(run_dir) -> list[float]:
+    from genlab.train.metrics import read_metrics
+    return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
+
+
+# -- the discriminator ---------------------------------------------------------------------------
+def test_hinge_losses_follow_the_formula():
+    from genlab.methods.few_step.discriminator import hinge_losses
+    g = torch.Generator().manual_seed(0)
+    fake, real = torch.randn(4, 3, 5, generator=g, dtype=torch.float64), torch.randn(4, 3, 5, generator=g, dtype=torch.float64)
+    g_term, d_loss = hinge_losses(fake, real)
+    # written out: D = mean max(0, 1 - real) + mean max(0, 1 + fake); G = -mean fake
+    n = fake.numel()
+    d_ref = sum(max(0.0, 1 - r) for r in real.flatten().tolist()) / n + sum(max(0.0, 1 + f) for f in fake.flatten().tolist()) / n
+    torch.testing.assert_close(d_loss, torch.tensor(d_ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_term, torch.tensor(-sum(fake.flatten().tolist()) / n, dtype=torch.float64),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_renoising_keeps_the_flow_paths_marginal():
+    # x_{t_end} = (1 - t_end) z + t_end x1 re-noised to t' must be t' x1 + (1 - t') (unit Gaussian)
+    from genlab.methods.few_step.discriminator import renoise
+    t_end, t_new = torch.tensor([1.0, 0.75, 0.5, 0.25], dtype=torch.float64), torch.tensor([0.3, 0.5, 0.5, 0.1], dtype=torch.float64)
+    one = torch.ones(4, 1, dtype=torch.float64)
+    x1, z, e = one * 0, one * 1, one * 0                      # x at t_end carries noise (1 - t_end) z, fresh noise e
+    noise_part = renoise((1 - t_end).view(-1, 1) * z, t_end, t_new, e).squeeze(1)
+    fresh = renoise(x1, t_end, t_new, one).squeeze(1)          # the fresh noise's coefficient
+    torch.testing.assert_close(noise_part ** 2 + fresh ** 2, (1 - t_new) ** 2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(renoise(one, t_end, t_new, 0 * one).squeeze(1), t_new / t_end, rtol=1e-12, atol=1e-12)
+
+
+def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_never_the_heads(tmp_path, flow_teacher,
+                                                                                                one_thread):
+    """LADD without its regression term: the model's loss is the G term alone, which reaches the student only through
+    the teacher. The trainer's per-optimizer backward gives the student exactly d(G)/d(student) and the heads exactly
+    d(D)/d(heads), although G depends on the heads; the teacher gets nothing."""
+    from genlab.train.trainer import Trainer
+    t = Trainer(tiny_config(tmp_path, f"method.teacher={flow_teacher}", *LADD, "train.name=grad", *QUIET))
+    t.setup()
+    st = t.steps
+    teacher, heads = st.extra_modules["teacher"], st.extra_modules["disc"]
+    assert all(not p.requires_grad for p in teacher.parameters())
+    student_ps, head_ps = list(st.model.parameters()), list(heads.parameters())
+    losses, _ = st.method.loss(st.wrapped, batch_of(st.spec), st.context(0))
+    g_student = torch.autograd.grad(losses["model"], student_ps, retain_graph=True, allow_unused=True)
+    g_heads_from_g = torch.autograd.grad(losses["model"], head_ps, retain_graph=True, allow_unused=True)
+    d_heads = torch.autograd.grad(losses["disc"], head_ps, retain_graph=True)
+    assert sum(float(g.abs().sum()) for g in g_student if g is not None) > 0      # G reaches the student...
+    assert sum(float(g.abs().sum()) for g in g_heads_from_g if g is not None) > 0  # ...and would reach the heads
+    st._backward(losses)
+    for p, g in zip(student_ps, g_student):
+        assert (p.grad is None and g is None) or torch.equal(p.grad, g)
+    for p, g in zip(head_ps, d_heads):
+        assert torch.equal(p.grad, g)
+    assert all(p.grad is None for p in teacher.parameters())
+
+
+def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
+    with pytest.raises(GenlabError, match=r"method.tdisc_blocks must be in 1..2"):
+        tiny_config(tmp_path, *LADD, "method.tdisc_blocks=1,3")
+    with pytest.raises(GenlabError, match="comma-separated block numbers"):
+        tiny_config(tmp_path, *LADD, "method.tdisc_blocks=last")
+    from genlab.methods.few_step.discriminator import parse_blocks
+    assert parse_blocks("", 12) == (3, 6, 9, 12) and parse_blocks("", 2) == (1, 2) and parse_blocks("2,1,2", 3) == (1, 2)
+
+
+# -- PCM ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
+def test_pcm_phase_edges_partition_the_unit_interval_and_the_function_is_the_identity_at_each_end(k):
+    from genlab.methods.few_step.pcm import phase_edges, phase_end, phase_function
+    e = phase_edges(k)
+    assert e[0] == 0 and e[-1] == 1 and len(e) == k + 1 and bool((e[1:] > e[:-1]).all())
+    torch.testing.assert_close(e[1:] - e[:-1], torch.full((k,), 1 / k))
+    t = torch.cat([torch.rand(200, generator=torch.Generator().manual_seed(k)), e[:-1]])
+    end = phase_end(t, k)
+    torch.testing.assert_close(end, torch.tensor([e[e > s][0].item() for s in t.tolist()]))  # the next edge above t
+    torch.testing.assert_close(phase_end(torch.ones(1), k), torch.ones(1))  # t = 1 ends the last phase
+    x = torch.randn(k, 1, 4, 4)
+    v = lambda x, t: torch.randn_like(x) + 1e3  # noqa: E731  (any velocity)
+    assert torch.equal(phase_function(v, x, e[1:], e[1:]), x)
+
+
+def test_pcm_target_is_one_guided_teacher_step_then_the_emas_phase_function(tmp_path, flow_teacher, one_thread):
+    from genlab.methods.base import plain_context
+    model, method, extras, spec = built(tmp_path, flow_teacher, *PCM, "method.teacher_cfg_scale=3.0")
+    ema = copy.deepcopy(model).requires_grad_(False)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch, teacher, N, k = batch_of(spec), extras["teacher"], 6, 4
+    ctx = dataclasses.replace(plain_context(torch.Generator().manual_seed(3), extras=extras), ema=ema)
+    loss, _ = method.loss(model, batch, ctx)
+    # the same draws, then everything written out
+    g = torch.Generator().manual_seed(3)
+    data, y = batch["image"].double(), batch["label"]
+    t = torch.randint(0, N, (8,), generator=g).double() / N
+    noise = torch.randn(data.shape, generator=g).double()
+    end = (torch.floor(t * k) + 1) / k
+    t_next = torch.minimum(t + 1 / N, end)
+    assert bool((t_next == end).any()) and bool((t_next < end).any())  # both kinds of target occur
+    x_t = (1 - t.view(-1, 1, 1, 1)) * noise + t.view(-1, 1, 1, 1) * data
+    teacher, ema, model = teacher.double(), ema.double(), model.double()
+    null = torch.full_like(y, teacher.null_class)
+    v_teacher = teacher(x_t, t, null) + 3.0 * (teacher(x_t, t, y) - teacher(x_t, t, null))
+    x_next = x_t + (t_next - t).view(-1, 1, 1, 1) * v_teacher
+    target = x_next + (end - t_next).view(-1, 1, 1, 1) * ema(x_next, t_next, y)
+    pred = x_t + (end - t).view(-1, 1, 1, 1) * model(x_t, t, y)
+    ref = (pred - target).square().mean()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-4, atol=1e-9)
+
+
+def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flow_teacher, one_thread):
+    import math
+
+    from genlab.train.metrics import read_metrics
+    from genlab.train.trainer import Trainer
+    common = [f"method.teacher={flow_teacher}", "train.ema_decay=0.9", "log.every=5", "optim.lr=1e-3", *QUIET]
+    assert Trainer(tiny_config(tmp_path, *PCM, "method.teacher_cfg_scale=3.0", "train.name=pcm", "train.steps=50",
+                               *common)).fit()["status"] == "finished"
+    losses = loss_curve(tmp_path / "pcm")
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0], losses
+    assert Trainer(tiny_config(tmp_path, *LADD, "method.ladd_regression_weight=0.5", "train.name=ladd",
+                               "train.steps=30", *common)).fit()["status"] == "finished"
+    recs = [r for r in read_metrics(tmp_path / "ladd") if "loss" in r]
+    keys = ("loss", "adv_g", "adv_d", "loss_regression", "disc_acc_real", "disc_acc_fake", "diversity_ratio")
+    assert all(math.isfinite(r[key]) for r in recs for key in keys)
+    assert recs[-1]["adv_nonfinite"] == 0 and "adv_collapsed" in recs[-1]
+
+
+def test_pcm_with_the_adversarial_loss_resumes_exactly(tmp_path, flow_teacher, one_thread):
+    full, a, b = straight_and_resumed(tmp_path, 3, f"method.teacher={flow_teacher}", *PCM_ADV, "train.steps=6",
+                                      "log.every=1", "train.ema_decay=0.9", "optim.warmup_steps=2", *QUIET)
+    assert set(full.steps.optimizers) == {"model", "disc"}
+    assert loss_curve(tmp_path / "part") == loss_curve(tmp_path / "full")
+    for key in ("model", "ema"):
+        for k, v in a[key].items():
+            assert torch.equal(v, b[key][k]), f"{key}.{k} differs after resume"
+    for k, v in a["extras"]["disc"].items():
+        assert torch.equal(v, b["extras"]["disc"][k]), f"disc.{k} differs after resume"
+    sa, sb = a["extra_optimizers"]["disc"]["state"], b["extra_optimizers"]["disc"]["state"]
+    assert sa and sa.keys() == sb.keys()
+    assert all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) and torch.equal(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"])
+               for i in sa)
+
+
+@pytest.mark.parametrize("overrides", [PCM, LADD], ids=["pcm", "ladd"])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_an_n_step_sample_makes_exactly_n_network_calls(tmp_path, flow_teacher, overrides, n):
+    model, method, _, _ = built(tmp_path, flow_teacher, *overrides)
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    x = method.sample(model, torch.arange(4), steps=n, generator=torch.Generator().manual_seed(0))
+    assert len(calls) == n and x.shape == (4, 1, 8, 8) and torch.isfinite(x).all()
+
+
+@pytest.mark.slow
+def test_pcm_with_the_adversarial_loss_trains_compiled(tmp_path, flow_teacher, one_thread):
+    """Compiled, the teacher's hooks still fire (features for the heads) and the per-optimizer backward, which retains
+    the graph shared by the model's and the heads' losses, runs (compiled backwards must not donate their buffers)."""
+    import math
+
+    from genlab.train.trainer import Trainer
+    cfg = tiny_config(tmp_path, f"method.teacher={flow_teacher}", *PCM_ADV, "train.compile=model", "train.name=c",
+                      "train.steps=3", "log.every=1", "train.ema_decay=0.9", *QUIET)
+    assert Trainer(cfg).fit()["status"] == "finished"
+    assert all(math.isfinite(v) for v in loss_curve(tmp_path / "c"))
