@@ -285,7 +285,7 @@ def test_failure_reasons(tmp_path, log, rc, reason):
 
 
 def test_resumed_history_is_one_curve():
-    from genlab.sweep.report import train_records
+    from genlab.train.metrics import train_records
     # process 1 logged steps 5, 10, 15 (checkpoint at 10) and died; process 2 resumed at 10 with a fresh clock
     recs = [{"step": 5, "loss": 3.0, "wall_time": 1.0}, {"step": 10, "loss": 2.0, "wall_time": 2.0},
             {"step": 15, "loss": 1.5, "wall_time": 3.0}, {"step": 15, "loss": 1.4, "wall_time": 0.5},

@@ -90,9 +90,13 @@ def evaluate_run(run, overrides=(), device="auto"):
     res = method.evaluate(model, data, ctx)
     if nfe_table:  # eval.nfe_list: the same evaluation per (sampler, NFE), as a table (eval/nfe.py)
         import sys
-        from genlab.eval.nfe import nfe_rows, write_table
+        from genlab.eval.cost import cost_summary
+        from genlab.eval.nfe import nfe_grid, nfe_rows, write_table
         res["nfe_table"] = nfe_rows(method, model, data, ctx, cfg)
-        print(write_table(res["nfe_table"], ctx["run_dir"], cfg.eval.cfg_scale), file=sys.stderr)
+        res["cost"] = cost_summary(ctx["run_dir"])
+        res["nfe_grid"] = str(nfe_grid(method, model, ctx, cfg, ctx["run_dir"] / "eval_nfe.png"))
+        print(write_table(res["nfe_table"], ctx["run_dir"], cfg.eval.cfg_scale, res["cost"], state["step"]),
+              file=sys.stderr)
     res["step"] = state["step"]
     return res
 

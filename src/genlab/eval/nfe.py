@@ -4,6 +4,10 @@ eval.samplers x eval.nfe_list (`genlab eval RUN eval.nfe_list=4,8,16,32`).
 NFE counts velocity evaluations per sample: steps * the sampler's nfe_per_step (an NFE that the sampler
 cannot hit exactly is rounded down to whole steps, and the row states the NFE it ran). With guidance
 each evaluation is one forward of a doubled batch (outside method.cfg_interval, a single one).
+
+It writes, in the run folder: eval_nfe.md (the table; above it the real-vs-real floors, which are the same in
+every row, and the run's cost from eval/cost.py), eval_nfe.json ({"rows", "cost", "cfg_scale", "step"}) and
+eval_nfe.png (one row of samples per (sampler, NFE): fixed classes and starting noise, the same in every run).
 """
 from __future__ import annotations
 
@@ -31,29 +35,81 @@ def samplers_of(cfg) -> list[str]:
     return names
 
 
-def nfe_rows(method, model, data, ctx, cfg) -> list[dict]:
-    """One row per (sampler, NFE): the method's evaluation with that sampler and step count, same seed each."""
+def nfe_points(cfg) -> list[tuple[str, int]]:
+    """(sampler, steps) of every row, in order; two NFEs that round to the same steps give one row."""
     from genlab.methods.samplers import nfe_per_step
-    from genlab.sampling import eval_context
-    rows = []
+    points = []
     for name in samplers_of(cfg):
         k = nfe_per_step(name)
         for nfe in parse_int_list(cfg.eval.nfe_list, "eval.nfe_list"):
-            steps = max(1, nfe // k)
-            sub = eval_context(cfg, ctx["device"], ctx["run_dir"], sampler=name)
-            sub["eval"] = dataclasses.replace(ctx["eval"], sample_steps=steps)
-            res = method.evaluate(model, data, sub)
-            rows.append({"sampler": name, "nfe": steps * k, "steps": steps,
-                         **{m: v for m, v in res.items() if isinstance(v, (int, float)) and m != "classifier_val_acc"}})
+            if (name, max(1, nfe // k)) not in points:
+                points.append((name, max(1, nfe // k)))
+    return points
+
+
+def _point_context(ctx, cfg, name, steps, **extra):
+    from genlab.sampling import eval_context
+    sub = eval_context(cfg, ctx["device"], ctx["run_dir"], sampler=name, **extra)
+    sub["eval"] = dataclasses.replace(ctx["eval"], sample_steps=steps)
+    return sub
+
+
+def nfe_rows(method, model, data, ctx, cfg) -> list[dict]:
+    """One row per (sampler, NFE): the method's evaluation with that sampler and step count, same seed each."""
+    from genlab.methods.samplers import nfe_per_step
+    rows = []
+    for name, steps in nfe_points(cfg):
+        res = method.evaluate(model, data, _point_context(ctx, cfg, name, steps))
+        rows.append({"sampler": name, "nfe": steps * nfe_per_step(name), "steps": steps,
+                     **{m: v for m, v in res.items() if isinstance(v, (int, float)) and m != "classifier_val_acc"}})
     return rows
 
 
-def format_table(rows: list[dict], cfg_scale: float) -> str:
-    """A markdown table: sampler, NFE, steps, then every metric the evaluation returned."""
-    metrics = [k for k in rows[0] if k not in ("sampler", "nfe", "steps")] if rows else []
+GRID_CLASSES, GRID_NOISES, GRID_SEED = 10, 2, 0
+
+
+def nfe_grid(method, model, ctx, cfg, path):
+    """eval_nfe.png: one row per (sampler, NFE), the same GRID_CLASSES classes x GRID_NOISES starting noises in every
+    row and every run (a fixed seed, not the run's), so pictures of different runs and step counts line up."""
+    import torch
+
+    from genlab.eval.image_quality import generate
+    from genlab.eval.labelled_grid import labelled_rows
+    from genlab.methods.samplers import nfe_per_step
+    k = max(1, method.spec.get("num_classes", 0))
+    labels = torch.arange(GRID_NOISES * min(k, GRID_CLASSES), device=ctx["device"]) % min(k, GRID_CLASSES)
+    rows = []
+    for name, steps in nfe_points(cfg):
+        gen = torch.Generator(device=ctx["device"]).manual_seed(GRID_SEED)
+        sub = _point_context(ctx, cfg, name, steps, generator=gen)
+        imgs = generate(method, model, labels, sub, len(labels), desc="eval: grid")
+        rows.append((f"{name} NFE {steps * nfe_per_step(name)}", imgs.numpy()))
+    return labelled_rows(rows, path)
+
+
+FLOOR_KEYS = ("eval_samples", "floor_samples")
+
+
+def _is_floor(key: str) -> bool:
+    """Columns that do not depend on the samples: the real-vs-real floors and the sample counts."""
+    return key.endswith("_floor") or key.endswith("_real") or key in FLOOR_KEYS
+
+
+def format_table(rows: list[dict], cfg_scale: float, cost: dict | None = None) -> str:
+    """A markdown table: sampler, NFE, steps, then every metric the evaluation returned; the real-vs-real floors
+    (the same in every row) and the cost in the lines above it."""
+    metrics = [k for k in rows[0] if k not in ("sampler", "nfe", "steps") and not _is_floor(k)] if rows else []
     head = ["sampler", "NFE", "steps", *metrics]
-    lines = [f"sample quality vs NFE (guidance scale {cfg_scale})", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    floors = {k: v for k, v in (rows[0] if rows else {}).items() if _is_floor(k) and k not in FLOOR_KEYS}
+    lines = [f"sample quality vs NFE (guidance scale {cfg_scale})"]
+    if floors:
+        n = rows[0].get("eval_samples")
+        lines.append("real-vs-real floor (training images vs the reference set" + (f", {n} samples" if n else "") + "): "
+                     + ", ".join(f"{k.removesuffix('_floor')} {v:.4g}" for k, v in floors.items()))
+    if cost:
+        from genlab.eval.cost import cost_line
+        lines.append(cost_line(cost))
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         vals = [r["sampler"], str(r["nfe"]), str(r["steps"])]
         vals += [f"{100 * r[m]:.1f}%" if m.endswith("accuracy") else f"{r[m]:.4g}" for m in metrics]
@@ -61,9 +117,10 @@ def format_table(rows: list[dict], cfg_scale: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(rows: list[dict], run_dir, cfg_scale: float) -> str:
-    """eval_nfe.md and eval_nfe.json in the run folder; returns the markdown."""
-    md = format_table(rows, cfg_scale)
+def write_table(rows: list[dict], run_dir, cfg_scale: float, cost: dict | None = None, step: int | None = None) -> str:
+    """eval_nfe.md and eval_nfe.json ({"rows", "cost", "cfg_scale", "step"}) in the run folder; returns the markdown."""
+    md = format_table(rows, cfg_scale, cost)
     (run_dir / "eval_nfe.md").write_text(md)
-    (run_dir / "eval_nfe.json").write_text(json.dumps(rows, indent=2))
+    doc = {"step": step, "cfg_scale": cfg_scale, "rows": rows, "cost": cost}
+    (run_dir / "eval_nfe.json").write_text(json.dumps(doc, indent=2, default=str))
     return md

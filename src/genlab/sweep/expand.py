@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from genlab.errors import GenlabError
 
 AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance", "data"}
 AXIS_TYPES = ("constant_params", "matched_params")
+NAMED_KEYS = {"name", "overrides", "nproc", "preset", "eval", "reference"}
 
 
 @dataclass
@@ -22,10 +23,14 @@ class Variant:
     overrides: list
     seed: int = 0
     nproc: int = 1
+    preset: str | None = None   # a named variant's own preset (else the sweep's [base] preset)
+    eval: list = field(default_factory=list)    # `genlab eval RUN ...` overrides after it trains (stages.py)
+    stage: bool = False         # a [[stage]] run: one run, named without a seed suffix
+    reference: str | None = None  # the run its quality-vs-NFE ratios divide by (nfe_report.py)
 
     @property
     def run_name(self) -> str:
-        return f"{self.name}-s{self.seed}"
+        return self.name if self.stage else f"{self.name}-s{self.seed}"
 
 
 def value_text(v) -> str:
@@ -51,7 +56,7 @@ def _grid(ax, i, src):
         raise GenlabError(f"{src}: axis {i} has values but no key = \"section.name\"")
     if not isinstance(ax["values"], list) or not ax["values"]:
         raise GenlabError(f"{src}: axis {i} ({ax['key']}) is empty")
-    return [(f"{_short(ax['key'])}={value_text(v)}", [f"{ax['key']}={value_text(v)}"], 1) for v in ax["values"]]
+    return [(f"{_short(ax['key'])}={value_text(v)}", [f"{ax['key']}={value_text(v)}"], 1, {}) for v in ax["values"]]
 
 
 def _zip(ax, i, src):
@@ -64,7 +69,7 @@ def _zip(ax, i, src):
     out = []
     for j in range(lengths.pop()):
         out.append(("-".join(f"{_short(k)}={value_text(v[j])}" for k, v in z.items()),
-                    [f"{k}={value_text(v[j])}" for k, v in z.items()], 1))
+                    [f"{k}={value_text(v[j])}" for k, v in z.items()], 1, {}))
     return out
 
 
@@ -74,14 +79,16 @@ def _named(ax, i, src):
         raise GenlabError(f"{src}: axis {i} (variants) is empty")
     out = []
     for v in vs:
-        if (not isinstance(v, dict) or not isinstance(v.get("name"), str) or set(v) - {"name", "overrides", "nproc"}
-                or not isinstance(v.get("overrides", []), list)):
+        if (not isinstance(v, dict) or not isinstance(v.get("name"), str) or set(v) - NAMED_KEYS
+                or not isinstance(v.get("overrides", []), list) or not isinstance(v.get("eval", []), list)
+                or not isinstance(v.get("preset", ""), str)):
             raise GenlabError(f"{src}: axis {i}: each variant is {{ name = \"...\", overrides = [...] }} "
-                              f"(and optional nproc), got {v!r}")
+                              f"(and optional nproc, preset, eval = [...]), got {v!r}")
         nproc = v.get("nproc", 1)
         if not isinstance(nproc, int) or nproc < 1:
             raise GenlabError(f"{src}: axis {i}: variant '{v['name']}' has nproc {nproc!r}; give an integer >= 1")
-        out.append((v["name"], [str(x) for x in v.get("overrides", [])], nproc))
+        extra = {k: v[k] for k in ("preset", "eval", "reference") if k in v}
+        out.append((v["name"], [str(x) for x in v.get("overrides", [])], nproc, extra))
     return out
 
 
@@ -99,11 +106,11 @@ def _matched_params(ax, i, src, shape):
     tol = float(ax.get("tolerance", 0.02))
     target = reference_params(base.model, spec)
     out = []
-    for label, ovs, nproc in _named(ax, i, src):
+    for label, ovs, nproc, extra in _named(ax, i, src):
         cfg = copy.deepcopy(base)
         try:
             apply_overrides(cfg, [o for o in ovs if o.startswith("model.")])
-            out.append((label, ovs + matched_overrides(cfg.model, spec, target, tol), nproc))
+            out.append((label, ovs + matched_overrides(cfg.model, spec, target, tol), nproc, extra))
         except GenlabError as e:
             raise GenlabError(f"{src}: axis {i} (matched_params): variant '{label}': {e}") from None
     return out
@@ -127,11 +134,12 @@ def _constant_params(ax, i, src, shape):
     if bad:
         raise GenlabError(f"{src}: axis {i} (constant_params): no width within {100 * tol:.0f}% of the reference "
                           f"parameter count for {', '.join(bad)}; pick other depths, a smaller ref.head_dim, or raise tolerance")
-    return [(f"depth={d}-dim={w}", [f"model.depth={d}", f"model.dim={w}", f"model.heads={h}"], 1) for d, w, h, _ in rows]
+    return [(f"depth={d}-dim={w}", [f"model.depth={d}", f"model.dim={w}", f"model.heads={h}"], 1, {}) for d, w, h, _ in rows]
 
 
-def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[tuple[str, list, int]]:
-    """One [[axis]] table -> [(label, overrides, nproc)]. `shape` = the base model/data shape for sizes."""
+def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[tuple[str, list, int, dict]]:
+    """One [[axis]] table -> [(label, overrides, nproc, {preset, eval} of a named variant)]. `shape` = the base
+    model/data shape for sizes."""
     if not isinstance(ax, dict):
         raise GenlabError(f"{src}: axis {i} must be a table ([[axis]])")
     unknown = set(ax) - AXIS_KEYS
@@ -154,13 +162,22 @@ def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[
     return _constant_params(ax, i, src, shape or {})
 
 
-def combine(entries: list[list[tuple]]) -> list[tuple[str, list, int]]:
-    """Cross the axes: every combination -> (name, overrides, nproc). Duplicate names are an error upstream."""
+def combine(entries: list[list[tuple]]) -> list[tuple[str, list, int, dict]]:
+    """Cross the axes: every combination -> (name, overrides, nproc, {preset, eval}). Duplicate names are an error
+    upstream; two named variants with different presets cannot be crossed."""
     out = []
     for combo in itertools.product(*entries):
-        out.append((safe_name("-".join(c[0] for c in combo)), [o for c in combo for o in c[1]], max(c[2] for c in combo)))
+        name = safe_name("-".join(c[0] for c in combo))
+        presets = {c[3]["preset"] for c in combo if c[3].get("preset")}
+        if len(presets) > 1:
+            raise GenlabError(f"variant '{name}' crosses named variants of different presets ({', '.join(sorted(presets))})")
+        refs = [c[3]["reference"] for c in combo if c[3].get("reference")]
+        extra = {"preset": presets.pop() if presets else None, "eval": [e for c in combo for e in c[3].get("eval", [])],
+                 "reference": refs[-1] if refs else None}
+        out.append((name, [o for c in combo for o in c[1]], max(c[2] for c in combo), extra))
     return out
 
 
-def with_seeds(name: str, overrides: list, nproc: int, seeds: list) -> list[Variant]:
-    return [Variant(name, overrides + [f"train.seed={s}"], s, nproc) for s in seeds]
+def with_seeds(name: str, overrides: list, nproc: int, seeds: list, preset=None, eval_overrides=(), reference=None) -> list[Variant]:
+    return [Variant(name, overrides + [f"train.seed={s}"], s, nproc, preset, list(eval_overrides), reference=reference)
+            for s in seeds]

@@ -15,29 +15,10 @@ import math
 import shutil
 from pathlib import Path
 
-from genlab.train.metrics import read_metrics
+from genlab.train.metrics import read_metrics, train_records
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
            "wall_time", "data_wait_frac"]
-
-
-def train_records(recs: list[dict]) -> list[dict]:
-    """The training-log records of one run as one history. A resumed run appends to metrics.jsonl and
-    restarts its clock: records the resumed process logged again supersede the old ones, and its
-    wall_time continues from where the earlier process stopped."""
-    out, offset, prev_wall = [], 0.0, None
-    for r in recs:
-        if "loss" not in r or r.get("loss") is None:
-            continue
-        wall = r.get("wall_time")
-        # a new process: its clock restarted (resume), or it starts again at its checkpoint's step
-        restart = not out or (out and r["step"] <= out[-1]["step"]) or (wall is not None and prev_wall is not None and wall < prev_wall)
-        if out and restart:
-            offset = out[-1].get("wall_time") or 0.0
-            out = [x for x in out if x["step"] < r["step"]]
-        prev_wall = wall
-        out.append({**r, "wall_time": None if wall is None else wall + offset, "_warm": restart})
-    return out
 
 
 def _image_spec(cfg) -> dict | None:
@@ -130,6 +111,8 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
     loss_at_time = [float(s) for s in settings.get("loss_at_time", [])]
     groups: dict[str, list] = {}
     for run_name, st in status.items():
+        if st.get("stage") == "command":  # a [[stage]] command made a folder, not a run
+            continue
         groups.setdefault(st.get("variant", run_name), []).append((run_name, st))
     rows, metric_keys = [], []
     for variant, members in groups.items():
@@ -150,6 +133,7 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
                 agg += f" ({n_ok}/{len(statuses)} seeds finished)"
         logs = [f"logs/{rn}.log" for rn, _ in members if (d / "logs" / f"{rn}.log").exists()]
         row = {"variant": variant, "seeds": len(members), "status": agg, "reason": "; ".join(reasons),
+               "reference": members[0][1].get("reference"),
                "runs": [rn for rn, _ in members], "finished_runs": [rn for rn, st in members if st.get("status") == "finished"],
                "logs": logs}
         for k in metric_keys:
@@ -251,9 +235,14 @@ def write_report(d) -> Path:
         w.writerows(rows)
     shown = shown_columns(rows, cols, settings.get("metrics", ()))
     desc = settings.get("description", "")
+    from genlab.sweep.nfe_report import write_nfe_report
+    for r in rows:  # runs recorded before a sweep named its reference: the file's
+        r["reference"] = r.get("reference") or settings.get("reference")
+    nfe_md, nfe_pics = write_nfe_report(d, rows)
     (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
-                                 + "\n\nPlots (in report.html): loss_vs_step.png, loss_vs_time.png, throughput.png, memory.png\n")
-    plots = _plots(d, rows)
+                                 + "\n\nPlots (in report.html): loss_vs_step.png, loss_vs_time.png, throughput.png, memory.png"
+                                 + "".join(f", {x}" for x in nfe_pics) + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
+    plots = _plots(d, rows) + nfe_pics
     grids = []
     (d / "grids").mkdir(exist_ok=True)
     for r in rows:
@@ -262,11 +251,11 @@ def write_report(d) -> Path:
             dst = d / "grids" / f"{r['variant']}.png"
             shutil.copyfile(src, dst)
             grids.append((r["variant"], f"grids/{dst.name}"))
-    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids))
+    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md))
     return d / "report.md"
 
 
-def _html(name, desc, rows, cols, plots, grids) -> str:
+def _html(name, desc, rows, cols, plots, grids, nfe_md="") -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
     body = []
@@ -281,7 +270,7 @@ def _html(name, desc, rows, cols, plots, grids) -> str:
             "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
             "figure{display:inline-block;margin:8px}</style></head><body>"
             f"<h1>Sweep {esc(name)}</h1>" + (f"<p>{esc(desc)}</p>" if desc else "") +
-            f"<table><tr>{head}</tr>{''.join(body)}</table>"
+            f"<table><tr>{head}</tr>{''.join(body)}</table>" + (f"<pre>{esc(nfe_md)}</pre>" if nfe_md else "") +
             f"<h2>Plots</h2>{imgs}<h2>Samples (first finished seed)</h2>{gr}</body></html>")
 
 

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from genlab.sweep.spec import Sweep, Variant
+from genlab.sweep.stages import Stage, resolve, stage_output
 
 REPO_SRC = Path(__file__).resolve().parents[2]
 _ACTIVE: set = set()  # running child processes (per_gpu runs several at once)
@@ -77,7 +78,8 @@ def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
     if resume:
         args = train + ["--resume", str(runs / v.run_name)]
     else:
-        args = train + [sw.preset, *v.overrides, f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"]
+        ovs = [resolve(o, runs.parent, sw.stage_map) for o in v.overrides]
+        args = train + [v.preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"]
         if sw.launcher == "cpu":
             args.append("train.device=cpu")
     if v.nproc > 1 or sw.launcher == "torchrun":
@@ -105,6 +107,67 @@ def needs_gpus(sw: Sweep, v: Variant, gpus: int) -> str | None:
     return None
 
 
+def _env(sw: Sweep, gpu: int | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    if sw.launcher == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+def _genlab(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int | None, float]:
+    """One `genlab ...` process, its output appended to log: (exit code or None after a timeout, seconds)."""
+    t0 = time.time()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _ACTIVE.add(proc)
+        try:
+            return proc.wait(timeout=timeout), time.time() - t0
+        except subprocess.TimeoutExpired:
+            _stop(proc, signal.SIGTERM, 30)
+            return None, time.time() - t0
+        except KeyboardInterrupt:
+            _stop(proc, signal.SIGINT, 120)
+            raise
+        finally:
+            _ACTIVE.discard(proc)
+
+
+def run_command_stage(sw: Sweep, st: Stage, d: Path) -> dict:
+    """A [[stage]] command: `genlab <command>` with its placeholders filled; finished when it exits 0 and made {out}."""
+    out = stage_output(d, st)
+    log = d / "logs" / f"{st.name}.log"
+    if out.exists():  # a half-written output of an earlier attempt
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "genlab", *[resolve(a, d, sw.stage_map, out) for a in st.command]]
+    rc, secs = _genlab(cmd, log, _env(sw), sw.timeout)
+    rec = {"log": str(log), "run_dir": str(out), "seconds": secs, "stage": "command"}
+    if rc == 0 and out.exists():
+        return {**rec, "status": "finished", "reason": ""}
+    why = f"timeout after {sw.timeout:.0f} s" if rc is None else (
+        failure_reason(log, rc) if rc else f"exited 0 but wrote no {out}")
+    return {**rec, "status": "failed", "reason": why, "returncode": rc}
+
+
+def run_eval(sw: Sweep, v: Variant, d: Path) -> dict:
+    """`genlab eval RUN <v.eval>` after a run finished: its eval_nfe.* files land in the run folder."""
+    run = d / "runs" / v.run_name
+    log = d / "logs" / f"{v.run_name}.log"
+    ovs = [resolve(o, d, sw.stage_map) for o in v.eval]
+    cmd = [sys.executable, "-m", "genlab", "eval", str(run), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else [])
+    rc, secs = _genlab(cmd, log, _env(sw), sw.timeout)
+    if rc == 0:
+        return {"eval": "finished", "eval_seconds": secs}
+    return {"eval": "failed: " + (f"timeout after {sw.timeout:.0f} s" if rc is None else failure_reason(log, rc)),
+            "eval_seconds": secs}
+
+
 def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: int = 0) -> dict:
     runs = d / "runs"
     run = runs / v.run_name
@@ -119,12 +182,7 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: in
         if log.exists():
             log.rename(log.with_suffix(".log.prev"))
         shutil.rmtree(run)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
-    if sw.launcher == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    elif gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    env = _env(sw, gpu)
     cmd = _command(sw, v, runs, resume)
     t0 = time.time()
     rc, interrupted = None, False
@@ -159,6 +217,26 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: in
     if interrupted:
         rec["_stop"] = True
     return rec
+
+
+def _stage_done(st: Stage, d: Path, status: dict) -> bool:
+    if status.get(st.name, {}).get("status") != "finished":
+        return False
+    return stage_output(d, st).exists() and (not st.is_run or _summary_status(stage_output(d, st)) == "finished")
+
+
+def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog) -> None:
+    """`genlab eval` of every finished run that has eval overrides and no finished evaluation yet."""
+    for v in sw.stage_runs() + sw.variants:
+        rec = status.get(v.run_name, {})
+        if not v.eval or rec.get("status") != "finished" or rec.get("eval") == "finished":
+            continue
+        if deadline is not None and time.time() > deadline:
+            return
+        prog.say(f"evaluating {v.run_name} ...")
+        rec.update(run_eval(sw, v, d))
+        save_status(d, status)
+        prog.say(f"{v.run_name}: eval {rec['eval']} in {rec['eval_seconds']:.0f} s")
 
 
 class _Progress:
@@ -231,9 +309,11 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
     todo = todo_runs(sw, d, status, retry_failed)
     save_status(d, status)
     gpus = visible_gpus() if sw.launcher != "cpu" else 0
-    prog = _Progress(len(sw.variants), len(sw.variants) - len(todo), progress)
-    prog.say(f"sweep {sw.name}: {len(sw.variants)} runs, {len(sw.variants) - len(todo)} already done, "
-             f"{len(todo)} to run -> {d}")
+    stages_todo = [st for st in sw.stages if not _stage_done(st, d, status)]
+    total = len(sw.variants) + len(sw.stages)
+    prog = _Progress(total, total - len(todo) - len(stages_todo), progress)
+    prog.say(f"sweep {sw.name}: {total} runs, {total - len(todo) - len(stages_todo)} already done, "
+             f"{len(todo) + len(stages_todo)} to run -> {d}")
     deadline = None if max_time is None else time.time() + max_time
     lock = threading.Lock()
     stop = threading.Event()
@@ -241,7 +321,10 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
     def finish(v: Variant, rec: dict):
         halt = rec.pop("_stop", False)
         with lock:
-            status[v.run_name] = {**rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides}
+            old = status.get(v.run_name, {})
+            kept = {k: old[k] for k in ("eval", "eval_seconds") if k in old and rec.get("status") == old.get("status") == "finished"}
+            status[v.run_name] = {**kept, **rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides,
+                                  **({"reference": v.reference} if v.reference else {})}
             ordered = {k: status[k] for k in order if k in status}
             ordered.update({k: x for k, x in status.items() if k not in ordered})
             status.clear()
@@ -256,9 +339,34 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
             return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
                     "log": "", "run_dir": str(d / "runs" / v.run_name)}
         prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
+        if v.stage and v.name in sw.stage_map and not sw.stage_map[v.name].is_run:
+            return {"status": "ready"}  # a command stage: the caller runs it
         return run_variant(sw, v, d, gpu, gpus)
 
+    def blocked(v: Variant) -> dict:
+        """A run whose stage did not finish: failed with it, or left for the next call when it was not run."""
+        name = sorted(sw.needs(v) & failed)[0]
+        later = status.get(name, {}).get("status") in ("not_run", "interrupted")
+        return {"status": "not_run" if later else "failed", "reason": f"stage '{name}' did not finish", "log": ""}
+
     try:
+        failed = set()  # stages that did not finish: what needs them is not run
+        for st in sw.stages:
+            as_run = Variant(st.name, st.overrides if st.is_run else st.command, 0, 1, st.preset, st.eval, stage=True,
+                             reference=st.reference)
+            kind = "run" if st.is_run else "command"
+            if sw.needs(as_run) & failed:
+                finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), "stage": kind})
+            elif st in stages_todo and not (status.get(st.name, {}).get("status") in ("failed", "skipped") and not retry_failed):
+                rec = attempt(as_run)  # not_run once the time budget is used up
+                if rec["status"] == "ready":
+                    rec = run_command_stage(sw, st, d)
+                finish(as_run, {**rec, "stage": kind})
+            if status.get(st.name, {}).get("status") != "finished":
+                failed.add(st.name)
+        for v in [v for v in todo if sw.needs(v) & failed]:
+            todo.remove(v)
+            finish(v, {**blocked(v), "run_dir": str(d / "runs" / v.run_name)})
         single = [v for v in todo if v.nproc == 1]
         slots = gpus * jobs_per_gpu if sw.launcher in ("gpu", "per_gpu") else 0
         if slots > 1 and (sw.launcher == "per_gpu" or jobs_per_gpu > 1) and single:
@@ -303,6 +411,7 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
             finish(v, attempt(v))
         if stop.is_set():
             raise KeyboardInterrupt
+        evaluate_finished(sw, d, status, deadline, prog)
     finally:
         prog.close()
         from genlab.sweep.report import write_report

@@ -17,6 +17,7 @@
 
     [[axis]] ...                     # see genlab.sweep.expand: key+values, zip, variants, type="constant_params",
                                      # type="matched_params" (variants at a reference DiT's parameter count)
+    [[stage]] ...                    # runs and commands before the variants, eval = [...], reference: genlab.sweep.stages
 
 Everything, including every variant's full config, is checked before anything runs.
 """
@@ -29,8 +30,10 @@ from genlab.config import SWEEP_DIR, load_config, load_toml
 from genlab.config_fields import did_you_mean
 from genlab.errors import GenlabError
 from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
+from genlab.sweep.stages import check_placeholders, needs, parse_stages, resolve
 
-TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base", "axis"}
+TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
+            "axis", "stage", "eval", "reference"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
 # the runner owns these: every run's folder, name and seed come from the sweep
 RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed")
@@ -52,6 +55,21 @@ class Sweep:
     metrics: list = field(default_factory=list)
     description: str = ""
     order: list = field(default_factory=list)   # every run name in sweep-file order (kept by --only)
+    stages: list = field(default_factory=list)  # [[stage]] entries, run first, in order (stages.py)
+    reference: str | None = None                # the run the report's ratios divide by
+
+    @property
+    def stage_map(self) -> dict:
+        return {s.name: s for s in self.stages}
+
+    def stage_runs(self) -> list[Variant]:
+        """The run stages as one-run variants (no seed suffix, no train.seed)."""
+        return [Variant(s.name, s.overrides, 0, 1, s.preset, list(s.eval), stage=True, reference=s.reference)
+                for s in self.stages if s.is_run]
+
+    def needs(self, v: Variant) -> set:
+        """The stages a run depends on."""
+        return needs(self.stages, v.overrides + v.eval)
 
 
 def _int_list(raw, key, src, minimum=0):
@@ -105,6 +123,24 @@ def resolve_sweep_path(name_or_path) -> Path:
                       f"shipped sweeps: {', '.join(shipped_sweeps())} (or a path to a .toml file)")
 
 
+def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
+    """`genlab eval` overrides: only eval.* and the method's sampling keys, valid on the run's config."""
+    from genlab.config_check import sampling_keys_of
+    check_placeholders(eval_ovs, [s.name for s in stages], where, src)
+    _check_overrides(eval_ovs, f"{where}: eval", src)
+    try:
+        cfg = load_config(preset, [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides])
+        allowed = sampling_keys_of(cfg.method.name)
+        for o in eval_ovs:
+            key = o.split("=", 1)[0].strip()
+            if not (key.startswith("eval.") or key in allowed):
+                raise GenlabError(f"eval override '{o}' is not an eval.* key or a sampling key of method "
+                                  f"{cfg.method.name} ({', '.join(allowed) or 'none'})")
+        load_config(preset, [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides + eval_ovs])
+    except GenlabError as e:
+        raise GenlabError(f"{src}: {where}: {e}") from None
+
+
 def load_sweep(path) -> Sweep:
     path = resolve_sweep_path(path)
     raw = load_toml(path)
@@ -139,6 +175,24 @@ def load_sweep(path) -> Sweep:
                loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")))
     _check_overrides(sw.base_overrides, "base.overrides", src)
     common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
+    sw.stages = parse_stages(raw.get("stage", []), src)
+    known = [s.name for s in sw.stages]
+    nominal = Path("sweeps") / name  # placeholders stand for paths under it while the configs are checked
+    sweep_eval = raw.get("eval", [])
+    if not isinstance(sweep_eval, list):
+        raise GenlabError(f"{src}: eval must be a list of `genlab eval` overrides, e.g. [\"eval.nfe_list=1,2,4,8\"]")
+    sweep_eval = [str(x) for x in sweep_eval]
+    check_placeholders(sw.base_overrides, known, "base.overrides", src)
+    for st in sw.stages:
+        if st.is_run:
+            _check_overrides(st.overrides, f"stage '{st.name}'", src)
+            try:
+                load_config(st.preset, [resolve(o, nominal, sw.stage_map) for o in st.overrides])
+            except GenlabError as e:
+                raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
+            st.eval = sweep_eval + st.eval
+            if st.eval:
+                _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
     try:
         base_cfg = load_config(sw.preset, common)
     except GenlabError as e:
@@ -148,19 +202,34 @@ def load_sweep(path) -> Sweep:
     if not isinstance(axes, list) or not axes:
         raise GenlabError(f"{src}: a sweep needs at least one [[axis]]")
     entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
-    seen = set()
-    for label, ov, nproc in combine(entries):
+    seen = set(known)
+    try:
+        combos = combine(entries)
+    except GenlabError as e:
+        raise GenlabError(f"{src}: {e}") from None
+    for label, ov, nproc, extra in combos:
         if label in seen:
             raise GenlabError(f"{src}: two variants are both named '{label}'")
         seen.add(label)
         _check_overrides(ov, f"variant '{label}'", src)
+        check_placeholders(ov, known, f"variant '{label}'", src)
+        preset = extra["preset"] or sw.preset
         try:  # the variant's full config must be valid before anything runs
-            load_config(sw.preset, common + ov)
+            load_config(preset, [resolve(o, nominal, sw.stage_map) for o in common + ov])
         except GenlabError as e:
             raise GenlabError(f"{src}: variant '{label}': {e}") from None
+        ev = sweep_eval + extra["eval"]
+        if ev:
+            _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)
         nproc = max(nproc, sw.nproc if launcher == "torchrun" else 1)
-        sw.variants.extend(with_seeds(label, common + ov, nproc, seeds))
-    sw.order = [v.run_name for v in sw.variants]
+        sw.variants.extend(with_seeds(label, common + ov, nproc, seeds, extra["preset"], ev,
+                                      extra["reference"] or raw.get("reference")))
+    sw.order = [s.name for s in sw.stages] + [v.run_name for v in sw.variants]
+    runs = {s.name for s in sw.stages if s.is_run} | {v.name for v in sw.variants}
+    sw.reference = raw.get("reference")
+    for ref in {sw.reference} | {v.reference for v in sw.variants} | {s.reference for s in sw.stages}:
+        if ref is not None and ref not in runs:
+            raise GenlabError(f"{src}: reference = {ref!r} names no run stage or variant")
     return sw
 
 

@@ -103,3 +103,22 @@ def read_metrics(run_dir) -> list[dict]:
     if not p.exists():
         return []
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def train_records(recs: list[dict]) -> list[dict]:
+    """The training-log records of one run as one history. A resumed run appends to metrics.jsonl and
+    restarts its clock: records the resumed process logged again supersede the old ones, and its
+    wall_time continues from where the earlier process stopped."""
+    out, offset, prev_wall = [], 0.0, None
+    for r in recs:
+        if "loss" not in r or r.get("loss") is None:
+            continue
+        wall = r.get("wall_time")
+        # a new process: its clock restarted (resume), or it starts again at its checkpoint's step
+        restart = not out or (out and r["step"] <= out[-1]["step"]) or (wall is not None and prev_wall is not None and wall < prev_wall)
+        if out and restart:
+            offset = out[-1].get("wall_time") or 0.0
+            out = [x for x in out if x["step"] < r["step"]]
+        prev_wall = wall
+        out.append({**r, "wall_time": None if wall is None else wall + offset, "_warm": restart})
+    return out

@@ -379,6 +379,9 @@ class Trainer:
             summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "step_time",
                                                            "data_wait_frac", "optim_state_mib")})
             summary["wall_time"] = time.perf_counter() - wall0
+            # what the time was spent on: a run's cost in device-seconds is wall_time x world (eval/cost.py)
+            summary["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+            summary["world"] = self.dist.world
             summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
             if self.dist.is_main and hasattr(self, "run_dir"):
                 write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))

@@ -45,9 +45,13 @@ def cmd_sweep(args):
     from genlab.sweep.spec import load_sweep, select
     sw = select(load_sweep(items[0]), args.only)  # validates every variant before anything runs
     if args.dry_run:
-        print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.variants)} runs")
+        print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.stages) + len(sw.variants)} runs")
+        for st in sw.stages:
+            print(f"  stage {st.name}: " + (f"genlab {' '.join(st.command)}" if st.command else f"{st.preset} {' '.join(st.overrides)}")
+                  + (f"; then genlab eval {' '.join(st.eval)}" if st.eval else ""))
         for v in sw.variants:
-            print(f"  {v.run_name}: {' '.join(v.overrides)}" + (f"  (nproc {v.nproc})" if v.nproc > 1 else ""))
+            print(f"  {v.run_name}: " + (f"{v.preset} " if v.preset else "") + " ".join(v.overrides)
+                  + (f"  (nproc {v.nproc})" if v.nproc > 1 else "") + (f"; then genlab eval {' '.join(v.eval)}" if v.eval else ""))
         return 0
     if args.max_time is not None and args.max_time < 0:
         raise GenlabError(f"--max-time must be >= 0 seconds, got {args.max_time}")

@@ -1,0 +1,121 @@
+"""What a run cost to make, in device-seconds, with everything it was made from: its own training, the datasets a
+teacher generated for it, and its teacher's training (followed through method.teacher, so a student of a student
+counts both). `genlab eval ... eval.nfe_list=...` writes this beside the quality table (eval_nfe.json "cost").
+
+- training: the wall-clock of the training loop to its last step (metrics.jsonl, a resumed run's processes
+  summed, compilation included, the final sampling and evaluation not; summary.json's wall_time where there is no
+  log) x the processes it ran on (summary.json "world"), on summary.json's "device";
+- generated data: any folder the run's config names whose meta.json holds "seconds" (what `genlab data generate`
+  writes: the generation's wall-clock, with optional "device" and "world"), counted once per run;
+- the teacher: the run that method.teacher names (a run folder, a checkpoint in it, or its model.safetensors).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        return json.loads(p.read_text()) if p.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def run_folder(path) -> Path | None:
+    """The run folder of a run folder, a checkpoint (RUN/checkpoints/step_N.pt) or an export (RUN/model.safetensors)."""
+    p = Path(path)
+    for cand in (p, p.parent, p.parent.parent):
+        if (cand / "config.toml").is_file():
+            return cand
+    return None
+
+
+def training_seconds(run_dir: Path) -> float | None:
+    from genlab.train.metrics import read_metrics, train_records
+    recs = train_records(read_metrics(run_dir))
+    if recs and recs[-1].get("wall_time") is not None:
+        return float(recs[-1]["wall_time"])
+    return _read_json(run_dir / "summary.json").get("wall_time")
+
+
+def _config(run_dir: Path) -> dict:
+    from genlab.config import load_toml
+    return load_toml(run_dir / "config.toml")
+
+
+def generated_data(cfg: dict) -> list[dict]:
+    """Folders the config names that were generated with a recorded cost (meta.json "seconds")."""
+    out, seen = [], set()
+    for section in cfg.values():
+        for v in (section.values() if isinstance(section, dict) else ()):
+            if not isinstance(v, str) or not v or v in seen:
+                continue
+            meta = _read_json(Path(v) / "meta.json")
+            if isinstance(meta.get("seconds"), (int, float)):
+                seen.add(v)
+                world = int(meta.get("world", 1) or 1)
+                out.append({"path": v, "seconds": float(meta["seconds"]), "device": meta.get("device", "unknown"),
+                            "world": world, "gpu_seconds": float(meta["seconds"]) * world})
+    return out
+
+
+def run_cost(run_dir, _seen=None) -> dict:
+    """One run's own cost and, nested under "teacher", its teacher's (None without one; {"path", "missing": True}
+    where the teacher run folder cannot be found from here)."""
+    run_dir = Path(run_dir)
+    seen = set() if _seen is None else _seen
+    seen.add(run_dir.resolve())
+    summary = _read_json(run_dir / "summary.json")
+    secs = training_seconds(run_dir)
+    world = int(summary.get("world", 1) or 1)
+    cfg = _config(run_dir)
+    data = generated_data(cfg)
+    own = (secs or 0.0) * world + sum(d["gpu_seconds"] for d in data)
+    res = {"run": str(run_dir), "device": summary.get("device", "unknown"), "world": world, "train_seconds": secs,
+           "train_gpu_seconds": None if secs is None else secs * world, "data": data, "own_gpu_seconds": own,
+           "teacher": None}
+    tpath = (cfg.get("method") or {}).get("teacher")
+    if tpath:
+        tdir = run_folder(tpath)
+        if tdir is None or tdir.resolve() in seen:
+            res["teacher"] = {"path": tpath, "missing": True}
+        else:
+            res["teacher"] = run_cost(tdir, seen)
+    return res
+
+
+def cost_summary(run_dir) -> dict:
+    """The flat numbers of a table: this run's cost on top of its root teacher (the first run of the teacher chain
+    that has no teacher), in device-seconds, and that as a share of the root teacher's training."""
+    c = run_cost(run_dir)
+    chain = [c]
+    while chain[-1].get("teacher") and not chain[-1]["teacher"].get("missing"):
+        chain.append(chain[-1]["teacher"])
+    root = chain[-1] if len(chain) > 1 else None
+    students = chain[:-1] if root is not None else chain
+    extra = sum(x["own_gpu_seconds"] for x in students)
+    out = {"device": c["device"], "world": c["world"], "train_gpu_seconds": c["train_gpu_seconds"],
+           "data_gpu_seconds": sum(d["gpu_seconds"] for d in c["data"]), "gpu_seconds": extra,
+           "teacher_run": root["run"] if root else None, "teacher_gpu_seconds": root["own_gpu_seconds"] if root else None,
+           "teacher_device": root["device"] if root else None,
+           "teacher_missing": (chain[-1].get("teacher") or {}).get("path") if (chain[-1].get("teacher") or {}).get("missing") else None}
+    out["pct_of_teacher"] = 100 * extra / root["own_gpu_seconds"] if root and root["own_gpu_seconds"] else None
+    out["chain"] = c
+    return out
+
+
+def cost_line(s: dict) -> str:
+    """One line for the table's header."""
+    def secs(v):
+        return "?" if v is None else f"{v:.1f}"
+    parts = [f"cost: {secs(s['gpu_seconds'])} device-s on {s['device']} x{s['world']}"]
+    if s["data_gpu_seconds"]:
+        parts.append(f"of which generated data {secs(s['data_gpu_seconds'])} s")
+    if s["teacher_run"]:
+        parts.append(f"on top of teacher {s['teacher_run']}: {secs(s['teacher_gpu_seconds'])} device-s on "
+                     f"{s['teacher_device']} ({s['pct_of_teacher']:.1f}% of it)" if s["pct_of_teacher"] is not None else
+                     f"on top of teacher {s['teacher_run']} (training time unknown)")
+    elif s["teacher_missing"]:
+        parts.append(f"teacher {s['teacher_missing']} not found from here: its cost is not counted")
+    return "; ".join(parts)
