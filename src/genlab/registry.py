@@ -139,6 +139,12 @@ class AttentionSpec(Spec):
     causal_flops: Callable | None = None   # the causal form's, where it runs different matmuls
     check: Callable | None = None          # check(head_dim): GenlabError at build time where it cannot run
     head_multiple: int = 1                 # the head width must be a multiple of this (checked with the config)
+    # forward-mode AD (a JVP: MeanFlow's target) through the entry as it runs in training: plain torch ops have it,
+    # fused kernels (SDPA's flash/cuDNN/efficient, flex, Triton) do not; models/attention.forward_ad_attention
+    # then holds SDPA to its math kernel and runs `jvp_fallback` in the entry's place (the same function in ops
+    # that have it; None = the entry itself, whose SDPA calls the math kernel then serves)
+    forward_ad: bool = True
+    jvp_fallback: Callable | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,6 +3,7 @@ a module class built per layer when the kernel owns parameters (differential); `
 them (fused QKV projection, qk-norm, RoPE, output projection), `attention_flops` their analytic FLOP count."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -14,7 +15,8 @@ from genlab.models.positions import apply_rope
 from genlab.registry import attention_registry
 
 
-@attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)")
+@attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)",
+                             forward_ad=False)
 def sdpa_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
@@ -31,12 +33,17 @@ def _sdpa_with(backend_name):
     return attend
 
 
-attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)")(_sdpa_with("FLASH_ATTENTION"))
-attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)")(_sdpa_with("CUDNN_ATTENTION"))
-attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)")(_sdpa_with("EFFICIENT_ATTENTION"))
+# a JVP runs them as plain sdpa (their own sdpa_kernel context would override the math kernel's)
+attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)", forward_ad=False,
+                            jvp_fallback=sdpa_attention)(_sdpa_with("FLASH_ATTENTION"))
+attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)", forward_ad=False,
+                            jvp_fallback=sdpa_attention)(_sdpa_with("CUDNN_ATTENTION"))
+attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)",
+                            forward_ad=False, jvp_fallback=sdpa_attention)(_sdpa_with("EFFICIENT_ATTENTION"))
 
 
-@attention_registry.register("sdpa_contiguous", "SDPA on contiguous copies of q/k/v instead of strided views of the fused QKV output")
+@attention_registry.register("sdpa_contiguous", "SDPA on contiguous copies of q/k/v instead of strided views of the fused QKV output",
+                             forward_ad=False)
 def sdpa_contiguous_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     # A standalone H100 test timed cuDNN SDPA fwd+bwd at 1.35 ms on contiguous q/k/v against 2.46 ms on the
     # packed views (docs/benchmarks.md); whether the copies pay for themselves end to end is what this ablates.
@@ -61,7 +68,8 @@ _BLOCK_MASKS = {}
 
 
 @attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)",
-                             cpu_backward=False)  # torch implements FlexAttention's backward for CUDA only
+                             cpu_backward=False,  # torch implements FlexAttention's backward for CUDA only
+                             forward_ad=False, jvp_fallback=sdpa_attention)
 def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     from torch.nn.attention.flex_attention import flex_attention as flex
     if mask is not None or dropout_p > 0:
@@ -124,7 +132,8 @@ def sigmoid_attention_flex(q, k, v, causal: bool = False):
 
 @attention_registry.register("sigmoid", "sigmoid attention with the -log(n) bias (Ramapuram et al. 2024); genlab's "
                                         "Triton kernel on CUDA (head dims 32/64/128), else FlexAttention; plain torch "
-                                        "on CPU or with masks/dropout")
+                                        "on CPU or with masks/dropout", forward_ad=False,
+                             jvp_fallback=sigmoid_attention_plain)
 def sigmoid_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     if q.is_cuda and mask is None and dropout_p == 0:
         from genlab.models import triton_sigmoid  # triton itself is imported on first use
@@ -134,7 +143,8 @@ def sigmoid_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float
 
 
 @attention_registry.register("sigmoid_flex", "sigmoid attention through FlexAttention (a logsigmoid score_mod) on "
-                                             "CUDA, plain torch on CPU or with masks/dropout")
+                                             "CUDA, plain torch on CPU or with masks/dropout", forward_ad=False,
+                             jvp_fallback=sigmoid_attention_plain)
 def sigmoid_attention_flex_entry(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     if q.is_cuda and mask is None and dropout_p == 0:
         return sigmoid_attention_flex(q, k, v, causal=causal)
@@ -207,7 +217,8 @@ class DifferentialAttention(nn.Module):
 attention_registry.register("differential", "Differential Transformer attention (Ye et al. 2024): two softmax "
                                             "maps subtracted with a learned lambda, per-head RMSNorm",
                             flops=lambda n, m, d: 2 * (2 * n * m * (d // 2) + 2 * n * m * d),
-                            head_multiple=2)(DifferentialAttention)  # each head splits in halves
+                            head_multiple=2,  # each head splits in halves
+                            forward_ad=False)(DifferentialAttention)  # its two SDPA calls: the math kernel in a JVP
 
 
 
@@ -221,6 +232,7 @@ class Attention(nn.Module):
                  attn_dropout: float = 0.0, layer: int = 0, kernel: bool = True):
         super().__init__()
         self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
+        self.backend = backend            # forward_ad_attention looks up its spec
         assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
@@ -269,3 +281,26 @@ def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int, causal
     spec = attention_registry.spec(name)
     fn = spec.causal_flops if causal else None
     return heads * (fn or spec.flops or softmax_flops)(n, m, head_dim)
+
+
+@contextlib.contextmanager
+def forward_ad_attention(model: nn.Module):
+    """Inside, every attention layer of `model` computes the same function in ops that have forward-mode AD (a JVP:
+    MeanFlow's target): an entry without it runs its spec's `jvp_fallback` instead, and SDPA is held to its math
+    kernel. Yields the sorted names of the entries that fell back (empty: all ran as they are)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    swapped, fell_back = [], set()
+    for m in model.modules():
+        if isinstance(m, Attention) and m.attend is not None:
+            spec = attention_registry.spec(m.backend)
+            if not spec.forward_ad:
+                fell_back.add(m.backend)
+                if spec.jvp_fallback is not None:
+                    swapped.append((m, m.attend))
+                    m.attend = spec.jvp_fallback
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield sorted(fell_back)
+    finally:
+        for m, attend in swapped:
+            m.attend = attend

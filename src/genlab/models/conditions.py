@@ -68,7 +68,8 @@ class ConditionSet(nn.Module):
                               f"(built with {list(self.embed) or 'none'})")
         out = []
         for name, emb in self.embed.items():
-            v = torch.as_tensor(values[name], device=next(emb.parameters()).device, dtype=torch.float32)
+            v = torch.as_tensor(values[name], device=next(emb.parameters()).device)
+            v = v.to(torch.promote_types(v.dtype, torch.float32))  # float32 at least, float64 kept like the time
             out.append(emb(v.expand(batch) if v.ndim == 0 else v))
         return out
 

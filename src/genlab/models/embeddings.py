@@ -11,8 +11,9 @@ import torch.nn as nn
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     """Sinusoidal embedding of a float timestep per sample (Vaswani et al.; as in DiT)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
-    args = t.float()[:, None] * freqs[None]
+    work = torch.promote_types(t.dtype, torch.float32)  # float32 at least; float64 stays (finite-difference tests)
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=work) / half)
+    args = t.to(work)[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 

@@ -240,6 +240,12 @@ def _triton_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float
     return flash_attention(q, k, v, causal)
 
 
+def _sdpa_for_jvp(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+    """The same softmax attention where a JVP needs forward-mode AD (the Triton kernel has none)."""
+    from genlab.models.attention import sdpa_attention
+    return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+
+
 attention_registry.register(  # check: called by Attention at build time (before training starts)
     "triton", "Triton flash attention tuned for small head dims (16/32/64), bf16/fp16, CUDA",
-    check=check_available)(_triton_attention)
+    check=check_available, forward_ad=False, jvp_fallback=_sdpa_for_jvp)(_triton_attention)
