@@ -204,3 +204,22 @@ def test_the_shipped_few_step_sweep_loads_once_its_methods_are_merged():
                                            "pairs_fashion", "reflow_fashion"]
     assert len(sw.variants) == 16 and all(v.eval == ["eval.nfe_list=1,2,4,8"] for v in sw.variants)
     assert {v.reference for v in sw.variants} == {"teacher_mnist", "teacher_fashion"}
+
+
+def test_only_keeps_the_stages_the_selected_runs_need_and_no_others(tmp_path, capsys):
+    from genlab.cli import main
+    p = tmp_path / "s.toml"
+    p.write_text(SWEEP + '''
+[[axis]]
+variants = [{ name = "shortcut", overrides = ["method.name=shortcut", "method.sampler=flow_map",
+              "method.shortcut_min_steps=8", "data.name=images", "data.path={stage:digits}"] },
+            { name = "plain", overrides = ["train.steps=3"] }]
+''')
+    assert main(["sweep", str(p), "--dry-run", "--only", "plain"]) == 0
+    out = capsys.readouterr().out
+    assert "stage teacher:" in out and "stage digits:" not in out  # its reference only; not the other run's data
+    assert main(["sweep", str(p), "--dry-run", "--only", "shortcut"]) == 0
+    out = capsys.readouterr().out
+    assert "stage teacher:" in out and "stage digits:" in out
+    assert main(["sweep", str(p), "--dry-run", "--only", "nothing"]) == 2
+    assert "no variant or stage named nothing" in capsys.readouterr().err

@@ -242,8 +242,8 @@ def _triton_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float
 
 def _sdpa_for_jvp(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     """The same softmax attention where a JVP needs forward-mode AD (the Triton kernel has none)."""
-    from genlab.models.attention import sdpa_attention
-    return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+    import torch.nn.functional as F  # SDPA itself: importing genlab's attention module here would close an import cycle
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
 
 attention_registry.register(  # check: called by Attention at build time (before training starts)

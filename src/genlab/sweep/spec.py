@@ -239,11 +239,17 @@ def select(sw: Sweep, only: list[str]) -> Sweep:
         return sw
     wanted = {x for item in only for x in item.split(",") if x}
     keep = [v for v in sw.variants if v.name in wanted or v.run_name in wanted]
-    missing = wanted - {v.name for v in keep} - {v.run_name for v in keep}
+    stage_names = {st.name for st in sw.stages}
+    missing = wanted - {v.name for v in keep} - {v.run_name for v in keep} - stage_names
     if missing:
-        names = sorted({v.name for v in sw.variants})
-        raise GenlabError(f"--only: no variant named {', '.join(sorted(missing))}; variants: {', '.join(names)}")
+        names = sorted({v.name for v in sw.variants} | stage_names)
+        raise GenlabError(f"--only: no variant or stage named {', '.join(sorted(missing))}; choices: {', '.join(names)}")
     sw.variants = keep
+    # the stages the kept runs need (their teacher, its pairs), the stages they are compared with, and those named
+    refs = {v.reference for v in keep if v.reference} | (wanted & stage_names)
+    used = set().union(*(sw.needs(v) for v in keep)) | refs
+    used |= needs(sw.stages, [f"{{stage:{n}}}" for n in used])
+    sw.stages = [st for st in sw.stages if st.name in used]
     return sw
 
 
