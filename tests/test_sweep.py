@@ -230,7 +230,7 @@ def test_only_selects_variants_and_dry_run_lists_them(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 runs" in out and "lr=0.003-s0:" in out and "lr=0.01-s0:" in out and "lr=0.001" not in out
     assert genlab_main(["sweep", str(TINY_SWEEP), "--dry-run", "--only", "lr=42"]) == 2
-    assert "no variant named lr=42" in capsys.readouterr().err
+    assert "no variant or stage named lr=42" in capsys.readouterr().err
 
 
 def test_shipped_sweep_runs_by_name_from_any_folder(tmp_path, capsys, monkeypatch):

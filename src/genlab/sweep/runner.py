@@ -225,9 +225,9 @@ def _stage_done(st: Stage, d: Path, status: dict) -> bool:
     return stage_output(d, st).exists() and (not st.is_run or _summary_status(stage_output(d, st)) == "finished")
 
 
-def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog) -> None:
-    """`genlab eval` of every finished run that has eval overrides and no finished evaluation yet."""
-    for v in sw.stage_runs() + sw.variants:
+def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None) -> None:
+    """`genlab eval` of every finished run (or of `runs`) that has eval overrides and no finished evaluation yet."""
+    for v in runs if runs is not None else sw.stage_runs() + sw.variants:
         rec = status.get(v.run_name, {})
         if not v.eval or rec.get("status") != "finished" or rec.get("eval") == "finished":
             continue
@@ -362,6 +362,8 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
                 if rec["status"] == "ready":
                     rec = run_command_stage(sw, st, d)
                 finish(as_run, {**rec, "stage": kind})
+                if st.is_run:
+                    evaluate_finished(sw, d, status, None, prog, runs=[as_run])
             if status.get(st.name, {}).get("status") != "finished":
                 failed.add(st.name)
         for v in [v for v in todo if sw.needs(v) & failed]:
@@ -409,6 +411,8 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
             todo = [v for v in todo if v.nproc > 1]  # multi-process runs take all GPUs, one after another
         for v in todo:
             finish(v, attempt(v))
+            # evaluated at once, so that --max-time, which only stops new runs from starting, cannot starve it
+            evaluate_finished(sw, d, status, None, prog, runs=[v])
         if stop.is_set():
             raise KeyboardInterrupt
         evaluate_finished(sw, d, status, deadline, prog)

@@ -138,9 +138,19 @@ class MeanFlow(FewStepFlow):
                 return v
             with forward_ad_attention(net) as fell_back:
                 note_fallback(fell_back)
-                _, du = mean_velocity_jvp(lambda x, tt, dd: u_net(x, tt, y[:n], dd).to(work), x_t[:n], t[:n], d[:n],
-                                          v[:n])
+                _, du = self.jvp_of(u_net, x_t.is_cuda)(x_t[:n], t[:n], d[:n], v[:n], y[:n])
             return torch.cat([meanflow_target(v[:n], d[:n], du), v[n:]])
+
+    def jvp_of(self, u_net, cuda: bool):
+        """(u, du/dt) of u_net at given points; compiled on a GPU when the model is (eager, the fp32 JVP took ~4/5 of
+        the step time on an H100: 3.8k vs 18k samples/s for plain flow matching at DiT-S/4)."""
+        def jvp(x, t, d, v, y):
+            return mean_velocity_jvp(lambda a, b, c: u_net(a, b, y, c).to(x.dtype), x, t, d, v)
+        if not (cuda and self.cfg.train.compile != "off"):
+            return jvp
+        if getattr(self, "_compiled_jvp", None) is None or self._compiled_jvp[0] is not u_net.module:
+            self._compiled_jvp = (u_net.module, torch.compile(jvp))
+        return self._compiled_jvp[1]
 
     def guided_velocity(self, net, x_t, t, y, v):
         """v~ = omega v + (1 - omega) u(x_t, t, 0 | null) for labelled samples, v for the null class (paper eq. 20)."""
