@@ -199,3 +199,20 @@ def test_meanflow_trains_compiled_with_bf16_and_flash_attention_on_cuda(tmp_path
     s = Trainer(tiny_config(tmp_path, *MF, *FAST, "train.steps=20", "log.every=5", "train.name=mfc",
                             "train.device=cuda", "train.compile=model", "model.attention=sdpa_flash")).fit()
     assert s["status"] == "finished" and s["loss"] == s["loss"]
+
+
+def test_a_jvp_that_cannot_be_compiled_runs_eager_with_one_note(capfd):
+    from genlab.methods.few_step.meanflow import _eager_if_uncompilable
+    calls = []
+
+    def broken(*a):
+        calls.append("compiled")
+        raise RuntimeError("dynamo cannot trace this")
+
+    def eager(x):
+        calls.append("eager")
+        return x + 1
+    fn = _eager_if_uncompilable(broken, eager)
+    assert fn(1) == 2 and fn(2) == 3
+    assert calls == ["compiled", "eager", "eager"]  # tried once, then eager for good
+    assert capfd.readouterr().err.count("could not be compiled") == 1

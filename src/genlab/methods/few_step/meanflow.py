@@ -149,7 +149,7 @@ class MeanFlow(FewStepFlow):
         if not (cuda and self.cfg.train.compile != "off"):
             return jvp
         if getattr(self, "_compiled_jvp", None) is None or self._compiled_jvp[0] is not u_net.module:
-            self._compiled_jvp = (u_net.module, torch.compile(jvp))
+            self._compiled_jvp = (u_net.module, _eager_if_uncompilable(torch.compile(jvp), jvp))
         return self._compiled_jvp[1]
 
     def guided_velocity(self, net, x_t, t, y, v):
@@ -162,6 +162,23 @@ class MeanFlow(FewStepFlow):
 
     def sample(self, model, labels, *args, **kwargs):
         return super().sample(EmbedScaled(model, self.k), labels, *args, **kwargs)
+
+
+def _eager_if_uncompilable(compiled, eager):
+    """The compiled JVP; if compiling it fails (a backend dynamo cannot trace under forward-mode AD), the eager one
+    from then on, with a one-line note: slower, same numbers."""
+    state = {"fn": compiled}
+
+    def call(*args):
+        if state["fn"] is compiled:
+            try:
+                return compiled(*args)
+            except Exception as e:  # noqa: BLE001  (torch._dynamo / inductor errors have no common public base)
+                state["fn"] = eager
+                print(f"genlab: note: meanflow's JVP could not be compiled ({type(e).__name__}); it runs eager",
+                      file=sys.stderr)
+        return state["fn"](*args)
+    return call
 
 
 def note_fallback(names):
