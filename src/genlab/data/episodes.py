@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,34 +66,68 @@ class Episodes:
                         np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64), dict(self.meta))
 
 
-def write_episodes(out, frames, actions, rewards=None, terminations=None, starts=None, meta=None) -> Path:
+def check_out_folder(out, flag: str = "--out") -> Path:
+    """An episode folder's destination, checked before any work: a new or empty folder whose nearest existing
+    parent is a writable folder."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise GenlabError(f"output folder '{out}' is not empty; pick a new --out")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GenlabError(f"{flag} '{out}' {'is not empty' if out.is_dir() else 'is a file'}; pick a new {flag}")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise GenlabError(f"{flag} '{out}' cannot be created: '{parent}' is not a writable folder")
+    return out
+
+
+def write_episodes(out, frames, actions, rewards=None, terminations=None, starts=None, meta=None) -> Path:
+    """Validate everything, then write into a temporary sibling folder renamed to `out` at the end: a failure
+    leaves nothing behind."""
+    out = check_out_folder(out)
     frames = np.asarray(frames)
     T = len(frames)
     if frames.dtype != np.uint8 or frames.ndim != 4:
         raise GenlabError(f"frames must be uint8 [T, H, W, C], got {frames.dtype} {frames.shape}")
     actions = np.asarray(actions)
+    if actions.ndim not in (1, 2):
+        raise GenlabError(f"actions must be [T] (discrete ids) or [T, D] (vectors), got shape {actions.shape}")
+    check_actions(actions, "actions")
     actions = actions.astype(np.int64) if actions.ndim == 1 else actions.astype(np.float32)
     rewards = np.zeros(T, np.float32) if rewards is None else np.asarray(rewards, np.float32)
     terminations = np.zeros(T, bool) if terminations is None else np.asarray(terminations, bool)
     starts = np.zeros(1, np.int64) if starts is None else np.asarray(starts, np.int64)
     check_lengths(T, actions, rewards, terminations, starts)
-    for name, arr in (("frames", frames), ("actions", actions), ("rewards", rewards),
-                      ("terminations", terminations), ("episode_starts", starts)):
-        np.save(out / f"{name}.npy", arr)
     meta = dict(meta or {})
     meta.update({"format": FORMAT, "version": 1, "frames": T, "episodes": len(starts),
                  "height": frames.shape[1], "width": frames.shape[2], "channels": frames.shape[3],
                  "action_kind": "discrete" if actions.ndim == 1 else "continuous"})
     if actions.ndim == 1:
         meta.setdefault("num_actions", int(actions.max()) + 1 if T else 0)
+        check_action_count(actions, meta["num_actions"], "actions")
     else:
         meta["action_dim"] = int(actions.shape[1])
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    made = next((p for p in reversed(out.parents) if not p.exists()), None)  # removed again on failure
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        for name, arr in (("frames", frames), ("actions", actions), ("rewards", rewards),
+                          ("terminations", terminations), ("episode_starts", starts)):
+            np.save(tmp / f"{name}.npy", arr)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; a finished folder gets the usual mode
+        if out.exists():
+            out.rmdir()  # empty (checked above): rename replaces nothing
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(made or tmp, ignore_errors=True)
+        raise
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def check_lengths(T, actions, rewards, terminations, starts):
@@ -101,6 +136,26 @@ def check_lengths(T, actions, rewards, terminations, starts):
             raise GenlabError(f"{name} has {len(arr)} entries but there are {T} frames; one per frame is required")
     if len(starts) == 0 or starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= max(T, 1):
         raise GenlabError("episode_starts must be ascending frame indices starting at 0")
+
+
+def check_actions(actions: np.ndarray, where: str) -> None:
+    """Every action finite (a NaN row turns the alignment check and training into NaN) and every discrete id >= 0."""
+    if actions.dtype.kind == "f":
+        bad = ~np.isfinite(actions.reshape(len(actions), -1)).all(1)
+        if bad.any():
+            raise GenlabError(f"{where}: {int(bad.sum())} of {len(actions)} action rows are not finite (NaN or inf), the "
+                              f"first at row {int(np.argmax(bad))}; every action must be a finite number")
+    if actions.ndim == 1 and len(actions) and actions.min() < 0:
+        raise GenlabError(f"{where}: action id {actions.min():g} at row {int(np.argmin(actions))} is negative; "
+                          "discrete actions are ids 0..N-1")
+
+
+def check_action_count(actions: np.ndarray, num_actions: int, where: str) -> None:
+    """Every discrete id below num_actions (the size of the model's action embedding)."""
+    top = int(actions.max()) if len(actions) else -1
+    if top >= num_actions:
+        raise GenlabError(f"{where}: action ids go up to {top} but the model's action count (num_actions in meta.json) "
+                          f"is {num_actions}; set num_actions >= {top + 1} there or remap the ids to 0..{num_actions - 1}")
 
 
 def _frames_path(folder: Path) -> Path:

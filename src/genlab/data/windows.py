@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from genlab.data.episodes import Episodes, read_episodes
+from genlab.data.episodes import Episodes, check_action_count, check_actions, read_episodes
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.data.pixels import to_model
 from genlab.errors import GenlabError
@@ -85,6 +85,16 @@ class WindowLoader(StreamPosition):
         pass
 
 
+def check_episode_actions(eps: Episodes, where: str) -> None:
+    """Before a model is built: the actions fit the model that meta.json describes (an id past num_actions
+    would fail inside the action embedding at step 0) and are finite."""
+    check_actions(eps.actions, where)
+    if eps.discrete:
+        if eps.num_actions < 1:
+            raise GenlabError(f"{where}: meta.json gives no num_actions (>= 1) for its discrete actions")
+        check_action_count(eps.actions, eps.num_actions, where)
+
+
 class EpisodeData:
     """The training split of an episode folder, and its held-out episodes (the last `heldout` fraction)."""
 
@@ -92,6 +102,7 @@ class EpisodeData:
         if not cfg_data.path:
             raise GenlabError("data.name=episodes needs data.path (a folder made by `genlab data collect` or `import`)")
         eps = read_episodes(cfg_data.path)
+        check_episode_actions(eps, f"data.path '{cfg_data.path}'")
         E = len(eps.starts)
         n_val = int(round(E * cfg_data.heldout)) if E > 1 else 0
         n_val = min(max(n_val, 1 if cfg_data.heldout > 0 and E > 1 else 0), E - 1)

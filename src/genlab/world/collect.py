@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from genlab.data.episodes import write_episodes
+from genlab.data.episodes import check_out_folder, write_episodes
 from genlab.errors import GenlabError
 
 POLICIES = ("random", "sticky")
@@ -62,7 +62,13 @@ def _worker(args):
         t_ep += 1
         done = term or trunc or t_ep >= max_episode
         out_t.append(bool(term))
-        if done and len(out_f) < frames:
+        if done and len(out_f) == frames - 1:
+            # a reset would start a one-frame episode: this one ends on its real last frame instead (one over max_episode)
+            out_f.append(resize_frame(obs, size, channels))
+            out_a.append(action)
+            out_r.append(0.0)
+            out_t[-1:] = [False, bool(term)]
+        elif done and len(out_f) < frames:
             obs, _ = env.reset()
             t_ep = 0
             starts.append(len(out_f))
@@ -80,8 +86,14 @@ def collect_atari(game: str, frames: int, out, policy: str = "random", size: int
         raise GenlabError(f"--channels must be 1 (grey) or 3 (RGB), got {channels}")
     if frames < 2 or size < 8:
         raise GenlabError("--frames must be >= 2 and --size >= 8")
+    if max_episode < 2:  # 0 or 1 would end every episode after one frame: nothing to learn from
+        raise GenlabError(f"--max-episode must be >= 2 (frames per episode), got {max_episode}")
+    if workers < 0:
+        raise GenlabError(f"--workers must be >= 0 (0 = one per core), got {workers}")
+    check_out_folder(out)  # before the minutes of collection, not after
     _make_env(game).close()  # fail on a bad name before spawning workers
     workers = workers or min(os.cpu_count() or 1, max(1, frames // 2000))
+    workers = min(workers, frames // 2)  # every worker's share is >= 2 frames: no one-frame episode
     per = [frames // workers + (i < frames % workers) for i in range(workers)]
     jobs = [(game, n, policy, size, channels, seed * 1009 + i, max_episode, stick) for i, n in enumerate(per) if n > 0]
     t0 = time.perf_counter()

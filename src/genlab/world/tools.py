@@ -5,7 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.episodes import Episodes, read_episodes, write_episodes
+from genlab.data.episodes import (Episodes, check_actions, check_lengths, check_out_folder, read_episodes,
+                                  write_episodes)
 from genlab.errors import GenlabError
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -31,25 +32,65 @@ def motion_features(eps: Episodes, limit: int = 20000, strips: int = 8):
     return np.concatenate([cy, cx], 1), eps.episode_ids()[:T]
 
 
-def _explained(X, Y, lam=1e-3):
-    """Best held-out R^2 over the columns of Y of a ridge fit Y ~ X (fit on even blocks of 25 rows, test on odd)."""
+def _explained_cols(X, Y, lam=1e-3):
+    """Held-out R^2 of each column of Y under a ridge fit Y ~ X (fit on even blocks of 25 rows, test on odd), or
+    None if there are too few rows; columns that never change (a clock-like object) are NaN: they explain nothing."""
     blk = (np.arange(len(X)) // 25) % 2 == 0
     if blk.sum() < 10 or (~blk).sum() < 10:
-        return 0.0
+        return None
     Xa, Ya, Xb, Yb = X[blk], Y[blk], X[~blk], Y[~blk]
     mu = Ya.mean(0)
     W = np.linalg.solve(Xa.T @ Xa + lam * len(Xa) * np.eye(X.shape[1]), Xa.T @ (Ya - mu))
     sse = ((Yb - mu - Xb @ W) ** 2).sum(0)
     sst = ((Yb - Yb.mean(0)) ** 2).sum(0)
-    moving = Yb.var(0) > 1e-4  # features that never change (a clock-like object) explain nothing
-    return float(np.max(1 - sse[moving] / sst[moving])) if moving.any() else 0.0
+    moving = Yb.var(0) > 1e-4
+    return np.where(moving, 1 - sse / np.where(moving, sst, 1), np.nan)
+
+
+def _explained(X, Y, lam=1e-3):
+    """Best held-out R^2 over the columns of Y of a ridge fit Y ~ X."""
+    r2 = _explained_cols(X, Y, lam)
+    return float(np.nanmax(r2)) if r2 is not None and np.isfinite(r2).any() else 0.0
+
+
+def _gain(with_x, without_x) -> float:
+    """Best gain in held-out R^2 (each clipped to [0, 1]) over the columns that a fit with more inputs makes."""
+    if with_x is None or without_x is None:
+        return 0.0
+    g = np.clip(with_x, 0, 1) - np.clip(without_x, 0, 1)
+    return float(np.nanmax(g)) if np.isfinite(g).any() else 0.0
+
+
+def lateness(X, d, ep, max_lag: int = 2) -> dict:
+    """Do later rows of the action file explain a change that earlier rows do not? The change d_t into frame t+1
+    is fit on rows t-max_lag .. t (those taken before it) and on those plus rows t+1 .. t+max_lag. Under the
+    convention the later rows add nothing, even when actions repeat (a sticky policy, a held key: row t+1 is then
+    mostly a copy of row t, which the fit already has); a late file's row t+j holds the action that caused d_t.
+    Returns the gain of all later rows, of each later row alone, and a chance level (later rows shuffled)."""
+    T = len(d)
+    t = np.arange(max_lag, T - max_lag)
+    t = t[np.all([ep[t + j] == ep[t] for j in range(-max_lag, max_lag + 2)], 0)] if len(t) else t
+    if len(t) <= 40:
+        return {"gain": 0.0, "by_row": {j: 0.0 for j in range(1, max_lag + 1)}, "chance": 0.0}
+    before = np.concatenate([X[t + j] for j in range(-max_lag, 1)], 1)
+    later = {j: X[t + j] for j in range(1, max_lag + 1)}
+    base = _explained_cols(before, d[t])
+    gain = _gain(_explained_cols(np.concatenate([before, *later.values()], 1), d[t]), base)
+    by_row = {j: _gain(_explained_cols(np.concatenate([before, x], 1), d[t]), base) for j, x in later.items()}
+    rng = np.random.default_rng(1)
+    stacked = np.concatenate(list(later.values()), 1)
+    chance = max(_gain(_explained_cols(np.concatenate([before, stacked[rng.permutation(len(t))]], 1), d[t]), base)
+                 for _ in range(8))
+    return {"gain": gain, "by_row": by_row, "chance": chance}
 
 
 def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dict:
     """Held-out R^2 of the motion d_{t+k} = m[t+k+1] - m[t+k] explained by action t, for lags k in
     [-max_lag, max_lag]. Under the convention (frame t+1 follows action t) the response starts at k = 0
-    (momentum may carry it to k = 1); a response at k < 0 means the action file is late (action t 'explains'
-    a change before it was taken), a response only from k >= 1 on means it is early."""
+    (momentum may carry it to k = 1); a response only from k >= 1 on means the file is early. Lateness (action t
+    'explains' a change before it was taken) is judged by what later rows add to the earlier ones (`lateness`),
+    not by the R^2 at k < 0: repeated actions (genlab's own sticky collection) make action t resemble action
+    t-1, so it 'explains' the change t-1 caused as well, in a file that is aligned."""
     m, ep = motion_features(eps)
     T = len(m)
     d = m[1:] - m[:-1]
@@ -71,28 +112,32 @@ def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dic
     floor = max(floor, 2 * chance)
     best = max(scores, key=scores.get)
     top = scores[best]
-    late = [k for k in scores if k < 0 and scores[k] > max(floor, 0.5 * top)]
+    late = lateness(X, d, ep[:T], max_lag)
+    # late by j: the furthest later row that adds at least half as much as the best one (with momentum, a file late
+    # by 2 has its rows t+1 and t+2 both adding: the action before, and the action that moved it)
+    by = max(j for j, g in late["by_row"].items() if g >= 0.5 * max(late["by_row"].values()))
     if top < floor:
         ok, msg = False, (f"suspicious: actions predict nothing about the next frames (best held-out R^2 {top:.3f} "
                           f"< {floor}); check that the action file belongs to these frames")
-    elif late:
-        ok, msg = False, (f"suspicious: actions look late by {-min(late)} frame(s): action t explains the change into "
-                          f"frame t{min(late) + 1:+d} (R^2 {scores[min(late)]:.3f}), before it was taken; "
-                          "the convention is: frame t+1 follows action t")
+    elif late["gain"] > max(0.01, 2 * late["chance"], 0.05 * top):
+        ok, msg = False, (f"suspicious: actions look late by {by} frame(s): action t+{by} explains the change into frame "
+                          f"t+1 beyond actions t, t-1, ... (held-out R^2 +{late['gain']:.3f}, chance "
+                          f"{late['chance']:.3f}), after it happened; the convention is: frame t+1 follows action t")
     elif scores[0] < 0.5 * top:
         first = min(k for k in scores if k > 0 and scores[k] >= 0.5 * top)
         ok, msg = False, (f"suspicious: actions look early by {first} frame(s): action t first explains the change into "
                           f"frame t+{first + 1} (R^2 {scores[first]:.3f} vs {scores[0]:.3f} for t+1)")
     else:
-        ok, msg = True, f"aligned: action t explains the change into frame t+1 (held-out R^2 {scores[0]:.3f}), nothing before it"
-    return {"ok": ok, "best_lag": best, "scores": scores, "chance": chance, "message": msg}
+        ok, msg = True, (f"aligned: action t explains the change into frame t+1 (held-out R^2 {scores[0]:.3f}), later "
+                         f"actions add nothing to it (+{late['gain']:.3f})")
+    return {"ok": ok, "best_lag": best, "scores": scores, "late": late, "chance": chance, "message": msg}
 
 
 # -- import -------------------------------------------------------------------------------------------
 def _load_frames(src: Path, size: int):
     from PIL import Image
     if src.suffix == ".npy":
-        fr = np.load(src)
+        fr = _load_npy(src)
         if fr.ndim == 3:
             fr = fr[..., None]
         if fr.dtype != np.uint8:
@@ -113,18 +158,30 @@ def _load_frames(src: Path, size: int):
     return fr
 
 
+def _load_npy(path: Path):
+    try:
+        return np.load(path)
+    except (OSError, ValueError) as e:
+        raise GenlabError(f"{path}: cannot read a .npy array ({e})") from e
+
+
 def _load_table(path: Path):
     if path.suffix == ".npy":
-        return np.load(path)
+        return _load_npy(path)
     try:
         return np.loadtxt(path, delimiter="," if path.suffix == ".csv" else None, ndmin=1)
-    except ValueError as e:
+    except (OSError, ValueError) as e:
         raise GenlabError(f"{path}: cannot read a numeric table ({e})") from e
 
 
 def import_episodes(frames, actions, out, starts=None, size: int = 0, log=print) -> dict:
+    """Everything is read and validated, and the alignment measured, before `out` is written (atomically)."""
+    check_out_folder(out)
     fr = _load_frames(Path(frames), size)
     act = _load_table(Path(actions))
+    if act.dtype.kind not in "biuf" or act.ndim not in (1, 2):
+        raise GenlabError(f"{actions}: actions must be numbers, one row per frame, got {act.dtype} {act.shape}")
+    check_actions(act, str(actions))
     if act.ndim == 2 and act.shape[1] == 1:
         act = act[:, 0]
     discrete = act.ndim == 1 and np.all(np.mod(act, 1) == 0) and act.min() >= 0
@@ -134,10 +191,13 @@ def import_episodes(frames, actions, out, starts=None, size: int = 0, log=print)
         act = np.concatenate([act, np.zeros_like(act[:1])])
     if len(act) != len(fr):
         raise GenlabError(f"{len(act)} actions for {len(fr)} frames: one action per frame (or one fewer) is required")
-    st = np.asarray(_load_table(Path(starts)), np.int64).ravel() if starts else None
-    meta = {"source": f"imported from {frames} + {actions}"}
-    path = write_episodes(out, fr, act, starts=st, meta=meta)
-    report = alignment_check(read_episodes(path))
+    st = np.asarray(_load_table(Path(starts)), np.int64).ravel() if starts else np.zeros(1, np.int64)
+    if fr.ndim != 4:
+        raise GenlabError(f"{frames}: frames must be uint8 [T, H, W, C], got shape {fr.shape}")
+    zeros = np.zeros(len(fr), np.float32)
+    check_lengths(len(fr), act, zeros, zeros, st)
+    report = alignment_check(Episodes(fr, act, zeros, zeros.astype(bool), st))
+    path = write_episodes(out, fr, act, starts=st, meta={"source": f"imported from {frames} + {actions}"})
     log(f"alignment check: {report['message']}")
     log("  held-out R^2 by lag: " + ", ".join(f"{k:+d}: {v:.4f}" for k, v in report["scores"].items()))
     return {"path": path, **report}

@@ -106,7 +106,7 @@ def _add_episode_commands(dsub):
     c.add_argument("--size", type=int, default=64, help="frames resized to SIZE x SIZE")
     c.add_argument("--channels", type=int, default=3, help="3 (RGB) or 1 (grey)")
     c.add_argument("--workers", type=int, default=0, help="processes (0 = one per core, up to frames/2000)")
-    c.add_argument("--max-episode", dest="max_episode", type=int, default=1000, help="cut episodes at this many frames")
+    c.add_argument("--max-episode", dest="max_episode", type=int, default=1000, help="cut episodes at this many frames (>= 2)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", required=True)
     c.set_defaults(fn=cmd_collect)
