@@ -14,6 +14,8 @@ from genlab.train import checkpoint as ckpt
 from genlab.train.trainer import Trainer
 
 T = ["train", *TINY, "train.steps=2", "eval.num_samples=0"]
+SP = ["train", "sparse_tiny_cpu", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2", "eval.num_samples=0"]
+FS = ["train", "digits_flow", *TINY, "train.steps=2", "eval.num_samples=0"]  # + method.name=<few-step method>
 TEXT = ["train", "text_ar", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2"]
 
 # (id, argv with {run}/{tmp} placeholders, text the message must contain)
@@ -94,6 +96,118 @@ CASES = [
     ("bench zero steps", ["bench", *TINY, "--steps", "0"], "--steps"),
     ("bench negative lr", ["bench", *TINY, "optim.lr=-1"], "optim.lr"),
     ("bench heads do not divide dim", ["bench", *TINY, "model.heads=3"], "model.heads"),
+    # sparse transformer
+    ("sparse stride longer than the sequence", SP + ["model.sparse_stride=100"], "model.sparse_stride"),
+    ("sparse unknown pattern", SP + ["model.sparse_pattern=diagonal"], "diagonal"),
+    ("sparse block not a tile size", SP + ["model.sparse_block=48"], "model.sparse_block"),
+    ("sparse summary groups wider than the block", SP + ["model.sparse_pattern=fixed", "model.sparse_summary=4",
+                                                          "model.sparse_summary_groups=4"], "model.sparse_summary_groups"),
+    ("sparse qk_ratio above one", SP + ["model.qk_ratio=1.5"], "model.qk_ratio"),
+    ("sparse unknown raster", SP + ["model.raster=zigzag"], "model.raster"),
+    ("sparse key with dit", T + ["model.sparse_stride=8"], "model.sparse_stride"),
+    ("sparse transformer with flow", SP + ["method.name=flow"], "method.name"),
+    ("sparse flex backend on a cpu", SP + ["model.sparse_backend=flex"], "model.sparse_backend"),
+    # backbones, attention, positions
+    ("in-context unknown ln placement", T + ["model.name=dit_incontext", "model.ln_placement=middle"], "model.ln_placement"),
+    ("ln placement with dit", T + ["model.ln_placement=post"], "model.ln_placement"),
+    ("mmdit more dual blocks than blocks", T + ["model.name=mmdit", "model.dual_blocks=5"], "model.dual_blocks"),
+    ("1-d position on an image model", T + ["model.pos_emb=rope"], "model.pos_emb"),
+    ("2-d position on gpt", TEXT + ["model.pos_emb=rope2d"], "model.pos_emb"),
+    ("unknown position", T + ["model.pos_emb=alibi"], "alibi"),
+    ("unknown attention", T + ["model.attention=sigmod"], "sigmoid"),
+    ("triton attention on a cpu", T + ["model.attention=triton"], "model.attention"),
+    ("flex attention on a cpu by auto", T + ["model.attention=flex"], "model.attention"),
+    ("unknown norm", T + ["model.norm=batchnorm"], "batchnorm"),
+    ("unknown mlp", T + ["model.mlp=relu"], "unknown mlp 'relu'"),
+    ("zero mlp ratio", T + ["model.mlp_ratio=0"], "model.mlp_ratio"),
+    ("unknown adaln", T + ["model.adaln=split"], "unknown adaln 'split'"),
+    ("unknown residual dtype", T + ["model.residual=fp8"], "unknown residual 'fp8'"),
+    # optimizers
+    ("muon unknown scope", T + ["optim.name=muon", "optim.muon_scope=everything"], "optim.muon_scope"),
+    ("soap negative precondition_every", T + ["optim.name=soap", "optim.precondition_every=-1"], "optim.precondition_every"),
+    ("precondition_every with adamw", T + ["optim.precondition_every=5"], "optim.precondition_every"),
+    ("psgd misspelt", T + ["optim.name=psgd"], "psgd_kron"),
+    ("heavyball compile mode unknown", T + ["optim.name=soap", "optim.heavyball_compile=fast"], "optim.heavyball_compile"),
+    ("lr inf", T + ["optim.lr=inf"], "optim.lr"),
+    ("eps zero", T + ["optim.eps=0"], "optim.eps"),
+    ("wsd unknown decay shape", T + ["optim.schedule=wsd", "optim.decay_shape=cubic"], "optim.decay_shape"),
+    ("unknown lr schedule", T + ["optim.schedule=step"], "unknown lr_schedule 'step'"),
+    ("min lr ratio above one", T + ["optim.min_lr_ratio=2"], "optim.min_lr_ratio"),
+    ("caution not a boolean", T + ["optim.caution=maybe"], "optim.caution"),
+    # sweeps
+    ("sweep --only names no variant", ["sweep", "tiny_cpu", "--only", "lr=5"], "--only"),
+    ("sweep unknown top-level key", ["sweep", "{tmp}/sweep_topkey.toml"], "stepz"),
+    ("sweep empty axis", ["sweep", "{tmp}/sweep_emptyaxis.toml"], "axis 0"),
+    ("sweep without an axis", ["sweep", "{tmp}/sweep_noaxis.toml"], "[[axis]]"),
+    ("sweep axis of unknown type", ["sweep", "{tmp}/sweep_axistype.toml"], "fancy"),
+    ("sweep zip of unequal lengths", ["sweep", "{tmp}/sweep_zip.toml"], "different lengths"),
+    ("sweep unknown launcher", ["sweep", "{tmp}/sweep_launcher.toml"], "slurm"),
+    ("sweep sets the seed itself", ["sweep", "{tmp}/sweep_seed.toml"], "train.seed"),
+    ("sweep on a gpu launcher without a gpu", ["sweep", "{tmp}/sweep_gpu.toml"], "launcher"),
+    ("sweep invalid toml", ["sweep", "{tmp}/bad.toml"], "bad.toml"),
+    ("sweep unknown shipped name", ["sweep", "tiny_cpuu"], "tiny_cpu"),
+    ("sweep zero timeout", ["sweep", "tiny_cpu", "--timeout", "0"], "--timeout"),
+    ("sweep negative max time", ["sweep", "tiny_cpu", "--max-time", "-1"], "--max-time"),
+    ("sweep zero jobs per gpu", ["sweep", "tiny_cpu", "--jobs-per-gpu", "0"], "--jobs-per-gpu"),
+    ("sweep report of a non-sweep folder", ["sweep", "report", "{tmp}/empty_run"], "empty_run"),
+    ("sweep --compare without report", ["sweep", "tiny_cpu", "--compare", "{tmp}/empty_run"], "--compare"),
+    # parallel, DCP
+    ("unknown parallel", T + ["train.parallel=zero3"], "zero3"),
+    ("hsdp replicate does not divide the world", T + ["train.parallel=hsdp", "train.replicate=3"], "replicate=3"),
+    ("negative shard", T + ["train.shard=-1"], "train.shard"),
+    ("unknown compile target", T + ["train.compile=everything"], "everything"),
+    ("unknown activation checkpointing", T + ["train.activation_checkpointing=half"], "'half'"),
+    ("sample a dcp folder without metadata", ["sample", "{tmp}/step_2.dcp"], "step_2.dcp"),
+    # export, sample, eval arguments
+    ("export to a non-safetensors file", ["export", "{run}", "--out", "{tmp}/m.pt"], "--out"),
+    ("export over an existing file", ["export", "{run}", "--out", "{tmp}/exists.safetensors"], "--force"),
+    ("export a missing run", ["export", "{tmp}/missing", "--out", "{tmp}/m.safetensors"], "missing"),
+    ("sample a prompt to an image run", ["sample", "{run}", "--prompt", "hello"], "--prompt"),
+    ("sample top-k of an image flow run", ["sample", "{run}", "--top-k", "5"], "--top-k"),
+    ("sample attention maps of a flow run", ["sample", "{run}", "--attention", "1,2"], "--attention"),
+    ("sample completion of a flow run", ["sample", "{run}", "--complete"], "--complete"),
+    ("sample on an unknown device", ["sample", "{run}", "--device", "tpu"], "unknown --device 'tpu'"),
+    ("sample flow_map on a flow run", ["sample", "{run}", "--sampler", "flow_map"], "flow_map"),
+    ("eval zero in nfe_list", ["eval", "{run}", "eval.nfe_list=0,2"], "eval.nfe_list"),
+    ("eval unknown sampler in the table", ["eval", "{run}", "eval.nfe_list=2", "eval.samplers=rk45"], "rk45"),
+    ("eval on an unknown device", ["eval", "{run}", "--device", "tpu"], "unknown --device 'tpu'"),
+    ("eval a missing val_path", ["eval", "{run}", "eval.num_samples=10", "eval.val_path={tmp}/nowhere"], "nowhere"),
+    ("train with a missing val_path", [*T[:-1], "eval.num_samples=10", "eval.val_path={tmp}/nowhere"], "nowhere"),
+    # few-step methods
+    ("lcm without a teacher", FS + ["method.name=lcm"], "method.teacher"),
+    ("lcm with a missing teacher", FS + ["method.name=lcm", "method.teacher={tmp}/missing"], "missing"),
+    ("lcm with a teacher that is no velocity predictor", FS + ["method.name=lcm", "method.teacher={tmp}/shortcut_teacher.pt"], "method.teacher"),
+    ("pcm with a teacher on other data", FS + ["method.name=pcm", "method.teacher={tmp}/other_data.pt"], "other data"),
+    ("ect with a teacher of another model", FS + ["method.name=ect", "method.teacher={run}", "model.dim=64"], "method.teacher"),
+    ("lcm guidance outside the trained range", FS + ["method.name=lcm", "method.teacher={run}", "method.lcm_guidance=5"], "method.lcm_guidance"),
+    ("lcm w_min above w_max", FS + ["method.name=lcm", "method.teacher={run}", "method.lcm_w_min=4"], "method.lcm_w_min"),
+    ("lcm skip as long as the grid", FS + ["method.name=lcm", "method.teacher={run}", "method.lcm_skip=50"], "method.lcm_skip"),
+    ("pcm zero phases", FS + ["method.name=pcm", "method.teacher={run}", "method.pcm_phases=0"], "method.pcm_phases"),
+    ("pcm more phases than solver steps", FS + ["method.name=pcm", "method.teacher={run}", "method.pcm_phases=8",
+                                                 "method.pcm_solver_steps=4"], "method.pcm_phases"),
+    ("shortcut steps not a power of two", FS + ["method.name=shortcut", "method.shortcut_min_steps=100"], "method.shortcut_min_steps"),
+    ("shortcut share of one", FS + ["method.name=shortcut", "method.shortcut_share=1"], "method.shortcut_share"),
+    ("meanflow share above one", FS + ["method.name=meanflow", "method.meanflow_share=2"], "method.meanflow_share"),
+    ("ect q of one", FS + ["method.name=ect", "method.teacher={run}", "method.ect_q=1"], "method.ect_q"),
+    ("ladd block beyond the depth", FS + ["method.name=ladd", "method.teacher={run}", "method.tdisc_blocks=9"], "method.tdisc_blocks"),
+    ("perflow zero windows", FS + ["method.name=perflow", "method.teacher={run}", "method.perflow_windows=0"], "method.perflow_windows"),
+    ("reflow on digits instead of pairs", FS + ["method.name=reflow", "method.teacher={run}"], "batch keys noise"),
+    ("unknown reflow stage", FS + ["method.name=reflow", "method.reflow_stage=third"], "method.reflow_stage"),
+    ("teacher key with flow", T + ["method.teacher={run}"], "method.teacher"),
+    ("lcm key with flow", T + ["method.lcm_skip=2"], "method.lcm_skip"),
+    ("flow_map sampler on a flow run", T + ["method.sampler=flow_map"], "flow_map"),
+    # data generate pairs
+    ("pairs from a missing run", ["data", "generate", "pairs", "{tmp}/missing", "--out", "{tmp}/p"], "missing' is neither"),
+    ("pairs zero count", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--n", "0"], "--n"),
+    ("pairs zero steps", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--steps", "0"], "--steps"),
+    ("pairs zero batch", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--batch", "0"], "--batch"),
+    ("pairs negative guidance", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--cfg-scale", "-1"], "--cfg-scale"),
+    ("pairs from a stochastic sampler", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--sampler", "euler_maruyama"], "euler_maruyama"),
+    ("pairs unknown sampler", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--sampler", "rk45"], "rk45"),
+    ("pairs into an existing folder", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/empty_run"], "empty_run"),
+    ("pairs of a run that is no velocity predictor", ["data", "generate", "pairs", "{tmp}/shortcut_teacher.pt", "--out", "{tmp}/p"], "shortcut"),
+    ("pairs unknown kind", ["data", "generate", "triples", "{run}", "--out", "{tmp}/p"], "triples"),
+    ("pairs on an unknown device", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--device", "tpu"], "unknown --device 'tpu'"),
 ]
 
 
@@ -108,8 +222,8 @@ def world(tmp_path_factory):
     (tmp / "corrupt.pt").write_bytes(os.urandom(4096))
     import torch
     state = torch.load(ckpt.list_checkpoints(tmp / "run")[-1], weights_only=True)
-    state["config"]["model"]["dim"] = 64  # the saved config no longer matches the weights
-    torch.save(state, tmp / "wrong_model.pt")
+    wrong = {**state, "config": {**state["config"], "model": {**state["config"]["model"], "dim": 64}}}
+    torch.save(wrong, tmp / "wrong_model.pt")  # the saved config no longer matches the weights
     (tmp / "empty_run").mkdir()
     (tmp / "bad.toml").write_text("[optim\nlr = 1")
     (tmp / "cifar" / "cifar-10-batches-py").mkdir(parents=True)
@@ -120,6 +234,20 @@ def world(tmp_path_factory):
     base = 'name = "s"\nsteps = 2\nlauncher = "cpu"\n[base]\npreset = "digits_flow"\n[[axis]]\n'
     (tmp / "sweep_badkey.toml").write_text(base + 'key = "optim.lrr"\nvalues = [1e-3]\n')
     (tmp / "sweep_badlr.toml").write_text(base + 'key = "optim.lr"\nvalues = [1e-3, -1.0]\n')
+    axis = 'key = "optim.lr"\nvalues = [1e-3]\n'
+    sweeps = {"topkey": "stepz = 3\n" + base + axis, "emptyaxis": base + 'key = "optim.lr"\nvalues = []\n',
+              "noaxis": base.replace("[[axis]]\n", ""), "axistype": base + 'type = "fancy"\n',
+              "zip": base + 'zip = { "optim.lr" = [1e-3, 2e-3], "train.batch_size" = [16] }\n',
+              "launcher": base.replace('"cpu"', '"slurm"') + axis, "gpu": base.replace('"cpu"', '"gpu"') + axis,
+              "seed": base + 'key = "train.seed"\nvalues = [1, 2]\n'}
+    for name, text in sweeps.items():
+        (tmp / f"sweep_{name}.toml").write_text(text)
+    (tmp / "step_2.dcp").mkdir()  # a sharded checkpoint folder without its files
+    (tmp / "exists.safetensors").write_bytes(b"")
+    shortcut = {**state, "config": {**state["config"], "method": {**state["config"]["method"], "name": "shortcut"}}}
+    torch.save(shortcut, tmp / "shortcut_teacher.pt")  # a run of a method that is no plain velocity predictor
+    other = {**state, "data_spec": {**state["data_spec"], "num_classes": 5}}
+    torch.save(other, tmp / "other_data.pt")
     return tmp
 
 
@@ -143,7 +271,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(world, argv, needle, c
 
 
 def test_there_are_at_least_40_cases():
-    assert len(CASES) >= 40
+    assert len(CASES) >= 76 + 40  # 76 before issue 30, at least 40 more for the commands and families added since
 
 
 def test_subprocess_gives_one_line_and_exit_2(tmp_path):

@@ -383,6 +383,45 @@ def test_T_step_bound_is_above_continuous_and_falls_with_T(schedule):
     assert bounds[-1] - cont < 1e-2 * (bounds[0] - cont)
 
 
+def test_bound_error_bars_are_the_standard_error_over_sequences(tmp_path, monkeypatch):
+    # 5 validation sequences x 3 passes (eval.nelbo_reps) in batches of 2: each sequence's draws are averaged, the
+    # bound is the mean over sequences and its standard error std / sqrt(5); the plot's bars are that number
+    import statistics
+    from types import SimpleNamespace
+    import matplotlib.axes
+    model, L, reps, n = OracleDenoiser(), 4, 3, 5
+    cfg = load_config("text_mdlm", ["eval.T_list=2,8", f"eval.nelbo_reps={reps}", f"eval.num_samples={n}", "eval.batch_size=2"])
+    method = mdlm.MaskedDiffusion(cfg, {"kind": "tokens", "vocab_size": 3, "seq_len": L})
+    data = SimpleNamespace(val=np.random.default_rng(0).integers(0, 3, 40))
+    draws, real = [], mdlm.nelbo_estimates
+    monkeypatch.setattr(mdlm, "nelbo_estimates", lambda *a, **k: draws.append(real(*a, **k)) or draws[-1])
+    ctx = {"eval": cfg.eval, "device": torch.device("cpu"), "generator": torch.Generator().manual_seed(0)}
+    res, gaps, n_tok = method.bounds(model, data, ctx)
+    assert len(draws) == reps * 3 and n_tok == n * L
+    per_pass = {T: torch.stack([torch.cat([d[T] for d in draws[3 * r:3 * r + 3]]) for r in range(reps)]).double() / L
+                for T in (math.inf, 2, 8)}  # [reps, n] nats per token
+    for T, v in per_pass.items():
+        seq = v.mean(0).tolist()
+        assert res[T][0] == pytest.approx(statistics.mean(seq), rel=1e-12)
+        assert res[T][1] == pytest.approx(statistics.stdev(seq) / math.sqrt(n), rel=1e-9)
+        assert res[T][1] > 0
+        if T != math.inf:  # the paired gap to the continuous bound, from the same draws
+            gap = (v - per_pass[math.inf]).mean(0).tolist()
+            assert gaps[T][0] == pytest.approx(res[T][0] - res[math.inf][0], abs=1e-12)
+            assert gaps[T][1] == pytest.approx(statistics.stdev(gap) / math.sqrt(n), rel=1e-9)
+    bars, real_errorbar = [], matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda ax, x, y, yerr=None, **k:
+                        bars.append((list(x), list(y), list(yerr))) or real_errorbar(ax, x, y, yerr=yerr, **k))
+    mdlm.write_bound_table(tmp_path, res, {"tokenizer": "char"}, "loglinear", gaps)
+    assert bars == [([2, 8], [res[T][0] / math.log(2) for T in (2, 8)], [res[T][1] / math.log(2) for T in (2, 8)])]
+    assert (tmp_path / "bound_vs_T.png").exists()
+    csv = [line.split(",") for line in (tmp_path / "bound_vs_T.csv").read_text().splitlines()]
+    assert csv[0] == ["T", "nelbo_bits", "stderr_bits", "ppl_bound", "gap_bits", "gap_stderr_bits"]
+    assert [float(r[2]) for r in csv[1:]] == pytest.approx([res[T][1] / math.log(2) for T in (2, 8, math.inf)], abs=1e-5)
+    table = (tmp_path / "bound_vs_T.md").read_text()
+    assert f"| 2 | {res[2][0] / math.log(2):.4f} | {res[2][1] / math.log(2):.4f} | {gaps[2][0] / math.log(2):.4f} |" in table
+
+
 class Recorder(torch.nn.Module):
     """Wraps a backbone and keeps every input it is called on."""
 

@@ -58,9 +58,10 @@ def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capfd):
     # the HTML report references every plot and sample grid, and they exist
     page = (d / "report.html").read_text()
     refs = re.findall(r'src="([^"]+)"', page)
-    for f in ("loss_vs_step.png", "loss_vs_time.png", "throughput.png", "memory.png",
+    for f in ("loss_vs_step.png", "loss_vs_time.png", "throughput.png",
               "grids/lr=0.001.png", "grids/lr=0.003.png"):
         assert f in refs and (d / f).exists(), f
+    assert "memory.png" not in refs and "No memory chart" in page  # peak memory is not measured on a CPU
 
     # re-running skips finished (and failed) variants: their runs are not touched
     mtimes = {k: (d / "runs" / k / "summary.json").stat().st_mtime for k in ("lr=0.001-s0", "lr=0.003-s0")}
@@ -223,6 +224,46 @@ def test_seeds_are_combined_as_mean_and_sample_std(tmp_path):
     table = markdown_table(rows, shown_columns(rows, cols, ["final_loss", "sample_accuracy"]))
     assert table.splitlines()[0] == "| variant | seeds | final loss | sample_accuracy | status |"
     assert "| a | 3 | 1.667 ± 0.7638 | 50.0% ± 0.0% | finished |" in table and "failed (1/2 seeds finished): oom: x" in table
+
+
+def test_parameter_counts_have_units_so_small_models_are_not_zero():
+    from genlab.sweep.report import format_count, markdown_table
+    assert [format_count(n) for n in (7, 812, 12_345, 999_999, 4_561_234, 1_200_000_000)] == \
+        ["7", "812", "12.3 k", "1 M", "4.56 M", "1.2 B"]
+    rows = [{"variant": "tiny", "seeds": 1, "status": "finished", "reason": "", "params_m": 0.012345},
+            {"variant": "dit_b", "seeds": 2, "status": "finished", "reason": "", "params_m": 130.5, "params_m_std": 0.0}]
+    table = markdown_table(rows, ["params_m"])
+    assert table.splitlines()[0] == "| variant | seeds | params | status |"
+    assert "| tiny | 1 | 12.3 k | finished |" in table and "| dit_b | 2 | 130 M | finished |" in table
+
+
+def _sweep_folder(d, peak_mems) -> Path:
+    """A sweep folder of finished one-seed runs; peak_mems: each run's logged peak memory (None: not measured)."""
+    status = {}
+    for i, mem in enumerate(peak_mems):
+        run = d / "runs" / f"v{i}-s0"
+        run.mkdir(parents=True)
+        extra = {} if mem is None else {"peak_mem_gib": mem}
+        recs = [{"step": 5, "loss": 2.0, "samples_per_s": 5.0, "wall_time": 1.0, **extra},
+                {"step": 10, "loss": 1.0, "samples_per_s": 6.0, "wall_time": 2.0, **extra}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        status[f"v{i}-s0"] = {"status": "finished", "variant": f"v{i}", "seed": 0}
+    (d / "status.json").write_text(json.dumps(status))
+    return d
+
+
+def test_memory_chart_is_skipped_and_said_so_when_no_run_measured_memory(tmp_path):
+    from genlab.sweep.report import NO_MEMORY, write_report
+    d = _sweep_folder(tmp_path / "cpu", [None, None])
+    (d / "memory.png").write_bytes(b"stale")  # from an earlier rebuild
+    md = write_report(d).read_text()
+    page = (d / "report.html").read_text()
+    assert not (d / "memory.png").exists() and "memory.png" not in md and "memory.png" not in page
+    assert NO_MEMORY in md and NO_MEMORY in page and "throughput.png" in md and (d / "throughput.png").exists()
+    d = _sweep_folder(tmp_path / "gpu", [None, 1.5])  # one measured figure is enough for the chart
+    md = write_report(d).read_text()
+    assert (d / "memory.png").exists() and "memory.png" in md and 'src="memory.png"' in (d / "report.html").read_text()
+    assert NO_MEMORY not in md
 
 
 def test_only_selects_variants_and_dry_run_lists_them(tmp_path, capsys):

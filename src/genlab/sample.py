@@ -43,7 +43,7 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     apply_overrides(cfg, list(overrides))
     check_section(cfg, "eval")  # the rest was validated when the run was trained
     check_section(cfg, "method")
-    dev = resolve_device(device)
+    dev = resolve_device(device, key="--device")
     model, method = build_model_and_method(cfg, state["data_spec"])
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     check_model_shapes(model, weights, str(run_or_ckpt), verb="load")
@@ -65,6 +65,27 @@ def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=Non
         all_registries()["sampler"].get(sampler)
 
 
+# `genlab sample`'s per-method options, by the keyword the command passes to Method.sample_to_file
+SAMPLE_FLAGS = {"class_id": "--class", "cfg_scale": "--cfg", "sampler": "--sampler", "prompt": "--prompt",
+                "temperature": "--temperature", "top_k": "--top-k", "length": "--length", "complete": "--complete",
+                "attention": "--attention"}
+
+
+def check_sample_options(cfg, method, given: dict) -> None:
+    """An option the run's method does not take (a text prompt to an image run) is refused, not ignored; a sampler
+    must fit the model (a step-size sampler on a plain flow run)."""
+    import inspect
+    takes = inspect.signature(method.sample_to_file).parameters
+    for k in given:
+        if k in SAMPLE_FLAGS and k not in takes:
+            own = [f for p, f in SAMPLE_FLAGS.items() if p in takes]
+            raise GenlabError(f"{SAMPLE_FLAGS[k]} does not apply to a run of method {cfg.method.name}; its sample "
+                              f"options: {', '.join(own) or 'none'} (and --n, --steps, --seed, --out)")
+    if given.get("sampler") is not None:
+        from genlab.methods.flow import check_sampler_conditions
+        check_sampler_conditions(cfg.method.name, [given["sampler"]])
+
+
 def _run_dir(run_or_ckpt) -> Path:
     p = Path(run_or_ckpt)
     return p if p.is_dir() else p.parent.parent
@@ -78,6 +99,7 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
     given = {k: v for k, v in (("class_id", class_id), ("cfg_scale", cfg_scale), ("sampler", sampler)) if v is not None}
+    check_sample_options(cfg, method, {**given, **options})
     return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **given, **options)
 
 
@@ -85,6 +107,8 @@ def evaluate_run(run, overrides=(), device="auto"):
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     nfe_table = _nfe_table_wanted(cfg, method)
     method.check_eval(cfg)  # weights of eval.metrics present before sampling
+    from genlab.config_check import check_data_on_disk
+    check_data_on_disk(cfg)  # eval.val_path, before sampling
     data = build_dataset(cfg.data)
     ctx = eval_context(cfg, dev, _run_dir(run))
     res = method.evaluate(model, data, ctx)

@@ -346,6 +346,10 @@ def _check_sparse(cfg, dim: int, heads: int, depth: int):
     if cfg.model.sparse_stride and length is not None and cfg.model.sparse_stride >= length:
         raise GenlabError(f"model.sparse_stride ({cfg.model.sparse_stride}) must be shorter than the sequence ({length} "
                           f"tokens): one stride would cover it all and the pattern would be dense")
+    from genlab.config_check import _trains_on_cpu
+    if cfg.model.sparse_backend == "flex" and _trains_on_cpu(cfg.train.device):
+        raise GenlabError("model.sparse_backend=flex has no backward pass on the CPU (torch's FlexAttention backward "
+                          "is CUDA-only); train with auto or blocked there (sampling runs the forward anywhere)")
 
 
 def _sequence_length(cfg) -> int | None:

@@ -146,9 +146,21 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
     return rows, order
 
 
+def format_count(n: float) -> str:
+    """A count with a unit and three significant digits: 812, 12.3 k, 4.56 M, 1.2 B."""
+    def three(x):
+        return f"{float(f'{x:.3g}'):g}"
+    for div, unit in ((1e9, " B"), (1e6, " M"), (1e3, " k")):
+        if abs(n) >= 0.9995 * div:  # at three digits it is at least one of this unit (999,999 is 1 M)
+            return three(n / div) + unit
+    return three(n)
+
+
 def _fmt(v, sd=None, key=""):
     if v is None:
         return ""
+    if key == "params_m":  # parameters (stored in millions in results.csv): with a unit, so small models are not 0.0 M
+        return format_count(v * 1e6) + (f" ± {format_count(sd * 1e6)}" if sd else "")
     pct = key == "mfu" or key.endswith("accuracy") or key.endswith("_acc") or key == "data_wait_frac"
     scale = 100 if pct else 1
     spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m", "optim_state_mib") or pct else \
@@ -159,7 +171,7 @@ def _fmt(v, sd=None, key=""):
     return out
 
 
-HEADERS = {"params_m": "params M", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
+HEADERS = {"params_m": "params", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
            "mfu": "MFU", "peak_mem_gib": "peak mem GiB", "wall_time": "wall s", "data_wait_frac": "data wait",
            "step_time": "step s", "optim_state_mib": "optim state MiB"}
 
@@ -207,7 +219,12 @@ def _plots(d: Path, rows) -> list[str]:
         plt.close(fig)
         files.append(fname)
     tput = "tokens_per_s" if any(r.get("tokens_per_s") for r in rows) else "samples_per_s"
-    for key, fname, label in ((tput, "throughput.png", HEADERS[tput]), ("peak_mem_gib", "memory.png", "peak memory GiB")):
+    bars = [(tput, "throughput.png", HEADERS[tput])]
+    if has_memory(rows):
+        bars.append(("peak_mem_gib", "memory.png", "peak memory GiB"))
+    else:  # a chart of nothing would read as zero memory; a stale one from an earlier rebuild goes too
+        (d / "memory.png").unlink(missing_ok=True)
+    for key, fname, label in bars:
         names = [r["variant"] for r in rows]
         vals = [r.get(key) or 0.0 for r in rows]
         errs = [r.get(key + "_std") or 0.0 for r in rows]
@@ -221,6 +238,14 @@ def _plots(d: Path, rows) -> list[str]:
         plt.close(fig)
         files.append(fname)
     return files
+
+
+def has_memory(rows) -> bool:
+    """Whether any run measured its peak memory (CUDA runs do; on a CPU it is not measured)."""
+    return any(r.get("peak_mem_gib") is not None for r in rows)
+
+
+NO_MEMORY = "No memory chart: no run measured its peak memory (it is measured on CUDA devices only)."
 
 
 def write_report(d) -> Path:
@@ -239,10 +264,11 @@ def write_report(d) -> Path:
     for r in rows:  # runs recorded before a sweep named its reference: the file's
         r["reference"] = r.get("reference") or settings.get("reference")
     nfe_md, nfe_pics = write_nfe_report(d, rows)
-    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
-                                 + "\n\nPlots (in report.html): loss_vs_step.png, loss_vs_time.png, throughput.png, memory.png"
-                                 + "".join(f", {x}" for x in nfe_pics) + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
     plots = _plots(d, rows) + nfe_pics
+    note = "" if has_memory(rows) else NO_MEMORY
+    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
+                                 + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
+                                 + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
     grids = []
     (d / "grids").mkdir(exist_ok=True)
     for r in rows:
@@ -251,11 +277,11 @@ def write_report(d) -> Path:
             dst = d / "grids" / f"{r['variant']}.png"
             shutil.copyfile(src, dst)
             grids.append((r["variant"], f"grids/{dst.name}"))
-    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md))
+    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md, note))
     return d / "report.md"
 
 
-def _html(name, desc, rows, cols, plots, grids, nfe_md="") -> str:
+def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="") -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
     body = []
@@ -271,7 +297,7 @@ def _html(name, desc, rows, cols, plots, grids, nfe_md="") -> str:
             "figure{display:inline-block;margin:8px}</style></head><body>"
             f"<h1>Sweep {esc(name)}</h1>" + (f"<p>{esc(desc)}</p>" if desc else "") +
             f"<table><tr>{head}</tr>{''.join(body)}</table>" + (f"<pre>{esc(nfe_md)}</pre>" if nfe_md else "") +
-            f"<h2>Plots</h2>{imgs}<h2>Samples (first finished seed)</h2>{gr}</body></html>")
+            "<h2>Plots</h2>" + (f"<p>{esc(note)}</p>" if note else "") + f"{imgs}<h2>Samples (first finished seed)</h2>{gr}</body></html>")
 
 
 def compare(d1, d2) -> str:

@@ -28,15 +28,16 @@ class DistInfo:
         return self.world > 1
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+    """The torch device of a device setting (`key` names it in errors: train.device, or a command's --device)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         name = f"cuda:{local_rank}"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise GenlabError(f"train.device={name} but CUDA is not available; valid here: auto, cpu")
+        raise GenlabError(f"{key}={name} but CUDA is not available; valid here: auto, cpu")
     if not (name == "cpu" or name.startswith("cuda")):
-        raise GenlabError(f"unknown train.device '{name}'; valid: auto, cpu, cuda, cuda:N")
+        raise GenlabError(f"unknown {key} '{name}'; valid: auto, cpu, cuda, cuda:N")
     return torch.device(name)
 
 

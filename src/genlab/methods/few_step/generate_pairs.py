@@ -45,10 +45,9 @@ def check_pair_args(n, steps, cfg_scale, batch, out, sampler) -> None:
 
 def load_velocity_run(run: str):
     """(state, config) of a run whose model predicts a velocity with no extra inputs, else a one-line error."""
-    from genlab.methods.few_step.base import teacher_state
     from genlab.registry import method_registry
     from genlab.train import checkpoint as ckpt
-    state = teacher_state(run)
+    state = ckpt.load_checkpoint(run)
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
@@ -92,7 +91,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     spec = state["data_spec"]
     k, C, S = spec.get("num_classes", 0), spec["channels"], spec["image_size"]
     classes = spec.get("classes") or [str(i) for i in range(k)]
-    dev = resolve_device(device)
+    dev = resolve_device(device, key="--device")
     model = build_teacher(state, dev)
     fn = sampler_registry.get(sampler)
     ts = time_grid(steps, device=dev, schedule=m.step_schedule, cfg=m)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from genlab import config_fields as cf
+from genlab.errors import GenlabError
 from genlab.methods.base import Extra
 from genlab.methods.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
 from genlab.methods.few_step.discriminator import (DISC_KEYS, Adversary, build_heads, check_disc_config, renoise,
@@ -110,6 +111,10 @@ class PCM(FewStepFlow):
 
 def check_pcm_config(cfg):
     check_flow_config(cfg)
+    m = cfg.method
+    if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
+        raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
+                          f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
     if cfg.method.pcm_adv_weight > 0:
         check_disc_config(cfg)
 
