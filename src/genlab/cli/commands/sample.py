@@ -15,14 +15,13 @@ def cmd_sample(args):
                                                ("top_k", args.top_k), ("length", args.length),
                                                ("complete", args.complete or None),
                                                ("attention", args.attention)) if v is not None})
+    texts = []
     if path.suffix == ".txt":  # text: show the first few, the file has them all
         from genlab.methods.lm_common import read_samples
         texts = read_samples(path)
-        for i, t in enumerate(texts[:SHOW_TEXTS]):
-            print(f"===== sample {i} =====\n{t}")
-        print(f"wrote {path} ({len(texts)} samples; the first {min(len(texts), SHOW_TEXTS)} above)")
-    else:
-        print(f"wrote {path}")
+    for i, t in enumerate(texts[:SHOW_TEXTS]):
+        print(f"===== sample {i} =====\n{t}")
+    print(f"wrote {path} ({len(texts)} samples; the first {min(len(texts), SHOW_TEXTS)} above)" if texts else f"wrote {path}")
     return 0
 
 
