@@ -53,3 +53,42 @@ def test_status_line_names_step_loss_lr_throughput_and_eta():
     rec = {"step": 100, "loss": 0.51234, "lr": 1e-3, "samples_per_s": 912.4, "tokens_per_s": None}
     assert progress.status_line(rec, 800, 65.2) == "step 100/800  loss 0.5123  lr 1.00e-03  912 samples/s  ETA 1m05s"
     assert progress.fmt_duration(3725) == "1h02m" and progress.fmt_duration(9.6) == "10s"
+
+
+def _quiet_run(tmp_path, *extra):
+    """A tiny digits run with log.progress=false (TINY), no evaluation: seconds."""
+    return [*TINY, f"train.out_dir={tmp_path}", "train.name=q", "train.steps=10", "log.every=5", "log.ckpt_every=0",
+            "eval.num_samples=0", "log.sample_every=0", *extra]
+
+
+def test_progress_false_still_prints_the_start_line_and_the_summary(tmp_path, capfd):
+    r = cli_in_process(capfd, "train", *_quiet_run(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"run: {tmp_path / 'q'}  steps: 0 -> 10  batch: 16  device: cpu", r.stdout
+    assert not [l for l in lines if l.startswith("step ")]  # the per-log.every status lines stay off
+    assert any(l.startswith(f"run: {tmp_path / 'q'}  status: finished  steps: 10") for l in lines), r.stdout
+    assert "GPU recipe" not in r.stderr  # 10 tiny steps: no slow-CPU warning
+
+
+def test_a_slow_cpu_run_warns_before_training_and_reports_after_step_one(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(progress, "CPU_FLOPS_PER_THREAD", 1e3)  # as if this tiny model were a GPU recipe
+    r = cli_in_process(capfd, "train", *_quiet_run(tmp_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    warn = [l for l in r.stderr.splitlines() if "GPU recipe" in l]
+    assert len(warn) == 1 and re.match(r"genlab: warning: training on the CPU: [\d,]+ GFLOP per step, so 10 steps "
+                                       r"take at least ~\S+ ", warn[0]), r.stderr
+    status = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    assert [l.split()[1] for l in status] == ["1/10"], r.stdout  # at once; log.progress=false keeps the rest off
+    assert re.fullmatch(r"step 1/10  loss \d+\.\d{4}  lr \S+  \d+ samples/s  ETA \S+", status[0]), status[0]
+    import json
+    steps = [json.loads(l)["step"] for l in (tmp_path / "q" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[:3] == [1, 5, 10]
+
+
+def test_cpu_slow_warning_fires_for_a_gpu_recipe_and_not_for_the_cpu_presets():
+    # train FLOPs per step of the presets (model.flops_per_sample x 3 x batch): gpt2_124m 14.0 T, digits_flow 5.1 G
+    gpt2 = progress.cpu_slow_warning(14.0e12, 1000, threads=2)
+    assert gpt2 is not None and "14,000 GFLOP per step, so 1000 steps take at least ~38h53m" in gpt2
+    assert progress.cpu_slow_warning(5.12e9, 800, threads=2) is None
+    assert progress.cpu_slow_warning(5.12e9, 800_000, threads=2) is not None  # far more steps: warned too

@@ -1,8 +1,9 @@
 """Console progress for training, evaluation and sampling (tqdm).
 
 On a terminal: a tqdm bar. Otherwise (CI, `nohup`, a sweep's log file): plain lines, never a
-carriage-return bar, so a log reads top to bottom. Training prints one status line every `log.every`
-steps either way; `log.progress=false` (sweeps, tests) silences all of it.
+carriage-return bar, so a log reads top to bottom. Training prints a start line, one status line every
+`log.every` steps either way, and the CLI its summary; `log.progress=false` (sweeps, tests) silences the
+status lines, bars and eval/sampling progress, never the start line or the summary.
 """
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import time
 
 _enabled = True
 QUIET_LINE_EVERY_S = 15.0  # off a terminal: a long eval or sampling loop reports at most this often
+# A run on the CPU is estimated from its analytic FLOPs at this training rate per thread: optimistic on purpose (the
+# 2-core machine sustains ~16 GFLOP/s per thread on digits_flow, docs/benchmarks.md), so the estimate is a lower bound
+CPU_FLOPS_PER_THREAD = 50e9
+CPU_WARN_AFTER_S = 600.0  # warn when even that estimate exceeds 10 minutes of training
 
 
 @contextlib.contextmanager
@@ -46,6 +51,24 @@ def fmt_duration(s: float) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def start_line(run_dir, step: int, total: int, batch_size: int, device: str) -> str:
+    """`run: runs/x  steps: 0 -> 800  batch: 64  device: cpu`: printed before step 1, whatever log.progress says."""
+    return f"run: {run_dir}  steps: {step} -> {total}  batch: {batch_size}  device: {device}"
+
+
+def cpu_slow_warning(flops_per_step: float, steps_left: int, threads: int) -> str | None:
+    """A one-line warning when a CPU run's optimistic time estimate exceeds CPU_WARN_AFTER_S (e.g. a GPU preset on a
+    laptop), else None."""
+    rate = CPU_FLOPS_PER_THREAD * max(1, threads)
+    per_step = flops_per_step / rate
+    if per_step * steps_left < CPU_WARN_AFTER_S:
+        return None
+    return (f"training on the CPU: {flops_per_step / 1e9:,.0f} GFLOP per step, so {steps_left} steps take at least "
+            f"~{fmt_duration(per_step * steps_left)} (~{per_step:.2g} s/step at an optimistic {rate / 1e9:.0f} GFLOP/s "
+            f"for {threads} threads); this looks like a GPU recipe: use a GPU, or lower train.steps or the model size. "
+            f"The first status line follows step 1")
 
 
 def status_line(rec: dict, total: int, eta_s: float | None) -> str:

@@ -52,9 +52,10 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     return cfg, model.eval(), method, dev, state
 
 
-def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None):
+def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None, length=None):
     """The sample command's numbers, before a checkpoint is opened or a file written."""
     for flag, v, ok, want in (("--n", n, n is not None and n >= 1, ">= 1"), ("--steps", steps, steps is None or steps >= 1, ">= 1"),
+                              ("--length", length, length is None or length >= 1, ">= 1"),
                               ("--cfg", cfg_scale, cfg_scale is None or cfg_scale >= 0, ">= 0"),
                               ("--temperature", temperature, temperature is None or temperature >= 0, ">= 0"),
                               ("--top-k", top_k, top_k is None or top_k >= 0, ">= 0")):
@@ -94,8 +95,10 @@ def _run_dir(run_or_ckpt) -> Path:
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
                    device="auto", ema=True, **options):
     """`genlab sample`: the run's method writes n samples (a PNG grid, a text file, a video) and says where."""
-    check_sample_args(n, steps, cfg_scale, options.get("temperature"), options.get("top_k"), sampler)
+    check_sample_args(n, steps, cfg_scale, options.get("temperature"), options.get("top_k"), sampler, options.get("length"))
     cfg, model, method, dev, state = load_run(run, device, ema)
+    if options.get("length") is not None and "length" not in method.sample_options:
+        raise GenlabError(f"--length is for text runs (methods autoregressive, mdlm); this run's method is {cfg.method.name}")
     gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
     given = {k: v for k, v in (("class_id", class_id), ("cfg_scale", cfg_scale), ("sampler", sampler)) if v is not None}

@@ -254,6 +254,9 @@ class MaskedDiffusion(Method):
     def sample_ids(self, model, n, steps, generator, device, prompt="", temperature=None, length=None, block_len=None,
                    stats=None):
         base = self._base(model)
+        if length is not None and not 1 <= length <= self.T:
+            raise GenlabError(f"sample length must be 1..{self.T} for mdlm (the model's context, data.seq_len: it "
+                              f"generates every position at once), got {length}")
         length = min(length or self.mcfg.sample_len or self.T, self.T)
         ids = parse_template(self.spec, prompt, length, base.mask_id) if prompt else [base.mask_id] * length
         z = torch.tensor([ids] * n, dtype=torch.long, device=device)

@@ -277,6 +277,8 @@ class Trainer:
         old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         peak = peak_flops(self.device)
         flops_step = self.flops_per_sample * tcfg.batch_size / self.dist.world  # per device
+        early = self._announce(flops_step)  # the start line; on a slow CPU run a warning, then a status line at once
+        first_step = self.step + 1
         bar = self._progress_bar()
         acc = {"loss": torch.zeros((), device=self.device), "gnorm": torch.zeros((), device=self.device)}
         self._bad_acc = torch.zeros((), dtype=torch.bool, device=self.device)
@@ -297,7 +299,7 @@ class Trainer:
                 acc["gnorm"] += gnorm.float()
                 self._bad_acc |= bad
                 n_acc += 1
-                if self.step % lcfg.every == 0 or self.step == tcfg.steps:
+                if self.step % lcfg.every == 0 or self.step == tcfg.steps or (early and self.step == first_step):
                     self._check_finite()
                     now = time.perf_counter()
                     if self.device.type == "cuda":
@@ -320,6 +322,8 @@ class Trainer:
                     last_record = rec
                     if bar is not None:
                         bar.log(rec)
+                    elif early and self.step == first_step and self.dist.is_main:  # log.progress=false: this line only
+                        print(progress.status_line(rec, tcfg.steps, dt * (tcfg.steps - self.step)), flush=True)
                     acc["loss"].zero_()
                     acc["gnorm"].zero_()
                     n_acc, self.loader.wait_time = 0, 0.0
@@ -395,6 +399,20 @@ class Trainer:
         if bad:
             raise NonFiniteLoss(f"non-finite weights after step {self.step} ({bad[0]}{' and more' if len(bad) > 1 else ''}); "
                                 f"stopped without saving (last good checkpoint kept). Try a lower optim.lr or optim.grad_clip")
+
+    def _announce(self, flops_step: float) -> bool:
+        """Print the start line (log.progress=false too); on the CPU, warn when the run's FLOPs mean a long wait.
+        True when that warning fired: the first status line then comes after step 1, not after log.every steps."""
+        if not self.dist.is_main:
+            return False
+        dev = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        print(progress.start_line(self.run_dir, self.step, self.cfg.train.steps, self.cfg.train.batch_size, dev), flush=True)
+        if self.device.type != "cpu":
+            return False
+        warning = progress.cpu_slow_warning(flops_step, self.cfg.train.steps - self.step, torch.get_num_threads())
+        if warning:
+            print(f"genlab: warning: {warning}", file=sys.stderr, flush=True)
+        return warning is not None
 
     def _progress_bar(self):
         """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
