@@ -162,6 +162,7 @@ def test_flow_sample_uses_schedule_sde_and_interval():
 
 
 # -- genlab eval: quality vs NFE ------------------------------------------------------------------------
+@pytest.mark.slow  # end to end: tens of seconds on 2 cores; the full suite runs it
 def test_eval_reports_quality_vs_nfe(tmp_path):
     from conftest import tiny_config
     from genlab.sample import evaluate_run

@@ -22,6 +22,7 @@ def losses(run_dir):
     return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
 
 
+@pytest.mark.slow  # end to end: tens of seconds on 2 cores; the full suite runs it
 def test_overfits_a_fixed_batch(tmp_path):
     """Same images, noise and t every step: the flow loss must go to (almost) zero."""
     cfg = tiny_config(tmp_path, "model.dim=64")

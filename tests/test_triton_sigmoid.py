@@ -111,6 +111,7 @@ def check_compile():
     print("torch.compile: one graph, matches eager", flush=True)
 
 
+@pytest.mark.slow  # the Triton interpreter: tens of seconds on 2 cores; the full suite runs it
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_sigmoid_interpreter_matches_float64_reference():
     from test_triton_attention import run_under_interpreter
