@@ -124,6 +124,7 @@ def _genlab(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int |
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
+        # own session: Ctrl-C of the sweep reaches the process only through us, so a run can checkpoint cleanly
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         _ACTIVE.add(proc)
         try:
@@ -186,21 +187,10 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: in
     cmd = _command(sw, v, runs, resume)
     t0 = time.time()
     rc, interrupted = None, False
-    with open(log, "a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        # own session: Ctrl-C of the sweep reaches the run only through us, so it can checkpoint cleanly
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        _ACTIVE.add(proc)
-        try:
-            rc = proc.wait(timeout=sw.timeout)
-        except subprocess.TimeoutExpired:
-            _stop(proc, signal.SIGTERM, 30)
-        except KeyboardInterrupt:
-            _stop(proc, signal.SIGINT, 120)  # the trainer saves a checkpoint and exits as "interrupted"
-            interrupted = True
-        finally:
-            _ACTIVE.discard(proc)
+    try:
+        rc, _ = _genlab(cmd, log, env, sw.timeout)
+    except KeyboardInterrupt:  # passed on to the run: the trainer saves a checkpoint and exits as "interrupted"
+        interrupted = True
     rec = {"log": str(log), "run_dir": str(run), "seconds": time.time() - t0, "resumed": resume}
     st = _summary_status(run)
     if interrupted or (rc == 0 and st == "interrupted"):

@@ -26,6 +26,7 @@ import torch
 
 from genlab import config_fields as cf
 from genlab.methods.base import Extra
+from genlab.methods.few_step.consistency import consistency_fn
 from genlab.methods.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
 from genlab.methods.few_step.discriminator import (DISC_KEYS, Adversary, build_heads, check_disc_config, renoise,
                                                    renoise_time)
@@ -74,7 +75,7 @@ class LADD(FewStepFlow):
         B, dev, m = data.shape[0], data.device, self.mcfg
         t = student_times(m.ladd_student_steps, B, m.ladd_noise_share, g, dev)
         x_t = interpolate(torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype), data, t)
-        x1 = x_t + (1 - t).view(-1, *([1] * (data.ndim - 1))).to(x_t.dtype) * model(x_t, t, y)
+        x1 = consistency_fn(model, x_t, t, y)  # the student's data prediction
         one = torch.ones(B, device=dev)
         t_adv = renoise_time(one, 1.0, g, m)
         fake_t = renoise(x1, one, t_adv, torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype))
