@@ -113,7 +113,7 @@ def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs():
     cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32"])
     r = run_bench(cfg, steps=5, warmup=3)
     assert r["recompiles"] == 0
-    assert r["host_syncs_per_step"] is not None and r["host_syncs_per_step"] <= 1
+    assert r["host_syncs_per_step"] == 0, r["host_sync_sites"]
     assert 0 < r["mfu"] < 1 and r["fwd_ms"] > 0 and r["bwd_ms"] > 0
 
 
@@ -136,3 +136,18 @@ def test_repa_extras_train_compiled_on_the_gpu(tmp_path):
     losses = [r["loss"] for r in rows]
     assert all(v == v for v in losses) and losses[-1] < losses[0]
     assert all(r["repa_align"] < 0 for r in rows[-2:])  # -cos: the projector learned to align
+
+
+@pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])
+def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
+    """Sampling runs outside the training autocast: a forced flash/cuDNN kernel would abort on float32 inputs."""
+    from genlab.models.attention import sdpa_attention
+    from genlab.registry import attention_registry
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda") for _ in range(3))
+    out = attention_registry.get(name)(q, k, v)
+    torch.testing.assert_close(out, sdpa_attention(q, k, v), rtol=0, atol=0)
+    attention_registry.get(name)(q, k, v)
+    assert capfd.readouterr().err.count("takes fp16/bf16 only") <= 1
+    h = attention_registry.get(name)(q.bfloat16(), k.bfloat16(), v.bfloat16())  # the forced kernel itself
+    torch.testing.assert_close(h.float(), out, rtol=2e-2, atol=2e-2)

@@ -165,27 +165,57 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     return summary
 
 
-def sync_sites(caught) -> list[str]:
-    """'file:line' of every recorded sync warning: the Python line that made CUDA wait (C++ warnings are
-    attributed to the calling Python frame), so a stray `.item()` or pageable copy can be found."""
-    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()]
+def _frame_name(fs) -> str:
+    p = Path(fs.filename)
+    return f"{p.parent.name}/{p.name}:{fs.lineno}"
+
+
+def sync_site(stack) -> str:
+    """'dir/file:line' of the Python line that made CUDA wait (C++ warnings are attributed to the calling Python
+    frame), and, when that line is inside a library, '<- ' the innermost genlab line that called it: a bare
+    'cuda/__init__.py:1270' does not say which of genlab's calls to fix."""
+    here = _frame_name(stack[-1])
+    ours = [fs for fs in stack if "/genlab/" in fs.filename.replace("\\", "/") and not fs.filename.endswith("bench.py")]
+    if ours and ours[-1] is not stack[-1]:
+        return f"{here} <- {_frame_name(ours[-1])}"
+    return here
+
+
+@contextlib.contextmanager
+def recording_syncs():
+    """Collect a site (`sync_site`) for every 'synchronizing' warning raised inside the block, with the call stack
+    taken when the warning fires; other warnings are shown as usual."""
+    import traceback
+    import warnings
+    sites: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        shown = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            # the sync itself, not set_sync_debug_mode's own "Synchronization debug mode is a prototype" warning
+            if "called a synchronizing" in str(message).lower():
+                # drop this hook and the warnings machinery frames: the last frame left is the caller of the op
+                stack = [fs for fs in traceback.extract_stack()[:-1] if not fs.filename.endswith("warnings.py")]
+                sites.append(sync_site(stack) if stack else f"{Path(filename).name}:{lineno}")
+            else:
+                shown(message, category, filename, lineno, file, line)
+        warnings.showwarning = record
+        yield sites
 
 
 def count_host_syncs(b: "BenchStep") -> tuple[int | None, list[str]]:
     """Host<->device synchronisations in one step (CUDA's sync debug mode) and where they happened; None off CUDA."""
     if b.device.type != "cuda":
         return None, []
-    import warnings
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _sync(b.device)
+    _sync(b.device)
+    with recording_syncs() as sites:
         torch.cuda.set_sync_debug_mode("warn")
         try:
             b.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        _sync(b.device)
-    sites = sync_sites(caught)
+    _sync(b.device)
     return len(sites), sites
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import torch
 import torch.nn as nn
@@ -21,10 +22,21 @@ def sdpa_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
 
-def _sdpa_with(backend_name):
-    """SDPA restricted to one kernel on CUDA (same function; for ablating flash vs cuDNN vs efficient)."""
+_NOTED: set[str] = set()
+
+
+def _sdpa_with(backend_name, half_only: bool = False):
+    """SDPA restricted to one kernel on CUDA (same function; for ablating flash vs cuDNN vs efficient). A kernel
+    that takes fp16/bf16 only (half_only) would abort on float32 inputs (sampling runs outside the training
+    autocast, as does train.precision=fp32): those run plain SDPA, with one note per process."""
     def attend(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
         if not q.is_cuda:
+            return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+        if half_only and q.dtype not in (torch.float16, torch.bfloat16):
+            if backend_name not in _NOTED:
+                _NOTED.add(backend_name)
+                print(f"genlab: note: SDPA's {backend_name.lower()} kernel takes fp16/bf16 only; {q.dtype} inputs "
+                      f"(sampling, or train.precision=fp32) run plain SDPA", file=sys.stderr)
             return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
@@ -35,9 +47,9 @@ def _sdpa_with(backend_name):
 
 # a JVP runs them as plain sdpa (their own sdpa_kernel context would override the math kernel's)
 attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention)(_sdpa_with("FLASH_ATTENTION"))
+                            jvp_fallback=sdpa_attention)(_sdpa_with("FLASH_ATTENTION", half_only=True))
 attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention)(_sdpa_with("CUDNN_ATTENTION"))
+                            jvp_fallback=sdpa_attention)(_sdpa_with("CUDNN_ATTENTION", half_only=True))
 attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)",
                             forward_ad=False, jvp_fallback=sdpa_attention)(_sdpa_with("EFFICIENT_ATTENTION"))
 
