@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +139,15 @@ def test_generate_pairs_stores_the_teachers_samples_of_the_stored_noise_and_thei
     # the same folder is an `images` dataset (image + label), and `pairs` batches carry the noise
     assert read_image_dataset(out).images.shape == (30, 8, 8, 1)
     assert d.spec["batch_keys"] == ("image", "label", "noise")
+
+
+def test_the_cost_of_a_run_on_generated_pairs_counts_their_generation(pairs_dir):
+    """genlab data generate pairs records its seconds under meta["pairs"]: a reflow run's cost must include them
+    (the sweep's first GPU report left them out when only a top-level "seconds" was read)."""
+    from genlab.eval.cost import generated_data
+    seconds = json.loads((Path(pairs_dir) / "meta.json").read_text())["pairs"]["seconds"]
+    data = generated_data({"data": {"name": "pairs", "path": pairs_dir}, "train": {"out_dir": "runs"}})
+    assert [(d["path"], d["seconds"]) for d in data] == [(pairs_dir, seconds)] and seconds > 0
 
 
 @pytest.fixture(scope="module")

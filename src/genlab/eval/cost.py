@@ -44,6 +44,15 @@ def _config(run_dir: Path) -> dict:
     return load_toml(run_dir / "config.toml")
 
 
+def _generation_record(meta: dict) -> dict:
+    """The part of a dataset's meta.json that records its generation cost: the top level, or the section a
+    generator writes under its own name (`genlab data generate pairs`: meta["pairs"]); {} when there is none."""
+    for rec in (meta, *(v for v in meta.values() if isinstance(v, dict))):
+        if isinstance(rec.get("seconds"), (int, float)):
+            return rec
+    return {}
+
+
 def generated_data(cfg: dict) -> list[dict]:
     """Folders the config names that were generated with a recorded cost (meta.json "seconds")."""
     out, seen = [], set()
@@ -51,8 +60,8 @@ def generated_data(cfg: dict) -> list[dict]:
         for v in (section.values() if isinstance(section, dict) else ()):
             if not isinstance(v, str) or not v or v in seen:
                 continue
-            meta = _read_json(Path(v) / "meta.json")
-            if isinstance(meta.get("seconds"), (int, float)):
+            meta = _generation_record(_read_json(Path(v) / "meta.json"))
+            if meta:
                 seen.add(v)
                 world = int(meta.get("world", 1) or 1)
                 out.append({"path": v, "seconds": float(meta["seconds"]), "device": meta.get("device", "unknown"),
