@@ -310,6 +310,8 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
         prof = profile_steps(b, profile_steps_n, profile_dir) if profile_dir else None
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
         turn = [turn_start, time.time()]  # wall clock (epoch s) of the measured part: turns must not overlap
+    from genlab.train.parallel import leave_distributed
+    leave_distributed(b.dist)
     peak = peak_flops(dev)
     flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
     seq = b.spec.get("seq_len")

@@ -55,6 +55,15 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
     return info, device
 
 
+def leave_distributed(info: DistInfo) -> None:
+    """Leave the process group after a finished run: every rank meets at a barrier, then the group is destroyed.
+    Exiting with a live gloo group races its background threads at interpreter teardown (an intermittent
+    'terminate called without an active exception' abort on one rank after the run had finished)."""
+    if info.enabled and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.enabled:
         t = t.clone()

@@ -23,7 +23,7 @@ from genlab.errors import GenlabError, RunFailed, debug, machine_failure, one_li
 from genlab.train import checkpoint as ckpt
 from genlab.train.convert import apply_converters
 from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
-from genlab.train.parallel import all_reduce_mean, full_state_dict, init_distributed
+from genlab.train.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
 from genlab.train.step import build_model_and_method, check_model_shapes, ema_update, TrainStep  # noqa: F401 (re-exported)
 from genlab.train.switches import build_precision, compile_counts, lr_value
 
@@ -390,6 +390,7 @@ class Trainer:
             if self.dist.is_main and hasattr(self, "run_dir"):
                 write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
                 self.log.close()
+        leave_distributed(self.dist)  # only after a finished or checkpointed run: every rank reaches this line
         return summary
 
     def _check_weights_finite(self):
