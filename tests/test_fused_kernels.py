@@ -49,9 +49,11 @@ def ce_inputs(N=37, D=16, V=50, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("kernel", ["plain", "auto", "cce", "liger"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_every_ce_kernel_runs_the_plain_path_on_cpu_and_matches_float64(kernel, weighted):
+    from genlab.models.fused_ce import resolve
     from genlab.registry import ce_kernel_registry
     head, h, y, w = ce_inputs()
     weights = w if weighted else None
+    assert resolve(kernel, h, weights) == "plain"
     loss = ce_kernel_registry.get(kernel)(head, h, y, weights, 45)
     grads = torch.autograd.grad(loss, (h, head.weight))
     h64, W64 = h.detach().requires_grad_(), head.weight.detach().clone().requires_grad_()
@@ -337,14 +339,18 @@ def test_gpu_ce_kernels_match_the_plain_path_under_bf16(kernel, weighted):
     h64, W64 = h.detach().double().requires_grad_(), head.weight.detach().double().requires_grad_()
     ref = ce_reference(h64, W64, y, weights, vocab)
     ref_grads = torch.autograd.grad(ref, (h64, W64))
+    # cce sums d/dW over token blocks in bf16 (the library's accumulator): ~sqrt(N / 32) bf16 ulps at worst
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        runs = fused_ce.resolve(kernel, h, weights)
+    tol_dW = 2 ** -8 * (h.shape[0] / 32) ** 0.5 if runs == "cce" else 2e-2
     for name, (loss, gh, gW) in res.items():
         assert loss.dtype == torch.float32
         assert abs(loss.item() - ref.item()) < 2e-3 * abs(ref.item()), (name, loss.item(), ref.item())
         assert rel(gh, ref_grads[0]) < 2e-2, (name, rel(gh, ref_grads[0]))
-        assert rel(gW, ref_grads[1]) < 2e-2, (name, rel(gW, ref_grads[1]))
+        assert rel(gW, ref_grads[1]) < (tol_dW if name == kernel else 2e-2), (name, rel(gW, ref_grads[1]))
         assert (gW[vocab:] == 0).all()
     loss, gh, gW = res[kernel]
-    assert rel(gh, res["plain"][1]) < 2e-2 and rel(gW, res["plain"][2]) < 2e-2
+    assert rel(gh, res["plain"][1]) < 2e-2 and rel(gW, res["plain"][2]) < tol_dW + 2e-2
 
 
 @pytest.mark.gpu
