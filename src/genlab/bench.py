@@ -329,7 +329,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
                      "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
                      "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer,
                      "compile_mode": getattr(tcfg, "compile_mode", "default"), "attention": cfg.model.attention,
-                     "adaln": getattr(cfg.model, "adaln", None)},
+                     "adaln": getattr(cfg.model, "adaln", None), "ce_kernel": getattr(cfg.model, "ce_kernel", None)},
         "steps": steps, "warmup": warmup_total, "turn_s": turn, "host_syncs_per_step": host_syncs,
         "host_sync_sites": host_sync_sites,
         "profile": prof,

@@ -30,6 +30,7 @@ def check_config(cfg) -> None:
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
     _check_shapes(cfg)
+    _check_kernels(cfg)
     for key, msg in unused_options(cfg):
         if not _soft(key):
             raise GenlabError(msg)
@@ -215,6 +216,36 @@ def _check_shapes(cfg):
         side = shape["image_size"] if shape else None
         if side is not None and side % m.patch_size:
             raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
+
+
+def _check_kernels(cfg):
+    """Kernel choices (registry specs with `cuda_only` / `package`, e.g. model.ce_kernel, model.adaln) that cannot run
+    where this run trains: a CUDA-only kernel for CPU training, or (on a CUDA machine) one whose package is missing."""
+    import importlib.util
+
+    from genlab.config_keys import declared_keys
+    from genlab.registry import REGISTRIES, KernelSpec
+    declared = declared_keys()
+    for dotted in read_keys(cfg):
+        kind = meta_of(declared[dotted][0].field).get("registry")
+        if kind not in REGISTRIES or not issubclass(REGISTRIES[kind].spec_type, KernelSpec):
+            continue
+        reg, name = REGISTRIES[kind], _lookup(cfg, dotted)
+        spec = reg.spec(name)
+        if spec.cuda_only and _trains_on_cpu(cfg.train.device):
+            cpu = [n for n, s in reg.specs() if not s.cuda_only]
+            raise GenlabError(f"{dotted}={name} is a CUDA kernel and this run trains on the CPU; "
+                              f"valid choices on the CPU: {', '.join(cpu)}")
+        # the package matters where the run will import it: a machine with CUDA (suites are checked on CPU machines)
+        if spec.package and _has_cuda() and importlib.util.find_spec(spec.package) is None:
+            ok = [n for n, s in reg.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
+            raise GenlabError(f"{dotted}={name} needs the '{spec.package}' package (not installed); "
+                              f"valid choices: {', '.join(ok)}")
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def _trains_on_cpu(device: str) -> bool:

@@ -186,6 +186,21 @@ class OptimizerSpec(Spec):
     heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
 
 
+@dataclass(frozen=True, kw_only=True)
+class KernelSpec(Spec):
+    """A kernel choice with a plain-PyTorch path elsewhere: `cuda_only` entries refuse CPU training at config time
+    (their forward still runs anywhere, as the plain composition), `package` names the import it needs."""
+    cuda_only: bool = False                # its fused kernel runs on CUDA tensors only
+    package: str = ""                      # top-level module it imports on CUDA (checked with the config)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdalnSpec(KernelSpec):
+    # fused forms of the two residual steps around it in a DiT block (models/norm.residual_ops_by); None = plain
+    add_norm: Callable | None = None       # (x, y, gate, shift, scale, eps) -> (x + gate*y, norm_modulate(that))
+    gated_add: Callable | None = None      # (x, y, gate) -> x + gate*y
+
+
 class Registry:
     def __init__(self, kind: str, spec: type = Spec):
         self.kind = kind
@@ -272,7 +287,8 @@ precision_registry = Registry("precision")
 compile_registry = Registry("compile")
 ac_registry = Registry("activation_checkpointing")
 parallel_registry = Registry("parallel", ParallelSpec)
-adaln_registry = Registry("adaln")
+adaln_registry = Registry("adaln", AdalnSpec)
+ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 residual_registry = Registry("residual")
 compile_mode_registry = Registry("compile_mode")
 convert_registry = Registry("convert")

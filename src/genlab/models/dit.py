@@ -15,7 +15,7 @@ from genlab.models.backbone import LongSkips, block_flops
 from genlab.models.conditions import ConditionSet, combine
 from genlab.models.embeddings import TimestepEmbedder, embed_flops
 from genlab.models.mlp import TokenGrid
-from genlab.models.norm import norm_modulate_by
+from genlab.models.norm import norm_modulate_by, residual_ops_by
 from genlab.models.positions import build_position
 from genlab import config_fields as cf
 from genlab.registry import ModelExample, mlp_registry, model_registry, residual_registry
@@ -92,6 +92,7 @@ class DiTBlock(nn.Module):
                                                            else {"grid": False}))
         self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, (2 if pre_only else 6) * dim))
         self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
+        self.add_norm_modulate, self.gated_add = residual_ops_by(norm, adaln, self.norm_modulate)
         nn.init.zeros_(self.ada[1].weight)
         nn.init.zeros_(self.ada[1].bias)
 
@@ -101,8 +102,8 @@ class DiTBlock(nn.Module):
 
     def post(self, x, o, mod, grid=None):
         _, _, g1, sh2, sc2, g2 = mod
-        x = x + g1[:, None] * self.attn.out(o)
-        return x + g2[:, None] * self.mlp(self.norm_modulate(x, sh2, sc2, self.eps), grid=grid)
+        x, h = self.add_norm_modulate(x, self.attn.out(o), g1, sh2, sc2, self.eps)
+        return self.gated_add(x, self.mlp(h, grid=grid), g2)
 
     def forward(self, x, c, rope=None, grid=None):
         qkv, mod = self.pre(x, c, rope)

@@ -13,7 +13,8 @@ sum_i weights_i * CE(logits_i, targets_i) instead, so that under torch.compile t
 cross-entropy are one graph (bf16 logits, the float32 upcast fused into the loss kernels, nothing
 [B, T, V]-sized in float32 ever written). `ce_chunk > 0` goes further: a fused linear + cross-entropy
 that never keeps logits at all (gradients formed chunk by chunk in the forward; useful in eager mode
-and for big vocabularies at long context).
+and for big vocabularies at long context). `ce_kernel` picks a library kernel for the same loss on CUDA
+(cut-cross-entropy, liger-kernel: models/fused_ce.py); the plain path everywhere else.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from genlab.errors import GenlabError
 from genlab.models.attention import Attention, attention_flops
 from genlab.models.positions import apply_rope, build_position, fitting_positions
 from genlab import config_fields as cf
-from genlab.registry import ModelExample, mlp_registry, model_registry, norm_registry
+from genlab.registry import ModelExample, ce_kernel_registry, mlp_registry, model_registry, norm_registry
 
 # name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.
 GPT_SIZES = {
@@ -62,6 +63,7 @@ class GPTSpec:
     dropout: float = 0.0
     attention: str = "sdpa"
     ce_chunk: int = 0             # > 0: fused linear + cross-entropy over chunks of this many tokens
+    ce_kernel: str = "plain"      # registry `ce_kernel`: head + loss kernel (models/fused_ce.py)
 
     @property
     def n_vocab(self) -> int:
@@ -137,11 +139,7 @@ class GPT(nn.Module):
         if self.spec.ce_chunk > 0 and torch.is_grad_enabled():
             w = torch.full(y.shape, 1 / y.numel(), device=y.device) if weights is None else weights.reshape(-1).float()
             return LinearCrossEntropy.apply(h.flatten(0, 1), self.head.weight, y, w, vocab, self.spec.ce_chunk)
-        logits = self.head(h).flatten(0, 1)
-        logits = logits if vocab == self.n_vocab else logits[:, :vocab]
-        logits = logits.float() if logits.element_size() < 4 else logits  # bf16 logits, fp32 math (fused when compiled)
-        nll = F.cross_entropy(logits, y, reduction="none")
-        return nll.mean() if weights is None else (weights.reshape(-1).float() * nll).sum()
+        return ce_kernel_registry.get(self.spec.ce_kernel)(self.head, h.flatten(0, 1), y, weights, vocab)
 
     @torch.no_grad()
     def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
@@ -235,6 +233,8 @@ GPT_KEYS = cf.declare("model",
     causal=cf.F(True, "gpt: causal attention (autoregressive: true; mdlm: false)"),
     bias=cf.F(False, "gpt: biases in linears and norms"),
     ce_chunk=cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0),
+    ce_kernel=cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
+                            "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel"),
 )
 GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/test_contract.py)
     spec={"kind": "tokens", "vocab_size": 11, "seq_len": 12},
@@ -242,11 +242,17 @@ GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/test_contract
     output_shape=lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"])))
 
 
+def check_gpt_loss(cfg_model):
+    if cfg_model.ce_chunk and cfg_model.ce_kernel not in ("plain", "auto"):
+        raise GenlabError(f"model.ce_chunk={cfg_model.ce_chunk} is the plain-torch fused loss; model.ce_kernel="
+                          f"{cfg_model.ce_kernel} is another: set one of them (ce_chunk=0 or ce_kernel=plain)")
+
+
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
                                 "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl",
                          family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp"), sizes=GPT_SIZES,
                          grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), default_position="learned",
-                         example=GPT_EXAMPLE)
+                         example=GPT_EXAMPLE, check=lambda cfg, dim, heads, depth: check_gpt_loss(cfg.model))
 def build_gpt(cfg_model, data_spec) -> GPT:
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
@@ -258,10 +264,12 @@ def build_gpt(cfg_model, data_spec) -> GPT:
         raise GenlabError(f"model.mlp={cfg_model.mlp} convolves over a patch grid; model gpt has none: choose gelu or swiglu")
     if pos not in fitting_positions(1):
         raise GenlabError(f"model.pos_emb={pos} does not fit model gpt; valid choices: auto, {', '.join(fitting_positions(1))}")
+    check_gpt_loss(cfg_model)
     vocab = cfg_model.vocab_size or data_spec["vocab_size"]
     if vocab < data_spec["vocab_size"]:
         raise GenlabError(f"model.vocab_size {vocab} is smaller than the data's vocabulary {data_spec['vocab_size']}")
     return GPT(GPTSpec(vocab_size=vocab, seq_len=data_spec["seq_len"], dim=dim, depth=depth, heads=heads,
                        mlp_ratio=cfg_model.mlp_ratio, pos_emb=pos, norm=cfg_model.norm, mlp=cfg_model.mlp,
                        tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
-                       dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk))
+                       dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk,
+                       ce_kernel=cfg_model.ce_kernel))

@@ -46,6 +46,25 @@ def norm_modulate_fused(x, shift, scale, eps):
         return y.to(out_dtype)
 
 
+def gated_add(x, y, gate):
+    return x + gate[:, None] * y
+
+
+def add_norm_modulate(norm_modulate):
+    """The plain composition: r = x + gate * y, then norm_modulate(r) (what a fused `add_norm` entry computes)."""
+    def run(x, y, gate, shift, scale, eps):
+        r = gated_add(x, y, gate)
+        return r, norm_modulate(r, shift, scale, eps)
+    return run
+
+
+def residual_ops_by(norm: str, adaln: str, norm_modulate):
+    """(add_norm, gated_add) of a DiT block: the `adaln` entry's fused forms where it has them (LayerNorm only), else
+    the plain composition around `norm_modulate`."""
+    spec = adaln_registry.spec(adaln) if norm == "layernorm" else None
+    return ((spec and spec.add_norm) or add_norm_modulate(norm_modulate)), ((spec and spec.gated_add) or gated_add)
+
+
 def norm_modulate_by(norm: str, adaln: str, dim: int, eps: float):
     """LayerNorm goes through the tuned `adaln` entries; any other norm is its module (no affine), then x*(1+scale)+shift."""
     if norm == "layernorm":

@@ -1,0 +1,138 @@
+"""Each fused kernel of issue 37 against its plain-PyTorch composition, forward + backward, on the GPU.
+
+    python benchmarks/fused_kernels.py [--batch 256 --gpt-batch 32 --reps 30]     (CUDA; prints a markdown table)
+
+Shapes: DiT-B/2 at 32x32x4 latents (256 tokens of width 768) and DiT-XL/2 (width 1152), batch --batch, bf16 autocast
+with a float32 residual stream (the presets' defaults); GPT-2 124M's head (768 -> 50304 rows, 50257 real) over
+--gpt-batch x 1024 tokens. Rows: adaLN (LayerNorm + modulation), gated residual + adaLN, gated residual, and the
+head + cross-entropy; each plain composition eager and under torch.compile (what the presets run), each fused
+kernel eager (custom ops: the same kernel under compile). Times: CUDA events, median over --reps after warm-up,
+one forward + backward with random cotangents; peak memory above the inputs. Libraries that are not installed are
+reported as such.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def timed(fn, reps, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def fwd_bwd(f, inputs, cot=None):
+    """One forward + backward of f(*inputs) (a tensor or a tuple), cotangents fixed beforehand."""
+    def run():
+        out = f(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        cots = cot if cot is not None else [torch.ones_like(o) for o in outs]
+        torch.autograd.backward(outs, cots)
+        for t in inputs:
+            t.grad = None
+    return run
+
+
+def adaln_rows(B, N, D, reps):
+    from genlab.models import fused_adaln as FA
+    from genlab.models.norm import norm_modulate_fused
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, N, D, device="cuda", generator=g).requires_grad_()                   # fp32 residual
+    y = torch.randn(B, N, D, device="cuda", generator=g).bfloat16().requires_grad_()        # a matmul's output
+    gate, sh, sc = (torch.randn(B, D, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(3))
+    eps = 1e-6
+
+    def ac(f):
+        def run(*a):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return f(*a)
+        return run
+    ops = {
+        "LN + modulate": ((x, sh, sc), lambda x, sh, sc: norm_modulate_fused(x, sh, sc, eps),
+                          lambda x, sh, sc: FA.norm_modulate_triton(x, sh, sc, eps)),
+        "x + g*y, LN + modulate": ((x, y, gate, sh, sc), lambda *a: FA.add_norm_modulate_plain(*a, eps),
+                                   lambda *a: FA.add_norm_modulate_triton(*a, eps)),
+        "x + g*y": ((x, y, gate), FA.gated_add_plain, FA.gated_add_triton),
+    }
+    rows = []
+    for name, (inp, plain, fused) in ops.items():
+        out = ac(plain)(*inp)
+        outs = out if isinstance(out, tuple) else (out,)
+        cot = [torch.randn_like(o) for o in outs]
+        r = {"op": f"{name} [{B}x{N}x{D}]"}
+        r["eager"] = timed(fwd_bwd(ac(plain), inp, cot), reps)
+        r["compiled"] = timed(fwd_bwd(torch.compile(ac(plain)), inp, cot), reps)
+        r["fused"] = timed(fwd_bwd(ac(fused), inp, cot), reps)
+        r["kernel"] = "genlab Triton (model.adaln=triton)"
+        rows.append(r)
+    return rows
+
+
+def ce_rows(B, T, reps):
+    from genlab.models import fused_ce
+    D, V, vocab = 768, 50304, 50257
+    g = torch.Generator(device="cuda").manual_seed(0)
+    head = torch.nn.Linear(D, V, bias=False).cuda()
+    torch.nn.init.normal_(head.weight, std=0.02, generator=g)
+    h = torch.randn(B * T, D, device="cuda", generator=g).requires_grad_()
+    y = torch.randint(0, vocab, (B * T,), device="cuda", generator=g)
+
+    def loss_of(kernel):
+        def run(h, W):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return kernel(head, h, y, None, vocab)
+        return run
+    inp = (h, head.weight)
+    r = {"op": f"head + CE [{B * T}x{D} -> {V}]"}
+    r["eager"] = timed(fwd_bwd(loss_of(fused_ce.plain_ce), inp), reps)
+    r["compiled"] = timed(fwd_bwd(torch.compile(loss_of(fused_ce.plain_ce)), inp), reps)
+    rows = []
+    for name, ok, fn in (("cce", fused_ce.HAS_CCE, fused_ce.cce_ce), ("liger", fused_ce.HAS_LIGER, fused_ce.liger_ce)):
+        row = dict(r, kernel=f"{name} (model.ce_kernel={name})")
+        row["fused"] = timed(fwd_bwd(loss_of(fn), inp), reps) if ok else None
+        rows.append(row)
+    return rows
+
+
+def fmt(t):
+    return "not installed" if t is None else f"{t[0]:.2f} ms ({t[1]:.2f} GiB)"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--gpt-batch", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("fused_kernels.py needs a CUDA GPU")
+    rows = adaln_rows(a.batch, 256, 768, a.reps) + adaln_rows(a.batch // 2, 256, 1152, a.reps) + ce_rows(a.gpt_batch, 1024, a.reps)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward + backward, median of {a.reps}; "
+          f"(peak GiB above the inputs)\n")
+    print("| op | plain eager | plain compiled | fused | fused kernel | speed-up vs compiled |")
+    print("| --- | ---: | ---: | ---: | --- | ---: |")
+    for r in rows:
+        sp = "n/a" if r["fused"] is None else f"{r['compiled'][0] / r['fused'][0]:.2f}x"
+        print(f"| {r['op']} | {fmt(r['eager'])} | {fmt(r['compiled'])} | {fmt(r['fused'])} | {r['kernel']} | {sp} |")
+
+
+if __name__ == "__main__":
+    main()
