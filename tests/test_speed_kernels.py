@@ -216,3 +216,53 @@ def test_a_sync_inside_a_library_names_the_genlab_line_that_called_it():
              FrameSummary("/y/torch/nn/module.py", 5, "g"), FrameSummary("/y/torch/cuda/__init__.py", 1270, "h")]
     assert sync_site(stack) == "cuda/__init__.py:1270 <- train/step.py:239"
     assert sync_site(stack[:2]) == "train/step.py:239"
+
+
+_HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy")
+
+
+def _host_reads(fn, root: str) -> list[str]:
+    """Calls that read a tensor's value back to the host (each one a device sync on CUDA), made by code under
+    `root`, while fn runs: the CPU stand-in for CUDA's sync debug mode. Library-internal reads (torch's own CPU-side
+    optimizer step counters) are left out: only the lines `root` controls are counted."""
+    import traceback
+    seen = []
+    saved = {n: getattr(torch.Tensor, n) for n in _HOST_READS}
+
+    def counting(name):
+        def read(self, *a, **k):
+            caller = traceback.extract_stack(limit=2)[0]
+            if root in caller.filename:
+                seen.append(f"{name} at {caller.filename.rsplit('/', 1)[-1]}:{caller.lineno}")
+            return saved[name](self, *a, **k)
+        return read
+    try:
+        for n in _HOST_READS:
+            setattr(torch.Tensor, n, counting(n))
+        fn()
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+    return seen
+
+
+def test_the_host_read_counter_sees_a_read_and_its_line():
+    x = torch.ones(2)
+    reads = _host_reads(lambda: (x.sum().item(), bool(x.sum() > 0)), root="tests/test_speed_kernels.py")
+    assert [r.split(" at ")[0] for r in reads] == ["item", "__bool__"]
+
+
+@pytest.mark.parametrize("preset,extra", [("digits_flow", []), ("digits_flow", ["method.name=meanflow"]),
+                                          ("digits_flow", ["method.name=shortcut"]), ("text_ar", []), ("text_mdlm", [])])
+def test_a_training_step_reads_no_tensor_back_to_the_host(preset, extra):
+    """Issue 37: zero host syncs per step. On CUDA the bench counts them with the sync debug mode (tests/test_gpu.py);
+    here every value read genlab's own code makes inside a step (forward, backward, clipping, optimizer, EMA) is
+    counted: a read there would be a sync on the GPU."""
+    import os
+    import genlab
+    from genlab.bench import BenchStep
+    from genlab.config import load_config
+    cfg = load_config(preset, [*extra, "model.size=tiny", "train.device=cpu", "train.compile=off", "train.batch_size=8"])
+    b = BenchStep(cfg)
+    b.step()  # first step: lazy state (optimizer moments, EMA copies) is made here
+    assert _host_reads(b.step, root=os.path.dirname(genlab.__file__)) == []
