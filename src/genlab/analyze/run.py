@@ -157,6 +157,8 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
     out = Path(out) if out else _run_dir(run) / "analysis"
     out.mkdir(parents=True, exist_ok=True)
     data = build_dataset(cfg.data)
+    if hasattr(data, "reference"):  # teacher pairs (reflow): the real images they came from, as its evaluation uses
+        data = data.reference()
     res = {"run": str(run), "step": state["step"], "model": cfg.model.name, "depth": len(base.blocks),
            "method": cfg.method.name, "eval_samples": cfg.eval.num_samples, "sample_steps": cfg.eval.sample_steps,
            "cfg_scale": cfg.eval.cfg_scale, "device": str(dev)}
