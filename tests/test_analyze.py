@@ -58,11 +58,15 @@ def test_cka_matches_the_hsic_reference_in_float64(seed):
     assert cka_matrix([x, y])[0, 1].item() == pytest.approx(ref, rel=1e-10)
 
 
+BACKBONES = ["dit", "dit_incontext", "mmdit", "mmdit model.dual_blocks=2"]  # the last: the DiT + MMDiT hybrid
+
+
 def _model(name="dit", seed=0):
     """A tiny random backbone whose blocks are not the identity (adaLN-Zero starts every block at zero output)."""
     from genlab.config import load_config
     from genlab.train.step import build_model_and_method
-    cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}"])
+    name, *extra = name.split()
+    cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra])
     model, method = build_model_and_method(cfg, SPEC)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -76,7 +80,7 @@ def _sample(method, model, steps=3):
                          device="cpu")
 
 
-@pytest.mark.parametrize("name", ["dit", "mmdit"])
+@pytest.mark.parametrize("name", BACKBONES)
 def test_skipping_no_block_reproduces_the_samples_bit_for_bit(name):
     model, method = _model(name)
     before = _sample(method, model)
@@ -88,7 +92,7 @@ def test_skipping_no_block_reproduces_the_samples_bit_for_bit(name):
     assert torch.equal(none, before) and torch.equal(after, before)
 
 
-@pytest.mark.parametrize("name", ["dit", "mmdit"])
+@pytest.mark.parametrize("name", BACKBONES)
 def test_skipping_a_block_changes_the_samples_and_passes_its_inputs_through(name):
     model, method = _model(name)
     before = _sample(method, model)
@@ -109,8 +113,9 @@ def test_skip_plans_cover_each_block_and_centred_middle_runs():
     assert plans["blocks 5-6"] == (5, 6) and plans["blocks 3-8"] == tuple(range(3, 9)) and len(plans) == 1 + 12 + 5
 
 
-def test_cached_blocks_recompute_every_other_evaluation_and_reuse_the_residual():
-    model, _ = _model()
+@pytest.mark.parametrize("name", BACKBONES)
+def test_cached_blocks_recompute_every_other_evaluation_and_reuse_the_residual(name):
+    model, _ = _model(name)
     x, t, y = torch.randn(3, 1, 8, 8), torch.full((3,), 0.4), torch.tensor([0, 1, 2])
     with torch.no_grad():
         ref = model(x, t, y)
@@ -124,8 +129,9 @@ def test_cached_blocks_recompute_every_other_evaluation_and_reuse_the_residual()
         assert torch.equal(model(x, t, y), ref)  # restored
 
 
-def test_layer_similarity_is_one_per_t_with_ones_on_the_diagonal():
-    model, method = _model()
+@pytest.mark.parametrize("name", BACKBONES)
+def test_layer_similarity_has_ones_on_the_diagonal_per_t(name):
+    model, method = _model(name)
     images = torch.rand(5, 1, 8, 8) * 2 - 1
     sims = layer_similarity(method, model, images, torch.arange(5) % 4, [0.1, 0.9], torch.Generator().manual_seed(0))
     assert set(sims) == {0.1, 0.9}
