@@ -85,7 +85,9 @@ class Evaluation:
         from genlab.eval.real_split import real_split
         self.split = _cached(("split", *self.data_key),
                              lambda: real_split(data, self.ecfg.val_path, self.n, self.ecfg.ref_samples))
-        self._gen = {}
+        # a caller scoring several variants of one model (genlab analyze) passes one classifier, so every variant is
+        # scored in the same feature space even when a weak classifier is not cached
+        self._gen = {"classifier": ctx["classifier"]} if ctx.get("classifier") is not None else {}
 
     # -- feature spaces ---------------------------------------------------------------------
     def classifier(self):

@@ -33,6 +33,8 @@ class JointBlock(nn.Module):
     """SD3's MMDiT block. The context stream borrows the image stream's attention kernel (one differential lambda
     per block); in SD3's last block its output is discarded, so it only projects keys and values (pre_only)."""
 
+    token_streams = 2  # forward(x, ctx, ...) -> (x, ctx): what layer analysis passes through a skipped block
+
     def __init__(self, s: DiTSpec, layer: int, last: bool = False):
         super().__init__()
         args = (s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)

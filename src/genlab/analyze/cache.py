@@ -1,0 +1,123 @@
+"""A cached-block sampler in the spirit of Learning-to-Cache (Ma et al. 2024, arXiv:2406.01733), simple version:
+a block marked safe computes its residual contribution r = block(h) - h on one network evaluation and reuses it,
+h + r, on the next `every - 1` evaluations, instead of learning a router. Safe blocks are those whose contribution
+changes least between consecutive evaluations of a sampling pass (`block_change`), or a list the user gives.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from genlab.analyze.skip import streams_of
+
+
+def _streams(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+@contextmanager
+def _on_calls(model, fn):
+    """fn() before every forward of the whole model (one network evaluation of the sampler)."""
+    h = model.register_forward_pre_hook(lambda *_: fn())
+    try:
+        yield
+    finally:
+        h.remove()
+
+
+@contextmanager
+def block_change(model):
+    """Yields {block: mean relative change of its residual contribution between consecutive network evaluations},
+    ||r_k - r_(k-1)|| / ||r_(k-1)||, filled while the model samples inside the context."""
+    prev: dict[int, tuple] = {}
+    sums: dict[int, list[float]] = {}
+    change: dict[int, float] = {}
+
+    def hook(i):
+        def record(mod, args, out):
+            r = tuple((o - a).float() for o, a in zip(_streams(out), args[:streams_of(mod)]))
+            if i in prev and prev[i][0].shape == r[0].shape:
+                num = sum(float((a - b).norm()) ** 2 for a, b in zip(r, prev[i])) ** 0.5
+                den = sum(float(b.norm()) ** 2 for b in prev[i]) ** 0.5
+                s = sums.setdefault(i, [0.0, 0])
+                s[0] += num / max(den, 1e-12)
+                s[1] += 1
+                change[i] = s[0] / s[1]
+            prev[i] = r
+        return record
+    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(model.blocks)]
+    try:
+        yield change
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def pick_cacheable(change: dict[int, float], k: int) -> list[int]:
+    """The k blocks whose contribution changes least (ties: the lower index)."""
+    return sorted(sorted(change, key=lambda i: (change[i], i))[:k])
+
+
+@contextmanager
+def cached_blocks(model, indices, every: int = 2):
+    """Within the context the blocks at `indices` recompute on every `every`-th network evaluation and reuse their
+    last residual contribution in between (a batch of another shape, e.g. CFG outside its interval, recomputes).
+    Yields counters {"computed", "reused"}. The weights are untouched; on exit the blocks are as before."""
+    state = {"call": -1, "computed": 0, "reused": 0}
+    saved: dict[int, tuple] = {}
+
+    def tick():
+        state["call"] += 1
+
+    def wrap(i, block):
+        run, n = type(block).forward.__get__(block), streams_of(block)
+
+        def forward(*args, **kw):
+            inputs = args[:n]
+            r = saved.get(i)
+            if state["call"] % every and r is not None and r[0].shape == inputs[0].shape:
+                state["reused"] += 1
+                out = tuple(a + d for a, d in zip(inputs, r))
+                return out if n > 1 else out[0]
+            out = run(*args, **kw)
+            state["computed"] += 1
+            saved[i] = tuple(o - a for o, a in zip(_streams(out), inputs))
+            return out
+        return forward
+    blocks = {i: model.blocks[i] for i in sorted(set(indices))}
+    for i, b in blocks.items():
+        b.forward = wrap(i, b)
+    try:
+        with _on_calls(model, tick):
+            yield state
+    finally:
+        for b in blocks.values():
+            del b.forward
+
+
+@contextmanager
+def forward_timer(model, device):
+    """Yields {"seconds", "calls"}: wall-clock seconds inside the model's forward (the network's share of sampling),
+    synchronising the device at each boundary so queued kernels are counted where they ran."""
+    acc = {"seconds": 0.0, "calls": 0}
+    start = []
+    cuda = torch.device(device).type == "cuda"
+
+    def pre(*_):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start.append(time.perf_counter())
+
+    def post(*_):
+        if cuda:
+            torch.cuda.synchronize(device)
+        acc["seconds"] += time.perf_counter() - start.pop()
+        acc["calls"] += 1
+    handles = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    try:
+        yield acc
+    finally:
+        for h in handles:
+            h.remove()

@@ -1,0 +1,105 @@
+"""What `genlab analyze` writes: one CKA heat map per noise level, the skip plot, and analysis.md."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def adjacent_mean(m: torch.Tensor) -> float:
+    """Mean CKA of neighbouring blocks (i, i + 1): high = the residual stream changes little per block."""
+    return float(torch.diagonal(m, 1).mean()) if len(m) > 1 else float("nan")
+
+
+def cka_heatmaps(sims: dict, out: Path) -> list[Path]:
+    plt = _plt()
+    paths = []
+    for t, m in sims.items():
+        fig, ax = plt.subplots(figsize=(4.8, 4.2))
+        im = ax.imshow(m.numpy(), vmin=0, vmax=1, cmap="magma", origin="lower")
+        ax.set_xlabel("block")
+        ax.set_ylabel("block")
+        ax.set_title(f"linear CKA of block outputs, t = {t:g} (0 noise, 1 data)", fontsize=8)
+        fig.colorbar(im, ax=ax)
+        fig.tight_layout()
+        p = out / f"cka_t{t:g}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def skip_plot(rows: list[dict], out: Path) -> Path:
+    """Feature FD (relative to the unskipped model) and sample accuracy per skipped block or run of blocks."""
+    plt = _plt()
+    names = [r["skipped"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.3 * len(rows) + 1.6), sharey=True)
+    a.barh(names, [r["fd_ratio"] for r in rows], color="tab:blue")
+    a.axvline(1.0, color="k", lw=0.8)
+    a.set_xlabel("feature FD / FD of the unskipped model")
+    a.set_xscale("log")
+    b.barh(names, [100 * r["sample_accuracy"] for r in rows], color="tab:green")
+    b.set_xlabel("sample accuracy %")
+    a.invert_yaxis()
+    fig.tight_layout()
+    p = out / "skip.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
+def _table(head, rows) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def markdown(res: dict) -> str:
+    lines = [f"# Layer analysis of {res['run']} (step {res['step']})", "",
+             f"Model {res['model']} with {res['depth']} blocks, method {res['method']}, device {res['device']}. "
+             "See docs/analyze.md for what each number means.", ""]
+    if "cka" in res:
+        c = res["cka"]
+        lines += ["## Layer similarity (linear CKA)", "",
+                  f"One batch of {c['batch']} real images noised to each t, {c['tokens']} grid tokens per image; "
+                  "rows = sample x token, centred.", ""]
+        rows = []
+        for t, m in c["by_t"].items():
+            m = torch.tensor(m)
+            off = m[~torch.eye(len(m), dtype=torch.bool)]
+            rows.append([t, f"{adjacent_mean(m):.3f}", f"{float(off.mean()):.3f}" if len(off) else "-",
+                         f"{float(m[0, -1]):.3f}", f"cka_t{t}.png"])
+        lines += _table(["t", "mean CKA, adjacent blocks", "mean CKA, all pairs", "CKA first-last", "heat map"], rows)
+        lines.append("")
+    if "reference" in res:
+        r = res["reference"]
+        lines += [f"Sampling: {res['eval_samples']} samples, {res['sample_steps']} steps, CFG {res['cfg_scale']:g}; "
+                  f"the unskipped model: feature FD {r['feature_fd']:.4g} (real-vs-real floor {r['feature_fd_floor']:.4g}), "
+                  f"sample accuracy {100 * r['sample_accuracy']:.1f}%.", ""]
+    if "skip" in res:
+        lines += ["## Layer skipping (identity blocks at sampling time)", ""]
+        lines += _table(["skipped", "feature FD", "FD / unskipped", "sample accuracy", "mean |Δ pixel| vs unskipped"],
+                        [[r["skipped"], f"{r['feature_fd']:.4g}", f"{r['fd_ratio']:.3g}",
+                          f"{100 * r['sample_accuracy']:.1f}%", f"{r['pixel_diff']:.2f}"] for r in res["skip"]])
+        lines += ["", f"Plot: {res['skip_plot']}", ""]
+    if "cache" in res:
+        c = res["cache"]
+        lines += ["## Cached-block sampler", "",
+                  f"Blocks {', '.join(map(str, c['blocks']))} recompute every {c['every']} network evaluations and reuse "
+                  "their last residual contribution in between.", ""]
+        lines += _table(["sampler", "feature FD", "FD / unskipped", "sample accuracy", "network seconds", "speed-up"],
+                        [["every block computed", f"{res['reference']['feature_fd']:.4g}", "1",
+                          f"{100 * res['reference']['sample_accuracy']:.1f}%", f"{c['baseline_forward_seconds']:.3g}", "1"],
+                         ["cached", f"{c['feature_fd']:.4g}", f"{c['fd_ratio']:.3g}", f"{100 * c['sample_accuracy']:.1f}%",
+                          f"{c['forward_seconds']:.3g}", f"{c['speedup']:.2f}x"]])
+        lines += ["", f"Block evaluations saved: {100 * c['block_evals_saved']:.0f}% (the ideal speed-up of the blocks' "
+                  "share of the forward)."]
+        if c.get("change"):
+            lines += ["", "Mean relative change of each block's contribution between consecutive evaluations: "
+                      + ", ".join(f"{i}: {v:.3g}" for i, v in c["change"].items()), ""]
+    return "\n".join(lines) + "\n"

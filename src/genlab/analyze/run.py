@@ -1,0 +1,187 @@
+"""`genlab analyze RUN`: layer similarity, layer skipping and a cached-block sampler on a trained image flow run.
+Everything is written into RUN/analysis/ (or --out): heat maps, a plot, analysis.md and analysis.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from genlab.errors import GenlabError
+
+WHAT = ("cka", "skip", "cache")
+
+
+def parse_what(text: str) -> list[str]:
+    names = [s.strip() for s in str(text).split(",") if s.strip()]
+    bad = [n for n in names if n not in WHAT]
+    if not names or bad:
+        raise GenlabError(f"--what must be a comma-separated subset of {','.join(WHAT)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_ts(text: str) -> list[float]:
+    try:
+        ts = [float(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        ts = []
+    if not ts or any(not 0 <= t <= 1 for t in ts):
+        raise GenlabError(f"--t must be comma-separated noise levels in [0, 1] (0 noise, 1 data), got {text!r}")
+    return list(dict.fromkeys(ts))
+
+
+def parse_blocks(text: str):
+    """'auto' -> None (the analysis picks), else the comma-separated block indices."""
+    if str(text).strip() == "auto":
+        return None
+    try:
+        idx = [int(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        idx = []
+    if not idx or min(idx) < 0:
+        raise GenlabError(f"--cache-blocks must be 'auto' or comma-separated block indices >= 0, got {text!r}")
+    return sorted(set(idx))
+
+
+def check_args(what, batch, t, cache_blocks, cache_every):
+    """The command line, before a checkpoint is opened."""
+    if batch < 2:
+        raise GenlabError(f"--batch must be >= 2 (CKA centres over the batch), got {batch}")
+    if cache_every < 2:
+        raise GenlabError(f"--cache-every must be >= 2 (1 would never reuse), got {cache_every}")
+    return parse_what(what), parse_ts(t), parse_blocks(cache_blocks)
+
+
+def _check_run(cfg, method, model, cache_blocks):
+    from genlab.methods.flow import FlowMatching
+    if not isinstance(method, FlowMatching) or not hasattr(model, "blocks") or not hasattr(model, "num_tokens"):
+        raise GenlabError(f"genlab analyze needs an image flow-matching run (x_t = (1 - t) noise + t data, a backbone "
+                          f"with blocks); this run is method {cfg.method.name}, model {cfg.model.name}")
+    depth = len(model.blocks)
+    if cache_blocks and max(cache_blocks) >= depth:
+        raise GenlabError(f"--cache-blocks {max(cache_blocks)} out of range; this model has blocks 0..{depth - 1}")
+
+
+def _real_batch(data, n, device, seed=0):
+    """n real images and labels, a fixed draw (seed 0) so analyses of two runs of one dataset see the same batch."""
+    import numpy as np
+    from genlab.data.pixels import to_model
+    idx = np.sort(np.random.default_rng(seed).permutation(len(data))[:n])
+    images = to_model(torch.as_tensor(np.asarray(data.images[idx])).to(device))
+    return images, torch.as_tensor(np.asarray(data.labels)[idx], dtype=torch.long, device=device)
+
+
+class Sampler:
+    """Evaluation samples of one run, every variant from the same noise (a fresh fixed-seed generator each time)."""
+
+    def __init__(self, cfg, method, model, data, device, run_dir):
+        self.cfg, self.method, self.model, self.data, self.device, self.run_dir = cfg, method, model, data, device, run_dir
+        n = cfg.eval.num_samples
+        self.labels = torch.arange(n, device=device) % data.spec["num_classes"]
+        self.classifier = None  # (net, held-out accuracy), trained or loaded once for every variant
+
+    def draw(self, desc, labels=None):
+        from genlab.eval.image_quality import generate
+        from genlab.sampling import eval_context
+        ctx = eval_context(self.cfg, self.device, self.run_dir, classifier=self.classifier)
+        labels = self.labels if labels is None else labels
+        return generate(self.method, self.model, labels, ctx, self.cfg.eval.batch_size, desc=desc), ctx
+
+    def score(self, desc):
+        from genlab.eval.metrics import image_metrics
+        if self.classifier is None:
+            from genlab.eval.classifier import get_classifier
+            self.classifier = get_classifier(self.data, device=self.device, epochs=self.cfg.eval.classifier_epochs)
+        samples, ctx = self.draw(desc)
+        m = image_metrics(samples, self.labels, self.data, ctx)
+        return samples, {"feature_fd": m["feature_fd"], "sample_accuracy": m["sample_accuracy"],
+                         "feature_fd_floor": m["feature_fd_floor"]}
+
+
+def _skip_rows(sampler, base, ref_samples, ref):
+    from genlab.analyze.skip import skip_blocks, skip_plans
+    rows = []
+    for name, idx in skip_plans(len(base.blocks)):
+        if idx:
+            with skip_blocks(base, idx):
+                samples, m = sampler.score(f"analyze: skip {name}")
+        else:
+            samples, m = ref_samples, ref
+        diff = (samples.float() - ref_samples.float()).abs().mean().item()
+        rows.append({"skipped": name, "blocks": list(idx), **m, "fd_ratio": m["feature_fd"] / ref["feature_fd"],
+                     "pixel_diff": diff})
+    return rows
+
+
+def _warm_up_and_pick(sampler, base, blocks):
+    """One sampling pass before the timed baseline (it pays the one-off costs); with --cache-blocks auto it also
+    measures how much each block's contribution changes between evaluations and picks the half that changes least."""
+    from genlab.analyze.cache import block_change, pick_cacheable
+    depth = len(base.blocks)
+    with block_change(base) as ch:
+        sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])
+    change = {i: ch.get(i, float("inf")) for i in range(depth)}
+    return (pick_cacheable(change, max(1, depth // 2)) if blocks is None else blocks), change
+
+
+def _cache_result(sampler, base, ref, ref_seconds, blocks, change, every):
+    from genlab.analyze.cache import cached_blocks, forward_timer
+    with cached_blocks(base, blocks, every) as counts, forward_timer(base, sampler.device) as tm:
+        _, m = sampler.score("analyze: cached sampler")
+    return {"blocks": blocks, "every": every, "change": change, **m, "fd_ratio": m["feature_fd"] / ref["feature_fd"],
+            "forward_seconds": tm["seconds"], "baseline_forward_seconds": ref_seconds,
+            "speedup": ref_seconds / tm["seconds"] if tm["seconds"] > 0 else float("nan"),
+            "block_evals_saved": counts["reused"] / max(1, counts["reused"] + counts["computed"]) * len(blocks)
+            / len(base.blocks)}
+
+
+def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="auto", out=None, overrides=(),
+                cache_blocks="auto", cache_every=2) -> dict:
+    from genlab.analyze import report
+    from genlab.analyze.cka import layer_similarity
+    from genlab.config_check import check_data_on_disk
+    from genlab.data import build_dataset
+    from genlab.methods.flow import unwrap
+    from genlab.sample import _run_dir, load_run
+    what, ts, blocks = check_args(what, batch, t, cache_blocks, cache_every)
+    cfg, model, method, dev, state = load_run(run, device, True, overrides)
+    base = unwrap(model)
+    _check_run(cfg, method, base, blocks)
+    sampling = [w for w in what if w != "cka"]
+    if sampling:
+        cfg.eval.metrics = "accuracy,fd"  # the two numbers of the tables
+        if cfg.eval.num_samples < 2:
+            raise GenlabError(f"--what {','.join(sampling)} samples and scores eval.num_samples images; it must be "
+                              f">= 2 (FD needs a covariance), got {cfg.eval.num_samples}")
+        check_data_on_disk(cfg)
+    out = Path(out) if out else _run_dir(run) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    data = build_dataset(cfg.data)
+    if hasattr(data, "reference"):  # teacher pairs (reflow): the real images they came from, as its evaluation uses
+        data = data.reference()
+    res = {"run": str(run), "step": state["step"], "model": cfg.model.name, "depth": len(base.blocks),
+           "method": cfg.method.name, "eval_samples": cfg.eval.num_samples, "sample_steps": cfg.eval.sample_steps,
+           "cfg_scale": cfg.eval.cfg_scale, "device": str(dev)}
+    if "cka" in what:
+        images, labels = _real_batch(data, min(batch, len(data)), dev)
+        gen = torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)
+        sims = layer_similarity(method, base, images, labels, ts, gen)
+        res["cka"] = {"batch": len(images), "tokens": base.num_tokens,
+                      "by_t": {f"{t:g}": m.tolist() for t, m in sims.items()},
+                      "plots": [p.name for p in report.cka_heatmaps(sims, out)]}
+    if sampling:
+        sampler = Sampler(cfg, method, model, data, dev, _run_dir(run))
+        if "cache" in what:
+            blocks, change = _warm_up_and_pick(sampler, base, blocks)
+        from genlab.analyze.cache import forward_timer
+        with forward_timer(base, dev) as tm:
+            ref_samples, ref = sampler.score("analyze: unskipped")
+        res["reference"] = ref
+        if "skip" in what:
+            res["skip"] = _skip_rows(sampler, base, ref_samples, ref)
+            res["skip_plot"] = report.skip_plot(res["skip"], out).name
+        if "cache" in what:
+            res["cache"] = _cache_result(sampler, base, ref, tm["seconds"], blocks, change, cache_every)
+    (out / "analysis.json").write_text(json.dumps(res, indent=1))
+    (out / "analysis.md").write_text(report.markdown(res))
+    return {"out": str(out), **{k: res[k] for k in ("step", "depth") if k in res}}

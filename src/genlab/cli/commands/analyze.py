@@ -1,0 +1,31 @@
+"""`genlab analyze RUN`: layer similarity (CKA), layer skipping and a cached-block sampler of an image flow run."""
+from __future__ import annotations
+
+ORDER = 2.5  # after eval
+
+
+def cmd_analyze(args):
+    from genlab.analyze.run import analyze_run
+    res = analyze_run(args.run, what=args.what, batch=args.batch, t=args.t, device=args.device, out=args.out,
+                      overrides=args.overrides, cache_blocks=args.cache_blocks, cache_every=args.cache_every)
+    print(f"wrote {res['out']}/analysis.md (and the plots beside it)")
+    return 0
+
+
+def add_parser(sub):
+    a = sub.add_parser("analyze", help="what the layers of an image flow run learn: CKA heat maps, layer skipping, "
+                                       "a cached-block sampler (docs/analyze.md)")
+    a.add_argument("run", help="run folder or checkpoint file")
+    a.add_argument("overrides", nargs="*", help="eval.* overrides, e.g. eval.num_samples=1000 (the samples scored)")
+    a.add_argument("--what", default="cka,skip,cache", help="analyses, comma-separated: cka, skip, cache (default: all)")
+    a.add_argument("--batch", type=int, default=64, help="real images in the CKA batch (default: 64)")
+    a.add_argument("--t", default="0.1,0.5,0.9", help="noise levels of the CKA heat maps, 0 noise .. 1 data "
+                                                       "(default: 0.1,0.5,0.9)")
+    a.add_argument("--cache-blocks", default="auto", help="blocks the cached sampler reuses: auto (the half whose "
+                   "contribution changes least between steps) or indices, e.g. 3,4,5 (default: auto)")
+    a.add_argument("--cache-every", type=int, default=2, help="cached blocks recompute every N network evaluations "
+                                                              "(default: 2)")
+    a.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    a.add_argument("--out", default=None, help="output folder (default: RUN/analysis)")
+    a.set_defaults(fn=cmd_analyze)
+    return a

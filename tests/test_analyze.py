@@ -1,0 +1,195 @@
+"""`genlab analyze`: linear CKA against its float64 HSIC definition, identity block skipping, the cached-block
+sampler, and the command on a tiny trained run (files written, bad inputs refused in one line)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, cli_in_process
+from genlab.analyze.cache import cached_blocks
+from genlab.analyze.cka import cka_matrix, layer_similarity, linear_cka
+from genlab.analyze.skip import skip_blocks, skip_plans
+
+SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
+
+
+def hsic_cka(x, y):
+    """The definition (Kornblith et al. 2019, eq. 1-3): HSIC of the n x n linear kernels, centred by H."""
+    x, y = x.double(), y.double()
+    n = x.shape[0]
+    H = torch.eye(n, dtype=torch.float64) - 1.0 / n
+    K, L = x @ x.T, y @ y.T
+
+    def hsic(a, b):
+        return torch.trace(a @ H @ b @ H) / (n - 1) ** 2
+    return float(hsic(K, L) / torch.sqrt(hsic(K, K) * hsic(L, L)))
+
+
+def _feats(seed, n=60, d=(12, 20)):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d[0], generator=g)
+    y = x @ torch.randn(d[0], d[1], generator=g) * 0.3 + torch.randn(n, d[1], generator=g)  # related, not equal
+    return x, y
+
+
+def test_cka_of_a_representation_with_itself_is_one():
+    x, _ = _feats(0)
+    assert linear_cka(x, x) == pytest.approx(1.0, abs=1e-12)
+    assert torch.allclose(torch.diagonal(cka_matrix([x, x * 2, x[:, :5]])), torch.ones(3, dtype=torch.float64))
+
+
+def test_cka_is_invariant_to_orthogonal_transforms_and_isotropic_scaling():
+    x, y = _feats(1)
+    q, _ = torch.linalg.qr(torch.randn(20, 20, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
+    base = linear_cka(x, y)
+    assert linear_cka(x, y.double() @ q) == pytest.approx(base, rel=1e-10)
+    assert linear_cka(3.7 * x.double(), 0.01 * y.double()) == pytest.approx(base, rel=1e-10)  # float64: exact scaling
+    assert 0.05 < base < 0.95  # a case where invariance is informative
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_cka_matches_the_hsic_reference_in_float64(seed):
+    x, y = _feats(seed)
+    ref = hsic_cka(x, y)
+    assert linear_cka(x, y) == pytest.approx(ref, rel=1e-10)
+    # float32 inputs: the only error is the inputs' rounding, widened to float64 inside
+    assert cka_matrix([x, y])[0, 1].item() == pytest.approx(ref, rel=1e-10)
+
+
+BACKBONES = ["dit", "dit_incontext", "mmdit", "mmdit model.dual_blocks=2"]  # the last: the DiT + MMDiT hybrid
+
+
+def _model(name="dit", seed=0):
+    """A tiny random backbone whose blocks are not the identity (adaLN-Zero starts every block at zero output)."""
+    from genlab.config import load_config
+    from genlab.train.step import build_model_and_method
+    name, *extra = name.split()
+    cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra])
+    model, method = build_model_and_method(cfg, SPEC)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval(), method
+
+
+def _sample(method, model, steps=3):
+    return method.sample(model, torch.arange(6) % 4, steps=steps, generator=torch.Generator().manual_seed(7),
+                         device="cpu")
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_skipping_no_block_reproduces_the_samples_bit_for_bit(name):
+    model, method = _model(name)
+    before = _sample(method, model)
+    with skip_blocks(model, []):
+        none = _sample(method, model)
+    with skip_blocks(model, [1, 2]):
+        _sample(method, model)
+    after = _sample(method, model)  # leaving the context restores the blocks
+    assert torch.equal(none, before) and torch.equal(after, before)
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_skipping_a_block_changes_the_samples_and_passes_its_inputs_through(name):
+    model, method = _model(name)
+    before = _sample(method, model)
+    seen = []
+    h = model.blocks[2].register_forward_hook(lambda m, args, out: seen.append((args, out)))
+    with skip_blocks(model, [2]):
+        skipped = _sample(method, model)
+    h.remove()
+    assert not torch.allclose(skipped, before, atol=1e-3)
+    args, out = seen[0]
+    outs = out if isinstance(out, tuple) else (out,)
+    assert all(o is a for o, a in zip(outs, args))  # identity: the very input tensors, every stream
+
+
+def test_skip_plans_cover_each_block_and_centred_middle_runs():
+    plans = dict(skip_plans(12))
+    assert plans["none"] == () and all(plans[f"block {i}"] == (i,) for i in range(12))
+    assert plans["blocks 5-6"] == (5, 6) and plans["blocks 3-8"] == tuple(range(3, 9)) and len(plans) == 1 + 12 + 5
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_cached_blocks_recompute_every_other_evaluation_and_reuse_the_residual(name):
+    model, _ = _model(name)
+    x, t, y = torch.randn(3, 1, 8, 8), torch.full((3,), 0.4), torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        ref = model(x, t, y)
+        with cached_blocks(model, [1, 2], every=2) as counts:
+            outs = [model(x, t, y) for _ in range(5)]
+    assert counts == {"call": 4, "computed": 2 * 3, "reused": 2 * 2}
+    # same input every call: h + (block(h) - h) is block(h) up to one rounding per add
+    for o in outs:
+        torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        assert torch.equal(model(x, t, y), ref)  # restored
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_layer_similarity_has_ones_on_the_diagonal_per_t(name):
+    model, method = _model(name)
+    images = torch.rand(5, 1, 8, 8) * 2 - 1
+    sims = layer_similarity(method, model, images, torch.arange(5) % 4, [0.1, 0.9], torch.Generator().manual_seed(0))
+    assert set(sims) == {0.1, 0.9}
+    for m in sims.values():
+        assert m.shape == (4, 4) and torch.allclose(torch.diagonal(m), torch.ones(4, dtype=torch.float64))
+        assert torch.equal(m, m.T) and bool(((m > 0) & (m <= 1 + 1e-9)).all())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from genlab.config import load_config
+    from genlab.train.trainer import Trainer
+    out = tmp_path_factory.mktemp("analyze_run")
+    Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=8", f"train.out_dir={out}", "train.name=r",
+                                               "eval.num_samples=0", "log.sample_every=0", "log.ckpt_every=0"])).fit()
+    return out / "r"
+
+
+def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path, capfd):
+    out = tmp_path / "an"
+    r = cli_in_process(capfd, "analyze", tiny_run, "eval.num_samples=12", "eval.sample_steps=2", "--batch", "8",
+                       "--t", "0.2,0.8", "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert {p.name for p in out.iterdir()} == {"cka_t0.2.png", "cka_t0.8.png", "skip.png", "analysis.md", "analysis.json"}
+    res = json.loads((out / "analysis.json").read_text())
+    assert [row["skipped"] for row in res["skip"]] == [name for name, _ in skip_plans(4)]
+    assert res["skip"][0]["pixel_diff"] == 0 and res["skip"][0]["fd_ratio"] == 1
+    assert len(res["cache"]["blocks"]) == 2 and set(res["cka"]["by_t"]) == {"0.2", "0.8"}
+    md = (out / "analysis.md").read_text()
+    for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png"):
+        assert s in md, s
+
+
+def test_analyze_defaults_to_the_runs_analysis_folder(tiny_run, capfd):
+    r = cli_in_process(capfd, "analyze", tiny_run, "--what", "cka", "--batch", "4", "--t", "0.5")
+    assert r.returncode == 0, r.stderr
+    assert (tiny_run / "analysis" / "cka_t0.5.png").exists() and "skip" not in (tiny_run / "analysis" / "analysis.md").read_text().lower()
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--what", "cka,speed"], "--what must be a comma-separated subset of cka,skip,cache"),
+    (["--batch", "1"], "--batch must be >= 2"),
+    (["--t", "0.5,1.5"], "--t must be comma-separated noise levels in [0, 1]"),
+    (["--t", "mid"], "--t must be comma-separated noise levels in [0, 1]"),
+    (["--cache-every", "1"], "--cache-every must be >= 2"),
+    (["--cache-blocks", "two"], "--cache-blocks must be 'auto' or comma-separated block indices"),
+    (["--cache-blocks", "1,9"], "--cache-blocks 9 out of range; this model has blocks 0..3"),
+    (["--device", "tpu"], "--device"),
+    (["eval.num_samples=1"], "eval.num_samples"),
+    (["model.depth=2"], "override 'model.depth=2' is not allowed here"),
+])
+def test_bad_analyze_inputs_are_one_line_and_write_nothing(tiny_run, tmp_path, capfd, args, expect):
+    out = tmp_path / "bad"
+    r = cli_in_process(capfd, "analyze", tiny_run, "--out", out, *args)
+    assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()
+
+
+def test_analyze_of_a_missing_run_is_one_line(tmp_path, capfd):
+    r = cli_in_process(capfd, "analyze", tmp_path / "nope")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr, r.stderr
