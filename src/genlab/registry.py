@@ -108,6 +108,8 @@ class ModelExample:
     inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments
     output_shape: Callable        # output_shape(spec, batch) -> tuple
     option_cases: dict = None     # model.<key> -> values
+    idle_params: tuple = ()       # parameters that these inputs leave at a zero gradient (MaskDiT's mask token, which
+                                  # only masked forwards read); the contract checks them for a finite gradient only
 
 
 @dataclass(frozen=True, kw_only=True)

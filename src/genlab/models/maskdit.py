@@ -69,6 +69,8 @@ class MaskDiT(DiT):
             h = full.scatter(1, keep.unsqueeze(-1).expand(-1, -1, h.shape[-1]), h)
         h = self.decoder_pos(h)
         c_dec = self.decoder_cond(c)
+        if keep is None:  # the mask token stays in the graph with a zero gradient (DDP expects every parameter to
+            c_dec = c_dec + 0 * self.mask_token[0].to(c_dec.dtype)  # get one; MaskDiT's code adds 0 * mask_token.sum())
         grid = TokenGrid(0, self.grid, self.grid)
         for block in self.decoder_blocks:
             h = block(h, c_dec, rope=None, grid=grid)
@@ -105,6 +107,8 @@ def _check_maskdit(cfg, dim: int, heads: int, depth: int):
                                     "positions (mask token for the dropped ones); model.decoder_depth, model.decoder_dim",
                          keys=MASKDIT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS), check=_check_maskdit,
                          block_tokens=True, masked_tokens=True,
-                         example=image_backbone_example({"decoder_dim": [16], "decoder_depth": [1]}), **IMAGE_BACKBONE)
+                         example=dataclasses.replace(image_backbone_example({"decoder_dim": [16], "decoder_depth": [1]}),
+                                                     idle_params=("mask_token",)),
+                         **IMAGE_BACKBONE)
 def build_maskdit(cfg_model, data_spec) -> MaskDiT:
     return MaskDiT(spec_from_config(cfg_model, data_spec), cfg_model.decoder_depth, cfg_model.decoder_dim)
