@@ -195,3 +195,11 @@ def test_preset_loads_and_has_both_stages():
     cfg = load_config("mnist_maskdit")
     assert cfg.method.name == "maskdit" and cfg.model.name == "maskdit"
     assert 0 < cfg.method.unmask_steps < cfg.train.steps and cfg.method.mask_ratio == 0.5 and cfg.method.mae_weight == 0.1
+
+
+def test_the_trainer_counts_the_masked_stage_at_its_own_cost(tmp_path):
+    """flops_per_step (and so MFU) uses the run's mean FLOPs: K encoder tokens for the masked steps, N for the rest."""
+    t = Trainer(tiny_config(tmp_path, *MASK, "train.steps=10", "method.unmask_steps=4", "train.name=f"))
+    t._setup()
+    m = t.steps.model
+    assert t.steps.flops_per_sample == 3 * (6 * m.flops_per_sample(8) + 4 * m.flops_per_sample()) // 10

@@ -53,6 +53,12 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
+    def train_flops_per_sample(self, model, total_steps: int) -> int:
+        """Training FLOPs of one sample in one step (forward + backward); a method whose steps differ in cost (a
+        masked stage) gives the run's mean."""
+        from genlab.train.metrics import train_flops_per_sample
+        return train_flops_per_sample(model)
+
     def check_eval(self, cfg) -> None:
         """Before training or sampling: evaluation settings that need files (weights) or the data."""
 

@@ -62,6 +62,12 @@ class MaskDiTFlow(FlowMatching):
         """True in the masked stage; the last unmask_steps steps (and mask_ratio 0, which keeps all) are unmasked."""
         return self.keep < self.tokens and step < total_steps - self.unmask_steps
 
+    def train_flops_per_sample(self, model, total_steps: int) -> int:
+        """The run's mean: forward + backward (3x) with K encoder tokens in the masked steps, N in the others."""
+        masked = max(total_steps - self.unmask_steps, 0) if self.keep < self.tokens else 0
+        mean = (masked * model.flops_per_sample(self.keep) + (total_steps - masked) * model.flops_per_sample())
+        return 3 * mean // max(total_steps, 1)
+
     def loss(self, model, batch, ctx):
         if not self.masked_at(ctx.step, ctx.total_steps):
             flow, metrics = super().loss(model, batch, ctx)
