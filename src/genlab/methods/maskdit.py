@@ -86,7 +86,7 @@ class MaskDiTFlow(FlowMatching):
         flow, mae = self.masked_losses(v, data, noise, x_t, t, keep)
         total = flow + self.mae_weight * mae if self.mae_weight > 0 else flow
         return total, {"flow_loss": flow.detach(), "mae_loss": mae.detach(),
-                       "visible": flow.new_tensor(self.keep / self.tokens)}
+                       "visible": torch.full((), self.keep / self.tokens, device=flow.device)}  # a fill, no host copy
 
     def masked_losses(self, v, data, noise, x_t, t, keep):
         """(flow loss on the visible patches, MAE loss on the masked ones), each a per-sample mean then a batch mean

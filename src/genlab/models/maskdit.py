@@ -63,7 +63,7 @@ class MaskDiT(DiT):
             h = block(h, c, rope=rope, grid=grid)
             if i in self.skips.sources:
                 saved[i] = h
-        h = self.decoder_in(h, c)
+        h = self.decoder_in(h, c).to(self.residual_dtype(x_t))  # the decoder's residual stream in the encoder's dtype
         if keep is not None:
             full = self.mask_token.to(h.dtype).expand(h.shape[0], self.num_tokens, -1)
             h = full.scatter(1, keep.unsqueeze(-1).expand(-1, -1, h.shape[-1]), h)
