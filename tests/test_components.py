@@ -88,7 +88,7 @@ def test_a_misspelt_capability_fails_at_registration():
 def test_method_model_and_data_constraints_come_from_the_specs():
     with pytest.raises(GenlabError, match="method.name=mdlm trains on token data but data.name=digits provides image"):
         load_config(None, ["method.name=mdlm"])
-    with pytest.raises(GenlabError, match="method.name=flow needs model.name=dit\\|dit_incontext\\|mmdit"):
+    with pytest.raises(GenlabError, match="method.name=flow needs model.name=dit\\|dit_incontext\\|maskdit\\|mmdit"):
         load_config("text_ar", ["method.name=flow", "data.name=digits"])
     with pytest.raises(GenlabError, match="method.name=repa aligns"):
         load_config(None, ["method.name=repa", "model.name=mmdit"])

@@ -108,6 +108,8 @@ class ModelExample:
     inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments
     output_shape: Callable        # output_shape(spec, batch) -> tuple
     option_cases: dict = None     # model.<key> -> values
+    idle_params: tuple = ()       # parameters that these inputs leave at a zero gradient (MaskDiT's mask token, which
+                                  # only masked forwards read); the contract checks them for a finite gradient only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +119,7 @@ class ModelSpec(Spec):
     grid_rank: int | None = None           # token grid: 2 = image patches, 1 = a sequence, None = neither
     layer_keys: tuple[str, ...] = ()       # model.* layer choices it builds from the registries (contract test)
     block_tokens: bool = False             # its blocks output the patch tokens [B, N, D] alone (REPA hooks them)
+    masked_tokens: bool = False            # forward(..., keep=[B, K]) runs its encoder on those tokens only (MaskDiT)
     example: ModelExample | None = None    # the contract test's tiny instance
     default_position: str | None = None    # the position entry model.pos_emb=auto means
     check: Callable | None = None          # check(cfg, dim, heads, depth): shape constraints of its own options

@@ -53,6 +53,11 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
+    def train_flops_per_sample(self, model, total_steps: int) -> int:
+        """Training FLOPs of one sample in one step (forward + backward); a method whose steps differ in cost (a
+        masked stage) gives the run's mean."""
+        return 3 * model.flops_per_sample()  # as train.metrics.train_flops_per_sample (imported here: a cycle)
+
     def check_eval(self, cfg) -> None:
         """Before training or sampling: evaluation settings that need files (weights) or the data."""
 

@@ -18,7 +18,6 @@ from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
 from genlab.registry import method_registry, model_registry
 from genlab.train.convert import apply_converters, check_converters, converters_of
-from genlab.train.metrics import train_flops_per_sample
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.train.switches import allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
 
@@ -79,7 +78,7 @@ class TrainStep:
         else:
             self.method.init_weights(self.model)  # e.g. a student from its teacher's weights
         self.model.to(device)
-        self.flops_per_sample = train_flops_per_sample(self.model)
+        self.flops_per_sample = self.method.train_flops_per_sample(self.model, tcfg.steps)
         self.ema = copy.deepcopy(self.model).requires_grad_(False).eval() if tcfg.ema_decay > 0 else None
         if resume_state is not None and self.ema is not None and resume_state.get("ema") is not None:
             self.ema.load_state_dict(resume_state["ema"])
