@@ -36,7 +36,8 @@ class Format:
 def _torchao():
     try:
         import logging
-        logging.getLogger("torchao").setLevel(logging.ERROR)  # its optional CUDA kernels announce themselves missing
+        for name in ("torchao", "torch.utils._pytree"):  # missing optional CUDA kernels; a deprecation notice at import
+            logging.getLogger(name).setLevel(logging.ERROR)
         import torchao.quantization as q
     except ImportError:
         raise GenlabError("post-training quantization needs torchao: pip install torchao==0.18.0") from None
