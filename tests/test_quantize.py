@@ -206,3 +206,18 @@ def test_every_format_runs_a_block_linear_on_the_gpu_close_to_float(fmt):
     # 4-bit formats: a few percent of the output's scale; 8-bit ones: under one percent
     tol = 0.08 if fmt in ("int4", "nf4") else 0.02
     assert (y - ref).abs().max() <= tol * ref.abs().max()
+
+
+def test_gap_of_a_text_run_compares_validation_loss(tmp_path, capfd, one_thread):
+    from genlab.config import load_config
+    from genlab.quant.gap import quant_gap
+    from genlab.train.trainer import Trainer
+    lm = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=8", "train.steps=4",
+          "log.progress=false", "log.tensorboard=false", "log.ckpt_every=2", "log.keep_last=0", "eval.num_samples=0",
+          "log.sample_every=0", f"train.out_dir={tmp_path}", "train.name=ar"]
+    Trainer(load_config("text_ar", lm)).fit()
+    res = quant_gap(tmp_path / "ar", formats=["nf4"], overrides=["eval.num_samples=8"], device="cpu")
+    assert res["metric"] == "val_loss" and [r["step"] for r in res["rows"]] == [2, 4]
+    assert all(r["tokens"] == r["step"] * 8 * 32 for r in res["rows"])
+    # 4-bit weights of a 2-step model: a small change, not none
+    assert all(0 < abs(r["nf4"]["val_loss"] - r["float"]["val_loss"]) < 0.5 for r in res["rows"])

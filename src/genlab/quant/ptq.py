@@ -135,12 +135,13 @@ def runnable_here(device) -> list[str]:
     return [n for n, f in ptq_registry.items() if f.needs(torch.device(device)) is None]
 
 
-def check_format(name: str, device) -> Format:
+def check_format(name: str, device, what: str | None = None) -> Format:
     """The format exists and this device can run it; else one line naming the formats that run here."""
     fmt = get_format(name)
     why = fmt.needs(torch.device(device))
     if why:
-        raise GenlabError(f"--to {name}: {why}; on {torch.device(device).type} use one of: {', '.join(runnable_here(device))}")
+        raise GenlabError(f"{what or f'--to {name}'}: {why}; on {torch.device(device).type} use one of: "
+                          f"{', '.join(runnable_here(device))}")
     return fmt
 
 
@@ -164,10 +165,11 @@ def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def quantize_model(model: nn.Module, name: str, device, layers: list[str] | None = None, adaln: bool = False) -> dict:
+def quantize_model(model: nn.Module, name: str, device, layers: list[str] | None = None, adaln: bool = False,
+                   what: str | None = None) -> dict:
     """Quantize the model's block linears in place (or exactly `layers`, a record's list) and return the record:
     format, the layers quantized, those left float and why, and weight memory against bf16."""
-    fmt = check_format(name, device)
+    fmt = check_format(name, device, what)
     found = dict(candidate_linears(model, adaln=adaln or layers is not None))
     if layers is not None:
         missing = [n for n in layers if n not in found]
@@ -199,5 +201,6 @@ def apply_record(model: nn.Module, record: dict, device) -> nn.Module:
     """Re-apply a saved quantization at load time (genlab sample/eval on a quantized run)."""
     if not isinstance(record, dict) or not isinstance(record.get("format"), str) or not isinstance(record.get("layers"), list):
         raise GenlabError("this checkpoint's quantization record is malformed (want format and layers)")
-    quantize_model(model, record["format"], device, layers=record["layers"])
+    quantize_model(model, record["format"], device, layers=record["layers"],
+                   what=f"this run is quantized to {record['format']} (genlab quantize)")
     return model
