@@ -109,7 +109,7 @@ def markdown(result: dict, unit: str) -> str:
         if "b_per_decade" in t:
             pw = f"; power law {t['power_c']:.3g}·step^{t['power_k']:.3g}" if "power_k" in t else ""
             lines.append(f"- {f}: gap ≈ {t['a']:.4g} {t['b_per_decade']:+.4g}·log10(step){pw} "
-                         f"({'grows' if t['b_per_decade'] > 0 else 'shrinks'} with training, one draw)")
+                         f"(slope per decade of steps; > 0 is arXiv 2411.04330's direction; one draw)")
     return "\n".join(lines) + "\n"
 
 
