@@ -74,7 +74,7 @@ def nf4_scaler_block(numel: int) -> int:
 
 
 def _nf4_apply(linear, device):
-    from torchao.quantization import NF4Tensor
+    NF4Tensor = _torchao().NF4Tensor
     w = linear.weight.detach().contiguous()
     linear.weight = nn.Parameter(NF4Tensor.from_tensor(w, NF4_BLOCK, nf4_scaler_block(w.numel())), requires_grad=False)
 
@@ -99,6 +99,7 @@ def int4_group(in_features: int) -> int | None:
 
 
 def _int4_apply(linear, device):
+    _torchao()
     from torchao.quantization.quantize_.workflows.int4.int4_packing_format import Int4PackingFormat
     linear.to(torch.bfloat16)  # tinygemm's packed int4 layout is bf16 only
     _quantize_one(linear, _torchao().Int4WeightOnlyConfig(group_size=int4_group(linear.in_features),
