@@ -300,3 +300,4 @@ norm_registry = Registry("norm")
 position_registry = Registry("position", PositionSpec)
 eval_metric_registry = Registry("eval_metric", MetricSpec)
 world_objective_registry = Registry("world_objective")
+ptq_registry = Registry("quant_format")  # post-training weight formats (`genlab quantize RUN --to NAME`), genlab/quant/ptq.py

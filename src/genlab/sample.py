@@ -33,11 +33,16 @@ def check_eval_overrides(cfg, overrides) -> None:
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
+    return model_from_state(ckpt.load_checkpoint(run_or_ckpt), str(run_or_ckpt), device, ema, overrides)
+
+
+def model_from_state(state: dict, where: str, device="auto", ema=True, overrides=()):
+    """load_run's work on a checkpoint state already in memory; a quantized run's record (genlab quantize) is
+    re-applied to its float weights."""
     from genlab.config_check import check_section
     from genlab.train.step import check_model_shapes
-    state = ckpt.load_checkpoint(run_or_ckpt)
     if not isinstance(state.get("data_spec"), dict):
-        raise GenlabError(f"'{run_or_ckpt}' is not a genlab checkpoint (no data spec)")
+        raise GenlabError(f"'{where}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
     check_eval_overrides(cfg, overrides)
     apply_overrides(cfg, list(overrides))
@@ -46,9 +51,12 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     dev = resolve_device(device, key="--device")
     model, method = build_model_and_method(cfg, state["data_spec"])
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
-    check_model_shapes(model, weights, str(run_or_ckpt), verb="load")
+    check_model_shapes(model, weights, where, verb="load")
     model.load_state_dict(weights)
     apply_converters(model.to(dev), converters_of(cfg), dev)  # a run trained converted samples converted
+    if state.get("quant"):
+        from genlab.quant.ptq import apply_record
+        apply_record(model, state["quant"], dev)
     return cfg, model.eval(), method, dev, state
 
 

@@ -17,6 +17,9 @@ def cmd_export(args):
     if out.exists() and not args.force:
         raise GenlabError(f"'{out}' exists; pass --force to overwrite")
     state = load_checkpoint(args.run)
+    if state.get("quant"):  # its file holds the source's float weights; torchao's tensors are rebuilt at load
+        raise GenlabError(f"'{args.run}' is a quantized run ({state['quant'].get('format')}): export its source run "
+                          f"{state['quant'].get('source')}")
     # load as sample/eval do (converters re-applied): the written weights are those of the converted model
     from genlab.sample import load_run
     _, model, _, _, _ = load_run(args.run, "cpu", ema=not args.no_ema)

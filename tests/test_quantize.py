@@ -1,0 +1,223 @@
+"""Post-training quantization (`genlab quantize`): NF4 and int8 round trips against float64 references of their
+formulas, a quantized run that samples and evaluates, its folder never overwritten, one-line refusals, and the
+quantization gap over a run's checkpoints."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from conftest import cli_in_process, tiny_config
+
+# torchao's NF4 levels (QLoRA's normal quantiles, normalised to [-1, 1]), as float64
+NF4_LEVELS = torch.tensor([-1.0, -0.6962, -0.5251, -0.3949, -0.2844, -0.1848, -0.0911, 0.0, 0.0796, 0.1609, 0.2461,
+                           0.3379, 0.4407, 0.5626, 0.7230, 1.0], dtype=torch.float64)
+
+
+def _weights(rows, cols, seed=0):
+    """Gaussian weights whose rows differ in scale by 100x, so the blocks' absmax scales differ too."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, cols, generator=g) * torch.logspace(-2, 0, rows).unsqueeze(1)
+
+
+def _linear(w):
+    m = nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        m.weight.copy_(w)
+    return m
+
+
+def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bound():
+    from genlab.quant.ptq import NF4_BLOCK, get_format, nf4_scaler_block
+    w = _weights(256, 128)
+    m = _linear(w)
+    get_format("nf4").apply(m, torch.device("cpu"))
+    q = m.weight
+    # reference: blocks of 64 in memory order, absmax scaling, nearest of the 16 levels
+    blocks = w.double().reshape(-1, NF4_BLOCK)
+    absmax = blocks.abs().amax(1, keepdim=True)
+    x = blocks / absmax
+    dist = (x.unsqueeze(-1) - NF4_LEVELS).abs()
+    ref_codes = dist.argmin(-1)
+    packed = q.quantized_data
+    codes = torch.stack([packed >> 4, packed & 15], 1).reshape(blocks.shape).long()
+    near_tie = (dist.topk(2, largest=False).values.diff(dim=-1).squeeze(-1)) < 1e-6  # float32 may pick either level
+    assert ((codes == ref_codes) | near_tie).all()
+    # the error: half the gap to the neighbouring level times the block absmax, plus the int8 error of that
+    # absmax (double quantization: (absmax - mean) in int8 per group of scalers, at most 1/128 of the group's range)
+    gaps = NF4_LEVELS.diff()
+    half_gap = 0.5 * torch.maximum(torch.cat([gaps[:1], gaps]), torch.cat([gaps, gaps[-1:]]))[ref_codes]
+    centred = (absmax - absmax.mean()).reshape(-1, nf4_scaler_block(w.numel()))
+    scale_err = (centred.abs().amax(1, keepdim=True) / 128).expand_as(centred).reshape(-1, 1)
+    err = (q.get_original_weight().double().reshape(blocks.shape) - blocks).abs()
+    bound = half_gap * absmax + scale_err
+    assert (err <= bound * (1 + 1e-5) + 1e-7).all()
+    # the known worst case: half the widest gap (between -1 and -0.6962) of the absmax
+    assert (half_gap <= 0.1519 + 1e-12).all() and err.max() > 0
+
+
+def test_int8_weight_only_round_trip_is_within_half_a_scale_per_element():
+    from genlab.quant.ptq import get_format
+    w = _weights(96, 64, seed=1)
+    m = _linear(w)
+    get_format("int8").apply(m, torch.device("cpu"))
+    q = m.weight
+    scale = q.scale.double().reshape(-1, 1)
+    # symmetric per-row scale: the row's absmax spread over 255 steps
+    torch.testing.assert_close(scale, w.double().abs().amax(1, keepdim=True) / 127.5, rtol=1e-6, atol=0)
+    err = (q.dequantize().double() - w.double()).abs()
+    # + float32 rounding of w / scale and of q * scale, relative to |w| (the clamped absmax sits exactly at scale/2)
+    assert (err <= scale / 2 + 4 * torch.finfo(torch.float32).eps * w.double().abs()).all()
+    assert q.qdata.dtype == torch.int8
+
+
+def test_only_block_linears_are_quantized_adaln_on_request():
+    from genlab.config import load_config
+    from genlab.quant.ptq import candidate_linears
+    from genlab.train.step import build_model_and_method
+    from genlab.bench import data_spec_for
+    cfg = load_config("digits_flow", ["model.dim=32", "model.depth=2", "model.heads=2"])
+    model, _ = build_model_and_method(cfg, data_spec_for(cfg))
+    names = [n for n, _ in candidate_linears(model)]
+    assert names and all(n.startswith("blocks.") and ".ada" not in n for n in names)
+    with_ada = [n for n, _ in candidate_linears(model, adaln=True)]
+    assert set(with_ada) - set(names) == {"blocks.0.ada.1", "blocks.1.ada.1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny digits flow run with checkpoints at steps 10, 20, 30 (no training-time eval: seconds)."""
+    from genlab.train.trainer import Trainer
+    out = tmp_path_factory.mktemp("quant")
+    Trainer(tiny_config(out, "train.name=r", "train.steps=30", "log.every=10", "log.ckpt_every=10", "log.keep_last=0",
+                        "eval.num_samples=0", "log.sample_every=0")).fit()
+    return out / "r"
+
+
+def test_quantized_run_loads_as_the_source_quantized_and_samples_and_evals(tiny_run, tmp_path, capfd, one_thread):
+    from genlab.quant.ptq import quantize_model
+    from genlab.sample import load_run
+    out = tmp_path / "r_nf4"
+    r = cli_in_process(capfd, "quantize", tiny_run, "--to", "nf4", "--out", out)
+    assert r.returncode == 0, r.stderr
+    rec = json.loads((out / "quant.json").read_text())
+    assert rec["format"] == "nf4" and rec["weights"] == "ema" and len(rec["layers"]) == 8
+    assert rec["linear_bytes_bf16"] == 2 * rec["quantized_params"]
+    # 4 bits a weight plus one int8 scale per 64 and a float factor per scaler group
+    assert rec["quantized_params"] / 2 < rec["linear_bytes_quantized"] < rec["quantized_params"] * 0.6
+    # loading re-applies the same quantization: the model equals the source quantized by hand
+    _, qm, method, dev, _ = load_run(out, "cpu")
+    _, fm, _, _, _ = load_run(tiny_run, "cpu")
+    quantize_model(fm, "nf4", dev)
+    assert all(type(qm.get_submodule(n).weight).__name__ == "NF4Tensor" for n in rec["layers"])
+    x, t, y = torch.randn(3, 1, 8, 8), torch.rand(3), torch.arange(3)
+    with torch.no_grad():
+        torch.testing.assert_close(qm(x, t, y), fm(x, t, y), rtol=0, atol=0)
+    r = cli_in_process(capfd, "sample", out, "--n", "10", "--steps", "2")
+    assert r.returncode == 0 and (out / "sample_grid.png").is_file(), r.stderr
+    r = cli_in_process(capfd, "eval", out, "eval.num_samples=20", "eval.sample_steps=2")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout[r.stdout.index("{"):])
+    assert {"sample_accuracy", "feature_fd"} <= set(res) and res["step"] == 30
+
+
+def test_quantize_never_writes_over_an_existing_folder(tiny_run, tmp_path, capfd):
+    out = tmp_path / "q"
+    assert cli_in_process(capfd, "quantize", tiny_run, "--to", "int8", "--out", out).returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    r = cli_in_process(capfd, "quantize", tiny_run, "--to", "nf4", "--out", out)
+    assert r.returncode == 2 and "exists" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
+    assert json.loads((out / "quant.json").read_text())["format"] == "int8"
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--to", "int7"], "valid choices: fp8, int4, int8, nf4"),
+    (["--to", "int4"], "use one of: int8, nf4"),
+    (["--to", "fp8"], "use one of: int8, nf4"),
+    ([], "give --to FORMAT"),
+])
+def test_bad_format_is_one_line_exit_2_and_writes_nothing(tiny_run, tmp_path, capfd, args, expect):
+    if not args or args[1] in ("int4", "fp8"):
+        if torch.cuda.is_available():
+            pytest.skip("CUDA runs int4/fp8")
+    r = cli_in_process(capfd, "quantize", tiny_run, *args, "--out", tmp_path / "q")
+    assert r.returncode == 2 and expect in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "q").exists()
+
+
+def test_a_run_without_weights_is_one_line_exit_2(tmp_path, capfd):
+    (tmp_path / "empty").mkdir()
+    r = cli_in_process(capfd, "quantize", tmp_path / "empty", "--to", "int8")
+    assert r.returncode == 2 and "no checkpoint" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "empty_int8").exists()
+
+
+def test_export_refuses_a_quantized_run(tiny_run, tmp_path, capfd):
+    out = tmp_path / "q8"
+    assert cli_in_process(capfd, "quantize", tiny_run, "--to", "int8", "--out", out).returncode == 0
+    r = cli_in_process(capfd, "export", out, "--out", tmp_path / "m.safetensors")
+    assert r.returncode == 2 and "export its source run" in r.stderr
+
+
+def test_gap_over_three_checkpoints_writes_the_table_and_plot(tiny_run, capfd, one_thread):
+    r = cli_in_process(capfd, "quantize", tiny_run, "--gap", "--formats", "int8,nf4", "eval.num_samples=20",
+                       "eval.sample_steps=2")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tiny_run / "analysis" / "quant_gap.json").read_text())
+    assert [row["step"] for row in res["rows"]] == [10, 20, 30] and res["metric"] == "feature_fd"
+    assert all(set(row) >= {"float", "int8", "nf4", "samples"} for row in res["rows"])
+    assert set(res["trend"]["nf4"]) >= {"a", "b_per_decade"}
+    md = (tiny_run / "analysis" / "quant_gap.md").read_text()
+    assert md.count("\n| 10 |") == 1 and "| 30 |" in md and "gap nf4" in md
+    assert (tiny_run / "analysis" / "quant_gap.png").stat().st_size > 1000
+
+
+def test_trend_recovers_a_linear_in_log_gap():
+    from genlab.quant.gap import trend
+    steps = [100, 1000, 10000]
+    t = trend(steps, [0.1 + 0.05 * k for k in range(3)])
+    assert t["a"] == pytest.approx(0.0, abs=1e-9) and t["b_per_decade"] == pytest.approx(0.05)
+    t = trend(steps, [2e-3 * s ** 0.5 for s in steps])
+    assert t["power_k"] == pytest.approx(0.5) and t["power_c"] == pytest.approx(2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["int4", "fp8", "int8", "nf4"])
+def test_every_format_runs_a_block_linear_on_the_gpu_close_to_float(fmt):
+    from genlab.quant.ptq import check_format
+    dev = torch.device("cuda")
+    try:
+        check_format(fmt, dev)
+    except Exception as e:  # fp8 below SM89
+        pytest.skip(str(e))
+    w = _weights(256, 256).cuda()
+    m = _linear(w).cuda()
+    x = torch.randn(8, 256, device="cuda")
+    ref = m(x)
+    with torch.no_grad():
+        from genlab.quant.ptq import get_format
+        get_format(fmt).apply(m, dev)
+        y = m(x)
+    assert y.dtype == torch.float32
+    # 4-bit formats: a few percent of the output's scale; 8-bit ones: under one percent
+    tol = 0.08 if fmt in ("int4", "nf4") else 0.02
+    assert (y - ref).abs().max() <= tol * ref.abs().max()
+
+
+def test_gap_of_a_text_run_compares_validation_loss(tmp_path, capfd, one_thread):
+    from genlab.config import load_config
+    from genlab.quant.gap import quant_gap
+    from genlab.train.trainer import Trainer
+    lm = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=8", "train.steps=4",
+          "log.progress=false", "log.tensorboard=false", "log.ckpt_every=2", "log.keep_last=0", "eval.num_samples=0",
+          "log.sample_every=0", f"train.out_dir={tmp_path}", "train.name=ar"]
+    Trainer(load_config("text_ar", lm)).fit()
+    res = quant_gap(tmp_path / "ar", formats=["nf4"], overrides=["eval.num_samples=8"], device="cpu")
+    assert res["metric"] == "val_loss" and [r["step"] for r in res["rows"]] == [2, 4]
+    assert all(r["tokens"] == r["step"] * 8 * 32 for r in res["rows"])
+    # 4-bit weights of a 2-step model: a small change, not none
+    assert all(0 < abs(r["nf4"]["val_loss"] - r["float"]["val_loss"]) < 0.5 for r in res["rows"])
