@@ -135,7 +135,7 @@ def test_repa_extras_train_compiled_on_the_gpu(tmp_path):
                   "train.precision=bf16")
     losses = [r["loss"] for r in rows]
     assert all(v == v for v in losses) and losses[-1] < losses[0]
-    assert all(r["repa_align"] < 0 for r in rows[-2:])  # -cos: the projector learned to align
+    assert all(r["repa_align"] < 1 for r in rows[-2:])  # 1 - cos below 1: the projector learned to align
 
 
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])

@@ -137,14 +137,9 @@ class RunEncoder(_Frozen):
         return to_grid(tokens_to_map(self._out.pop()), self.grid)
 
 
-def _check_run(arg, cfg):
-    if not Path(arg).expanduser().exists():
-        raise GenlabError(f"method.repa_encoder=run:{arg}: no such run folder or checkpoint")
-
-
 @repa_encoder_registry.register("run", "a trained genlab run's model (its last block's tokens at t=1, null class): "
                                        "e.g. the masked autoencoder of `genlab train mnist_mae_encoder`",
-                                check=_check_run, arg="RUN")
+                                arg="RUN")  # read when built (a sweep stage may make it later)
 def build_run(arg, cfg, spec, grid):
     from genlab.methods.few_step.base import build_teacher
     from genlab.models.dit import dit_size
