@@ -23,6 +23,7 @@ from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_c
 from genlab.methods.repa_encoders import build_encoder, check_encoder
 from genlab.registry import method_registry, model_registry
 
+
 class Projector(nn.Module):
     """REPA's 3-layer MLP with SiLU, applied to every token."""
 
