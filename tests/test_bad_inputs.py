@@ -134,6 +134,15 @@ CASES = [
     ("unknown lr schedule", T + ["optim.schedule=step"], "unknown lr_schedule 'step'"),
     ("min lr ratio above one", T + ["optim.min_lr_ratio=2"], "optim.min_lr_ratio"),
     ("caution not a boolean", T + ["optim.caution=maybe"], "optim.caution"),
+    # REPA's encoders and the MAE that makes one
+    ("repa unknown encoder kind", T + ["method.name=repa", "method.repa_encoder=dino"], "method.repa_encoder"),
+    ("repa run encoder path missing", T + ["method.name=repa", "method.repa_encoder=run:{tmp}/no_run"], "no_run"),
+    ("repa timm encoder without weights", T + ["method.name=repa", "method.repa_encoder=timm:vit_small_patch16_224"],
+     "method.repa_encoder_path"),
+    ("repa timm weights file missing", T + ["method.name=repa", "method.repa_encoder=timm:vit_small_patch16_224",
+                                            "method.repa_encoder_path={tmp}/none.safetensors"], "none.safetensors"),
+    ("repa block deeper than the model", T + ["method.name=repa", "method.repa_block=9"], "method.repa_block"),
+    ("mae encoder on a dit", T + ["method.name=mae_encoder"], "method.name=mae_encoder"),
     # sweeps
     ("sweep --only names no variant", ["sweep", "tiny_cpu", "--only", "lr=5"], "--only"),
     ("sweep unknown top-level key", ["sweep", "{tmp}/sweep_topkey.toml"], "stepz"),

@@ -135,7 +135,17 @@ def test_repa_extras_train_compiled_on_the_gpu(tmp_path):
                   "train.precision=bf16")
     losses = [r["loss"] for r in rows]
     assert all(v == v for v in losses) and losses[-1] < losses[0]
-    assert all(r["repa_align"] < 0 for r in rows[-2:])  # -cos: the projector learned to align
+    assert all(r["repa_align"] < 1 for r in rows[-2:])  # 1 - cos below 1: the projector learned to align
+
+
+def test_repa_aligned_to_an_mae_run_trains_compiled_on_the_gpu(tmp_path):
+    """The in-project MAE (method mae_encoder, masked forward compiled) and REPA with it as a frozen `run:` encoder."""
+    mae = _train(tmp_path, "mae", "method.name=mae_encoder", "model.name=maskdit", "model.decoder_depth=1",
+                 "train.compile=model", "train.precision=bf16", "optim.lr=3e-3")
+    assert mae[-1]["loss"] < mae[0]["loss"]
+    rows = _train(tmp_path, "repa_mae", "method.name=repa", "method.repa_hidden=64", f"method.repa_encoder=run:{tmp_path / 'mae'}",
+                  "train.compile=model", "train.precision=bf16")
+    assert all(r["loss"] == r["loss"] for r in rows) and rows[-1]["repa_align"] < rows[0]["repa_align"]
 
 
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])

@@ -401,3 +401,47 @@ def test_jobs_per_gpu_needs_a_gpu_launcher(tmp_path, capsys):
     assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps"), "--jobs-per-gpu", "2"]) == 2
     assert "--jobs-per-gpu needs launcher gpu or per_gpu" in capsys.readouterr().err
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_report_races_each_run_to_its_fd_target_runs_final_fd_without_eval_time(tmp_path):
+    """fd_target: steps and training seconds (periodic evaluations' eval_s taken out) to the final FD of the run that
+    differs only in the first axis, same seed; speed-up = the target run's seconds / this run's."""
+    from genlab.sweep.report import collect
+    d = tmp_path / "s"
+    (d / "runs").mkdir(parents=True)
+    (d / "sweep.toml").write_text('fd_target = "base"\n[[axis]]\nvariants = [{ name = "base" }, { name = "repa" }]\n'
+                                  '[[axis]]\nkey = "model.size"\nvalues = ["S"]\n')
+
+    def run(name, fds):  # train records every 10 steps at 1 s per step; an evaluation of 5 s after steps 10 and 20
+        recs, wall = [], 0.0
+        for step, fd in zip((10, 20, 30), fds):
+            wall += 10.0
+            recs.append({"step": step, "loss": 1.0, "wall_time": wall})
+            if step < 30:
+                recs.append({"step": step, "eval_s": 5.0, "eval/fd": fd})
+                wall += 5.0
+            else:
+                recs.append({"step": step, "eval/fd": fd})  # the final evaluation: after training
+        (d / "runs" / name).mkdir()
+        (d / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    run("base-model.size=S-s0", [9.0, 5.0, 3.0])
+    run("repa-model.size=S-s0", [6.0, 2.5, 2.0])   # reaches 3.0 at its second evaluation: step 20, 20 s of training
+    status = {n: {"status": "finished", "variant": n[:-3], "seed": 0} for n in ("base-model.size=S-s0", "repa-model.size=S-s0")}
+    (d / "status.json").write_text(json.dumps(status))
+    rows, cols = collect(d)
+    base, repa = rows
+    assert base["target_fd"] == repa["target_fd"] == 3.0
+    assert (base["steps_to_target_fd"], base["time_to_target_fd"]) == (30, 30.0)  # 40 s of wall time, 10 s of it evals
+    assert (repa["steps_to_target_fd"], repa["time_to_target_fd"]) == (20, 20.0)  # 25 s of wall time, 5 s of it eval
+    assert repa["speedup_to_target_fd"] == pytest.approx(1.5) and base["speedup_to_target_fd"] == pytest.approx(1.0)
+
+
+def test_fd_target_table_maps_each_first_axis_variant_to_its_own_target(tmp_path):
+    from genlab.sweep.report import reference_run
+    first, table = ["a_flow", "a_repa", "b_flow", "b_repa"], {"a_repa": "a_flow", "b_repa": "b_flow"}
+    assert reference_run("a_repa-size=S-s1", "a_repa-size=S", first, table) == "a_flow-size=S-s1"
+    assert reference_run("b_flow-size=B-s0", "b_flow-size=B", first, table) == "b_flow-size=B-s0"  # a target: itself
+    assert reference_run("a_repa-s2", "a_repa", first, "b_flow") == "b_flow-s2"
+    p = tmp_path / "bad.toml"
+    p.write_text('fd_target = { x = "a" }\n[[axis]]\nvariants = [{ name = "a" }, { name = "b" }]\n')
+    assert genlab_main(["sweep", str(p), "--dry-run"]) == 2

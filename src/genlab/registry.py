@@ -204,6 +204,14 @@ class AdalnSpec(KernelSpec):
     gated_add: Callable | None = None      # (x, y, gate) -> x + gate*y
 
 
+@dataclass(frozen=True, kw_only=True)
+class RepaEncoderSpec(Spec):
+    """A frozen image encoder REPA aligns to, chosen by `method.repa_encoder=NAME[:ARG]`: builder(arg, cfg, data_spec,
+    grid) -> module mapping images in [-1, 1] to [B, grid^2, D] (attributes out_dim, flops_per_sample())."""
+    check: Callable | None = None          # check(arg, cfg): one-line GenlabError before any work (missing files...)
+    arg: str = ""                          # what ARG names ("" = takes none)
+
+
 class Registry:
     def __init__(self, kind: str, spec: type = Spec):
         self.kind = kind
@@ -301,3 +309,4 @@ position_registry = Registry("position", PositionSpec)
 eval_metric_registry = Registry("eval_metric", MetricSpec)
 world_objective_registry = Registry("world_objective")
 ptq_registry = Registry("quant_format")  # post-training weight formats (`genlab quantize RUN --to NAME`), genlab/quant/ptq.py
+repa_encoder_registry = Registry("repa_encoder", RepaEncoderSpec)

@@ -3,12 +3,12 @@
 Flow matching plus an alignment term: the DiT's tokens after block k, mapped by a trainable MLP projector,
 should point the way a frozen image encoder's features of the clean image point, patch by patch:
 
-    loss = flow loss + lambda * mean_n ( -cos(projector(h_k[n]), encoder(x)[n]) )
+    loss = flow loss + lambda * (1 - mean_n cos(projector(h_k[n]), encoder(x)[n]))
 
-The projector is a trainable extra (a param group of the model's optimizer), the encoder a frozen one:
-either the in-project feature CNN of eval/classifier.py (method.repa_encoder=classifier, trained on the
-dataset and cached) or a frozen randomly initialised conv net of the same shape (repa_encoder=random: no
-pretraining needed, for tests and ablations). Sampling and evaluation are flow matching's.
+The projector is a trainable extra (a param group of the model's optimizer), the encoder a frozen one, chosen by
+method.repa_encoder from registry repa_encoder (methods/repa_encoders.py: random, classifier, run:RUN, timm:MODEL).
+Defaults follow the paper: k = a third of the depth, a 3-layer SiLU MLP of width 2048, lambda 0.5. Sampling and
+evaluation are flow matching's.
 """
 from __future__ import annotations
 
@@ -20,26 +20,8 @@ from genlab.errors import GenlabError
 from genlab.methods.base import Extra
 from genlab import config_fields as cf
 from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, unwrap
+from genlab.methods.repa_encoders import build_encoder, check_encoder
 from genlab.registry import method_registry, model_registry
-
-ENCODERS = ("random", "classifier")
-
-
-class ConvEncoder(nn.Module):
-    """Convolutional features of the clean image pooled onto the DiT's patch grid: [B, C, H, W] -> [B, grid^2, 128]."""
-
-    def __init__(self, features: nn.Sequential, channels: int, image_size: int, grid: int):
-        super().__init__()
-        self.features, self.grid = features, grid
-        self.out_dim = [m for m in features if isinstance(m, nn.Conv2d)][-1].out_channels
-        self._flops = _count_flops(self, torch.zeros(1, channels, image_size, image_size))
-
-    def forward(self, x):
-        f = F.adaptive_avg_pool2d(self.features(x), self.grid)
-        return f.flatten(2).transpose(1, 2)
-
-    def flops_per_sample(self) -> int:
-        return self._flops
 
 
 class Projector(nn.Module):
@@ -58,44 +40,29 @@ class Projector(nn.Module):
         return 2 * self.tokens * sum(m.in_features * m.out_features for m in self.net if isinstance(m, nn.Linear))
 
 
-def _count_flops(module, x) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
-        module(x)
-    return int(fc.get_total_flops())
+def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """REPA's patch-wise term, 1 - mean over samples and patches of cos(projected, target) (the paper's -cos
+    shifted by 1, the same gradient): 0 when every projected token points the encoder's way."""
+    return 1 - F.cosine_similarity(projected.float(), target.float(), dim=-1).mean()
 
 
-def conv_features(channels: int) -> nn.Sequential:
-    """The convolutional trunk of eval/classifier.SmallConvNet (strides 1, 2, 2; 128 channels out)."""
-    from genlab.eval.classifier import SmallConvNet
-    return SmallConvNet(channels, 2).features[:6]
+def aligned_block(cfg_block: int, depth: int) -> int:
+    """method.repa_block, 0 = a third of the depth (the paper: block 8 of SiT-XL's 28, 4 of SiT-B's 12)."""
+    return cfg_block or max(1, depth // 3)
 
 
 class REPA(FlowMatching):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
+        check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
         m = cfg.method
-        if not model_registry.spec(cfg.model.name).block_tokens:
-            raise GenlabError(f"method repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such blocks")
-        if m.repa_encoder not in ENCODERS:
-            raise GenlabError(f"method.repa_encoder must be one of {', '.join(ENCODERS)}; got {m.repa_encoder!r}")
         from genlab.models.dit import dit_size
         dim, depth, _ = dit_size(cfg.model)
-        if not 1 <= m.repa_block <= depth:
-            raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth), got {m.repa_block}")
         grid = data_spec["image_size"] // cfg.model.patch_size
-        self.block, self.weight, self.lr = m.repa_block, m.repa_weight, m.repa_lr or None
-        self.encoder = ConvEncoder(self._encoder_trunk(cfg, data_spec), data_spec["channels"], data_spec["image_size"], grid)
+        self.block, self.weight, self.lr = aligned_block(m.repa_block, depth), m.repa_weight, m.repa_lr or None
+        self.encoder = build_encoder(cfg, data_spec, grid)
         self.projector = Projector(dim, m.repa_hidden, self.encoder.out_dim, grid * grid)
         self._hidden, self._hooked = [], None
-
-    def _encoder_trunk(self, cfg, spec):
-        if cfg.method.repa_encoder == "random":
-            return conv_features(spec["channels"])  # initialised from the seeded global RNG, then frozen
-        from genlab.data import build_dataset
-        from genlab.eval.classifier import get_classifier
-        net, _ = get_classifier(build_dataset(cfg.data), epochs=cfg.eval.classifier_epochs)
-        return net.features[:6]
 
     def extra_modules(self):
         return {**super().extra_modules(), "projector": Extra(self.projector, trainable=True, lr=self.lr),
@@ -119,15 +86,25 @@ class REPA(FlowMatching):
         h = self._hidden.pop()
         with torch.no_grad():
             target = ctx.extras["encoder"](batch["image"])
-        align = -F.cosine_similarity(ctx.extras["projector"](h).float(), target.float(), dim=-1).mean()
+        align = alignment_loss(ctx.extras["projector"](h), target)
         return flow + self.weight * align, {**metrics, "flow_loss": flow.detach(), "repa_align": align.detach()}
 
 
 REPA_KEYS = cf.declare("method",
-    repa_weight=cf.F(0.5, "repa: lambda of the alignment term -cos(projector(h_k), encoder(x))", ge=0),
-    repa_block=cf.F(1, "repa: DiT block (1-based) whose output tokens are aligned", ge=1),
-    repa_encoder=cf.F("random", "repa: frozen encoder (classifier: the in-project feature CNN; random: a frozen random conv net)", choices=("random", "classifier")),
-    repa_hidden=cf.F(256, "repa: width of the trainable MLP projector", ge=1),
+    repa_weight=cf.F(0.5, "repa: lambda of the alignment term 1 - cos(projector(h_k), encoder(x)) (paper: 0.5)", ge=0),
+    repa_block=cf.F(0, "repa: DiT block (1-based) whose output tokens are aligned (0 = depth // 3; paper: 8 of 28)", ge=0),
+    repa_encoder=cf.F("random", "repa: frozen encoder NAME[:ARG] of registry repa_encoder: random, classifier, "
+                                "run:RUN (e.g. a mae_encoder run), timm:MODEL (+ method.repa_encoder_path)",
+                      free="NAME[:ARG] of registry repa_encoder (genlab list)"),
+    repa_encoder_path=cf.F("", "repa, timm encoder: its weights (.safetensors, or .pt/.pth/.bin loaded weights-only)",
+                           free="a weights file path"),
+    repa_encoder_size=cf.F(0, "repa, timm encoder: input side the images are resized to (0 = the model's pretrained_cfg)",
+                           ge=0),
+    repa_encoder_mean=cf.F("", "repa, timm encoder: input normalisation mean, comma-separated (empty = pretrained_cfg)",
+                           free="comma-separated numbers"),
+    repa_encoder_std=cf.F("", "repa, timm encoder: input normalisation std, comma-separated (empty = pretrained_cfg)",
+                          free="comma-separated numbers"),
+    repa_hidden=cf.F(2048, "repa: width of the trainable 3-layer MLP projector (paper: 2048)", ge=1),
     repa_lr=cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0),
 )
 
@@ -137,6 +114,11 @@ def check_repa_config(cfg):
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
                           f"blocks: use a model whose blocks output them (genlab list: model.dit)")
+    from genlab.models.dit import dit_size
+    depth = dit_size(cfg.model)[1]
+    if cfg.method.repa_block > depth:
+        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {cfg.method.repa_block}")
+    check_encoder(cfg)
 
 
 @method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "

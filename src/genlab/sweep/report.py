@@ -81,6 +81,58 @@ def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
     return row
 
 
+def final_fd(recs) -> float | None:
+    fds = [r["eval/fd"] for r in recs if isinstance(r.get("eval/fd"), (int, float))]
+    return fds[-1] if fds else None
+
+
+def time_to_fd(recs, target: float) -> tuple[int | None, float | None]:
+    """The first evaluation (log.eval_every, or the final one) at feature FD <= target: its step, and the training
+    wall-clock to it with the periodic evaluations' own time (their eval_s) taken out. (None, None) if never."""
+    train, spent = train_records(recs), 0.0
+    for r in recs:
+        fd = r.get("eval/fd")
+        if not isinstance(fd, (int, float)):
+            continue
+        if fd <= target:
+            at = [t for t in train if t["step"] <= r["step"] and t.get("wall_time") is not None]
+            return r["step"], (at[-1]["wall_time"] - spent) if at else None
+        spent += r.get("eval_s") or 0.0
+    return None, None
+
+
+def reference_run(run_name: str, variant: str, first_axis: list[str], target) -> str | None:
+    """The run of this run's fd_target (a first-axis variant, or a table first-axis variant -> its target) with this
+    run's other axis values and seed: the first-axis part of its name replaced."""
+    for n in sorted(first_axis, key=len, reverse=True):
+        if variant == n or variant.startswith(n + "-"):
+            to = target if isinstance(target, str) else target.get(n, n if n in target.values() else None)
+            return None if to is None else to + run_name[len(n):]
+    return None
+
+
+def race_to_fd(d: Path, members, settings) -> list[dict]:
+    """Per run (of `members`): steps and seconds to the final FD of its fd_target run, and that run's seconds to it
+    divided by this run's (speed-up; > 1 = faster than the target run)."""
+    target = settings.get("fd_target")
+    axes = settings.get("axis") or [{}]
+    first = [v.get("name") for v in axes[0].get("variants", []) if isinstance(v, dict)]
+    out = []
+    for run_name, st in members:
+        ref = reference_run(run_name, st.get("variant", run_name), first, target) if target else None
+        row = {}
+        if ref and st.get("status") == "finished" and (d / "runs" / ref / "metrics.jsonl").exists():
+            ref_recs, recs = read_metrics(d / "runs" / ref), read_metrics(d / "runs" / run_name)
+            goal = final_fd(ref_recs)
+            if goal is not None:
+                step, secs = time_to_fd(recs, goal)
+                _, ref_secs = time_to_fd(ref_recs, goal)
+                row = {"target_fd": goal, "steps_to_target_fd": step, "time_to_target_fd": secs,
+                       "speedup_to_target_fd": ref_secs / secs if secs and ref_secs else None}
+        out.append(row)
+    return out
+
+
 def _num(s) -> str:
     return str(int(s)) if float(s).is_integer() else str(s)
 
@@ -117,8 +169,10 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
     rows, metric_keys = [], []
     for variant, members in groups.items():
         per_seed = []
-        for run_name, st in members:  # paths relative to d: a sweep folder can be moved or copied
+        race = race_to_fd(d, members, settings) if settings.get("fd_target") else [{}] * len(members)
+        for (run_name, st), extra in zip(members, race):  # paths relative to d: a sweep folder can be moved or copied
             r = run_row(d / "runs" / run_name, loss_at, loss_at_time) if st.get("status") == "finished" else {}
+            r.update({k: v for k, v in extra.items() if v is not None})
             per_seed.append(r)
             metric_keys += [k for k in r if k not in metric_keys and k != "steps"]
         statuses = [st.get("status") for _, st in members]

@@ -33,7 +33,7 @@ from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_
 from genlab.sweep.stages import check_placeholders, needs, parse_stages, resolve
 
 TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
-            "axis", "stage", "eval", "reference"}
+            "axis", "stage", "eval", "reference", "fd_target"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
 # the runner owns these: every run's folder, name and seed come from the sweep
 RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed")
@@ -202,6 +202,11 @@ def load_sweep(path) -> Sweep:
     if not isinstance(axes, list) or not axes:
         raise GenlabError(f"{src}: a sweep needs at least one [[axis]]")
     entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
+    target, first = raw.get("fd_target"), [e[0] for e in entries[0]]
+    names = [target] if isinstance(target, str) else [*target, *target.values()] if isinstance(target, dict) else [target]
+    if target is not None and any(n not in first for n in names):
+        raise GenlabError(f"{src}: fd_target = {target!r} must name variants of the first axis ({', '.join(first)}): "
+                          f"one, or a table {{variant = its target}}, the runs whose final FD the others race to")
     seen = set(known)
     try:
         combos = combine(entries)

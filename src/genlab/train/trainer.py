@@ -333,8 +333,11 @@ class Trainer:
                 if lcfg.sample_every and self.step % lcfg.sample_every == 0 and self.step < tcfg.steps:
                     self.preview()
                 if lcfg.eval_every and self.step % lcfg.eval_every == 0 and self.step < tcfg.steps:
+                    t_eval = time.perf_counter()
                     ev = self.evaluate()
-                    self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
+                    eval_s = time.perf_counter() - t_eval
+                    t_last += eval_s  # the next interval's step_time is training only; eval_s lets reports subtract it
+                    self.log.write({"step": self.step, "eval_s": eval_s, **{f"eval/{k}": v for k, v in ev.items()}})
                     self.keep_best(ev)
                 if lcfg.ckpt_every and self.step % lcfg.ckpt_every == 0 and self.step < tcfg.steps:
                     self.save()
