@@ -3,6 +3,7 @@ format, and the streaming loader's order, resume and rank slices."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -130,7 +131,6 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, capfd):
         r = cli_in_process(capfd, "data", "prepare", "shards", "--src", tmp_path / src, "--out", out, "--size", "8",
                            "--shard-size", "1", "--workers", "2")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (src, r.stderr)
-        import re
         assert re.search(msg, r.stderr), (src, r.stderr)
         assert not out.exists() and not out.with_name(out.name + ".tmp-write").exists()
     r = cli_in_process(capfd, "data", "prepare", "shards", "--src", tmp_path / "imgs", "--out", tmp_path / "o")
