@@ -13,6 +13,7 @@ slice of each global batch) and its one-integer exact resume, with no extra depe
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -117,6 +118,8 @@ def write_index(folder: Path, shards: list[dict], labels: np.ndarray, classes: l
     index = {"format": FORMAT, "source": source, "num_samples": int(len(labels)), "shape": [int(x) for x in shape],
              "shard_size": int(shard_size), "classes": list(classes), "shards": shards,
              "labels_sha256": array_checksum(labels), **(extra or {})}
+    # one digest of the whole set (caches keyed by a dataset's sha256, e.g. the eval classifier)
+    index["sha256"] = hashlib.sha256("".join([s["sha256"] for s in shards] + [index["labels_sha256"]]).encode()).hexdigest()
     (folder / "index.json").write_text(json.dumps(index, indent=1))
 
 
