@@ -224,3 +224,26 @@ def test_training_on_shards_resumes_exactly(tmp_path, one_thread):
         assert torch.equal(a["model"][k], b["model"][k]), k
     rows = [r for r in read_metrics(tmp_path / "full") if "loss" in r]
     assert len(rows) == 12 and all(0 <= r["data_wait_frac"] <= 1 for r in rows)
+
+
+def test_sharded_array_indexes_like_the_array_it_splits(tmp_path):
+    a = np.random.default_rng(0).integers(0, 256, (11, 3, 2, 1), dtype=np.uint8)
+    d = read_shards(write_shard_dataset(tmp_path / "d", a, np.zeros(11), ["x"], 4, "t"))
+    idx = np.array([10, 0, 3, 4, 3, -1, 7])
+    for key in (idx, slice(2, 9), slice(None, None, -3), 5, -2, np.arange(11) % 2 == 0, (idx, 1), (4, 0, 1, 0)):
+        np.testing.assert_array_equal(d.images[key], a[key])
+    np.testing.assert_array_equal(np.asarray(d.images), a)
+    with pytest.raises(IndexError):
+        d.images[[11]]
+
+
+def test_the_cli_prepares_shards_and_a_run_refuses_to_make_them_resident(tmp_path, capfd):
+    class_folder(tmp_path / "src")
+    r = cli_in_process(capfd, "data", "prepare", "shards", "--src", tmp_path / "src", "--out", tmp_path / "s",
+                       "--size", "8", "--shard-size", "4")
+    assert r.returncode == 0 and "wrote" in r.stdout
+    assert read_shards(tmp_path / "s").images.shape == (7, 8, 8, 3)
+    from genlab.config import load_config
+    from genlab.config_check import check_config
+    with pytest.raises(GenlabError, match="never resident"):
+        check_config(load_config("digits_flow", ["data.name=shards", f"data.path={tmp_path / 's'}", "data.on_device=yes"]))

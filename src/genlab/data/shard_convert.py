@@ -15,6 +15,7 @@ import numpy as np
 
 from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
 from genlab.errors import GenlabError
+from genlab.progress import Task
 
 
 def center_crop_arr(im, size: int) -> np.ndarray:
@@ -47,7 +48,7 @@ def _convert_shard(job) -> dict:
     return save_shard(Path(path), np.stack([load_cropped(f, size, channels) for f in files]))
 
 
-def _run_pool(jobs, workers: int) -> list:
+def _run_pool(jobs, workers: int):
     """Shards in parallel processes; the first failure cancels the rest. fork where the OS has it: the
     workers use only PIL and numpy (no torch threads), and spawn would re-import the caller's __main__."""
     import multiprocessing as mp
@@ -55,7 +56,7 @@ def _run_pool(jobs, workers: int) -> list:
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     pool = ProcessPoolExecutor(workers, mp_context=ctx)
     try:
-        return list(pool.map(_convert_shard, jobs))
+        yield from pool.map(_convert_shard, jobs)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -120,11 +121,14 @@ def prepare_shards(src, out, size: int, channels: int = 3, shard_size: int = 100
     with atomic_folder(out) as tmp:
         jobs = [(str(tmp / shard_name(i)), [str(f) for f, _ in files[s:s + shard_size]], size, channels)
                 for i, s in enumerate(range(0, len(files), shard_size))]
-        if workers == 1 or len(jobs) == 1:
-            shards = [_convert_shard(j) for j in jobs]
-        else:
-            shards = _run_pool(jobs, min(workers, len(jobs)))
+        task = Task(f"prepare shards {Path(out).name}", len(jobs), unit="shards")
+        serial = workers == 1 or len(jobs) == 1
+        shards = []
+        for entry in (map(_convert_shard, jobs) if serial else _run_pool(jobs, min(workers, len(jobs)))):
+            shards.append(entry)
+            task.update(1)
         write_index(tmp, shards, np.array([c for _, c in files]), classes, (size, size, channels), shard_size,
                     source=f"{'class folder' if Path(src).is_dir() else 'file list'} {src}",
                     extra={"preprocess": "adm_center_crop"})
+        task.close()  # on success only: a failure's one-line error stays the last line
     return Path(out)

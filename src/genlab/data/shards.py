@@ -56,10 +56,13 @@ class ShardedArray:
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise IndexError(f"index out of range for {n} samples")
         out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
-        shard = np.searchsorted(self.offsets, idx, side="right") - 1
-        for s in np.unique(shard):
-            m = shard == s
-            out[m] = self.arrays[s][idx[m] - self.offsets[s]]
+        order = np.argsort(idx, kind="stable")  # read in file order, shard by shard
+        sidx = idx[order]
+        shard = np.searchsorted(self.offsets, sidx, side="right") - 1
+        for part in np.split(np.arange(len(sidx)), np.flatnonzero(np.diff(shard)) + 1):
+            if part.size:
+                s = shard[part[0]]
+                out[order[part]] = self.arrays[s][sidx[part] - self.offsets[s]]
         return out
 
     def __getitem__(self, key):
@@ -187,9 +190,15 @@ def shard_shape(path) -> dict | None:
         return None
 
 
+def _check(d):
+    if d.on_device == "yes":
+        raise GenlabError("data.name=shards streams from its shards and is never resident on the device; use "
+                          "data.on_device=auto|no (or data.name=images for a set that fits on the device)")
+
+
 @dataset_registry.register("shards", "image shards written by `genlab data prepare shards` (data.path); streamed from "
                            "memory maps, never resident", kind="image", keys=PATH_KEYS + IMAGE_KEYS, needs_path=True,
-                           shape=lambda d: shard_shape(d.path))
+                           shape=lambda d: shard_shape(d.path), check=lambda d: _check(d))
 def shards(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=shards needs data.path (a folder made by `genlab data prepare shards`)")
