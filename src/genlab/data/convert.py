@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from genlab.data.formats import write_image_dataset
+from genlab.data.sources import list_class_folder
 from genlab.errors import GenlabError
 
 # Published md5s (the datasets' own pages; torchvision lists the same).
@@ -49,7 +50,6 @@ CIFAR10_MD5 = {
 }
 CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "frames", "text", "shards")
 
 
@@ -225,15 +225,6 @@ def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
     except OSError as e:
         raise GenlabError(f"cannot read image {path}: {e}") from None
     return a[..., None] if a.ndim == 2 else a
-
-
-def list_class_folder(root: Path) -> tuple[list, list]:
-    """(file, class index) of every image under root/<class>/ (sorted), and the sorted class names."""
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
-    files = [(f, ci) for ci, c in enumerate(classes) for f in sorted((root / c).rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise GenlabError(f"no images found under '{root}/<class>/' (suffixes: {', '.join(sorted(IMAGE_SUFFIXES))})")
-    return files, classes
 
 
 def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
