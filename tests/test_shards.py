@@ -121,8 +121,11 @@ def bad_inputs(tmp_path):
     (tmp_path / "broken" / "b").mkdir()
     (tmp_path / "broken" / "b" / "bad.png").write_bytes(b"not a png at all")
     (tmp_path / "nolabel.csv").write_text("path\nimgs/ok.png\n")
+    whole = save_png(tmp_path / "cut" / "a" / "t.png", rgb(64, 64)).read_bytes()
+    (tmp_path / "cut" / "a" / "t.png").write_bytes(whole[:len(whole) // 2])  # a PNG cut off half way
     return [("empty", "no images found"), ("missing.csv", "missing, first: .*gone.png"),
-            ("broken", "cannot read image .*bad.png"), ("nolabel.csv", "needs both 'path' and 'label'")]
+            ("broken", "cannot read image .*bad.png"), ("nolabel.csv", "needs both 'path' and 'label'"),
+            ("cut", "cannot read image .*t.png")]
 
 
 def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, capfd):

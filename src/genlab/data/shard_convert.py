@@ -36,7 +36,7 @@ def load_cropped(path, size: int, channels: int) -> np.ndarray:
     try:
         with Image.open(path) as im:
             a = center_crop_arr(im.convert("L" if channels == 1 else "RGB"), size)
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL: SyntaxError = a broken file
         raise GenlabError(f"cannot read image {path}: {e}") from None
     return np.ascontiguousarray(a[..., None] if a.ndim == 2 else a)
 
