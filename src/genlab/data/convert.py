@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from genlab.data.formats import write_image_dataset
+from genlab.data.sources import list_class_folder
 from genlab.errors import GenlabError
 
 # Published md5s (the datasets' own pages; torchvision lists the same).
@@ -49,8 +50,7 @@ CIFAR10_MD5 = {
 }
 CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
-KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "frames", "text")
+KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "frames", "text", "shards")
 
 
 def md5_bytes(data: bytes) -> str:
@@ -235,10 +235,7 @@ def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
         raise GenlabError(f"--src '{root}' is not a folder")
     if channels not in (1, 3):
         raise GenlabError(f"--channels must be 1 or 3, got {channels}")
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
-    files = [(f, ci) for ci, c in enumerate(classes) for f in sorted((root / c).rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise GenlabError(f"no images found under '{root}/<class>/' (suffixes: {', '.join(sorted(IMAGE_SUFFIXES))})")
+    files, classes = list_class_folder(root)
     images = [_load_image(f, size, channels) for f, _ in files]
     shapes = {a.shape for a in images}
     if len(shapes) > 1:
@@ -256,7 +253,8 @@ def prepare_digits(out) -> Path:
 
 
 def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool = True, size: int = 0,
-            channels: int = 3, split: str = "train", tokenizer: str = "char", hf=None) -> Path:
+            channels: int = 3, split: str = "train", tokenizer: str = "char", hf=None, shard_size: int = 1000,
+            workers: int = 0) -> Path:
     if kind not in KINDS:
         raise GenlabError(f"unknown dataset kind '{kind}'; valid: {', '.join(KINDS)}")
     if out is None:
@@ -271,6 +269,9 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
         return prepare_cifar10(src, out, split, verify, download)
     if kind == "imagefolder":
         return prepare_imagefolder(src, out, size, channels)
+    if kind == "shards":
+        from genlab.data.shard_convert import prepare_shards
+        return prepare_shards(src, out, size, channels, shard_size=shard_size, workers=workers)
     if kind == "frames":
         from genlab.data.frames import prepare_frames
         return prepare_frames(src, out, size or 32, channels, split)

@@ -12,7 +12,8 @@ ORDER = 5
 def cmd_prepare(args):
     from genlab.data.convert import prepare
     out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
-                  size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf)
+                  size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf,
+                  shard_size=args.shard_size, workers=args.workers)
     print(f"wrote {out}")
     return 0
 
@@ -65,14 +66,17 @@ def add_parser(sub):
 
 def _add_prepare(dsub):
     prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
-    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text")
+    prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text | shards")
     prep.add_argument("--src", default=None, help="folder (or file) holding the standard public files")
     prep.add_argument("--out", required=True, help="output folder (must not hold a dataset already)")
     prep.add_argument("--download", action="store_true", help="download the public files (needs internet)")
     prep.add_argument("--no-verify", action="store_true", help="skip the known-checksum check")
     prep.add_argument("--split", default="train", help="train | test (idx/pickle datasets)")
-    prep.add_argument("--size", type=int, default=0, help="imagefolder: resize to SIZE x SIZE")
-    prep.add_argument("--channels", type=int, default=3, help="imagefolder: 1 (grey) or 3 (RGB)")
+    prep.add_argument("--size", type=int, default=0, help="imagefolder, shards: resize to SIZE x SIZE")
+    prep.add_argument("--channels", type=int, default=3, help="imagefolder, shards: 1 (grey) or 3 (RGB)")
+    prep.add_argument("--shard-size", dest="shard_size", type=int, default=1000,
+                      help="shards: images per shard file (--src: a class folder or a .csv/.json list of path,label)")
+    prep.add_argument("--workers", type=int, default=0, help="shards: conversion processes (0 = one per core)")
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_prepare)

@@ -1,0 +1,205 @@
+"""Sharded image format and its dataset (data.name=shards): image sets too large for one array.
+
+A folder holds `images-00000.npy`, `images-00001.npy`, ... (uint8 [n, H, W, C], every shard `shard_size`
+samples but the last), one `labels.npy` (int64 [N]) and `index.json` (written last: shard files, counts,
+sha256s, classes, source). Every file is a plain `.npy` read with `allow_pickle=False` and memory-mapped,
+so loading never runs code and never reads a whole shard into memory.
+
+Why not webdataset / MosaicML streaming / HF datasets: those are built for sequential reads of tar or
+parquet shards from object storage, which forces shard-order + shuffle-buffer sampling and a resume that
+must replay or checkpoint the buffer. Local `.npy` shards are random-access, so the loader keeps genlab's
+one sample order for every dataset (a seeded permutation per epoch over all N samples, rank r taking its
+slice of each global batch) and its one-integer exact resume, with no extra dependency.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
+from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
+from genlab.errors import GenlabError
+from genlab.registry import dataset_registry
+
+FORMAT = "genlab-shards-v1"
+
+
+def shard_name(i: int) -> str:
+    return f"images-{i:05d}.npy"
+
+
+class ShardedArray:
+    """A read-only uint8 [N, H, W, C] spread over memory-mapped shards; indexing gathers shard by shard."""
+
+    ndim = 4
+
+    def __init__(self, arrays: list):
+        self.arrays = arrays
+        self.offsets = np.cumsum([0] + [len(a) for a in arrays])
+        self.shape = (int(self.offsets[-1]),) + tuple(arrays[0].shape[1:])
+        self.dtype = arrays[0].dtype
+        self.nbytes = int(sum(a.nbytes for a in arrays))
+
+    def __len__(self):
+        return self.shape[0]
+
+    def _gather(self, idx: np.ndarray) -> np.ndarray:
+        n = len(self)
+        idx = np.where(idx < 0, idx + n, idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"index out of range for {n} samples")
+        out = np.empty((len(idx),) + self.shape[1:], dtype=self.dtype)
+        order = np.argsort(idx, kind="stable")  # read in file order, shard by shard
+        sidx = idx[order]
+        shard = np.searchsorted(self.offsets, sidx, side="right") - 1
+        for part in np.split(np.arange(len(sidx)), np.flatnonzero(np.diff(shard)) + 1):
+            if part.size:
+                s = shard[part[0]]
+                out[order[part]] = self.arrays[s][sidx[part] - self.offsets[s]]
+        return out
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):  # images[i, y, x, c]: samples first, then the rest on the gathered block
+            head = self[key[0]]
+            return head[key[1:]] if np.ndim(key[0]) == 0 and not isinstance(key[0], slice) else head[(slice(None),) + key[1:]]
+        if isinstance(key, (int, np.integer)):
+            return self._gather(np.array([int(key)]))[0]
+        if isinstance(key, slice):
+            return self._gather(np.arange(*key.indices(len(self))))
+        idx = np.asarray(key)
+        return self._gather(np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64))
+
+    def __array__(self, dtype=None, copy=None):  # np.asarray: the whole set, only where code asks for it
+        a = self[:]
+        return a if dtype is None else a.astype(dtype)
+
+
+@dataclass
+class ShardData(ImageData):
+    """ImageData whose images are a ShardedArray; its loader streams from the shards and never makes the set resident."""
+
+    def make_loader(self, cfg_data, batch_size, device, seed, rank=0, world=1):
+        from genlab.data.loader import ImageLoader
+        # worker threads gather each batch from the memory maps ahead of use (data.prefetch batches)
+        return ImageLoader(self, batch_size, device, seed=seed, rank=rank, world=world, on_device="no",
+                           prefetch=cfg_data.prefetch, pin_memory=cfg_data.pin_memory, hflip=cfg_data.hflip)
+
+
+# -- writing ---------------------------------------------------------------------------------------
+@contextmanager
+def atomic_folder(out):
+    """Yield a temporary folder beside `out`; rename it to `out` on success, remove it on any failure."""
+    out = Path(out)
+    if (out / "index.json").exists() or (out / "meta.json").exists():
+        raise GenlabError(f"{out} already holds a dataset; remove it or choose another --out")
+    tmp = out.with_name(out.name + ".tmp-write")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()  # only an empty folder can be here
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_index(folder: Path, shards: list[dict], labels: np.ndarray, classes: list, shape, shard_size: int,
+                source: str, extra: dict | None = None):
+    labels = np.asarray(labels, dtype=np.int64)
+    if sum(s["count"] for s in shards) != len(labels):
+        raise ValueError("shard counts and labels differ in length")
+    np.save(folder / "labels.npy", labels)
+    index = {"format": FORMAT, "source": source, "num_samples": int(len(labels)), "shape": [int(x) for x in shape],
+             "shard_size": int(shard_size), "classes": list(classes), "shards": shards,
+             "labels_sha256": array_checksum(labels), **(extra or {})}
+    # one digest of the whole set (caches keyed by a dataset's sha256, e.g. the eval classifier)
+    index["sha256"] = hashlib.sha256("".join([s["sha256"] for s in shards] + [index["labels_sha256"]]).encode()).hexdigest()
+    (folder / "index.json").write_text(json.dumps(index, indent=1))
+
+
+def save_shard(path: Path, images: np.ndarray) -> dict:
+    np.save(path, images)
+    return {"file": Path(path).name, "count": int(len(images)), "sha256": array_checksum(images)}
+
+
+def write_shard_dataset(out, images: np.ndarray, labels, classes: list, shard_size: int, source: str) -> Path:
+    """Arrays already in memory (tests, re-sharding a prepared folder) written as shards, atomically."""
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ValueError(f"images must be uint8 [N,H,W,C], got {images.dtype} {images.shape}")
+    with atomic_folder(out) as tmp:
+        shards = [save_shard(tmp / shard_name(i), images[s:s + shard_size])
+                  for i, s in enumerate(range(0, len(images), shard_size))]
+        write_index(tmp, shards, labels, classes, images.shape[1:], shard_size, source)
+    return Path(out)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def _index(p: Path) -> dict:
+    if not (p / "index.json").exists():
+        raise GenlabError(f"no shard dataset at '{p}' (index.json missing); create one with `genlab data prepare shards`")
+    try:
+        index = json.loads((p / "index.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise GenlabError(f"shard dataset at '{p}' is corrupt: {e}") from None
+    if index.get("format") != FORMAT:
+        raise GenlabError(f"'{p}/index.json' is not a {FORMAT} index (format {index.get('format')!r})")
+    return index
+
+
+def read_shards(path, verify: bool | None = None) -> ShardData:
+    p = Path(path)
+    index = _index(p)
+    shape = tuple(index["shape"])
+    try:
+        arrays = [np.load(p / s["file"], mmap_mode="r", allow_pickle=False) for s in index["shards"]]
+        labels = np.load(p / "labels.npy", mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, KeyError) as e:
+        raise GenlabError(f"shard dataset at '{p}' is corrupt: {e}") from None
+    for s, a in zip(index["shards"], arrays):
+        if a.dtype != np.uint8 or a.shape != (s["count"],) + shape:
+            raise GenlabError(f"shard dataset at '{p}' is corrupt: {s['file']} is {a.dtype}{a.shape}, index.json "
+                              f"says uint8{(s['count'],) + shape}")
+    if not arrays or len(labels) != index["num_samples"] or sum(len(a) for a in arrays) != len(labels):
+        raise GenlabError(f"shard dataset at '{p}' is corrupt: labels and shards do not match index.json")
+    images = ShardedArray(arrays)
+    if verify is None:
+        verify = images.nbytes < VERIFY_LIMIT_BYTES
+    if verify:
+        bad = [s["file"] for s, a in zip(index["shards"], arrays) if array_checksum(a) != s["sha256"]]
+        if bad or array_checksum(np.asarray(labels)) != index["labels_sha256"]:
+            raise GenlabError(f"shard dataset at '{p}' is corrupt: checksum mismatch in {', '.join(bad) or 'labels.npy'}")
+    return ShardData(images=images, labels=labels, classes=index.get("classes", []), meta=index)
+
+
+def shard_shape(path) -> dict | None:
+    """The data shape from index.json alone (None when missing: the reader reports that)."""
+    try:
+        index = _index(Path(path))
+        h, w, c = index["shape"]
+        return {"kind": "image", "image_size": int(h), "channels": int(c), "num_classes": len(index["classes"])}
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _check(d):
+    if d.on_device == "yes":
+        raise GenlabError("data.name=shards streams from its shards and is never resident on the device; use "
+                          "data.on_device=auto|no (or data.name=images for a set that fits on the device)")
+
+
+@dataset_registry.register("shards", "image shards written by `genlab data prepare shards` (data.path); streamed from "
+                           "memory maps, never resident", kind="image", keys=PATH_KEYS + IMAGE_KEYS, needs_path=True,
+                           shape=lambda d: shard_shape(d.path), check=lambda d: _check(d))
+def shards(cfg_data):
+    if not cfg_data.path:
+        raise GenlabError("data.name=shards needs data.path (a folder made by `genlab data prepare shards`)")
+    return read_shards(cfg_data.path)
