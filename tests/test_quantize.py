@@ -163,7 +163,8 @@ def test_export_refuses_a_quantized_run(tiny_run, tmp_path, capfd):
 
 
 def test_gap_over_three_checkpoints_writes_the_table_and_plot(tiny_run, capfd, one_thread):
-    r = cli_in_process(capfd, "quantize", tiny_run, "--gap", "--formats", "int8,nf4", "eval.num_samples=20",
+    # the command: `genlab analyze quant-gap RUN`
+    r = cli_in_process(capfd, "analyze", "quant-gap", tiny_run, "--formats", "int8,nf4", "eval.num_samples=20",
                        "eval.sample_steps=2")
     assert r.returncode == 0, r.stderr
     res = json.loads((tiny_run / "analysis" / "quant_gap.json").read_text())
@@ -173,6 +174,11 @@ def test_gap_over_three_checkpoints_writes_the_table_and_plot(tiny_run, capfd, o
     md = (tiny_run / "analysis" / "quant_gap.md").read_text()
     assert md.count("\n| 10 |") == 1 and "| 30 |" in md and "gap nf4" in md
     assert (tiny_run / "analysis" / "quant_gap.png").stat().st_size > 1000
+
+
+def test_analyze_quant_gap_without_a_run_is_one_line_exit_2(capfd):
+    r = cli_in_process(capfd, "analyze", "quant-gap")
+    assert r.returncode == 2 and "give the run folder" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_trend_recovers_a_linear_in_log_gap():

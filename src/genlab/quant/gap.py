@@ -1,4 +1,4 @@
-"""The quantization gap against training length (`genlab quantize RUN --gap`): every checkpoint of one run is
+"""The quantization gap against training length (`genlab analyze quant-gap RUN`): every checkpoint of one run is
 evaluated in float and quantized, on the same seeds and noise, and the gap (quantized minus float) is tabulated
 and plotted against the steps trained. Kumar et al. 2024, "Scaling laws for precision" (arXiv 2411.04330),
 find that post-training quantization hurts more the more data a model was trained on: a gap that grows with

@@ -1,10 +1,13 @@
-"""`genlab analyze RUN`: layer similarity (CKA), layer skipping and a cached-block sampler of an image flow run."""
+"""`genlab analyze RUN`: layer similarity (CKA), layer skipping and a cached-block sampler of an image flow run;
+`genlab analyze quant-gap RUN`: the post-training quantization gap at every checkpoint of a run (genlab/quant/gap.py)."""
 from __future__ import annotations
 
 ORDER = 2.5  # after eval
 
 
 def cmd_analyze(args):
+    if args.run == "quant-gap":
+        return _quant_gap(args)
     from genlab.analyze.run import analyze_run
     res = analyze_run(args.run, what=args.what, batch=args.batch, t=args.t, device=args.device, out=args.out,
                       overrides=args.overrides, cache_blocks=args.cache_blocks, cache_every=args.cache_every)
@@ -12,10 +15,23 @@ def cmd_analyze(args):
     return 0
 
 
+def _quant_gap(args):
+    from genlab.errors import GenlabError
+    from genlab.quant.gap import quant_gap
+    if not args.overrides:
+        raise GenlabError("genlab analyze quant-gap RUN [eval.*=...]: give the run folder")
+    run, overrides = args.overrides[0], args.overrides[1:]
+    res = quant_gap(run, formats=[f for f in args.formats.split(",") if f], overrides=overrides, device=args.device,
+                    adaln=args.adaln)
+    print(res["table"])
+    print(f"wrote {res['markdown']} and {res['plot']}")
+    return 0
+
+
 def add_parser(sub):
     a = sub.add_parser("analyze", help="what the layers of an image flow run learn: CKA heat maps, layer skipping, "
                                        "a cached-block sampler (docs/analyze.md)")
-    a.add_argument("run", help="run folder or checkpoint file")
+    a.add_argument("run", help="run folder or checkpoint file; or `quant-gap RUN`: the quantization gap per checkpoint")
     a.add_argument("overrides", nargs="*", help="eval.* overrides, e.g. eval.num_samples=1000 (the samples scored)")
     a.add_argument("--what", default="cka,skip,cache", help="analyses, comma-separated: cka, skip, cache (default: all)")
     a.add_argument("--batch", type=int, default=64, help="real images in the CKA batch (default: 64)")
@@ -27,5 +43,8 @@ def add_parser(sub):
                                                               "(default: 2)")
     a.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     a.add_argument("--out", default=None, help="output folder (default: RUN/analysis)")
+    a.add_argument("--formats", default="int8,nf4", help="quant-gap: formats compared with the float model "
+                                                          "(default: int8,nf4)")
+    a.add_argument("--adaln", action="store_true", help="quant-gap: quantize the blocks' adaLN linears too")
     a.set_defaults(fn=cmd_analyze)
     return a
