@@ -103,21 +103,26 @@ class FlowMatching(Method):
         noise = torch.randn(x.shape, generator=generator, device=data.device, dtype=data.dtype)
         return interpolate(noise, x, t), t, y[:n].repeat(PROBE_TIMES), (x - noise).float()
 
-    def loss(self, model, batch, ctx):
-        generator = ctx.generator
-        data, y = batch["image"], batch["label"]
+    def noised(self, model, data, y, generator, step):
+        """(t, noise, x_t, labels with class dropout) for one batch, drawn in this order from `generator`."""
         B = data.shape[0]
-        if self.adaptive is not None:
-            def probe_loss(p):
-                with torch.no_grad():
-                    return F.mse_loss(model(p[0], p[1], p[2]).float(), p[3])
-            self.adaptive.step_probe(ctx.step, probe_loss, lambda: self._probe(model, data, y, generator))
-        t = self.draw_t(B, generator, data.device, ctx.step)
+        t = self.draw_t(B, generator, data.device, step)
         noise = torch.randn(data.shape, generator=generator, device=data.device, dtype=data.dtype)
         x_t = interpolate(noise, data, t)
         if self.class_dropout > 0:
             drop = torch.rand(B, generator=generator, device=data.device) < self.class_dropout
             y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        return t, noise, x_t, y
+
+    def loss(self, model, batch, ctx):
+        generator = ctx.generator
+        data, y = batch["image"], batch["label"]
+        if self.adaptive is not None:
+            def probe_loss(p):
+                with torch.no_grad():
+                    return F.mse_loss(model(p[0], p[1], p[2]).float(), p[3])
+            self.adaptive.step_probe(ctx.step, probe_loss, lambda: self._probe(model, data, y, generator))
+        t, noise, x_t, y = self.noised(model, data, y, generator, ctx.step)
         v = model(x_t, t, y)
         if self.mcfg.loss_weighting == "none":
             return F.mse_loss(v.float(), (data - noise).float()), {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from genlab.errors import GenlabError
-from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, interpolate, unwrap
+from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config
 from genlab.models.dit import patchify
 from genlab import config_fields as cf
 from genlab.registry import method_registry, mlp_registry, model_registry
@@ -75,12 +75,7 @@ class MaskDiTFlow(FlowMatching):
             return flow, {**metrics, "flow_loss": flow.detach(), "mae_loss": zero, "visible": zero + 1}
         generator, data, y = ctx.generator, batch["image"], batch["label"]
         B = data.shape[0]
-        t = self.draw_t(B, generator, data.device, ctx.step)
-        noise = torch.randn(data.shape, generator=generator, device=data.device, dtype=data.dtype)
-        x_t = interpolate(noise, data, t)
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=generator, device=data.device) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        t, noise, x_t, y = self.noised(model, data, y, generator, ctx.step)
         keep = draw_keep(B, self.tokens, self.keep, generator, data.device)
         v = model(x_t, t, y, keep=keep)
         flow, mae = self.masked_losses(v, data, noise, x_t, t, keep)

@@ -178,7 +178,12 @@ class DiT(nn.Module):
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = combine(embed_conditions(self, t, y, conditions))
-        rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
+        h = self.run_blocks(h, c, self.pos.rope(), TokenGrid(0, self.grid, self.grid))
+        out = self.final(h, c)
+        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+
+    def run_blocks(self, h, c, rope, grid):
+        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only."""
         saved = {}
         for i, block in enumerate(self.blocks):
             if i in self.skips.source:
@@ -186,8 +191,7 @@ class DiT(nn.Module):
             h = block(h, c, rope=rope, grid=grid)
             if i in self.skips.sources:
                 saved[i] = h
-        out = self.final(h, c)
-        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+        return h
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs (2 per multiply-add) of one sample, counted like torch.utils.flop_counter: every Linear,
