@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from genlab.models.dit import DiT, DiTSpec
 from genlab.train.dcp import load_dcp_full, load_dcp_optimizer, save_dcp
-from genlab.train.parallel import all_reduce_mean, clip_grads, full_state_dict, init_distributed, no_sync, shard_like, wrap_parallel
+from genlab.train.parallel import (all_reduce_mean, clip_grads, exit_rank, full_state_dict, init_distributed, no_sync,
+                                   shard_like, wrap_parallel)
 from genlab.train.trainer import ema_update
 
 GLOBAL_BATCH = 8
@@ -137,3 +138,5 @@ def train(a, info, device, ckpt_dir):
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_rank(0)  # see exit_rank: skip the teardown that intermittently aborts a finished rank

@@ -14,7 +14,7 @@ import os
 import torch
 
 from genlab.config import load_config
-from genlab.train.parallel import init_distributed, wrap_parallel
+from genlab.train.parallel import exit_rank, init_distributed, wrap_parallel
 from genlab.train.step import build_model_and_method
 
 GLOBAL_BATCH = 8
@@ -66,3 +66,5 @@ def main():
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_rank(0)  # see exit_rank: skip the teardown that intermittently aborts a finished rank

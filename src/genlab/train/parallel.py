@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,16 @@ def leave_distributed(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_rank(code: int = 0) -> None:
+    """End a torchrun rank without interpreter teardown (flush, then os._exit). Even after leave_distributed,
+    gloo's and the rendezvous store's C++ threads intermittently abort a rank at teardown ('terminate called
+    without an active exception', SIGABRT) after its work is done and saved (seen in CI on both the CLI and
+    the test workers). Call it only when every file the rank writes is closed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
