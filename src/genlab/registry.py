@@ -212,6 +212,14 @@ class RepaEncoderSpec(Spec):
     arg: str = ""                          # what ARG names ("" = takes none)
 
 
+@dataclass(frozen=True, kw_only=True)
+class AutoencoderSpec(Spec):
+    """An image autoencoder for latent diffusion, chosen by a string NAME[:ARG] (`genlab data encode --vae`,
+    data.vae): builder(arg, device) -> genlab.autoencoders.LatentCodec."""
+    check: Callable | None = None          # check(arg): one-line GenlabError before any work (missing files...)
+    arg: str = ""                          # what ARG names ("" = takes none)
+
+
 class Registry:
     def __init__(self, kind: str, spec: type = Spec):
         self.kind = kind
@@ -310,3 +318,4 @@ eval_metric_registry = Registry("eval_metric", MetricSpec)
 world_objective_registry = Registry("world_objective")
 ptq_registry = Registry("quant_format")  # post-training weight formats (`genlab quantize RUN --to NAME`), genlab/quant/ptq.py
 repa_encoder_registry = Registry("repa_encoder", RepaEncoderSpec)
+autoencoder_registry = Registry("autoencoder", AutoencoderSpec)  # genlab/autoencoders/
