@@ -209,3 +209,18 @@ def test_a_pickle_in_the_folder_is_never_unpickled(flow_run, tmp_path, capfd):
 def test_resuming_an_export_is_refused_in_one_line(flow_run, capfd):
     r = cli_in_process(capfd, "train", "--resume", flow_run[1])
     assert r.returncode == 2 and "is an export" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_commands_that_take_a_run_take_the_folder(flow_run, tmp_path, capfd):
+    from genlab.train.checkpoint import config_of, load_checkpoint
+    from genlab.train.step import build_model_and_method, init_weights_from
+    run, exp = flow_run
+    d = tmp_path / "export"
+    shutil.copytree(exp, d)
+    src = load_checkpoint(run)
+    model, _ = build_model_and_method(config_of(src), src["data_spec"])
+    init_weights_from(model, str(d))  # train.init_from=DIR
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in src["ema"].items())
+    r = cli_in_process(capfd, "quantize", d, "--to", "int8")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "export_int8").is_dir()  # next to the folder, not above it
