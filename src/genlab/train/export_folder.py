@@ -97,6 +97,8 @@ def _source_dir(run) -> Path | None:
         return p
     if p.parent.name == "checkpoints" and (p.parent.parent / "summary.json").exists():
         return p.parent.parent
+    if p.is_file() and (p.parent / "summary.json").exists():  # an FSDP run's consolidated model.safetensors
+        return p.parent
     return None
 
 
