@@ -1,58 +1,29 @@
-"""`genlab export RUN --out DIR`: a run as a self-describing folder others load (and the Hugging Face Hub hosts as is).
+"""The export folder's format and its loader (the writer: genlab/export.py, `genlab export RUN --out DIR`).
 
     DIR/config.toml        the run's full resolved config (TOML; `genlab train DIR/config.toml` retrains it)
     DIR/model.safetensors  the sampling weights (EMA unless --no-ema); tied tensors stored once, re-tied on load
     DIR/genlab.json        what loading needs beyond the config: format version, data spec, step, which weights,
                            the sha256 of model.safetensors
-    DIR/README.md          the model card: Hub metadata, the run's metrics, the command, how to load it
+    DIR/README.md          the model card (train/model_card.py)
 
 Loading reads JSON, TOML and safetensors only: nothing in the folder is unpickled or run (a stray .pt file is
-never opened). The folder is written as DIR.partial and renamed, so a crash never leaves half an export at DIR.
+never opened).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 from genlab.errors import GenlabError
 
 FORMAT, VERSION = "genlab-export", 1
 META, CONFIG, WEIGHTS, CARD = "genlab.json", "config.toml", "model.safetensors", "README.md"
-FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")  # an --out with one of these is a mistyped file, not a folder
 
 
 def is_export_folder(path) -> bool:
     p = Path(path)
     return p.is_dir() and (p / META).is_file()
-
-
-def check_out(out, force: bool) -> Path:
-    """--out DIR, before any work: an existing DIR is replaced only with --force, and only when it is an export."""
-    out = Path(out)
-    if out.suffix in FILE_SUFFIXES:
-        raise GenlabError(f"--out must be a .safetensors file or a folder (a path without a file suffix), got '{out}'")
-    if out.exists() or out.is_symlink():
-        if not force:
-            raise GenlabError(f"'{out}' exists; pass --force to replace it")
-        if not out.is_dir() or (any(out.iterdir()) and not is_export_folder(out)):
-            raise GenlabError(f"'{out}' is not a genlab export folder (no {META}); refusing to replace it with --force")
-    return out
-
-
-def exported_state(run, ema: bool = True):
-    """(checkpoint state whose sampling weights are those of the model as sample/eval load it, that model)."""
-    from genlab.sample import load_run
-    from genlab.train.checkpoint import load_checkpoint
-    state = load_checkpoint(run)
-    if state.get("quant"):  # its file holds the source's float weights; torchao's tensors are rebuilt at load
-        raise GenlabError(f"'{run}' is a quantized run ({state['quant'].get('format')}): export its source run "
-                          f"{state['quant'].get('source')}")
-    _, model, _, _, _ = load_run(run, "cpu", ema=ema)  # converters re-applied: the weights of the converted model
-    key = "ema" if ema and state.get("ema") is not None else "model"
-    return {**state, key: dict(model.state_dict())}, model
 
 
 def split_tied(weights: dict) -> tuple[dict, dict]:
@@ -82,77 +53,12 @@ def retie(tensors: dict, tied: dict, where) -> dict:
     return tensors
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _source_dir(run) -> Path | None:
-    """The run folder behind RUN (a run folder, or one of its checkpoints), where summary.json lives."""
-    p = Path(run)
-    if p.is_dir() and (p / "summary.json").exists():
-        return p
-    if p.parent.name == "checkpoints" and (p.parent.parent / "summary.json").exists():
-        return p.parent.parent
-    if p.is_file() and (p.parent / "summary.json").exists():  # an FSDP run's consolidated model.safetensors
-        return p.parent
-    return None
-
-
-def read_summary(run) -> dict:
-    d = _source_dir(run)
-    if d is None:
-        return {}
-    try:
-        s = json.loads((d / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return s if isinstance(s, dict) else {}
-
-
-def export_folder(run, out, ema: bool = True, force: bool = False) -> Path:
-    """Write RUN as the folder OUT (see the module doc). Returns OUT."""
-    from safetensors.torch import save_file
-
-    import genlab
-    from genlab.config import dumps_toml, to_dict
-    from genlab.train import checkpoint as ckpt
-    from genlab.train.model_card import model_card
-    out = check_out(out, force)
-    state, model = exported_state(run, ema)
-    cfg = ckpt.config_of(state)
-    which = "ema" if ema and state.get("ema") is not None else "model"
-    tensors, tied = split_tied(state[which])
-    meta = {"format": FORMAT, "version": VERSION, "genlab_version": genlab.__version__, "step": int(state.get("step", 0)),
-            "weights": which, "model": cfg.model.name, "method": cfg.method.name, "preset": cfg.preset,
-            "parameters": sum(p.numel() for p in model.parameters()), "data_spec": state["data_spec"]}
-    part = out.with_name(out.name + ".partial")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
-    try:
-        (part / CONFIG).write_text(dumps_toml(to_dict(cfg)))
-        save_file(tensors, str(part / WEIGHTS), metadata={"format": "pt", "genlab_tied": json.dumps(tied)})
-        meta["sha256"] = {WEIGHTS: _sha256(part / WEIGHTS)}
-        (part / META).write_text(json.dumps(meta, indent=2, default=list) + "\n")
-        (part / CARD).write_text(model_card(cfg, meta, read_summary(run), out.name))
-        umask = os.umask(0)
-        os.umask(umask)
-        for f in part.iterdir():  # shared files: readable like any file the user writes
-            os.chmod(f, 0o666 & ~umask)
-        if out.exists():
-            old = out.with_name(out.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(part, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(part, out)
-    finally:
-        shutil.rmtree(part, ignore_errors=True)
-    return out
 
 
 def _read_meta(p: Path) -> dict:
@@ -181,7 +87,7 @@ def load_export_folder(path) -> dict:
         if not (p / name).is_file():
             raise GenlabError(f"'{p}' is an incomplete genlab export: {name} is missing")
     want = (meta.get("sha256") or {}).get(WEIGHTS)
-    if want is not None and _sha256(p / WEIGHTS) != want:
+    if want is not None and sha256(p / WEIGHTS) != want:
         raise GenlabError(f"'{p / WEIGHTS}' does not match the sha256 in {META}: it changed or was damaged after export")
     config = load_toml(p / CONFIG)
     try:

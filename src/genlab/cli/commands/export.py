@@ -13,7 +13,7 @@ def cmd_export(args):
     out = Path(args.out)
     weights = "raw" if args.no_ema else "EMA"
     if out.suffix != ".safetensors":
-        from genlab.train.export_folder import check_out, export_folder
+        from genlab.export import check_out, export_folder
         check_out(out, args.force)  # before any work: an existing folder needs --force
         export_folder(args.run, out, ema=not args.no_ema, force=args.force)
         import json
@@ -25,7 +25,7 @@ def cmd_export(args):
     if out.exists() and not args.force:
         raise GenlabError(f"'{out}' exists; pass --force to overwrite")
     from genlab.train.dcp import export_safetensors
-    from genlab.train.export_folder import exported_state
+    from genlab.export import exported_state
     state, _ = exported_state(args.run, ema=not args.no_ema)
     path = export_safetensors(state, out, ema=not args.no_ema)
     if state.get("ema") is None:
