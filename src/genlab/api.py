@@ -2,7 +2,7 @@
 
     cfg = genlab.load_config("digits_flow", ["train.steps=200"])   # or a dict {"train.steps": 200}
     summary = genlab.train(cfg)                                      # the same loop as `genlab train`
-    run = genlab.load_run(summary["run_dir"])                        # run folder or checkpoint file
+    run = genlab.load_run(summary["run_dir"])                        # run folder, checkpoint or exported folder
     images = run.sample(n=16, class_id=3)                            # [16, C, H, W] in [-1, 1]
 
 Everything here is a thin layer over the CLI's code paths (config.load_config, the Trainer, sample.load_run).
@@ -84,5 +84,6 @@ class Run:
 
 
 def load_run(path, device: str = "auto", ema: bool = True) -> Run:
-    """A run folder (its latest checkpoint) or a checkpoint file (.pt, .dcp, model.safetensors) -> Run."""
+    """A run folder (its latest checkpoint), a checkpoint file (.pt, .dcp, model.safetensors) or a folder written by
+    `genlab export RUN --out DIR` -> Run."""
     return Run(path, device=device, ema=ema)

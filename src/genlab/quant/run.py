@@ -14,7 +14,10 @@ RECORD_NAME = "quant.json"
 
 
 def source_dir(run_or_ckpt) -> Path:
+    from genlab.train.export_folder import is_export_folder
     p = ckpt.resolve_checkpoint(run_or_ckpt)
+    if is_export_folder(p):  # genlab export's folder: its output goes next to it
+        return p
     return p.parent.parent if p.parent.name == "checkpoints" else p.parent
 
 

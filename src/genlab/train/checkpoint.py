@@ -56,19 +56,24 @@ def prune(path: Path):
 
 
 def resolve_checkpoint(path_or_run) -> Path:
+    from genlab.train.export_folder import is_export_folder
     p = Path(path_or_run)
-    if p.is_file() or (p.is_dir() and p.suffix == ".dcp"):
+    if p.is_file() or (p.is_dir() and p.suffix == ".dcp") or is_export_folder(p):
         return p
     if p.is_dir():
         ckpts = list_checkpoints(p)
         if ckpts:
             return ckpts[-1]
-        raise GenlabError(f"no checkpoint in '{p}' (expected {p}/checkpoints/step_*.pt)")
+        raise GenlabError(f"no checkpoint in '{p}' (expected {p}/checkpoints/step_*.pt, or genlab.json in an "
+                          f"exported folder)")
     raise GenlabError(f"'{p}' is neither a run folder nor a checkpoint file")
 
 
 def load_checkpoint(path_or_run, map_location="cpu") -> dict:
+    from genlab.train.export_folder import is_export_folder, load_export_folder
     p = resolve_checkpoint(path_or_run)
+    if is_export_folder(p):  # `genlab export RUN --out DIR`: config.toml + model.safetensors + genlab.json
+        return load_export_folder(p)
     if p.suffix in (".dcp", ".safetensors"):
         from genlab.train import dcp
         try:

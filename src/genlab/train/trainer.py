@@ -52,6 +52,9 @@ class Trainer:
         self.data = build_dataset(cfg.data)
         self.spec = self.data.spec
         resume_state = ckpt.load_checkpoint(self.resume_from) if self.resume_from else None
+        if resume_state is not None and resume_state.get("optimizer") is None and not resume_state.get("dcp_path"):
+            raise GenlabError(f"cannot resume from '{self.resume_from}': it is an export (weights only, no optimizer or "
+                              f"data position); resume its run folder, or start from it with train.init_from=...")
         # model, method, extras, converters, EMA, wrapping, compile, optimizers: built as `genlab bench` builds them
         self.steps = TrainStep(cfg, self.spec, self.dist, self.device, self.precision, resume_state, str(self.resume_from))
         st = self.steps

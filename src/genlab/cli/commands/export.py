@@ -1,4 +1,5 @@
-"""`genlab export RUN --out model.safetensors`: consolidated weights of any run (single-file or DCP checkpoint)."""
+"""`genlab export RUN --out DIR`: a self-describing folder others load (config.toml, model.safetensors, a model card,
+genlab.json; see train/export_folder.py). `--out FILE.safetensors`: the consolidated weights as one file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,32 +10,44 @@ ORDER = 8
 
 
 def cmd_export(args):
-    from genlab.train.checkpoint import load_checkpoint
-    from genlab.train.dcp import export_safetensors
     out = Path(args.out)
+    weights = "raw" if args.no_ema else "EMA"
     if out.suffix != ".safetensors":
-        raise GenlabError(f"--out must end in .safetensors, got '{out}'")
+        from genlab.export import check_out, export_folder
+        check_out(out, args.force)  # before any work: an existing folder needs --force
+        export_folder(args.run, out, ema=not args.no_ema, force=args.force)
+        import json
+        meta = json.loads((out / "genlab.json").read_text())
+        tied = "" if not _tied(out) else f", {_tied(out)} tied tensor(s) stored once"
+        print(f"wrote {out}/ (step {meta['step']}, {'EMA' if meta['weights'] == 'ema' else 'raw'} weights{tied}): "
+              f"config.toml, model.safetensors, genlab.json, README.md; upload with `hf upload USER/NAME {out} .`")
+        return 0
     if out.exists() and not args.force:
         raise GenlabError(f"'{out}' exists; pass --force to overwrite")
-    state = load_checkpoint(args.run)
-    if state.get("quant"):  # its file holds the source's float weights; torchao's tensors are rebuilt at load
-        raise GenlabError(f"'{args.run}' is a quantized run ({state['quant'].get('format')}): export its source run "
-                          f"{state['quant'].get('source')}")
-    # load as sample/eval do (converters re-applied): the written weights are those of the converted model
-    from genlab.sample import load_run
-    _, model, _, _, _ = load_run(args.run, "cpu", ema=not args.no_ema)
-    key = "ema" if not args.no_ema and state.get("ema") is not None else "model"
-    state = {**state, key: {k: v for k, v in model.state_dict().items()}}
+    from genlab.train.dcp import export_safetensors
+    from genlab.export import exported_state
+    state, _ = exported_state(args.run, ema=not args.no_ema)
     path = export_safetensors(state, out, ema=not args.no_ema)
-    print(f"wrote {path} (step {state.get('step', 0)}, {'raw' if args.no_ema or state.get('ema') is None else 'EMA'} weights)")
+    if state.get("ema") is None:
+        weights = "raw"
+    print(f"wrote {path} (step {state.get('step', 0)}, {weights} weights)")
     return 0
 
 
+def _tied(out: Path) -> int:
+    import json
+
+    from safetensors import safe_open
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        return len(json.loads((f.metadata() or {}).get("genlab_tied", "{}")))
+
+
 def add_parser(sub):
-    p = sub.add_parser("export", help="write a run's consolidated weights as one safetensors file (sample/eval load it)")
+    p = sub.add_parser("export", help="write a run as a folder others load (config, safetensors, model card) or one "
+                                      "safetensors file; sample/eval/load_run load both")
     p.add_argument("run", help="run folder or checkpoint (step_N.pt file or step_N.dcp folder)")
-    p.add_argument("--out", required=True, help="output .safetensors file")
+    p.add_argument("--out", required=True, help="output folder, or a .safetensors file for the weights alone")
     p.add_argument("--no-ema", action="store_true", help="export the raw weights instead of the EMA")
-    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--force", action="store_true", help="replace --out (a folder only when it is a genlab export)")
     p.set_defaults(fn=cmd_export)
     return p

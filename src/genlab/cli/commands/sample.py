@@ -38,7 +38,7 @@ class _DefaultsHelp(argparse.HelpFormatter):
 def add_parser(sub):
     s = sub.add_parser("sample", help="draw samples from a run or checkpoint: a PNG grid, or text for text runs",
                        formatter_class=_DefaultsHelp)
-    s.add_argument("run", help="run folder or checkpoint file")
+    s.add_argument("run", help="run folder, checkpoint file or exported folder (genlab export)")
     s.add_argument("--n", type=int, default=64, help="how many samples (text runs print the first "
                                                      f"{SHOW_TEXTS} and write all to the file)")
     s.add_argument("--steps", type=int, default=None,
