@@ -224,3 +224,14 @@ def test_bad_autoencoder_settings_fail_in_one_line_before_any_work(tmp_path, cap
 def test_the_method_refuses_a_model_that_is_not_an_autoencoder(tmp_path, capfd):
     r = cli_in_process(capfd, "train", "digits_flow", "method.name=autoencoder", f"train.out_dir={tmp_path}")
     assert r.returncode == 2 and "model.name=autoencoder_kl" in r.stderr, r.stderr
+
+
+def test_the_preset_is_sds_objective_at_a_factor_that_divides_mnist():
+    from genlab.config import load_config
+    from genlab.models.autoencoder import channel_mult, check_image_size
+    cfg = load_config("mnist_autoencoder")
+    assert (cfg.model.name, cfg.method.name, cfg.model.bottleneck, cfg.method.kl_weight) == \
+        ("autoencoder_kl", "autoencoder", "kl", 1e-6)
+    mult = channel_mult(cfg.model)
+    check_image_size(28, mult)  # 28 -> 7: factor 4
+    assert 2 ** (len(mult) - 1) == 4 and cfg.method.gan_weight == 0

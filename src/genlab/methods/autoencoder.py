@@ -32,7 +32,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab import config_fields as cf
-from genlab.errors import GenlabError
 from genlab.methods.base import Extra, Method
 from genlab.methods.flow import unwrap
 from genlab.registry import method_registry
@@ -225,16 +224,9 @@ def read_stats(run_dir) -> dict | None:
     return s if isinstance(s.get("latent_std"), (int, float)) and math.isfinite(s["latent_std"]) and s["latent_std"] > 0 else None
 
 
-def check_autoencoder_method(cfg):
-    from genlab.registry import model_registry
-    if model_registry.spec(cfg.model.name).family != "autoencoder":
-        fits = [n for n, s in model_registry.specs() if s.family == "autoencoder"]
-        raise GenlabError(f"method.name=autoencoder trains an autoencoder model: use model.name={'|'.join(fits)}")
-
-
 @method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
                                          "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
                           keys=AE_METHOD_KEYS, reads=("eval.val_path",), data_kinds=("image",),
-                          model_families=("autoencoder",), check=check_autoencoder_method)
+                          model_families=("autoencoder",))
 def build_autoencoder(cfg, data_spec):
     return Autoencoder(cfg, data_spec)
