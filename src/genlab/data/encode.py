@@ -82,7 +82,7 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     """Encode the prepared image set `source` with the autoencoder `vae` into `out` (see the module docstring).
     `stop_after`: return after this many chunks of this call, leaving `out`.partial to resume (tests)."""
     from genlab.autoencoders import check_autoencoder, load_autoencoder
-    from genlab.train.parallel import DistInfo, init_distributed, resolve_device
+    from genlab.train.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
     if batch_size < 1:
@@ -150,7 +150,7 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
         _finalise(tmp, out, job, data, cost)
         print(f"encoded {encoded} images ({V} variant{'s' if V > 1 else ''} each) in {seconds:.1f} s: "
               f"{cost['images_per_s']:.1f} img/s on {world} x {dev}", file=sys.stderr)
-    barrier()
+    leave_distributed(info)  # every rank waits for rank 0's rename
     return out
 
 
