@@ -203,7 +203,7 @@ def latent_run(encoded, tmp_path_factory):
     from genlab.train.trainer import Trainer
     out = tmp_path_factory.mktemp("runs")
     t = Trainer(tiny_config(out, *latent_overrides(encoded, "data.hflip=true"), "train.name=lat", "train.steps=6",
-                            "log.every=3", "log.ckpt_every=0", "eval.num_samples=20", "log.sample_every=0"))
+                            "log.every=3", "log.ckpt_every=0", "eval.num_samples=0", "log.sample_every=0"))
     t.fit()
     return t, out / "lat"
 
@@ -235,7 +235,7 @@ def test_evaluation_scores_decoded_pixels_against_the_source_images(latent_run, 
         seen.update(samples=samples, data=data)
         return {}
     monkeypatch.setattr(metrics, "image_metrics", spy)
-    evaluate_run(latent_run[1], device="cpu")
+    evaluate_run(latent_run[1], ["eval.num_samples=20"], device="cpu")
     assert seen["samples"].dtype == torch.uint8 and seen["samples"].shape == (20, 8, 8, 1)  # pixels, channels-last
     assert seen["data"].images.shape == (1797, 8, 8, 1)
     assert seen["data"].meta["sha256"] == read_image_dataset(digits).meta["sha256"]
@@ -247,7 +247,7 @@ def test_evaluation_without_the_source_is_a_one_line_error_before_sampling(laten
     shutil.move(digits, moved)
     try:
         with pytest.raises(GenlabError, match="cannot be read") as e:
-            evaluate_run(latent_run[1], device="cpu")
+            evaluate_run(latent_run[1], ["eval.num_samples=20"], device="cpu")
         assert "\n" not in str(e.value)
     finally:
         shutil.move(moved, digits)
@@ -275,6 +275,7 @@ def test_maskdit_trains_on_latents(encoded, tmp_path):
     from genlab.train.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *latent_overrides(encoded), "train.name=m", "train.steps=2", "log.every=1",
                             "log.ckpt_every=0", "eval.num_samples=0", "log.sample_every=0", "method.unmask_steps=0", "model.patch_size=1",
+                            "train.compile=off", "model.decoder_dim=32", "model.decoder_depth=1",
                             preset="mnist_maskdit")).fit()
     assert s["status"] == "finished"
 
