@@ -135,9 +135,9 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
                 x = torch.cat([x, x.flip(-1)])
             z = codec.encode(x).float().view(V, e - s, c, h, w).transpose(0, 1)
             lat[s:e] = z.cpu().numpy().astype(DTYPES[dtype])
-            lat.flush()
+            flush_rows(lat, s, e)
             done[k] = 1  # only after the chunk's latents are on disk
-            done.flush()
+            flush_rows(done, k, k + 1)
             encoded += e - s
             task.update(e - s)
     seconds = time.perf_counter() - t0
@@ -152,6 +152,17 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
               f"{cost['images_per_s']:.1f} img/s on {world} x {dev}", file=sys.stderr)
     leave_distributed(info)  # every rank waits for rank 0's rename
     return out
+
+
+def flush_rows(mm: np.memmap, s: int, e: int):
+    """msync rows s:e of a memmap only: a whole-map flush walks every page of the file at each chunk (a fifth of the
+    encode time of MNIST with unshuffle:2 on the CPU, and growing with the file)."""
+    import mmap
+    row = mm.strides[0]
+    lead = mm.offset % mmap.ALLOCATIONGRANULARITY  # where the array starts inside numpy's mapping
+    lo = lead + s * row
+    lo_page = lo - lo % mmap.PAGESIZE
+    mm._mmap.flush(lo_page, lead + e * row - lo_page)
 
 
 def _gather_cost(encoded, seconds, info, dev):
