@@ -120,6 +120,13 @@ def test_bad_encode_arguments_are_one_line_errors_that_write_nothing(digits, tmp
     assert not (tmp_path / "lat").exists()
 
 
+def test_force_never_replaces_a_folder_that_is_not_latents(digits, capfd):
+    before = (digits / "images.npy").stat().st_mtime_ns
+    r = cli_in_process(capfd, "data", "encode", digits, "--vae", "unshuffle:2", "--out", digits, "--force")
+    assert r.returncode == 2 and "not encoded latents" in r.stderr
+    assert (digits / "images.npy").stat().st_mtime_ns == before
+
+
 def test_a_missing_source_folder_is_a_one_line_error(tmp_path, capfd):
     r = cli_in_process(capfd, "data", "encode", tmp_path / "none", "--vae", "unshuffle:2", "--out", tmp_path / "lat")
     assert r.returncode == 2 and "no prepared image dataset" in r.stderr

@@ -71,6 +71,14 @@ def _dist():
 
 
 def _check_out(out: Path, force: bool):
+    """A finished latents folder is replaced only with --force; any other folder with files never (--force must not
+    delete a prepared image set named by mistake)."""
+    try:
+        fmt = json.loads((out / "meta.json").read_text()).get("format") if (out / "meta.json").exists() else None
+    except (OSError, ValueError, AttributeError):
+        fmt = "unreadable"
+    if fmt is not None and fmt != FORMAT:
+        raise GenlabError(f"{out} holds something else ({fmt}), not encoded latents; choose another --out")
     if (out / "meta.json").exists() and not force:
         raise GenlabError(f"{out} already holds encoded latents; choose another --out or pass --force to replace them")
     if out.exists() and not (out / "meta.json").exists() and any(out.iterdir()):
