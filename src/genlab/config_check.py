@@ -183,6 +183,10 @@ def check_data_on_disk(cfg) -> None:
         if prepared_shape(cfg.eval.val_path) is None:  # found now, not after training
             raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
                               f"(no readable images.npy + meta.json)")
+    from genlab.registry import dataset_registry
+    eval_check = dataset_registry.spec(cfg.data.name).eval_check
+    if eval_check is not None and cfg.eval.num_samples > 0:
+        eval_check(cfg)
 
 
 def _check_shapes(cfg):

@@ -133,6 +133,8 @@ class DatasetSpec(Spec):
     shape: Callable | None = None          # shape(cfg_data) -> {kind, image_size, channels, num_classes} or None,
                                            # known without loading the data
     check: Callable | None = None          # check(cfg_data): its own option checks
+    eval_check: Callable | None = None     # eval_check(cfg): files its evaluation reads (a latent set's source
+                                           # pixels), before training or evaluation starts
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from genlab.registry import dataset_registry
 
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
 PATH_KEYS = declare("data",
-    path=F("", "folder written by `genlab data ...` (data.name=images|shards|tokens|pairs|episodes)", free="a folder path"),
+    path=F("", "folder written by `genlab data ...` (data.name=images|shards|latents|tokens|pairs|episodes)", free="a folder path"),
 )
 IMAGE_KEYS = declare("data",
     hflip=F(False, "random horizontal flip of images, applied on the device"),

@@ -22,6 +22,8 @@ def evaluate_class_conditional(method, model, data, ctx) -> dict:
     ecfg, device = ctx["eval"], ctx["device"]
     if ecfg.num_samples <= 0:  # eval switched off (benchmark presets)
         return {}
+    if hasattr(data, "pixel_reference"):  # latents: decoded samples against the source pixels, read before sampling
+        data = data.pixel_reference()
     labels = torch.arange(ecfg.num_samples, device=device) % data.spec["num_classes"]
     samples = generate(method, model, labels, ctx, ecfg.batch_size, desc="eval: sampling")
     from genlab.eval.metrics import image_metrics

@@ -258,11 +258,13 @@ CLASS_DROPOUT = cf.declare("model",
 FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
 # the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
 FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale")
+# flow and MaskDiT also train on autoencoder latents (data.name=latents): their samples are decoded in sampling.py
+LATENT_KINDS = ("image", "latent")
 FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING,
                  output="velocity")
 
 
 @method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
-                          keys=FLOW_KEYS, **FLOW_SPEC)
+                          keys=FLOW_KEYS, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
 def build_flow(cfg, data_spec):
     return FlowMatching(cfg, data_spec)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from genlab.errors import GenlabError
-from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config
+from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, LATENT_KINDS, FlowMatching, check_flow_config
 from genlab.models.dit import patchify
 from genlab import config_fields as cf
 from genlab.registry import method_registry, mlp_registry, model_registry
@@ -136,7 +136,7 @@ def check_maskdit_config(cfg):
 @method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
                                      "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
                                      "mae_weight, unmask_steps)",
-                          keys=MASKDIT_KEYS, **{**FLOW_SPEC, "check": check_maskdit_config,
+                          keys=MASKDIT_KEYS, **{**FLOW_SPEC, "check": check_maskdit_config, "data_kinds": LATENT_KINDS,
                                                 "reads": tuple(k.dotted for k in FLOW_KEYS)})
 def build_maskdit(cfg, data_spec):
     return MaskDiTFlow(cfg, data_spec)

@@ -1,5 +1,5 @@
-"""`genlab data prepare|generate|collect|import|stats`: convert public files, draw teacher pairs, collect or import
-game episodes, inspect them."""
+"""`genlab data prepare|encode|generate|collect|import|stats`: convert public files, encode them to autoencoder
+latents, draw teacher pairs, collect or import game episodes, inspect them."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,16 @@ def cmd_prepare(args):
                   size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf,
                   shard_size=args.shard_size, workers=args.workers)
     print(f"wrote {out}")
+    return 0
+
+
+def cmd_encode(args):
+    from genlab.data.encode import encode_dataset
+    out = encode_dataset(args.dataset, args.vae, args.out, batch_size=args.batch_size, flip=not args.no_flip,
+                         device=args.device, dtype=args.dtype, force=args.force)
+    import os
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"wrote {out}")
     return 0
 
 
@@ -59,6 +69,7 @@ def add_parser(sub):
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     _add_prepare(dsub)
+    _add_encode(dsub)
     _add_generate(dsub)
     _add_episode_commands(dsub)
     return d
@@ -80,6 +91,22 @@ def _add_prepare(dsub):
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_prepare)
+
+
+def _add_encode(dsub):
+    e = dsub.add_parser("encode", help="precompute autoencoder latents of a prepared image set (data.name=latents); "
+                                       "resumable, one or many GPUs (torchrun)")
+    e.add_argument("dataset", help="a folder written by `genlab data prepare` (image array or shards)")
+    e.add_argument("--vae", required=True, help="autoencoder NAME:ARG, e.g. unshuffle:2 (`genlab list autoencoder`)")
+    e.add_argument("--out", required=True, help="output folder (work goes to OUT.partial; rerun to resume)")
+    e.add_argument("--batch-size", dest="batch_size", type=int, default=64,
+                   help="images per encoder call, also the unit of resume (default: 64)")
+    e.add_argument("--no-flip", dest="no_flip", action="store_true",
+                   help="store no horizontally flipped variant (data.hflip=true then refuses these latents)")
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (under torchrun: each rank's GPU)")
+    e.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="stored latent dtype (default: float16)")
+    e.add_argument("--force", action="store_true", help="replace a finished OUT or an unfinished OUT.partial")
+    e.set_defaults(fn=cmd_encode)
 
 
 def _add_generate(dsub):

@@ -83,6 +83,9 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     from genlab.train.parallel import resolve_device
     check_pair_args(n, steps, cfg_scale, batch, out, sampler)
     state, tcfg = load_velocity_run(str(run))
+    if state["data_spec"].get("codec"):  # pairs hold pixels beside the sampler's endpoints: not defined for latents yet
+        raise GenlabError(f"'{run}' was trained on autoencoder latents (data.name=latents); teacher pairs come from "
+                          f"runs trained on pixels")
     m = tcfg.method
     sampler = sampler or (m.sampler if m.sampler in ode_samplers() else "heun")
     steps = steps or tcfg.eval.sample_steps
