@@ -86,4 +86,4 @@ def build_diffusers(arg, device):
     except Exception as e:  # noqa: BLE001  (a config of another class, weights that do not fit it)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise GenlabError(f"autoencoder diffusers:{arg}: cannot load it as an AutoencoderKL: {first}") from None
-    return DiffusersVAE(f"diffusers:{arg}", vae)
+    return DiffusersVAE(f"diffusers:{Path(arg).resolve()}", vae)  # absolute: latents decode from any folder

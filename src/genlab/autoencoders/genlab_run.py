@@ -69,4 +69,5 @@ def build_run(arg, device):
     if model_registry.spec(cfg.model.name).family != "autoencoder":
         raise GenlabError(f"autoencoder run:{arg}: its model {cfg.model.name} is not an autoencoder "
                           f"(train one with method.name=autoencoder, e.g. `genlab train mnist_autoencoder`)")
-    return RunCodec(f"run:{arg}", model, state["data_spec"]["channels"], find_stats(arg), int(state.get("step", 0)))
+    return RunCodec(f"run:{Path(arg).resolve()}", model, state["data_spec"]["channels"], find_stats(arg),  # absolute
+                    int(state.get("step", 0)))
