@@ -217,7 +217,7 @@ def inception_outputs(net: FIDInceptionV3, images_u8, batch: int = 100, device=N
     out = {k: [] for k in which}
     for i in range(0, len(images_u8), batch):
         chunk = images_u8[i:i + batch]
-        x = (chunk if torch.is_tensor(chunk) else torch.as_tensor(np.asarray(chunk))).to(device)
+        x = (chunk if torch.is_tensor(chunk) else torch.from_numpy(np.array(chunk))).to(device)  # a copy: memmaps are read-only
         with torch.autocast(dev_type, enabled=False):
             res = net.outputs(preprocess(x), tuple(which))
         for k in which:
