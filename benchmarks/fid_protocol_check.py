@@ -60,7 +60,7 @@ def mistaken_stats(net, images, batch, device, mistake):
     """pool3 moments with one deliberate input mistake."""
     m = _Moments()
     for i in range(0, len(images), batch):
-        x = torch.as_tensor(np.asarray(images[i:i + batch])).to(device).permute(0, 3, 1, 2).float() / 255
+        x = torch.from_numpy(np.array(images[i:i + batch])).to(device).permute(0, 3, 1, 2).float() / 255
         x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
         if mistake == "nearest resize":
             x = 2 * F.interpolate(x, size=(INPUT_SIZE, INPUT_SIZE), mode="nearest") - 1
@@ -98,7 +98,7 @@ def main():
         for mistake in ("nearest resize", "pixels in [0, 1]"):
             rows.append((f"FID test[:{len(sub)}] correct vs {mistake}", frechet_from_stats(*ok, *mistaken_stats(
                 net, sub, a.batch, a.device, mistake)), None))
-    print(f"{len(tr)} train / {len(te)} test images, {a.device}, {ips:.0f} img/s\n")
+    print(f"{len(tr)} train / {len(te)} test images, {a.device}, {ips:.3g} img/s\n")
     print("| figure | genlab | published | within |\n| --- | --- | --- | --- |")
     failed = False
     for name, v, key in rows:
