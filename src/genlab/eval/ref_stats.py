@@ -188,12 +188,11 @@ def write_reference(out, arrays: dict, meta: dict) -> Path:
 
 
 def reference_from_dataset(dataset, out, *, fid_weights: str = "", n_images: int = 10000, limit: int = 0,
-                           batch: int = 100, device="auto") -> Path:
+                           batch: int = 100, device="cpu") -> Path:
     """`genlab data ref-stats`: every check (output name, dataset, weights) before the Inception pass, then one pass."""
     from genlab import __version__
     from genlab.data.formats import read_image_dataset
     from genlab.eval.inception import load_fid_inception
-    from genlab.train.parallel import resolve_device
     out = Path(out).expanduser()
     if out.suffix != ".npz" or out.exists() or not out.parent.is_dir():
         write_reference(out, {}, {})  # raises the one-line reason
@@ -206,9 +205,8 @@ def reference_from_dataset(dataset, out, *, fid_weights: str = "", n_images: int
     if data.images.shape[-1] not in (1, 3):
         raise GenlabError(f"{dataset}: images have {data.images.shape[-1]} channels; FID reads 1 (grey) or 3 (RGB)")
     images = data.images[:limit] if limit else data.images
-    dev = resolve_device(device, key="--device")
-    net = load_fid_inception(fid_weights, dev)
-    arrays = compute_reference(images, net, batch=batch, device=dev, n_images=n_images)
+    net = load_fid_inception(fid_weights, device)
+    arrays = compute_reference(images, net, batch=batch, device=device, n_images=n_images)
     meta = {"source": str(Path(dataset).resolve()), "dataset_sha256": data.meta.get("sha256"), "images": len(images),
             "arr_0": int(len(arrays.get(IMAGES, ()))), "network": "FID Inception-v3 (2015-12-05), pt_inception weights",
             "preprocess": "pytorch-fid: bilinear resize to 299 (half-pixel centres), 2x-1",

@@ -57,8 +57,9 @@ def cmd_stats(args):
 
 def cmd_ref_stats(args):
     from genlab.eval.ref_stats import reference_from_dataset
+    from genlab.train.parallel import resolve_device
     out = reference_from_dataset(args.dataset, args.out, fid_weights=args.fid_weights, n_images=args.images,
-                                 limit=args.limit, batch=args.batch, device=args.device)
+                                 limit=args.limit, batch=args.batch, device=resolve_device(args.device, key="--device"))
     print(f"wrote {out}")
     return 0
 
