@@ -399,7 +399,8 @@ def test_fid_and_lpips_run_through_the_metric_registry(tmp_path, monkeypatch):
     torch.save({k: v.abs() for k, v in LPIPS("alex").state_dict().items() if k.startswith("lin")}, tmp_path / "alex.pth")
     (tmp_path / "pt_inception-2015-12-05-6726825d.pth").write_bytes(b"")
     monkeypatch.setattr(inc, "load_fid_inception", lambda *a, **k: "net")
-    monkeypatch.setattr(inc, "inception_features", lambda net, imgs, **k: np.asarray(imgs, np.float64).reshape(len(imgs), -1)[:, ::4])
+    monkeypatch.setattr(inc, "inception_outputs",
+                        lambda net, imgs, **k: {"pool3": np.asarray(imgs, np.float64).reshape(len(imgs), -1)[:, ::4]})
     data = load_digits_uint8()
     idx = np.random.default_rng(0).choice(len(data), 60, replace=False)
     res = image_metrics(torch.from_numpy(data.images[idx]), torch.from_numpy(data.labels[idx]), data,
@@ -411,7 +412,8 @@ def test_fid_and_lpips_run_through_the_metric_registry(tmp_path, monkeypatch):
 
 def test_unknown_metric_lists_the_valid_choices():
     from genlab.config import load_config
-    with pytest.raises(GenlabError, match="unknown eval.metrics entry 'fidd'.*did you mean 'fid'.*accuracy, fd, fid, lpips, pr"):
+    with pytest.raises(GenlabError, match="unknown eval.metrics entry 'fidd'.*did you mean 'fid'.*accuracy, fd, fid, inception_score, lpips, pr, "
+                                             "pr_inception, sfid"):
         load_config("digits_flow", ["eval.metrics=accuracy,fidd"])
     with pytest.raises(GenlabError, match="eval.metrics is empty"):
         load_config("digits_flow", ["eval.metrics= , "])

@@ -4,7 +4,11 @@ torchvision's Inception3 (Conv2d_1a_3x3.conv.weight, Mixed_5b.branch1x1.bn.runni
 published file pt_inception-2015-12-05-6726825d.pth loads strictly. Differences from torchvision's
 ImageNet Inception that the TF graph has: average pools exclude the zero padding
 (count_include_pad=False), the last block pools with max instead of average, and 1008 classes.
-Features are pool3: the 2048-d global average of Mixed_7c."""
+Outputs (FIDInceptionV3.outputs, one pass): pool3, the 2048-d global average of Mixed_7c (FID, precision/recall);
+spatial, the first 7 channels of TF's mixed_6/conv (Mixed_6d's 1x1 branch, 17x17) flattened in TF's NHWC order
+to 2023 dims (sFID, Nash et al. 2021, as the ADM evaluator takes it); logits, pool3 @ fc.weight^T over the 1008
+classes without the bias, the matmul the ADM evaluator and torch-fidelity ('logits_unbiased') feed the
+Inception Score's softmax."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,6 +22,9 @@ FID_WEIGHTS_NAMES = ("pt_inception-2015-12-05-6726825d.pth",      # pytorch-fid
                      "weights-inception-2015-12-05-6726825d.pth")  # torch-fidelity (same tensors)
 FID_WEIGHTS_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth"
 INPUT_SIZE = 299
+SPATIAL_CHANNELS = 7        # ADM evaluator: spatial[..., :7] of mixed_6/conv:0
+SPATIAL_DIM = SPATIAL_CHANNELS * 17 * 17  # 2023
+OUTPUTS = ("pool3", "spatial", "logits")
 
 
 class BasicConv2d(nn.Module):
@@ -146,42 +153,81 @@ class FIDInceptionV3(nn.Module):
         self.Mixed_7a = InceptionD(768)
         self.Mixed_7b = InceptionE(1280, max_pool=False)
         self.Mixed_7c = InceptionE(2048, max_pool=True)
-        self.fc = nn.Linear(2048, 1008)  # the graph's 1008-way softmax: unused for FID, kept so the file loads strictly
+        self.fc = nn.Linear(2048, 1008)  # the graph's 1008-way softmax (the Inception Score reads its weight)
 
     def forward(self, x):
+        return self.outputs(x, ("pool3",))["pool3"]
+
+    def outputs(self, x, which=OUTPUTS) -> dict:
+        """{name: [B, d]} for the names in `which` (pool3, spatial, logits) from one pass over the network."""
+        out = {}
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
         x = F.max_pool2d(x, 3, stride=2)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
         x = F.max_pool2d(x, 3, stride=2)
         for name in ("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e", "7a", "7b", "7c"):
             x = getattr(self, f"Mixed_{name}")(x)
-        return x.mean((2, 3))
+            if name == "6d" and "spatial" in which:
+                # InceptionC concatenates its 1x1 branch first: channels [0, 192) are mixed_6/conv (after its ReLU);
+                # NHWC flattening keeps the dimension order of the ADM reference files' mu_s / sigma_s
+                out["spatial"] = x[:, :SPATIAL_CHANNELS].permute(0, 2, 3, 1).flatten(1)
+                if set(which) == {"spatial"}:
+                    return out
+        pool3 = x.mean((2, 3))
+        if "pool3" in which:
+            out["pool3"] = pool3
+        if "logits" in which:
+            out["logits"] = pool3 @ self.fc.weight.t()
+        return out
 
 
-def preprocess(images_u8: torch.Tensor) -> torch.Tensor:
+def preprocess(images: torch.Tensor) -> torch.Tensor:
     """uint8 [B, H, W, C] (C = 1 or 3) -> float [B, 3, 299, 299] in [-1, 1], as pytorch-fid feeds the
     network: RGB in [0, 1] (grey replicated to three channels, like PIL's convert("RGB")), bilinear
-    resize to 299 (align_corners=False), then 2x - 1."""
-    x = images_u8.permute(0, 3, 1, 2).float() / 255.0
+    resize to 299 (align_corners=False), then 2x - 1.
+
+    Float images are taken as model outputs, [B, C, H, W] in [-1, 1], and rounded to uint8 pixels first
+    (data.pixels.to_pixels), as the ADM evaluator reads samples saved as uint8: the same pixels give the same
+    features either way. A float batch outside [-1, 1] (pixels in [0, 255], say) is refused."""
+    if images.dtype.is_floating_point:
+        from genlab.data.pixels import to_pixels
+        lo, hi = float(images.min()), float(images.max())
+        if lo < -1.001 or hi > 1.001:  # a little slack for a sampler's overshoot, which to_pixels clamps
+            raise ValueError(f"float images must be model outputs in [-1, 1] ([B, C, H, W]), got values in "
+                             f"[{lo:.4g}, {hi:.4g}]; pass uint8 [B, H, W, C] pixels instead")
+        images = to_pixels(images)
+    elif images.dtype != torch.uint8:
+        raise ValueError(f"FID needs uint8 [B, H, W, C] pixels or float [B, C, H, W] in [-1, 1], got {images.dtype}")
+    x = images.permute(0, 3, 1, 2).float() / 255.0
     if x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1)
     elif x.shape[1] != 3:
-        raise ValueError(f"FID needs 1- or 3-channel images, got {x.shape[1]} channels")
+        raise ValueError(f"FID needs 1- or 3-channel images [B, H, W, C], got {x.shape[1]} channels (shape "
+                         f"{list(images.shape)})")
     x = F.interpolate(x, size=(INPUT_SIZE, INPUT_SIZE), mode="bilinear", align_corners=False)
     return 2 * x - 1
 
 
 @torch.no_grad()
-def inception_features(net: FIDInceptionV3, images_u8, batch: int = 100, device=None) -> np.ndarray:
-    """pool3 features [n, 2048] (float64) of uint8 [n, H, W, C] images, in float32 with autocast off."""
+def inception_outputs(net: FIDInceptionV3, images_u8, batch: int = 100, device=None, which=OUTPUTS) -> dict:
+    """{name: float64 [n, d]} of uint8 [n, H, W, C] images or float [n, C, H, W] model outputs (see preprocess),
+    for the names in `which` (from OUTPUTS), computed in float32 with autocast off."""
     device = device or next(net.parameters()).device
     dev_type = torch.device(device).type
-    out = []
+    out = {k: [] for k in which}
     for i in range(0, len(images_u8), batch):
-        x = torch.as_tensor(np.asarray(images_u8[i:i + batch])).to(device)
+        chunk = images_u8[i:i + batch]
+        x = (chunk if torch.is_tensor(chunk) else torch.from_numpy(np.array(chunk))).to(device)  # a copy: memmaps are read-only
         with torch.autocast(dev_type, enabled=False):
-            out.append(net(preprocess(x)).double().cpu())
-    return torch.cat(out).numpy()
+            res = net.outputs(preprocess(x), tuple(which))
+        for k in which:
+            out[k].append(res[k].double().cpu())
+    return {k: torch.cat(v).numpy() for k, v in out.items()}
+
+
+def inception_features(net: FIDInceptionV3, images_u8, batch: int = 100, device=None) -> np.ndarray:
+    """pool3 features [n, 2048] (float64) of uint8 [n, H, W, C] images."""
+    return inception_outputs(net, images_u8, batch, device, ("pool3",))["pool3"]
 
 
 def find_fid_weights(explicit: str = ""):

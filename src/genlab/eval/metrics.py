@@ -1,7 +1,9 @@
 """Image-sample metrics, selected by eval.metrics (registry `eval_metric`), run by `genlab eval` and
 periodically during training. Every distance compares the generated samples with the held-out real
 images (real_split.py) and reports the real-vs-real floor beside it: the same distance between
-training images and the held-out set at the same sample count."""
+training images and the held-out set at the same sample count. The Inception-space metrics (fid, sfid,
+pr_inception) compare with eval.fid_ref instead when it is set: precomputed reference statistics, the
+standard protocol of ADM / DiT papers (ref_stats.py, docs/fid.md)."""
 from __future__ import annotations
 
 import sys
@@ -13,6 +15,9 @@ from genlab import progress
 from genlab.errors import GenlabError
 from genlab import config_fields as cf
 from genlab.registry import eval_metric_registry
+
+# Inception feature spaces -> the network output (inception.OUTPUTS) each is
+INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}
 
 # eval.* keys of the image metrics: the classifier and reference set every metric shares, then each metric's own
 EVAL_IMAGE_KEYS = cf.declare("eval",
@@ -31,6 +36,14 @@ FID_KEYS = cf.declare("eval",
     fid_weights=cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
                          "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path"),
 )
+FID_REF_KEYS = cf.declare("eval",
+    fid_ref=cf.F("", "flow: reference .npz of fid/sfid/pr_inception instead of the held-out images: an ADM reference batch "
+                     "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
+                     "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
+                     "samples (docs/fid.md)", free="an .npz file path"),
+)
+PROTOCOL_SAMPLES = 50000  # ADM / DiT / EDM papers: FID of 50,000 samples against the reference statistics
+IS_SPLITS = 10  # the Inception Score's splits (ADM: 50,000 samples in splits of 5,000)
 LPIPS_KEYS = cf.declare("eval",
     lpips_net=cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg")),
     lpips_weights=cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
@@ -65,6 +78,16 @@ def check_metrics(ecfg) -> list[str]:
     return names
 
 
+def _file_key(path: str):
+    """A file's identity for the caches: a rewritten reference file is another reference."""
+    if not path:
+        return None
+    from pathlib import Path
+    p = Path(path).expanduser()
+    st = p.stat() if p.is_file() else None
+    return (str(p.resolve()), st.st_size, st.st_mtime_ns) if st else (str(p),)
+
+
 def _cached(key, fn):
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_MAX:
@@ -81,7 +104,8 @@ class Evaluation:
         self.labels = labels.cpu()
         self.data, self.ecfg, self.device = data, ctx["eval"], ctx["device"]
         self.n = len(self.samples)
-        self.data_key = (data.meta.get("sha256") or f"id{id(data)}", self.ecfg.val_path, self.ecfg.ref_samples, self.n)
+        self.data_key = (data.meta.get("sha256") or f"id{id(data)}", self.ecfg.val_path, self.ecfg.ref_samples, self.n,
+                         _file_key(self.ecfg.fid_ref))
         from genlab.eval.real_split import real_split
         self.split = _cached(("split", *self.data_key),
                              lambda: real_split(data, self.ecfg.val_path, self.n, self.ecfg.ref_samples))
@@ -111,15 +135,50 @@ class Evaluation:
         return self._gen["clf_gen"]
 
     def features(self, space: str, which: str) -> np.ndarray:
-        """[n, d] float64 features of 'gen', 'ref' (held-out) or 'train' (train subset) in a feature space."""
+        """[n, d] float64 features of 'gen', 'ref' (held-out, or eval.fid_ref's images in Inception spaces) or 'train'
+        (train subset) in a feature space: classifier, or inception / inception_spatial / inception_logits (one pass
+        of the Inception network gives all three)."""
+        if space in INCEPTION_SPACES:
+            return self._inception_outputs(which)[INCEPTION_SPACES[space]]
         if which == "gen":
             if space == "classifier":
                 return self.gen_logits_features()[1]
-            if (space, "gen") not in self._gen:
-                self._gen[(space, "gen")] = self._extract(space, self.samples)
-            return self._gen[(space, "gen")]
+            raise ValueError(space)
         images = self.split.held_out if which == "ref" else self.split.train
         return _cached((space, which, self._space_key(space), *self.data_key), lambda: self._extract(space, images))
+
+    def _inception_outputs(self, which: str) -> dict:
+        if which == "gen":
+            if "inception" not in self._gen:
+                self._gen["inception"] = self._inception_pass(self.samples)
+            return self._gen["inception"]
+        ref = self.reference()
+        if which == "ref" and ref is not None:
+            return _cached(("inception", "ref_file", self.ecfg.fid_weights, _file_key(self.ecfg.fid_ref)),
+                           lambda: self._inception_pass(ref.images()))
+        images = self.split.held_out if which == "ref" else self.split.train
+        return _cached(("inception", which, self.ecfg.fid_weights, *self.data_key), lambda: self._inception_pass(images))
+
+    def _inception_pass(self, images_u8) -> dict:
+        from genlab.eval.inception import inception_outputs
+        return inception_outputs(self.inception(), images_u8, batch=min(self.ecfg.batch_size, 200), device=self.device)
+
+    def reference(self):
+        """eval.fid_ref's Reference (ref_stats.py), or None when the Inception metrics use the held-out images."""
+        if not self.ecfg.fid_ref:
+            return None
+        from genlab.eval.ref_stats import load_reference
+        return _cached(("fid_ref", _file_key(self.ecfg.fid_ref)), lambda: load_reference(self.ecfg.fid_ref))
+
+    def ref_gaussian(self, space: str) -> tuple[np.ndarray, np.ndarray]:
+        """(mu, sigma) of the reference: eval.fid_ref's stored statistics when it has them (as the ADM evaluator
+        prefers them to its images), else those of the reference features."""
+        from genlab.eval.frechet import gaussian_stats
+        ref = self.reference() if space in INCEPTION_SPACES else None
+        if ref is not None and ref.has_stats(space):
+            return _cached(("ref_stats", space, _file_key(self.ecfg.fid_ref)), lambda: ref.stats(space))
+        return _cached(("stats", space, self._space_key(space), *self.data_key),
+                       lambda: gaussian_stats(self.features(space, "ref")))
 
     def _space_key(self, space):
         if space == "classifier":  # a fingerprint of the weights: a retrained classifier is another feature space
@@ -130,9 +189,6 @@ class Evaluation:
     def _extract(self, space, images_u8):
         if space == "classifier":
             return self._classify(images_u8)[1]
-        if space == "inception":
-            from genlab.eval.inception import inception_features
-            return inception_features(self.inception(), images_u8, batch=min(self.ecfg.batch_size, 200), device=self.device)
         raise ValueError(space)
 
     def inception(self):
@@ -141,19 +197,20 @@ class Evaluation:
                        lambda: load_fid_inception(self.ecfg.fid_weights, self.device))
 
     def fd_pair(self, space: str) -> tuple[float, float]:
-        """(FD of the samples, real-vs-real floor), both against the held-out set's Gaussian."""
+        """(FD of the samples, real-vs-real floor), both against the reference Gaussian (ref_gaussian)."""
         from genlab.eval.frechet import frechet_from_stats, gaussian_stats
-        ref = _cached(("stats", space, self._space_key(space), *self.data_key),
-                      lambda: gaussian_stats(self.features(space, "ref")))
+        ref = self.ref_gaussian(space)
         floor = _cached(("floor", space, self._space_key(space), *self.data_key),
                         lambda: frechet_from_stats(*gaussian_stats(self.features(space, "train")), *ref))
         return frechet_from_stats(*gaussian_stats(self.features(space, "gen")), *ref), floor
 
     def pr_pair(self, space: str) -> dict:
-        """Precision/recall of the samples and of the train subset, against n held-out images."""
+        """Precision/recall of the samples and of the train subset, against n held-out images, or against all of
+        eval.fid_ref's images in Inception space (as the ADM evaluator: its 10,000 against the 50,000 samples)."""
         from genlab.eval.precision_recall import precision_recall
         k = self.ecfg.pr_k
-        ref = self.features(space, "ref")[: self.n]
+        ref = self.features(space, "ref")
+        ref = ref if space in INCEPTION_SPACES and self.ecfg.fid_ref else ref[: self.n]
         p, r = precision_recall(ref, self.features(space, "gen"), k=k, device=self.device)
         pf, rf = _cached(("pr_floor", space, k, self._space_key(space), *self.data_key),
                          lambda: precision_recall(ref, self.features(space, "train"), k=k, device=self.device))
@@ -182,17 +239,71 @@ def pr(ev: Evaluation) -> dict:
     return ev.pr_pair("classifier")
 
 
-@eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights)",
-                               keys=REF_KEYS + FID_KEYS, check=lambda ecfg: _check_fid(ecfg))
+@eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights), "
+                               "against eval.fid_ref when set",
+                               keys=REF_KEYS + FID_KEYS + FID_REF_KEYS,
+                               check=lambda ecfg: _check_inception(ecfg, 2, "fid", "inception"))
 def fid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception")
     return {"fid": v, "fid_floor": floor}
+
+
+@eval_metric_registry.register("sfid", "sFID: Fréchet distance of Inception mixed_6/conv[..., :7] features, 7x17x17 = 2023-d "
+                               "(Nash et al. 2021, as the ADM evaluator; needs weights)",
+                               keys=REF_KEYS + FID_KEYS + FID_REF_KEYS,
+                               check=lambda ecfg: _check_inception(ecfg, 2, "sfid", "inception_spatial"))
+def sfid(ev: Evaluation) -> dict:
+    v, floor = ev.fd_pair("inception_spatial")
+    return {"sfid": v, "sfid_floor": floor}
+
+
+@eval_metric_registry.register("inception_score", f"Inception Score over {IS_SPLITS} splits (Salimans et al. 2016; softmax of "
+                               "the FID Inception's 1008 logits without bias, as the ADM evaluator; needs weights)",
+                               keys=FID_KEYS, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
+def inception_score(ev: Evaluation) -> dict:
+    from genlab.eval.inception_score import inception_score as score
+    mean, std = score(ev.features("inception_logits", "gen"), IS_SPLITS)
+    real = _cached(("is_real", ev.ecfg.fid_weights, *ev.data_key),
+                   lambda: score(ev.features("inception_logits", "train"), IS_SPLITS)[0])
+    return {"inception_score": mean, "inception_score_std": std, "inception_score_real": real}
+
+
+@eval_metric_registry.register("pr_inception", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in Inception pool3 "
+                               "space, against eval.fid_ref's images when set (as the ADM evaluator; needs weights)",
+                               keys=REF_KEYS + PR_KEYS + FID_KEYS + FID_REF_KEYS,
+                               check=lambda ecfg: _check_inception(ecfg, ecfg.pr_k + 1, "pr_inception", "images"))
+def pr_inception(ev: Evaluation) -> dict:
+    return {f"inception_{k}": v for k, v in ev.pr_pair("inception").items()}
 
 
 def _check_fid(ecfg):
     from genlab.eval.inception import find_fid_weights
     find_fid_weights(ecfg.fid_weights)
 
+
+def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
+    """Before sampling: enough samples, the weights file, and a reference file that holds what the metric reads."""
+    _at_least(at_least, what)(ecfg)
+    _check_fid(ecfg)
+    if needs and ecfg.fid_ref:
+        from genlab.eval.ref_stats import load_reference
+        ref = load_reference(ecfg.fid_ref)
+        ok = ref.has_images if needs == "images" else ref.can_serve(needs)
+        if not ok:
+            wanted = {"inception_spatial": "spatial statistics (mu_s, sigma_s) or images (arr_0)",
+                      "inception": "pool3 statistics (mu, sigma) or images (arr_0)", "images": "images (arr_0)"}[needs]
+            raise GenlabError(f"eval.metrics={what} needs {wanted} in eval.fid_ref; {ref.path.name} holds "
+                              f"{', '.join(ref.headers)} (write one with `genlab data ref-stats`)")
+
+
+def protocol_metrics(fid_ref: str) -> str:
+    """The standard protocol's metrics that a reference file supports: fid and inception_score always, sfid with
+    spatial statistics or images, pr_inception with images."""
+    from genlab.eval.ref_stats import load_reference
+    ref = load_reference(fid_ref)
+    names = ["fid", "sfid" if ref.can_serve("inception_spatial") else None, "inception_score",
+             "pr_inception" if ref.has_images else None]
+    return ",".join(n for n in names if n)
 
 
 def _at_least(k: int, what: str):
@@ -234,6 +345,8 @@ def image_metrics(samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx) -> 
     for name in parse_metrics(ctx["eval"].metrics):
         res.update(eval_metric_registry.get(name)(ev))
     res.update({"eval_samples": ev.n, "reference": ev.split.source, "floor_samples": len(ev.split.train)})
+    if ev.reference() is not None:  # set only with a metric that reads it (config validation)
+        res["fid_reference"] = ev.reference().describe()
     if progress.is_on():
         print(summary_line(res), file=sys.stderr, flush=True)
     return res
@@ -249,10 +362,21 @@ def summary_line(res: dict) -> str:
     if "precision" in res:
         parts.append(f"precision {res['precision']:.3f} recall {res['recall']:.3f} "
                      f"(real-vs-real {res['precision_floor']:.3f} / {res['recall_floor']:.3f})")
+    ref = f" vs {res['fid_reference']}" if "fid_reference" in res else ""
     if "fid" in res:
-        parts.append(f"FID {res['fid']:.4g} (real-vs-real floor {res['fid_floor']:.4g})")
+        parts.append(f"FID {res['fid']:.4g}{ref} (real-vs-real floor {res['fid_floor']:.4g})")
+    if "sfid" in res:
+        parts.append(f"sFID {res['sfid']:.4g} (real-vs-real floor {res['sfid_floor']:.4g})")
+    if "inception_score" in res:
+        parts.append(f"IS {res['inception_score']:.4g} ± {res['inception_score_std']:.2g} "
+                     f"(real images {res['inception_score_real']:.4g})")
+    if "inception_precision" in res:
+        parts.append(f"Inception precision {res['inception_precision']:.3f} recall {res['inception_recall']:.3f} "
+                     f"(real-vs-real {res['inception_precision_floor']:.3f} / {res['inception_recall_floor']:.3f})")
     if "lpips_diversity" in res:
         parts.append(f"LPIPS diversity {res['lpips_diversity']:.4f} (real {res['lpips_diversity_real']:.4f})")
     floor_n = res.get("floor_samples")
     n_note = f"; floor from {floor_n} train images" if floor_n is not None and floor_n != res.get("eval_samples") else ""
+    if "fid_reference" in res and res.get("eval_samples") != PROTOCOL_SAMPLES:
+        n_note += f"; the standard protocol scores {PROTOCOL_SAMPLES:,} samples"
     return f"eval ({res.get('eval_samples')} samples vs {res.get('reference')}{n_note}): " + " | ".join(parts)

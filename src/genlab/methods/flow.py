@@ -247,7 +247,7 @@ FLOW_EVAL_KEYS = cf.declare("eval",
     sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
     cfg_scale=cf.F(2.0, "flow: guidance scale in evaluation", ge=0),
     grid_per_class=cf.F(10, "flow: columns of the sample grid", ge=1),
-    metrics=cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid and lpips need downloaded weights; README: Evaluation metrics)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, lpips, pr", lists="eval_metric"),
+    metrics=cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric"),
     nfe_list=cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
                           "evaluations per sample; empty = off)", free="comma-separated integers >= 1"),
     samplers=cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler"),

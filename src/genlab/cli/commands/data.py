@@ -1,5 +1,5 @@
-"""`genlab data prepare|encode|generate|collect|import|stats`: convert public files, encode them to autoencoder
-latents, draw teacher pairs, collect or import game episodes, inspect them."""
+"""`genlab data prepare|encode|generate|collect|import|stats|ref-stats`: convert public files, encode them to
+autoencoder latents, draw teacher pairs, collect or import game episodes, inspect them, write FID reference statistics."""
 from __future__ import annotations
 
 import json
@@ -65,6 +65,15 @@ def cmd_stats(args):
     return 0
 
 
+def cmd_ref_stats(args):
+    from genlab.eval.ref_stats import reference_from_dataset
+    from genlab.train.parallel import resolve_device
+    out = reference_from_dataset(args.dataset, args.out, fid_weights=args.fid_weights, n_images=args.images,
+                                 limit=args.limit, batch=args.batch, device=resolve_device(args.device, key="--device"))
+    print(f"wrote {out}")
+    return 0
+
+
 def add_parser(sub):
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
@@ -72,7 +81,23 @@ def add_parser(sub):
     _add_encode(dsub)
     _add_generate(dsub)
     _add_episode_commands(dsub)
+    _add_ref_stats(dsub)
     return d
+
+
+def _add_ref_stats(dsub):
+    r = dsub.add_parser("ref-stats", help="FID reference statistics of an image dataset (ADM .npz layout: mu, sigma, "
+                                          "mu_s, sigma_s, arr_0) for eval.fid_ref")
+    r.add_argument("dataset", help="a folder made by `genlab data prepare` (uint8 images, 1 or 3 channels)")
+    r.add_argument("--out", required=True, help="the .npz to write (must not exist)")
+    r.add_argument("--fid-weights", dest="fid_weights", default="",
+                   help="pt_inception-2015-12-05-6726825d.pth or its folder (default: $GENLAB_FID_WEIGHTS, then torch hub)")
+    r.add_argument("--images", type=int, default=10000,
+                   help="images stored as arr_0 for precision/recall (a fixed random subset; ADM stores 10,000; 0 = none)")
+    r.add_argument("--limit", type=int, default=0, help="statistics of the first LIMIT images only (0 = all)")
+    r.add_argument("--batch", type=int, default=100, help="images per Inception forward")
+    r.add_argument("--device", default="auto")
+    r.set_defaults(fn=cmd_ref_stats)
 
 
 def _add_prepare(dsub):

@@ -1,0 +1,117 @@
+"""A check of the whole FID pipeline against published real-vs-real figures (docs/fid.md, "Checking the pipeline").
+
+Needs the published Inception weights (a download: pt_inception-2015-12-05-6726825d.pth) and two prepared image
+datasets (`genlab data prepare KIND --split train|test`). It computes, with genlab's own code path (inception.py,
+ref_stats.py, frechet.py, inception_score.py):
+- FID and sFID of the train split against the test split (the statistics of each streamed as `genlab data ref-stats`
+  writes them),
+- the Inception Score of the train split (10 consecutive splits, genlab's rule; and torch-fidelity's rule: shuffled
+  with seed 2020),
+- the same FID with two deliberate input mistakes (nearest-neighbour resize; pixels fed in [0, 1] instead of
+  [-1, 1]), so one sees how far such a mistake moves the figure,
+and compares with the published figures below when the datasets are CIFAR-10 (`--expect cifar10`).
+
+    PYTHONPATH=src python benchmarks/fid_protocol_check.py --weights ~/pt_inception-2015-12-05-6726825d.pth \\
+        --train data/cifar10_train --test data/cifar10_test --expect cifar10
+
+Published real-data figures (sources in docs/fid.md):
+- Inception Score of the CIFAR-10 training split: 11.23678 (std 0.0951) -- torch-fidelity's README
+  (`fidelity --isc --input1 cifar10-train`). torch-fidelity resizes like TensorFlow 1 and normalises (x - 128) / 128;
+  genlab follows pytorch-fid (half-pixel bilinear, x / 127.5 - 1), so a small difference is expected.
+- FID of the CIFAR-10 training split (50,000) against the test split (10,000): about 3.1 -- a user's figure in
+  NVlabs/stylegan2-ada issue 53, not a maintainer's; taken as a sanity range, not an exact target.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from genlab.data.formats import read_image_dataset
+from genlab.eval.frechet import frechet_from_stats
+from genlab.eval.inception import INPUT_SIZE, inception_outputs, load_fid_inception
+from genlab.eval.inception_score import inception_score
+from genlab.eval.ref_stats import _Moments
+
+PUBLISHED = {"cifar10": {"is_train": (11.23678, 0.25, "torch-fidelity README, CIFAR-10 train IS"),
+                         "fid_train_test": (3.1, 0.5, "NVlabs/stylegan2-ada#53 (user figure), FID train 50k vs test 10k")}}
+
+
+def stream(net, images, batch, device, chunk=2000, logits=False):
+    """Streamed pool3 + spatial moments (as `genlab data ref-stats`), and the logits when asked."""
+    pool, spatial, lg = _Moments(), _Moments(), []
+    which = ("pool3", "spatial", "logits") if logits else ("pool3", "spatial")
+    t0 = time.perf_counter()
+    for i in range(0, len(images), chunk):
+        out = inception_outputs(net, np.asarray(images[i:i + chunk]), batch=batch, device=device, which=which)
+        pool.add(out["pool3"])
+        spatial.add(out["spatial"])
+        if logits:
+            lg.append(out["logits"])
+    dt = time.perf_counter() - t0
+    return pool.result(), spatial.result(), (np.concatenate(lg) if logits else None), len(images) / dt
+
+
+@torch.no_grad()
+def mistaken_stats(net, images, batch, device, mistake):
+    """pool3 moments with one deliberate input mistake."""
+    m = _Moments()
+    for i in range(0, len(images), batch):
+        x = torch.from_numpy(np.array(images[i:i + batch])).to(device).permute(0, 3, 1, 2).float() / 255
+        x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+        if mistake == "nearest resize":
+            x = 2 * F.interpolate(x, size=(INPUT_SIZE, INPUT_SIZE), mode="nearest") - 1
+        elif mistake == "pixels in [0, 1]":
+            x = F.interpolate(x, size=(INPUT_SIZE, INPUT_SIZE), mode="bilinear", align_corners=False)
+        m.add(net.outputs(x, ("pool3",))["pool3"].double().cpu().numpy())
+    return m.result()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weights", required=True, help="pt_inception-2015-12-05-6726825d.pth or its folder")
+    ap.add_argument("--train", required=True, help="prepared dataset folder (the 'generated' side, e.g. the train split)")
+    ap.add_argument("--test", required=True, help="prepared dataset folder (the reference side, e.g. the test split)")
+    ap.add_argument("--limit", type=int, default=0, help="first LIMIT images of each split (0 = all)")
+    ap.add_argument("--mistakes", type=int, default=2000, help="test images scored with each input mistake (0 = skip)")
+    ap.add_argument("--expect", default="", choices=("", *PUBLISHED), help="compare with this dataset's published figures")
+    ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args()
+    net = load_fid_inception(a.weights, a.device)
+    tr, te = read_image_dataset(a.train).images, read_image_dataset(a.test).images
+    if a.limit:
+        tr, te = tr[:a.limit], te[:a.limit]
+    (mu_tr, s_tr), (mus_tr, ss_tr), logits, ips = stream(net, tr, a.batch, a.device, logits=True)
+    (mu_te, s_te), (mus_te, ss_te), _, _ = stream(net, te, a.batch, a.device)
+    rows = [("FID train vs test", frechet_from_stats(mu_tr, s_tr, mu_te, s_te), "fid_train_test"),
+            ("sFID train vs test", frechet_from_stats(mus_tr, ss_tr, mus_te, ss_te), None),
+            ("IS train (10 consecutive splits)", inception_score(logits, 10)[0], "is_train"),
+            ("IS train (torch-fidelity: shuffled, seed 2020)",
+             inception_score(logits[np.random.RandomState(2020).permutation(len(logits))], 10)[0], "is_train")]
+    if a.mistakes:
+        sub = te[:a.mistakes]
+        ok = stream(net, sub, a.batch, a.device)[0]
+        for mistake in ("nearest resize", "pixels in [0, 1]"):
+            rows.append((f"FID test[:{len(sub)}] correct vs {mistake}", frechet_from_stats(*ok, *mistaken_stats(
+                net, sub, a.batch, a.device, mistake)), None))
+    print(f"{len(tr)} train / {len(te)} test images, {a.device}, {ips:.3g} img/s\n")
+    print("| figure | genlab | published | within |\n| --- | --- | --- | --- |")
+    failed = False
+    for name, v, key in rows:
+        pub = PUBLISHED.get(a.expect, {}).get(key)
+        if pub is None:
+            print(f"| {name} | {v:.4f} | - | - |")
+            continue
+        target, tol, src = pub
+        ok = abs(v - target) <= tol
+        failed |= not ok
+        print(f"| {name} | {v:.4f} | {target} ({src}) | {'yes' if ok else 'NO'} (±{tol}) |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
