@@ -57,7 +57,7 @@ class TokenData:
         from genlab.data.token_loader import TokenLoader
         tokens = self.val if cfg_data.split == "val" else self.train
         return TokenLoader(tokens, self.seq_len, batch_size, device, seed=seed, rank=rank, world=world,
-                           on_device=cfg_data.on_device, pin_memory=cfg_data.pin_memory)
+                           on_device=cfg_data.on_device, pin_memory=cfg_data.pin_memory, prefetch=cfg_data.prefetch)
 
     def tokenizer(self):
         return from_meta(self.meta)
