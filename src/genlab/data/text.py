@@ -87,7 +87,8 @@ def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: 
                  chunk_chars: int = CHUNK_CHARS, force: bool = False) -> Path:
     """Tokenize text files / a folder / glob patterns (one continuous text, files joined by "\\n"), .jsonl
     documents or a Hugging Face dataset's text column into a token dataset, streaming (text_stream):
-    memory holds a few `chunk_chars` work items per worker, never the corpus; workers=0: one per core."""
+    memory holds a few `chunk_chars` work items per worker, never the corpus; workers=0: one per core for gpt2,
+    else 1."""
     from genlab.data import text_stream as ts
     if tokenizer not in TOKENIZERS:
         raise GenlabError(f"unknown tokenizer '{tokenizer}'; valid: {', '.join(TOKENIZERS)}")
@@ -109,7 +110,8 @@ def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: 
             raise GenlabError("the source holds no text")
     else:
         tok = build_tokenizer(tokenizer)
-    workers = workers or os.cpu_count() or 1
+    if not workers:  # byte and char encode at numpy speed: worker processes cost more than they save (docs/lm.md)
+        workers = (os.cpu_count() or 1) if tokenizer == "gpt2" else 1
     if total is not None:  # no more processes than work items
         workers = max(1, min(workers, -(-total // chunk_chars)))
     return ts.write_stream(out, items(), tok.meta(), source, workers=workers, chunk_chars=chunk_chars,

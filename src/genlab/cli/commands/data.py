@@ -78,7 +78,8 @@ def _add_prepare(dsub):
     prep.add_argument("--channels", type=int, default=3, help="imagefolder, shards: 1 (grey) or 3 (RGB)")
     prep.add_argument("--shard-size", dest="shard_size", type=int, default=1000,
                       help="shards: images per shard file (--src: a class folder or a .csv/.json list of path,label)")
-    prep.add_argument("--workers", type=int, default=0, help="shards, text: conversion processes (0 = one per core)")
+    prep.add_argument("--workers", type=int, default=0, help="shards, text: conversion processes (0 = one per core; "
+                                                                  "text with byte/char: 1, numpy outruns the pipes)")
     prep.add_argument("--force", action="store_true", help="text: replace an existing token dataset at --out "
                                                            "(only once the new one is complete)")
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
