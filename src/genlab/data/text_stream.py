@@ -32,6 +32,7 @@ CHUNK_CHARS = 1 << 22            # characters per work item (~4 MB of text; a fe
 READ_BYTES = 1 << 20             # bytes per read of a source file
 HASH_CHECKPOINT_BYTES = 1 << 26  # a copy of the running hash every 64 MB: the train hash ends <= 64 MB re-read
 COPY_BYTES = 1 << 24
+CHAR_SLICE = 1 << 20             # characters per numpy lookup of the char tokenizer
 
 
 # -- sources: files, folders, globs ----------------------------------------------------------------
@@ -168,7 +169,7 @@ class Encoder:
         self.tok, self.dtype = from_meta(meta), np.dtype(dtype)
         if meta["tokenizer"] == "char":  # a code point -> id table: numpy instead of a Python loop per character
             cps = np.array([ord(c) for c in self.tok.itos], dtype=np.int64)
-            self.table = np.full(int(cps.max()) + 1, -1, dtype=np.int64)
+            self.table = np.full(int(cps.max()) + 2, -1, dtype=np.int32)  # the last -1 catches every larger one
             self.table[cps] = np.arange(len(cps))
         self.sep = None  # the boundary's ids, made at the first document (plain text may lack "\n" in char's alphabet)
 
@@ -176,15 +177,18 @@ class Encoder:
         name = self.tok.name
         if name == "byte":
             return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(self.dtype)
-        if name == "char":
-            cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-            ids = self.table[np.minimum(cps, len(self.table) - 1)]
-            bad = (ids < 0) | (cps >= len(self.table))
-            if bad.any():
-                c = chr(int(cps[np.argmax(bad)]))
-                raise GenlabError(f"character {c!r} is not in this char vocabulary ({self.tok.vocab_size} symbols)")
-            return ids.astype(self.dtype)
+        if name == "char":  # in slices, so the temporaries stay a few MB whatever the work item's size
+            return np.concatenate([self._chars(text[i:i + CHAR_SLICE]) for i in range(0, len(text), CHAR_SLICE)]
+                                  or [np.empty(0, self.dtype)])
         return np.asarray(self.tok.encode(text), dtype=self.dtype)
+
+    def _chars(self, text: str) -> np.ndarray:
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ids = np.take(self.table, cps, mode="clip")
+        if (ids < 0).any():
+            c = text[int(np.argmax(ids < 0))]
+            raise GenlabError(f"character {c!r} is not in this char vocabulary ({self.tok.vocab_size} symbols)")
+        return ids.astype(self.dtype)
 
     def __call__(self, parts) -> np.ndarray:
         out = []
@@ -246,10 +250,10 @@ class TokenFile:
     def write(self, ids: np.ndarray):
         if self.nbytes - self.checkpoints[-1][0] >= HASH_CHECKPOINT_BYTES:
             self.checkpoints.append((self.nbytes, self.h.copy()))
-        b = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
+        b = memoryview(np.ascontiguousarray(ids, dtype=self.dtype)).cast("B")  # no copy
         self.f.write(b)
         self.h.update(b)
-        self.nbytes += len(b)
+        self.nbytes += b.nbytes
 
     @property
     def tokens(self) -> int:
