@@ -3,7 +3,7 @@ and the memmap token loader's batch time over the result.
 
 The corpus is the embedded Tiny Shakespeare excerpt repeated to --mb megabytes over --files files. Each
 (tokenizer, workers) pair runs in its own process, so peak RSS is that run's alone: the main process (reader,
-writer, hasher) and the largest worker.
+writer, hasher; VmHWM) and the largest worker (forked: pages shared with the main process count in both).
 
     python benchmarks/bench_text_prepare.py --mb 50 --files 4 --tokenizers byte,char,gpt2 --workers 1,2
 """
@@ -36,6 +36,14 @@ def make_corpus(folder: Path, mb: int, files: int) -> list[Path]:
     return paths
 
 
+def vm_hwm_mb() -> float:
+    """This process's peak RSS since exec (ru_maxrss would include the launching process's RSS at fork)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def one_run(src: str, out: str, tokenizer: str, workers: int) -> dict:
     from genlab.data.text import prepare_text
     t0 = time.perf_counter()
@@ -43,7 +51,7 @@ def one_run(src: str, out: str, tokenizer: str, workers: int) -> dict:
     dt = time.perf_counter() - t0
     meta = json.loads((Path(out) / "meta.json").read_text())
     return {"seconds": dt, "tokens": meta["train_tokens"] + meta["val_tokens"],
-            "rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rss_main_mb": vm_hwm_mb(),
             "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
