@@ -20,7 +20,6 @@ from genlab.data.datasets import PATH_KEYS
 from genlab.registry import dataset_registry
 
 
-
 def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 65536 else np.uint32
 
@@ -96,14 +95,16 @@ def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: 
         raise GenlabError("`data prepare text` needs --out DIR")
     if bool(src) == bool(hf):
         raise GenlabError("`data prepare text` needs exactly one of --src FILE_OR_DIR or --hf DATASET")
-    ts._check_out(Path(out), force)
+    ts.check_out(Path(out), force)
     if hf:
         docs, source = _read_hf(hf)
         items, total = (lambda: ts.doc_items(docs)), None
     else:
         files, kind = ts.list_sources(src)
         items, total = (lambda: ts.source_items(files, kind)), sum(f.stat().st_size for f in files)
-        source = str(files[0]) if len(files) == 1 else f"{len(files)} file(s): {files[0]} ... {files[-1]}"
+        one_dir = isinstance(src, (str, os.PathLike)) and Path(src).is_dir()
+        source = (f"{len(files)} file(s) under {src}" if one_dir else str(files[0]) if len(files) == 1
+                  else f"{len(files)} file(s): {files[0]} ... {files[-1]}")
     if tokenizer == "char":  # the alphabet needs a first pass over the text
         tok = CharTokenizer(ts.fit_chars(items()))
         if not tok.itos:

@@ -278,7 +278,7 @@ class TokenFile:
         return {"train": h.hexdigest(), "val": hv.hexdigest()}
 
 
-def _check_out(out: Path, force: bool):
+def check_out(out: Path, force: bool):
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not force:
             raise GenlabError(f"--out '{out}' already exists and is not empty (nothing is overwritten; --force replaces "
@@ -293,7 +293,7 @@ def write_stream(out, items, meta: dict, source: str, workers: int = 1, chunk_ch
     renamed into place at the end; --force replaces an existing token dataset only once the new one is whole."""
     from genlab.data.text import token_dtype
     out = Path(out)
-    _check_out(out, force)
+    check_out(out, force)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier run's leftovers
     tmp.mkdir(parents=True)
