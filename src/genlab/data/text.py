@@ -12,16 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION
+from genlab.data import text_stream as ts
+from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
 from genlab.errors import GenlabError
 from genlab.config_fields import F, declare
 from genlab.data.datasets import PATH_KEYS
 from genlab.registry import dataset_registry
-
-
-def token_dtype(vocab_size: int):
-    return np.uint16 if vocab_size <= 65536 else np.uint32
 
 
 def sha256_file(path: Path) -> str:
@@ -88,7 +85,6 @@ def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: 
     documents or a Hugging Face dataset's text column into a token dataset, streaming (text_stream):
     memory holds a few `chunk_chars` work items per worker, never the corpus; workers=0: one per core for gpt2,
     else 1."""
-    from genlab.data import text_stream as ts
     if tokenizer not in TOKENIZERS:
         raise GenlabError(f"unknown tokenizer '{tokenizer}'; valid: {', '.join(TOKENIZERS)}")
     if out is None:

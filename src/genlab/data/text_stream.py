@@ -35,6 +35,10 @@ COPY_BYTES = 1 << 24
 CHAR_SLICE = 1 << 20             # characters per numpy lookup of the char tokenizer
 
 
+def token_dtype(vocab_size: int):
+    return np.uint16 if vocab_size <= 65536 else np.uint32
+
+
 # -- sources: files, folders, globs ----------------------------------------------------------------
 def list_sources(src) -> tuple[list[Path], str]:
     """The files of --src (one or more files, folders or glob patterns; folders and globs in sorted order),
@@ -291,7 +295,6 @@ def write_stream(out, items, meta: dict, source: str, workers: int = 1, chunk_ch
                  total_bytes: int | None = None, force: bool = False) -> Path:
     """Tokenize `items` (see source_items) into OUT/train.bin, val.bin, meta.json, built in OUT.partial and
     renamed into place at the end; --force replaces an existing token dataset only once the new one is whole."""
-    from genlab.data.text import token_dtype
     out = Path(out)
     check_out(out, force)
     tmp = out.with_name(out.name + ".partial")
