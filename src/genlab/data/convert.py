@@ -254,11 +254,20 @@ def prepare_digits(out) -> Path:
 
 def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool = True, size: int = 0,
             channels: int = 3, split: str = "train", tokenizer: str = "char", hf=None, shard_size: int = 1000,
-            workers: int = 0) -> Path:
+            workers: int = 0, force: bool = False) -> Path:
     if kind not in KINDS:
         raise GenlabError(f"unknown dataset kind '{kind}'; valid: {', '.join(KINDS)}")
     if out is None:
         raise GenlabError("`data prepare` needs --out DIR")
+    if force and kind != "text":
+        raise GenlabError("--force applies to `data prepare text` only (it replaces a token dataset)")
+    if isinstance(src, (list, tuple)) and kind != "text":  # the CLI's --src takes several values (for text)
+        if len(src) != 1:
+            raise GenlabError(f"`data prepare {kind}` takes one --src; several files or patterns are for text")
+        src = src[0]
+    if kind == "text":
+        from genlab.data.text import prepare_text
+        return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf, workers=workers, force=force)
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise GenlabError(f"--out '{out}' already exists and is not empty; choose another --out (nothing is overwritten)")
     if kind == "digits":
@@ -272,8 +281,5 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
     if kind == "shards":
         from genlab.data.shard_convert import prepare_shards
         return prepare_shards(src, out, size, channels, shard_size=shard_size, workers=workers)
-    if kind == "frames":
-        from genlab.data.frames import prepare_frames
-        return prepare_frames(src, out, size or 32, channels, split)
-    from genlab.data.text import prepare_text
-    return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf)
+    from genlab.data.frames import prepare_frames
+    return prepare_frames(src, out, size or 32, channels, split)

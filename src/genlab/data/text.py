@@ -7,24 +7,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from genlab.data.tokenizers import TOKENIZERS, build_tokenizer, from_meta
+from genlab.data import text_stream as ts
+from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
+from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
 from genlab.errors import GenlabError
 from genlab.config_fields import F, declare
 from genlab.data.datasets import PATH_KEYS
 from genlab.registry import dataset_registry
-
-VAL_FRACTION = 0.1
-TEXT_SUFFIXES = {".txt", ".md", ".text", ""}
-
-
-def token_dtype(vocab_size: int):
-    return np.uint16 if vocab_size <= 65536 else np.uint32
 
 
 def sha256_file(path: Path) -> str:
@@ -59,32 +53,16 @@ class TokenData:
         from genlab.data.token_loader import TokenLoader
         tokens = self.val if cfg_data.split == "val" else self.train
         return TokenLoader(tokens, self.seq_len, batch_size, device, seed=seed, rank=rank, world=world,
-                           on_device=cfg_data.on_device, pin_memory=cfg_data.pin_memory)
+                           on_device=cfg_data.on_device, pin_memory=cfg_data.pin_memory, prefetch=cfg_data.prefetch)
 
     def tokenizer(self):
         return from_meta(self.meta)
 
 
 def split_tokens(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The split rule (also text_stream's): the first 90 % of the token stream train, the rest val."""
     n = int(len(ids) * (1 - VAL_FRACTION))
     return ids[:n], ids[n:]
-
-
-def _read_source(src) -> tuple[str, str]:
-    p = Path(src)
-    if p.is_file():
-        files = [p]
-    elif p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES)
-        if not files:
-            raise GenlabError(f"no text files (.txt/.md) under '{p}'")
-    else:
-        raise GenlabError(f"--src '{src}' does not exist")
-    try:
-        text = "\n".join(f.read_text(encoding="utf-8") for f in files)
-    except UnicodeDecodeError as e:
-        raise GenlabError(f"--src: not UTF-8 text ({e})") from None
-    return text, f"{len(files)} file(s) under {p}" if p.is_dir() else str(p)
 
 
 def _read_hf(name: str) -> tuple[list[str], str]:
@@ -98,55 +76,43 @@ def _read_hf(name: str) -> tuple[list[str], str]:
         raise GenlabError(f"could not load Hugging Face dataset '{name}': {e}") from None
     if "text" not in ds.column_names:
         raise GenlabError(f"Hugging Face dataset '{name}' has no 'text' column (columns: {ds.column_names})")
-    return list(ds["text"]), f"huggingface:{name}"
+    return ds["text"], f"huggingface:{name}"
 
 
-def write_token_dataset(out, train: np.ndarray, val: np.ndarray, meta: dict) -> Path:
-    """train.bin / val.bin / meta.json, written under a temporary name and renamed into place."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise GenlabError(f"--out '{out}' already exists and is not empty (nothing is overwritten)")
-    tmp = out.with_name(out.name + ".tmp-write")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        dtype = token_dtype(meta["vocab_size"])
-        for name, arr in (("train", train), ("val", val)):
-            np.asarray(arr, dtype=dtype).tofile(tmp / f"{name}.bin")
-        meta = {"format": "genlab-tokens-v1", **meta, "dtype": np.dtype(dtype).name,
-                "train_tokens": int(len(train)), "val_tokens": int(len(val)),
-                "sha256": {n: sha256_file(tmp / f"{n}.bin") for n in ("train", "val")}}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None) -> Path:
+def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: int = 1,
+                 chunk_chars: int = CHUNK_CHARS, force: bool = False) -> Path:
+    """Tokenize text files / a folder / glob patterns (one continuous text, files joined by "\\n"), .jsonl
+    documents or a Hugging Face dataset's text column into a token dataset, streaming (text_stream):
+    memory holds a few `chunk_chars` work items per worker, never the corpus; workers=0: one per core for gpt2,
+    else 1."""
     if tokenizer not in TOKENIZERS:
         raise GenlabError(f"unknown tokenizer '{tokenizer}'; valid: {', '.join(TOKENIZERS)}")
     if out is None:
         raise GenlabError("`data prepare text` needs --out DIR")
     if bool(src) == bool(hf):
         raise GenlabError("`data prepare text` needs exactly one of --src FILE_OR_DIR or --hf DATASET")
+    ts.check_out(Path(out), force)
     if hf:
         docs, source = _read_hf(hf)
-        tok = build_tokenizer(tokenizer, "".join(docs) if tokenizer == "char" else None)
-        sep = [tok.eot] if tokenizer == "gpt2" else tok.encode("\n\n")  # document boundary, as nanoGPT's owt prepare
-        ids = [i for d in docs for i in tok.encode(d) + sep]
+        items, total = (lambda: ts.doc_items(docs)), None
     else:
-        text, source = _read_source(src)
-        tok = build_tokenizer(tokenizer, text)
-        ids = tok.encode(text)
-    ids = np.asarray(ids, dtype=np.int64)
-    if len(ids) < 20:
-        raise GenlabError(f"the source holds only {len(ids)} tokens; too little text to split into train/val")
-    train, val = split_tokens(ids)
-    return write_token_dataset(out, train, val, {**tok.meta(), "source": source})
+        files, kind = ts.list_sources(src)
+        items, total = (lambda: ts.source_items(files, kind)), sum(f.stat().st_size for f in files)
+        one_dir = isinstance(src, (str, os.PathLike)) and Path(src).is_dir()
+        source = (f"{len(files)} file(s) under {src}" if one_dir else str(files[0]) if len(files) == 1
+                  else f"{len(files)} file(s): {files[0]} ... {files[-1]}")
+    if tokenizer == "char":  # the alphabet needs a first pass over the text
+        tok = CharTokenizer(ts.fit_chars(items()))
+        if not tok.itos:
+            raise GenlabError("the source holds no text")
+    else:
+        tok = build_tokenizer(tokenizer)
+    if not workers:  # byte and char encode at numpy speed: worker processes cost more than they save (docs/lm.md)
+        workers = (os.cpu_count() or 1) if tokenizer == "gpt2" else 1
+    if total is not None:  # no more processes than work items
+        workers = max(1, min(workers, -(-total // chunk_chars)))
+    return ts.write_stream(out, items(), tok.meta(), source, workers=workers, chunk_chars=chunk_chars,
+                           total_bytes=total, force=force)
 
 
 def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenData:

@@ -4,11 +4,14 @@ tokens starting at a random offset, split into inputs x and next-token targets y
 Window starts come from `IndexStream` (a seeded permutation per epoch, so every start is visited once
 per epoch) when the stream is small enough to permute, else from a per-batch seeded draw. Either way
 the state is one integer and a global batch is drawn for all ranks, then sliced per rank: exact
-resume and rank sharding. Small streams live on the device and windows are gathered there.
+resume and rank sharding. Small streams live on the device and windows are gathered there; larger
+ones (up to any size: nothing reads the whole file) are gathered from the memmap ahead of use.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -41,31 +44,67 @@ def window_starts(n_tokens: int, seq_len: int, seed: int):
 
 
 class TokenLoader(StreamPosition):
-    """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token."""
+    """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token.
+
+    A stream that is not resident stays a memmap: a batch reads only its B windows (one gather of
+    B x (T+1) tokens, never the whole file), in a background thread `prefetch` batches ahead, so the
+    read overlaps the previous step."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, device, seed: int = 0, rank: int = 0,
-                 world: int = 1, on_device: str = "auto", pin_memory: str = "auto"):
+                 world: int = 1, on_device: str = "auto", pin_memory: str = "auto", prefetch: int = 2):
         self.tokens, self.T, self.batch_size = tokens, seq_len, batch_size
         self.device, self.rank, self.world = torch.device(device), rank, world
         self.stream = window_starts(len(tokens), seq_len, seed)
         self.wait_time = 0.0
         self.resident = on_device == "yes" or (on_device == "auto" and 4 * len(tokens) <= RESIDENT_LIMIT_BYTES)
         self.pin = self.device.type == "cuda" and pin_memory != "no"
-        self.offsets = torch.arange(seq_len + 1, device=self.device if self.resident else "cpu")
+        self.prefetch = prefetch
+        self._pool, self._futures = None, deque()
         if self.resident:
+            self.offsets = torch.arange(seq_len + 1, device=self.device)
             self.dev_tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(self.device)
+        else:
+            self.offsets = np.arange(seq_len + 1)
+
+    # batches requested ahead but not yet consumed go back to the stream, so resume is exact
+    def state_dict(self):
+        return {"pos": self.stream.pos - len(self._futures) * self.batch_size * self.world}
+
+    def load_state_dict(self, state):
+        self._drain()
+        super().load_state_dict(state)
+
+    def _gather(self, starts: np.ndarray) -> torch.Tensor:
+        win = torch.from_numpy(np.asarray(self.tokens[starts[:, None] + self.offsets], dtype=np.int64))
+        return win.pin_memory() if self.pin else win
+
+    def _drain(self):
+        for f in self._futures:
+            f.result()
+        self.stream.pos -= len(self._futures) * self.batch_size * self.world
+        self._futures.clear()
+
+    def _host_batch(self) -> torch.Tensor:
+        if self.prefetch < 1:
+            return self._gather(self.take_rank_slice())
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1)
+        while len(self._futures) < self.prefetch:
+            self._futures.append(self._pool.submit(self._gather, self.take_rank_slice()))
+        return self._futures.popleft().result()
 
     def next(self) -> dict:
         t0 = time.perf_counter()
-        starts = torch.from_numpy(self.take_rank_slice())
         if self.resident:
+            starts = torch.from_numpy(self.take_rank_slice())
             win = self.dev_tokens[starts.to(self.device, non_blocking=True)[:, None] + self.offsets].long()
-        else:  # memmap: one contiguous read per window
-            win = torch.from_numpy(np.stack([np.asarray(self.tokens[s:s + self.T + 1], dtype=np.int64)
-                                             for s in starts.tolist()]))
-            win = (win.pin_memory() if self.pin else win).to(self.device, non_blocking=True)
+        else:
+            win = self._host_batch().to(self.device, non_blocking=True)
         self.wait_time += time.perf_counter() - t0
         return {"x": win[:, :-1], "y": win[:, 1:]}
 
     def close(self):
-        pass
+        self._drain()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None

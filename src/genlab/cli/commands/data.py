@@ -13,7 +13,7 @@ def cmd_prepare(args):
     from genlab.data.convert import prepare
     out = prepare(args.kind, src=args.src, out=args.out, download=args.download, verify=not args.no_verify,
                   size=args.size, channels=args.channels, split=args.split, tokenizer=args.tokenizer, hf=args.hf,
-                  shard_size=args.shard_size, workers=args.workers)
+                  shard_size=args.shard_size, workers=args.workers, force=args.force)
     print(f"wrote {out}")
     return 0
 
@@ -103,7 +103,9 @@ def _add_ref_stats(dsub):
 def _add_prepare(dsub):
     prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
     prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text | shards")
-    prep.add_argument("--src", default=None, help="folder (or file) holding the standard public files")
+    prep.add_argument("--src", default=None, nargs="+",
+                      help="folder (or file) holding the standard public files; text: one or more files, folders or "
+                           "glob patterns (.txt/.md: one text joined by newlines; .jsonl: documents with a \"text\" field)")
     prep.add_argument("--out", required=True, help="output folder (must not hold a dataset already)")
     prep.add_argument("--download", action="store_true", help="download the public files (needs internet)")
     prep.add_argument("--no-verify", action="store_true", help="skip the known-checksum check")
@@ -112,7 +114,10 @@ def _add_prepare(dsub):
     prep.add_argument("--channels", type=int, default=3, help="imagefolder, shards: 1 (grey) or 3 (RGB)")
     prep.add_argument("--shard-size", dest="shard_size", type=int, default=1000,
                       help="shards: images per shard file (--src: a class folder or a .csv/.json list of path,label)")
-    prep.add_argument("--workers", type=int, default=0, help="shards: conversion processes (0 = one per core)")
+    prep.add_argument("--workers", type=int, default=0, help="shards, text: conversion processes (0 = one per core; "
+                                                                  "text with byte/char: 1, numpy outruns the pipes)")
+    prep.add_argument("--force", action="store_true", help="text: replace an existing token dataset at --out "
+                                                           "(only once the new one is complete)")
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_prepare)
