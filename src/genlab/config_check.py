@@ -154,6 +154,9 @@ def _check_train(cfg):
     check = method_registry.spec(cfg.method.name).check
     if check is not None:
         check(cfg)
+    if t.seeds:
+        from genlab.train.seeds import check_seeds_config
+        check_seeds_config(cfg)
 
 
 def _check_components(cfg):
