@@ -164,3 +164,59 @@ def test_unsupported_combinations_are_one_line_errors(tmp_path, capfd, override,
     assert r.returncode == 2 and needle in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+SWEEP = """name = "{name}"
+steps = 4
+seeds = [0, 1]
+launcher = "cpu"
+timeout = 300
+{batched}
+[base]
+preset = "digits_flow"
+overrides = ["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=16", "log.every=1",
+             "log.tensorboard=false", "eval.num_samples=0", "optim.warmup_steps=2"]
+
+[[axis]]
+key = "optim.lr"
+values = [{lrs}]
+"""
+
+
+@pytest.mark.slow  # three `genlab train` processes (~1.5 min on 2 shared cores)
+def test_sweep_runs_a_seed_axis_batched_with_the_same_folders_and_rows(tmp_path):
+    """batched_seeds = true: one process per variant; the same run folders, statuses and report rows as one process
+    per seed (losses within the batched tolerance)."""
+    import csv
+
+    from genlab.sweep.runner import run_sweep
+    from genlab.sweep.spec import load_sweep
+    rows = {}
+    for name, batched in (("one_by_one", ""), ("batched", "batched_seeds = true")):
+        p = tmp_path / f"{name}.toml"
+        p.write_text(SWEEP.format(name=name, batched=batched, lrs="1e-3"))
+        d = run_sweep(load_sweep(p), root=tmp_path / "sweeps", progress=False)
+        status = json.loads((d / "status.json").read_text())
+        assert [status[f"lr=0.001-s{s}"]["status"] for s in (0, 1)] == ["finished", "finished"]
+        assert all(("batched_seeds" in status[f"lr=0.001-s{s}"]) == bool(batched) for s in (0, 1))
+        for s in (0, 1):
+            assert _ckpt(d / "runs" / f"lr=0.001-s{s}")["config"]["train"]["seed"] == s
+        rows[name] = {r["variant"]: r for r in csv.DictReader(open(d / "results.csv"))}
+        logs = sorted(x.name for x in (d / "logs").iterdir())
+        assert logs == (["lr=0.001-seeds.log"] if batched else ["lr=0.001-s0.log", "lr=0.001-s1.log"])
+    a, b = rows["one_by_one"]["lr=0.001"], rows["batched"]["lr=0.001"]
+    assert a["seeds"] == b["seeds"] == "2" and a["status"] == b["status"] == "finished"
+    assert float(b["final_loss"]) == pytest.approx(float(a["final_loss"]), rel=LOSS_RTOL)
+
+
+def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path):
+    from genlab.errors import GenlabError
+    from genlab.sweep.spec import load_sweep
+    p = tmp_path / "s.toml"
+    p.write_text(SWEEP.format(name="s", batched='batched_seeds = "yes"', lrs="1e-3"))
+    with pytest.raises(GenlabError, match="batched_seeds must be true or false"):
+        load_sweep(p)
+    p.write_text(SWEEP.format(name="s", batched="batched_seeds = true", lrs="1e-3").replace(
+        '"optim.warmup_steps=2"', '"optim.warmup_steps=2", "train.compile=model"'))
+    with pytest.raises(GenlabError, match="train.compile"):
+        load_sweep(p)
