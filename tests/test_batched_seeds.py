@@ -220,3 +220,15 @@ def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path)
         '"optim.warmup_steps=2"', '"optim.warmup_steps=2", "train.compile=model"'))
     with pytest.raises(GenlabError, match="train.compile"):
         load_sweep(p)
+
+
+def test_runs_resumed_together_must_be_seeds_of_one_config():
+    from genlab.config import load_config
+    from genlab.errors import GenlabError
+    from genlab.train.seeds import _check_same_config
+    a, b = load_config("digits_flow", ["train.seed=0"]), load_config("digits_flow", ["train.seed=1", "optim.lr=0.01"])
+    with pytest.raises(GenlabError, match="differ in optim.lr"):
+        _check_same_config([a, b], ["A", "B"])
+    with pytest.raises(GenlabError, match="same train.seed"):
+        _check_same_config([a, load_config("digits_flow", ["train.seed=0", "train.name=x"])], ["A", "C"])
+    _check_same_config([a, load_config("digits_flow", ["train.seed=1", "train.name=x"])], ["A", "D"])

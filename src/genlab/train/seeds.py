@@ -377,18 +377,16 @@ class SeedsTrainer:
 
 
 def _check_same_config(cfgs: list, paths: list) -> None:
-    """Runs resumed together must be seeds of one config."""
-    def key(c):
-        d = to_dict(c)
-        d["train"] = {k: v for k, v in d["train"].items() if k not in ("seed", "name", "seeds")}
-        return d
-    ref = key(cfgs[0])
+    """Runs resumed together must be seeds of one config: equal in every key but train.seed and train.name."""
+    def flat(c):
+        return {f"{sec}.{k}": v for sec, vals in to_dict(c).items() if isinstance(vals, dict) for k, v in vals.items()
+                if f"{sec}.{k}" not in ("train.seed", "train.name", "train.seeds")}
+    ref = flat(cfgs[0])
     for c, p in zip(cfgs[1:], paths[1:]):
-        d = key(c)
-        if d != ref:
-            diff = next(f"{s}.{k}" for s in ref for k in (ref[s] if isinstance(ref[s], dict) else [None])
-                        if (ref[s].get(k) if k else ref[s]) != (d[s].get(k) if k and isinstance(d[s], dict) else d[s]))
-            raise GenlabError(f"cannot resume '{paths[0]}' and '{p}' batched: their configs differ in {diff} (only train.seed may)")
+        diff = [k for k, v in flat(c).items() if ref.get(k) != v]
+        if diff:
+            raise GenlabError(f"cannot resume '{paths[0]}' and '{p}' batched: their configs differ in {diff[0]} "
+                              f"(only train.seed may)")
     seeds = [c.train.seed for c in cfgs]
     if len(set(seeds)) != len(seeds):
         raise GenlabError(f"cannot resume runs with the same train.seed batched ({', '.join(map(str, paths))})")
