@@ -232,3 +232,8 @@ def test_runs_resumed_together_must_be_seeds_of_one_config():
     with pytest.raises(GenlabError, match="same train.seed"):
         _check_same_config([a, load_config("digits_flow", ["train.seed=0", "train.name=x"])], ["A", "C"])
     _check_same_config([a, load_config("digits_flow", ["train.seed=1", "train.name=x"])], ["A", "D"])
+
+
+def test_bench_refuses_batched_seeds_instead_of_timing_one_seed(capfd):
+    r = cli_in_process(capfd, "bench", "digits_flow", *TINY, "train.device=cpu", "train.seeds=0,1")
+    assert r.returncode == 2 and "benchmarks/batched_seeds.py" in r.stderr
