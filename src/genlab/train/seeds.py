@@ -22,53 +22,16 @@ import torch
 
 from genlab.config import Config, to_dict
 from genlab.errors import GenlabError, one_line
+from genlab.config_check import SEEDS_SUPPORTED as SUPPORTED, parse_seeds
 from genlab.train.trainer import Trainer
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
 ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
-SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
-             "train.compile=off, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
-
-
-def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
-    try:
-        seeds = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise GenlabError(f"{key} must be comma-separated integers >= 0 (e.g. 0,1,2,3), got {text!r}") from None
-    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise GenlabError(f"{key} must be distinct integers >= 0 (e.g. 0,1,2,3), got {text!r}")
-    return seeds
 
 
 def seed_run_name(name: str, seed: int) -> str:
     """A seed's run folder: the sweep's naming (`<variant>-s<seed>`)."""
     return f"{name}-s{seed}"
-
-
-def check_seeds_config(cfg) -> None:
-    """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
-    from genlab.registry import method_registry
-    t = cfg.train
-    parse_seeds(t.seeds)
-
-    def refuse(what):
-        raise GenlabError(f"train.seeds (batched seeds) does not support {what}; supported: {SUPPORTED}")
-    if not method_registry.spec(cfg.method.name).batched_seeds:
-        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
-        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
-    if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
-        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
-    if t.parallel not in ("auto", "none"):
-        refuse(f"train.parallel={t.parallel}")
-    for key, bad in (("compile", t.compile != "off"), ("compile_optimizer", t.compile_optimizer),
-                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
-                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
-        if bad:
-            refuse(f"train.{key}={getattr(t, key)}")
-    if t.precision == "fp16" or t.precision.startswith("float8"):
-        refuse(f"train.precision={t.precision}")
-    if t.resume:
-        refuse("train.resume (give each seed's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
 
 
 def seed_configs(cfg: Config) -> list[Config]:
@@ -390,3 +353,17 @@ def _check_same_config(cfgs: list, paths: list) -> None:
     seeds = [c.train.seed for c in cfgs]
     if len(set(seeds)) != len(seeds):
         raise GenlabError(f"cannot resume runs with the same train.seed batched ({', '.join(map(str, paths))})")
+
+
+def train(cfg: Config | str | None = None, resume: str | None = None):
+    """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds set the list of every seed's
+    summary, in train.seeds order."""
+    from genlab.train.trainer import train as train_one
+    if cfg is None or isinstance(cfg, str):
+        from genlab.config import load_config
+        cfg = load_config(cfg)
+    if isinstance(cfg, Config) and cfg.train.seeds:
+        if resume:
+            raise GenlabError("train.seeds with resume: resume each seed's run, SeedsTrainer(resume=[run, ...])")
+        return SeedsTrainer(cfg).fit()
+    return train_one(cfg, resume=resume)

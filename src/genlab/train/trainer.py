@@ -472,17 +472,12 @@ def write_atomic(path, text: str) -> None:
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     """Train one run (a Config, or a preset name; None = the default preset) and return its summary: run_dir,
     status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
-    checkpoint. With train.seeds set, the list of every seed's summary (train/seeds.py). This is `genlab.train(cfg)`."""
+    checkpoint. `genlab.train(cfg)` is train/seeds.py's train: this, or with train.seeds the batched seeds."""
     if cfg is None or isinstance(cfg, str):
         from genlab.config import load_config
         cfg = load_config(cfg)
     if not isinstance(cfg, Config):
         raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
-    if cfg.train.seeds:  # batched seeds: one summary per seed, in train.seeds order
-        from genlab.train.seeds import SeedsTrainer
-        if resume:
-            raise GenlabError("train.seeds with resume: resume each seed's run, SeedsTrainer(resume=[run, ...])")
-        return SeedsTrainer(cfg).fit()
     return Trainer(cfg, resume=resume).fit()
 
 
