@@ -164,7 +164,7 @@ def test_overrides_may_follow_options():
     a = parse_args(["eval", "RUN", "--metrics", "fd", "eval.num_samples=9", "eval.pr_k=2"])
     assert a.run == "RUN" and a.metrics == "fd" and a.overrides == ["eval.num_samples=9", "eval.pr_k=2"]
     a = parse_args(["train", "mnist_flow", "--resume", "runs/r", "train.steps=3"])
-    assert a.items == ["mnist_flow", "train.steps=3"] and a.resume == "runs/r"
+    assert a.items == ["mnist_flow", "train.steps=3"] and a.resume == ["runs/r"]
     for bad in (["eval", "RUN", "--metrics", "fd", "--bogus"], ["eval", "RUN", "--metrics", "fd", "stray"], ["list", "a=b"]):
         with pytest.raises(SystemExit) as e:  # anything else is still argparse's usage error, exit 2
             parse_args(bad)

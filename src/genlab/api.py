@@ -36,8 +36,9 @@ def load_config(preset: str | None = None, overrides=()) -> Config:
 
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     """Train one run (a Config, or a preset name) and return its summary: run_dir, status, step, loss,
-    samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or checkpoint."""
-    from genlab.train.trainer import train as _train
+    samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or checkpoint. With
+    train.seeds set, the list of every seed's summary (batched seeds)."""
+    from genlab.train.seeds import train as _train
     return _train(cfg, resume=resume)
 
 

@@ -40,6 +40,9 @@ class BenchStep:
         from genlab.train.step import TrainStep
         from genlab.train.switches import build_precision
         self.cfg, tcfg = cfg, cfg.train
+        if tcfg.seeds:  # it would time one seed's step and call that the batched rate
+            raise GenlabError("genlab bench times one run's step; time batched seeds (train.seeds) with "
+                              "benchmarks/batched_seeds.py")
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)  # float8 checks the GPU here
         torch.manual_seed(tcfg.seed)

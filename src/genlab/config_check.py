@@ -154,6 +154,49 @@ def _check_train(cfg):
     check = method_registry.spec(cfg.method.name).check
     if check is not None:
         check(cfg)
+    if t.seeds:
+        check_seeds_config(cfg)
+
+
+# what the batched step of train.seeds (train/seeds.py) supports
+SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
+                   "train.compile=off, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+
+
+def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
+    try:
+        seeds = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise GenlabError(f"{key} must be comma-separated integers >= 0 (e.g. 0,1,2,3), got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise GenlabError(f"{key} must be distinct integers >= 0 (e.g. 0,1,2,3), got {text!r}")
+    return seeds
+
+
+def check_seeds_config(cfg) -> None:
+    """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
+    from genlab.registry import method_registry
+    t = cfg.train
+    parse_seeds(t.seeds)
+
+    def refuse(what):
+        raise GenlabError(f"train.seeds (batched seeds) does not support {what}; supported: {SEEDS_SUPPORTED}")
+    if not method_registry.spec(cfg.method.name).batched_seeds:
+        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
+    if t.parallel not in ("auto", "none"):
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile", t.compile != "off"), ("compile_optimizer", t.compile_optimizer),
+                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16" or t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision}")
+    if t.resume:
+        refuse("train.resume (give each seed's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
 
 
 def _check_components(cfg):

@@ -98,6 +98,7 @@ class MethodSpec(Spec):
     sampling_keys: tuple[str, ...] = ()   # its keys that act only at sampling time (eval/sample may override them)
     conditions: dict | None = None        # extra model inputs {name: embedder} (models/conditions.py), e.g. a step size
     output: str = ""                      # what its model predicts ("velocity": a flow teacher for few-step methods)
+    batched_seeds: bool = False           # train.seeds: its loss splits into loss_inputs (draws) + loss_from (vmappable)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ counts both). `genlab eval ... eval.nfe_list=...` writes this beside the quality
 
 - training: the wall-clock of the training loop to its last step (metrics.jsonl, a resumed run's processes
   summed, compilation included, the final sampling and evaluation not; summary.json's wall_time where there is no
-  log) x the processes it ran on (summary.json "world"), on summary.json's "device";
+  log) x the processes it ran on (summary.json "world") / the seeds trained with it in one batched process
+  (summary.json "batched_seeds", train.seeds), on summary.json's "device";
 - generated data: any folder the run's config names whose meta.json holds "seconds" (what `genlab data generate`
   writes: the generation's wall-clock, with optional "device" and "world"), counted once per run;
 - the teacher: the run that method.teacher names (a run folder, a checkpoint in it, or its model.safetensors).
@@ -80,9 +81,10 @@ def run_cost(run_dir, _seen=None) -> dict:
     world = int(summary.get("world", 1) or 1)
     cfg = _config(run_dir)
     data = generated_data(cfg)
-    own = (secs or 0.0) * world + sum(d["gpu_seconds"] for d in data)
+    share = world / int(summary.get("batched_seeds") or 1)  # N batched seeds shared the device's time
+    own = (secs or 0.0) * share + sum(d["gpu_seconds"] for d in data)
     res = {"run": str(run_dir), "device": summary.get("device", "unknown"), "world": world, "train_seconds": secs,
-           "train_gpu_seconds": None if secs is None else secs * world, "data": data, "own_gpu_seconds": own,
+           "train_gpu_seconds": None if secs is None else secs * share, "data": data, "own_gpu_seconds": own,
            "teacher": None}
     tpath = (cfg.get("method") or {}).get("teacher")
     if tpath:

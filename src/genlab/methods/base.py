@@ -53,6 +53,17 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
+    # Batched seeds (train.seeds, train/seeds.py; MethodSpec.batched_seeds=True) need the loss in two parts, with
+    # loss(model, batch, ctx) == loss_from(model, loss_inputs(model, batch, ctx)): every random draw happens in
+    # loss_inputs, from ctx.generator, outside torch.vmap; loss_from is deterministic and runs vmapped over the seeds.
+    def loss_inputs(self, model, batch: dict, ctx: StepContext) -> dict[str, Tensor]:
+        """The tensors one loss draws (noise, times, masks), each with the batch as its leading dimension or a scalar."""
+        raise NotImplementedError
+
+    def loss_from(self, model, inputs: dict[str, Tensor]) -> tuple[Tensor, dict]:
+        """The loss and metrics given loss_inputs' draws; `model` is any callable with the backbone's signature."""
+        raise NotImplementedError
+
     def train_flops_per_sample(self, model, total_steps: int) -> int:
         """Training FLOPs of one sample in one step (forward + backward); a method whose steps differ in cost (a
         masked stage) gives the run's mean."""

@@ -122,12 +122,22 @@ class FlowMatching(Method):
                 with torch.no_grad():
                     return F.mse_loss(model(p[0], p[1], p[2]).float(), p[3])
             self.adaptive.step_probe(ctx.step, probe_loss, lambda: self._probe(model, data, y, generator))
-        t, noise, x_t, y = self.noised(model, data, y, generator, ctx.step)
-        v = model(x_t, t, y)
+        return self.loss_from(model, self.loss_inputs(model, batch, ctx))
+
+    def loss_inputs(self, model, batch, ctx) -> dict:
+        """Every random draw of one loss (t, noise, dropped labels), in the generator order `noised` fixes."""
+        data = batch["image"]
+        t, noise, x_t, y = self.noised(model, data, batch["label"], ctx.generator, ctx.step)
+        return {"x_t": x_t, "t": t, "y": y, "target": data - noise}
+
+    def loss_from(self, model, inputs: dict):
+        """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
+        v = model(inputs["x_t"], inputs["t"], inputs["y"])
+        target = inputs["target"].float()
         if self.mcfg.loss_weighting == "none":
-            return F.mse_loss(v.float(), (data - noise).float()), {}
-        per_sample = (v.float() - (data - noise).float()).square().flatten(1).mean(1)
-        return (self.weight(t.float(), self.mcfg) * per_sample).mean(), {}
+            return F.mse_loss(v.float(), target), {}
+        per_sample = (v.float() - target).square().flatten(1).mean(1)
+        return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
@@ -225,6 +235,9 @@ def check_flow_config(cfg):
         parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
         samplers += samplers_of(cfg)
     check_sampler_conditions(cfg.method.name, samplers)
+    if cfg.train.seeds and m.timestep_sampler == "adaptive":
+        raise GenlabError("train.seeds (batched seeds) does not support method.timestep_sampler=adaptive (its sampler state is "
+                          "a per-run extra module); pick another timestep sampler or train the seeds one by one")
     if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
         raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
@@ -265,6 +278,6 @@ FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_f
 
 
 @method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
-                          keys=FLOW_KEYS, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
+                          keys=FLOW_KEYS, batched_seeds=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
 def build_flow(cfg, data_spec):
     return FlowMatching(cfg, data_spec)

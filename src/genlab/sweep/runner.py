@@ -191,22 +191,70 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: in
         rc, _ = _genlab(cmd, log, env, sw.timeout)
     except KeyboardInterrupt:  # passed on to the run: the trainer saves a checkpoint and exits as "interrupted"
         interrupted = True
+    return _outcome(run, log, rc, interrupted, t0, sw.timeout, resume)
+
+
+def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float, timeout: float, resume: bool,
+             batched: bool = False) -> dict:
+    """One run's record from its process's exit code and its own summary.json."""
     rec = {"log": str(log), "run_dir": str(run), "seconds": time.time() - t0, "resumed": resume}
     st = _summary_status(run)
     if interrupted or (rc == 0 and st == "interrupted"):
         rec.update(status="interrupted", reason="interrupted; re-run the sweep to resume")
     elif rc is None and st == "finished" and (run / "summary.json").stat().st_mtime >= t0:
         # killed while exiting, after this process wrote its summary: keep the result
-        rec.update(status="finished", reason=f"finished; stopped at the {sw.timeout:.0f} s timeout while exiting")
+        rec.update(status="finished", reason=f"finished; stopped at the {timeout:.0f} s timeout while exiting")
     elif rc is None:
-        rec.update(status="failed", reason=f"timeout after {sw.timeout:.0f} s")
-    elif rc == 0 and st == "finished":
+        rec.update(status="failed", reason=f"timeout after {timeout:.0f} s")
+    elif st == "finished" and (rc == 0 or (batched and (run / "summary.json").stat().st_mtime >= t0)):
+        # a batched process exits non-zero when any of its seeds failed; this seed's own summary says it finished
         rec.update(status="finished", reason="")
     else:
         rec.update(status="failed", reason=failure_reason(log, rc, run), returncode=rc)
     if interrupted:
         rec["_stop"] = True
     return rec
+
+
+def _last_checkpoint(run: Path) -> str | None:
+    ckpts = sorted((run / "checkpoints").glob("step_*")) if (run / "checkpoints").exists() else []
+    return ckpts[-1].name if ckpts else None
+
+
+def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpu: int | None = None, gpus: int = 0) -> list[dict] | None:
+    """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process
+    (batched_seeds = true): the same run folders and records as one process per seed. Seeds whose folders are at
+    different points (some checkpointed, some not) cannot continue batched: None, and the caller runs them one by one."""
+    runs = d / "runs"
+    log = d / "logs" / f"{vs[0].name}-seeds.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    why = needs_gpus(sw, vs[0], gpus)
+    if why:
+        return [{"status": "skipped", "reason": why, "log": str(log), "run_dir": str(runs / v.run_name)} for v in vs]
+    last = [_last_checkpoint(runs / v.run_name) for v in vs]
+    resume = all(last) and len(set(last)) == 1
+    if any(last) and not resume:
+        return None
+    train = [sys.executable, "-m", "genlab", "train"]
+    if resume:
+        cmd = train + [a for v in vs for a in ("--resume", str(runs / v.run_name))]
+    else:
+        for v in vs:  # started but never checkpointed: start over
+            if (runs / v.run_name).exists():
+                shutil.rmtree(runs / v.run_name)
+        ovs = [resolve(o, d, sw.stage_map) for o in vs[0].overrides if not o.startswith("train.seed=")]
+        cmd = train + [vs[0].preset or sw.preset, *ovs, "train.seeds=" + ",".join(str(v.seed) for v in vs),
+                       f"train.out_dir={runs}", f"train.name={vs[0].name}", "log.progress=false"]
+        if sw.launcher == "cpu":
+            cmd.append("train.device=cpu")
+    t0 = time.time()
+    rc, interrupted = None, False
+    timeout = sw.timeout * len(vs)  # the work of len(vs) runs, in one process
+    try:
+        rc, _ = _genlab(cmd, log, _env(sw, gpu), timeout)
+    except KeyboardInterrupt:
+        interrupted = True
+    return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs)} for v in vs]
 
 
 def _stage_done(st: Stage, d: Path, status: dict) -> bool:
@@ -359,6 +407,21 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
         for v in [v for v in todo if sw.needs(v) & failed]:
             todo.remove(v)
             finish(v, {**blocked(v), "run_dir": str(d / "runs" / v.run_name)})
+        if sw.batched_seeds:  # each variant's seeds still to do: one batched process
+            groups: dict[str, list] = {}
+            for v in todo:
+                groups.setdefault(v.name, []).append(v)
+            for vs in groups.values():
+                if stop.is_set() or (deadline is not None and time.time() > deadline):
+                    break  # the one-by-one loop below records them as not_run
+                prog.say(f"[{prog.done + 1}/{prog.total}] running {', '.join(v.run_name for v in vs)} batched ...")
+                recs = run_seed_group(sw, vs, d, None, gpus)
+                if recs is None:
+                    continue  # left in todo: one by one
+                for v, rec in zip(vs, recs):
+                    todo.remove(v)
+                    finish(v, rec)
+                evaluate_finished(sw, d, status, None, prog, runs=vs)
         single = [v for v in todo if v.nproc == 1]
         slots = gpus * jobs_per_gpu if sw.launcher in ("gpu", "per_gpu") else 0
         if slots > 1 and (sw.launcher == "per_gpu" or jobs_per_gpu > 1) and single:

@@ -4,6 +4,7 @@
     description = "..."              # free text, shown in the report
     steps = 200                      # sets train.steps for every variant
     seeds = [0, 1]                   # every variant runs once per seed; the report shows mean ± std
+    batched_seeds = true             # a variant's seeds train in one process, batched (train.seeds; flow, one process)
     launcher = "gpu"                 # cpu | gpu | per_gpu | torchrun
     nproc = 2                        # processes per variant for launcher=torchrun
     timeout = 900                    # seconds per variant
@@ -32,11 +33,11 @@ from genlab.errors import GenlabError
 from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
 from genlab.sweep.stages import check_placeholders, needs, parse_stages, resolve
 
-TOP_KEYS = {"name", "description", "steps", "seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
+TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
             "axis", "stage", "eval", "reference", "fd_target"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
 # the runner owns these: every run's folder, name and seed come from the sweep
-RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed")
+RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed", "train.seeds")
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Sweep:
     order: list = field(default_factory=list)   # every run name in sweep-file order (kept by --only)
     stages: list = field(default_factory=list)  # [[stage]] entries, run first, in order (stages.py)
     reference: str | None = None                # the run the report's ratios divide by
+    batched_seeds: bool = False                 # each variant's seeds in one batched process (train.seeds)
 
     @property
     def stage_map(self) -> dict:
@@ -93,7 +95,7 @@ def _check_overrides(ovs, where, src):
         if not isinstance(o, str) or "=" not in o:
             raise GenlabError(f"{src}: {where}: override {o!r} is not 'key=value'")
         if o.split("=", 1)[0].strip() in RESERVED:
-            raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] for seeds")
+            raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] (and batched_seeds) for seeds")
 
 
 def _size_shape(cfg) -> dict:
@@ -165,6 +167,12 @@ def load_sweep(path) -> Sweep:
     metrics = raw.get("metrics", [])
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         raise GenlabError(f"{src}: metrics must be a list of column names, e.g. [\"final_loss\", \"samples_per_s\", \"mfu\"]")
+    batched = raw.get("batched_seeds", False)
+    if not isinstance(batched, bool):
+        raise GenlabError(f"{src}: batched_seeds must be true or false, got {batched!r}")
+    if batched and (launcher == "torchrun" or raw.get("nproc", 1) != 1):
+        raise GenlabError(f"{src}: batched_seeds trains a variant's seeds in one process; it does not go with "
+                          f"launcher = \"torchrun\" or nproc > 1")
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name or safe_name(name) != name:
         raise GenlabError(f"{src}: name must be a non-empty folder name (letters, digits, . _ = + -), got {name!r}")
@@ -172,7 +180,8 @@ def load_sweep(path) -> Sweep:
                base_overrides=[str(x) for x in base.get("overrides", [])],
                steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
                nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
-               loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")))
+               loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")),
+               batched_seeds=batched)
     _check_overrides(sw.base_overrides, "base.overrides", src)
     common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
     sw.stages = parse_stages(raw.get("stage", []), src)
@@ -219,8 +228,11 @@ def load_sweep(path) -> Sweep:
         _check_overrides(ov, f"variant '{label}'", src)
         check_placeholders(ov, known, f"variant '{label}'", src)
         preset = extra["preset"] or sw.preset
-        try:  # the variant's full config must be valid before anything runs
-            load_config(preset, [resolve(o, nominal, sw.stage_map) for o in common + ov])
+        if batched and nproc > 1:
+            raise GenlabError(f"{src}: variant '{label}': nproc {nproc} does not go with batched_seeds (one process)")
+        batch_ov = [f"train.seeds={','.join(map(str, seeds))}"] if batched else []
+        try:  # the variant's full config must be valid before anything runs (batched: as its seeds will run)
+            load_config(preset, [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
         except GenlabError as e:
             raise GenlabError(f"{src}: variant '{label}': {e}") from None
         ev = sweep_eval + extra["eval"]

@@ -10,7 +10,7 @@ import types
 
 class _CallablePackage(types.ModuleType):
     def __call__(self, cfg=None, resume=None) -> dict:
-        from genlab.train.trainer import train
+        from genlab.train.seeds import train  # one run, or train.seeds batched
         return train(cfg, resume=resume)
 
 

@@ -34,6 +34,9 @@ class NonFiniteLoss(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None):
+        if cfg.train.seeds:
+            raise GenlabError("train.seeds trains several runs in one process: use genlab.train(cfg) or `genlab train`, "
+                              "or genlab.train.seeds.SeedsTrainer")
         self.cfg = cfg
         self.resume_from = resume or cfg.train.resume or None
         self.stop_requested = False
@@ -276,8 +279,22 @@ class Trainer:
 
     def fit(self) -> dict:
         self.setup()
+        loop = self.fit_loop()
+        try:
+            while True:
+                next(loop)
+        except StopIteration as done:
+            return done.value
+
+    def _install_signal_handlers(self) -> dict:
+        """Ctrl-C / SIGTERM stop the run at the next step boundary; returns the handlers to restore."""
+        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def fit_loop(self):
+        """The loop after setup(), as a generator that yields just before each optimizer step and returns the summary.
+        `fit` drains it; train/seeds.py steps several runs' loops in lockstep around one batched step."""
         tcfg, lcfg = self.cfg.train, self.cfg.log
-        old_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old_handlers = self._install_signal_handlers()
         peak = peak_flops(self.device)
         flops_step = self.flops_per_sample * tcfg.batch_size / self.dist.world  # per device
         early = self._announce(flops_step)  # the start line; on a slow CPU run a warning, then a status line at once
@@ -294,6 +311,7 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
             while self.step < tcfg.steps:
+                yield self.step
                 loss, gnorm, bad, extra = self._train_step()
                 self.step += 1
                 if getattr(self, "_graphs_first", None) is None:  # the first step compiles everything
@@ -393,11 +411,15 @@ class Trainer:
             summary["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
             summary["world"] = self.dist.world
             summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
+            summary.update(self._summary_extra())
             if self.dist.is_main and hasattr(self, "run_dir"):
                 write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
                 self.log.close()
         leave_distributed(self.dist)  # only after a finished or checkpointed run: every rank reaches this line
         return summary
+
+    def _summary_extra(self) -> dict:
+        return {}
 
     def _check_weights_finite(self):
         """After the last update, before any checkpoint: non-finite weights (e.g. optim.lr far too large) end the run
@@ -453,7 +475,7 @@ def write_atomic(path, text: str) -> None:
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     """Train one run (a Config, or a preset name; None = the default preset) and return its summary: run_dir,
     status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
-    checkpoint. This is `genlab.train(cfg)`."""
+    checkpoint. `genlab.train(cfg)` is train/seeds.py's train: this, or with train.seeds the batched seeds."""
     if cfg is None or isinstance(cfg, str):
         from genlab.config import load_config
         cfg = load_config(cfg)

@@ -14,16 +14,28 @@ def cmd_train(args):
     from genlab.config import load_config
     from genlab.train.trainer import Trainer, config_for_resume
     preset, overrides = split_config_and_overrides(args.items)
-    if args.resume:
-        if preset:
-            raise GenlabError("--resume takes the config saved with the run; give only key=value overrides")
-        cfg = config_for_resume(args.resume, overrides)
-    else:
-        cfg = load_config(preset, overrides)
-    trainer = Trainer(cfg, resume=args.resume)
-    summary = trainer.fit()
-    print_summary(summary)
-    return {"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(summary.get("status"), 1)
+    resume = args.resume or []
+    if resume and preset:
+        raise GenlabError("--resume takes the config saved with the run; give only key=value overrides")
+    if len(resume) > 1:  # several seed runs of one config, continued batched (train.seeds)
+        from genlab.train.seeds import SeedsTrainer
+        return _exit_code(SeedsTrainer(resume=resume, overrides=overrides).fit())
+    cfg = config_for_resume(resume[0], overrides) if resume else load_config(preset, overrides)
+    if cfg.train.seeds:
+        if resume:
+            raise GenlabError("train.seeds with --resume: give every seed's run, --resume NAME-s0 --resume NAME-s1 ...")
+        from genlab.train.seeds import SeedsTrainer
+        return _exit_code(SeedsTrainer(cfg).fit())
+    summary = Trainer(cfg, resume=resume[0] if resume else None).fit()
+    return _exit_code([summary])
+
+
+def _exit_code(summaries: list[dict]) -> int:
+    """0 when every run finished; 75 when some stopped with a checkpoint (requeue); 1 otherwise."""
+    for s in summaries:
+        print_summary(s)
+    codes = [{"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(s.get("status"), 1) for s in summaries]
+    return 1 if 1 in codes else max(codes)
 
 
 def print_summary(s: dict):
@@ -47,6 +59,8 @@ def print_summary(s: dict):
 def add_parser(sub):
     t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
     t.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
-    t.add_argument("--resume", help="run folder or checkpoint to continue from")
+    t.add_argument("--resume", action="append", metavar="RUN",
+                   help="run folder or checkpoint to continue from; repeated: seed runs of one config (train.seeds), "
+                        "continued batched")
     t.set_defaults(fn=cmd_train)
     return t

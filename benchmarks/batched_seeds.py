@@ -1,0 +1,107 @@
+"""Batched seeds (train.seeds) against the same seeds trained one after another: aggregate training img/s.
+
+    python benchmarks/batched_seeds.py                                   # mnist_flow (DiT-S/4, batch 256), 8 seeds
+    python benchmarks/batched_seeds.py --synthetic                       # ... on MNIST-shaped random images (no files)
+    python benchmarks/batched_seeds.py --preset digits_flow --seeds 4 --steps 10 --device cpu \\
+        model.dim=32 model.depth=2 model.heads=2 train.batch_size=16    # a tiny CPU case
+
+Both sides run the trainer's own steps after the same setup (models, optimizers, loaders, run folders in a temporary
+directory; no eval): "sequential" times `--steps` steps of each single run in turn (after `--warmup` untimed ones)
+and sums the times, as N runs one after another would spend training; "batched" times `--steps` steps of one
+SeedsTrainer holding all N seeds. Aggregate img/s = N x batch x steps / seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+
+MNIST_SHAPE = ["data.name=synthetic", "data.path=", "data.image_size=28", "data.channels=1", "data.num_classes=10",
+               "data.size=8192"]
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sequential(cfg_for, seeds, warmup, steps) -> float:
+    """Seconds of `steps` training steps of each seed's single run, summed."""
+    from genlab.train.trainer import Trainer
+    total = 0.0
+    for s in seeds:
+        tr = Trainer(cfg_for(s))
+        tr.setup()
+        for i in range(warmup + steps):
+            if i == warmup:
+                _sync(tr.device)
+                t0 = time.perf_counter()
+            tr.steps.run(i, tr.loader.next)
+        _sync(tr.device)
+        total += time.perf_counter() - t0
+        tr.log.close()
+        del tr
+    return total
+
+
+def batched(cfg, warmup, steps) -> float:
+    from genlab.train.seeds import SeedsTrainer
+    st = SeedsTrainer(cfg)
+    st.setup()
+    dev = st.runs[0].device
+    for i in range(warmup + steps):
+        if i == warmup:
+            _sync(dev)
+            t0 = time.perf_counter()
+        st.engine.run(i)
+    _sync(dev)
+    secs = time.perf_counter() - t0
+    for r in st.runs:
+        r.log.close()
+    return secs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="mnist_flow")
+    ap.add_argument("--seeds", type=int, default=8, help="number of seeds N (seeds 0..N-1)")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--synthetic", action="store_true", help="MNIST-shaped random images instead of the preset's data")
+    ap.add_argument("overrides", nargs="*", help="config overrides (section.key=value)")
+    a = ap.parse_args(argv)
+    from genlab.config import load_config
+    seeds = list(range(a.seeds))
+    with tempfile.TemporaryDirectory() as tmp:
+        base = [*(MNIST_SHAPE if a.synthetic else []), *a.overrides, f"train.device={a.device}", f"train.out_dir={tmp}",
+                "log.progress=false", "log.tensorboard=false", f"train.steps={a.warmup + a.steps}"]
+
+        def cfg_for(s):
+            return load_config(a.preset, [*base, f"train.seed={s}", f"train.name=seq-s{s}"])
+        cfg = load_config(a.preset, [*base, "train.seeds=" + ",".join(map(str, seeds)), "train.name=batched"])
+        B = cfg.train.batch_size
+        dev = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else a.device if a.device != "auto" else "cpu")
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+        t_seq = sequential(cfg_for, seeds, a.warmup, a.steps)
+        t_bat = batched(cfg, a.warmup, a.steps)
+    imgs = len(seeds) * B * a.steps
+    print(f"preset {a.preset}{' (synthetic MNIST-shaped data)' if a.synthetic else ''}, {cfg.model.name} dim "
+          f"{cfg.model.dim or cfg.model.size}, batch {B} per seed, {len(seeds)} seeds, {a.steps} timed steps "
+          f"(+{a.warmup} warm-up), {name}, torch {torch.__version__}")
+    print("| mode | seconds | ms per step (sequential: one run; batched: all seeds) | aggregate img/s | vs sequential |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for mode, t in (("sequential single runs", t_seq), ("one batched run", t_bat)):
+        print(f"| {mode} | {t:.2f} | {1e3 * t / a.steps / (len(seeds) if mode.startswith('seq') else 1):.1f} | "
+              f"{imgs / t:,.0f} | {t_seq / t:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

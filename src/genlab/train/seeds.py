@@ -1,0 +1,369 @@
+"""Batched seeds (`train.seeds=0,1,2`): N runs of one config that differ only in train.seed, trained in one process
+as one batched computation. A small model leaves a GPU launch-bound; N seeds in one step cost about the launches
+of one.
+
+Each seed is a full `SeedRun` (a Trainer): its own run folder NAME-s<seed> with the config a single run with that
+seed would save, its own init, data order, noise and timestep draws, logs, evaluations and checkpoints. Only the
+optimizer step is shared: `StackedStep` stacks the N models' parameters along a leading seed dimension (the runs'
+own parameters become views of them), draws every seed's random inputs outside torch.vmap from that seed's own
+generator and loader, runs the method's deterministic `loss_from` vmapped over the seeds, and takes one optimizer
+step on the stacked tensors. The optimizers allowed are elementwise (Adam, AdamW, SGD), so one step on the stack is
+N separate steps; gradient-norm clipping is per seed. A seed's checkpoint is a single run's checkpoint:
+`genlab train --resume NAME-s1` continues it alone, `--resume NAME-s0 --resume NAME-s1 ...` continues them batched.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import signal
+import warnings
+
+import torch
+
+from genlab.config import Config, to_dict
+from genlab.errors import GenlabError, one_line
+from genlab.config_check import SEEDS_SUPPORTED as SUPPORTED, parse_seeds
+from genlab.train.trainer import Trainer
+
+# one step on the stacked tensors equals N separate steps only for an elementwise update
+ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
+
+
+def seed_run_name(name: str, seed: int) -> str:
+    """A seed's run folder: the sweep's naming (`<variant>-s<seed>`)."""
+    return f"{name}-s{seed}"
+
+
+def seed_configs(cfg: Config) -> list[Config]:
+    """One single-run config per seed: train.seed set, train.seeds cleared, train.name NAME-s<seed>."""
+    from datetime import datetime
+    name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    out = []
+    for s in parse_seeds(cfg.train.seeds):
+        c = copy.deepcopy(cfg)
+        c.train.seeds, c.train.seed, c.train.name = "", s, seed_run_name(name, s)
+        out.append(c)
+    return out
+
+
+def _rng_state(device):
+    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _set_rng_state(state, device):
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+class SeedRun(Trainer):
+    """One seed's run: everything a single run does, except the step (StackedStep does it for all seeds)."""
+
+    engine = None  # the StackedStep
+    index = 0      # this run's slot in the seed dimension
+    alive = True   # False once its loop ended (finished or failed): its slot's draws stop
+
+    def _make_run_dir(self, resume_state):
+        self._resume_state = resume_state  # made after every seed is built and the batched step probed
+
+    def make_run_dir(self):
+        Trainer._make_run_dir(self, self._resume_state)
+        self._resume_state = None
+
+    def run_dir_taken(self):
+        from pathlib import Path
+        if self._resume_state is not None:
+            return None
+        d = Path(self.cfg.train.out_dir) / self.cfg.train.name
+        return d if d.exists() and any(d.iterdir()) else None
+
+    def _install_signal_handlers(self) -> dict:
+        return {}  # SeedsTrainer holds one handler for every seed
+
+    def _train_step(self):
+        return self.pending
+
+    @contextlib.contextmanager
+    def own_rng(self):
+        """This run's global RNG state while its own code runs (its checkpoints record it, its eval draws from it)."""
+        _set_rng_state(self.rng, self.device)
+        try:
+            yield
+        finally:
+            self.rng = _rng_state(self.device)
+
+    def _state(self, weights=True):
+        state = super()._state(weights=False)
+        if weights:  # the weights are views of the stacked tensors: saved as copies, or torch.save writes the whole stack
+            clone = lambda sd: {k: v.clone() for k, v in sd.items()}  # noqa: E731
+            state.update(model=clone(self.base.state_dict()), ema=clone(self.ema.state_dict()) if self.ema is not None else None,
+                         optimizer=self.engine.optimizer_state(self.index))
+        return state
+
+    def _optim_state_mib(self) -> float:
+        from genlab.optim.state import state_bytes
+        return state_bytes(self.engine.optimizer) / self.engine.n / 2**20
+
+    def _summary_extra(self) -> dict:
+        return {"batched_seeds": self.engine.n if self.engine is not None else None}
+
+
+class StackedStep:
+    """The N runs' parameters, EMA and optimizer state stacked along dim 0, and one optimizer step for all of them."""
+
+    def __init__(self, runs: list[SeedRun]):
+        r0 = runs[0]
+        self.runs, self.n, self.cfg = runs, len(runs), r0.cfg
+        self.device, self.precision, self.method, self.model = r0.device, r0.precision, r0.method, r0.base
+        self.stacked = copy.deepcopy(r0.base)  # same modules and names: the optimizer builds the same param groups
+        with torch.no_grad():
+            for name, p in self.stacked.named_parameters():
+                p.data = torch.stack([r.base.get_parameter(name).detach() for r in runs])
+                for i, r in enumerate(runs):  # each run's parameter becomes its slice: no copy, always current
+                    r.base.get_parameter(name).data = p.data[i]
+            self.buffers = {name: torch.stack([r.base.get_buffer(name) for r in runs]) for name, _ in r0.base.named_buffers()}
+            self.ema = None
+            if r0.ema is not None:
+                self.ema = [torch.stack([e.detach() for e in es]) for es in zip(*(r.ema.parameters() for r in runs))]
+                for j, ps in enumerate(zip(*(r.ema.parameters() for r in runs))):
+                    for i, p in enumerate(ps):
+                        p.data = self.ema[j][i]
+        self.params = dict(self.stacked.named_parameters())
+        from genlab.optim.build import build_optimizer
+        self.optimizer = build_optimizer(self.stacked, self.cfg.optim)
+        if type(self.optimizer) not in ELEMENTWISE_OPTIMIZERS:
+            raise GenlabError(f"train.seeds (batched seeds) needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
+                              f"built {type(self.optimizer).__name__}; supported: {SUPPORTED}")
+        self._load_optimizer_states()
+        self.last = [None] * self.n
+        if self.device.type == "cpu":  # CPU SDPA has no vmap batching rule: a loop over the seeds, correct and expected
+            warnings.filterwarnings("ignore", message=".*batching rule for aten::_scaled_dot_product_flash_attention_for_cpu")
+        self._probe()
+
+    # -- optimizer state: N single-run state dicts <-> one stacked one ------------------------------------------
+    def _ordered_params(self):
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _load_optimizer_states(self):
+        sds = [r.optimizer.state_dict() for r in self.runs]
+        if not sds[0]["state"]:
+            return
+        params = self._ordered_params()
+        state = {idx: {k: v if k == "step" else torch.stack([sd["state"][idx][k] for sd in sds])
+                       for k, v in s0.items()} for idx, s0 in sds[0]["state"].items()}
+        if len(state) != len(params):
+            raise GenlabError("cannot resume the seeds batched: a checkpoint's optimizer state does not match the model")
+        self.optimizer.load_state_dict({"state": state, "param_groups": sds[0]["param_groups"]})
+        for r in self.runs:
+            r.optimizer.state.clear()  # the stacked optimizer holds it now
+
+    def optimizer_state(self, i: int) -> dict:
+        """Seed i's optimizer state dict, exactly as its single run's optimizer would give it ("step" is shared)."""
+        sd = self.optimizer.state_dict()
+        state = {idx: {k: v.clone() if k == "step" and torch.is_tensor(v) else v if k == "step" else v[i].clone()
+                       for k, v in s.items()} for idx, s in sd["state"].items()}
+        return {"state": state, "param_groups": copy.deepcopy(sd["param_groups"])}
+
+    # -- the step -----------------------------------------------------------------------------------------------
+    def _losses(self, inputs: dict):
+        model, method = self.model, self.method
+
+        def one(params, buffers, inp):
+            from torch.func import functional_call
+            return method.loss_from(lambda *args: functional_call(model, (params, buffers), args), inp)
+        return torch.vmap(one)(self.params, self.buffers, inputs)
+
+    def _draws(self, step: int) -> dict:
+        """Each seed's batch and random draws, from its own loader and generator, as a single run draws them."""
+        per = []
+        for i, r in enumerate(self.runs):
+            if r.alive or self.last[i] is None:
+                self.last[i] = r.method.loss_inputs(r.base, r.loader.next(), r.steps.context(step))
+            per.append(self.last[i])
+        return {k: torch.stack([p[k] for p in per]) for k in per[0]}
+
+    def _clip(self) -> torch.Tensor:
+        """Per-seed global gradient norm [N] and per-seed clipping (torch.nn.utils.clip_grad_norm_'s rule)."""
+        grads = [p.grad for p in self.stacked.parameters() if p.grad is not None]
+        norms = torch.stack([torch.linalg.vector_norm(g.reshape(self.n, -1), dim=1) for g in grads])
+        gnorm = torch.linalg.vector_norm(norms, dim=0)
+        max_norm = self.cfg.optim.grad_clip
+        if max_norm > 0:
+            coef = torch.clamp(max_norm / (gnorm + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coef.view(-1, *([1] * (g.ndim - 1))).to(g.dtype))
+        return gnorm
+
+    def run(self, step: int):
+        """One optimizer step of every seed; each run's `pending` gets its (loss, grad norm, non-finite flag, metrics)."""
+        from genlab.optim.schedules import lr_at
+        from genlab.train.step import ema_update
+        from genlab.train.switches import set_lr
+        tcfg = self.cfg.train
+        lr = lr_at(step, tcfg.steps, self.cfg.optim)
+        for opt in [self.optimizer, *(r.optimizer for r in self.runs)]:  # the runs' own log the LR
+            set_lr(opt, lr)
+        loss_sum = torch.zeros(self.n, device=self.device)
+        metrics = {}
+        for _ in range(tcfg.grad_accum):
+            inputs = self._draws(step)
+            with self.precision.autocast(self.device):
+                losses, metrics = self._losses(inputs)
+                if tcfg.grad_accum > 1:
+                    losses = losses / tcfg.grad_accum
+            losses.sum().backward()  # d(sum)/d(loss_i) = 1: each seed's slice gets exactly its own gradient
+            loss_sum += losses.detach().float()
+        gnorm = self._clip()
+        bad = ~(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
+            ema_update(self.ema, list(self.stacked.parameters()), decay)
+        for i, r in enumerate(self.runs):
+            r.pending = (loss_sum[i], gnorm[i], bad[i], {k: v[i] for k, v in metrics.items()})
+
+    def _probe(self):
+        """One vmapped forward + backward on a synthetic batch before any run folder exists: a layer without a vmap
+        rule (a custom kernel, a random op inside the model) fails here, in one line."""
+        from genlab.methods.base import StepContext
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        rng = _rng_state(self.device)
+        try:
+            batch = self.method.synthetic_batch(2, self.device, gen)
+            ctx = StepContext(step=0, total_steps=self.cfg.train.steps, generator=gen, device=self.device,
+                              precision=self.precision.name, ema=None)
+            one = self.method.loss_inputs(self.model, batch, ctx)
+            with self.precision.autocast(self.device):
+                losses, _ = self._losses({k: torch.stack([v] * self.n) for k, v in one.items()})
+            losses.sum().backward()
+        except GenlabError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise GenlabError(f"train.seeds (batched seeds): the model does not run under torch.vmap ({one_line(e)}); "
+                              f"supported: {SUPPORTED}") from e
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            _set_rng_state(rng, self.device)
+
+
+class SeedsTrainer:
+    """N seeds of one config in one process (train.seeds), or N seed runs resumed together (`resume=[runs]`)."""
+
+    def __init__(self, cfg: Config | None = None, resume: list[str] | None = None, overrides: list[str] = ()):
+        if resume:
+            from genlab.train.trainer import config_for_resume
+            cfgs = [config_for_resume(p, list(overrides)) for p in resume]
+            _check_same_config(cfgs, resume)
+            self.runs = [SeedRun(c, resume=p) for c, p in zip(cfgs, resume)]
+        else:
+            self.runs = [SeedRun(c) for c in seed_configs(cfg)]
+        self.stop_requested = False
+        self.errors: list = []
+
+    @property
+    def stop_after(self):
+        return self.runs[0].stop_after
+
+    @stop_after.setter
+    def stop_after(self, step):  # tests: as if Ctrl-C arrived after this step
+        for r in self.runs:
+            r.stop_after = step
+
+    def setup(self):
+        for r in self.runs:
+            r.setup()  # each seeds, builds and restores as its single run would
+            r.rng = _rng_state(r.device)
+        r0 = self.runs[0]
+        if r0.dist.world > 1:
+            raise GenlabError(f"train.seeds (batched seeds) runs in one process, not under torchrun; supported: {SUPPORTED}")
+        for what, bad in (("loss scaling (fp16)", r0.scaler.is_enabled()), ("model converters", bool(r0.steps.converters)),
+                          (f"method {r0.cfg.method.name}'s extra modules ({', '.join(r0.steps.extras)})", bool(r0.steps.extras))):
+            if bad:
+                raise GenlabError(f"train.seeds (batched seeds) does not support {what}; supported: {SUPPORTED}")
+        steps = {r.step for r in self.runs}
+        if len(steps) > 1:
+            raise GenlabError(f"cannot resume the seeds batched: their checkpoints are at different steps ({sorted(steps)}); "
+                              f"resume them one by one")
+        taken = [d for d in (r.run_dir_taken() for r in self.runs) if d is not None]
+        if taken:
+            raise GenlabError(f"run folder '{taken[0]}' already exists; resume the seeds with --resume, or pick another train.name")
+        self.engine = StackedStep(self.runs)
+        for i, r in enumerate(self.runs):
+            r.engine, r.index = self.engine, i
+        for r in self.runs:
+            r.make_run_dir()
+
+    def _on_signal(self, signum, frame):
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        for r in self.runs:
+            r.stop_requested = True
+
+    def fit(self) -> list[dict]:
+        """Train every seed; their summaries in seed order. A seed that fails ends alone (its summary says why, the
+        others go on); its error is raised once every seed has ended."""
+        self.setup()
+        n = len(self.runs)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        loops = [r.fit_loop() for r in self.runs]
+        summaries, active = [None] * n, list(range(n))
+        try:
+            while active:
+                for i in list(active):
+                    r = self.runs[i]
+                    try:
+                        with r.own_rng():
+                            next(loops[i])
+                    except StopIteration as done:
+                        summaries[i] = done.value
+                    except Exception as e:  # noqa: BLE001 - this seed failed or diverged: the others go on
+                        self.errors.append(e)
+                    else:
+                        continue
+                    r.alive = False
+                    active.remove(i)
+                if active:
+                    self.engine.run(self.runs[active[0]].step)
+        except KeyboardInterrupt:  # a second Ctrl-C: every seed stops at once, without a final checkpoint
+            for i in active:
+                with contextlib.suppress(BaseException):
+                    loops[i].throw(KeyboardInterrupt)
+            raise
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        if self.errors:
+            raise self.errors[0]
+        return summaries
+
+
+def _check_same_config(cfgs: list, paths: list) -> None:
+    """Runs resumed together must be seeds of one config: equal in every key but train.seed and train.name."""
+    def flat(c):
+        return {f"{sec}.{k}": v for sec, vals in to_dict(c).items() if isinstance(vals, dict) for k, v in vals.items()
+                if f"{sec}.{k}" not in ("train.seed", "train.name", "train.seeds")}
+    ref = flat(cfgs[0])
+    for c, p in zip(cfgs[1:], paths[1:]):
+        diff = [k for k, v in flat(c).items() if ref.get(k) != v]
+        if diff:
+            raise GenlabError(f"cannot resume '{paths[0]}' and '{p}' batched: their configs differ in {diff[0]} "
+                              f"(only train.seed may)")
+    seeds = [c.train.seed for c in cfgs]
+    if len(set(seeds)) != len(seeds):
+        raise GenlabError(f"cannot resume runs with the same train.seed batched ({', '.join(map(str, paths))})")
+
+
+def train(cfg: Config | str | None = None, resume: str | None = None):
+    """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds set the list of every seed's
+    summary, in train.seeds order."""
+    from genlab.train.trainer import train as train_one
+    if cfg is None or isinstance(cfg, str):
+        from genlab.config import load_config
+        cfg = load_config(cfg)
+    if isinstance(cfg, Config) and cfg.train.seeds:
+        if resume:
+            raise GenlabError("train.seeds with resume: resume each seed's run, SeedsTrainer(resume=[run, ...])")
+        return SeedsTrainer(cfg).fit()
+    return train_one(cfg, resume=resume)
