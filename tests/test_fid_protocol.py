@@ -354,10 +354,11 @@ def test_real_vs_real_with_the_stand_in_network_through_ref_stats(stand_in, tmp_
     from genlab.data.formats import write_image_dataset
     from genlab.eval.inception import inception_outputs
     net, weights = stand_in
+    N = 10  # images per half: the 299-px network on a CPU is the cost (4 x N images)
     d = load_digits_uint8()
     perm = np.random.default_rng(0).permutation(len(d))
-    a, b = np.asarray(d.images[np.sort(perm[:24])]), np.asarray(d.images[np.sort(perm[24:48])])
-    ds = write_image_dataset(tmp_path / "a", a, np.asarray(d.labels[np.sort(perm[:24])]), d.classes, "test")
+    a, b = np.asarray(d.images[np.sort(perm[:N])]), np.asarray(d.images[np.sort(perm[N:2 * N])])
+    ds = write_image_dataset(tmp_path / "a", a, np.asarray(d.labels[np.sort(perm[:N])]), d.classes, "test")
     assert main(["data", "ref-stats", str(ds), "--out", str(tmp_path / "a.npz"), "--images", "0", "--device", "cpu",
                  "--fid-weights", str(weights)]) == 0
     ref = rs.load_reference(tmp_path / "a.npz").stats("inception")
