@@ -148,6 +148,8 @@ def _check_train(cfg):
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     from genlab.registry import method_registry, optimizer_registry, parallel_registry
+    from genlab.train.convert import converters_of
+    converters_of(cfg)  # unknown names and converters that exclude each other (bitlinear + float8)
     if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
         raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
                           f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
