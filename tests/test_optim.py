@@ -24,7 +24,8 @@ from genlab.optim.state import state_bytes
 from genlab.registry import optimizer_registry
 from genlab.train.step import build_model_and_method
 
-OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw"]
+OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw",
+              "adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
 
 
 def test_every_registered_optimizer_is_covered_here():
