@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from genlab.errors import GenlabError
+from genlab.config_check import check_converter_combination
 from genlab.registry import convert_registry
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
@@ -64,12 +64,7 @@ def converters_of(cfg, precision=None) -> list[str]:
             names.append(n)
     for n in names:
         convert_registry.get(n)
-    float8 = [n for n in names if n.startswith("float8")]
-    if "bitlinear" in names and float8:
-        # BitLinear quantises the same block linears itself (ternary weights, int8 activations): float8 would
-        # replace them or cast its already-quantised operands again
-        raise GenlabError(f"bitlinear and {float8[0]} convert the same block linears; choose one "
-                          f"(train.convert / train.precision)")
+    check_converter_combination(names)  # also checked with the config, before any work
     return names
 
 
