@@ -24,7 +24,11 @@ from genlab.optim.state import state_bytes
 from genlab.registry import optimizer_registry
 from genlab.train.step import build_model_and_method
 
-OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw"]
+OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw",
+              "adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
+# AdamW with compressed moments: the same update rule as adamw, so the `precision` sweep compares them (memory, loss
+# at equal steps; tests/test_precision_training.py), not the optimizers sweep's LR grid
+COMPRESSED_STATES = ["adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
 
 
 def test_every_registered_optimizer_is_covered_here():
@@ -366,7 +370,8 @@ def test_optimizer_sweep_covers_every_optimizer_with_and_without_caution(tmp_pat
     sw = load_sweep(shipped)
     pairs = {(o.split("=")[1], c.split("=")[1]) for v in sw.variants for o in v.overrides if o.startswith("optim.name=")
              for c in v.overrides if c.startswith("optim.caution=")}
-    assert pairs == {(n, c) for n in OPTIMIZERS for c in ("false", "true")}
+    rules = [n for n in OPTIMIZERS if n not in COMPRESSED_STATES]
+    assert pairs == {(n, c) for n in rules for c in ("false", "true")}
     lrs = {}
     for v in sw.variants:
         d = dict(o.split("=", 1) for o in v.overrides)
@@ -380,7 +385,7 @@ def test_optimizer_sweep_covers_every_optimizer_with_and_without_caution(tmp_pat
     tiny = tmp_path / "optimizers_cpu.toml"
     tiny.write_text(base + text[text.index("[[axis]]"):])
     cpu = load_sweep(tiny)
-    assert len(cpu.variants) == len(sw.variants) == 2 * 3 * len(OPTIMIZERS)
+    assert len(cpu.variants) == len(sw.variants) == 2 * 3 * len(rules)
 
 
 def test_report_reads_loss_at_equal_wall_clock_step_time_and_state_memory(tmp_path):

@@ -148,6 +148,7 @@ def _check_train(cfg):
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     from genlab.registry import method_registry, optimizer_registry, parallel_registry
+    check_converter_combination(list(t.convert or []) + ([t.precision] if t.precision.startswith("float8_") else []))
     if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
         raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
                           f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
@@ -197,6 +198,16 @@ def check_seeds_config(cfg) -> None:
         refuse(f"train.precision={t.precision}")
     if t.resume:
         refuse("train.resume (give each seed's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
+
+
+def check_converter_combination(names) -> None:
+    """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies)."""
+    float8 = [n for n in names if n.startswith("float8")]
+    if "bitlinear" in names and float8:
+        # BitLinear quantises the same block linears itself (ternary weights, int8 activations): float8 would
+        # replace them or cast its already-quantised operands again
+        raise GenlabError(f"bitlinear and {float8[0]} convert the same block linears; choose one "
+                          f"(train.convert / train.precision)")
 
 
 def _check_components(cfg):

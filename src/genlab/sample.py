@@ -53,7 +53,7 @@ def model_from_state(state: dict, where: str, device="auto", ema=True, overrides
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
     check_model_shapes(model, weights, where, verb="load")
     model.load_state_dict(weights)
-    apply_converters(model.to(dev), converters_of(cfg), dev)  # a run trained converted samples converted
+    apply_converters(model.to(dev), converters_of(cfg), dev, cfg)  # a run trained converted samples converted
     if state.get("quant"):
         from genlab.quant.ptq import apply_record
         apply_record(model, state["quant"], dev)

@@ -6,15 +6,22 @@ import torch
 
 def state_bytes(optimizer) -> int:
     """Bytes of the optimizer's state tensors on this rank (FSDP2: the local shards), in nested dicts, lists and
-    library state objects."""
+    library state objects; tensor subclasses count the tensors they store."""
     seen, total = set(), 0
 
     def walk(v):
         nonlocal total
         if torch.is_tensor(v):
             t = v._local_tensor if hasattr(v, "_local_tensor") else v
-            if id(t) not in seen:
-                seen.add(id(t))
+            if id(t) in seen:
+                return
+            seen.add(id(t))
+            if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+                # a tensor subclass (torchao's low-bit states): its element_size is the logical dtype's; count
+                # the tensors it stores (codes, scales, code tables)
+                for name in t.__tensor_flatten__()[0]:
+                    walk(getattr(t, name))
+            else:
                 total += t.numel() * t.element_size()
         elif isinstance(v, dict):
             for x in v.values():

@@ -8,22 +8,24 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from genlab.config_check import check_converter_combination
 from genlab.registry import convert_registry
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
-from genlab.train.float8 import SKIP_PARTS
+from genlab.train.float8 import FLOAT8_KEYS, SKIP_PARTS
 
 
 @dataclass
 class Converter:
-    apply: Callable[[nn.Module, torch.device], nn.Module]   # in place; returns the model
+    apply: Callable[[nn.Module, torch.device, object], nn.Module]   # (model, device, cfg or None): in place; returns it
     check: Callable[[torch.device], None] = lambda device: None   # before training builds anything
 
 
 def _float8(recipe):
-    def apply(model, device):
+    def apply(model, device, cfg=None):
         from genlab.train.float8 import convert_float8
-        return convert_float8(model, recipe, emulate=device.type != "cuda")  # emulated off CUDA: sampling only
+        min_dim = cfg.train.float8_min_dim if cfg is not None else 0
+        return convert_float8(model, recipe, emulate=device.type != "cuda", min_dim=min_dim)  # emulated off CUDA: sampling only
 
     def check(device):
         from genlab.train.float8 import check_float8_device
@@ -33,15 +35,16 @@ def _float8(recipe):
 
 for _recipe in ("tensorwise", "rowwise"):
     convert_registry.register(f"float8_{_recipe}", f"torchao Float8Linear for the block linears, {_recipe} scales "
-                                                   "(trains on SM89+/H100; emulated when a CPU loads the run)")(_float8(_recipe))
-convert_registry.register("float8", "alias of float8_tensorwise")(_float8("tensorwise"))
+                                                   "(trains on SM89+/H100; emulated when a CPU loads the run)",
+                              keys=FLOAT8_KEYS)(_float8(_recipe))
+convert_registry.register("float8", "alias of float8_tensorwise", reads=("train.float8_min_dim",))(_float8("tensorwise"))
 
 
 def bitlinear_filter(module: nn.Module, name: str) -> bool:
     return type(module) is nn.Linear and not any(p in SKIP_PARTS for p in name.split("."))
 
 
-def _bitlinear(model, device):
+def _bitlinear(model, device, cfg=None):
     from genlab.models.bitlinear import to_bitlinear
     for name, m in list(model.named_modules()):
         if bitlinear_filter(m, name):
@@ -61,6 +64,7 @@ def converters_of(cfg, precision=None) -> list[str]:
             names.append(n)
     for n in names:
         convert_registry.get(n)
+    check_converter_combination(names)  # also checked with the config, before any work
     return names
 
 
@@ -74,9 +78,10 @@ def check_converters(names, device):
         convert_registry.get(n).check(device)
 
 
-def apply_converters(model: nn.Module, names, device) -> nn.Module:
+def apply_converters(model: nn.Module, names, device, cfg=None) -> nn.Module:
+    """`cfg`: the run's config, for converters with options (train.float8_min_dim); None = their defaults."""
     for n in names:
-        model = convert_registry.get(n).apply(model, torch.device(device))
+        model = convert_registry.get(n).apply(model, torch.device(device), cfg)
     return model
 
 

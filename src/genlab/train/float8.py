@@ -3,6 +3,14 @@
 Only the token-wise matmuls of the blocks are converted: float8 GEMMs need both weight dims divisible
 by 16, and the small per-sample layers (adaLN modulation, timestep/class embeddings, the final
 projection) gain nothing but casting overhead and hurt accuracy at the output.
+
+Size filter (`train.float8_min_dim`): a small GEMM pays more for the dynamic scaling casts than its float8 matmul
+saves, so a linear is converted only if in_features and out_features are both >= the threshold. 0 (the default)
+keeps every eligible linear, as torchtitan does unless `auto_filter_small_kn` is listed in its float8 filter_fqns;
+that flag applies torchao's `_auto_filter_for_recipe` (torchao/float8/float8_linear_utils.py, thresholds from H100
+microbenchmarks, weight [N, K] = [out, in]): tensorwise skips a linear with K <= 4096 and N <= 1024; rowwise
+skips N <= 2048, K <= 1024, or N <= 4096 with K <= 2048. genlab's threshold is one number to sweep on the GPU;
+the decision per linear is kept on the model (`model.float8_plan`) and reported when training starts.
 """
 from __future__ import annotations
 
@@ -11,11 +19,19 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from genlab import config_fields as cf
 from genlab.errors import GenlabError
 
 RECIPES = ("tensorwise", "rowwise")
 # module-name parts that are never converted (embeddings, conditioning, output layers)
 SKIP_PARTS = ("patch_embed", "t_embed", "y_embed", "tok_emb", "pos_emb", "embed", "final", "ada", "head", "lm_head")
+
+
+# declared by the float8 converters (train/convert.py); the float8_* precision aliases read it too
+FLOAT8_KEYS = cf.declare("train",
+    float8_min_dim=cf.F(0, "float8: convert a block linear only if in_features and out_features are both >= this "
+                           "(0 = every eligible linear); a value that keeps none is an error", ge=0),
+)
 
 
 def _import_torchao():
@@ -39,26 +55,60 @@ def check_float8_device(device: torch.device) -> None:
     _import_torchao()
 
 
-def float8_filter(module: nn.Module, name: str) -> bool:
-    """True for the Linear layers worth converting: inside a block, both dims divisible by 16."""
-    if not isinstance(module, nn.Linear):
-        return False
+def skip_reason(module: nn.Module, name: str, min_dim: int = 0) -> str:
+    """Why float8 leaves this nn.Linear alone ("" = it converts it)."""
+    if any(p in SKIP_PARTS for p in name.split(".")):
+        return "embedding, conditioning or output layer"
     if module.in_features % 16 or module.out_features % 16:
-        return False
-    parts = name.split(".")
-    return not any(p in SKIP_PARTS for p in parts)
+        return "a dim not divisible by 16"
+    if min(module.in_features, module.out_features) < min_dim:
+        return f"below train.float8_min_dim={min_dim}"
+    return ""
 
 
-def convert_float8(model: nn.Module, recipe: str, emulate: bool = False) -> nn.Module:
-    """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model. `emulate`: float8
-    arithmetic in plain torch ops (a CPU loading a float8-trained run to sample it)."""
+def float8_filter(module: nn.Module, name: str, min_dim: int = 0) -> bool:
+    """True for the Linear layers worth converting: inside a block, both dims divisible by 16 and >= min_dim."""
+    return isinstance(module, nn.Linear) and not skip_reason(module, name, min_dim)
+
+
+def float8_plan(model: nn.Module, min_dim: int = 0) -> list[tuple[str, int, int, str]]:
+    """(name, in_features, out_features, why skipped or "") for every nn.Linear of the model, in module order."""
+    return [(name, m.in_features, m.out_features, skip_reason(m, name, min_dim))
+            for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+def plan_summary(plan) -> str:
+    """One line: how many linears float8 converts, and the skipped ones grouped by reason."""
+    kept = sum(not why for *_, why in plan)
+    skipped: dict[str, list[str]] = {}
+    for name, i, o, why in plan:
+        if why:
+            skipped.setdefault(why, []).append(f"{name} ({i}->{o})")
+    parts = [f"{len(v)} {why}: {', '.join(v[:4])}{' ...' if len(v) > 4 else ''}" for why, v in skipped.items()]
+    return f"float8 converts {kept} of {len(plan)} linears" + (f"; skipped {'; '.join(parts)}" if parts else "")
+
+
+def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim: int = 0) -> nn.Module:
+    """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model, with the decision per
+    linear in `model.float8_plan`. `emulate`: float8 arithmetic in plain torch ops (a CPU loading a float8-trained
+    run to sample it)."""
     if recipe not in RECIPES:
         raise GenlabError(f"unknown float8 recipe '{recipe}'; valid: {', '.join(RECIPES)}")
+    plan = float8_plan(model, min_dim)
+    keep = {name for name, *_, why in plan if not why}
+    if not keep:
+        sizes = [min(i, o) for _, i, o, why in plan if why.startswith("below")]
+        if not sizes:
+            raise GenlabError("float8 finds no linear to convert in this model (block linears with both dims divisible "
+                              "by 16); train without float8")
+        raise GenlabError(f"train.float8_min_dim={min_dim} keeps no linear of this model (the largest smaller dim of its "
+                          f"eligible linears is {max(sizes)}); lower it, or train without float8")
     f8 = _import_torchao()
     config = f8.Float8LinearConfig.from_recipe_name(recipe)
     if emulate:
         config = dataclasses.replace(config, emulate=True)
-    f8.convert_to_float8_training(model, module_filter_fn=float8_filter, config=config)
+    f8.convert_to_float8_training(model, module_filter_fn=lambda m, name: name in keep, config=config)
+    model.float8_plan = plan
     return model
 
 

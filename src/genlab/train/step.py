@@ -83,9 +83,9 @@ class TrainStep:
         if resume_state is not None and self.ema is not None and resume_state.get("ema") is not None:
             self.ema.load_state_dict(resume_state["ema"])
         self.model.train()
-        apply_converters(self.model, self.converters, device)
+        apply_converters(self.model, self.converters, device, cfg)
         if self.ema is not None:  # the EMA samples, so it runs converted too
-            apply_converters(self.ema, self.converters, device)
+            apply_converters(self.ema, self.converters, device, cfg)
         apply_switches(self.model, tcfg)
         self.wrapped = compile_model_by_name(wrap_parallel(self.model, dist, tcfg, device), tcfg)
         self.ema = shard_like(self.ema, self.model)

@@ -65,8 +65,10 @@ def _float8(recipe):
     return build
 
 
-precision_registry.register("float8_tensorwise", "bf16 + train.convert=[\"float8_tensorwise\"] (torchao float8 linears, SM89+/H100)")(_float8("tensorwise"))
-precision_registry.register("float8_rowwise", "bf16 + train.convert=[\"float8_rowwise\"] (torchao float8 linears, SM89+/H100)")(_float8("rowwise"))
+precision_registry.register("float8_tensorwise", "bf16 + train.convert=[\"float8_tensorwise\"] (torchao float8 linears, SM89+/H100)",
+                            reads=("train.float8_min_dim",))(_float8("tensorwise"))
+precision_registry.register("float8_rowwise", "bf16 + train.convert=[\"float8_rowwise\"] (torchao float8 linears, SM89+/H100)",
+                            reads=("train.float8_min_dim",))(_float8("rowwise"))
 
 
 def build_precision(name: str, device: torch.device) -> Precision:

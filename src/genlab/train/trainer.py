@@ -222,7 +222,7 @@ class Trainer:
             return None
         plain, _ = build_model_and_method(self.cfg, self.spec)
         plain.load_state_dict(full)
-        return apply_converters(plain.to(self.device), self.steps.converters, self.device)
+        return apply_converters(plain.to(self.device), self.steps.converters, self.device, self.cfg)
 
     def export_weights(self):
         """Consolidated safetensors of the sampling weights next to a sharded run (what sample/eval load)."""
@@ -436,6 +436,12 @@ class Trainer:
             return False
         dev = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
         print(progress.start_line(self.run_dir, self.step, self.cfg.train.steps, self.cfg.train.batch_size, dev), flush=True)
+        plan = getattr(self.base, "float8_plan", None)
+        if plan is not None:  # the float8 size filter's decision per linear: one line here, every layer in the run folder
+            from genlab.train.float8 import plan_summary
+            print(f"genlab: {plan_summary(plan)}", flush=True)
+            rows = [{"name": n, "in": i, "out": o, "float8": not why, "skipped": why} for n, i, o, why in plan]
+            (self.run_dir / "float8_layers.json").write_text(json.dumps(rows, indent=1))
         if self.device.type != "cpu":
             return False
         warning = progress.cpu_slow_warning(flops_step, self.cfg.train.steps - self.step, torch.get_num_threads())

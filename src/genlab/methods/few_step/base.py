@@ -61,7 +61,7 @@ def build_teacher(state: dict, device="cpu") -> nn.Module:
     cfg = ckpt.config_of(state)
     model = model_registry.get(cfg.model.name)(cfg.model, state["data_spec"])
     model.load_state_dict(state["ema"] if state.get("ema") is not None else state["model"])
-    apply_converters(model.to(device), converters_of(cfg), torch.device(device))
+    apply_converters(model.to(device), converters_of(cfg), torch.device(device), cfg)
     return model.requires_grad_(False).eval()
 
 

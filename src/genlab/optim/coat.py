@@ -1,0 +1,154 @@
+"""COAT's FP8 optimizer states (Xi et al. 2024, "COAT: Compressing Optimizer states and Activation for
+Memory-Efficient FP8 Training", arXiv 2410.19313): AdamW whose first and second moments are stored in
+float8 e4m3 per group of 128 elements, after the paper's dynamic range expansion.
+
+Dynamic range expansion, per group X of a moment: E4M3 represents magnitudes over a fixed ratio R_E4M3, while a
+group of optimizer state spans R_X = max|X| / min|X| (min over the non-zero elements), usually far less, so plain
+absmax scaling wastes most of E4M3's exponents. The paper expands each element with f(x) = sign(x) |x|^k, k chosen
+per group so that R_X^k fills R_E4M3 (k = log R_E4M3 / log R_X), quantises f(x)/s to E4M3 (s scales the group's
+max to 448) and inverts on read: x = sign(q) (|q| s)^(1/k).
+
+Form followed: the official code's (NVlabs/COAT, coat/optimizer/kernels/fp8_adamw_expand_cuda_kernel.cu), which
+fixes what the formula leaves open: each group is first divided by its geometric centre c = sqrt(max·min) (so
+the expanded values straddle 1 and stay in float32 range for any k), k is floored to a multiple of 1/16 (so
+R_X^k never exceeds the target), and a group keeps three float32 numbers: s, k and c. The package `fp8-coat`
+(PyPI) needs its CUDA extension `qoptim_cuda` and Triton, so it does not run on a CPU; this module is plain torch
+and runs anywhere float8 casts do. One deliberate difference: the official kernel targets R = 448²/2, which puts a
+group's smallest magnitudes into E4M3's subnormals (relative error up to ~1/4 there); genlab's default target is
+E4M3's normal range R = 448 / 2^-6 = 28672, so every stored element keeps E4M3's relative error (below).
+`target_range=OFFICIAL_RANGE` gives the official constant.
+
+Error bound. Round-to-nearest E4M3 (3 mantissa bits) of a value in its normal range has relative error at most
+u = 2^-4. In the expanded domain q = (|x|/c)^k / s, so the read-back value is x̂ = x (q̂/q)^(1/k) with
+|q̂/q - 1| <= u, hence per element
+    |x̂/x - 1| <= (1 - u)^(-1/k) - 1          (≈ u/k for k >= 1; larger than u where k < 1, i.e. R_X > R)
+plus float32 rounding of the power and the scale (~1e-6 relative). Zeros are stored exactly.
+
+The update is torch AdamW's (decoupled weight decay p *= 1 - lr·wd, then p -= lr·m̂/(sqrt(v̂)+eps)) computed in
+float32 from the decoded moments, as in the official kernel; only the stored moments are FP8.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from genlab.optim.build import cautious, optimizer_entry
+from genlab.optim.caution import adamw_decay_factor
+from genlab.optim.groups import param_groups
+from genlab.optim.state import keep_saved_dtypes
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+U_E4M3 = 2.0 ** -4                       # unit roundoff of 3 mantissa bits
+NORMAL_RANGE = E4M3_MAX / 2.0 ** -6      # 28672: max / smallest normal of E4M3
+OFFICIAL_RANGE = E4M3_MAX ** 2 / 2       # the official kernel's target (448^2 / 2)
+GROUP = 128                              # the paper's and the official kernel's group size
+K_STEP = 16                              # k is floored to a multiple of 1/K_STEP (official: expand_min = 16)
+K_MAX = 32.0                             # groups of (nearly) equal magnitudes: any k fits; cap it
+
+
+def _groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    flat = x.reshape(-1).float()
+    pad = (-flat.numel()) % group
+    return (F.pad(flat, (0, pad)) if pad else flat).view(-1, group)
+
+
+def expand_quantize(x: torch.Tensor, group: int = GROUP, target_range: float = NORMAL_RANGE):
+    """x (any shape) -> (codes: float8 e4m3 [x.numel()], scale, k, centre: float32 [groups]) per group of `group`
+    consecutive elements (the last group zero-padded)."""
+    g = _groups(x, group)
+    a = g.abs()
+    amax = a.amax(dim=1)
+    amin = torch.where(a > 0, a, torch.full_like(a, math.inf)).amin(dim=1)
+    live = amax > 0                                         # all-zero groups decode to zeros whatever their numbers
+    amin = torch.where(live, amin, torch.ones_like(amin))
+    amax1 = torch.where(live, amax, torch.ones_like(amax))
+    centre = amax1.sqrt() * amin.sqrt()
+    log_target = math.log2(target_range)
+    log_ratio = torch.log2(amax1 / amin).clamp(min=log_target / K_MAX)
+    k = (torch.floor(log_target / log_ratio * K_STEP) / K_STEP).clamp(min=1.0 / K_STEP)
+    y = (a / centre[:, None]) ** k[:, None]                 # 0 stays 0 (k > 0)
+    scale = (amax1 / centre) ** k / E4M3_MAX
+    q = (torch.sign(g) * y / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    return q.reshape(-1)[: x.numel()].to(E4M3), scale, k, centre
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, k: torch.Tensor, centre: torch.Tensor, shape,
+               group: int = GROUP) -> torch.Tensor:
+    """The inverse of expand_quantize: float32 tensor of `shape`."""
+    q = _groups(codes.float(), group)
+    y = q.abs() * scale[:, None]
+    x = torch.sign(q) * y ** (1.0 / k[:, None]) * centre[:, None]
+    return x.reshape(-1)[: codes.numel()].view(shape)
+
+
+def relative_error_bound(k: torch.Tensor, u: float = U_E4M3) -> torch.Tensor:
+    """Per-group bound on |x̂/x - 1| of a read-back element (module docstring), float32 slack excluded."""
+    return (1.0 - u) ** (-1.0 / k.double()) - 1.0
+
+
+class CoatAdamW(torch.optim.Optimizer):
+    """AdamW with both moments in E4M3 after dynamic range expansion, per group of `group_size` elements.
+
+    State per parameter: step, exp_avg / exp_avg_sq (float8 codes, flat), and per group exp_avg_scale, exp_avg_k,
+    exp_avg_centre (and the same for exp_avg_sq), float32. Parameters may be float32 or bf16 (updated in float32)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, group_size: int = GROUP,
+                 target_range: float = NORMAL_RANGE):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.group_size, self.target_range = group_size, target_range
+
+    def _read(self, st, name, p):
+        return dequantize(st[name], st[f"{name}_scale"], st[f"{name}_k"], st[f"{name}_centre"], p.shape, self.group_size)
+
+    def _write(self, st, name, x):
+        st[name], st[f"{name}_scale"], st[f"{name}_k"], st[f"{name}_centre"] = \
+            expand_quantize(x, self.group_size, self.target_range)
+
+    def _init_state(self, st, p):
+        st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        zeros = torch.zeros(p.numel(), device=p.device)
+        for name in ("exp_avg", "exp_avg_sq"):
+            self._write(st, name, zeros)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    self._init_state(st, p)
+                st["step"] += 1
+                g = p.grad.float()
+                m = self._read(st, "exp_avg", p).lerp_(g, 1 - beta1)
+                v = self._read(st, "exp_avg_sq", p).mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                c1 = 1 - beta1 ** st["step"]              # tensors: no host sync for the step count
+                c2_sqrt = (1 - beta2 ** st["step"]).sqrt()
+                pf = p.float()
+                pf.mul_(1 - lr * wd)
+                pf.sub_(lr * m / (c1 * (v.sqrt() / c2_sqrt + eps)))
+                p.copy_(pf)
+                self._write(st, "exp_avg", m)
+                self._write(st, "exp_avg_sq", v)
+        return loss
+
+
+@optimizer_entry("adamw_coat", "COAT FP8 optimizer states (Xi et al. 2024): AdamW with both moments in E4M3 per 128 "
+                               "elements after dynamic range expansion; genlab's own, plain torch (CPU too); caution: wrapper",
+                 fsdp=False)
+def adamw_coat(model, ocfg):
+    # torch's load_state_dict casts every floating state tensor to the parameter's dtype: keep the float8 codes float8
+    opt = keep_saved_dtypes(CoatAdamW(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas),
+                                      eps=ocfg.eps))
+    return cautious(opt, ocfg, decay_factor=adamw_decay_factor)

@@ -1,0 +1,89 @@
+"""torchao's low-bit AdamW: moments stored blockwise in 8 bits (dynamic-tree quantisation, Dettmers et al. 2022,
+blocks of 256), 4 bits (Li et al. 2023, "Memory Efficient Optimizers with 4-bit States", blocks of 128) or float8
+e4m3 (blocks of 256), decoded to float32 for each update. Tensors under 4096 elements keep float32 moments (the
+bitsandbytes rule torchao follows). torchao compiles each parameter's update with torch.compile (a C++ compiler on
+the CPU, Triton on CUDA); the optimizers run on both.
+
+Checkpoints: torchao keeps the moments as tensor subclasses (OptimState8bit, ...). genlab checkpoints hold plain
+tensors only (train/checkpoint.safe_load), so the state_dict stores each subclass as its inner tensors and
+attributes and loading rebuilds it, from a fixed table of the three classes (nothing named by the file is imported).
+"""
+from __future__ import annotations
+
+from genlab.errors import GenlabError
+from genlab.optim.build import cautious, optimizer_entry
+from genlab.optim.caution import adamw_decay_factor
+from genlab.optim.groups import param_groups
+
+STATE_CLASSES = ("OptimState8bit", "OptimState4bit", "OptimStateFp8")
+_TAG = "torchao_state"
+
+
+def _torchao_optim():
+    try:
+        import torchao.optim as ao
+    except ImportError:
+        raise GenlabError("the low-bit AdamW optimizers need torchao: pip install torchao==0.18.0") from None
+    return ao
+
+
+def _flatten(v):
+    if type(v).__name__ in STATE_CLASSES and hasattr(v, "__tensor_flatten__"):
+        names, attrs = v.__tensor_flatten__()
+        return {_TAG: type(v).__name__, **{n: getattr(v, n) for n in names}, "attrs": list(attrs)}
+    return v
+
+
+def _unflatten(v, classes):
+    if isinstance(v, dict) and v.get(_TAG) in classes:
+        cls = classes[v[_TAG]]
+        return cls(*[v[n] for n in cls.tensor_attrs], *v["attrs"])
+    return v
+
+
+def plain_state_dict(opt):
+    """state_dict hooks: subclass moments out as {torchao_state: class, inner tensors, attrs}, and back in."""
+    import torchao.optim.subclass_4bit as s4
+    import torchao.optim.subclass_8bit as s8
+    import torchao.optim.subclass_fp8 as sf
+    classes = {"OptimState8bit": s8.OptimState8bit, "OptimState4bit": s4.OptimState4bit, "OptimStateFp8": sf.OptimStateFp8}
+
+    def out(_, sd):
+        # new dicts: state_dict() shares the live per-parameter dicts
+        sd["state"] = {i: {k: _flatten(v) for k, v in s.items()} for i, s in sd["state"].items()}
+        return sd
+
+    def into(_, sd):
+        # before torch's load casts the state to each parameter's dtype (a subclass survives that cast; its codes would not)
+        sd = dict(sd)
+        sd["state"] = {i: {k: _unflatten(v, classes) for k, v in s.items()} for i, s in sd["state"].items()}
+        return sd
+
+    opt.register_state_dict_post_hook(out)
+    opt.register_load_state_dict_pre_hook(into)
+    return opt
+
+
+def build_lowbit(model, ocfg, cls_name):
+    cls = getattr(_torchao_optim(), cls_name)
+    # torchao keeps each group's LR in a CPU tensor; genlab's set_lr fills tensor LRs in place
+    opt = cls(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps)
+    return cautious(plain_state_dict(opt), ocfg, decay_factor=adamw_decay_factor)
+
+
+@optimizer_entry("adamw8bit", "torchao AdamW8bit: moments in 8-bit dynamic-tree codes per 256 (Dettmers et al. 2022); "
+                              "caution: wrapper", fsdp=False)
+def adamw8bit(model, ocfg):
+    return build_lowbit(model, ocfg, "AdamW8bit")
+
+
+@optimizer_entry("adamw4bit", "torchao AdamW4bit: moments in 4-bit codes per 128 (Li et al. 2023); caution: wrapper",
+                 fsdp=False)
+def adamw4bit(model, ocfg):
+    return build_lowbit(model, ocfg, "AdamW4bit")
+
+
+@optimizer_entry("adamw_fp8", "torchao AdamWFp8: moments in float8 e4m3 with an absmax scale per 256; caution: wrapper",
+                 fsdp=False)
+def adamw_fp8(model, ocfg):
+    return build_lowbit(model, ocfg, "AdamWFp8")
