@@ -490,3 +490,23 @@ def test_a_cached_classifier_that_never_learned_is_retrained(tmp_path, monkeypat
     _, acc = C.get_classifier(Data(), epochs=2)
     assert calls == [1] and acc == 0.9
     assert torch.load(path, weights_only=True)["val_acc"] == 0.9
+
+
+def test_trace_sqrt_product_cholesky_and_eigh_paths_agree_with_the_commuting_closed_form():
+    """Tr (S1 S2)^{1/2}: full-rank S1 takes the Cholesky path, singular S1 the eigh path. For covariances sharing
+    eigenvectors (S1 = U diag(a) U^T, S2 = U diag(b) U^T) the closed form is sum sqrt(a_i b_i). Full rank: float64
+    rounding, 1e-10 relative. Singular: each zero eigenvalue comes out as ~eps * |S| and its square root as
+    sqrt(eps * |S| * |b|) ~ 4e-8, so 40 of them allow 40 * sqrt(eps * 9 * 3) absolute."""
+    import numpy as np
+
+    from genlab.eval.frechet import trace_sqrt_product
+    rng = np.random.default_rng(0)
+    u, _ = np.linalg.qr(rng.standard_normal((40, 40)))
+    b = rng.uniform(0.1, 3.0, 40)
+    for a in (rng.uniform(0.1, 3.0, 40), np.r_[rng.uniform(0.1, 3.0, 25), np.zeros(15)]):  # full rank, then rank 25
+        s1, s2 = (u * a) @ u.T, (u * b) @ u.T
+        if a.min() == 0:
+            with pytest.raises(np.linalg.LinAlgError):
+                np.linalg.cholesky(s1)  # the case really is singular to LAPACK, so the fallback path runs
+        tol = 1e-10 * np.sqrt(a * b).sum() if a.min() > 0 else 40 * np.sqrt(np.finfo(float).eps * 27)
+        assert abs(trace_sqrt_product(s1, s2) - np.sqrt(a * b).sum()) < tol
