@@ -301,7 +301,7 @@ def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
 @pytest.mark.parametrize("overrides, needle", [
     (["train.convert=bitlinear", "train.precision=float8_rowwise"], "bitlinear and float8_rowwise convert the same"),
     (['train.convert=["bitlinear","float8"]'], "bitlinear and float8 convert the same"),
-    (["train.float8_min_dim=64"], "train.float8_min_dim is not read by precision"),
+    (["train.float8_min_dim=64"], "train.float8_min_dim is not read by"),
     (["train.parallel=fsdp", "optim.name=adamw_coat"], "optim.name=adamw_coat does not work with train.parallel=fsdp"),
     (["train.precision=float8_tensorwise", "train.device=cpu"], "float8 precision needs an SM89+/SM90 CUDA GPU"),
 ])
