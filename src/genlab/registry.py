@@ -207,6 +207,21 @@ class AdalnSpec(KernelSpec):
     gated_add: Callable | None = None      # (x, y, gate) -> x + gate*y
 
 
+def spec_with_arg(registry: "Registry", value: str, label: str) -> tuple[str, str, Any]:
+    """'NAME[:ARG]' chosen by `label` (a config key or option) -> (name, arg, spec), for registries whose specs
+    declare `arg` (what ARG names, "" = none): one-line GenlabErrors for an unknown name or a missing/extra ARG."""
+    name, _, arg = str(value).partition(":")
+    try:
+        spec = registry.spec(name)
+    except GenlabError as e:  # unknown name: one line with the valid choices
+        raise GenlabError(f"{label}: {e}") from None
+    if spec.arg and not arg:
+        raise GenlabError(f"{label}={name} needs {spec.arg}: {label}={name}:<{spec.arg}>")
+    if not spec.arg and arg:
+        raise GenlabError(f"{label}={name} takes no ':{arg}'")
+    return name, arg, spec
+
+
 @dataclass(frozen=True, kw_only=True)
 class RepaEncoderSpec(Spec):
     """A frozen image encoder REPA aligns to, chosen by `method.repa_encoder=NAME[:ARG]`: builder(arg, cfg, data_spec,

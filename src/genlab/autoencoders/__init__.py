@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
-from genlab.registry import autoencoder_registry
+from genlab.registry import autoencoder_registry, spec_with_arg
 
 
 class LatentCodec(nn.Module):
@@ -62,15 +62,7 @@ def parse_spec(value: str) -> tuple[str, str]:
 
 def check_autoencoder(value: str) -> None:
     """A one-line GenlabError, before any work, when `value` names no registered autoencoder or lacks its file."""
-    name, arg = parse_spec(value)
-    try:
-        spec = autoencoder_registry.spec(name)
-    except GenlabError as e:
-        raise GenlabError(f"autoencoder: {e}") from None
-    if spec.arg and not arg:
-        raise GenlabError(f"autoencoder {name} needs {spec.arg}: {name}:<{spec.arg}>")
-    if not spec.arg and arg:
-        raise GenlabError(f"autoencoder {name} takes no ':{arg}'")
+    _, arg, spec = spec_with_arg(autoencoder_registry, value, "autoencoder")
     if spec.check is not None:
         spec.check(arg)
 

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.errors import GenlabError
-from genlab.registry import repa_encoder_registry
+from genlab.registry import repa_encoder_registry, spec_with_arg
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
@@ -35,15 +35,7 @@ def parse_encoder(value: str) -> tuple[str, str]:
 
 def check_encoder(cfg) -> None:
     """method.repa_encoder names a registered encoder, with the argument and files it needs: one line, before work."""
-    name, arg = parse_encoder(cfg.method.repa_encoder)
-    try:
-        spec = repa_encoder_registry.spec(name)
-    except GenlabError as e:  # unknown name: one line with the valid choices
-        raise GenlabError(f"method.repa_encoder: {e}") from None
-    if spec.arg and not arg:
-        raise GenlabError(f"method.repa_encoder={name} needs {spec.arg}: method.repa_encoder={name}:<{spec.arg}>")
-    if not spec.arg and arg:
-        raise GenlabError(f"method.repa_encoder={name} takes no ':{arg}'")
+    _, arg, spec = spec_with_arg(repa_encoder_registry, cfg.method.repa_encoder, "method.repa_encoder")
     if spec.check is not None:
         spec.check(arg, cfg)
 
