@@ -288,6 +288,21 @@ def test_float8_converter_applies_the_plan_and_keeps_it_on_the_model():
     assert sum(not why for *_, why in m.float8_plan) == 1
 
 
+def test_float8_all_gather_converts_only_the_trained_copy_and_needs_tensorwise():
+    """The weights FSDP2 gathers in float8 are torchao's castable tensors; the EMA copy (no grads) stays plain."""
+    pytest.importorskip("torchao")
+    from genlab.train.float8 import convert_float8
+    m = convert_float8(_Blocks(), "tensorwise", all_gather=True)
+    assert type(m.blocks[0]["big"].weight).__name__ == "WeightWithDynamicFloat8CastTensor"
+    ema = _Blocks().requires_grad_(False)
+    from genlab.train.convert import apply_converters
+    cfg = load_config(None, ["train.convert=float8", "train.float8_all_gather=true", "train.parallel=fsdp"])
+    apply_converters(ema, ["float8"], "cpu", cfg)
+    assert type(ema.blocks[0]["big"].weight) is torch.nn.Parameter
+    with pytest.raises(GenlabError, match="needs the tensorwise recipe"):
+        convert_float8(_Blocks(), "rowwise", all_gather=True)
+
+
 def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     pytest.importorskip("torchao")
     from genlab.train.float8 import convert_float8
@@ -304,6 +319,9 @@ def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     (["train.float8_min_dim=64"], "train.float8_min_dim is not read by"),
     (["train.parallel=fsdp", "optim.name=adamw_coat"], "optim.name=adamw_coat does not work with train.parallel=fsdp"),
     (["train.precision=float8_tensorwise", "train.device=cpu"], "float8 precision needs an SM89+/SM90 CUDA GPU"),
+    (["train.precision=float8_rowwise", "train.float8_all_gather=true", "train.parallel=fsdp"],
+     "train.float8_all_gather needs tensorwise float8"),
+    (["train.convert=float8", "train.float8_all_gather=true"], "train.float8_all_gather all-gathers FSDP2 shards"),
 ])
 def test_invalid_precision_combinations_exit_2_with_one_line(tmp_path, capfd, overrides, needle):
     r = cli_in_process(capfd, "train", "digits_flow", f"train.out_dir={tmp_path / 'runs'}", *TINY, "train.steps=2",

@@ -168,6 +168,23 @@ def test_bench_profile_writes_a_kernel_summary(tmp_path):
     assert kernel_category("ncclDevKernel_AllGather_RING_LL") == "communication"
 
 
+def test_communication_overlap_matches_a_brute_force_count_on_a_grid():
+    """Exposed communication = time covered by communication kernels when no compute kernel runs; checked against
+    counting unit cells of a grid, on random overlapping spans (integer ends, so the count is exact)."""
+    import random
+    from genlab.bench import communication_overlap
+    rng = random.Random(0)
+    for _ in range(200):
+        spans = [[(a, a + rng.randint(1, 12)) for a in (rng.randint(0, 80) for _ in range(rng.randint(0, 8)))]
+                 for _ in range(2)]
+        comm, compute = spans
+        got = communication_overlap(comm, compute)
+        in_comm = [any(a <= t < z for a, z in comm) for t in range(100)]
+        in_comp = [any(a <= t < z for a, z in compute) for t in range(100)]
+        assert got["comm_us"] == sum(in_comm)
+        assert got["exposed_us"] == sum(c and not k for c, k in zip(in_comm, in_comp))
+
+
 def test_residual_switch_fp32_is_the_old_model_and_compute_keeps_the_stream_in_bf16():
     from genlab.registry import all_registries
     assert {"fp32", "compute"} <= set(all_registries()["residual"].names())

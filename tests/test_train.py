@@ -168,3 +168,16 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
     assert summary["status"] == "interrupted"
     state = ckpt.load_checkpoint(tmp_path / "sig")
     assert state["step"] == summary["step"] >= 3
+
+
+def test_the_run_folder_of_a_dcp_checkpoint_is_two_levels_up_although_it_is_a_folder(tmp_path):
+    """`--resume RUN/checkpoints/step_N.dcp` once made the checkpoint folder the run folder (metrics written inside it)."""
+    from genlab.train.checkpoint import run_dir_of
+    run = tmp_path / "run"
+    dcp = run / "checkpoints" / "step_00000003.dcp"
+    dcp.mkdir(parents=True)
+    (dcp / ".metadata").write_bytes(b"")
+    (run / "checkpoints" / "step_00000004.pt").write_bytes(b"")
+    assert run_dir_of(dcp) == run
+    assert run_dir_of(run / "checkpoints" / "step_00000004.pt") == run
+    assert run_dir_of(run) == run

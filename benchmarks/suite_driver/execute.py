@@ -142,7 +142,8 @@ class Runner:
             sub = {"bench": "bench", "train": "train", "eval": "eval", "sweep": "sweep"}.get(entry.kind)
             head = ["-m", "genlab"] + ([sub] if sub else [])
             if entry.spec.get("nproc"):
-                head = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={entry.spec['nproc']}"] + head
+                nproc = S.expand(str(entry.spec["nproc"]), v)  # a number or "{WORLD}"
+                head = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] + head
             return py + head + args, run_dir
         return py + args, run_dir
 

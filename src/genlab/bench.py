@@ -112,6 +112,33 @@ def _is_annotation(name: str) -> bool:
     return name.startswith(("Optimizer.", "ProfilerStep", "## ")) or "#" in name.split("(")[0]
 
 
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint cover of the intervals."""
+    out: list[list[float]] = []
+    for a, z in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], z)
+        else:
+            out.append([a, z])
+    return [(a, z) for a, z in out]
+
+
+def communication_overlap(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> dict:
+    """Time covered by communication kernels, and the part of it during which no compute kernel runs (the
+    communication the step waits for). Intervals in any unit; kernels on other streams overlap freely."""
+    cu, ku = _union(comm), _union(compute)
+    total = sum(z - a for a, z in cu)
+    hidden, j = 0.0, 0
+    for a, z in cu:  # both lists are sorted and disjoint: one merge pass
+        while j < len(ku) and ku[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ku) and ku[k][0] < z:
+            hidden += min(z, ku[k][1]) - max(a, ku[k][0])
+            k += 1
+    return {"comm_us": total, "exposed_us": total - hidden}
+
+
 def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     """torch.profiler over `steps` training steps: GPU time per kernel category and the top kernels,
     written to out_dir/profile.md (+ profile.json, trace.json.gz); returns the summary."""
@@ -130,13 +157,18 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
         _sync(b.device)
         wall_ms = 1e3 * (time.perf_counter() - t0) / steps
     kernels = {}
+    spans = {"comm": [], "compute": []}  # kernel [start, end] in us: how much communication compute hides
     if b.device.type == "cuda":
         for e in prof.events():  # device-side events: one per kernel launch
             if str(getattr(e, "device_type", "")).endswith("CUDA") and not _is_annotation(e.name):
-                us = e.time_range.elapsed_us() if getattr(e, "time_range", None) is not None else _event_device_us(e)
+                tr = getattr(e, "time_range", None)
+                us = tr.elapsed_us() if tr is not None else _event_device_us(e)
                 k = kernels.setdefault(e.name, [0.0, 0])
                 k[0] += us
                 k[1] += 1
+                if tr is not None:
+                    side = "comm" if kernel_category(e.name) == "communication" else "compute"
+                    spans[side].append((tr.start, tr.end))
         if not kernels:
             for e in prof.key_averages():
                 if str(getattr(e, "device_type", "")).endswith("CUDA") and _event_device_us(e) > 0:
@@ -150,9 +182,19 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
                "categories_ms_per_step": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
                "top_kernels": [{"name": n[:160], "ms_per_step": us / 1e3 / steps, "calls_per_step": c / steps,
                                 "category": kernel_category(n)} for n, (us, c) in top]}
+    comm = communication_overlap(spans["comm"], spans["compute"])
+    if comm["comm_us"] > 0:
+        summary.update({"comm_ms_per_step": comm["comm_us"] / 1e3 / steps,
+                        "comm_exposed_ms_per_step": comm["exposed_us"] / 1e3 / steps,
+                        "comm_share": comm["comm_us"] / 1e3 / steps / wall_ms,
+                        "comm_exposed_share": comm["exposed_us"] / 1e3 / steps / wall_ms})
     lines = [f"profile: {steps} steps, wall {wall_ms:.1f} ms/step (profiler on), GPU kernels {busy:.1f} ms/step "
              f"({100 * busy / wall_ms:.0f}% busy)", "", "| category | ms/step | share of kernel time |", "| --- | --- | --- |"]
     lines += [f"| {c} | {v:.2f} | {100 * v / max(busy, 1e-9):.1f}% |" for c, v in summary["categories_ms_per_step"].items()]
+    if "comm_ms_per_step" in summary:
+        lines += ["", f"communication: {summary['comm_ms_per_step']:.2f} ms/step of kernels "
+                      f"({100 * summary['comm_share']:.1f}% of the step), of which {summary['comm_exposed_ms_per_step']:.2f} ms "
+                      f"({100 * summary['comm_exposed_share']:.1f}% of the step) overlaps no compute kernel"]
     lines += ["", "| kernel | category | ms/step | calls/step |", "| --- | --- | --- | --- |"]
     lines += [f"| `{k['name'][:90]}` | {k['category']} | {k['ms_per_step']:.2f} | {k['calls_per_step']:.0f} |" for k in summary["top_kernels"]]
     (out / "profile.md").write_text("\n".join(lines) + "\n")
@@ -310,7 +352,13 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
         graphs_after_warmup, step_s, timer = _retrying_oom(measure, patient=shared, tries=5)
         split = {k: 1e3 * v / split_steps for k, v in timer.totals.items()}
         host_syncs, host_sync_sites = count_host_syncs(b)
-        prof = profile_steps(b, profile_steps_n, profile_dir) if profile_dir else None
+        prof = None
+        if profile_dir and b.dist.is_main:
+            prof = profile_steps(b, profile_steps_n, profile_dir)
+        elif profile_dir:  # the other ranks take the same steps (collectives) without a profiler
+            for _ in range(profile_steps_n):
+                b.step()
+            _sync(dev)
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
         turn = [turn_start, time.time()]  # wall clock (epoch s) of the measured part: turns must not overlap
     from genlab.train.parallel import leave_distributed

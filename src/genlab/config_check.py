@@ -148,7 +148,15 @@ def _check_train(cfg):
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
     from genlab.registry import method_registry, optimizer_registry, parallel_registry
-    check_converter_combination(list(t.convert or []) + ([t.precision] if t.precision.startswith("float8_") else []))
+    convert = list(t.convert or []) + ([t.precision] if t.precision.startswith("float8_") else [])
+    check_converter_combination(convert)
+    if getattr(t, "float8_all_gather", False):
+        if not {"float8", "float8_tensorwise"} & set(convert):
+            raise GenlabError("train.float8_all_gather needs tensorwise float8 (train.convert=[\"float8\"] or "
+                              f"train.precision=float8_tensorwise); this run converts {convert or 'nothing'}")
+        if not parallel_registry.spec(t.parallel).sharded:
+            raise GenlabError(f"train.float8_all_gather all-gathers FSDP2 shards; it needs train.parallel=fsdp|hsdp, "
+                              f"got train.parallel={t.parallel}")
     if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
         raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
                           f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")

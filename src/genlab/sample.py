@@ -96,8 +96,8 @@ def check_sample_options(cfg, method, given: dict) -> None:
 
 
 def _run_dir(run_or_ckpt) -> Path:
-    p = Path(run_or_ckpt)
-    return p if p.is_dir() else p.parent.parent
+    from genlab.train.checkpoint import run_dir_of
+    return run_dir_of(run_or_ckpt)
 
 
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,

@@ -55,6 +55,12 @@ def prune(path: Path):
         path.unlink(missing_ok=True)
 
 
+def run_dir_of(path_or_run) -> Path:
+    """The run folder of a run folder, a step_N.pt file or a step_N.dcp folder (a directory, yet a checkpoint)."""
+    p = Path(path_or_run)
+    return p if p.is_dir() and not (p / ".metadata").exists() else p.parent.parent
+
+
 def resolve_checkpoint(path_or_run) -> Path:
     from genlab.train.export_folder import is_export_folder
     p = Path(path_or_run)

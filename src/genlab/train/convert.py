@@ -19,25 +19,35 @@ from genlab.train.float8 import FLOAT8_KEYS, SKIP_PARTS
 class Converter:
     apply: Callable[[nn.Module, torch.device, object], nn.Module]   # (model, device, cfg or None): in place; returns it
     check: Callable[[torch.device], None] = lambda device: None   # before training builds anything
+    after_step: Callable[[nn.Module, object], None] | None = None  # (model, cfg) after each optimizer step
 
 
 def _float8(recipe):
     def apply(model, device, cfg=None):
         from genlab.train.float8 import convert_float8
         min_dim = cfg.train.float8_min_dim if cfg is not None else 0
-        return convert_float8(model, recipe, emulate=device.type != "cuda", min_dim=min_dim)  # emulated off CUDA: sampling only
+        emulate = device.type != "cuda"  # emulated off CUDA: sampling only
+        # only the trained copy: the EMA (no grads) is gathered for sampling, where a plain weight is what is wanted
+        trained = any(p.requires_grad for p in model.parameters())
+        all_gather = bool(cfg is not None and cfg.train.float8_all_gather and not emulate and trained)
+        return convert_float8(model, recipe, emulate=emulate, min_dim=min_dim, all_gather=all_gather)
 
     def check(device):
         from genlab.train.float8 import check_float8_device
         check_float8_device(device)
-    return Converter(apply, check)
+
+    def after_step(model, cfg):
+        if cfg.train.float8_all_gather:
+            from genlab.train.float8 import precompute_scales
+            precompute_scales(model)
+    return Converter(apply, check, after_step)
 
 
 for _recipe in ("tensorwise", "rowwise"):
     convert_registry.register(f"float8_{_recipe}", f"torchao Float8Linear for the block linears, {_recipe} scales "
                                                    "(trains on SM89+/H100; emulated when a CPU loads the run)",
                               keys=FLOAT8_KEYS)(_float8(_recipe))
-convert_registry.register("float8", "alias of float8_tensorwise", reads=("train.float8_min_dim",))(_float8("tensorwise"))
+convert_registry.register("float8", "alias of float8_tensorwise", reads=("train.float8_min_dim", "train.float8_all_gather"))(_float8("tensorwise"))
 
 
 def bitlinear_filter(module: nn.Module, name: str) -> bool:
@@ -88,3 +98,8 @@ def apply_converters(model: nn.Module, names, device, cfg=None) -> nn.Module:
 def count_converted(model: nn.Module, cls_name: str) -> int:
     return sum(type(m).__name__ == cls_name for m in model.modules())
 
+
+
+def after_step_hooks(names) -> list:
+    """The converters' work after each optimizer step (float8 all-gather scales), in train.convert order."""
+    return [h for h in (convert_registry.get(n).after_step for n in names) if h is not None]

@@ -31,6 +31,8 @@ SKIP_PARTS = ("patch_embed", "t_embed", "y_embed", "tok_emb", "pos_emb", "embed"
 FLOAT8_KEYS = cf.declare("train",
     float8_min_dim=cf.F(0, "float8: convert a block linear only if in_features and out_features are both >= this "
                            "(0 = every eligible linear); a value that keeps none is an error", ge=0),
+    float8_all_gather=cf.F(False, "float8 tensorwise under train.parallel=fsdp|hsdp: all-gather the sharded weights "
+                                  "in float8 (half the bytes of bf16), scales precomputed after each optimizer step"),
 )
 
 
@@ -88,10 +90,12 @@ def plan_summary(plan) -> str:
     return f"float8 converts {kept} of {len(plan)} linears" + (f"; skipped {'; '.join(parts)}" if parts else "")
 
 
-def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim: int = 0) -> nn.Module:
+def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim: int = 0,
+                   all_gather: bool = False) -> nn.Module:
     """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model, with the decision per
     linear in `model.float8_plan`. `emulate`: float8 arithmetic in plain torch ops (a CPU loading a float8-trained
-    run to sample it)."""
+    run to sample it). `all_gather`: the weights become torchao's float8-castable tensors, which FSDP2 all-gathers
+    in float8 (tensorwise only; the scales then come from `precompute_scales` after each optimizer step)."""
     if recipe not in RECIPES:
         raise GenlabError(f"unknown float8 recipe '{recipe}'; valid: {', '.join(RECIPES)}")
     plan = float8_plan(model, min_dim)
@@ -107,6 +111,10 @@ def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim
     config = f8.Float8LinearConfig.from_recipe_name(recipe)
     if emulate:
         config = dataclasses.replace(config, emulate=True)
+    if all_gather:
+        if recipe != "tensorwise":
+            raise GenlabError(f"train.float8_all_gather needs the tensorwise recipe (one scale per weight); got {recipe}")
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     f8.convert_to_float8_training(model, module_filter_fn=lambda m, name: name in keep, config=config)
     model.float8_plan = plan
     return model
@@ -115,3 +123,10 @@ def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim
 def count_float8(model: nn.Module) -> int:
     """Number of Float8Linear modules (for logs and tests)."""
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def precompute_scales(model: nn.Module) -> None:
+    """With float8 all-gather: one fused amax over every sharded float8 weight after the optimizer step, so the
+    all-gathers of the next forward cast with ready scales (torchao's recommendation, as torchtitan does)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+    precompute_float8_dynamic_scale_for_fsdp(model)

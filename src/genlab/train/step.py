@@ -17,7 +17,7 @@ from genlab.methods.base import StepContext, as_loss_dict, check_batch_keys, che
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
 from genlab.registry import method_registry, model_registry
-from genlab.train.convert import apply_converters, check_converters, converters_of
+from genlab.train.convert import after_step_hooks, apply_converters, check_converters, converters_of
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.train.switches import allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
 
@@ -67,6 +67,7 @@ class TrainStep:
         tcfg = cfg.train
         self.cfg, self.spec, self.dist, self.device, self.precision = cfg, spec, dist, device, precision
         self.converters = converters_of(cfg, precision)
+        self.after_step = after_step_hooks(self.converters)
         check_converters(self.converters, device)  # e.g. float8 refuses a CPU before anything is built
         self.model, self.method = build_model_and_method(cfg, spec)
         check_batch_keys(self.method, spec, cfg.method.name)
@@ -245,6 +246,8 @@ class TrainStep:
         self.scaler.update()
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
+        for hook in self.after_step:
+            hook(self.model, self.cfg)
         if self.ema is not None:
             decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
             ema_update(list(self.ema.parameters()), list(self.model.parameters()), decay)

@@ -107,8 +107,7 @@ class Trainer:
     def _make_run_dir(self, resume_state):
         cfg = self.cfg
         if resume_state is not None:
-            p = Path(self.resume_from)
-            self.run_dir = p if p.is_dir() else p.parent.parent
+            self.run_dir = ckpt.run_dir_of(self.resume_from)  # a step_N.dcp checkpoint is a folder too
         else:
             name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
             self.run_dir = Path(cfg.train.out_dir) / name
