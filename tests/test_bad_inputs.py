@@ -158,6 +158,7 @@ CASES = [
     ("sweep zero timeout", ["sweep", "tiny_cpu", "--timeout", "0"], "--timeout"),
     ("sweep negative max time", ["sweep", "tiny_cpu", "--max-time", "-1"], "--max-time"),
     ("sweep zero jobs per gpu", ["sweep", "tiny_cpu", "--jobs-per-gpu", "0"], "--jobs-per-gpu"),
+    ("sweep --gpus on a cpu sweep", ["sweep", "tiny_cpu", "--gpus", "1"], "--gpus needs launcher"),
     ("sweep report of a non-sweep folder", ["sweep", "report", "{tmp}/empty_run"], "empty_run"),
     ("sweep --compare without report", ["sweep", "tiny_cpu", "--compare", "{tmp}/empty_run"], "--compare"),
     # parallel, DCP

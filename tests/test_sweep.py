@@ -345,10 +345,10 @@ def test_jobs_per_gpu_packs_runs_onto_one_gpu(tmp_path, monkeypatch):
     sw = load_sweep(_write_sweep(tmp_path, body))
     lock, now, seen = threading.Lock(), [0], []
 
-    def fake_run(sw_, v, d, gpu=None, gpus=0):
+    def fake_run(sw_, v, d, gpus=None):
         with lock:
             now[0] += 1
-            seen.append((now[0], gpu))
+            seen.append((now[0], tuple(gpus)))
         time.sleep(0.2)
         with lock:
             now[0] -= 1
@@ -356,7 +356,7 @@ def test_jobs_per_gpu_packs_runs_onto_one_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
     monkeypatch.setattr(runner, "run_variant", fake_run)
     d = runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False, jobs_per_gpu=2)
-    assert len(seen) == 4 and {g for _, g in seen} == {0}
+    assert len(seen) == 4 and {g for _, g in seen} == {(0,)}
     assert max(n for n, _ in seen) == 2
     st = runner.load_status(d)
     assert all(st[r]["jobs_per_gpu"] == 2 and st[r]["status"] == "finished" for r in st)
@@ -373,7 +373,7 @@ def test_packed_run_out_of_memory_is_run_again_alone(tmp_path, monkeypatch):
     big, broken = sw.variants[1].run_name, sw.variants[2].run_name
     lock, now, calls = threading.Lock(), [0], []
 
-    def fake_run(sw_, v, d, gpu=None, gpus=0):
+    def fake_run(sw_, v, d, gpus=None):
         with lock:
             now[0] += 1
             calls.append((v.run_name, now[0]))
@@ -445,3 +445,116 @@ def test_fd_target_table_maps_each_first_axis_variant_to_its_own_target(tmp_path
     p = tmp_path / "bad.toml"
     p.write_text('fd_target = { x = "a" }\n[[axis]]\nvariants = [{ name = "a" }, { name = "b" }]\n')
     assert genlab_main(["sweep", str(p), "--dry-run"]) == 2
+
+
+@pytest.mark.parametrize("spec,want", [("2", [0, 1]), ("4", [0, 1, 2, 3]), ("0,2,3", [0, 2, 3]), ("3,1", [3, 1]), ("2,", [2])])
+def test_gpus_option_picks_the_first_n_or_the_listed_gpus(spec, want):
+    from genlab.sweep.runner import choose_gpus
+    assert choose_gpus(spec, "per_gpu", visible=4) == want
+
+
+@pytest.mark.parametrize("spec,launcher,needle", [
+    ("0", "per_gpu", "choose 1 to 4 GPUs"), ("5", "gpu", "choose 1 to 4 GPUs"), ("1,4", "per_gpu", "GPU 4 is not visible"),
+    ("1,1", "torchrun", "GPU 1 is listed twice"), ("a", "per_gpu", "got 'a'"), ("", "per_gpu", "got ''"),
+    ("1", "cpu", "--gpus needs launcher gpu, per_gpu or torchrun"),
+])
+def test_bad_gpus_option_is_one_line_error(spec, launcher, needle):
+    from genlab.sweep.runner import choose_gpus
+    with pytest.raises(GenlabError, match=re.escape(needle)):
+        choose_gpus(spec, launcher, visible=4)
+    with pytest.raises(GenlabError, match="no CUDA device is visible"):
+        choose_gpus(spec or "1", "torchrun", visible=0)
+
+
+def test_gpus_option_errors_before_a_sweep_folder_exists(tmp_path, capsys, monkeypatch):
+    from genlab.sweep import runner
+    monkeypatch.setattr(runner, "visible_gpus", lambda: 4)
+    for launcher, spec, needle in [("cpu", "1", "--gpus needs launcher"), ("per_gpu", "5", "choose 1 to 4 GPUs")]:
+        p = _write_sweep(tmp_path, BASE.replace('launcher = "cpu"', f'launcher = "{launcher}"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
+        assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps"), "--gpus", spec]) == 2
+        assert needle in capsys.readouterr().err
+    assert not (tmp_path / "sweeps").exists()
+
+
+def _fake_launch(monkeypatch, seen):
+    """Replace the `genlab train` process: note its command and CUDA_VISIBLE_DEVICES, and the runs on each GPU at
+    once; write a finished summary so the run counts as finished."""
+    import threading
+    import time
+    from genlab.sweep import runner
+    lock, busy = threading.Lock(), {}
+
+    def fake(cmd, log, env, timeout):
+        devs = env.get("CUDA_VISIBLE_DEVICES")
+        with lock:
+            for g in devs.split(","):
+                busy[g] = busy.get(g, 0) + 1
+            seen.append((cmd, devs, dict(busy), sum(busy.values())))
+        time.sleep(0.2)
+        out = next(a for a in cmd if a.startswith("train.out_dir=")).split("=", 1)[1]
+        name = next(a for a in cmd if a.startswith("train.name=")).split("=", 1)[1]
+        (Path(out) / name).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name / "summary.json").write_text('{"status": "finished"}')
+        with lock:
+            for g in devs.split(","):
+                busy[g] -= 1
+        return 0, 0.2
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(runner, "visible_gpus", lambda: 4)
+    monkeypatch.setattr(runner, "_genlab", fake)
+
+
+def test_per_gpu_sweep_uses_only_the_chosen_gpus_one_run_each(tmp_path, monkeypatch, capsys):
+    """--gpus 1,3 on a 4-GPU node, 4 single-process variants: each run sees GPU 1 or GPU 3, never two runs on one
+    GPU, both GPUs busy at once; each record names its GPU."""
+    seen = []
+    _fake_launch(monkeypatch, seen)
+    body = BASE.replace('launcher = "cpu"', 'launcher = "per_gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
+    p = _write_sweep(tmp_path, body)
+    assert genlab_main(["sweep", str(p), "--root", str(tmp_path / "sweeps"), "--gpus", "1,3"]) == 0
+    assert len(seen) == 4 and {devs for _, devs, _, _ in seen} == {"1", "3"}
+    assert max(n for _, _, busy, _ in seen for n in busy.values()) == 1
+    assert max(total for _, _, _, total in seen) == 2
+    st = json.loads((tmp_path / "sweeps" / "failing" / "status.json").read_text())
+    assert len(st) == 4 and all(r["status"] == "finished" for r in st.values())
+    assert sorted(r["gpus"] for r in st.values()) == [[1], [1], [3], [3]]
+
+
+def test_gpu_launcher_runs_one_after_another_on_the_first_chosen_gpu(tmp_path, monkeypatch):
+    from genlab.sweep import runner
+    seen = []
+    _fake_launch(monkeypatch, seen)
+    body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3]\n'
+    st = runner.load_status(runner.run_sweep(load_sweep(_write_sweep(tmp_path, body)), root=tmp_path / "sweeps",
+                                             progress=False, gpus=[2, 0]))
+    assert [devs for _, devs, _, _ in seen] == ["2", "2"] and max(t for *_, t in seen) == 1
+    assert [r["gpus"] for r in st.values()] == [[2], [2]]
+
+
+def test_multi_process_variants_get_the_chosen_gpus_or_are_skipped(tmp_path, monkeypatch):
+    """--gpus 1,3: a 2-process variant runs under torchrun on GPUs 1 and 3 after the single runs; a 4-process one
+    is skipped, saying how many GPUs were chosen."""
+    from genlab.sweep import runner
+    seen = []
+    _fake_launch(monkeypatch, seen)
+    body = BASE.replace('launcher = "cpu"', 'launcher = "per_gpu"') + (
+        '[[axis]]\nvariants = [{ name = "ddp2", overrides = ["train.parallel=ddp"], nproc = 2 }, '
+        '{ name = "ddp4", overrides = ["train.parallel=ddp"], nproc = 4 }, { name = "a" }, { name = "b" }]\n')
+    st = runner.load_status(runner.run_sweep(load_sweep(_write_sweep(tmp_path, body)), root=tmp_path / "sweeps",
+                                             progress=False, gpus=[1, 3]))
+    ddp = [(cmd, devs) for cmd, devs, _, _ in seen if "--nproc_per_node=2" in cmd]
+    assert len(seen) == 3 and len(ddp) == 1 and ddp[0][1] == "1,3" and seen[-1][1] == "1,3"
+    assert st["ddp2-s0"]["status"] == "finished" and st["ddp2-s0"]["gpus"] == [1, 3]
+    assert st["ddp4-s0"]["status"] == "skipped" and st["ddp4-s0"]["reason"] == "needs 4 GPUs, 2 chosen"
+    assert "gpus" not in st["ddp4-s0"]
+
+
+def test_chosen_gpus_are_counted_within_our_own_cuda_visible_devices(monkeypatch):
+    from genlab.sweep.runner import _env
+    sw = load_sweep(TINY_SWEEP)
+    sw.launcher = "per_gpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert _env(sw, [1, 3])["CUDA_VISIBLE_DEVICES"] == "5,7"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _env(sw, [1, 3])["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert "CUDA_VISIBLE_DEVICES" not in _env(sw, None)

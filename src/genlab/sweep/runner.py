@@ -4,7 +4,7 @@ State lives in sweeps/<name>/status.json (written atomically after every run), s
 skips finished runs, resumes interrupted ones from their last checkpoint (`genlab train --resume`) and
 never loses a finished result. A crash, an out-of-memory error, a timeout or a non-finite loss becomes
 a failed row with its reason and log; the remaining variants still run. Run states:
-finished | failed | skipped (needs more GPUs than visible) | interrupted | not_run (time budget used up);
+finished | failed | skipped (needs more GPUs than visible, or chosen with --gpus) | interrupted | not_run (time budget used up);
 a re-run does the interrupted and not_run ones, and the failed and skipped ones with --retry-failed.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from genlab.errors import GenlabError
 from genlab.sweep.spec import Sweep, Variant
 from genlab.sweep.stages import Stage, resolve, stage_output
 
@@ -49,6 +50,33 @@ def visible_gpus() -> int:
         return torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no usable CUDA is simply zero GPUs
         return 0
+
+
+def choose_gpus(spec: str, launcher: str, visible: int) -> list[int]:
+    """`--gpus N` (the first N visible GPUs) or `--gpus 0,2,3` (these; a lone index as `2,`), numbered as
+    CUDA_VISIBLE_DEVICES numbers them here: the GPUs a sweep may use, checked before anything runs."""
+    if launcher == "cpu":
+        raise GenlabError(f'--gpus needs launcher gpu, per_gpu or torchrun; this sweep has launcher "{launcher}"')
+    if visible == 0:
+        raise GenlabError(f"--gpus {spec}: no CUDA device is visible")
+    parts = [x.strip() for x in spec.split(",")]
+    if "," in spec:
+        parts = [x for x in parts if x]
+    if not parts or not all(re.fullmatch(r"-?\d+", x) for x in parts):
+        raise GenlabError(f"--gpus takes N (the first N GPUs) or indices such as 0,2,3; got '{spec}'")
+    if "," not in spec:
+        n = int(parts[0])
+        if not 1 <= n <= visible:
+            raise GenlabError(f"--gpus {n}: choose 1 to {visible} GPUs ({visible} visible)")
+        return list(range(n))
+    ids = [int(x) for x in parts]
+    bad = [i for i in ids if not 0 <= i < visible]
+    if bad:
+        raise GenlabError(f"--gpus {spec}: GPU {bad[0]} is not visible; visible: {', '.join(map(str, range(visible))) or 'none'}")
+    twice = [i for i in ids if ids.count(i) > 1]
+    if twice:
+        raise GenlabError(f"--gpus {spec}: GPU {twice[0]} is listed twice")
+    return ids
 
 
 def _summary_status(run: Path) -> str | None:
@@ -99,21 +127,25 @@ def _stop(proc: subprocess.Popen, sig, grace: float):
         pass
 
 
-def needs_gpus(sw: Sweep, v: Variant, gpus: int) -> str | None:
-    """Why a run cannot start here, or None. torchrun on a machine without GPUs runs on the CPU (gloo)."""
+def needs_gpus(sw: Sweep, v: Variant, gpus: int, of: str = "visible") -> str | None:
+    """Why a run cannot start here, or None; `of` says what the count `gpus` is (visible, or chosen with --gpus).
+    torchrun on a machine without GPUs runs on the CPU (gloo)."""
     if sw.launcher in ("gpu", "per_gpu") or (sw.launcher == "torchrun" and gpus > 0):
         if v.nproc > max(gpus, 1 if sw.launcher == "torchrun" else gpus):
-            return f"needs {v.nproc} GPUs, {gpus} visible"
+            return f"needs {v.nproc} GPUs, {gpus} {of}"
     return None
 
 
-def _env(sw: Sweep, gpu: int | None = None) -> dict:
+def _env(sw: Sweep, gpus: list[int] | None = None) -> dict:
+    """The run's environment; `gpus` (numbered as this process sees them) become its CUDA_VISIBLE_DEVICES,
+    through ours when we have one, so that `--gpus 1` under CUDA_VISIBLE_DEVICES=4,5 is device 5."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
     if sw.launcher == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    elif gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    elif gpus:
+        ours = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ours[i] if ours else str(i) for i in gpus)
     return env
 
 
@@ -139,7 +171,7 @@ def _genlab(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int |
             _ACTIVE.discard(proc)
 
 
-def run_command_stage(sw: Sweep, st: Stage, d: Path) -> dict:
+def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = None) -> dict:
     """A [[stage]] command: `genlab <command>` with its placeholders filled; finished when it exits 0 and made {out}."""
     out = stage_output(d, st)
     log = d / "logs" / f"{st.name}.log"
@@ -147,7 +179,7 @@ def run_command_stage(sw: Sweep, st: Stage, d: Path) -> dict:
         shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "genlab", *[resolve(a, d, sw.stage_map, out) for a in st.command]]
-    rc, secs = _genlab(cmd, log, _env(sw), sw.timeout)
+    rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
     rec = {"log": str(log), "run_dir": str(out), "seconds": secs, "stage": "command"}
     if rc == 0 and out.exists():
         return {**rec, "status": "finished", "reason": ""}
@@ -156,34 +188,32 @@ def run_command_stage(sw: Sweep, st: Stage, d: Path) -> dict:
     return {**rec, "status": "failed", "reason": why, "returncode": rc}
 
 
-def run_eval(sw: Sweep, v: Variant, d: Path) -> dict:
+def run_eval(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
     """`genlab eval RUN <v.eval>` after a run finished: its eval_nfe.* files land in the run folder."""
     run = d / "runs" / v.run_name
     log = d / "logs" / f"{v.run_name}.log"
     ovs = [resolve(o, d, sw.stage_map) for o in v.eval]
     cmd = [sys.executable, "-m", "genlab", "eval", str(run), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else [])
-    rc, secs = _genlab(cmd, log, _env(sw), sw.timeout)
+    rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
     if rc == 0:
         return {"eval": "finished", "eval_seconds": secs}
     return {"eval": "failed: " + (f"timeout after {sw.timeout:.0f} s" if rc is None else failure_reason(log, rc)),
             "eval_seconds": secs}
 
 
-def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: int = 0) -> dict:
+def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
+    """One run as its own process, on `gpus` (None: all visible); the caller checked that it fits (needs_gpus)."""
     runs = d / "runs"
     run = runs / v.run_name
     log = d / "logs" / f"{v.run_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    why = needs_gpus(sw, v, gpus)
-    if why:
-        return {"status": "skipped", "reason": why, "log": str(log), "run_dir": str(run)}
     ckpts = run / "checkpoints"
     resume = ckpts.exists() and any(ckpts.glob("step_*"))
     if run.exists() and not resume:  # started but never checkpointed: start over, keep the old log
         if log.exists():
             log.rename(log.with_suffix(".log.prev"))
         shutil.rmtree(run)
-    env = _env(sw, gpu)
+    env = _env(sw, gpus)
     cmd = _command(sw, v, runs, resume)
     t0 = time.time()
     rc, interrupted = None, False
@@ -191,7 +221,7 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpu: int | None = None, gpus: in
         rc, _ = _genlab(cmd, log, env, sw.timeout)
     except KeyboardInterrupt:  # passed on to the run: the trainer saves a checkpoint and exits as "interrupted"
         interrupted = True
-    return _outcome(run, log, rc, interrupted, t0, sw.timeout, resume)
+    return {**_outcome(run, log, rc, interrupted, t0, sw.timeout, resume), **({"gpus": list(gpus)} if gpus else {})}
 
 
 def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float, timeout: float, resume: bool,
@@ -221,16 +251,13 @@ def _last_checkpoint(run: Path) -> str | None:
     return ckpts[-1].name if ckpts else None
 
 
-def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpu: int | None = None, gpus: int = 0) -> list[dict] | None:
+def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None = None) -> list[dict] | None:
     """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process
     (batched_seeds = true): the same run folders and records as one process per seed. Seeds whose folders are at
     different points (some checkpointed, some not) cannot continue batched: None, and the caller runs them one by one."""
     runs = d / "runs"
     log = d / "logs" / f"{vs[0].name}-seeds.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    why = needs_gpus(sw, vs[0], gpus)
-    if why:
-        return [{"status": "skipped", "reason": why, "log": str(log), "run_dir": str(runs / v.run_name)} for v in vs]
     last = [_last_checkpoint(runs / v.run_name) for v in vs]
     resume = all(last) and len(set(last)) == 1
     if any(last) and not resume:
@@ -251,10 +278,11 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpu: int | None = None
     rc, interrupted = None, False
     timeout = sw.timeout * len(vs)  # the work of len(vs) runs, in one process
     try:
-        rc, _ = _genlab(cmd, log, _env(sw, gpu), timeout)
+        rc, _ = _genlab(cmd, log, _env(sw, gpus), timeout)
     except KeyboardInterrupt:
         interrupted = True
-    return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs)} for v in vs]
+    return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs),
+             **({"gpus": list(gpus)} if gpus else {})} for v in vs]
 
 
 def _stage_done(st: Stage, d: Path, status: dict) -> bool:
@@ -263,7 +291,7 @@ def _stage_done(st: Stage, d: Path, status: dict) -> bool:
     return stage_output(d, st).exists() and (not st.is_run or _summary_status(stage_output(d, st)) == "finished")
 
 
-def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None) -> None:
+def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
     """`genlab eval` of every finished run (or of `runs`) that has eval overrides and no finished evaluation yet."""
     for v in runs if runs is not None else sw.stage_runs() + sw.variants:
         rec = status.get(v.run_name, {})
@@ -272,7 +300,7 @@ def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=Non
         if deadline is not None and time.time() > deadline:
             return
         prog.say(f"evaluating {v.run_name} ...")
-        rec.update(run_eval(sw, v, d))
+        rec.update(run_eval(sw, v, d, gpus))
         save_status(d, status)
         prog.say(f"{v.run_name}: eval {rec['eval']} in {rec['eval_seconds']:.0f} s")
 
@@ -333,12 +361,14 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
 
 
 def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True,
-              max_time: float | None = None, jobs_per_gpu: int = 1) -> Path:
+              max_time: float | None = None, jobs_per_gpu: int = 1, gpus: list[int] | None = None) -> Path:
     """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
     the rest are recorded as not_run and a later call does them. `jobs_per_gpu` > 1 packs that many
     single-process runs onto each GPU at once (small models leave a GPU mostly idle); their step times
     are then shared-GPU times, and each run's record says so. A packed run that runs out of memory is run
-    again alone once the others are done (its record keeps the first failure in `retried_alone_after`)."""
+    again alone once the others are done (its record keeps the first failure in `retried_alone_after`).
+    `gpus` (from choose_gpus; None: all visible) are the GPUs it may use: the per-GPU pool has these, single runs
+    otherwise go on the first, a multi-process run on its first nproc; each record names its `gpus`."""
     d = sweep_dir(sw, root)
     d.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sw.path, d / "sweep.toml")
@@ -346,7 +376,9 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
     order = sw.order or [v.run_name for v in sw.variants]  # sweep-file order, also under --only
     todo = todo_runs(sw, d, status, retry_failed)
     save_status(d, status)
-    gpus = visible_gpus() if sw.launcher != "cpu" else 0
+    of = "visible" if gpus is None else "chosen"
+    chosen = [] if sw.launcher == "cpu" else list(range(visible_gpus())) if gpus is None else list(gpus)
+    first = chosen[:1]  # stages, evaluations, batched seeds, runs one after another
     stages_todo = [st for st in sw.stages if not _stage_done(st, d, status)]
     total = len(sw.variants) + len(sw.stages)
     prog = _Progress(total, total - len(todo) - len(stages_todo), progress)
@@ -372,14 +404,17 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
         if halt:
             stop.set()
 
-    def attempt(v: Variant, gpu=None) -> dict:
+    def attempt(v: Variant, on: list[int]) -> dict:
         if stop.is_set() or (deadline is not None and time.time() > deadline):
             return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
                     "log": "", "run_dir": str(d / "runs" / v.run_name)}
+        why = needs_gpus(sw, v, len(chosen), of)
+        if why:
+            return {"status": "skipped", "reason": why, "log": "", "run_dir": str(d / "runs" / v.run_name)}
         prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
         if v.stage and v.name in sw.stage_map and not sw.stage_map[v.name].is_run:
             return {"status": "ready"}  # a command stage: the caller runs it
-        return run_variant(sw, v, d, gpu, gpus)
+        return run_variant(sw, v, d, on)
 
     def blocked(v: Variant) -> dict:
         """A run whose stage did not finish: failed with it, or left for the next call when it was not run."""
@@ -396,12 +431,12 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
             if sw.needs(as_run) & failed:
                 finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), "stage": kind})
             elif st in stages_todo and not (status.get(st.name, {}).get("status") in ("failed", "skipped") and not retry_failed):
-                rec = attempt(as_run)  # not_run once the time budget is used up
+                rec = attempt(as_run, first)  # not_run once the time budget is used up
                 if rec["status"] == "ready":
-                    rec = run_command_stage(sw, st, d)
+                    rec = run_command_stage(sw, st, d, first)
                 finish(as_run, {**rec, "stage": kind})
                 if st.is_run:
-                    evaluate_finished(sw, d, status, None, prog, runs=[as_run])
+                    evaluate_finished(sw, d, status, None, prog, runs=[as_run], gpus=first)
             if status.get(st.name, {}).get("status") != "finished":
                 failed.add(st.name)
         for v in [v for v in todo if sw.needs(v) & failed]:
@@ -414,24 +449,26 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
             for vs in groups.values():
                 if stop.is_set() or (deadline is not None and time.time() > deadline):
                     break  # the one-by-one loop below records them as not_run
+                if needs_gpus(sw, vs[0], len(chosen), of):
+                    continue  # the one-by-one loop records them as skipped
                 prog.say(f"[{prog.done + 1}/{prog.total}] running {', '.join(v.run_name for v in vs)} batched ...")
-                recs = run_seed_group(sw, vs, d, None, gpus)
+                recs = run_seed_group(sw, vs, d, first)
                 if recs is None:
                     continue  # left in todo: one by one
                 for v, rec in zip(vs, recs):
                     todo.remove(v)
                     finish(v, rec)
-                evaluate_finished(sw, d, status, None, prog, runs=vs)
+                evaluate_finished(sw, d, status, None, prog, runs=vs, gpus=first)
         single = [v for v in todo if v.nproc == 1]
-        slots = gpus * jobs_per_gpu if sw.launcher in ("gpu", "per_gpu") else 0
+        slots = len(chosen) * jobs_per_gpu if sw.launcher in ("gpu", "per_gpu") else 0
         if slots > 1 and (sw.launcher == "per_gpu" or jobs_per_gpu > 1) and single:
-            free = [g for _ in range(jobs_per_gpu) for g in range(gpus)]
+            free = [g for _ in range(jobs_per_gpu) for g in reversed(chosen)]  # pop() takes the first chosen first
 
             def job(v):
                 with lock:
                     gpu = free.pop()
                 try:
-                    rec = attempt(v, gpu)
+                    rec = attempt(v, [gpu])
                     if jobs_per_gpu > 1:
                         rec["jobs_per_gpu"] = jobs_per_gpu
                     return rec
@@ -458,17 +495,17 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
                     rec = status.get(v.run_name, {})
                     if rec.get("status") == "failed" and str(rec.get("reason", "")).startswith("oom"):
                         prog.say(f"{v.run_name}: out of memory beside other runs; running it again, alone")
-                        again = attempt(v, 0)
+                        again = attempt(v, first)
                         again["retried_alone_after"] = rec["reason"][:120]
                         finish(v, again)
-            todo = [v for v in todo if v.nproc > 1]  # multi-process runs take all GPUs, one after another
+            todo = [v for v in todo if v.nproc > 1]  # multi-process runs: on the first nproc GPUs, one after another
         for v in todo:
-            finish(v, attempt(v))
+            finish(v, attempt(v, chosen[:v.nproc]))
             # evaluated at once, so that --max-time, which only stops new runs from starting, cannot starve it
-            evaluate_finished(sw, d, status, None, prog, runs=[v])
+            evaluate_finished(sw, d, status, None, prog, runs=[v], gpus=first)
         if stop.is_set():
             raise KeyboardInterrupt
-        evaluate_finished(sw, d, status, deadline, prog)
+        evaluate_finished(sw, d, status, deadline, prog, gpus=first)
     finally:
         prog.close()
         from genlab.sweep.report import write_report

@@ -41,7 +41,7 @@ def cmd_sweep(args):
         raise GenlabError("--compare goes with `genlab sweep report DIR --compare DIR2`")
     if len(items) != 1:
         raise GenlabError("usage: genlab sweep SWEEP.toml|NAME  (or: genlab sweep report DIR)")
-    from genlab.sweep.runner import run_sweep, visible_gpus
+    from genlab.sweep.runner import choose_gpus, run_sweep, visible_gpus
     from genlab.sweep.spec import load_sweep, select
     sw = select(load_sweep(items[0]), args.only)  # validates every variant before anything runs
     if args.dry_run:
@@ -66,9 +66,10 @@ def cmd_sweep(args):
     if sw.launcher in ("gpu", "per_gpu") and visible_gpus() == 0:
         raise GenlabError(f"sweep '{sw.name}' has launcher = \"{sw.launcher}\" but no CUDA device is visible; "
                           "use launcher = \"cpu\" to run it here")
+    gpus = None if args.gpus is None else choose_gpus(args.gpus, sw.launcher, visible_gpus())
     try:
         d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed, max_time=args.max_time,
-                      jobs_per_gpu=args.jobs_per_gpu)
+                      jobs_per_gpu=args.jobs_per_gpu, gpus=gpus)
     except KeyboardInterrupt:
         print("genlab: sweep interrupted; runs in flight saved a checkpoint. Re-run the same command to resume.")
         return 130
@@ -92,6 +93,8 @@ def add_parser(sub):
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit (overrides the file's timeout)")
     p.add_argument("--jobs-per-gpu", type=int, default=1, metavar="N",
                    help="run N single-process runs on each GPU at once (small models; step times are then shared-GPU times)")
+    p.add_argument("--gpus", default=None, metavar="N|I,J,...",
+                   help="use the first N visible GPUs, or these (e.g. 0,2,3; one as 2,); default: all visible")
     p.add_argument("--root", default="sweeps", help="parent folder of sweep folders (default: sweeps)")
     p.add_argument("--compare", default=None, metavar="DIR2", help="with `report`: a second sweep folder to put side by side")
     p.set_defaults(fn=cmd_sweep)
