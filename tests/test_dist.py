@@ -194,3 +194,22 @@ def test_sparse_transformer_two_ranks_follow_the_one_process_run(tmp_path, mode,
     w2 = w2["model"] if w2.get("model") else w2["ema"]
     for k, v in w1.items():
         torch.testing.assert_close(w2[k], v, rtol=0, atol=1e-4, msg=f"weight {k}")
+
+
+@pytest.mark.slow
+def test_reshard_resume_script_continues_the_losses_on_fewer_ranks_and_exports_the_same_weights(tmp_path):
+    """benchmarks/reshard_resume.py on gloo: a DCP checkpoint written by 2 ranks resumes on 1 with the written run's
+    losses (fp32, tiny GPT: summation order only), and `genlab export` of it equals the checkpoint's weights."""
+    import json
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "reshard_resume.py"
+    cmd = [sys.executable, str(script), "--cpu", "--world", "2", "--resume-on", "1", "--steps", "4", "--at", "2",
+           "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"), "gpt2_124m", "model.size=tiny",
+           "data.seq_len=16", "data.vocab_size=50", "train.precision=fp32", "train.compile=off", "train.batch_size=4",
+           "data.size=64"]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    res = json.loads((tmp_path / "out" / "reshard.json").read_text())
+    resumed = res["rows"][1]
+    assert resumed["world"] == 1 and resumed["steps"] == "3-4"
+    torch.testing.assert_close(torch.tensor(resumed["losses"]), torch.tensor(res["reference_losses"]), rtol=1e-5, atol=1e-6)
+    assert res["export"]["max_abs_vs_dcp"] == 0.0 and res["export"]["missing_in_file"] == ["head.weight"]

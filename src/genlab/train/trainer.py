@@ -184,6 +184,7 @@ class Trainer:
 
     # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
+        self._full = None  # the previous step's gathered weights (_gathered) are stale: free their memory
         loss, gnorm, bad, extra, skipped = self.steps.run(self.step, self.loader.next)
         self.nonfinite_skipped += skipped
         return loss, gnorm, bad, extra
@@ -216,17 +217,25 @@ class Trainer:
         model = self.ema if self.ema is not None else self.base
         if not self.sharded:
             return model
-        full = full_state_dict(model)  # every rank takes part in the all-gather
+        full = self._gathered()  # every rank takes part in the all-gather
         if not self.dist.is_main:
             return None
         plain, _ = build_model_and_method(self.cfg, self.spec)
         plain.load_state_dict(full)
         return apply_converters(plain.to(self.device), self.steps.converters, self.device, self.cfg)
 
+    def _gathered(self) -> dict:
+        """The sampling weights of a sharded run, unsharded on the CPU; gathered once per step, since the export and
+        the final samples both need them (a 4B model's gather takes tens of seconds)."""
+        cached = getattr(self, "_full", None)
+        if cached is None or cached[0] != self.step:
+            self._full = (self.step, full_state_dict(self.ema if self.ema is not None else self.base))
+        return self._full[1]
+
     def export_weights(self):
         """Consolidated safetensors of the sampling weights next to a sharded run (what sample/eval load)."""
         from genlab.train.dcp import export_safetensors
-        weights = full_state_dict(self.ema if self.ema is not None else self.base)  # collective
+        weights = self._gathered()  # collective
         if self.dist.is_main:
             return export_safetensors({"model": weights, "config": to_dict(self.cfg), "data_spec": self.spec,
                                        "step": self.step}, self.run_dir / "model.safetensors")
