@@ -139,6 +139,7 @@ def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path, capf
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "genlab", "train", *over]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("status: finished") == 1, r.stdout  # the summary comes from rank 0 only
     run = tmp_path / "fsdp"
     assert (run / "checkpoints" / "step_00000004.dcp" / "meta.pt").exists()
     assert (run / "model.safetensors").exists()

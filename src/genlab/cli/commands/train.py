@@ -32,8 +32,10 @@ def cmd_train(args):
 
 def _exit_code(summaries: list[dict]) -> int:
     """0 when every run finished; 75 when some stopped with a checkpoint (requeue); 1 otherwise."""
-    for s in summaries:
-        print_summary(s)
+    import os
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank returns the summary; rank 0 prints it
+        for s in summaries:
+            print_summary(s)
     codes = [{"finished": 0, "interrupted": EXIT_INTERRUPTED}.get(s.get("status"), 1) for s in summaries]
     return 1 if 1 in codes else max(codes)
 
