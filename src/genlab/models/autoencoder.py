@@ -98,19 +98,25 @@ def out_head(ch: int, cout: int) -> nn.Sequential:
     return nn.Sequential(nn.GroupNorm(groups(ch), ch, eps=1e-6), nn.SiLU(), nn.Conv2d(ch, cout, 3, padding=1))
 
 
+def resnet_stages(cin: int, widths: list[int], depth: int, resample) -> tuple[nn.Sequential, int]:
+    """`depth` ResnetBlocks per width, `resample(width)` between stages (not after the last); returns the stack and
+    its output width. One Sequential, so the checkpoint keys are `down.N` / `up.N` as before."""
+    layers = []
+    for i, w in enumerate(widths):
+        for _ in range(depth):
+            layers.append(ResnetBlock(cin, w))
+            cin = w
+        if i < len(widths) - 1:
+            layers.append(resample(w))
+    return nn.Sequential(*layers), cin
+
+
 class Encoder(nn.Module):
     def __init__(self, channels, dim, mult, depth, heads, out_ch):
         super().__init__()
         widths = [dim * m for m in mult]
         self.conv_in = nn.Conv2d(channels, dim, 3, padding=1)
-        layers, cin = [], dim
-        for i, w in enumerate(widths):
-            for _ in range(depth):
-                layers.append(ResnetBlock(cin, w))
-                cin = w
-            if i < len(widths) - 1:
-                layers.append(Downsample(w))
-        self.down = nn.Sequential(*layers)
+        self.down, cin = resnet_stages(dim, widths, depth, Downsample)
         self.mid = mid_block(cin, heads)
         self.out = out_head(cin, out_ch)
 
@@ -124,14 +130,7 @@ class Decoder(nn.Module):
         widths = [dim * m for m in mult][::-1]
         self.conv_in = nn.Conv2d(latent_channels, widths[0], 3, padding=1)
         self.mid = mid_block(widths[0], heads)
-        layers, cin = [], widths[0]
-        for i, w in enumerate(widths):
-            for _ in range(depth + 1):
-                layers.append(ResnetBlock(cin, w))
-                cin = w
-            if i < len(widths) - 1:
-                layers.append(Upsample(w))
-        self.up = nn.Sequential(*layers)
+        self.up, cin = resnet_stages(widths[0], widths, depth + 1, Upsample)
         self.out = out_head(cin, channels)
 
     @property
