@@ -237,3 +237,31 @@ def test_runs_resumed_together_must_be_seeds_of_one_config():
 def test_bench_refuses_batched_seeds_instead_of_timing_one_seed(capfd):
     r = cli_in_process(capfd, "bench", "digits_flow", *TINY, "train.device=cpu", "train.seeds=0,1")
     assert r.returncode == 2 and "benchmarks/batched_seeds.py" in r.stderr
+
+
+class _Refuses:
+    """An attention-kernel context that fails as the memory-efficient kernel does under vmap on CUDA."""
+    def __enter__(self):
+        raise RuntimeError("LSE is not correctly aligned (strideH)")
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, monkeypatch, capsys):
+    import contextlib
+    from genlab.train import seeds as S
+    monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("math", contextlib.nullcontext)])
+    st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
+    st.setup()
+    assert st.engine.attention_kernels is contextlib.nullcontext
+    assert "uses the math kernel (efficient: RuntimeError: LSE is not correctly aligned" in capsys.readouterr().err
+
+
+def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch):
+    from genlab.errors import GenlabError
+    from genlab.train import seeds as S
+    monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("flash", _Refuses)])
+    st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
+    with pytest.raises(GenlabError, match=r"does not run under torch.vmap \(efficient: .*; flash: .*\)"):
+        st.setup()

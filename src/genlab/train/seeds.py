@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import signal
+import sys
 import warnings
 
 import torch
@@ -171,7 +172,8 @@ class StackedStep:
         def one(params, buffers, inp):
             from torch.func import functional_call
             return method.loss_from(lambda *args: functional_call(model, (params, buffers), args), inp)
-        return torch.vmap(one)(self.params, self.buffers, inputs)
+        with self.attention_kernels():
+            return torch.vmap(one)(self.params, self.buffers, inputs)
 
     def _draws(self, step: int) -> dict:
         """Each seed's batch and random draws, from its own loader and generator, as a single run draws them."""
@@ -225,26 +227,47 @@ class StackedStep:
 
     def _probe(self):
         """One vmapped forward + backward on a synthetic batch before any run folder exists: a layer without a vmap
-        rule (a custom kernel, a random op inside the model) fails here, in one line."""
+        rule (a custom kernel, a random op inside the model) fails here, in one line. On CUDA the attention kernels
+        are tried in order (`attention_choices`) and the first that runs under vmap is kept for every step."""
         from genlab.methods.base import StepContext
-        gen = torch.Generator(device=self.device).manual_seed(0)
-        rng = _rng_state(self.device)
-        try:
-            batch = self.method.synthetic_batch(2, self.device, gen)
-            ctx = StepContext(step=0, total_steps=self.cfg.train.steps, generator=gen, device=self.device,
-                              precision=self.precision.name, ema=None)
-            one = self.method.loss_inputs(self.model, batch, ctx)
-            with self.precision.autocast(self.device):
-                losses, _ = self._losses({k: torch.stack([v] * self.n) for k, v in one.items()})
-            losses.sum().backward()
-        except GenlabError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise GenlabError(f"train.seeds (batched seeds): the model does not run under torch.vmap ({one_line(e)}); "
-                              f"supported: {SUPPORTED}") from e
-        finally:
-            self.optimizer.zero_grad(set_to_none=True)
-            _set_rng_state(rng, self.device)
+        errors = []
+        for name, kernels in attention_choices(self.device):
+            gen = torch.Generator(device=self.device).manual_seed(0)
+            rng = _rng_state(self.device)
+            self.attention_kernels = kernels
+            try:
+                batch = self.method.synthetic_batch(2, self.device, gen)
+                ctx = StepContext(step=0, total_steps=self.cfg.train.steps, generator=gen, device=self.device,
+                                  precision=self.precision.name, ema=None)
+                one = self.method.loss_inputs(self.model, batch, ctx)
+                with self.precision.autocast(self.device):
+                    losses, _ = self._losses({k: torch.stack([v] * self.n) for k, v in one.items()})
+                losses.sum().backward()
+                if errors:
+                    print(f"genlab: train.seeds: attention under vmap uses the {name} kernel "
+                          f"({'; '.join(errors)})", file=sys.stderr)
+                return
+            except GenlabError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{name}: {one_line(e)}")
+            finally:
+                self.optimizer.zero_grad(set_to_none=True)
+                _set_rng_state(rng, self.device)
+        raise GenlabError(f"train.seeds (batched seeds): the model does not run under torch.vmap ({'; '.join(errors)}); "
+                          f"supported: {SUPPORTED}")
+
+
+def attention_choices(device: torch.device) -> list:
+    """(name, context factory) for the attention kernels a batched-seeds step may use, in order of preference. On
+    CUDA, vmap folds the seed axis into SDPA's batch and the memory-efficient kernel then fails on its log-sum-exp
+    strides ("LSE is not correctly aligned", torch 2.11 on an H100): flash, then the math kernel, take over."""
+    if device.type != "cuda":
+        return [("default", contextlib.nullcontext)]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return [("default", contextlib.nullcontext),
+            ("flash", lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
+            ("math", lambda: sdpa_kernel([SDPBackend.MATH]))]
 
 
 class SeedsTrainer:
