@@ -233,7 +233,11 @@ class TrainStep:
         # a plain tensor, also under FSDP; without a GradScaler the clip factor rides in the fused AdamW kernel
         gnorms = {k: clip_grads(self.params[k], self.cfg.optim.grad_clip, None if self.scaler.is_enabled() else opt)
                   for k, opt in self.optimizers.items()}
-        bad = ~(torch.isfinite(torch.stack(list(loss_sum.values()))).all() & torch.isfinite(torch.stack(list(gnorms.values()))).all())
+        finite_loss = torch.isfinite(torch.stack(list(loss_sum.values()))).all()
+        finite_grads = torch.isfinite(torch.stack(list(gnorms.values()))).all()
+        # with loss scaling an overflowing gradient is routine: scaler.step skips that update and lowers the scale, so
+        # only a non-finite loss is divergence (counting the overflow as one would end every fp16 run early)
+        bad = ~finite_loss if self.scaler.is_enabled() else ~(finite_loss & finite_grads)
         if len(self.optimizers) > 1:
             metrics = {**metrics, **{f"loss/{k}": v for k, v in loss_sum.items()}, **{f"grad_norm/{k}": v for k, v in gnorms.items()}}
         if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
