@@ -113,7 +113,8 @@ def test_a_finished_folder_is_not_overwritten(digits, encoded, tmp_path, capfd):
 
 @pytest.mark.parametrize("args,match", [(["--vae", "nope:1"], "unknown autoencoder 'nope'"),
                                         (["--vae", "unshuffle:3"], "downsamples by 3"),
-                                        (["--vae", "unshuffle:2", "--batch-size", "0"], "batch-size")])
+                                        (["--vae", "unshuffle:2", "--batch-size", "0"], "batch-size"),
+                                        (["--vae", "unshuffle:2", "--precision", "float8_rowwise"], "fp32, tf32, bf16, fp16")])
 def test_bad_encode_arguments_are_one_line_errors_that_write_nothing(digits, tmp_path, capfd, args, match):
     r = cli_in_process(capfd, "data", "encode", digits, "--out", tmp_path / "lat", "--device", "cpu", *args)
     assert r.returncode == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

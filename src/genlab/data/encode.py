@@ -33,6 +33,7 @@ from genlab.errors import GenlabError
 
 FORMAT = "genlab-latents-v1"
 DTYPES = {"float16": np.float16, "float32": np.float32}
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def read_source(path):
@@ -85,14 +86,26 @@ def _check_out(out: Path, force: bool):
         raise GenlabError(f"{out} exists and is not a latents folder; choose another --out")
 
 
+def encode_precision(name: str, dev: torch.device):
+    """The encoder's arithmetic: one of train.precision's plain entries (the float8 ones convert trained linears, and
+    `auto` would make the stored latents depend on the device), i.e. its autocast dtype and TF32 switches. fp32 is
+    IEEE float32, convolutions too (torch's default lets cuDNN use TF32)."""
+    from genlab.train.switches import build_precision
+    return build_precision(name, dev)
+
+
 def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = True, device="auto",
-                   dtype: str = "float16", force: bool = False, stop_after: int | None = None) -> Path:
+                   dtype: str = "float16", force: bool = False, stop_after: int | None = None,
+                   precision: str = "fp32") -> Path:
     """Encode the prepared image set `source` with the autoencoder `vae` into `out` (see the module docstring).
-    `stop_after`: return after this many chunks of this call, leaving `out`.partial to resume (tests)."""
+    `precision`: the encoder's arithmetic (encode_precision). `stop_after`: return after this many chunks of this
+    call, leaving `out`.partial to resume (tests)."""
     from genlab.autoencoders import check_autoencoder, load_autoencoder
     from genlab.train.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
+    if precision not in PRECISIONS:
+        raise GenlabError(f"--precision {precision!r} is not an encode precision; valid choices: {', '.join(PRECISIONS)}")
     if batch_size < 1:
         raise GenlabError(f"--batch-size must be >= 1, got {batch_size}")
     check_autoencoder(vae)
@@ -102,13 +115,15 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     info, dev = init_distributed(device) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else \
         (DistInfo(), resolve_device(device, key="--device"))
     rank, world, barrier = _dist()
+    prec = encode_precision(precision, dev)
     codec = load_autoencoder(vae, dev)
     N, H, W, C = data.images.shape
     c, h, w = codec.latent_shape(C, H, W)
     V = 2 if flip else 1
     n_chunks = -(-N // batch_size)
     job = {"format": FORMAT, "codec": codec.describe(), "source": source_record(source, data), "num_samples": int(N),
-           "variants": V, "dtype": dtype, "shape": [c, h, w], "batch_size": int(batch_size)}
+           "variants": V, "dtype": dtype, "shape": [c, h, w], "batch_size": int(batch_size),
+           "precision": precision}
     tmp = out.with_name(out.name + ".partial")
     if (tmp / "job.json").exists() and not force:
         before = json.loads((tmp / "job.json").read_text())
@@ -141,7 +156,9 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
             x = to_model(torch.from_numpy(np.array(data.images[s:e])).to(dev))  # a copy: memmaps are read-only
             if V == 2:
                 x = torch.cat([x, x.flip(-1)])
-            z = codec.encode(x).float().view(V, e - s, c, h, w).transpose(0, 1)
+            with prec.autocast(dev):
+                z = codec.encode(x)
+            z = z.float().view(V, e - s, c, h, w).transpose(0, 1)
             lat[s:e] = z.cpu().numpy().astype(DTYPES[dtype])
             flush_rows(lat, s, e)
             done[k] = 1  # only after the chunk's latents are on disk
@@ -154,7 +171,8 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     if rank == 0:
         del lat, done
         cost = {"images": encoded, "seconds": round(seconds, 3), "images_per_s": round(encoded / max(seconds, 1e-9), 1),
-                "variants": V, "batch_size": int(batch_size), "device": str(dev), "world": world}
+                "variants": V, "batch_size": int(batch_size), "device": str(dev), "world": world,
+                "precision": precision}
         _finalise(tmp, out, job, data, cost)
         print(f"encoded {encoded} images ({V} variant{'s' if V > 1 else ''} each) in {seconds:.1f} s: "
               f"{cost['images_per_s']:.1f} img/s on {world} x {dev}", file=sys.stderr)

@@ -21,7 +21,7 @@ def cmd_prepare(args):
 def cmd_encode(args):
     from genlab.data.encode import encode_dataset
     out = encode_dataset(args.dataset, args.vae, args.out, batch_size=args.batch_size, flip=not args.no_flip,
-                         device=args.device, dtype=args.dtype, force=args.force)
+                         device=args.device, dtype=args.dtype, force=args.force, precision=args.precision)
     import os
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"wrote {out}")
@@ -135,6 +135,8 @@ def _add_encode(dsub):
                    help="store no horizontally flipped variant (data.hflip=true then refuses these latents)")
     e.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (under torchrun: each rank's GPU)")
     e.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="stored latent dtype (default: float16)")
+    e.add_argument("--precision", default="fp32",
+                   help="the encoder's arithmetic: fp32 (IEEE, default) | tf32 | bf16 | fp16 (autocast), as train.precision")
     e.add_argument("--force", action="store_true", help="replace a finished OUT or an unfinished OUT.partial")
     e.set_defaults(fn=cmd_encode)
 

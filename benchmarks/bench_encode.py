@@ -1,0 +1,116 @@
+"""How fast does `genlab data encode` run the SD-VAE encoder? Issue 35's target: >= 1,000 256x256 images/s per H100.
+
+A diffusers AutoencoderKL with Stable Diffusion 1.x's VAE config (the `vae/config.json` of SD 1.x: 4 levels of
+128, 256, 512, 512 channels, 2 ResNet blocks each, 32 groups, 4 latent channels, scaling 0.18215; factor 8, so
+256x256x3 -> 32x32x4) and random weights (the speed does not depend on them) is saved as a `diffusers:DIR` folder.
+N images (random, or --source: a prepared set resized to --size) are written as a prepared image set, and each
+setting runs genlab's own encode (`genlab.data.encode.encode_dataset`, what `genlab data encode` calls) after a
+warm-up encode of a few batches. img/s is the figure genlab records in meta.json's `encode` cost: source images
+per second, each encoded once per flip variant. `err` is the largest |latent - fp32 latent| of the same images over
+the latents' std (the stored float16 alone gives ~1e-3).
+
+    python benchmarks/bench_encode.py --device cuda --precision fp32,tf32,bf16 --flip both
+    python benchmarks/bench_encode.py --device cpu --n 8 --size 64 --batch-size 4 --small     # a check on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from genlab.data.encode import encode_dataset  # noqa: E402
+from genlab.data.formats import read_image_dataset, write_image_dataset  # noqa: E402
+from upsample_images import resize_uint8  # noqa: E402
+
+# Stable Diffusion 1.x's VAE (CompVis/stable-diffusion-v1-4 vae/config.json; SD 2.x's is the same)
+SD_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+              up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+              act_fn="silu", latent_channels=4, norm_num_groups=32, sample_size=512, scaling_factor=0.18215)
+SMALL = dict(SD_VAE, block_out_channels=(32, 32, 64, 64), layers_per_block=1)  # same code path, for CPU checks
+
+
+def save_vae(folder: Path, config: dict, seed: int = 0) -> Path:
+    from diffusers import AutoencoderKL
+    torch.manual_seed(seed)
+    AutoencoderKL(**config).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def write_images(folder: Path, n: int, size: int, source: str | None, seed: int = 0) -> Path:
+    if source:
+        src = read_image_dataset(source)
+        k = min(n, len(src))
+        images, labels, classes = resize_uint8(src.images[:k], size, channels=3), np.asarray(src.labels[:k]), src.classes
+    else:
+        images = np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+        labels, classes = np.zeros(n, dtype=np.int64), ["random"]
+    return write_image_dataset(folder, images, labels, classes, source=f"bench_encode {source or 'random'} {size}px")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2048, help="images encoded per setting")
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--source", default=None, help="a prepared image set, resized to --size (default: random pixels)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--precision", default="fp32,bf16", help="comma list of encode precisions (fp32, tf32, bf16, fp16)")
+    ap.add_argument("--flip", default="both", choices=("both", "on", "off"), help="flip variants stored: on = 2, off = 1")
+    ap.add_argument("--warmup", type=int, default=2, help="batches encoded first, untimed (cuDNN picks its kernels)")
+    ap.add_argument("--small", action="store_true", help="a narrow VAE of the same layout (CPU checks)")
+    ap.add_argument("--json", default=None, help="also write the rows as JSON here")
+    a = ap.parse_args(argv)
+    precisions = [p.strip() for p in a.precision.split(",") if p.strip()]
+    flips = {"both": [True, False], "on": [True], "off": [False]}[a.flip]
+    work = Path(tempfile.mkdtemp(prefix="bench_encode_"))
+    rows = []
+    try:
+        vae = f"diffusers:{save_vae(work / 'vae', SMALL if a.small else SD_VAE)}"
+        images = write_images(work / "images", a.n, a.size, a.source)
+        warm = write_images(work / "warm", a.warmup * a.batch_size, a.size, None)
+        reference = {}
+        for flip in flips:
+            for prec in precisions:
+                encode_dataset(warm, vae, work / "warm_lat", batch_size=a.batch_size, flip=flip, device=a.device,
+                               precision=prec, force=True)
+                out = encode_dataset(images, vae, work / f"lat_{prec}_{flip}", batch_size=a.batch_size, flip=flip,
+                                     device=a.device, precision=prec)
+                meta = json.loads((out / "meta.json").read_text())
+                lat = np.load(out / "latents.npy").astype(np.float32)
+                if prec == "fp32":
+                    reference[flip] = lat
+                err = (float(np.abs(lat - reference[flip]).max() / meta["latent_std"]) if flip in reference else None)
+                cost = meta["encode"]
+                rows.append({"precision": prec, "variants": cost["variants"], "batch_size": cost["batch_size"],
+                             "images": cost["images"], "seconds": cost["seconds"], "images_per_s": cost["images_per_s"],
+                             "encodes_per_s": round(cost["images_per_s"] * cost["variants"], 1),
+                             "device": cost["device"], "latent_shape": meta["shape"], "err_vs_fp32": err})
+                shutil.rmtree(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    dev = torch.device(a.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    cfg = "small VAE (--small)" if a.small else "SD 1.x VAE (random weights)"
+    print(f"genlab data encode, {cfg}, {a.size}x{a.size}x3 -> latents {rows[0]['latent_shape']}, {a.n} images "
+          f"({a.source or 'random pixels'}), {name}, torch {torch.__version__}\n")
+    print("| precision | flip variants | batch | img/s | encoder passes/s | s | err vs fp32 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        err = "-" if r["err_vs_fp32"] is None else f"{r['err_vs_fp32']:.1e}"
+        print(f"| {r['precision']} | {r['variants']} | {r['batch_size']} | {r['images_per_s']:.1f} | "
+              f"{r['encodes_per_s']:.1f} | {r['seconds']:.2f} | {err} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
