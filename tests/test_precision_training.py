@@ -355,7 +355,11 @@ def test_precision_sweep_has_every_row_of_the_issue_and_each_config_validates():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["adamw_coat", *LOWBIT])
 def test_gpu_compressed_state_optimizers_match_their_cpu_step(name):
-    """On CUDA each entry takes the CPU's first two steps (float32 arithmetic, another kernel order: 1e-5)."""
+    """On CUDA each entry takes the CPU's first two steps from the same gradients (computed once, on the CPU, so
+    cuBLAS's summation order cannot move a moment across a quantization boundary). The update arithmetic still runs
+    in another kernel order, so an element whose moment sits within an ulp of a boundary may take the neighbouring
+    code: its update then differs by about one code step x lr (a few % of lr for 8-bit and FP8 moments, more for
+    4-bit), never more than 2 x lr (Adam's normalised step is bounded by ~lr). Those elements must be rare."""
     if name in LOWBIT:
         pytest.importorskip("torchao")
     ocfg = OptimConfig(name=name, lr=1e-2, weight_decay=0.1)
@@ -365,11 +369,15 @@ def test_gpu_compressed_state_optimizers_match_their_cpu_step(name):
     for _ in range(2):
         x = torch.randn(16, 256, generator=g)
         cpu(x).square().mean().backward()
-        gpu(x.cuda()).square().mean().backward()
+        for pc, pg in zip(cpu.parameters(), gpu.parameters()):
+            pg.grad = pc.grad.cuda()
         opt_c.step(), opt_g.step()
         opt_c.zero_grad(), opt_g.zero_grad()
-    for pc, pg in zip(cpu.parameters(), gpu.parameters()):
-        torch.testing.assert_close(pg.cpu(), pc, rtol=1e-4, atol=1e-5)
+    diff = torch.cat([(pg.cpu() - pc).abs().flatten() for pc, pg in zip(cpu.parameters(), gpu.parameters())])
+    ref = torch.cat([pc.detach().abs().flatten() for pc in cpu.parameters()])
+    off = diff > 1e-5 + 1e-4 * ref
+    assert off.float().mean() <= 0.005, f"{int(off.sum())} of {diff.numel()} elements differ: {diff.max():.2e} max"
+    assert diff.max() <= 2 * 2 * ocfg.lr  # two steps, each bounded by ~lr
 
 
 @pytest.mark.gpu
