@@ -241,6 +241,9 @@ def test_bench_refuses_batched_seeds_instead_of_timing_one_seed(capfd):
 
 class _Refuses:
     """An attention-kernel context that fails as the memory-efficient kernel does under vmap on CUDA."""
+    def __init__(self, model=None):
+        pass
+
     def __enter__(self):
         raise RuntimeError("LSE is not correctly aligned (strideH)")
 
@@ -249,13 +252,13 @@ class _Refuses:
 
 
 def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, monkeypatch, capsys):
-    import contextlib
     from genlab.train import seeds as S
-    monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("math", contextlib.nullcontext)])
+    from genlab.models.attention import plain_softmax_attention
+    monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("plain-ops", plain_softmax_attention)])
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
     st.setup()
-    assert st.engine.attention_kernels is contextlib.nullcontext
-    assert "uses the math kernel (efficient: RuntimeError: LSE is not correctly aligned" in capsys.readouterr().err
+    assert st.engine.attention_kernels is plain_softmax_attention
+    assert "uses the plain-ops kernel (efficient: RuntimeError: LSE is not correctly aligned" in capsys.readouterr().err
 
 
 def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch):
@@ -265,3 +268,34 @@ def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch)
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
     with pytest.raises(GenlabError, match=r"does not run under torch.vmap \(efficient: .*; flash: .*\)"):
         st.setup()
+
+
+def test_plain_ops_attention_computes_what_sdpa_computes_and_is_restored():
+    from genlab.models.attention import math_attention, plain_softmax_attention
+    from genlab.models.dit import DiT, DiTSpec
+    torch.manual_seed(0)
+    model = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2)).double()
+    x, t, y = torch.randn(4, 1, 8, 8, dtype=torch.float64), torch.rand(4, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    ref = model(x, t, y)
+    before = [m.attend for m in model.modules() if hasattr(m, "attend")]
+    with plain_softmax_attention(model) as n:
+        assert n == 2 and all(m.attend is math_attention for m in model.modules() if hasattr(m, "attend"))
+        got = model(x, t, y)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)  # float64: the same function, other op order
+    assert [m.attend for m in model.modules() if hasattr(m, "attend")] == before
+
+
+def test_batched_seeds_with_plain_ops_attention_follow_the_default_kernel(tmp_path, monkeypatch):
+    """The CUDA fallback, run on the CPU: the seeds' losses and weights match the default attention's within the
+    batched step's float32 tolerance (module docstring)."""
+    from genlab.models.attention import plain_softmax_attention
+    from genlab.train import seeds as S
+    a = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=default")).fit()
+    monkeypatch.setattr(S, "attention_choices", lambda device: [("plain-ops", plain_softmax_attention)])
+    b = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=plain")).fit()
+    for s in (0, 1):
+        la, lb = _losses(tmp_path / f"default-s{s}"), _losses(tmp_path / f"plain-s{s}")
+        assert len(la) == STEPS
+        torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=LOSS_RTOL, atol=0)
+        _assert_close_states(_ckpt(tmp_path / f"plain-s{s}"), _ckpt(tmp_path / f"default-s{s}"))
+    assert a and b

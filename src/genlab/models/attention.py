@@ -316,3 +316,22 @@ def forward_ad_attention(model: nn.Module):
     finally:
         for m, attend in swapped:
             m.attend = attend
+
+
+SDPA_ENTRIES = ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_contiguous")
+
+
+@contextlib.contextmanager
+def plain_softmax_attention(model: nn.Module):
+    """Inside, every SDPA-family attention layer of `model` runs `math_attention` (the same function in plain torch
+    ops, softmax in float32 under autocast). For transforms that no SDPA kernel supports in some setting, e.g.
+    torch.vmap of a bf16 model on CUDA (batched seeds). Yields the number of layers swapped."""
+    swapped = [(m, m.attend) for m in model.modules()
+               if isinstance(m, Attention) and m.attend is not None and m.backend in SDPA_ENTRIES]
+    for m, _ in swapped:
+        m.attend = math_attention
+    try:
+        yield len(swapped)
+    finally:
+        for m, attend in swapped:
+            m.attend = attend

@@ -172,7 +172,7 @@ class StackedStep:
         def one(params, buffers, inp):
             from torch.func import functional_call
             return method.loss_from(lambda *args: functional_call(model, (params, buffers), args), inp)
-        with self.attention_kernels():
+        with self.attention_kernels(model):
             return torch.vmap(one)(self.params, self.buffers, inputs)
 
     def _draws(self, step: int) -> dict:
@@ -259,15 +259,19 @@ class StackedStep:
 
 
 def attention_choices(device: torch.device) -> list:
-    """(name, context factory) for the attention kernels a batched-seeds step may use, in order of preference. On
-    CUDA, vmap folds the seed axis into SDPA's batch and the memory-efficient kernel then fails on its log-sum-exp
-    strides ("LSE is not correctly aligned", torch 2.11 on an H100): flash, then the math kernel, take over."""
+    """(name, model -> context) for the attention kernels a batched-seeds step may use, in order of preference. On
+    CUDA, vmap folds the seed axis into SDPA's batch, and with a bf16 DiT on an H100 (torch 2.11) every SDPA kernel
+    failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
+    available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
+    (models/attention.plain_softmax_attention): the same function, softmax in float32."""
+    from genlab.models.attention import plain_softmax_attention
     if device.type != "cuda":
-        return [("default", contextlib.nullcontext)]
+        return [("default", lambda model: contextlib.nullcontext())]
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return [("default", contextlib.nullcontext),
-            ("flash", lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
-            ("math", lambda: sdpa_kernel([SDPBackend.MATH]))]
+    return [("default", lambda model: contextlib.nullcontext()),
+            ("flash", lambda model: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
+            ("math", lambda model: sdpa_kernel([SDPBackend.MATH])),
+            ("plain-ops", plain_softmax_attention)]
 
 
 class SeedsTrainer:
