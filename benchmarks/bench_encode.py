@@ -56,6 +56,10 @@ def write_images(folder: Path, n: int, size: int, source: str | None, seed: int 
     return write_image_dataset(folder, images, labels, classes, source=f"bench_encode {source or 'random'} {size}px")
 
 
+MODES = {"plain": {}, "channels_last": {"channels_last": True}, "compile": {"compile": True},
+         "channels_last+compile": {"channels_last": True, "compile": True}}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2048, help="images encoded per setting")
@@ -65,12 +69,18 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--precision", default="fp32,bf16", help="comma list of encode precisions (fp32, tf32, bf16, fp16)")
     ap.add_argument("--flip", default="both", choices=("both", "on", "off"), help="flip variants stored: on = 2, off = 1")
+    ap.add_argument("--modes", default="plain", help="comma list of encoder modes: plain, channels_last, compile, "
+                                                     "channels_last+compile (`genlab data encode --channels-last --compile`)")
     ap.add_argument("--warmup", type=int, default=2, help="batches encoded first, untimed (cuDNN picks its kernels)")
     ap.add_argument("--small", action="store_true", help="a narrow VAE of the same layout (CPU checks)")
     ap.add_argument("--json", default=None, help="also write the rows as JSON here")
     a = ap.parse_args(argv)
     precisions = [p.strip() for p in a.precision.split(",") if p.strip()]
     flips = {"both": [True, False], "on": [True], "off": [False]}[a.flip]
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"--modes: {', '.join(bad)} not among {', '.join(MODES)}")
     work = Path(tempfile.mkdtemp(prefix="bench_encode_"))
     rows = []
     try:
@@ -79,22 +89,25 @@ def main(argv=None):
         warm = write_images(work / "warm", a.warmup * a.batch_size, a.size, None)
         reference = {}
         for flip in flips:
-            for prec in precisions:
-                encode_dataset(warm, vae, work / "warm_lat", batch_size=a.batch_size, flip=flip, device=a.device,
-                               precision=prec, force=True)
-                out = encode_dataset(images, vae, work / f"lat_{prec}_{flip}", batch_size=a.batch_size, flip=flip,
-                                     device=a.device, precision=prec)
-                meta = json.loads((out / "meta.json").read_text())
-                lat = np.load(out / "latents.npy").astype(np.float32)
-                if prec == "fp32":
-                    reference[flip] = lat
-                err = (float(np.abs(lat - reference[flip]).max() / meta["latent_std"]) if flip in reference else None)
-                cost = meta["encode"]
-                rows.append({"precision": prec, "variants": cost["variants"], "batch_size": cost["batch_size"],
-                             "images": cost["images"], "seconds": cost["seconds"], "images_per_s": cost["images_per_s"],
-                             "encodes_per_s": round(cost["images_per_s"] * cost["variants"], 1),
-                             "device": cost["device"], "latent_shape": meta["shape"], "err_vs_fp32": err})
-                shutil.rmtree(out)
+            for mode in modes:
+                for prec in precisions:
+                    opts = MODES[mode]
+                    encode_dataset(warm, vae, work / "warm_lat", batch_size=a.batch_size, flip=flip, device=a.device,
+                                   precision=prec, force=True, **opts)
+                    out = encode_dataset(images, vae, work / f"lat_{prec}_{flip}_{mode}", batch_size=a.batch_size,
+                                         flip=flip, device=a.device, precision=prec, **opts)
+                    meta = json.loads((out / "meta.json").read_text())
+                    lat = np.load(out / "latents.npy").astype(np.float32)
+                    if prec == "fp32" and mode == "plain":
+                        reference[flip] = lat
+                    err = (float(np.abs(lat - reference[flip]).max() / meta["latent_std"]) if flip in reference else None)
+                    cost = meta["encode"]
+                    rows.append({"precision": prec, "mode": mode, "variants": cost["variants"],
+                                 "batch_size": cost["batch_size"], "images": cost["images"], "seconds": cost["seconds"],
+                                 "images_per_s": cost["images_per_s"],
+                                 "encodes_per_s": round(cost["images_per_s"] * cost["variants"], 1),
+                                 "device": cost["device"], "latent_shape": meta["shape"], "err_vs_fp32": err})
+                    shutil.rmtree(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     dev = torch.device(a.device)
@@ -102,11 +115,11 @@ def main(argv=None):
     cfg = "small VAE (--small)" if a.small else "SD 1.x VAE (random weights)"
     print(f"genlab data encode, {cfg}, {a.size}x{a.size}x3 -> latents {rows[0]['latent_shape']}, {a.n} images "
           f"({a.source or 'random pixels'}), {name}, torch {torch.__version__}\n")
-    print("| precision | flip variants | batch | img/s | encoder passes/s | s | err vs fp32 |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| precision | mode | flip variants | batch | img/s | encoder passes/s | s | err vs fp32 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         err = "-" if r["err_vs_fp32"] is None else f"{r['err_vs_fp32']:.1e}"
-        print(f"| {r['precision']} | {r['variants']} | {r['batch_size']} | {r['images_per_s']:.1f} | "
+        print(f"| {r['precision']} | {r['mode']} | {r['variants']} | {r['batch_size']} | {r['images_per_s']:.1f} | "
               f"{r['encodes_per_s']:.1f} | {r['seconds']:.2f} | {err} |")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))

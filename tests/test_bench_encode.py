@@ -48,3 +48,22 @@ def test_the_benchmark_prints_one_row_per_precision_and_flip_setting(tmp_path, c
     assert all(r["images"] == 4 and r["images_per_s"] > 0 and r["latent_shape"] == [4, 4, 4] for r in rows)
     assert [r["err_vs_fp32"] == 0 for r in rows] == [True, False, True, False]
     assert capsys.readouterr().out.count("\n| ") == 2 + len(rows)
+
+
+@pytest.mark.parametrize("opts", [{"channels_last": True}, {"compile": True}], ids=["channels_last", "compile"])
+def test_channels_last_and_compiled_encoders_compute_the_plain_encode(vae_and_images, tmp_path, opts):
+    """Same function, other kernels: float32 latents agree to float32 rounding through a dozen convolutions
+    (relative ~1e-6 of the latent scale; 1e-4 leaves room for reordered sums), and the setting is recorded so a
+    resume with another one is refused."""
+    vae, images = vae_and_images
+    plain = encode_dataset(images, vae, tmp_path / "plain", batch_size=4, device="cpu", dtype="float32")
+    other = encode_dataset(images, vae, tmp_path / "other", batch_size=4, device="cpu", dtype="float32", **opts)
+    a, b = np.load(plain / "latents.npy"), np.load(other / "latents.npy")
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+    meta = json.loads((other / "meta.json").read_text())
+    assert all(meta["encode"][k] is True for k in opts) and all(meta[k] is True for k in opts)
+    partial = encode_dataset(images, vae, tmp_path / "part", batch_size=4, device="cpu", stop_after=1)
+    from genlab.errors import GenlabError
+    with pytest.raises(GenlabError, match="other settings"):
+        encode_dataset(images, vae, tmp_path / "part", batch_size=4, device="cpu", **opts)
+    assert partial.name == "part.partial"

@@ -17,6 +17,7 @@ folder, all ranks encode, rank 0 finalises.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -96,11 +97,13 @@ def encode_precision(name: str, dev: torch.device):
 
 def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = True, device="auto",
                    dtype: str = "float16", force: bool = False, stop_after: int | None = None,
-                   precision: str = "fp32") -> Path:
+                   precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> Path:
     """Encode the prepared image set `source` with the autoencoder `vae` into `out` (see the module docstring).
-    `precision`: the encoder's arithmetic (encode_precision). `stop_after`: return after this many chunks of this
-    call, leaving `out`.partial to resume (tests)."""
-    from genlab.autoencoders import check_autoencoder, load_autoencoder
+    `precision`: the encoder's arithmetic (encode_precision). `channels_last`: the encoder's weights and inputs in
+    NHWC memory layout (the layout tensor-core convolutions prefer; same function, other kernels). `compile`:
+    torch.compile the encoder. `stop_after`: return after this many chunks of this call, leaving `out`.partial to
+    resume (tests)."""
+    from genlab.autoencoders import check_autoencoder
     from genlab.train.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
@@ -116,7 +119,8 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
         (DistInfo(), resolve_device(device, key="--device"))
     rank, world, barrier = _dist()
     prec = encode_precision(precision, dev)
-    codec = load_autoencoder(vae, dev)
+    codec, encode = (_compiled_encoder if compile else _encoder)(vae, str(dev), channels_last)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
     N, H, W, C = data.images.shape
     c, h, w = codec.latent_shape(C, H, W)
     V = 2 if flip else 1
@@ -124,6 +128,8 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     job = {"format": FORMAT, "codec": codec.describe(), "source": source_record(source, data), "num_samples": int(N),
            "variants": V, "dtype": dtype, "shape": [c, h, w], "batch_size": int(batch_size),
            "precision": precision}
+    # kernels (not the function) change with these: a resume must use the same, but older folders lack the keys
+    job.update({k: True for k, on in (("channels_last", channels_last), ("compile", compile)) if on})
     tmp = out.with_name(out.name + ".partial")
     if (tmp / "job.json").exists() and not force:
         before = json.loads((tmp / "job.json").read_text())
@@ -157,7 +163,7 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
             if V == 2:
                 x = torch.cat([x, x.flip(-1)])
             with prec.autocast(dev):
-                z = codec.encode(x)
+                z = encode(x.contiguous(memory_format=layout))
             z = z.float().view(V, e - s, c, h, w).transpose(0, 1)
             lat[s:e] = z.cpu().numpy().astype(DTYPES[dtype])
             flush_rows(lat, s, e)
@@ -172,12 +178,29 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
         del lat, done
         cost = {"images": encoded, "seconds": round(seconds, 3), "images_per_s": round(encoded / max(seconds, 1e-9), 1),
                 "variants": V, "batch_size": int(batch_size), "device": str(dev), "world": world,
-                "precision": precision}
+                "precision": precision, "channels_last": channels_last, "compile": compile}
         _finalise(tmp, out, job, data, cost)
         print(f"encoded {encoded} images ({V} variant{'s' if V > 1 else ''} each) in {seconds:.1f} s: "
               f"{cost['images_per_s']:.1f} img/s on {world} x {dev}", file=sys.stderr)
     leave_distributed(info)  # every rank waits for rank 0's rename
     return out
+
+
+def _encoder(vae: str, device: str, channels_last: bool):
+    """(codec, its encode function), the codec loaded now (it may have changed on disk since the last call)."""
+    from genlab.autoencoders import load_autoencoder
+    codec = load_autoencoder(vae, torch.device(device))
+    if channels_last:
+        codec = codec.to(memory_format=torch.channels_last)
+    return codec, codec.encode
+
+
+@functools.lru_cache(maxsize=2)
+def _compiled_encoder(vae: str, device: str, channels_last: bool):
+    """The same, compiled, and kept for the process: a second encode with these settings (a benchmark's warm-up,
+    then its timed run) reuses the compiled graph instead of compiling again."""
+    codec, encode = _encoder(vae, device, channels_last)
+    return codec, torch.compile(encode)
 
 
 def flush_rows(mm: np.memmap, s: int, e: int):

@@ -21,7 +21,8 @@ def cmd_prepare(args):
 def cmd_encode(args):
     from genlab.data.encode import encode_dataset
     out = encode_dataset(args.dataset, args.vae, args.out, batch_size=args.batch_size, flip=not args.no_flip,
-                         device=args.device, dtype=args.dtype, force=args.force, precision=args.precision)
+                         device=args.device, dtype=args.dtype, force=args.force, precision=args.precision,
+                         channels_last=args.channels_last, compile=args.compile)
     import os
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"wrote {out}")
@@ -137,6 +138,9 @@ def _add_encode(dsub):
     e.add_argument("--dtype", default="float16", choices=("float16", "float32"), help="stored latent dtype (default: float16)")
     e.add_argument("--precision", default="fp32",
                    help="the encoder's arithmetic: fp32 (IEEE, default) | tf32 | bf16 | fp16 (autocast), as train.precision")
+    e.add_argument("--channels-last", dest="channels_last", action="store_true",
+                   help="run the encoder in NHWC memory layout (convolutional autoencoders on tensor cores)")
+    e.add_argument("--compile", action="store_true", help="torch.compile the encoder (one compile per batch shape)")
     e.add_argument("--force", action="store_true", help="replace a finished OUT or an unfinished OUT.partial")
     e.set_defaults(fn=cmd_encode)
 
