@@ -82,3 +82,26 @@ def test_driver_runs_the_tiny_cpu_suite_end_to_end(tmp_path):
     assert "| bench_tiny | dit-" in bench and "commit" in bench and "command: `python benchmarks/run.py" in bench
     assert "| train_tiny | finished | 2 |" in train
     assert (tmp_path / "logs.tgz").exists() and (tmp_path / "env.txt").exists()
+
+
+def test_a_stopped_driver_still_writes_the_tables_of_what_ran(tmp_path):
+    """SIGTERM (an outer `timeout`, a scheduler) stops the running entry and its process group, and the tables keep
+    the finished rows and name the stopped one, instead of nothing."""
+    import signal
+    import time
+    suite = tmp_path / "stop.toml"
+    suite.write_text('description = "x"\n[tables.t]\ntitle = "t"\ncolumns = ["name", "status"]\n'
+                     '[[entry]]\nname = "quick"\nkind = "shell"\nshell = "echo done"\ntable = "t"\n'
+                     '[[entry]]\nname = "slow"\nkind = "shell"\nshell = "sleep 120"\ntable = "t"\ntimeout = 300\n')
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--suite", str(suite), "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / "main.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "slow: start" in log.read_text()):
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()[0]
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 128 + signal.SIGTERM
+    table = (out / "t.md").read_text()
+    assert "quick: ok" in table and "slow: stopped (SIGTERM)" in table

@@ -229,24 +229,59 @@ class Runner:
         head = self.header(env)
         (self.out / "env.txt").write_text(head + "\n")
         self.stamp(head)
-        i = 0
-        while i < len(entries):
-            group = [entries[i]]
-            g = entries[i].group
-            while g and i + len(group) < len(entries) and entries[i + len(group)].group == g:
-                group.append(entries[i + len(group)])
-            started = [self.start_entry(e, env) for e in group]
+        i, started, stopped = 0, [], None
+        handlers = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while i < len(entries):
+                group = [entries[i]]
+                g = entries[i].group
+                while g and i + len(group) < len(entries) and entries[i + len(group)].group == g:
+                    group.append(entries[i + len(group)])
+                started = []
+                for e in group:  # one by one: a stop between two starts still finds the first
+                    started.append(self.start_entry(e, env))
+                for proc, rec in started:
+                    if proc is not None:
+                        self.wait(proc, rec)
+                    self.results.append(rec)
+                started = []
+                i += len(group)
+        except Stopped as e:  # an outer limit (timeout, scheduler, Ctrl-C): the rows so far still become tables
+            stopped = e.args[0]
             for proc, rec in started:
+                if rec in self.results:
+                    continue
                 if proc is not None:
-                    self.wait(proc, rec)
+                    self.halt(proc, rec, stopped)
                 self.results.append(rec)
-            i += len(group)
+            self.stamp(f"stopped by {stopped}: the tables hold the entries that finished")
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
         self.write_tables(head)
         if not self.keep_logs:
             _pack(self.logs, self.out / "logs.tgz")
             shutil.rmtree(self.logs)
+        if stopped:
+            return 128 + getattr(signal, stopped)
         failed = [r for r in self.results if r["status"] != "ok" and not r["status"].startswith("skipped")]
         return 1 if failed else 0
+
+    def halt(self, proc, rec: dict, why: str):
+        """Stop an entry still running when the driver itself is stopped; keep what its output holds."""
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        for f in rec.pop("files", ()):
+            f.close()
+        rec["status"] = f"stopped ({why}) after {time.monotonic() - rec['t0']:.0f} s"
+        try:
+            self.collect(rec)
+        except Exception as e:  # noqa: BLE001 - a half-written result is no reason to lose the others
+            rec["status"] += f"; no result ({e})"
 
     def write_tables(self, head: str):
         for name, spec in self.suite.tables.items():
@@ -281,6 +316,14 @@ def _pack(folder: Path, dest: Path):
         return None if any(x in info.name for x in PACK_EXCLUDE) else info
     with tarfile.open(dest, "w:gz") as tar:
         tar.add(folder, arcname=folder.name, filter=keep)
+
+
+class Stopped(Exception):
+    """The driver got SIGTERM or SIGINT."""
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
 
 
 def _signal_group(proc, sig):
