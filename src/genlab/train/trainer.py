@@ -220,7 +220,8 @@ class Trainer:
         full = self._gathered()  # every rank takes part in the all-gather
         if not self.dist.is_main:
             return None
-        plain, _ = build_model_and_method(self.cfg, self.spec)
+        with torch.device(self.device):  # random init on the GPU, not the CPU: minutes for a model of billions
+            plain, _ = build_model_and_method(self.cfg, self.spec)
         plain.load_state_dict(full)
         return apply_converters(plain.to(self.device), self.steps.converters, self.device, self.cfg)
 
