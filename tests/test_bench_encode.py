@@ -50,7 +50,8 @@ def test_the_benchmark_prints_one_row_per_precision_and_flip_setting(tmp_path, c
     assert capsys.readouterr().out.count("\n| ") == 2 + len(rows)
 
 
-@pytest.mark.parametrize("opts", [{"channels_last": True}, {"compile": True}], ids=["channels_last", "compile"])
+@pytest.mark.parametrize("opts", [{"channels_last": True}, pytest.param({"compile": True}, marks=pytest.mark.slow)],
+                         ids=["channels_last", "compile"])  # compile: 8 s of inductor on a CPU
 def test_channels_last_and_compiled_encoders_compute_the_plain_encode(vae_and_images, tmp_path, opts):
     """Same function, other kernels: float32 latents agree to float32 rounding through a dozen convolutions
     (relative ~1e-6 of the latent scale; 1e-4 leaves room for reordered sums), and the setting is recorded so a

@@ -116,6 +116,7 @@ def test_interrupted_variant_resumes(tmp_path):
     assert steps[:2] == [5, 10] and steps[-2] == 20  # continued from 10, not restarted
 
 
+@pytest.mark.slow  # waits out a 5 s timeout per case
 @pytest.mark.parametrize("by_this_run", [True, False])
 def test_a_run_past_its_timeout_keeps_a_summary_it_wrote_itself(tmp_path, monkeypatch, by_this_run):
     """The timeout kills a run. One that wrote a finished summary (it was exiting) keeps its result; a finished
