@@ -92,7 +92,8 @@ def _update_bound(m, v, em, ev, c1, c2, eps):
     return worst
 
 
-def test_adamw_coat_follows_float64_adamw_within_the_propagated_quantisation_bound():
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
+def test_adamw_coat_follows_float64_adamw_within_the_propagated_quantisation_bound(compiled):
     """Six steps on given gradients (so the comparison isolates the optimizer) against torch AdamW in float64.
     The moments' error is propagated from the per-group read-back bound of each stored state:
         e_m(t) = b1 * (e_m(t-1) + d(t-1) * (|m_ref(t-1)| + e_m(t-1)))     (the same for v with b2)
@@ -103,7 +104,7 @@ def test_adamw_coat_follows_float64_adamw_within_the_propagated_quantisation_bou
     p0 = torch.randn(n)
     grads = [torch.randn(n) * torch.logspace(-4, 0, n) for _ in range(steps)]
     p = nn.Parameter(p0.clone())
-    opt = coat.CoatAdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd)
+    opt = coat.CoatAdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, compiled=compiled)
     ref = nn.Parameter(p0.double().clone())
     ref_opt = torch.optim.AdamW([ref], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd, foreach=False)
     em = ev = bound = torch.zeros(n, dtype=torch.float64)
