@@ -299,3 +299,20 @@ def test_batched_seeds_with_plain_ops_attention_follow_the_default_kernel(tmp_pa
         torch.testing.assert_close(torch.tensor(lb), torch.tensor(la), rtol=LOSS_RTOL, atol=0)
         _assert_close_states(_ckpt(tmp_path / f"plain-s{s}"), _ckpt(tmp_path / f"default-s{s}"))
     assert a and b
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_batched_bf16_seeds_train_and_follow_their_single_runs(tmp_path, capsys):
+    """On CUDA under bf16 the vmapped step needs an attention kernel that runs under vmap (the probe picks one, or
+    the plain-ops fallback); each seed's losses follow its own single run to bf16 rounding (the two paths run
+    different attention kernels, so not to float32's)."""
+    from genlab.train.seeds import SeedsTrainer
+    from genlab.train.trainer import Trainer
+    gpu = ["train.device=cuda", "train.precision=bf16", "train.grad_accum=1", "model.dim=64", "model.heads=2"]
+    SeedsTrainer(_cfg(tmp_path, *gpu, "train.seeds=0,1", "train.name=b")).fit()
+    for s in (0, 1):
+        Trainer(_cfg(tmp_path, *gpu, f"train.seed={s}", f"train.name=single{s}")).fit()
+        lb, ls = torch.tensor(_losses(tmp_path / f"b-s{s}")), torch.tensor(_losses(tmp_path / f"single{s}"))
+        assert len(lb) == STEPS and torch.isfinite(lb).all()
+        torch.testing.assert_close(lb, ls, rtol=0.03, atol=0)
