@@ -98,9 +98,14 @@ def test_float8_training_follows_the_bf16_loss_curve(tmp_path, float8):
     assert max(abs(a - b) / b for a, b in zip(lf, lb)) < 0.10, (lb, lf)
 
 
-@pytest.mark.parametrize("precision,compile_", [("bf16", "model"), ("fp16", "off"), ("tf32", "blocks")])
-def test_trainer_runs_on_the_gpu(tmp_path, precision, compile_):
-    rows = _train(tmp_path, precision, f"train.precision={precision}", f"train.compile={compile_}")
+@pytest.mark.parametrize("precision,compile_,extra", [("bf16", "model", ()), ("fp16", "off", ()), ("tf32", "blocks", ()),
+                                                      ("bf16", "model", ("train.compile_mode=reduce-overhead",
+                                                                         "train.compile_optimizer=true"))],
+                         ids=["bf16-model", "fp16-off", "tf32-blocks", "bf16-cudagraphs"])
+def test_trainer_runs_on_the_gpu(tmp_path, precision, compile_, extra):
+    """bf16-cudagraphs: CUDA graphs around the compiled model and the compiled optimizer step (the small-model path
+    of issue 37) must train like the others."""
+    rows = _train(tmp_path, precision, f"train.precision={precision}", f"train.compile={compile_}", *extra)
     losses = [r["loss"] for r in rows]
     assert all(v == v for v in losses) and losses[-1] < losses[0]
     assert rows[-1]["mfu"] is not None and 0 < rows[-1]["mfu"] < 1
