@@ -132,6 +132,7 @@ def untrained_l1(seed: int) -> float:
     return reconstruction_metrics(x, rec)["rec_l1"]
 
 
+@pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_the_trained_autoencoder_reconstructs_the_digits(trained):
     """Encode (posterior mean) -> decode of 400 digits (the evaluation's fixed half; the digits have no test split,
     so the run trained on them too). Measured: L1 0.117 on [-1, 1], PSNR 20.2 dB, after 150 steps; untrained models
@@ -144,6 +145,7 @@ def test_the_trained_autoencoder_reconstructs_the_digits(trained):
     assert stats["images"] == 400 and stats["latent_std"] == s["latent_std"] > 0
 
 
+@pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_the_preview_shows_originals_above_their_reconstructions(trained):
     from PIL import Image
     from genlab.data.datasets import load_digits_uint8
@@ -156,6 +158,7 @@ def test_the_preview_shows_originals_above_their_reconstructions(trained):
     assert np.array_equal(grid[up:up + 8 * up:up, up:up + 8 * up:up], first)
 
 
+@pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_run_codec_decodes_its_encodings_as_the_model_reconstructs(trained):
     """run:RUN: decode(encode(x)) is the model's own forward (mean latent) up to float error, and the held-out
     latents it normalises come out at mean 0, std 1 (scale = 1 / std, shift = mean of the same images)."""
@@ -177,6 +180,7 @@ def test_run_codec_decodes_its_encodings_as_the_model_reconstructs(trained):
     assert load_autoencoder(d["spec"]).scale == d["scale"]
 
 
+@pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_run_codec_needs_the_latent_statistics(trained, tmp_path):
     ckpt = next((trained[0] / "checkpoints").glob("step_*.pt"))
     lone = tmp_path / "elsewhere" / "checkpoints"
@@ -189,6 +193,7 @@ def test_run_codec_needs_the_latent_statistics(trained, tmp_path):
         load_autoencoder(f"run:{tmp_path / 'nope'}")
 
 
+@pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_sample_writes_a_reconstruction_grid(trained, tmp_path):
     from genlab.sample import sample_to_file
     out = sample_to_file(trained[0], n=8, out=tmp_path / "g.png", device="cpu")
