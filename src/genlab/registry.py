@@ -151,6 +151,9 @@ class AttentionSpec(Spec):
     # that have it; None = the entry itself, whose SDPA calls the math kernel then serves)
     forward_ad: bool = True
     jvp_fallback: Callable | None = None
+    # the same function in ops that run under torch.vmap where the entry's kernels do not (SDPA's, for a bf16 model
+    # on CUDA: batched seeds); models/attention.plain_softmax_attention swaps it in
+    vmap_fallback: Callable | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,8 +16,22 @@ from genlab.models.positions import apply_rope
 from genlab.registry import attention_registry
 
 
+@attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")
+def math_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
+    scale = q.shape[-1] ** -0.5
+    att = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        n, m = q.shape[-2], k.shape[-2]
+        keep = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+        att = att.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
+    att = att.softmax(-1)
+    return (F.dropout(att, dropout_p) if dropout_p > 0 else att) @ v
+
+
 @attention_registry.register("sdpa", "softmax attention via F.scaled_dot_product_attention (flash/cuDNN/efficient kernels)",
-                             forward_ad=False)
+                             forward_ad=False, vmap_fallback=math_attention)
 def sdpa_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
@@ -47,33 +61,19 @@ def _sdpa_with(backend_name, half_only: bool = False):
 
 # a JVP runs them as plain sdpa (their own sdpa_kernel context would override the math kernel's)
 attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention)(_sdpa_with("FLASH_ATTENTION", half_only=True))
+                            jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("FLASH_ATTENTION", half_only=True))
 attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention)(_sdpa_with("CUDNN_ATTENTION", half_only=True))
+                            jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("CUDNN_ATTENTION", half_only=True))
 attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)",
-                            forward_ad=False, jvp_fallback=sdpa_attention)(_sdpa_with("EFFICIENT_ATTENTION"))
+                            forward_ad=False, jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("EFFICIENT_ATTENTION"))
 
 
 @attention_registry.register("sdpa_contiguous", "SDPA on contiguous copies of q/k/v instead of strided views of the fused QKV output",
-                             forward_ad=False)
+                             forward_ad=False, vmap_fallback=math_attention)
 def sdpa_contiguous_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
     # A standalone H100 test timed cuDNN SDPA fwd+bwd at 1.35 ms on contiguous q/k/v against 2.46 ms on the
     # packed views (docs/benchmarks.md); whether the copies pay for themselves end to end is what this ablates.
     return sdpa_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, mask=mask, dropout_p=dropout_p)
-
-
-@attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")
-def math_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
-    scale = q.shape[-1] ** -0.5
-    att = (q @ k.transpose(-2, -1)) * scale
-    if causal:
-        n, m = q.shape[-2], k.shape[-2]
-        keep = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
-        att = att.masked_fill(~keep, float("-inf"))
-    if mask is not None:
-        att = att.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else att + mask
-    att = att.softmax(-1)
-    return (F.dropout(att, dropout_p) if dropout_p > 0 else att) @ v
 
 
 _BLOCK_MASKS = {}
@@ -318,18 +318,19 @@ def forward_ad_attention(model: nn.Module):
             m.attend = attend
 
 
-SDPA_ENTRIES = ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_contiguous")
-
-
 @contextlib.contextmanager
 def plain_softmax_attention(model: nn.Module):
-    """Inside, every SDPA-family attention layer of `model` runs `math_attention` (the same function in plain torch
-    ops, softmax in float32 under autocast). For transforms that no SDPA kernel supports in some setting, e.g.
-    torch.vmap of a bf16 model on CUDA (batched seeds). Yields the number of layers swapped."""
-    swapped = [(m, m.attend) for m in model.modules()
-               if isinstance(m, Attention) and m.attend is not None and m.backend in SDPA_ENTRIES]
-    for m, _ in swapped:
-        m.attend = math_attention
+    """Inside, every attention layer of `model` whose entry declares a `vmap_fallback` runs it (for softmax entries
+    `math_attention`: the same function in plain torch ops, softmax in float32 under autocast). For transforms that
+    no fused kernel supports in some setting, e.g. torch.vmap of a bf16 model on CUDA (batched seeds). Yields the
+    number of layers swapped."""
+    swapped = []
+    for m in model.modules():
+        if isinstance(m, Attention) and m.attend is not None:
+            fallback = attention_registry.spec(m.backend).vmap_fallback
+            if fallback is not None:
+                swapped.append((m, m.attend))
+                m.attend = fallback
     try:
         yield len(swapped)
     finally:
