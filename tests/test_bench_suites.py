@@ -72,6 +72,16 @@ def test_placeholders_expand_to_words_conditions_and_matrix(tmp_path):
         spec.load(str(p), {"C": "1"}, environ={})
 
 
+def test_only_picks_every_matrix_entry_of_a_template_by_its_bare_name(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text('description = "x"\n[[entry]]\nname = "up{split}"\nkind = "python"\nmatrix = { split = ["", "_test"] }\n'
+                 'args = ["s.py"]\n[[entry]]\nname = "other"\nkind = "python"\nargs = ["s.py"]\n')
+    entries = spec.load(str(p), environ={}).entries
+    assert [e.name for e in entries] == ["up", "up_test", "other"]
+    assert [e.name for e in spec.select(entries, "up")] == ["up", "up_test"]
+    assert [e.name for e in spec.select(entries, "up_test")] == ["up_test"]
+
+
 @pytest.mark.slow
 def test_driver_runs_the_tiny_cpu_suite_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--suite", "tiny_cpu", "--out", str(tmp_path),

@@ -229,13 +229,14 @@ def _entries(suite: Suite) -> list[Entry]:
 
 
 def select(entries: list[Entry], only: str | None) -> list[Entry]:
-    """`--only a,b`: entries whose name, name without its matrix part, or stage is listed; without it every entry
-    but the `optional` ones."""
+    """`--only a,b`: entries whose name, name without its matrix part, stage, or name template (with or without its
+    placeholders: `upsample` picks every entry of `upsample{split}`) is listed; without it every entry but the
+    `optional` ones."""
     if not only:
         return [e for e in entries if not e.spec.get("optional")]
     wanted = {w.strip() for w in only.split(",") if w.strip()}
     picked = [e for e in entries if e.name in wanted or e.name.split("#")[0] in wanted or e.spec.get("stage") in wanted
-              or e.spec["name"] in wanted]
+              or e.spec["name"] in wanted or re.sub(r"\{[^}]*\}", "", e.spec["name"]) in wanted]
     if not picked:
         raise SuiteError(f"--only {only}: matches no entry (entries: {', '.join(e.name for e in entries)})")
     return picked
