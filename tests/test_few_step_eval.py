@@ -87,6 +87,12 @@ def test_cost_counts_training_times_processes_generated_data_and_the_teacher_cha
     s = cost_summary(student)  # a student of a student: both on top of the root teacher
     assert s["gpu_seconds"] == pytest.approx(3.0 + 62.0) and s["teacher_run"] == str(teacher)
     assert cost_summary(teacher)["gpu_seconds"] == pytest.approx(100.0) and cost_summary(teacher)["teacher_run"] is None
+    # reflow's one-step distillation reads the same pairs as its teacher (the 2-rectified flow): counted once
+    twin = _fake_run(tmp_path / "reflow_distill", {"data": {"path": str(pairs) + "/"},
+                                                   "method": {"name": "distill", "teacher": str(tmp_path / "reflow")}},
+                     [3.0], {"wall_time": 4.0, "device": "NVIDIA H100", "world": 1})
+    s = cost_summary(twin)
+    assert s["gpu_seconds"] == pytest.approx(3.0 + 62.0) and s["data_gpu_seconds"] == pytest.approx(12.0)
     lost = _fake_run(tmp_path / "lost", {"method": {"name": "x", "teacher": str(tmp_path / "gone")}}, [1.0], {})
     s = cost_summary(lost)
     assert s["teacher_missing"] == str(tmp_path / "gone") and s["device"] == "unknown" and s["gpu_seconds"] == 1.0

@@ -54,33 +54,39 @@ def _generation_record(meta: dict) -> dict:
     return {}
 
 
-def generated_data(cfg: dict) -> list[dict]:
-    """Folders the config names that were generated with a recorded cost (meta.json "seconds")."""
-    out, seen = [], set()
+def generated_data(cfg: dict, seen: set | None = None) -> list[dict]:
+    """Folders the config names that were generated with a recorded cost (meta.json "seconds"), skipping those in
+    `seen` (resolved paths already counted further down a teacher chain) and adding the rest to it."""
+    out, seen = [], set() if seen is None else seen
     for section in cfg.values():
         for v in (section.values() if isinstance(section, dict) else ()):
-            if not isinstance(v, str) or not v or v in seen:
+            if not isinstance(v, str) or not v:
+                continue
+            key = str(Path(v).resolve())
+            if key in seen:
                 continue
             meta = _generation_record(_read_json(Path(v) / "meta.json"))
             if meta:
-                seen.add(v)
+                seen.add(key)
                 world = int(meta.get("world", 1) or 1)
                 out.append({"path": v, "seconds": float(meta["seconds"]), "device": meta.get("device", "unknown"),
                             "world": world, "gpu_seconds": float(meta["seconds"]) * world})
     return out
 
 
-def run_cost(run_dir, _seen=None) -> dict:
+def run_cost(run_dir, _seen=None, _data_seen=None) -> dict:
     """One run's own cost and, nested under "teacher", its teacher's (None without one; {"path", "missing": True}
-    where the teacher run folder cannot be found from here)."""
+    where the teacher run folder cannot be found from here). A generated dataset is counted once per chain, by the
+    first run that names it (reflow's pairs feed both the 2-rectified flow and its distilled student)."""
     run_dir = Path(run_dir)
     seen = set() if _seen is None else _seen
+    data_seen = set() if _data_seen is None else _data_seen
     seen.add(run_dir.resolve())
     summary = _read_json(run_dir / "summary.json")
     secs = training_seconds(run_dir)
     world = int(summary.get("world", 1) or 1)
     cfg = _config(run_dir)
-    data = generated_data(cfg)
+    data = generated_data(cfg, data_seen)
     share = world / int(summary.get("batched_seeds") or 1)  # N batched seeds shared the device's time
     own = (secs or 0.0) * share + sum(d["gpu_seconds"] for d in data)
     res = {"run": str(run_dir), "device": summary.get("device", "unknown"), "world": world, "train_seconds": secs,
@@ -92,7 +98,7 @@ def run_cost(run_dir, _seen=None) -> dict:
         if tdir is None or tdir.resolve() in seen:
             res["teacher"] = {"path": tpath, "missing": True}
         else:
-            res["teacher"] = run_cost(tdir, seen)
+            res["teacher"] = run_cost(tdir, seen, data_seen)
     return res
 
 
