@@ -104,3 +104,14 @@ def flow_teacher(tmp_path_factory):
     Trainer(tiny_config(out, "train.name=teacher", "train.steps=30", "log.every=10", "log.ckpt_every=0",
                         "eval.num_samples=0", "log.sample_every=0")).fit()
     return str(out / "teacher")
+
+
+@pytest.fixture(scope="session")
+def pairs_dir(flow_teacher, tmp_path_factory):
+    """128 pairs of the tiny teacher (3 Heun steps, guided at its eval scale)."""
+    from genlab import progress
+    from genlab.methods.few_step.generate_pairs import generate_pairs
+    out = tmp_path_factory.mktemp("pairs") / "digits_pairs"
+    with progress.enabled(False):
+        generate_pairs(flow_teacher, out, 128, steps=3, sampler="heun", batch=64, device="cpu")
+    return str(out)

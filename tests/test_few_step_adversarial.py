@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -166,6 +167,23 @@ def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flo
     keys = ("loss", "adv_g", "adv_d", "loss_regression", "disc_acc_real", "disc_acc_fake", "diversity_ratio")
     assert all(math.isfinite(r[key]) for r in recs for key in keys)
     assert recs[-1]["adv_nonfinite"] == 0 and "adv_collapsed" in recs[-1]
+
+
+def test_ladd_trains_on_teacher_pairs_and_its_cost_counts_their_generation(tmp_path, flow_teacher, pairs_dir, one_thread):
+    """The few_step sweep trains LADD on teacher samples (the paper's data): a pairs folder reads as an image dataset,
+    and the run's cost holds the pairs' generation once, on top of the teacher."""
+    import json
+    import math
+
+    from genlab.eval.cost import cost_summary
+    from genlab.train.trainer import Trainer
+    cfg = tiny_config(tmp_path, *LADD, f"method.teacher={flow_teacher}", f"data.path={pairs_dir}", "data.name=images",
+                      "train.name=ladd_pairs", "train.steps=6", "log.every=3", *QUIET)
+    assert Trainer(cfg).fit()["status"] == "finished"
+    assert all(math.isfinite(v) for v in loss_curve(tmp_path / "ladd_pairs"))
+    gen = json.loads((Path(pairs_dir) / "meta.json").read_text())["pairs"]["seconds"]
+    c = cost_summary(tmp_path / "ladd_pairs")
+    assert c["data_gpu_seconds"] == pytest.approx(gen) and c["teacher_run"] == str(Path(flow_teacher))
 
 
 def test_pcm_with_the_adversarial_loss_resumes_exactly(tmp_path, flow_teacher, one_thread):

@@ -20,17 +20,6 @@ def loss_curve(run_dir) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
 
 
-@pytest.fixture(scope="module")
-def pairs_dir(flow_teacher, tmp_path_factory):
-    """128 pairs of the tiny teacher (3 Heun steps, guided at its eval scale)."""
-    from genlab import progress
-    from genlab.methods.few_step.generate_pairs import generate_pairs
-    out = tmp_path_factory.mktemp("pairs") / "digits_pairs"
-    with progress.enabled(False):
-        generate_pairs(flow_teacher, out, 128, steps=3, sampler="heun", batch=64, device="cpu")
-    return str(out)
-
-
 # -- PeRFlow: windows and their targets -------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
 def test_perflow_windows_partition_the_unit_interval_and_k_euler_steps_land_on_their_edges(k):
