@@ -161,9 +161,10 @@ def _check_run_py(args):
 
 def _check_genlab(args):
     import genlab
-    assert args[0] == "train", "only `genlab train` commands are checked; add a check for another one here"
-    preset = args[1] if len(args) > 1 and "=" not in args[1] else None
-    genlab.load_config(preset, [a for a in args[1:] if "=" in a])  # the preset exists and the overrides are valid
+    assert args[0] in ("train", "bench"), "only `genlab train|bench` commands are checked; add a check for another one here"
+    items = [a for a in args[1:] if not a.startswith("-") and not a.isdigit()]  # bench's --steps N / --warmup N
+    preset = items[0] if items and "=" not in items[0] else None
+    genlab.load_config(preset, [a for a in items if "=" in a])  # the preset exists and the overrides are valid
 
 
 def _check_bash(args):
