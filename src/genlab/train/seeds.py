@@ -24,6 +24,7 @@ import torch
 from genlab.config import Config, to_dict
 from genlab.errors import GenlabError, one_line
 from genlab.config_check import SEEDS_SUPPORTED as SUPPORTED, parse_seeds
+from genlab.train.stop import STOP_SIGNALS, StopSignals
 from genlab.train.trainer import Trainer
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
@@ -286,6 +287,7 @@ class SeedsTrainer:
         else:
             self.runs = [SeedRun(c) for c in seed_configs(cfg)]
         self.stop_requested = False
+        self.signals = StopSignals()
         self.errors: list = []
 
     @property
@@ -322,7 +324,7 @@ class SeedsTrainer:
             r.make_run_dir()
 
     def _on_signal(self, signum, frame):
-        if self.stop_requested:
+        if self.signals.is_second():  # a second Ctrl-C, not an echo of the first (train/stop.py)
             raise KeyboardInterrupt
         self.stop_requested = True
         for r in self.runs:
@@ -333,7 +335,7 @@ class SeedsTrainer:
         others go on); its error is raised once every seed has ended."""
         self.setup()
         n = len(self.runs)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         loops = [r.fit_loop() for r in self.runs]
         summaries, active = [None] * n, list(range(n))
         try:

@@ -19,6 +19,7 @@ from genlab.optim.schedules import lr_at
 from genlab.registry import method_registry, model_registry
 from genlab.train.convert import after_step_hooks, apply_converters, check_converters, converters_of
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
+from genlab.train.stop import start_compile_workers
 from genlab.train.switches import allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
 
 
@@ -66,6 +67,7 @@ class TrainStep:
                  resume_from: str = "the checkpoint"):
         tcfg = cfg.train
         self.cfg, self.spec, self.dist, self.device, self.precision = cfg, spec, dist, device, precision
+        start_compile_workers(device)  # before anything compiles: out of reach of a stop signalled to the group
         self.converters = converters_of(cfg, precision)
         self.after_step = after_step_hooks(self.converters)
         check_converters(self.converters, device)  # e.g. float8 refuses a CPU before anything is built

@@ -25,6 +25,7 @@ from genlab.train.convert import apply_converters
 from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
 from genlab.train.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
 from genlab.train.step import build_model_and_method, check_model_shapes, ema_update, TrainStep  # noqa: F401 (re-exported)
+from genlab.train.stop import STOP_SIGNALS, StopSignals
 from genlab.train.switches import build_precision, compile_counts, lr_value
 
 
@@ -40,6 +41,7 @@ class Trainer:
         self.cfg = cfg
         self.resume_from = resume or cfg.train.resume or None
         self.stop_requested = False
+        self.signals = StopSignals()
         self.stop_after = None  # tests: behave as if Ctrl-C arrived after this step
 
     # -- setup ----------------------------------------------------------------------------------
@@ -268,7 +270,7 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
     def _on_signal(self, signum, frame):
-        if self.stop_requested:  # second Ctrl-C: give up at once
+        if self.signals.is_second():  # a second Ctrl-C, not an echo of the first: give up at once
             raise KeyboardInterrupt
         self.stop_requested = True
 
@@ -297,7 +299,7 @@ class Trainer:
 
     def _install_signal_handlers(self) -> dict:
         """Ctrl-C / SIGTERM stop the run at the next step boundary; returns the handlers to restore."""
-        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
 
     def fit_loop(self):
         """The loop after setup(), as a generator that yields just before each optimizer step and returns the summary.
