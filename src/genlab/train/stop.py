@@ -43,7 +43,10 @@ def start_compile_workers(device) -> None:
     watchdog when its parent is gone."""
     if device.type != "cuda":  # the pool compiles Triton kernels only
         return
-    from torch._inductor.async_compile import maybe_warm_pool  # imported before the window: seconds
+    try:  # a private torch function (2.2 to 2.13 at least): without it torch starts the pool itself, unprotected
+        from torch._inductor.async_compile import maybe_warm_pool  # imported before the window: seconds
+    except ImportError:
+        return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         maybe_warm_pool()
