@@ -2,6 +2,7 @@
 
     python benchmarks/batched_seeds.py                                   # mnist_flow (DiT-S/4, batch 256), 8 seeds
     python benchmarks/batched_seeds.py --synthetic                       # ... on MNIST-shaped random images (no files)
+    python benchmarks/batched_seeds.py --batched-set train.compile=model # the batched step compiled
     python benchmarks/batched_seeds.py --preset digits_flow --seeds 4 --steps 10 --device cpu \\
         model.dim=32 model.depth=2 model.heads=2 train.batch_size=16    # a tiny CPU case
 
@@ -76,7 +77,10 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--synthetic", action="store_true", help="MNIST-shaped random images instead of the preset's data")
-    ap.add_argument("overrides", nargs="*", help="config overrides (section.key=value)")
+    ap.add_argument("--batched-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for the batched run only (e.g. train.compile=model: the compiled vmapped step "
+                         "against the single runs as the preset ships them)")
+    ap.add_argument("overrides", nargs="*", help="config overrides for both sides (section.key=value)")
     a = ap.parse_args(argv)
     from genlab.config import load_config
     seeds = list(range(a.seeds))
@@ -86,14 +90,15 @@ def main(argv=None):
 
         def cfg_for(s):
             return load_config(a.preset, [*base, f"train.seed={s}", f"train.name=seq-s{s}"])
-        cfg = load_config(a.preset, [*base, "train.seeds=" + ",".join(map(str, seeds)), "train.name=batched"])
+        cfg = load_config(a.preset, [*base, *a.batched_set, "train.seeds=" + ",".join(map(str, seeds)), "train.name=batched"])
         B = cfg.train.batch_size
         dev = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else a.device if a.device != "auto" else "cpu")
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
         t_seq = sequential(cfg_for, seeds, a.warmup, a.steps)
         t_bat = batched(cfg, a.warmup, a.steps)
     imgs = len(seeds) * B * a.steps
-    print(f"preset {a.preset}{' (synthetic MNIST-shaped data)' if a.synthetic else ''}, {cfg.model.name} dim "
+    print(f"preset {a.preset}{' (synthetic MNIST-shaped data)' if a.synthetic else ''}"
+          f"{', batched run with ' + ' '.join(a.batched_set) if a.batched_set else ''}, {cfg.model.name} dim "
           f"{cfg.model.dim or cfg.model.size}, batch {B} per seed, {len(seeds)} seeds, {a.steps} timed steps "
           f"(+{a.warmup} warm-up), {name}, torch {torch.__version__}")
     print("| mode | seconds | ms per step (sequential: one run; batched: all seeds) | aggregate img/s | vs sequential |")

@@ -152,7 +152,7 @@ def test_cli_trains_seeds_batched_and_resumes_them(tmp_path, capfd):
     ("method.name=shortcut", "method shortcut"),
     ("method.timestep_sampler=adaptive", "adaptive"),
     ("optim.caution=true", "optim.caution"),
-    ("train.compile=model", "train.compile"),
+    ("train.compile=blocks", "train.compile"),
     ("train.precision=fp16", "train.precision=fp16"),
     ("train.parallel=ddp", "train.parallel=ddp"),
     ("train.seeds=1,1", "distinct"),
@@ -217,7 +217,7 @@ def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path)
     with pytest.raises(GenlabError, match="batched_seeds must be true or false"):
         load_sweep(p)
     p.write_text(SWEEP.format(name="s", batched="batched_seeds = true", lrs="1e-3").replace(
-        '"optim.warmup_steps=2"', '"optim.warmup_steps=2", "train.compile=model"'))
+        '"optim.warmup_steps=2"', '"optim.warmup_steps=2", "train.compile=blocks"'))
     with pytest.raises(GenlabError, match="train.compile"):
         load_sweep(p)
 
@@ -301,16 +301,31 @@ def test_batched_seeds_with_plain_ops_attention_follow_the_default_kernel(tmp_pa
     assert a and b
 
 
+@pytest.mark.slow  # an inductor compile of the vmapped step on the CPU (~30 s on 2 shared cores)
+def test_compiled_batched_step_follows_the_eager_one(tmp_path):
+    """train.compile=model compiles the vmapped loss (forward and backward): the same losses and weights as the
+    eager batched step, within the step's float32 tolerance (kernels fused by inductor reorder sums)."""
+    from genlab.train.seeds import SeedsTrainer
+    SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=eager")).fit()
+    SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=comp", "train.compile=model")).fit()
+    for s in (0, 1):
+        le, lc = _losses(tmp_path / f"eager-s{s}"), _losses(tmp_path / f"comp-s{s}")
+        assert len(lc) == STEPS
+        torch.testing.assert_close(torch.tensor(lc), torch.tensor(le), rtol=LOSS_RTOL, atol=0)
+        _assert_close_states(_ckpt(tmp_path / f"comp-s{s}"), _ckpt(tmp_path / f"eager-s{s}"), atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_batched_bf16_seeds_train_and_follow_their_single_runs(tmp_path, capsys):
+@pytest.mark.parametrize("compile_", ["off", "model"])
+def test_gpu_batched_bf16_seeds_train_and_follow_their_single_runs(tmp_path, capsys, compile_):
     """On CUDA under bf16 the vmapped step needs an attention kernel that runs under vmap (the probe picks one, or
     the plain-ops fallback); each seed's losses follow its own single run to bf16 rounding (the two paths run
     different attention kernels, so not to float32's)."""
     from genlab.train.seeds import SeedsTrainer
     from genlab.train.trainer import Trainer
     gpu = ["train.device=cuda", "train.precision=bf16", "train.grad_accum=1", "model.dim=64", "model.heads=2"]
-    SeedsTrainer(_cfg(tmp_path, *gpu, "train.seeds=0,1", "train.name=b")).fit()
+    SeedsTrainer(_cfg(tmp_path, *gpu, "train.seeds=0,1", "train.name=b", f"train.compile={compile_}")).fit()
     for s in (0, 1):
         Trainer(_cfg(tmp_path, *gpu, f"train.seed={s}", f"train.name=single{s}")).fit()
         lb, ls = torch.tensor(_losses(tmp_path / f"b-s{s}")), torch.tensor(_losses(tmp_path / f"single{s}"))

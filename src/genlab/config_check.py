@@ -169,7 +169,7 @@ def _check_train(cfg):
 
 # what the batched step of train.seeds (train/seeds.py) supports
 SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
-                   "train.compile=off, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+                   "train.compile=off|model, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
 
 
 def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
@@ -197,7 +197,7 @@ def check_seeds_config(cfg) -> None:
         refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
     if t.parallel not in ("auto", "none"):
         refuse(f"train.parallel={t.parallel}")
-    for key, bad in (("compile", t.compile != "off"), ("compile_optimizer", t.compile_optimizer),
+    for key, bad in (("compile", t.compile not in ("off", "model")), ("compile_optimizer", t.compile_optimizer),
                      ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
                      ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
         if bad:

@@ -167,14 +167,20 @@ class StackedStep:
         return {"state": state, "param_groups": copy.deepcopy(sd["param_groups"])}
 
     # -- the step -----------------------------------------------------------------------------------------------
-    def _losses(self, inputs: dict):
+    def _losses(self, inputs: dict, compiled: bool = True):
         model, method = self.model, self.method
 
         def one(params, buffers, inp):
             from torch.func import functional_call
             return method.loss_from(lambda *args: functional_call(model, (params, buffers), args), inp)
+        vmapped = torch.vmap(one)
+        if compiled and self.cfg.train.compile == "model":  # the vmapped forward as one graph, its backward another
+            if getattr(self, "_compiled", None) is None:
+                from genlab.train.switches import _mode
+                self._compiled = torch.compile(vmapped, mode=_mode(self.cfg.train), dynamic=False)  # vmap: static shapes
+            vmapped = self._compiled
         with self.attention_kernels(model):
-            return torch.vmap(one)(self.params, self.buffers, inputs)
+            return vmapped(self.params, self.buffers, inputs)
 
     def _draws(self, step: int) -> dict:
         """Each seed's batch and random draws, from its own loader and generator, as a single run draws them."""
@@ -242,7 +248,7 @@ class StackedStep:
                                   precision=self.precision.name, ema=None)
                 one = self.method.loss_inputs(self.model, batch, ctx)
                 with self.precision.autocast(self.device):
-                    losses, _ = self._losses({k: torch.stack([v] * self.n) for k, v in one.items()})
+                    losses, _ = self._losses({k: torch.stack([v] * self.n) for k, v in one.items()}, compiled=False)
                 losses.sum().backward()
                 if errors:
                     print(f"genlab: train.seeds: attention under vmap uses the {name} kernel "
