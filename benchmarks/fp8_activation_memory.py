@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
 
 from genlab.bench import BenchStep
 from genlab.config import load_config
@@ -36,7 +35,6 @@ def main():
     ap.add_argument("--scale-to", type=int, default=256)
     ap.add_argument("--group", type=int, default=FP8_GROUP, help="elements per fp32 scale in the FP8 form")
     a = ap.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     saved = [measure(a.preset, a.overrides, b) for b in a.batches]
     fit = fit_per_sample(tuple(a.batches), tuple(saved), a.group)
     total, fp8 = at_batch(fit, a.scale_to)

@@ -47,7 +47,7 @@ def _torchao_config(name: str):
 
 
 def convert_quantized_training(model: nn.Module, name: str) -> nn.Module:
-    """Wrap the block linears' weights in place (their parameter names are kept)."""
+    """Convert the block linears in place (bitnet: a weight subclass; int8_mixed: a module swap); names are kept."""
     from torchao.quantization import quantize_
     quantize_(model, _torchao_config(name), filter_fn=bitlinear_filter)
     for m in model.modules():  # on each linear: a sub-module's state_dict is plain too
