@@ -347,7 +347,8 @@ def test_precision_sweep_has_every_row_of_the_issue_and_each_config_validates():
         "fp8-tensorwise": ("float8_tensorwise", "adamw", ""), "fp8-rowwise": ("float8_rowwise", "adamw", ""),
         "adamw8bit": ("bf16", "adamw8bit", ""), "adamw4bit": ("bf16", "adamw4bit", ""),
         "adamw-fp8": ("bf16", "adamw_fp8", ""), "adamw-coat": ("bf16", "adamw_coat", ""),
-        "bitlinear": ("bf16", "adamw", "bitlinear")}
+        "bitlinear": ("bf16", "adamw", "bitlinear"), "bitnet-torchao": ("bf16", "adamw", "bitnet_torchao"),
+        "int8-mixed": ("bf16", "adamw", "int8_mixed")}
     assert sw.steps == 300 and sw.loss_at == [100, 200, 300]
 
 

@@ -209,13 +209,16 @@ def check_seeds_config(cfg) -> None:
 
 
 def check_converter_combination(names) -> None:
-    """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies)."""
-    float8 = [n for n in names if n.startswith("float8")]
-    if "bitlinear" in names and float8:
-        # BitLinear quantises the same block linears itself (ternary weights, int8 activations): float8 would
-        # replace them or cast its already-quantised operands again
-        raise GenlabError(f"bitlinear and {float8[0]} convert the same block linears; choose one "
-                          f"(train.convert / train.precision)")
+    """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies):
+    those that declare `linears` replace the same block linears' arithmetic, so a run takes one of them."""
+    from genlab.registry import convert_registry
+    # float8 is float8_tensorwise's alias; an unknown name is the registry's own error later
+    seen = {"float8_tensorwise" if n == "float8" else n: n for n in names
+            if n in convert_registry and convert_registry.get(n).linears}
+    if len(seen) > 1:
+        # e.g. BitLinear's already-quantised operands would be cast again by float8, or replaced by it
+        a, b = list(seen.values())[:2]
+        raise GenlabError(f"{a} and {b} convert the same block linears; choose one (train.convert / train.precision)")
 
 
 def _check_components(cfg):

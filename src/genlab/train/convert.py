@@ -20,6 +20,7 @@ class Converter:
     apply: Callable[[nn.Module, torch.device, object], nn.Module]   # (model, device, cfg or None): in place; returns it
     check: Callable[[torch.device], None] = lambda device: None   # before training builds anything
     after_step: Callable[[nn.Module, object], None] | None = None  # (model, cfg) after each optimizer step
+    linears: bool = False  # replaces the block linears' arithmetic: at most one such converter per run
 
 
 def _float8(recipe):
@@ -40,7 +41,7 @@ def _float8(recipe):
         if cfg.train.float8_all_gather:
             from genlab.train.float8 import precompute_scales
             precompute_scales(model)
-    return Converter(apply, check, after_step)
+    return Converter(apply, check, after_step, linears=True)
 
 
 for _recipe in ("tensorwise", "rowwise"):
@@ -63,7 +64,7 @@ def _bitlinear(model, device, cfg=None):
 
 
 convert_registry.register("bitlinear", "BitNet b1.58 BitLinear for the block linears: ternary absmean weights, "
-                                       "int8 absmax activations, straight-through gradients")(Converter(_bitlinear))
+                                       "int8 absmax activations, straight-through gradients")(Converter(_bitlinear, linears=True))
 
 
 def converters_of(cfg, precision=None) -> list[str]:

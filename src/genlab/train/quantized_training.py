@@ -1,0 +1,85 @@
+"""torchao's quantized-training prototypes as converters (`train.convert = ["bitnet_torchao"]` / `["int8_mixed"]`),
+on the block linears genlab's own BitLinear converts (train/convert.bitlinear_filter), so the two BitNets compare
+side by side.
+
+- bitnet_torchao: `torchao.prototype.quantized_training.bitnet_training()` — BitNet b1.58 (arXiv:2402.17764) with
+  absmean ternary weights and per-row absmax int8 activations, an int8 matmul forward (torch._int_mm off CUDA, a
+  Triton kernel on it) and straight-through gradients computed from the quantised operands.
+- int8_mixed: `int8_mixed_precision_training()` — weights and activations dynamically quantised to int8 (row-wise
+  scales) for the forward and both backward matmuls; the master weights stay in their dtype (Jetfire-like).
+
+bitnet_torchao swaps each weight for torchao's tensor subclass; a state-dict hook hands back its plain tensor, so
+checkpoints hold only tensors (safe_load) and load into a plain or a converted model alike (loading copies into the
+subclass in place). int8_mixed uses torchao's module swap: in torchao 0.18 its tensor-subclass form registers
+F.linear in the aten-op table, where F.linear never arrives, so the subclass silently trains unquantised (measured:
+its output equals the plain linear's to 6e-7; tests/test_quantized_training.py checks the int8 formula).
+RMSNorm: as with genlab's BitLinear (models/bitlinear.py), none is added — the blocks' own pre-norms sit before qkv
+and fc1 (torchao leaves the norm to the user as well), so the two converters differ only in their kernels.
+Both run on the CPU (torch._int_mm), so no device check is needed.
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from genlab.errors import GenlabError
+from genlab.registry import convert_registry
+from genlab.train.convert import Converter, bitlinear_filter
+
+SUBCLASSES = ("BitNetTrainingLinearWeight",)
+KINDS = ("BitNetTrainingLinearWeight", "Int8MixedPrecisionTrainingLinear")  # what count_quantized_training counts
+
+
+def _plain_weights(module, state_dict, prefix, local_metadata):
+    """Checkpoints hold the subclass's plain tensor (torch.load(weights_only=True) admits no torchao class)."""
+    for k, v in state_dict.items():
+        if k.startswith(prefix) and type(v).__name__ in SUBCLASSES:
+            state_dict[k] = v._data.detach()
+    return state_dict
+
+
+def _torchao_config(name: str):
+    try:
+        from torchao.prototype import quantized_training as qt
+    except ImportError as e:
+        raise GenlabError(f"train.convert={name} needs torchao's quantized_training prototype "
+                          f"(pip install torchao): {e}") from None
+    return qt.bitnet_training() if name == "bitnet_torchao" else qt.int8_mixed_precision_training(module_swap=True)
+
+
+def convert_quantized_training(model: nn.Module, name: str) -> nn.Module:
+    """Convert the block linears in place (bitnet: a weight subclass; int8_mixed: a module swap); names are kept."""
+    from torchao.quantization import quantize_
+    quantize_(model, _torchao_config(name), filter_fn=bitlinear_filter)
+    for m in model.modules():  # on each linear: a sub-module's state_dict is plain too
+        if type(getattr(m, "weight", None)).__name__ in SUBCLASSES:
+            m._register_state_dict_hook(_plain_weights)
+    return model
+
+
+def _check(name):
+    def check(device):
+        _torchao_config(name)
+    return check
+
+
+def _entry(name):
+    return Converter(lambda model, device, cfg=None: convert_quantized_training(model, name), _check(name),
+                     linears=True)
+
+
+convert_registry.register("bitnet_torchao", "torchao's bitnet_training prototype (BitNet b1.58: ternary weights, "
+                                            "int8 activations, int8 matmul) for the block linears")(_entry("bitnet_torchao"))
+convert_registry.register("int8_mixed", "torchao's int8_mixed_precision_training prototype: dynamic int8 weights "
+                                        "and activations in forward and backward matmuls of the block linears")(
+    _entry("int8_mixed"))
+
+
+def count_quantized_training(model: nn.Module) -> dict[str, int]:
+    """How many linears each torchao form converts: weight subclasses (bitnet) and swapped modules (int8_mixed)."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        for kind in (type(m).__name__, type(getattr(m, "weight", None)).__name__):
+            if kind in KINDS:
+                out[kind] = out.get(kind, 0) + 1
+    return out
+
