@@ -24,6 +24,11 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
 
 
+def _pythonpath() -> str:
+    """This checkout's src first, then the caller's PYTHONPATH (a kernel library installed with pip --target)."""
+    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+
+
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
@@ -178,7 +183,8 @@ def test_dit_with_triton_adaln_equals_fused_on_cpu():
 
 
 def test_cpu_training_step_with_auto_kernels_imports_no_gpu_library():
-    """A CPU training step of a GPT (ce_kernel=auto) and a DiT (adaln=fused) leaves the kernel libraries and genlab's
+    """A CPU training step of a GPT (ce_kernel=auto) and a DiT (adaln=fused), and a swiglu_liger MLP's forward and
+    backward on CPU tensors, leave the kernel libraries and genlab's
     Triton kernel modules unimported (torch itself may import triton; that is not checked)."""
     code = """
 import sys
@@ -190,6 +196,9 @@ for preset, over in (("gpt2_124m", ["model.ce_kernel=auto", "model.size=tiny", "
                      ("digits_flow", ["model.dim=32", "model.depth=1", "model.heads=2", "model.adaln=fused"])):
     train(load_config(preset, over + ["train.device=cpu", "train.steps=1", "train.batch_size=4", "eval.num_samples=0",
                                       "log.progress=false", "log.tensorboard=false", "train.out_dir=" + sys.argv[1]]))
+import torch
+from genlab.registry import mlp_registry
+mlp_registry.get("swiglu_liger")(16, 64)(torch.randn(2, 3, 16)).sum().backward()  # a model built for CUDA, on CPU
 bad = [m for m in sys.modules if m.split(".")[0] in ("liger_kernel", "cut_cross_entropy")
        or m.startswith("genlab.models.") and m.endswith("_kernels")]
 print("BAD", bad)
@@ -197,7 +206,7 @@ print("BAD", bad)
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True, timeout=600, cwd=d,
-                           env=dict(os.environ, PYTHONPATH=str(REPO / "src"), CUDA_VISIBLE_DEVICES=""))
+                           env=dict(os.environ, PYTHONPATH=_pythonpath(), CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "BAD []", r.stdout[-2000:]
 
@@ -265,10 +274,122 @@ def check_adaln_compile(device="cpu"):
 @pytest.mark.slow  # the Triton interpreter: ~10-30 s on 2 cores
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_adaln_kernels_under_the_interpreter_match_float64():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, __file__, "adaln"], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     print(r.stdout)
     assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+# -- model.mlp=swiglu_liger (models/fused_mlp.py) ----------------------------------------------------------------------
+HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
+
+
+def _mlp_pair(dim=24, hidden=96, dtype=torch.float64, device="cpu"):
+    """A swiglu and a swiglu_liger MLP with the same weights (the state dicts share their keys)."""
+    from genlab.registry import mlp_registry
+    torch.manual_seed(0)
+    ref = mlp_registry.get("swiglu")(dim, hidden).to(device, dtype)
+    m = mlp_registry.get("swiglu_liger")(dim, hidden).to(device, dtype)
+    m.load_state_dict(ref.state_dict())
+    return m, ref
+
+
+def _mlp_grads(m, x, cot):
+    out = m(x)
+    return out, torch.autograd.grad((out.float() * cot).sum(), [x, *m.parameters()])
+
+
+def test_swiglu_liger_is_plain_swiglu_on_cpu():
+    """On CPU tensors the entry is the plain composition: the same outputs and gradients as swiglu, bit for bit."""
+    from genlab.models.fused_mlp import supports
+    m, ref = _mlp_pair()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 24, generator=g, dtype=torch.float64).requires_grad_()
+    cot = torch.randn(2, 7, 24, generator=g, dtype=torch.float64)
+    assert not supports(m.fc1(x))
+    out, grads = _mlp_grads(m, x, cot)
+    ref_out, ref_grads = _mlp_grads(ref, x, cot)
+    assert torch.equal(out, ref_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def test_swiglu_liger_refuses_cpu_training_and_a_missing_liger_in_one_line(monkeypatch):
+    from genlab.config import load_config
+    from genlab.errors import GenlabError
+    with pytest.raises(GenlabError, match=r"^model.mlp=swiglu_liger is a CUDA kernel .* valid choices on the CPU: gelu, "
+                                          r"mixffn, swiglu$"):
+        load_config("shakespeare_char_ar", ["model.mlp=swiglu_liger", "train.device=cpu"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    with pytest.raises(GenlabError, match=r"^model.mlp=swiglu_liger needs the 'liger_kernel' package .*valid choices: "
+                                          r"gelu, mixffn, swiglu$"):
+        load_config("digits_flow", ["model.mlp=swiglu_liger", "train.device=cuda"])
+
+
+def check_swiglu_liger(shape, dtype, device="cpu"):
+    """liger's kernel (CUDA or the interpreter) against float64: forward and the gradients of x, fc1 and fc2."""
+    from genlab.models.fused_mlp import supports
+    dim, hidden = shape[-1], 2 * shape[-1] + 8
+    m, _ = _mlp_pair(dim, hidden, getattr(torch, dtype), device)
+    ref, _ = _mlp_pair(dim, hidden, torch.float64, device)
+    ref.load_state_dict(m.state_dict())
+    g = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(shape, generator=g, device=device)
+    cot = torch.randn(shape, generator=g, device=device)
+    assert supports(m.fc1(x.to(m.fc1.weight.dtype)))
+    out, grads = _mlp_grads(m, x.to(m.fc1.weight.dtype).requires_grad_(), cot)
+    ref_out, ref_grads = _mlp_grads(ref, x.double().requires_grad_(), cot.double())
+    return max([rel(out, ref_out)] + [rel(a, b) for a, b in zip(grads, ref_grads)])
+
+
+def check_swiglu_liger_compile(device="cpu"):
+    """torch.compile (aot_eager: the fake impls and the autograd rule) keeps the op in one graph, matching eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    m, _ = _mlp_pair(16, 64, torch.float32, device)
+    x = torch.randn(3, 5, 16, device=device, requires_grad=True)
+    eager = m(x).tanh()
+    g_eager = torch.autograd.grad(eager.sum(), [x, *m.parameters()])
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(lambda t: m(t).tanh(), backend=counter, fullgraph=True)(x)
+    g = torch.autograd.grad(out.sum(), [x, *m.parameters()])
+    assert counter.frame_count == 1, counter.frame_count
+    torch.testing.assert_close(out, eager)
+    for a, b in zip(g, g_eager):
+        torch.testing.assert_close(a, b)
+
+
+# float16, not bfloat16: the interpreter multiplies bf16 values wrongly (numpy has no bf16); the gpu test runs bf16
+SWIGLU_CASES = [((2, 9, 24), "float32"), ((1, 5, 40), "float32"), ((3, 7, 24), "float16")]
+
+
+def _swiglu_interpreter_main():
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for shape, dtype in SWIGLU_CASES:
+        err = check_swiglu_liger(shape, dtype)
+        print(shape, dtype, f"max rel err {err:.1e}", flush=True)
+        assert err < (1e-2 if dtype == "float16" else 1e-5), (shape, dtype, err)
+    check_swiglu_liger_compile()
+    print("OK")
+
+
+@pytest.mark.slow  # the Triton interpreter
+@pytest.mark.skipif(not (HAS_TRITON and HAS_LIGER), reason="needs triton and liger-kernel")
+def test_swiglu_liger_kernel_under_the_interpreter_matches_float64():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, __file__, "swiglu"], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=REPO)
+    print(r.stdout)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (CUDA and HAS_LIGER), reason="needs a CUDA GPU and liger-kernel")
+def test_gpu_swiglu_liger_matches_float64_and_compiles_in_one_graph():
+    """GPT-2/DiT-B widths (768 -> 2 x 2048): fp32 near fp32 rounding, bf16 within bf16 rounding; one compiled graph."""
+    assert check_swiglu_liger((4, 256, 768), "float32", "cuda") < 1e-5
+    assert check_swiglu_liger((4, 256, 768), "bfloat16", "cuda") < 2e-2
+    check_swiglu_liger_compile("cuda")
 
 
 # -- GPU: each fused kernel against its plain composition -------------------------------------------------------------
@@ -406,4 +527,4 @@ def test_gpu_gpt_trains_with_each_ce_kernel_like_plain():
 
 
 if __name__ == "__main__":
-    _interpreter_main()
+    {"adaln": _interpreter_main, "swiglu": _swiglu_interpreter_main}[sys.argv[1]]()
