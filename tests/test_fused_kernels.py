@@ -183,8 +183,8 @@ def test_dit_with_triton_adaln_equals_fused_on_cpu():
 
 
 def test_cpu_training_step_with_auto_kernels_imports_no_gpu_library():
-    """A CPU training step of a GPT (ce_kernel=auto) and a DiT (adaln=fused), and a swiglu_liger MLP's forward and
-    backward on CPU tensors, leave the kernel libraries and genlab's
+    """A CPU training step of a GPT (ce_kernel=auto) and a DiT (adaln=fused), and the forward and backward of a
+    swiglu_liger MLP and a qkv_kernel=triton attention on CPU tensors, leave the kernel libraries and genlab's
     Triton kernel modules unimported (torch itself may import triton; that is not checked)."""
     code = """
 import sys
@@ -199,6 +199,8 @@ for preset, over in (("gpt2_124m", ["model.ce_kernel=auto", "model.size=tiny", "
 import torch
 from genlab.registry import mlp_registry
 mlp_registry.get("swiglu_liger")(16, 64)(torch.randn(2, 3, 16)).sum().backward()  # a model built for CUDA, on CPU
+from genlab.models.attention import Attention
+Attention(16, 2, qk_norm=True, qkv_kernel="triton")(torch.randn(2, 3, 16)).sum().backward()
 bad = [m for m in sys.modules if m.split(".")[0] in ("liger_kernel", "cut_cross_entropy")
        or m.startswith("genlab.models.") and m.endswith("_kernels")]
 print("BAD", bad)
@@ -392,6 +394,187 @@ def test_gpu_swiglu_liger_matches_float64_and_compiles_in_one_graph():
     check_swiglu_liger_compile("cuda")
 
 
+# -- model.qkv_kernel=triton (models/fused_qkv.py) --------------------------------------------------------------------
+def qkv_reference(h, heads, wq, wk, eps, rope):
+    """float64: h [B, N, 3 * heads * hd] -> q, k, v [B, heads, N, hd]; RMSNorm (weights wq, wk, or None), then RoPE
+    of the pairs (2j, 2j+1) with rope = (cos, sin) [>= N, hd / 2] (or None)."""
+    B, N, C = h.shape
+    q, k, v = h.double().view(B, N, 3, heads, C // (3 * heads)).permute(2, 0, 3, 1, 4)
+
+    def one(x, w):
+        if w is not None:
+            x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * w.double()
+        if rope is not None:
+            c, s = (t[:N].double() for t in rope)
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            x = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+        return x
+    return one(q, wq), one(k, wk), v
+
+
+def _qkv_modules(hd, q_norm, k_norm, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    norms = []
+    for on in (q_norm, k_norm):
+        n = torch.nn.RMSNorm(hd) if on else torch.nn.Identity()
+        if on:
+            with torch.no_grad():
+                n.weight.copy_(1 + 0.5 * torch.randn(hd, generator=g))
+        norms.append(n.to(device, dtype))
+    return norms
+
+
+def check_qkv_case(B, N, H, hd, dtype, q_norm, k_norm, rope, device="cpu"):
+    """The Triton split against float64: q, k, v and the gradients of h and both norm weights; the worst rel error."""
+    from genlab.models.fused_qkv import split_triton, supports
+    from genlab.models.positions import rope_cache
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device=device).manual_seed(N + hd)
+    h = (torch.randn(B, N, 3 * H * hd, generator=g, device=device) * 2).to(dt).requires_grad_()
+    qn, kn = _qkv_modules(hd, q_norm, k_norm, torch.float32, device, N)
+    table = tuple(t.to(device) for t in rope_cache(N + 5, hd)) if rope else None
+    assert supports(h, H)
+    outs = split_triton(h, H, qn, kn, table)
+    assert all(o.dtype == dt and o.shape == (B, H, N, hd) for o in outs)
+    cot = [torch.randn(o.shape, generator=g, device=device) for o in outs]
+    params = [h] + [n.weight for n in (qn, kn) if isinstance(n, torch.nn.RMSNorm)]
+    grads = torch.autograd.grad(sum((o.float() * c).sum() for o, c in zip(outs, cot)), params)
+    p64 = [t.detach().double().requires_grad_() for t in params]
+    ws = iter(p64[1:])
+    wq = next(ws) if q_norm else None
+    wk = next(ws) if k_norm else None
+    refs = qkv_reference(p64[0], H, wq, wk, torch.finfo(torch.float32).eps, table)
+    ref_grads = torch.autograd.grad(sum((o * c.double()).sum() for o, c in zip(refs, cot)), p64)
+    return max([rel(a, b) for a, b in zip(outs, refs)] + [rel(a, b) for a, b in zip(grads, ref_grads)])
+
+
+# (B, N, H, hd, dtype, q_norm, k_norm, rope): heads and pairs not powers of two, k normed alone (an MMDiT pre-only block)
+QKV_CASES = [(2, 7, 3, 12, "float32", True, True, True), (1, 5, 2, 8, "float32", False, False, True),
+             (2, 6, 4, 16, "float32", True, True, False), (1, 9, 3, 8, "float32", False, True, True),
+             (2, 5, 2, 8, "float16", True, True, True), (2, 5, 2, 8, "bfloat16", True, True, True),
+             (1, 4, 1, 4, "float32", False, False, False)]
+
+
+def check_qkv_compile(device="cpu"):
+    """torch.compile (aot_eager: the fake impls and the autograd rule) keeps the op in one graph, matching eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from genlab.models.attention import Attention
+    from genlab.models.positions import rope_cache
+    torch.manual_seed(0)
+    a = Attention(24, 3, qk_norm=True, qkv_kernel="triton").to(device)
+    rope = tuple(t.to(device) for t in rope_cache(6, 8))
+    x = torch.randn(2, 6, 24, device=device, requires_grad=True)
+    eager = a(x, rope=rope)
+    g_eager = torch.autograd.grad(eager.square().sum(), [x, *a.parameters()])
+    counter = CompileCounterWithBackend("aot_eager")
+    out = torch.compile(lambda t: a(t, rope=rope), backend=counter, fullgraph=True)(x)
+    g = torch.autograd.grad(out.square().sum(), [x, *a.parameters()])
+    assert counter.frame_count == 1, counter.frame_count
+    torch.testing.assert_close(out, eager)
+    for u, w in zip(g, g_eager):
+        torch.testing.assert_close(u, w)
+
+
+def _qkv_interpreter_main():
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for case in QKV_CASES:
+        err = check_qkv_case(*case)
+        print(case, f"max rel err {err:.1e}", flush=True)
+        assert err < {"float16": 2e-3, "bfloat16": 1e-2}.get(case[4], 1e-6), (case, err)
+    check_qkv_compile()
+    print("OK")
+
+
+@pytest.mark.slow  # the Triton interpreter
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_triton_qkv_split_under_the_interpreter_matches_float64():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, __file__, "qkv"], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    print(r.stdout)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("model,over", [("dit", {"qk_norm": True, "pos_emb": "rope2d"}), ("mmdit", {"qk_norm": True}),
+                                        ("gpt", {"pos_emb": "rope"})])
+def test_models_with_triton_qkv_equal_plain_on_cpu(model, over):
+    """qkv_kernel=triton on CPU tensors is the plain composition: the same outputs and gradients, bit for bit."""
+    import dataclasses
+
+    from genlab.config import ModelConfig
+    from genlab.registry import model_registry
+    spec = model_registry.spec(model)
+
+    def run(kernel):
+        torch.manual_seed(0)
+        cfg = dataclasses.replace(ModelConfig(name=model, dim=32, depth=2, heads=2, size="tiny"), qkv_kernel=kernel,
+                                  **over)
+        m = spec.builder(cfg, spec.example.spec).double()
+        for p in m.parameters():  # adaLN-Zero starts at zero gates: perturb so every path carries gradient
+            torch.nn.init.normal_(p, std=0.1) if p.dim() < 2 else None
+        x = [t.double() if t.is_floating_point() else t
+             for t in spec.example.inputs(spec.example.spec, 2, torch.Generator().manual_seed(1))]
+        out = m(*x)
+        out = out[0] if isinstance(out, tuple) else out
+        return out, torch.autograd.grad(out.float().square().sum(), list(m.parameters()), allow_unused=True)
+    out, grads = run("triton")
+    ref, ref_grads = run("plain")
+    assert torch.equal(out, ref)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def test_triton_qkv_refuses_cpu_training_in_one_line():
+    from genlab.config import load_config
+    from genlab.errors import GenlabError
+    for preset in ("digits_flow", "shakespeare_char_ar"):
+        with pytest.raises(GenlabError, match=r"^model.qkv_kernel=triton is a CUDA kernel .* valid choices on the CPU: "
+                                              r"plain$"):
+            load_config(preset, ["model.qkv_kernel=triton", "train.device=cpu"])
+
+
+@pytest.mark.parametrize("case", [(4, 256, 12, 64, "float32", True, True, True), (2, 1024, 12, 64, "bfloat16", True,
+                                                                                      True, True),
+                                  (2, 1000, 16, 72, "bfloat16", False, False, True), (2, 256, 16, 16, "bfloat16",
+                                                                                        True, True, False)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_triton_qkv_split_matches_float64(case):
+    """DiT-B/2 and GPT-2 shapes (12 heads of 64), XL/2 heads (16 of 72), and bench_longseq's head width 16."""
+    err = check_qkv_case(*case, device="cuda")
+    assert err < (1e-2 if case[4] == "bfloat16" else 1e-5), err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_dit_with_triton_qkv_matches_plain_under_bf16_autocast_and_compile():
+    """A DiT-B/2-shaped model (2 blocks, qk_norm, rope2d), bf16 autocast, torch.compile with inductor: one graph,
+    outputs and gradients of qkv_kernel=triton within bf16 rounding of plain's (which rounds after each op)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from genlab.models.dit import DiT, DiTSpec
+
+    def run(kernel):
+        torch.manual_seed(0)
+        m = DiT(DiTSpec(image_size=32, channels=4, num_classes=10, dim=768, depth=2, heads=12, qk_norm=True,
+                        pos_emb="rope2d", qkv_kernel=kernel)).cuda()
+        for n, p in m.named_parameters():
+            if "ada" in n:
+                torch.nn.init.normal_(p, std=0.02)
+        g = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(8, 4, 32, 32, generator=g, device="cuda")
+        t, y = torch.rand(8, generator=g, device="cuda"), torch.arange(8, device="cuda")
+        counter = CompileCounterWithBackend("inductor")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = torch.compile(m, backend=counter)(x, t, y)
+        grads = torch.autograd.grad(out.float().square().mean(), list(m.parameters()))
+        assert counter.frame_count == 1, counter.frame_count
+        return out.float(), grads
+    out, grads = run("triton")
+    ref, ref_grads = run("plain")
+    assert rel(out, ref) < 2e-2
+    assert max(rel(a, b) for a, b in zip(grads, ref_grads)) < 5e-2
+
+
 # -- GPU: each fused kernel against its plain composition -------------------------------------------------------------
 @pytest.mark.parametrize("case", [(4, 256, 768, "float32"), (4, 256, 1152, "float32"), (3, 250, 768, "bfloat16")])
 @pytest.mark.gpu
@@ -527,4 +710,4 @@ def test_gpu_gpt_trains_with_each_ce_kernel_like_plain():
 
 
 if __name__ == "__main__":
-    {"adaln": _interpreter_main, "swiglu": _swiglu_interpreter_main}[sys.argv[1]]()
+    {"adaln": _interpreter_main, "swiglu": _swiglu_interpreter_main, "qkv": _qkv_interpreter_main}[sys.argv[1]]()
