@@ -5,6 +5,10 @@
 * model.adaln=triton (models/fused_adaln.py): the Triton kernels under the Triton interpreter (TRITON_INTERPRET=1,
   in a subprocess, as in test_triton_attention.py) against float64, and compiled on the GPU against the plain
   composition; on CPU the entry runs the plain composition.
+* model.mlp=swiglu_liger (models/fused_mlp.py): plain swiglu on CPU, bit for bit; liger's kernel under the interpreter
+  against float64 where liger is importable (pip install --no-deps --target DIR, DIR on PYTHONPATH), on the GPU.
+* model.qkv_kernel=triton (models/fused_qkv.py): the Triton split (+ QK RMSNorm, RoPE) under the interpreter against
+  float64, models with it equal to plain on CPU, compiled on the GPU against plain in bf16.
 * the CPU path never imports a GPU-only library; CUDA-only choices refuse CPU training in one line.
 """
 from __future__ import annotations
