@@ -233,8 +233,8 @@ def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
 DIT_KEYS = cf.declare("model",
     patch_size=cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1),
     qk_norm=cf.F(False, "dit: normalise queries and keys per head"),
-    qkv_kernel=cf.F("plain", "dit, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA kernel, plain "
-                             "on CPU)", registry="qkv_kernel"),
+    qkv_kernel=cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
+                             "kernel, plain on CPU)", registry="qkv_kernel"),
     adaln=cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln"),
     residual=cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual"),
     pos_emb=cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model"),
