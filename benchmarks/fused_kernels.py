@@ -4,8 +4,9 @@
 
 Shapes: DiT-B/2 at 32x32x4 latents (256 tokens of width 768) and DiT-XL/2 (width 1152), batch --batch, bf16 autocast
 with a float32 residual stream (the presets' defaults); GPT-2 124M's head (768 -> 50304 rows, 50257 real) over
---gpt-batch x 1024 tokens. Rows: adaLN (LayerNorm + modulation), gated residual + adaLN, gated residual, and the
-head + cross-entropy; each plain composition eager and under torch.compile (what the presets run), each fused
+--gpt-batch x 1024 tokens. Rows: adaLN (LayerNorm + modulation), gated residual + adaLN, gated residual, the
+head + cross-entropy, the SwiGLU activation (width 2048 = 2/3 of 4 x 768) over both token counts, and the QKV
+split into heads with QK RMSNorm and RoPE (DiT-B/2 tokens, GPT-2 tokens with RoPE only, 16,384 tokens at head width 16); each plain composition eager and under torch.compile (what the presets run), each fused
 kernel eager (custom ops: the same kernel under compile). Times: CUDA events, median over --reps after warm-up,
 one forward + backward with random cotangents; peak memory above the inputs. Libraries that are not installed are
 reported as such.
@@ -98,6 +99,40 @@ def ce_rows(B, T, reps):
     return rows
 
 
+def swiglu_rows(M, H, reps):
+    """silu(a) * b over fc1's packed [M, 2H] bf16 output (the SwiGLU activation, model.mlp=swiglu_liger)."""
+    from genlab.models import fused_mlp
+    h = torch.randn(M, 2 * H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
+    h = h.bfloat16().requires_grad_()
+    cot = [torch.randn(M, H, device="cuda").bfloat16()]
+    r = {"op": f"SwiGLU silu(a)*b [{M}x{2 * H}]", "kernel": "liger (model.mlp=swiglu_liger)"}
+    r["eager"] = timed(fwd_bwd(fused_mlp.swiglu_plain, (h,), cot), reps)
+    r["compiled"] = timed(fwd_bwd(torch.compile(fused_mlp.swiglu_plain), (h,), cot), reps)
+    r["fused"] = timed(fwd_bwd(fused_mlp.swiglu_liger, (h,), cot), reps) if fused_mlp.HAS_LIGER else None
+    return [r]
+
+
+def qkv_rows(B, N, H, hd, reps, qk_norm=True, rope=True):
+    """The QKV projection's output [B, N, 3*H*hd] (bf16) -> q, k, v [B, H, N, hd] with QK RMSNorm and RoPE
+    (model.qkv_kernel=triton); the plain split is what Attention.heads_qkv runs with qkv_kernel=plain."""
+    from genlab.models import fused_qkv
+    from genlab.models.attention import split_plain
+    from genlab.models.positions import rope_cache
+    h = torch.randn(B, N, 3 * H * hd, device="cuda").bfloat16().requires_grad_()
+    norms = [torch.nn.RMSNorm(hd).cuda() if qk_norm else torch.nn.Identity() for _ in range(2)]
+    table = tuple(t.cuda() for t in rope_cache(N, hd)) if rope else None
+    cot = [torch.randn(B, H, N, hd, device="cuda").bfloat16() for _ in range(3)]
+
+    def split(fn):
+        return lambda h: fn(h, H, *norms, table)
+    parts = "+".join(p for p, on in (("QK-norm", qk_norm), ("RoPE", rope)) if on) or "split only"
+    r = {"op": f"QKV split + {parts} [{B}x{N}x{3 * H * hd}, {H} heads]", "kernel": "genlab Triton (model.qkv_kernel=triton)"}
+    r["eager"] = timed(fwd_bwd(split(split_plain), (h,), cot), reps)
+    r["compiled"] = timed(fwd_bwd(torch.compile(split(split_plain)), (h,), cot), reps)
+    r["fused"] = timed(fwd_bwd(split(fused_qkv.split_triton), (h,), cot), reps)
+    return [r]
+
+
 def fmt(t):
     return "not installed" if t is None else f"{t[0]:.2f} ms ({t[1]:.2f} GiB)"
 
@@ -111,6 +146,11 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("fused_kernels.py needs a CUDA GPU")
     rows = adaln_rows(a.batch, 256, 768, a.reps) + adaln_rows(a.batch // 2, 256, 1152, a.reps) + ce_rows(a.gpt_batch, 1024, a.reps)
+    # SwiGLU widths (2/3 of 4 x dim): DiT-B/2 tokens, GPT-2 124M tokens
+    rows += swiglu_rows(a.batch * 256, 2048, a.reps) + swiglu_rows(a.gpt_batch * 1024, 2048, a.reps)
+    # the QKV split: DiT-B/2 with qk_norm + rope2d-like tables, GPT-2 124M with rope, bench_longseq's head width 16
+    rows += (qkv_rows(a.batch, 256, 12, 64, a.reps) + qkv_rows(a.gpt_batch, 1024, 12, 64, a.reps, qk_norm=False)
+             + qkv_rows(1, 16384, 16, 16, a.reps))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward + backward, median of {a.reps}; "
           f"(peak GiB above the inputs)\n")
     print("| op | plain eager | plain compiled | fused | fused kernel | speed-up vs compiled |")

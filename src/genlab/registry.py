@@ -157,7 +157,15 @@ class AttentionSpec(Spec):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MlpSpec(Spec):
+class KernelSpec(Spec):
+    """A kernel choice with a plain-PyTorch path elsewhere: `cuda_only` entries refuse CPU training at config time
+    (their forward still runs anywhere, as the plain composition), `package` names the import it needs."""
+    cuda_only: bool = False                # its fused kernel runs on CUDA tensors only
+    package: str = ""                      # top-level module it imports on CUDA (checked with the config)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlpSpec(KernelSpec):  # kernel variants (swiglu_liger) refuse CPU training like the other kernel keys
     needs_grid: bool = False               # convolves over the 2-D patch grid
     hidden_of: Callable = lambda hidden: hidden  # its own width from the GELU width of model.mlp_ratio
     matrices: int = 2                      # dim x hidden matrices it multiplies (FLOPs)
@@ -193,14 +201,6 @@ class OptimizerSpec(Spec):
     preconditioned: bool = False           # keeps a preconditioner (optim.precondition_every)
     muon_groups: bool = False              # splits parameters into Muon and AdamW groups (optim.muon_scope)
     heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
-
-
-@dataclass(frozen=True, kw_only=True)
-class KernelSpec(Spec):
-    """A kernel choice with a plain-PyTorch path elsewhere: `cuda_only` entries refuse CPU training at config time
-    (their forward still runs anywhere, as the plain composition), `package` names the import it needs."""
-    cuda_only: bool = False                # its fused kernel runs on CUDA tensors only
-    package: str = ""                      # top-level module it imports on CUDA (checked with the config)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,6 +329,7 @@ ac_registry = Registry("activation_checkpointing")
 parallel_registry = Registry("parallel", ParallelSpec)
 adaln_registry = Registry("adaln", AdalnSpec)
 ce_kernel_registry = Registry("ce_kernel", KernelSpec)
+qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)
 residual_registry = Registry("residual")
 compile_mode_registry = Registry("compile_mode")
 convert_registry = Registry("convert")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from genlab.errors import GenlabError
 from genlab.models.positions import apply_rope
-from genlab.registry import attention_registry
+from genlab.registry import attention_registry, qkv_kernel_registry
 
 
 @attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")
@@ -234,6 +234,18 @@ attention_registry.register("differential", "Differential Transformer attention 
 
 
 
+@qkv_kernel_registry.register("plain", "view and permute into heads, then RMSNorm (model.qk_norm) and RoPE of q and k "
+                                      "as separate ops (fused by inductor under torch.compile)")
+def split_plain(h, heads: int, q_norm, k_norm, rope=None):
+    """The QKV projection's output h [B, N, 3 * D] -> q, k, v [B, heads, N, D / heads] (normalised and rotated)."""
+    B, N, C = h.shape
+    q, k, v = h.view(B, N, 3, heads, C // (3 * heads)).permute(2, 0, 3, 1, 4)
+    q, k = q_norm(q), k_norm(k)
+    if rope is not None:
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+    return q, k, v
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default.
     `layer` (0-based depth) is passed to attention entries that own parameters and depend on depth (differential).
@@ -241,7 +253,7 @@ class Attention(nn.Module):
     another stream's kernel, so a parameterised kernel (differential's lambda) exists once per block."""
 
     def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True,
-                 attn_dropout: float = 0.0, layer: int = 0, kernel: bool = True):
+                 attn_dropout: float = 0.0, layer: int = 0, kernel: bool = True, qkv_kernel: str = "plain"):
         super().__init__()
         self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
         self.backend = backend            # forward_ad_attention looks up its spec
@@ -258,15 +270,11 @@ class Attention(nn.Module):
         if check is not None:  # e.g. triton: GenlabError before training
             check(dim // heads)
         self.attend = None if not kernel else entry(dim // heads, heads, layer) if is_module else entry
+        self.split = qkv_kernel_registry.get(qkv_kernel)  # the projection's output -> q, k, v (model.qkv_kernel)
 
     def heads_qkv(self, x, rope=None):
         """x [B, N, D] -> q, k, v [B, H, N, D/H] (normalised and rotated)."""
-        B, N, D = x.shape
-        q, k, v = self.qkv(x).view(B, N, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
-        return q, k, v
+        return self.split(self.qkv(x), self.heads, self.q_norm, self.k_norm, rope)
 
     def kernel(self, q, k, v, causal: bool = False, mask=None):
         extra = {"dropout_p": self.attn_dropout} if self.attn_dropout > 0 and self.training else {}

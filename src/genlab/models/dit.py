@@ -44,6 +44,7 @@ class DiTSpec:
     attention: str = "sdpa"
     qk_norm: bool = False
     adaln: str = "fused"
+    qkv_kernel: str = "plain"     # registry `qkv_kernel`: the QKV split into heads (+ QK norm, RoPE)
     residual: str = "fp32"
     mlp: str = "gelu"             # registry `mlp`
     norm: str = "layernorm"       # registry `norm`: layernorm runs through `adaln`; others normalise, then modulate
@@ -80,10 +81,11 @@ class DiTBlock(nn.Module):
     eps = 1e-6
 
     def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused", mlp="gelu",
-                 norm="layernorm", layer=0, kernel=True, pre_only=False, grid=True):
+                 norm="layernorm", layer=0, kernel=True, pre_only=False, grid=True, qkv_kernel="plain"):
         super().__init__()
         self.pre_only = pre_only
-        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer, kernel=kernel)
+        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer, kernel=kernel,
+                              qkv_kernel=qkv_kernel)
         if pre_only:  # only its keys and values are read (its queries, like its outputs, would be discarded)
             self.attn.proj, self.attn.q_norm = nn.Identity(), nn.Identity()
         else:
@@ -154,7 +156,7 @@ class DiT(nn.Module):
         s, p = spec, spec.patch_size
         add_image_stem(self, s)
         self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
-                                             layer=i) for i in range(s.depth))
+                                             layer=i, qkv_kernel=s.qkv_kernel) for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)
         self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
         self.residual_dtype = residual_registry.get(s.residual)
@@ -219,6 +221,7 @@ def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
                    num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
                    patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
                    attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
+                   qkv_kernel=getattr(cfg_model, "qkv_kernel", "plain"),
                    adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
                    mlp=cfg_model.mlp, norm=cfg_model.norm,
                    pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb,
@@ -230,6 +233,8 @@ def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
 DIT_KEYS = cf.declare("model",
     patch_size=cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1),
     qk_norm=cf.F(False, "dit: normalise queries and keys per head"),
+    qkv_kernel=cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
+                             "kernel, plain on CPU)", registry="qkv_kernel"),
     adaln=cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln"),
     residual=cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual"),
     pos_emb=cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model"),

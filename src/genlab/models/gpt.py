@@ -64,6 +64,7 @@ class GPTSpec:
     attention: str = "sdpa"
     ce_chunk: int = 0             # > 0: fused linear + cross-entropy over chunks of this many tokens
     ce_kernel: str = "plain"      # registry `ce_kernel`: head + loss kernel (models/fused_ce.py)
+    qkv_kernel: str = "plain"     # registry `qkv_kernel`: the QKV split into heads (+ RoPE; models/fused_qkv.py)
 
     @property
     def n_vocab(self) -> int:
@@ -84,7 +85,7 @@ class Block(nn.Module):
         self.causal = s.causal
         self.norm1 = make_norm(s.norm, s.dim, s.bias)
         self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout,
-                              layer=layer)
+                              layer=layer, qkv_kernel=s.qkv_kernel)
         self.norm2 = make_norm(s.norm, s.dim, s.bias)
         self.mlp = mlp_registry.get(s.mlp)(s.dim, int(s.dim * s.mlp_ratio), bias=s.bias)
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
@@ -250,7 +251,7 @@ def check_gpt_loss(cfg_model):
 
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
                                 "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl",
-                         family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp"), sizes=GPT_SIZES,
+                         family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp", "model.qkv_kernel"), sizes=GPT_SIZES,
                          grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), default_position="learned",
                          example=GPT_EXAMPLE, check=lambda cfg, dim, heads, depth: check_gpt_loss(cfg.model))
 def build_gpt(cfg_model, data_spec) -> GPT:
@@ -272,4 +273,4 @@ def build_gpt(cfg_model, data_spec) -> GPT:
                        mlp_ratio=cfg_model.mlp_ratio, pos_emb=pos, norm=cfg_model.norm, mlp=cfg_model.mlp,
                        tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
                        dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk,
-                       ce_kernel=cfg_model.ce_kernel))
+                       ce_kernel=cfg_model.ce_kernel, qkv_kernel=cfg_model.qkv_kernel))

@@ -23,13 +23,13 @@ class PlainBlock(nn.Module):
     """pre: x + f(norm(x)) per sublayer; post: norm(x + f(x)). Norms with their own scale (and shift)."""
 
     def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, mlp="gelu", norm="layernorm",
-                 placement="pre", layer=0):
+                 placement="pre", layer=0, qkv_kernel="plain"):
         super().__init__()
         if placement not in PLACEMENTS:
             raise GenlabError(f"unknown model.ln_placement '{placement}'; valid choices: {', '.join(PLACEMENTS)}")
         self.post_ln = placement == "post"
         self.norm1 = norm_registry.get(norm)(dim, eps=1e-6)
-        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer)
+        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer, qkv_kernel=qkv_kernel)
         self.norm2 = norm_registry.get(norm)(dim, eps=1e-6)
         self.mlp = mlp_registry.get(mlp)(dim, int(dim * mlp_ratio))
 
@@ -48,7 +48,8 @@ class InContextDiT(nn.Module):
         self.spec = s
         add_image_stem(self, s)
         self.blocks = nn.ModuleList(PlainBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.mlp, s.norm,
-                                               s.ln_placement, layer=i) for i in range(s.depth))
+                                               s.ln_placement, layer=i, qkv_kernel=s.qkv_kernel)
+                                    for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)
         # post-LN blocks end normalised; pre-LN needs the final norm (GPT-2)
         self.final_norm = nn.Identity() if s.ln_placement == "post" else norm_registry.get(s.norm)(s.dim, eps=1e-6)

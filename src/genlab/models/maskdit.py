@@ -38,7 +38,8 @@ class MaskDiT(DiT):
         self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos = build_position("sincos2d", Dd, s.heads, (self.grid, self.grid), "dit")
         self.decoder_blocks = nn.ModuleList(DiTBlock(Dd, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp,
-                                                     s.norm, layer=s.depth + j) for j in range(decoder_depth))
+                                                     s.norm, layer=s.depth + j, qkv_kernel=s.qkv_kernel)
+                                            for j in range(decoder_depth))
         self.final = FinalLayer(Dd, s.patch_size ** 2 * s.channels, s.adaln, s.norm)
         self._init_weights()  # again: the decoder's linears as DiT's (xavier; adaLN and the output zero)
         nn.init.normal_(self.mask_token, std=0.02)  # as MAE and MaskDiT

@@ -38,8 +38,8 @@ class JointBlock(nn.Module):
     def __init__(self, s: DiTSpec, layer: int, last: bool = False):
         super().__init__()
         args = (s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)
-        self.x = DiTBlock(*args, layer=layer)
-        self.ctx = DiTBlock(*args, layer=layer, kernel=False, pre_only=last, grid=False)
+        self.x = DiTBlock(*args, layer=layer, qkv_kernel=s.qkv_kernel)
+        self.ctx = DiTBlock(*args, layer=layer, kernel=False, pre_only=last, grid=False, qkv_kernel=s.qkv_kernel)
 
     def forward(self, x, ctx, c, rope=None, grid=None):
         qkv_x, mod_x = self.x.pre(x, c, rope)
@@ -64,7 +64,8 @@ class MMDiT(nn.Module):
         self.context_embed = nn.Linear(s.context_dim, s.dim) if s.context_dim else None
         self.blocks = nn.ModuleList(
             JointBlock(s, i, last=i == s.depth - 1) if i < self.dual else
-            DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=i)
+            DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=i,
+                     qkv_kernel=s.qkv_kernel)
             for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)                               # image / joint tokens
         self.ctx_skips = LongSkips(s.dim, s.depth, s.long_skips, receivers=range(self.dual))  # context, dual blocks
