@@ -715,3 +715,22 @@ def test_gpu_gpt_trains_with_each_ce_kernel_like_plain():
 
 if __name__ == "__main__":
     {"adaln": _interpreter_main, "swiglu": _swiglu_interpreter_main, "qkv": _qkv_interpreter_main}[sys.argv[1]]()
+
+
+@pytest.mark.parametrize("check", ["seeds", "meanflow"])
+def test_triton_qkv_split_is_refused_where_vmap_or_a_jvp_runs_through_the_model(check):
+    """Its custom ops have no vmap or forward-mode AD rule: batched seeds and MeanFlow's JVP refuse it in one line."""
+    from genlab.config import load_config
+    from genlab.config_check import check_seeds_config
+    from genlab.errors import GenlabError
+    from genlab.methods.few_step.meanflow import check_meanflow_config
+    if check == "seeds":
+        cfg = load_config("digits_flow", ["train.seeds=0,1"])
+        fn = check_seeds_config
+    else:
+        cfg = load_config("mnist_meanflow", [])
+        fn = check_meanflow_config
+    fn(cfg)  # plain passes
+    cfg.model.qkv_kernel = "triton"
+    with pytest.raises(GenlabError, match="qkv_kernel=triton"):
+        fn(cfg)

@@ -169,7 +169,7 @@ def _check_train(cfg):
 
 # what the batched step of train.seeds (train/seeds.py) supports
 SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
-                   "train.compile=off|model, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+                   "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
 
 
 def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
@@ -204,6 +204,8 @@ def check_seeds_config(cfg) -> None:
             refuse(f"train.{key}={getattr(t, key)}")
     if t.precision == "fp16" or t.precision.startswith("float8"):
         refuse(f"train.precision={t.precision}")
+    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
+        refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
     if t.resume:
         refuse("train.resume (give each seed's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
 
