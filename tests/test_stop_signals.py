@@ -132,6 +132,7 @@ COMPILE_POOL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # starts inductor's worker pool (~7 s on 2 shared cores)
 def test_compile_workers_survive_a_stop_signalled_to_the_process_group():
     pytest.importorskip("triton")  # torch starts the pool for Triton kernels only
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), TORCHINDUCTOR_COMPILE_THREADS="2", TORCH_WARM_POOL="1")
