@@ -323,6 +323,11 @@ def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     (["train.precision=float8_rowwise", "train.float8_all_gather=true", "train.parallel=fsdp"],
      "train.float8_all_gather needs tensorwise float8"),
     (["train.convert=float8", "train.float8_all_gather=true"], "train.float8_all_gather all-gathers FSDP2 shards"),
+    # one converter of the block linears per run (train/quantized_training.py adds two)
+    (['train.convert=["bitnet_torchao","bitlinear"]'], "bitnet_torchao and bitlinear convert the same block linears"),
+    (["train.convert=int8_mixed", "train.precision=float8_rowwise"], "int8_mixed and float8_rowwise convert the same"),
+    (['train.convert=["float8","int8_mixed"]'], "float8 and int8_mixed convert the same"),
+    (['train.convert=["int8_mixed","bitnet_torchao"]'], "int8_mixed and bitnet_torchao convert the same"),
 ])
 def test_invalid_precision_combinations_exit_2_with_one_line(tmp_path, capfd, overrides, needle):
     r = cli_in_process(capfd, "train", "digits_flow", f"train.out_dir={tmp_path / 'runs'}", *TINY, "train.steps=2",

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import TINY, cli_in_process, straight_and_resumed, tiny_config
+from conftest import straight_and_resumed, tiny_config
 
 pytest.importorskip("torchao")
 
@@ -125,21 +125,6 @@ def test_a_run_trained_with_bitnet_torchao_samples_converted(tmp_path):
     _, model, _, _, _ = load_run(tmp_path / "bit", device="cpu")
     assert count_quantized_training(model) == {"BitNetTrainingLinearWeight": 4 * 2}
     assert sample_to_file(tmp_path / "bit", n=4, steps=2, device="cpu", out=tmp_path / "s.png").exists()
-
-
-@pytest.mark.parametrize("overrides, needle", [
-    (['train.convert=["bitnet_torchao","bitlinear"]'], "bitnet_torchao and bitlinear convert the same block linears"),
-    (["train.convert=int8_mixed", "train.precision=float8_rowwise"], "int8_mixed and float8_rowwise convert the same"),
-    (['train.convert=["float8","int8_mixed"]'], "float8 and int8_mixed convert the same"),
-    (['train.convert=["int8_mixed","bitnet_torchao"]'], "int8_mixed and bitnet_torchao convert the same"),
-])
-def test_two_converters_of_the_block_linears_exit_2_with_one_line(tmp_path, capfd, overrides, needle):
-    r = cli_in_process(capfd, "train", "digits_flow", f"train.out_dir={tmp_path / 'runs'}", *TINY, "train.steps=2",
-                       *overrides, cwd=tmp_path)
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("genlab: error:") and needle in lines[0], r.stderr
-    assert not (tmp_path / "runs").exists()
 
 
 def test_float8_and_its_alias_together_are_one_converter():

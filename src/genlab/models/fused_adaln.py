@@ -25,9 +25,8 @@ import importlib.util
 
 import torch
 
-from genlab.errors import GenlabError
 from genlab.models.norm import norm_modulate_fused
-from genlab.models.triton_attention import interpreting, load_kernels, missing_triton  # no triton import
+from genlab.models.triton_attention import interpreting, require_kernels  # no triton import
 from genlab.registry import adaln_registry
 
 MAX_D = 8192   # one row in registers
@@ -40,11 +39,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _kernels():
-    m = load_kernels("fused_adaln_kernels")
-    if isinstance(m, Exception):
-        raise GenlabError(f"model.adaln=triton needs a working 'triton' package {missing_triton('fused_adaln_kernels')}; "
-                          f"valid choices: fused, unfused")
-    return m
+    return require_kernels("fused_adaln_kernels", "model.adaln=triton", "fused, unfused")
 
 
 def supports(x: torch.Tensor) -> bool:

@@ -21,9 +21,8 @@ import importlib.util
 
 import torch
 
-from genlab.errors import GenlabError
 from genlab.models.attention import split_plain
-from genlab.models.triton_attention import interpreting, load_kernels, missing_triton  # no triton import
+from genlab.models.triton_attention import interpreting, require_kernels  # no triton import
 from genlab.registry import qkv_kernel_registry
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # a constant to torch.compile
@@ -31,11 +30,7 @@ MAX_HD = 256
 
 
 def _kernels():
-    m = load_kernels("fused_qkv_kernels")
-    if isinstance(m, Exception):
-        raise GenlabError(f"model.qkv_kernel=triton needs a working 'triton' package {missing_triton('fused_qkv_kernels')}; "
-                          f"valid choices: plain")
-    return m
+    return require_kernels("fused_qkv_kernels", "model.qkv_kernel=triton", "plain")
 
 
 def supports(h: torch.Tensor, heads: int) -> bool:

@@ -68,6 +68,14 @@ def missing_triton(name: str) -> str:
     return f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
+def require_kernels(name: str, switch: str, valid: str):
+    """The kernels module `name`, or a one-line GenlabError naming the switch that needs it and its other choices."""
+    m = load_kernels(name)
+    if isinstance(m, Exception):
+        raise GenlabError(f"{switch} needs a working 'triton' package {missing_triton(name)}; valid choices: {valid}")
+    return m
+
+
 def _kernels():
     """The softmax kernels module; None when triton cannot be imported."""
     m = load_kernels("triton_attention_kernels")

@@ -67,7 +67,8 @@ class TrainStep:
                  resume_from: str = "the checkpoint"):
         tcfg = cfg.train
         self.cfg, self.spec, self.dist, self.device, self.precision = cfg, spec, dist, device, precision
-        start_compile_workers(device)  # before anything compiles: out of reach of a stop signalled to the group
+        if tcfg.compile != "off" or tcfg.compile_optimizer:  # a run that compiles nothing needs no worker pool
+            start_compile_workers(device)  # before anything compiles: out of reach of a stop signalled to the group
         self.converters = converters_of(cfg, precision)
         self.after_step = after_step_hooks(self.converters)
         check_converters(self.converters, device)  # e.g. float8 refuses a CPU before anything is built
