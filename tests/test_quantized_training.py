@@ -14,7 +14,7 @@ from conftest import straight_and_resumed, tiny_config
 pytest.importorskip("torchao")
 
 NAMES = ["bitnet_torchao", "int8_mixed"]
-SUBCLASS = {"bitnet_torchao": "BitNetTrainingLinearWeight", "int8_mixed": "Int8MixedPrecisionTrainingLinear"}
+SUBCLASS = {"bitnet_torchao": "BitNetTrainingLinearWeight", "int8_mixed": "AutocastInt8MixedLinear"}
 
 
 def _tiny_dit():
@@ -68,6 +68,26 @@ def test_int8_mixed_forward_is_the_rowwise_int8_matmul():
     # |x_q W_q^T - x W^T| <= |x_q - x| |W_q|^T + |x| |W_q - W|^T, each operand within half its step
     bound = 0.5 * (s_x * (W.abs() + 0.5 * s_w).sum(1) + x.double().abs() @ s_w.expand(-1, 48).T) + 1e-6
     assert ((want - plain).abs() <= bound).all()
+
+
+def test_int8_mixed_under_autocast_keeps_the_autocast_dtype_and_matches_the_cast_operands():
+    """torchao's module swap alone returned float32 here (bf16 input + float32 bias), which broke the CUDA backward.
+    The output is bf16 like a plain linear's under autocast, and equals the int8 matmul of the bf16-cast operands."""
+    from genlab.train.quantized_training import convert_quantized_training
+    m = _block()
+    W, b = m.blocks[0].weight.detach().clone(), m.blocks[0].bias.detach().clone()
+    convert_quantized_training(m, "int8_mixed")
+    x = (torch.randn(9, 48) * 2).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m.blocks[0](x)
+        plain = nn.functional.linear(x, W, b)
+    assert y.dtype == plain.dtype == torch.bfloat16
+    xb, Wb, bb = x.detach().bfloat16().double(), W.bfloat16().double(), b.bfloat16().double()
+    s_x, s_w = xb.abs().amax(1, keepdim=True) / 127, Wb.abs().amax(1, keepdim=True) / 127
+    want = (torch.round(xb / s_x) @ torch.round(Wb / s_w).T) * s_x * s_w.T + bb
+    torch.testing.assert_close(y.double(), want, rtol=2e-2, atol=2e-2)  # bf16 output: 8 bits of mantissa
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32 and m.blocks[0].weight.grad.dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", NAMES)

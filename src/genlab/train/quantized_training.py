@@ -16,9 +16,13 @@ its output equals the plain linear's to 6e-7; tests/test_quantized_training.py c
 RMSNorm: as with genlab's BitLinear (models/bitlinear.py), none is added — the blocks' own pre-norms sit before qkv
 and fc1 (torchao leaves the norm to the user as well), so the two converters differ only in their kernels.
 Both run on the CPU (torch._int_mm), so no device check is needed.
+Under autocast, torchao's module-swap forward casts nothing: a bf16 input met a float32 bias, so the output came out
+float32 and the backward's int8 matmul failed on mixed scale dtypes (seen on the H100, session 19). genlab's swapped
+class casts input, weight and bias to the autocast dtype first, as torchao's subclass path does.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 from genlab.errors import GenlabError
@@ -26,7 +30,7 @@ from genlab.registry import convert_registry
 from genlab.train.convert import Converter, bitlinear_filter
 
 SUBCLASSES = ("BitNetTrainingLinearWeight",)
-KINDS = ("BitNetTrainingLinearWeight", "Int8MixedPrecisionTrainingLinear")  # what count_quantized_training counts
+KINDS = ("BitNetTrainingLinearWeight", "AutocastInt8MixedLinear")  # what count_quantized_training counts
 
 
 def _plain_weights(module, state_dict, prefix, local_metadata):
@@ -46,10 +50,31 @@ def _torchao_config(name: str):
     return qt.bitnet_training() if name == "bitnet_torchao" else qt.int8_mixed_precision_training(module_swap=True)
 
 
+def _autocast_int8_class():
+    from torchao.prototype.quantized_training import int8_mixed_precision as imp
+
+    class AutocastInt8MixedLinear(imp.Int8MixedPrecisionTrainingLinear):
+        """torchao's swapped linear, with its operands cast to the autocast dtype (see the module docstring)."""
+
+        def forward(self, x):
+            w, b = self.weight, self.bias
+            if torch.is_autocast_enabled(x.device.type):
+                dt = torch.get_autocast_dtype(x.device.type)
+                x, w, b = x.to(dt), w.to(dt), None if b is None else b.to(dt)
+            return imp._Int8MixedPrecisionTrainingLinearFunction.apply(x, w, b, self.config)
+
+    return imp.Int8MixedPrecisionTrainingLinear, AutocastInt8MixedLinear
+
+
 def convert_quantized_training(model: nn.Module, name: str) -> nn.Module:
     """Convert the block linears in place (bitnet: a weight subclass; int8_mixed: a module swap); names are kept."""
     from torchao.quantization import quantize_
     quantize_(model, _torchao_config(name), filter_fn=bitlinear_filter)
+    if name == "int8_mixed":
+        swapped, ours = _autocast_int8_class()
+        for m in model.modules():
+            if type(m) is swapped:
+                m.__class__ = ours
     for m in model.modules():  # on each linear: a sub-module's state_dict is plain too
         if type(getattr(m, "weight", None)).__name__ in SUBCLASSES:
             m._register_state_dict_hook(_plain_weights)
