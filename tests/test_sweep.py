@@ -405,36 +405,68 @@ def test_jobs_per_gpu_needs_a_gpu_launcher(tmp_path, capsys):
 
 
 def test_report_races_each_run_to_its_fd_target_runs_final_fd_without_eval_time(tmp_path):
-    """fd_target: steps and training seconds (periodic evaluations' eval_s taken out) to the final FD of the run that
-    differs only in the first axis, same seed; speed-up = the target run's seconds / this run's."""
+    """fd_target: steps and training seconds (periodic evaluations' eval_s taken out) to the final feature FD of the run
+    that differs only in the first axis (data x method), same size and seed; speed-up = the target run's seconds /
+    this run's; seeds that never reach it are left out of the means and counted by target_fd_reached."""
     from genlab.sweep.report import collect
     d = tmp_path / "s"
     (d / "runs").mkdir(parents=True)
-    (d / "sweep.toml").write_text('fd_target = "base"\n[[axis]]\nvariants = [{ name = "base" }, { name = "repa" }]\n'
-                                  '[[axis]]\nkey = "model.size"\nvalues = ["S"]\n')
+    (d / "sweep.toml").write_text('fd_target = { a_repa = "a_flow", b_repa = "b_flow" }\n[[axis]]\nvariants = '
+                                  '[{ name = "a_flow" }, { name = "a_repa" }, { name = "b_flow" }, { name = "b_repa" }]\n'
+                                  '[[axis]]\nkey = "model.size"\nvalues = ["S", "B"]\n')
+    status = {}
 
-    def run(name, fds):  # train records every 10 steps at 1 s per step; an evaluation of 5 s after steps 10 and 20
+    def run(name, fds, per_step):  # train records at steps 10, 20, 30; an evaluation of 5 s after steps 10 and 20
         recs, wall = [], 0.0
         for step, fd in zip((10, 20, 30), fds):
-            wall += 10.0
+            wall += 10 * per_step
             recs.append({"step": step, "loss": 1.0, "wall_time": wall})
             if step < 30:
-                recs.append({"step": step, "eval_s": 5.0, "eval/fd": fd})
+                recs.append({"step": step, "eval_s": 5.0, "eval/feature_fd": fd})
                 wall += 5.0
             else:
-                recs.append({"step": step, "eval/fd": fd})  # the final evaluation: after training
+                recs.append({"step": step, "eval/feature_fd": fd})  # the final evaluation: after training
         (d / "runs" / name).mkdir()
         (d / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    run("base-model.size=S-s0", [9.0, 5.0, 3.0])
-    run("repa-model.size=S-s0", [6.0, 2.5, 2.0])   # reaches 3.0 at its second evaluation: step 20, 20 s of training
-    status = {n: {"status": "finished", "variant": n[:-3], "seed": 0} for n in ("base-model.size=S-s0", "repa-model.size=S-s0")}
+        status[name] = {"status": "finished", "variant": name[:-3], "seed": int(name[-1])}
+    # every baseline (1.5 s a step) ends at its own FD, a different one per data, size and seed
+    finals = {("a", "S"): (3.0, 3.2), ("a", "B"): (2.0, 2.2), ("b", "S"): (4.0, 4.2), ("b", "B"): (3.5, 3.7)}
+    repa = {("a", "S"): [8.0, 7.0, 6.0], ("a", "B"): [6.0, 2.1, 1.9], ("b", "S"): [4.1, 3.0, 2.0], ("b", "B"): [9.0, 9.0, 3.6]}
+    for data in ("a", "b"):
+        for method in ("flow", "repa"):
+            for size in ("S", "B"):
+                for seed in (0, 1):
+                    fds = [9.0, 5.0, finals[data, size][seed]] if method == "flow" else repa[data, size]
+                    run(f"{data}_{method}-size={size}-s{seed}", fds, 1.5 if method == "flow" else 1.0)
     (d / "status.json").write_text(json.dumps(status))
-    rows, cols = collect(d)
-    base, repa = rows
-    assert base["target_fd"] == repa["target_fd"] == 3.0
-    assert (base["steps_to_target_fd"], base["time_to_target_fd"]) == (30, 30.0)  # 40 s of wall time, 10 s of it evals
-    assert (repa["steps_to_target_fd"], repa["time_to_target_fd"]) == (20, 20.0)  # 25 s of wall time, 5 s of it eval
-    assert repa["speedup_to_target_fd"] == pytest.approx(1.5) and base["speedup_to_target_fd"] == pytest.approx(1.0)
+    rows = {r["variant"]: r for r in collect(d)[0]}
+    base = rows["a_flow-size=B"]  # its own final FD, reached at its last evaluation: 45 s of training (55 s of wall)
+    assert (base["target_fd"], base["steps_to_target_fd"], base["time_to_target_fd"]) == (pytest.approx(2.1), 30, 45.0)
+    assert base["speedup_to_target_fd"] == pytest.approx(1.0) and base["target_fd_reached"] == 1.0
+    ab = rows["a_repa-size=B"]  # s0 races to 2.0 (step 30, 30 s), s1 to 2.2 (step 20, 20 s; 25 s of wall)
+    assert (ab["target_fd"], ab["steps_to_target_fd"], ab["time_to_target_fd"]) == (pytest.approx(2.1), 25, 25.0)
+    assert ab["speedup_to_target_fd"] == pytest.approx((45 / 30 + 45 / 20) / 2)
+    bs = rows["b_repa-size=S"]  # s0 races to 4.0 (step 20, 20 s), s1 to 4.2 (step 10, 10 s)
+    assert (bs["target_fd"], bs["steps_to_target_fd"], bs["time_to_target_fd"]) == (pytest.approx(4.1), 15, 15.0)
+    assert bs["speedup_to_target_fd"] == pytest.approx((45 / 20 + 45 / 10) / 2)
+    bb = rows["b_repa-size=B"]  # 3.6 reaches s0's 3.5 never, s1's 3.7 at step 30
+    assert (bb["target_fd"], bb["steps_to_target_fd"], bb["time_to_target_fd"]) == (pytest.approx(3.6), 30, 30.0)
+    assert bb["speedup_to_target_fd"] == pytest.approx(1.5) and bb["target_fd_reached"] == 0.5
+    a_s = rows["a_repa-size=S"]
+    assert a_s["target_fd"] == pytest.approx(3.1) and a_s["target_fd_reached"] == 0.0
+    assert a_s["steps_to_target_fd"] is None and a_s["speedup_to_target_fd"] is None
+
+
+def test_report_says_which_named_metrics_no_run_recorded(tmp_path):
+    from genlab.sweep.report import write_report
+    d = _sweep_folder(tmp_path / "s", [None])
+    (d / "sweep.toml").write_text('metrics = ["final_loss", "fd"]\n[[axis]]\nvariants = [{ name = "v0" }]\n')
+    md = write_report(d).read_text()
+    assert "| variant | seeds | final loss | fd | status |" in md
+    assert "No run recorded fd (empty columns); the sweep file's `metrics` can name: final_loss," in md
+    assert "No run recorded fd" in (d / "report.html").read_text()
+    (d / "sweep.toml").write_text('metrics = ["final_loss"]\n[[axis]]\nvariants = [{ name = "v0" }]\n')
+    assert "No run recorded" not in write_report(d).read_text()
 
 
 def test_fd_target_table_maps_each_first_axis_variant_to_its_own_target(tmp_path):

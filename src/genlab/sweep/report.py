@@ -81,8 +81,11 @@ def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
     return row
 
 
+FD_KEY = "eval/feature_fd"  # what eval metric `fd` records (genlab.eval.metrics); fd_target races on it
+
+
 def final_fd(recs) -> float | None:
-    fds = [r["eval/fd"] for r in recs if isinstance(r.get("eval/fd"), (int, float))]
+    fds = [r[FD_KEY] for r in recs if isinstance(r.get(FD_KEY), (int, float))]
     return fds[-1] if fds else None
 
 
@@ -91,7 +94,7 @@ def time_to_fd(recs, target: float) -> tuple[int | None, float | None]:
     wall-clock to it with the periodic evaluations' own time (their eval_s) taken out. (None, None) if never."""
     train, spent = train_records(recs), 0.0
     for r in recs:
-        fd = r.get("eval/fd")
+        fd = r.get(FD_KEY)
         if not isinstance(fd, (int, float)):
             continue
         if fd <= target:
@@ -113,7 +116,7 @@ def reference_run(run_name: str, variant: str, first_axis: list[str], target) ->
 
 def race_to_fd(d: Path, members, settings) -> list[dict]:
     """Per run (of `members`): steps and seconds to the final FD of its fd_target run, and that run's seconds to it
-    divided by this run's (speed-up; > 1 = faster than the target run)."""
+    divided by this run's (speed-up; > 1 = faster than the target run); target_fd_reached 1 or 0."""
     target = settings.get("fd_target")
     axes = settings.get("axis") or [{}]
     first = [v.get("name") for v in axes[0].get("variants", []) if isinstance(v, dict)]
@@ -128,7 +131,8 @@ def race_to_fd(d: Path, members, settings) -> list[dict]:
                 step, secs = time_to_fd(recs, goal)
                 _, ref_secs = time_to_fd(ref_recs, goal)
                 row = {"target_fd": goal, "steps_to_target_fd": step, "time_to_target_fd": secs,
-                       "speedup_to_target_fd": ref_secs / secs if secs and ref_secs else None}
+                       "speedup_to_target_fd": ref_secs / secs if secs and ref_secs else None,
+                       "target_fd_reached": float(step is not None)}  # the others average only the seeds that reached it
         out.append(row)
     return out
 
@@ -215,7 +219,7 @@ def _fmt(v, sd=None, key=""):
         return ""
     if key == "params_m":  # parameters (stored in millions in results.csv): with a unit, so small models are not 0.0 M
         return format_count(v * 1e6) + (f" ± {format_count(sd * 1e6)}" if sd else "")
-    pct = key == "mfu" or key.endswith("accuracy") or key.endswith("_acc") or key == "data_wait_frac"
+    pct = key == "mfu" or key.endswith("accuracy") or key.endswith("_acc") or key in ("data_wait_frac", "target_fd_reached")
     scale = 100 if pct else 1
     spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m", "optim_state_mib") or pct else \
         (".2f" if key == "peak_mem_gib" else ".4g")
@@ -235,6 +239,16 @@ def shown_columns(rows, cols, wanted=()) -> list[str]:
     if wanted:
         return list(wanted)
     return [c for c in cols if any(r.get(c) is not None for r in rows)]
+
+
+def unrecorded(rows, cols, wanted) -> str:
+    """A note naming the sweep file's `metrics` that no run recorded, so a misspelt or renamed metric is said, not
+    shown as an empty column ("" when every name was found, or no run finished)."""
+    gone = [c for c in wanted if c not in cols]
+    if not gone or not any(r["finished_runs"] for r in rows):
+        return ""
+    return (f"No run recorded {', '.join(gone)} (empty columns); the sweep file's `metrics` can name: "
+            f"{', '.join(cols)}.")
 
 
 def _status_text(r) -> str:
@@ -313,6 +327,7 @@ def write_report(d) -> Path:
         w.writeheader()
         w.writerows(rows)
     shown = shown_columns(rows, cols, settings.get("metrics", ()))
+    missing = unrecorded(rows, cols, shown)
     desc = settings.get("description", "")
     from genlab.sweep.nfe_report import write_nfe_report
     for r in rows:  # runs recorded before a sweep named its reference: the file's
@@ -321,7 +336,7 @@ def write_report(d) -> Path:
     plots = _plots(d, rows) + nfe_pics
     note = "" if has_memory(rows) else NO_MEMORY
     (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
-                                 + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
+                                 + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
                                  + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
     grids = []
     (d / "grids").mkdir(exist_ok=True)
@@ -331,11 +346,11 @@ def write_report(d) -> Path:
             dst = d / "grids" / f"{r['variant']}.png"
             shutil.copyfile(src, dst)
             grids.append((r["variant"], f"grids/{dst.name}"))
-    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md, note))
+    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md, note, missing))
     return d / "report.md"
 
 
-def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="") -> str:
+def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
     body = []
@@ -350,7 +365,7 @@ def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="") -> str:
             "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
             "figure{display:inline-block;margin:8px}</style></head><body>"
             f"<h1>Sweep {esc(name)}</h1>" + (f"<p>{esc(desc)}</p>" if desc else "") +
-            f"<table><tr>{head}</tr>{''.join(body)}</table>" + (f"<pre>{esc(nfe_md)}</pre>" if nfe_md else "") +
+            f"<table><tr>{head}</tr>{''.join(body)}</table>" + (f"<p>{esc(missing)}</p>" if missing else "") + (f"<pre>{esc(nfe_md)}</pre>" if nfe_md else "") +
             "<h2>Plots</h2>" + (f"<p>{esc(note)}</p>" if note else "") + f"{imgs}<h2>Samples (first finished seed)</h2>{gr}</body></html>")
 
 
