@@ -20,7 +20,7 @@ from genlab.registry import method_registry, model_registry
 from genlab.train.convert import after_step_hooks, apply_converters, check_converters, converters_of
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.train.stop import start_compile_workers
-from genlab.train.switches import allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
+from genlab.train.switches import CompiledUpdate, allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
 
 
 def build_model_and_method(cfg, spec: dict):
@@ -99,6 +99,11 @@ class TrainStep:
         self._build_extras(resume_state)
         self._build_optimizers()
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.loss_scaling)
+        self.compiled_update = None  # the optimizer steps + EMA as one compiled function (a CUDA graph on a GPU)
+        if tcfg.compile_optimizer and not self.scaler.is_enabled() and not self.after_step:
+            self.compiled_update = CompiledUpdate(self.optimizers.values(),
+                                                  None if self.ema is None else list(self.ema.parameters()),
+                                                  list(self.model.parameters()), tcfg, device)
         self.gen = torch.Generator(device=device).manual_seed(tcfg.seed * 1000 + dist.rank)
         self._checked_keys = False
 
@@ -248,6 +253,15 @@ class TrainStep:
                 opt.zero_grad(set_to_none=True)
             self.scaler.update()
             return loss_sum["model"], gnorms["model"], bad, metrics, True
+        decay = None
+        if self.ema is not None:
+            decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
+        if self.compiled_update is not None:  # optimizer steps + EMA in one compiled function (a CUDA graph)
+            self.compiled_update(decay)
+            for opt in self.optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            mark("opt")
+            return loss_sum["model"], gnorms["model"], bad, metrics, False
         for opt in self.optimizers.values():
             self.scaler.step(opt)
         self.scaler.update()
@@ -256,7 +270,6 @@ class TrainStep:
         for hook in self.after_step:
             hook(self.model, self.cfg)
         if self.ema is not None:
-            decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
             ema_update(list(self.ema.parameters()), list(self.model.parameters()), decay)
         mark("opt")
         return loss_sum["model"], gnorms["model"], bad, metrics, False

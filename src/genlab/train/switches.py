@@ -246,6 +246,34 @@ def compile_optimizer_step(optimizer, device):
     return new
 
 
+class CompiledUpdate:
+    """The optimizer steps and the EMA update as one compiled function (`train.compile_optimizer=true`), compiled in
+    the run's `train.compile_mode`: under reduce-overhead it replays as a CUDA graph, so with the compiled model the
+    whole step (forward, backward, update and EMA) runs from graphs (issue 37's small-model path). The EMA weight
+    1 - decay lives in a 0-d tensor like the LR, so a decay warm-up does not recompile. Only for runs without a
+    GradScaler (its step reads found-inf on the host) and without after-step hooks (they sit between the two)."""
+
+    def __init__(self, optimizers, ema_params, params, tcfg, device):
+        from genlab.train.parallel import local
+        self.optimizers = list(optimizers)
+        self.ema = [local(p) for p in ema_params] if ema_params is not None else None
+        self.params = [local(p) for p in params] if ema_params is not None else None
+        self.weight = torch.zeros((), device=device)
+        self._fn = torch.compile(self._update, mode=_mode(tcfg))
+
+    def _update(self):
+        for opt in self.optimizers:
+            opt.step()
+        if self.ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(self.ema, self.params, self.weight)
+
+    def __call__(self, decay: float | None):
+        if self.ema is not None:
+            self.weight.fill_(1.0 - decay)
+        self._fn()
+
+
 def set_lr(optimizer, lr: float):
     """Set the LR of every group (times its `lr_scale`, set for extras with their own LR); tensor LRs are filled in
     place (no recompiles, no host sync)."""
