@@ -57,9 +57,9 @@ def build_teacher(state: dict, device="cpu") -> nn.Module:
     """The teacher's model with its EMA weights (raw where it kept no EMA), converted as it trained, frozen."""
     from genlab.registry import model_registry
     from genlab.train import checkpoint as ckpt
-    from genlab.train.convert import apply_converters, converters_of
+    from genlab.train.convert import apply_converters, converters_of, prepare_converters
     cfg = ckpt.config_of(state)
-    model = model_registry.get(cfg.model.name)(cfg.model, state["data_spec"])
+    model = prepare_converters(model_registry.get(cfg.model.name)(cfg.model, state["data_spec"]), cfg)
     model.load_state_dict(state["ema"] if state.get("ema") is not None else state["model"])
     apply_converters(model.to(device), converters_of(cfg), torch.device(device), cfg)
     return model.requires_grad_(False).eval()
