@@ -151,9 +151,9 @@ def test_norm_on_adds_exactly_the_gains_to_the_earlier_state_dict():
     assert all(torch.equal(on[k], v) for k, v in off.items())
 
 
-@pytest.mark.parametrize("name", BITNETS)
-def test_a_tiny_run_with_the_norm_trains_with_falling_loss_and_moves_the_gains(tmp_path, name):
-    _needs(name)
+def test_a_tiny_run_with_the_norm_trains_with_falling_loss_and_moves_the_gains(tmp_path):
+    """bitnet_torchao's run with the norm (the default): tests/test_quantized_training.py."""
+    name = "bitlinear"
     from genlab.train import checkpoint as ckpt
     from genlab.train.metrics import read_metrics
     from genlab.train.trainer import Trainer
@@ -236,3 +236,17 @@ def test_a_tiny_dit_with_the_norms_compiles_into_one_graph(name):
     got = torch.compile(m, backend=counter, fullgraph=True)(*_inputs())
     assert counter.frame_count == 1
     torch.testing.assert_close(got, m(*_inputs()), rtol=1e-6, atol=1e-6)
+
+
+def test_a_teacher_trained_with_the_norm_is_built_with_its_gains(tmp_path):
+    """Few-step methods build their teacher from its saved config: the norms are there before its EMA loads."""
+    from genlab.methods.few_step.base import build_teacher, teacher_state
+    from genlab.train import checkpoint as ckpt
+    from genlab.train.trainer import Trainer
+    Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.name=t", "optim.lr=3e-3", *SHORT)).fit()
+    teacher = build_teacher(teacher_state(str(tmp_path / "t")))
+    ema = ckpt.load_checkpoint(tmp_path / "t")["ema"]
+    gains = {k: v for k, v in teacher.state_dict().items() if k.endswith(".norm.weight")}
+    assert sorted(gains) == [f"{n}.norm.weight" for n in BLOCK_LINEARS]
+    assert all(torch.equal(v, ema[k]) for k, v in gains.items())
+    assert sum(type(m).__name__ == "BitLinear" for m in teacher.modules()) == 8

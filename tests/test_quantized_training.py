@@ -124,6 +124,7 @@ def test_converter_wraps_the_block_linears_only_and_keeps_a_plain_state_dict(nam
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_trains_a_tiny_model_with_falling_loss(tmp_path, name):
+    """bitnet_torchao with BitNet's input RMSNorm (train.bitlinear_norm's default)."""
     from genlab.train.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = tiny_config(tmp_path, f"train.convert={name}", "optim.lr=3e-3", "train.steps=40", "log.every=5",
