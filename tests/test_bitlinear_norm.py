@@ -200,7 +200,7 @@ def test_a_checkpoint_saved_before_the_switch_loads_and_resumes_without_the_norm
     s = Trainer(config_for_resume(str(tmp_path / "old"), ["train.steps=5"]), resume=str(tmp_path / "old")).fit()
     assert s["status"] == "finished" and s["step"] == 5
     with pytest.raises(GenlabError, match=r"cannot initialise from .*parameter blocks\.0\.attn\.qkv\.norm\.weight, only "
-                                          r"in this model") as e:
+                                          r"in this model \(BitNet's input norm.*train\.bitlinear_norm=none builds") as e:
         Trainer(tiny_config(tmp_path, "train.convert=bitlinear", f"train.init_from={tmp_path / 'old'}",
                             "train.name=new", *SHORT))._setup()
     assert "\n" not in str(e.value)
@@ -250,3 +250,17 @@ def test_a_teacher_trained_with_the_norm_is_built_with_its_gains(tmp_path):
     assert sorted(gains) == [f"{n}.norm.weight" for n in BLOCK_LINEARS]
     assert all(torch.equal(v, ema[k]) for k, v in gains.items())
     assert sum(type(m).__name__ == "BitLinear" for m in teacher.modules()) == 8
+
+
+def test_a_bitnet_student_takes_a_float_teachers_weights_and_starts_its_gains_at_one():
+    """A float teacher has no input norms: the student's gains are the only parameters it lacks, and stay 1."""
+    from genlab.methods.few_step.base import load_student_from_teacher
+    torch.manual_seed(3)
+    teacher, _ = build_model_and_method(_cfg(), SPEC)
+    student = _built("bitlinear")
+    load_student_from_teacher(student, teacher.state_dict(), "teacher")
+    got = student.state_dict()
+    for k, v in got.items():
+        assert torch.equal(v, teacher.state_dict()[k] if k in teacher.state_dict() else torch.ones_like(v)), k
+    with pytest.raises(GenlabError, match="its model differs"):  # the other way round, the teacher's gains have nowhere to go
+        load_student_from_teacher(teacher, student.state_dict(), "teacher")

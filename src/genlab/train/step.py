@@ -40,6 +40,9 @@ def check_model_shapes(model, state: dict, source: str, verb: str = "resume from
     missing = [k for k in own if k not in state] + [k for k in state if k not in own]
     if diffs or missing:
         side = "only in this model" if missing and missing[0] in own else "only in the checkpoint"
+        if missing and missing[0] in own:  # a module may say why a checkpoint lacks it (BitNet's input norm)
+            hint = getattr(model.get_submodule(missing[0].rpartition(".")[0]), "missing_hint", None)
+            side += f" ({hint})" if hint else ""
         what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}, {side}"
         raise GenlabError(f"cannot {verb} {source}: the model differs from the checkpoint ({what})")
 
