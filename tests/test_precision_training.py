@@ -328,6 +328,10 @@ def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     (["train.convert=int8_mixed", "train.precision=float8_rowwise"], "int8_mixed and float8_rowwise convert the same"),
     (['train.convert=["float8","int8_mixed"]'], "float8 and int8_mixed convert the same"),
     (['train.convert=["int8_mixed","bitnet_torchao"]'], "int8_mixed and bitnet_torchao convert the same"),
+    # BitNet's input norm: read by the two BitNet converters only, one of its choices
+    (["train.bitlinear_norm=none"], "train.bitlinear_norm is not read by"),
+    (["train.convert=int8_mixed", "train.bitlinear_norm=none"], "train.bitlinear_norm is not read by convert 'int8_mixed'"),
+    (["train.convert=bitlinear", "train.bitlinear_norm=layernorm"], "train.bitlinear_norm must be one of rmsnorm, none"),
 ])
 def test_invalid_precision_combinations_exit_2_with_one_line(tmp_path, capfd, overrides, needle):
     r = cli_in_process(capfd, "train", "digits_flow", f"train.out_dir={tmp_path / 'runs'}", *TINY, "train.steps=2",

@@ -32,13 +32,20 @@ def _block(seed=0):
 
 def test_bitnet_torchao_matches_genlabs_bitlinear_in_forward_and_gradients():
     """Both implement b1.58: absmean ternary weights, per-token absmax int8 activations, straight-through
-    gradients from the quantised operands. torchao multiplies the int8 codes exactly (int32 accumulation), genlab
-    the dequantised values in float32: they agree to float32's summation error over K = 48 terms."""
-    from genlab.models.bitlinear import to_bitlinear
+    gradients from the quantised operands, each after BitNet's input RMSNorm (train.bitlinear_norm=rmsnorm, the same
+    module in both, its gain not 1). torchao multiplies the int8 codes exactly (int32 accumulation), genlab the
+    dequantised values in float32: they agree to float32's summation error over K = 48 terms."""
+    from genlab.models.bitlinear import add_input_norm, to_bitlinear
     from genlab.train.quantized_training import convert_quantized_training
     ours, theirs = _block(), _block()
+    gain = torch.rand(48) + 0.5
+    for m in (ours, theirs):
+        add_input_norm(m.blocks[0])
+        with torch.no_grad():
+            m.blocks[0].norm.weight.copy_(gain)
     to_bitlinear(ours.blocks[0])
     convert_quantized_training(theirs, "bitnet_torchao")
+    assert type(theirs.blocks[0].weight).__name__ == "BitNetTrainingLinearWeight"
     x = torch.randn(2, 7, 48) * 3
     xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     ya, yb = ours.blocks[0](xa), theirs.blocks[0](xb)
@@ -48,6 +55,12 @@ def test_bitnet_torchao_matches_genlabs_bitlinear_in_forward_and_gradients():
     torch.testing.assert_close(xb.grad, xa.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(theirs.blocks[0].weight.grad, ours.blocks[0].weight.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(theirs.blocks[0].bias.grad, ours.blocks[0].bias.grad)
+    torch.testing.assert_close(theirs.blocks[0].norm.weight.grad, ours.blocks[0].norm.weight.grad, rtol=1e-5, atol=1e-5)
+    assert ours.blocks[0].norm.weight.grad.abs().sum() > 0
+    # the same state-dict names in both, plain tensors: a checkpoint of one loads into the other
+    sa, sb = ours.state_dict(), theirs.state_dict()
+    assert list(sa) == list(sb) == ["blocks.0.weight", "blocks.0.bias", "blocks.0.norm.weight"]
+    assert all(type(v) is torch.Tensor for v in sb.values())
 
 
 def test_int8_mixed_forward_is_the_rowwise_int8_matmul():
@@ -111,6 +124,7 @@ def test_converter_wraps_the_block_linears_only_and_keeps_a_plain_state_dict(nam
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_trains_a_tiny_model_with_falling_loss(tmp_path, name):
+    """bitnet_torchao with BitNet's input RMSNorm (train.bitlinear_norm's default)."""
     from genlab.train.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = tiny_config(tmp_path, f"train.convert={name}", "optim.lr=3e-3", "train.steps=40", "log.every=5",

@@ -116,12 +116,23 @@ def safe_load(p: Path, map_location="cpu"):
 
 def config_of(state: dict):
     """The Config a checkpoint was trained with. Configs saved before `model.pos_emb` also chose DiT positions
-    (they lack train.convert) meant a DiT's fixed sin-cos table by it, whatever the key said."""
+    (they lack train.convert) meant a DiT's fixed sin-cos table by it, whatever the key said. Configs saved before
+    `train.bitlinear_norm` trained their BitNet converters without the input norm: they load as `none`."""
     from genlab.config import from_dict
     d = {sec: dict(v) if isinstance(v, dict) else v for sec, v in state["config"].items()}
     if "convert" not in d.get("train", {}) and d.get("model", {}).get("pos_emb") == "learned" and d["model"].get("name") == "dit":
         d["model"]["pos_emb"] = "auto"
+    train = d.get("train", {})
+    if "bitlinear_norm" not in train and _reads_bitlinear_norm(train.get("convert") or []):
+        train["bitlinear_norm"] = "none"
     return from_dict(d)
+
+
+def _reads_bitlinear_norm(convert) -> bool:
+    from genlab.registry import convert_registry
+    names = [convert] if isinstance(convert, str) else list(convert)
+    return any(n in convert_registry and "train.bitlinear_norm" in
+               [k.dotted for k in convert_registry.spec(n).keys] + list(convert_registry.spec(n).reads) for n in names)
 
 
 def _first(e: BaseException) -> str:

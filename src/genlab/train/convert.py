@@ -1,5 +1,9 @@
 """Model converters (`train.convert = ["float8"]`): functions that swap modules of a built model before it is
-wrapped, and again whenever `sample`/`eval`/`export` load the run, so a run trained converted samples converted."""
+wrapped, and again whenever `sample`/`eval`/`export` load the run, so a run trained converted samples converted.
+
+A converter that adds parameters of its own (BitNet's input norms) adds them in `prepare`, when the model is built
+(`prepare_converters`, called by build_model_and_method and build_teacher): weights are loaded before `apply` runs
+(resume, init_from, sample, the EMA copy), so parameters made in `apply` would miss their saved values."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from genlab.config_check import check_converter_combination
+from genlab.models.bitlinear import BITLINEAR_KEYS, NormedLinear
 from genlab.registry import convert_registry
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
@@ -21,6 +26,7 @@ class Converter:
     check: Callable[[torch.device], None] = lambda device: None   # before training builds anything
     after_step: Callable[[nn.Module, object], None] | None = None  # (model, cfg) after each optimizer step
     linears: bool = False  # replaces the block linears' arithmetic: at most one such converter per run
+    prepare: Callable[[nn.Module, object], None] | None = None  # (model, cfg) when built, before any weights load
 
 
 def _float8(recipe):
@@ -52,7 +58,19 @@ convert_registry.register("float8", "alias of float8_tensorwise", reads=("train.
 
 
 def bitlinear_filter(module: nn.Module, name: str) -> bool:
-    return type(module) is nn.Linear and not any(p in SKIP_PARTS for p in name.split("."))
+    """The block linears BitNet converts: plain (or given their input norm), not embeddings, adaLN or outputs."""
+    return type(module) in (nn.Linear, NormedLinear) and not any(p in SKIP_PARTS for p in name.split("."))
+
+
+def add_bitnet_norms(model: nn.Module, cfg) -> None:
+    """train.bitlinear_norm=rmsnorm: BitNet's input RMSNorm in front of every block linear the converter will
+    quantise (models/bitlinear.py); both BitNet converters read it, so their models and checkpoints match."""
+    from genlab.models.bitlinear import add_input_norm
+    if cfg is not None and cfg.train.bitlinear_norm == "none":
+        return
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.Linear and bitlinear_filter(m, name):
+            add_input_norm(m)
 
 
 def _bitlinear(model, device, cfg=None):
@@ -64,7 +82,9 @@ def _bitlinear(model, device, cfg=None):
 
 
 convert_registry.register("bitlinear", "BitNet b1.58 BitLinear for the block linears: ternary absmean weights, "
-                                       "int8 absmax activations, straight-through gradients")(Converter(_bitlinear, linears=True))
+                                       "int8 absmax activations after an input RMSNorm (train.bitlinear_norm), "
+                                       "straight-through gradients", keys=BITLINEAR_KEYS)(
+    Converter(_bitlinear, linears=True, prepare=add_bitnet_norms))
 
 
 def converters_of(cfg, precision=None) -> list[str]:
@@ -82,6 +102,15 @@ def converters_of(cfg, precision=None) -> list[str]:
 def _precision_convert(cfg) -> tuple:
     p = cfg.train.precision
     return (p,) if p.startswith("float8_") and p in convert_registry else ()
+
+
+def prepare_converters(model: nn.Module, cfg, names=None) -> nn.Module:
+    """The converters' own modules (BitNet's input norms), added to a freshly built model before weights load into it."""
+    for n in (converters_of(cfg) if names is None else names):
+        prepare = convert_registry.get(n).prepare
+        if prepare is not None:
+            prepare(model, cfg)
+    return model
 
 
 def check_converters(names, device):

@@ -13,8 +13,11 @@ checkpoints hold only tensors (safe_load) and load into a plain or a converted m
 subclass in place). int8_mixed uses torchao's module swap: in torchao 0.18 its tensor-subclass form registers
 F.linear in the aten-op table, where F.linear never arrives, so the subclass silently trains unquantised (measured:
 its output equals the plain linear's to 6e-7; tests/test_quantized_training.py checks the int8 formula).
-RMSNorm: as with genlab's BitLinear (models/bitlinear.py), none is added — the blocks' own pre-norms sit before qkv
-and fc1 (torchao leaves the norm to the user as well), so the two converters differ only in their kernels.
+Input RMSNorm (`train.bitlinear_norm`, read by both BitNet converters): torchao leaves BitNet's norm to the user, so
+bitnet_torchao gets the same one as genlab's BitLinear (models/bitlinear.py): when the model is built, each block linear
+becomes a NormedLinear — still an nn.Linear, with its norm at `<linear>.norm` and forward F.linear(norm(x), W, b) — whose
+weight torchao then swaps for its subclass, untouched. The state-dict names match genlab's BitLinear, so the two
+converters differ only in their kernels. With `none` the linears stay plain, as before.
 Both run on the CPU (torch._int_mm), so no device check is needed.
 Under autocast, torchao's module-swap forward casts nothing: a bf16 input met a float32 bias, so the output came out
 float32 and the backward's int8 matmul failed on mixed scale dtypes (seen on the H100, session 19). genlab's swapped
@@ -27,7 +30,7 @@ import torch.nn as nn
 
 from genlab.errors import GenlabError
 from genlab.registry import convert_registry
-from genlab.train.convert import Converter, bitlinear_filter
+from genlab.train.convert import Converter, add_bitnet_norms, bitlinear_filter
 
 SUBCLASSES = ("BitNetTrainingLinearWeight",)
 KINDS = ("BitNetTrainingLinearWeight", "AutocastInt8MixedLinear")  # what count_quantized_training counts
@@ -87,13 +90,15 @@ def _check(name):
     return check
 
 
-def _entry(name):
+def _entry(name, prepare=None):
     return Converter(lambda model, device, cfg=None: convert_quantized_training(model, name), _check(name),
-                     linears=True)
+                     linears=True, prepare=prepare)
 
 
 convert_registry.register("bitnet_torchao", "torchao's bitnet_training prototype (BitNet b1.58: ternary weights, "
-                                            "int8 activations, int8 matmul) for the block linears")(_entry("bitnet_torchao"))
+                                            "int8 activations, int8 matmul) for the block linears, after genlab's "
+                                            "input RMSNorm (train.bitlinear_norm)", reads=("train.bitlinear_norm",))(
+    _entry("bitnet_torchao", prepare=add_bitnet_norms))
 convert_registry.register("int8_mixed", "torchao's int8_mixed_precision_training prototype: dynamic int8 weights "
                                         "and activations in forward and backward matmuls of the block linears")(
     _entry("int8_mixed"))

@@ -57,9 +57,9 @@ def build_teacher(state: dict, device="cpu") -> nn.Module:
     """The teacher's model with its EMA weights (raw where it kept no EMA), converted as it trained, frozen."""
     from genlab.registry import model_registry
     from genlab.train import checkpoint as ckpt
-    from genlab.train.convert import apply_converters, converters_of
+    from genlab.train.convert import apply_converters, converters_of, prepare_converters
     cfg = ckpt.config_of(state)
-    model = model_registry.get(cfg.model.name)(cfg.model, state["data_spec"])
+    model = prepare_converters(model_registry.get(cfg.model.name)(cfg.model, state["data_spec"]), cfg)
     model.load_state_dict(state["ema"] if state.get("ema") is not None else state["model"])
     apply_converters(model.to(device), converters_of(cfg), torch.device(device), cfg)
     return model.requires_grad_(False).eval()
@@ -67,12 +67,16 @@ def build_teacher(state: dict, device="cpu") -> nn.Module:
 
 def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> None:
     """The teacher's weights into the student. Only the student's own condition embedders (ConditionSet) may be
-    missing; their last layer starts at zero, so the student computes exactly the teacher's function at step 0."""
+    missing; their last layer starts at zero, so the student computes exactly the teacher's function at step 0. A
+    BitNet student's input norms (train.bitlinear_norm) may be missing too: a float teacher has none; they start at
+    gain 1."""
+    from genlab.models.bitlinear import InputRMSNorm
     from genlab.models.conditions import ConditionSet
     sets = {name: m for name, m in model.named_modules() if isinstance(m, ConditionSet)}
+    norms = [name for name, m in model.named_modules() if isinstance(m, InputRMSNorm)]
     own = model.state_dict()
     new_keys = [k for k in own if k not in weights]
-    bad = [k for k in new_keys if not any(k.startswith(f"{p}.") for p in sets)] + [k for k in weights if k not in own]
+    bad = [k for k in new_keys if not any(k.startswith(f"{p}.") for p in [*sets, *norms])] + [k for k in weights if k not in own]
     if bad:
         raise GenlabError(f"cannot initialise the student from method.teacher '{source}': its model differs "
                           f"(parameter {bad[0]}); the student needs the teacher's model.* settings")
