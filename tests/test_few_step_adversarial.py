@@ -151,7 +151,7 @@ def test_pcm_target_is_one_guided_teacher_step_then_the_emas_phase_function(tmp_
     torch.testing.assert_close(loss.double(), ref, rtol=1e-4, atol=1e-9)
 
 
-def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flow_teacher, one_thread):
+def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flow_teacher, pairs_dir, one_thread):
     import math
 
     from genlab.train.metrics import read_metrics
@@ -162,7 +162,8 @@ def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flo
     losses = loss_curve(tmp_path / "pcm")
     assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0], losses
     assert Trainer(tiny_config(tmp_path, *LADD, "method.ladd_regression_weight=0.5", "train.name=ladd",
-                               "train.steps=30", *common)).fit()["status"] == "finished"
+                               "data.name=pairs", f"data.path={pairs_dir}", "train.steps=30",
+                               *common)).fit()["status"] == "finished"
     recs = [r for r in read_metrics(tmp_path / "ladd") if "loss" in r]
     keys = ("loss", "adv_g", "adv_d", "loss_regression", "disc_acc_real", "disc_acc_fake", "diversity_ratio")
     assert all(math.isfinite(r[key]) for r in recs for key in keys)
@@ -184,6 +185,33 @@ def test_ladd_trains_on_teacher_pairs_and_its_cost_counts_their_generation(tmp_p
     gen = json.loads((Path(pairs_dir) / "meta.json").read_text())["pairs"]["seconds"]
     c = cost_summary(tmp_path / "ladd_pairs")
     assert c["data_gpu_seconds"] == pytest.approx(gen) and c["teacher_run"] == str(Path(flow_teacher))
+
+
+def test_ladd_regression_target_is_the_teachers_image_for_the_pairs_own_noise(tmp_path, flow_teacher, pairs_dir,
+                                                                               one_thread):
+    """On teacher pairs the pure-noise samples start from the pair's noise, so the regression target (the pair's image)
+    is what the teacher made of exactly that noise; samples at t > 0 start from fresh noise (as the sampler's
+    re-noising) and are left out of the term. With fresh noise at t = 0 the term would pull toward the class mean."""
+    from genlab.data.pairs import read_pairs
+    from genlab.methods.base import plain_context
+    model, method, extras, _ = built(tmp_path, flow_teacher, *LADD, "data.name=pairs", f"data.path={pairs_dir}",
+                                     "method.ladd_regression_weight=1.0", "method.ladd_noise_share=0.5")
+    assert "noise" in method.batch_keys
+    d = read_pairs(pairs_dir)
+    batch = {"image": torch.from_numpy(d.samples[:16].copy()), "label": torch.from_numpy(d.labels[:16].copy()).long(),
+             "noise": torch.from_numpy(d.noise[:16].copy())}
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append((args[0].detach(), args[1].detach(), out.detach())))
+    _, metrics = method.loss(model, batch, plain_context(torch.Generator().manual_seed(1), extras=extras))
+    (x, t, v), = seen
+    pure, b = t == 0, t.view(-1, 1, 1, 1)
+    assert bool(pure.any()) and bool((~pure).any()), t  # both kinds of sample in this draw
+    torch.testing.assert_close(x[pure], batch["noise"][pure], rtol=0, atol=0)
+    fresh = (x[~pure] - b[~pure] * batch["image"][~pure]) / (1 - b[~pure])  # x_t = (1-t) z + t image, solved for z
+    assert not torch.allclose(fresh, batch["noise"][~pure], atol=1e-2)
+    # the term, written out over the pure-noise samples: x^1 = z + (1 - 0) v(z, 0)
+    ref = (batch["noise"][pure] + v[pure] - batch["image"][pure]).double().square().flatten(1).mean(1).mean()
+    torch.testing.assert_close(metrics["loss_regression"].double(), ref, rtol=1e-5, atol=1e-7)
 
 
 def test_pcm_with_the_adversarial_loss_resumes_exactly(tmp_path, flow_teacher, one_thread):

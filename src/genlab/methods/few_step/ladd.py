@@ -12,8 +12,15 @@ uniform over the others). x^1 is re-noised to t' = sigmoid(N(tdisc_t_mean, tdisc
 shifted toward noise, m = 1 with t=1 noise, is mean -1 here), the real image is re-noised the same way with its own
 noise, and heads on the frozen teacher's features judge both (discriminator.py: hinge losses, the generator
 gradient through the frozen teacher). LADD trains on teacher-generated images: point data.path at the dataset of
-`genlab data generate pairs RUN` (real images work too, and make it a GAN fine-tune against the data). Optional
-regression term (method.ladd_regression_weight, default 0): mean (x^1 - image)^2.
+`genlab data generate pairs RUN` (real images work too, and make it a GAN fine-tune against the data).
+
+Optional regression term (method.ladd_regression_weight, default 0 as in the paper; DMD's regression loss, Yin et al.
+2024): on teacher pairs (data.name=pairs, batches with "noise") the pure-noise samples start from the pair's own noise
+z, so the target is the teacher's image for exactly that noise, mean (x^1(z, 0) - image)^2 over those samples. That
+anchors the student's noise -> image map to the teacher's, which covers the teacher's modes. Samples at t > 0 start
+from fresh noise, as the sampler's re-noising does, and get no regression term: with a fresh noise the best guess of
+the image is the posterior mean, a blur. Paired with fresh noise the term would pull every sample toward the mean of
+its class (a collapse), so a regression weight needs the pairs' noise (a one-line batch-key error otherwise).
 
 Sampling: the `consistency` sampler at 1-4 steps (its uniform grid i/n is the student times for n = the student
 steps, or a subset of them for its divisors). Guards: a non-finite adversarial term is zeroed and counted
@@ -25,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from genlab import config_fields as cf
+from genlab.errors import GenlabError
 from genlab.methods.base import Extra
 from genlab.methods.few_step.consistency import consistency_fn
 from genlab.methods.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
@@ -37,8 +45,9 @@ LADD_KEYS = cf.declare("method",
     ladd_student_steps=cf.F(4, "ladd: the student's times t = i/n, i = 0..n-1 (paper: 4, pure noise included)", ge=1),
     ladd_noise_share=cf.F(0.5, "ladd: share of each batch at pure noise t = 0 (the paper oversamples it; the rest is "
                                "uniform over the other student times)", ge=0, le=1),
-    ladd_regression_weight=cf.F(0.0, "ladd: weight of the regression term mean (x^1 - image)^2 (0 = adversarial "
-                                     "only, as the paper)", ge=0),
+    ladd_regression_weight=cf.F(0.0, "ladd: weight of the regression term mean (x^1(z, 0) - image)^2 on the "
+                                     "pure-noise samples, z the teacher pair's noise (needs data.name=pairs; 0 = "
+                                     "adversarial only, as the paper)", ge=0),
 )
 
 
@@ -62,6 +71,8 @@ class LADD(FewStepFlow):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         self.adversary = None
+        if self.mcfg.ladd_regression_weight > 0:  # the regression target is the teacher's image for the pair's noise
+            self.batch_keys = (*self.batch_keys, "noise")
 
     def extra_modules(self):
         extras = super().extra_modules()
@@ -74,7 +85,11 @@ class LADD(FewStepFlow):
         g, data, y = ctx.generator, batch["image"], batch["label"]
         B, dev, m = data.shape[0], data.device, self.mcfg
         t = student_times(m.ladd_student_steps, B, m.ladd_noise_share, g, dev)
-        x_t = interpolate(torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype), data, t)
+        pure = t == 0
+        z = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
+        if "noise" in batch:  # teacher pairs: pure noise is the pair's own, whose teacher image is `data`
+            z = torch.where(pure.view(-1, *([1] * (data.ndim - 1))), batch["noise"].to(z.dtype), z)
+        x_t = interpolate(z, data, t)
         x1 = consistency_fn(model, x_t, t, y)  # the student's data prediction
         one = torch.ones(B, device=dev)
         t_adv = renoise_time(one, 1.0, g, m)
@@ -82,8 +97,9 @@ class LADD(FewStepFlow):
         real_t = renoise(data, one, t_adv, torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype))
         adv, d_loss, metrics = self.adversary(ctx.extras["teacher"], ctx.extras["disc"], fake_t, real_t, t_adv, y, x1, data)
         model_loss = adv
-        if m.ladd_regression_weight > 0:
-            reg = (x1.float() - data.float()).square().mean()
+        if m.ladd_regression_weight > 0:  # over the pure-noise samples only (see the module's docstring)
+            per = (x1.float() - data.float()).square().flatten(1).mean(1)
+            reg = (per * pure).sum() / pure.sum().clamp_min(1)
             model_loss = model_loss + m.ladd_regression_weight * reg
             metrics["loss_regression"] = reg.detach()
         return {"model": model_loss, "disc": d_loss}, metrics
@@ -92,6 +108,10 @@ class LADD(FewStepFlow):
 def check_ladd_config(cfg):
     check_flow_config(cfg)
     check_disc_config(cfg)
+    m = cfg.method
+    if m.ladd_regression_weight > 0 and m.ladd_noise_share == 0 and m.ladd_student_steps > 1:
+        raise GenlabError("method.ladd_regression_weight acts on the pure-noise samples, and method.ladd_noise_share=0 "
+                          "leaves none; raise the share or set the weight to 0")
 
 
 @method_registry.register("ladd", "latent adversarial diffusion distillation (Sauer et al. 2024) from method.teacher: "
