@@ -71,6 +71,29 @@ def test_renoising_keeps_the_flow_paths_marginal():
     torch.testing.assert_close(renoise(one, t_end, t_new, 0 * one).squeeze(1), t_new / t_end, rtol=1e-12, atol=1e-12)
 
 
+def test_discriminator_heads_are_conditioned_on_the_renoising_time_the_teacher_saw(tmp_path, flow_teacher, one_thread):
+    """Each head's projection condition holds the class and the re-noising time t' (LADD's heads are conditioned on the
+    noise level): the same tokens judged at another t' get other logits, and the t' the heads get is the one the
+    teacher's features were computed at."""
+    from genlab.methods.base import plain_context
+    from genlab.methods.few_step.discriminator import TeacherHeads
+    g = torch.Generator().manual_seed(0)
+    heads = TeacherHeads(dim=12, hidden=8, num_classes=3, blocks=(1, 2), tokens=5)
+    feats, y = [torch.randn(4, 5, 12, generator=g) for _ in range(2)], torch.tensor([0, 1, 2, 0])
+    lo, hi = heads(feats, y, torch.full((4,), 0.1)), heads(feats, y, torch.full((4,), 0.9))
+    assert lo.shape == (4, 2, 5) and not torch.allclose(lo, hi)
+    torch.autograd.backward(lo.square().mean())
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for h in heads.heads for p in h.t_embed.parameters())
+
+    model, method, extras, spec = built(tmp_path, flow_teacher, *LADD)
+    teacher_t, heads_t = [], []
+    extras["teacher"].register_forward_hook(lambda m, args, out: teacher_t.append(args[1].detach()))
+    extras["disc"].register_forward_hook(lambda m, args, out: heads_t.append(args[2].detach()))
+    method.loss(model, batch_of(spec), plain_context(torch.Generator().manual_seed(2), extras=extras))
+    (tt,), (ht,) = teacher_t, heads_t
+    assert torch.equal(tt, ht) and bool((tt > 0).all() & (tt < 1).all()) and tt.unique().numel() > 1
+
+
 def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_never_the_heads(tmp_path, flow_teacher,
                                                                                                 one_thread):
     """LADD without its regression term: the model's loss is the G term alone, which reaches the student only through

@@ -5,8 +5,10 @@ A sample x (the student's output, or a real one) at time t_end (1 for data, a ph
 time t' <= t_end, shifted toward noise (`renoise_time`, `renoise`); the frozen teacher DiT runs on x_{t'} with the
 sample's class, and forward hooks on a few of its blocks (method.tdisc_blocks) take their output tokens [B, N, D].
 A small trainable head per block maps the tokens to one logit per token (LayerNorm, linear, a residual 1-D
-convolution over the token sequence, then a linear output plus the projection <embed(y), h> of the class;
-Miyato & Koyama 2018), with spectral norm on its layers. The hinge losses over every token of every head:
+convolution over the token sequence, then a linear output plus the projection <c, h> of the condition; Miyato & Koyama
+2018), with spectral norm on its layers. The condition c = embed(y) + mlp(sinusoidal(t')) holds the class and the
+re-noising time t': LADD's heads are conditioned on the noise level (and, there, the pooled text embedding), so that
+each noise level gets its own decision boundary; the teacher's features carry t' only implicitly. The hinge losses over every token of every head:
 
     D:  mean relu(1 - D(real)) + mean relu(1 + D(fake))        G:  -mean D(fake)
 
@@ -34,6 +36,7 @@ from genlab.methods.flow import unwrap
 from genlab.methods.world.adversarial import finite_or_zero
 
 COLLAPSE_RATIO = 0.5  # a student batch with under half the real batch's spread counts as a collapsed step
+T_FREQ = 64  # sinusoidal features of the re-noising time in each head's condition
 
 DISC_KEYS = cf.declare("method",
     tdisc_blocks=cf.F("", "pcm, ladd: teacher blocks (1-based, comma-separated) whose output tokens feed a "
@@ -73,22 +76,26 @@ def check_disc_config(cfg) -> None:
 
 
 class TokenHead(nn.Module):
-    """Tokens [B, N, D] of one teacher block -> one logit per token [B, N], class-conditioned by projection."""
+    """Tokens [B, N, D] of one teacher block -> one logit per token [B, N], conditioned on the class and the
+    re-noising time t' [B] by projection."""
 
     def __init__(self, dim: int, hidden: int, num_classes: int):
         super().__init__()
+        from genlab.models.embeddings import TimestepEmbedder
         sn = nn.utils.parametrizations.spectral_norm
         self.norm = nn.LayerNorm(dim, elementwise_affine=False)  # the residual stream's scale varies by block
         self.inp = sn(nn.Linear(dim, hidden))
         self.conv = sn(nn.Conv1d(hidden, hidden, 3, padding=1))
         self.out = sn(nn.Linear(hidden, 1))
         self.embed = nn.Embedding(num_classes, hidden)
+        self.t_embed = TimestepEmbedder(hidden, freq_dim=T_FREQ)
         self.scale = 1 / math.sqrt(hidden)
 
-    def forward(self, h, y):
+    def forward(self, h, y, t):
         h = F.leaky_relu(self.inp(self.norm(h)), 0.2)
         h = h + F.leaky_relu(self.conv(h.transpose(1, 2)).transpose(1, 2), 0.2)
-        return self.out(h).squeeze(-1) + self.scale * (h * self.embed(y)[:, None]).sum(-1)
+        c = self.embed(y) + self.t_embed(t.float())
+        return self.out(h).squeeze(-1) + self.scale * (h * c[:, None]).sum(-1)
 
 
 class TeacherHeads(nn.Module):
@@ -101,13 +108,13 @@ class TeacherHeads(nn.Module):
         self.register_buffer("nonfinite", torch.zeros((), dtype=torch.long))
         self.register_buffer("collapsed", torch.zeros((), dtype=torch.long))
 
-    def forward(self, feats, y):
+    def forward(self, feats, y, t):
         with torch.autocast(y.device.type, enabled=False):  # logits in fp32
-            return torch.stack([head(f.float(), y) for head, f in zip(self.heads, feats)], 1)
+            return torch.stack([head(f.float(), y, t) for head, f in zip(self.heads, feats)], 1)
 
     def flops_per_sample(self) -> int:
         D, H, N = self.dim, self.hidden, self.tokens
-        return len(self.heads) * 2 * N * (D * H + 3 * H * H + 2 * H)
+        return len(self.heads) * (2 * N * (D * H + 3 * H * H + 2 * H) + 2 * (T_FREQ * H + H * H))
 
 
 class FeatureTap:
@@ -179,7 +186,8 @@ class Adversary:
         """fake_t / real_t: the re-noised samples at t' = t [B]; fake_clean / real_clean: before re-noising (signals).
         Returns (G term for the model's loss, D loss for the heads' optimizer, metrics)."""
         yy = torch.cat([y, y])
-        logits = heads(self.tap(teacher, torch.cat([fake_t, real_t.to(fake_t.dtype)]), torch.cat([t, t]), yy), yy)
+        tt = torch.cat([t, t])
+        logits = heads(self.tap(teacher, torch.cat([fake_t, real_t.to(fake_t.dtype)]), tt, yy), yy, tt)
         fake, real = logits.chunk(2)
         g, d = hinge_losses(fake, real)
         bad = ~(torch.isfinite(g) & torch.isfinite(d))
