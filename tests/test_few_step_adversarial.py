@@ -120,6 +120,23 @@ def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_n
     assert all(p.grad is None for p in teacher.parameters())
 
 
+def test_discriminator_heads_step_with_their_own_adam_betas(tmp_path, flow_teacher, one_thread):
+    """The heads' optimizer uses method.tdisc_betas (default beta1 = 0, GAN practice); the student keeps optim.betas."""
+    from genlab.methods.base import Extra, check_extras
+    from genlab.train.trainer import Trainer
+    for extra, want in (([], (0.0, 0.99)), (["method.tdisc_betas=0.5,0.999"], (0.5, 0.999))):
+        t = Trainer(tiny_config(tmp_path, f"method.teacher={flow_teacher}", *LADD, "optim.betas=0.9,0.95",
+                                f"train.name=b{len(extra)}", *extra, *QUIET))
+        t.setup()
+        opts = t.steps.optimizers
+        assert tuple(opts["disc"].param_groups[0]["betas"]) == want
+        assert all(tuple(g["betas"]) == (0.9, 0.95) for g in opts["model"].param_groups)
+    with pytest.raises(GenlabError, match="needs its own optimizer"):
+        check_extras({"critic": Extra(torch.nn.Linear(2, 2), trainable=True, betas=(0.0, 0.99))}, "m")
+    with pytest.raises(GenlabError, match="method.tdisc_betas must hold two numbers"):
+        tiny_config(tmp_path, *LADD, "method.tdisc_betas=0.5,0.9,0.99")
+
+
 def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
     with pytest.raises(GenlabError, match=r"method.tdisc_blocks must be in 1..2"):
         tiny_config(tmp_path, *LADD, "method.tdisc_blocks=1,3")

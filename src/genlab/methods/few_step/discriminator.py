@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from genlab import config_fields as cf
 from genlab.errors import GenlabError
+from genlab.methods.base import Extra
 from genlab.methods.flow import unwrap
 from genlab.methods.world.adversarial import finite_or_zero
 
@@ -44,6 +45,8 @@ DISC_KEYS = cf.declare("method",
                      free="comma-separated block numbers in 1..depth, or empty"),
     tdisc_hidden=cf.F(128, "pcm, ladd: width of each discriminator head", ge=1),
     tdisc_lr=cf.F(0.0, "pcm, ladd: learning rate of the discriminator heads' own optimizer (0 = optim.lr)", ge=0),
+    tdisc_betas=cf.F((0.0, 0.99), "pcm, ladd: Adam betas of the discriminator heads' own optimizer (GAN practice: "
+                                  "beta1 = 0, so the critic follows the moving student without momentum)", ge=0, lt=1),
     tdisc_t_mean=cf.F(-1.0, "pcm, ladd: re-noising time t' = t_end - w (1 - s), s = sigmoid(N(mean, std)) (w: 1 for "
                            "ladd, one phase for pcm); < 0 shifts it toward noise (LADD: m=1, s=1 with t=1 noise)",
                      ge=-10, le=10),
@@ -73,6 +76,8 @@ def check_disc_config(cfg) -> None:
         raise GenlabError(f"method {cfg.method.name}'s discriminator reads the tokens a block outputs; model "
                           f"{cfg.model.name} has no such blocks (genlab list: model.dit)")
     parse_blocks(cfg.method.tdisc_blocks, dit_size(cfg.model)[1])
+    if len(cfg.method.tdisc_betas) != 2:
+        raise GenlabError(f"method.tdisc_betas must hold two numbers, got {list(cfg.method.tdisc_betas)}")
 
 
 class TokenHead(nn.Module):
@@ -147,6 +152,11 @@ def build_heads(teacher: nn.Module, mcfg, num_classes: int) -> TeacherHeads:
     base = unwrap(teacher)
     return TeacherHeads(base.spec.dim, mcfg.tdisc_hidden, num_classes, parse_blocks(mcfg.tdisc_blocks, len(base.blocks)),
                         base.num_tokens)
+
+
+def disc_extra(heads: TeacherHeads, mcfg) -> Extra:
+    """The heads as a trainable extra with their own optimizer "disc" (method.tdisc_lr, method.tdisc_betas)."""
+    return Extra(heads, trainable=True, optimizer="disc", lr=mcfg.tdisc_lr or None, betas=tuple(mcfg.tdisc_betas))
 
 
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
