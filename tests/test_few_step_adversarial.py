@@ -146,6 +146,32 @@ def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
     assert parse_blocks("", 12) == (3, 6, 9, 12) and parse_blocks("", 2) == (1, 2) and parse_blocks("2,1,2", 3) == (1, 2)
 
 
+# -- LADD -----------------------------------------------------------------------------------------
+def test_ladd_student_times_follow_the_papers_distribution_and_warm_up_at_the_less_noisy_times():
+    """Paper (t=1 noise there): times {1, .75, .5, .25} with probabilities .7/.1/.1/.1, after a warm-up at {.5, .25}
+    only; here t = 1 - those = {0, .25, .5, .75}. 200k draws: each share within 5 standard errors."""
+    from genlab.methods.few_step.ladd import student_times
+    n = 200_000
+    t = student_times(4, n, 0.7, torch.Generator().manual_seed(0), "cpu")
+    for value, p in ((0.0, 0.7), (0.25, 0.1), (0.5, 0.1), (0.75, 0.1)):
+        assert abs(float((t == value).float().mean()) - p) < 5 * (p * (1 - p) / n) ** 0.5, value
+    w = student_times(4, n, 0.7, torch.Generator().manual_seed(1), "cpu", warmup=True)
+    assert set(w.unique().tolist()) == {0.5, 0.75} and abs(float((w == 0.5).float().mean()) - 0.5) < 5 * (0.25 / n) ** 0.5
+    assert set(student_times(2, 100, 0.7, torch.Generator().manual_seed(2), "cpu", warmup=True).tolist()) == {0.5}
+    assert bool((student_times(1, 100, 0.0, None, "cpu", warmup=True) == 0).all())
+
+
+def test_ladd_warm_up_steps_train_the_student_only_at_its_less_noisy_times(tmp_path, flow_teacher, one_thread):
+    from genlab.methods.base import plain_context
+    model, method, extras, spec = built(tmp_path, flow_teacher, *LADD, "method.ladd_warmup_steps=3")
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append(args[1].detach()))
+    for step in (0, 2, 3):
+        method.loss(model, batch_of(spec, B=32), plain_context(torch.Generator().manual_seed(step), step=step,
+                                                                extras=extras))
+    assert set(torch.cat(seen[:2]).tolist()) == {0.5, 0.75} and 0.0 in seen[2].tolist()
+
+
 # -- PCM ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
 def test_pcm_phase_edges_partition_the_unit_interval_and_the_function_is_the_identity_at_each_end(k):

@@ -7,11 +7,11 @@ four times 1, 0.75, 0.5, 0.25 are 0, 0.25, 0.5, 0.75 here, pure noise included):
 
     x_t = (1-t) noise + t image,     x^1 = x_t + (1 - t) v_theta(x_t, t)
 
-The paper samples pure noise more often than the other times (method.ladd_noise_share of the batch; the rest
-uniform over the others). x^1 is re-noised to t' = sigmoid(N(tdisc_t_mean, tdisc_t_std)) (the paper's logit-normal
-shifted toward noise, m = 1 with t=1 noise, is mean -1 here), the real image is re-noised the same way with its own
-noise, and heads on the frozen teacher's features judge both (discriminator.py: hinge losses, the generator
-gradient through the frozen teacher). LADD trains on teacher-generated images: point data.path at the dataset of
+The paper samples pure noise more often than the other times (method.ladd_noise_share of the batch, 0.7 as the
+paper; the rest uniform over the others), after a warm-up at the less noisy times (method.ladd_warmup_steps). x^1 is
+re-noised to t' = sigmoid(N(tdisc_t_mean, tdisc_t_std)) (the paper's logit-normal shifted toward noise, m = 1 with
+t=1 noise, is mean -1 here), the real image is re-noised the same way with its own noise, and heads on the frozen
+teacher's features judge both (discriminator.py: hinge losses, the generator gradient through the frozen teacher). LADD trains on teacher-generated images: point data.path at the dataset of
 `genlab data generate pairs RUN` (real images work too, and make it a GAN fine-tune against the data).
 
 Optional regression term (method.ladd_regression_weight, default 0 as in the paper; DMD's regression loss, Yin et al.
@@ -42,8 +42,10 @@ from genlab.registry import method_registry
 
 LADD_KEYS = cf.declare("method",
     ladd_student_steps=cf.F(4, "ladd: the student's times t = i/n, i = 0..n-1 (paper: 4, pure noise included)", ge=1),
-    ladd_noise_share=cf.F(0.5, "ladd: share of each batch at pure noise t = 0 (the paper oversamples it; the rest is "
-                               "uniform over the other student times)", ge=0, le=1),
+    ladd_noise_share=cf.F(0.7, "ladd: share of each batch at pure noise t = 0 (paper: 0.7; the rest is uniform over "
+                               "the other student times, 0.1 each at 4 steps as the paper)", ge=0, le=1),
+    ladd_warmup_steps=cf.F(0, "ladd: first steps in which the student trains only at its less noisy half of times, "
+                              "i/n with i >= n/2 (paper: 500 steps at its two least noisy of 4; 0 = none)", ge=0),
     ladd_regression_weight=cf.F(0.0, "ladd: weight of the regression term mean (x^1(z, 0) - image)^2 on the "
                                      "pure-noise samples, z the teacher pair's noise (needs data.name=pairs; 0 = "
                                      "adversarial only, as the paper)", ge=0),
@@ -54,12 +56,15 @@ LADD_KEYS = cf.declare("method",
 TEACHER_ONLY = tuple(k for k in TEACHER_KEYS if k.name == "teacher")
 
 
-def student_times(n_times: int, B: int, noise_share: float, generator, device) -> torch.Tensor:
-    """t = 0 with probability noise_share (1 when n = 1), else i/n with i uniform in 1..n-1."""
+def student_times(n_times: int, B: int, noise_share: float, generator, device, warmup: bool = False) -> torch.Tensor:
+    """t = 0 with probability noise_share (1 when n = 1), else i/n with i uniform in 1..n-1; in the warm-up, i uniform
+    in ceil(n/2)..n-1 (the paper's warm-up trains its 4-step student at its two least noisy times first)."""
     if n_times == 1:
         return torch.zeros(B, device=device)
     pure = torch.rand(B, generator=generator, device=device) < noise_share
-    i = torch.randint(1, n_times, (B,), generator=generator, device=device)
+    if warmup:
+        pure = torch.zeros_like(pure)
+    i = torch.randint((n_times + 1) // 2 if warmup else 1, n_times, (B,), generator=generator, device=device)
     return torch.where(pure, torch.zeros_like(i), i).float() / n_times
 
 
@@ -83,7 +88,7 @@ class LADD(FewStepFlow):
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]
         B, dev, m = data.shape[0], data.device, self.mcfg
-        t = student_times(m.ladd_student_steps, B, m.ladd_noise_share, g, dev)
+        t = student_times(m.ladd_student_steps, B, m.ladd_noise_share, g, dev, warmup=ctx.step < m.ladd_warmup_steps)
         pure = t == 0
         z = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
         if "noise" in batch:  # teacher pairs: pure noise is the pair's own, whose teacher image is `data`
