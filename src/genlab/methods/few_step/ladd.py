@@ -11,7 +11,8 @@ The paper samples pure noise more often than the other times (method.ladd_noise_
 paper; the rest uniform over the others), after a warm-up at the less noisy times (method.ladd_warmup_steps). x^1 is
 re-noised to t' = sigmoid(N(tdisc_t_mean, tdisc_t_std)) (the paper's logit-normal shifted toward noise, m = 1 with
 t=1 noise, is mean -1 here), the real image is re-noised the same way with its own noise, and heads on the frozen
-teacher's features judge both (discriminator.py: hinge losses, the generator gradient through the frozen teacher). LADD trains on teacher-generated images: point data.path at the dataset of
+teacher's features, conditioned on the class and t', judge both (discriminator.py: hinge losses, the generator
+gradient through the frozen teacher). LADD trains on teacher-generated images: point data.path at the dataset of
 `genlab data generate pairs RUN` (real images work too, and make it a GAN fine-tune against the data).
 
 Optional regression term (method.ladd_regression_weight, default 0 as in the paper; DMD's regression loss, Yin et al.
