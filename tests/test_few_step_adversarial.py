@@ -161,6 +161,15 @@ def test_ladd_student_times_follow_the_papers_distribution_and_warm_up_at_the_le
     assert bool((student_times(1, 100, 0.0, None, "cpu", warmup=True) == 0).all())
 
 
+def test_a_fresh_ladd_student_is_the_teachers_ema(tmp_path, flow_teacher):
+    from genlab.train import checkpoint as ckpt
+    model, _, extras, _ = built(tmp_path, flow_teacher, *LADD)
+    ema = ckpt.load_checkpoint(flow_teacher)["ema"]
+    own = model.state_dict()
+    assert own.keys() == ema.keys() and all(torch.equal(own[k], v) for k, v in ema.items())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), extras["teacher"].state_dict().values()))
+
+
 def test_ladd_warm_up_steps_train_the_student_only_at_its_less_noisy_times(tmp_path, flow_teacher, one_thread):
     from genlab.methods.base import plain_context
     model, method, extras, spec = built(tmp_path, flow_teacher, *LADD, "method.ladd_warmup_steps=3")
