@@ -200,6 +200,8 @@ CASES = [
     ("meanflow share above one", FS + ["method.name=meanflow", "method.meanflow_share=2"], "method.meanflow_share"),
     ("ect q of one", FS + ["method.name=ect", "method.teacher={run}", "method.ect_q=1"], "method.ect_q"),
     ("ladd block beyond the depth", FS + ["method.name=ladd", "method.teacher={run}", "method.tdisc_blocks=9"], "method.tdisc_blocks"),
+    ("ladd regression without pairs", FS + ["method.name=ladd", "method.teacher={run}", "method.ladd_regression_weight=1"], "batch keys noise"),
+    ("ladd regression without pure noise", FS + ["method.name=ladd", "method.teacher={run}", "method.ladd_regression_weight=1", "method.ladd_noise_share=0"], "method.ladd_noise_share"),
     ("perflow zero windows", FS + ["method.name=perflow", "method.teacher={run}", "method.perflow_windows=0"], "method.perflow_windows"),
     ("reflow on digits instead of pairs", FS + ["method.name=reflow", "method.teacher={run}"], "batch keys noise"),
     ("unknown reflow stage", FS + ["method.name=reflow", "method.reflow_stage=third"], "method.reflow_stage"),

@@ -71,6 +71,29 @@ def test_renoising_keeps_the_flow_paths_marginal():
     torch.testing.assert_close(renoise(one, t_end, t_new, 0 * one).squeeze(1), t_new / t_end, rtol=1e-12, atol=1e-12)
 
 
+def test_discriminator_heads_are_conditioned_on_the_renoising_time_the_teacher_saw(tmp_path, flow_teacher, one_thread):
+    """Each head's projection condition holds the class and the re-noising time t' (LADD's heads are conditioned on the
+    noise level): the same tokens judged at another t' get other logits, and the t' the heads get is the one the
+    teacher's features were computed at."""
+    from genlab.methods.base import plain_context
+    from genlab.methods.few_step.discriminator import TeacherHeads
+    g = torch.Generator().manual_seed(0)
+    heads = TeacherHeads(dim=12, hidden=8, num_classes=3, blocks=(1, 2), tokens=5)
+    feats, y = [torch.randn(4, 5, 12, generator=g) for _ in range(2)], torch.tensor([0, 1, 2, 0])
+    lo, hi = heads(feats, y, torch.full((4,), 0.1)), heads(feats, y, torch.full((4,), 0.9))
+    assert lo.shape == (4, 2, 5) and not torch.allclose(lo, hi)
+    torch.autograd.backward(lo.square().mean())
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for h in heads.heads for p in h.t_embed.parameters())
+
+    model, method, extras, spec = built(tmp_path, flow_teacher, *LADD)
+    teacher_t, heads_t = [], []
+    extras["teacher"].register_forward_hook(lambda m, args, out: teacher_t.append(args[1].detach()))
+    extras["disc"].register_forward_hook(lambda m, args, out: heads_t.append(args[2].detach()))
+    method.loss(model, batch_of(spec), plain_context(torch.Generator().manual_seed(2), extras=extras))
+    (tt,), (ht,) = teacher_t, heads_t
+    assert torch.equal(tt, ht) and bool((tt > 0).all() & (tt < 1).all()) and tt.unique().numel() > 1
+
+
 def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_never_the_heads(tmp_path, flow_teacher,
                                                                                                 one_thread):
     """LADD without its regression term: the model's loss is the G term alone, which reaches the student only through
@@ -97,6 +120,23 @@ def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_n
     assert all(p.grad is None for p in teacher.parameters())
 
 
+def test_discriminator_heads_step_with_their_own_adam_betas(tmp_path, flow_teacher, one_thread):
+    """The heads' optimizer uses method.tdisc_betas (default beta1 = 0, GAN practice); the student keeps optim.betas."""
+    from genlab.methods.base import Extra, check_extras
+    from genlab.train.trainer import Trainer
+    for extra, want in (([], (0.0, 0.99)), (["method.tdisc_betas=0.5,0.999"], (0.5, 0.999))):
+        t = Trainer(tiny_config(tmp_path, f"method.teacher={flow_teacher}", *LADD, "optim.betas=0.9,0.95",
+                                f"train.name=b{len(extra)}", *extra, *QUIET))
+        t.setup()
+        opts = t.steps.optimizers
+        assert tuple(opts["disc"].param_groups[0]["betas"]) == want
+        assert all(tuple(g["betas"]) == (0.9, 0.95) for g in opts["model"].param_groups)
+    with pytest.raises(GenlabError, match="needs its own optimizer"):
+        check_extras({"critic": Extra(torch.nn.Linear(2, 2), trainable=True, betas=(0.0, 0.99))}, "m")
+    with pytest.raises(GenlabError, match="method.tdisc_betas must hold two numbers"):
+        tiny_config(tmp_path, *LADD, "method.tdisc_betas=0.5,0.9,0.99")
+
+
 def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
     with pytest.raises(GenlabError, match=r"method.tdisc_blocks must be in 1..2"):
         tiny_config(tmp_path, *LADD, "method.tdisc_blocks=1,3")
@@ -104,6 +144,41 @@ def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
         tiny_config(tmp_path, *LADD, "method.tdisc_blocks=last")
     from genlab.methods.few_step.discriminator import parse_blocks
     assert parse_blocks("", 12) == (3, 6, 9, 12) and parse_blocks("", 2) == (1, 2) and parse_blocks("2,1,2", 3) == (1, 2)
+
+
+# -- LADD -----------------------------------------------------------------------------------------
+def test_ladd_student_times_follow_the_papers_distribution_and_warm_up_at_the_less_noisy_times():
+    """Paper (t=1 noise there): times {1, .75, .5, .25} with probabilities .7/.1/.1/.1, after a warm-up at {.5, .25}
+    only; here t = 1 - those = {0, .25, .5, .75}. 200k draws: each share within 5 standard errors."""
+    from genlab.methods.few_step.ladd import student_times
+    n = 200_000
+    t = student_times(4, n, 0.7, torch.Generator().manual_seed(0), "cpu")
+    for value, p in ((0.0, 0.7), (0.25, 0.1), (0.5, 0.1), (0.75, 0.1)):
+        assert abs(float((t == value).float().mean()) - p) < 5 * (p * (1 - p) / n) ** 0.5, value
+    w = student_times(4, n, 0.7, torch.Generator().manual_seed(1), "cpu", warmup=True)
+    assert set(w.unique().tolist()) == {0.5, 0.75} and abs(float((w == 0.5).float().mean()) - 0.5) < 5 * (0.25 / n) ** 0.5
+    assert set(student_times(2, 100, 0.7, torch.Generator().manual_seed(2), "cpu", warmup=True).tolist()) == {0.5}
+    assert bool((student_times(1, 100, 0.0, None, "cpu", warmup=True) == 0).all())
+
+
+def test_a_fresh_ladd_student_is_the_teachers_ema(tmp_path, flow_teacher):
+    from genlab.train import checkpoint as ckpt
+    model, _, extras, _ = built(tmp_path, flow_teacher, *LADD)
+    ema = ckpt.load_checkpoint(flow_teacher)["ema"]
+    own = model.state_dict()
+    assert own.keys() == ema.keys() and all(torch.equal(own[k], v) for k, v in ema.items())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), extras["teacher"].state_dict().values()))
+
+
+def test_ladd_warm_up_steps_train_the_student_only_at_its_less_noisy_times(tmp_path, flow_teacher, one_thread):
+    from genlab.methods.base import plain_context
+    model, method, extras, spec = built(tmp_path, flow_teacher, *LADD, "method.ladd_warmup_steps=3")
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append(args[1].detach()))
+    for step in (0, 2, 3):
+        method.loss(model, batch_of(spec, B=32), plain_context(torch.Generator().manual_seed(step), step=step,
+                                                                extras=extras))
+    assert set(torch.cat(seen[:2]).tolist()) == {0.5, 0.75} and 0.0 in seen[2].tolist()
 
 
 # -- PCM ------------------------------------------------------------------------------------------
@@ -151,7 +226,7 @@ def test_pcm_target_is_one_guided_teacher_step_then_the_emas_phase_function(tmp_
     torch.testing.assert_close(loss.double(), ref, rtol=1e-4, atol=1e-9)
 
 
-def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flow_teacher, one_thread):
+def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flow_teacher, pairs_dir, one_thread):
     import math
 
     from genlab.train.metrics import read_metrics
@@ -162,7 +237,8 @@ def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flo
     losses = loss_curve(tmp_path / "pcm")
     assert all(math.isfinite(v) for v in losses) and losses[-1] < 0.5 * losses[0], losses
     assert Trainer(tiny_config(tmp_path, *LADD, "method.ladd_regression_weight=0.5", "train.name=ladd",
-                               "train.steps=30", *common)).fit()["status"] == "finished"
+                               "data.name=pairs", f"data.path={pairs_dir}", "train.steps=30",
+                               *common)).fit()["status"] == "finished"
     recs = [r for r in read_metrics(tmp_path / "ladd") if "loss" in r]
     keys = ("loss", "adv_g", "adv_d", "loss_regression", "disc_acc_real", "disc_acc_fake", "diversity_ratio")
     assert all(math.isfinite(r[key]) for r in recs for key in keys)
@@ -184,6 +260,33 @@ def test_ladd_trains_on_teacher_pairs_and_its_cost_counts_their_generation(tmp_p
     gen = json.loads((Path(pairs_dir) / "meta.json").read_text())["pairs"]["seconds"]
     c = cost_summary(tmp_path / "ladd_pairs")
     assert c["data_gpu_seconds"] == pytest.approx(gen) and c["teacher_run"] == str(Path(flow_teacher))
+
+
+def test_ladd_regression_target_is_the_teachers_image_for_the_pairs_own_noise(tmp_path, flow_teacher, pairs_dir,
+                                                                               one_thread):
+    """On teacher pairs the pure-noise samples start from the pair's noise, so the regression target (the pair's image)
+    is what the teacher made of exactly that noise; samples at t > 0 start from fresh noise (as the sampler's
+    re-noising) and are left out of the term. With fresh noise at t = 0 the term would pull toward the class mean."""
+    from genlab.data.pairs import read_pairs
+    from genlab.methods.base import plain_context
+    model, method, extras, _ = built(tmp_path, flow_teacher, *LADD, "data.name=pairs", f"data.path={pairs_dir}",
+                                     "method.ladd_regression_weight=1.0", "method.ladd_noise_share=0.5")
+    assert "noise" in method.batch_keys
+    d = read_pairs(pairs_dir)
+    batch = {"image": torch.from_numpy(d.samples[:16].copy()), "label": torch.from_numpy(d.labels[:16].copy()).long(),
+             "noise": torch.from_numpy(d.noise[:16].copy())}
+    seen = []
+    model.register_forward_hook(lambda m, args, out: seen.append((args[0].detach(), args[1].detach(), out.detach())))
+    _, metrics = method.loss(model, batch, plain_context(torch.Generator().manual_seed(1), extras=extras))
+    (x, t, v), = seen
+    pure, b = t == 0, t.view(-1, 1, 1, 1)
+    assert bool(pure.any()) and bool((~pure).any()), t  # both kinds of sample in this draw
+    torch.testing.assert_close(x[pure], batch["noise"][pure], rtol=0, atol=0)
+    fresh = (x[~pure] - b[~pure] * batch["image"][~pure]) / (1 - b[~pure])  # x_t = (1-t) z + t image, solved for z
+    assert not torch.allclose(fresh, batch["noise"][~pure], atol=1e-2)
+    # the term, written out over the pure-noise samples: x^1 = z + (1 - 0) v(z, 0)
+    ref = (batch["noise"][pure] + v[pure] - batch["image"][pure]).double().square().flatten(1).mean(1).mean()
+    torch.testing.assert_close(metrics["loss_regression"].double(), ref, rtol=1e-5, atol=1e-7)
 
 
 def test_pcm_with_the_adversarial_loss_resumes_exactly(tmp_path, flow_teacher, one_thread):

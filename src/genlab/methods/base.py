@@ -31,6 +31,7 @@ class Extra:
     trainable: bool                 # False: frozen (requires_grad_(False), eval mode, no optimizer, not in EMA)
     optimizer: str | None = None    # trainable only: None = joins the model's optimizer as its own param group; a name = its own optimizer
     lr: float | None = None         # None = cfg.optim.lr
+    betas: tuple[float, float] | None = None  # a named optimizer's Adam betas; None = cfg.optim.betas (GAN critics: beta1 0)
 
 
 class Method:
@@ -118,8 +119,11 @@ def check_extras(extras: dict[str, Extra], method_name: str) -> None:
             raise GenlabError(f"method {method_name}: an extra module may not be called 'model'")
         if not isinstance(e, Extra) or not isinstance(e.module, nn.Module):
             raise GenlabError(f"method {method_name}: extra '{name}' must be an Extra(module=nn.Module, ...)")
-        if not e.trainable and (e.optimizer is not None or e.lr is not None):
-            raise GenlabError(f"method {method_name}: frozen extra '{name}' cannot have an optimizer or lr")
+        if not e.trainable and (e.optimizer is not None or e.lr is not None or e.betas is not None):
+            raise GenlabError(f"method {method_name}: frozen extra '{name}' cannot have an optimizer, lr or betas")
+        if e.betas is not None and e.optimizer is None:
+            raise GenlabError(f"method {method_name}: extra '{name}' has betas of its own, so it needs its own optimizer "
+                              "(Extra(optimizer='name')), not a group of the model's")
         if e.optimizer == "model":
             raise GenlabError(f"method {method_name}: extra '{name}': optimizer=None joins the model's optimizer; "
                               "'model' is not an optimizer name")

@@ -149,11 +149,13 @@ class TrainStep:
                 self.optimizers["model"].add_param_group({"params": ps, "lr": ocfg.lr * scale, "lr_scale": scale})
                 self.params["model"] += ps
             else:
+                betas = tuple(e.betas) if e.betas is not None else tuple(ocfg.betas)
                 if e.optimizer in self.optimizers:
                     opt = self.optimizers[e.optimizer]
-                    opt.add_param_group({"params": ps, "lr": ocfg.lr * scale, "lr_scale": scale})
+                    opt.add_param_group({"params": ps, "lr": ocfg.lr * scale, "lr_scale": scale, "betas": betas})
                 else:
-                    opt = build_optimizer(self.extra_modules[name], dataclasses.replace(ocfg, lr=ocfg.lr * scale))
+                    opt = build_optimizer(self.extra_modules[name], dataclasses.replace(ocfg, lr=ocfg.lr * scale,
+                                                                                        betas=betas))
                     for g in opt.param_groups:
                         g["lr_scale"] = scale
                     self.optimizers[e.optimizer] = opt

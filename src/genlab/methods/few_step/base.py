@@ -127,6 +127,11 @@ class FewStepFlow(FlowMatching):
             self._teacher_state = None  # the weights live in the module now
         return extras
 
+    def evaluate(self, model, data, ctx) -> dict:
+        # a student trained on a pairs folder (reflow, LADD) is scored against the teacher's data the folder records,
+        # like the teacher itself, not against the teacher's samples
+        return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
+
     @property
     def teacher_guidance(self) -> float:
         return self.mcfg.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale

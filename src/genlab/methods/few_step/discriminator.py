@@ -5,8 +5,10 @@ A sample x (the student's output, or a real one) at time t_end (1 for data, a ph
 time t' <= t_end, shifted toward noise (`renoise_time`, `renoise`); the frozen teacher DiT runs on x_{t'} with the
 sample's class, and forward hooks on a few of its blocks (method.tdisc_blocks) take their output tokens [B, N, D].
 A small trainable head per block maps the tokens to one logit per token (LayerNorm, linear, a residual 1-D
-convolution over the token sequence, then a linear output plus the projection <embed(y), h> of the class;
-Miyato & Koyama 2018), with spectral norm on its layers. The hinge losses over every token of every head:
+convolution over the token sequence, then a linear output plus the projection <c, h> of the condition; Miyato & Koyama
+2018), with spectral norm on its layers. The condition c = embed(y) + mlp(sinusoidal(t')) holds the class and the
+re-noising time t': LADD's heads are conditioned on the noise level (and, there, the pooled text embedding), so that
+each noise level gets its own decision boundary; the teacher's features carry t' only implicitly. The hinge losses over every token of every head:
 
     D:  mean relu(1 - D(real)) + mean relu(1 + D(fake))        G:  -mean D(fake)
 
@@ -30,10 +32,12 @@ import torch.nn.functional as F
 
 from genlab import config_fields as cf
 from genlab.errors import GenlabError
+from genlab.methods.base import Extra
 from genlab.methods.flow import unwrap
 from genlab.methods.world.adversarial import finite_or_zero
 
 COLLAPSE_RATIO = 0.5  # a student batch with under half the real batch's spread counts as a collapsed step
+T_FREQ = 64  # sinusoidal features of the re-noising time in each head's condition
 
 DISC_KEYS = cf.declare("method",
     tdisc_blocks=cf.F("", "pcm, ladd: teacher blocks (1-based, comma-separated) whose output tokens feed a "
@@ -41,6 +45,8 @@ DISC_KEYS = cf.declare("method",
                      free="comma-separated block numbers in 1..depth, or empty"),
     tdisc_hidden=cf.F(128, "pcm, ladd: width of each discriminator head", ge=1),
     tdisc_lr=cf.F(0.0, "pcm, ladd: learning rate of the discriminator heads' own optimizer (0 = optim.lr)", ge=0),
+    tdisc_betas=cf.F((0.0, 0.99), "pcm, ladd: Adam betas of the discriminator heads' own optimizer (GAN practice: "
+                                  "beta1 = 0, so the critic follows the moving student without momentum)", ge=0, lt=1),
     tdisc_t_mean=cf.F(-1.0, "pcm, ladd: re-noising time t' = t_end - w (1 - s), s = sigmoid(N(mean, std)) (w: 1 for "
                            "ladd, one phase for pcm); < 0 shifts it toward noise (LADD: m=1, s=1 with t=1 noise)",
                      ge=-10, le=10),
@@ -70,25 +76,31 @@ def check_disc_config(cfg) -> None:
         raise GenlabError(f"method {cfg.method.name}'s discriminator reads the tokens a block outputs; model "
                           f"{cfg.model.name} has no such blocks (genlab list: model.dit)")
     parse_blocks(cfg.method.tdisc_blocks, dit_size(cfg.model)[1])
+    if len(cfg.method.tdisc_betas) != 2:
+        raise GenlabError(f"method.tdisc_betas must hold two numbers, got {list(cfg.method.tdisc_betas)}")
 
 
 class TokenHead(nn.Module):
-    """Tokens [B, N, D] of one teacher block -> one logit per token [B, N], class-conditioned by projection."""
+    """Tokens [B, N, D] of one teacher block -> one logit per token [B, N], conditioned on the class and the
+    re-noising time t' [B] by projection."""
 
     def __init__(self, dim: int, hidden: int, num_classes: int):
         super().__init__()
+        from genlab.models.embeddings import TimestepEmbedder
         sn = nn.utils.parametrizations.spectral_norm
         self.norm = nn.LayerNorm(dim, elementwise_affine=False)  # the residual stream's scale varies by block
         self.inp = sn(nn.Linear(dim, hidden))
         self.conv = sn(nn.Conv1d(hidden, hidden, 3, padding=1))
         self.out = sn(nn.Linear(hidden, 1))
         self.embed = nn.Embedding(num_classes, hidden)
+        self.t_embed = TimestepEmbedder(hidden, freq_dim=T_FREQ)
         self.scale = 1 / math.sqrt(hidden)
 
-    def forward(self, h, y):
+    def forward(self, h, y, t):
         h = F.leaky_relu(self.inp(self.norm(h)), 0.2)
         h = h + F.leaky_relu(self.conv(h.transpose(1, 2)).transpose(1, 2), 0.2)
-        return self.out(h).squeeze(-1) + self.scale * (h * self.embed(y)[:, None]).sum(-1)
+        c = self.embed(y) + self.t_embed(t.float())
+        return self.out(h).squeeze(-1) + self.scale * (h * c[:, None]).sum(-1)
 
 
 class TeacherHeads(nn.Module):
@@ -101,13 +113,13 @@ class TeacherHeads(nn.Module):
         self.register_buffer("nonfinite", torch.zeros((), dtype=torch.long))
         self.register_buffer("collapsed", torch.zeros((), dtype=torch.long))
 
-    def forward(self, feats, y):
+    def forward(self, feats, y, t):
         with torch.autocast(y.device.type, enabled=False):  # logits in fp32
-            return torch.stack([head(f.float(), y) for head, f in zip(self.heads, feats)], 1)
+            return torch.stack([head(f.float(), y, t) for head, f in zip(self.heads, feats)], 1)
 
     def flops_per_sample(self) -> int:
         D, H, N = self.dim, self.hidden, self.tokens
-        return len(self.heads) * 2 * N * (D * H + 3 * H * H + 2 * H)
+        return len(self.heads) * (2 * N * (D * H + 3 * H * H + 2 * H) + 2 * (T_FREQ * H + H * H))
 
 
 class FeatureTap:
@@ -140,6 +152,11 @@ def build_heads(teacher: nn.Module, mcfg, num_classes: int) -> TeacherHeads:
     base = unwrap(teacher)
     return TeacherHeads(base.spec.dim, mcfg.tdisc_hidden, num_classes, parse_blocks(mcfg.tdisc_blocks, len(base.blocks)),
                         base.num_tokens)
+
+
+def disc_extra(heads: TeacherHeads, mcfg) -> Extra:
+    """The heads as a trainable extra with their own optimizer "disc" (method.tdisc_lr, method.tdisc_betas)."""
+    return Extra(heads, trainable=True, optimizer="disc", lr=mcfg.tdisc_lr or None, betas=tuple(mcfg.tdisc_betas))
 
 
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
@@ -179,7 +196,8 @@ class Adversary:
         """fake_t / real_t: the re-noised samples at t' = t [B]; fake_clean / real_clean: before re-noising (signals).
         Returns (G term for the model's loss, D loss for the heads' optimizer, metrics)."""
         yy = torch.cat([y, y])
-        logits = heads(self.tap(teacher, torch.cat([fake_t, real_t.to(fake_t.dtype)]), torch.cat([t, t]), yy), yy)
+        tt = torch.cat([t, t])
+        logits = heads(self.tap(teacher, torch.cat([fake_t, real_t.to(fake_t.dtype)]), tt, yy), yy, tt)
         fake, real = logits.chunk(2)
         g, d = hinge_losses(fake, real)
         bad = ~(torch.isfinite(g) & torch.isfinite(d))

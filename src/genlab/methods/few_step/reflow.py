@@ -49,10 +49,6 @@ class Reflow(FewStepFlow):
         per = (model(x_t, t, y).float() - (data - noise).float()).square().flatten(1).mean(1)
         return (self.weight(t.float(), self.mcfg) * per).mean(), {}
 
-    def evaluate(self, model, data, ctx) -> dict:
-        # a pairs folder is scored against the teacher's data it records, like the teacher itself
-        return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
-
     def synthetic_batch(self, batch_size, device, generator):
         b = super().synthetic_batch(batch_size, device, generator)
         return {**b, "noise": torch.randn(b["image"].shape, generator=generator, device=device)}
