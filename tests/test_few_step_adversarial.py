@@ -326,3 +326,21 @@ def test_pcm_with_the_adversarial_loss_trains_compiled(tmp_path, flow_teacher, o
                       "train.steps=3", "log.every=1", "train.ema_decay=0.9", *QUIET)
     assert Trainer(cfg).fit()["status"] == "finished"
     assert all(math.isfinite(v) for v in loss_curve(tmp_path / "c"))
+
+
+def test_resuming_a_checkpoint_whose_discriminator_lacks_a_parameter_is_a_one_line_error(tmp_path, flow_teacher,
+                                                                                          one_thread):
+    """A LADD/PCM checkpoint saved before the heads were conditioned on t' has no time-embedding weights: resuming it
+    names the module and the parameter instead of torch's multi-line load_state_dict error."""
+    from genlab.train import checkpoint as ckpt
+    from genlab.train.trainer import Trainer
+    args = (f"method.teacher={flow_teacher}", *PCM_ADV, "train.steps=2", "log.ckpt_every=2", "log.sample_every=0",
+            "eval.num_samples=0", "train.name=old")
+    Trainer(tiny_config(tmp_path, *args)).fit()
+    path = sorted((tmp_path / "old" / "checkpoints").glob("step_*.pt"))[-1]
+    state = ckpt.load_checkpoint(path)
+    dropped = next(k for k in state["extras"]["disc"] if "weight" in k)
+    del state["extras"]["disc"][dropped]
+    torch.save(state, path)
+    with pytest.raises(GenlabError, match=rf"the method's 'disc' module differs from the checkpoint \(parameter {dropped}"):
+        Trainer(tiny_config(tmp_path, *args, "train.steps=4"), resume=str(tmp_path / "old")).fit()

@@ -34,7 +34,8 @@ def build_model_and_method(cfg, spec: dict):
     return model, method
 
 
-def check_model_shapes(model, state: dict, source: str, verb: str = "resume from"):
+def check_model_shapes(model, state: dict, source: str, verb: str = "resume from", what: str = "the model"):
+    what_module = what
     own = model.state_dict()
     diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
     missing = [k for k in own if k not in state] + [k for k in state if k not in own]
@@ -44,7 +45,7 @@ def check_model_shapes(model, state: dict, source: str, verb: str = "resume from
             hint = getattr(model.get_submodule(missing[0].rpartition(".")[0]), "missing_hint", None)
             side += f" ({hint})" if hint else ""
         what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}, {side}"
-        raise GenlabError(f"cannot {verb} {source}: the model differs from the checkpoint ({what})")
+        raise GenlabError(f"cannot {verb} {source}: {what_module} differs from the checkpoint ({what})")
 
 
 def init_weights_from(model, source: str) -> None:
@@ -72,6 +73,7 @@ class TrainStep:
                  resume_from: str = "the checkpoint"):
         tcfg = cfg.train
         self.cfg, self.spec, self.dist, self.device, self.precision = cfg, spec, dist, device, precision
+        self._resume_from = resume_from
         if tcfg.compile != "off" or tcfg.compile_optimizer:  # a run that compiles nothing needs no worker pool
             start_compile_workers(device)  # before anything compiles: out of reach of a stop signalled to the group
         self.converters = converters_of(cfg, precision)
@@ -121,7 +123,8 @@ class TrainStep:
         self.extra_modules, self.extras_wrapped = {}, {}
         for name, e in self.extras.items():
             m = e.module
-            if name in saved:
+            if name in saved:  # e.g. a discriminator saved before its heads gained a time embedding: one line
+                check_model_shapes(m, saved[name], self._resume_from, what=f"the method's '{name}' module")
                 m.load_state_dict(saved[name])
             m.to(self.device)
             if e.trainable:
