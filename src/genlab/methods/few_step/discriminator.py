@@ -210,3 +210,11 @@ class Adversary:
                    "disc_acc_fake": (fs < 0).float().mean(), "diversity_ratio": ratio,
                    "adv_nonfinite": base.nonfinite.clone(), "adv_collapsed": base.collapsed.clone()}
         return finite_or_zero(g), finite_or_zero(d), metrics
+
+
+def add_discriminator(extras: dict, mcfg, num_classes: int) -> Adversary:
+    """Heads on the frozen teacher's features as the trainable extra "disc" (pcm's adversarial option, ladd); returns
+    the Adversary that scores with them."""
+    heads = build_heads(extras["teacher"].module, mcfg, num_classes)
+    extras["disc"] = disc_extra(heads, mcfg)
+    return Adversary(heads.blocks)

@@ -28,8 +28,8 @@ import torch
 from genlab import config_fields as cf
 from genlab.errors import GenlabError
 from genlab.methods.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
-from genlab.methods.few_step.discriminator import (DISC_KEYS, Adversary, build_heads, check_disc_config, disc_extra,
-                                                   renoise, renoise_time)
+from genlab.methods.few_step.discriminator import (DISC_KEYS, add_discriminator, check_disc_config, renoise,
+                                                   renoise_time)
 from genlab.methods.flow import check_flow_config, interpolate
 from genlab.registry import method_registry
 
@@ -79,9 +79,7 @@ class PCM(FewStepFlow):
     def extra_modules(self):
         extras = super().extra_modules()
         if self.adv_weight > 0:
-            heads = build_heads(extras["teacher"].module, self.mcfg, self.spec["num_classes"])
-            self.adversary = Adversary(heads.blocks)
-            extras["disc"] = disc_extra(heads, self.mcfg)
+            self.adversary = add_discriminator(extras, self.mcfg, self.spec["num_classes"])
         return extras
 
     def loss(self, model, batch, ctx):
