@@ -536,6 +536,27 @@ def test_triton_qkv_refuses_cpu_training_in_one_line():
             load_config(preset, ["model.qkv_kernel=triton", "train.device=cpu"])
 
 
+def _compiled_dit_bf16(**spec):
+    """A DiT-B/2-shaped model (2 blocks, `spec` on top) compiled by inductor under bf16 autocast on CUDA: its output,
+    the parameter gradients of mean(out^2), and how many frames dynamo compiled (1 = no graph break)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from genlab.models.dit import DiT, DiTSpec
+    torch.manual_seed(0)
+    m = DiT(DiTSpec(image_size=32, channels=4, num_classes=10, dim=768, depth=2, heads=12, **spec)).cuda()
+    for n, p in m.named_parameters():
+        if "ada" in n:
+            torch.nn.init.normal_(p, std=0.02)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(8, 4, 32, 32, generator=g, device="cuda")
+    t, y = torch.rand(8, generator=g, device="cuda"), torch.arange(8, device="cuda")
+    counter = CompileCounterWithBackend("inductor")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = torch.compile(m, backend=counter)(x, t, y)
+    grads = torch.autograd.grad(out.float().square().mean(), list(m.parameters()))
+    return out.float(), grads, counter.frame_count
+
+
 @pytest.mark.parametrize("case", [(4, 256, 12, 64, "float32", True, True, True), (2, 1024, 12, 64, "bfloat16", True,
                                                                                       True, True),
                                   (2, 1000, 16, 72, "bfloat16", False, False, True), (2, 256, 16, 16, "bfloat16",
@@ -553,27 +574,8 @@ def test_gpu_triton_qkv_split_matches_float64(case):
 def test_gpu_dit_with_triton_qkv_matches_plain_under_bf16_autocast_and_compile():
     """A DiT-B/2-shaped model (2 blocks, qk_norm, rope2d), bf16 autocast, torch.compile with inductor: one graph
     (as plain), outputs and gradients of qkv_kernel=triton within bf16 rounding of plain's (which rounds after each op)."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    from genlab.models.dit import DiT, DiTSpec
-
-    def run(kernel):
-        torch.manual_seed(0)
-        m = DiT(DiTSpec(image_size=32, channels=4, num_classes=10, dim=768, depth=2, heads=12, qk_norm=True,
-                        pos_emb="rope2d", qkv_kernel=kernel)).cuda()
-        for n, p in m.named_parameters():
-            if "ada" in n:
-                torch.nn.init.normal_(p, std=0.02)
-        g = torch.Generator(device="cuda").manual_seed(1)
-        x = torch.randn(8, 4, 32, 32, generator=g, device="cuda")
-        t, y = torch.rand(8, generator=g, device="cuda"), torch.arange(8, device="cuda")
-        counter = CompileCounterWithBackend("inductor")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = torch.compile(m, backend=counter)(x, t, y)
-        grads = torch.autograd.grad(out.float().square().mean(), list(m.parameters()))
-        return out.float(), grads, counter.frame_count
-    out, grads, frames = run("triton")
-    ref, ref_grads, ref_frames = run("plain")
+    out, grads, frames = _compiled_dit_bf16(qk_norm=True, pos_emb="rope2d", qkv_kernel="triton")
+    ref, ref_grads, ref_frames = _compiled_dit_bf16(qk_norm=True, pos_emb="rope2d", qkv_kernel="plain")
     assert frames == ref_frames == 1, (frames, ref_frames)  # the custom ops add no graph break
     assert rel(out, ref) < 2e-2
     assert max(rel(a, b) for a, b in zip(grads, ref_grads)) < 5e-2
@@ -594,24 +596,8 @@ def test_gpu_triton_adaln_kernels_match_float64(case):
 def test_gpu_dit_block_with_triton_adaln_matches_fused_under_bf16_autocast_and_compile():
     """DiT-B/2-shaped model (2 blocks), bf16 autocast, torch.compile: outputs and gradients of adaln=triton against
     adaln=fused; both round to bf16 at the same places except the gated product (fp32 in the kernel)."""
-    from genlab.models.dit import DiT, DiTSpec
-
-    def run(adaln):
-        torch.manual_seed(0)
-        m = DiT(DiTSpec(image_size=32, channels=4, num_classes=10, dim=768, depth=2, heads=12, adaln=adaln)).cuda()
-        for n, p in m.named_parameters():
-            if "ada" in n:
-                torch.nn.init.normal_(p, std=0.02)
-        g = torch.Generator(device="cuda").manual_seed(1)
-        x = torch.randn(8, 4, 32, 32, generator=g, device="cuda")
-        t, y = torch.rand(8, generator=g, device="cuda"), torch.arange(8, device="cuda")
-        cm = torch.compile(m)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = cm(x, t, y)
-        grads = torch.autograd.grad(out.float().square().mean(), list(m.parameters()))
-        return out.float(), grads
-    out, grads = run("triton")
-    ref, ref_grads = run("fused")
+    out, grads, _ = _compiled_dit_bf16(adaln="triton")
+    ref, ref_grads, _ = _compiled_dit_bf16(adaln="fused")
     assert rel(out, ref) < 2e-2
     assert max(rel(a, b) for a, b in zip(grads, ref_grads)) < 5e-2
 
