@@ -213,8 +213,37 @@ def test_batched_seeds_functional_closure_takes_the_plain_path():
     torch.testing.assert_close(batched, torch.stack([loss, loss]))
 
 
-def test_models_other_than_dit_and_the_velocity_call_are_unchanged():
-    """The model's output without a target is the same function whatever final_kernel is."""
+def test_repa_trains_through_the_fused_final_loss(tmp_path):
+    """REPA (MethodSpec.final_loss) runs the flow loss through the model's fused head; its block hook still sees the
+    tokens: the loss, both terms and the gradients of model and projector equal plain's (float32)."""
+    from conftest import tiny_config
+    from genlab.methods.base import plain_context
+    from genlab.train.step import build_model_and_method
+    digits = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10, "batch_keys": ("image", "label")}
+    out = {}
+    for kernel in ("plain", "triton"):
+        cfg = tiny_config(tmp_path, "method.name=repa", "method.repa_hidden=16", "model.depth=3")
+        cfg.model.final_kernel = kernel
+        torch.manual_seed(0)
+        model, method = build_model_and_method(cfg, digits)
+        for p in model.final.parameters():
+            torch.nn.init.normal_(p, std=0.1)
+        g = torch.Generator().manual_seed(0)
+        batch = {"image": torch.rand(8, 1, 8, 8, generator=g) * 2 - 1, "label": torch.randint(0, 10, (8,), generator=g)}
+        extras = {"encoder": method.encoder, "projector": method.projector}
+        loss, metrics = method.loss(model, batch, plain_context(g, extras=extras))
+        params = [*model.parameters(), *method.projector.parameters()]
+        out[kernel] = (loss, metrics, torch.autograd.grad(loss, params))
+    (loss, metrics, grads), (ref, ref_metrics, ref_grads) = out["triton"], out["plain"]
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=0)
+    for k in ("flow_loss", "repa_align"):
+        torch.testing.assert_close(metrics[k], ref_metrics[k], rtol=1e-5, atol=0)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_velocity_call_is_the_same_whatever_final_kernel():
+    """Sampling, evaluation and every method that uses the output call the model without a target: unchanged."""
     cfg_p, cfg_t = _cfg("plain"), _cfg("triton")
     a, b = _model(cfg_p), _model(cfg_t)
     g = torch.Generator().manual_seed(5)
@@ -380,7 +409,7 @@ def test_gpu_final_loss_compiles_in_one_graph():
     check_final_loss_compile("cuda")
 
 
-def _compiled_flow_loss(final_kernel, adaln, weighting):
+def _compiled_flow_loss(final_kernel, adaln, weighting, device="cuda"):
     """A DiT-B/2-shaped model (2 blocks) on 32x32x4 latents, compiled by inductor, the flow method's loss under bf16
     autocast: (loss, parameter gradients, frames dynamo compiled)."""
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -393,18 +422,18 @@ def _compiled_flow_loss(final_kernel, adaln, weighting):
                                       f"model.final_kernel={final_kernel}", f"method.loss_weighting={weighting}"])
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 10}
     torch.manual_seed(0)
-    model = model_registry.get("dit")(cfg.model, spec).cuda()
+    model = model_registry.get("dit")(cfg.model, spec).to(device)
     for n, p in model.named_parameters():
         if "ada" in n or "final" in n:
             torch.nn.init.normal_(p, std=0.02)
     method = FlowMatching(cfg, spec)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    batch = {"image": torch.randn(16, 4, 32, 32, generator=g, device="cuda"),
-             "label": torch.randint(0, 10, (16,), generator=g, device="cuda")}
-    inputs = method.loss_inputs(model, batch, plain_context(torch.Generator(device="cuda").manual_seed(2)))
+    g = torch.Generator(device=device).manual_seed(1)
+    batch = {"image": torch.randn(16, 4, 32, 32, generator=g, device=device),
+             "label": torch.randint(0, 10, (16,), generator=g, device=device)}
+    inputs = method.loss_inputs(model, batch, plain_context(torch.Generator(device=device).manual_seed(2)))
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         loss, _ = method.loss_from(compiled, inputs)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     return loss, grads, counter.frame_count
