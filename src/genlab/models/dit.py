@@ -19,7 +19,8 @@ from genlab.models.mlp import TokenGrid
 from genlab.models.norm import norm_modulate_by, residual_ops_by
 from genlab.models.positions import build_position
 from genlab import config_fields as cf
-from genlab.registry import ModelExample, final_kernel_registry, mlp_registry, model_registry, residual_registry
+from genlab.registry import (ModelExample, final_kernel_registry, method_registry, mlp_registry, model_registry,
+                             residual_registry)
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -181,8 +182,8 @@ class DiT(nn.Module):
         """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional);
         conditions: the extra named conditions the model was built with (spec.conditions).
 
-        With loss_target [B, C, H, W] (the flow method, model.final_kernel != plain): the float32 scalar
-        mean_b w_b * mean((out_b - loss_target_b)^2) instead of the output (w = loss_weight [B], default 1), through
+        With loss_target [B, C, H, W] (the flow method, model.final_kernel != plain): the scalar (float32; float64 for
+        a float64 model) mean_b w_b * mean((out_b - loss_target_b)^2) instead of the output (w = loss_weight [B], default 1), through
         the `final_kernel` entry, which never forms the image-shaped output (models/fused_final.py)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
@@ -261,7 +262,6 @@ DIT_FINAL_KEYS = cf.declare("model",
 
 def check_final_kernel(cfg) -> None:
     """A fused final layer + loss needs a method whose loss runs through it (MethodSpec.final_loss)."""
-    from genlab.registry import method_registry
     kernel, method = cfg.model.final_kernel, cfg.method.name
     if kernel != "plain" and not method_registry.spec(method).final_loss:
         ok = [n for n, s in method_registry.specs() if s.final_loss]
