@@ -6,7 +6,8 @@ Shapes: DiT-B/2 at 32x32x4 latents (256 tokens of width 768) and DiT-XL/2 (width
 with a float32 residual stream (the presets' defaults); GPT-2 124M's head (768 -> 50304 rows, 50257 real) over
 --gpt-batch x 1024 tokens. Rows: adaLN (LayerNorm + modulation), gated residual + adaLN, gated residual, the
 head + cross-entropy, the SwiGLU activation (width 2048 = 2/3 of 4 x 768) over both token counts, and the QKV
-split into heads with QK RMSNorm and RoPE (DiT-B/2 tokens, GPT-2 tokens with RoPE only, 16,384 tokens at head width 16); each plain composition eager and under torch.compile (what the presets run), each fused
+split into heads with QK RMSNorm and RoPE (DiT-B/2 tokens, GPT-2 tokens with RoPE only, 16,384 tokens at head width 16),
+and the DiT-B/2 final layer + flow loss (model.final_kernel); each plain composition eager and under torch.compile (what the presets run), each fused
 kernel eager (custom ops: the same kernel under compile). Times: CUDA events, median over --reps after warm-up,
 one forward + backward with random cotangents; peak memory above the inputs. Libraries that are not installed are
 reported as such.
@@ -133,6 +134,37 @@ def qkv_rows(B, N, H, hd, reps, qk_norm=True, rope=True):
     return [r]
 
 
+def final_rows(B, N, D, P, reps):
+    """DiT's final layer (adaLN norm + modulation, projection D -> P) + the flow loss against a [B, C, H, W] target:
+    the plain path (the projection, depatchify, float32 MSE) and model.final_kernel=triton (patchified target, one
+    custom op); bf16 autocast, float32 tokens (the residual stream)."""
+    from genlab.models import fused_final
+    from genlab.models.dit import FinalLayer, depatchify, patchify
+    torch.manual_seed(0)
+    final = FinalLayer(D, P).cuda()
+    for p in final.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    side, C = int(N ** 0.5) * 2, P // 4   # patch 2: P = 4 * C
+    h = torch.randn(B, N, D, device="cuda").requires_grad_()
+    c = torch.randn(B, D, device="cuda").requires_grad_()
+    target = torch.randn(B, C, side, side, device="cuda")
+
+    def plain(h, c):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            v = depatchify(final(h, c), 2, C, side, side)
+            return torch.nn.functional.mse_loss(v.float(), target)
+
+    def fused(h, c):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return fused_final.triton_final_loss(final, h, c, patchify(target, 2), None)
+    inp = (h, c)
+    r = {"op": f"final layer + flow loss [{B}x{N}x{D} -> {P}]", "kernel": "genlab Triton (model.final_kernel=triton)"}
+    r["eager"] = timed(fwd_bwd(plain, inp), reps)
+    r["compiled"] = timed(fwd_bwd(torch.compile(plain), inp), reps)
+    r["fused"] = timed(fwd_bwd(fused, inp), reps)
+    return [r]
+
+
 def fmt(t):
     return "not installed" if t is None else f"{t[0]:.2f} ms ({t[1]:.2f} GiB)"
 
@@ -151,6 +183,7 @@ def main(argv=None):
     # the QKV split: DiT-B/2 with qk_norm + rope2d-like tables, GPT-2 124M with rope, bench_longseq's head width 16
     rows += (qkv_rows(a.batch, 256, 12, 64, a.reps) + qkv_rows(a.gpt_batch, 1024, 12, 64, a.reps, qk_norm=False)
              + qkv_rows(1, 16384, 16, 16, a.reps))
+    rows += final_rows(a.batch, 256, 768, 16, a.reps)  # DiT-B/2 on 32x32x4 latents
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward + backward, median of {a.reps}; "
           f"(peak GiB above the inputs)\n")
     print("| op | plain eager | plain compiled | fused | fused kernel | speed-up vs compiled |")

@@ -99,6 +99,7 @@ class MethodSpec(Spec):
     conditions: dict | None = None        # extra model inputs {name: embedder} (models/conditions.py), e.g. a step size
     output: str = ""                      # what its model predicts ("velocity": a flow teacher for few-step methods)
     batched_seeds: bool = False           # train.seeds: its loss splits into loss_inputs (draws) + loss_from (vmappable)
+    final_loss: bool = False              # its loss runs through the backbone's final layer + loss (model.final_kernel)
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,7 @@ parallel_registry = Registry("parallel", ParallelSpec)
 adaln_registry = Registry("adaln", AdalnSpec)
 ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)
+final_kernel_registry = Registry("final_kernel", KernelSpec)
 residual_registry = Registry("residual")
 compile_mode_registry = Registry("compile_mode")
 convert_registry = Registry("convert")

@@ -84,6 +84,8 @@ class FlowMatching(Method):
         self.shift = resolve_shift(m.time_shift, data_spec["image_size"], m.shift_base)
         self.weight = loss_weighting_registry.get(m.loss_weighting)
         self.cfg_interval = parse_interval(m.cfg_interval)
+        # model.final_kernel (dit only): the backbone computes the loss from the target (models/fused_final.py)
+        self.fused_final = getattr(cfg.model, "final_kernel", "plain") != "plain"
 
     def extra_modules(self):
         # the adaptive sampler's state is a frozen extra: checkpointed and restored with the run
@@ -132,6 +134,11 @@ class FlowMatching(Method):
 
     def loss_from(self, model, inputs: dict):
         """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
+        if self.fused_final and isinstance(model, torch.nn.Module):
+            # the final layer + loss fused in the backbone: no velocity tensor. Batched seeds call this with a
+            # functional closure of the model under torch.vmap, where the custom op has no rule: the plain path below
+            weight = None if self.mcfg.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
+            return model(inputs["x_t"], inputs["t"], inputs["y"], loss_target=inputs["target"], loss_weight=weight), {}
         v = model(inputs["x_t"], inputs["t"], inputs["y"])
         target = inputs["target"].float()
         if self.mcfg.loss_weighting == "none":
@@ -278,6 +285,6 @@ FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_f
 
 
 @method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
-                          keys=FLOW_KEYS, batched_seeds=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
+                          keys=FLOW_KEYS, batched_seeds=True, final_loss=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
 def build_flow(cfg, data_spec):
     return FlowMatching(cfg, data_spec)

@@ -123,7 +123,7 @@ def check_repa_config(cfg):
 
 @method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
                                   "(trainable projector, frozen encoder; method.repa_*)",
-                          keys=REPA_KEYS, **{**FLOW_SPEC, "check": check_repa_config,
+                          keys=REPA_KEYS, final_loss=True, **{**FLOW_SPEC, "check": check_repa_config,
                                              "reads": tuple(k.dotted for k in FLOW_KEYS)})
 def build_repa(cfg, data_spec):
     return REPA(cfg, data_spec)

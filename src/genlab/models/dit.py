@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from genlab.errors import GenlabError
 from genlab.models.attention import Attention
 from genlab.models.backbone import LongSkips, block_flops
 from genlab.models.conditions import ConditionSet, combine
@@ -18,7 +19,8 @@ from genlab.models.mlp import TokenGrid
 from genlab.models.norm import norm_modulate_by, residual_ops_by
 from genlab.models.positions import build_position
 from genlab import config_fields as cf
-from genlab.registry import ModelExample, mlp_registry, model_registry, residual_registry
+from genlab.registry import (ModelExample, final_kernel_registry, method_registry, mlp_registry, model_registry,
+                             residual_registry)
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {
@@ -54,6 +56,7 @@ class DiTSpec:
     dual_blocks: int = 0          # mmdit: first k blocks dual-stream (0 = all)
     context_dim: int = 0          # mmdit: > 0 = a sequence of condition embeddings of this width (text-like)
     conditions: tuple = ()        # extra named conditions (name, embedder) a method adds (models/conditions.py)
+    final_kernel: str = "plain"   # dit: registry `final_kernel`, the final layer + flow loss (models/fused_final.py)
 
 
 def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
@@ -174,13 +177,21 @@ class DiT(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
         self.skips.reset_parameters()
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
+                loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
         """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional);
-        conditions: the extra named conditions the model was built with (spec.conditions)."""
+        conditions: the extra named conditions the model was built with (spec.conditions).
+
+        With loss_target [B, C, H, W] (the flow method, model.final_kernel != plain): the scalar (float32; float64 for
+        a float64 model) mean_b w_b * mean((out_b - loss_target_b)^2) instead of the output (w = loss_weight [B], default 1), through
+        the `final_kernel` entry, which never forms the image-shaped output (models/fused_final.py)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = combine(embed_conditions(self, t, y, conditions))
         h = self.run_blocks(h, c, self.pos.rope(), TokenGrid(0, self.grid, self.grid))
+        if loss_target is not None:  # the target goes to the patch layout (no gradient), not the output to the image's
+            return final_kernel_registry.get(s.final_kernel)(self.final, h, c, patchify(loss_target, s.patch_size),
+                                                             loss_weight)
         out = self.final(h, c)
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
@@ -208,7 +219,6 @@ class DiT(nn.Module):
 
 def dit_size(cfg_model) -> tuple[int, int, int]:
     if cfg_model.size not in DIT_SIZES:
-        from genlab.errors import GenlabError
         raise GenlabError(f"unknown DiT size '{cfg_model.size}'; valid: {', '.join(DIT_SIZES)}")
     dim, depth, heads = DIT_SIZES[cfg_model.size]
     return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
@@ -243,6 +253,21 @@ DIT_KEYS = cf.declare("model",
     long_skips=cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])"),
 )
 
+# model.* keys of the plain DiT alone (its subclasses and siblings keep calling the model for the output)
+DIT_FINAL_KEYS = cf.declare("model",
+    final_kernel=cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
+                               "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel"),
+)
+
+
+def check_final_kernel(cfg) -> None:
+    """A fused final layer + loss needs a method whose loss runs through it (MethodSpec.final_loss)."""
+    kernel, method = cfg.model.final_kernel, cfg.method.name
+    if kernel != "plain" and not method_registry.spec(method).final_loss:
+        ok = [n for n, s in method_registry.specs() if s.final_loss]
+        raise GenlabError(f"model.final_kernel={kernel} fuses the final layer into the flow loss, which method.name="
+                          f"{method} does not train with; use model.final_kernel=plain (or method.name={'|'.join(ok)})")
+
 
 def image_backbone_example(options=None) -> ModelExample:
     """The contract test's instance of an image backbone: a tiny data spec, inputs, output shape, extra options."""
@@ -260,6 +285,7 @@ IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=(
 
 
 @model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class",
-                         keys=DIT_KEYS, block_tokens=True, example=image_backbone_example(), **IMAGE_BACKBONE)
+                         keys=DIT_KEYS + DIT_FINAL_KEYS, block_tokens=True, example=image_backbone_example(),
+                         check=lambda cfg, dim, heads, depth: check_final_kernel(cfg), **IMAGE_BACKBONE)
 def build_dit(cfg_model, data_spec) -> DiT:
-    return DiT(spec_from_config(cfg_model, data_spec))
+    return DiT(spec_from_config(cfg_model, data_spec, final_kernel=getattr(cfg_model, "final_kernel", "plain")))
