@@ -23,19 +23,18 @@ from test_batched_seeds import LOSS_RTOL, WEIGHT_ATOL, _assert_close_states, _ck
 
 STEPS = 4
 COMMON = [*TINY, f"train.steps={STEPS}", "log.every=1", "log.ckpt_every=2", "log.keep_last=0", "eval.num_samples=0",
-          "train.device=cpu", "optim.grad_clip=0.5", "optim.warmup_steps=2", "train.ema_decay=0.9"]
-# per optimizer: the batched lists, and each member's run folder suffix with its single-run overrides. AdamW's decay
-# is decoupled, Adam's and SGD's L2 (in the gradient); each case crosses two lists (4 members)
+          "train.device=cpu", "optim.grad_clip=0.5", "optim.warmup_steps=2", "train.ema_decay=0.9",
+          "eval.grid_per_class=1", "eval.sample_steps=1"]  # the end-of-run preview: small
+# per optimizer: the batched lists, and each member's run folder suffix with its single-run overrides; each case
+# crosses two lists (4 members). AdamW's weight decay is decoupled; SGD's is L2 in the gradient (as Adam's: the same
+# code path). EMA decays 0.2 and 0.9 part from step 2 under the EMA warmup min(decay, (1+n)/(10+n)).
 CASES = {
     "adamw": (["train.seed=1", "train.lrs=1e-3,3e-3", "train.weight_decays=0,0.1"],
               [(f"lr={lr}-weight_decay={wd}-s1", [f"optim.lr={lr}", f"optim.weight_decay={wd}", "train.seed=1"])
                for lr in ("1e-3", "3e-3") for wd in ("0", "0.1")]),
-    "adam": (["train.seeds=0", "optim.lr=3e-3", "train.weight_decays=0,0.1", "train.ema_decays=0.2,0.9"],
-             [(f"weight_decay={wd}-ema_decay={e}-s0", ["optim.lr=3e-3", f"optim.weight_decay={wd}", f"train.ema_decay={e}"])
-              for wd in ("0", "0.1") for e in ("0.2", "0.9")]),
-    "sgd": (["train.seeds=0", "train.lrs=0.01,0.03", "train.weight_decays=0,0.1"],
-            [(f"lr={lr}-weight_decay={wd}-s0", [f"optim.lr={lr}", f"optim.weight_decay={wd}"])
-             for lr in ("0.01", "0.03") for wd in ("0", "0.1")]),
+    "sgd": (["train.seeds=0", "optim.weight_decay=0.1", "train.lrs=0.01,0.03", "train.ema_decays=0.2,0.9"],
+            [(f"lr={lr}-ema_decay={e}-s0", ["optim.weight_decay=0.1", f"optim.lr={lr}", f"train.ema_decay={e}"])
+             for lr in ("0.01", "0.03") for e in ("0.2", "0.9")]),
 }
 
 
@@ -96,8 +95,8 @@ def _rewind(src, dst, step):
 
 
 def test_a_member_resumes_alone_and_the_members_resume_batched(case):
-    """A member's step-2 folder continues alone with plain resume to its single run's end; all members' step-2 folders
-    continue batched (their configs differ in lr / weight decay / EMA decay) to the uninterrupted batched end, exactly."""
+    """A member's step-2 folder continues alone with plain resume to its single run's end; (AdamW) all members' step-2
+    folders continue batched (their configs differ in lr and weight decay) to the uninterrupted batched end, exactly."""
     from genlab.train.seeds import SeedsTrainer
     from genlab.train.trainer import Trainer, config_for_resume
     tmp, members = case["tmp"], case["members"]
@@ -107,6 +106,8 @@ def test_a_member_resumes_alone_and_the_members_resume_batched(case):
     run = tmp / f"alone-{suffix}"
     assert Trainer(config_for_resume(str(run), []), resume=str(run)).fit()["status"] == "finished"
     _assert_close_states(_ckpt(run / final), _ckpt(tmp / f"single-{suffix}" / final), atol=WEIGHT_ATOL)
+    if case["opt"] != "adamw":  # the same path for every optimizer; once is enough
+        return
     for s, _ in members:
         _rewind(tmp / f"b-{s}", tmp / f"again-{s}", 2)
     out = SeedsTrainer(resume=[str(tmp / f"again-{s}") for s, _ in members]).fit()
@@ -117,14 +118,12 @@ def test_a_member_resumes_alone_and_the_members_resume_batched(case):
 
 def test_cli_names_member_folders_by_their_values_and_saves_their_lr(tmp_path, capfd):
     from genlab.config import load_config
-    base = [*TINY, "train.steps=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}"]
+    base = [*TINY, "train.steps=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}",
+            "eval.grid_per_class=1", "eval.sample_steps=1"]
     r = cli_in_process(capfd, "train", "digits_flow", *base, "train.lrs=1e-4,2e-3", "train.seeds=3", "train.name=c")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c-lr=1e-4-s3", "c-lr=2e-3-s3"]
     assert load_config(str(tmp_path / "c-lr=2e-3-s3" / "config.toml")).optim.lr == 2e-3
-    r = cli_in_process(capfd, "train", "digits_flow", *base, "train.lrs=1e-4", "train.name=t-{lr}-x")
-    assert r.returncode == 0, r.stderr
-    assert (tmp_path / "t-1e-4-x-s0" / "config.toml").is_file()  # a name template: the sweep's variant names
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -164,13 +163,13 @@ def test_runs_resumed_together_may_differ_only_in_member_keys():
 
 SWEEP = """name = "v"
 steps = 2
-seeds = [0, 1]
+seeds = [0]
 launcher = "cpu"
 batched_variants = true
 [base]
 preset = "digits_flow"
 overrides = ["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_size=16", "log.every=1",
-             "log.tensorboard=false", "eval.num_samples=0"]
+             "log.tensorboard=false", "eval.num_samples=0", "eval.sample_steps=1", "eval.grid_per_class=1"]
 
 [[axis]]
 key = "model.mlp_ratio"
@@ -204,9 +203,9 @@ def test_sweep_batched_variants_groups_each_grid_of_lrs_into_one_process(tmp_pat
         return main(cmd[3:]), 0.0
     monkeypatch.setattr(runner, "_genlab", in_process)
     d = runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False)
-    assert len(calls) == 2 and all("train.lrs=0.001,0.003" in c and "train.seeds=0,1" in c for c in calls)
+    assert len(calls) == 2 and all("train.lrs=0.001,0.003" in c and "train.seeds=0" in c for c in calls)
     status = json.loads((d / "status.json").read_text())
-    assert len(status) == 8 and all(r["status"] == "finished" and r["batched_seeds"] == 4 for r in status.values())
+    assert len(status) == 4 and all(r["status"] == "finished" and r["batched_seeds"] == 2 for r in status.values())
     for name in status:
         assert _ckpt(d / "runs" / name)["config"]["optim"]["lr"] == (1e-3 if "lr=0.001" in name else 3e-3)
 
