@@ -17,6 +17,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from conftest import TINY, cli_in_process
 from test_batched_seeds import LOSS_RTOL, WEIGHT_ATOL, _assert_close_states, _ckpt, _losses
@@ -220,3 +221,21 @@ def test_sweep_file_with_batched_variants_is_checked_before_anything_runs(tmp_pa
         p.write_text(text)
         with pytest.raises(GenlabError, match=needle):
             load_sweep(p)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_batched_bf16_variants_follow_their_single_runs(tmp_path):
+    """On CUDA (fused AdamW at lr 1, the per-member factors broadcast by the foreach ops) under bf16: each member's
+    losses follow its own single run to bf16 rounding (the batched step may use another attention kernel)."""
+    from genlab.train.seeds import SeedsTrainer
+    from genlab.train.trainer import Trainer
+    gpu = ["train.device=cuda", "train.precision=bf16", "model.dim=64", "model.heads=2", "train.ema_decay=0.9"]
+    SeedsTrainer(_cfg(tmp_path, *gpu, "train.lrs=1e-3,3e-3", "train.weight_decays=0,0.1", "train.name=b")).fit()
+    for lr in ("1e-3", "3e-3"):
+        for wd in ("0", "0.1"):
+            Trainer(_cfg(tmp_path, *gpu, f"optim.lr={lr}", f"optim.weight_decay={wd}", f"train.name=s{lr}{wd}")).fit()
+            lb = torch.tensor(_losses(tmp_path / f"b-lr={lr}-weight_decay={wd}-s0"))
+            ls = torch.tensor(_losses(tmp_path / f"s{lr}{wd}"))
+            assert len(lb) == STEPS and torch.isfinite(lb).all()
+            torch.testing.assert_close(lb, ls, rtol=0.03, atol=0)

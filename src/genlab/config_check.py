@@ -240,9 +240,13 @@ def check_seeds_config(cfg) -> None:
     def refuse(what):
         raise GenlabError(f"{label} does not support {what}; supported: {SEEDS_SUPPORTED}")
     if "{" in t.name and lists:  # a name template (the sweep passes one): every listed key, no other field
-        fields = {f for _, f, _, _ in string.Formatter().parse(t.name) if f is not None}
+        try:
+            parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(t.name) if f is not None]
+        except ValueError:
+            parsed = [("", "", None)]
+        fields = {f for f, _, _ in parsed}
         short = {VARIANT_KEYS[n][0].split(".")[-1] for n in lists}
-        if fields != short:
+        if fields != short or any(spec or conv for _, spec, conv in parsed):
             raise GenlabError(f"train.name {t.name!r}: a name template names each batched-variant value once, "
                               f"as {{{'}, {'.join(sorted(short))}}} (the lists set); got fields {sorted(fields)}")
     if not method_registry.spec(cfg.method.name).batched_seeds:
