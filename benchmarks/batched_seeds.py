@@ -3,6 +3,7 @@
     python benchmarks/batched_seeds.py                                   # mnist_flow (DiT-S/4, batch 256), 8 seeds
     python benchmarks/batched_seeds.py --synthetic                       # ... on MNIST-shaped random images (no files)
     python benchmarks/batched_seeds.py --batched-set train.compile=model # the batched step compiled
+    python benchmarks/batched_seeds.py --seeds 2 --lrs 1e-4,3e-4,1e-3,3e-3 # batched variants: 2 seeds x 4 lrs (train.lrs)
     python benchmarks/batched_seeds.py --preset digits_flow --seeds 4 --steps 10 --device cpu \\
         model.dim=32 model.depth=2 model.heads=2 train.batch_size=16    # a tiny CPU case
 
@@ -33,12 +34,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def sequential(cfg_for, seeds, warmup, steps) -> float:
-    """Seconds of `steps` training steps of each seed's single run, summed."""
+def sequential(cfg_for, members, warmup, steps) -> float:
+    """Seconds of `steps` training steps of each member's single run, summed."""
     from genlab.train.trainer import Trainer
     total = 0.0
-    for s in seeds:
-        tr = Trainer(cfg_for(s))
+    for m in members:
+        tr = Trainer(cfg_for(*m))
         tr.setup()
         for i in range(warmup + steps):
             if i == warmup:
@@ -77,6 +78,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before timing")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--synthetic", action="store_true", help="MNIST-shaped random images instead of the preset's data")
+    ap.add_argument("--lrs", default="", help="batched variants: these optim.lr values crossed with the seeds "
+                    "(train.lrs; the sequential side runs each member at its lr)")
     ap.add_argument("--batched-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an override for the batched run only (e.g. train.compile=model: the compiled vmapped step "
                          "against the single runs as the preset ships them)")
@@ -88,23 +91,29 @@ def main(argv=None):
         base = [*(MNIST_SHAPE if a.synthetic else []), *a.overrides, f"train.device={a.device}", f"train.out_dir={tmp}",
                 "log.progress=false", "log.tensorboard=false", f"train.steps={a.warmup + a.steps}"]
 
-        def cfg_for(s):
-            return load_config(a.preset, [*base, f"train.seed={s}", f"train.name=seq-s{s}"])
-        cfg = load_config(a.preset, [*base, *a.batched_set, "train.seeds=" + ",".join(map(str, seeds)), "train.name=batched"])
+        lrs = [x for x in a.lrs.split(",") if x]
+        members = [(s, lr) for lr in lrs or [None] for s in seeds]
+
+        def cfg_for(s, lr):
+            return load_config(a.preset, [*base, f"train.seed={s}", f"train.name=seq-{lr}-s{s}",
+                                          *([f"optim.lr={lr}"] if lr else [])])
+        cfg = load_config(a.preset, [*base, *a.batched_set, "train.seeds=" + ",".join(map(str, seeds)), "train.name=batched",
+                                     *([f"train.lrs={a.lrs}"] if lrs else [])])
         B = cfg.train.batch_size
         dev = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else a.device if a.device != "auto" else "cpu")
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-        t_seq = sequential(cfg_for, seeds, a.warmup, a.steps)
+        t_seq = sequential(cfg_for, members, a.warmup, a.steps)
         t_bat = batched(cfg, a.warmup, a.steps)
-    imgs = len(seeds) * B * a.steps
+    imgs = len(members) * B * a.steps
     print(f"preset {a.preset}{' (synthetic MNIST-shaped data)' if a.synthetic else ''}"
           f"{', batched run with ' + ' '.join(a.batched_set) if a.batched_set else ''}, {cfg.model.name} dim "
-          f"{cfg.model.dim or cfg.model.size}, batch {B} per seed, {len(seeds)} seeds, {a.steps} timed steps "
+          f"{cfg.model.dim or cfg.model.size}, batch {B} per run, {len(seeds)} seeds"
+          f"{f' x lrs {a.lrs}' if lrs else ''} = {len(members)} runs, {a.steps} timed steps "
           f"(+{a.warmup} warm-up), {name}, torch {torch.__version__}")
-    print("| mode | seconds | ms per step (sequential: one run; batched: all seeds) | aggregate img/s | vs sequential |")
+    print("| mode | seconds | ms per step (sequential: one run; batched: all runs) | aggregate img/s | vs sequential |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for mode, t in (("sequential single runs", t_seq), ("one batched run", t_bat)):
-        print(f"| {mode} | {t:.2f} | {1e3 * t / a.steps / (len(seeds) if mode.startswith('seq') else 1):.1f} | "
+        print(f"| {mode} | {t:.2f} | {1e3 * t / a.steps / (len(members) if mode.startswith('seq') else 1):.1f} | "
               f"{imgs / t:,.0f} | {t_seq / t:.2f}x |")
 
 

@@ -223,11 +223,12 @@ def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path)
 
 
 def test_runs_resumed_together_must_be_seeds_of_one_config():
+    """(Or batched variants of one: differing in optim.lr etc., tests/test_batched_variants.py.)"""
     from genlab.config import load_config
     from genlab.errors import GenlabError
     from genlab.train.seeds import _check_same_config
-    a, b = load_config("digits_flow", ["train.seed=0"]), load_config("digits_flow", ["train.seed=1", "optim.lr=0.01"])
-    with pytest.raises(GenlabError, match="differ in optim.lr"):
+    a, b = load_config("digits_flow", ["train.seed=0"]), load_config("digits_flow", ["train.seed=1", "optim.eps=1e-6"])
+    with pytest.raises(GenlabError, match="differ in optim.eps"):
         _check_same_config([a, b], ["A", "B"])
     with pytest.raises(GenlabError, match="same train.seed"):
         _check_same_config([a, load_config("digits_flow", ["train.seed=0", "train.name=x"])], ["A", "C"])

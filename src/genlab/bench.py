@@ -40,8 +40,9 @@ class BenchStep:
         from genlab.train.step import TrainStep
         from genlab.train.switches import build_precision
         self.cfg, tcfg = cfg, cfg.train
-        if tcfg.seeds:  # it would time one seed's step and call that the batched rate
-            raise GenlabError("genlab bench times one run's step; time batched seeds (train.seeds) with "
+        from genlab.config_check import batched_label, is_batched
+        if is_batched(cfg):  # it would time one member's step and call that the batched rate
+            raise GenlabError(f"genlab bench times one run's step; time {batched_label(cfg)} with "
                               "benchmarks/batched_seeds.py")
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)  # float8 checks the GPU here

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import string
 from typing import get_type_hints
 
 from genlab.config_fields import check_value, meta_of
@@ -163,13 +164,18 @@ def _check_train(cfg):
     check = method_registry.spec(cfg.method.name).check
     if check is not None:
         check(cfg)
-    if t.seeds:
+    if is_batched(cfg):
         check_seeds_config(cfg)
 
 
-# what the batched step of train.seeds (train/seeds.py) supports
+# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (train/seeds.py) supports
 SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
                    "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+# batched variants: train.<list key> -> the single-run key each member sets, its short name (the sweep's variant
+# naming: the last part of the key), and the values it takes
+VARIANT_KEYS = {"lrs": ("optim.lr", "numbers > 0", lambda v: v > 0),
+                "weight_decays": ("optim.weight_decay", "numbers >= 0", lambda v: v >= 0),
+                "ema_decays": ("train.ema_decay", "numbers in (0, 1)", lambda v: 0 < v < 1)}
 
 
 def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
@@ -182,14 +188,67 @@ def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
     return seeds
 
 
+def parse_variant_values(text: str, name: str) -> list[str]:
+    """train.lrs / weight_decays / ema_decays: the values as written (they name the run folders), each checked."""
+    key, valid, ok = VARIANT_KEYS[name]
+    tokens = [x.strip() for x in str(text).split(",") if x.strip()]
+    try:
+        values = [float(x) for x in tokens]
+    except ValueError:
+        values = []
+    if not values or not all(ok(v) for v in values) or len(set(values)) != len(values):
+        raise GenlabError(f"train.{name} must be comma-separated distinct {valid} (the {key} of each batched member, "
+                          f"e.g. {'1e-4,3e-4,1e-3' if name == 'lrs' else '0,0.01,0.1' if name == 'weight_decays' else '0.99,0.999'}), "
+                          f"got {text!r}")
+    return tokens
+
+
+def variant_lists(cfg) -> dict[str, list[str]]:
+    """{list key: its values as written} for the train.lrs|weight_decays|ema_decays that are set."""
+    return {n: parse_variant_values(getattr(cfg.train, n), n) for n in VARIANT_KEYS if getattr(cfg.train, n, "")}
+
+
+def member_name(name: str, values: dict[str, str]) -> str:
+    """A batched variant's name without its seed suffix: NAME-lr=<v>-weight_decay=<v> (the values as written, the
+    sweep's `<key>=<value>` parts), or NAME filled in where it is a template like "lr={lr}-depth=4" (the sweep's)."""
+    short = {VARIANT_KEYS[n][0].split(".")[-1]: v for n, v in values.items()}
+    if "{" in name:
+        return name.format(**short)
+    return "-".join([name, *(f"{k}={v}" for k, v in short.items())])
+
+
+def is_batched(cfg) -> bool:
+    """Several runs of this config in one process: train.seeds or a batched-variants list is set."""
+    t = cfg.train
+    return bool(t.seeds) or any(getattr(t, n, "") for n in VARIANT_KEYS)
+
+
+def batched_label(cfg) -> str:
+    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n, "")]
+    return f"train.{named[0]} (batched variants)" if named else "train.seeds (batched seeds)"
+
+
 def check_seeds_config(cfg) -> None:
     """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
     from genlab.registry import method_registry
     t = cfg.train
-    parse_seeds(t.seeds)
+    if t.seeds:
+        parse_seeds(t.seeds)
+    lists = variant_lists(cfg)
+    label = batched_label(cfg)
 
     def refuse(what):
-        raise GenlabError(f"train.seeds (batched seeds) does not support {what}; supported: {SEEDS_SUPPORTED}")
+        raise GenlabError(f"{label} does not support {what}; supported: {SEEDS_SUPPORTED}")
+    if "{" in t.name and lists:  # a name template (the sweep passes one): every listed key, no other field
+        try:
+            parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(t.name) if f is not None]
+        except ValueError:
+            parsed = [("", "", None)]
+        fields = {f for f, _, _ in parsed}
+        short = {VARIANT_KEYS[n][0].split(".")[-1] for n in lists}
+        if fields != short or any(spec or conv for _, spec, conv in parsed):
+            raise GenlabError(f"train.name {t.name!r}: a name template names each batched-variant value once, "
+                              f"as {{{'}, {'.join(sorted(short))}}} (the lists set); got fields {sorted(fields)}")
     if not method_registry.spec(cfg.method.name).batched_seeds:
         ok = [n for n, s in method_registry.specs() if s.batched_seeds]
         refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
@@ -207,7 +266,7 @@ def check_seeds_config(cfg) -> None:
     if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
         refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
     if t.resume:
-        refuse("train.resume (give each seed's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
+        refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
 
 
 def check_converter_combination(names) -> None:

@@ -62,6 +62,14 @@ _TRAIN = declare("train",
     seeds=F("", "train these seeds in one process as one batched computation (torch.vmap over stacked weights), "
             "each in its own run folder NAME-s<seed> (empty = one run of train.seed; docs/performance.md: Batched seeds)",
             free="comma-separated distinct integers >= 0"),
+    lrs=F("", "batched variants: train these optim.lr values in one process as one batched computation, crossed with "
+          "train.seeds (or train.seed) and the other train.*s lists; each member in its own run folder "
+          "NAME-lr=<value>-s<seed> with the config of a single run at that optim.lr (empty = optim.lr; "
+          "docs/performance.md: Batched variants)", free="comma-separated distinct numbers > 0"),
+    weight_decays=F("", "batched variants: these optim.weight_decay values in one process (as train.lrs; run folders "
+                    "NAME-weight_decay=<value>-s<seed>)", free="comma-separated distinct numbers >= 0"),
+    ema_decays=F("", "batched variants: these train.ema_decay values in one process (as train.lrs; run folders "
+                 "NAME-ema_decay=<value>-s<seed>)", free="comma-separated distinct numbers in (0, 1)"),
     ema_decay=F(0.999, "EMA decay of the sampling weights (0 = no EMA)", ge=0, lt=1),
     ema_warmup=F(True, "decay min(ema_decay, (1+n)/(10+n)) so early EMA tracks the model"),
     skip_nonfinite=F(False, "skip (and count) steps with a non-finite loss instead of stopping"),

@@ -242,9 +242,10 @@ def check_flow_config(cfg):
         parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
         samplers += samplers_of(cfg)
     check_sampler_conditions(cfg.method.name, samplers)
-    if cfg.train.seeds and m.timestep_sampler == "adaptive":
-        raise GenlabError("train.seeds (batched seeds) does not support method.timestep_sampler=adaptive (its sampler state is "
-                          "a per-run extra module); pick another timestep sampler or train the seeds one by one")
+    from genlab.config_check import batched_label, is_batched
+    if is_batched(cfg) and m.timestep_sampler == "adaptive":
+        raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
+                          "a per-run extra module); pick another timestep sampler or train the runs one by one")
     if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
         raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")

@@ -27,6 +27,9 @@ class Variant:
     eval: list = field(default_factory=list)    # `genlab eval RUN ...` overrides after it trains (stages.py)
     stage: bool = False         # a [[stage]] run: one run, named without a seed suffix
     reference: str | None = None  # the run its quality-vs-NFE ratios divide by (nfe_report.py)
+    # batched_variants: {"template": the name with {lr}/{weight_decay}/{ema_decay} where its batched values go,
+    # "values": {train list key (lrs, ...): the value text}}; variants with one template share a process
+    batch: dict | None = None
 
     @property
     def run_name(self) -> str:
@@ -178,6 +181,25 @@ def combine(entries: list[list[tuple]]) -> list[tuple[str, list, int, dict]]:
     return out
 
 
-def with_seeds(name: str, overrides: list, nproc: int, seeds: list, preset=None, eval_overrides=(), reference=None) -> list[Variant]:
-    return [Variant(name, overrides + [f"train.seed={s}"], s, nproc, preset, list(eval_overrides), reference=reference)
-            for s in seeds]
+def with_seeds(name: str, overrides: list, nproc: int, seeds: list, preset=None, eval_overrides=(), reference=None,
+               batch=None) -> list[Variant]:
+    return [Variant(name, overrides + [f"train.seed={s}"], s, nproc, preset, list(eval_overrides), reference=reference,
+                    batch=batch) for s in seeds]
+
+
+def batch_templates(axes: list, entries: list[list[tuple]], batchable: dict) -> list[dict | None]:
+    """batched_variants: for each combination (combine's order), the name template and values of its entries from
+    grid axes (key + values) over a batchable key (`batchable`: config key -> train list key, e.g. optim.lr -> lrs),
+    or None when it has none. Variants with one template differ only in those values: one batched process."""
+    grid = [isinstance(ax, dict) and "values" in ax and ax.get("key") in batchable for ax in axes]
+    out = []
+    for combo in itertools.product(*entries):
+        parts, values = [], {}
+        for is_batch, (label, ovs, _, _), ax in zip(grid, combo, axes):
+            if is_batch:
+                parts.append(f"{_short(ax['key'])}={{{_short(ax['key'])}}}")
+                values[batchable[ax["key"]]] = ovs[0].split("=", 1)[1]
+            else:
+                parts.append(safe_name(label))
+        out.append({"template": "-".join(parts), "values": values} if values else None)
+    return out

@@ -251,12 +251,30 @@ def _last_checkpoint(run: Path) -> str | None:
     return ckpts[-1].name if ckpts else None
 
 
+def _members(vs: list[Variant]) -> dict | None:
+    """batched_variants: the train.* lists whose cross product with the seeds is exactly the runs `vs` (in order of
+    first appearance), or None when they are not such a product (e.g. some of a grid's runs already finished)."""
+    import itertools
+    keys = list(vs[0].batch["values"])
+    lists = {k: list(dict.fromkeys(v.batch["values"][k] for v in vs)) for k in keys}
+    seeds = list(dict.fromkeys(v.seed for v in vs))
+    wanted = {(tuple(v.batch["values"][k] for k in keys), v.seed) for v in vs}
+    product = {(c, s) for c in itertools.product(*lists.values()) for s in seeds}
+    return lists if len(vs) == len(wanted) and wanted == product else None
+
+
 def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None = None) -> list[dict] | None:
     """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process
-    (batched_seeds = true): the same run folders and records as one process per seed. Seeds whose folders are at
-    different points (some checkpointed, some not) cannot continue batched: None, and the caller runs them one by one."""
+    (batched_seeds = true), or with batched_variants several variants' runs that differ only in batchable grid axes
+    (train.lrs=..., the name template of Variant.batch): the same run folders and records as one process per run.
+    Runs whose folders are at different points (some checkpointed, some not), or a set of variants that is not a grid,
+    cannot run batched: None, and the caller runs them one by one."""
     runs = d / "runs"
-    log = d / "logs" / f"{vs[0].name}-seeds.log"
+    lists = _members(vs) if vs[0].batch is not None else {}
+    if lists is None:
+        return None
+    variants = len({v.name for v in vs})
+    log = d / "logs" / (f"{vs[0].name}-seeds.log" if variants == 1 and not lists else f"{vs[0].name}-batch{variants}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     last = [_last_checkpoint(runs / v.run_name) for v in vs]
     resume = all(last) and len(set(last)) == 1
@@ -269,9 +287,15 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
         for v in vs:  # started but never checkpointed: start over
             if (runs / v.run_name).exists():
                 shutil.rmtree(runs / v.run_name)
-        ovs = [resolve(o, d, sw.stage_map) for o in vs[0].overrides if not o.startswith("train.seed=")]
-        cmd = train + [vs[0].preset or sw.preset, *ovs, "train.seeds=" + ",".join(str(v.seed) for v in vs),
-                       f"train.out_dir={runs}", f"train.name={vs[0].name}", "log.progress=false"]
+        from genlab.config_check import VARIANT_KEYS
+        batched_keys = {VARIANT_KEYS[n][0] for n in lists}
+        ovs = [resolve(o, d, sw.stage_map) for o in vs[0].overrides
+               if not o.startswith("train.seed=") and o.split("=", 1)[0].strip() not in batched_keys]
+        seeds = list(dict.fromkeys(v.seed for v in vs))
+        cmd = train + [vs[0].preset or sw.preset, *ovs, "train.seeds=" + ",".join(map(str, seeds)),
+                       *(f"train.{n}={','.join(values)}" for n, values in lists.items()),
+                       f"train.out_dir={runs}", f"train.name={vs[0].batch['template'] if lists else vs[0].name}",
+                       "log.progress=false"]
         if sw.launcher == "cpu":
             cmd.append("train.device=cpu")
     t0 = time.time()
@@ -442,10 +466,10 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
         for v in [v for v in todo if sw.needs(v) & failed]:
             todo.remove(v)
             finish(v, {**blocked(v), "run_dir": str(d / "runs" / v.run_name)})
-        if sw.batched_seeds:  # each variant's seeds still to do: one batched process
+        if sw.batched_seeds:  # each variant's seeds still to do (batched_variants: each grid's runs): one process
             groups: dict[str, list] = {}
             for v in todo:
-                groups.setdefault(v.name, []).append(v)
+                groups.setdefault(v.batch["template"] if sw.batched_variants and v.batch else v.name, []).append(v)
             for vs in groups.values():
                 if stop.is_set() or (deadline is not None and time.time() > deadline):
                     break  # the one-by-one loop below records them as not_run

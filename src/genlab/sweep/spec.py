@@ -5,6 +5,8 @@
     steps = 200                      # sets train.steps for every variant
     seeds = [0, 1]                   # every variant runs once per seed; the report shows mean ± std
     batched_seeds = true             # a variant's seeds train in one process, batched (train.seeds; flow, one process)
+    batched_variants = true          # and variants that differ only in grid axes over optim.lr, optim.weight_decay or
+                                     # train.ema_decay, with all their seeds (train.lrs, ...; implies batched_seeds)
     launcher = "gpu"                 # cpu | gpu | per_gpu | torchrun
     nproc = 2                        # processes per variant for launcher=torchrun
     timeout = 900                    # seconds per variant
@@ -28,16 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from genlab.config import SWEEP_DIR, load_config, load_toml
+from genlab.config_check import VARIANT_KEYS, member_name
 from genlab.config_fields import did_you_mean
 from genlab.errors import GenlabError
-from genlab.sweep.expand import Variant, axis_entries, combine, safe_name, with_seeds
+from genlab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
 from genlab.sweep.stages import check_placeholders, needs, parse_stages, resolve
 
-TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
+TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "batched_variants", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
             "axis", "stage", "eval", "reference", "fd_target"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
 # the runner owns these: every run's folder, name and seed come from the sweep
-RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed", "train.seeds")
+RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed", "train.seeds", "train.lrs", "train.weight_decays",
+            "train.ema_decays")
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Sweep:
     stages: list = field(default_factory=list)  # [[stage]] entries, run first, in order (stages.py)
     reference: str | None = None                # the run the report's ratios divide by
     batched_seeds: bool = False                 # each variant's seeds in one batched process (train.seeds)
+    batched_variants: bool = False              # variants differing in batchable grid axes too (Variant.batch)
 
     @property
     def stage_map(self) -> dict:
@@ -95,7 +100,7 @@ def _check_overrides(ovs, where, src):
         if not isinstance(o, str) or "=" not in o:
             raise GenlabError(f"{src}: {where}: override {o!r} is not 'key=value'")
         if o.split("=", 1)[0].strip() in RESERVED:
-            raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] (and batched_seeds) for seeds")
+            raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] (and batched_seeds) for seeds, batched_variants for lr / weight-decay / EMA axes")
 
 
 def _size_shape(cfg) -> dict:
@@ -167,12 +172,14 @@ def load_sweep(path) -> Sweep:
     metrics = raw.get("metrics", [])
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         raise GenlabError(f"{src}: metrics must be a list of column names, e.g. [\"final_loss\", \"samples_per_s\", \"mfu\"]")
-    batched = raw.get("batched_seeds", False)
-    if not isinstance(batched, bool):
-        raise GenlabError(f"{src}: batched_seeds must be true or false, got {batched!r}")
-    if batched and (launcher == "torchrun" or raw.get("nproc", 1) != 1):
-        raise GenlabError(f"{src}: batched_seeds trains a variant's seeds in one process; it does not go with "
-                          f"launcher = \"torchrun\" or nproc > 1")
+    for key in ("batched_seeds", "batched_variants"):
+        if not isinstance(raw.get(key, False), bool):
+            raise GenlabError(f"{src}: {key} must be true or false, got {raw[key]!r}")
+        if raw.get(key) and (launcher == "torchrun" or raw.get("nproc", 1) != 1):
+            raise GenlabError(f"{src}: {key} trains several runs in one process; it does not go with "
+                              f"launcher = \"torchrun\" or nproc > 1")
+    batched_variants = raw.get("batched_variants", False)
+    batched = raw.get("batched_seeds", False) or batched_variants
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name or safe_name(name) != name:
         raise GenlabError(f"{src}: name must be a non-empty folder name (letters, digits, . _ = + -), got {name!r}")
@@ -181,7 +188,7 @@ def load_sweep(path) -> Sweep:
                steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
                nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
                loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")),
-               batched_seeds=batched)
+               batched_seeds=batched, batched_variants=batched_variants)
     _check_overrides(sw.base_overrides, "base.overrides", src)
     common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
     sw.stages = parse_stages(raw.get("stage", []), src)
@@ -221,7 +228,9 @@ def load_sweep(path) -> Sweep:
         combos = combine(entries)
     except GenlabError as e:
         raise GenlabError(f"{src}: {e}") from None
-    for label, ov, nproc, extra in combos:
+    batchable = {key: n for n, (key, _, _) in VARIANT_KEYS.items()}
+    batches = batch_templates(axes, entries, batchable) if batched_variants else [None] * len(combos)
+    for (label, ov, nproc, extra), batch in zip(combos, batches):
         if label in seen:
             raise GenlabError(f"{src}: two variants are both named '{label}'")
         seen.add(label)
@@ -231,6 +240,10 @@ def load_sweep(path) -> Sweep:
         if batched and nproc > 1:
             raise GenlabError(f"{src}: variant '{label}': nproc {nproc} does not go with batched_seeds (one process)")
         batch_ov = [f"train.seeds={','.join(map(str, seeds))}"] if batched else []
+        if batch is not None:  # checked as the member of a batched-variants process it will be
+            batch_ov += [f"train.{n}={v}" for n, v in batch["values"].items()]
+            if member_name(batch["template"], batch["values"]) != label:  # a value whose text is not folder-safe
+                batch = None
         try:  # the variant's full config must be valid before anything runs (batched: as its seeds will run)
             load_config(preset, [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
         except GenlabError as e:
@@ -240,7 +253,7 @@ def load_sweep(path) -> Sweep:
             _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)
         nproc = max(nproc, sw.nproc if launcher == "torchrun" else 1)
         sw.variants.extend(with_seeds(label, common + ov, nproc, seeds, extra["preset"], ev,
-                                      extra["reference"] or raw.get("reference")))
+                                      extra["reference"] or raw.get("reference"), batch))
     sw.order = [s.name for s in sw.stages] + [v.run_name for v in sw.variants]
     runs = {s.name for s in sw.stages if s.is_run} | {v.name for v in sw.variants}
     sw.reference = raw.get("reference")

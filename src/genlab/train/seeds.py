@@ -10,6 +10,15 @@ generator and loader, runs the method's deterministic `loss_from` vmapped over t
 step on the stacked tensors. The optimizers allowed are elementwise (Adam, AdamW, SGD), so one step on the stack is
 N separate steps; gradient-norm clipping is per seed. A seed's checkpoint is a single run's checkpoint:
 `genlab train --resume NAME-s1` continues it alone, `--resume NAME-s0 --resume NAME-s1 ...` continues them batched.
+
+Batched variants (`train.lrs`, `train.weight_decays`, `train.ema_decays`, crossed with the seeds): members that also
+differ in optim.lr, optim.weight_decay or train.ema_decay. Each is again a full single run (folder
+NAME-lr=<v>-s<seed>, its config at that lr). The update of Adam, AdamW and SGD is linear in the lr once the weight
+decay is taken out of it, so the stacked optimizer steps at lr 1 without weight decay, and each member's slice becomes
+p_old * (1 - lr_i(t) * wd_i) + lr_i(t) * (p_step - p_old) (AdamW: torch's decoupled decay, applied to p_old before the
+update as torch does), or with wd_i * p_old added to the gradient first (Adam, SGD: torch's L2 decay). lr_i(t) is the
+member's own schedule; p_step - p_old is the update at lr 1 (order 1 in size, so recovering it by the subtraction
+loses nothing that matters once scaled by lr_i). The EMA decays per member.
 """
 from __future__ import annotations
 
@@ -23,7 +32,7 @@ import torch
 
 from genlab.config import Config, to_dict
 from genlab.errors import GenlabError, one_line
-from genlab.config_check import SEEDS_SUPPORTED as SUPPORTED, parse_seeds
+from genlab.config_check import SEEDS_SUPPORTED as SUPPORTED, VARIANT_KEYS, batched_label, member_name, parse_seeds, variant_lists
 from genlab.train.stop import STOP_SIGNALS, StopSignals
 from genlab.train.trainer import Trainer
 
@@ -37,14 +46,27 @@ def seed_run_name(name: str, seed: int) -> str:
 
 
 def seed_configs(cfg: Config) -> list[Config]:
-    """One single-run config per seed: train.seed set, train.seeds cleared, train.name NAME-s<seed>."""
+    """One single-run config per member (seed x batched-variant values; the seed varies fastest): train.seed and the
+    variant's optim.lr / optim.weight_decay / train.ema_decay set, train.seeds and the lists cleared, train.name
+    NAME[-lr=<v>...]-s<seed>."""
+    import itertools
     from datetime import datetime
+
+    from genlab.config import apply_overrides
     name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    lists = variant_lists(cfg)
+    seeds = parse_seeds(cfg.train.seeds) if cfg.train.seeds else [cfg.train.seed]
     out = []
-    for s in parse_seeds(cfg.train.seeds):
-        c = copy.deepcopy(cfg)
-        c.train.seeds, c.train.seed, c.train.name = "", s, seed_run_name(name, s)
-        out.append(c)
+    for combo in itertools.product(*lists.values()):
+        values = dict(zip(lists, combo))
+        for s in seeds:
+            c = copy.deepcopy(cfg)
+            c.train.seeds = ""
+            for n in VARIANT_KEYS:
+                setattr(c.train, n, "")
+            apply_overrides(c, [f"{VARIANT_KEYS[n][0]}={v}" for n, v in values.items()])
+            c.train.seed, c.train.name = s, seed_run_name(member_name(name, values) if values else name, s)
+            out.append(c)
     return out
 
 
@@ -134,13 +156,70 @@ class StackedStep:
         from genlab.optim.build import build_optimizer
         self.optimizer = build_optimizer(self.stacked, self.cfg.optim)
         if type(self.optimizer) not in ELEMENTWISE_OPTIMIZERS:
-            raise GenlabError(f"train.seeds (batched seeds) needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
+            raise GenlabError(f"{batched_label(self.cfg)} needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
                               f"built {type(self.optimizer).__name__}; supported: {SUPPORTED}")
         self._load_optimizer_states()
+        self._member_hyperparameters()
         self.last = [None] * self.n
         if self.device.type == "cpu":  # CPU SDPA has no vmap batching rule: a loop over the seeds, correct and expected
             warnings.filterwarnings("ignore", message=".*batching rule for aten::_scaled_dot_product_flash_attention_for_cpu")
         self._probe()
+
+    # -- batched variants: each member's lr, weight decay and EMA decay ------------------------------------------
+    def _member_hyperparameters(self):
+        """Where the members differ in optim.lr / optim.weight_decay, the stacked optimizer steps at lr 1 without
+        weight decay and `_scaled_step` applies each member's (module docstring); else (seeds) it steps as one run."""
+        ocfgs = [r.cfg.optim for r in self.runs]
+        self.scaled = any((o.lr, o.weight_decay) != (ocfgs[0].lr, ocfgs[0].weight_decay) for o in ocfgs)
+        emas = [r.cfg.train.ema_decay for r in self.runs]
+        self.ema_decays = None
+        if self.ema is not None and len(set(emas)) > 1:
+            self.ema_decays = torch.tensor(emas, dtype=torch.float32, device=self.device)
+        if not self.scaled:
+            return
+        groups = self.optimizer.param_groups
+        self.decoupled = bool(groups[0].get("decoupled_weight_decay", isinstance(self.optimizer, torch.optim.AdamW)))
+        # per group: each member's peak lr and weight decay, as its own single run's optimizer holds them
+        self.peak = [torch.tensor([o.lr * g.get("lr_scale", 1.0) for o in ocfgs], dtype=torch.float32, device=self.device)
+                     for g in groups]
+        self.wd = [torch.tensor([r.optimizer.param_groups[j]["weight_decay"] for r in self.runs], dtype=torch.float32,
+                                device=self.device) for j in range(len(groups))]
+        self.old = {p: torch.empty_like(p) for g in groups for p in g["params"]}
+        self._neutral_groups()
+
+    def _neutral_groups(self):
+        for g in self.optimizer.param_groups:
+            g["lr"], g["weight_decay"] = 1.0, 0.0
+
+    @torch.no_grad()
+    def _scaled_step(self, multiplier: float):
+        """One optimizer step of members with their own lr and weight decay; `multiplier` = the schedule's factor
+        of this step (optim/schedules.py: lr(t) = optim.lr * multiplier(t), the same for every member)."""
+        params, olds, scales, keeps, l2 = [], [], [], [], []
+        for j, g in enumerate(self.optimizer.param_groups):
+            lr = self.peak[j] * multiplier  # [N] on the device: no host transfer
+            keep = 1 - lr * self.wd[j] if self.decoupled else None
+            for p in g["params"]:
+                if p.grad is None:  # a single run's optimizer leaves it alone (no step, no decay)
+                    continue
+                shape = (self.n,) + (1,) * (p.ndim - 1)
+                params.append(p)
+                olds.append(self.old[p])
+                scales.append(lr.view(shape))
+                if self.decoupled:
+                    keeps.append(keep.view(shape))
+                else:
+                    l2.append(self.wd[j].view(shape))
+        if l2:  # torch Adam/SGD: grad = grad + weight_decay * param, before the moments
+            torch._foreach_addcmul_([p.grad for p in params], params, l2)
+        torch._foreach_copy_(olds, params)
+        self.optimizer.step()
+        torch._foreach_sub_(params, olds)   # the update at lr 1
+        torch._foreach_mul_(params, scales)
+        if keeps:  # torch AdamW: param * (1 - lr * weight_decay), then the update
+            torch._foreach_addcmul_(params, olds, keeps)
+        else:
+            torch._foreach_add_(params, olds)
 
     # -- optimizer state: N single-run state dicts <-> one stacked one ------------------------------------------
     def _ordered_params(self):
@@ -164,7 +243,8 @@ class StackedStep:
         sd = self.optimizer.state_dict()
         state = {idx: {k: v.clone() if k == "step" and torch.is_tensor(v) else v if k == "step" else v[i].clone()
                        for k, v in s.items()} for idx, s in sd["state"].items()}
-        return {"state": state, "param_groups": copy.deepcopy(sd["param_groups"])}
+        # the groups' lr and weight decay as seed i's own optimizer holds them (the stacked one may step at lr 1)
+        return {"state": state, "param_groups": copy.deepcopy(self.runs[i].optimizer.state_dict()["param_groups"])}
 
     # -- the step -----------------------------------------------------------------------------------------------
     def _losses(self, inputs: dict, compiled: bool = True):
@@ -205,13 +285,14 @@ class StackedStep:
 
     def run(self, step: int):
         """One optimizer step of every seed; each run's `pending` gets its (loss, grad norm, non-finite flag, metrics)."""
-        from genlab.optim.schedules import lr_at
+        from genlab.optim.schedules import lr_at, lr_schedule_registry
         from genlab.train.step import ema_update
         from genlab.train.switches import set_lr
         tcfg = self.cfg.train
-        lr = lr_at(step, tcfg.steps, self.cfg.optim)
-        for opt in [self.optimizer, *(r.optimizer for r in self.runs)]:  # the runs' own log the LR
-            set_lr(opt, lr)
+        for r in self.runs:  # the runs' own log their LR (and hold each member's)
+            set_lr(r.optimizer, lr_at(step, tcfg.steps, r.cfg.optim))
+        if not self.scaled:
+            set_lr(self.optimizer, lr_at(step, tcfg.steps, self.cfg.optim))
         loss_sum = torch.zeros(self.n, device=self.device)
         metrics = {}
         for _ in range(tcfg.grad_accum):
@@ -224,11 +305,19 @@ class StackedStep:
             loss_sum += losses.detach().float()
         gnorm = self._clip()
         bad = ~(torch.isfinite(loss_sum) & torch.isfinite(gnorm))
-        self.optimizer.step()
+        if self.scaled:
+            self._scaled_step(lr_schedule_registry.get(self.cfg.optim.schedule)(step, tcfg.steps, self.cfg.optim))
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.ema is not None:
+        if self.ema is not None and self.ema_decays is None:
             decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
             ema_update(self.ema, list(self.stacked.parameters()), decay)
+        elif self.ema is not None:  # each member's own decay (batched variants of train.ema_decay)
+            decay = self.ema_decays.clamp(max=(1 + step) / (10 + step)) if tcfg.ema_warmup else self.ema_decays
+            with torch.no_grad():
+                torch._foreach_lerp_(self.ema, list(self.stacked.parameters()),
+                                     [(1 - decay).view((self.n,) + (1,) * (e.ndim - 1)) for e in self.ema])
         for i, r in enumerate(self.runs):
             r.pending = (loss_sum[i], gnorm[i], bad[i], {k: v[i] for k, v in metrics.items()})
 
@@ -261,7 +350,7 @@ class StackedStep:
             finally:
                 self.optimizer.zero_grad(set_to_none=True)
                 _set_rng_state(rng, self.device)
-        raise GenlabError(f"train.seeds (batched seeds): the model does not run under torch.vmap ({'; '.join(errors)}); "
+        raise GenlabError(f"{batched_label(self.cfg)}: the model does not run under torch.vmap ({'; '.join(errors)}); "
                           f"supported: {SUPPORTED}")
 
 
@@ -311,11 +400,11 @@ class SeedsTrainer:
             r.rng = _rng_state(r.device)
         r0 = self.runs[0]
         if r0.dist.world > 1:
-            raise GenlabError(f"train.seeds (batched seeds) runs in one process, not under torchrun; supported: {SUPPORTED}")
+            raise GenlabError(f"{batched_label(r0.cfg)} runs in one process, not under torchrun; supported: {SUPPORTED}")
         for what, bad in (("loss scaling (fp16)", r0.scaler.is_enabled()), ("model converters", bool(r0.steps.converters)),
                           (f"method {r0.cfg.method.name}'s extra modules ({', '.join(r0.steps.extras)})", bool(r0.steps.extras))):
             if bad:
-                raise GenlabError(f"train.seeds (batched seeds) does not support {what}; supported: {SUPPORTED}")
+                raise GenlabError(f"{batched_label(r0.cfg)} does not support {what}; supported: {SUPPORTED}")
         steps = {r.step for r in self.runs}
         if len(steps) > 1:
             raise GenlabError(f"cannot resume the seeds batched: their checkpoints are at different steps ({sorted(steps)}); "
@@ -374,31 +463,46 @@ class SeedsTrainer:
         return summaries
 
 
+# what the members of one batched process may differ in (besides train.name)
+MEMBER_KEYS = ("train.seed", *(key for key, _, _ in VARIANT_KEYS.values()))
+
+
 def _check_same_config(cfgs: list, paths: list) -> None:
-    """Runs resumed together must be seeds of one config: equal in every key but train.seed and train.name."""
+    """Runs resumed together must be members of one config: equal in every key but train.name, train.seed,
+    optim.lr, optim.weight_decay and train.ema_decay (all with an EMA or all without), no two alike."""
+    lists = {"train.seeds", *(f"train.{n}" for n in VARIANT_KEYS)}
+
     def flat(c):
         return {f"{sec}.{k}": v for sec, vals in to_dict(c).items() if isinstance(vals, dict) for k, v in vals.items()
-                if f"{sec}.{k}" not in ("train.seed", "train.name", "train.seeds")}
+                if f"{sec}.{k}" not in ("train.name", *MEMBER_KEYS, *lists)}
     ref = flat(cfgs[0])
     for c, p in zip(cfgs[1:], paths[1:]):
         diff = [k for k, v in flat(c).items() if ref.get(k) != v]
         if diff:
             raise GenlabError(f"cannot resume '{paths[0]}' and '{p}' batched: their configs differ in {diff[0]} "
-                              f"(only train.seed may)")
-    seeds = [c.train.seed for c in cfgs]
-    if len(set(seeds)) != len(seeds):
-        raise GenlabError(f"cannot resume runs with the same train.seed batched ({', '.join(map(str, paths))})")
+                              f"(only {', '.join(MEMBER_KEYS)} may)")
+    if len({c.train.ema_decay == 0 for c in cfgs}) > 1:
+        raise GenlabError(f"cannot resume runs with and without an EMA (train.ema_decay=0) batched ({', '.join(map(str, paths))})")
+    members = [tuple(_get(c, k) for k in MEMBER_KEYS) for c in cfgs]
+    if len(set(members)) != len(members):
+        raise GenlabError(f"cannot resume runs with the same {', '.join(MEMBER_KEYS)} batched ({', '.join(map(str, paths))})")
+
+
+def _get(cfg, dotted: str):
+    sec, key = dotted.split(".")
+    return getattr(getattr(cfg, sec), key)
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None):
-    """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds set the list of every seed's
-    summary, in train.seeds order."""
+    """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds (or train.lrs, ...) set the list of
+    every member's summary, in member order (seed_configs)."""
     from genlab.train.trainer import train as train_one
     if cfg is None or isinstance(cfg, str):
         from genlab.config import load_config
         cfg = load_config(cfg)
-    if isinstance(cfg, Config) and cfg.train.seeds:
+    from genlab.config_check import is_batched
+    if isinstance(cfg, Config) and is_batched(cfg):
         if resume:
-            raise GenlabError("train.seeds with resume: resume each seed's run, SeedsTrainer(resume=[run, ...])")
+            raise GenlabError(f"{batched_label(cfg)} with resume: resume each member's run, SeedsTrainer(resume=[run, ...])")
         return SeedsTrainer(cfg).fit()
     return train_one(cfg, resume=resume)

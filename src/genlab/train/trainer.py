@@ -35,9 +35,10 @@ class NonFiniteLoss(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None):
-        if cfg.train.seeds:
-            raise GenlabError("train.seeds trains several runs in one process: use genlab.train(cfg) or `genlab train`, "
-                              "or genlab.train.seeds.SeedsTrainer")
+        from genlab.config_check import batched_label, is_batched
+        if is_batched(cfg):
+            raise GenlabError(f"{batched_label(cfg)} trains several runs in one process: use genlab.train(cfg) or "
+                              "`genlab train`, or genlab.train.seeds.SeedsTrainer")
         self.cfg = cfg
         self.resume_from = resume or cfg.train.resume or None
         self.stop_requested = False

@@ -17,13 +17,14 @@ def cmd_train(args):
     resume = args.resume or []
     if resume and preset:
         raise GenlabError("--resume takes the config saved with the run; give only key=value overrides")
-    if len(resume) > 1:  # several seed runs of one config, continued batched (train.seeds)
+    if len(resume) > 1:  # several seed/variant runs of one config, continued batched (train.seeds, train.lrs, ...)
         from genlab.train.seeds import SeedsTrainer
         return _exit_code(SeedsTrainer(resume=resume, overrides=overrides).fit())
     cfg = config_for_resume(resume[0], overrides) if resume else load_config(preset, overrides)
-    if cfg.train.seeds:
+    from genlab.config_check import batched_label, is_batched
+    if is_batched(cfg):
         if resume:
-            raise GenlabError("train.seeds with --resume: give every seed's run, --resume NAME-s0 --resume NAME-s1 ...")
+            raise GenlabError(f"{batched_label(cfg)} with --resume: give every member's run, --resume NAME-s0 --resume NAME-s1 ...")
         from genlab.train.seeds import SeedsTrainer
         return _exit_code(SeedsTrainer(cfg).fit())
     summary = Trainer(cfg, resume=resume[0] if resume else None).fit()
@@ -62,7 +63,7 @@ def add_parser(sub):
     t = sub.add_parser("train", help="train a model: genlab train [CONFIG] [section.key=value ...]")
     t.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
     t.add_argument("--resume", action="append", metavar="RUN",
-                   help="run folder or checkpoint to continue from; repeated: seed runs of one config (train.seeds), "
-                        "continued batched")
+                   help="run folder or checkpoint to continue from; repeated: seed or variant runs of one config "
+                        "(train.seeds, train.lrs, ...), continued batched")
     t.set_defaults(fn=cmd_train)
     return t
