@@ -112,10 +112,13 @@ def test_trainer_runs_on_the_gpu(tmp_path, precision, compile_, extra):
     assert rows[-1]["peak_mem_gib"] > 0
 
 
-def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs():
+@pytest.mark.parametrize("extra", [(), ("train.compile_mode=reduce-overhead", "train.compile_optimizer=true")],
+                         ids=["default", "whole-step-graphs"])
+def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs(extra):
+    """whole-step-graphs: the compiled optimizer + EMA update (capturable step counts) must not read back to the host."""
     from genlab.bench import run_bench
     from genlab.config import load_config
-    cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32"])
+    cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32", *extra])
     r = run_bench(cfg, steps=5, warmup=3)
     assert r["recompiles"] == 0
     assert r["host_syncs_per_step"] == 0, r["host_sync_sites"]

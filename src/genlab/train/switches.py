@@ -231,7 +231,9 @@ def compile_optimizer_step(optimizer, device):
 
     The LR lives in a 0-d tensor per group, updated in place by `set_lr`: a Python float would be a
     guarded constant and every schedule change would recompile. Fused kernels are opaque to dynamo,
-    so the compiled step uses the single-tensor path that inductor fuses itself.
+    so the compiled step uses the single-tensor path that inductor fuses itself. On CUDA the step counts live on the
+    device too (capturable): otherwise Adam's step size, a tensor LR over a CPU step count, is read back with .item()
+    wherever the step runs outside a graph (a host sync per step, measured in session 20).
     """
     if type(optimizer) not in COMPILABLE_OPTIMIZERS:
         raise GenlabError(f"train.compile_optimizer=true works with torch's adamw, adam and sgd; "
@@ -240,6 +242,7 @@ def compile_optimizer_step(optimizer, device):
     for g in optimizer.param_groups:
         g = {k: v for k, v in g.items() if k not in ("fused", "foreach", "capturable")}
         g["lr"] = torch.tensor(float(g["lr"]), device=device)
+        g["capturable"] = torch.device(device).type == "cuda"
         groups.append(g)
     new = type(optimizer)(groups, lr=groups[0]["lr"], foreach=False, fused=False)
     new.step = torch.compile(new.step, fullgraph=False)
