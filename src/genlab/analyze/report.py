@@ -26,6 +26,9 @@ def cka_heatmaps(sims: dict, out: Path) -> list[Path]:
         im = ax.imshow(m.numpy(), vmin=0, vmax=1, cmap="magma", origin="lower")
         ax.set_xlabel("block")
         ax.set_ylabel("block")
+        from matplotlib.ticker import MaxNLocator
+        for axis in (ax.xaxis, ax.yaxis):  # block indices only, never 0.5 steps
+            axis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"linear CKA of block outputs, t = {t:g} (0 noise, 1 data)", fontsize=8)
         fig.colorbar(im, ax=ax)
         fig.tight_layout()
