@@ -193,3 +193,50 @@ def test_bad_analyze_inputs_are_one_line_and_write_nothing(tiny_run, tmp_path, c
 def test_analyze_of_a_missing_run_is_one_line(tmp_path, capfd):
     r = cli_in_process(capfd, "analyze", tmp_path / "nope")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "nope" in r.stderr, r.stderr
+
+
+# -- genlab analyze compare -------------------------------------------------------------------------------------------
+def _fake_analysis(folder, depth, ratios, seed):
+    """An analysis.json as `genlab analyze` writes it: a random symmetric CKA map per t, skip rows with given ratios."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(depth, depth, generator=g, dtype=torch.float64)
+    m = (m + m.T) / 2
+    m.fill_diagonal_(1.0)
+    blocks = [[i] for i in range(depth)] + [[depth // 2 - 1, depth // 2], [depth // 2 - 2, depth // 2 - 1, depth // 2]]
+    skip = [{"skipped": "none", "blocks": [], "fd_ratio": 1.0, "feature_fd": 2.0, "sample_accuracy": 1.0}]
+    skip += [{"skipped": f"b{b}", "blocks": b, "fd_ratio": r, "feature_fd": 2.0 * r, "sample_accuracy": 0.9}
+             for b, r in zip(blocks, ratios)]
+    res = {"run": str(folder), "depth": depth, "model": "dit", "cka": {"by_t": {"0.5": m.tolist(), "0.9": m.tolist()}},
+           "reference": {"feature_fd": 2.0}, "skip": skip, "cache": {"fd_ratio": 1.3}}
+    (folder / "analysis").mkdir(parents=True)
+    (folder / "analysis" / "analysis.json").write_text(json.dumps(res))
+    return m
+
+
+def test_compare_summarises_each_analysis_against_a_direct_computation(tmp_path, capfd):
+    m4 = _fake_analysis(tmp_path / "d4", 4, [3.0, 1.2, 1.4, 2.0, 1.45, 9.0], seed=0)
+    _fake_analysis(tmp_path / "d6", 6, [1.1, 1.0, 1.6, 1.2, 1.3, 1.4, 2.5, 1.2], seed=1)
+    r = cli_in_process(capfd, "analyze", "compare", tmp_path / "d4", tmp_path / "d6" / "analysis", "--out", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert {p.name for p in (tmp_path / "c").iterdir()} == {"compare.md", "compare.json", "compare_cka_t0.5.png",
+                                                            "compare_cka_t0.9.png"}
+    s4, s6 = json.loads((tmp_path / "c" / "compare.json").read_text())["summaries"]
+    off = m4[~torch.eye(4, dtype=torch.bool)]
+    assert s4["cka"]["0.5"]["adjacent"] == pytest.approx(float((m4[0, 1] + m4[1, 2] + m4[2, 3]) / 3), rel=1e-12)
+    assert s4["cka"]["0.5"]["all_pairs"] == pytest.approx(float(off.mean()), rel=1e-12)
+    assert s4["cka"]["0.5"]["first_last"] == pytest.approx(float(m4[0, 3]), rel=1e-12)
+    # depth 4: single ratios 3.0, 1.2, 1.4, 2.0 (two within 1.5x); pair 1.45 (within); triple 9.0 (not)
+    assert (s4["skip"]["single_min"], s4["skip"]["single_max"], s4["skip"]["single_within"]) == (1.2, 3.0, 2)
+    assert (s4["skip"]["pair_ratio"], s4["skip"]["longest_within"]) == (1.45, 2)
+    # depth 6: the triple (1.2) is within 1.5x, so the longest tolerated run has 3 blocks
+    assert (s6["skip"]["single_within"], s6["skip"]["longest_within"]) == (5, 3)
+    md = (tmp_path / "c" / "compare.md").read_text()
+    assert "| d4 | 4 |" in md and "2 of 4" in md and "5 of 6" in md and "1.45 (b[1, 2])" in md
+
+
+@pytest.mark.parametrize("runs,expect", [(["a"], "needs two or more runs"), (["a", "missing"], "has no analysis.json")])
+def test_bad_compare_inputs_are_one_line_and_write_nothing(tmp_path, capfd, runs, expect):
+    _fake_analysis(tmp_path / "a", 4, [1.0] * 6, seed=0)
+    r = cli_in_process(capfd, "analyze", "compare", *[tmp_path / x for x in runs], "--out", tmp_path / "c")
+    assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "c").exists()

@@ -1,5 +1,6 @@
 """`genlab analyze RUN`: layer similarity (CKA), layer skipping and a cached-block sampler of an image flow run;
-`genlab analyze quant-gap RUN`: the post-training quantization gap at every checkpoint of a run (genlab/quant/gap.py)."""
+`genlab analyze quant-gap RUN`: the post-training quantization gap at every checkpoint of a run (genlab/quant/gap.py);
+`genlab analyze compare RUN RUN ...`: several runs' analyses side by side (genlab/analyze/compare.py)."""
 from __future__ import annotations
 
 ORDER = 2.5  # after eval
@@ -8,6 +9,12 @@ ORDER = 2.5  # after eval
 def cmd_analyze(args):
     if args.run == "quant-gap":
         return _quant_gap(args)
+    if args.run == "compare":
+        from genlab.analyze.compare import compare
+        res = compare(args.overrides, args.out or "analysis_compare")
+        print(res["markdown"])
+        print(f"wrote {res['out']}/compare.md (and the heat maps beside it)")
+        return 0
     from genlab.analyze.run import analyze_run
     res = analyze_run(args.run, what=args.what, batch=args.batch, t=args.t, device=args.device, out=args.out,
                       overrides=args.overrides, cache_blocks=args.cache_blocks, cache_every=args.cache_every)
@@ -31,7 +38,8 @@ def _quant_gap(args):
 def add_parser(sub):
     a = sub.add_parser("analyze", help="what the layers of an image flow run learn: CKA heat maps, layer skipping, "
                                        "a cached-block sampler (docs/analyze.md)")
-    a.add_argument("run", help="run folder or checkpoint file; or `quant-gap RUN`: the quantization gap per checkpoint")
+    a.add_argument("run", help="run folder or checkpoint file; or `quant-gap RUN`: the quantization gap per checkpoint; "
+                              "or `compare RUN RUN ...`: analysed runs side by side")
     a.add_argument("overrides", nargs="*", help="eval.* overrides, e.g. eval.num_samples=1000 (the samples scored)")
     a.add_argument("--what", default="cka,skip,cache", help="analyses, comma-separated: cka, skip, cache (default: all)")
     a.add_argument("--batch", type=int, default=64, help="real images in the CKA batch (default: 64)")
@@ -42,7 +50,7 @@ def add_parser(sub):
     a.add_argument("--cache-every", type=int, default=2, help="cached blocks recompute every N network evaluations "
                                                               "(default: 2)")
     a.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    a.add_argument("--out", default=None, help="output folder (default: RUN/analysis)")
+    a.add_argument("--out", default=None, help="output folder (default: RUN/analysis; compare: ./analysis_compare)")
     a.add_argument("--formats", default="int8,nf4", help="quant-gap: formats compared with the float model "
                                                           "(default: int8,nf4)")
     a.add_argument("--adaln", action="store_true", help="quant-gap: quantize the blocks' adaLN linears too")
