@@ -35,6 +35,21 @@ def shared_data():
     return SHARED_DATA
 
 
+def src_pythonpath() -> str:
+    """This checkout's src first, then the caller's PYTHONPATH (a kernel library installed with pip --target)."""
+    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+
+
+def run_under_triton_interpreter(test_file, mode: str):
+    """Run `python test_file mode` with TRITON_INTERPRET=1 (the kernels on the CPU) and require its final "OK"."""
+    import subprocess
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=src_pythonpath(), OMP_NUM_THREADS="2")
+    r = subprocess.run([sys.executable, str(test_file), mode], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=REPO)
+    print(r.stdout)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+
+
 def run_cli(*args, cwd=None, env=None, timeout=600):
     """Run `python -m genlab ...` in a subprocess; returns CompletedProcess."""
     import subprocess

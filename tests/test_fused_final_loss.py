@@ -24,14 +24,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_under_triton_interpreter, src_pythonpath
+
 REPO = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
 SPEC = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
 
-
-def _pythonpath() -> str:
-    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
 
 
 def rel(a, b):
@@ -290,7 +289,7 @@ m(x, torch.rand(2), torch.tensor([0, 1]), loss_target=torch.randn(2, 1, 8, 8)).b
 print("BAD", [k for k in sys.modules if k.endswith("_kernels") and k.startswith("genlab.")])
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=_pythonpath(), CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="0"))
+                       env=dict(os.environ, PYTHONPATH=src_pythonpath(), CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="0"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "BAD []", r.stdout[-2000:]
 
@@ -380,11 +379,7 @@ def _interpreter_main():
 # there failed inside this kernel's launch with a numpy scalar conversion, session 20, while the compiled kernel passed)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA: the compiled kernel is tested against float64 instead")
 def test_triton_final_loss_kernel_under_the_interpreter_matches_float64():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__, "interpreter"], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=REPO)
-    print(r.stdout)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+    run_under_triton_interpreter(__file__, "interpreter")
 
 
 @pytest.mark.parametrize("case", [(8, 256, 768, 16, "float32"), (8, 256, 768, 16, "bfloat16"),

@@ -23,14 +23,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_under_triton_interpreter, src_pythonpath
+
 REPO = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
 
-
-def _pythonpath() -> str:
-    """This checkout's src first, then the caller's PYTHONPATH (a kernel library installed with pip --target)."""
-    return os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
 
 
 def rel(a, b):
@@ -212,7 +210,7 @@ print("BAD", bad)
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         r = subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True, timeout=600, cwd=d,
-                           env=dict(os.environ, PYTHONPATH=_pythonpath(), CUDA_VISIBLE_DEVICES=""))
+                           env=dict(os.environ, PYTHONPATH=src_pythonpath(), CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "BAD []", r.stdout[-2000:]
 
@@ -280,10 +278,7 @@ def check_adaln_compile(device="cpu"):
 @pytest.mark.slow  # the Triton interpreter: ~10-30 s on 2 cores
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_adaln_kernels_under_the_interpreter_match_float64():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__, "adaln"], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    print(r.stdout)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+    run_under_triton_interpreter(__file__, "adaln")
 
 
 # -- model.mlp=swiglu_liger (models/fused_mlp.py) ----------------------------------------------------------------------
@@ -382,11 +377,7 @@ def _swiglu_interpreter_main():
 @pytest.mark.slow  # the Triton interpreter
 @pytest.mark.skipif(not (HAS_TRITON and HAS_LIGER), reason="needs triton and liger-kernel")
 def test_swiglu_liger_kernel_under_the_interpreter_matches_float64():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__, "swiglu"], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=REPO)
-    print(r.stdout)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+    run_under_triton_interpreter(__file__, "swiglu")
 
 
 @pytest.mark.gpu
@@ -493,10 +484,7 @@ def _qkv_interpreter_main():
 @pytest.mark.slow  # the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_qkv_split_under_the_interpreter_matches_float64():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="2")
-    r = subprocess.run([sys.executable, __file__, "qkv"], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    print(r.stdout)
-    assert r.returncode == 0 and r.stdout.rstrip().endswith("OK"), r.stdout[-3000:] + r.stderr[-3000:]
+    run_under_triton_interpreter(__file__, "qkv")
 
 
 @pytest.mark.parametrize("model,over", [("dit", {"qk_norm": True, "pos_emb": "rope2d"}), ("mmdit", {"qk_norm": True}),
