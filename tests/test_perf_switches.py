@@ -317,3 +317,33 @@ def test_compiled_update_is_not_used_with_a_grad_scaler(tmp_path):
     t = Trainer(tiny_config(tmp_path, "train.compile_optimizer=true", "train.precision=fp16", "train.device=cpu"))
     t._setup()
     assert t.steps.scaler.is_enabled() and t.steps.compiled_update is None
+
+
+def test_compiled_update_ema_reads_nothing_back_to_the_host_even_run_eagerly():
+    """The EMA half of the compiled update (CompiledUpdate._update) run eagerly, as where dynamo falls back: no aten op
+    in it reads a device value back to the host (`_local_scalar_dense`, a host sync on CUDA; foreach lerp with a 0-d
+    weight does one), and the EMA equals ema + (1 - decay)(p - ema) in float64."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from genlab.train.switches import CompiledUpdate
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(5, 3, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)]
+    ema = [p + torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
+    update = CompiledUpdate([], ema, params, SimpleNamespace(compile_mode="default"), torch.device("cpu"))
+    update.weight.fill_(0.1)
+    w = float(update.weight)  # the weight is float32: the reference uses its exact value
+    want = [e + w * (p - e) for e, p in zip(ema, params)]
+    with Ops() as ops:
+        update._update()
+    assert ops.names and not [n for n in ops.names if "_local_scalar_dense" in n or "item" in n], ops.names
+    for e, w in zip(ema, want):
+        torch.testing.assert_close(e, w, rtol=1e-12, atol=1e-12)

@@ -268,8 +268,11 @@ class CompiledUpdate:
         for opt in self.optimizers:
             opt.step()
         if self.ema is not None:
-            with torch.no_grad():
-                torch._foreach_lerp_(self.ema, self.params, self.weight)
+            with torch.no_grad():  # ema += w * (p - ema): foreach lerp has no tensor-weight overload, so where this
+                # runs eagerly its 0-d weight would be read back to the host (the sync measured in session 21)
+                diff = torch._foreach_sub(self.params, self.ema)
+                torch._foreach_mul_(diff, self.weight)
+                torch._foreach_add_(self.ema, diff)
 
     def __call__(self, decay: float | None):
         if self.ema is not None:
