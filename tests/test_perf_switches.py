@@ -347,3 +347,30 @@ def test_compiled_update_ema_reads_nothing_back_to_the_host_even_run_eagerly():
     assert ops.names and not [n for n in ops.names if "_local_scalar_dense" in n or "item" in n], ops.names
     for e, w in zip(ema, want):
         torch.testing.assert_close(e, w, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_update_traces_optimizer_and_ema_without_a_graph_break(one_thread):
+    """torch's Optimizer.step wrapper inserts torch._dynamo.graph_break(); called in the update's loop it made dynamo
+    skip the whole update (eager, seen on the GPU in session 21). The update calls the undecorated step: no graph break,
+    and the weights and EMA equal an eager AdamW step + EMA in float64 arithmetic order (same inputs)."""
+    from torch._dynamo.utils import counters
+    from genlab.train.switches import CompiledUpdate, compile_optimizer_step
+    torch._dynamo.reset()
+    counters.clear()
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 3, generator=g))
+    ref = torch.nn.Parameter(w.detach().clone())
+    opt = compile_optimizer_step(torch.optim.AdamW([w], lr=1e-2), torch.device("cpu"))
+    ref_opt = torch.optim.AdamW([ref], lr=1e-2)
+    ema, ref_ema = [w.detach().clone()], [ref.detach().clone()]
+    update = CompiledUpdate([opt], ema, [w], SimpleNamespace(compile_mode="default"), torch.device("cpu"))
+    for _ in range(3):
+        grad = torch.randn(4, 3, generator=g)
+        w.grad, ref.grad = grad.clone(), grad.clone()
+        update(0.9)
+        ref_opt.step()
+        with torch.no_grad():
+            ref_ema[0].lerp_(ref, 1 - 0.9)
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    torch.testing.assert_close(w.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ema[0], ref_ema[0], rtol=1e-5, atol=1e-6)

@@ -257,16 +257,22 @@ class CompiledUpdate:
     GradScaler (its step reads found-inf on the host) and without after-step hooks (they sit between the two)."""
 
     def __init__(self, optimizers, ema_params, params, tcfg, device):
+        import functools
+        import inspect
         from genlab.train.parallel import local
         self.optimizers = list(optimizers)
+        # torch's Optimizer.step wrapper calls torch._dynamo.graph_break() around the step (so that aot sees a no-grad
+        # graph); inside this function's loop that break made dynamo skip the whole update and run it eagerly. The
+        # undecorated step, called under no_grad (`__call__`), traces into one graph with the EMA.
+        self._steps = [functools.partial(inspect.unwrap(type(o).step), o) for o in self.optimizers]
         self.ema = [local(p) for p in ema_params] if ema_params is not None else None
         self.params = [local(p) for p in params] if ema_params is not None else None
         self.weight = torch.zeros((), device=device)
         self._fn = torch.compile(self._update, mode=_mode(tcfg))
 
     def _update(self):
-        for opt in self.optimizers:
-            opt.step()
+        for step in self._steps:
+            step()
         if self.ema is not None:
             with torch.no_grad():  # ema += w * (p - ema): foreach lerp has no tensor-weight overload, so where this
                 # runs eagerly its 0-d weight would be read back to the host (the sync measured in session 21)
@@ -277,7 +283,8 @@ class CompiledUpdate:
     def __call__(self, decay: float | None):
         if self.ema is not None:
             self.weight.fill_(1.0 - decay)
-        self._fn()
+        with torch.no_grad():
+            self._fn()
 
 
 def set_lr(optimizer, lr: float):
