@@ -5,6 +5,8 @@ Each is a small function so the sweep can ablate it with one override.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -257,8 +259,6 @@ class CompiledUpdate:
     GradScaler (its step reads found-inf on the host) and without after-step hooks (they sit between the two)."""
 
     def __init__(self, optimizers, ema_params, params, tcfg, device):
-        import functools
-        import inspect
         from genlab.train.parallel import local
         self.optimizers = list(optimizers)
         # torch's Optimizer.step wrapper calls torch._dynamo.graph_break() around the step (so that aot sees a no-grad
