@@ -161,8 +161,33 @@ def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path
     assert res["skip"][0]["pixel_diff"] == 0 and res["skip"][0]["fd_ratio"] == 1
     assert len(res["cache"]["blocks"]) == 2 and set(res["cka"]["by_t"]) == {"0.2", "0.8"}
     md = (out / "analysis.md").read_text()
+    assert res["complete"] is True and "Partial" not in md
     for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png"):
         assert s in md, s
+
+
+def test_an_analysis_stopped_midway_keeps_its_finished_parts(tiny_run, tmp_path, monkeypatch):
+    """A time limit that stops the skip phase leaves analysis.json/md with the CKA, the reference and the rows done."""
+    from genlab.analyze import run as analyze_mod
+    real, calls = analyze_mod.Sampler.score, []
+
+    def score_then_stop(self, desc):
+        calls.append(desc)
+        if len(calls) == 4:  # unskipped, then two skipped blocks, then the stop
+            raise KeyboardInterrupt
+        return real(self, desc)
+
+    monkeypatch.setattr(analyze_mod.Sampler, "score", score_then_stop)
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        analyze_mod.analyze_run(tiny_run, what="cka,skip", batch=8, t="0.5", device="cpu", out=out,
+                                overrides=["eval.num_samples=12", "eval.sample_steps=2"])
+    res = json.loads((out / "analysis.json").read_text())
+    assert res["complete"] is False and set(res["cka"]["by_t"]) == {"0.5"} and "feature_fd" in res["reference"]
+    assert [r["skipped"] for r in res["skip"]] == [name for name, _ in skip_plans(4)][:3]
+    md = (out / "analysis.md").read_text()
+    assert "**Partial:**" in md and "## Layer skipping" in md and "skip.png" not in md
+    assert sorted(p.name for p in out.iterdir()) == ["analysis.json", "analysis.md", "cka_t0.5.png"]
 
 
 def test_analyze_defaults_to_the_runs_analysis_folder(tiny_run, capfd):

@@ -66,6 +66,9 @@ def markdown(res: dict) -> str:
     lines = [f"# Layer analysis of {res['run']} (step {res['step']})", "",
              f"Model {res['model']} with {res['depth']} blocks, method {res['method']}, device {res['device']}. "
              "See docs/analyze.md for what each number means.", ""]
+    if not res.get("complete", True):
+        lines += ["**Partial:** the analysis is still running or was stopped; the sections below are the finished "
+                  "parts.", ""]
     if "cka" in res:
         c = res["cka"]
         lines += ["## Layer similarity (linear CKA)", "",
@@ -89,7 +92,7 @@ def markdown(res: dict) -> str:
         lines += _table(["skipped", "feature FD", "FD / unskipped", "sample accuracy", "mean |Δ pixel| vs unskipped"],
                         [[r["skipped"], f"{r['feature_fd']:.4g}", f"{r['fd_ratio']:.3g}",
                           f"{100 * r['sample_accuracy']:.1f}%", f"{r['pixel_diff']:.2f}"] for r in res["skip"]])
-        lines += ["", f"Plot: {res['skip_plot']}", ""]
+        lines += ["", f"Plot: {res['skip_plot']}" if "skip_plot" in res else "", ""]
     if "cache" in res:
         c = res["cache"]
         lines += ["## Cached-block sampler", "",

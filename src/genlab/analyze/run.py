@@ -98,9 +98,8 @@ class Sampler:
                          "feature_fd_floor": m["feature_fd_floor"]}
 
 
-def _skip_rows(sampler, base, ref_samples, ref):
+def _skip_rows(sampler, base, ref_samples, ref, rows, save):
     from genlab.analyze.skip import skip_blocks, skip_plans
-    rows = []
     for name, idx in skip_plans(len(base.blocks)):
         if idx:
             with skip_blocks(base, idx):
@@ -110,7 +109,18 @@ def _skip_rows(sampler, base, ref_samples, ref):
         diff = (samples.float() - ref_samples.float()).abs().mean().item()
         rows.append({"skipped": name, "blocks": list(idx), **m, "fd_ratio": m["feature_fd"] / ref["feature_fd"],
                      "pixel_diff": diff})
+        save()
     return rows
+
+
+def _save(out: Path, res: dict) -> None:
+    """analysis.json and analysis.md as they stand, each replaced whole (a write to a temporary file, then a rename),
+    so an analysis stopped by a time limit keeps every finished part and never leaves a half-written file."""
+    from genlab.analyze import report
+    for name, text in (("analysis.json", json.dumps(res, indent=1)), ("analysis.md", report.markdown(res))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
 
 
 def _warm_up_and_pick(sampler, base, blocks):
@@ -161,7 +171,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
         data = data.reference()
     res = {"run": str(run), "step": state["step"], "model": cfg.model.name, "depth": len(base.blocks),
            "method": cfg.method.name, "eval_samples": cfg.eval.num_samples, "sample_steps": cfg.eval.sample_steps,
-           "cfg_scale": cfg.eval.cfg_scale, "device": str(dev)}
+           "cfg_scale": cfg.eval.cfg_scale, "device": str(dev), "complete": False}
     if "cka" in what:
         images, labels = _real_batch(data, min(batch, len(data)), dev)
         gen = torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)
@@ -169,6 +179,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
         res["cka"] = {"batch": len(images), "tokens": base.num_tokens,
                       "by_t": {f"{t:g}": m.tolist() for t, m in sims.items()},
                       "plots": [p.name for p in report.cka_heatmaps(sims, out)]}
+        _save(out, res)
     if sampling:
         sampler = Sampler(cfg, method, model, data, dev, _run_dir(run))
         if "cache" in what:
@@ -177,11 +188,13 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
         with forward_timer(base, dev) as tm:
             ref_samples, ref = sampler.score("analyze: unskipped")
         res["reference"] = ref
+        _save(out, res)
         if "skip" in what:
-            res["skip"] = _skip_rows(sampler, base, ref_samples, ref)
+            res["skip"] = []
+            _skip_rows(sampler, base, ref_samples, ref, res["skip"], lambda: _save(out, res))
             res["skip_plot"] = report.skip_plot(res["skip"], out).name
         if "cache" in what:
             res["cache"] = _cache_result(sampler, base, ref, tm["seconds"], blocks, change, cache_every)
-    (out / "analysis.json").write_text(json.dumps(res, indent=1))
-    (out / "analysis.md").write_text(report.markdown(res))
+    res["complete"] = True
+    _save(out, res)
     return {"out": str(out), **{k: res[k] for k in ("step", "depth") if k in res}}
