@@ -374,3 +374,16 @@ def test_compiled_update_traces_optimizer_and_ema_without_a_graph_break(one_thre
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     torch.testing.assert_close(w.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ema[0], ref_ema[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,expect", [("default", None), ("reduce-overhead", None),
+                                         ("max-autotune", "max-autotune-no-cudagraphs"),
+                                         ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+def test_compiled_update_never_compiles_into_cuda_graphs(monkeypatch, mode, expect):
+    """A CUDA-graphed update after the model's CUDA graphs failed at step 0 on the GPU (its gradients counted as
+    overwritten graph outputs, pytorch#160281): the update takes the run's mode minus CUDA graphs."""
+    from genlab.train import switches
+    seen = []
+    monkeypatch.setattr(switches.torch, "compile", lambda fn, **kw: seen.append(kw.get("mode")) or fn)
+    switches.CompiledUpdate([], None, [], SimpleNamespace(compile_mode=mode), torch.device("cpu"))
+    assert seen == [expect]

@@ -251,12 +251,21 @@ def compile_optimizer_step(optimizer, device):
     return new
 
 
+def update_mode(tcfg):
+    """The torch.compile mode of the optimizer + EMA update: the run's mode without CUDA graphs. A CUDA-graphed update
+    reads the gradients that the model's backward graph wrote into its graph pool, and cudagraph trees start a new
+    generation for the update's graph, so those gradients count as overwritten and the first step fails
+    (measured on an H200 in session 22; pytorch/pytorch#160281, open). Fused inductor kernels need no graph."""
+    mode = _mode(tcfg)
+    return {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
+
+
 class CompiledUpdate:
-    """The optimizer steps and the EMA update as one compiled function (`train.compile_optimizer=true`), compiled in
-    the run's `train.compile_mode`: under reduce-overhead it replays as a CUDA graph, so with the compiled model the
-    whole step (forward, backward, update and EMA) runs from graphs (issue 37's small-model path). The EMA weight
-    1 - decay lives in a 0-d tensor like the LR, so a decay warm-up does not recompile. Only for runs without a
-    GradScaler (its step reads found-inf on the host) and without after-step hooks (they sit between the two)."""
+    """The optimizer steps and the EMA update as one compiled function (`train.compile_optimizer=true`): a few fused
+    inductor kernels instead of the eager per-tensor launches, compiled in `update_mode` (no CUDA graphs: see there).
+    The EMA weight 1 - decay lives in a 0-d tensor like the LR, so a decay warm-up does not recompile. Only for runs
+    without a GradScaler (its step reads found-inf on the host) and without after-step hooks (they sit between the
+    two)."""
 
     def __init__(self, optimizers, ema_params, params, tcfg, device):
         from genlab.train.parallel import local
@@ -268,7 +277,7 @@ class CompiledUpdate:
         self.ema = [local(p) for p in ema_params] if ema_params is not None else None
         self.params = [local(p) for p in params] if ema_params is not None else None
         self.weight = torch.zeros((), device=device)
-        self._fn = torch.compile(self._update, mode=_mode(tcfg))
+        self._fn = torch.compile(self._update, mode=update_mode(tcfg))
 
     def _update(self):
         for step in self._steps:
