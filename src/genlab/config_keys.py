@@ -56,8 +56,8 @@ _TRAIN = declare("train",
     fsdp_prefetch=F(1, "FSDP/HSDP: explicit prefetch of this many blocks ahead (0 = implicit only)", ge=0),
     fsdp_keep_last=F(1, "FSDP/HSDP: last blocks left unsharded after the forward", ge=0),
     compiled_autograd=F(False, "trace the backward with compiled autograd (use with compile=model|blocks)"),
-    compile_optimizer=F(False, "torch.compile the optimizer step and the EMA update as one function in train.compile_mode "
-                                     "(a CUDA graph under reduce-overhead; torch adamw/adam/sgd; LR kept in a tensor)"),
+    compile_optimizer=F(False, "torch.compile the optimizer step and the EMA update as one function (train.compile_mode "
+                                     "without CUDA graphs; torch adamw/adam/sgd; LR kept in a tensor)"),
     seed=F(0, "seed of data order, init and noise", ge=0),
     seeds=F("", "train these seeds in one process as one batched computation (torch.vmap over stacked weights), "
             "each in its own run folder NAME-s<seed> (empty = one run of train.seed; docs/performance.md: Batched seeds)",
