@@ -380,6 +380,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
                      "activation_checkpointing": tcfg.activation_checkpointing, "parallel": tcfg.parallel,
                      "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
                      "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer,
+                     "graph_step": tcfg.graph_step,
                      "compile_mode": getattr(tcfg, "compile_mode", "default"), "attention": cfg.model.attention,
                      "adaln": getattr(cfg.model, "adaln", None), "ce_kernel": getattr(cfg.model, "ce_kernel", None),
                      "mlp": getattr(cfg.model, "mlp", None), "qkv_kernel": getattr(cfg.model, "qkv_kernel", None),
@@ -405,6 +406,7 @@ def format_table(rows: list[dict]) -> str:
         comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
         if s.get("compile_mode", "default") != "default" and s["compile"] != "off":
             comp += f" ({s['compile_mode']})"
+        comp += " + step graph" if s.get("graph_step") else ""
         lines.append(f"| {s['model']} | {s['batch']} | {s['precision']} | {comp} | {s['activation_checkpointing']} | "
                      f"{s['parallel']} | {r['samples_per_s']:.0f} | {_fmt(r.get('tokens_per_s'), '.0f')} | "
                      f"{r['step_ms']:.1f} | {split} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.2f')} |")

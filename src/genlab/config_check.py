@@ -166,6 +166,8 @@ def _check_train(cfg):
         check(cfg)
     if is_batched(cfg):
         check_seeds_config(cfg)
+    from genlab.train.graph_step import check_graph_step_config
+    check_graph_step_config(cfg)
 
 
 # what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (train/seeds.py) supports

@@ -58,6 +58,8 @@ _TRAIN = declare("train",
     compiled_autograd=F(False, "trace the backward with compiled autograd (use with compile=model|blocks)"),
     compile_optimizer=F(False, "torch.compile the optimizer step and the EMA update as one function (train.compile_mode "
                                      "without CUDA graphs; torch adamw/adam/sgd; LR kept in a tensor)"),
+    graph_step=F(False, "capture the whole step (forward, backward, clip, optimizer, EMA) as one CUDA graph after "
+                        "3 eager steps and replay it (one CUDA device; methods that declare graph_step)"),
     seed=F(0, "seed of data order, init and noise", ge=0),
     seeds=F("", "train these seeds in one process as one batched computation (torch.vmap over stacked weights), "
             "each in its own run folder NAME-s<seed> (empty = one run of train.seed; docs/performance.md: Batched seeds)",

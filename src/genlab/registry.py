@@ -100,6 +100,8 @@ class MethodSpec(Spec):
     output: str = ""                      # what its model predicts ("velocity": a flow teacher for few-step methods)
     batched_seeds: bool = False           # train.seeds: its loss splits into loss_inputs (draws) + loss_from (vmappable)
     final_loss: bool = False              # its loss runs through the backbone's final layer + loss (model.final_kernel)
+    graph_step: bool = False              # train.graph_step: its loss is the same computation every step (no Python on
+                                          # the step number, no host reads or host randomness), so one capture replays it
 
 
 @dataclass(frozen=True)

@@ -246,6 +246,10 @@ def check_flow_config(cfg):
     if is_batched(cfg) and m.timestep_sampler == "adaptive":
         raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
                           "a per-run extra module); pick another timestep sampler or train the runs one by one")
+    if getattr(cfg.train, "graph_step", False) and m.timestep_sampler == "adaptive":
+        raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
+                          "density from the host every few steps, which a captured step would freeze); pick another "
+                          "timestep sampler or drop train.graph_step")
     if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
         raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
@@ -286,6 +290,6 @@ FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_f
 
 
 @method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
-                          keys=FLOW_KEYS, batched_seeds=True, final_loss=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
+                          keys=FLOW_KEYS, batched_seeds=True, final_loss=True, graph_step=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
 def build_flow(cfg, data_spec):
     return FlowMatching(cfg, data_spec)

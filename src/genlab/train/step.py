@@ -17,6 +17,7 @@ from genlab.methods.base import StepContext, as_loss_dict, check_batch_keys, che
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
 from genlab.registry import method_registry, model_registry
+from genlab.train.graph_step import GraphedStep
 from genlab.train.convert import after_step_hooks, apply_converters, check_converters, converters_of, prepare_converters
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.train.stop import start_compile_workers
@@ -113,6 +114,7 @@ class TrainStep:
                                                   list(self.model.parameters()), tcfg, device)
         self.gen = torch.Generator(device=device).manual_seed(tcfg.seed * 1000 + dist.rank)
         self._checked_keys = False
+        self.graphed = GraphedStep(self) if tcfg.graph_step else None  # the whole step as one CUDA graph
 
     # -- extras and optimizers --------------------------------------------------------------------
     def _build_extras(self, resume_state):
@@ -221,12 +223,21 @@ class TrainStep:
                               f"optimizers: {', '.join(self.optimizers)}")
         self._checked_keys = True
 
+    def _ema_decay(self, step: int) -> float | None:
+        tcfg = self.cfg.train
+        if self.ema is None:
+            return None
+        return min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
+
     def run(self, step: int, next_batch, mark=None):
         """One optimizer step. next_batch() gives each micro-batch; mark(name) times phases (bench).
         Returns (model loss summed over micro-steps, model grad norm, non-finite flag, metrics, skipped)."""
         tcfg, mark = self.cfg.train, mark or (lambda name: None)
         mark("start")
         lr = lr_at(step, tcfg.steps, self.cfg.optim)
+        if self.graphed is not None:
+            loss, gnorm, bad, metrics = self.graphed.run(step, next_batch, mark, lr, self._ema_decay(step))
+            return loss, gnorm, bad, metrics, False
         for opt in self.optimizers.values():
             set_lr(opt, lr)
         ctx = self.context(step)
@@ -263,9 +274,7 @@ class TrainStep:
                 opt.zero_grad(set_to_none=True)
             self.scaler.update()
             return loss_sum["model"], gnorms["model"], bad, metrics, True
-        decay = None
-        if self.ema is not None:
-            decay = min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
+        decay = self._ema_decay(step)
         if self.compiled_update is not None:  # optimizer steps + EMA in one compiled function (a CUDA graph)
             self.compiled_update(decay)
             for opt in self.optimizers.values():

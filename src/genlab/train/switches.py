@@ -27,10 +27,12 @@ class Precision:
     tf32: bool = False
     convert: tuple = ()                         # model converters this precision implies (float8_* aliases)
 
-    def autocast(self, device: torch.device):
+    def autocast(self, device: torch.device, cache: bool = True):
+        """cache=False for a region captured into a CUDA graph (PyTorch's rule for autocast under graphs: the cast
+        cache would hold tensors across the capture's boundary)."""
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=self.autocast_dtype)
+        return torch.autocast(device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
 
 @precision_registry.register("auto", "bf16 autocast on CUDA, fp32 on CPU")

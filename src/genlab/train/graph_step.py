@@ -1,0 +1,177 @@
+"""`train.graph_step`: the whole training step — forward, backward, clipping, optimizer and EMA — captured once as
+one CUDA graph and replayed every step, so a launch-bound small model costs one graph launch per step.
+
+torch.compile's own CUDA graphs (`train.compile_mode=reduce-overhead`) cover the forward and backward only: an
+optimizer + EMA update compiled in that mode after them fails at the first step (cudagraph trees count the gradients
+as overwritten outputs, pytorch/pytorch#160281). This capture sits outside torch.compile: the model may be compiled
+(default mode: inductor's Triton kernels are capturable), and the step is recorded with `torch.cuda.graph` after a
+few eager steps have compiled it and created the optimizer state (PyTorch's "whole network capture" recipe).
+
+Only what changes per step lives outside the graph: the batch is copied into static tensors, the LR and the EMA weight
+are 0-d device tensors filled before each replay. Everything else inside the graph is fixed at capture, so a method
+opts in (MethodSpec.graph_step) only if its loss is the same computation every step: no Python that reads the step
+number, no host-side randomness, no reads back to the host (a read back fails the capture loudly; a frozen Python
+value would not — hence the opt-in).
+"""
+from __future__ import annotations
+
+import torch
+
+from genlab.errors import GenlabError
+from genlab.methods.base import as_loss_dict
+from genlab.train.parallel import clip_grads
+
+WARMUP_STEPS = 3  # eager steps before the capture: compile, autograd's and the optimizer's lazy state, cuBLAS handles
+OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
+SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow without the adaptive sampler), "
+             f"optim.name={'|'.join(OPTIMIZERS)} without optim.caution, train.compile=off|model|blocks with "
+             "train.compile_mode=default|max-autotune-no-cudagraphs, grad_accum=1, precision fp32|tf32|bf16|auto, "
+             "no train.compile_optimizer, skip_nonfinite, activation checkpointing, converters or batched seeds")
+
+
+def check_graph_step_config(cfg) -> None:
+    """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
+    from genlab.config_check import _trains_on_cpu, is_batched
+    from genlab.registry import method_registry, parallel_registry
+    t = cfg.train
+    if not t.graph_step:
+        return
+
+    def refuse(what):
+        raise GenlabError(f"train.graph_step=true does not support {what}; supported: {SUPPORTED}")
+    if _trains_on_cpu(t.device):
+        refuse(f"training on the CPU (train.device={t.device}): CUDA graphs need a CUDA device")
+    if not method_registry.spec(cfg.method.name).graph_step:
+        ok = [n for n, s in method_registry.specs() if s.graph_step]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in OPTIMIZERS or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
+    if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
+        refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
+    if t.parallel not in ("auto", "none") or parallel_registry.spec(t.parallel).sharded:
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
+                     ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16" or t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision} (fp16's loss scaler reads found-inf on the host)")
+    if is_batched(cfg):
+        refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
+
+
+def make_capturable(optimizer, device) -> None:
+    """The optimizer's per-step values on the device: each group's LR a 0-d tensor (filled in place by `set_lr`, so
+    a schedule reaches the graph), `capturable` on (Adam's step count stays on the device). Run right before the
+    capture, after any resume has loaded a state dict (which brings back float LRs and host step counts)."""
+    for g in optimizer.param_groups:
+        if not torch.is_tensor(g["lr"]):
+            g["lr"] = torch.tensor(float(g["lr"]), device=device)
+        g["capturable"] = True  # also with fused=True: step() refuses a capture unless every group says so
+    for st in optimizer.state.values():
+        if torch.is_tensor(st.get("step")) and st["step"].device != torch.device(device):
+            st["step"] = st["step"].to(device=device, dtype=torch.float32)
+
+
+class GraphedStep:
+    """Runs TrainStep's step as: WARMUP_STEPS eager steps, then one capture, then a replay per step."""
+
+    def __init__(self, train_step):
+        ts = train_step
+        if ts.dist.world > 1:
+            raise GenlabError("train.graph_step=true runs on one device; this run has "
+                              f"{ts.dist.world} processes (use train.parallel=none or drop train.graph_step)")
+        if list(ts.optimizers) != ["model"]:
+            raise GenlabError(f"train.graph_step=true needs one optimizer; method {ts.cfg.method.name} "
+                              f"has {', '.join(ts.optimizers)}")
+        self.ts = ts
+        self.opt = ts.optimizers["model"]
+        self.params = ts.params["model"]
+        self.ema = None if ts.ema is None else list(ts.ema.parameters())
+        self.ema_src = None if ts.ema is None else list(ts.model.parameters())
+        self.ema_weight = torch.zeros((), device=ts.device)
+        self.graph = None
+        self.static_batch = None
+        self.static_out = None
+        self.eager_steps = 0
+
+    def _body(self, batch, ctx):
+        """One step with nothing read back to the host: the region the graph records."""
+        ts, cfg = self.ts, self.ts.cfg
+        with ts.precision.autocast(ts.device, cache=False):
+            loss, metrics = ts.method.loss(ts.wrapped, batch, ctx)
+            losses = as_loss_dict(loss)
+            ts._check_loss_keys(losses)
+        losses["model"].backward()
+        loss = losses["model"].detach().float()
+        gnorm = clip_grads(self.params, cfg.optim.grad_clip, self.opt)
+        bad = ~(torch.isfinite(loss) & torch.isfinite(gnorm))
+        self.opt.step()
+        if self.ema is not None:  # ema += w * (p - ema), w a device tensor (foreach lerp would read it to the host)
+            with torch.no_grad():
+                diff = torch._foreach_sub(self.ema_src, self.ema)
+                torch._foreach_mul_(diff, self.ema_weight)
+                torch._foreach_add_(self.ema, diff)
+        return loss, gnorm, bad, metrics
+
+    def _eager(self, batch, ctx):
+        """A warm-up step, run as the capture will run it: on a side stream on CUDA (PyTorch's recipe: the lazy
+        allocations of the first steps then come from that stream), in place on the CPU (where the tests run it)."""
+        dev = self.ts.device
+        if dev.type != "cuda":
+            out = self._body(batch, ctx)
+            self.opt.zero_grad(set_to_none=True)
+            return out
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            out = self._body(batch, ctx)
+            self.opt.zero_grad(set_to_none=True)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        return out
+
+    def _copy_in(self, batch: dict):
+        for k, v in batch.items():
+            s = self.static_batch.get(k)
+            if s is None or not torch.is_tensor(v) or s.shape != v.shape or s.dtype != v.dtype:
+                got = tuple(v.shape) if torch.is_tensor(v) else type(v).__name__
+                raise GenlabError(f"train.graph_step=true replays a fixed batch layout; batch key '{k}' changed to "
+                                  f"{got} (every batch must have the captured keys, shapes and dtypes)")
+            s.copy_(v, non_blocking=True)
+
+    def _capture(self, batch, ctx):
+        ts = self.ts
+        make_capturable(self.opt, ts.device)
+        self.static_batch = {k: v.clone() for k, v in batch.items()}
+        self.opt.zero_grad(set_to_none=True)  # the captured backward allocates the gradients from the graph's pool
+        torch.cuda.synchronize(ts.device)
+        g = torch.cuda.CUDAGraph()
+        if ts.gen.device.type == "cuda":  # the step's own generator: replays advance its offset like eager steps
+            g.register_generator_state(ts.gen)
+        with torch.cuda.graph(g):
+            self.static_out = self._body(self.static_batch, ctx)
+        self.graph = g
+
+    def run(self, step: int, next_batch, mark, lr: float, decay: float | None):
+        from genlab.train.switches import set_lr
+        set_lr(self.opt, lr)
+        if self.ema is not None:
+            self.ema_weight.fill_(1.0 - decay)
+        ctx = self.ts.context(step)
+        batch = next_batch()
+        if self.graph is None and self.eager_steps < WARMUP_STEPS:
+            out = self._eager(batch, ctx)
+            self.eager_steps += 1
+            mark("fwd"), mark("bwd"), mark("opt")
+            return out
+        if self.graph is None:
+            self._capture(batch, ctx)
+        else:
+            self._copy_in(batch)
+        mark("fwd"), mark("bwd")  # one launch: the phases are not separable
+        self.graph.replay()
+        mark("opt")
+        loss, gnorm, bad, metrics = self.static_out  # the graph's outputs: copies, the next replay overwrites them
+        return loss.clone(), gnorm.clone(), bad.clone(), {k: v.clone() if torch.is_tensor(v) else v
+                                                          for k, v in metrics.items()}

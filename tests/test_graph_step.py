@@ -1,0 +1,83 @@
+"""`train.graph_step` (the whole step captured as one CUDA graph, train/graph_step.py). On the CPU: what it refuses
+(one line, exit 2, nothing written), its eager warm-up steps against the plain step, and the optimizer made
+capturable after a resume. The capture and replay against eager steps run on the GPU (tests/test_gpu.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import cli_in_process, tiny_config
+from genlab.errors import GenlabError
+from genlab.train.graph_step import WARMUP_STEPS, make_capturable
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.compile_mode=reduce-overhead", "train.compile=model"], "train.compile_mode=reduce-overhead"),
+    (["train.compile_optimizer=true"], "train.compile_optimizer=True"),
+    (["train.grad_accum=2"], "train.grad_accum=2"),
+    (["train.skip_nonfinite=true"], "train.skip_nonfinite=True"),
+    (["train.precision=fp16"], "train.precision=fp16"),
+    (["optim.name=sgd"], "optim.name=sgd"),
+    (["train.activation_checkpointing=full"], "train.activation_checkpointing=full"),
+    (["train.seeds=0,1"], "batched seeds"),
+    (["method.timestep_sampler=adaptive"], "method.timestep_sampler=adaptive"),
+])
+def test_graph_step_refuses_what_a_capture_cannot_hold(tmp_path, monkeypatch, overrides, expect):
+    """As if on a CUDA machine (the CPU refusal comes first otherwise): each unsupported option is named."""
+    import genlab.config_check as cc
+    monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
+    with pytest.raises(GenlabError, match="graph_step") as e:
+        tiny_config(tmp_path, "train.graph_step=true", *overrides)
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def test_graph_step_refuses_a_method_that_does_not_declare_it(tmp_path, monkeypatch):
+    import genlab.config_check as cc
+    monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
+    with pytest.raises(GenlabError, match=r"method maskdit \(methods that do: .*flow"):
+        tiny_config(tmp_path, "train.graph_step=true", "method.name=maskdit", "model.name=maskdit")
+
+
+def test_graph_step_on_the_cpu_is_one_line_and_writes_nothing(tmp_path, capfd):
+    r = cli_in_process(capfd, "train", "digits_flow", "train.graph_step=true", "train.steps=2",
+                       f"train.out_dir={tmp_path}", "train.name=g")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "CUDA graphs need a CUDA device" in r.stderr, r.stderr
+    assert not (tmp_path / "g").exists()
+
+
+def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread):
+    """The captured region is GraphedStep._body, a step of its own (LR and EMA weight from device tensors, clip,
+    optimizer, EMA): its eager warm-up steps must leave the same weights, EMA and losses as TrainStep's plain step."""
+    from genlab.train import checkpoint as ckpt
+    from genlab.train.trainer import Trainer
+    common = (f"train.steps={WARMUP_STEPS}", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.grad_clip=0.05",
+              f"log.ckpt_every={WARMUP_STEPS}", "log.every=1", "eval.num_samples=0", "train.device=cpu")
+    plain = Trainer(tiny_config(tmp_path, *common, "train.name=plain"))
+    plain.fit()
+    cfg = tiny_config(tmp_path, *common, "train.name=graphed")
+    cfg.train.graph_step = True  # past the CUDA-only check: only the warm-up runs, which is eager
+    graphed = Trainer(cfg)
+    graphed.fit()
+    g = graphed.steps.graphed
+    assert g is not None and g.eager_steps == WARMUP_STEPS and g.graph is None
+    a, b = ckpt.load_checkpoint(tmp_path / "plain"), ckpt.load_checkpoint(tmp_path / "graphed")
+    for part in ("model", "ema"):
+        for k, v in a[part].items():
+            torch.testing.assert_close(b[part][k], v, rtol=1e-6, atol=1e-7, msg=f"{part}.{k}")
+    import json
+    losses = [[json.loads(line)["loss"] for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()
+               if '"loss"' in line] for n in ("plain", "graphed")]
+    assert len(losses[0]) == WARMUP_STEPS and losses[1] == pytest.approx(losses[0], rel=1e-6)
+
+
+def test_make_capturable_puts_lr_and_step_counts_on_the_device_after_a_resume():
+    """A resumed state dict brings float LRs and host step counts back; the capture needs both on the device."""
+    w = torch.nn.Parameter(torch.randn(3))
+    opt = torch.optim.AdamW([w], lr=1e-3)
+    w.grad = torch.ones(3)
+    opt.step()
+    opt.load_state_dict(opt.state_dict())
+    make_capturable(opt, torch.device("cpu"))
+    g = opt.param_groups[0]
+    assert torch.is_tensor(g["lr"]) and g["lr"].item() == pytest.approx(1e-3) and g["capturable"] is True
+    assert opt.state[w]["step"].dtype == torch.float32
