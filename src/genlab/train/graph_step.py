@@ -20,6 +20,7 @@ import torch
 from genlab.errors import GenlabError
 from genlab.methods.base import as_loss_dict
 from genlab.train.parallel import clip_grads
+from genlab.train.switches import ema_update_device_weight, set_lr
 
 WARMUP_STEPS = 3  # eager steps before the capture: compile, autograd's and the optimizer's lazy state, cuBLAS handles
 OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
@@ -108,11 +109,8 @@ class GraphedStep:
         gnorm = clip_grads(self.params, cfg.optim.grad_clip, self.opt)
         bad = ~(torch.isfinite(loss) & torch.isfinite(gnorm))
         self.opt.step()
-        if self.ema is not None:  # ema += w * (p - ema), w a device tensor (foreach lerp would read it to the host)
-            with torch.no_grad():
-                diff = torch._foreach_sub(self.ema_src, self.ema)
-                torch._foreach_mul_(diff, self.ema_weight)
-                torch._foreach_add_(self.ema, diff)
+        if self.ema is not None:
+            ema_update_device_weight(self.ema, self.ema_src, self.ema_weight)
         return loss, gnorm, bad, metrics
 
     def _eager(self, batch, ctx):
@@ -154,7 +152,6 @@ class GraphedStep:
         self.graph = g
 
     def run(self, step: int, next_batch, mark, lr: float, decay: float | None):
-        from genlab.train.switches import set_lr
         set_lr(self.opt, lr)
         if self.ema is not None:
             self.ema_weight.fill_(1.0 - decay)

@@ -262,6 +262,16 @@ def update_mode(tcfg):
     return {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
 
 
+@torch.no_grad()
+def ema_update_device_weight(ema: list, params: list, weight: torch.Tensor) -> None:
+    """ema += w * (p - ema) with w a 0-d device tensor (compiled and graphed updates: the decay warm-up reaches them
+    without a recompile or a re-capture). Foreach lerp has no tensor-weight overload: where it ran eagerly its 0-d
+    weight was read back to the host (the sync measured in session 21)."""
+    diff = torch._foreach_sub(params, ema)
+    torch._foreach_mul_(diff, weight)
+    torch._foreach_add_(ema, diff)
+
+
 class CompiledUpdate:
     """The optimizer steps and the EMA update as one compiled function (`train.compile_optimizer=true`): a few fused
     inductor kernels instead of the eager per-tensor launches, compiled in `update_mode` (no CUDA graphs: see there).
@@ -285,11 +295,7 @@ class CompiledUpdate:
         for step in self._steps:
             step()
         if self.ema is not None:
-            with torch.no_grad():  # ema += w * (p - ema): foreach lerp has no tensor-weight overload, so where this
-                # runs eagerly its 0-d weight would be read back to the host (the sync measured in session 21)
-                diff = torch._foreach_sub(self.params, self.ema)
-                torch._foreach_mul_(diff, self.weight)
-                torch._foreach_add_(self.ema, diff)
+            ema_update_device_weight(self.ema, self.params, self.weight)
 
     def __call__(self, decay: float | None):
         if self.ema is not None:
