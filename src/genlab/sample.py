@@ -60,6 +60,14 @@ def model_from_state(state: dict, where: str, device="auto", ema=True, overrides
     return cfg, model.eval(), method, dev, state
 
 
+def sampling_precision(cfg, device):
+    """The run's training precision (train.precision) for sampling and evaluating it: the trainer evaluates under
+    that autocast, so `genlab eval` / `sample` / `analyze` of a bf16 run sample in bf16 as its training-time
+    evaluations did (the same numbers, and tensor-core speed on a GPU instead of float32 matmuls)."""
+    from genlab.train.switches import build_precision
+    return build_precision(cfg.train.precision, torch.device(device))
+
+
 def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None, length=None):
     """The sample command's numbers, before a checkpoint is opened or a file written."""
     for flag, v, ok, want in (("--n", n, n is not None and n >= 1, ">= 1"), ("--steps", steps, steps is None or steps >= 1, ">= 1"),
@@ -111,7 +119,8 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
     given = {k: v for k, v in (("class_id", class_id), ("cfg_scale", cfg_scale), ("sampler", sampler)) if v is not None}
     check_sample_options(cfg, method, {**given, **options})
-    return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **given, **options)
+    with sampling_precision(cfg, dev).autocast(dev):
+        return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **given, **options)
 
 
 def evaluate_run(run, overrides=(), device="auto"):
@@ -122,6 +131,11 @@ def evaluate_run(run, overrides=(), device="auto"):
     check_data_on_disk(cfg)  # eval.val_path, before sampling
     data = build_dataset(cfg.data)
     ctx = eval_context(cfg, dev, _run_dir(run))
+    with sampling_precision(cfg, dev).autocast(dev):
+        return _evaluate(cfg, model, method, data, ctx, state, nfe_table)
+
+
+def _evaluate(cfg, model, method, data, ctx, state, nfe_table):
     res = method.evaluate(model, data, ctx)
     if nfe_table:  # eval.nfe_list: the same evaluation per (sampler, NFE), as a table (eval/nfe.py)
         import sys

@@ -75,7 +75,9 @@ class Sampler:
     """Evaluation samples of one run, every variant from the same noise (a fresh fixed-seed generator each time)."""
 
     def __init__(self, cfg, method, model, data, device, run_dir):
+        from genlab.sample import sampling_precision
         self.cfg, self.method, self.model, self.data, self.device, self.run_dir = cfg, method, model, data, device, run_dir
+        self.precision = sampling_precision(cfg, device)  # as the run's own evaluations sampled
         n = cfg.eval.num_samples
         self.labels = torch.arange(n, device=device) % data.spec["num_classes"]
         self.classifier = None  # (net, held-out accuracy), trained or loaded once for every variant
@@ -85,7 +87,8 @@ class Sampler:
         from genlab.sampling import eval_context
         ctx = eval_context(self.cfg, self.device, self.run_dir, classifier=self.classifier)
         labels = self.labels if labels is None else labels
-        return generate(self.method, self.model, labels, ctx, self.cfg.eval.batch_size, desc=desc), ctx
+        with self.precision.autocast(self.device):
+            return generate(self.method, self.model, labels, ctx, self.cfg.eval.batch_size, desc=desc), ctx
 
     def score(self, desc):
         from genlab.eval.metrics import image_metrics
