@@ -166,7 +166,6 @@ def _check_train(cfg):
         check(cfg)
     if is_batched(cfg):
         check_seeds_config(cfg)
-    from genlab.train.graph_step import check_graph_step_config
     check_graph_step_config(cfg)
 
 
@@ -269,6 +268,46 @@ def check_seeds_config(cfg) -> None:
         refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
     if t.resume:
         refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
+
+
+# what train.graph_step (the whole step as one CUDA graph, train/graph_step.py) supports
+GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
+GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow without the adaptive "
+                        f"sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
+                        "train.compile=off|model|blocks with train.compile_mode=default|max-autotune-no-cudagraphs, "
+                        "grad_accum=1, precision fp32|tf32|bf16|auto, no train.compile_optimizer, skip_nonfinite, "
+                        "activation checkpointing, converters or batched seeds")
+
+
+def check_graph_step_config(cfg) -> None:
+    """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
+    from genlab.registry import method_registry, parallel_registry
+    t = cfg.train
+    if not t.graph_step:
+        return
+
+    def refuse(what):
+        raise GenlabError(f"train.graph_step=true does not support {what}; supported: {GRAPH_STEP_SUPPORTED}")
+    if _trains_on_cpu(t.device):
+        refuse(f"training on the CPU (train.device={t.device}): CUDA graphs need a CUDA device")
+    if not method_registry.spec(cfg.method.name).graph_step:
+        ok = [n for n, s in method_registry.specs() if s.graph_step]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in GRAPH_STEP_OPTIMIZERS or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
+    if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
+        refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
+    if t.parallel not in ("auto", "none") or parallel_registry.spec(t.parallel).sharded:
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
+                     ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16" or t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision} (fp16's loss scaler reads found-inf on the host)")
+    if is_batched(cfg):
+        refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
 
 
 def check_converter_combination(names) -> None:
