@@ -457,6 +457,47 @@ def test_report_races_each_run_to_its_fd_target_runs_final_fd_without_eval_time(
     assert a_s["steps_to_target_fd"] is None and a_s["speedup_to_target_fd"] is None
 
 
+def _race_folder(d, status_of):
+    """A baseline and a variant, one seed each, evaluated every 10 steps; the variant is cut at step 20 if
+    status_of says so (a timeout: status failed, its metrics.jsonl as far as it got)."""
+    (d / "runs").mkdir(parents=True)
+    (d / "sweep.toml").write_text('fd_target = { fast = "base" }\n[[axis]]\nvariants = [{ name = "base" }, { name = "fast" }]\n')
+    fds = {"base": [5.0, 3.0, 2.0], "fast": [4.0, 1.9]}
+    status = {}
+    for v, vals in fds.items():
+        recs = []
+        for i, fd in enumerate(vals):
+            recs += [{"step": 10 * (i + 1), "loss": 1.0 / (i + 1), "wall_time": 10.0 * (i + 1)},
+                     {"step": 10 * (i + 1), "eval/feature_fd": fd}]
+        (d / "runs" / f"{v}-s0").mkdir()
+        (d / "runs" / f"{v}-s0" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        status[f"{v}-s0"] = {"variant": v, "seed": 0, **status_of(v)}
+    (d / "status.json").write_text(json.dumps(status))
+    return d
+
+
+def test_report_partial_counts_what_unfinished_runs_logged(tmp_path, capfd):
+    """A run cut by its timeout has no row by default; `--partial` averages what it logged, says to which step, and
+    races it to its finished target. An unfinished target is never raced to (it has no final FD)."""
+    from genlab.sweep.report import collect
+    cut = {"status": "failed", "reason": "timeout after 60 s"}
+    d = _race_folder(tmp_path / "s", lambda v: cut if v == "fast" else {"status": "finished"})
+    rows = {r["variant"]: r for r in collect(d)[0]}
+    assert rows["fast"].get("final_loss") is None and rows["fast"]["status"] == "failed"
+    rows = {r["variant"]: r for r in collect(d, partial=True)[0]}
+    fast = rows["fast"]
+    assert fast["final_loss"] == 0.5 and fast["feature_fd"] == 1.9 and "partial: 1 unfinished run(s) to step 20" in fast["reason"]
+    assert (fast["target_fd"], fast["steps_to_target_fd"], fast["target_fd_reached"]) == (2.0, 20, 1.0)
+    assert fast["speedup_to_target_fd"] == pytest.approx(30 / 20)
+    r = cli_in_process(capfd, "sweep", "report", d, "--partial")
+    assert r.returncode == 0 and "Partial (`--partial`)" in (d / "report.md").read_text()
+    d2 = _race_folder(tmp_path / "s2", lambda v: cut if v == "base" else {"status": "finished"})
+    fast2 = {r["variant"]: r for r in collect(d2, partial=True)[0]}["fast"]
+    assert fast2.get("target_fd") is None and fast2.get("steps_to_target_fd") is None
+    r = cli_in_process(capfd, "sweep", "tiny_cpu", "--partial")
+    assert r.returncode == 2 and "--partial goes with `genlab sweep report DIR --partial`" in r.stderr
+
+
 def test_report_says_which_named_metrics_no_run_recorded(tmp_path):
     from genlab.sweep.report import write_report
     d = _sweep_folder(tmp_path / "s", [None])

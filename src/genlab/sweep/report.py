@@ -114,9 +114,10 @@ def reference_run(run_name: str, variant: str, first_axis: list[str], target) ->
     return None
 
 
-def race_to_fd(d: Path, members, settings) -> list[dict]:
+def race_to_fd(d: Path, members, settings, status=None, partial: bool = False) -> list[dict]:
     """Per run (of `members`): steps and seconds to the final FD of its fd_target run, and that run's seconds to it
-    divided by this run's (speed-up; > 1 = faster than the target run); target_fd_reached 1 or 0."""
+    divided by this run's (speed-up; > 1 = faster than the target run); target_fd_reached 1 or 0. The target run
+    must have finished (an unfinished one has no final FD); with `partial` the racing run need not have."""
     target = settings.get("fd_target")
     axes = settings.get("axis") or [{}]
     first = [v.get("name") for v in axes[0].get("variants", []) if isinstance(v, dict)]
@@ -124,7 +125,8 @@ def race_to_fd(d: Path, members, settings) -> list[dict]:
     for run_name, st in members:
         ref = reference_run(run_name, st.get("variant", run_name), first, target) if target else None
         row = {}
-        if ref and st.get("status") == "finished" and (d / "runs" / ref / "metrics.jsonl").exists():
+        ref_done = status is None or (status.get(ref) or {}).get("status") == "finished"
+        if ref and ref_done and _reads(d, run_name, st, partial) and (d / "runs" / ref / "metrics.jsonl").exists():
             ref_recs, recs = read_metrics(d / "runs" / ref), read_metrics(d / "runs" / run_name)
             goal = final_fd(ref_recs)
             if goal is not None:
@@ -135,6 +137,10 @@ def race_to_fd(d: Path, members, settings) -> list[dict]:
                        "target_fd_reached": float(step is not None)}  # the others average only the seeds that reached it
         out.append(row)
     return out
+
+
+def _reads(d: Path, run_name: str, st: dict, partial: bool) -> bool:
+    return st.get("status") == "finished" or (partial and (d / "runs" / run_name / "metrics.jsonl").exists())
 
 
 def _num(s) -> str:
@@ -158,8 +164,9 @@ def _sweep_settings(d: Path) -> dict:
     return tomllib.loads(p.read_text())
 
 
-def collect(d: Path) -> tuple[list[dict], list[str]]:
-    """One row per variant (seeds combined) in sweep order, and the ordered metric columns."""
+def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
+    """One row per variant (seeds combined) in sweep order, and the ordered metric columns. `partial`: runs that did
+    not finish (a timeout, a stop) count with what their metrics.jsonl logged, the step each reached in the reason."""
     d = Path(d)
     status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
     settings = _sweep_settings(d)
@@ -172,15 +179,20 @@ def collect(d: Path) -> tuple[list[dict], list[str]]:
         groups.setdefault(st.get("variant", run_name), []).append((run_name, st))
     rows, metric_keys = [], []
     for variant, members in groups.items():
-        per_seed = []
-        race = race_to_fd(d, members, settings) if settings.get("fd_target") else [{}] * len(members)
+        per_seed, partial_to = [], []
+        race = race_to_fd(d, members, settings, status, partial) if settings.get("fd_target") else [{}] * len(members)
         for (run_name, st), extra in zip(members, race):  # paths relative to d: a sweep folder can be moved or copied
-            r = run_row(d / "runs" / run_name, loss_at, loss_at_time) if st.get("status") == "finished" else {}
+            r = run_row(d / "runs" / run_name, loss_at, loss_at_time) if _reads(d, run_name, st, partial) else {}
+            if st.get("status") != "finished" and "steps" in r:
+                partial_to.append(r["steps"])
             r.update({k: v for k, v in extra.items() if v is not None})
             per_seed.append(r)
             metric_keys += [k for k in r if k not in metric_keys and k != "steps"]
         statuses = [st.get("status") for _, st in members]
         reasons = sorted({st.get("reason") for _, st in members if st.get("reason")})
+        if partial_to:
+            reasons.append(f"partial: {len(partial_to)} unfinished run(s) to step {min(partial_to)}"
+                           + (f"-{max(partial_to)}" if max(partial_to) != min(partial_to) else ""))
         if all(x == "finished" for x in statuses):
             agg = "finished"
         else:
@@ -316,10 +328,15 @@ def has_memory(rows) -> bool:
 NO_MEMORY = "No memory chart: no run measured its peak memory (it is measured on CUDA devices only)."
 
 
-def write_report(d) -> Path:
-    """Rebuild results.csv, report.md and report.html (with its plots and sample grids) from the runs."""
+PARTIAL = ("Partial (`--partial`): rows that did not finish average what their runs logged before they stopped; "
+           "the status column gives the step each reached. Their final loss and FD are not the finished runs' numbers.")
+
+
+def write_report(d, partial: bool = False) -> Path:
+    """Rebuild results.csv, report.md and report.html (with its plots and sample grids) from the runs; `partial`
+    (`genlab sweep report DIR --partial`): unfinished runs count with what they logged (collect)."""
     d = Path(d)
-    rows, cols = collect(d)
+    rows, cols = collect(d, partial)
     settings = _sweep_settings(d)
     with open(d / "results.csv", "w", newline="") as f:
         keys = ["variant", "seeds", "status", "reason"] + [k for c in cols for k in (c, c + "_std")]
@@ -335,6 +352,8 @@ def write_report(d) -> Path:
     nfe_md, nfe_pics = write_nfe_report(d, rows)
     plots = _plots(d, rows) + nfe_pics
     note = "" if has_memory(rows) else NO_MEMORY
+    if partial and any(r["status"] != "finished" for r in rows):
+        note = (PARTIAL + ("\n\n" + note if note else ""))
     (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
                                  + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
                                  + "\n" + (f"\n{nfe_md}" if nfe_md else ""))

@@ -27,7 +27,7 @@ def cmd_report(items, args):
         text = compare(d, args.compare)
         print(text)
         return 0
-    print(write_report(d).read_text())
+    print(write_report(d, partial=args.partial).read_text())
     print(f"report: {d / 'report.html'}")
     return 0
 
@@ -39,6 +39,8 @@ def cmd_sweep(args):
         return cmd_report(items, args)
     if args.compare:
         raise GenlabError("--compare goes with `genlab sweep report DIR --compare DIR2`")
+    if args.partial:
+        raise GenlabError("--partial goes with `genlab sweep report DIR --partial`")
     if len(items) != 1:
         raise GenlabError("usage: genlab sweep SWEEP.toml|NAME  (or: genlab sweep report DIR)")
     from genlab.sweep.runner import choose_gpus, run_sweep, visible_gpus
@@ -97,5 +99,7 @@ def add_parser(sub):
                    help="use the first N visible GPUs, or these (e.g. 0,2,3; one as 2,); default: all visible")
     p.add_argument("--root", default="sweeps", help="parent folder of sweep folders (default: sweeps)")
     p.add_argument("--compare", default=None, metavar="DIR2", help="with `report`: a second sweep folder to put side by side")
+    p.add_argument("--partial", action="store_true",
+                   help="with `report`: count unfinished runs (timeouts, stops) with what they logged, marked partial")
     p.set_defaults(fn=cmd_sweep)
     return p
