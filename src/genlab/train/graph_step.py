@@ -110,7 +110,8 @@ class GraphedStep:
         g = torch.cuda.CUDAGraph()
         if ts.gen.device.type == "cuda":  # the step's own generator: replays advance its offset like eager steps
             g.register_generator_state(ts.gen)
-        with torch.cuda.graph(g):
+        # thread_local: a data loader's worker thread copying the next batch meanwhile must not break the capture
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
             self.static_out = self._body(self.static_batch, ctx)
         self.graph = g
 
