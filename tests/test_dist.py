@@ -84,6 +84,7 @@ def assert_same_run(got, ref):
         torch.testing.assert_close(got["ema"][k], v, rtol=0, atol=1e-4, msg=f"ema {k}")
 
 
+@pytest.mark.slow  # its fixture (one rank, 9 s) serves the multi-rank tests, all slow
 def test_reference_trains(reference):
     assert reference["losses"][-1] < reference["losses"][0]
 

@@ -141,6 +141,7 @@ def test_rank_chunks_are_disjoint_contiguous_and_cover_what_is_left(world):
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+@pytest.mark.slow  # a multi-rank run
 def test_two_torchrun_ranks_finish_a_one_process_partial_to_the_same_bytes(digits, encoded, tmp_path):
     """torchrun --nproc_per_node=2 (gloo, CPU) resumes an encoding a single process began: each rank takes a
     disjoint block of the chunks left, and the result is byte for byte the single-process one."""
