@@ -94,6 +94,7 @@ def test_batched_seeds_take_an_echo_as_one_request_and_a_later_signal_as_a_secon
         st._on_signal(signal.SIGINT, None)
 
 
+@pytest.mark.slow  # end to end through the CLI in subprocesses
 def test_sigint_to_the_run_and_then_its_process_group_saves_a_checkpoint(tmp_path):
     """What `timeout -s INT` does (the compiled MeanFlow run of issue 32 that ended on "genlab: interrupted" without a
     checkpoint): SIGINT to the process, then to its group. Sent during the step-3 preview (100 sampling steps: a second or more),

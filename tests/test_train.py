@@ -151,6 +151,7 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
         Trainer(tiny_config(tmp_path, "train.steps=2", "train.name=a")).fit()
 
 
+@pytest.mark.slow  # end to end through the CLI in subprocesses
 def test_ctrl_c_saves_a_checkpoint(tmp_path):
     import os
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))

@@ -72,6 +72,7 @@ def test_a_malformed_world_horizon_list_is_refused_before_training():
         load_config("pong_world_tiny", ["eval.world_horizons=16,x"])
 
 
+@pytest.mark.slow  # end to end through the CLI in subprocesses
 def test_two_trains_with_one_name_at_once_run_exactly_one(tmp_path):
     import subprocess
     import sys
