@@ -281,7 +281,7 @@ GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says grap
 
 def check_graph_step_config(cfg) -> None:
     """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
-    from genlab.registry import method_registry, parallel_registry
+    from genlab.registry import method_registry
     t = cfg.train
     if not t.graph_step:
         return
@@ -297,15 +297,17 @@ def check_graph_step_config(cfg) -> None:
         refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
     if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
         refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
-    if t.parallel not in ("auto", "none") or parallel_registry.spec(t.parallel).sharded:
+    if t.parallel not in ("auto", "none"):
         refuse(f"train.parallel={t.parallel}")
     for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
                      ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
                      ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
         if bad:
             refuse(f"train.{key}={getattr(t, key)}")
-    if t.precision == "fp16" or t.precision.startswith("float8"):
-        refuse(f"train.precision={t.precision} (fp16's loss scaler reads found-inf on the host)")
+    if t.precision == "fp16":
+        refuse("train.precision=fp16 (its loss scaler reads found-inf on the host)")
+    if t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision} (a model converter)")
     if is_batched(cfg):
         refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
 

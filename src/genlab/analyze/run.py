@@ -102,6 +102,7 @@ class Sampler:
 
 
 def _skip_rows(sampler, base, ref_samples, ref, rows, save):
+    """Each skip plan's scores appended to `rows`, then save(): a cut analysis keeps the rows it finished."""
     from genlab.analyze.skip import skip_blocks, skip_plans
     for name, idx in skip_plans(len(base.blocks)):
         if idx:
@@ -113,7 +114,6 @@ def _skip_rows(sampler, base, ref_samples, ref, rows, save):
         rows.append({"skipped": name, "blocks": list(idx), **m, "fd_ratio": m["feature_fd"] / ref["feature_fd"],
                      "pixel_diff": diff})
         save()
-    return rows
 
 
 def _save(out: Path, res: dict) -> None:

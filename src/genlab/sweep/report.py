@@ -114,7 +114,7 @@ def reference_run(run_name: str, variant: str, first_axis: list[str], target) ->
     return None
 
 
-def race_to_fd(d: Path, members, settings, status=None, partial: bool = False) -> list[dict]:
+def race_to_fd(d: Path, members, settings, status: dict, partial: bool = False) -> list[dict]:
     """Per run (of `members`): steps and seconds to the final FD of its fd_target run, and that run's seconds to it
     divided by this run's (speed-up; > 1 = faster than the target run); target_fd_reached 1 or 0. The target run
     must have finished (an unfinished one has no final FD); with `partial` the racing run need not have."""
@@ -125,7 +125,7 @@ def race_to_fd(d: Path, members, settings, status=None, partial: bool = False) -
     for run_name, st in members:
         ref = reference_run(run_name, st.get("variant", run_name), first, target) if target else None
         row = {}
-        ref_done = status is None or (status.get(ref) or {}).get("status") == "finished"
+        ref_done = (status.get(ref) or {}).get("status") == "finished"
         if ref and ref_done and _reads(d, run_name, st, partial) and (d / "runs" / ref / "metrics.jsonl").exists():
             ref_recs, recs = read_metrics(d / "runs" / ref), read_metrics(d / "runs" / run_name)
             goal = final_fd(ref_recs)

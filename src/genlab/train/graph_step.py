@@ -59,6 +59,7 @@ class GraphedStep:
         self.static_batch = None
         self.static_out = None
         self.eager_steps = 0
+        self._side = None  # the warm-up's side stream (CUDA)
 
     def _body(self, batch, ctx):
         """One step with nothing read back to the host: the region the graph records."""
@@ -84,7 +85,9 @@ class GraphedStep:
             out = self._body(batch, ctx)
             self.opt.zero_grad(set_to_none=True)
             return out
-        side = torch.cuda.Stream(dev)
+        if self._side is None:
+            self._side = torch.cuda.Stream(dev)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             out = self._body(batch, ctx)
@@ -124,13 +127,15 @@ class GraphedStep:
         if self.graph is None and self.eager_steps < WARMUP_STEPS:
             out = self._eager(batch, ctx)
             self.eager_steps += 1
-            mark("fwd"), mark("bwd"), mark("opt")
+            for phase in ("fwd", "bwd", "opt"):  # one call: the phases are not timed apart
+                mark(phase)
             return out
         if self.graph is None:
             self._capture(batch, ctx)
         else:
             self._copy_in(batch)
-        mark("fwd"), mark("bwd")  # one launch: the phases are not separable
+        mark("fwd")  # one launch: the phases are not separable
+        mark("bwd")
         self.graph.replay()
         mark("opt")
         loss, gnorm, bad, metrics = self.static_out  # the graph's outputs: copies, the next replay overwrites them

@@ -17,8 +17,8 @@ from genlab.methods.base import StepContext, as_loss_dict, check_batch_keys, che
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
 from genlab.registry import method_registry, model_registry
-from genlab.train.graph_step import GraphedStep
 from genlab.train.convert import after_step_hooks, apply_converters, check_converters, converters_of, prepare_converters
+from genlab.train.graph_step import GraphedStep
 from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.train.stop import start_compile_workers
 from genlab.train.switches import CompiledUpdate, allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
