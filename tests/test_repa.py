@@ -61,6 +61,25 @@ def test_repa_gradients_reach_only_the_model_and_the_projector(tmp_path):
     assert metrics["repa_align"].item() == pytest.approx((loss - metrics["flow_loss"]).item() / method.weight, rel=1e-5)
 
 
+def test_classifier_encoder_is_trained_on_the_runs_device(tmp_path, monkeypatch):
+    # it once trained on the CPU whatever train.device said: > 8 min for a Fashion-MNIST run on a GPU machine
+    import genlab.eval.classifier as classifier
+    import genlab.train.parallel as parallel
+    from genlab.methods.repa_encoders import build_classifier
+    asked, used = [], []
+    monkeypatch.setattr(parallel, "resolve_device", lambda name, rank=0: asked.append(name) or torch.device("meta"))
+
+    def fake_get_classifier(data, device="cpu", epochs=30):
+        used.append(device)
+        return classifier.SmallConvNet(1, 10), 0.99
+    monkeypatch.setattr(classifier, "get_classifier", fake_get_classifier)
+    monkeypatch.setattr("genlab.data.build_dataset", lambda dcfg: None)
+    cfg = tiny_config(tmp_path, *REPA, "method.repa_encoder=classifier", "train.device=cuda:1")
+    enc = build_classifier("", cfg, DIGITS, 2)
+    assert asked == ["cuda:1"] and used == [torch.device("meta")]
+    assert enc(torch.zeros(2, 1, 8, 8)).shape == (2, 4, 128)  # and the frozen trunk is handed over on the CPU
+
+
 def test_repa_loss_with_an_identity_projector_onto_its_own_block_is_the_flow_loss(tmp_path):
     """Encoder = the aligned block's own tokens, projector = identity: the alignment term is exactly 0."""
     cfg = tiny_config(tmp_path, *REPA, "method.repa_weight=1")

@@ -15,6 +15,7 @@ resizes the input so the encoder's grid equals the DiT's (DINOv2-B/14 at 224 px:
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -105,8 +106,11 @@ def build_random(arg, cfg, spec, grid):
 def build_classifier(arg, cfg, spec, grid):
     from genlab.data import build_dataset
     from genlab.eval.classifier import get_classifier
-    net, _ = get_classifier(build_dataset(cfg.data), epochs=cfg.eval.classifier_epochs)
-    return ConvEncoder(net.features[:6], spec["channels"], spec["image_size"], grid)
+    from genlab.train.parallel import resolve_device
+    # trained (when not cached) on the run's device: on the CPU it took a Fashion-MNIST run > 8 minutes
+    device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
+    net, _ = get_classifier(build_dataset(cfg.data), device=device, epochs=cfg.eval.classifier_epochs)
+    return ConvEncoder(net.features[:6].cpu(), spec["channels"], spec["image_size"], grid)
 
 
 # -- a genlab run ------------------------------------------------------------------------------------------------
