@@ -149,7 +149,7 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_):
             torch.testing.assert_close(b[part][k], v, rtol=1e-4, atol=1e-5, msg=f"{part}.{k}")
 
 
-def test_bench_of_a_graphed_step_has_no_host_syncs():
+def test_bench_of_a_graph_step_run_has_no_host_syncs():
     from genlab.bench import run_bench
     from genlab.config import load_config
     cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32", "train.graph_step=true"])
