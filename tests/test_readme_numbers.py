@@ -186,9 +186,16 @@ COMMANDS = {("python", "benchmarks/run.py"): _check_run_py, ("genlab",): _check_
             ("python",): _check_pytest}
 
 
-@pytest.mark.parametrize("command", sorted({m["command"] for m in tomllib.loads(RESULTS.read_text())["measurement"]}))
-def test_every_record_names_a_command_that_runs_today(command):
+def _on_gpu(device: str) -> bool:
+    return any(w in device for w in ("NVIDIA", "H100", "H200", "GPU"))
+
+
+@pytest.mark.parametrize("command,gpu", sorted({(m["command"], _on_gpu(m["device"]))
+                                                for m in tomllib.loads(RESULTS.read_text())["measurement"]}))
+def test_every_record_names_a_command_that_runs_today(command, gpu):
     words = shlex.split(command)
+    if gpu and words[:1] == ["genlab"] and not any(w.startswith("train.device=") for w in words):
+        words.append("train.device=cuda")  # checked as on its GPU: a CUDA-only switch is refused on train.device=cpu
     for head, check in COMMANDS.items():  # the longest head first: run.py before any python
         if tuple(words[:len(head)]) == head:
             check(words[len(head):])
