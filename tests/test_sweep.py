@@ -372,16 +372,19 @@ def test_packed_run_out_of_memory_is_run_again_alone(tmp_path, monkeypatch):
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
     sw = load_sweep(_write_sweep(tmp_path, body))
     big, broken = sw.variants[1].run_name, sw.variants[2].run_name
-    lock, now, calls = threading.Lock(), [0], []
+    lock, running, shared, calls = threading.Lock(), set(), set(), []
 
     def fake_run(sw_, v, d, gpus=None):
-        with lock:
-            now[0] += 1
-            calls.append((v.run_name, now[0]))
+        with lock:  # a run that overlapped another at any moment was packed (not only at its end)
+            running.add(v.run_name)
+            if len(running) > 1:
+                shared.update(running)
+            calls.append((v.run_name, len(running)))
         time.sleep(0.2)
         with lock:
-            alone = now[0] == 1
-            now[0] -= 1
+            alone = v.run_name not in shared
+            running.discard(v.run_name)
+            shared.discard(v.run_name)
         rec = {"log": "", "run_dir": str(d / "runs" / v.run_name)}
         if v.run_name == big and not alone:
             return {**rec, "status": "failed", "reason": "oom: torch.OutOfMemoryError: CUDA out of memory"}
@@ -497,6 +500,38 @@ def test_report_partial_counts_what_unfinished_runs_logged(tmp_path, capfd):
         assert fast2.get("target_fd") is None and fast2.get("steps_to_target_fd") is None
     r = cli_in_process(capfd, "sweep", "tiny_cpu", "--partial")
     assert r.returncode == 2 and "--partial goes with `genlab sweep report DIR --partial`" in r.stderr
+
+
+def test_a_run_is_listed_as_running_before_it_starts_so_a_killed_sweep_keeps_it(tmp_path, monkeypatch):
+    """A sweep killed outright (SIGKILL: no finally, no status write after the run) used to leave its runs out of
+    status.json, so `sweep report --partial` could not show them. Each run is now recorded as running first."""
+    from genlab.sweep import runner
+    from genlab.sweep.report import collect
+    body = BASE + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n'
+    sw = load_sweep(_write_sweep(tmp_path, body))
+
+    class Killed(BaseException):  # stands for SIGKILL: nothing after it runs in the sweep
+        pass
+
+    def killed_run(sw_, v, d, gpus=None):
+        on_disk = runner.load_status(d)[v.run_name]
+        assert on_disk["status"] == "running" and on_disk["variant"] == v.name and on_disk["seed"] == v.seed
+        run = d / "runs" / v.run_name
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 0.7, "wall_time": 5.0}) + "\n")
+        raise Killed
+    monkeypatch.setattr(runner, "run_variant", killed_run)
+    monkeypatch.setattr("genlab.sweep.report.write_report", lambda d, partial=False: None)  # the kill skips it too
+    with pytest.raises(Killed):
+        runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False)
+    d = runner.sweep_dir(sw, tmp_path / "sweeps")
+    st = runner.load_status(d)
+    name = sw.variants[0].run_name
+    assert st[name]["status"] == "running"
+    assert [v.run_name for v in runner.todo_runs(sw, d, st, retry_failed=False)] == [name]  # the next call runs it
+    row = collect(d, partial=True)[0][0]
+    assert row["status"] == "running" and row["final_loss"] == 0.7 and "partial: 1 unfinished run(s) to step 10" in row["reason"]
+    assert collect(d)[0][0].get("final_loss") is None  # without --partial an unfinished run has no numbers
 
 
 def test_report_says_which_named_metrics_no_run_recorded(tmp_path):

@@ -196,8 +196,8 @@ def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
         if all(x == "finished" for x in statuses):
             agg = "finished"
         else:
-            agg = next(x for x in ("failed", "interrupted", "not_run", "skipped") if x in statuses) if \
-                any(x in statuses for x in ("failed", "interrupted", "not_run", "skipped")) else statuses[0]
+            unfinished = ("failed", "interrupted", "running", "not_run", "skipped")
+            agg = next((x for x in unfinished if x in statuses), statuses[0])
             n_ok = statuses.count("finished")
             if n_ok:
                 agg += f" ({n_ok}/{len(statuses)} seeds finished)"

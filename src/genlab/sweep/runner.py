@@ -428,6 +428,16 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
         if halt:
             stop.set()
 
+    def started(v: Variant):
+        """Recorded before a run starts, so a sweep killed outright (SIGKILL, a lost machine) leaves the run listed:
+        the next call runs or resumes it, and `sweep report --partial` counts what it logged."""
+        with lock:
+            status[v.run_name] = {"status": "running", "reason": "started; no exit recorded (running, or the sweep was killed)",
+                                  "log": str(d / "logs" / f"{v.run_name}.log"), "run_dir": str(d / "runs" / v.run_name),
+                                  "started": time.time(), "variant": v.name, "seed": v.seed, "overrides": v.overrides,
+                                  **({"reference": v.reference} if v.reference else {}), **({"stage": "run"} if v.stage else {})}
+            save_status(d, status)
+
     def attempt(v: Variant, on: list[int]) -> dict:
         if stop.is_set() or (deadline is not None and time.time() > deadline):
             return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
@@ -438,6 +448,7 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
         prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
         if v.stage and v.name in sw.stage_map and not sw.stage_map[v.name].is_run:
             return {"status": "ready"}  # a command stage: the caller runs it
+        started(v)
         return run_variant(sw, v, d, on)
 
     def blocked(v: Variant) -> dict:
@@ -476,6 +487,8 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
                 if needs_gpus(sw, vs[0], len(chosen), of):
                     continue  # the one-by-one loop records them as skipped
                 prog.say(f"[{prog.done + 1}/{prog.total}] running {', '.join(v.run_name for v in vs)} batched ...")
+                for v in vs:
+                    started(v)
                 recs = run_seed_group(sw, vs, d, first)
                 if recs is None:
                     continue  # left in todo: one by one
