@@ -125,16 +125,19 @@ def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs(extra):
     assert 0 < r["mfu"] < 1 and r["fwd_ms"] > 0 and r["bwd_ms"] > 0
 
 
-@pytest.mark.parametrize("compile_", ["off", "model"])
-def test_graph_step_replays_the_eager_step(tmp_path, compile_):
+@pytest.mark.parametrize("compile_,method", [("off", ()), ("model", ()),
+                                             ("model", ("method.name=repa", "method.repa_hidden=64", "method.repa_lr=3e-3"))],
+                         ids=["off", "model", "repa-model"])
+def test_graph_step_replays_the_eager_step(tmp_path, compile_, method):
     """train.graph_step: 3 eager steps, one capture, then replays. Losses at every step, weights and EMA after 12
     steps against the plain step in fp32 (same seed and data; the LR warm-up and EMA warm-up change every step, so a
-    value frozen into the graph would show), and the replayed step draws the same noise as the eager one."""
+    value frozen into the graph would show), and the replayed step draws the same noise as the eager one.
+    repa-model: the block hook, the frozen encoder and the projector (its own LR) inside the captured step."""
     from genlab.train import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     common = ("train.device=cuda", "train.precision=fp32", "train.steps=12", "log.every=1", "log.ckpt_every=12",
               "eval.num_samples=0", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.warmup_steps=8",
-              f"train.compile={compile_}")
+              f"train.compile={compile_}", *method)
     runs = {}
     for name, extra in (("plain", ()), ("graphed", ("train.graph_step=true",))):
         t = Trainer(tiny_config(tmp_path, *common, f"train.name={name}", *extra))
@@ -144,9 +147,10 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_):
     assert t.steps.graphed.graph is not None, "the graphed run never captured"
     assert len(runs["plain"]) == 12 and runs["graphed"] == pytest.approx(runs["plain"], rel=1e-4)
     a, b = ckpt.load_checkpoint(tmp_path / "plain"), ckpt.load_checkpoint(tmp_path / "graphed")
-    for part in ("model", "ema"):
-        for k, v in a[part].items():
-            torch.testing.assert_close(b[part][k], v, rtol=1e-4, atol=1e-5, msg=f"{part}.{k}")
+    parts = [(a[p], b[p], p) for p in ("model", "ema")] + [(a["extras"][n], b["extras"][n], n) for n in a.get("extras", {})]
+    for ref, got, part in parts:
+        for k, v in ref.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=f"{part}.{k}")
 
 
 def test_bench_of_a_graph_step_run_has_no_host_syncs():

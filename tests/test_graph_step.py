@@ -45,13 +45,16 @@ def test_graph_step_on_the_cpu_is_one_line_and_writes_nothing(tmp_path, capfd):
     assert not (tmp_path / "g").exists()
 
 
-def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread):
+@pytest.mark.parametrize("method", [(), ("method.name=repa", "method.repa_hidden=32", "method.repa_lr=3e-3")],
+                         ids=["flow", "repa"])
+def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread, method):
     """The captured region is GraphedStep._body, a step of its own (LR and EMA weight from device tensors, clip,
-    optimizer, EMA): its eager warm-up steps must leave the same weights, EMA and losses as TrainStep's plain step."""
+    optimizer, EMA): its eager warm-up steps must leave the same weights, EMA and losses as TrainStep's plain step.
+    repa: the projector is a param group of the model's optimizer with its own LR (lr_scale), trained in the step too."""
     from genlab.train import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     common = (f"train.steps={WARMUP_STEPS}", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.grad_clip=0.05",
-              f"log.ckpt_every={WARMUP_STEPS}", "log.every=1", "eval.num_samples=0", "train.device=cpu")
+              f"log.ckpt_every={WARMUP_STEPS}", "log.every=1", "eval.num_samples=0", "train.device=cpu", *method)
     plain = Trainer(tiny_config(tmp_path, *common, "train.name=plain"))
     plain.fit()
     cfg = tiny_config(tmp_path, *common, "train.name=graphed")
@@ -61,9 +64,12 @@ def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread):
     g = graphed.steps.graphed
     assert g is not None and g.eager_steps == WARMUP_STEPS and g.graph is None
     a, b = ckpt.load_checkpoint(tmp_path / "plain"), ckpt.load_checkpoint(tmp_path / "graphed")
-    for part in ("model", "ema"):
-        for k, v in a[part].items():
-            torch.testing.assert_close(b[part][k], v, rtol=1e-6, atol=1e-7, msg=f"{part}.{k}")
+    parts = [(a[p], b[p], p) for p in ("model", "ema")]
+    parts += [(a["extras"][n], b["extras"][n], n) for n in a.get("extras", {})]
+    assert method == () or "projector" in a["extras"]
+    for ref, got, part in parts:
+        for k, v in ref.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-6, atol=1e-7, msg=f"{part}.{k}")
     import json
     losses = [[json.loads(line)["loss"] for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()
                if '"loss"' in line] for n in ("plain", "graphed")]

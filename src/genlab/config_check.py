@@ -272,8 +272,8 @@ def check_seeds_config(cfg) -> None:
 
 # what train.graph_step (the whole step as one CUDA graph, train/graph_step.py) supports
 GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
-GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow without the adaptive "
-                        f"sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
+GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow or repa, without "
+                        f"the adaptive sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
                         "train.compile=off|model|blocks with train.compile_mode=default|max-autotune-no-cudagraphs, "
                         "grad_accum=1, precision fp32|tf32|bf16|auto, no train.compile_optimizer, skip_nonfinite, "
                         "activation checkpointing, converters or batched seeds")

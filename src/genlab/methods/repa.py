@@ -8,7 +8,8 @@ should point the way a frozen image encoder's features of the clean image point,
 The projector is a trainable extra (a param group of the model's optimizer), the encoder a frozen one, chosen by
 method.repa_encoder from registry repa_encoder (methods/repa_encoders.py: random, classifier, run:RUN, timm:MODEL).
 Defaults follow the paper: k = a third of the depth, a 3-layer SiLU MLP of width 2048, lambda 0.5. Sampling and
-evaluation are flow matching's.
+evaluation are flow matching's. The step can be one CUDA graph (train.graph_step): the hook, the encoder pass and the
+projector add kernels and read nothing back to the host.
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def check_repa_config(cfg):
 
 @method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
                                   "(trainable projector, frozen encoder; method.repa_*)",
-                          keys=REPA_KEYS, final_loss=True, **{**FLOW_SPEC, "check": check_repa_config,
+                          keys=REPA_KEYS, final_loss=True, graph_step=True, **{**FLOW_SPEC, "check": check_repa_config,
                                              "reads": tuple(k.dotted for k in FLOW_KEYS)})
 def build_repa(cfg, data_spec):
     return REPA(cfg, data_spec)
