@@ -31,6 +31,27 @@ def check_eval_overrides(cfg, overrides) -> None:
                               f"and the sampling keys of method {cfg.method.name}: {', '.join(allowed) or 'none'}")
 
 
+def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
+    """method.cache_blocks=auto: the blocks `genlab analyze RUN --what cache` picked for this run (its
+    analysis/analysis.json), where the analysis found their contribution changes least between evaluations."""
+    out = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.strip() == "method.cache_blocks" and value.strip() == "auto":
+            import json
+            f = _run_dir(where) / "analysis" / "analysis.json"
+            try:
+                blocks = json.loads(f.read_text()).get("cache", {}).get("blocks")
+            except (OSError, ValueError, AttributeError):
+                blocks = None
+            if not blocks:
+                raise GenlabError(f"method.cache_blocks=auto reads the blocks `genlab analyze RUN --what cache` picked, and "
+                                  f"{f} has none: run that first, or give indices, e.g. method.cache_blocks=2,3")
+            o = f"method.cache_blocks={','.join(str(b) for b in blocks)}"
+        out.append(o)
+    return out
+
+
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
     """(config, model on the device in eval mode and converted as it trained, method, device, checkpoint state)."""
     return model_from_state(ckpt.load_checkpoint(run_or_ckpt), str(run_or_ckpt), device, ema, overrides)
@@ -45,7 +66,7 @@ def model_from_state(state: dict, where: str, device="auto", ema=True, overrides
         raise GenlabError(f"'{where}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
     check_eval_overrides(cfg, overrides)
-    apply_overrides(cfg, list(overrides))
+    apply_overrides(cfg, cache_blocks_from_analysis(list(overrides), where))
     check_section(cfg, "eval")  # the rest was validated when the run was trained
     check_section(cfg, "method")
     dev = resolve_device(device, key="--device")
@@ -109,10 +130,11 @@ def _run_dir(run_or_ckpt) -> Path:
 
 
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
-                   device="auto", ema=True, **options):
-    """`genlab sample`: the run's method writes n samples (a PNG grid, a text file, a video) and says where."""
+                   device="auto", ema=True, overrides=(), **options):
+    """`genlab sample`: the run's method writes n samples (a PNG grid, a text file, a video) and says where.
+    `overrides`: the run's sampling keys (e.g. method.cache_blocks=2,3), as `genlab eval` takes them."""
     check_sample_args(n, steps, cfg_scale, options.get("temperature"), options.get("top_k"), sampler, options.get("length"))
-    cfg, model, method, dev, state = load_run(run, device, ema)
+    cfg, model, method, dev, state = load_run(run, device, ema, overrides)
     if options.get("length") is not None and "length" not in method.sample_options:
         raise GenlabError(f"--length is for text runs (methods autoregressive, mdlm); this run's method is {cfg.method.name}")
     gen = torch.Generator(device=dev).manual_seed(seed)

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import torch
 
 from genlab.analyze.skip import streams_of
+from genlab.errors import GenlabError
 
 
 def _streams(out):
@@ -53,6 +54,20 @@ def block_change(model):
     finally:
         for h in handles:
             h.remove()
+
+
+def parse_block_list(text: str, key: str, auto: bool = True) -> list[int] | None:
+    """'auto' -> None (picked from a warm-up pass), else the sorted comma-separated block indices (>= 0)."""
+    if auto and str(text).strip() == "auto":
+        return None
+    try:
+        idx = [int(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        idx = []
+    if not idx or min(idx) < 0:
+        either = "'auto' or " if auto else ""
+        raise GenlabError(f"{key} must be {either}comma-separated block indices >= 0, got {text!r}")
+    return sorted(set(idx))
 
 
 def pick_cacheable(change: dict[int, float], k: int) -> list[int]:

@@ -32,15 +32,8 @@ def parse_ts(text: str) -> list[float]:
 
 def parse_blocks(text: str):
     """'auto' -> None (the analysis picks), else the comma-separated block indices."""
-    if str(text).strip() == "auto":
-        return None
-    try:
-        idx = [int(s) for s in str(text).split(",") if s.strip()]
-    except ValueError:
-        idx = []
-    if not idx or min(idx) < 0:
-        raise GenlabError(f"--cache-blocks must be 'auto' or comma-separated block indices >= 0, got {text!r}")
-    return sorted(set(idx))
+    from genlab.analyze.cache import parse_block_list
+    return parse_block_list(text, "--cache-blocks")
 
 
 def check_args(what, batch, t, cache_blocks, cache_every):
@@ -160,6 +153,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     base = unwrap(model)
     _check_run(cfg, method, base, blocks)
+    method.cache_blocks = []  # every variant against the plain sampler, whatever the run's method.cache_blocks
     sampling = [w for w in what if w != "cka"]
     if sampling:
         cfg.eval.metrics = "accuracy,fd"  # the two numbers of the tables

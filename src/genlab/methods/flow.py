@@ -6,6 +6,8 @@ calls the model on its output, so the clean image cannot reach the model by mist
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -84,6 +86,7 @@ class FlowMatching(Method):
         self.shift = resolve_shift(m.time_shift, data_spec["image_size"], m.shift_base)
         self.weight = loss_weighting_registry.get(m.loss_weighting)
         self.cfg_interval = parse_interval(m.cfg_interval)
+        self.cache_blocks = cached_block_plan(cfg)  # sampling only: blocks reusing their last residual (analyze/cache.py)
         # model.final_kernel (dit only): the backbone computes the loss from the target (models/fused_final.py)
         self.fused_final = getattr(cfg.model, "final_kernel", "plain") != "plain"
 
@@ -161,8 +164,20 @@ class FlowMatching(Method):
                                 self.cfg_interval)
         ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
         extra = self.sample_conditions(n, device) if conditions is None else conditions
-        return call_sampler(sampler_registry.get(sampler or self.mcfg.sampler), velocity, x, ts, callback=callback,
-                            extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
+        with self._block_cache(base):
+            return call_sampler(sampler_registry.get(sampler or self.mcfg.sampler), velocity, x, ts, callback=callback,
+                                extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
+
+    @contextlib.contextmanager
+    def _block_cache(self, base):
+        """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
+        reuse their last residual contribution in between (analyze/cache.py); nothing when it is empty."""
+        if not self.cache_blocks:
+            yield
+            return
+        from genlab.analyze.cache import cached_blocks
+        with cached_blocks(base, self.cache_blocks, self.mcfg.cache_every):
+            yield
 
     def sample_conditions(self, n: int, device) -> dict:
         """The extra model inputs at sampling time (a subclass that adds a condition returns its value here)."""
@@ -232,10 +247,29 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
                               f"train; samplers for it: {', '.join(fits)}")
 
 
+def cached_block_plan(cfg) -> list[int]:
+    """method.cache_blocks as block indices ([] = off), within the model's depth. `auto` is resolved by genlab eval /
+    sample from the run's analysis (sample.py), so it never reaches a model being built."""
+    text = str(cfg.method.cache_blocks).strip()
+    if not text:
+        return []
+    if text == "auto":
+        raise GenlabError("method.cache_blocks=auto takes the blocks `genlab analyze RUN --what cache` picked, so it is "
+                          "for genlab eval / genlab sample of an analysed run; give indices here, e.g. method.cache_blocks=2,3")
+    from genlab.analyze.cache import parse_block_list
+    from genlab.models.dit import dit_size
+    idx = parse_block_list(text, "method.cache_blocks", auto=False)
+    depth = dit_size(cfg.model)[1]
+    if idx[-1] >= depth:
+        raise GenlabError(f"method.cache_blocks={text}: block {idx[-1]} out of range; this model has blocks 0..{depth - 1}")
+    return idx
+
+
 def check_flow_config(cfg):
     """Flow options that a field declaration cannot check alone, before any work."""
     m = cfg.method
     parse_interval(m.cfg_interval)
+    cached_block_plan(cfg)
     samplers = [m.sampler]
     if cfg.eval.nfe_list:
         from genlab.eval.nfe import parse_int_list, samplers_of
@@ -267,6 +301,10 @@ FLOW_METHOD_KEYS = cf.declare("method",
                                  "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1"),
     sample_steps=cf.F(20, "flow, mdlm: sampler steps for previews", ge=1),
     cfg_scale=cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0),
+    cache_blocks=cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
+                          "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
+                          "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices"),
+    cache_every=cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2),
 )
 FLOW_EVAL_KEYS = cf.declare("eval",
     sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
@@ -282,7 +320,8 @@ CLASS_DROPOUT = cf.declare("model",
 )
 FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
 # the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
-FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale")
+FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
+                 "method.cache_blocks", "method.cache_every")
 # flow and MaskDiT also train on autoencoder latents (data.name=latents): their samples are decoded in sampling.py
 LATENT_KINDS = ("image", "latent")
 FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING,

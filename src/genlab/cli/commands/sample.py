@@ -11,6 +11,7 @@ def cmd_sample(args):
     from genlab.sample import sample_to_file
     path = sample_to_file(args.run, n=args.n, steps=args.steps, cfg_scale=args.cfg, class_id=args.class_id,
                           out=args.out, seed=args.seed, sampler=args.sampler, device=args.device, ema=not args.no_ema,
+                          overrides=args.overrides,
                           **{k: v for k, v in (("prompt", args.prompt), ("temperature", args.temperature),
                                                ("top_k", args.top_k), ("length", args.length),
                                                ("complete", args.complete or None),
@@ -39,6 +40,8 @@ def add_parser(sub):
     s = sub.add_parser("sample", help="draw samples from a run or checkpoint: a PNG grid, or text for text runs",
                        formatter_class=_DefaultsHelp)
     s.add_argument("run", help="run folder, checkpoint file or exported folder (genlab export)")
+    s.add_argument("overrides", nargs="*", help="the run's sampling keys, e.g. method.cache_blocks=auto "
+                                                "method.cache_every=2 (flow: reuse the blocks `genlab analyze` picked)")
     s.add_argument("--n", type=int, default=64, help="how many samples (text runs print the first "
                                                      f"{SHOW_TEXTS} and write all to the file)")
     s.add_argument("--steps", type=int, default=None,

@@ -1,0 +1,126 @@
+"""The cached-block sampler as a sampling option of flow runs (method.cache_blocks / method.cache_every): the method's
+samples against the analysis's cached_blocks context (tested against plain blocks in test_analyze.py), `auto` read
+from a run's analysis by genlab eval / sample, and bad values refused in one line before any work."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, cli_in_process
+from genlab.analyze.cache import cached_blocks
+from test_analyze import BACKBONES, SPEC, _model, _sample
+
+
+def _with_cache(name, blocks, every=2):
+    """A second flow method for _model(name)'s backbone, with method.cache_blocks set."""
+    from genlab.config import load_config
+    from genlab.train.step import build_model_and_method
+    name, *extra = name.split()
+    cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra,
+                                             f"method.cache_blocks={blocks}", f"method.cache_every={every}"])
+    return build_model_and_method(cfg, SPEC)[1]
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_method_cache_blocks_samples_as_the_cached_blocks_context(name):
+    """Heun, 3 steps: 6 network evaluations, so blocks 1 and 2 compute on 3 of them and reuse on the other 3."""
+    model, plain = _model(name)
+    cached = _with_cache(name, "2,1")
+    assert cached.cache_blocks == [1, 2]
+    ref = _sample(plain, model)
+    with cached_blocks(model, [1, 2], every=2) as counts:
+        want = _sample(plain, model)
+    assert counts["reused"] == 2 * 3 and counts["computed"] == 2 * 3
+    got = _sample(cached, model)
+    assert torch.equal(got, want) and not torch.allclose(got, ref, atol=1e-4)
+    assert all("forward" not in vars(b) for b in model.blocks)  # the blocks are restored after each call
+    assert torch.equal(_sample(plain, model), ref)
+
+
+def test_a_cache_every_past_the_evaluations_reuses_from_the_first_call_on():
+    model, plain = _model("dit")
+    with cached_blocks(model, [0, 3], every=99):
+        want = _sample(plain, model)
+    assert torch.equal(_sample(_with_cache("dit", "0,3", every=99), model), want)
+    assert not torch.equal(want, _sample(_with_cache("dit", "0,3", every=2), model))
+
+
+@pytest.mark.parametrize("value,expect", [
+    ("9", "method.cache_blocks=9: block 9 out of range; this model has blocks 0..3"),
+    ("two", "method.cache_blocks must be comma-separated block indices >= 0"),
+    ("-1", "method.cache_blocks must be comma-separated block indices >= 0"),
+    ("auto", "method.cache_blocks=auto takes the blocks `genlab analyze RUN --what cache` picked"),
+])
+def test_bad_cache_blocks_are_refused_before_training(tmp_path, capfd, value, expect):
+    r = cli_in_process(capfd, "train", "digits_flow", "model.depth=4", f"method.cache_blocks={value}",
+                       f"train.out_dir={tmp_path}", "train.name=bad")
+    assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.fixture(scope="module")
+def analysed_run(tmp_path_factory):
+    """A tiny trained run and its cached-sampler analysis (12 samples, 3 Heun steps); trained long enough that its
+    blocks are no longer adaLN-Zero's identity, so caching them changes the samples."""
+    from genlab.analyze.run import analyze_run
+    from genlab.config import load_config
+    from genlab.train.trainer import Trainer
+    out = tmp_path_factory.mktemp("cached_run")
+    Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=60", f"train.out_dir={out}", "train.name=r",
+                                               "eval.num_samples=0", "log.sample_every=0", "log.ckpt_every=0"])).fit()
+    analyze_run(out / "r", what="cache", overrides=["eval.num_samples=12", "eval.sample_steps=3"])
+    return out / "r"
+
+
+def test_eval_with_the_analysed_blocks_scores_what_the_analysis_scored(analysed_run, capfd):
+    """`genlab eval RUN method.cache_blocks=auto` takes the analysis's blocks and, on the same samples (the evaluation's
+    fixed seed), reproduces the analysis's cached-sampler FD and accuracy; the run's config is not changed."""
+    res = json.loads((analysed_run / "analysis" / "analysis.json").read_text())["cache"]
+    args = ("eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3", "eval.metrics=accuracy,fd")
+    r = cli_in_process(capfd, *args, "method.cache_blocks=auto")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["feature_fd"] == pytest.approx(res["feature_fd"], rel=1e-6)
+    assert got["sample_accuracy"] == pytest.approx(res["sample_accuracy"])
+    r = cli_in_process(capfd, *args)
+    plain = json.loads(r.stdout)
+    assert plain["feature_fd"] != pytest.approx(got["feature_fd"], rel=1e-6)
+
+
+def test_sample_with_auto_draws_what_the_picked_indices_draw(analysed_run, tmp_path, capfd):
+    blocks = json.loads((analysed_run / "analysis" / "analysis.json").read_text())["cache"]["blocks"]
+    outs = {}
+    for name, value in (("auto", "auto"), ("idx", ",".join(map(str, blocks))), ("plain", "")):
+        outs[name] = tmp_path / f"{name}.png"
+        r = cli_in_process(capfd, "sample", analysed_run, f"method.cache_blocks={value}", "--n", "8", "--steps", "3",
+                           "--out", outs[name], "--device", "cpu")
+        assert r.returncode == 0, r.stderr
+    assert outs["auto"].read_bytes() == outs["idx"].read_bytes() != outs["plain"].read_bytes()
+
+
+def test_auto_without_an_analysis_is_one_line_and_writes_nothing(tmp_path, capfd):
+    from genlab.config import load_config
+    from genlab.train.trainer import Trainer
+    Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=2", f"train.out_dir={tmp_path}",
+                                               "train.name=r", "eval.num_samples=0", "log.sample_every=0"])).fit()
+    out = tmp_path / "s.png"
+    r = cli_in_process(capfd, "sample", tmp_path / "r", "method.cache_blocks=auto", "--out", out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "genlab analyze RUN --what cache" in r.stderr, r.stderr
+    assert not out.exists()
+    r = cli_in_process(capfd, "sample", tmp_path / "r", "model.depth=2", "--out", out)
+    assert r.returncode == 2 and "not allowed here" in r.stderr and not out.exists()
+
+
+def test_a_run_trained_with_cached_blocks_evaluates_with_them(tmp_path):
+    """The trainer's own evaluations sample through the method: a run configured with cached blocks scores them."""
+    from genlab.config import load_config
+    from genlab.train.trainer import Trainer
+    common = TINY + ["model.depth=4", "train.steps=60", f"train.out_dir={tmp_path}", "eval.num_samples=12",
+                     "eval.sample_steps=3", "eval.metrics=accuracy,fd", "log.sample_every=0", "log.ckpt_every=0"]
+    fd = {}
+    for name, extra in (("plain", []), ("cached", ["method.cache_blocks=1,2"])):
+        t = Trainer(load_config("digits_flow", common + [f"train.name={name}", *extra]))
+        fd[name] = t.fit()["feature_fd"]
+    assert fd["cached"] == fd["cached"] and fd["cached"] != pytest.approx(fd["plain"], rel=1e-6)
