@@ -18,12 +18,12 @@ def runs(tmp_path_factory):
     return out
 
 
-def _autocast_seen(monkeypatch, target, attr):
+def _autocast_seen(monkeypatch, target, attr, result=None):
     seen = []
 
     def spy(*a, **k):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
-        return {} if attr == "evaluate" else None
+        return (result or {}) if attr == "evaluate" else None
     monkeypatch.setattr(target, attr, spy)
     return seen
 
@@ -53,3 +53,16 @@ def test_sample_and_analyze_sample_in_the_training_precision(runs, monkeypatch, 
     data = SimpleNamespace(spec={"num_classes": 4})
     analyze_mod.Sampler(cfg, method, model, data, dev, runs / precision).draw("t", torch.zeros(2, dtype=torch.long))
     assert seen == [dtype] and drawn == [dtype]
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])
+def test_the_quantization_gap_evaluates_float_and_quantized_in_the_training_precision(runs, monkeypatch, precision,
+                                                                                        dtype):
+    """Both sides of the gap as `genlab eval` scores the run and its `genlab quantize` copy."""
+    pytest.importorskip("torchao")
+    from genlab.methods.flow import FlowMatching
+    from genlab.quant.gap import quant_gap
+    seen = _autocast_seen(monkeypatch, FlowMatching, "evaluate", {"feature_fd": 1.0})
+    quant_gap(runs / precision, formats=("int8",), device="cpu")
+    assert seen == [dtype, dtype]  # one checkpoint: float, then int8
+    assert not torch.is_autocast_enabled("cpu")

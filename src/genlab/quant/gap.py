@@ -49,7 +49,7 @@ def quant_gap(run, formats=("int8", "nf4"), overrides=(), device="auto", adaln=F
     from genlab.config_check import check_data_on_disk
     from genlab.data import build_dataset
     from genlab.quant.ptq import check_format, quantize_model
-    from genlab.sample import load_run
+    from genlab.sample import load_run, sampling_precision
     from genlab.sampling import eval_context
     from genlab.train.parallel import resolve_device
     run = Path(run)
@@ -75,8 +75,10 @@ def quant_gap(run, formats=("int8", "nf4"), overrides=(), device="auto", adaln=F
                 data = build_dataset(cfg.data)
             if fmt:
                 quantize_model(model, fmt, dev_, adaln=adaln)
-            # a fresh context per model: the same generator seed, so float and quantized draw the same noise
-            res = method.evaluate(model, data, eval_context(cfg, dev_, out_dir))
+            # a fresh context per model: the same generator seed, so float and quantized draw the same noise; in the
+            # run's training precision, as `genlab eval` of the run and of its quantized copy sample
+            with sampling_precision(cfg, dev_).autocast(dev_):
+                res = method.evaluate(model, data, eval_context(cfg, dev_, out_dir))
             key = key or headline_metric(method, res)
             row[fmt or "float"] = {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         unit, seen = _seen(cfg, state["data_spec"], int(state["step"]))
