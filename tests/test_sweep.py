@@ -668,3 +668,47 @@ def test_chosen_gpus_are_counted_within_our_own_cuda_visible_devices(monkeypatch
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert _env(sw, [1, 3])["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert "CUDA_VISIBLE_DEVICES" not in _env(sw, None)
+
+
+def test_a_second_sweep_on_a_folder_in_use_is_refused_in_one_line(tmp_path, capfd):
+    """Two sweep processes on one folder would each write status.json whole and lose the other's records: the second
+    is refused (exit 2, one line naming the holder) before it writes anything."""
+    import fcntl
+    import os
+    d = tmp_path / "sweeps" / "tiny_cpu"
+    d.mkdir(parents=True)
+    with open(d / ".lock", "a+") as held:  # stands for a running sweep (another open file: flock conflicts)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242")
+        held.flush()
+        r = cli_in_process(capfd, "sweep", str(TINY_SWEEP), "--root", str(tmp_path / "sweeps"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "is in use by another genlab sweep (pid 4242)" in r.stderr and "--root" in r.stderr
+    assert sorted(p.name for p in d.iterdir()) == [".lock"]  # no status, no copy of the sweep file, no run
+    assert os.path.exists(d / ".lock")
+
+
+def test_a_killed_sweep_releases_its_folder(tmp_path):
+    """The lock is the kernel's: a sweep killed outright (SIGKILL) leaves a folder the next call can take."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from genlab.sweep.runner import sweep_lock
+    d = tmp_path / "s"
+    d.mkdir()
+    code = ("import sys, time; from pathlib import Path; from genlab.sweep.runner import sweep_lock\n"
+            "with sweep_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(GenlabError, match=f"in use by another genlab sweep \\(pid {p.pid}\\)"):
+            with sweep_lock(d):
+                pass
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    with sweep_lock(d):  # not blocked (the lock is tried without waiting): the holder's pid is ours now
+        assert (d / ".lock").read_text().strip() == str(os.getpid())

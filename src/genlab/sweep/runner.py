@@ -9,6 +9,7 @@ a re-run does the interrupted and not_run ones, and the failed and skipped ones 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,35 @@ _ACTIVE: set = set()  # running child processes (per_gpu runs several at once)
 
 def sweep_dir(sw: Sweep, root="sweeps") -> Path:
     return Path(root) / sw.name
+
+
+@contextlib.contextmanager
+def sweep_lock(d: Path):
+    """One `genlab sweep` process per sweep folder: each writes status.json whole, so two at once (say, two --only
+    slices on different GPUs) would lose each other's records and could resume the same run twice. An exclusive flock
+    on DIR/.lock, held while the sweep runs; the kernel releases it when the process ends, however it ends, so a
+    killed sweep never blocks the next call (which then resumes its runs)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unguarded
+        yield
+        return
+    with open(Path(d) / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise GenlabError(f"sweep folder '{d}' is in use by another genlab sweep (pid {holder}); wait for it to end, "
+                              f"or run this one with another --root") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def load_status(d: Path) -> dict:
@@ -395,6 +425,12 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
     otherwise go on the first, a multi-process run on its first nproc; each record names its `gpus`."""
     d = sweep_dir(sw, root)
     d.mkdir(parents=True, exist_ok=True)
+    with sweep_lock(d):
+        return _run_sweep(sw, d, retry_failed, progress, max_time, jobs_per_gpu, gpus)
+
+
+def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time: float | None, jobs_per_gpu: int,
+               gpus: list[int] | None) -> Path:
     shutil.copyfile(sw.path, d / "sweep.toml")
     status = load_status(d)
     order = sw.order or [v.run_name for v in sw.variants]  # sweep-file order, also under --only
