@@ -111,6 +111,8 @@ def test_auto_without_an_analysis_is_one_line_and_writes_nothing(tmp_path, capfd
     assert not out.exists()
     r = cli_in_process(capfd, "sample", tmp_path / "r", "model.depth=2", "--out", out)
     assert r.returncode == 2 and "not allowed here" in r.stderr and not out.exists()
+    r = cli_in_process(capfd, "sample", tmp_path / "r", "eval.num_samples=9", "--out", out)
+    assert r.returncode == 2 and "genlab sample reads no eval.* key" in r.stderr and not out.exists()
 
 
 def test_a_run_trained_with_cached_blocks_evaluates_with_them(tmp_path):

@@ -134,6 +134,10 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
     """`genlab sample`: the run's method writes n samples (a PNG grid, a text file, a video) and says where.
     `overrides`: the run's sampling keys (e.g. method.cache_blocks=2,3), as `genlab eval` takes them."""
     check_sample_args(n, steps, cfg_scale, options.get("temperature"), options.get("top_k"), sampler, options.get("length"))
+    for o in overrides:
+        if o.strip().startswith("eval."):
+            raise GenlabError(f"override '{o}': genlab sample reads no eval.* key (they set how genlab eval scores); "
+                              "it takes the run's sampling keys, e.g. method.cache_blocks=auto, and --n, --steps, --cfg")
     cfg, model, method, dev, state = load_run(run, device, ema, overrides)
     if options.get("length") is not None and "length" not in method.sample_options:
         raise GenlabError(f"--length is for text runs (methods autoregressive, mdlm); this run's method is {cfg.method.name}")

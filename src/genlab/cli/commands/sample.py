@@ -40,7 +40,7 @@ def add_parser(sub):
     s = sub.add_parser("sample", help="draw samples from a run or checkpoint: a PNG grid, or text for text runs",
                        formatter_class=_DefaultsHelp)
     s.add_argument("run", help="run folder, checkpoint file or exported folder (genlab export)")
-    s.add_argument("overrides", nargs="*", help="the run's sampling keys, e.g. method.cache_blocks=auto "
+    s.add_argument("overrides", nargs="*", help="the run's sampling keys (no eval.*), e.g. method.cache_blocks=auto "
                                                 "method.cache_every=2 (flow: reuse the blocks `genlab analyze` picked)")
     s.add_argument("--n", type=int, default=64, help="how many samples (text runs print the first "
                                                      f"{SHOW_TEXTS} and write all to the file)")
