@@ -162,7 +162,8 @@ def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path
     assert len(res["cache"]["blocks"]) == 2 and set(res["cka"]["by_t"]) == {"0.2", "0.8"}
     md = (out / "analysis.md").read_text()
     assert res["complete"] is True and "Partial" not in md
-    for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png"):
+    hint = f"genlab sample RUN method.cache_blocks={','.join(map(str, res['cache']['blocks']))} method.cache_every=2"
+    for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png", hint):
         assert s in md, s
 
 

@@ -104,7 +104,10 @@ def markdown(res: dict) -> str:
                          ["cached", f"{c['feature_fd']:.4g}", f"{c['fd_ratio']:.3g}", f"{100 * c['sample_accuracy']:.1f}%",
                           f"{c['forward_seconds']:.3g}", f"{c['speedup']:.2f}x"]])
         lines += ["", f"Block evaluations saved: {100 * c['block_evals_saved']:.0f}% (the ideal speed-up of the blocks' "
-                  "share of the forward)."]
+                  "share of the forward).", "",
+                  "Sample or evaluate with them: `genlab sample RUN method.cache_blocks="
+                  f"{','.join(str(b) for b in c['blocks'])} method.cache_every={c['every']}` (or `genlab eval`; "
+                  "`method.cache_blocks=auto` reads them from RUN/analysis/analysis.json)."]
         if c.get("change"):
             lines += ["", "Mean relative change of each block's contribution between consecutive evaluations: "
                       + ", ".join(f"{i}: {v:.3g}" for i, v in c["change"].items()), ""]
