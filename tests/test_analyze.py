@@ -129,6 +129,54 @@ def test_cached_blocks_recompute_every_other_evaluation_and_reuse_the_residual(n
         assert torch.equal(model(x, t, y), ref)  # restored
 
 
+def test_block_change_is_recorded_per_evaluation_and_the_schedule_takes_the_least_changed_pairs():
+    from genlab.analyze.cache import block_change, step_schedule
+    model, method = _model("dit")
+    with block_change(model) as ch:
+        _sample(method, model)  # Heun, 3 steps: 6 network evaluations
+    assert ch.evaluations == 6 and set(ch.at) == {(k, i) for k in range(1, 6) for i in range(4)}
+    for i in range(4):  # the mean is the per-evaluation changes' mean
+        assert ch[i] == pytest.approx(sum(ch.at[(k, i)] for k in range(1, 6)) / 5)
+    plan = step_schedule(ch, 0.25, depth=4)  # a quarter of 6 x 4 block evaluations: 6 pairs
+    pairs = {(k, i) for k, v in plan.items() for i in v}
+    assert len(pairs) == 6 and 0 not in plan
+    assert max(ch.at[p] for p in pairs) <= min(v for p, v in ch.at.items() if p not in pairs)
+
+
+@pytest.mark.parametrize("name", BACKBONES)
+def test_a_schedule_of_every_other_evaluation_is_the_fixed_cache(name):
+    """The step-aware path against the fixed one: blocks 1, 2 reusing at the odd evaluations of each 6-evaluation
+    pass is `every=2`, over two passes in one context (the evaluation index wraps per pass)."""
+    model, method = _model(name)
+    with cached_blocks(model, [1, 2], every=2) as fixed_counts:
+        want = [_sample(method, model), _sample(method, model)]
+    plan = {k: frozenset({1, 2}) for k in (1, 3, 5)}
+    with cached_blocks(model, [], schedule=plan, period=6) as counts:
+        got = [_sample(method, model), _sample(method, model)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counts["reused"] == fixed_counts["reused"] == 2 * 3 * 2 and counts["computed"] == 2 * 3 * 2
+
+
+def test_a_schedule_reuses_exactly_its_pairs(monkeypatch):
+    """Which (evaluation, block) pairs computed, seen from the block class's own forward (what the cache calls)."""
+    model, method = _model("dit")
+    computed, call = [], [-1]
+    block_cls = type(model.blocks[0])
+    plain = block_cls.forward
+
+    def counting(self, *a, **k):
+        computed.append((call[0], [i for i, b in enumerate(model.blocks) if b is self][0]))
+        return plain(self, *a, **k)
+    monkeypatch.setattr(block_cls, "forward", counting)
+    h = model.register_forward_pre_hook(lambda *_: call.__setitem__(0, call[0] + 1))
+    with cached_blocks(model, [], schedule={2: frozenset({3}), 4: frozenset({0, 3})}, period=6) as counts:
+        _sample(method, model)
+    h.remove()
+    everything = {(k, i) for k in range(6) for i in range(4)}
+    assert set(computed) == everything - {(2, 3), (4, 0), (4, 3)} and len(computed) == len(set(computed))
+    assert counts == {"call": 5, "reused": 3, "computed": 2 * 6 - 3}  # the wrapped blocks 0 and 3
+
+
 @pytest.mark.parametrize("name", BACKBONES)
 def test_layer_similarity_has_ones_on_the_diagonal_per_t(name):
     model, method = _model(name)
@@ -160,10 +208,14 @@ def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path
     assert [row["skipped"] for row in res["skip"]] == [name for name, _ in skip_plans(4)]
     assert res["skip"][0]["pixel_diff"] == 0 and res["skip"][0]["fd_ratio"] == 1
     assert len(res["cache"]["blocks"]) == 2 and set(res["cka"]["by_t"]) == {"0.2", "0.8"}
+    sc = res["cache"]["scheduled"]  # the step-aware schedule at the fixed cache's share of reused block evaluations
+    assert sc["evaluations"] == 4 and abs(sc["block_evals_saved"] - res["cache"]["block_evals_saved"]) <= 1 / (4 * 4)
+    assert all(int(k) >= 1 for k in sc["reuse"]) and sc["fd_ratio"] > 0
     md = (out / "analysis.md").read_text()
     assert res["complete"] is True and "Partial" not in md
     hint = f"genlab sample RUN method.cache_blocks={','.join(map(str, res['cache']['blocks']))} method.cache_every=2"
-    for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png", hint):
+    for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png", hint,
+              "| step-aware schedule, same share |"):
         assert s in md, s
 
 

@@ -1,7 +1,9 @@
 """A cached-block sampler in the spirit of Learning-to-Cache (Ma et al. 2024, arXiv:2406.01733), simple version:
 a block marked safe computes its residual contribution r = block(h) - h on one network evaluation and reuses it,
 h + r, on the next `every - 1` evaluations, instead of learning a router. Safe blocks are those whose contribution
-changes least between consecutive evaluations of a sampling pass (`block_change`), or a list the user gives.
+changes least between consecutive evaluations of a sampling pass (`block_change`), or a list the user gives. The
+step-aware variant (`step_schedule`) picks (evaluation, block) pairs from the same measurement, as L2C's router is
+per timestep; it is read off one measured pass, not trained.
 """
 from __future__ import annotations
 
@@ -28,13 +30,27 @@ def _on_calls(model, fn):
         h.remove()
 
 
+class BlockChange(dict):
+    """{block: mean relative change of its residual contribution between consecutive network evaluations}, and per
+    evaluation: `at[(k, block)]` the change from evaluation k - 1 to k of the pass (k counted from the pass's first
+    evaluation, `evaluations` of them per pass)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at: dict[tuple[int, int], float] = {}
+        self.evaluations = 0
+
+
 @contextmanager
 def block_change(model):
-    """Yields {block: mean relative change of its residual contribution between consecutive network evaluations},
-    ||r_k - r_(k-1)|| / ||r_(k-1)||, filled while the model samples inside the context."""
+    """Yields a BlockChange, ||r_k - r_(k-1)|| / ||r_(k-1)|| per block, filled while the model samples inside the
+    context (one sampling pass: the evaluation index k runs from the pass's first evaluation)."""
     prev: dict[int, tuple] = {}
     sums: dict[int, list[float]] = {}
-    change: dict[int, float] = {}
+    change = BlockChange()
+
+    def tick():
+        change.evaluations += 1
 
     def hook(i):
         def record(mod, args, out):
@@ -46,14 +62,27 @@ def block_change(model):
                 s[0] += num / max(den, 1e-12)
                 s[1] += 1
                 change[i] = s[0] / s[1]
+                change.at[(change.evaluations - 1, i)] = num / max(den, 1e-12)
             prev[i] = r
         return record
     handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(model.blocks)]
     try:
-        yield change
+        with _on_calls(model, tick):
+            yield change
     finally:
         for h in handles:
             h.remove()
+
+
+def step_schedule(change: BlockChange, share: float, depth: int) -> dict[int, frozenset[int]]:
+    """A step-aware plan in the spirit of Learning-to-Cache's per-timestep router, read off one measured pass instead
+    of learned: the (evaluation, block) pairs whose contribution changed least, as many as `share` of the pass's
+    block evaluations. {k: blocks that reuse their last residual at evaluation k}; evaluation 0 always computes."""
+    n = int(round(share * change.evaluations * depth))
+    picked: dict[int, set[int]] = {}
+    for k, i in sorted(change.at, key=lambda ki: (change.at[ki], ki))[:n]:
+        picked.setdefault(k, set()).add(i)
+    return {k: frozenset(v) for k, v in sorted(picked.items())}
 
 
 def parse_block_list(text: str, key: str, auto: bool = True) -> list[int] | None:
@@ -76,15 +105,25 @@ def pick_cacheable(change: dict[int, float], k: int) -> list[int]:
 
 
 @contextmanager
-def cached_blocks(model, indices, every: int = 2):
+def cached_blocks(model, indices, every: int = 2, schedule: dict[int, frozenset[int]] | None = None,
+                  period: int = 0):
     """Within the context the blocks at `indices` recompute on every `every`-th network evaluation and reuse their
     last residual contribution in between (a batch of another shape, e.g. CFG outside its interval, recomputes).
-    Yields counters {"computed", "reused"}. The weights are untouched; on exit the blocks are as before."""
+    With a `schedule` ({k: blocks}, see step_schedule) instead, block i reuses at evaluation k of each pass of
+    `period` evaluations exactly when i is in schedule[k]. Yields counters {"computed", "reused"} of the wrapped
+    blocks. The weights are untouched; on exit the blocks are as before."""
     state = {"call": -1, "computed": 0, "reused": 0}
     saved: dict[int, tuple] = {}
+    if schedule is not None:
+        indices = sorted(set().union(*schedule.values())) if schedule else []
 
     def tick():
         state["call"] += 1
+
+    def reuse_now(i) -> bool:
+        if schedule is not None:
+            return i in schedule.get(state["call"] % period, ())
+        return state["call"] % every != 0
 
     def wrap(i, block):
         run, n = type(block).forward.__get__(block), streams_of(block)
@@ -92,7 +131,7 @@ def cached_blocks(model, indices, every: int = 2):
         def forward(*args, **kw):
             inputs = args[:n]
             r = saved.get(i)
-            if state["call"] % every and r is not None and r[0].shape == inputs[0].shape:
+            if reuse_now(i) and r is not None and r[0].shape == inputs[0].shape:
                 state["reused"] += 1
                 out = tuple(a + d for a, d in zip(inputs, r))
                 return out if n > 1 else out[0]

@@ -102,12 +102,25 @@ def markdown(res: dict) -> str:
                         [["every block computed", f"{res['reference']['feature_fd']:.4g}", "1",
                           f"{100 * res['reference']['sample_accuracy']:.1f}%", f"{c['baseline_forward_seconds']:.3g}", "1"],
                          ["cached", f"{c['feature_fd']:.4g}", f"{c['fd_ratio']:.3g}", f"{100 * c['sample_accuracy']:.1f}%",
-                          f"{c['forward_seconds']:.3g}", f"{c['speedup']:.2f}x"]])
+                          f"{c['forward_seconds']:.3g}", f"{c['speedup']:.2f}x"]]
+                        + ([["step-aware schedule, same share", f"{c['scheduled']['feature_fd']:.4g}",
+                             f"{c['scheduled']['fd_ratio']:.3g}", f"{100 * c['scheduled']['sample_accuracy']:.1f}%",
+                             f"{c['scheduled']['forward_seconds']:.3g}", f"{c['scheduled']['speedup']:.2f}x"]]
+                           if "scheduled" in c else []))
         lines += ["", f"Block evaluations saved: {100 * c['block_evals_saved']:.0f}% (the ideal speed-up of the blocks' "
-                  "share of the forward).", "",
-                  "Sample or evaluate with them: `genlab sample RUN method.cache_blocks="
+                  "share of the forward)."]
+        if "scheduled" in c:
+            sc = c["scheduled"]
+            lines += ["", f"The step-aware schedule reuses {100 * sc['block_evals_saved']:.0f}% of the block evaluations "
+                      f"too, but picks them per evaluation (of {sc['evaluations']} per pass): the (evaluation, block) pairs "
+                      "whose contribution changed least in the warm-up pass, as Learning-to-Cache's router is per "
+                      "timestep (read off one measured pass here, not trained). Reused blocks by evaluation: "
+                      + ("; ".join(f"{k}: {','.join(map(str, v))}" for k, v in sc["reuse"].items()) or "none") + "."]
+        lines += ["",
+                  "Sample or evaluate with the fixed cache: `genlab sample RUN method.cache_blocks="
                   f"{','.join(str(b) for b in c['blocks'])} method.cache_every={c['every']}` (or `genlab eval`; "
-                  "`method.cache_blocks=auto` reads them from RUN/analysis/analysis.json)."]
+                  "`method.cache_blocks=auto` reads the blocks from RUN/analysis/analysis.json; the step-aware schedule "
+                  "is measured here only)."]
         if c.get("change"):
             lines += ["", "Mean relative change of each block's contribution between consecutive evaluations: "
                       + ", ".join(f"{i}: {v:.3g}" for i, v in c["change"].items()), ""]

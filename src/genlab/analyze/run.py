@@ -120,25 +120,39 @@ def _save(out: Path, res: dict) -> None:
 
 
 def _warm_up_and_pick(sampler, base, blocks):
-    """One sampling pass before the timed baseline (it pays the one-off costs); with --cache-blocks auto it also
-    measures how much each block's contribution changes between evaluations and picks the half that changes least."""
+    """One sampling pass before the timed baseline (it pays the one-off costs); it also measures how much each block's
+    contribution changes between evaluations (per evaluation, for the step-aware schedule), and with --cache-blocks
+    auto picks the half that changes least on average."""
     from genlab.analyze.cache import block_change, pick_cacheable
     depth = len(base.blocks)
     with block_change(base) as ch:
         sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])
     change = {i: ch.get(i, float("inf")) for i in range(depth)}
-    return (pick_cacheable(change, max(1, depth // 2)) if blocks is None else blocks), change
+    return (pick_cacheable(change, max(1, depth // 2)) if blocks is None else blocks), change, ch
 
 
-def _cache_result(sampler, base, ref, ref_seconds, blocks, change, every):
+def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
     from genlab.analyze.cache import cached_blocks, forward_timer
-    with cached_blocks(base, blocks, every) as counts, forward_timer(base, sampler.device) as tm:
-        _, m = sampler.score("analyze: cached sampler")
-    return {"blocks": blocks, "every": every, "change": change, **m, "fd_ratio": m["feature_fd"] / ref["feature_fd"],
-            "forward_seconds": tm["seconds"], "baseline_forward_seconds": ref_seconds,
+    with cached_blocks(base, **cache) as counts, forward_timer(base, sampler.device) as tm:
+        _, m = sampler.score(desc)
+    wrapped = len(cache["indices"]) if cache.get("schedule") is None else len(set().union(*cache["schedule"].values()))
+    return {**m, "fd_ratio": m["feature_fd"] / ref["feature_fd"], "forward_seconds": tm["seconds"],
             "speedup": ref_seconds / tm["seconds"] if tm["seconds"] > 0 else float("nan"),
-            "block_evals_saved": counts["reused"] / max(1, counts["reused"] + counts["computed"]) * len(blocks)
+            "block_evals_saved": counts["reused"] / max(1, counts["reused"] + counts["computed"]) * wrapped
             / len(base.blocks)}
+
+
+def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every):
+    """The fixed cache (these blocks, every `every` evaluations), then the step-aware schedule that reuses the same
+    share of block evaluations, picked per evaluation from the warm-up's measured changes."""
+    from genlab.analyze.cache import step_schedule
+    fixed = _cached_scores(sampler, base, ref, ref_seconds, "analyze: cached sampler", indices=blocks, every=every)
+    plan = step_schedule(measured, fixed["block_evals_saved"], len(base.blocks))
+    stepped = _cached_scores(sampler, base, ref, ref_seconds, "analyze: step-aware cache", indices=[], schedule=plan,
+                             period=measured.evaluations)
+    return {"blocks": blocks, "every": every, "change": change, **fixed, "baseline_forward_seconds": ref_seconds,
+            "scheduled": {**stepped, "evaluations": measured.evaluations,
+                          "reuse": {str(k): sorted(v) for k, v in plan.items()}}}
 
 
 def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="auto", out=None, overrides=(),
@@ -180,7 +194,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
     if sampling:
         sampler = Sampler(cfg, method, model, data, dev, _run_dir(run))
         if "cache" in what:
-            blocks, change = _warm_up_and_pick(sampler, base, blocks)
+            blocks, change, measured = _warm_up_and_pick(sampler, base, blocks)
         from genlab.analyze.cache import forward_timer
         with forward_timer(base, dev) as tm:
             ref_samples, ref = sampler.score("analyze: unskipped")
@@ -191,7 +205,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
             _skip_rows(sampler, base, ref_samples, ref, res["skip"], lambda: _save(out, res))
             res["skip_plot"] = report.skip_plot(res["skip"], out).name
         if "cache" in what:
-            res["cache"] = _cache_result(sampler, base, ref, tm["seconds"], blocks, change, cache_every)
+            res["cache"] = _cache_result(sampler, base, ref, tm["seconds"], blocks, change, measured, cache_every)
     res["complete"] = True
     _save(out, res)
     return {"out": str(out), **{k: res[k] for k in ("step", "depth") if k in res}}
