@@ -274,7 +274,7 @@ def test_analyze_of_a_missing_run_is_one_line(tmp_path, capfd):
 
 
 # -- genlab analyze compare -------------------------------------------------------------------------------------------
-def _fake_analysis(folder, depth, ratios, seed):
+def _fake_analysis(folder, depth, ratios, seed, scheduled=None):
     """An analysis.json as `genlab analyze` writes it: a random symmetric CKA map per t, skip rows with given ratios."""
     g = torch.Generator().manual_seed(seed)
     m = torch.rand(depth, depth, generator=g, dtype=torch.float64)
@@ -286,6 +286,8 @@ def _fake_analysis(folder, depth, ratios, seed):
              for b, r in zip(blocks, ratios)]
     res = {"run": str(folder), "depth": depth, "model": "dit", "cka": {"by_t": {"0.5": m.tolist(), "0.9": m.tolist()}},
            "reference": {"feature_fd": 2.0}, "skip": skip, "cache": {"fd_ratio": 1.3}}
+    if scheduled is not None:
+        res["cache"]["scheduled"] = {"fd_ratio": scheduled}
     (folder / "analysis").mkdir(parents=True)
     (folder / "analysis" / "analysis.json").write_text(json.dumps(res))
     return m
@@ -293,7 +295,7 @@ def _fake_analysis(folder, depth, ratios, seed):
 
 def test_compare_summarises_each_analysis_against_a_direct_computation(tmp_path, capfd):
     m4 = _fake_analysis(tmp_path / "d4", 4, [3.0, 1.2, 1.4, 2.0, 1.45, 9.0], seed=0)
-    _fake_analysis(tmp_path / "d6", 6, [1.1, 1.0, 1.6, 1.2, 1.3, 1.4, 2.5, 1.2], seed=1)
+    _fake_analysis(tmp_path / "d6", 6, [1.1, 1.0, 1.6, 1.2, 1.3, 1.4, 2.5, 1.2], seed=1, scheduled=1.02)
     r = cli_in_process(capfd, "analyze", "compare", tmp_path / "d4", tmp_path / "d6" / "analysis", "--out", tmp_path / "c")
     assert r.returncode == 0, r.stderr
     assert {p.name for p in (tmp_path / "c").iterdir()} == {"compare.md", "compare.json", "compare_cka_t0.5.png",
@@ -310,6 +312,8 @@ def test_compare_summarises_each_analysis_against_a_direct_computation(tmp_path,
     assert (s6["skip"]["single_within"], s6["skip"]["longest_within"]) == (5, 3)
     md = (tmp_path / "c" / "compare.md").read_text()
     assert "| d4 | 4 |" in md and "2 of 4" in md and "5 of 6" in md and "1.45 (b[1, 2])" in md
+    assert "cache_scheduled_fd_ratio" not in s4 and s6["cache_scheduled_fd_ratio"] == 1.02  # an older analysis: "-"
+    assert md.count("| 1.3 | - |") == 1 and md.count("| 1.3 | 1.02 |") == 1
 
 
 @pytest.mark.parametrize("runs,expect", [(["a"], "needs two or more runs"), (["a", "missing"], "has no analysis.json")])

@@ -51,6 +51,8 @@ def summarize(res: dict) -> dict:
                        "pair_ratio": pair and pair["fd_ratio"], "longest_within": max(ok, default=0)}
     if "cache" in res:
         out["cache_fd_ratio"] = res["cache"]["fd_ratio"]
+        if "scheduled" in res["cache"]:  # analyses before the step-aware schedule have none
+            out["cache_scheduled_fd_ratio"] = res["cache"]["scheduled"]["fd_ratio"]
     if "reference" in res:
         out["feature_fd"] = res["reference"]["feature_fd"]
     return out
@@ -93,13 +95,14 @@ def markdown(sums: list[dict], ts: list[str], plots: list[Path]) -> str:
     if with_skip:
         head = ["run", "blocks", "feature FD", "single-block skip: FD ratio min-max",
                 f"single blocks within {SKIP_OK}x", "middle pair: FD ratio", f"longest skipped run within {SKIP_OK}x",
-                "cached sampler FD ratio"]
+                "cached sampler FD ratio", "step-aware cache FD ratio"]
         rows = [[Path(s["run"]).name, str(s["depth"]), f"{s.get('feature_fd', float('nan')):.4g}",
                  f"{s['skip']['single_min']:.3g}-{s['skip']['single_max']:.3g}",
                  f"{s['skip']['single_within']} of {s['depth']}",
                  f"{s['skip']['pair_ratio']:.3g} ({s['skip']['pair']})" if s["skip"]["pair"] else "-",
                  str(s["skip"]["longest_within"]),
-                 f"{s['cache_fd_ratio']:.3g}" if "cache_fd_ratio" in s else "-"] for s in with_skip]
+                 f"{s['cache_fd_ratio']:.3g}" if "cache_fd_ratio" in s else "-",
+                 f"{s['cache_scheduled_fd_ratio']:.3g}" if "cache_scheduled_fd_ratio" in s else "-"] for s in with_skip]
         lines += ["## Layer skipping at sampling time", ""] + _table(head, rows) + [""]
     return "\n".join(lines)
 
