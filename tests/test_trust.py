@@ -90,6 +90,47 @@ def test_two_trains_with_one_name_at_once_run_exactly_one(tmp_path):
     assert (tmp_path / "same" / "summary.json").exists()
 
 
+def test_a_resume_of_a_run_another_process_trains_is_refused_before_it_writes(tmp_path, capfd):
+    """Two processes resuming one run would interleave its metrics and overwrite each other's checkpoints: while a
+    process holds the run folder's lock, `genlab train --resume` says so in one line, exit 2, and writes nothing."""
+    import fcntl
+    import json
+
+    from conftest import cli_in_process
+    run = tmp_path / "r"
+    Trainer(load_config("digits_flow", TINY + ["train.steps=2", "eval.num_samples=0", f"train.out_dir={tmp_path}",
+                                               "train.name=r", "log.sample_every=0"])).fit()
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+    with open(run / ".lock", "a+") as held:  # stands for the training process
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.seek(0)
+        held.truncate()
+        held.write("777")
+        held.flush()
+        r = cli_in_process(capfd, "train", "--resume", run, "train.steps=4")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "is being trained by another genlab process (pid 777)" in r.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"} == files
+    r = cli_in_process(capfd, "train", "--resume", run, "train.steps=4")  # released: the resume goes on
+    assert r.returncode == 0, r.stderr
+    assert json.loads((run / "summary.json").read_text())["step"] == 4
+
+
+def test_a_resume_that_fails_in_setup_lets_the_next_resume_in(tmp_path, monkeypatch):
+    import genlab.train.trainer as trainer_mod
+    common = TINY + ["eval.num_samples=0", f"train.out_dir={tmp_path}", "train.name=r", "log.sample_every=0"]
+    Trainer(load_config("digits_flow", common + ["train.steps=2"])).fit()
+
+    def broken_log(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(trainer_mod, "MetricsLog", broken_log)  # after the lock, before the first step
+    failed = Trainer(load_config("digits_flow", common + ["train.steps=4"]), resume=str(tmp_path / "r"))
+    with pytest.raises(GenlabError, match="disk full"):
+        failed.fit()
+    monkeypatch.undo()
+    assert Trainer(load_config("digits_flow", common + ["train.steps=4"]), resume=str(tmp_path / "r")).fit()["step"] == 4
+
+
 def test_the_run_config_shows_what_the_components_read_and_loads_back(tmp_path):
     import tomllib
 

@@ -9,7 +9,6 @@ a re-run does the interrupted and not_run ones, and the failed and skipped ones 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from genlab.errors import GenlabError
+from genlab.folder_lock import held
 from genlab.sweep.spec import Sweep, Variant
 from genlab.sweep.stages import Stage, resolve, stage_output
 
@@ -34,33 +34,11 @@ def sweep_dir(sw: Sweep, root="sweeps") -> Path:
     return Path(root) / sw.name
 
 
-@contextlib.contextmanager
 def sweep_lock(d: Path):
-    """One `genlab sweep` process per sweep folder: each writes status.json whole, so two at once (say, two --only
-    slices on different GPUs) would lose each other's records and could resume the same run twice. An exclusive flock
-    on DIR/.lock, held while the sweep runs; the kernel releases it when the process ends, however it ends, so a
-    killed sweep never blocks the next call (which then resumes its runs)."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): unguarded
-        yield
-        return
-    with open(Path(d) / ".lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            raise GenlabError(f"sweep folder '{d}' is in use by another genlab sweep (pid {holder}); wait for it to end, "
-                              f"or run this one with another --root") from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """One `genlab sweep` process per sweep folder (folder_lock): each writes status.json whole, so two at once (say,
+    two --only slices on different GPUs) would lose each other's records and could resume the same run twice."""
+    return held(d, f"sweep folder '{d}' is in use by another genlab sweep (pid {{pid}}); wait for it to end, or run "
+                   "this one with another --root")
 
 
 def load_status(d: Path) -> dict:

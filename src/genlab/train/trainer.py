@@ -20,6 +20,7 @@ from genlab.config import Config, dumps_toml, to_dict
 from genlab.data import build_dataset, build_loader
 from genlab import progress
 from genlab.errors import GenlabError, RunFailed, debug, machine_failure, one_line
+from genlab import folder_lock
 from genlab.train import checkpoint as ckpt
 from genlab.train.convert import apply_converters
 from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
@@ -33,6 +34,10 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+RUN_BUSY = ("run folder '{run}' is being trained by another genlab process (pid {{pid}}); wait for it to end (a "
+            "resume then continues from its last checkpoint)")
+
+
 class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None):
         from genlab.config_check import batched_label, is_batched
@@ -44,6 +49,7 @@ class Trainer:
         self.stop_requested = False
         self.signals = StopSignals()
         self.stop_after = None  # tests: behave as if Ctrl-C arrived after this step
+        self._run_lock = None  # the run folder's lock while this process trains it (folder_lock)
 
     # -- setup ----------------------------------------------------------------------------------
     def _setup(self):
@@ -111,6 +117,8 @@ class Trainer:
         cfg = self.cfg
         if resume_state is not None:
             self.run_dir = ckpt.run_dir_of(self.resume_from)  # a step_N.dcp checkpoint is a folder too
+            if self.dist.is_main:  # before anything is written: two resumes of one run would interleave it
+                self._run_lock = folder_lock.acquire(self.run_dir, RUN_BUSY.format(run=self.run_dir))
         else:
             name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
             self.run_dir = Path(cfg.train.out_dir) / name
@@ -134,6 +142,8 @@ class Trainer:
                     made = False  # the other process's folder: leave it
                     raise GenlabError(f"run folder '{self.run_dir}' was just created by another genlab train; "
                                       f"pick another train.name") from None
+                if self._run_lock is None:  # a new run, now ours: a resume started meanwhile must wait for it
+                    self._run_lock = folder_lock.acquire(self.run_dir, RUN_BUSY.format(run=self.run_dir))
             self.log = MetricsLog(self.run_dir, tensorboard=cfg.log.tensorboard, enabled=self.dist.is_main,
                                   wandb_project=cfg.log.wandb_project if cfg.log.wandb else None, config=to_dict(cfg))
         except BaseException:
@@ -277,12 +287,15 @@ class Trainer:
 
     def setup(self):
         """Everything before the first step; an unexpected exception here is one line (GenlabError) and,
-        since the run folder is made last, leaves nothing behind. GENLAB_DEBUG=1 keeps the traceback."""
+        since the run folder is made last, leaves nothing behind (nor holds its lock). GENLAB_DEBUG=1 keeps the
+        traceback."""
         try:
             self._setup()
         except (GenlabError, KeyboardInterrupt):
+            folder_lock.release(self._run_lock)
             raise
         except Exception as e:  # noqa: BLE001
+            folder_lock.release(self._run_lock)
             if debug():
                 raise
             if machine_failure(e):  # e.g. a full disk: exit 1, not the bad-input code
@@ -427,6 +440,7 @@ class Trainer:
             if self.dist.is_main and hasattr(self, "run_dir"):
                 write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
                 self.log.close()
+            folder_lock.release(self._run_lock)  # the run's last write is done: a resume may start
         leave_distributed(self.dist)  # only after a finished or checkpointed run: every rank reaches this line
         return summary
 
