@@ -206,3 +206,43 @@ def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
     assert capfd.readouterr().err.count("takes fp16/bf16 only") <= 1
     h = attention_registry.get(name)(q.bfloat16(), k.bfloat16(), v.bfloat16())  # the forced kernel itself
     torch.testing.assert_close(h.float(), out, rtol=2e-2, atol=2e-2)
+
+
+def test_cached_sampling_on_the_gpu_matches_the_analysis_cache_under_bf16():
+    """method.cache_blocks on CUDA under the bf16 autocast genlab eval / sample use: the same samples as the analysis's
+    cached_blocks context, different from the plain sampler's."""
+    from genlab.analyze.cache import cached_blocks
+    from genlab.config import load_config
+    from genlab.train.step import build_model_and_method
+    spec = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
+    common = ["model.dim=64", "model.depth=4", "model.heads=2"]
+    torch.manual_seed(0)
+    model, plain = build_model_and_method(load_config("digits_flow", common), spec)
+    cached = build_model_and_method(load_config("digits_flow", common + ["method.cache_blocks=1,2"]), spec)[1]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model = model.cuda().eval()
+
+    def draw(method):
+        with torch.autocast("cuda", torch.bfloat16):
+            return method.sample(model, torch.arange(8, device="cuda") % 4, steps=4,
+                                 generator=torch.Generator("cuda").manual_seed(3), device="cuda").float()
+    ref = draw(plain)
+    with cached_blocks(model, [1, 2], every=2):
+        want = draw(plain)
+    got = draw(cached)
+    assert torch.equal(got, want) and not torch.allclose(got, ref, atol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "nf4"])
+def test_the_quantization_gap_of_a_bf16_run_evaluates_under_bf16_on_the_gpu(tmp_path, fmt):
+    """quant-gap evaluates float and quantized in the run's precision (e2ee8c3): torchao's layers under bf16 autocast."""
+    pytest.importorskip("torchao")
+    from genlab.quant.gap import quant_gap
+    _train(tmp_path, "gap", "train.precision=bf16", "train.steps=20", "log.ckpt_every=10", "log.keep_last=0")
+    res = quant_gap(tmp_path / "gap", formats=(fmt,), device="cuda",
+                    overrides=["eval.num_samples=64", "eval.sample_steps=4"])
+    assert [r["step"] for r in res["rows"]] == [10, 20]
+    for r in res["rows"]:
+        assert 0 < r["float"]["feature_fd"] < 1e4 and 0 < r[fmt]["feature_fd"] < 1e4
