@@ -1,6 +1,7 @@
 """Sampling and evaluation of a finished run or checkpoint (`genlab sample`, `genlab eval`)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -38,7 +39,6 @@ def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
     for o in overrides:
         key, _, value = o.partition("=")
         if key.strip() == "method.cache_blocks" and value.strip() == "auto":
-            import json
             f = _run_dir(where) / "analysis" / "analysis.json"
             try:
                 blocks = json.loads(f.read_text()).get("cache", {}).get("blocks")

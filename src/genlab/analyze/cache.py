@@ -115,7 +115,7 @@ def cached_blocks(model, indices, every: int = 2, schedule: dict[int, frozenset[
     state = {"call": -1, "computed": 0, "reused": 0}
     saved: dict[int, tuple] = {}
     if schedule is not None:
-        indices = sorted(set().union(*schedule.values())) if schedule else []
+        indices = set().union(*schedule.values())
 
     def tick():
         state["call"] += 1

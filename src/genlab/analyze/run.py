@@ -30,19 +30,14 @@ def parse_ts(text: str) -> list[float]:
     return list(dict.fromkeys(ts))
 
 
-def parse_blocks(text: str):
-    """'auto' -> None (the analysis picks), else the comma-separated block indices."""
-    from genlab.analyze.cache import parse_block_list
-    return parse_block_list(text, "--cache-blocks")
-
-
 def check_args(what, batch, t, cache_blocks, cache_every):
     """The command line, before a checkpoint is opened."""
     if batch < 2:
         raise GenlabError(f"--batch must be >= 2 (CKA centres over the batch), got {batch}")
     if cache_every < 2:
         raise GenlabError(f"--cache-every must be >= 2 (1 would never reuse), got {cache_every}")
-    return parse_what(what), parse_ts(t), parse_blocks(cache_blocks)
+    from genlab.analyze.cache import parse_block_list
+    return parse_what(what), parse_ts(t), parse_block_list(cache_blocks, "--cache-blocks")  # None: auto
 
 
 def _check_run(cfg, method, model, cache_blocks):
@@ -135,11 +130,10 @@ def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
     from genlab.analyze.cache import cached_blocks, forward_timer
     with cached_blocks(base, **cache) as counts, forward_timer(base, sampler.device) as tm:
         _, m = sampler.score(desc)
-    wrapped = len(cache["indices"]) if cache.get("schedule") is None else len(set().union(*cache["schedule"].values()))
+    evaluations = counts["call"] + 1  # network evaluations; each evaluates every block once, or reuses it
     return {**m, "fd_ratio": m["feature_fd"] / ref["feature_fd"], "forward_seconds": tm["seconds"],
             "speedup": ref_seconds / tm["seconds"] if tm["seconds"] > 0 else float("nan"),
-            "block_evals_saved": counts["reused"] / max(1, counts["reused"] + counts["computed"]) * wrapped
-            / len(base.blocks)}
+            "block_evals_saved": counts["reused"] / max(1, evaluations * len(base.blocks))}
 
 
 def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every):
