@@ -1,0 +1,38 @@
+"""The fixed cache against the step-aware schedule, over runs already analysed (`genlab analyze RUN --what cache`):
+per analysis folder the unskipped FD and both caches' FD ratios, then mean ± std over the folders of each sampler.
+
+    python benchmarks/cache_schedule_table.py heun=RUNS/cache_s*/analysis euler=RUNS/cache_s*/analysis_euler
+"""
+from __future__ import annotations
+
+import glob
+import json
+import statistics
+import sys
+
+
+def _band(xs):
+    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f} (one draw)"
+
+
+def main(args):
+    print("| sampler | analyses | unskipped FD | fixed cache: FD ratio (blocks) | step-aware, same share: FD ratio | share reused |")
+    print("| --- | ---: | --- | --- | --- | ---: |")
+    for arg in args:
+        label, pattern = arg.split("=", 1)
+        rows = [json.loads(open(f"{d}/analysis.json").read()) for d in sorted(glob.glob(pattern))]
+        rows = [r for r in rows if "scheduled" in r.get("cache", {})]
+        if not rows:
+            print(f"| {label} | 0 | | | | |")
+            continue
+        fixed = [r["cache"]["fd_ratio"] for r in rows]
+        stepped = [r["cache"]["scheduled"]["fd_ratio"] for r in rows]
+        refs = " / ".join(f"{r['reference']['feature_fd']:.3f}" for r in rows)
+        blocks = [",".join(map(str, r["cache"]["blocks"])) for r in rows]
+        fixed_cells = ", ".join(f"{x:.3f} ({b})" for x, b in zip(fixed, blocks))
+        stepped_cells = ", ".join(f"{x:.3f}" for x in stepped)
+        print(f"| {label} | {len(rows)} | {refs} | {fixed_cells}; {_band(fixed)} | {stepped_cells}; {_band(stepped)} | "
+              f"{rows[0]['cache']['block_evals_saved']:.0%} |")
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
