@@ -29,31 +29,37 @@ def _linear(w):
     return m
 
 
+def _nf4_reference(w):
+    """float64 reference of NF4 with double quantization: the nearest level's code per weight, and the largest
+    |dequantized - w| per weight: half the gap to the neighbouring level times the block absmax, plus the int8 error
+    of that absmax (double quantization: (absmax - mean) in int8 per group of scalers, at most 1/128 of the group's
+    range). Blocks of 64 in memory order."""
+    from genlab.quant.ptq import NF4_BLOCK, nf4_scaler_block
+    blocks = w.double().reshape(-1, NF4_BLOCK)
+    absmax = blocks.abs().amax(1, keepdim=True)
+    dist = (blocks.div(absmax).unsqueeze(-1) - NF4_LEVELS).abs()
+    codes = dist.argmin(-1)
+    near_tie = (dist.topk(2, largest=False).values.diff(dim=-1).squeeze(-1)) < 1e-6  # float32 may pick either level
+    gaps = NF4_LEVELS.diff()
+    half_gap = 0.5 * torch.maximum(torch.cat([gaps[:1], gaps]), torch.cat([gaps, gaps[-1:]]))[codes]
+    centred = (absmax - absmax.mean()).reshape(-1, nf4_scaler_block(w.numel()))
+    scale_err = (centred.abs().amax(1, keepdim=True) / 128).expand_as(centred).reshape(-1, 1)
+    bound = (half_gap * absmax + scale_err) * (1 + 1e-5) + 1e-7
+    return codes, near_tie, half_gap, bound.reshape(w.shape)
+
+
 def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bound():
-    from genlab.quant.ptq import NF4_BLOCK, get_format, nf4_scaler_block
+    from genlab.quant.ptq import NF4_BLOCK, get_format
     w = _weights(256, 128)
     m = _linear(w)
     get_format("nf4").apply(m, torch.device("cpu"))
     q = m.weight
-    # reference: blocks of 64 in memory order, absmax scaling, nearest of the 16 levels
-    blocks = w.double().reshape(-1, NF4_BLOCK)
-    absmax = blocks.abs().amax(1, keepdim=True)
-    x = blocks / absmax
-    dist = (x.unsqueeze(-1) - NF4_LEVELS).abs()
-    ref_codes = dist.argmin(-1)
+    ref_codes, near_tie, half_gap, bound = _nf4_reference(w)
     packed = q.quantized_data
-    codes = torch.stack([packed >> 4, packed & 15], 1).reshape(blocks.shape).long()
-    near_tie = (dist.topk(2, largest=False).values.diff(dim=-1).squeeze(-1)) < 1e-6  # float32 may pick either level
+    codes = torch.stack([packed >> 4, packed & 15], 1).reshape(ref_codes.shape).long()
     assert ((codes == ref_codes) | near_tie).all()
-    # the error: half the gap to the neighbouring level times the block absmax, plus the int8 error of that
-    # absmax (double quantization: (absmax - mean) in int8 per group of scalers, at most 1/128 of the group's range)
-    gaps = NF4_LEVELS.diff()
-    half_gap = 0.5 * torch.maximum(torch.cat([gaps[:1], gaps]), torch.cat([gaps, gaps[-1:]]))[ref_codes]
-    centred = (absmax - absmax.mean()).reshape(-1, nf4_scaler_block(w.numel()))
-    scale_err = (centred.abs().amax(1, keepdim=True) / 128).expand_as(centred).reshape(-1, 1)
-    err = (q.get_original_weight().double().reshape(blocks.shape) - blocks).abs()
-    bound = half_gap * absmax + scale_err
-    assert (err <= bound * (1 + 1e-5) + 1e-7).all()
+    err = (q.get_original_weight().double() - w.double()).abs()
+    assert (err <= bound).all()
     # the known worst case: half the widest gap (between -1 and -0.6962) of the absmax
     assert (half_gap <= 0.1519 + 1e-12).all() and err.max() > 0
 
@@ -190,33 +196,36 @@ def test_trend_recovers_a_linear_in_log_gap():
     assert t["power_k"] == pytest.approx(0.5) and t["power_c"] == pytest.approx(2e-3)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fmt", ["int4", "fp8", "int8", "nf4"])
-def test_every_format_runs_a_block_linear_on_the_gpu_close_to_float(fmt):
-    from genlab.quant.ptq import check_format
-    dev = torch.device("cuda")
+def _check_block_linear_close_to_float(fmt, dev):
+    """A block linear quantized to `fmt` on `dev` gives outputs within its format's per-output rounding bound."""
+    from genlab.quant.ptq import check_format, get_format
     try:
         check_format(fmt, dev)
     except Exception as e:  # fp8 below SM89
         pytest.skip(str(e))
-    w = _weights(256, 256).cuda()
-    m = _linear(w).cuda()
-    x = torch.randn(8, 256, device="cuda")
-    ref = m(x)
+    w = _weights(256, 256).to(dev)
+    m = _linear(w.cpu()).to(dev)
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1)).to(dev)
     with torch.no_grad():
-        from genlab.quant.ptq import get_format
+        ref = m(x)
         get_format(fmt).apply(m, dev)
         y = m(x)
     assert y.dtype == torch.float32
-    if fmt in ("int4", "fp8"):  # elementwise bounds from the formats' rounding (below)
-        err, bound = (y - ref).abs(), _rounding_bound(fmt, x, w.cuda(), m.bias.float(), ref)
-        assert (err <= bound).all(), f"{fmt}: error/bound up to {(err / bound).max():.2f}"
-        assert err.max() > 0  # it did quantize
-        return
-    # 4-bit formats: a few percent of the output's scale; 8-bit ones: under one percent
-    tol = 0.08 if fmt in ("int4", "nf4") else 0.02
-    assert (y - ref).abs().max() <= tol * ref.abs().max()
+    err, bound = (y - ref).abs(), _rounding_bound(fmt, x, w, m.bias.float(), ref)
+    assert (err <= bound).all(), f"{fmt}: error/bound up to {(err / bound).max():.2f}"
+    assert err.max() > 0  # it did quantize
+
+
+@pytest.mark.parametrize("fmt", ["int8", "nf4"])
+def test_weight_only_formats_run_a_block_linear_on_the_cpu_within_their_rounding_bound(fmt):
+    _check_block_linear_close_to_float(fmt, torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["int4", "fp8", "int8", "nf4"])
+def test_every_format_runs_a_block_linear_on_the_gpu_within_its_rounding_bound(fmt):
+    _check_block_linear_close_to_float(fmt, torch.device("cuda"))
 
 
 BF16_U = 2.0 ** -8   # unit roundoff of bf16 (8 significant bits)
@@ -225,18 +234,25 @@ E4M3_U = 2.0 ** -4   # of float8 e4m3 (4 significant bits), for values in its no
 
 def _rounding_bound(fmt, x, w, b, ref):
     """Per output, the largest |y - ref| the format's rounding allows (every input rounded the worst way, summed
-    without cancellation), on top of the bf16 casts the kernels add around it: activations, weights and the output
-    to bf16 (BF16_U each), accumulation in float32 (negligible here).
+    without cancellation), on top of the bf16 casts the kernels may add around it: activations, weights and the
+    output to bf16 (BF16_U each), accumulation in float32 (negligible here).
     fp8: x and W in e4m3 with one dynamic scale per tensor (amax -> 448): relative E4M3_U each, or an absolute
     2^-10 x scale below e4m3's smallest normal (2^-6 x scale).
     int4: W in asymmetric groups of G input weights, 16 levels spanning the group's range widened to include 0:
-    |dW| <= step / 2 with step = range / 15, plus the bf16 rounding of the group's scale and zero point."""
+    |dW| <= step / 2 with step = range / 15, plus the bf16 rounding of the group's scale and zero point.
+    int8 (weight only): symmetric per-row scale absmax / 127.5, |dW| <= scale / 2 (+ float32 rounding).
+    nf4: the per-weight codebook bound of `_nf4_reference` (half a level gap of the block absmax + the scale's int8)."""
     ax, aw = x.abs(), w.abs()
     prod = ax @ aw.T                                                            # sum_i |x_i| |w_ji|
     casts = (3 * BF16_U) * prod + BF16_U * (ref.abs() + b.abs())
     if fmt == "fp8":
         sub_x, sub_w = 2.0 ** -10 * x.abs().max() / 448, 2.0 ** -10 * w.abs().max() / 448
         return 2 * E4M3_U * prod + sub_w * ax.sum(1, keepdim=True) + sub_x * aw.sum(1) + casts
+    if fmt == "int8":
+        dw = (aw.amax(1, keepdim=True) / 127.5 / 2 + 4 * torch.finfo(torch.float32).eps * aw).expand_as(w)
+        return ax @ dw.T + casts
+    if fmt == "nf4":
+        return ax @ _nf4_reference(w.cpu())[3].to(x.device, x.dtype).T + casts
     from genlab.quant.ptq import int4_group
     g = int4_group(w.shape[1])
     wg = w.view(w.shape[0], -1, g)
