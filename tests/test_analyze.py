@@ -201,13 +201,18 @@ def tiny_run(tmp_path_factory):
 def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path, capfd):
     out = tmp_path / "an"
     r = cli_in_process(capfd, "analyze", tiny_run, "eval.num_samples=12", "eval.sample_steps=2", "--batch", "8",
-                       "--t", "0.2,0.8", "--out", out)
+                       "--t", "0.2,0.8", "--out", out, "--cache-fd-tol", "1e9")
     assert r.returncode == 0, r.stderr
     assert {p.name for p in out.iterdir()} == {"cka_t0.2.png", "cka_t0.8.png", "skip.png", "analysis.md", "analysis.json"}
     res = json.loads((out / "analysis.json").read_text())
     assert [row["skipped"] for row in res["skip"]] == [name for name, _ in skip_plans(4)]
     assert res["skip"][0]["pixel_diff"] == 0 and res["skip"][0]["fd_ratio"] == 1
-    assert len(res["cache"]["blocks"]) == 2 and set(res["cka"]["by_t"]) == {"0.2", "0.8"}
+    assert set(res["cka"]["by_t"]) == {"0.2", "0.8"}
+    c = res["cache"]  # auto: searched in order of least change; every block passes a tolerance of 1e9
+    order = sorted(range(4), key=lambda i: (c["change"][str(i)], i))
+    assert [t["block"] for t in c["search"]["trail"]] == order and all(t["kept"] for t in c["search"]["trail"])
+    assert [t["blocks"] for t in c["search"]["trail"]] == [sorted(order[:k + 1]) for k in range(4)]
+    assert c["blocks"] == [0, 1, 2, 3] and c["fd_ratio"] == c["search"]["trail"][-1]["fd_ratio"]  # same blocks, same noise
     sc = res["cache"]["scheduled"]  # the step-aware schedule at the fixed cache's share of reused block evaluations
     assert sc["evaluations"] == 4 and abs(sc["block_evals_saved"] - res["cache"]["block_evals_saved"]) <= 1 / (4 * 4)
     assert all(int(k) >= 1 for k in sc["reuse"]) and sc["fd_ratio"] > 0
@@ -217,6 +222,52 @@ def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path
     for s in ("## Layer similarity", "| 0.2 |", "| blocks 1-2 |", "## Cached-block sampler", "cka_t0.8.png", hint,
               "| step-aware schedule, same share |"):
         assert s in md, s
+
+
+def test_search_keeps_a_block_only_while_the_cached_fd_stays_within_the_tolerance():
+    """The walk is in order of least change; a block over the tolerance is left out and a later one may still join."""
+    from genlab.analyze.cache import search_cacheable
+    change = {0: 0.3, 1: 0.1, 2: 0.2, 3: 0.05}
+    cost = {3: 0.02, 1: 0.5, 2: 0.03, 0: 0.04}  # each block's share of FD added when cached
+    seen = []
+
+    def score(blocks):
+        seen.append(blocks)
+        return {"fd_ratio": 1 + sum(cost[b] for b in blocks), "sample_accuracy": 0.9}
+    kept, trail = search_cacheable(change, 1.1, score)
+    assert seen == [[3], [1, 3], [2, 3], [0, 2, 3]] and kept == [0, 2, 3]
+    assert [t["kept"] for t in trail] == [True, False, True, True] and trail[1]["fd_ratio"] == pytest.approx(1.52)
+    assert search_cacheable(change, 1.0, score)[0] == []
+
+
+def test_half_picks_the_half_that_changes_least_without_a_search(tiny_run, tmp_path, capfd):
+    out = tmp_path / "half"
+    r = cli_in_process(capfd, "analyze", tiny_run, "eval.num_samples=12", "eval.sample_steps=2", "--what", "cache",
+                       "--cache-blocks", "half", "--out", out)
+    assert r.returncode == 0, r.stderr
+    c = json.loads((out / "analysis.json").read_text())["cache"]
+    assert "search" not in c and c["blocks"] == sorted(sorted(range(4), key=lambda i: (c["change"][str(i)], i))[:2])
+
+
+def test_a_search_that_keeps_no_block_says_so_and_auto_sampling_refuses(tiny_run, tmp_path, capfd, monkeypatch):
+    from genlab.analyze import cache
+    from genlab.analyze.compare import compare
+    from genlab.analyze.run import analyze_run
+    real = cache.search_cacheable
+    monkeypatch.setattr(cache, "search_cacheable", lambda change, tol, score: real(change, tol, lambda b: {
+        **score(b), "fd_ratio": 2.0}))  # every block doubles FD
+    run = tmp_path / "copy"
+    import shutil
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("analysis", ".lock"))
+    analyze_run(run, what="cache", device="cpu", overrides=["eval.num_samples=12", "eval.sample_steps=2"])
+    res = json.loads((run / "analysis" / "analysis.json").read_text())
+    assert res["cache"]["blocks"] == [] and [t["kept"] for t in res["cache"]["search"]["trail"]] == [False] * 4
+    assert "No block can be cached within the tolerance" in (run / "analysis" / "analysis.md").read_text()
+    assert compare([str(run), str(run)], tmp_path / "cmp")["markdown"]  # a cache without rows is read, not a KeyError
+    out = tmp_path / "s.png"
+    r = cli_in_process(capfd, "sample", run, "method.cache_blocks=auto", "--out", out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "found no block" in r.stderr, r.stderr
+    assert not out.exists()
 
 
 def test_an_analysis_stopped_midway_keeps_its_finished_parts(tiny_run, tmp_path, monkeypatch):
@@ -255,7 +306,9 @@ def test_analyze_defaults_to_the_runs_analysis_folder(tiny_run, capfd):
     (["--t", "0.5,1.5"], "--t must be comma-separated noise levels in [0, 1]"),
     (["--t", "mid"], "--t must be comma-separated noise levels in [0, 1]"),
     (["--cache-every", "1"], "--cache-every must be >= 2"),
-    (["--cache-blocks", "two"], "--cache-blocks must be 'auto' or comma-separated block indices"),
+    (["--cache-blocks", "two"], "--cache-blocks must be 'auto', 'half' or comma-separated block indices"),
+    (["--cache-fd-tol", "0.9"], "--cache-fd-tol must be >= 1"),
+    (["--cache-fd-tol", "nan"], "--cache-fd-tol must be >= 1"),
     (["--cache-blocks", "1,9"], "--cache-blocks 9 out of range; this model has blocks 0..3"),
     (["--device", "tpu"], "--device"),
     (["eval.num_samples=1"], "eval.num_samples"),

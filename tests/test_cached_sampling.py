@@ -70,7 +70,7 @@ def analysed_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cached_run")
     Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=60", f"train.out_dir={out}", "train.name=r",
                                                "eval.num_samples=0", "log.sample_every=0", "log.ckpt_every=0"])).fit()
-    analyze_run(out / "r", what="cache", overrides=["eval.num_samples=12", "eval.sample_steps=3"])
+    analyze_run(out / "r", what="cache", overrides=["eval.num_samples=12", "eval.sample_steps=3"], cache_blocks="half")
     return out / "r"
 
 

@@ -34,16 +34,21 @@ def check_eval_overrides(cfg, overrides) -> None:
 
 def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
     """method.cache_blocks=auto: the blocks `genlab analyze RUN --what cache` picked for this run (its
-    analysis/analysis.json), where the analysis found their contribution changes least between evaluations."""
+    analysis/analysis.json): those whose cache kept the FD within its tolerance (or the half that changes least)."""
     out = []
     for o in overrides:
         key, _, value = o.partition("=")
         if key.strip() == "method.cache_blocks" and value.strip() == "auto":
             f = _run_dir(where) / "analysis" / "analysis.json"
             try:
-                blocks = json.loads(f.read_text()).get("cache", {}).get("blocks")
+                cache = json.loads(f.read_text()).get("cache")
+                blocks = cache.get("blocks")
             except (OSError, ValueError, AttributeError):
-                blocks = None
+                cache = blocks = None
+            if cache and blocks == []:
+                raise GenlabError(f"method.cache_blocks=auto: the analysis in {f} found no block that can be cached within "
+                                  f"its FD tolerance (--cache-fd-tol); give indices to cache anyway, e.g. "
+                                  f"method.cache_blocks=2,3")
             if not blocks:
                 raise GenlabError(f"method.cache_blocks=auto reads the blocks `genlab analyze RUN --what cache` picked, and "
                                   f"{f} has none: run that first, or give indices, e.g. method.cache_blocks=2,3")

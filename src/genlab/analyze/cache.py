@@ -1,7 +1,8 @@
 """A cached-block sampler in the spirit of Learning-to-Cache (Ma et al. 2024, arXiv:2406.01733), simple version:
 a block marked safe computes its residual contribution r = block(h) - h on one network evaluation and reuses it,
 h + r, on the next `every - 1` evaluations, instead of learning a router. Safe blocks are those whose contribution
-changes least between consecutive evaluations of a sampling pass (`block_change`), or a list the user gives. The
+changes least between consecutive evaluations of a sampling pass (`block_change`) and keep the FD within a tolerance
+when cached (`search_cacheable`), or a list the user gives. The
 step-aware variant (`step_schedule`) picks (evaluation, block) pairs from the same measurement, as L2C's router is
 per timestep; it is read off one measured pass, not trained.
 """
@@ -102,6 +103,23 @@ def parse_block_list(text: str, key: str, auto: bool = True) -> list[int] | None
 def pick_cacheable(change: dict[int, float], k: int) -> list[int]:
     """The k blocks whose contribution changes least (ties: the lower index)."""
     return sorted(sorted(change, key=lambda i: (change[i], i))[:k])
+
+
+def search_cacheable(change: dict[int, float], tol: float, score) -> tuple[list[int], list[dict]]:
+    """The blocks that are safe to cache, by measurement: in order of least change (ties: the lower index), a block
+    joins the set when sampling with the set plus it keeps FD within `tol` x the unskipped FD; one that does not is
+    left out and the walk goes on (a later, cheaper block may still join). `score(blocks)` samples with those blocks
+    cached and returns its metrics with `fd_ratio`: one scored pass per block. Returns the set and the trail."""
+    kept, trail = [], []
+    for i in sorted(change, key=lambda i: (change[i], i)):
+        trial = sorted(kept + [i])
+        m = score(trial)
+        ok = m["fd_ratio"] <= tol
+        trail.append({"block": i, "blocks": trial, "fd_ratio": m["fd_ratio"],
+                      "sample_accuracy": m.get("sample_accuracy"), "kept": ok})
+        if ok:
+            kept = trial
+    return kept, trail
 
 
 @contextmanager

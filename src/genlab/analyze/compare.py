@@ -49,7 +49,7 @@ def summarize(res: dict) -> dict:
         out["skip"] = {"single_min": min(single), "single_max": max(single),
                        "single_within": sum(x <= SKIP_OK for x in single), "pair": pair and pair["skipped"],
                        "pair_ratio": pair and pair["fd_ratio"], "longest_within": max(ok, default=0)}
-    if "cache" in res:
+    if "cache" in res and "fd_ratio" in res["cache"]:  # none when the search found no block to cache
         out["cache_fd_ratio"] = res["cache"]["fd_ratio"]
         if "scheduled" in res["cache"]:  # analyses before the step-aware schedule have none
             out["cache_scheduled_fd_ratio"] = res["cache"]["scheduled"]["fd_ratio"]

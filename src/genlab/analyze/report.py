@@ -94,19 +94,31 @@ def markdown(res: dict) -> str:
                           f"{100 * r['sample_accuracy']:.1f}%", f"{r['pixel_diff']:.2f}"] for r in res["skip"]])
         lines += ["", f"Plot: {res['skip_plot']}" if "skip_plot" in res else "", ""]
     if "cache" in res:
-        c = res["cache"]
-        lines += ["## Cached-block sampler", "",
-                  f"Blocks {', '.join(map(str, c['blocks']))} recompute every {c['every']} network evaluations and reuse "
+        lines += _cache_lines(res["cache"], res["reference"])
+    return "\n".join(lines) + "\n"
+
+
+def _cache_lines(c: dict, ref: dict) -> list[str]:
+    """The cached-block sampler's section: the search (auto), the cached rows against the plain sampler, the hint."""
+    lines = ["## Cached-block sampler", ""]
+    if "search" in c:
+        sr = c["search"]
+        lines += [f"Blocks searched (`--cache-blocks auto`): in order of least change, each kept if caching it with the "
+                  f"blocks kept so far keeps FD within {sr['fd_tol']:g}x the unskipped FD: "
+                  + "; ".join(f"{t['block']}: {t['fd_ratio']:.3g} {'kept' if t['kept'] else 'left out'}"
+                              for t in sr["trail"]) + ".", ""]
+    if not c["blocks"]:
+        lines += ["No block can be cached within the tolerance: there is no cached sampler to measure.", ""]
+    else:
+        lines += [f"Blocks {', '.join(map(str, c['blocks']))} recompute every {c['every']} network evaluations and reuse "
                   "their last residual contribution in between.", ""]
-        lines += _table(["sampler", "feature FD", "FD / unskipped", "sample accuracy", "network seconds", "speed-up"],
-                        [["every block computed", f"{res['reference']['feature_fd']:.4g}", "1",
-                          f"{100 * res['reference']['sample_accuracy']:.1f}%", f"{c['baseline_forward_seconds']:.3g}", "1"],
-                         ["cached", f"{c['feature_fd']:.4g}", f"{c['fd_ratio']:.3g}", f"{100 * c['sample_accuracy']:.1f}%",
-                          f"{c['forward_seconds']:.3g}", f"{c['speedup']:.2f}x"]]
-                        + ([["step-aware schedule, same share", f"{c['scheduled']['feature_fd']:.4g}",
-                             f"{c['scheduled']['fd_ratio']:.3g}", f"{100 * c['scheduled']['sample_accuracy']:.1f}%",
-                             f"{c['scheduled']['forward_seconds']:.3g}", f"{c['scheduled']['speedup']:.2f}x"]]
-                           if "scheduled" in c else []))
+        rows = [["every block computed", f"{ref['feature_fd']:.4g}", "1", f"{100 * ref['sample_accuracy']:.1f}%",
+                 f"{c['baseline_forward_seconds']:.3g}", "1"]]
+        for name, r in (("cached", c), ("step-aware schedule, same share", c.get("scheduled"))):
+            if r:
+                rows.append([name, f"{r['feature_fd']:.4g}", f"{r['fd_ratio']:.3g}", f"{100 * r['sample_accuracy']:.1f}%",
+                             f"{r['forward_seconds']:.3g}", f"{r['speedup']:.2f}x"])
+        lines += _table(["sampler", "feature FD", "FD / unskipped", "sample accuracy", "network seconds", "speed-up"], rows)
         lines += ["", f"Block evaluations saved: {100 * c['block_evals_saved']:.0f}% (the ideal speed-up of the blocks' "
                   "share of the forward)."]
         if "scheduled" in c:
@@ -121,7 +133,7 @@ def markdown(res: dict) -> str:
                   f"{','.join(str(b) for b in c['blocks'])} method.cache_every={c['every']}` (or `genlab eval`; "
                   "`method.cache_blocks=auto` reads the blocks from RUN/analysis/analysis.json; the step-aware schedule "
                   "is measured here only)."]
-        if c.get("change"):
-            lines += ["", "Mean relative change of each block's contribution between consecutive evaluations: "
-                      + ", ".join(f"{i}: {v:.3g}" for i, v in c["change"].items()), ""]
-    return "\n".join(lines) + "\n"
+    if c.get("change"):
+        lines += ["", "Mean relative change of each block's contribution between consecutive evaluations: "
+                  + ", ".join(f"{i}: {v:.3g}" for i, v in c["change"].items()), ""]
+    return lines

@@ -30,14 +30,27 @@ def parse_ts(text: str) -> list[float]:
     return list(dict.fromkeys(ts))
 
 
-def check_args(what, batch, t, cache_blocks, cache_every):
-    """The command line, before a checkpoint is opened."""
+HALF = "half"  # --cache-blocks half: the half of the blocks that changes least, not searched
+
+
+def check_args(what, batch, t, cache_blocks, cache_every, cache_tol=1.1):
+    """The command line, before a checkpoint is opened. --cache-blocks: None (auto, searched), HALF, or indices."""
     if batch < 2:
         raise GenlabError(f"--batch must be >= 2 (CKA centres over the batch), got {batch}")
     if cache_every < 2:
         raise GenlabError(f"--cache-every must be >= 2 (1 would never reuse), got {cache_every}")
+    if not cache_tol >= 1:
+        raise GenlabError(f"--cache-fd-tol must be >= 1 (the cached FD's allowed multiple of the unskipped FD), "
+                          f"got {cache_tol}")
     from genlab.analyze.cache import parse_block_list
-    return parse_what(what), parse_ts(t), parse_block_list(cache_blocks, "--cache-blocks")  # None: auto
+    if str(cache_blocks).strip() == HALF:
+        return parse_what(what), parse_ts(t), HALF
+    try:
+        blocks = parse_block_list(cache_blocks, "--cache-blocks")
+    except GenlabError:
+        raise GenlabError(f"--cache-blocks must be 'auto', 'half' or comma-separated block indices >= 0, "
+                          f"got {cache_blocks!r}") from None
+    return parse_what(what), parse_ts(t), blocks
 
 
 def _check_run(cfg, method, model, cache_blocks):
@@ -46,7 +59,7 @@ def _check_run(cfg, method, model, cache_blocks):
         raise GenlabError(f"genlab analyze needs an image flow-matching run (x_t = (1 - t) noise + t data, a backbone "
                           f"with blocks); this run is method {cfg.method.name}, model {cfg.model.name}")
     depth = len(model.blocks)
-    if cache_blocks and max(cache_blocks) >= depth:
+    if isinstance(cache_blocks, list) and max(cache_blocks) >= depth:
         raise GenlabError(f"--cache-blocks {max(cache_blocks)} out of range; this model has blocks 0..{depth - 1}")
 
 
@@ -116,14 +129,14 @@ def _save(out: Path, res: dict) -> None:
 
 def _warm_up_and_pick(sampler, base, blocks):
     """One sampling pass before the timed baseline (it pays the one-off costs); it also measures how much each block's
-    contribution changes between evaluations (per evaluation, for the step-aware schedule), and with --cache-blocks
-    auto picks the half that changes least on average."""
+    contribution changes between evaluations (per evaluation, for the step-aware schedule); with --cache-blocks half
+    it picks the half that changes least on average (auto searches later, against the unskipped FD)."""
     from genlab.analyze.cache import block_change, pick_cacheable
     depth = len(base.blocks)
     with block_change(base) as ch:
         sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])
     change = {i: ch.get(i, float("inf")) for i in range(depth)}
-    return (pick_cacheable(change, max(1, depth // 2)) if blocks is None else blocks), change, ch
+    return (pick_cacheable(change, max(1, depth // 2)) if blocks == HALF else blocks), change, ch
 
 
 def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
@@ -134,6 +147,17 @@ def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
     return {**m, "fd_ratio": m["feature_fd"] / ref["feature_fd"], "forward_seconds": tm["seconds"],
             "speedup": ref_seconds / tm["seconds"] if tm["seconds"] > 0 else float("nan"),
             "block_evals_saved": counts["reused"] / max(1, evaluations * len(base.blocks))}
+
+
+def _search(sampler, base, ref, change, every, tol):
+    """--cache-blocks auto: the blocks whose cache keeps FD within tol x the unskipped FD (cache.search_cacheable)."""
+    from genlab.analyze.cache import cached_blocks, search_cacheable
+
+    def score(blocks):
+        with cached_blocks(base, blocks, every=every):
+            _, m = sampler.score(f"analyze: cache search, blocks {','.join(map(str, blocks))}")
+        return {**m, "fd_ratio": m["feature_fd"] / ref["feature_fd"]}
+    return search_cacheable(change, tol, score)
 
 
 def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every):
@@ -150,14 +174,14 @@ def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, eve
 
 
 def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="auto", out=None, overrides=(),
-                cache_blocks="auto", cache_every=2) -> dict:
+                cache_blocks="auto", cache_every=2, cache_tol=1.1) -> dict:
     from genlab.analyze import report
     from genlab.analyze.cka import layer_similarity
     from genlab.config_check import check_data_on_disk
     from genlab.data import build_dataset
     from genlab.methods.flow import unwrap
     from genlab.sample import _run_dir, load_run
-    what, ts, blocks = check_args(what, batch, t, cache_blocks, cache_every)
+    what, ts, blocks = check_args(what, batch, t, cache_blocks, cache_every, cache_tol)
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     base = unwrap(model)
     _check_run(cfg, method, base, blocks)
@@ -199,7 +223,13 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
             _skip_rows(sampler, base, ref_samples, ref, res["skip"], lambda: _save(out, res))
             res["skip_plot"] = report.skip_plot(res["skip"], out).name
         if "cache" in what:
-            res["cache"] = _cache_result(sampler, base, ref, tm["seconds"], blocks, change, measured, cache_every)
+            search = None
+            if blocks is None:
+                blocks, search = _search(sampler, base, ref, change, cache_every, cache_tol)
+            res["cache"] = (_cache_result(sampler, base, ref, tm["seconds"], blocks, change, measured, cache_every)
+                            if blocks else {"blocks": [], "every": cache_every, "change": change})
+            if search is not None:
+                res["cache"]["search"] = {"fd_tol": cache_tol, "trail": search}
     res["complete"] = True
     _save(out, res)
     return {"out": str(out), **{k: res[k] for k in ("step", "depth") if k in res}}

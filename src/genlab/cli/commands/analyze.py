@@ -17,7 +17,8 @@ def cmd_analyze(args):
         return 0
     from genlab.analyze.run import analyze_run
     res = analyze_run(args.run, what=args.what, batch=args.batch, t=args.t, device=args.device, out=args.out,
-                      overrides=args.overrides, cache_blocks=args.cache_blocks, cache_every=args.cache_every)
+                      overrides=args.overrides, cache_blocks=args.cache_blocks, cache_every=args.cache_every,
+                      cache_tol=args.cache_fd_tol)
     print(f"wrote {res['out']}/analysis.md (and the plots beside it)")
     return 0
 
@@ -45,8 +46,11 @@ def add_parser(sub):
     a.add_argument("--batch", type=int, default=64, help="real images in the CKA batch (default: 64)")
     a.add_argument("--t", default="0.1,0.5,0.9", help="noise levels of the CKA heat maps, 0 noise .. 1 data "
                                                        "(default: 0.1,0.5,0.9)")
-    a.add_argument("--cache-blocks", default="auto", help="blocks the cached sampler reuses: auto (the half whose "
-                   "contribution changes least between steps) or indices, e.g. 3,4,5 (default: auto)")
+    a.add_argument("--cache-blocks", default="auto", help="blocks the cached sampler reuses: auto (searched: in order "
+                   "of least change between steps, each block kept if the cache keeps FD within --cache-fd-tol), half "
+                   "(the half that changes least, not searched) or indices, e.g. 3,4,5 (default: auto)")
+    a.add_argument("--cache-fd-tol", type=float, default=1.1, help="--cache-blocks auto: the cached sampler's FD may be "
+                   "at most this multiple of the unskipped FD (default: 1.1)")
     a.add_argument("--cache-every", type=int, default=2, help="cached blocks recompute every N network evaluations "
                                                               "(default: 2)")
     a.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
