@@ -49,7 +49,7 @@ def _nf4_reference(w):
 
 
 def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bound():
-    from genlab.quant.ptq import NF4_BLOCK, get_format
+    from genlab.quant.ptq import get_format
     w = _weights(256, 128)
     m = _linear(w)
     get_format("nf4").apply(m, torch.device("cpu"))
