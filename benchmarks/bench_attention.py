@@ -194,25 +194,30 @@ def run_sigmoid(tokens, heads, head_dim, total, lines):
                 torch.cuda.empty_cache()
 
 
-def run_e2e(steps, warmup, attentions, profile_dir, lines):
-    lines += ["\n    genlab bench bench_longseq model.attention=X\n",
-              "| attention | img/s | step ms | fwd / bwd / opt ms | MFU | peak mem GiB |", "| --- | --- | --- | --- | --- | --- |"]
-    for att in attentions:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "r.json"
-            env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            cmd = [sys.executable, "-m", "genlab", "bench", "bench_longseq", f"model.attention={att}", "--steps",
-                   str(steps), "--warmup", str(warmup), "--json", str(out)]
-            if profile_dir and att != "sdpa":
-                cmd += ["--profile", str(Path(profile_dir) / f"profile_{att}")]
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            print(r.stdout[-4000:], r.stderr[-2000:], flush=True)
-            if r.returncode != 0 or not out.exists():
-                lines.append(f"| {att} | failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:120]} | | | | |")
-                continue
-            res = json.loads(out.read_text())
-        lines.append(f"| {att} | {res['samples_per_s']:.2f} | {res['step_ms']:.1f} | {res['fwd_ms']:.1f} / "
-                     f"{res['bwd_ms']:.1f} / {res['opt_ms']:.1f} | {100 * res['mfu']:.1f}% | {res['peak_mem_gib']:.2f} |")
+def run_e2e(steps, warmup, attentions, profile_dir, lines, heads=(16,)):
+    """genlab bench bench_longseq per attention kernel and head count (dim 256: 16 heads = head dim 16 as shipped,
+    4 heads = head dim 64, the same sequence: what the head size costs)."""
+    lines += ["\n    genlab bench bench_longseq model.heads=H model.attention=X\n",
+              "| head dim (heads) | attention | img/s | step ms | fwd / bwd / opt ms | MFU | peak mem GiB |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for h in heads:
+        for att in attentions:
+            row = f"| {256 // h} ({h}) | {att} |"
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "r.json"
+                env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                cmd = [sys.executable, "-m", "genlab", "bench", "bench_longseq", f"model.heads={h}",
+                       f"model.attention={att}", "--steps", str(steps), "--warmup", str(warmup), "--json", str(out)]
+                if profile_dir and att != "sdpa":
+                    cmd += ["--profile", str(Path(profile_dir) / f"profile_{att}_h{h}")]
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                print(r.stdout[-4000:], r.stderr[-2000:], flush=True)
+                if r.returncode != 0 or not out.exists():
+                    lines.append(f"{row} failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:120]} | | | | |")
+                    continue
+                res = json.loads(out.read_text())
+            lines.append(f"{row} {res['samples_per_s']:.2f} | {res['step_ms']:.1f} | {res['fwd_ms']:.1f} / "
+                         f"{res['bwd_ms']:.1f} / {res['opt_ms']:.1f} | {100 * res['mfu']:.1f}% | {res['peak_mem_gib']:.2f} |")
 
 
 def main():
@@ -221,6 +226,8 @@ def main():
     p.add_argument("--variants", default=DEFAULT_VARIANTS, help="comma list of EXP_MODE/BWD")
     p.add_argument("--e2e", action="store_true", help="also genlab bench bench_longseq with sdpa and triton")
     p.add_argument("--e2e-attention", default="sdpa,triton")
+    p.add_argument("--e2e-heads", default="16,4", help="--e2e: head counts of the dim-256 model (16: head dim 16 as "
+                   "shipped; 4: head dim 64)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile-dir", default=None, help="profile the non-sdpa e2e runs into this folder")
@@ -265,7 +272,8 @@ def main():
                 variants = [v for v in variants if "fixed" not in v][:2] or variants[:2]
             run_shape(SHAPES[s], variants, rate, lines)
     if args.e2e:
-        run_e2e(args.steps, args.warmup, args.e2e_attention.split(","), args.profile_dir, lines)
+        run_e2e(args.steps, args.warmup, args.e2e_attention.split(","), args.profile_dir, lines,
+                [int(h) for h in args.e2e_heads.split(",")])
     text = "\n".join(lines)
     print("\n" + text)
     if args.out:
