@@ -1,0 +1,153 @@
+"""Every GPU test, split over the visible GPUs (one pytest process per GPU), with a result per test even when a limit
+stops a stream: each stream runs `pytest -v` and its lines are read as they come, so a killed stream still reports
+what it finished and which tests it never reached.
+
+    python benchmarks/gpu_tests.py                        # -m gpu over tests/, one stream per visible GPU
+    python benchmarks/gpu_tests.py --limit 280 --per-test 150 -- tests/test_gpu.py -k graph_step
+    python benchmarks/gpu_tests.py --streams 2 --marker "" -- tests/test_foo.py   # CPU: two plain processes
+
+Prints a markdown table (stream, reached, passed, failed, skipped, stopped in) and the failed / not-reached ids, and
+writes the same to --out. Exit 0 only when every selected test ran and none failed. Runs with PYTHONPATH=src, as the
+suites do; the stream's pytest uses `python -m pytest` of this interpreter.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUTCOME = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+
+
+def selection(marker: str, args: list[str]) -> list[str]:
+    return [*(["-m", marker] if marker else []), *(args or [str(REPO / "tests")])]
+
+
+def collect(marker: str, args: list[str], env: dict) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *selection(marker, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    ids = [line.strip() for line in r.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if r.returncode not in (0, 5) or (not ids and r.returncode != 5):
+        sys.exit(f"gpu_tests.py: collection failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return ids
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, env: dict, limit: float,
+               per_test: int | None, log: Path) -> dict:
+    """pytest -v over the selection's items k, k + n, ... (this module as a plugin picks them: the same items as
+    `ids`) on one GPU, stopped (SIGTERM, then SIGKILL) at `limit` seconds; outcomes read per line."""
+    env = dict(env, GENLAB_TEST_STREAM=f"{k}/{n}", **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
+    timeout = ["--timeout", str(per_test)] if per_test else []
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "gpu_tests", "-W", "ignore", *timeout,
+           *sel]
+    outcomes: dict[str, str] = {}
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        timer = threading.Timer(limit, lambda: _stop(proc))
+        timer.start()
+        try:
+            for line in proc.stdout:
+                f.write(line)
+                m = OUTCOME.match(line.strip())
+                # -v names a test by its path from the current folder, the collection by its path from the rootdir
+                hit = m and next((i for i in ids if m.group(1) == i or m.group(1).endswith("/" + i)), None)
+                if hit:
+                    outcomes[hit] = m.group(2)
+        finally:
+            timer.cancel()
+            proc.wait()
+    missing = [i for i in ids if i not in outcomes]
+    return {"stream": k, "gpu": gpu, "ids": ids, "outcomes": outcomes, "stopped_in": missing[0] if missing else None,
+            "log": str(log)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """As a pytest plugin (`-p gpu_tests`, GENLAB_TEST_STREAM=k/n): keep items k, k + n, ... of the selection, after
+    the -m/-k deselection (trylast), so that stream k runs exactly ids[k::n] of the collection."""
+    k, _, n = os.environ.get("GENLAB_TEST_STREAM", "0/1").partition("/")
+    items[:] = items[int(k)::int(n)]
+
+
+pytest_collection_modifyitems.trylast = True  # pluggy reads the attribute set by @pytest.hookimpl(trylast=True)
+
+
+def _stop(proc):
+    """SIGTERM to the stream's process group (pytest stops at once), SIGKILL if it is still there 10 s later."""
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def report(results: list[dict]) -> tuple[str, bool]:
+    lines = ["| stream (GPU) | tests | reached | passed | failed | skipped | stopped in |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    failed, missing = [], []
+    for r in results:
+        out = r["outcomes"]
+        count = {s: sum(v == s for v in out.values()) for s in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+        lines.append(f"| {r['stream']} ({'-' if r['gpu'] is None else r['gpu']}) | {len(r['ids'])} | {len(out)} | "
+                     f"{count['PASSED']} | {count['FAILED'] + count['ERROR']} | {count['SKIPPED']} | "
+                     f"{r['stopped_in'] or '-'} |")
+        failed += [i for i, v in out.items() if v in ("FAILED", "ERROR")]
+        missing += [i for i in r["ids"] if i not in out]
+    total = sum(len(r["ids"]) for r in results)
+    reached = sum(len(r["outcomes"]) for r in results)
+    lines += ["", f"{reached} of {total} tests reached; {len(failed)} failed; {len(missing)} not reached."]
+    lines += [f"- failed: {i}" for i in failed] + [f"- not reached: {i}" for i in missing]
+    return "\n".join(lines), not failed and not missing
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--marker", default="gpu", help="pytest -m expression of the selection (default: gpu; '' for none)")
+    p.add_argument("--streams", type=int, default=0, help="processes (default: one per visible GPU, at least 1)")
+    p.add_argument("--limit", type=float, default=540, help="seconds before a stream is stopped (default: 540)")
+    p.add_argument("--per-test", type=int, default=None, help="pytest-timeout per test, seconds (needs pytest-timeout)")
+    p.add_argument("--out", default=None, help="also write the table to this markdown file; stream logs beside it")
+    p.add_argument("pytest_args", nargs="*", help="after --: paths and options of the selection (default: tests)")
+    args = p.parse_args(argv)
+    if args.streams < 0 or args.limit <= 0:
+        p.error("--streams must be >= 0 and --limit > 0")
+    path = os.pathsep.join([str(REPO / "src"), str(REPO / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    ids = collect(args.marker, args.pytest_args, env)
+    gpus = visible_gpus()
+    n = max(1, min(args.streams or gpus or 1, len(ids) or 1))
+    logs = Path(args.out).parent if args.out else Path(os.environ.get("TMPDIR", "/tmp"))
+    logs.mkdir(parents=True, exist_ok=True)
+    results: list[dict] = [None] * n
+    sel = selection(args.marker, args.pytest_args)
+    threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, run_stream(
+        k, n, sel, ids[k::n], k % gpus if gpus else None, env, args.limit, args.per_test,
+        logs / f"gpu_tests_stream{k}.log"))) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    text, ok = report(results)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

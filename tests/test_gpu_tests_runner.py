@@ -1,0 +1,59 @@
+"""benchmarks/gpu_tests.py: a selection split over streams, one outcome per test read from each stream's pytest -v
+lines, and the tests a stopped stream never reached named (what the device calls lose when a limit strikes)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tests.py"
+
+FAKE = '''
+import time
+import pytest
+
+def test_a_pass():
+    pass
+
+def test_b_fail():
+    assert 1 == 2
+
+def test_c_skip():
+    pytest.skip("no device")
+
+def test_d_slow():
+    time.sleep(120)
+
+@pytest.mark.parametrize("x", ["p q", "r"])
+def test_e_after(x):
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_streams_report_each_outcome_and_what_a_stopped_stream_never_reached(tmp_path):
+    (tmp_path / "test_fake_device.py").write_text(FAKE)
+    out = tmp_path / "out" / "t.md"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "2", "--marker", "", "--limit", "20", "--out", str(out),
+                        "--", str(tmp_path / "test_fake_device.py")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr  # one failed, two not reached
+    text = out.read_text()
+    # stream 0 runs items 0, 2, 4 (a, c, e[p q]); stream 1 runs 1, 3, 5 (b, d, e[r]) and is stopped in d
+    assert "| 0 (-) | 3 | 3 | 2 | 0 | 1 | - |" in text
+    assert "| 1 (-) | 3 | 1 | 0 | 1 | 0 | test_fake_device.py::test_d_slow |" in text
+    assert "4 of 6 tests reached; 1 failed; 2 not reached." in text
+    assert "- failed: test_fake_device.py::test_b_fail" in text
+    assert "- not reached: test_fake_device.py::test_d_slow" in text and "- not reached: test_fake_device.py::test_e_after[r]" in text
+    assert "test_a_pass PASSED" in (out.parent / "gpu_tests_stream0.log").read_text()
+
+
+def test_a_selection_that_runs_whole_and_passes_exits_0(tmp_path):
+    (tmp_path / "test_ok.py").write_text("import pytest\n\ndef test_one():\n    pass\n\n"
+                                          "@pytest.mark.skip(reason='x')\ndef test_two():\n    pass\n")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "3", "--marker", "", "--out", str(tmp_path / "o.md"),
+                        "--", str(tmp_path / "test_ok.py")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 of 2 tests reached; 0 failed; 0 not reached." in r.stdout  # 3 streams asked, 2 tests: 2 streams
+    assert r.stdout.count("(-) | 1 | 1 |") == 2
