@@ -2,9 +2,9 @@
 a block marked safe computes its residual contribution r = block(h) - h on one network evaluation and reuses it,
 h + r, on the next `every - 1` evaluations, instead of learning a router. Safe blocks are those whose contribution
 changes least between consecutive evaluations of a sampling pass (`block_change`) and keep the FD within a tolerance
-when cached (`search_cacheable`), or a list the user gives. The
-step-aware variant (`step_schedule`) picks (evaluation, block) pairs from the same measurement, as L2C's router is
-per timestep; it is read off one measured pass, not trained.
+when cached (`search_cacheable`), or a list the user gives. The step-aware variant (`step_schedule`) picks
+(evaluation, block) pairs from the same measurement, as L2C's router is per timestep; it is read off one measured
+pass, not trained.
 """
 from __future__ import annotations
 

@@ -149,22 +149,27 @@ def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
             "block_evals_saved": counts["reused"] / max(1, evaluations * len(base.blocks))}
 
 
-def _search(sampler, base, ref, change, every, tol):
-    """--cache-blocks auto: the blocks whose cache keeps FD within tol x the unskipped FD (cache.search_cacheable)."""
-    from genlab.analyze.cache import cached_blocks, search_cacheable
+def _search(sampler, base, ref, ref_seconds, change, every, tol):
+    """--cache-blocks auto: the blocks whose cache keeps FD within tol x the unskipped FD (cache.search_cacheable).
+    Returns them, the trail, and the scores of the kept set (its last trial pass, the fixed cache's row)."""
+    from genlab.analyze.cache import search_cacheable
+    scored = {}
 
     def score(blocks):
-        with cached_blocks(base, blocks, every=every):
-            _, m = sampler.score(f"analyze: cache search, blocks {','.join(map(str, blocks))}")
-        return {**m, "fd_ratio": m["feature_fd"] / ref["feature_fd"]}
-    return search_cacheable(change, tol, score)
+        scored[tuple(blocks)] = _cached_scores(sampler, base, ref, ref_seconds,
+                                               f"analyze: cache search, blocks {','.join(map(str, blocks))}",
+                                               indices=blocks, every=every)
+        return scored[tuple(blocks)]
+    kept, trail = search_cacheable(change, tol, score)
+    return kept, trail, scored.get(tuple(kept))
 
 
-def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every):
-    """The fixed cache (these blocks, every `every` evaluations), then the step-aware schedule that reuses the same
-    share of block evaluations, picked per evaluation from the warm-up's measured changes."""
+def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every, fixed=None):
+    """The fixed cache (these blocks, every `every` evaluations; `fixed`: already scored), then the step-aware
+    schedule that reuses the same share of block evaluations, picked per evaluation from the warm-up's changes."""
     from genlab.analyze.cache import step_schedule
-    fixed = _cached_scores(sampler, base, ref, ref_seconds, "analyze: cached sampler", indices=blocks, every=every)
+    fixed = fixed or _cached_scores(sampler, base, ref, ref_seconds, "analyze: cached sampler", indices=blocks,
+                                    every=every)
     plan = step_schedule(measured, fixed["block_evals_saved"], len(base.blocks))
     stepped = _cached_scores(sampler, base, ref, ref_seconds, "analyze: step-aware cache", indices=[], schedule=plan,
                              period=measured.evaluations)
@@ -223,10 +228,10 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
             _skip_rows(sampler, base, ref_samples, ref, res["skip"], lambda: _save(out, res))
             res["skip_plot"] = report.skip_plot(res["skip"], out).name
         if "cache" in what:
-            search = None
+            search = fixed = None
             if blocks is None:
-                blocks, search = _search(sampler, base, ref, change, cache_every, cache_tol)
-            res["cache"] = (_cache_result(sampler, base, ref, tm["seconds"], blocks, change, measured, cache_every)
+                blocks, search, fixed = _search(sampler, base, ref, tm["seconds"], change, cache_every, cache_tol)
+            res["cache"] = (_cache_result(sampler, base, ref, tm["seconds"], blocks, change, measured, cache_every, fixed)
                             if blocks else {"blocks": [], "every": cache_every, "change": change})
             if search is not None:
                 res["cache"]["search"] = {"fd_tol": cache_tol, "trail": search}
