@@ -39,6 +39,33 @@ def test_method_cache_blocks_samples_as_the_cached_blocks_context(name):
     assert torch.equal(_sample(plain, model), ref)
 
 
+def test_blocks_compiled_in_place_sample_cached_without_recompiling():
+    """train.compile=blocks compiles each block in place; the cache's bookkeeping (which evaluation reuses, the saved
+    residuals) must stay outside the compiled call, or dynamo guards on it and recompiles at every evaluation. Eager
+    backend: dynamo's guards and graphs without inductor's compile time."""
+    from torch._dynamo.utils import counters
+    model, plain = _model("dit")
+    cached = _with_cache("dit", "1,2")
+    want = _sample(cached, model)
+    torch._dynamo.reset()
+    counters.clear()
+    for b in model.blocks:
+        b.compile(backend="eager")
+    warm = _sample(plain, model)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1  # the blocks did run compiled
+    for _ in range(3):
+        with cached_blocks(model, [1, 2], every=2) as counts:
+            got = _sample(plain, model)
+        assert counts["reused"] == 2 * 3 and counts["computed"] == 2 * 3
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # dynamo's graph: float32 reordering only
+        torch.testing.assert_close(_sample(cached, model), want, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs  # no evaluation compiled anything new
+    assert not torch.allclose(warm, want, atol=1e-4)  # the cache did change the samples
+    assert all("forward" not in vars(b) and b._compiled_call_impl is not None for b in model.blocks)
+    torch._dynamo.reset()
+
+
 def test_a_cache_every_past_the_evaluations_reuses_from_the_first_call_on():
     model, plain = _model("dit")
     with cached_blocks(model, [0, 3], every=99):

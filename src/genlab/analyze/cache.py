@@ -143,8 +143,7 @@ def cached_blocks(model, indices, every: int = 2, schedule: dict[int, frozenset[
             return i in schedule.get(state["call"] % period, ())
         return state["call"] % every != 0
 
-    def wrap(i, block):
-        run, n = type(block).forward.__get__(block), streams_of(block)
+    def wrap(i, run, n):
 
         def forward(*args, **kw):
             inputs = args[:n]
@@ -159,14 +158,23 @@ def cached_blocks(model, indices, every: int = 2, schedule: dict[int, frozenset[
             return out
         return forward
     blocks = {i: model.blocks[i] for i in sorted(set(indices))}
+    compiled = {i: b._compiled_call_impl for i, b in blocks.items() if getattr(b, "_compiled_call_impl", None)}
     for i, b in blocks.items():
-        b.forward = wrap(i, b)
+        if i in compiled:
+            # a block compiled in place (train.compile=blocks): the bookkeeping above runs around its compiled call,
+            # not inside it, where dynamo would guard on `saved` and `state` and recompile at every evaluation
+            b._compiled_call_impl = wrap(i, compiled[i], streams_of(b))
+        else:
+            b.forward = wrap(i, type(b).forward.__get__(b), streams_of(b))
     try:
         with _on_calls(model, tick):
             yield state
     finally:
-        for b in blocks.values():
-            del b.forward
+        for i, b in blocks.items():
+            if i in compiled:
+                b._compiled_call_impl = compiled[i]
+            else:
+                del b.forward
 
 
 @contextmanager
