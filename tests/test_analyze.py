@@ -129,7 +129,41 @@ def test_cached_blocks_recompute_every_other_evaluation_and_reuse_the_residual(n
         assert torch.equal(model(x, t, y), ref)  # restored
 
 
-def test_block_change_is_recorded_per_evaluation_and_the_schedule_takes_the_least_changed_pairs():
+def _plan_drift(at, plan, evaluations, depth):
+    """Naive reference: the plan's total drift, each reused (k, i) costing the sum of block i's changes since its last
+    computed evaluation, through k."""
+    total = 0.0
+    for i in range(depth):
+        since = 0.0
+        for k in range(1, evaluations):
+            if i in plan.get(k, ()):
+                since += at[(k, i)]
+                total += since
+            else:
+                since = 0.0
+    return total
+
+
+def _naive_greedy(at, n, evaluations, depth):
+    """The schedule's greedy, by brute force: each time the pair whose addition raises the plan's total drift least
+    (ties: the lower evaluation, then the lower block)."""
+    plan: dict[int, set[int]] = {}
+    for _ in range(n):
+        base = _plan_drift(at, plan, evaluations, depth)
+        best = None
+        for k in range(1, evaluations):
+            for i in range(depth):
+                if i in plan.get(k, ()):
+                    continue
+                trial = {kk: set(v) for kk, v in plan.items()}
+                trial.setdefault(k, set()).add(i)
+                key = (_plan_drift(at, trial, evaluations, depth) - base, k, i)
+                best = key if best is None or key < best else best
+        plan.setdefault(best[1], set()).add(best[2])
+    return {k: frozenset(v) for k, v in sorted(plan.items())}
+
+
+def test_block_change_is_recorded_per_evaluation_and_the_schedule_follows_the_measured_changes():
     from genlab.analyze.cache import block_change, step_schedule
     model, method = _model("dit")
     with block_change(model) as ch:
@@ -140,7 +174,33 @@ def test_block_change_is_recorded_per_evaluation_and_the_schedule_takes_the_leas
     plan = step_schedule(ch, 0.25, depth=4)  # a quarter of 6 x 4 block evaluations: 6 pairs
     pairs = {(k, i) for k, v in plan.items() for i in v}
     assert len(pairs) == 6 and 0 not in plan
-    assert max(ch.at[p] for p in pairs) <= min(v for p, v in ch.at.items() if p not in pairs)
+    assert plan == _naive_greedy(ch.at, 6, 6, 4)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_schedule_is_the_greedy_on_total_drift_by_brute_force(seed):
+    """Integer changes, so that the fast path's running sums and the reference's are exact and ties break alike."""
+    from genlab.analyze.cache import BlockChange, step_schedule
+    g = torch.Generator().manual_seed(seed)
+    evaluations, depth = 7, 3
+    ch = BlockChange()
+    ch.evaluations = evaluations
+    ch.at = {(k, i): float(torch.randint(1, 50, (), generator=g)) for k in range(1, evaluations) for i in range(depth)}
+    for share in (0.1, 0.3, 0.6):
+        n = int(round(share * evaluations * depth))
+        assert step_schedule(ch, share, depth) == _naive_greedy(ch.at, n, evaluations, depth)
+
+
+def test_a_block_that_barely_changes_is_not_reused_at_every_evaluation():
+    """Block 0 changes least at every step; picking by single-step change alone would reuse it at evaluations 1-3, its
+    residual from evaluation 0 ever staler (drift 1 + 2 + 3). The schedule spreads its reuses between computes."""
+    from genlab.analyze.cache import BlockChange, step_schedule
+    ch = BlockChange()
+    ch.evaluations = 7
+    ch.at = {(k, i): (1.0 if i == 0 else 10.0) for k in range(1, 7) for i in range(2)}
+    plan = step_schedule(ch, 3 / 14, depth=2)
+    assert plan == {1: frozenset({0}), 3: frozenset({0}), 5: frozenset({0})}
+    assert _plan_drift(ch.at, plan, 7, 2) == 3.0
 
 
 @pytest.mark.parametrize("name", BACKBONES)

@@ -8,6 +8,7 @@ pass, not trained.
 """
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 
@@ -77,13 +78,49 @@ def block_change(model):
 
 def step_schedule(change: BlockChange, share: float, depth: int) -> dict[int, frozenset[int]]:
     """A step-aware plan in the spirit of Learning-to-Cache's per-timestep router, read off one measured pass instead
-    of learned: the (evaluation, block) pairs whose contribution changed least, as many as `share` of the pass's
-    block evaluations. {k: blocks that reuse their last residual at evaluation k}; evaluation 0 always computes."""
-    n = int(round(share * change.evaluations * depth))
-    picked: dict[int, set[int]] = {}
-    for k, i in sorted(change.at, key=lambda ki: (change.at[ki], ki))[:n]:
-        picked.setdefault(k, set()).add(i)
-    return {k: frozenset(v) for k, v in sorted(picked.items())}
+    of learned: `share` of the pass's block evaluations reuse, picked greedily by the drift they add. Block i reused
+    at evaluation k serves the residual of its last computed evaluation c, off by about the sum of its changes
+    c+1..k (the triangle inequality), so a pair's cost is that drift, plus the same amount again for each reuse right
+    after it in the block's run (their residual now comes from c too). Reusing one block at every evaluation because
+    its single-step change is small is thereby priced as what it is: an ever staler residual.
+    {k: blocks that reuse their last residual at evaluation k}; evaluation 0 always computes."""
+    import heapq
+    e = change.evaluations
+    n = int(round(share * e * depth))
+    reuse = [[False] * e for _ in range(depth)]
+    version = [0] * depth
+    heap: list[tuple[float, int, int, int]] = []
+
+    def push_costs(i):
+        d = [change.at.get((k, i), math.inf) for k in range(e)]
+        drift = [0.0] * e  # drift[k]: sum of d since the last computed evaluation before k, through k
+        for k in range(1, e):
+            drift[k] = d[k] + (drift[k - 1] if reuse[i][k - 1] else 0.0)
+        run = 0  # reuses right after k
+        for k in range(e - 1, 0, -1):
+            if reuse[i][k]:
+                run += 1
+                continue
+            if math.isfinite(drift[k]):
+                heapq.heappush(heap, (drift[k] * (1 + run), k, i, version[i]))
+            run = 0
+    for i in range(depth):
+        push_costs(i)
+    picked = 0
+    while picked < n and heap:
+        _, k, i, v = heapq.heappop(heap)
+        if v != version[i]:
+            continue  # priced before block i's last pick
+        reuse[i][k] = True
+        picked += 1
+        version[i] += 1
+        push_costs(i)
+    plan: dict[int, set[int]] = {}
+    for i in range(depth):
+        for k in range(1, e):
+            if reuse[i][k]:
+                plan.setdefault(k, set()).add(i)
+    return {k: frozenset(v) for k, v in sorted(plan.items())}
 
 
 def parse_block_list(text: str, key: str, auto: bool = True) -> list[int] | None:

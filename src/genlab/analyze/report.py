@@ -124,9 +124,10 @@ def _cache_lines(c: dict, ref: dict) -> list[str]:
         if "scheduled" in c:
             sc = c["scheduled"]
             lines += ["", f"The step-aware schedule reuses {100 * sc['block_evals_saved']:.0f}% of the block evaluations "
-                      f"too, but picks them per evaluation (of {sc['evaluations']} per pass): the (evaluation, block) pairs "
-                      "whose contribution changed least in the warm-up pass, as Learning-to-Cache's router is per "
-                      "timestep (read off one measured pass here, not trained). Reused blocks by evaluation: "
+                      f"too, but picks them per evaluation (of {sc['evaluations']} per pass), greedily by the drift each "
+                      "reuse adds (a block's summed change in the warm-up pass since it last computed), as "
+                      "Learning-to-Cache's router is per timestep (read off one measured pass here, not trained). "
+                      "Reused blocks by evaluation: "
                       + ("; ".join(f"{k}: {','.join(map(str, v))}" for k, v in sc["reuse"].items()) or "none") + "."]
         lines += ["",
                   "Sample or evaluate with the fixed cache: `genlab sample RUN method.cache_blocks="
