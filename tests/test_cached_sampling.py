@@ -66,6 +66,30 @@ def test_blocks_compiled_in_place_sample_cached_without_recompiling():
     torch._dynamo.reset()
 
 
+def test_method_cache_schedule_samples_as_the_scheduled_context_and_checks_its_evaluation_count():
+    """Heun, 3 steps = 6 evaluations: the plan '6/1:1,2;3:0,3' (reuse at two correctors) against the analysis's
+    context with that schedule; at
+    4 steps (8 evaluations) the plan would reuse at the wrong evaluations, so sampling is refused."""
+    from genlab.errors import GenlabError
+    model, plain = _model("dit")
+    plan = {1: frozenset({1, 2}), 3: frozenset({0, 3})}
+    with cached_blocks(model, [], schedule=plan, period=6) as counts:
+        want = _sample(plain, model)
+    assert counts["reused"] == 4
+    from genlab.config import load_config
+    from genlab.train.step import build_model_and_method
+    cfg = load_config("digits_flow", TINY + ["model.depth=4"])
+    cfg.method.cache_schedule = "6/3:3,0;1:2,1"  # as genlab eval / sample set it on a trained run's config
+    cached = build_model_and_method(cfg, SPEC)[1]
+    assert cached.cache_schedule == (6, plan)
+    got = _sample(cached, model)
+    assert torch.equal(got, want) and not torch.allclose(got, _sample(plain, model), atol=1e-4)
+    with pytest.raises(GenlabError, match="a plan for 6 network evaluations per sample, and sampler heun at 4 steps "
+                                          "makes 8"):
+        _sample(cached, model, steps=4)
+    assert all("forward" not in vars(b) for b in model.blocks)
+
+
 def test_a_cache_every_past_the_evaluations_reuses_from_the_first_call_on():
     model, plain = _model("dit")
     with cached_blocks(model, [0, 3], every=99):
@@ -79,9 +103,15 @@ def test_a_cache_every_past_the_evaluations_reuses_from_the_first_call_on():
     ("two", "method.cache_blocks must be comma-separated block indices >= 0"),
     ("-1", "method.cache_blocks must be comma-separated block indices >= 0"),
     ("auto", "method.cache_blocks=auto takes the blocks `genlab analyze RUN --what cache` picked"),
+    ("schedule=auto", "method.cache_schedule is a sampling plan measured on a trained run"),
+    ("schedule=6/1:2", "method.cache_schedule is a sampling plan measured on a trained run"),
 ])
 def test_bad_cache_blocks_are_refused_before_training(tmp_path, capfd, value, expect):
-    r = cli_in_process(capfd, "train", "digits_flow", "model.depth=4", f"method.cache_blocks={value}",
+    """`schedule=X` is method.cache_schedule=X; a leading block list also sets method.cache_blocks."""
+    blocks, _, schedule = value.rpartition("schedule=") if "schedule=" in value else (value, "", "")
+    keys = ([f"method.cache_blocks={blocks.strip()}"] if blocks.strip() else []) + \
+        ([f"method.cache_schedule={schedule}"] if schedule else [])
+    r = cli_in_process(capfd, "train", "digits_flow", "model.depth=4", *keys,
                        f"train.out_dir={tmp_path}", "train.name=bad")
     assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert not (tmp_path / "bad").exists()
@@ -127,6 +157,48 @@ def test_sample_with_auto_draws_what_the_picked_indices_draw(analysed_run, tmp_p
     assert outs["auto"].read_bytes() == outs["idx"].read_bytes() != outs["plain"].read_bytes()
 
 
+def test_eval_with_the_analysed_schedule_scores_what_the_analysis_scored(analysed_run, capfd, tmp_path):
+    """`method.cache_schedule=auto` takes the analysis's step-aware schedule and reproduces its scores on the same
+    samples; sampled with another number of evaluations than the analysis's, it is refused in one line, before any
+    file is written."""
+    res = json.loads((analysed_run / "analysis" / "analysis.json").read_text())
+    sc = res["cache"]["scheduled"]
+    assert res["sampler"] == "heun" and res["sample_steps"] == 3 and sc["evaluations"] == 6 and sc["reuse"]
+    args = ("eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3", "eval.metrics=accuracy,fd")
+    r = cli_in_process(capfd, *args, "method.cache_schedule=auto")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["feature_fd"] == pytest.approx(sc["feature_fd"], rel=1e-6)
+    assert got["sample_accuracy"] == pytest.approx(sc["sample_accuracy"])
+    r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=4",
+                       "method.cache_schedule=auto")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "a plan for 6 network evaluations per sample, and sampler heun at 4 steps makes 8" in r.stderr
+    r = cli_in_process(capfd, *args, "eval.nfe_list=2,4", "method.cache_schedule=auto")
+    assert r.returncode == 2 and "eval.nfe_list samples at several NFEs" in r.stderr, r.stderr
+    out = tmp_path / "s.png"
+    r = cli_in_process(capfd, "sample", analysed_run, "method.cache_schedule=auto", "--steps", "5", "--out", out,
+                       "--device", "cpu")
+    assert r.returncode == 2 and "sampler heun at 5 steps makes 10" in r.stderr and not out.exists(), r.stderr
+
+
+@pytest.mark.parametrize("value,expect", [
+    ("6/1:9", "method.cache_schedule=6/1:9: block 9 out of range; this model has blocks 0..3"),
+    ("6/6:1", "method.cache_schedule must be 'P/k:b,b;k:b'"),
+    ("6/0:1", "method.cache_schedule must be 'P/k:b,b;k:b'"),
+    ("6/1:", "method.cache_schedule must be 'P/k:b,b;k:b'"),
+    ("six/1:2", "method.cache_schedule must be 'P/k:b,b;k:b'"),
+    ("6", "method.cache_schedule must be 'P/k:b,b;k:b'"),
+])
+def test_bad_cache_schedules_are_refused_before_sampling(analysed_run, capfd, value, expect):
+    r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3",
+                       f"method.cache_schedule={value}")
+    assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3",
+                       "method.cache_schedule=6/1:2", "method.cache_blocks=1")
+    assert r.returncode == 2 and "two ways to cache blocks; set one of them" in r.stderr, r.stderr
+
+
 def test_auto_without_an_analysis_is_one_line_and_writes_nothing(tmp_path, capfd):
     from genlab.config import load_config
     from genlab.train.trainer import Trainer
@@ -134,6 +206,9 @@ def test_auto_without_an_analysis_is_one_line_and_writes_nothing(tmp_path, capfd
                                                "train.name=r", "eval.num_samples=0", "log.sample_every=0"])).fit()
     out = tmp_path / "s.png"
     r = cli_in_process(capfd, "sample", tmp_path / "r", "method.cache_blocks=auto", "--out", out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "genlab analyze RUN --what cache" in r.stderr, r.stderr
+    assert not out.exists()
+    r = cli_in_process(capfd, "sample", tmp_path / "r", "method.cache_schedule=auto", "--out", out)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "genlab analyze RUN --what cache" in r.stderr, r.stderr
     assert not out.exists()
     r = cli_in_process(capfd, "sample", tmp_path / "r", "model.depth=2", "--out", out)

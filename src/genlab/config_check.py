@@ -142,6 +142,10 @@ def unused_options(cfg) -> list[tuple[str, str]]:
 
 def _check_train(cfg):
     t = cfg.train
+    if str(getattr(cfg.method, "cache_schedule", "")).strip():
+        raise GenlabError("method.cache_schedule is a sampling plan measured on a trained run (genlab analyze RUN --what "
+                          "cache): set it on genlab eval / genlab sample, not for training (method.cache_blocks caches "
+                          "during training's evaluations)")
     if t.batch_size % t.grad_accum:
         raise GenlabError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):

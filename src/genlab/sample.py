@@ -34,27 +34,44 @@ def check_eval_overrides(cfg, overrides) -> None:
 
 def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
     """method.cache_blocks=auto: the blocks `genlab analyze RUN --what cache` picked for this run (its
-    analysis/analysis.json): those whose cache kept the FD within its tolerance (or the half that changes least)."""
+    analysis/analysis.json): those whose cache kept the FD within its tolerance (or the half that changes least).
+    method.cache_schedule=auto: the step-aware schedule that analysis measured (a plan for its sampler's number of
+    network evaluations per sample; sampling with another number is refused when it starts, flow.py)."""
     out = []
     for o in overrides:
         key, _, value = o.partition("=")
-        if key.strip() == "method.cache_blocks" and value.strip() == "auto":
+        key = key.strip()
+        if key in ("method.cache_blocks", "method.cache_schedule") and value.strip() == "auto":
             f = _run_dir(where) / "analysis" / "analysis.json"
             try:
-                cache = json.loads(f.read_text()).get("cache")
-                blocks = cache.get("blocks")
+                res = json.loads(f.read_text())
+                cache = res.get("cache")
             except (OSError, ValueError, AttributeError):
-                cache = blocks = None
-            if cache and blocks == []:
-                raise GenlabError(f"method.cache_blocks=auto: the analysis in {f} found no block that can be cached within "
-                                  f"its FD tolerance (--cache-fd-tol); give indices to cache anyway, e.g. "
-                                  f"method.cache_blocks=2,3")
-            if not blocks:
-                raise GenlabError(f"method.cache_blocks=auto reads the blocks `genlab analyze RUN --what cache` picked, and "
-                                  f"{f} has none: run that first, or give indices, e.g. method.cache_blocks=2,3")
-            o = f"method.cache_blocks={','.join(str(b) for b in blocks)}"
+                res, cache = {}, None
+            o = _blocks_auto(cache, f) if key == "method.cache_blocks" else _schedule_auto(cache, f)
         out.append(o)
     return out
+
+
+def _blocks_auto(cache, f) -> str:
+    blocks = cache.get("blocks") if isinstance(cache, dict) else None
+    if cache and blocks == []:
+        raise GenlabError(f"method.cache_blocks=auto: the analysis in {f} found no block that can be cached within "
+                          f"its FD tolerance (--cache-fd-tol); give indices to cache anyway, e.g. method.cache_blocks=2,3")
+    if not blocks:
+        raise GenlabError(f"method.cache_blocks=auto reads the blocks `genlab analyze RUN --what cache` picked, and "
+                          f"{f} has none: run that first, or give indices, e.g. method.cache_blocks=2,3")
+    return f"method.cache_blocks={','.join(str(b) for b in blocks)}"
+
+
+def _schedule_auto(cache, f) -> str:
+    from genlab.methods.flow import format_cache_schedule
+    sc = cache.get("scheduled") if isinstance(cache, dict) else None
+    if not sc or not sc.get("reuse"):
+        raise GenlabError(f"method.cache_schedule=auto reads the step-aware schedule `genlab analyze RUN --what cache` "
+                          f"measured, and {f} has none: run that first")
+    plan = {int(k): v for k, v in sc["reuse"].items()}
+    return f"method.cache_schedule={format_cache_schedule(int(sc['evaluations']), plan)}"
 
 
 def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):

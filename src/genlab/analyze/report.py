@@ -132,8 +132,9 @@ def _cache_lines(c: dict, ref: dict) -> list[str]:
         lines += ["",
                   "Sample or evaluate with the fixed cache: `genlab sample RUN method.cache_blocks="
                   f"{','.join(str(b) for b in c['blocks'])} method.cache_every={c['every']}` (or `genlab eval`; "
-                  "`method.cache_blocks=auto` reads the blocks from RUN/analysis/analysis.json; the step-aware schedule "
-                  "is measured here only)."]
+                  "`method.cache_blocks=auto` reads the blocks from RUN/analysis/analysis.json); with the step-aware "
+                  "schedule: `genlab sample RUN method.cache_schedule=auto` (the same sampler and steps as this "
+                  "analysis)."]
     if c.get("change"):
         lines += ["", "Mean relative change of each block's contribution between consecutive evaluations: "
                   + ", ".join(f"{i}: {v:.3g}" for i, v in c["change"].items()), ""]

@@ -205,6 +205,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
         data = data.reference()
     res = {"run": str(run), "step": state["step"], "model": cfg.model.name, "depth": len(base.blocks),
            "method": cfg.method.name, "eval_samples": cfg.eval.num_samples, "sample_steps": cfg.eval.sample_steps,
+           "sampler": cfg.method.sampler,
            "cfg_scale": cfg.eval.cfg_scale, "device": str(dev), "complete": False}
     if "cka" in what:
         images, labels = _real_batch(data, min(batch, len(data)), dev)

@@ -15,7 +15,7 @@ from genlab.errors import GenlabError
 from genlab.eval.metrics import EVAL_IMAGE_KEYS
 from genlab.methods.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.methods.base import Extra, Method
-from genlab.methods.samplers import call_sampler, time_grid
+from genlab.methods.samplers import call_sampler, nfe_per_step, time_grid
 from genlab.methods.timesteps import resolve_shift, shift_time
 from genlab import config_fields as cf
 from genlab.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
@@ -87,6 +87,7 @@ class FlowMatching(Method):
         self.weight = loss_weighting_registry.get(m.loss_weighting)
         self.cfg_interval = parse_interval(m.cfg_interval)
         self.cache_blocks = cached_block_plan(cfg)  # sampling only: blocks reusing their last residual (analyze/cache.py)
+        self.cache_schedule = cache_schedule_plan(cfg)  # sampling only: (period, {evaluation: blocks}) or None
         # model.final_kernel (dit only): the backbone computes the loss from the target (models/fused_final.py)
         self.fused_final = getattr(cfg.model, "final_kernel", "plain") != "plain"
 
@@ -164,27 +165,50 @@ class FlowMatching(Method):
                                 self.cfg_interval)
         ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
         extra = self.sample_conditions(n, device) if conditions is None else conditions
-        with self._block_cache(base):
-            return call_sampler(sampler_registry.get(sampler or self.mcfg.sampler), velocity, x, ts, callback=callback,
+        sampler = sampler or self.mcfg.sampler
+        with self._block_cache(base, sampler, len(ts) - 1):
+            return call_sampler(sampler_registry.get(sampler), velocity, x, ts, callback=callback,
                                 extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
 
     @contextlib.contextmanager
-    def _block_cache(self, base):
+    def _block_cache(self, base, sampler: str, steps: int):
         """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
-        reuse their last residual contribution in between (analyze/cache.py); nothing when it is empty."""
-        if not self.cache_blocks:
-            yield
-            return
+        reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
+        its evaluations (analyze/cache.py). Nothing when both are empty."""
         from genlab.analyze.cache import cached_blocks
-        with cached_blocks(base, self.cache_blocks, self.mcfg.cache_every):
+        if self.cache_schedule:
+            self.check_cache_schedule(steps, sampler)
+            period, plan = self.cache_schedule
+            with cached_blocks(base, [], schedule=plan, period=period):
+                yield
+        elif self.cache_blocks:
+            with cached_blocks(base, self.cache_blocks, self.mcfg.cache_every):
+                yield
+        else:
             yield
+
+    def check_cache_schedule(self, steps: int, sampler: str) -> None:
+        """A cache plan is indexed by network evaluation: on another count per sample it would reuse at the wrong
+        times, so sampling with one is refused."""
+        period = self.cache_schedule[0]
+        nfe = steps * nfe_per_step(sampler)
+        if nfe != period:
+            raise GenlabError(f"method.cache_schedule is a plan for {period} network evaluations per sample, and "
+                              f"sampler {sampler} at {steps} steps makes {nfe}: sample with the steps and sampler it "
+                              f"was measured with, or run `genlab analyze RUN --what cache` with these")
 
     def sample_conditions(self, n: int, device) -> dict:
         """The extra model inputs at sampling time (a subclass that adds a condition returns its value here)."""
         return {}
 
     def check_eval(self, cfg) -> None:
-        """Before training or sampling: eval.metrics valid and their weights files present."""
+        """Before training or sampling: eval.metrics valid and their weights files present; a cache schedule fits
+        the evaluation's sampler and steps (and no NFE table, which samples at several)."""
+        if self.cache_schedule and cfg.eval.num_samples > 0:
+            if str(cfg.eval.nfe_list).strip():
+                raise GenlabError("eval.nfe_list samples at several NFEs and method.cache_schedule is a plan for one; "
+                                  "drop one of them (method.cache_blocks works at any NFE)")
+            self.check_cache_schedule(cfg.eval.sample_steps, cfg.method.sampler)
         if cfg.eval.num_samples > 0:
             from genlab.eval.metrics import check_metrics
             check_metrics(cfg.eval)
@@ -265,11 +289,52 @@ def cached_block_plan(cfg) -> list[int]:
     return idx
 
 
+def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
+    """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off): at evaluation k of each pass of P
+    network evaluations the blocks b reuse their last residual. `auto` is resolved by genlab eval / sample from the
+    run's analysis (sample.py), like method.cache_blocks=auto."""
+    text = str(cfg.method.cache_schedule).strip()
+    if not text:
+        return None
+    key = "method.cache_schedule"
+    if text == "auto":
+        raise GenlabError(f"{key}=auto takes the step-aware schedule `genlab analyze RUN --what cache` measured, so it "
+                          "is for genlab eval / genlab sample of an analysed run; give a plan here, e.g. "
+                          f"{key}=20/2:0,1;4:0")
+    if str(cfg.method.cache_blocks).strip():
+        raise GenlabError(f"method.cache_blocks and {key} are two ways to cache blocks; set one of them")
+    from genlab.models.dit import dit_size
+    depth = dit_size(cfg.model)[1]
+    bad = GenlabError(f"{key} must be 'P/k:b,b;k:b' (P network evaluations per sample; at evaluation k, 1 <= k < P, "
+                      f"blocks b reuse their last residual), got {text!r}")
+    period, _, pairs = text.partition("/")
+    try:
+        period = int(period)
+        plan = {}
+        for part in filter(None, (x.strip() for x in pairs.split(";"))):
+            k, _, blocks = part.partition(":")
+            plan[int(k)] = frozenset(int(b) for b in blocks.split(",") if b.strip())
+    except ValueError:
+        raise bad from None
+    if period < 2 or not plan or any(not 1 <= k < period or not b for k, b in plan.items()):
+        raise bad
+    top = max(max(b) for b in plan.values())
+    if min(min(b) for b in plan.values()) < 0 or top >= depth:
+        raise GenlabError(f"{key}={text}: block {top} out of range; this model has blocks 0..{depth - 1}")
+    return period, dict(sorted(plan.items()))
+
+
+def format_cache_schedule(period: int, plan: dict) -> str:
+    """The method.cache_schedule text of a plan (cache_schedule_plan's inverse)."""
+    return f"{period}/" + ";".join(f"{k}:{','.join(str(b) for b in sorted(v))}" for k, v in sorted(plan.items()))
+
+
 def check_flow_config(cfg):
     """Flow options that a field declaration cannot check alone, before any work."""
     m = cfg.method
     parse_interval(m.cfg_interval)
     cached_block_plan(cfg)
+    cache_schedule_plan(cfg)
     samplers = [m.sampler]
     if cfg.eval.nfe_list:
         from genlab.eval.nfe import parse_int_list, samplers_of
@@ -305,6 +370,10 @@ FLOW_METHOD_KEYS = cf.declare("method",
                           "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
                           "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices"),
     cache_every=cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2),
+    cache_schedule=cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
+                            "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
+                            "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
+                        free="empty, auto, or 'P/k:b,b;k:b'"),
 )
 FLOW_EVAL_KEYS = cf.declare("eval",
     sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
@@ -321,7 +390,7 @@ CLASS_DROPOUT = cf.declare("model",
 FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
 # the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
 FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
-                 "method.cache_blocks", "method.cache_every")
+                 "method.cache_blocks", "method.cache_every", "method.cache_schedule")
 # flow and MaskDiT also train on autoencoder latents (data.name=latents): their samples are decoded in sampling.py
 LATENT_KINDS = ("image", "latent")
 FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING,
