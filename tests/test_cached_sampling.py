@@ -173,7 +173,8 @@ def test_eval_with_the_analysed_schedule_scores_what_the_analysis_scored(analyse
     r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=4",
                        "method.cache_schedule=auto")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "a plan for 6 network evaluations per sample, and sampler heun at 4 steps makes 8" in r.stderr
+    assert "a plan for 6 network evaluations per sample, and sampler heun at 4 steps makes 8: sample with heun at 3 " \
+        "steps (genlab sample --steps 3, genlab eval eval.sample_steps=3)" in r.stderr
     r = cli_in_process(capfd, *args, "eval.nfe_list=2,4", "method.cache_schedule=auto")
     assert r.returncode == 2 and "eval.nfe_list samples at several NFEs" in r.stderr, r.stderr
     out = tmp_path / "s.png"

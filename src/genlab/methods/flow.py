@@ -190,12 +190,14 @@ class FlowMatching(Method):
     def check_cache_schedule(self, steps: int, sampler: str) -> None:
         """A cache plan is indexed by network evaluation: on another count per sample it would reuse at the wrong
         times, so sampling with one is refused."""
-        period = self.cache_schedule[0]
-        nfe = steps * nfe_per_step(sampler)
+        period, per_step = self.cache_schedule[0], nfe_per_step(sampler)
+        nfe = steps * per_step
         if nfe != period:
+            fit = (f"{sampler} at {period // per_step} steps (genlab sample --steps {period // per_step}, genlab eval "
+                   f"eval.sample_steps={period // per_step})" if period % per_step == 0 else "another sampler")
             raise GenlabError(f"method.cache_schedule is a plan for {period} network evaluations per sample, and "
-                              f"sampler {sampler} at {steps} steps makes {nfe}: sample with the steps and sampler it "
-                              f"was measured with, or run `genlab analyze RUN --what cache` with these")
+                              f"sampler {sampler} at {steps} steps makes {nfe}: sample with {fit}, or run `genlab "
+                              f"analyze RUN --what cache` with these")
 
     def sample_conditions(self, n: int, device) -> dict:
         """The extra model inputs at sampling time (a subclass that adds a condition returns its value here)."""
