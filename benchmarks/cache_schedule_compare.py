@@ -1,7 +1,8 @@
 """The step-aware cache schedule before and after session 25, on one trained run and the same noise: the pick by each
 (evaluation, block) pair's single-step change (the old rule, reimplemented here as the baseline) against
-`genlab.analyze.cache.step_schedule` (greedy on the drift a reuse adds), both at the share of block evaluations the
-fixed cache of the `half` pick saves, beside that fixed cache. Prints one markdown table.
+`genlab.analyze.cache.step_schedule` (greedy on the drift a reuse adds), measured on each block's residual and on
+the model's output (the output probe: one reuse's effect after the later blocks), all at the share of block
+evaluations the fixed cache of the `half` pick saves, beside that fixed cache. Prints one markdown table.
 
     python benchmarks/cache_schedule_compare.py RUN [overrides ...]      # e.g. method.sampler=heun eval.sample_steps=10
 """
@@ -40,7 +41,7 @@ def main() -> None:
     method.cache_blocks = []
     cfg.eval.metrics = "accuracy,fd"
     sampler = Sampler(cfg, method, model, build_dataset(cfg.data), dev, _run_dir(a.run))
-    blocks, _, measured = _warm_up_and_pick(sampler, base, HALF)
+    blocks, _, measured = _warm_up_and_pick(sampler, base, HALF, output_probe=True)
     with forward_timer(base, dev) as tm:
         _, ref = sampler.score("unskipped")
     depth, every = len(base.blocks), cfg.method.cache_every
@@ -49,9 +50,10 @@ def main() -> None:
     rows = [("every block computed", ref["feature_fd"], 1.0, ref.get("sample_accuracy")),
             (f"fixed cache, blocks {','.join(map(str, blocks))} every {every}", fixed["feature_fd"], fixed["fd_ratio"],
              fixed.get("sample_accuracy"))]
-    for name, rule in (("step-aware, least single-step change (old)", least_change_schedule),
-                       ("step-aware, greedy on drift (new)", step_schedule)):
-        plan = rule(measured, share, depth)
+    for name, rule, change in (("step-aware, least single-step change (old)", least_change_schedule, measured),
+                               ("step-aware, greedy on drift (new)", step_schedule, measured),
+                               ("step-aware, greedy on output-level drift", step_schedule, measured.at_output())):
+        plan = rule(change, share, depth)
         m = _cached_scores(sampler, base, ref, tm["seconds"], name, indices=[], schedule=plan,
                            period=measured.evaluations)
         rows.append((name, m["feature_fd"], m["fd_ratio"], m.get("sample_accuracy")))

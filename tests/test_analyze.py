@@ -177,6 +177,34 @@ def test_block_change_is_recorded_per_evaluation_and_the_schedule_follows_the_me
     assert plan == _naive_greedy(ch.at, 6, 6, 4)
 
 
+@pytest.mark.parametrize("name", BACKBONES)
+def test_the_output_probe_measures_one_reuse_as_the_cache_makes_it(name):
+    """output_at[(k, i)] against the cache itself: the model at evaluation k - 1's inputs, then at evaluation k's with
+    block i reusing (a 2-evaluation schedule), compared with the plain output at k. The probe changes neither the
+    samples nor the block-level record."""
+    from genlab.analyze.cache import block_change
+    model, method = _model(name)
+    inputs = []
+    h = model.register_forward_pre_hook(lambda m, a, kw: inputs.append((a, kw)), with_kwargs=True)
+    with block_change(model) as plain_ch:
+        want = _sample(method, model)
+    h.remove()
+    with block_change(model, output_probe=True) as ch:
+        got = _sample(method, model)
+    assert torch.equal(got, want) and ch.evaluations == 6 and ch.at == plain_ch.at
+    assert set(ch.output_at) == {(k, i) for k in range(1, 6) for i in range(4)}
+    with torch.no_grad():
+        for k, i in [(1, 0), (2, 3), (5, 1), (4, 2)]:
+            ref = model(*inputs[k][0], **inputs[k][1])
+            with cached_blocks(model, [], schedule={1: frozenset({i})}, period=2):
+                model(*inputs[k - 1][0], **inputs[k - 1][1])
+                reused = model(*inputs[k][0], **inputs[k][1])
+            expect = float((reused - ref).norm() / ref.norm())
+            assert expect > 0 and ch.output_at[(k, i)] == pytest.approx(expect, rel=1e-4, abs=1e-7)
+    view = ch.at_output()
+    assert view.at == ch.output_at and view.evaluations == 6
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_the_schedule_is_the_greedy_on_total_drift_by_brute_force(seed):
     """Integer changes, so that the fast path's running sums and the reference's are exact and ties break alike."""

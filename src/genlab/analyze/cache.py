@@ -35,27 +35,45 @@ def _on_calls(model, fn):
 class BlockChange(dict):
     """{block: mean relative change of its residual contribution between consecutive network evaluations}, and per
     evaluation: `at[(k, block)]` the change from evaluation k - 1 to k of the pass (k counted from the pass's first
-    evaluation, `evaluations` of them per pass)."""
+    evaluation, `evaluations` of them per pass). With the output probe, `output_at[(k, block)]`: the relative change
+    of the model's output at evaluation k when that block alone reuses its residual from evaluation k - 1."""
 
     def __init__(self):
         super().__init__()
         self.at: dict[tuple[int, int], float] = {}
+        self.output_at: dict[tuple[int, int], float] = {}
         self.evaluations = 0
+
+    def at_output(self) -> "BlockChange":
+        """The same pass with the output-level changes as `at` (for step_schedule)."""
+        view = BlockChange()
+        view.at, view.evaluations = dict(self.output_at), self.evaluations
+        return view
 
 
 @contextmanager
-def block_change(model):
+def block_change(model, output_probe: bool = False):
     """Yields a BlockChange, ||r_k - r_(k-1)|| / ||r_(k-1)|| per block, filled while the model samples inside the
-    context (one sampling pass: the evaluation index k runs from the pass's first evaluation)."""
+    context (one sampling pass: the evaluation index k runs from the pass's first evaluation). `output_probe`: after
+    each evaluation the model runs once more per block with that block reusing its previous residual, and the
+    relative change of the output is recorded (what one reuse costs after the later blocks, `depth` extra forwards
+    per evaluation)."""
     prev: dict[int, tuple] = {}
+    last: dict[int, tuple] = {}  # the residuals of the previous evaluation, for the probe
     sums: dict[int, list[float]] = {}
     change = BlockChange()
+    probing = [False]
 
     def tick():
-        change.evaluations += 1
+        if not probing[0]:
+            change.evaluations += 1
+            last.clear()
+            last.update(prev)
 
     def hook(i):
         def record(mod, args, out):
+            if probing[0]:
+                return
             r = tuple((o - a).float() for o, a in zip(_streams(out), args[:streams_of(mod)]))
             if i in prev and prev[i][0].shape == r[0].shape:
                 num = sum(float((a - b).norm()) ** 2 for a, b in zip(r, prev[i])) ** 0.5
@@ -67,7 +85,33 @@ def block_change(model):
                 change.at[(change.evaluations - 1, i)] = num / max(den, 1e-12)
             prev[i] = r
         return record
+
+    def probe(mod, args, kwargs, out):
+        if probing[0] or not last:
+            return
+        ref = _streams(out)[0].float()
+        probing[0] = True
+        try:
+            for i, r in last.items():
+                if prev[i][0].shape != r[0].shape:
+                    continue  # another batch shape (CFG outside its interval): the cache would recompute here
+                block = model.blocks[i]
+                n = streams_of(block)
+
+                def reuse(*a, _r=r, _n=n, **kw):
+                    outs = tuple(x + d.to(x.dtype) for x, d in zip(a[:_n], _r))
+                    return outs if _n > 1 else outs[0]
+                block.forward = reuse
+                try:
+                    o = _streams(mod(*args, **kwargs))[0].float()
+                finally:
+                    del block.forward
+                change.output_at[(change.evaluations - 1, i)] = float((o - ref).norm()) / max(float(ref.norm()), 1e-12)
+        finally:
+            probing[0] = False
     handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(model.blocks)]
+    if output_probe:
+        handles.append(model.register_forward_hook(probe, with_kwargs=True))
     try:
         with _on_calls(model, tick):
             yield change

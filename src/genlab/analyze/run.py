@@ -127,13 +127,13 @@ def _save(out: Path, res: dict) -> None:
         tmp.replace(out / name)
 
 
-def _warm_up_and_pick(sampler, base, blocks):
+def _warm_up_and_pick(sampler, base, blocks, output_probe=False):
     """One sampling pass before the timed baseline (it pays the one-off costs); it also measures how much each block's
     contribution changes between evaluations (per evaluation, for the step-aware schedule); with --cache-blocks half
     it picks the half that changes least on average (auto searches later, against the unskipped FD)."""
     from genlab.analyze.cache import block_change, pick_cacheable
     depth = len(base.blocks)
-    with block_change(base) as ch:
+    with block_change(base, output_probe) as ch:
         sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])
     change = {i: ch.get(i, float("inf")) for i in range(depth)}
     return (pick_cacheable(change, max(1, depth // 2)) if blocks == HALF else blocks), change, ch
