@@ -131,18 +131,26 @@ def analysed_run(tmp_path_factory):
     return out / "r"
 
 
+EVAL_ARGS = ("eval.num_samples=12", "eval.sample_steps=3", "eval.metrics=accuracy,fd")  # as the fixture analysed
+
+
+def _eval_reproduces(capfd, run, override, scores) -> dict:
+    """`genlab eval RUN <override>` on the analysis's samples (the evaluation's fixed seed) scores what the analysis
+    scored for that cache (`scores`: its record); returns the evaluation's JSON."""
+    r = cli_in_process(capfd, "eval", run, *EVAL_ARGS, override)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["feature_fd"] == pytest.approx(scores["feature_fd"], rel=1e-6)
+    assert got["sample_accuracy"] == pytest.approx(scores["sample_accuracy"])
+    return got
+
+
 def test_eval_with_the_analysed_blocks_scores_what_the_analysis_scored(analysed_run, capfd):
     """`genlab eval RUN method.cache_blocks=auto` takes the analysis's blocks and, on the same samples (the evaluation's
     fixed seed), reproduces the analysis's cached-sampler FD and accuracy; the run's config is not changed."""
     res = json.loads((analysed_run / "analysis" / "analysis.json").read_text())["cache"]
-    args = ("eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3", "eval.metrics=accuracy,fd")
-    r = cli_in_process(capfd, *args, "method.cache_blocks=auto")
-    assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout)
-    assert got["feature_fd"] == pytest.approx(res["feature_fd"], rel=1e-6)
-    assert got["sample_accuracy"] == pytest.approx(res["sample_accuracy"])
-    r = cli_in_process(capfd, *args)
-    plain = json.loads(r.stdout)
+    got = _eval_reproduces(capfd, analysed_run, "method.cache_blocks=auto", res)
+    plain = json.loads(cli_in_process(capfd, "eval", analysed_run, *EVAL_ARGS).stdout)
     assert plain["feature_fd"] != pytest.approx(got["feature_fd"], rel=1e-6)
 
 
@@ -164,18 +172,13 @@ def test_eval_with_the_analysed_schedule_scores_what_the_analysis_scored(analyse
     res = json.loads((analysed_run / "analysis" / "analysis.json").read_text())
     sc = res["cache"]["scheduled"]
     assert res["sampler"] == "heun" and res["sample_steps"] == 3 and sc["evaluations"] == 6 and sc["reuse"]
-    args = ("eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3", "eval.metrics=accuracy,fd")
-    r = cli_in_process(capfd, *args, "method.cache_schedule=auto")
-    assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout)
-    assert got["feature_fd"] == pytest.approx(sc["feature_fd"], rel=1e-6)
-    assert got["sample_accuracy"] == pytest.approx(sc["sample_accuracy"])
+    _eval_reproduces(capfd, analysed_run, "method.cache_schedule=auto", sc)
     r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=4",
                        "method.cache_schedule=auto")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "a plan for 6 network evaluations per sample, and sampler heun at 4 steps makes 8: sample with heun at 3 " \
         "steps (genlab sample --steps 3, genlab eval eval.sample_steps=3)" in r.stderr
-    r = cli_in_process(capfd, *args, "eval.nfe_list=2,4", "method.cache_schedule=auto")
+    r = cli_in_process(capfd, "eval", analysed_run, *EVAL_ARGS, "eval.nfe_list=2,4", "method.cache_schedule=auto")
     assert r.returncode == 2 and "eval.nfe_list samples at several NFEs" in r.stderr, r.stderr
     out = tmp_path / "s.png"
     r = cli_in_process(capfd, "sample", analysed_run, "method.cache_schedule=auto", "--steps", "5", "--out", out,
@@ -192,11 +195,9 @@ def test_eval_with_the_analysed_schedule_scores_what_the_analysis_scored(analyse
     ("6", "method.cache_schedule must be 'P/k:b,b;k:b'"),
 ])
 def test_bad_cache_schedules_are_refused_before_sampling(analysed_run, capfd, value, expect):
-    r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3",
-                       f"method.cache_schedule={value}")
+    r = cli_in_process(capfd, "eval", analysed_run, *EVAL_ARGS, f"method.cache_schedule={value}")
     assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    r = cli_in_process(capfd, "eval", analysed_run, "eval.num_samples=12", "eval.sample_steps=3",
-                       "method.cache_schedule=6/1:2", "method.cache_blocks=1")
+    r = cli_in_process(capfd, "eval", analysed_run, *EVAL_ARGS, "method.cache_schedule=6/1:2", "method.cache_blocks=1")
     assert r.returncode == 2 and "two ways to cache blocks; set one of them" in r.stderr, r.stderr
 
 

@@ -44,10 +44,9 @@ def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
         if key in ("method.cache_blocks", "method.cache_schedule") and value.strip() == "auto":
             f = _run_dir(where) / "analysis" / "analysis.json"
             try:
-                res = json.loads(f.read_text())
-                cache = res.get("cache")
+                cache = json.loads(f.read_text()).get("cache")
             except (OSError, ValueError, AttributeError):
-                res, cache = {}, None
+                cache = None
             o = _blocks_auto(cache, f) if key == "method.cache_blocks" else _schedule_auto(cache, f)
         out.append(o)
     return out
