@@ -85,7 +85,7 @@ def main(argv=None):
                          "against the single runs as the preset ships them)")
     ap.add_argument("overrides", nargs="*", help="config overrides for both sides (section.key=value)")
     a = ap.parse_args(argv)
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     seeds = list(range(a.seeds))
     with tempfile.TemporaryDirectory() as tmp:
         base = [*(MNIST_SHAPE if a.synthetic else []), *a.overrides, f"train.device={a.device}", f"train.out_dir={tmp}",

@@ -9,13 +9,13 @@
 FLOPs: 4·N²·D·B·H per forward (both matmuls), backward counted as 2.5× that (fwd+bwd = 3.5×).
 Exp floor: B·H·N² exponentials per forward, the same again for the backward's recompute of P (2× for
 fwd+bwd; the `split` backward does a third), at the rate of a measured MUFU-bound ex2 loop.
-Each triton row is `EXP/BWD[/fixed][/mma]` (see src/genlab/models/triton_attention.py): exp 0 =
+Each triton row is `EXP/BWD[/fixed][/mma]` (see src/genlab/nn/triton_attention.py): exp 0 =
 tl.math.exp2, 1 = ex2.approx.ftz, 2 = 1 of 4 exps as an FMA polynomial, 3 = 1 of 8; bwd split = dK/dV +
 dQ kernels, atomic = one kernel with fp32 atomics for dQ; fixed = the first block config, untuned;
 mma = softmax row sums by the tensor cores (ones column appended to V).
 --sigmoid: DiT-B attention (12 heads x 64, bf16, batch 65536 // N, views of a fused qkv projection) at
 256, 258 (in-context tokens), 1024 and 4096 tokens: SDPA (softmax) against sigmoid attention through
-its Triton kernel (src/genlab/models/triton_sigmoid.py), FlexAttention and plain torch ops.
+its Triton kernel (src/genlab/nn/triton_sigmoid.py), FlexAttention and plain torch ops.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def rel(a, b):
 
 def run_shape(shape, variants, rate, lines):
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from genlab.models.triton_attention import flash_attention
+    from genlab.nn.triton_attention import flash_attention
     B, H, N, D = shape
     fwd_flops = 4 * N * N * D * B * H
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -115,7 +115,7 @@ def run_shape(shape, variants, rate, lines):
         measure(f"triton {var}", lambda q, k, v: flash_attention(q, k, v))
     for key in ("GENLAB_TRITON_ATTN_TUNE", "GENLAB_TRITON_ATTN_ROWSUM"):
         os.environ.pop(key, None)
-    from genlab.models import triton_attention as T
+    from genlab.nn import triton_attention as T
     K = T._kernels()
     for name in ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):  # what the autotuner picked, per key
         for key, cfg in getattr(getattr(K, name + "_tuned"), "cache", {}).items():
@@ -152,8 +152,8 @@ def _time_ms(fn, cuda):
 
 def run_sigmoid(tokens, heads, head_dim, total, lines):
     """fwd and fwd+bwd ms of softmax SDPA and of sigmoid attention's paths; errors vs an fp32 plain reference."""
-    from genlab.models.attention import sigmoid_attention_flex, sigmoid_attention_plain
-    from genlab.models.triton_sigmoid import sigmoid_attention_triton
+    from genlab.nn.attention import sigmoid_attention_flex, sigmoid_attention_plain
+    from genlab.nn.triton_sigmoid import sigmoid_attention_triton
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     backends = [("sdpa (softmax)", lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
@@ -251,7 +251,7 @@ def main():
         return
     if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
         set_variant(args.once + "/fixed")
-        from genlab.models.triton_attention import flash_attention
+        from genlab.nn.triton_attention import flash_attention
         B, H, N, D = SHAPES["long"]
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         for _ in range(2):

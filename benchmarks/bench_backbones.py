@@ -3,7 +3,7 @@ every image backbone and attention entry at about DiT-B size, at 256 tokens (32x
 tokens (128x128x4 latents, patch 2), then the attention kernels alone over a range of token counts to find where
 SANA's linear attention overtakes softmax attention (SDPA).
 
-Each variant has the parameter count of DiT-B/2 (genlab.models.match: depth 12, head width 64; --no-match keeps
+Each variant has the parameter count of DiT-B/2 (genlab.lab.match: depth 12, head width 64; --no-match keeps
 the DiT-B shape). The batch holds 65,536 tokens at every length (256 x 256, 16 x 4,096). MFU is each variant's own
 analytic FLOPs (linear attention's are linear in tokens) over the device peak, so it compares hardware use, not
 work done. Compiled configurations run in their own process (dynamo's recompile limit, docs/benchmarks.md).
@@ -48,15 +48,15 @@ def shape_overrides(tokens: int, patch: int = 2) -> tuple[list, dict]:
 
 def matched(overrides: list, spec: dict) -> list:
     """Width / MLP width giving this variant DiT-B/2's parameter count at this data shape."""
-    from genlab.config import load_config
-    from genlab.models.match import matched_overrides, reference_params
+    from genlab.config.tree import load_config
+    from genlab.lab.match import matched_overrides, reference_params
     cfg = load_config("bench_dit_b2", overrides)
     return matched_overrides(cfg.model, spec, reference_params(cfg.model, spec))
 
 
 def bench_in_process(overrides, steps, warmup):
-    from genlab.bench import run_bench
-    from genlab.config import load_config
+    from genlab.lab.bench import run_bench
+    from genlab.config.tree import load_config
     try:
         return run_bench(load_config("bench_dit_b2", overrides), steps=steps, warmup=warmup)
     except Exception as e:  # noqa: BLE001 - one failed row (e.g. flex backward on CPU) must not stop the table
@@ -82,7 +82,7 @@ def attention_time(name, n, batch, heads, head_dim, device, dtype, reps):
     """Forward + backward of one attention call (ms), q/k/v [batch, heads, n, head_dim]."""
     import torch
 
-    from genlab.registry import attention_registry
+    from genlab.core.registry import attention_registry
     entry = attention_registry.get(name)
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, generator=g).requires_grad_()

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from genlab.config import load_config
+from genlab.config.tree import load_config
 from genlab.data.formats import read_image_dataset
 from genlab.eval.metrics import image_metrics
 

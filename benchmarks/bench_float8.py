@@ -38,7 +38,7 @@ def main():
     model = Stack(a.width, a.layers).to(dev)
     if a.recipe != "bf16":
         sys.path.insert(0, "src")
-        from genlab.train.float8 import check_float8_device, convert_float8, count_float8
+        from genlab.nn.float8 import check_float8_device, convert_float8, count_float8
         check_float8_device(dev)
         convert_float8(model, a.recipe)
         assert count_float8(model) == 2 * a.layers

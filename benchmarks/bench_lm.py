@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from genlab.bench import BenchStep, format_table, run_bench  # noqa: E402
-from genlab.config import load_config  # noqa: E402
+from genlab.lab.bench import BenchStep, format_table, run_bench  # noqa: E402
+from genlab.config.tree import load_config  # noqa: E402
 
 VARIANTS = {
     "old_loss_b16": (["train.batch_size=16"], "old_loss"),
@@ -51,7 +51,7 @@ def hook(name):
     """Temporary changes a variant needs: the old loss path, or one SDPA backend."""
     if name == "old_loss":
         import torch.nn.functional as F
-        from genlab.methods.autoregressive import Autoregressive
+        from genlab.families.lm.autoregressive import Autoregressive
         new = Autoregressive.loss
 
         def old(self, model, batch, generator):

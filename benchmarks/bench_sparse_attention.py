@@ -29,7 +29,7 @@ import warnings  # noqa: E402
 
 import torch  # noqa: E402
 
-from genlab.models.sparse_attention import (FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend,  # noqa: E402
+from genlab.nn.sparse_attention import (FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend,  # noqa: E402
                                             block_density, causal_block_density, layer_groups)
 
 # name -> (n, batch, heads, head_dim, strided l, fixed l, summary c): CIFAR-10's 3,072 bytes and 64x64x3;

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from genlab.models.sparse_transformer import SparseSpec, SparseTransformer  # noqa: E402
+from genlab.families.sparse.sparse_transformer import SparseSpec, SparseTransformer  # noqa: E402
 
 ROWS = [("strided", "split"), ("strided", "interleaved"), ("fixed", "split"), ("fixed", "interleaved")]
 

@@ -23,15 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def build(args):
     from genlab.train.trainer import build_model_and_method
     if args.run:
-        from genlab.sample import load_run
+        from genlab.runs.load import load_run
         cfg, model, method, dev, state = load_run(args.run, args.device)
         return model, method, dev, state["data_spec"]
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     cfg = load_config(args.preset, args.overrides)
     spec = {"kind": "episodes", "image_size": 64, "channels": 3, "num_actions": 6, "action_dim": 0,
             "context": cfg.data.context_frames, "horizon": cfg.data.horizon, "action_meanings": None, "num_classes": 0}
     model, method = build_model_and_method(cfg, spec)
-    from genlab.train.parallel import resolve_device
+    from genlab.runtime.parallel import resolve_device
     dev = resolve_device(args.device)
     return model.to(dev).eval(), method, dev, spec
 

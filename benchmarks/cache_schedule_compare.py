@@ -1,6 +1,6 @@
 """The step-aware cache schedule before and after session 25, on one trained run and the same noise: the pick by each
 (evaluation, block) pair's single-step change (the old rule, reimplemented here as the baseline) against
-`genlab.analyze.cache.step_schedule` (greedy on the drift a reuse adds), measured on each block's residual and on
+`genlab.sampling.block_cache.step_schedule` (greedy on the drift a reuse adds), measured on each block's residual and on
 the model's output (the output probe: one reuse's effect after the later blocks), all at the share of block
 evaluations the fixed cache of the `half` pick saves, beside that fixed cache. Prints one markdown table.
 
@@ -31,11 +31,11 @@ def main() -> None:
     p.add_argument("overrides", nargs="*")
     p.add_argument("--device", default="auto")
     a = p.parse_args()
-    from genlab.analyze.cache import forward_timer, step_schedule
-    from genlab.analyze.run import HALF, Sampler, _cached_scores, _warm_up_and_pick
+    from genlab.sampling.block_cache import forward_timer, step_schedule
+    from genlab.lab.analyze.run import HALF, Sampler, _cached_scores, _warm_up_and_pick
     from genlab.data import build_dataset
-    from genlab.methods.flow import unwrap
-    from genlab.sample import _run_dir, load_run
+    from genlab.runtime.parallel import unwrap
+    from genlab.runs.load import _run_dir, load_run
     cfg, model, method, dev, _ = load_run(a.run, a.device, True, a.overrides)
     base = unwrap(model)
     method.cache_blocks = []

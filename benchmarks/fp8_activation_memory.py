@@ -1,5 +1,5 @@
 """Activation memory of one training step and what COAT-style FP8 storage of it would save (issue 33), measured on
-the CPU: the bytes autograd saves for backward (genlab.train.saved_tensors), at two small batches, fitted as
+the CPU: the bytes autograd saves for backward (genlab.runtime.saved_tensors), at two small batches, fitted as
 fixed + per-sample x batch and scaled to --scale-to. The step is the trainer's (genlab bench's BenchStep), eager
 (train.compile=off: inductor's partitioner saves less, so this is the eager upper bound) in the config's precision
 (bf16 autocast on the CPU keeps the same ops in fp32 as on CUDA except where their autocast lists differ).
@@ -12,9 +12,9 @@ import argparse
 import json
 
 
-from genlab.bench import BenchStep
-from genlab.config import load_config
-from genlab.train.saved_tensors import FP8_GROUP, at_batch, fit_per_sample, measure_saved
+from genlab.lab.bench import BenchStep
+from genlab.config.tree import load_config
+from genlab.runtime.saved_tensors import FP8_GROUP, at_batch, fit_per_sample, measure_saved
 
 MIB = 2 ** 20
 

@@ -40,8 +40,8 @@ def fwd_bwd(f, inputs, cot=None):
 
 
 def adaln_rows(B, N, D, reps):
-    from genlab.models import fused_adaln as FA
-    from genlab.models.norm import norm_modulate_fused
+    from genlab.nn import fused_adaln as FA
+    from genlab.nn.norm import norm_modulate_fused
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(B, N, D, device="cuda", generator=g).requires_grad_()                   # fp32 residual
     y = torch.randn(B, N, D, device="cuda", generator=g).bfloat16().requires_grad_()        # a matmul's output
@@ -75,7 +75,7 @@ def adaln_rows(B, N, D, reps):
 
 
 def ce_rows(B, T, reps):
-    from genlab.models import fused_ce
+    from genlab.nn import fused_ce
     D, V, vocab = 768, 50304, 50257
     g = torch.Generator(device="cuda").manual_seed(0)
     head = torch.nn.Linear(D, V, bias=False).cuda()
@@ -102,7 +102,7 @@ def ce_rows(B, T, reps):
 
 def swiglu_rows(M, H, reps):
     """silu(a) * b over fc1's packed [M, 2H] bf16 output (the SwiGLU activation, model.mlp=swiglu_liger)."""
-    from genlab.models import fused_mlp
+    from genlab.nn import fused_mlp
     h = torch.randn(M, 2 * H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
     h = h.bfloat16().requires_grad_()
     cot = [torch.randn(M, H, device="cuda").bfloat16()]
@@ -116,9 +116,9 @@ def swiglu_rows(M, H, reps):
 def qkv_rows(B, N, H, hd, reps, qk_norm=True, rope=True):
     """The QKV projection's output [B, N, 3*H*hd] (bf16) -> q, k, v [B, H, N, hd] with QK RMSNorm and RoPE
     (model.qkv_kernel=triton); the plain split is what Attention.heads_qkv runs with qkv_kernel=plain."""
-    from genlab.models import fused_qkv
-    from genlab.models.attention import split_plain
-    from genlab.models.positions import rope_cache
+    from genlab.nn import fused_qkv
+    from genlab.nn.attention import split_plain
+    from genlab.nn.positions import rope_cache
     h = torch.randn(B, N, 3 * H * hd, device="cuda").bfloat16().requires_grad_()
     norms = [torch.nn.RMSNorm(hd).cuda() if qk_norm else torch.nn.Identity() for _ in range(2)]
     table = tuple(t.cuda() for t in rope_cache(N, hd)) if rope else None
@@ -138,8 +138,8 @@ def final_rows(B, N, D, P, reps):
     """DiT's final layer (adaLN norm + modulation, projection D -> P) + the flow loss against a [B, C, H, W] target:
     the plain path (the projection, depatchify, float32 MSE) and model.final_kernel=triton (patchified target, one
     custom op); bf16 autocast, float32 tokens (the residual stream)."""
-    from genlab.models import fused_final
-    from genlab.models.dit import FinalLayer, depatchify, patchify
+    from genlab.nn import fused_final
+    from genlab.families.image_flow.dit import FinalLayer, depatchify, patchify
     torch.manual_seed(0)
     final = FinalLayer(D, P).cuda()
     for p in final.parameters():

@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from genlab.config import load_config
+from genlab.config.tree import load_config
 from genlab.optim.build import build_optimizer
 from genlab.optim.state import state_bytes
 from genlab.train.step import build_model_and_method

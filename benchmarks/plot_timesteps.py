@@ -10,11 +10,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from genlab.config import load_config  # noqa: E402
-from genlab.methods.loss_weighting import min_snr  # noqa: E402
-from genlab.methods.samplers import time_grid  # noqa: E402
-from genlab.methods.timesteps import DENSITIES, shift_time  # noqa: E402
-from genlab.registry import timestep_sampler_registry  # noqa: E402
+from genlab.config.tree import load_config  # noqa: E402
+from genlab.families.image_flow.loss_weighting import min_snr  # noqa: E402
+from genlab.sampling.samplers import time_grid  # noqa: E402
+from genlab.families.image_flow.timesteps import DENSITIES, shift_time  # noqa: E402
+from genlab.core.registry import timestep_sampler_registry  # noqa: E402
 
 
 def main():

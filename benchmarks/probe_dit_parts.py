@@ -72,7 +72,7 @@ def sdpa_variants(B, H, N, Dh, dev):
 
 
 def optimizer_variants(model, dev):
-    from genlab.train.parallel import clip_grads
+    from genlab.runtime.parallel import clip_grads
     from genlab.train.trainer import ema_update
     params = [p for p in model.parameters()]
     ema = [p.detach().clone() for p in params]
@@ -113,7 +113,7 @@ def optimizer_variants(model, dev):
 
 
 def norm_variants(tokens_b, N, D, dev):
-    from genlab.models.norm import norm_modulate_fused, norm_modulate_unfused
+    from genlab.nn.norm import norm_modulate_fused, norm_modulate_unfused
     x = torch.randn(tokens_b, N, D, device=dev, requires_grad=True)
     sh = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
     sc = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -136,7 +136,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     a = ap.parse_args()
     dev = torch.device("cuda")
-    from genlab.models.dit import DIT_SIZES, DiT, DiTSpec
+    from genlab.families.image_flow.dit import DIT_SIZES, DiT, DiTSpec
     D, depth, H = DIT_SIZES[a.size]
     N = 256
     tokens = a.batch * N

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from genlab.config import OptimConfig
+from genlab.config.tree import OptimConfig
 from genlab.optim.build import build_optimizer
 
 

@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     # one consolidated file from the sharded checkpoint, equal to its full weights
     from safetensors.torch import load_file
 
-    from genlab.train.dcp import load_dcp_full
+    from genlab.runtime.dcp import load_dcp_full
     exp = runs / "export"
     secs = _genlab(["export", str(written), "--out", str(exp), "--no-ema"], 1, gpus, out / "export.log")
     full = load_dcp_full(sorted((written / "checkpoints").glob("step_*.dcp"))[-1])["model"]

@@ -26,7 +26,7 @@ def main(argv=None):
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from genlab.data import build_dataset
-    from genlab.sample import load_run
+    from genlab.runs.load import load_run
     from genlab.eval.rollouts import evaluate_world
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts

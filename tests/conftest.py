@@ -83,14 +83,14 @@ def cli_in_process(capfd, *args, cwd=None):
 
 
 def tiny_config(tmp_path, *overrides, preset="digits_flow"):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     return load_config(preset, TINY + [f"train.out_dir={tmp_path}", *overrides])
 
 
 def straight_and_resumed(tmp_path, stop_after: int, *overrides, preset="digits_flow"):
     """The exact-resume experiment: run `full` uninterrupted; run `part`, stop it after `stop_after` steps (as
     Ctrl-C would), resume it to the end. Returns the full trainer and both runs' final checkpoints."""
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     full = Trainer(tiny_config(tmp_path, *overrides, "train.name=full", preset=preset))
     full.fit()
@@ -124,8 +124,8 @@ def flow_teacher(tmp_path_factory):
 @pytest.fixture(scope="session")
 def pairs_dir(flow_teacher, tmp_path_factory):
     """128 pairs of the tiny teacher (3 Heun steps, guided at its eval scale)."""
-    from genlab import progress
-    from genlab.methods.few_step.generate_pairs import generate_pairs
+    from genlab.core import progress
+    from genlab.families.few_step.generate_pairs import generate_pairs
     out = tmp_path_factory.mktemp("pairs") / "digits_pairs"
     with progress.enabled(False):
         generate_pairs(flow_teacher, out, 128, steps=3, sampler="heun", batch=64, device="cpu")

@@ -22,9 +22,9 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from genlab.models.dit import DiT, DiTSpec
-from genlab.train.dcp import load_dcp_full, load_dcp_optimizer, save_dcp
-from genlab.train.parallel import (all_reduce_mean, clip_grads, exit_rank, full_state_dict, init_distributed, no_sync,
+from genlab.families.image_flow.dit import DiT, DiTSpec
+from genlab.runtime.dcp import load_dcp_full, load_dcp_optimizer, save_dcp
+from genlab.runtime.parallel import (all_reduce_mean, clip_grads, exit_rank, full_state_dict, init_distributed, no_sync,
                                    shard_like, wrap_parallel)
 from genlab.train.trainer import ema_update
 
@@ -99,7 +99,7 @@ def train(a, info, device, ckpt_dir):
     wrapped = wrap_parallel(model, info, tcfg, device)
     ema = shard_like(ema, model)
     if a.optim:
-        from genlab.config import OptimConfig
+        from genlab.config.tree import OptimConfig
         from genlab.optim.build import build_optimizer
         opt = build_optimizer(model, OptimConfig(name=a.optim, lr=1e-2, weight_decay=0.01, caution=a.caution))
     else:

@@ -13,8 +13,8 @@ import os
 
 import torch
 
-from genlab.config import load_config
-from genlab.train.parallel import exit_rank, init_distributed, wrap_parallel
+from genlab.config.tree import load_config
+from genlab.runtime.parallel import exit_rank, init_distributed, wrap_parallel
 from genlab.train.step import build_model_and_method
 
 GLOBAL_BATCH = 8

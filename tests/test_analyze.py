@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import TINY, cli_in_process
-from genlab.analyze.cache import cached_blocks
-from genlab.analyze.cka import cka_matrix, layer_similarity, linear_cka
-from genlab.analyze.skip import skip_blocks, skip_plans
+from genlab.sampling.block_cache import cached_blocks
+from genlab.lab.analyze.cka import cka_matrix, layer_similarity, linear_cka
+from genlab.sampling.skip import skip_blocks, skip_plans
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
 
@@ -63,7 +63,7 @@ BACKBONES = ["dit", "dit_incontext", "mmdit", "mmdit model.dual_blocks=2"]  # th
 
 def _model(name="dit", seed=0):
     """A tiny random backbone whose blocks are not the identity (adaLN-Zero starts every block at zero output)."""
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.step import build_model_and_method
     name, *extra = name.split()
     cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra])
@@ -164,7 +164,7 @@ def _naive_greedy(at, n, evaluations, depth):
 
 
 def test_block_change_is_recorded_per_evaluation_and_the_schedule_follows_the_measured_changes():
-    from genlab.analyze.cache import block_change, step_schedule
+    from genlab.sampling.block_cache import block_change, step_schedule
     model, method = _model("dit")
     with block_change(model) as ch:
         _sample(method, model)  # Heun, 3 steps: 6 network evaluations
@@ -182,7 +182,7 @@ def test_the_output_probe_measures_one_reuse_as_the_cache_makes_it(name):
     """output_at[(k, i)] against the cache itself: the model at evaluation k - 1's inputs, then at evaluation k's with
     block i reusing (a 2-evaluation schedule), compared with the plain output at k. The probe changes neither the
     samples nor the block-level record."""
-    from genlab.analyze.cache import block_change
+    from genlab.sampling.block_cache import block_change
     model, method = _model(name)
     inputs = []
     h = model.register_forward_pre_hook(lambda m, a, kw: inputs.append((a, kw)), with_kwargs=True)
@@ -208,7 +208,7 @@ def test_the_output_probe_measures_one_reuse_as_the_cache_makes_it(name):
 @pytest.mark.parametrize("seed", range(5))
 def test_the_schedule_is_the_greedy_on_total_drift_by_brute_force(seed):
     """Integer changes, so that the fast path's running sums and the reference's are exact and ties break alike."""
-    from genlab.analyze.cache import BlockChange, step_schedule
+    from genlab.sampling.block_cache import BlockChange, step_schedule
     g = torch.Generator().manual_seed(seed)
     evaluations, depth = 7, 3
     ch = BlockChange()
@@ -222,7 +222,7 @@ def test_the_schedule_is_the_greedy_on_total_drift_by_brute_force(seed):
 def test_a_block_that_barely_changes_is_not_reused_at_every_evaluation():
     """Block 0 changes least at every step; picking by single-step change alone would reuse it at evaluations 1-3, its
     residual from evaluation 0 ever staler (drift 1 + 2 + 3). The schedule spreads its reuses between computes."""
-    from genlab.analyze.cache import BlockChange, step_schedule
+    from genlab.sampling.block_cache import BlockChange, step_schedule
     ch = BlockChange()
     ch.evaluations = 7
     ch.at = {(k, i): (1.0 if i == 0 else 10.0) for k in range(1, 7) for i in range(2)}
@@ -278,7 +278,7 @@ def test_layer_similarity_has_ones_on_the_diagonal_per_t(name):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.trainer import Trainer
     out = tmp_path_factory.mktemp("analyze_run")
     Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=8", f"train.out_dir={out}", "train.name=r",
@@ -314,7 +314,7 @@ def test_analyze_writes_heat_maps_skip_table_and_cache_result(tiny_run, tmp_path
 
 def test_search_keeps_a_block_only_while_the_cached_fd_stays_within_the_tolerance():
     """The walk is in order of least change; a block over the tolerance is left out and a later one may still join."""
-    from genlab.analyze.cache import search_cacheable
+    from genlab.sampling.block_cache import search_cacheable
     change = {0: 0.3, 1: 0.1, 2: 0.2, 3: 0.05}
     cost = {3: 0.02, 1: 0.5, 2: 0.03, 0: 0.04}  # each block's share of FD added when cached
     seen = []
@@ -338,9 +338,9 @@ def test_half_picks_the_half_that_changes_least_without_a_search(tiny_run, tmp_p
 
 
 def test_a_search_that_keeps_no_block_says_so_and_auto_sampling_refuses(tiny_run, tmp_path, capfd, monkeypatch):
-    from genlab.analyze import cache
-    from genlab.analyze.compare import compare
-    from genlab.analyze.run import analyze_run
+    from genlab.sampling import block_cache as cache
+    from genlab.lab.analyze.compare import compare
+    from genlab.lab.analyze.run import analyze_run
     real = cache.search_cacheable
     monkeypatch.setattr(cache, "search_cacheable", lambda change, tol, score: real(change, tol, lambda b: {
         **score(b), "fd_ratio": 2.0}))  # every block doubles FD
@@ -360,7 +360,7 @@ def test_a_search_that_keeps_no_block_says_so_and_auto_sampling_refuses(tiny_run
 
 def test_an_analysis_stopped_midway_keeps_its_finished_parts(tiny_run, tmp_path, monkeypatch):
     """A time limit that stops the skip phase leaves analysis.json/md with the CKA, the reference and the rows done."""
-    from genlab.analyze import run as analyze_mod
+    from genlab.lab.analyze import run as analyze_mod
     real, calls = analyze_mod.Sampler.score, []
 
     def score_then_stop(self, desc):

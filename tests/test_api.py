@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import genlab
-import genlab.api
-from genlab.errors import GenlabError
+import genlab.runs.api
+from genlab.core.errors import GenlabError
 
 from conftest import REPO, TINY
 
@@ -22,9 +22,9 @@ def _tiny(tmp_path) -> dict:
 
 def test_readme_example_trains_loads_and_samples(tmp_path, monkeypatch):
     block = re.search(r"### Python API.*?```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
-    real = genlab.api.load_config
+    real = genlab.runs.api.load_config
     # the README's config, shrunk to seconds and kept out of the working folder
-    monkeypatch.setattr(genlab.api, "load_config",
+    monkeypatch.setattr(genlab.runs.api, "load_config",
                         lambda preset, overrides: real(preset, {**overrides, **_tiny(tmp_path), "train.steps": 10}))
     scope = {}
     exec(compile(block, "README.md", "exec"), scope)
@@ -95,4 +95,4 @@ def test_import_genlab_is_light_and_train_stays_callable_after_the_trainer_is_im
             # torch._dynamo costs ~2 s of every CLI start; only compiling (or a sparse model) may pull it in
             "assert 'torch._dynamo' not in sys.modules, 'dynamo imported'; print(genlab.load_run.__module__)")
     r = _python_with_src(code)
-    assert r.returncode == 0 and r.stdout.strip() == "genlab.api", r.stderr
+    assert r.returncode == 0 and r.stdout.strip() == "genlab.runs.api", r.stderr

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import cli_in_process
-from genlab.autoencoders import load_autoencoder
-from genlab.errors import GenlabError
+from genlab.nn.autoencoders import load_autoencoder
+from genlab.core.errors import GenlabError
 
 # the in-project autoencoder on the digits: base width 32, one ResNet block per level, 8x8x1 -> 4x4x2 (factor 2)
 AE = ["data.name=digits", "data.path=", "model.size=tiny", "model.channel_mult=1,2", "model.latent_channels=2",
@@ -83,7 +83,7 @@ def test_without_diffusers_the_error_names_the_extra(tmp_path, monkeypatch):
 # -- the in-project autoencoder ------------------------------------------------------------------------------------
 def test_kl_term_is_the_closed_form_for_a_diagonal_gaussian():
     """KL(N(m, s^2) || N(0, 1)) = log(1/s) + (s^2 + m^2)/2 - 1/2 per element, summed per sample (float64)."""
-    from genlab.methods.autoencoder import kl_to_standard_normal
+    from genlab.families.autoencoder.method import kl_to_standard_normal
     m = torch.tensor([[[0.5, -1.0], [0.0, 2.0]], [[0.0, 0.0], [0.3, -0.7]]], dtype=torch.float64).unsqueeze(1)
     s = torch.tensor([[[1.0, 0.5], [2.0, 0.1]], [[1.0, 1.0], [0.8, 1.5]]], dtype=torch.float64).unsqueeze(1)
     by_hand = [sum(math.log(1 / sv) + (sv * sv + mv * mv) / 2 - 0.5 for mv, sv in zip(mb.flatten().tolist(), sb.flatten().tolist()))
@@ -96,7 +96,7 @@ def test_kl_term_is_the_closed_form_for_a_diagonal_gaussian():
 
 def test_flops_are_the_flop_counters_on_the_model_itself():
     from torch.utils.flop_counter import FlopCounterMode
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.step import build_model_and_method
     model, _ = build_model_and_method(load_config("mnist_autoencoder", AE), DIGITS)
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
@@ -107,7 +107,7 @@ def test_flops_are_the_flop_counters_on_the_model_itself():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """150 steps of batch 64 on the digits (CPU, ~30 s): the run folder and its summary."""
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.trainer import Trainer
     out = tmp_path_factory.mktemp("ae")
     n = torch.get_num_threads()
@@ -121,9 +121,9 @@ def trained(tmp_path_factory):
 
 
 def untrained_l1(seed: int) -> float:
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.data.datasets import load_digits_uint8
-    from genlab.methods.autoencoder import held_out_images, reconstruct, reconstruction_metrics
+    from genlab.families.autoencoder.method import held_out_images, reconstruct, reconstruction_metrics
     from genlab.train.step import build_model_and_method
     cfg = load_config("mnist_autoencoder", AE)
     torch.manual_seed(seed)
@@ -165,7 +165,7 @@ def test_run_codec_decodes_its_encodings_as_the_model_reconstructs(trained):
     from genlab.data.datasets import load_digits_uint8
     from genlab.data.pixels import to_model
     from genlab.eval.real_split import real_split
-    from genlab.sample import load_run
+    from genlab.runs.load import load_run
     run, s = trained
     codec = load_autoencoder(f"run:{run}")
     _, model, _, _, _ = load_run(run, device="cpu")
@@ -195,7 +195,7 @@ def test_run_codec_needs_the_latent_statistics(trained, tmp_path):
 
 @pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_sample_writes_a_reconstruction_grid(trained, tmp_path):
-    from genlab.sample import sample_to_file
+    from genlab.runs.load import sample_to_file
     out = sample_to_file(trained[0], n=8, out=tmp_path / "g.png", device="cpu")
     assert out.is_file()
 
@@ -203,8 +203,8 @@ def test_sample_writes_a_reconstruction_grid(trained, tmp_path):
 def test_the_gan_term_and_its_discriminator_start_at_gan_start(tmp_path, one_thread):
     """method.gan_weight > 0: no discriminator loss before method.gan_start, then a hinge loss for the discriminator's
     own optimizer and a finite positive adaptive weight; the discriminator and its optimizer are checkpointed."""
-    from genlab.config import load_config
-    from genlab.train import checkpoint as ckpt
+    from genlab.config.tree import load_config
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     Trainer(load_config("mnist_autoencoder", AE + [f"train.out_dir={tmp_path}", "train.name=g", "train.steps=4",
                                                    "train.batch_size=16", "log.every=1", "method.gan_weight=0.5",
@@ -232,8 +232,8 @@ def test_the_method_refuses_a_model_that_is_not_an_autoencoder(tmp_path, capfd):
 
 
 def test_the_preset_is_sds_objective_at_a_factor_that_divides_mnist():
-    from genlab.config import load_config
-    from genlab.models.autoencoder import channel_mult, check_image_size
+    from genlab.config.tree import load_config
+    from genlab.families.autoencoder.model import channel_mult, check_image_size
     cfg = load_config("mnist_autoencoder")
     assert (cfg.model.name, cfg.method.name, cfg.model.bottleneck, cfg.method.kl_weight) == \
         ("autoencoder_kl", "autoencoder", "kl", 1e-6)

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-import genlab.models.attention as attention_kernels
-from genlab.config import ModelConfig, load_config
-from genlab.errors import GenlabError
-from genlab.models.mlp import MixFFN, TokenGrid
-from genlab.models.match import match_params, param_count, reference_params
-from genlab.registry import model_registry
+import genlab.nn.attention as attention_kernels
+from genlab.config.tree import ModelConfig, load_config
+from genlab.core.errors import GenlabError
+from genlab.nn.mlp import MixFFN, TokenGrid
+from genlab.lab.match import match_params, param_count, reference_params
+from genlab.core.registry import model_registry
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
 TINY = dict(dim=32, depth=3, heads=2, size="tiny")  # depth 3: one long skip (block 0 -> block 2)
@@ -175,8 +175,8 @@ def test_mmdit_dual_blocks_equal_to_depth_is_pure_mmdit_and_hybrid_has_single_bl
 
 
 def test_mmdit_takes_a_sequence_of_condition_embeddings():
-    from genlab.models.mmdit import MMDiT
-    from genlab.models.dit import spec_from_config
+    from genlab.families.image_flow.mmdit import MMDiT
+    from genlab.families.image_flow.dit import spec_from_config
     m = MMDiT(spec_from_config(model_cfg("mmdit", attention="math"), SPEC, context_dim=12))
     with torch.no_grad():
         for p in m.parameters():
@@ -213,7 +213,7 @@ TRAIN_CASES = [("dit", "sdpa", {}), ("incontext_pre", "sigmoid", {}), ("incontex
 @pytest.mark.parametrize("backbone,attention,extra", TRAIN_CASES)
 def test_trains_on_digits(backbone, attention, extra):
     from genlab.data import build_dataset
-    from genlab.methods.base import plain_context
+    from genlab.families.base import plain_context
     from genlab.train.trainer import build_model_and_method
     opts = {**BACKBONES[backbone], "attention": attention, "dim": 32, "depth": 2, "heads": 2, **extra}
     cfg = load_config("digits_flow", [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in opts.items()])
@@ -299,7 +299,7 @@ def test_match_params_refuses_what_it_cannot_reach():
 # -- the shipped matched-parameter sweeps ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name,variants", [("architectures", 6), ("attention", 6)])
 def test_shipped_sweeps_parse_and_every_variant_matches_dit_s(name, variants):
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep.spec import load_sweep
     sw = load_sweep(name)
     assert len(sw.variants) == variants
     target = reference_params(ModelConfig(size="S", patch_size=4), MNIST)
@@ -311,7 +311,7 @@ def test_shipped_sweeps_parse_and_every_variant_matches_dit_s(name, variants):
 
 
 def test_matched_params_axis_needs_the_data_shape(tmp_path):
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep.spec import load_sweep
     p = tmp_path / "s.toml"
     p.write_text('name = "m"\n[base]\npreset = "digits_flow"\n[[axis]]\ntype = "matched_params"\n'
                  'variants = [{ name = "mmdit", overrides = ["model.name=mmdit"] }]\n')
@@ -320,8 +320,8 @@ def test_matched_params_axis_needs_the_data_shape(tmp_path):
 
 
 def test_sweep_report_counts_parameters_of_every_image_backbone(tmp_path):
-    from genlab.config import dumps_toml, to_dict
-    from genlab.sweep.report import param_count as report_count
+    from genlab.config.tree import dumps_toml, to_dict
+    from genlab.lab.sweep.report import param_count as report_count
     cfg = load_config("digits_flow", ["model.name=mmdit", "model.dual_blocks=1", "model.mlp=mixffn"])
     (tmp_path / "config.toml").write_text(dumps_toml(to_dict(cfg)))
     digits = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import REPO, TINY
 from genlab.cli import main
-from genlab.config import load_config
-from genlab.train import checkpoint as ckpt
+from genlab.config.tree import load_config
+from genlab.runtime import checkpoint as ckpt
 from genlab.train.trainer import Trainer
 
 T = ["train", *TINY, "train.steps=2", "eval.num_samples=0"]
@@ -310,7 +310,7 @@ def test_unexpected_setup_exception_is_one_line_and_leaves_no_run(tmp_path, caps
 
 
 def test_run_that_fails_midway_says_failed_and_keeps_its_checkpoint(tmp_path, capsys, monkeypatch):
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     real, calls = FlowMatching.loss, {"n": 0}
 
     def fails_later(self, model, batch, gen):

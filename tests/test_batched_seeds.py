@@ -32,7 +32,7 @@ COMMON = [*TINY, f"train.steps={STEPS}", "log.every=1", "log.ckpt_every=3", "log
 
 
 def _cfg(tmp, *overrides):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     return load_config("digits_flow", [*COMMON, f"train.out_dir={tmp}", *overrides])
 
 
@@ -45,7 +45,7 @@ def _grad_norms(run):
 
 
 def _ckpt(path):
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     return ckpt.load_checkpoint(path)
 
 
@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
 
 
 def test_each_seed_has_its_own_run_folder_with_a_single_run_config(runs):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     tmp = runs["tmp"]
     assert [s["run_dir"] for s in runs["batched"]] == [str(tmp / f"batched-s{s}") for s in SEEDS]
     for s, summary in zip(SEEDS, runs["batched"]):
@@ -189,8 +189,8 @@ def test_sweep_runs_a_seed_axis_batched_with_the_same_folders_and_rows(tmp_path)
     per seed (losses within the batched tolerance)."""
     import csv
 
-    from genlab.sweep.runner import run_sweep
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep.runner import run_sweep
+    from genlab.lab.sweep.spec import load_sweep
     rows = {}
     for name, batched in (("one_by_one", ""), ("batched", "batched_seeds = true")):
         p = tmp_path / f"{name}.toml"
@@ -210,8 +210,8 @@ def test_sweep_runs_a_seed_axis_batched_with_the_same_folders_and_rows(tmp_path)
 
 
 def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path):
-    from genlab.errors import GenlabError
-    from genlab.sweep.spec import load_sweep
+    from genlab.core.errors import GenlabError
+    from genlab.lab.sweep.spec import load_sweep
     p = tmp_path / "s.toml"
     p.write_text(SWEEP.format(name="s", batched='batched_seeds = "yes"', lrs="1e-3"))
     with pytest.raises(GenlabError, match="batched_seeds must be true or false"):
@@ -224,8 +224,8 @@ def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path)
 
 def test_runs_resumed_together_must_be_seeds_of_one_config():
     """(Or batched variants of one: differing in optim.lr etc., tests/test_batched_variants.py.)"""
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     from genlab.train.seeds import _check_same_config
     a, b = load_config("digits_flow", ["train.seed=0"]), load_config("digits_flow", ["train.seed=1", "optim.eps=1e-6"])
     with pytest.raises(GenlabError, match="differ in optim.eps"):
@@ -254,7 +254,7 @@ class _Refuses:
 
 def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, monkeypatch, capsys):
     from genlab.train import seeds as S
-    from genlab.models.attention import plain_softmax_attention
+    from genlab.nn.attention import plain_softmax_attention
     monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("plain-ops", plain_softmax_attention)])
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
     st.setup()
@@ -263,7 +263,7 @@ def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, m
 
 
 def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch):
-    from genlab.errors import GenlabError
+    from genlab.core.errors import GenlabError
     from genlab.train import seeds as S
     monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("flash", _Refuses)])
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
@@ -272,8 +272,8 @@ def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch)
 
 
 def test_plain_ops_attention_computes_what_sdpa_computes_and_is_restored():
-    from genlab.models.attention import math_attention, plain_softmax_attention
-    from genlab.models.dit import DiT, DiTSpec
+    from genlab.nn.attention import math_attention, plain_softmax_attention
+    from genlab.families.image_flow.dit import DiT, DiTSpec
     torch.manual_seed(0)
     model = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2)).double()
     x, t, y = torch.randn(4, 1, 8, 8, dtype=torch.float64), torch.rand(4, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
@@ -289,7 +289,7 @@ def test_plain_ops_attention_computes_what_sdpa_computes_and_is_restored():
 def test_batched_seeds_with_plain_ops_attention_follow_the_default_kernel(tmp_path, monkeypatch):
     """The CUDA fallback, run on the CPU: the seeds' losses and weights match the default attention's within the
     batched step's float32 tolerance (module docstring)."""
-    from genlab.models.attention import plain_softmax_attention
+    from genlab.nn.attention import plain_softmax_attention
     from genlab.train import seeds as S
     a = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=default")).fit()
     monkeypatch.setattr(S, "attention_choices", lambda device: [("plain-ops", plain_softmax_attention)])

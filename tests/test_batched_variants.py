@@ -40,7 +40,7 @@ CASES = {
 
 
 def _cfg(tmp, *overrides):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     return load_config("digits_flow", [*COMMON, f"train.out_dir={tmp}", *overrides])
 
 
@@ -59,7 +59,7 @@ def case(request, tmp_path_factory):
 
 
 def test_each_member_has_its_own_run_folder_with_a_single_run_config(case):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     tmp = case["tmp"]
     assert [s["run_dir"] for s in case["summaries"]] == [str(tmp / f"b-{suffix}") for suffix, _ in case["members"]]
     for (suffix, ovs), summary in zip(case["members"], case["summaries"]):
@@ -118,7 +118,7 @@ def test_a_member_resumes_alone_and_the_members_resume_batched(case):
 
 
 def test_cli_names_member_folders_by_their_values_and_saves_their_lr(tmp_path, capfd):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     base = [*TINY, "train.steps=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}",
             "eval.grid_per_class=1", "eval.sample_steps=1"]
     r = cli_in_process(capfd, "train", "digits_flow", *base, "train.lrs=1e-4,2e-3", "train.seeds=3", "train.name=c")
@@ -148,8 +148,8 @@ def test_bad_batched_variants_are_one_line_errors(tmp_path, capfd, override, nee
 
 
 def test_runs_resumed_together_may_differ_only_in_member_keys():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     from genlab.train.seeds import _check_same_config
     a = load_config("digits_flow", ["optim.lr=1e-3"])
     _check_same_config([a, load_config("digits_flow", ["optim.lr=3e-3", "optim.weight_decay=0.1", "train.ema_decay=0.99"])],
@@ -190,8 +190,8 @@ def test_sweep_batched_variants_groups_each_grid_of_lrs_into_one_process(tmp_pat
     """batched_variants = true: the runs that differ only in the optim.lr axis (and seed) train in one `genlab train`
     process with train.lrs and a name template, into the folders the sweep names them; other axes stay apart."""
     from genlab.cli import main
-    from genlab.sweep import runner
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep import runner
+    from genlab.lab.sweep.spec import load_sweep
     p = tmp_path / "v.toml"
     p.write_text(SWEEP)
     sw = load_sweep(p)
@@ -212,8 +212,8 @@ def test_sweep_batched_variants_groups_each_grid_of_lrs_into_one_process(tmp_pat
 
 
 def test_sweep_file_with_batched_variants_is_checked_before_anything_runs(tmp_path):
-    from genlab.errors import GenlabError
-    from genlab.sweep.spec import load_sweep
+    from genlab.core.errors import GenlabError
+    from genlab.lab.sweep.spec import load_sweep
     p = tmp_path / "v.toml"
     for text, needle in ((SWEEP.replace("batched_variants = true", 'batched_variants = "yes"'), "batched_variants must be true or false"),
                          (SWEEP.replace('"eval.num_samples=0"', '"eval.num_samples=0", "optim.name=adopt"'), "optim.name=adopt"),

@@ -64,7 +64,7 @@ def test_channels_last_and_compiled_encoders_compute_the_plain_encode(vae_and_im
     meta = json.loads((other / "meta.json").read_text())
     assert all(meta["encode"][k] is True for k in opts) and all(meta[k] is True for k in opts)
     partial = encode_dataset(images, vae, tmp_path / "part", batch_size=4, device="cpu", stop_after=1)
-    from genlab.errors import GenlabError
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match="other settings"):
         encode_dataset(images, vae, tmp_path / "part", batch_size=4, device="cpu", **opts)
     assert partial.name == "part.partial"

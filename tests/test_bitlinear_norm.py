@@ -1,4 +1,4 @@
-"""BitNet's input RMSNorm before every converted block linear (issue 33; models/bitlinear.py, train.bitlinear_norm):
+"""BitNet's input RMSNorm before every converted block linear (issue 33; nn/bitlinear.py, train.bitlinear_norm):
 where it sits, the forward and the straight-through gradients against a float64 reference written out, training with
 falling loss and exact resume, `none` reproducing the earlier converters bit for bit, checkpoints saved before the key,
 autocast and torch.compile. genlab's BitLinear against torchao's BitNet with the norm: tests/test_quantized_training.py."""
@@ -10,10 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import straight_and_resumed, tiny_config
-from genlab.config import load_config
-from genlab.errors import GenlabError
-from genlab.models.bitlinear import NORM_EPS, InputRMSNorm, absmax_int8, add_input_norm, ste, ternary, to_bitlinear
-from genlab.train.convert import apply_converters
+from genlab.config.tree import load_config
+from genlab.core.errors import GenlabError
+from genlab.nn.bitlinear import NORM_EPS, InputRMSNorm, absmax_int8, add_input_norm, ste, ternary, to_bitlinear
+from genlab.nn.convert import apply_converters
 from genlab.train.step import build_model_and_method
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
@@ -132,7 +132,7 @@ def test_norm_none_reproduces_the_earlier_converter_bit_for_bit(name):
             if n in BLOCK_LINEARS:
                 mod.__class__ = _EarlierBitLinear
     else:
-        from genlab.train.quantized_training import convert_quantized_training
+        from genlab.nn.quantized_training import convert_quantized_training
         convert_quantized_training(earlier, name)
     a, b = now.state_dict(), earlier.state_dict()
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
@@ -154,8 +154,8 @@ def test_norm_on_adds_exactly_the_gains_to_the_earlier_state_dict():
 def test_a_tiny_run_with_the_norm_trains_with_falling_loss_and_moves_the_gains(tmp_path):
     """bitnet_torchao's run with the norm (the default): tests/test_quantized_training.py."""
     name = "bitlinear"
-    from genlab.train import checkpoint as ckpt
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime import checkpoint as ckpt
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, f"train.convert={name}", "optim.lr=3e-3", "train.steps=40", "log.every=5",
                             "log.ckpt_every=0", "eval.num_samples=0", "train.name=q")).fit()
@@ -184,8 +184,8 @@ def test_a_run_with_the_norm_resumes_exactly(tmp_path, name):
 def test_a_checkpoint_saved_before_the_switch_loads_and_resumes_without_the_norm(tmp_path):
     """A config saved before train.bitlinear_norm trained BitLinear without the norm: it loads as `none`. Its weights
     under a config with the norm are a one-line error naming the missing gain."""
-    from genlab.sample import load_run
-    from genlab.train import checkpoint as ckpt
+    from genlab.runs.load import load_run
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer, config_for_resume
     Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.bitlinear_norm=none", "train.name=old", "train.steps=4",
                         "log.every=1", "log.ckpt_every=2", "eval.num_samples=0", "optim.warmup_steps=1")).fit()
@@ -240,8 +240,8 @@ def test_a_tiny_dit_with_the_norms_compiles_into_one_graph(name):
 
 def test_a_teacher_trained_with_the_norm_is_built_with_its_gains(tmp_path):
     """Few-step methods build their teacher from its saved config: the norms are there before its EMA loads."""
-    from genlab.methods.few_step.base import build_teacher, teacher_state
-    from genlab.train import checkpoint as ckpt
+    from genlab.families.few_step.base import build_teacher, teacher_state
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.name=t", "optim.lr=3e-3", *SHORT)).fit()
     teacher = build_teacher(teacher_state(str(tmp_path / "t")))
@@ -254,7 +254,7 @@ def test_a_teacher_trained_with_the_norm_is_built_with_its_gains(tmp_path):
 
 def test_a_bitnet_student_takes_a_float_teachers_weights_and_starts_its_gains_at_one():
     """A float teacher has no input norms: the student's gains are the only parameters it lacks, and stay 1."""
-    from genlab.methods.few_step.base import load_student_from_teacher
+    from genlab.families.few_step.base import load_student_from_teacher
     torch.manual_seed(3)
     teacher, _ = build_model_and_method(_cfg(), SPEC)
     student = _built("bitlinear")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from genlab.config import load_config
-from genlab.errors import GenlabError
+from genlab.config.tree import load_config
+from genlab.core.errors import GenlabError
 
 from conftest import TINY, cli_in_process, run_cli
 
@@ -57,7 +57,7 @@ def test_config_layers_and_types():
 def test_list_prints_every_registry(capfd):
     r = cli_in_process(capfd, "list")  # test_install runs `genlab list` as a process
     assert r.returncode == 0
-    from genlab.registry import all_registries
+    from genlab.core.registry import all_registries
     for kind, reg in all_registries().items():
         assert f"{kind}:" in r.stdout
         for name in reg.names():

@@ -10,9 +10,9 @@ import torch
 
 from conftest import REPO, TINY
 from genlab.cli import main
-from genlab.config import load_config
-from genlab.errors import GenlabError
-from genlab.registry import load_plugin, method_registry
+from genlab.config.tree import load_config
+from genlab.core.errors import GenlabError
+from genlab.core.registry import load_plugin, method_registry
 
 PLUGIN = REPO / "tests" / "plugins" / "toy_conditioned_flow.py"
 
@@ -46,7 +46,7 @@ def test_a_plugin_method_trains_samples_and_conditions_the_model(toy, tmp_path, 
                  f"train.out_dir={tmp_path}", "train.name=toy"]) == 0
     assert main(["sample", str(run), "--n", "10", "--steps", "2", "--out", str(tmp_path / "grid.png")]) == 0
     assert (tmp_path / "grid.png").stat().st_size > 0
-    from genlab.sample import load_run
+    from genlab.runs.load import load_run
     _, model, method, _, _ = load_run(run)
     assert "cond_embed.embed.strength.mlp.0.weight" in model.state_dict()
     x, t, y = torch.randn(2, 1, 8, 8), torch.rand(2), torch.tensor([1, 2])
@@ -71,18 +71,18 @@ def test_genlab_plugins_loads_a_component_file_in_a_fresh_process(tmp_path):
 
 
 def test_every_entry_has_its_registry_spec_type():
-    from genlab.registry import all_registries
+    from genlab.core.registry import all_registries
     for kind, reg in all_registries().items():
         for name, spec in reg.specs():
             assert isinstance(spec, reg.spec_type), (kind, name)
 
 
 def test_a_misspelt_capability_fails_at_registration():
-    from genlab.registry import Registry, SamplerSpec
+    from genlab.core.registry import Registry, SamplerSpec
     reg = Registry("toy_kind_for_test", SamplerSpec)
     with pytest.raises(TypeError, match="nfe_per_stp"):
         reg.register("x", "doc", nfe_per_stp=2)(lambda: None)
-    del __import__("genlab.registry").registry.REGISTRIES["toy_kind_for_test"]
+    del __import__("genlab.core.registry").core.registry.REGISTRIES["toy_kind_for_test"]
 
 
 def test_method_model_and_data_constraints_come_from_the_specs():

@@ -5,10 +5,10 @@ from typing import get_type_hints
 
 import pytest
 
-from genlab.config import Config, dumps_toml, from_dict, load_config, to_dict
-from genlab.config_keys import sections
-from genlab.config_fields import declares_range, meta_of
-from genlab.errors import GenlabError
+from genlab.config.tree import Config, dumps_toml, from_dict, load_config, to_dict
+from genlab.config.keys import sections
+from genlab.config.fields import declares_range, meta_of
+from genlab.core.errors import GenlabError
 
 
 def all_fields():
@@ -27,8 +27,8 @@ def test_every_field_has_a_description_and_declared_values():
 
 def test_every_key_is_read_by_some_component_or_every_run():
     """No key that nothing reads: each is a core key or listed by a registered component (keys or reads)."""
-    from genlab.config_doc import readers
-    from genlab.config_keys import CORE_KEYS
+    from genlab.config.doc import readers
+    from genlab.config.keys import CORE_KEYS
     core = {k.dotted for k in CORE_KEYS}
     orphans = [k for k, who in readers().items() if not who and k not in core]
     assert not orphans, orphans
@@ -37,7 +37,7 @@ def test_every_key_is_read_by_some_component_or_every_run():
 
 
 def test_a_removed_key_loads_from_a_saved_config_only_at_its_old_default(monkeypatch):
-    from genlab import config as config_mod
+    from genlab.config import tree as config_mod
     monkeypatch.setitem(config_mod.RETIRED, "method.gone_key", "")
     d = to_dict(Config())
     d["method"]["gone_key"] = ""
@@ -48,7 +48,7 @@ def test_a_removed_key_loads_from_a_saved_config_only_at_its_old_default(monkeyp
 
 
 def test_defaults_are_inside_their_declared_ranges():
-    from genlab.config_check import check_config
+    from genlab.config.check import check_config
     check_config(Config())
 
 
@@ -89,9 +89,9 @@ def test_toml_writer_round_trips_characters_outside_the_bmp():
 
 def test_docs_config_md_is_current():
     from conftest import REPO
-    from genlab.config_doc import markdown
+    from genlab.config.doc import markdown
     doc = (REPO / "docs" / "config.md").read_text()
-    assert doc == markdown(), "docs/config.md is stale: run `python -m genlab.config_doc > docs/config.md`"
+    assert doc == markdown(), "docs/config.md is stale: run `python -m genlab.config.doc > docs/config.md`"
 
 
 def test_genlab_config_prints_the_resolved_config_with_descriptions(capsys):
@@ -124,7 +124,7 @@ def test_unused_sampling_option_is_a_warning_recorded_in_the_run_config(tmp_path
 def test_every_shipped_preset_loads_and_passes_the_checks():
     # a preset is a user-facing command (`genlab train NAME`): a key renamed in config.py or a value out of range in
     # one of them must fail here, not on the user's GPU
-    from genlab.config import CONFIG_DIR, load_config
+    from genlab.config.tree import CONFIG_DIR, load_config
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
     assert {"digits_flow", "mnist_flow", "mnist_flow_fast", "fashion_flow_fast"} <= set(names)
     for name in names:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from genlab import progress
+from genlab.core import progress
 
 from conftest import TINY, cli_in_process, run_cli
 

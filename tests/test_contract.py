@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 import torch
 
-from genlab.config import ModelConfig
-from genlab.errors import GenlabError
-from genlab.models.positions import fitting_positions
-from genlab.registry import attention_registry, mlp_registry, model_registry, norm_registry
+from genlab.config.tree import ModelConfig
+from genlab.core.errors import GenlabError
+from genlab.nn.positions import fitting_positions
+from genlab.core.registry import attention_registry, mlp_registry, model_registry, norm_registry
 
 BASE = dict(dim=32, depth=3, heads=2, size="tiny")  # depth 3: one U-ViT long skip (block 0 -> block 2)
 

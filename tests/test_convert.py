@@ -8,15 +8,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from genlab.errors import GenlabError
-from genlab.train import checkpoint as ckpt
+from genlab.core.errors import GenlabError
+from genlab.runtime import checkpoint as ckpt
 from genlab.train.trainer import Trainer
 
 SHORT = ["train.steps=3", "log.every=1", "log.ckpt_every=0", "eval.num_samples=0", "optim.warmup_steps=1"]
 
 
 def test_bitlinear_matches_the_b158_reference():
-    from genlab.models.bitlinear import to_bitlinear
+    from genlab.nn.bitlinear import to_bitlinear
     torch.manual_seed(0)
     lin = nn.Linear(16, 8)
     W, b = lin.weight.detach().clone(), lin.bias.detach().clone()
@@ -40,8 +40,8 @@ def test_bitlinear_matches_the_b158_reference():
 
 
 def test_bitlinear_converts_block_linears_only_and_keeps_state_dict_keys():
-    from genlab.models.dit import DiT, DiTSpec
-    from genlab.train.convert import apply_converters, count_converted
+    from genlab.families.image_flow.dit import DiT, DiTSpec
+    from genlab.nn.convert import apply_converters, count_converted
     m = DiT(DiTSpec(image_size=8, channels=1, num_classes=10, dim=32, depth=2, heads=2))
     keys = list(m.state_dict())
     apply_converters(m, ["bitlinear"], "cpu")
@@ -57,15 +57,15 @@ def test_float8_converter_refuses_a_cpu_run_before_building_anything(tmp_path):
 
 
 def test_float8_precision_names_are_aliases_of_the_converter():
-    from genlab.config import load_config
-    from genlab.train.convert import converters_of
+    from genlab.config.tree import load_config
+    from genlab.nn.convert import converters_of
     assert converters_of(load_config(None, ["train.precision=float8_rowwise"])) == ["float8_rowwise"]
     assert converters_of(load_config(None, ["train.convert=float8", "train.precision=float8_tensorwise"])) == ["float8"]
 
 
 @pytest.mark.slow
 def test_a_run_trained_converted_is_loaded_converted(tmp_path):
-    from genlab.sample import load_run, sample_to_file
+    from genlab.runs.load import load_run, sample_to_file
     Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.name=bit", *SHORT)).fit()
     _, model, _, _, _ = load_run(tmp_path / "bit", device="cpu")
     assert sum(type(m).__name__ == "BitLinear" for m in model.modules()) == 4 * 2
@@ -86,7 +86,7 @@ def test_init_from_copies_weights_only_and_checks_shapes(tmp_path):
 
 
 def test_init_from_an_exported_safetensors_file(tmp_path):
-    from genlab.train.dcp import export_safetensors
+    from genlab.runtime.dcp import export_safetensors
     Trainer(tiny_config(tmp_path, "train.name=a", *SHORT)).fit()
     state = ckpt.load_checkpoint(tmp_path / "a")
     out = export_safetensors(state, tmp_path / "model.safetensors", ema=False)
@@ -97,7 +97,7 @@ def test_init_from_an_exported_safetensors_file(tmp_path):
 
 
 def test_teacher_is_built_from_its_own_saved_config_and_frozen(tmp_path):
-    from genlab.methods.few_step.base import build_teacher, teacher_state
+    from genlab.families.few_step.base import build_teacher, teacher_state
     Trainer(tiny_config(tmp_path, "train.name=t", "model.dim=48", "model.heads=3", *SHORT)).fit()
     teacher = build_teacher(teacher_state(str(tmp_path / "t")))
     ema = ckpt.load_checkpoint(tmp_path / "t")["ema"]

@@ -13,7 +13,7 @@ import torch
 from genlab.data import convert
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.loader import ImageLoader, IndexStream
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 from conftest import cli_in_process
 

@@ -144,7 +144,7 @@ def test_trainer_fsdp_run_writes_dcp_and_export_that_sample_loads(tmp_path, capf
     run = tmp_path / "fsdp"
     assert (run / "checkpoints" / "step_00000004.dcp" / "meta.pt").exists()
     assert (run / "model.safetensors").exists()
-    from genlab.train.checkpoint import load_checkpoint
+    from genlab.runtime.checkpoint import load_checkpoint
     dcp_state, exported = load_checkpoint(run), load_checkpoint(run / "model.safetensors")
     assert dcp_state["step"] == 4 and exported["step"] == 4
     for k, v in exported["model"].items():  # the export holds the EMA weights of the DCP checkpoint
@@ -191,7 +191,7 @@ def test_sparse_transformer_two_ranks_follow_the_one_process_run(tmp_path, mode,
     a, b = _run_losses(sparse_one_process), _run_losses(tmp_path / "two")
     assert len(a) == len(b) == 4
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
-    from genlab.train.checkpoint import load_checkpoint
+    from genlab.runtime.checkpoint import load_checkpoint
     w1, w2 = load_checkpoint(sparse_one_process)["model"], load_checkpoint(tmp_path / "two")
     w2 = w2["model"] if w2.get("model") else w2["ema"]
     for k, v in w1.items():

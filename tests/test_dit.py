@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from genlab.config import ModelConfig
-from genlab.models.dit import DIT_SIZES, DiT, DiTBlock, DiTSpec, build_dit, depatchify, patchify
+from genlab.config.tree import ModelConfig
+from genlab.families.image_flow.dit import DIT_SIZES, DiT, DiTBlock, DiTSpec, build_dit, depatchify, patchify
 
 
 @pytest.mark.parametrize("p,C,H", [(1, 3, 4), (2, 1, 8), (2, 4, 32), (4, 3, 16)])

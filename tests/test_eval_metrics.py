@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.eval.frechet import frechet_distance, frechet_from_stats, trace_sqrt_product
 
 
@@ -342,7 +342,7 @@ def test_real_split_with_val_path_uses_the_test_folder(tmp_path):
 
 
 def _ctx(**eval_overrides):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     cfg = load_config("digits_flow", ["eval.classifier_epochs=5"] + [f"eval.{k}={v}" for k, v in eval_overrides.items()])
     return {"eval": cfg.eval, "device": torch.device("cpu")}
 
@@ -366,7 +366,7 @@ class _NearestMean(torch.nn.Module):
 
 def test_real_images_score_near_the_floor_and_noise_far_above_it(capsys, monkeypatch):
     import genlab.eval.classifier as clf
-    from genlab import progress
+    from genlab.core import progress
     from genlab.data.datasets import load_digits_uint8
     from genlab.eval.metrics import image_metrics
     data = load_digits_uint8()
@@ -411,7 +411,7 @@ def test_fid_and_lpips_run_through_the_metric_registry(tmp_path, monkeypatch):
 
 
 def test_unknown_metric_lists_the_valid_choices():
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     with pytest.raises(GenlabError, match="unknown eval.metrics entry 'fidd'.*did you mean 'fid'.*accuracy, fd, fid, inception_score, lpips, pr, "
                                              "pr_inception, sfid"):
         load_config("digits_flow", ["eval.metrics=accuracy,fidd"])
@@ -423,7 +423,7 @@ def test_unknown_metric_lists_the_valid_choices():
 def evaluated_run(tmp_path_factory):
     """A 6-step run evaluated at steps 3 and 6, with the closed-form classifier stand-in throughout."""
     import genlab.eval.classifier as clf
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.trainer import Trainer
     out = tmp_path_factory.mktemp("evalrun")
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={out}", "train.name=r", "train.steps=6", "log.eval_every=3",

@@ -30,8 +30,8 @@ def _autocast_seen(monkeypatch, target, attr, result=None):
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])
 def test_eval_of_a_run_samples_in_its_training_precision(runs, monkeypatch, precision, dtype):
-    from genlab.methods.flow import FlowMatching
-    from genlab.sample import evaluate_run
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.runs.load import evaluate_run
     seen = _autocast_seen(monkeypatch, FlowMatching, "evaluate")
     evaluate_run(runs / precision, overrides=["eval.num_samples=4"], device="cpu")
     assert seen == [dtype]
@@ -40,14 +40,14 @@ def test_eval_of_a_run_samples_in_its_training_precision(runs, monkeypatch, prec
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])
 def test_sample_and_analyze_sample_in_the_training_precision(runs, monkeypatch, tmp_path, precision, dtype):
-    from genlab.analyze import run as analyze_mod
-    from genlab.methods.flow import FlowMatching
-    from genlab.sample import sample_to_file
+    from genlab.lab.analyze import run as analyze_mod
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.runs.load import sample_to_file
     seen = _autocast_seen(monkeypatch, FlowMatching, "sample_to_file")
     sample_to_file(runs / precision, n=2, out=tmp_path / "g.png", device="cpu")
     from genlab.eval import image_quality
     drawn = _autocast_seen(monkeypatch, image_quality, "generate")
-    from genlab.sample import load_run
+    from genlab.runs.load import load_run
     cfg, model, method, dev, _ = load_run(runs / precision, "cpu")
     from types import SimpleNamespace
     data = SimpleNamespace(spec={"num_classes": 4})
@@ -60,8 +60,8 @@ def test_the_quantization_gap_evaluates_float_and_quantized_in_the_training_prec
                                                                                         dtype):
     """Both sides of the gap as `genlab eval` scores the run and its `genlab quantize` copy."""
     pytest.importorskip("torchao")
-    from genlab.methods.flow import FlowMatching
-    from genlab.quant.gap import quant_gap
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.runs.quant_gap import quant_gap
     seen = _autocast_seen(monkeypatch, FlowMatching, "evaluate", {"feature_fd": 1.0})
     quant_gap(runs / precision, formats=("int8",), device="cpu")
     assert seen == [dtype, dtype]  # one checkpoint: float, then int8

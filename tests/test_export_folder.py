@@ -51,8 +51,8 @@ def _files(d):
 
 
 def test_the_folder_holds_config_weights_card_and_meta(flow_run):
-    from genlab.config import load_config, to_dict
-    from genlab.train.checkpoint import config_of, load_checkpoint
+    from genlab.config.tree import load_config, to_dict
+    from genlab.runtime.checkpoint import config_of, load_checkpoint
     run, exp = flow_run
     assert sorted(_files(exp)) == ["README.md", "config.toml", "genlab.json", "model.safetensors"]
     assert not list(exp.parent.glob("*.partial"))
@@ -80,7 +80,7 @@ def test_the_folder_samples_identically_to_the_run(flow_run, tmp_path, capfd):
 
 
 def test_no_ema_exports_the_raw_weights(flow_run, tmp_path):
-    from genlab.train.checkpoint import load_checkpoint
+    from genlab.runtime.checkpoint import load_checkpoint
     run, _ = flow_run
     assert main(["export", str(run), "--out", str(tmp_path / "raw"), "--no-ema"]) == 0
     src, got = load_checkpoint(run), load_checkpoint(tmp_path / "raw")
@@ -212,7 +212,7 @@ def test_resuming_an_export_is_refused_in_one_line(flow_run, capfd):
 
 
 def test_commands_that_take_a_run_take_the_folder(flow_run, tmp_path, capfd):
-    from genlab.train.checkpoint import config_of, load_checkpoint
+    from genlab.runtime.checkpoint import config_of, load_checkpoint
     from genlab.train.step import build_model_and_method, init_weights_from
     run, exp = flow_run
     d = tmp_path / "export"

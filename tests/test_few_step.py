@@ -1,11 +1,11 @@
-"""The few-step family's shared parts (methods/few_step/): samplers, the teacher, the student's start; and the
+"""The few-step family's shared parts (families/few_step/): samplers, the teacher, the student's start; and the
 shortcut model. Each distillation method has its own test file."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from tests.conftest import tiny_config
 
 FAST = ["train.steps=40", "log.every=10", "log.ckpt_every=0", "log.sample_every=0", "eval.num_samples=0"]
@@ -26,8 +26,8 @@ class CountingVelocity:
 @pytest.mark.parametrize("name", ["flow_map", "consistency", "euler"])
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_an_n_step_few_step_sampler_makes_exactly_n_network_calls(name, n):
-    from genlab.methods.samplers import call_sampler, time_grid
-    from genlab.registry import sampler_registry
+    from genlab.sampling.samplers import call_sampler, time_grid
+    from genlab.core.registry import sampler_registry
     v = CountingVelocity()
     out = call_sampler(sampler_registry.get(name), v, torch.randn(3, 1, 4, 4), time_grid(n),
                        generator=torch.Generator().manual_seed(0))
@@ -38,8 +38,8 @@ def test_an_n_step_few_step_sampler_makes_exactly_n_network_calls(name, n):
 
 def test_flow_map_with_the_exact_average_velocity_lands_on_the_exact_solution():
     # dx/dt = -x has the flow map x(t+d) = x(t) e^{-d}; its average velocity over [t, t+d] is x (e^{-d} - 1) / d
-    from genlab.methods.few_step.samplers import sample_flow_map
-    from genlab.methods.samplers import time_grid
+    from genlab.sampling.few_step import sample_flow_map
+    from genlab.sampling.samplers import time_grid
     x0 = torch.randn(5, 1, 2, 2, dtype=torch.float64)
     u = lambda x, t, d: x * (torch.exp(-d) - 1).view(-1, 1, 1, 1) / d.view(-1, 1, 1, 1)  # noqa: E731
     for n in (1, 3):
@@ -49,7 +49,7 @@ def test_flow_map_with_the_exact_average_velocity_lands_on_the_exact_solution():
 
 def test_consistency_sampler_with_an_exact_data_prediction_returns_the_data():
     # velocity whose data estimate x + (1-t) v is always the point `data`: each re-noised step predicts it again
-    from genlab.methods.few_step.samplers import sample_consistency
+    from genlab.sampling.few_step import sample_consistency
     data = torch.randn(2, 1, 3, 3)
     v = lambda x, t: (data - x) / (1 - t).view(-1, 1, 1, 1)  # noqa: E731
     out = sample_consistency(v, torch.randn(2, 1, 3, 3), torch.linspace(0.0, 0.99, 5),
@@ -65,7 +65,7 @@ def test_a_step_size_sampler_on_a_model_without_that_input_is_a_one_line_error(t
 
 
 def test_shortcut_target_is_the_mean_of_two_half_steps_of_the_target_network():
-    from genlab.methods.few_step.shortcut import two_step_target
+    from genlab.families.few_step.shortcut import two_step_target
     torch.manual_seed(0)
     W = torch.randn(4, 4, dtype=torch.float64) * 0.3
 
@@ -81,7 +81,7 @@ def test_shortcut_target_is_the_mean_of_two_half_steps_of_the_target_network():
 
 def test_shortcut_trains_its_loss_falls_and_samples_in_one_two_and_four_calls(tmp_path, one_thread):
     from genlab.train.trainer import Trainer
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.step import build_model_and_method
     cfg = tiny_config(tmp_path, "method.name=shortcut", "method.sampler=flow_map", "method.shortcut_min_steps=8",
                       "train.ema_decay=0.9", "train.name=sc", *FAST[1:], "train.steps=60")
@@ -101,5 +101,5 @@ def test_shortcut_trains_its_loss_falls_and_samples_in_one_two_and_four_calls(tm
 
 
 def loss_curve(run_dir) -> list[float]:
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]

@@ -1,4 +1,4 @@
-"""The teacher-feature discriminator (methods/few_step/discriminator.py) and the two teacher-based methods that use
+"""The teacher-feature discriminator (families/few_step/discriminator.py) and the two teacher-based methods that use
 it: phased consistency models (pcm) and latent adversarial diffusion distillation (ladd)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from tests.conftest import straight_and_resumed, tiny_config
 
 QUIET = ["log.ckpt_every=0", "log.sample_every=0", "eval.num_samples=0"]
@@ -41,13 +41,13 @@ def batch_of(spec, B=8, seed=0):
 
 
 def loss_curve(run_dir) -> list[float]:
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
 
 
 # -- the discriminator ---------------------------------------------------------------------------
 def test_hinge_losses_follow_the_formula():
-    from genlab.methods.few_step.discriminator import hinge_losses
+    from genlab.families.few_step.discriminator import hinge_losses
     g = torch.Generator().manual_seed(0)
     fake, real = torch.randn(4, 3, 5, generator=g, dtype=torch.float64), torch.randn(4, 3, 5, generator=g, dtype=torch.float64)
     g_term, d_loss = hinge_losses(fake, real)
@@ -61,7 +61,7 @@ def test_hinge_losses_follow_the_formula():
 
 def test_renoising_keeps_the_flow_paths_marginal():
     # x_{t_end} = (1 - t_end) z + t_end x1 re-noised to t' must be t' x1 + (1 - t') (unit Gaussian)
-    from genlab.methods.few_step.discriminator import renoise
+    from genlab.families.few_step.discriminator import renoise
     t_end, t_new = torch.tensor([1.0, 0.75, 0.5, 0.25], dtype=torch.float64), torch.tensor([0.3, 0.5, 0.5, 0.1], dtype=torch.float64)
     one = torch.ones(4, 1, dtype=torch.float64)
     x1, z, e = one * 0, one * 1, one * 0                      # x at t_end carries noise (1 - t_end) z, fresh noise e
@@ -75,8 +75,8 @@ def test_discriminator_heads_are_conditioned_on_the_renoising_time_the_teacher_s
     """Each head's projection condition holds the class and the re-noising time t' (LADD's heads are conditioned on the
     noise level): the same tokens judged at another t' get other logits, and the t' the heads get is the one the
     teacher's features were computed at."""
-    from genlab.methods.base import plain_context
-    from genlab.methods.few_step.discriminator import TeacherHeads
+    from genlab.families.base import plain_context
+    from genlab.families.few_step.discriminator import TeacherHeads
     g = torch.Generator().manual_seed(0)
     heads = TeacherHeads(dim=12, hidden=8, num_classes=3, blocks=(1, 2), tokens=5)
     feats, y = [torch.randn(4, 5, 12, generator=g) for _ in range(2)], torch.tensor([0, 1, 2, 0])
@@ -122,7 +122,7 @@ def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_n
 
 def test_discriminator_heads_step_with_their_own_adam_betas(tmp_path, flow_teacher, one_thread):
     """The heads' optimizer uses method.tdisc_betas (default beta1 = 0, GAN practice); the student keeps optim.betas."""
-    from genlab.methods.base import Extra, check_extras
+    from genlab.families.base import Extra, check_extras
     from genlab.train.trainer import Trainer
     for extra, want in (([], (0.0, 0.99)), (["method.tdisc_betas=0.5,0.999"], (0.5, 0.999))):
         t = Trainer(tiny_config(tmp_path, f"method.teacher={flow_teacher}", *LADD, "optim.betas=0.9,0.95",
@@ -142,7 +142,7 @@ def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
         tiny_config(tmp_path, *LADD, "method.tdisc_blocks=1,3")
     with pytest.raises(GenlabError, match="comma-separated block numbers"):
         tiny_config(tmp_path, *LADD, "method.tdisc_blocks=last")
-    from genlab.methods.few_step.discriminator import parse_blocks
+    from genlab.families.few_step.discriminator import parse_blocks
     assert parse_blocks("", 12) == (3, 6, 9, 12) and parse_blocks("", 2) == (1, 2) and parse_blocks("2,1,2", 3) == (1, 2)
 
 
@@ -150,7 +150,7 @@ def test_discriminator_blocks_out_of_the_depth_are_a_one_line_error(tmp_path):
 def test_ladd_student_times_follow_the_papers_distribution_and_warm_up_at_the_less_noisy_times():
     """Paper (t=1 noise there): times {1, .75, .5, .25} with probabilities .7/.1/.1/.1, after a warm-up at {.5, .25}
     only; here t = 1 - those = {0, .25, .5, .75}. 200k draws: each share within 5 standard errors."""
-    from genlab.methods.few_step.ladd import student_times
+    from genlab.families.few_step.ladd import student_times
     n = 200_000
     t = student_times(4, n, 0.7, torch.Generator().manual_seed(0), "cpu")
     for value, p in ((0.0, 0.7), (0.25, 0.1), (0.5, 0.1), (0.75, 0.1)):
@@ -162,7 +162,7 @@ def test_ladd_student_times_follow_the_papers_distribution_and_warm_up_at_the_le
 
 
 def test_a_fresh_ladd_student_is_the_teachers_ema(tmp_path, flow_teacher):
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     model, _, extras, _ = built(tmp_path, flow_teacher, *LADD)
     ema = ckpt.load_checkpoint(flow_teacher)["ema"]
     own = model.state_dict()
@@ -171,7 +171,7 @@ def test_a_fresh_ladd_student_is_the_teachers_ema(tmp_path, flow_teacher):
 
 
 def test_ladd_warm_up_steps_train_the_student_only_at_its_less_noisy_times(tmp_path, flow_teacher, one_thread):
-    from genlab.methods.base import plain_context
+    from genlab.families.base import plain_context
     model, method, extras, spec = built(tmp_path, flow_teacher, *LADD, "method.ladd_warmup_steps=3")
     seen = []
     model.register_forward_hook(lambda m, args, out: seen.append(args[1].detach()))
@@ -184,7 +184,7 @@ def test_ladd_warm_up_steps_train_the_student_only_at_its_less_noisy_times(tmp_p
 # -- PCM ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
 def test_pcm_phase_edges_partition_the_unit_interval_and_the_function_is_the_identity_at_each_end(k):
-    from genlab.methods.few_step.pcm import phase_edges, phase_end, phase_function
+    from genlab.families.few_step.pcm import phase_edges, phase_end, phase_function
     e = phase_edges(k)
     assert e[0] == 0 and e[-1] == 1 and len(e) == k + 1 and bool((e[1:] > e[:-1]).all())
     torch.testing.assert_close(e[1:] - e[:-1], torch.full((k,), 1 / k))
@@ -198,7 +198,7 @@ def test_pcm_phase_edges_partition_the_unit_interval_and_the_function_is_the_ide
 
 
 def test_pcm_target_is_one_guided_teacher_step_then_the_emas_phase_function(tmp_path, flow_teacher, one_thread):
-    from genlab.methods.base import plain_context
+    from genlab.families.base import plain_context
     model, method, extras, spec = built(tmp_path, flow_teacher, *PCM, "method.teacher_cfg_scale=3.0")
     ema = copy.deepcopy(model).requires_grad_(False)
     with torch.no_grad():
@@ -229,7 +229,7 @@ def test_pcm_target_is_one_guided_teacher_step_then_the_emas_phase_function(tmp_
 def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flow_teacher, pairs_dir, one_thread):
     import math
 
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     common = [f"method.teacher={flow_teacher}", "train.ema_decay=0.9", "log.every=5", "optim.lr=1e-3", *QUIET]
     assert Trainer(tiny_config(tmp_path, *PCM, "method.teacher_cfg_scale=3.0", "train.name=pcm", "train.steps=50",
@@ -268,7 +268,7 @@ def test_ladd_regression_target_is_the_teachers_image_for_the_pairs_own_noise(tm
     is what the teacher made of exactly that noise; samples at t > 0 start from fresh noise (as the sampler's
     re-noising) and are left out of the term. With fresh noise at t = 0 the term would pull toward the class mean."""
     from genlab.data.pairs import read_pairs
-    from genlab.methods.base import plain_context
+    from genlab.families.base import plain_context
     model, method, extras, _ = built(tmp_path, flow_teacher, *LADD, "data.name=pairs", f"data.path={pairs_dir}",
                                      "method.ladd_regression_weight=1.0", "method.ladd_noise_share=0.5")
     assert "noise" in method.batch_keys
@@ -332,7 +332,7 @@ def test_resuming_a_checkpoint_whose_discriminator_lacks_a_parameter_is_a_one_li
                                                                                           one_thread):
     """A LADD/PCM checkpoint saved before the heads were conditioned on t' has no time-embedding weights: resuming it
     names the module and the parameter instead of torch's multi-line load_state_dict error."""
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     args = (f"method.teacher={flow_teacher}", *PCM_ADV, "train.steps=2", "log.ckpt_every=2", "log.sample_every=0",
             "eval.num_samples=0", "train.name=old")

@@ -1,4 +1,4 @@
-"""Consistency distillation (LCM) and consistency tuning (ECT) from a flow teacher: methods/few_step/lcm.py, ect.py."""
+"""Consistency distillation (LCM) and consistency tuning (ECT) from a flow teacher: families/few_step/lcm.py, ect.py."""
 from __future__ import annotations
 
 import copy
@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from tests.conftest import straight_and_resumed, tiny_config
 
 FAST = ["log.every=5", "log.ckpt_every=0", "log.sample_every=0", "eval.num_samples=0"]
@@ -16,16 +16,16 @@ ECT = ["method.name=ect", "method.sampler=consistency", "method.cfg_scale=1", "m
 
 
 def loss_curve(run_dir) -> list[float]:
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
 
 
 # -- LCM -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("solver", ["euler", "heun"])
 def test_lcm_target_is_one_guided_teacher_step_then_the_ema_consistency_function(tmp_path, flow_teacher, solver):
-    from genlab.methods.few_step.base import build_teacher
-    from genlab.methods.few_step.lcm import lcm_target
-    from genlab.train import checkpoint as ckpt
+    from genlab.families.few_step.base import build_teacher
+    from genlab.families.few_step.lcm import lcm_target
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.step import build_model_and_method
     state = ckpt.load_checkpoint(flow_teacher)
     teacher = build_teacher(state).double()
@@ -63,7 +63,7 @@ def test_lcm_target_is_one_guided_teacher_step_then_the_ema_consistency_function
 
 def test_lcm_trains_from_its_teacher_its_loss_falls_it_is_the_identity_at_t1_and_samples_in_n_calls(
         tmp_path, flow_teacher, one_thread):
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.step import build_model_and_method
     from genlab.train.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *LCM, *FAST, f"method.teacher={flow_teacher}", "train.steps=60",
@@ -77,7 +77,7 @@ def test_lcm_trains_from_its_teacher_its_loss_falls_it_is_the_identity_at_t1_and
     model.load_state_dict(state["ema"])
     _boundary_and_calls(model, method, {"w": torch.full((4,), 0.4)})
     # the guidance fed to the student is a sampling key: eval/sample may change it within the trained range
-    from genlab.sample import load_run
+    from genlab.runs.load import load_run
     _, _, m2, _, _ = load_run(tmp_path / "lcm", device="cpu", overrides=["method.lcm_guidance=2.4"])
     torch.testing.assert_close(m2.sample_conditions(2, "cpu")["w"], torch.full((2,), 0.8))
     with pytest.raises(GenlabError, match="must lie in the trained range"):
@@ -85,7 +85,7 @@ def test_lcm_trains_from_its_teacher_its_loss_falls_it_is_the_identity_at_t1_and
 
 
 def _boundary_and_calls(model, method, cond):
-    from genlab.methods.few_step.consistency import consistency_fn
+    from genlab.families.few_step.consistency import consistency_fn
     x = torch.randn(4, 1, 8, 8)
     with torch.no_grad():  # the boundary condition of a trained student: f(x, 1) = x
         assert torch.equal(consistency_fn(model, x, torch.ones(4), torch.arange(4), **cond), x)
@@ -106,7 +106,7 @@ def test_lcm_guidance_outside_the_trained_range_is_a_one_line_error(tmp_path):
 
 # -- ECT -----------------------------------------------------------------------------------------
 def test_ect_gap_shrinks_stage_by_stage_and_every_r_lies_between_t_and_the_data():
-    from genlab.methods.few_step.ect import ect_r, ect_stage
+    from genlab.families.few_step.ect import ect_r, ect_stage
     q, k, b, stages = 2.0, 8.0, 1.0, 8
     t = torch.sigmoid(torch.linspace(-8, 8, 401, dtype=torch.float64))  # sigma from e^-8 to e^8
     sigma = (1 - t) / t
@@ -137,7 +137,7 @@ def test_ect_gap_shrinks_stage_by_stage_and_every_r_lies_between_t_and_the_data(
 
 def test_ect_starts_from_the_teacher_its_loss_falls_it_is_the_identity_at_t1_and_samples_in_n_calls(
         tmp_path, flow_teacher, one_thread):
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.step import build_model_and_method
     from genlab.train.trainer import Trainer
     # one stage (a fixed gap) so that the loss compares like with like; its noise floor is a diffusion loss's
@@ -181,7 +181,7 @@ def wrong_teachers(tmp_path_factory):
              "log.tensorboard=false", f"train.out_dir={out}"]
     Trainer(tiny_config(out, "data.name=synthetic", "data.image_size=16", "data.channels=3", "data.num_classes=10",
                         "data.size=64", "train.name=rgb", *quick)).fit()
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     Trainer(load_config("sparse_tiny_cpu", ["train.name=ar", *quick])).fit()
     return {"missing": str(out / "nothing_here"), "other data": str(out / "rgb"), "not a velocity": str(out / "ar")}
 

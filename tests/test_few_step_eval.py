@@ -27,7 +27,7 @@ def shortcut_run(tmp_path_factory):
 
 def test_a_shortcut_run_gives_one_row_per_step_count_with_floor_cost_and_picture(shortcut_run, one_thread):
     from PIL import Image
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     res = evaluate_run(shortcut_run, [*EV, "eval.nfe_list=1,2,4,8"])
     rows = res["nfe_table"]
     assert [(r["sampler"], r["nfe"], r["steps"]) for r in rows] == [("flow_map", n, n) for n in (1, 2, 4, 8)]
@@ -47,7 +47,7 @@ def test_a_shortcut_run_gives_one_row_per_step_count_with_floor_cost_and_picture
 
 
 def test_a_flow_teacher_gives_rows_per_sampler_and_nfes_that_round_alike_are_one_row(flow_teacher, one_thread):
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     res = evaluate_run(flow_teacher, [*EV, "eval.nfe_list=1,2,4,8", "eval.samplers=euler,heun"])
     assert [(r["sampler"], r["nfe"], r["steps"]) for r in res["nfe_table"]] == [
         ("euler", 1, 1), ("euler", 2, 2), ("euler", 4, 4), ("euler", 8, 8), ("heun", 2, 1), ("heun", 4, 2), ("heun", 8, 4)]
@@ -99,7 +99,7 @@ def test_cost_counts_training_times_processes_generated_data_and_the_teacher_cha
 
 
 def test_the_sweep_report_divides_by_each_runs_reference(tmp_path):
-    from genlab.sweep.report import write_report
+    from genlab.lab.sweep.report import write_report
     d = tmp_path / "sw"
     status = {}
     docs = {"teacher": ({"gpu_seconds": 100.0, "device": "cpu"}, [("heun", 50, 2.0), ("euler", 200, 1.0), ("euler", 2, 8.0)]),
@@ -198,8 +198,8 @@ def test_tiny_sweep_trains_the_teacher_runs_a_command_stage_then_the_variant_and
 
 
 def test_the_shipped_few_step_sweep_loads_once_its_methods_are_merged():
-    from genlab.config import CONFIG_DIR
-    from genlab.sweep.spec import load_sweep
+    from genlab.config.tree import CONFIG_DIR
+    from genlab.lab.sweep.spec import load_sweep
     text = (REPO / "src" / "genlab" / "configs" / "sweeps" / "few_step.toml").read_text()
     import re
     missing = sorted({p for p in re.findall(r'preset = "([a-z_]+)"', text) if not (CONFIG_DIR / f"{p}.toml").exists()})

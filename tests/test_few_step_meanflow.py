@@ -1,4 +1,4 @@
-"""MeanFlow (methods/few_step/meanflow.py): the JVP's du/dt against finite differences, the target against a flow
+"""MeanFlow (families/few_step/meanflow.py): the JVP's du/dt against finite differences, the target against a flow
 whose average velocity is known in closed form, the loss on a tiny model, DDP gradients, sampling calls, resume."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ WORKER = Path(__file__).with_name("meanflow_dist_worker.py")
 
 def tiny_dit64(attention="sdpa"):
     """A tiny DiT with the step-size input, in float64, its weights moved off the zero init (all terms count)."""
-    from genlab.models.dit import DiT, DiTSpec
+    from genlab.families.image_flow.dit import DiT, DiTSpec
     torch.manual_seed(0)
     model = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2, attention=attention,
                         conditions=(("d", "scalar"),))).double()
@@ -32,8 +32,8 @@ def tiny_dit64(attention="sdpa"):
 
 
 def test_du_dt_from_the_jvp_equals_finite_differences_in_float64(one_thread):
-    from genlab.methods.few_step.meanflow import mean_velocity_jvp
-    from genlab.models.attention import forward_ad_attention
+    from genlab.families.few_step.meanflow import mean_velocity_jvp
+    from genlab.nn.attention import forward_ad_attention
     model = tiny_dit64()
     g = torch.Generator().manual_seed(1)
     x, v = (torch.randn(3, 1, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -69,7 +69,7 @@ class ExactAverageVelocity(nn.Module):
 
 def test_the_target_of_the_exact_average_velocity_is_itself(tmp_path):
     # u = v + d du/dt is the MeanFlow identity: fed the exact u and the exact velocity, the target equals u
-    from genlab.methods.few_step.meanflow import MeanFlow
+    from genlab.families.few_step.meanflow import MeanFlow
     cfg = tiny_config(tmp_path, *MF)
     method = MeanFlow(cfg, {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 3})
     net = ExactAverageVelocity(method.k)
@@ -90,7 +90,7 @@ def test_the_target_of_the_exact_average_velocity_is_itself(tmp_path):
 
 
 def test_the_times_are_sorted_pairs_and_only_the_share_has_a_step(tmp_path):
-    from genlab.methods.few_step.meanflow import MeanFlow
+    from genlab.families.few_step.meanflow import MeanFlow
     cfg = tiny_config(tmp_path, *MF, "method.meanflow_share=0.25")
     method = MeanFlow(cfg, {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10})
     t, d, n = method.draw_times(64, torch.Generator().manual_seed(0), "cpu")
@@ -99,8 +99,8 @@ def test_the_times_are_sorted_pairs_and_only_the_share_has_a_step(tmp_path):
 
 
 def test_meanflow_trains_its_loss_falls_and_samples_in_one_and_two_calls(tmp_path, one_thread, capfd):
-    from genlab.train import checkpoint as ckpt
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime import checkpoint as ckpt
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.step import build_model_and_method
     from genlab.train.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *MF, *FAST, "train.steps=120", "log.every=1", "train.name=mf",
@@ -161,8 +161,8 @@ def test_a_run_stopped_and_resumed_equals_one_trained_straight_through(tmp_path,
 def test_every_attention_entry_has_a_jvp_that_matches_its_function(backend, one_thread):
     """Inside forward_ad_attention the JVP runs through each entry (or its declared fallback): the primal equals the
     entry's own output and the tangent equals finite differences."""
-    from genlab.models.attention import forward_ad_attention
-    from genlab.registry import attention_registry
+    from genlab.nn.attention import forward_ad_attention
+    from genlab.core.registry import attention_registry
     model = tiny_dit64(backend)
     g = torch.Generator().manual_seed(2)
     x, v = (torch.randn(2, 1, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -182,7 +182,7 @@ def test_every_attention_entry_has_a_jvp_that_matches_its_function(backend, one_
 def test_meanflow_trains_under_train_compile_model_without_recompiles(tmp_path, one_thread):
     """The prediction through the compiled model, the JVP eager on the unwrapped module (its attention swapped and
     restored around it): no guard of the compiled graph fails (~10 s with a warm inductor cache, ~50 s cold)."""
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *MF, *FAST, "train.steps=6", "log.every=3", "train.name=mfc",
                             "train.compile=model", "model.attention=sdpa_flash")).fit()
@@ -202,7 +202,7 @@ def test_meanflow_trains_compiled_with_bf16_and_flash_attention_on_cuda(tmp_path
 
 
 def test_a_jvp_that_cannot_be_compiled_runs_eager_with_one_note(capfd):
-    from genlab.methods.few_step.meanflow import _eager_if_uncompilable
+    from genlab.families.few_step.meanflow import _eager_if_uncompilable
     calls = []
 
     def broken(*a):

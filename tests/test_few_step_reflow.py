@@ -16,15 +16,15 @@ FAST = ["log.every=10", "log.ckpt_every=0", "log.sample_every=0", "eval.num_samp
 
 
 def loss_curve(run_dir) -> list[float]:
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     return [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
 
 
 # -- PeRFlow: windows and their targets -------------------------------------------------------------------
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7])
 def test_perflow_windows_partition_the_unit_interval_and_k_euler_steps_land_on_their_edges(k):
-    from genlab.methods.few_step.perflow import window_edges
-    from genlab.methods.samplers import time_grid
+    from genlab.families.few_step.perflow import window_edges
+    from genlab.sampling.samplers import time_grid
     w = window_edges(k)
     assert w[0] == 0 and w[-1] == 1 and len(w) == k + 1 and bool((w[1:] > w[:-1]).all())
     # consecutive windows [w_j, w_{j+1}] share their edges: lengths sum to exactly 1, no gap, no overlap
@@ -48,8 +48,8 @@ def test_perflow_target_is_the_chord_of_the_teachers_exact_solution_across_the_w
     # the student sees x_t = x_s + s (x_e - x_s) with x_e = x_s M, M = expm(A dw), and must output (x_e - x_s) / dw;
     # both follow from x_t and t alone: x_s = x_t (I + s (M - I))^-1, target = x_s (M - I) / dw. We record what the
     # student was given and compare the loss of a zero student with the closed form.
-    from genlab.methods.base import StepContext
-    from genlab.registry import method_registry
+    from genlab.families.base import StepContext
+    from genlab.core.registry import method_registry
     K = 4
     cfg = tiny_config(tmp_path, "method.name=perflow", f"method.perflow_windows={K}", "method.perflow_solver=heun",
                       "method.perflow_solver_steps=256", "method.timestep_sampler=uniform", "method.teacher_cfg_scale=1.5",
@@ -80,7 +80,7 @@ def test_perflow_target_is_the_chord_of_the_teachers_exact_solution_across_the_w
 
 
 def test_perflow_solver_steps_to_the_closed_form_endpoint_and_chord_is_its_straight_line():
-    from genlab.methods.few_step.perflow import chord, solve_window
+    from genlab.families.few_step.perflow import chord, solve_window
     g = torch.Generator().manual_seed(1)
     A = torch.randn(4, 4, generator=g, dtype=torch.float64) * 0.5
     x = torch.randn(3, 1, 4, 4, generator=g, dtype=torch.float64)
@@ -102,11 +102,11 @@ def test_generate_pairs_stores_the_teachers_samples_of_the_stored_noise_and_thei
     from genlab.data.formats import read_image_dataset
     from genlab.data.pairs import read_pairs
     from genlab.data.pixels import to_pixels
-    from genlab.methods.few_step.base import build_teacher
-    from genlab.methods.flow import cfg_velocity
-    from genlab.methods.samplers import call_sampler, time_grid
-    from genlab.registry import sampler_registry
-    from genlab.train import checkpoint as ckpt
+    from genlab.families.few_step.base import build_teacher
+    from genlab.families.image_flow.flow import cfg_velocity
+    from genlab.sampling.samplers import call_sampler, time_grid
+    from genlab.core.registry import sampler_registry
+    from genlab.runtime import checkpoint as ckpt
     out = tmp_path / "pairs"
     r = cli_in_process(capfd, "data", "generate", "pairs", flow_teacher, "--out", out, "--n", 30, "--steps", 3,
                        "--batch", 16, "--sampler", "midpoint", "--cfg-scale", 1.5, "--device", "cpu")
@@ -168,7 +168,7 @@ def test_generate_pairs_bad_input_is_one_line_exit_2_and_writes_nothing(case, fl
 
 
 def test_generate_pairs_interrupted_leaves_nothing_at_out(flow_teacher, tmp_path, capfd, monkeypatch):
-    import genlab.methods.samplers as samplers
+    import genlab.sampling.samplers as samplers
     real, calls = samplers.call_sampler, []
 
     def interrupted(*a, **kw):  # Ctrl-C during the second batch
@@ -196,8 +196,8 @@ def test_reflow_loss_falls_on_the_teachers_pairs(flow_teacher, pairs_dir, tmp_pa
 def test_reflow_distill_trains_only_at_t0_and_its_one_step_sample_is_one_network_call(flow_teacher, pairs_dir,
                                                                                        tmp_path, one_thread):
     from genlab.data.pairs import read_pairs
-    from genlab.methods.base import StepContext
-    from genlab.train import checkpoint as ckpt
+    from genlab.families.base import StepContext
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.step import build_model_and_method
     from genlab.train.trainer import Trainer
     over = ["method.name=reflow", "method.reflow_stage=distill", f"method.teacher={flow_teacher}", "data.name=pairs",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.eval.frechet import frechet_from_stats, gaussian_stats
 from genlab.eval.inception_score import inception_score
 from genlab.eval.ref_stats import _Moments, load_reference, write_reference
@@ -248,7 +248,7 @@ def cheap_inception(monkeypatch, tmp_path):
 
 
 def _ctx(**eval_kw):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     cfg = load_config("digits_flow", [])
     for k, v in eval_kw.items():
         setattr(cfg.eval, k, v)
@@ -259,7 +259,7 @@ def test_every_protocol_metric_against_a_reference_file_through_the_registry(che
     """An ADM-layout file written from 40 real images, scored with those same images as the 'samples': FID and sFID
     0 to float tolerance (the file's streamed statistics against gaussian_stats), precision and recall 1, and the IS
     the metric's own function gives their logits."""
-    from genlab import progress
+    from genlab.core import progress
     from genlab.data.datasets import load_digits_uint8
     from genlab.eval.metrics import check_metrics, image_metrics
     from genlab.eval.ref_stats import compute_reference
@@ -295,7 +295,7 @@ def test_every_protocol_metric_against_a_reference_file_through_the_registry(che
 
 def test_protocol_metrics_follow_what_the_reference_file_holds(tmp_path, monkeypatch):
     """`genlab eval RUN eval.fid_ref=FILE` alone scores the protocol's metrics that FILE supports."""
-    import genlab.sample
+    import genlab.runs.load
     from genlab.cli import main
     from genlab.eval.metrics import protocol_metrics
     _stats_file(tmp_path / "adm.npz", _adm_arrays(np.random.default_rng(0)))
@@ -303,7 +303,7 @@ def test_protocol_metrics_follow_what_the_reference_file_holds(tmp_path, monkeyp
     assert protocol_metrics(str(tmp_path / "adm.npz")) == "fid,sfid,inception_score,pr_inception"
     assert protocol_metrics(str(tmp_path / "clean.npz")) == "fid,inception_score"
     seen = []
-    monkeypatch.setattr(genlab.sample, "evaluate_run", lambda run, overrides=(), device="auto": seen.append(overrides) or {})
+    monkeypatch.setattr(genlab.runs.load, "evaluate_run", lambda run, overrides=(), device="auto": seen.append(overrides) or {})
     assert main(["eval", "RUN", f"eval.fid_ref={tmp_path / 'clean.npz'}"]) == 0
     assert main(["eval", "RUN", f"eval.fid_ref={tmp_path / 'clean.npz'}", "--metrics", "fid"]) == 0
     assert seen[0][-1] == "eval.metrics=fid,inception_score" and seen[1][-1] == "eval.metrics=fid"
@@ -311,8 +311,8 @@ def test_protocol_metrics_follow_what_the_reference_file_holds(tmp_path, monkeyp
 
 def test_fid_ref_is_read_only_by_the_metrics_that_use_it():
     """An unread eval option is a warning (config_check._soft): eval.fid_ref with the default metrics says so."""
-    from genlab.config import load_config
-    from genlab.config_check import config_warnings
+    from genlab.config.tree import load_config
+    from genlab.config.check import config_warnings
     assert not any("fid_ref" in w for w in config_warnings(load_config("digits_flow", ["eval.metrics=fid,sfid", "eval.fid_ref=r.npz"])))
     warned = [w for w in config_warnings(load_config("digits_flow", ["eval.fid_ref=r.npz"])) if "eval.fid_ref" in w]
     assert len(warned) == 1 and "pr_inception" in warned[0], warned  # names the metrics that read it

@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from genlab.config import load_config
-from genlab.methods.flow import FlowMatching, cfg_velocity, interpolate
-from genlab.methods.samplers import sample_euler, sample_heun, time_grid
-from genlab.methods.timesteps import logit_normal, uniform
-from genlab.methods.base import plain_context
+from genlab.config.tree import load_config
+from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, interpolate
+from genlab.sampling.samplers import sample_euler, sample_heun, time_grid
+from genlab.families.image_flow.timesteps import logit_normal, uniform
+from genlab.families.base import plain_context
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
 

@@ -1,4 +1,4 @@
-"""model.final_kernel (issue 37, models/fused_final.py): the DiT's final layer + the flow loss in one custom op.
+"""model.final_kernel (issue 37, nn/fused_final.py): the DiT's final layer + the flow loss in one custom op.
 
 * `plain` keeps the flow method's loss exactly (the model's velocity, then the MSE), loss and every parameter's
   gradient, with and without loss weighting.
@@ -40,14 +40,14 @@ def rel(a, b):
 def _cfg(final_kernel="plain", weighting="none"):
     """digits_flow's config with a tiny DiT; final_kernel set after loading (validation refuses triton for CPU
     training, which these tests do not run)."""
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     cfg = load_config("digits_flow", ["model.dim=32", "model.depth=2", "model.heads=2", f"method.loss_weighting={weighting}"])
     cfg.model.final_kernel = final_kernel
     return cfg
 
 
 def _model(cfg, dtype=torch.float64):
-    from genlab.registry import model_registry
+    from genlab.core.registry import model_registry
     torch.manual_seed(0)
     m = model_registry.get("dit")(cfg.model, SPEC).to(dtype)
     for p in m.parameters():  # adaLN-Zero and the zero final layer: perturb so every path carries gradient
@@ -58,7 +58,7 @@ def _model(cfg, dtype=torch.float64):
 
 def _inputs(method, model, dtype=torch.float64, B=6):
     """One batch's draws (t, noise, labels with class dropout), as the method makes them."""
-    from genlab.methods.base import plain_context
+    from genlab.families.base import plain_context
     g = torch.Generator().manual_seed(1)
     S, C = SPEC["image_size"], SPEC["channels"]
     batch = {"image": torch.rand(B, C, S, S, generator=g, dtype=dtype) * 2 - 1,
@@ -72,7 +72,7 @@ def _loss_and_grads(method, model, inputs):
 
 
 def current_flow_loss(model, inputs, method):
-    """The flow loss as methods/flow.py computed it before model.final_kernel existed."""
+    """The flow loss as families/image_flow/flow.py computed it before model.final_kernel existed."""
     v = model(inputs["x_t"], inputs["t"], inputs["y"])
     target = inputs["target"].float()
     if method.mcfg.loss_weighting == "none":
@@ -94,7 +94,7 @@ def reference_loss64(model, inputs, method):
 # -- CPU: the switch's plain path, the op's CPU body, compile, autocast, vmap fallback --------------------------------
 @pytest.mark.parametrize("weighting", ["none", "min_snr"])
 def test_plain_final_kernel_is_the_current_flow_loss_exactly(weighting):
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     cfg = _cfg("plain", weighting)
     method, model = FlowMatching(cfg, SPEC), _model(cfg)
     inputs = _inputs(method, model)
@@ -110,7 +110,7 @@ def test_plain_final_kernel_is_the_current_flow_loss_exactly(weighting):
 def test_triton_final_kernel_on_cpu_equals_the_flow_loss_in_float64(weighting):
     """Through the method: the model gets the target and returns the loss; loss and all gradients equal the velocity
     path's at float64 rounding."""
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     cfg = _cfg("triton", weighting)
     method, model = FlowMatching(cfg, SPEC), _model(cfg)
     assert method.fused_final and model.spec.final_kernel == "triton"
@@ -127,8 +127,8 @@ def test_triton_final_kernel_on_cpu_equals_the_flow_loss_in_float64(weighting):
 @pytest.mark.parametrize("kernel", ["plain", "triton"])
 def test_every_final_kernel_entry_is_the_loss_of_the_final_layer(kernel):
     """The registry entries on (final layer, tokens, condition, patchified target, weight) against float64 math."""
-    from genlab.models.dit import FinalLayer
-    from genlab.registry import final_kernel_registry
+    from genlab.families.image_flow.dit import FinalLayer
+    from genlab.core.registry import final_kernel_registry
     torch.manual_seed(0)
     final = FinalLayer(24, 12).double()
     for p in final.parameters():
@@ -149,7 +149,7 @@ def test_every_final_kernel_entry_is_the_loss_of_the_final_layer(kernel):
 
 def test_the_fused_op_passes_torch_library_opcheck():
     """Schema, fake implementation, autograd registration and AOT dispatch of genlab::final_sse (CPU body)."""
-    from genlab.models.fused_final import _sse_op
+    from genlab.nn.fused_final import _sse_op
     g = torch.Generator().manual_seed(0)
     args = (torch.randn(2, 5, 8, generator=g, dtype=torch.float64, requires_grad=True),
             torch.randn(4, 8, generator=g, dtype=torch.float64, requires_grad=True),
@@ -162,7 +162,7 @@ def test_triton_final_kernel_compiles_in_one_graph_and_matches_eager():
     """torch.compile (aot_eager: the fake implementation and the autograd rule) of the method's loss, fullgraph."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     cfg = _cfg("triton", "min_snr")
     method, model = FlowMatching(cfg, SPEC), _model(cfg, torch.float32)
     inputs = _inputs(method, model, torch.float32)
@@ -179,7 +179,7 @@ def test_triton_final_kernel_compiles_in_one_graph_and_matches_eager():
 def test_triton_final_kernel_under_bf16_autocast_gives_a_float32_loss_near_plain():
     """CPU bf16 autocast: the projection's inputs are bf16 (as autocast's linear), the loss float32; both paths
     round the same inputs, the plain one also rounds the prediction to bf16."""
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     out = {}
     for kernel in ("plain", "triton"):
         cfg = _cfg(kernel)
@@ -199,7 +199,7 @@ def test_batched_seeds_functional_closure_takes_the_plain_path():
     op has no batching rule: that call computes the velocity path, bit for bit, even with final_kernel=triton."""
     from torch.func import functional_call
 
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     cfg = _cfg("triton")
     method, model = FlowMatching(cfg, SPEC), _model(cfg, torch.float32)
     inputs = _inputs(method, model, torch.float32)
@@ -216,7 +216,7 @@ def test_repa_trains_through_the_fused_final_loss(tmp_path):
     """REPA (MethodSpec.final_loss) runs the flow loss through the model's fused head; its block hook still sees the
     tokens: the loss, both terms and the gradients of model and projector equal plain's (float32)."""
     from conftest import tiny_config
-    from genlab.methods.base import plain_context
+    from genlab.families.base import plain_context
     from genlab.train.step import build_model_and_method
     digits = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10, "batch_keys": ("image", "label")}
     out = {}
@@ -252,15 +252,15 @@ def test_the_velocity_call_is_the_same_whatever_final_kernel():
 
 # -- config ------------------------------------------------------------------------------------------------------------
 def test_unknown_final_kernel_lists_the_registry_choices():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match=r"final_kernel 'fast'.*valid choices: plain, triton$"):
         load_config("digits_flow", ["model.final_kernel=fast"])
 
 
 def test_triton_final_kernel_refuses_cpu_training_in_one_line():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match=r"^model.final_kernel=triton is a CUDA kernel .* valid choices on the CPU: "
                                           r"plain$") as e:
         load_config("digits_flow", ["model.final_kernel=triton", "train.device=cpu"])
@@ -268,8 +268,8 @@ def test_triton_final_kernel_refuses_cpu_training_in_one_line():
 
 
 def test_triton_final_kernel_is_refused_for_methods_that_call_the_model_for_its_output():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     load_config("digits_flow", ["model.final_kernel=triton", "train.device=cuda"])  # flow trains through it
     with pytest.raises(GenlabError, match=r"^model.final_kernel=triton .* method.name=shortcut .* use "
                                           r"model.final_kernel=plain \(or method.name=flow\|repa\)$"):
@@ -282,7 +282,7 @@ def test_cpu_loss_with_triton_final_kernel_imports_no_triton_kernels():
     """A DiT built for the fused loss, run on CPU tensors (forward and backward), leaves the kernels module unimported."""
     code = """
 import sys, torch
-from genlab.models.dit import DiT, DiTSpec
+from genlab.families.image_flow.dit import DiT, DiTSpec
 m = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=1, heads=2, final_kernel="triton"))
 x = torch.randn(2, 1, 8, 8)
 m(x, torch.rand(2), torch.tensor([0, 1]), loss_target=torch.randn(2, 1, 8, 8)).backward()
@@ -309,7 +309,7 @@ def kernel_inputs(B, N, D, P, dtype, device="cpu", seed=0):
 def check_kernel_case(B, N, D, P, dtype, device="cpu"):
     """The op's kernel against float64 math on the same (rounded) inputs: loss and d h, d W, d bias; returns the
     worst relative error of the loss and of the gradients."""
-    from genlab.models.fused_final import _sse_op, reduce_loss, supports
+    from genlab.nn.fused_final import _sse_op, reduce_loss, supports
     h, W, b, target, weight = kernel_inputs(B, N, D, P, dtype, device, seed=N + D + P)
     assert supports(h, target)
     errs = {"loss": 0.0, "grad": 0.0}
@@ -333,7 +333,7 @@ def check_final_loss_compile(device="cpu"):
     """torch.compile (aot_eager) of a tiny DiT's fused loss with the kernel running: one graph, equal to eager."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.models.dit import DiT, DiTSpec
+    from genlab.families.image_flow.dit import DiT, DiTSpec
     torch.manual_seed(0)
     m = DiT(DiTSpec(image_size=8, channels=4, num_classes=3, dim=32, depth=1, heads=2, final_kernel="triton")).to(device)
     for p in m.final.parameters():
@@ -368,7 +368,7 @@ def _interpreter_main():
         print(case, errs, flush=True)
         half = case[-1] != "float32"
         assert errs["loss"] < 1e-5 and errs["grad"] < (2e-2 if half else 1e-5), (case, errs)
-    assert "genlab.models.fused_final_kernels" in sys.modules  # the kernel ran, not the op's plain-torch body
+    assert "genlab.nn.fused_final_kernels" in sys.modules  # the kernel ran, not the op's plain-torch body
     check_final_loss_compile()
     print("OK")
 
@@ -412,10 +412,10 @@ def _compiled_flow_loss(final_kernel, adaln, weighting, device="cuda"):
     autocast: (loss, parameter gradients, frames dynamo compiled)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.config import load_config
-    from genlab.methods.base import plain_context
-    from genlab.methods.flow import FlowMatching
-    from genlab.registry import model_registry
+    from genlab.config.tree import load_config
+    from genlab.families.base import plain_context
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.core.registry import model_registry
     cfg = load_config("digits_flow", ["model.size=B", "model.depth=2", f"model.adaln={adaln}", "train.device=cuda",
                                       f"model.final_kernel={final_kernel}", f"method.loss_weighting={weighting}"])
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 10}

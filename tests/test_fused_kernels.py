@@ -1,13 +1,13 @@
 """Fused kernels (issue 37) against their plain-PyTorch compositions and float64 references.
 
-* model.ce_kernel (GPT head + cross-entropy, models/fused_ce.py): the plain path against a float64 reference; on CPU
+* model.ce_kernel (GPT head + cross-entropy, nn/fused_ce.py): the plain path against a float64 reference; on CPU
   every choice runs it; the CUDA libraries (cut-cross-entropy, liger-kernel) against it in the `gpu` tests.
-* model.adaln=triton (models/fused_adaln.py): the Triton kernels under the Triton interpreter (TRITON_INTERPRET=1,
+* model.adaln=triton (nn/fused_adaln.py): the Triton kernels under the Triton interpreter (TRITON_INTERPRET=1,
   in a subprocess, as in test_triton_attention.py) against float64, and compiled on the GPU against the plain
   composition; on CPU the entry runs the plain composition.
-* model.mlp=swiglu_liger (models/fused_mlp.py): plain swiglu on CPU, bit for bit; liger's kernel under the interpreter
+* model.mlp=swiglu_liger (nn/fused_mlp.py): plain swiglu on CPU, bit for bit; liger's kernel under the interpreter
   against float64 where liger is importable (pip install --no-deps --target DIR, DIR on PYTHONPATH), on the GPU.
-* model.qkv_kernel=triton (models/fused_qkv.py): the Triton split (+ QK RMSNorm, RoPE) under the interpreter against
+* model.qkv_kernel=triton (nn/fused_qkv.py): the Triton split (+ QK RMSNorm, RoPE) under the interpreter against
   float64, models with it equal to plain on CPU, compiled on the GPU against plain in bf16.
 * the CPU path never imports a GPU-only library; CUDA-only choices refuse CPU training in one line.
 """
@@ -56,8 +56,8 @@ def ce_inputs(N=37, D=16, V=50, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("kernel", ["plain", "auto", "cce", "liger"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_every_ce_kernel_runs_the_plain_path_on_cpu_and_matches_float64(kernel, weighted):
-    from genlab.models.fused_ce import resolve
-    from genlab.registry import ce_kernel_registry
+    from genlab.nn.fused_ce import resolve
+    from genlab.core.registry import ce_kernel_registry
     head, h, y, w = ce_inputs()
     weights = w if weighted else None
     assert resolve(kernel, h, weights) == "plain"
@@ -74,7 +74,7 @@ def test_every_ce_kernel_runs_the_plain_path_on_cpu_and_matches_float64(kernel, 
 
 
 def _tiny_gpt(ce_kernel="plain", tie=True):
-    from genlab.models.gpt import GPT, GPTSpec
+    from genlab.families.lm.gpt import GPT, GPTSpec
     torch.manual_seed(0)
     return GPT(GPTSpec(vocab_size=40, seq_len=8, dim=16, depth=2, heads=2, tie_weights=tie, ce_kernel=ce_kernel)).double()
 
@@ -97,24 +97,24 @@ def test_gpt_loss_and_gradients_with_auto_equal_the_logits_path_on_cpu(tie):
 
 @pytest.mark.parametrize("override", ["model.ce_kernel=cce", "model.ce_kernel=liger"])
 def test_cuda_ce_kernels_refuse_cpu_training_in_one_line(override):
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match=r"CUDA kernel .* trains on the CPU; valid choices on the CPU: auto, plain$") as e:
         load_config("shakespeare_char_ar", [override, "train.device=cpu"])
     assert "\n" not in str(e.value)
 
 
 def test_triton_adaln_refuses_cpu_training_in_one_line():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match=r"model.adaln=triton is a CUDA kernel .* valid choices on the CPU: fused, unfused$"):
         load_config("digits_flow", ["model.adaln=triton", "train.device=cpu"])
 
 
 def test_a_missing_kernel_package_is_named_before_any_work(monkeypatch):
     """On a CUDA machine (mocked) a kernel whose package is absent fails at config time."""
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cut_cross_entropy" else real(name, *a))
@@ -123,8 +123,8 @@ def test_a_missing_kernel_package_is_named_before_any_work(monkeypatch):
 
 
 def test_ce_chunk_and_a_library_kernel_are_one_choice_too_many():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match=r"model.ce_chunk=64 .* set one of them \(ce_chunk=0 or ce_kernel=plain\)$"):
         load_config("shakespeare_char_ar", ["model.ce_chunk=64", "model.ce_kernel=liger"])
 
@@ -150,7 +150,7 @@ def adaln_reference(x, y, gate, sh, sc, eps=1e-6):
 
 def test_triton_adaln_entry_is_the_plain_composition_on_cpu():
     """adaln=triton on CPU tensors: norm_modulate, add_norm and gated_add equal the float64 reference, with gradients."""
-    from genlab.models.fused_adaln import add_norm_modulate_triton, gated_add_triton, norm_modulate_triton
+    from genlab.nn.fused_adaln import add_norm_modulate_triton, gated_add_triton, norm_modulate_triton
     x, y, gate, sh, sc = adaln_inputs()
     r, h = add_norm_modulate_triton(x, y, gate, sh, sc, 1e-6)
     outs = (r, h, norm_modulate_triton(x, sh, sc, 1e-6), gated_add_triton(x, y, gate))
@@ -166,7 +166,7 @@ def test_triton_adaln_entry_is_the_plain_composition_on_cpu():
 
 
 def test_dit_with_triton_adaln_equals_fused_on_cpu():
-    from genlab.models.dit import DiT, DiTSpec
+    from genlab.families.image_flow.dit import DiT, DiTSpec
 
     def run(adaln):
         torch.manual_seed(0)
@@ -190,18 +190,18 @@ def test_cpu_training_step_with_auto_kernels_imports_no_gpu_library():
     Triton kernel modules unimported (torch itself may import triton; that is not checked)."""
     code = """
 import sys
-import genlab.registry
-genlab.registry.load_entries()
-from genlab.api import load_config, train
+import genlab.core.registry
+genlab.core.registry.load_entries()
+from genlab.runs.api import load_config, train
 for preset, over in (("gpt2_124m", ["model.ce_kernel=auto", "model.size=tiny", "data.seq_len=16", "data.vocab_size=50",
                                     "train.precision=fp32", "train.compile=off"]),
                      ("digits_flow", ["model.dim=32", "model.depth=1", "model.heads=2", "model.adaln=fused"])):
     train(load_config(preset, over + ["train.device=cpu", "train.steps=1", "train.batch_size=4", "eval.num_samples=0",
                                       "log.progress=false", "log.tensorboard=false", "train.out_dir=" + sys.argv[1]]))
 import torch
-from genlab.registry import mlp_registry
+from genlab.core.registry import mlp_registry
 mlp_registry.get("swiglu_liger")(16, 64)(torch.randn(2, 3, 16)).sum().backward()  # a model built for CUDA, on CPU
-from genlab.models.attention import Attention
+from genlab.nn.attention import Attention
 Attention(16, 2, qk_norm=True, qkv_kernel="triton")(torch.randn(2, 3, 16)).sum().backward()
 bad = [m for m in sys.modules if m.split(".")[0] in ("liger_kernel", "cut_cross_entropy")
        or m.startswith("genlab.models.") and m.endswith("_kernels")]
@@ -222,7 +222,7 @@ ADALN_CASES = [(2, 19, 24, "float32"), (1, 33, 40, "float32"), (2, 17, 48, "bflo
 
 def check_adaln_case(B, N, D, dtype, device="cpu", autocast=False):
     """Kernels vs the float64 reference: forward and all gradients of the three ops; returns the worst relative error."""
-    from genlab.models.fused_adaln import add_norm_modulate_triton, gated_add_triton, norm_modulate_triton, supports
+    from genlab.nn.fused_adaln import add_norm_modulate_triton, gated_add_triton, norm_modulate_triton, supports
     dt = getattr(torch, dtype)
     x, y, gate, sh, sc = adaln_inputs(B, N, D, dt, seed=N + D, device=device)
     assert supports(x)
@@ -257,7 +257,7 @@ def check_adaln_compile(device="cpu"):
     """torch.compile (aot_eager: the fake impls and the autograd rule) keeps the ops in one graph, matching eager."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.models.fused_adaln import add_norm_modulate_triton, gated_add_triton
+    from genlab.nn.fused_adaln import add_norm_modulate_triton, gated_add_triton
 
     def block(x, y, gate, sh, sc):
         r, h = add_norm_modulate_triton(x, y * 2, gate, sh, sc, 1e-6)
@@ -281,13 +281,13 @@ def test_triton_adaln_kernels_under_the_interpreter_match_float64():
     run_under_triton_interpreter(__file__, "adaln")
 
 
-# -- model.mlp=swiglu_liger (models/fused_mlp.py) ----------------------------------------------------------------------
+# -- model.mlp=swiglu_liger (nn/fused_mlp.py) ----------------------------------------------------------------------
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 
 
 def _mlp_pair(dim=24, hidden=96, dtype=torch.float64, device="cpu"):
     """A swiglu and a swiglu_liger MLP with the same weights (the state dicts share their keys)."""
-    from genlab.registry import mlp_registry
+    from genlab.core.registry import mlp_registry
     torch.manual_seed(0)
     ref = mlp_registry.get("swiglu")(dim, hidden).to(device, dtype)
     m = mlp_registry.get("swiglu_liger")(dim, hidden).to(device, dtype)
@@ -302,7 +302,7 @@ def _mlp_grads(m, x, cot):
 
 def test_swiglu_liger_is_plain_swiglu_on_cpu():
     """On CPU tensors the entry is the plain composition: the same outputs and gradients as swiglu, bit for bit."""
-    from genlab.models.fused_mlp import supports
+    from genlab.nn.fused_mlp import supports
     m, ref = _mlp_pair()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 7, 24, generator=g, dtype=torch.float64).requires_grad_()
@@ -315,8 +315,8 @@ def test_swiglu_liger_is_plain_swiglu_on_cpu():
 
 
 def test_swiglu_liger_refuses_cpu_training_and_a_missing_liger_in_one_line(monkeypatch):
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match=r"^model.mlp=swiglu_liger is a CUDA kernel .* valid choices on the CPU: gelu, "
                                           r"mixffn, swiglu$"):
         load_config("shakespeare_char_ar", ["model.mlp=swiglu_liger", "train.device=cpu"])
@@ -330,7 +330,7 @@ def test_swiglu_liger_refuses_cpu_training_and_a_missing_liger_in_one_line(monke
 
 def check_swiglu_liger(shape, dtype, device="cpu"):
     """liger's kernel (CUDA or the interpreter) against float64: forward and the gradients of x, fc1 and fc2."""
-    from genlab.models.fused_mlp import supports
+    from genlab.nn.fused_mlp import supports
     dim, hidden = shape[-1], 2 * shape[-1] + 8
     m, _ = _mlp_pair(dim, hidden, getattr(torch, dtype), device)
     ref, _ = _mlp_pair(dim, hidden, torch.float64, device)
@@ -389,7 +389,7 @@ def test_gpu_swiglu_liger_matches_float64_and_compiles_in_one_graph():
     check_swiglu_liger_compile("cuda")
 
 
-# -- model.qkv_kernel=triton (models/fused_qkv.py) --------------------------------------------------------------------
+# -- model.qkv_kernel=triton (nn/fused_qkv.py) --------------------------------------------------------------------
 def qkv_reference(h, heads, wq, wk, eps, rope):
     """float64: h [B, N, 3 * heads * hd] -> q, k, v [B, heads, N, hd]; RMSNorm (weights wq, wk, or None), then RoPE
     of the pairs (2j, 2j+1) with rope = (cos, sin) [>= N, hd / 2] (or None)."""
@@ -421,8 +421,8 @@ def _qkv_modules(hd, q_norm, k_norm, dtype, device, seed):
 
 def check_qkv_case(B, N, H, hd, dtype, q_norm, k_norm, rope, device="cpu"):
     """The Triton split against float64: q, k, v and the gradients of h and both norm weights; the worst rel error."""
-    from genlab.models.fused_qkv import split_triton, supports
-    from genlab.models.positions import rope_cache
+    from genlab.nn.fused_qkv import split_triton, supports
+    from genlab.nn.positions import rope_cache
     dt = getattr(torch, dtype)
     g = torch.Generator(device=device).manual_seed(N + hd)
     h = (torch.randn(B, N, 3 * H * hd, generator=g, device=device) * 2).to(dt).requires_grad_()
@@ -454,8 +454,8 @@ def check_qkv_compile(device="cpu"):
     """torch.compile (aot_eager: the fake impls and the autograd rule) keeps the op in one graph, matching eager."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.models.attention import Attention
-    from genlab.models.positions import rope_cache
+    from genlab.nn.attention import Attention
+    from genlab.nn.positions import rope_cache
     torch.manual_seed(0)
     a = Attention(24, 3, qk_norm=True, qkv_kernel="triton").to(device)
     rope = tuple(t.to(device) for t in rope_cache(6, 8))
@@ -493,8 +493,8 @@ def test_models_with_triton_qkv_equal_plain_on_cpu(model, over):
     """qkv_kernel=triton on CPU tensors is the plain composition: the same outputs and gradients, bit for bit."""
     import dataclasses
 
-    from genlab.config import ModelConfig
-    from genlab.registry import model_registry
+    from genlab.config.tree import ModelConfig
+    from genlab.core.registry import model_registry
     spec = model_registry.spec(model)
 
     def run(kernel):
@@ -516,8 +516,8 @@ def test_models_with_triton_qkv_equal_plain_on_cpu(model, over):
 
 
 def test_triton_qkv_refuses_cpu_training_in_one_line():
-    from genlab.config import load_config
-    from genlab.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
     for preset in ("digits_flow", "shakespeare_char_ar"):
         with pytest.raises(GenlabError, match=r"^model.qkv_kernel=triton is a CUDA kernel .* valid choices on the CPU: "
                                               r"plain$"):
@@ -529,7 +529,7 @@ def _compiled_dit_bf16(**spec):
     the parameter gradients of mean(out^2), and how many frames dynamo compiled (1 = no graph break)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.models.dit import DiT, DiTSpec
+    from genlab.families.image_flow.dit import DiT, DiTSpec
     torch.manual_seed(0)
     m = DiT(DiTSpec(image_size=32, channels=4, num_classes=10, dim=768, depth=2, heads=12, **spec)).cuda()
     for n, p in m.named_parameters():
@@ -608,8 +608,8 @@ def test_gpu_ce_kernels_match_the_plain_path_under_bf16(kernel, weighted):
     """GPT-2 head shapes (50304 rows, 50257 real): loss and gradients of each library against the plain path, both in
     bf16 autocast, and against float64 (the loss within bf16 rounding of the logits, the gradients within a few
     bf16 ulps of the float64 gradients)."""
-    from genlab.models import fused_ce
-    from genlab.registry import ce_kernel_registry
+    from genlab.nn import fused_ce
+    from genlab.core.registry import ce_kernel_registry
     if kernel in ("cce", "auto") and not fused_ce.HAS_CCE or kernel == "liger" and not fused_ce.HAS_LIGER:
         pytest.skip(f"{kernel}: library not installed")
     head, h, y, w, vocab = _gpu_ce_inputs()
@@ -641,7 +641,7 @@ def test_gpu_ce_kernels_match_the_plain_path_under_bf16(kernel, weighted):
 def test_gpu_cce_step_has_no_host_sync_and_compiles_in_one_graph():
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from genlab.models import fused_ce
+    from genlab.nn import fused_ce
     if not fused_ce.HAS_CCE:
         pytest.skip("cut-cross-entropy not installed")
     m = _tiny_gpt("cce").float().cuda()
@@ -666,7 +666,7 @@ def test_gpu_cce_step_has_no_host_sync_and_compiles_in_one_graph():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_gpt_trains_with_each_ce_kernel_like_plain():
     """A tied-weight GPT: 5 AdamW steps in bf16 with each installed kernel follow the plain path's losses."""
-    from genlab.models import fused_ce
+    from genlab.nn import fused_ce
     kernels = ["plain"] + [k for k, ok in (("cce", fused_ce.HAS_CCE), ("liger", fused_ce.HAS_LIGER)) if ok]
     idx = torch.randint(0, 40, (8, 8), generator=torch.Generator().manual_seed(0)).cuda()
     losses = {}
@@ -694,10 +694,10 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("check", ["seeds", "meanflow"])
 def test_triton_qkv_split_is_refused_where_vmap_or_a_jvp_runs_through_the_model(check):
     """Its custom ops have no vmap or forward-mode AD rule: batched seeds and MeanFlow's JVP refuse it in one line."""
-    from genlab.config import load_config
-    from genlab.config_check import check_seeds_config
-    from genlab.errors import GenlabError
-    from genlab.methods.few_step.meanflow import check_meanflow_config
+    from genlab.config.tree import load_config
+    from genlab.config.check import check_seeds_config
+    from genlab.core.errors import GenlabError
+    from genlab.families.few_step.meanflow import check_meanflow_config
     if check == "seeds":
         cfg = load_config("digits_flow", ["train.seeds=0,1"])
         fn = check_seeds_config

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _gpt(causal):
-    from genlab.models.gpt import GPT, GPTSpec
+    from genlab.families.lm.gpt import GPT, GPTSpec
     torch.manual_seed(0)
     return GPT(GPTSpec(vocab_size=64, seq_len=128, dim=128, depth=2, heads=2, causal=causal)).cuda().eval()
 
@@ -57,7 +57,7 @@ def _needs_float8():
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_linear_is_close_to_bf16(recipe):
     _needs_float8()
-    from genlab.train.convert import apply_converters
+    from genlab.nn.convert import apply_converters
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)).cuda()
     model = copy.deepcopy(ref)
@@ -116,8 +116,8 @@ def test_trainer_runs_on_the_gpu(tmp_path, precision, compile_, extra):
                          ids=["default", "whole-step-graphs"])
 def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs(extra):
     """whole-step-graphs: the compiled optimizer + EMA update (capturable step counts) must not read back to the host."""
-    from genlab.bench import run_bench
-    from genlab.config import load_config
+    from genlab.lab.bench import run_bench
+    from genlab.config.tree import load_config
     cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32", *extra])
     r = run_bench(cfg, steps=5, warmup=3)
     assert r["recompiles"] == 0
@@ -133,7 +133,7 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_, method):
     steps against the plain step in fp32 (same seed and data; the LR warm-up and EMA warm-up change every step, so a
     value frozen into the graph would show), and the replayed step draws the same noise as the eager one.
     repa-model: the block hook, the frozen encoder and the projector (its own LR) inside the captured step."""
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     common = ("train.device=cuda", "train.precision=fp32", "train.steps=12", "log.every=1", "log.ckpt_every=12",
               "eval.num_samples=0", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.warmup_steps=8",
@@ -154,8 +154,8 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_, method):
 
 
 def test_bench_of_a_graph_step_run_has_no_host_syncs():
-    from genlab.bench import run_bench
-    from genlab.config import load_config
+    from genlab.lab.bench import run_bench
+    from genlab.config.tree import load_config
     cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32", "train.graph_step=true"])
     r = run_bench(cfg, steps=5, warmup=5)  # the capture (a device sync) happens at warm-up step 4
     assert r["host_syncs_per_step"] == 0, r["host_sync_sites"]
@@ -164,7 +164,7 @@ def test_bench_of_a_graph_step_run_has_no_host_syncs():
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_flex_attention_matches_sdpa_on_gpu(causal):
-    from genlab.models.attention import flex_attention, sdpa_attention
+    from genlab.nn.attention import flex_attention, sdpa_attention
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", requires_grad=True) for _ in range(3))
     a, b = flex_attention(q, k, v, causal=causal), sdpa_attention(q, k, v, causal=causal)
@@ -196,8 +196,8 @@ def test_repa_aligned_to_an_mae_run_trains_compiled_on_the_gpu(tmp_path):
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])
 def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
     """Sampling runs outside the training autocast: a forced flash/cuDNN kernel would abort on float32 inputs."""
-    from genlab.models.attention import sdpa_attention
-    from genlab.registry import attention_registry
+    from genlab.nn.attention import sdpa_attention
+    from genlab.core.registry import attention_registry
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 64, 32, device="cuda") for _ in range(3))
     out = attention_registry.get(name)(q, k, v)
@@ -211,8 +211,8 @@ def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
 def test_cached_sampling_on_the_gpu_matches_the_analysis_cache_under_bf16():
     """method.cache_blocks on CUDA under the bf16 autocast genlab eval / sample use: the same samples as the analysis's
     cached_blocks context, different from the plain sampler's."""
-    from genlab.analyze.cache import cached_blocks
-    from genlab.config import load_config
+    from genlab.sampling.block_cache import cached_blocks
+    from genlab.config.tree import load_config
     from genlab.train.step import build_model_and_method
     spec = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
     common = ["model.dim=64", "model.depth=4", "model.heads=2"]
@@ -239,7 +239,7 @@ def test_cached_sampling_on_the_gpu_matches_the_analysis_cache_under_bf16():
 def test_the_quantization_gap_of_a_bf16_run_evaluates_under_bf16_on_the_gpu(tmp_path, fmt):
     """quant-gap evaluates float and quantized in the run's precision (e2ee8c3): torchao's layers under bf16 autocast."""
     pytest.importorskip("torchao")
-    from genlab.quant.gap import quant_gap
+    from genlab.runs.quant_gap import quant_gap
     _train(tmp_path, "gap", "train.precision=bf16", "train.steps=20", "log.ckpt_every=10", "log.keep_last=0")
     res = quant_gap(tmp_path / "gap", formats=(fmt,), device="cuda",
                     overrides=["eval.num_samples=64", "eval.sample_steps=4"])

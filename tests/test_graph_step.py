@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import cli_in_process, tiny_config
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.train.graph_step import WARMUP_STEPS, make_capturable
 
 
@@ -24,7 +24,7 @@ from genlab.train.graph_step import WARMUP_STEPS, make_capturable
 ])
 def test_graph_step_refuses_what_a_capture_cannot_hold(tmp_path, monkeypatch, overrides, expect):
     """As if on a CUDA machine (the CPU refusal comes first otherwise): each unsupported option is named."""
-    import genlab.config_check as cc
+    import genlab.config.check as cc
     monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
     with pytest.raises(GenlabError, match="graph_step") as e:
         tiny_config(tmp_path, "train.graph_step=true", *overrides)
@@ -32,7 +32,7 @@ def test_graph_step_refuses_what_a_capture_cannot_hold(tmp_path, monkeypatch, ov
 
 
 def test_graph_step_refuses_a_method_that_does_not_declare_it(tmp_path, monkeypatch):
-    import genlab.config_check as cc
+    import genlab.config.check as cc
     monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
     with pytest.raises(GenlabError, match=r"method maskdit \(methods that do: .*flow"):
         tiny_config(tmp_path, "train.graph_step=true", "method.name=maskdit", "model.name=maskdit")
@@ -51,7 +51,7 @@ def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread, method)
     """The captured region is GraphedStep._body, a step of its own (LR and EMA weight from device tensors, clip,
     optimizer, EMA): its eager warm-up steps must leave the same weights, EMA and losses as TrainStep's plain step.
     repa: the projector is a param group of the model's optimizer with its own LR (lr_scale), trained in the step too."""
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     common = (f"train.steps={WARMUP_STEPS}", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.grad_clip=0.05",
               f"log.ckpt_every={WARMUP_STEPS}", "log.every=1", "eval.num_samples=0", "train.device=cpu", *method)

@@ -16,14 +16,14 @@ import torch
 import torch.nn.functional as F
 
 from conftest import REPO, cli_in_process, straight_and_resumed, tiny_config
-from genlab.autoencoders import load_autoencoder
+from genlab.nn.autoencoders import load_autoencoder
 from genlab.data.datasets import load_digits_uint8
 from genlab.data.encode import encode_dataset, rank_chunks
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.latents import LatentLoader, VariantStream, read_latents
 from genlab.data.loader import IndexStream
 from genlab.data.pixels import to_model
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 
 class LoaderCfg:
@@ -193,15 +193,15 @@ def test_the_loader_flip_choice_resumes_exactly(encoded, on_device):
 
 
 def test_hflip_on_latents_without_flipped_variants_is_refused_before_training(digits, tmp_path):
-    from genlab.config import load_config
-    from genlab.config_check import check_config
+    from genlab.config.tree import load_config
+    from genlab.config.check import check_config
     out = encode_dataset(digits, "unshuffle:2", tmp_path / "lat", batch_size=1000, flip=False, device="cpu")
     with pytest.raises(GenlabError, match="no flipped variants"):
         check_config(load_config("digits_flow", latent_overrides(out, "data.hflip=true")))
 
 
 def test_methods_that_need_pixels_refuse_latents(encoded):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     with pytest.raises(GenlabError, match="provides latent data"):
         load_config("digits_flow", latent_overrides(encoded, "method.name=image_ar", "model.name=sparse_transformer"))
 
@@ -218,7 +218,7 @@ def latent_run(encoded, tmp_path_factory):
 
 
 def test_a_flow_run_on_latents_records_the_codec_and_samples_decoded_images(latent_run, tmp_path, capfd):
-    from genlab.sample import load_run
+    from genlab.runs.load import load_run
     from PIL import Image
     trainer, run = latent_run
     cfg, model, method, dev, state = load_run(run, "cpu")
@@ -237,7 +237,7 @@ def test_a_flow_run_on_latents_records_the_codec_and_samples_decoded_images(late
 
 def test_evaluation_scores_decoded_pixels_against_the_source_images(latent_run, digits, monkeypatch):
     import genlab.eval.metrics as metrics
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     seen = {}
 
     def spy(samples, labels, data, ctx):
@@ -251,7 +251,7 @@ def test_evaluation_scores_decoded_pixels_against_the_source_images(latent_run, 
 
 
 def test_evaluation_without_the_source_is_a_one_line_error_before_sampling(latent_run, digits, tmp_path):
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     moved = tmp_path / "away"
     shutil.move(digits, moved)
     try:
@@ -290,6 +290,6 @@ def test_maskdit_trains_on_latents(encoded, tmp_path):
 
 
 def test_the_latent_preset_loads(encoded):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     cfg = load_config("mnist_latent_flow", [f"data.path={encoded}", "model.patch_size=2"])
     assert cfg.data.name == "latents"

@@ -11,14 +11,14 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import cli_in_process
-from genlab.config import ModelConfig, load_config
+from genlab.config.tree import ModelConfig, load_config
 from genlab.data.text import embedded_corpus, prepare_text, read_token_dataset
 from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer
-from genlab.errors import GenlabError
-from genlab.methods import mdlm
-from genlab.models.gpt import GPT, GPTSpec, build_gpt, padded_vocab
-from genlab.methods.base import plain_context
+from genlab.core.errors import GenlabError
+from genlab.families.lm import mdlm
+from genlab.families.lm.gpt import GPT, GPTSpec, build_gpt, padded_vocab
+from genlab.families.base import plain_context
 
 LM_TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=16",
            "log.progress=false", "log.tensorboard=false", "optim.warmup_steps=5", "eval.num_samples=8",
@@ -236,7 +236,7 @@ def test_model_loss_equals_cross_entropy_of_logits(ce_chunk, weighted):
 
 @pytest.mark.parametrize("pos_emb", ["learned", "rope"])
 def test_kv_cache_decode_matches_the_full_forward(pos_emb):
-    from genlab.methods.autoregressive import generate
+    from genlab.families.lm.autoregressive import generate
     model = tiny_gpt(True, pos_emb, V=11, T=12)
     x = torch.randint(0, 11, (2, 12))
     cache = []
@@ -465,7 +465,7 @@ def test_semi_autoregressive_blocks_fill_left_to_right():
 def test_methods_refuse_the_wrong_backbone():
     spec = {"kind": "tokens", "vocab_size": 11, "seq_len": 12}
     batch = {"x": torch.randint(0, 11, (2, 12)), "y": torch.randint(0, 11, (2, 12))}
-    from genlab.methods.autoregressive import Autoregressive
+    from genlab.families.lm.autoregressive import Autoregressive
     with pytest.raises(GenlabError, match="causal"):
         Autoregressive(load_config("text_ar"), spec).loss(tiny_gpt(False), batch, plain_context(torch.Generator()))
     with pytest.raises(GenlabError, match="bidirectional"):
@@ -481,7 +481,7 @@ def test_embedded_corpus_is_deterministic():
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["text_ar", "text_mdlm"])
 def test_both_methods_train_with_falling_loss(tmp_path, preset):
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = lm_config(tmp_path, preset, "train.steps=80", "optim.lr=3e-3", f"train.name={preset}")
     s = Trainer(cfg).fit()
@@ -493,8 +493,8 @@ def test_both_methods_train_with_falling_loss(tmp_path, preset):
 
 @pytest.mark.slow
 def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
-    from genlab.train import checkpoint as ckpt
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime import checkpoint as ckpt
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = lm_config(tmp_path, "text_ar", "train.steps=40", "optim.lr=3e-3", "log.eval_every=10", "log.keep_best=true",
                     "log.keep_last=1", "train.name=kb")
@@ -509,7 +509,7 @@ def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
     assert [p.name for p in ckpt.list_checkpoints(s["run_dir"])] == ["step_00000040.pt"]
     assert ckpt.resolve_checkpoint(s["run_dir"]).name == "step_00000040.pt"
     # the best checkpoint's weights reproduce its validation loss
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     res = evaluate_run(s["best_checkpoint"], device="cpu")
     assert res["val_loss"] == pytest.approx(evals[best_step], rel=1e-4)
 

@@ -1,4 +1,4 @@
-"""MaskDiT (methods/maskdit.py, models/maskdit.py): the encoder sees exactly the requested share of each sample's
+"""MaskDiT (families/image_flow/maskdit.py, families/image_flow/maskdit_backbone.py): the encoder sees exactly the requested share of each sample's
 tokens, the diffusion loss reads only those, the fine-tune stage and sampling see every token, a tiny model learns,
 runs resume exactly, bad settings fail in one line before any work."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import TINY, cli_in_process, straight_and_resumed, tiny_config
-from genlab.config import load_config
-from genlab.methods.base import plain_context
-from genlab.methods.maskdit import draw_keep, kept_tokens
-from genlab.models.dit import depatchify, patchify
+from genlab.config.tree import load_config
+from genlab.families.base import plain_context
+from genlab.families.image_flow.maskdit import draw_keep, kept_tokens
+from genlab.families.image_flow.dit import depatchify, patchify
 from genlab.train.trainer import Trainer
 
 MASK = ["method.name=maskdit", "model.name=maskdit", "model.decoder_depth=1", "model.decoder_dim=16", "eval.num_samples=0",
@@ -119,7 +119,7 @@ def test_fine_tune_stage_and_sampling_see_every_token(tmp_path):
 
 def test_unmasked_maskdit_equals_a_flow_step(tmp_path):
     """mask_ratio 0: the loss is flow matching's on the same draws (the MAE term has no token to read)."""
-    from genlab.methods.flow import FlowMatching
+    from genlab.families.image_flow.flow import FlowMatching
     model, method = build(tmp_path, "method.mask_ratio=0")
     a, _ = method.loss(model, batch(), plain_context(torch.Generator().manual_seed(5), 0, 10))
     b, _ = FlowMatching.loss(method, model, batch(), plain_context(torch.Generator().manual_seed(5), 0, 10))

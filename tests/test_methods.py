@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from conftest import straight_and_resumed, tiny_config
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.train.trainer import Trainer
 
 REPA = ["method.name=repa", "method.repa_hidden=32", "method.repa_block=1", "model.dim=32", "train.steps=6",
@@ -52,7 +52,7 @@ def test_repa_freezes_the_encoder_and_trains_the_projector(tmp_path):
 
 
 def test_method_reading_a_key_the_dataset_lacks_fails_before_training(tmp_path):
-    from genlab.methods.base import Method, check_batch_keys
+    from genlab.families.base import Method, check_batch_keys
 
     class NeedsFrames(Method):
         batch_keys = ("frames", "actions")
@@ -99,9 +99,9 @@ class _Critic(nn.Module):
 
 def _register_adversarial():
     """Flow matching + a critic with its own optimizer (LADD-style): one loss per optimizer."""
-    from genlab.methods.base import Extra
-    from genlab.methods.flow import FlowMatching
-    from genlab.registry import method_registry
+    from genlab.families.base import Extra
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.core.registry import method_registry
 
     class Adversarial(FlowMatching):
         def __init__(self, cfg, spec):
@@ -152,7 +152,7 @@ def test_repa_hook_fires_in_a_compiled_dit_after_another_dit_was_compiled(tmp_pa
     first, _ = build_model_and_method(cfg, spec)
     second, method = build_model_and_method(cfg, spec)
     x, t, y = torch.randn(2, spec["channels"], spec["image_size"], spec["image_size"]), torch.rand(2), torch.zeros(2, dtype=torch.long)
-    from genlab.train.switches import compile_model_by_name
+    from genlab.runtime.switches import compile_model_by_name
     compile_ = torch.compile  # genlab's compile path, with dynamo's eager backend: the guards, not inductor's kernels
     monkeypatch.setattr(torch, "compile", lambda m, **kw: compile_(m, backend="eager"))
     compile_model_by_name(first, cfg.train)(x, t, y)  # compiled without a hook, as another run in the process would

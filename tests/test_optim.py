@@ -14,14 +14,14 @@ import torch
 import torch.nn as nn
 
 from conftest import REPO, straight_and_resumed
-from genlab.config import OptimConfig, load_config
-from genlab.errors import GenlabError
+from genlab.config.tree import OptimConfig, load_config
+from genlab.core.errors import GenlabError
 from genlab.optim.build import build_optimizer
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
 from genlab.optim.schedules import lr_at
 from genlab.optim.state import state_bytes
-from genlab.registry import optimizer_registry
+from genlab.core.registry import optimizer_registry
 from genlab.train.step import build_model_and_method
 
 OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw",
@@ -365,7 +365,7 @@ def test_fsdp_refuses_optimizers_that_cannot_update_dtensor_shards(name):
 
 # -- the sweep -----------------------------------------------------------------------------------------------
 def test_optimizer_sweep_covers_every_optimizer_with_and_without_caution(tmp_path):
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep.spec import load_sweep
     shipped = REPO / "src" / "genlab" / "configs" / "sweeps" / "optimizers.toml"
     sw = load_sweep(shipped)
     pairs = {(o.split("=")[1], c.split("=")[1]) for v in sw.variants for o in v.overrides if o.startswith("optim.name=")
@@ -390,7 +390,7 @@ def test_optimizer_sweep_covers_every_optimizer_with_and_without_caution(tmp_pat
 
 def test_report_reads_loss_at_equal_wall_clock_step_time_and_state_memory(tmp_path):
     import json
-    from genlab.sweep.report import run_row
+    from genlab.lab.sweep.report import run_row
     recs = [{"step": s, "loss": 1.0 / s, "wall_time": 0.5 * s, "step_time": 0.5, "optim_state_mib": 3.0} for s in range(1, 7)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     row = run_row(tmp_path, loss_at=[4], loss_at_time=[1.9, 2.5, 10])

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from genlab.errors import GenlabError
-from genlab.models.dit import DiT, DiTSpec
-from genlab.train.parallel import _mesh_dims, clip_grads
-from genlab.train.switches import apply_switches, build_precision
+from genlab.core.errors import GenlabError
+from genlab.families.image_flow.dit import DiT, DiTSpec
+from genlab.runtime.parallel import _mesh_dims, clip_grads
+from genlab.runtime.switches import apply_switches, build_precision
 
 
 def tiny_dit(depth=4):
@@ -132,7 +132,7 @@ def test_float8_run_on_cpu_fails_before_creating_anything(tmp_path):
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_conversion_converts_only_block_linears(recipe):
     pytest.importorskip("torchao")
-    from genlab.train.float8 import convert_float8, count_float8
+    from genlab.nn.float8 import convert_float8, count_float8
     model = tiny_dit(depth=2)
     convert_float8(model, recipe)
     names = {n for n, m in model.named_modules() if type(m).__name__ == "Float8Linear"}
@@ -143,7 +143,7 @@ def test_float8_conversion_converts_only_block_linears(recipe):
 
 
 def test_float8_filter_needs_dims_divisible_by_16():
-    from genlab.train.float8 import float8_filter
+    from genlab.nn.float8 import float8_filter
     assert float8_filter(torch.nn.Linear(32, 64), "blocks.0.mlp.fc1")
     assert not float8_filter(torch.nn.Linear(24, 64), "blocks.0.mlp.fc1")
     assert not float8_filter(torch.nn.Linear(32, 64), "final.linear")
@@ -169,7 +169,7 @@ def test_fsdp_rejects_a_partial_shard_degree():
 
 
 def test_compile_optimizer_refuses_an_optimizer_it_cannot_compile():
-    from genlab.train.switches import compile_optimizer_step
+    from genlab.runtime.switches import compile_optimizer_step
     opt = torch.optim.RMSprop(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(GenlabError, match="compile_optimizer"):
         compile_optimizer_step(opt, torch.device("cpu"))
@@ -183,14 +183,14 @@ def test_unknown_switch_values_fail_at_config_time(tmp_path, override):
 
 
 def test_parallel_none_under_several_processes_is_refused():
-    from genlab.train.parallel import par_none
+    from genlab.runtime.parallel import par_none
     with pytest.raises(GenlabError, match="several processes"):
         par_none(None, SimpleNamespace(enabled=True), None, None)
 
 
 # -- compiled optimizer: LR in a tensor, no recompiles when it changes ----------------------------
 def test_compiled_optimizer_step_matches_eager_and_does_not_recompile_on_lr_changes():
-    from genlab.train.switches import compile_counts, compile_optimizer_step, set_lr
+    from genlab.runtime.switches import compile_counts, compile_optimizer_step, set_lr
     torch.manual_seed(0)
     a = torch.nn.Linear(4, 4)
     b = copy.deepcopy(a)
@@ -213,16 +213,16 @@ def test_compiled_optimizer_step_matches_eager_and_does_not_recompile_on_lr_chan
 
 # -- bench --------------------------------------------------------------------------------------
 def test_bench_on_cpu_returns_sane_numbers(tmp_path):
-    from genlab.bench import format_table, run_bench
+    from genlab.lab.bench import format_table, run_bench
     cfg = tiny_config(tmp_path, "train.device=cpu", "train.batch_size=8")
     r = run_bench(cfg, steps=3, warmup=1, split_steps=2)
     assert r["samples_per_s"] > 0 and r["step_ms"] > 0 and r["tokens_per_s"] is None
     assert r["mfu"] is None and r["peak_mem_gib"] is None  # no peak FLOP/s or CUDA memory on CPU
     # each phase was timed (a ratio of phase times to step time would be a timing test: it failed on a loaded machine)
     assert all(r[k] > 0 for k in ("fwd_ms", "bwd_ms", "opt_ms"))
-    from genlab.train.metrics import train_flops_per_sample
+    from genlab.runtime.metrics import train_flops_per_sample
     from genlab.train.trainer import build_model_and_method
-    from genlab.bench import data_spec_for
+    from genlab.lab.bench import data_spec_for
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
     assert r["flops_per_step"] == train_flops_per_sample(model) * 8
     assert r["switches"]["parallel"] == cfg.train.parallel
@@ -234,7 +234,7 @@ def test_gpu_turn_lets_one_holder_of_a_lock_file_in_at_a_time(tmp_path):
     import threading
     import time
 
-    from genlab.bench import gpu_turn
+    from genlab.lab.bench import gpu_turn
     for lock, may_overlap in ((tmp_path / "gpu.lock", False), (None, True)):
         spans = []
 
@@ -254,7 +254,7 @@ def test_benches_sharing_a_turn_lock_measure_one_at_a_time(tmp_path):
     """bench_backbones.py --parallel: benches compile together and take turns for warm-up and timing."""
     import threading
 
-    from genlab.bench import run_bench
+    from genlab.lab.bench import run_bench
     lock, out = tmp_path / "gpu.lock", {}
 
     def bench(name):
@@ -278,7 +278,7 @@ def test_export_writes_safetensors_that_sample_loads_and_refuses_bad_out(tmp_pat
     assert bad.returncode == 2 and not (tmp_path / "w.pt").exists()
     ok = cli_in_process(capfd, "export", str(tmp_path / "r"), "--out", str(tmp_path / "w.safetensors"))
     assert ok.returncode == 0, ok.stderr[-2000:]
-    from genlab.train.checkpoint import load_checkpoint
+    from genlab.runtime.checkpoint import load_checkpoint
     src, exp = load_checkpoint(tmp_path / "r"), load_checkpoint(tmp_path / "w.safetensors")
     for k, v in src["ema"].items():
         assert torch.equal(exp["model"][k], v)
@@ -292,8 +292,8 @@ def test_compiled_update_of_optimizer_and_ema_matches_the_eager_step(tmp_path, o
     """train.compile_optimizer=true runs the optimizer step and the EMA update as one compiled function (a CUDA graph
     under reduce-overhead on a GPU). Its weights and EMA after a few steps equal the eager path's (the same seed and
     data), with the EMA decay warm-up changing every step and no recompile after the first."""
-    from genlab.train import checkpoint as ckpt
-    from genlab.train.switches import compile_counts
+    from genlab.runtime import checkpoint as ckpt
+    from genlab.runtime.switches import compile_counts
     from genlab.train.trainer import Trainer
     common = ("train.steps=5", "train.ema_decay=0.9", "train.ema_warmup=true", "log.ckpt_every=5", "eval.num_samples=0")
     Trainer(tiny_config(tmp_path, *common, "train.name=eager")).fit()
@@ -324,7 +324,7 @@ def test_compiled_update_ema_reads_nothing_back_to_the_host_even_run_eagerly():
     in it reads a device value back to the host (`_local_scalar_dense`, a host sync on CUDA; foreach lerp with a 0-d
     weight does one), and the EMA equals ema + (1 - decay)(p - ema) in float64."""
     from torch.utils._python_dispatch import TorchDispatchMode
-    from genlab.train.switches import CompiledUpdate
+    from genlab.runtime.switches import CompiledUpdate
 
     class Ops(TorchDispatchMode):
         def __init__(self):
@@ -354,7 +354,7 @@ def test_compiled_update_traces_optimizer_and_ema_without_a_graph_break(one_thre
     skip the whole update (eager, seen on the GPU in session 21). The update calls the undecorated step: no graph break,
     and the weights and EMA equal an eager AdamW step + EMA in float64 arithmetic order (same inputs)."""
     from torch._dynamo.utils import counters
-    from genlab.train.switches import CompiledUpdate, compile_optimizer_step
+    from genlab.runtime.switches import CompiledUpdate, compile_optimizer_step
     torch._dynamo.reset()
     counters.clear()
     g = torch.Generator().manual_seed(0)
@@ -382,7 +382,7 @@ def test_compiled_update_traces_optimizer_and_ema_without_a_graph_break(one_thre
 def test_compiled_update_never_compiles_into_cuda_graphs(monkeypatch, mode, expect):
     """A CUDA-graphed update after the model's CUDA graphs failed at step 0 on the GPU (its gradients counted as
     overwritten graph outputs, pytorch#160281): the update takes the run's mode minus CUDA graphs."""
-    from genlab.train import switches
+    from genlab.runtime import switches
     seen = []
     monkeypatch.setattr(switches.torch, "compile", lambda fn, **kw: seen.append(kw.get("mode")) or fn)
     switches.CompiledUpdate([], None, [], SimpleNamespace(compile_mode=mode), torch.device("cpu"))

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from conftest import REPO, TINY, cli_in_process, straight_and_resumed, tiny_config
-from genlab.config import OptimConfig, load_config
-from genlab.errors import GenlabError
+from genlab.config.tree import OptimConfig, load_config
+from genlab.core.errors import GenlabError
 from genlab.optim import coat
 from genlab.optim.build import build_optimizer
 from genlab.optim.state import state_bytes
@@ -230,7 +230,7 @@ def test_torchao_state_bytes_match_a_hand_count(name, block, bits, table):
 
 # -- training and resume through the trainer -------------------------------------------------------------------------
 def test_adamw_coat_trains_a_tiny_model_with_falling_loss(tmp_path):
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = tiny_config(tmp_path, "optim.name=adamw_coat", "optim.lr=3e-3", "train.steps=40", "log.every=5",
                       "log.ckpt_every=0", "eval.num_samples=0", "train.ema_decay=0", "train.name=coat")
@@ -244,7 +244,7 @@ def test_adamw_coat_trains_a_tiny_model_with_falling_loss(tmp_path):
 @pytest.mark.parametrize("caution", [False, True], ids=["plain", "caution"])
 def test_adamw_coat_resumes_exactly_through_genlabs_checkpoint(tmp_path, caution):
     """4 steps straight == 2 steps, checkpoint (float8 codes through safe_load), resume, 2 steps: bit for bit."""
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     over = ["train.steps=4", "log.every=1", "log.ckpt_every=2", "eval.num_samples=0", "optim.warmup_steps=2",
             "optim.weight_decay=0.01", "train.ema_decay=0", "optim.name=adamw_coat", f"optim.caution={str(caution).lower()}"]
     _, a, b = straight_and_resumed(tmp_path, 2, *over)
@@ -269,7 +269,7 @@ class _Blocks(nn.Module):
 
 
 def test_float8_plan_keeps_linears_with_both_dims_at_least_the_threshold():
-    from genlab.train.float8 import float8_plan, plan_summary
+    from genlab.nn.float8 import float8_plan, plan_summary
     plan = {name: why for name, _, _, why in float8_plan(_Blocks(), min_dim=64)}
     assert plan["blocks.0.big"] == ""
     assert plan["blocks.0.small"] == "below train.float8_min_dim=64"
@@ -282,7 +282,7 @@ def test_float8_plan_keeps_linears_with_both_dims_at_least_the_threshold():
 
 def test_float8_converter_applies_the_plan_and_keeps_it_on_the_model():
     pytest.importorskip("torchao")
-    from genlab.train.convert import apply_converters, count_converted
+    from genlab.nn.convert import apply_converters, count_converted
     cfg = load_config(None, ["train.precision=float8_rowwise", "train.float8_min_dim=64"])
     m = apply_converters(_Blocks(), ["float8_rowwise"], "cpu", cfg)  # emulated off CUDA (the sampling path)
     assert count_converted(m, "Float8Linear") == 1 and type(m.blocks[0]["big"]).__name__ == "Float8Linear"
@@ -292,11 +292,11 @@ def test_float8_converter_applies_the_plan_and_keeps_it_on_the_model():
 def test_float8_all_gather_converts_only_the_trained_copy_and_needs_tensorwise():
     """The weights FSDP2 gathers in float8 are torchao's castable tensors; the EMA copy (no grads) stays plain."""
     pytest.importorskip("torchao")
-    from genlab.train.float8 import convert_float8
+    from genlab.nn.float8 import convert_float8
     m = convert_float8(_Blocks(), "tensorwise", all_gather=True)
     assert type(m.blocks[0]["big"].weight).__name__ == "WeightWithDynamicFloat8CastTensor"
     ema = _Blocks().requires_grad_(False)
-    from genlab.train.convert import apply_converters
+    from genlab.nn.convert import apply_converters
     cfg = load_config(None, ["train.convert=float8", "train.float8_all_gather=true", "train.parallel=fsdp"])
     apply_converters(ema, ["float8"], "cpu", cfg)
     assert type(ema.blocks[0]["big"].weight) is torch.nn.Parameter
@@ -306,7 +306,7 @@ def test_float8_all_gather_converts_only_the_trained_copy_and_needs_tensorwise()
 
 def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     pytest.importorskip("torchao")
-    from genlab.train.float8 import convert_float8
+    from genlab.nn.float8 import convert_float8
     with pytest.raises(GenlabError, match=r"train.float8_min_dim=512 keeps no linear .* largest smaller dim of its "
                                           r"eligible linears is 128") as e:
         convert_float8(_Blocks(), "tensorwise", emulate=True, min_dim=512)
@@ -323,7 +323,7 @@ def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     (["train.precision=float8_rowwise", "train.float8_all_gather=true", "train.parallel=fsdp"],
      "train.float8_all_gather needs tensorwise float8"),
     (["train.convert=float8", "train.float8_all_gather=true"], "train.float8_all_gather all-gathers FSDP2 shards"),
-    # one converter of the block linears per run (train/quantized_training.py adds two)
+    # one converter of the block linears per run (nn/quantized_training.py adds two)
     (['train.convert=["bitnet_torchao","bitlinear"]'], "bitnet_torchao and bitlinear convert the same block linears"),
     (["train.convert=int8_mixed", "train.precision=float8_rowwise"], "int8_mixed and float8_rowwise convert the same"),
     (['train.convert=["float8","int8_mixed"]'], "float8 and int8_mixed convert the same"),
@@ -344,7 +344,7 @@ def test_invalid_precision_combinations_exit_2_with_one_line(tmp_path, capfd, ov
 
 # -- the shipped sweep ----------------------------------------------------------------------------------------------
 def test_precision_sweep_has_every_row_of_the_issue_and_each_config_validates():
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep.spec import load_sweep
     sw = load_sweep(REPO / "src" / "genlab" / "configs" / "sweeps" / "precision.toml")
     rows = {}
     for v in sw.variants:

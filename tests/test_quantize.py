@@ -34,7 +34,7 @@ def _nf4_reference(w):
     |dequantized - w| per weight: half the gap to the neighbouring level times the block absmax, plus the int8 error
     of that absmax (double quantization: (absmax - mean) in int8 per group of scalers, at most 1/128 of the group's
     range). Blocks of 64 in memory order."""
-    from genlab.quant.ptq import NF4_BLOCK, nf4_scaler_block
+    from genlab.nn.ptq import NF4_BLOCK, nf4_scaler_block
     blocks = w.double().reshape(-1, NF4_BLOCK)
     absmax = blocks.abs().amax(1, keepdim=True)
     dist = (blocks.div(absmax).unsqueeze(-1) - NF4_LEVELS).abs()
@@ -49,7 +49,7 @@ def _nf4_reference(w):
 
 
 def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bound():
-    from genlab.quant.ptq import get_format
+    from genlab.nn.ptq import get_format
     w = _weights(256, 128)
     m = _linear(w)
     get_format("nf4").apply(m, torch.device("cpu"))
@@ -65,7 +65,7 @@ def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bo
 
 
 def test_int8_weight_only_round_trip_is_within_half_a_scale_per_element():
-    from genlab.quant.ptq import get_format
+    from genlab.nn.ptq import get_format
     w = _weights(96, 64, seed=1)
     m = _linear(w)
     get_format("int8").apply(m, torch.device("cpu"))
@@ -80,10 +80,10 @@ def test_int8_weight_only_round_trip_is_within_half_a_scale_per_element():
 
 
 def test_only_block_linears_are_quantized_adaln_on_request():
-    from genlab.config import load_config
-    from genlab.quant.ptq import candidate_linears
+    from genlab.config.tree import load_config
+    from genlab.nn.ptq import candidate_linears
     from genlab.train.step import build_model_and_method
-    from genlab.bench import data_spec_for
+    from genlab.lab.bench import data_spec_for
     cfg = load_config("digits_flow", ["model.dim=32", "model.depth=2", "model.heads=2"])
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
     names = [n for n, _ in candidate_linears(model)]
@@ -103,8 +103,8 @@ def tiny_run(tmp_path_factory):
 
 
 def test_quantized_run_loads_as_the_source_quantized_and_samples_and_evals(tiny_run, tmp_path, capfd, one_thread):
-    from genlab.quant.ptq import quantize_model
-    from genlab.sample import load_run
+    from genlab.nn.ptq import quantize_model
+    from genlab.runs.load import load_run
     out = tmp_path / "r_nf4"
     r = cli_in_process(capfd, "quantize", tiny_run, "--to", "nf4", "--out", out)
     assert r.returncode == 0, r.stderr
@@ -188,7 +188,7 @@ def test_analyze_quant_gap_without_a_run_is_one_line_exit_2(capfd):
 
 
 def test_trend_recovers_a_linear_in_log_gap():
-    from genlab.quant.gap import trend
+    from genlab.runs.quant_gap import trend
     steps = [100, 1000, 10000]
     t = trend(steps, [0.1 + 0.05 * k for k in range(3)])
     assert t["a"] == pytest.approx(0.0, abs=1e-9) and t["b_per_decade"] == pytest.approx(0.05)
@@ -198,7 +198,7 @@ def test_trend_recovers_a_linear_in_log_gap():
 
 def _check_block_linear_close_to_float(fmt, dev):
     """A block linear quantized to `fmt` on `dev` gives outputs within its format's per-output rounding bound."""
-    from genlab.quant.ptq import check_format, get_format
+    from genlab.nn.ptq import check_format, get_format
     try:
         check_format(fmt, dev)
     except Exception as e:  # fp8 below SM89
@@ -253,7 +253,7 @@ def _rounding_bound(fmt, x, w, b, ref):
         return ax @ dw.T + casts
     if fmt == "nf4":
         return ax @ _nf4_reference(w.cpu())[3].to(x.device, x.dtype).T + casts
-    from genlab.quant.ptq import int4_group
+    from genlab.nn.ptq import int4_group
     g = int4_group(w.shape[1])
     wg = w.view(w.shape[0], -1, g)
     span = wg.amax(-1).clamp(min=0) - wg.amin(-1).clamp(max=0)                  # [out, groups]
@@ -262,8 +262,8 @@ def _rounding_bound(fmt, x, w, b, ref):
 
 
 def test_gap_of_a_text_run_compares_validation_loss(tmp_path, capfd, one_thread):
-    from genlab.config import load_config
-    from genlab.quant.gap import quant_gap
+    from genlab.config.tree import load_config
+    from genlab.runs.quant_gap import quant_gap
     from genlab.train.trainer import Trainer
     lm = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=8", "train.steps=4",
           "log.progress=false", "log.tensorboard=false", "log.ckpt_every=2", "log.keep_last=0", "eval.num_samples=0",

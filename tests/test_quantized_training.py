@@ -18,7 +18,7 @@ SUBCLASS = {"bitnet_torchao": "BitNetTrainingLinearWeight", "int8_mixed": "Autoc
 
 
 def _tiny_dit():
-    from genlab.models.dit import DiT, DiTSpec
+    from genlab.families.image_flow.dit import DiT, DiTSpec
     return DiT(DiTSpec(image_size=8, channels=1, num_classes=10, dim=32, depth=2, heads=2))
 
 
@@ -35,8 +35,8 @@ def test_bitnet_torchao_matches_genlabs_bitlinear_in_forward_and_gradients():
     gradients from the quantised operands, each after BitNet's input RMSNorm (train.bitlinear_norm=rmsnorm, the same
     module in both, its gain not 1). torchao multiplies the int8 codes exactly (int32 accumulation), genlab the
     dequantised values in float32: they agree to float32's summation error over K = 48 terms."""
-    from genlab.models.bitlinear import add_input_norm, to_bitlinear
-    from genlab.train.quantized_training import convert_quantized_training
+    from genlab.nn.bitlinear import add_input_norm, to_bitlinear
+    from genlab.nn.quantized_training import convert_quantized_training
     ours, theirs = _block(), _block()
     gain = torch.rand(48) + 0.5
     for m in (ours, theirs):
@@ -66,7 +66,7 @@ def test_bitnet_torchao_matches_genlabs_bitlinear_in_forward_and_gradients():
 def test_int8_mixed_forward_is_the_rowwise_int8_matmul():
     """out = (round(x/s_x) @ round(W/s_w)^T) * s_x * s_w + b, s_x = absmax per token / 127, s_w = absmax per output
     row / 127, against float64: the integer product is exact, so only float32 scaling error remains."""
-    from genlab.train.quantized_training import convert_quantized_training
+    from genlab.nn.quantized_training import convert_quantized_training
     m = _block()
     W, b = m.blocks[0].weight.detach().double(), m.blocks[0].bias.detach().double()
     convert_quantized_training(m, "int8_mixed")
@@ -86,7 +86,7 @@ def test_int8_mixed_forward_is_the_rowwise_int8_matmul():
 def test_int8_mixed_under_autocast_keeps_the_autocast_dtype_and_matches_the_cast_operands():
     """torchao's module swap alone returned float32 here (bf16 input + float32 bias), which broke the CUDA backward.
     The output is bf16 like a plain linear's under autocast, and equals the int8 matmul of the bf16-cast operands."""
-    from genlab.train.quantized_training import convert_quantized_training
+    from genlab.nn.quantized_training import convert_quantized_training
     m = _block()
     W, b = m.blocks[0].weight.detach().clone(), m.blocks[0].bias.detach().clone()
     convert_quantized_training(m, "int8_mixed")
@@ -105,8 +105,8 @@ def test_int8_mixed_under_autocast_keeps_the_autocast_dtype_and_matches_the_cast
 
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_wraps_the_block_linears_only_and_keeps_a_plain_state_dict(name):
-    from genlab.train.convert import apply_converters
-    from genlab.train.quantized_training import count_quantized_training
+    from genlab.nn.convert import apply_converters
+    from genlab.nn.quantized_training import count_quantized_training
     m = _tiny_dit()
     before = {k: v.clone() for k, v in m.state_dict().items()}
     apply_converters(m, [name], "cpu")
@@ -125,7 +125,7 @@ def test_converter_wraps_the_block_linears_only_and_keeps_a_plain_state_dict(nam
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_trains_a_tiny_model_with_falling_loss(tmp_path, name):
     """bitnet_torchao with BitNet's input RMSNorm (train.bitlinear_norm's default)."""
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = tiny_config(tmp_path, f"train.convert={name}", "optim.lr=3e-3", "train.steps=40", "log.every=5",
                       "log.ckpt_every=0", "eval.num_samples=0", "train.name=q")
@@ -151,8 +151,8 @@ def test_converter_resumes_exactly_through_genlabs_checkpoint(tmp_path, name):
 
 @pytest.mark.slow
 def test_a_run_trained_with_bitnet_torchao_samples_converted(tmp_path):
-    from genlab.sample import load_run, sample_to_file
-    from genlab.train.quantized_training import count_quantized_training
+    from genlab.runs.load import load_run, sample_to_file
+    from genlab.nn.quantized_training import count_quantized_training
     from genlab.train.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.convert=bitnet_torchao", "train.name=bit", "train.steps=3", "log.every=1",
                         "log.ckpt_every=0", "eval.num_samples=0", "optim.warmup_steps=1")).fit()
@@ -162,7 +162,7 @@ def test_a_run_trained_with_bitnet_torchao_samples_converted(tmp_path):
 
 
 def test_float8_and_its_alias_together_are_one_converter():
-    from genlab.config_check import check_converter_combination
+    from genlab.config.check import check_converter_combination
     check_converter_combination(["float8", "float8_tensorwise"])
 
 
@@ -171,7 +171,7 @@ def test_float8_and_its_alias_together_are_one_converter():
 @pytest.mark.parametrize("name", NAMES)
 def test_gpu_converter_trains_in_bf16_with_falling_loss(tmp_path, name):
     """On CUDA the int8 matmuls are torchao's Triton kernels under bf16 autocast."""
-    from genlab.train.metrics import read_metrics
+    from genlab.runtime.metrics import read_metrics
     from genlab.train.trainer import Trainer
     cfg = tiny_config(tmp_path, f"train.convert={name}", "train.precision=bf16", "train.device=cuda", "model.dim=64",
                       "model.heads=2", "optim.lr=3e-3", "train.steps=40", "log.every=5", "log.ckpt_every=0",

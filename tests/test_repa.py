@@ -13,10 +13,10 @@ import torch
 import torch.nn as nn
 
 from conftest import tiny_config
-from genlab.errors import GenlabError
-from genlab.methods.base import plain_context
-from genlab.methods.repa import alignment_loss, aligned_block
-from genlab.methods.repa_encoders import load_weights, to_grid
+from genlab.core.errors import GenlabError
+from genlab.families.base import plain_context
+from genlab.families.image_flow.repa import alignment_loss, aligned_block
+from genlab.families.image_flow.repa_encoders import load_weights, to_grid
 from genlab.train.step import build_model_and_method
 from genlab.train.trainer import Trainer
 
@@ -64,8 +64,8 @@ def test_repa_gradients_reach_only_the_model_and_the_projector(tmp_path):
 def test_classifier_encoder_is_trained_on_the_runs_device(tmp_path, monkeypatch):
     # it once trained on the CPU whatever train.device said: > 8 min for a Fashion-MNIST run on a GPU machine
     import genlab.eval.classifier as classifier
-    import genlab.train.parallel as parallel
-    from genlab.methods.repa_encoders import build_classifier
+    import genlab.runtime.parallel as parallel
+    from genlab.families.image_flow.repa_encoders import build_classifier
     asked, used = [], []
     monkeypatch.setattr(parallel, "resolve_device", lambda name, rank=0: asked.append(name) or torch.device("meta"))
 
@@ -109,7 +109,7 @@ def test_mae_encoder_loss_falls_on_a_tiny_run(tmp_path):
 
 @pytest.mark.usefixtures("one_thread")
 def test_repa_trains_aligned_to_an_in_project_mae_encoder_run(tmp_path):
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     Trainer(tiny_config(tmp_path, *MAE, "train.steps=3", "train.name=mae")).fit()
     t = Trainer(tiny_config(tmp_path, *REPA, f"method.repa_encoder=run:{tmp_path / 'mae'}", "train.steps=3",
                             "log.every=1", "eval.num_samples=0", "train.name=repa"))
@@ -163,7 +163,7 @@ class FakeViT(nn.Module):
 
 def test_timm_encoder_drops_prefix_tokens_and_pools_onto_the_dit_grid(tmp_path, monkeypatch):
     from safetensors.torch import save_file
-    from genlab.methods.repa_encoders import build_timm, check_encoder
+    from genlab.families.image_flow.repa_encoders import build_timm, check_encoder
     net = FakeViT()
     save_file(net.state_dict(), str(tmp_path / "vit.safetensors"))
     fake = types.SimpleNamespace(is_model=lambda n: n == "fake_vit", create_model=lambda n, pretrained: FakeViT())
@@ -187,7 +187,7 @@ def test_timm_encoder_drops_prefix_tokens_and_pools_onto_the_dit_grid(tmp_path, 
 def test_timm_encoder_from_a_real_timm_model(tmp_path):
     timm = pytest.importorskip("timm")
     from safetensors.torch import save_file
-    from genlab.methods.repa_encoders import build_timm
+    from genlab.families.image_flow.repa_encoders import build_timm
     net = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     save_file(net.state_dict(), str(tmp_path / "vit.safetensors"))
     cfg = tiny_config(tmp_path, *REPA, "method.repa_encoder=timm:vit_tiny_patch16_224",

@@ -8,9 +8,9 @@ import torch
 
 from conftest import TINY
 from genlab.cli import main
-from genlab.config import load_config
-from genlab.train import checkpoint as ckpt
-from genlab.train.metrics import read_metrics
+from genlab.config.tree import load_config
+from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.metrics import read_metrics
 from genlab.train.trainer import Trainer
 
 

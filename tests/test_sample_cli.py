@@ -13,7 +13,7 @@ LM = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "trai
 @pytest.fixture(scope="module")
 def text_runs(tmp_path_factory):
     """Two-step autoregressive and mdlm runs on the embedded corpus (seconds)."""
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.trainer import Trainer
     out = tmp_path_factory.mktemp("text_runs")
     for preset, name in (("text_ar", "ar"), ("text_mdlm", "md")):
@@ -27,7 +27,7 @@ def test_sample_prints_the_first_texts_and_the_file_and_takes_a_length(text_runs
     r = cli_in_process(capfd, "sample", str(text_runs / run), "--n", "5", "--length", "12", "--steps", "4",
                        "--out", str(out))
     assert r.returncode == 0, r.stderr
-    from genlab.methods.lm_common import read_samples
+    from genlab.families.lm.common import read_samples
     texts = read_samples(out)
     assert len(texts) == 5 and {len(t) for t in texts} == {12}  # char tokenizer: 12 tokens are 12 characters
     shown = "".join(f"===== sample {i} =====\n{t}\n" for i, t in enumerate(texts[:3]))
@@ -37,7 +37,7 @@ def test_sample_prints_the_first_texts_and_the_file_and_takes_a_length(text_runs
 def test_sample_length_defaults_to_method_sample_len(text_runs, tmp_path, capfd):
     r = cli_in_process(capfd, "sample", str(text_runs / "ar"), "--n", "2", "--out", str(tmp_path / "d.txt"))
     assert r.returncode == 0, r.stderr
-    from genlab.methods.lm_common import read_samples
+    from genlab.families.lm.common import read_samples
     assert [len(t) for t in read_samples(tmp_path / "d.txt")] == [24, 24]
     # autoregressive: the context slides, so a length past data.seq_len (32) is fine
     r = cli_in_process(capfd, "sample", str(text_runs / "ar"), "--n", "1", "--length", "40", "--out", str(tmp_path / "l.txt"))
@@ -52,7 +52,7 @@ def test_sample_length_defaults_to_method_sample_len(text_runs, tmp_path, capfd)
 ])
 def test_sample_bad_length_is_one_line_and_writes_nothing(text_runs, tmp_path, capfd, run, length, expect):
     if run == "digits":
-        from genlab.config import load_config
+        from genlab.config.tree import load_config
         from genlab.train.trainer import Trainer
         from conftest import TINY
         Trainer(load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=digits", "train.steps=1",

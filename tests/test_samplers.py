@@ -4,12 +4,12 @@ import math
 import pytest
 import torch
 
-from genlab.config import load_config
-from genlab.methods.flow import FlowMatching, cfg_velocity, parse_interval
-from genlab.errors import GenlabError
-from genlab.methods.samplers import (nfe_per_step, sample_euler, sample_euler_maruyama, sample_heun, sample_midpoint,
+from genlab.config.tree import load_config
+from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, parse_interval
+from genlab.core.errors import GenlabError
+from genlab.sampling.samplers import (nfe_per_step, sample_euler, sample_euler_maruyama, sample_heun, sample_midpoint,
                                      time_grid)
-from genlab.methods.timesteps import shift_time
+from genlab.families.image_flow.timesteps import shift_time
 
 MU, SIGMA = 1.5, 0.3
 
@@ -165,7 +165,7 @@ def test_flow_sample_uses_schedule_sde_and_interval():
 @pytest.mark.slow  # end to end: tens of seconds on 2 cores; the full suite runs it
 def test_eval_reports_quality_vs_nfe(tmp_path):
     from conftest import tiny_config
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     from genlab.train.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.steps=10", "log.ckpt_every=0", "eval.num_samples=0", "train.name=r")).fit()
     run = tmp_path / "r"
@@ -187,9 +187,9 @@ def test_eval_reports_quality_vs_nfe(tmp_path):
 
 
 def test_eval_may_vary_sampling_keys_but_not_training_ones():
-    from genlab.errors import GenlabError
-    from genlab.config import load_config
-    from genlab.sample import check_eval_overrides, sampling_keys
+    from genlab.core.errors import GenlabError
+    from genlab.config.tree import load_config
+    from genlab.runs.load import check_eval_overrides, sampling_keys
     cfg = load_config("digits_flow")
     check_eval_overrides(cfg, ["eval.num_samples=10", "method.cfg_interval=0.3,1", "method.sampler=midpoint",
                                "method.sde_noise=0.5", "method.sample_shift=2"])

@@ -1,11 +1,11 @@
-"""The activation-memory measurement behind the FP8-activation figure (issue 33, genlab/train/saved_tensors.py),
+"""The activation-memory measurement behind the FP8-activation figure (issue 33, genlab/runtime/saved_tensors.py),
 against a model whose saved tensors are counted by hand."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from genlab.train.saved_tensors import at_batch, fit_per_sample, measure_saved
+from genlab.runtime.saved_tensors import at_batch, fit_per_sample, measure_saved
 
 A, H, C = 8, 16, 16  # in, hidden, out
 

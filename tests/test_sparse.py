@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from genlab.errors import GenlabError
-from genlab.models.sparse_attention import (MaskCache, Part, attend, block_density, density_report, layer_groups,
+from genlab.core.errors import GenlabError
+from genlab.nn.sparse_attention import (MaskCache, Part, attend, block_density, density_report, layer_groups,
                                             make_block_mask, reference_mask, sparse_pattern_registry)
-from genlab.models.sparse_transformer import (SparseSpec, SparseTransformer, image_to_seq, raster_coords,
+from genlab.families.sparse.sparse_transformer import (SparseSpec, SparseTransformer, image_to_seq, raster_coords,
                                               seq_to_image)
 
 PATTERNS = ("dense", "strided", "fixed")
@@ -171,7 +171,7 @@ def test_blocked_segments_equal_the_dense_reference_forward_and_backward(n, l, c
 
 
 def test_permutation_backward_is_the_inverse_gather():
-    from genlab.models.sparse_attention import _permute
+    from genlab.nn.sparse_attention import _permute
     order = torch.randperm(50)
     x = torch.randn(2, 3, 50, 4, dtype=torch.float64, requires_grad=True)
     w = torch.randn(2, 3, 50, 4, dtype=torch.float64)
@@ -269,12 +269,12 @@ def test_initialisation_matches_section_6():
 
 
 def _method(cfg_over=(), data="digits"):
-    from genlab.config import load_config
-    from genlab.methods.image_ar import ImageAR
+    from genlab.config.tree import load_config
+    from genlab.families.sparse.image_ar import ImageAR
     from genlab.data import build_dataset
     cfg = load_config("sparse_tiny_cpu", list(cfg_over))
     data = build_dataset(cfg.data)
-    from genlab.models.sparse_transformer import build_sparse_transformer
+    from genlab.families.sparse.sparse_transformer import build_sparse_transformer
     torch.manual_seed(0)
     return ImageAR(cfg, data.spec), build_sparse_transformer(cfg.model, data.spec), data
 
@@ -366,7 +366,7 @@ def test_small_flex_blocks_compile_and_match_dense_reference_bf16(block):
 
 
 def test_flex_kernel_options_divide_every_block_size():
-    from genlab.models.sparse_attention import FLEX_BLOCKS, flex_kernel_options
+    from genlab.nn.sparse_attention import FLEX_BLOCKS, flex_kernel_options
     for block in FLEX_BLOCKS:
         opts = flex_kernel_options(block) or {}
         assert all(block % t == 0 for t in opts.values()) and (block == 128) == (not opts), (block, opts)
@@ -406,7 +406,7 @@ def tiny_text_model(pattern="fixed", embed="attention", T=24, V=11, l=4, c=1):
 
 
 def test_attention_embedding_is_row_and_column_of_the_stride_matrix():
-    from genlab.models.sparse_transformer import attention_coords
+    from genlab.families.sparse.sparse_transformer import attention_coords
     m = tiny_text_model(T=22, l=5)
     assert m.pos_tables == ("attn_row_emb", "attn_col_emb")
     assert m.attn_row_emb.num_embeddings == 5 and m.attn_col_emb.num_embeddings == 5  # ceil(22 / 5) rows
@@ -435,7 +435,7 @@ def test_text_model_outputs_the_vocabulary_and_prompt_decode_equals_forward():
 
 
 def test_data_embedding_on_text_is_refused_in_one_line():
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     with pytest.raises(GenlabError, match="sparse_embed=data needs image data"):
         load_config("text_sparse", ["model.sparse_embed=data"])
     with pytest.raises(GenlabError, match="needs model.name=gpt"):

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_config
-from genlab.models.dit import DiT, DiTSpec
-from genlab.models.norm import norm_modulate_fused, norm_modulate_unfused
-from genlab.train.parallel import clip_grads, fusable_grad_scale
+from genlab.families.image_flow.dit import DiT, DiTSpec
+from genlab.nn.norm import norm_modulate_fused, norm_modulate_unfused
+from genlab.runtime.parallel import clip_grads, fusable_grad_scale
 
 
 def _inputs(dtype=torch.float64, B=3, N=5, D=16):
@@ -77,8 +77,8 @@ def test_dit_gradients_are_the_same_with_fused_and_unfused_adaln():
 
 
 def test_adaln_is_a_listed_switch_and_keeps_state_dict_keys(tmp_path):
-    from genlab.errors import GenlabError
-    from genlab.registry import all_registries
+    from genlab.core.errors import GenlabError
+    from genlab.core.registry import all_registries
     assert {"fused", "unfused"} <= set(all_registries()["adaln"].names())
     with pytest.raises(GenlabError, match="adaln"):
         tiny_config(tmp_path, "model.adaln=triton_maybe")
@@ -88,9 +88,9 @@ def test_adaln_is_a_listed_switch_and_keeps_state_dict_keys(tmp_path):
 
 
 def test_compile_mode_is_a_listed_switch_handed_to_torch_compile(tmp_path, monkeypatch):
-    from genlab.errors import GenlabError
-    from genlab.registry import all_registries
-    from genlab.train import switches
+    from genlab.core.errors import GenlabError
+    from genlab.core.registry import all_registries
+    from genlab.runtime import switches
     assert set(all_registries()["compile_mode"].names()) == {
         "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
     with pytest.raises(GenlabError, match="compile_mode 'fast'.*max-autotune"):
@@ -105,14 +105,14 @@ def test_compile_mode_is_a_listed_switch_handed_to_torch_compile(tmp_path, monke
 
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_contiguous"])
 def test_forced_sdpa_backends_are_listed_and_compute_attention(name):
-    from genlab.registry import attention_registry
+    from genlab.core.registry import attention_registry
     q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
     ref = attention_registry.get("math")(q, k, v)
     torch.testing.assert_close(attention_registry.get(name)(q, k, v), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_contiguous_qkv_attention_gives_the_same_gradients_through_the_fused_projection():
-    from genlab.models.attention import Attention
+    from genlab.nn.attention import Attention
     torch.manual_seed(0)
     a, b = Attention(16, 4, backend="sdpa").double(), Attention(16, 4, backend="sdpa_contiguous").double()
     b.load_state_dict(a.state_dict())
@@ -154,7 +154,7 @@ def test_clip_folded_into_fused_adamw_equals_clip_then_step(max_norm):
 
 
 def test_bench_profile_writes_a_kernel_summary(tmp_path):
-    from genlab.bench import kernel_category, run_bench
+    from genlab.lab.bench import kernel_category, run_bench
     cfg = tiny_config(tmp_path, "train.device=cpu", "train.batch_size=4")
     r = run_bench(cfg, steps=1, warmup=1, split_steps=1, profile_dir=tmp_path / "prof", profile_steps_n=1)
     assert (tmp_path / "prof" / "profile.md").exists() and r["profile"]["wall_ms_per_step"] > 0
@@ -172,7 +172,7 @@ def test_communication_overlap_matches_a_brute_force_count_on_a_grid():
     """Exposed communication = time covered by communication kernels when no compute kernel runs; checked against
     counting unit cells of a grid, on random overlapping spans (integer ends, so the count is exact)."""
     import random
-    from genlab.bench import communication_overlap
+    from genlab.lab.bench import communication_overlap
     rng = random.Random(0)
     for _ in range(200):
         spans = [[(a, a + rng.randint(1, 12)) for a in (rng.randint(0, 80) for _ in range(rng.randint(0, 8)))]
@@ -186,7 +186,7 @@ def test_communication_overlap_matches_a_brute_force_count_on_a_grid():
 
 
 def test_residual_switch_fp32_is_the_old_model_and_compute_keeps_the_stream_in_bf16():
-    from genlab.registry import all_registries
+    from genlab.core.registry import all_registries
     assert {"fp32", "compute"} <= set(all_registries()["residual"].names())
     spec = dict(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2)
     torch.manual_seed(0)
@@ -212,7 +212,7 @@ def test_residual_switch_fp32_is_the_old_model_and_compute_keeps_the_stream_in_b
 def test_sync_sites_name_the_python_line_of_each_sync_warning():
     import inspect
     import warnings
-    from genlab.bench import recording_syncs
+    from genlab.lab.bench import recording_syncs
     with recording_syncs() as sites:
         warnings.warn("called a synchronizing CUDA operation")
         line = inspect.currentframe().f_lineno - 1
@@ -228,7 +228,7 @@ def test_sync_sites_name_the_python_line_of_each_sync_warning():
 
 def test_a_sync_inside_a_library_names_the_genlab_line_that_called_it():
     from traceback import FrameSummary
-    from genlab.bench import sync_site
+    from genlab.lab.bench import sync_site
     stack = [FrameSummary("/x/genlab/bench.py", 10, "step"), FrameSummary("/x/genlab/train/step.py", 239, "f"),
              FrameSummary("/y/torch/nn/module.py", 5, "g"), FrameSummary("/y/torch/cuda/__init__.py", 1270, "h")]
     assert sync_site(stack) == "cuda/__init__.py:1270 <- train/step.py:239"
@@ -277,8 +277,8 @@ def test_a_training_step_reads_no_tensor_back_to_the_host(preset, extra):
     counted: a read there would be a sync on the GPU."""
     import os
     import genlab
-    from genlab.bench import BenchStep
-    from genlab.config import load_config
+    from genlab.lab.bench import BenchStep
+    from genlab.config.tree import load_config
     cfg = load_config(preset, [*extra, "model.size=tiny", "train.device=cpu", "train.compile=off", "train.batch_size=8"])
     b = BenchStep(cfg)
     b.step()  # first step: lazy state (optimizer moments, EMA copies) is made here

@@ -1,4 +1,4 @@
-"""Stop signals (train/stop.py): one stop that arrives twice (GNU `timeout` signals the command, then its process
+"""Stop signals (runtime/stop.py): one stop that arrives twice (GNU `timeout` signals the command, then its process
 group) is one request with a final checkpoint; a second Ctrl-C a while later still gives up at once; inductor's
 compile workers survive a stop signalled to the whole group."""
 import json
@@ -12,8 +12,8 @@ import time
 import pytest
 
 from conftest import REPO, TINY, tiny_config
-from genlab.train import checkpoint as ckpt
-from genlab.train.stop import SAME_REQUEST_S, StopSignals
+from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.stop import SAME_REQUEST_S, StopSignals
 from genlab.train.trainer import Trainer
 
 
@@ -124,7 +124,7 @@ COMPILE_POOL = textwrap.dedent("""
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, lambda s, f: got.append(s))  # the trainer's handlers
     from torch._inductor import async_compile
-    from genlab.train.stop import start_compile_workers
+    from genlab.runtime.stop import start_compile_workers
     start_compile_workers(torch.device("cuda"))  # the pool serves CUDA runs; starting it needs no GPU
     pool = next(iter(async_compile._pool_set))
     for sig in (signal.SIGINT, signal.SIGTERM):  # in its first second: SIGINT too killed it then

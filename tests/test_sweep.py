@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from genlab.errors import GenlabError
-from genlab.sweep.spec import load_sweep
+from genlab.core.errors import GenlabError
+from genlab.lab.sweep.spec import load_sweep
 
 from conftest import REPO, cli_in_process
 from genlab.cli import main as genlab_main
@@ -97,11 +97,11 @@ def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capfd):
 
 
 def test_interrupted_variant_resumes(tmp_path):
-    from genlab.sweep.runner import run_sweep
+    from genlab.lab.sweep.runner import run_sweep
     p = _write_sweep(tmp_path, BASE.replace('name = "failing"', 'name = "resume"') + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
     sw = load_sweep(p)
     # simulate an interrupted variant: a run stopped at step 10 with a checkpoint, no summary of a finished run
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.trainer import Trainer
     v = sw.variants[0]
     runs = tmp_path / "sweeps" / "resume" / "runs"
@@ -122,7 +122,7 @@ def test_a_run_past_its_timeout_keeps_a_summary_it_wrote_itself(tmp_path, monkey
     """The timeout kills a run. One that wrote a finished summary (it was exiting) keeps its result; a finished
     summary left from before this process started does not count."""
     import sys
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     p = _write_sweep(tmp_path, BASE.replace('name = "failing"', 'name = "late"') + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
     sw = load_sweep(p)
     sw.timeout = 5
@@ -182,9 +182,9 @@ def test_grid_zip_and_variants_expand_with_seeds(tmp_path):
 @pytest.mark.parametrize("head_dim,depths", [(32, [4, 8, 12, 28]), (64, [4, 6, 12, 18, 28])])  # 64: model_size.toml
 def test_constant_param_sizes_match_real_parameter_counts(head_dim, depths):
     import torch
-    from genlab.config import ModelConfig
-    from genlab.models.dit import build_dit
-    from genlab.models.match import constant_param_dims
+    from genlab.config.tree import ModelConfig
+    from genlab.families.image_flow.dit import build_dit
+    from genlab.lab.match import constant_param_dims
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 1000}
 
     def count(mc):  # the real DiT's parameter count (shapes only: meta device)
@@ -201,7 +201,7 @@ def test_constant_param_sizes_match_real_parameter_counts(head_dim, depths):
 
 def test_seeds_are_combined_as_mean_and_sample_std(tmp_path):
     import statistics
-    from genlab.sweep.report import collect, markdown_table, shown_columns
+    from genlab.lab.sweep.report import collect, markdown_table, shown_columns
     d = tmp_path / "s"
     status = {}
     finals = {"a": [1.0, 1.5, 2.5], "b": [4.0]}
@@ -228,7 +228,7 @@ def test_seeds_are_combined_as_mean_and_sample_std(tmp_path):
 
 
 def test_parameter_counts_have_units_so_small_models_are_not_zero():
-    from genlab.sweep.report import format_count, markdown_table
+    from genlab.lab.sweep.report import format_count, markdown_table
     assert [format_count(n) for n in (7, 812, 12_345, 999_999, 4_561_234, 1_200_000_000)] == \
         ["7", "812", "12.3 k", "1 M", "4.56 M", "1.2 B"]
     rows = [{"variant": "tiny", "seeds": 1, "status": "finished", "reason": "", "params_m": 0.012345},
@@ -254,7 +254,7 @@ def _sweep_folder(d, peak_mems) -> Path:
 
 
 def test_memory_chart_is_skipped_and_said_so_when_no_run_measured_memory(tmp_path):
-    from genlab.sweep.report import NO_MEMORY, write_report
+    from genlab.lab.sweep.report import NO_MEMORY, write_report
     d = _sweep_folder(tmp_path / "cpu", [None, None])
     (d / "memory.png").write_bytes(b"stale")  # from an earlier rebuild
     md = write_report(d).read_text()
@@ -296,7 +296,7 @@ def test_gpu_launcher_without_gpu_fails_before_anything_runs(tmp_path, capsys):
 
 
 def test_runs_needing_more_gpus_are_skipped_rows_and_time_budget_leaves_runs_for_later(tmp_path):
-    from genlab.sweep.runner import load_status, run_sweep, todo_runs
+    from genlab.lab.sweep.runner import load_status, run_sweep, todo_runs
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + (
         '[[axis]]\nvariants = [{ name = "ddp4", overrides = ["train.parallel=ddp"], nproc = 4 }, '
         '{ name = "single", overrides = [] }]\n')
@@ -321,13 +321,13 @@ def test_runs_needing_more_gpus_are_skipped_rows_and_time_budget_leaves_runs_for
     ("", -9, "crashed (exit -9): no output"),
 ])
 def test_failure_reasons(tmp_path, log, rc, reason):
-    from genlab.sweep.runner import failure_reason
+    from genlab.lab.sweep.runner import failure_reason
     (tmp_path / "x.log").write_text(log)
     assert failure_reason(tmp_path / "x.log", rc).startswith(reason)
 
 
 def test_resumed_history_is_one_curve():
-    from genlab.train.metrics import train_records
+    from genlab.runtime.metrics import train_records
     # process 1 logged steps 5, 10, 15 (checkpoint at 10) and died; process 2 resumed at 10 with a fresh clock
     recs = [{"step": 5, "loss": 3.0, "wall_time": 1.0}, {"step": 10, "loss": 2.0, "wall_time": 2.0},
             {"step": 15, "loss": 1.5, "wall_time": 3.0}, {"step": 15, "loss": 1.4, "wall_time": 0.5},
@@ -341,7 +341,7 @@ def test_jobs_per_gpu_packs_runs_onto_one_gpu(tmp_path, monkeypatch):
     """--jobs-per-gpu 2 on one visible GPU: two runs at once, both on GPU 0, never a third; records say so."""
     import threading
     import time
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
     sw = load_sweep(_write_sweep(tmp_path, body))
     lock, now, seen = threading.Lock(), [0], []
@@ -368,7 +368,7 @@ def test_packed_run_out_of_memory_is_run_again_alone(tmp_path, monkeypatch):
     with nothing beside it; other failures are not retried."""
     import threading
     import time
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
     sw = load_sweep(_write_sweep(tmp_path, body))
     big, broken = sw.variants[1].run_name, sw.variants[2].run_name
@@ -411,7 +411,7 @@ def test_report_races_each_run_to_its_fd_target_runs_final_fd_without_eval_time(
     """fd_target: steps and training seconds (periodic evaluations' eval_s taken out) to the final feature FD of the run
     that differs only in the first axis (data x method), same size and seed; speed-up = the target run's seconds /
     this run's; seeds that never reach it are left out of the means and counted by target_fd_reached."""
-    from genlab.sweep.report import collect
+    from genlab.lab.sweep.report import collect
     d = tmp_path / "s"
     (d / "runs").mkdir(parents=True)
     (d / "sweep.toml").write_text('fd_target = { a_repa = "a_flow", b_repa = "b_flow" }\n[[axis]]\nvariants = '
@@ -482,7 +482,7 @@ def _race_folder(d, status_of):
 def test_report_partial_counts_what_unfinished_runs_logged(tmp_path, capfd):
     """A run cut by its timeout has no row by default; `--partial` averages what it logged, says to which step, and
     races it to its finished target. An unfinished target is never raced to (it has no final FD)."""
-    from genlab.sweep.report import collect
+    from genlab.lab.sweep.report import collect
     cut = {"status": "failed", "reason": "timeout after 60 s"}
     d = _race_folder(tmp_path / "s", lambda v: cut if v == "fast" else {"status": "finished"})
     rows = {r["variant"]: r for r in collect(d)[0]}
@@ -505,8 +505,8 @@ def test_report_partial_counts_what_unfinished_runs_logged(tmp_path, capfd):
 def test_a_run_is_listed_as_running_before_it_starts_so_a_killed_sweep_keeps_it(tmp_path, monkeypatch):
     """A sweep killed outright (SIGKILL: no finally, no status write after the run) used to leave its runs out of
     status.json, so `sweep report --partial` could not show them. Each run is now recorded as running first."""
-    from genlab.sweep import runner
-    from genlab.sweep.report import collect
+    from genlab.lab.sweep import runner
+    from genlab.lab.sweep.report import collect
     body = BASE + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n'
     sw = load_sweep(_write_sweep(tmp_path, body))
 
@@ -521,7 +521,7 @@ def test_a_run_is_listed_as_running_before_it_starts_so_a_killed_sweep_keeps_it(
         (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 0.7, "wall_time": 5.0}) + "\n")
         raise Killed
     monkeypatch.setattr(runner, "run_variant", killed_run)
-    monkeypatch.setattr("genlab.sweep.report.write_report", lambda d, partial=False: None)  # the kill skips it too
+    monkeypatch.setattr("genlab.lab.sweep.report.write_report", lambda d, partial=False: None)  # the kill skips it too
     with pytest.raises(Killed):
         runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False)
     d = runner.sweep_dir(sw, tmp_path / "sweeps")
@@ -535,7 +535,7 @@ def test_a_run_is_listed_as_running_before_it_starts_so_a_killed_sweep_keeps_it(
 
 
 def test_report_says_which_named_metrics_no_run_recorded(tmp_path):
-    from genlab.sweep.report import write_report
+    from genlab.lab.sweep.report import write_report
     d = _sweep_folder(tmp_path / "s", [None])
     (d / "sweep.toml").write_text('metrics = ["final_loss", "fd"]\n[[axis]]\nvariants = [{ name = "v0" }]\n')
     md = write_report(d).read_text()
@@ -547,7 +547,7 @@ def test_report_says_which_named_metrics_no_run_recorded(tmp_path):
 
 
 def test_fd_target_table_maps_each_first_axis_variant_to_its_own_target(tmp_path):
-    from genlab.sweep.report import reference_run
+    from genlab.lab.sweep.report import reference_run
     first, table = ["a_flow", "a_repa", "b_flow", "b_repa"], {"a_repa": "a_flow", "b_repa": "b_flow"}
     assert reference_run("a_repa-size=S-s1", "a_repa-size=S", first, table) == "a_flow-size=S-s1"
     assert reference_run("b_flow-size=B-s0", "b_flow-size=B", first, table) == "b_flow-size=B-s0"  # a target: itself
@@ -559,7 +559,7 @@ def test_fd_target_table_maps_each_first_axis_variant_to_its_own_target(tmp_path
 
 @pytest.mark.parametrize("spec,want", [("2", [0, 1]), ("4", [0, 1, 2, 3]), ("0,2,3", [0, 2, 3]), ("3,1", [3, 1]), ("2,", [2])])
 def test_gpus_option_picks_the_first_n_or_the_listed_gpus(spec, want):
-    from genlab.sweep.runner import choose_gpus
+    from genlab.lab.sweep.runner import choose_gpus
     assert choose_gpus(spec, "per_gpu", visible=4) == want
 
 
@@ -569,7 +569,7 @@ def test_gpus_option_picks_the_first_n_or_the_listed_gpus(spec, want):
     ("1", "cpu", "--gpus needs launcher gpu, per_gpu or torchrun"),
 ])
 def test_bad_gpus_option_is_one_line_error(spec, launcher, needle):
-    from genlab.sweep.runner import choose_gpus
+    from genlab.lab.sweep.runner import choose_gpus
     with pytest.raises(GenlabError, match=re.escape(needle)):
         choose_gpus(spec, launcher, visible=4)
     with pytest.raises(GenlabError, match="no CUDA device is visible"):
@@ -577,7 +577,7 @@ def test_bad_gpus_option_is_one_line_error(spec, launcher, needle):
 
 
 def test_gpus_option_errors_before_a_sweep_folder_exists(tmp_path, capsys, monkeypatch):
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     monkeypatch.setattr(runner, "visible_gpus", lambda: 4)
     for launcher, spec, needle in [("cpu", "1", "--gpus needs launcher"), ("per_gpu", "5", "choose 1 to 4 GPUs")]:
         p = _write_sweep(tmp_path, BASE.replace('launcher = "cpu"', f'launcher = "{launcher}"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
@@ -591,7 +591,7 @@ def _fake_launch(monkeypatch, seen):
     once; write a finished summary so the run counts as finished."""
     import threading
     import time
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     lock, busy = threading.Lock(), {}
 
     def fake(cmd, log, env, timeout):
@@ -631,7 +631,7 @@ def test_per_gpu_sweep_uses_only_the_chosen_gpus_one_run_each(tmp_path, monkeypa
 
 
 def test_gpu_launcher_runs_one_after_another_on_the_first_chosen_gpu(tmp_path, monkeypatch):
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     seen = []
     _fake_launch(monkeypatch, seen)
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3]\n'
@@ -644,7 +644,7 @@ def test_gpu_launcher_runs_one_after_another_on_the_first_chosen_gpu(tmp_path, m
 def test_multi_process_variants_get_the_chosen_gpus_or_are_skipped(tmp_path, monkeypatch):
     """--gpus 1,3: a 2-process variant runs under torchrun on GPUs 1 and 3 after the single runs; a 4-process one
     is skipped, saying how many GPUs were chosen."""
-    from genlab.sweep import runner
+    from genlab.lab.sweep import runner
     seen = []
     _fake_launch(monkeypatch, seen)
     body = BASE.replace('launcher = "cpu"', 'launcher = "per_gpu"') + (
@@ -660,7 +660,7 @@ def test_multi_process_variants_get_the_chosen_gpus_or_are_skipped(tmp_path, mon
 
 
 def test_chosen_gpus_are_counted_within_our_own_cuda_visible_devices(monkeypatch):
-    from genlab.sweep.runner import _env
+    from genlab.lab.sweep.runner import _env
     sw = load_sweep(TINY_SWEEP)
     sw.launcher = "per_gpu"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
@@ -694,10 +694,10 @@ def test_a_killed_sweep_releases_its_folder(tmp_path):
     import signal
     import subprocess
     import sys
-    from genlab.sweep.runner import sweep_lock
+    from genlab.lab.sweep.runner import sweep_lock
     d = tmp_path / "s"
     d.mkdir()
-    code = ("import sys, time; from pathlib import Path; from genlab.sweep.runner import sweep_lock\n"
+    code = ("import sys, time; from pathlib import Path; from genlab.lab.sweep.runner import sweep_lock\n"
             "with sweep_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
     try:

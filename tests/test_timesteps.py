@@ -8,13 +8,13 @@ import torch
 from scipy import integrate, optimize, stats
 
 from conftest import tiny_config
-from genlab.config import load_config
-from genlab.methods.adaptive_timesteps import AdaptiveTimesteps
-from genlab.methods.base import plain_context
-from genlab.methods.flow import FlowMatching
-from genlab.methods.loss_weighting import min_snr
-from genlab.methods.timesteps import DENSITIES, resolve_shift, shift_time
-from genlab.registry import timestep_sampler_registry
+from genlab.config.tree import load_config
+from genlab.families.image_flow.adaptive_timesteps import AdaptiveTimesteps
+from genlab.families.base import plain_context
+from genlab.families.image_flow.flow import FlowMatching
+from genlab.families.image_flow.loss_weighting import min_snr
+from genlab.families.image_flow.timesteps import DENSITIES, resolve_shift, shift_time
+from genlab.core.registry import timestep_sampler_registry
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
 N = 200_000
@@ -207,7 +207,7 @@ def test_entropy_bonus_keeps_the_policy_near_uniform_under_pure_noise():
 
 
 def test_adaptive_state_is_checkpointed_and_resumed(tmp_path):
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     from genlab.train.trainer import Trainer
     common = ["method.timestep_sampler=adaptive", "method.adaptive_every=2", "method.adaptive_lr=0.5",
               "train.steps=12", "log.every=6", "log.ckpt_every=0", "eval.num_samples=0"]
@@ -221,7 +221,7 @@ def test_adaptive_state_is_checkpointed_and_resumed(tmp_path):
 
 
 def test_timesteps_sweep_expands_to_every_sampler():
-    from genlab.sweep.spec import load_sweep
+    from genlab.lab.sweep.spec import load_sweep
     sw = load_sweep("timesteps")  # every variant's full config is validated here
     used = {o.split("=", 1)[1] for v in sw.variants for o in v.overrides if o.startswith("method.timestep_sampler=")}
     assert used == set(timestep_sampler_registry.names()) - {"linear"}  # linear is an alias of uniform

@@ -15,7 +15,7 @@ from genlab.data import text_stream, token_loader
 from genlab.data.text import prepare_text, read_token_dataset, split_tokens
 from genlab.data.token_loader import TokenLoader, window_starts
 from genlab.data.tokenizers import build_tokenizer
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 # whitespace runs, "\r\n", blank lines, trailing spaces, contractions, digits, multi-byte characters: the places
 # where cutting a text into pieces could change its tokens

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, straight_and_resumed, tiny_config
-from genlab.errors import GenlabError, RunFailed
-from genlab.methods.flow import FlowMatching
-from genlab.train import checkpoint as ckpt
-from genlab.train.metrics import read_metrics
+from genlab.core.errors import GenlabError, RunFailed
+from genlab.families.image_flow.flow import FlowMatching
+from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.metrics import read_metrics
 from genlab.train.trainer import NonFiniteLoss, Trainer, build_model_and_method
-from genlab.methods.base import plain_context
+from genlab.families.base import plain_context
 
 
 def losses(run_dir):
@@ -135,7 +135,7 @@ def test_a_run_whose_setup_fails_leaves_no_folder(tmp_path, monkeypatch):
 
 def test_a_full_disk_outside_training_exits_1_not_the_bad_input_code(monkeypatch, capfd):
     from conftest import cli_in_process
-    import genlab.config_doc as config_doc
+    import genlab.config.doc as config_doc
 
     def full_disk(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -173,7 +173,7 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
 
 def test_the_run_folder_of_a_dcp_checkpoint_is_two_levels_up_although_it_is_a_folder(tmp_path):
     """`--resume RUN/checkpoints/step_N.dcp` once made the checkpoint folder the run folder (metrics written inside it)."""
-    from genlab.train.checkpoint import run_dir_of
+    from genlab.runtime.checkpoint import run_dir_of
     run = tmp_path / "run"
     dcp = run / "checkpoints" / "step_00000003.dcp"
     dcp.mkdir(parents=True)

@@ -46,8 +46,8 @@ def make_qkv(B, H, N, D, dtype, fused, device="cpu", seed=0):
 
 def check_case(B, H, N, D, causal, dtype, bwd, fused, tol):
     """Forward and dq/dk/dv of the triton backend vs float64 `math_attention`; returns the errors."""
-    from genlab.models.attention import math_attention
-    from genlab.models.triton_attention import flash_attention
+    from genlab.nn.attention import math_attention
+    from genlab.nn.triton_attention import flash_attention
     os.environ["GENLAB_TRITON_ATTN_BWD"] = bwd
     dt = getattr(torch, dtype)
     q, k, v = make_qkv(B, H, N, D, dt, fused, seed=N * D + B)
@@ -108,9 +108,9 @@ def run_under_interpreter(script):
 
 
 def test_triton_backend_refuses_clearly_without_cuda(monkeypatch):
-    from genlab.errors import GenlabError
-    from genlab.models import triton_attention as T
-    from genlab.models.attention import Attention
+    from genlab.core.errors import GenlabError
+    from genlab.nn import triton_attention as T
+    from genlab.nn.attention import Attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if not torch.cuda.is_available():  # no CUDA (or no triton): one line that names the valid choices
         with pytest.raises(GenlabError, match=r"valid choices.*sdpa") as e:
@@ -123,8 +123,8 @@ def test_triton_backend_refuses_clearly_without_cuda(monkeypatch):
 
 
 def test_triton_backend_is_registered():
-    from genlab.config import load_config
-    from genlab.registry import attention_registry
+    from genlab.config.tree import load_config
+    from genlab.core.registry import attention_registry
     import genlab.models  # noqa: F401
     assert "triton" in attention_registry
     assert load_config("bench_longseq", ["model.attention=triton"]).model.attention == "triton"
@@ -137,7 +137,7 @@ def test_triton_backend_is_registered():
 def test_triton_attention_gpu_matches_sdpa_at_long_sequence(monkeypatch, exp_mode, bwd):
     """Compiled kernels at the bench_longseq shape (N=16384, D=16; 2 heads): as close to an fp32 reference as SDPA."""
     import torch.nn.functional as F
-    from genlab.models.triton_attention import flash_attention
+    from genlab.nn.triton_attention import flash_attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("GENLAB_TRITON_ATTN_EXP", exp_mode)
     monkeypatch.setenv("GENLAB_TRITON_ATTN_BWD", bwd)

@@ -52,8 +52,8 @@ def make_qkv(B, H, N, M, D, dtype, fused, device="cpu", seed=0):
 
 def check_case(B, H, N, M, D, causal, dtype, fused, tol, device="cpu", q_scale=1.0):
     """Forward and dq/dk/dv of the kernels vs float64 `sigmoid_attention_plain`; returns the errors."""
-    from genlab.models.attention import sigmoid_attention_plain
-    from genlab.models.triton_sigmoid import sigmoid_attention_triton
+    from genlab.nn.attention import sigmoid_attention_plain
+    from genlab.nn.triton_sigmoid import sigmoid_attention_triton
     dt = getattr(torch, dtype)
     q, k, v = make_qkv(B, H, N, M, D, dt, fused, device=device, seed=N * D + M)
     if q_scale != 1.0:  # logits far past the exponent cap of the kernels' sigmoid (|x| log2 e > 100)
@@ -92,7 +92,7 @@ def _interpreter_main():
 def check_compile():
     """torch.compile (aot_eager: the fake impls and the autograd rule) traces the op in one graph, no break."""
     from torch._dynamo.testing import CompileCounterWithBackend
-    from genlab.models.triton_sigmoid import sigmoid_attention_triton, supports
+    from genlab.nn.triton_sigmoid import sigmoid_attention_triton, supports
 
     def block(q, k, v):
         assert supports(q, k, v)
@@ -120,16 +120,16 @@ def test_triton_sigmoid_interpreter_matches_float64_reference():
 
 def test_sigmoid_entry_stays_plain_on_cpu_and_names_the_triton_path():
     """On CPU the registry entry never touches triton (import genlab must not import it either)."""
-    from genlab.models.attention import sigmoid_attention_plain
-    from genlab.models.attention import sigmoid_attention
-    from genlab.models.triton_sigmoid import supports
-    from genlab.registry import attention_registry
+    from genlab.nn.attention import sigmoid_attention_plain
+    from genlab.nn.attention import sigmoid_attention
+    from genlab.nn.triton_sigmoid import supports
+    from genlab.core.registry import attention_registry
     q, k, v = (torch.randn(1, 2, 5, 32) for _ in range(3))
     torch.testing.assert_close(sigmoid_attention(q, k, v), sigmoid_attention_plain(q, k, v))
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         assert not supports(q, k, v)  # CPU tensors: not the Triton path
     assert "Triton" in attention_registry.doc("sigmoid") and "Flex" in attention_registry.doc("sigmoid_flex")
-    code = "import sys, genlab.models; print('genlab.models.triton_sigmoid_kernels' in sys.modules, 'triton' in sys.modules)"
+    code = "import sys, genlab.models; print('genlab.nn.triton_sigmoid_kernels' in sys.modules, 'triton' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -141,8 +141,8 @@ def test_without_triton_both_kernel_paths_refuse_in_one_line(monkeypatch):
     """No importable triton: the softmax backend's check and the sigmoid op name the package and the import error."""
     import sys
 
-    from genlab.errors import GenlabError
-    from genlab.models import triton_attention, triton_sigmoid
+    from genlab.core.errors import GenlabError
+    from genlab.nn import triton_attention, triton_sigmoid
     monkeypatch.setitem(sys.modules, "triton", None)
     for name in ("triton_attention_kernels", "triton_sigmoid_kernels"):
         monkeypatch.delitem(sys.modules, f"genlab.models.{name}", raising=False)
@@ -161,8 +161,8 @@ def test_without_triton_both_kernel_paths_refuse_in_one_line(monkeypatch):
 def test_unsupported_inputs_are_refused_by_the_op_and_routed_away_by_supports(monkeypatch, case, needle):
     """The op's one-line errors and `supports` read the same shape and dtype rules (here under the interpreter,
     so only the inputs decide)."""
-    from genlab.errors import GenlabError
-    from genlab.models import triton_sigmoid
+    from genlab.core.errors import GenlabError
+    from genlab.nn import triton_sigmoid
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q = k = v = torch.randn(1, 2, 8, 32)
     if case == "head_dim":
@@ -188,9 +188,9 @@ def test_unsupported_inputs_are_refused_by_the_op_and_routed_away_by_supports(mo
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_sigmoid_gpu_matches_reference(monkeypatch, n, causal):
     """bf16 kernels vs float64 at 256/258/4096 tokens (fused qkv views), as close as the bf16 plain-torch path."""
-    from genlab.models.attention import sigmoid_attention_plain
-    from genlab.models.attention import sigmoid_attention
-    from genlab.models.triton_sigmoid import supports
+    from genlab.nn.attention import sigmoid_attention_plain
+    from genlab.nn.attention import sigmoid_attention
+    from genlab.nn.triton_sigmoid import supports
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     B = max(1, 8192 // n)
     q, k, v = make_qkv(B, 12, n, n, 64, torch.bfloat16, fused=True, device="cuda")
@@ -223,7 +223,7 @@ def test_triton_sigmoid_under_torch_compile_has_no_graph_break(monkeypatch):
     """A small attention module compiles in one graph (custom op with a fake impl) and matches eager."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
-    from genlab.models.attention import Attention
+    from genlab.nn.attention import Attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     torch.manual_seed(0)
     layer = Attention(768, 12, backend="sigmoid").cuda()

@@ -6,8 +6,8 @@ import torch
 
 from conftest import TINY
 from genlab.cli import main
-from genlab.config import load_config
-from genlab.errors import GenlabError
+from genlab.config.tree import load_config
+from genlab.core.errors import GenlabError
 from genlab.train.trainer import NonFiniteLoss, Trainer
 
 
@@ -54,7 +54,7 @@ def test_a_gpt_with_tied_weights_exports_and_samples_back(tmp_path, capsys):
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask
     assert main(["sample", str(out), "--n", "2", "--out", str(tmp_path / "s.txt")]) == 0
-    from genlab.train.checkpoint import load_checkpoint
+    from genlab.runtime.checkpoint import load_checkpoint
     a, b = load_checkpoint(tmp_path / "g"), load_checkpoint(out)
     for k, v in (a["ema"] or a["model"]).items():
         assert torch.equal(b["model"][k], v), k
@@ -134,7 +134,7 @@ def test_a_resume_that_fails_in_setup_lets_the_next_resume_in(tmp_path, monkeypa
 def test_the_run_config_shows_what_the_components_read_and_loads_back(tmp_path):
     import tomllib
 
-    from genlab.config import from_dict, to_dict
+    from genlab.config.tree import from_dict, to_dict
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=c", "train.steps=1",
                                              "eval.num_samples=0"])
     Trainer(cfg).fit()

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from genlab.errors import GenlabError
-from genlab.train.metrics import read_metrics
+from genlab.core.errors import GenlabError
+from genlab.runtime.metrics import read_metrics
 from genlab.train.trainer import train
 
 from conftest import tiny_config

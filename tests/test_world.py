@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.data.episodes import read_episodes, write_episodes
 
 MEANINGS = ["NOOP", "LEFT", "RIGHT"]
@@ -50,14 +50,14 @@ def toy_dir(tmp_path):
 def pong_dir(tmp_path_factory):
     pytest.importorskip("ale_py")
     pytest.importorskip("gymnasium")
-    from genlab.world.collect import collect_atari
+    from genlab.families.world.collect import collect_atari
     out = tmp_path_factory.mktemp("pong") / "pong"
     collect_atari("Pong", 200, out, policy="random", size=32, workers=1, max_episode=100, log=lambda *a: None)
     return out
 
 
 def world_cfg(tmp_path, data_path, *overrides):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     base = [f"data.path={data_path}", "model.dim=32", "model.depth=2", "model.heads=2", "model.patch_size=4",
             "data.context_frames=2", "data.horizon=3", "data.heldout=0.34", "train.batch_size=16", "log.progress=false",
             "log.tensorboard=false", "log.ckpt_every=0", "eval.world_rollouts=4", "eval.world_horizons=4",
@@ -78,7 +78,7 @@ def test_collection_writes_aligned_frames_and_actions(pong_dir):
     """Replaying the recorded actions in a fresh emulator reproduces every recorded next frame."""
     import ale_py
     import gymnasium as gym
-    from genlab.world.collect import resize_frame
+    from genlab.families.world.collect import resize_frame
     eps = read_episodes(pong_dir)
     assert eps.frames.shape == (200, 32, 32, 3) and eps.frames.dtype == np.uint8
     assert len(eps.actions) == len(eps.rewards) == len(eps.terminations) == 200
@@ -91,12 +91,12 @@ def test_collection_writes_aligned_frames_and_actions(pong_dir):
     for t in range(99):
         obs, *_ = env.step(int(eps.actions[t]))
         assert np.array_equal(resize_frame(obs, 32, 3), eps.frames[t + 1]), f"frame {t + 1} is not the result of action {t}"
-    from genlab.world.tools import alignment_check
+    from genlab.families.world.tools import alignment_check
     assert alignment_check(eps)["ok"]
 
 
 def test_collect_rejects_unknown_policy(tmp_path):
-    from genlab.world.collect import collect_atari
+    from genlab.families.world.collect import collect_atari
     with pytest.raises(GenlabError, match="valid choices: random, sticky"):
         collect_atari("Pong", 10, tmp_path / "x", policy="greedy")
 
@@ -112,7 +112,7 @@ def test_alignment_check_flags_shifted_action_file(toy_dir, tmp_path):
     np.savetxt(starts, eps.starts, fmt="%d")
     args = ["data", "import", "episodes", "--frames", str(tmp_path / "frames.npy"), "--episode-starts", str(starts)]
     assert main(args + ["--actions", str(tmp_path / "good.csv"), "--out", str(tmp_path / "a")]) == 0
-    from genlab.world.tools import alignment_check
+    from genlab.families.world.tools import alignment_check
     late = alignment_check(_with_actions(eps, np.roll(eps.actions, 1)))
     assert not late["ok"] and "late by 1" in late["message"]
     assert main(args + ["--actions", str(tmp_path / "late.csv"), "--out", str(tmp_path / "b")]) == 1
@@ -128,7 +128,7 @@ def _with_actions(eps, actions):
 
 
 def test_stats_report_histogram_coverage_and_contact_sheet(toy_dir, tmp_path, capsys):
-    from genlab.world.tools import episode_stats
+    from genlab.families.world.tools import episode_stats
     eps = read_episodes(toy_dir)
     res = episode_stats(toy_dir, sheet=tmp_path / "sheet.png")
     assert res["frames"] == 120 and res["episodes"] == 3
@@ -177,7 +177,7 @@ class Spy(torch.nn.Module):
 
 
 def test_context_noise_augmentation_touches_context_only(toy_dir, tmp_path):
-    from genlab.methods.base import StepContext
+    from genlab.families.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.residual=false", "method.ctx_noise_max=0.5",
                     "method.closed_loop_start=1.0")
     _, _, method = build(cfg, toy_dir)
@@ -200,7 +200,7 @@ def test_context_noise_augmentation_touches_context_only(toy_dir, tmp_path):
 
 
 def test_closed_loop_rollouts_feed_back_generated_frames(toy_dir, tmp_path):
-    from genlab.methods.base import StepContext
+    from genlab.families.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.residual=false", "method.ctx_noise_max=0",
                     "method.closed_loop_start=0", "data.horizon=4", "data.context_frames=3")
     _, _, method = build(cfg, toy_dir)
@@ -227,7 +227,7 @@ def test_flow_x_prediction_lands_on_the_network_frame_whatever_the_noise(toy_dir
     """Rollout noise (issue 15): with prediction=x the last Euler step lands exactly on the network's frame, so a
     network that outputs a zero residual copies the last frame for any noise; with v the same network leaves the
     initial noise in the frame. The training loss is the v-loss of the derived velocity: 0 for the oracle."""
-    from genlab.methods.base import StepContext
+    from genlab.families.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow", "method.ctx_noise_max=0", "method.closed_loop_start=1.0",
                     "method.sample_temperature=1", "method.quantize_frames=false")
     assert cfg.method.prediction == "x"  # the default
@@ -324,8 +324,8 @@ def test_adversarial_objective_stays_finite(toy_dir, tmp_path):
     assert logged and all(np.isfinite(r["disc_loss"]) and r["disc_nonfinite"] == 0 for r in logged)
     assert max(r["horizon"] for r in recs if "horizon" in r) >= 1 and np.isfinite(summary["loss"])
     # sampling settings may change on a trained run (eval, play); what the weights fixed may not
-    from genlab.errors import GenlabError
-    from genlab.sample import load_run
+    from genlab.core.errors import GenlabError
+    from genlab.runs.load import load_run
     _, _, method, _, _ = load_run(summary["run_dir"], "cpu", overrides=["method.sample_temperature=1", "method.quantize_frames=false"])
     assert method.mcfg.sample_temperature == 1 and method.mcfg.quantize_frames is False
     with pytest.raises(GenlabError, match="not allowed"):
@@ -335,7 +335,7 @@ def test_adversarial_objective_stays_finite(toy_dir, tmp_path):
 # -- play ------------------------------------------------------------------------------------------------
 @pytest.fixture
 def play_server(toy_dir, tmp_path):
-    from genlab.world.play import PlaySession, make_server
+    from genlab.families.world.play import PlaySession, make_server
     cfg = world_cfg(tmp_path, toy_dir)
     data, model, method = build(cfg, toy_dir)
     from genlab.data.windows import spaced_windows
@@ -439,7 +439,7 @@ def test_world_dit_flops_match_flop_counter(toy_dir, tmp_path, mode, attention):
 @pytest.mark.parametrize("objective", ["flow", "edm", "l1"])
 @pytest.mark.parametrize("mode", ["channels", "tokens"])
 def test_every_objective_and_context_mode_trains_and_generates(toy_dir, tmp_path, objective, mode):
-    from genlab.methods.base import StepContext
+    from genlab.families.base import StepContext
     cfg = world_cfg(tmp_path, toy_dir, f"method.objective={objective}", f"model.context_mode={mode}")
     data, model, method = build(cfg, toy_dir)
     batch = data.make_loader(cfg.data, 4, "cpu", 0, 0, 1).next()
@@ -508,7 +508,7 @@ def _genlab_imports(path: Path) -> set[str]:
 
 
 def test_world_family_layers_import_no_front_end_and_eval_no_method():
-    """Episodes and windows (data/), rollout evaluation and videos (eval/) and the method (methods/world/) never
+    """Episodes and windows (data/), rollout evaluation and videos (eval/) and the method (families/world/) never
     import the front-end tools of genlab.world, and the rollout evaluation imports no method: the cycles
     methods/world <-> evaluation and data -> world -> data cannot come back."""
     import genlab

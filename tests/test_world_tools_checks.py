@@ -10,7 +10,7 @@ import pytest
 
 from conftest import cli_in_process
 from genlab.data.episodes import read_episodes, write_episodes
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,7 +91,7 @@ def test_import_refuses_bad_input_before_writing(inputs, extra, needle, capfd):
 
 def test_import_that_fails_while_writing_leaves_nothing(inputs, monkeypatch):
     """A failure after validation (disk full while saving) removes the half-written folder and the parents it made."""
-    from genlab.world.tools import import_episodes
+    from genlab.families.world.tools import import_episodes
     import genlab.data.episodes as episodes
     real, calls = np.save, []
 
@@ -134,7 +134,7 @@ def test_sticky_actions_import_aligned_and_a_shifted_copy_is_late(tmp_path, capf
     """`data collect --policy sticky` repeats actions, so action t resembles action t-1 and 'explains' the change
     t-1 caused: the R^2 at lag -1 is well above half the best, which the check used to call 'late by 1'. The
     same episodes import as aligned, and the same actions one frame late are still flagged."""
-    from genlab.world.tools import alignment_check
+    from genlab.families.world.tools import alignment_check
     from genlab.data.episodes import Episodes
     frames, actions, starts = toy_game(T=600, stick=0.8)
     eps = Episodes(frames, actions, np.zeros(600), np.zeros(600, bool), starts)
@@ -157,7 +157,7 @@ def test_own_sticky_pong_collection_imports_aligned(tmp_path, capfd):
     actions one frame late: flagged."""
     pytest.importorskip("ale_py")
     pytest.importorskip("gymnasium")
-    from genlab.world.collect import collect_atari
+    from genlab.families.world.collect import collect_atari
     src = collect_atari("Pong", 4000, tmp_path / "pong", policy="sticky", size=64, workers=1, log=lambda *a: None)
     eps = read_episodes(src)
     r = _import(tmp_path, capfd, np.asarray(eps.frames), eps.actions, eps.starts, "again")
@@ -181,7 +181,7 @@ COLLECT_CASES = [
 
 @pytest.mark.parametrize("extra,needle", [c[1:] for c in COLLECT_CASES], ids=[c[0] for c in COLLECT_CASES])
 def test_collect_refuses_bad_input_before_any_work(inputs, extra, needle, capfd, monkeypatch):
-    import genlab.world.collect as collect
+    import genlab.families.world.collect as collect
 
     def no_work(*a, **k):
         raise AssertionError("the emulator was started before the inputs were checked")
@@ -200,7 +200,7 @@ def test_collect_never_writes_one_frame_episodes(tmp_path):
     pytest.importorskip("gymnasium")
     import ale_py
     import gymnasium as gym
-    from genlab.world.collect import collect_atari, resize_frame
+    from genlab.families.world.collect import collect_atari, resize_frame
     eps = read_episodes(collect_atari("Pong", 21, tmp_path / "p", size=16, workers=1, max_episode=10, log=lambda *a: None))
     assert eps.starts.tolist() == [0, 10] and len(eps.frames) == 21
     gym.register_envs(ale_py)
@@ -217,7 +217,7 @@ def test_collect_never_writes_one_frame_episodes(tmp_path):
 @pytest.mark.slow  # two spawned emulator processes (~10 s)
 def test_collect_caps_workers_at_two_frames_each(tmp_path):
     pytest.importorskip("ale_py")
-    from genlab.world.collect import collect_atari
+    from genlab.families.world.collect import collect_atari
     eps = read_episodes(collect_atari("Pong", 5, tmp_path / "p", size=16, workers=4, log=lambda *a: None))
     assert len(eps.frames) == 5 and np.diff(np.append(eps.starts, 5)).min() >= 2
 

@@ -6,7 +6,7 @@
     run = genlab.load_run(summary["run_dir"])
     images = run.sample(n=16)
 
-The API lives in genlab.api and is imported on first use, so `import genlab` stays light (no torch).
+The API lives in genlab.runs.api and is imported on first use, so `import genlab` stays light (no torch).
 """
 __version__ = "0.1.0"
 __all__ = ["load_config", "train", "load_run", "Run", "__version__"]
@@ -14,7 +14,7 @@ __all__ = ["load_config", "train", "load_run", "Run", "__version__"]
 
 def __getattr__(name):
     if name in ("load_config", "load_run", "Run"):
-        from genlab import api
+        from genlab.runs import api
         return getattr(api, name)
     if name == "train":  # the genlab.train package, callable as genlab.train(cfg): see genlab/train/__init__.py
         import importlib

@@ -4,9 +4,9 @@ Nothing else in genlab is edited for it (tests/test_components.py)."""
 import torch
 import torch.nn.functional as F
 
-from genlab import config_fields as cf
-from genlab.methods.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, interpolate
-from genlab.registry import method_registry
+from genlab.config import fields as cf
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, interpolate
+from genlab.core.registry import method_registry
 
 TOY_KEYS = cf.declare("method",
     toy_strength=cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1),

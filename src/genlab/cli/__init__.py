@@ -8,7 +8,7 @@ import pkgutil
 import sys
 
 from genlab.cli import commands
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 
 def version() -> str:
@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from genlab.errors import RunFailed, debug, machine_failure, one_line
+    from genlab.core.errors import RunFailed, debug, machine_failure, one_line
     try:
         return args.fn(args)
     except RunFailed as e:

@@ -1,7 +1,7 @@
 """A command's positional ITEMS: one CONFIG (a preset name or .toml path), then key=value overrides."""
 from __future__ import annotations
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 
 def split_config_and_overrides(items):

@@ -18,7 +18,7 @@ import numpy as np
 
 from genlab.data.formats import write_image_dataset
 from genlab.data.sources import list_class_folder
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 # Published md5s (the datasets' own pages; torchvision lists the same).
 IDX_FILES = {

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
-from genlab.errors import GenlabError
-from genlab.config_fields import F, declare
-from genlab.registry import dataset_registry
+from genlab.core.errors import GenlabError
+from genlab.config.fields import F, declare
+from genlab.core.registry import dataset_registry
 
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
 PATH_KEYS = declare("data",

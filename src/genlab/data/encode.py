@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genlab import progress
-from genlab.errors import GenlabError
+from genlab.core import progress
+from genlab.core.errors import GenlabError
 
 FORMAT = "genlab-latents-v1"
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -91,7 +91,7 @@ def encode_precision(name: str, dev: torch.device):
     """The encoder's arithmetic: one of train.precision's plain entries (the float8 ones convert trained linears, and
     `auto` would make the stored latents depend on the device), i.e. its autocast dtype and TF32 switches. fp32 is
     IEEE float32, convolutions too (torch's default lets cuDNN use TF32)."""
-    from genlab.train.switches import build_precision
+    from genlab.runtime.switches import build_precision
     return build_precision(name, dev)
 
 
@@ -103,8 +103,8 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     NHWC memory layout (the layout tensor-core convolutions prefer; same function, other kernels). `compile`:
     torch.compile the encoder. `stop_after`: return after this many chunks of this call, leaving `out`.partial to
     resume (tests)."""
-    from genlab.autoencoders import check_autoencoder
-    from genlab.train.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
+    from genlab.nn.autoencoders import check_autoencoder
+    from genlab.runtime.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
     if precision not in PRECISIONS:
@@ -188,7 +188,7 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
 
 def _encoder(vae: str, device: str, channels_last: bool):
     """(codec, its encode function), the codec loaded now (it may have changed on disk since the last call)."""
-    from genlab.autoencoders import load_autoencoder
+    from genlab.nn.autoencoders import load_autoencoder
     codec = load_autoencoder(vae, torch.device(device))
     if channels_last:
         codec = codec.to(memory_format=torch.channels_last)

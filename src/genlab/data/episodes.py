@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 FORMAT = "genlab-episodes"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 VERIFY_LIMIT_BYTES = 2 << 30   # checksums of larger datasets are checked by `genlab data verify` only
 

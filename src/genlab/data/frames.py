@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from genlab.data.formats import write_image_dataset
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 SPLITS = ("train", "test", "all")
 

@@ -24,8 +24,8 @@ import torch
 from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
 from genlab.data.formats import VERIFY_LIMIT_BYTES
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
-from genlab.errors import GenlabError
-from genlab.registry import dataset_registry
+from genlab.core.errors import GenlabError
+from genlab.core.registry import dataset_registry
 
 FORMAT = "genlab-latents-v1"
 

@@ -1,5 +1,5 @@
 """Teacher pairs: (noise, image, label) triples drawn by a flow model's ODE sampler (`genlab data generate pairs`),
-the data of reflow (methods/few_step/reflow.py).
+the data of reflow (families/few_step/reflow.py).
 
 A pairs folder is a prepared image folder (data/formats.py: images.npy uint8 [N, H, W, C], labels.npy, meta.json),
 so `data.name=images` reads it too (e.g. adversarial distillation on teacher samples), plus
@@ -27,8 +27,8 @@ import torch
 from genlab.data.datasets import PATH_KEYS, prepared_shape
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
-from genlab.errors import GenlabError
-from genlab.registry import dataset_registry
+from genlab.core.errors import GenlabError
+from genlab.core.registry import dataset_registry
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 

@@ -13,8 +13,8 @@ import numpy as np
 
 from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
 from genlab.data.sources import list_source
-from genlab.errors import GenlabError
-from genlab.progress import Task
+from genlab.core.errors import GenlabError
+from genlab.core.progress import Task
 
 
 def center_crop_arr(im, size: int) -> np.ndarray:

@@ -25,8 +25,8 @@ import numpy as np
 
 from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
-from genlab.errors import GenlabError
-from genlab.registry import dataset_registry
+from genlab.core.errors import GenlabError
+from genlab.core.registry import dataset_registry
 
 FORMAT = "genlab-shards-v1"
 

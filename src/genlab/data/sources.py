@@ -7,7 +7,7 @@ import csv
 import json
 from pathlib import Path
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 

@@ -15,10 +15,10 @@ import numpy as np
 from genlab.data import text_stream as ts
 from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
-from genlab.errors import GenlabError
-from genlab.config_fields import F, declare
+from genlab.core.errors import GenlabError
+from genlab.config.fields import F, declare
 from genlab.data.datasets import PATH_KEYS
-from genlab.registry import dataset_registry
+from genlab.core.registry import dataset_registry
 
 
 def sha256_file(path: Path) -> str:

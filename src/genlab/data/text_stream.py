@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.errors import GenlabError
-from genlab.progress import Task
+from genlab.core.errors import GenlabError
+from genlab.core.progress import Task
 
 VAL_FRACTION = 0.1
 TEXT_SUFFIXES = {".txt", ".md", ".text", ""}

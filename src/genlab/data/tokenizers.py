@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 TOKENIZERS = ("char", "byte", "gpt2")
 

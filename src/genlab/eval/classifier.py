@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab import progress
+from genlab.core import progress
 from genlab.data.pixels import to_model
 from genlab.eval.frechet import frechet_distance  # noqa: F401  (its old home; callers import it from here)
 

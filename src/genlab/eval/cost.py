@@ -33,7 +33,7 @@ def run_folder(path) -> Path | None:
 
 
 def training_seconds(run_dir: Path) -> float | None:
-    from genlab.train.metrics import read_metrics, train_records
+    from genlab.runtime.metrics import read_metrics, train_records
     recs = train_records(read_metrics(run_dir))
     if recs and recs[-1].get("wall_time") is not None:
         return float(recs[-1]["wall_time"])
@@ -41,7 +41,7 @@ def training_seconds(run_dir: Path) -> float | None:
 
 
 def _config(run_dir: Path) -> dict:
-    from genlab.config import load_toml
+    from genlab.config.tree import load_toml
     return load_toml(run_dir / "config.toml")
 
 

@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from genlab.data.pixels import to_pixels
-from genlab.sampling import sample_images
+from genlab.sampling.images import sample_images
 
 
 def generate(method, model, labels, ctx, batch, desc="sampling"):

@@ -237,7 +237,7 @@ def find_fid_weights(explicit: str = ""):
 
 def load_inception_state(net: FIDInceptionV3, state: dict, what: str = "FID weights") -> FIDInceptionV3:
     """Strict load; files converted without BatchNorm step counters (torch-fidelity's) get zeros."""
-    from genlab.errors import GenlabError
+    from genlab.core.errors import GenlabError
     state = dict(state)
     for k, v in net.state_dict().items():
         if k.endswith("num_batches_tracked") and k not in state:

@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import torch
 
-from genlab import progress
-from genlab.errors import GenlabError
-from genlab import config_fields as cf
-from genlab.registry import eval_metric_registry
+from genlab.core import progress
+from genlab.core.errors import GenlabError
+from genlab.config import fields as cf
+from genlab.core.registry import eval_metric_registry
 
 # Inception feature spaces -> the network output (inception.OUTPUTS) each is
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}
@@ -63,7 +63,7 @@ def parse_metrics(text: str) -> list[str]:
         raise GenlabError(f"eval.metrics is empty; valid choices: {', '.join(valid)} (eval.num_samples=0 turns eval off)")
     for n in names:
         if n not in valid:
-            from genlab.errors import did_you_mean
+            from genlab.core.errors import did_you_mean
             raise GenlabError(f"unknown eval.metrics entry '{n}'{did_you_mean(n, valid)}; valid choices: {', '.join(valid)}")
     return list(dict.fromkeys(names))
 

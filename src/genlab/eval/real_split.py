@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 IMAGES = "arr_0"
 STAT_KEYS = {"inception": ("mu", "sigma"), "inception_spatial": ("mu_s", "sigma_s")}  # feature space -> keys
@@ -144,7 +144,7 @@ def compute_reference(images, net, *, batch: int = 100, device="cpu", n_images: 
                       desc: str = "ref-stats") -> dict:
     """The arrays of an ADM-layout reference file for uint8 [N, H, W, C] images: mu, sigma (pool3), mu_s,
     sigma_s (spatial) over all N, and arr_0, a fixed random subset of n_images (RGB) for precision/recall."""
-    from genlab import progress
+    from genlab.core import progress
     from genlab.eval.inception import inception_outputs
     n = len(images)
     if n < 2:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 
 def hub_checkpoints() -> Path:

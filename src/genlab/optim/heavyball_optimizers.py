@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.optim.build import optimizer_entry, precondition_every
 from genlab.optim.groups import param_groups
 from genlab.optim.state import keep_saved_dtypes

@@ -10,7 +10,7 @@ attributes and loading rebuilds it, from a fixed table of the three classes (not
 """
 from __future__ import annotations
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.optim.build import cautious, optimizer_entry
 from genlab.optim.caution import adamw_decay_factor
 from genlab.optim.groups import param_groups

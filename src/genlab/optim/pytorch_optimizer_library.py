@@ -2,7 +2,7 @@
 the library's own `cautious`. Its Shampoo has a module of its own (shampoo.py)."""
 from __future__ import annotations
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 from genlab.optim.build import optimizer_entry
 from genlab.optim.groups import param_groups
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from genlab import config_fields as cf
-from genlab.registry import lr_schedule_registry
+from genlab.config import fields as cf
+from genlab.core.registry import lr_schedule_registry
 
 
 def _warmup(step, ocfg):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from genlab.errors import GenlabError
-from genlab.methods.base import as_loss_dict
-from genlab.train.parallel import clip_grads
-from genlab.train.switches import ema_update_device_weight, set_lr
+from genlab.core.errors import GenlabError
+from genlab.families.base import as_loss_dict
+from genlab.runtime.parallel import clip_grads
+from genlab.runtime.switches import ema_update_device_weight, set_lr
 
 WARMUP_STEPS = 3  # eager steps before the capture: compile, autograd's and the optimizer's lazy state, cuBLAS handles
 

@@ -30,10 +30,10 @@ import warnings
 
 import torch
 
-from genlab.config import Config, to_dict
-from genlab.errors import GenlabError, one_line
-from genlab.config_check import SEEDS_SUPPORTED as SUPPORTED, VARIANT_KEYS, batched_label, member_name, parse_seeds, variant_lists
-from genlab.train.stop import STOP_SIGNALS, StopSignals
+from genlab.config.tree import Config, to_dict
+from genlab.core.errors import GenlabError, one_line
+from genlab.config.check import SEEDS_SUPPORTED as SUPPORTED, VARIANT_KEYS, batched_label, member_name, parse_seeds, variant_lists
+from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.train.trainer import Trainer
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
@@ -52,7 +52,7 @@ def seed_configs(cfg: Config) -> list[Config]:
     import itertools
     from datetime import datetime
 
-    from genlab.config import apply_overrides
+    from genlab.config.tree import apply_overrides
     name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     lists = variant_lists(cfg)
     seeds = parse_seeds(cfg.train.seeds) if cfg.train.seeds else [cfg.train.seed]
@@ -256,7 +256,7 @@ class StackedStep:
         vmapped = torch.vmap(one)
         if compiled and self.cfg.train.compile == "model":  # the vmapped forward as one graph, its backward another
             if getattr(self, "_compiled", None) is None:
-                from genlab.train.switches import _mode
+                from genlab.runtime.switches import _mode
                 self._compiled = torch.compile(vmapped, mode=_mode(self.cfg.train), dynamic=False)  # vmap: static shapes
             vmapped = self._compiled
         with self.attention_kernels(model):
@@ -287,7 +287,7 @@ class StackedStep:
         """One optimizer step of every seed; each run's `pending` gets its (loss, grad norm, non-finite flag, metrics)."""
         from genlab.optim.schedules import lr_at, lr_schedule_registry
         from genlab.train.step import ema_update
-        from genlab.train.switches import set_lr
+        from genlab.runtime.switches import set_lr
         tcfg = self.cfg.train
         for r in self.runs:  # the runs' own log their LR (and hold each member's)
             set_lr(r.optimizer, lr_at(step, tcfg.steps, r.cfg.optim))
@@ -325,7 +325,7 @@ class StackedStep:
         """One vmapped forward + backward on a synthetic batch before any run folder exists: a layer without a vmap
         rule (a custom kernel, a random op inside the model) fails here, in one line. On CUDA the attention kernels
         are tried in order (`attention_choices`) and the first that runs under vmap is kept for every step."""
-        from genlab.methods.base import StepContext
+        from genlab.families.base import StepContext
         errors = []
         for name, kernels in attention_choices(self.device):
             gen = torch.Generator(device=self.device).manual_seed(0)
@@ -360,7 +360,7 @@ def attention_choices(device: torch.device) -> list:
     failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
     available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
     (models/attention.plain_softmax_attention): the same function, softmax in float32."""
-    from genlab.models.attention import plain_softmax_attention
+    from genlab.nn.attention import plain_softmax_attention
     if device.type != "cuda":
         return [("default", lambda model: contextlib.nullcontext())]
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -419,7 +419,7 @@ class SeedsTrainer:
             r.make_run_dir()
 
     def _on_signal(self, signum, frame):
-        if self.signals.is_second():  # a second Ctrl-C, not an echo of the first (train/stop.py)
+        if self.signals.is_second():  # a second Ctrl-C, not an echo of the first (runtime/stop.py)
             raise KeyboardInterrupt
         self.stop_requested = True
         for r in self.runs:
@@ -498,9 +498,9 @@ def train(cfg: Config | str | None = None, resume: str | None = None):
     every member's summary, in member order (seed_configs)."""
     from genlab.train.trainer import train as train_one
     if cfg is None or isinstance(cfg, str):
-        from genlab.config import load_config
+        from genlab.config.tree import load_config
         cfg = load_config(cfg)
-    from genlab.config_check import is_batched
+    from genlab.config.check import is_batched
     if isinstance(cfg, Config) and is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with resume: resume each member's run, SeedsTrainer(resume=[run, ...])")

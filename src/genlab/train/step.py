@@ -12,46 +12,21 @@ import dataclasses
 
 import torch
 
-from genlab.errors import GenlabError
-from genlab.methods.base import StepContext, as_loss_dict, check_batch_keys, check_extras
+from genlab.core.errors import GenlabError
+from genlab.families.base import StepContext, as_loss_dict, check_batch_keys, check_extras
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
-from genlab.registry import method_registry, model_registry
-from genlab.train.convert import after_step_hooks, apply_converters, check_converters, converters_of, prepare_converters
+from genlab.nn.convert import after_step_hooks, apply_converters, check_converters, converters_of
 from genlab.train.graph_step import GraphedStep
-from genlab.train.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
-from genlab.train.stop import start_compile_workers
-from genlab.train.switches import CompiledUpdate, allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
-
-
-def build_model_and_method(cfg, spec: dict):
-    """The backbone (built with the extra conditions the method declares, and the converters' own modules: BitNet's
-    input norms) and the method."""
-    conditions = method_registry.spec(cfg.method.name).conditions
-    if conditions:
-        spec = {**spec, "conditions": dict(conditions)}
-    model = prepare_converters(model_registry.get(cfg.model.name)(cfg.model, spec), cfg)
-    method = method_registry.get(cfg.method.name)(cfg, spec)
-    return model, method
-
-
-def check_model_shapes(model, state: dict, source: str, verb: str = "resume from", what: str = "the model"):
-    what_module = what
-    own = model.state_dict()
-    diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
-    missing = [k for k in own if k not in state] + [k for k in state if k not in own]
-    if diffs or missing:
-        side = "only in this model" if missing and missing[0] in own else "only in the checkpoint"
-        if missing and missing[0] in own:  # a module may say why a checkpoint lacks it (BitNet's input norm)
-            hint = getattr(model.get_submodule(missing[0].rpartition(".")[0]), "missing_hint", None)
-            side += f" ({hint})" if hint else ""
-        what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}, {side}"
-        raise GenlabError(f"cannot {verb} {source}: {what_module} differs from the checkpoint ({what})")
+from genlab.families.build import build_model_and_method, check_model_shapes  # noqa: F401 (re-exported)
+from genlab.runtime.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
+from genlab.runtime.stop import start_compile_workers
+from genlab.runtime.switches import CompiledUpdate, allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
 
 
 def init_weights_from(model, source: str) -> None:
     """train.init_from: the weights (not the EMA, optimizer or step) of a checkpoint or exported model.safetensors."""
-    from genlab.train import checkpoint as ckpt
+    from genlab.runtime import checkpoint as ckpt
     weights = ckpt.load_checkpoint(source)["model"]
     check_model_shapes(model, weights, source, verb="initialise from")
     model.load_state_dict(weights)

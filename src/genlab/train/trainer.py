@@ -5,7 +5,6 @@ the method gives the loss, the samples and the eval metrics.
 from __future__ import annotations
 
 import json
-import os
 import math
 import shutil
 import signal
@@ -16,18 +15,19 @@ from pathlib import Path
 
 import torch
 
-from genlab.config import Config, dumps_toml, to_dict
+from genlab.config.tree import Config, dumps_toml, to_dict
 from genlab.data import build_dataset, build_loader
-from genlab import progress
-from genlab.errors import GenlabError, RunFailed, debug, machine_failure, one_line
-from genlab import folder_lock
-from genlab.train import checkpoint as ckpt
-from genlab.train.convert import apply_converters
-from genlab.train.metrics import MetricsLog, peak_flops, peak_memory_gib
-from genlab.train.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
+from genlab.core import progress
+from genlab.core.errors import GenlabError, RunFailed, debug, machine_failure, one_line
+from genlab.core import files as folder_lock
+from genlab.core.files import write_atomic
+from genlab.runtime import checkpoint as ckpt
+from genlab.nn.convert import apply_converters
+from genlab.runtime.metrics import MetricsLog, peak_flops, peak_memory_gib
+from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
 from genlab.train.step import build_model_and_method, check_model_shapes, ema_update, TrainStep  # noqa: F401 (re-exported)
-from genlab.train.stop import STOP_SIGNALS, StopSignals
-from genlab.train.switches import build_precision, compile_counts, lr_value
+from genlab.runtime.stop import STOP_SIGNALS, StopSignals
+from genlab.runtime.switches import build_precision, compile_counts, lr_value
 
 
 class NonFiniteLoss(RuntimeError):
@@ -40,7 +40,7 @@ RUN_BUSY = ("run folder '{run}' is being trained by another genlab process (pid 
 
 class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None):
-        from genlab.config_check import batched_label, is_batched
+        from genlab.config.check import batched_label, is_batched
         if is_batched(cfg):
             raise GenlabError(f"{batched_label(cfg)} trains several runs in one process: use genlab.train(cfg) or "
                               "`genlab train`, or genlab.train.seeds.SeedsTrainer")
@@ -59,7 +59,7 @@ class Trainer:
         # the same seed on every rank while the model is built: FSDP2 keeps each rank's own shard of its
         # local init (DDP would broadcast rank 0's), so differing seeds would stitch several inits together
         torch.manual_seed(tcfg.seed)
-        from genlab.config_check import check_data_on_disk
+        from genlab.config.check import check_data_on_disk
         check_data_on_disk(cfg)
         self.data = build_dataset(cfg.data)
         self.spec = self.data.spec
@@ -94,7 +94,7 @@ class Trainer:
 
     def _restore(self, state):
         if state.get("dcp_path"):
-            from genlab.train.dcp import load_dcp_optimizer
+            from genlab.runtime.dcp import load_dcp_optimizer
             load_dcp_optimizer(state["dcp_path"], self.base, self.optimizer)
             gens = state.get("gens") or [state["gen"]]
             if self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
@@ -127,7 +127,7 @@ class Trainer:
         made = self.dist.is_main and resume_state is None and not self.run_dir.exists()
         try:
             if self.dist.is_main:
-                from genlab.config_check import config_warnings
+                from genlab.config.check import config_warnings
                 warnings = config_warnings(cfg)  # printed before training and kept with the run's config
                 for w in warnings:
                     print(f"genlab: warning: {w}", file=sys.stderr)
@@ -170,7 +170,7 @@ class Trainer:
     def save(self):
         self._check_finite()  # never write a checkpoint of a diverged model
         if self.sharded:  # every rank writes its shards (torch.distributed.checkpoint)
-            from genlab.train.dcp import save_dcp
+            from genlab.runtime.dcp import save_dcp
             meta = {k: v for k, v in self._state(weights=False).items()}
             path = save_dcp(ckpt.ckpt_dir(self.run_dir), self.step, self.base, self.optimizer, self.ema, meta, self.dist)
             if self.dist.is_main and self.cfg.log.keep_last > 0:
@@ -222,7 +222,7 @@ class Trainer:
 
     # -- eval and samples -----------------------------------------------------------------------
     def eval_ctx(self):
-        from genlab.sampling import eval_context
+        from genlab.sampling.images import eval_context
         return eval_context(self.cfg, self.device, self.run_dir)
 
     def sample_model(self):
@@ -248,7 +248,7 @@ class Trainer:
 
     def export_weights(self):
         """Consolidated safetensors of the sampling weights next to a sharded run (what sample/eval load)."""
-        from genlab.train.dcp import export_safetensors
+        from genlab.runtime.dcp import export_safetensors
         weights = self._gathered()  # collective
         if self.dist.is_main:
             return export_safetensors({"model": weights, "config": to_dict(self.cfg), "data_spec": self.spec,
@@ -464,7 +464,7 @@ class Trainer:
         print(progress.start_line(self.run_dir, self.step, self.cfg.train.steps, self.cfg.train.batch_size, dev), flush=True)
         plan = getattr(self.base, "float8_plan", None)
         if plan is not None:  # the float8 size filter's decision per linear: one line here, every layer in the run folder
-            from genlab.train.float8 import plan_summary
+            from genlab.nn.float8 import plan_summary
             print(f"genlab: {plan_summary(plan)}", flush=True)
             rows = [{"name": n, "in": i, "out": o, "float8": not why, "skipped": why} for n, i, o, why in plan]
             (self.run_dir / "float8_layers.json").write_text(json.dumps(rows, indent=1))
@@ -479,29 +479,18 @@ class Trainer:
         """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
         if not (self.cfg.log.progress and self.dist.is_main):
             return None
-        from genlab.progress import TrainStatus
+        from genlab.core.progress import TrainStatus
         return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
 
 
 def run_config_dict(cfg) -> dict:
     """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
     warning's subject stays visible); loading it back gives the same Config, the rest at their defaults."""
-    from genlab.config_check import read_keys
+    from genlab.config.check import read_keys
     read, d = read_keys(cfg), to_dict(cfg)
     defaults = to_dict(type(cfg)())
     return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
                   if isinstance(vals, dict) else vals) for sec, vals in d.items()}
-
-
-def write_atomic(path, text: str) -> None:
-    """Write a file through a temporary name and a rename: a full disk leaves the old file or none, never half of it,
-    and no temporary file behind."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
@@ -509,7 +498,7 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
     checkpoint. `genlab.train(cfg)` is train/seeds.py's train: this, or with train.seeds the batched seeds."""
     if cfg is None or isinstance(cfg, str):
-        from genlab.config import load_config
+        from genlab.config.tree import load_config
         cfg = load_config(cfg)
     if not isinstance(cfg, Config):
         raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
@@ -518,7 +507,7 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
 
 def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
     """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
-    from genlab.config import apply_overrides, validate
+    from genlab.config.tree import apply_overrides, validate
     state = ckpt.load_checkpoint(run_or_ckpt)
     cfg = ckpt.config_of(state)
     apply_overrides(cfg, overrides)

@@ -1,6 +1,6 @@
 """`genlab analyze RUN`: layer similarity (CKA), layer skipping and a cached-block sampler of an image flow run;
-`genlab analyze quant-gap RUN`: the post-training quantization gap at every checkpoint of a run (genlab/quant/gap.py);
-`genlab analyze compare RUN RUN ...`: several runs' analyses side by side (genlab/analyze/compare.py)."""
+`genlab analyze quant-gap RUN`: the post-training quantization gap at every checkpoint of a run (genlab/runs/quant_gap.py);
+`genlab analyze compare RUN RUN ...`: several runs' analyses side by side (genlab/lab/analyze/compare.py)."""
 from __future__ import annotations
 
 ORDER = 2.5  # after eval
@@ -10,12 +10,12 @@ def cmd_analyze(args):
     if args.run == "quant-gap":
         return _quant_gap(args)
     if args.run == "compare":
-        from genlab.analyze.compare import compare
+        from genlab.lab.analyze.compare import compare
         res = compare(args.overrides, args.out or "analysis_compare")
         print(res["markdown"])
         print(f"wrote {res['out']}/compare.md (and the heat maps beside it)")
         return 0
-    from genlab.analyze.run import analyze_run
+    from genlab.lab.analyze.run import analyze_run
     res = analyze_run(args.run, what=args.what, batch=args.batch, t=args.t, device=args.device, out=args.out,
                       overrides=args.overrides, cache_blocks=args.cache_blocks, cache_every=args.cache_every,
                       cache_tol=args.cache_fd_tol)
@@ -24,8 +24,8 @@ def cmd_analyze(args):
 
 
 def _quant_gap(args):
-    from genlab.errors import GenlabError
-    from genlab.quant.gap import quant_gap
+    from genlab.core.errors import GenlabError
+    from genlab.runs.quant_gap import quant_gap
     if not args.overrides:
         raise GenlabError("genlab analyze quant-gap RUN [eval.*=...]: give the run folder")
     run, overrides = args.overrides[0], args.overrides[1:]

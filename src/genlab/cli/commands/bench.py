@@ -1,5 +1,5 @@
 """`genlab bench [CONFIG] [key=value ...]`: time training steps on synthetic data of the config's shape. The timing
-itself is in genlab.bench, imported when the command runs (building the CLI's parser must not import torch: a bad
+itself is in genlab.lab.bench, imported when the command runs (building the CLI's parser must not import torch: a bad
 command line is answered in a fraction of a second)."""
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import os
 from pathlib import Path
 
 from genlab.cli.items import split_config_and_overrides
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 ORDER = 6
 
 
 def cmd_bench(args):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     preset, overrides = split_config_and_overrides(args.items)
     cfg = load_config(preset, overrides)
     if args.steps < 1 or args.warmup < 0:
         raise GenlabError("--steps must be >= 1 and --warmup >= 0")
-    from genlab.bench import format_table, run_bench  # torch is imported here, not when the CLI parser is built
+    from genlab.lab.bench import format_table, run_bench  # torch is imported here, not when the CLI parser is built
     res = run_bench(cfg, steps=args.steps, warmup=args.warmup, profile_dir=args.profile, turn_lock=args.turn_lock)
     if res["world"] > 1 and int(os.environ.get("RANK", "0")) != 0:
         return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 ORDER = 5
 
@@ -30,7 +30,7 @@ def cmd_encode(args):
 
 
 def cmd_generate(args):
-    from genlab.methods.few_step.generate_pairs import generate_pairs
+    from genlab.families.few_step.generate_pairs import generate_pairs
     if args.kind != "pairs":
         raise GenlabError(f"unknown generate kind '{args.kind}'; valid choices: pairs")
     out = generate_pairs(args.run, args.out, args.n, steps=args.steps, sampler=args.sampler, cfg_scale=args.cfg_scale,
@@ -40,7 +40,7 @@ def cmd_generate(args):
 
 
 def cmd_collect(args):
-    from genlab.world.collect import collect_atari
+    from genlab.families.world.collect import collect_atari
     if args.source != "atari":
         raise GenlabError(f"unknown collection source '{args.source}'; valid choices: atari")
     path = collect_atari(args.game, args.frames, args.out, policy=args.policy, size=args.size, channels=args.channels,
@@ -50,7 +50,7 @@ def cmd_collect(args):
 
 
 def cmd_import(args):
-    from genlab.world.tools import import_episodes
+    from genlab.families.world.tools import import_episodes
     if args.kind != "episodes":
         raise GenlabError(f"unknown import kind '{args.kind}'; valid choices: episodes")
     res = import_episodes(args.frames, args.actions, args.out, starts=args.episode_starts, size=args.size)
@@ -59,7 +59,7 @@ def cmd_import(args):
 
 
 def cmd_stats(args):
-    from genlab.world.tools import episode_stats
+    from genlab.families.world.tools import episode_stats
     res = episode_stats(args.dir, sheet=args.sheet)
     if args.json:
         print(json.dumps(res, indent=2))
@@ -68,7 +68,7 @@ def cmd_stats(args):
 
 def cmd_ref_stats(args):
     from genlab.eval.ref_stats import reference_from_dataset
-    from genlab.train.parallel import resolve_device
+    from genlab.runtime.parallel import resolve_device
     out = reference_from_dataset(args.dataset, args.out, fid_weights=args.fid_weights, n_images=args.images,
                                  limit=args.limit, batch=args.batch, device=resolve_device(args.device, key="--device"))
     print(f"wrote {out}")

@@ -9,7 +9,7 @@ ORDER = 2
 
 
 def cmd_eval(args):
-    from genlab.sample import evaluate_run
+    from genlab.runs.load import evaluate_run
     metrics = [f"eval.metrics={args.metrics}"] if args.metrics is not None else []
     ref = [o.split("=", 1)[1] for o in args.overrides if o.strip().startswith("eval.fid_ref=")]
     if ref and ref[-1] and not metrics and not any(o.strip().startswith("eval.metrics=") for o in args.overrides):

@@ -1,10 +1,10 @@
 """`genlab export RUN --out DIR`: a self-describing folder others load (config.toml, model.safetensors, a model card,
-genlab.json; see train/export_folder.py). `--out FILE.safetensors`: the consolidated weights as one file."""
+genlab.json; see runtime/export_folder.py). `--out FILE.safetensors`: the consolidated weights as one file."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 ORDER = 8
 
@@ -13,7 +13,7 @@ def cmd_export(args):
     out = Path(args.out)
     weights = "raw" if args.no_ema else "EMA"
     if out.suffix != ".safetensors":
-        from genlab.export import check_out, export_folder
+        from genlab.runs.export import check_out, export_folder
         check_out(out, args.force)  # before any work: an existing folder needs --force
         export_folder(args.run, out, ema=not args.no_ema, force=args.force)
         import json
@@ -24,8 +24,8 @@ def cmd_export(args):
         return 0
     if out.exists() and not args.force:
         raise GenlabError(f"'{out}' exists; pass --force to overwrite")
-    from genlab.train.dcp import export_safetensors
-    from genlab.export import exported_state
+    from genlab.runtime.dcp import export_safetensors
+    from genlab.runs.export import exported_state
     state, _ = exported_state(args.run, ema=not args.no_ema)
     path = export_safetensors(state, out, ema=not args.no_ema)
     if state.get("ema") is None:

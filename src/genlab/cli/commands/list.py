@@ -7,9 +7,9 @@ ORDER = 3
 
 
 def cmd_list(args):
-    from genlab.config import CONFIG_DIR
-    from genlab.registry import all_registries
-    from genlab.sweep.spec import shipped_sweeps
+    from genlab.config.tree import CONFIG_DIR
+    from genlab.core.registry import all_registries
+    from genlab.lab.sweep.spec import shipped_sweeps
     for kind, reg in all_registries().items():
         print(f"{kind}:")
         width = max([18] + [len(n) + 1 for n in reg.names()])

@@ -5,7 +5,7 @@ ORDER = 9
 
 
 def cmd_play(args):
-    from genlab.world.play import run_play
+    from genlab.families.world.play import run_play
     return run_play(args.run, host=args.host, port=args.port, device=args.device, steps=args.steps, record=args.record,
                     temperature=args.temperature)
 

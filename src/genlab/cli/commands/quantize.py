@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 ORDER = 10
 
@@ -12,7 +12,7 @@ ORDER = 10
 def cmd_quantize(args):
     if not args.to:
         raise GenlabError("give --to FORMAT (nf4, int8, int4, fp8); the gap per checkpoint is `genlab analyze quant-gap RUN`")
-    from genlab.quant.run import quantize_run
+    from genlab.runs.quantize import quantize_run
     rec = quantize_run(args.run, args.to, out=args.out, weights=args.weights, device=args.device, adaln=args.adaln)
     print(json.dumps({k: v for k, v in rec.items() if k != "layers"}, indent=2))
     print(f"wrote {rec['out']} ({len(rec['layers'])} linears in {rec['format']}; weight memory "

@@ -8,7 +8,7 @@ SHOW_TEXTS = 3  # text runs: the first samples printed on the console (all n go 
 
 
 def cmd_sample(args):
-    from genlab.sample import sample_to_file
+    from genlab.runs.load import sample_to_file
     path = sample_to_file(args.run, n=args.n, steps=args.steps, cfg_scale=args.cfg, class_id=args.class_id,
                           out=args.out, seed=args.seed, sampler=args.sampler, device=args.device, ema=not args.no_ema,
                           overrides=args.overrides,
@@ -18,7 +18,7 @@ def cmd_sample(args):
                                                ("attention", args.attention)) if v is not None})
     texts = []
     if path.suffix == ".txt":  # text: show the first few, the file has them all
-        from genlab.methods.lm_common import read_samples
+        from genlab.families.lm.common import read_samples
         texts = read_samples(path)
     for i, t in enumerate(texts[:SHOW_TEXTS]):
         print(f"===== sample {i} =====\n{t}")

@@ -1,12 +1,12 @@
 """`genlab sweep SWEEP.toml|NAME` runs an ablation sweep; `genlab sweep report DIR [--compare DIR2]` rebuilds
-its report. The sweep itself (spec, expand, sizes, runner, report) is the genlab.sweep package, imported when the
+its report. The sweep itself (spec, expand, sizes, runner, report) is the genlab.lab.sweep package, imported when the
 command runs."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 ORDER = 7
 
@@ -18,7 +18,7 @@ def _is_sweep_dir(d: Path) -> bool:
 def cmd_report(items, args):
     if len(items) != 2:
         raise GenlabError("usage: genlab sweep report DIR [--compare DIR2]")
-    from genlab.sweep.report import compare, write_report
+    from genlab.lab.sweep.report import compare, write_report
     d = Path(items[1])
     for x in [d] + ([Path(args.compare)] if args.compare else []):
         if not _is_sweep_dir(x):
@@ -43,8 +43,8 @@ def cmd_sweep(args):
         raise GenlabError("--partial goes with `genlab sweep report DIR --partial`")
     if len(items) != 1:
         raise GenlabError("usage: genlab sweep SWEEP.toml|NAME  (or: genlab sweep report DIR)")
-    from genlab.sweep.runner import choose_gpus, run_sweep, visible_gpus
-    from genlab.sweep.spec import load_sweep, select
+    from genlab.lab.sweep.runner import choose_gpus, run_sweep, visible_gpus
+    from genlab.lab.sweep.spec import load_sweep, select
     sw = select(load_sweep(items[0]), args.only)  # validates every variant before anything runs
     if args.dry_run:
         print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.stages) + len(sw.variants)} runs")

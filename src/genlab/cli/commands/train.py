@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from genlab.cli.items import split_config_and_overrides
-from genlab.errors import GenlabError
+from genlab.core.errors import GenlabError
 
 ORDER = 0
 # a run stopped by SIGINT/SIGTERM saved its checkpoint and is not done: EX_TEMPFAIL (75), so a scheduler requeues it
@@ -11,7 +11,7 @@ EXIT_INTERRUPTED = 75
 
 
 def cmd_train(args):
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.train.trainer import Trainer, config_for_resume
     preset, overrides = split_config_and_overrides(args.items)
     resume = args.resume or []
@@ -21,7 +21,7 @@ def cmd_train(args):
         from genlab.train.seeds import SeedsTrainer
         return _exit_code(SeedsTrainer(resume=resume, overrides=overrides).fit())
     cfg = config_for_resume(resume[0], overrides) if resume else load_config(preset, overrides)
-    from genlab.config_check import batched_label, is_batched
+    from genlab.config.check import batched_label, is_batched
     if is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with --resume: give every member's run, --resume NAME-s0 --resume NAME-s1 ...")

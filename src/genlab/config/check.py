@@ -1,0 +1,477 @@
+"""Config validation, derived from what the components declare: declared ranges, the keys the selected components
+read, and the constraints model, data and method put on each other (their specs' kinds, families and checks).
+Everything here runs before any file is written or any model is built, and every failure is one GenlabError line
+that names the offending key."""
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from typing import get_type_hints
+
+from genlab.config.fields import check_value, meta_of
+from genlab.core.errors import GenlabError
+
+
+def check_section(cfg, sec: str) -> None:
+    """Every field of one section against its declared range, choices or registry."""
+    obj = getattr(cfg, sec)
+    hints = get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        check_value(sec, f, hints[f.name], getattr(obj, f.name))
+    if sec == "eval" and not str(obj.metrics).replace(",", " ").strip():  # its names were checked above (`lists=`); weights where eval runs
+        raise GenlabError("eval.metrics is empty; valid choices: " + ", ".join(_registry("eval_metric").names())
+                          + " (eval.num_samples=0 turns eval off)")
+
+
+def _registry(name: str):
+    from genlab.core.registry import all_registries
+    return all_registries()[name]
+
+
+def check_config(cfg) -> None:
+    from genlab.config.keys import sections
+    for sec, _ in sections(cfg):
+        check_section(cfg, sec)
+    _check_train(cfg)
+    _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
+    _check_shapes(cfg)
+    _check_kernels(cfg)
+    for key, msg in unused_options(cfg):
+        if not _soft(key):
+            raise GenlabError(msg)
+
+
+# An unused sampling/eval option changes no weights (and shared override lists set them for several
+# methods), so it is a warning printed before training and recorded in the run's config.toml; any other
+# unused option (data, model, optim, train, a method's training option) means the run is not what the user
+# believes it is, so it is an error. Which method keys act only at sampling time, each method's spec says.
+def _soft(key: str) -> bool:
+    if key.startswith("eval."):
+        return True
+    from genlab.core.registry import method_registry
+    return any(key in sampling_keys_of(name) for name in method_registry.names())
+
+
+def sampling_keys_of(method: str) -> list[str]:
+    """Those the method's spec lists, plus the keys of every entry of the registries those keys select (e.g.
+    method.sampler -> the SDE's method.sde_noise)."""
+    from genlab.config.keys import declared_keys
+    from genlab.config.fields import meta_of
+    from genlab.core.registry import REGISTRIES, method_registry
+    declared = declared_keys()
+    keys = list(method_registry.spec(method).sampling_keys)
+    for dotted in list(keys):
+        kind = meta_of(declared[dotted][0].field).get("registry")
+        for _, spec in (REGISTRIES[kind].specs() if kind in REGISTRIES else ()):
+            keys += [k.dotted for k in spec.keys if k.dotted not in keys]
+    return keys
+
+
+def config_warnings(cfg) -> list[str]:
+    return [msg for key, msg in unused_options(cfg) if _soft(key)]
+
+
+def _lookup(cfg, dotted: str):
+    sec, key = dotted.split(".")
+    return getattr(getattr(cfg, sec), key)
+
+
+def _selected(cfg, dotted: str, meta: dict) -> list[str]:
+    """The entry names a selector key picks: one name, a list, or comma-separated names (`lists=`)."""
+    value = _lookup(cfg, dotted)
+    if meta.get("lists"):
+        return [v.strip() for v in str(value).split(",") if v.strip()]
+    return list(value) if isinstance(value, list) else [value]
+
+
+def read_keys(cfg) -> dict[str, str]:
+    """dotted key -> who reads it, for this config: the core keys, then the keys of every selected component
+    (a selector key that is read picks entries of its registry, whose keys may select further entries)."""
+    from genlab.config.keys import declared_keys
+    from genlab.core.registry import REGISTRIES
+    declared = declared_keys()
+    read = {dotted: "core" for dotted, (_, owners) in declared.items() if "core" in owners}
+    changed = True
+    while changed:
+        changed = False
+        for dotted in list(read):
+            meta = meta_of(declared[dotted][0].field)
+            kind = meta.get("registry") or meta.get("lists")
+            if kind not in REGISTRIES:
+                continue
+            for name in _selected(cfg, dotted, meta):
+                if name not in REGISTRIES[kind]:
+                    continue  # an unknown name is reported by the range check
+                spec = REGISTRIES[kind].spec(name)
+                for k in [k.dotted for k in spec.keys] + list(spec.reads):
+                    if k not in read:
+                        read[k] = f"{kind} '{name}' ({dotted}={name})"
+                        changed = True
+    return read
+
+
+def _why_unused(cfg, dotted: str, declared: dict, read: dict) -> str:
+    """'not read by method 'flow' (method.name=flow); read by method 'mdlm'': the selector that decides, the owners."""
+    from genlab.core.registry import REGISTRIES
+    owners = [o for o in declared[dotted][1] if o != "core"]
+    readers = {f"{kind} '{name}'" for kind, reg in REGISTRIES.items() for name, spec in reg.specs()
+               if dotted in spec.reads}
+    everyone = sorted(set(owners) | readers)
+    kinds = {o.split(" ")[0] for o in everyone}
+    for kind in kinds:  # a selector of that registry that this config reads names the entry chosen instead
+        for sel, (k, _) in declared.items():
+            meta = meta_of(k.field)
+            if sel in read and (meta.get("registry") == kind or meta.get("lists") == kind):
+                chosen = _lookup(cfg, sel)
+                shown = ",".join(chosen) if isinstance(chosen, list) else chosen
+                return (f"is not read by {kind.replace('_', ' ')} '{shown}' ({sel}={shown}); read by "
+                        f"{', '.join(everyone)}; remove it or choose another {sel}")
+    return f"is not read by the components this config selects; read by {', '.join(everyone)}"
+
+
+def unused_options(cfg) -> list[tuple[str, str]]:
+    """(key, message) per option set away from its default that no selected component reads."""
+    from genlab.config.keys import declared_keys, sections
+    declared, read = declared_keys(), read_keys(cfg)
+    out = []
+    for sec, obj in sections(cfg):
+        for f in dataclasses.fields(obj):
+            if getattr(obj, f.name) == f.default or (f.default is dataclasses.MISSING and getattr(obj, f.name) == f.default_factory()):
+                continue
+            dotted = f"{sec}.{f.name}"
+            if dotted not in read:
+                out.append((dotted, f"{dotted} {_why_unused(cfg, dotted, declared, read)}"))
+    return out
+
+
+def _check_train(cfg):
+    t = cfg.train
+    if str(getattr(cfg.method, "cache_schedule", "")).strip():
+        raise GenlabError("method.cache_schedule is a sampling plan measured on a trained run (genlab analyze RUN --what "
+                          "cache): set it on genlab eval / genlab sample, not for training (method.cache_blocks caches "
+                          "during training's evaluations)")
+    if t.batch_size % t.grad_accum:
+        raise GenlabError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
+        raise GenlabError(f"unknown train.device '{t.device}'; valid: auto, cpu, cuda, cuda:N")
+    if len(cfg.optim.betas) != 2:
+        raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
+    from genlab.core.registry import method_registry, optimizer_registry, parallel_registry
+    convert = list(t.convert or []) + ([t.precision] if t.precision.startswith("float8_") else [])
+    check_converter_combination(convert)
+    if getattr(t, "float8_all_gather", False):
+        if not {"float8", "float8_tensorwise"} & set(convert):
+            raise GenlabError("train.float8_all_gather needs tensorwise float8 (train.convert=[\"float8\"] or "
+                              f"train.precision=float8_tensorwise); this run converts {convert or 'nothing'}")
+        if not parallel_registry.spec(t.parallel).sharded:
+            raise GenlabError(f"train.float8_all_gather all-gathers FSDP2 shards; it needs train.parallel=fsdp|hsdp, "
+                              f"got train.parallel={t.parallel}")
+    if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
+        raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
+                          f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
+    check = method_registry.spec(cfg.method.name).check
+    if check is not None:
+        check(cfg)
+    if is_batched(cfg):
+        check_seeds_config(cfg)
+    check_graph_step_config(cfg)
+
+
+# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (train/seeds.py) supports
+SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
+                   "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+# batched variants: train.<list key> -> the single-run key each member sets, its short name (the sweep's variant
+# naming: the last part of the key), and the values it takes
+VARIANT_KEYS = {"lrs": ("optim.lr", "numbers > 0", lambda v: v > 0),
+                "weight_decays": ("optim.weight_decay", "numbers >= 0", lambda v: v >= 0),
+                "ema_decays": ("train.ema_decay", "numbers in (0, 1)", lambda v: 0 < v < 1)}
+
+
+def parse_seeds(text: str, key: str = "train.seeds") -> list[int]:
+    try:
+        seeds = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise GenlabError(f"{key} must be comma-separated integers >= 0 (e.g. 0,1,2,3), got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise GenlabError(f"{key} must be distinct integers >= 0 (e.g. 0,1,2,3), got {text!r}")
+    return seeds
+
+
+def parse_variant_values(text: str, name: str) -> list[str]:
+    """train.lrs / weight_decays / ema_decays: the values as written (they name the run folders), each checked."""
+    key, valid, ok = VARIANT_KEYS[name]
+    tokens = [x.strip() for x in str(text).split(",") if x.strip()]
+    try:
+        values = [float(x) for x in tokens]
+    except ValueError:
+        values = []
+    if not values or not all(ok(v) for v in values) or len(set(values)) != len(values):
+        raise GenlabError(f"train.{name} must be comma-separated distinct {valid} (the {key} of each batched member, "
+                          f"e.g. {'1e-4,3e-4,1e-3' if name == 'lrs' else '0,0.01,0.1' if name == 'weight_decays' else '0.99,0.999'}), "
+                          f"got {text!r}")
+    return tokens
+
+
+def variant_lists(cfg) -> dict[str, list[str]]:
+    """{list key: its values as written} for the train.lrs|weight_decays|ema_decays that are set."""
+    return {n: parse_variant_values(getattr(cfg.train, n), n) for n in VARIANT_KEYS if getattr(cfg.train, n, "")}
+
+
+def member_name(name: str, values: dict[str, str]) -> str:
+    """A batched variant's name without its seed suffix: NAME-lr=<v>-weight_decay=<v> (the values as written, the
+    sweep's `<key>=<value>` parts), or NAME filled in where it is a template like "lr={lr}-depth=4" (the sweep's)."""
+    short = {VARIANT_KEYS[n][0].split(".")[-1]: v for n, v in values.items()}
+    if "{" in name:
+        return name.format(**short)
+    return "-".join([name, *(f"{k}={v}" for k, v in short.items())])
+
+
+def is_batched(cfg) -> bool:
+    """Several runs of this config in one process: train.seeds or a batched-variants list is set."""
+    t = cfg.train
+    return bool(t.seeds) or any(getattr(t, n, "") for n in VARIANT_KEYS)
+
+
+def batched_label(cfg) -> str:
+    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n, "")]
+    return f"train.{named[0]} (batched variants)" if named else "train.seeds (batched seeds)"
+
+
+def check_seeds_config(cfg) -> None:
+    """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
+    from genlab.core.registry import method_registry
+    t = cfg.train
+    if t.seeds:
+        parse_seeds(t.seeds)
+    lists = variant_lists(cfg)
+    label = batched_label(cfg)
+
+    def refuse(what):
+        raise GenlabError(f"{label} does not support {what}; supported: {SEEDS_SUPPORTED}")
+    if "{" in t.name and lists:  # a name template (the sweep passes one): every listed key, no other field
+        try:
+            parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(t.name) if f is not None]
+        except ValueError:
+            parsed = [("", "", None)]
+        fields = {f for f, _, _ in parsed}
+        short = {VARIANT_KEYS[n][0].split(".")[-1] for n in lists}
+        if fields != short or any(spec or conv for _, spec, conv in parsed):
+            raise GenlabError(f"train.name {t.name!r}: a name template names each batched-variant value once, "
+                              f"as {{{'}, {'.join(sorted(short))}}} (the lists set); got fields {sorted(fields)}")
+    if not method_registry.spec(cfg.method.name).batched_seeds:
+        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
+    if t.parallel not in ("auto", "none"):
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile", t.compile not in ("off", "model")), ("compile_optimizer", t.compile_optimizer),
+                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16" or t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision}")
+    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
+        refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
+    if t.resume:
+        refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
+
+
+# what train.graph_step (the whole step as one CUDA graph, train/graph_step.py) supports
+GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
+GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow or repa, without "
+                        f"the adaptive sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
+                        "train.compile=off|model|blocks with train.compile_mode=default|max-autotune-no-cudagraphs, "
+                        "grad_accum=1, precision fp32|tf32|bf16|auto, no train.compile_optimizer, skip_nonfinite, "
+                        "activation checkpointing, converters or batched seeds")
+
+
+def check_graph_step_config(cfg) -> None:
+    """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
+    from genlab.core.registry import method_registry
+    t = cfg.train
+    if not t.graph_step:
+        return
+
+    def refuse(what):
+        raise GenlabError(f"train.graph_step=true does not support {what}; supported: {GRAPH_STEP_SUPPORTED}")
+    if _trains_on_cpu(t.device):
+        refuse(f"training on the CPU (train.device={t.device}): CUDA graphs need a CUDA device")
+    if not method_registry.spec(cfg.method.name).graph_step:
+        ok = [n for n, s in method_registry.specs() if s.graph_step]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in GRAPH_STEP_OPTIMIZERS or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
+    if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
+        refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
+    if t.parallel not in ("auto", "none"):
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
+                     ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16":
+        refuse("train.precision=fp16 (its loss scaler reads found-inf on the host)")
+    if t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision} (a model converter)")
+    if is_batched(cfg):
+        refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
+
+
+def check_converter_combination(names) -> None:
+    """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies):
+    those that declare `linears` replace the same block linears' arithmetic, so a run takes one of them."""
+    from genlab.core.registry import convert_registry
+    # float8 is float8_tensorwise's alias; an unknown name is the registry's own error later
+    seen = {"float8_tensorwise" if n == "float8" else n: n for n in names
+            if n in convert_registry and convert_registry.get(n).linears}
+    if len(seen) > 1:
+        # e.g. BitLinear's already-quantised operands would be cast again by float8, or replaced by it
+        a, b = list(seen.values())[:2]
+        raise GenlabError(f"{a} and {b} convert the same block linears; choose one (train.convert / train.precision)")
+
+
+def _check_components(cfg):
+    """What the method, model and dataset declare about each other."""
+    from genlab.core.registry import dataset_registry, method_registry, model_registry
+    d, m = cfg.data, cfg.model
+    data, model, meth = dataset_registry.spec(d.name), model_registry.spec(m.name), method_registry.spec(cfg.method.name)
+    if data.needs_path and not d.path:
+        raise GenlabError(f"data.name={d.name} needs data.path (a folder made by `genlab data prepare`)")
+    if data.check is not None:
+        data.check(d)
+    if meth.data_kinds and data.kind not in meth.data_kinds:
+        raise GenlabError(f"method.name={cfg.method.name} trains on {'|'.join(meth.data_kinds)} data but data.name={d.name} "
+                          f"provides {data.kind} data; choose a matching method.name or data.name")
+    if meth.model_families and model.family not in meth.model_families:
+        fits = [n for n, s in model_registry.specs() if s.family in meth.model_families]
+        raise GenlabError(f"method.name={cfg.method.name} needs model.name={'|'.join(fits)}, got model.name={m.name}")
+    if meth.causal is not None and "model.causal" in read_keys(cfg) and m.causal != meth.causal:
+        raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
+
+
+def check_data_on_disk(cfg) -> None:
+    """Files a config names that must exist before training starts (the trainer calls this before it creates the run
+    folder; load_config does not, so presets that name a folder you prepare later still load)."""
+    if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
+        if not _is_prepared(cfg.eval.val_path):  # found now, not after training
+            raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
+                              f"(no readable images.npy + meta.json)")
+    from genlab.core.registry import dataset_registry
+    eval_check = dataset_registry.spec(cfg.data.name).eval_check
+    if eval_check is not None and cfg.eval.num_samples > 0:
+        eval_check(cfg)
+
+
+def _is_prepared(path) -> bool:
+    """A folder `genlab data prepare` wrote: a readable images.npy header and meta.json."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    try:
+        np.load(Path(path) / "images.npy", mmap_mode="r")
+        json.loads((Path(path) / "meta.json").read_text())
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _check_shapes(cfg):
+    from genlab.core.registry import attention_registry, dataset_registry, model_registry, position_registry
+    m = cfg.model
+    spec = model_registry.spec(m.name)
+    table = spec.sizes
+    if table is None:
+        return
+    if m.size not in table:
+        from genlab.config.fields import did_you_mean
+        raise GenlabError(f"unknown model.size '{m.size}' for model {m.name}{did_you_mean(m.size, table)}; valid: {', '.join(table)}")
+    dim0, depth0, heads0 = table[m.size]
+    dim, heads, depth = m.dim or dim0, m.heads or heads0, m.depth or depth0
+    if dim % heads:
+        raise GenlabError(f"model.heads ({heads}) must divide model.dim ({dim})")
+    if m.pos_emb != "auto":  # the entry must fit the token grid
+        fits = [n for n, s in position_registry.specs() if spec.grid_rank in s.axes]
+        position_registry.get(m.pos_emb)
+        if spec.grid_rank is not None and m.pos_emb not in fits:
+            raise GenlabError(f"model.pos_emb={m.pos_emb} does not fit model {m.name}; valid choices: auto, {', '.join(fits)}")
+    if spec.check is not None:
+        spec.check(cfg, dim, heads, depth)
+    _check_layers(m, spec, dim, heads)
+    if _trains_on_cpu(cfg.train.device) and not attention_registry.spec(m.attention).cpu_backward:
+        raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
+                          f"train with sdpa or math there (sampling and eval run the forward anywhere)")
+    if spec.grid_rank == 2 and "model.patch_size" in read_keys(cfg):
+        shape_of = dataset_registry.spec(cfg.data.name).shape
+        shape = shape_of(cfg.data) if shape_of is not None else None
+        side = shape["image_size"] if shape else None
+        if side is not None and side % m.patch_size:
+            raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
+
+
+def _check_kernels(cfg):
+    """Kernel choices (registry specs with `cuda_only` / `package`, e.g. model.ce_kernel, model.adaln) that cannot run
+    where this run trains: a CUDA-only kernel for CPU training, or (on a CUDA machine) one whose package is missing."""
+    import importlib.util
+
+    from genlab.config.keys import declared_keys
+    from genlab.core.registry import REGISTRIES, KernelSpec
+    declared = declared_keys()
+    for dotted in read_keys(cfg):
+        kind = meta_of(declared[dotted][0].field).get("registry")
+        if kind not in REGISTRIES or not issubclass(REGISTRIES[kind].spec_type, KernelSpec):
+            continue
+        reg, name = REGISTRIES[kind], _lookup(cfg, dotted)
+        spec = reg.spec(name)
+        if spec.cuda_only and _trains_on_cpu(cfg.train.device):
+            cpu = [n for n, s in reg.specs() if not s.cuda_only]
+            raise GenlabError(f"{dotted}={name} is a CUDA kernel and this run trains on the CPU; "
+                              f"valid choices on the CPU: {', '.join(cpu)}")
+        # the package matters where the run will import it: a machine with CUDA (suites are checked on CPU machines)
+        if spec.package and _has_cuda() and importlib.util.find_spec(spec.package) is None:
+            ok = [n for n, s in reg.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
+            raise GenlabError(f"{dotted}={name} needs the '{spec.package}' package (not installed); "
+                              f"valid choices: {', '.join(ok)}")
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _trains_on_cpu(device: str) -> bool:
+    """train.device=cpu, or auto on a machine without CUDA."""
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    import torch
+    return not torch.cuda.is_available()
+
+
+def _check_layers(m, spec, dim: int, heads: int):
+    """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
+    needs a patch grid, an attention or position entry's head-width and width multiples."""
+    from genlab.core.registry import attention_registry, mlp_registry
+    hd = dim // heads
+    if "mlp" in spec.layer_keys and mlp_registry.spec(m.mlp).needs_grid and spec.grid_rank != 2:
+        from genlab.core.registry import model_registry
+        grids = [n for n, s in model_registry.specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]
+        raise GenlabError(f"model.mlp={m.mlp} convolves over the patch grid; model {m.name} has no grid: "
+                          f"choose model.mlp=gelu|swiglu or model.name={'|'.join(grids)}")
+    k = attention_registry.spec(m.attention).head_multiple
+    if hd % k:
+        raise GenlabError(f"model.attention={m.attention} needs a head width divisible by {k}; model.dim/model.heads = {hd}")
+    pos = spec.default_position if m.pos_emb == "auto" else m.pos_emb
+    if pos is not None and "pos_emb" in spec.layer_keys:
+        from genlab.core.registry import position_registry
+        p = position_registry.spec(pos)
+        if hd % p.head_multiple:
+            raise GenlabError(f"model.pos_emb={pos} needs a head width divisible by {p.head_multiple}; "
+                              f"model.dim/model.heads = {hd}")
+        if dim % p.dim_multiple:
+            raise GenlabError(f"model.pos_emb={pos} needs model.dim divisible by {p.dim_multiple}, got {dim}")

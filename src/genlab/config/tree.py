@@ -1,0 +1,182 @@
+"""The config tree: dataclasses with defaults, TOML presets and dotted `key=value` overrides.
+
+A config fully determines a run. Unknown keys and wrong types fail before any work is done.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, get_origin, get_type_hints
+
+from genlab.config.fields import did_you_mean
+from genlab.config.keys import RETIRED, SECTIONS, Config, section_class
+from genlab.core.errors import GenlabError
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped as package data
+SWEEP_DIR = CONFIG_DIR / "sweeps"
+
+
+def __getattr__(name):  # DataConfig, ModelConfig, ...: the assembled section classes
+    for s in SECTIONS:
+        if name == f"{s.capitalize()}Config":
+            return section_class(s)
+    raise AttributeError(name)
+
+
+def _coerce(value: Any, typ, where: str):
+    """Check/convert a TOML or CLI value to the declared field type."""
+    origin = get_origin(typ)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif typ is list:  # a list of names: TOML array, JSON text or comma-separated text
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = [v.strip() for v in value.strip("()[]").split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)
+    elif typ is tuple or origin is tuple:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = [v for v in value.strip("()[]").split(",") if v.strip()]
+        if isinstance(value, (list, tuple)):
+            try:
+                return tuple(float(v) for v in value)
+            except (TypeError, ValueError):
+                pass
+    name = getattr(typ, "__name__", str(typ))
+    raise GenlabError(f"config key '{where}' expects {name}, got {value!r}")
+
+
+def _section_types(section_cls):
+    return get_type_hints(section_cls)
+
+
+def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
+    """Merge a nested dict (from TOML) into cfg, validating every key and type."""
+    top = _section_types(Config)
+    for key, val in data.items():
+        if key not in top:
+            raise GenlabError(f"unknown config section '{key}' in {source}{did_you_mean(key, top)}; valid: {', '.join(top)}")
+        if key == "preset":
+            cfg.preset = _coerce(val, str, key)
+            continue
+        if not isinstance(val, dict):
+            raise GenlabError(f"config section '{key}' in {source} must be a table")
+        section = getattr(cfg, key)
+        types = _section_types(type(section))
+        for k, v in val.items():
+            if f"{key}.{k}" in RETIRED and k not in types:
+                if v != RETIRED[f"{key}.{k}"]:
+                    raise GenlabError(f"config key '{key}.{k}' in {source} was removed: no component reads it")
+                continue  # a saved run config from before the key was removed
+            if k not in types:
+                raise GenlabError(f"unknown config key '{key}.{k}' in {source}{did_you_mean(k, types)}; "
+                                  f"valid keys of [{key}]: {', '.join(types)}")
+            setattr(section, k, _coerce(v, types[k], f"{key}.{k}"))
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    if "=" not in text:
+        raise GenlabError(f"override '{text}' must look like section.key=value (e.g. optim.lr=3e-4)")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) != 2:
+        raise GenlabError(f"override key '{key}' must be section.key (e.g. model.depth=12)")
+    return parts[0], parts[1], raw.strip()
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    for text in overrides:
+        section, key, raw = parse_override(text)
+        apply_dict(cfg, {section: {key: raw}}, source=f"override '{text}'")
+    return cfg
+
+
+def resolve_preset_path(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" and p.exists():
+        return p
+    for cand in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.toml"):
+        if cand.exists():
+            return cand
+    presets = sorted(x.stem for x in CONFIG_DIR.glob("*.toml"))
+    raise GenlabError(f"config '{name_or_path}' not found; presets: {', '.join(presets)} (or a path to a .toml file)")
+
+
+def load_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise GenlabError(f"{path}: invalid TOML: {e}") from None
+
+
+def load_config(preset: str | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- preset TOML <- overrides. `preset` None means the default preset."""
+    cfg = Config()
+    path = resolve_preset_path(preset or "digits_flow")
+    cfg.preset = path.stem
+    apply_dict(cfg, load_toml(path), source=str(path))
+    apply_overrides(cfg, list(overrides))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Every field against its declared range/choices/registry, options the chosen components do not
+    read, then the constraints model, data and method impose on each other: before anything is built."""
+    from genlab.config.check import check_config
+    check_config(cfg)
+
+
+def to_dict(cfg: Config) -> dict:
+    d = dataclasses.asdict(cfg)
+    for sec in d.values():
+        if isinstance(sec, dict):
+            for k, v in sec.items():
+                if isinstance(v, tuple):
+                    sec[k] = list(v)
+    return d
+
+
+def from_dict(d: dict) -> Config:
+    cfg = Config()
+    apply_dict(cfg, d, source="saved config")
+    return cfg
+
+
+def dumps_toml(d: dict) -> str:
+    """The config dict as TOML, written by tomli-w (tomllib only reads)."""
+    import tomli_w
+    return tomli_w.dumps(d)

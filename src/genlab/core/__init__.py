@@ -1,0 +1,1 @@
+"""The ground floor: errors, console progress, files and folder locks, the registry."""

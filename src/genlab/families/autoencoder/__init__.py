@@ -1,0 +1,1 @@
+"""Image autoencoders trained by genlab, for latent diffusion."""

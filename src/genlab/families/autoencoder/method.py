@@ -1,0 +1,232 @@
+"""Training an image autoencoder for latent diffusion (`genlab train mnist_autoencoder`; model autoencoder_kl).
+
+The objective is LDM's `LPIPSWithDiscriminator` (Rombach et al. 2022) without the perceptual term, which would
+need downloaded VGG weights:
+
+    loss = |x - D(z)|_1 + kl_weight * KL(q(z|x) || N(0, I)) + w * (-logits of the discriminator on D(z))
+
+z is a posterior sample (the kl bottleneck) or the latent itself (plain). LDM sums both terms over each image's
+elements; both are divided here by the image's element count (C*H*W), so the loss reads as a per-pixel L1 and
+kl_weight keeps LDM's meaning (SD's VAEs: 1e-6).
+
+The GAN term is optional (method.gan_weight > 0): a PatchGAN discriminator (Isola et al. 2017; spectral norm in
+place of BatchNorm, for stability at small batches), trained with its own optimizer on the hinge loss from step
+method.gan_start on (LDM starts it late, once reconstructions are good). Its weight is VQGAN's adaptive one (Esser
+et al. 2021, eq. 7): w = gan_weight * |grad_L L_rec| / (|grad_L L_gan| + 1e-4), both gradients at the decoder's
+last layer L, clamped to [0, 1e4]; method.gan_adaptive=false makes w = gan_weight.
+
+Evaluation encodes held-out images to the posterior mean and decodes them: L1 (on [-1, 1]) and PSNR (on [0, 1],
+per image, averaged) of the reconstructions, and the mean and std of the latent values, which are also written
+to RUN/latent_stats.json: the `run:RUN` codec (families/autoencoder/run_autoencoder.py) scales latents by 1 / std, the way
+SD's scaling_factor was chosen. Previews and `genlab sample` show held-out originals above their reconstructions.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genlab.config import fields as cf
+from genlab.families.base import Extra, Method
+from genlab.runtime.parallel import unwrap
+from genlab.core.registry import method_registry
+
+STATS_FILE = "latent_stats.json"
+PREVIEW_IMAGES = 16
+
+AE_METHOD_KEYS = cf.declare("method",
+    kl_weight=cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
+                         "read with model.bottleneck=kl)", ge=0),
+    gan_weight=cf.F(0.0, "autoencoder: weight of the PatchGAN generator term (0 = no discriminator; LDM: 0.5 with "
+                         "the adaptive weight)", ge=0),
+    gan_start=cf.F(0, "autoencoder: optimizer steps before the discriminator and its term start", ge=0),
+    gan_adaptive=cf.F(True, "autoencoder: VQGAN's adaptive GAN weight (gradient-norm ratio at the decoder's last "
+                            "layer) times method.gan_weight; false = method.gan_weight alone"),
+    gan_lr=cf.F(0.0, "autoencoder: discriminator learning rate (0 = optim.lr)", ge=0),
+)
+
+
+def kl_to_standard_normal(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean, exp(logvar)) || N(0, 1)) summed over each sample's elements: 0.5 * sum(mean^2 + var - 1 - logvar)."""
+    return 0.5 * (mean.square() + logvar.exp() - 1.0 - logvar).flatten(1).sum(1)
+
+
+class PatchDiscriminator(nn.Module):
+    """pix2pix's N-layer PatchGAN as LDM uses it (4x4 convs, stride 2 then 1, LeakyReLU 0.2): one logit per patch."""
+
+    def __init__(self, channels: int, width: int = 64, layers: int = 3):
+        super().__init__()
+        sn = nn.utils.parametrizations.spectral_norm
+        mods, cin = [sn(nn.Conv2d(channels, width, 4, 2, 1)), nn.LeakyReLU(0.2)], width
+        for i in range(1, layers + 1):
+            cout = width * min(2 ** i, 8)
+            mods += [sn(nn.Conv2d(cin, cout, 4, 2 if i < layers else 1, 1)), nn.LeakyReLU(0.2)]
+            cin = cout
+        mods.append(sn(nn.Conv2d(cin, 1, 4, 1, 1)))
+        self.net = nn.Sequential(*mods)
+
+    def forward(self, x):
+        with torch.autocast(x.device.type, enabled=False):  # logits in fp32
+            return self.net(x.float())
+
+
+def disc_layers(image_size: int) -> int:
+    """Strided layers that leave the 4x4-kernel head a map of at least 2x2 (3 from 64 px up, as pix2pix)."""
+    n = 1
+    while n < 3 and image_size // 2 ** (n + 1) >= 4:
+        n += 1
+    return n
+
+
+def adaptive_weight(rec_loss, gan_loss, last_layer) -> torch.Tensor:
+    """VQGAN eq. 7: |grad rec| / (|grad gan| + 1e-4) at the decoder's last layer, clamped to [0, 1e4], detached."""
+    g_rec = torch.autograd.grad(rec_loss, last_layer, retain_graph=True)[0]
+    g_gan = torch.autograd.grad(gan_loss, last_layer, retain_graph=True)[0]
+    return (g_rec.norm() / (g_gan.norm() + 1e-4)).clamp(0.0, 1e4).detach()
+
+
+@torch.no_grad()
+def reconstruct(model, images_u8, batch: int, device):
+    """Held-out uint8 [N, H, W, C] -> (originals, reconstructions from the posterior mean, latents), float [-1, 1]
+    on the CPU, in batches."""
+    from genlab.data.pixels import to_model
+    base = unwrap(model)
+    xs, recs, zs = [], [], []
+    for i in range(0, len(images_u8), batch):
+        x = to_model(torch.as_tensor(np.asarray(images_u8[i:i + batch])).to(device))
+        z = base.encode(x)
+        xs.append(x.float().cpu())
+        zs.append(z.float().cpu())
+        recs.append(base.decode(z).float().clamp(-1, 1).cpu())
+    return torch.cat(xs), torch.cat(recs), torch.cat(zs)
+
+
+def reconstruction_metrics(x: torch.Tensor, rec: torch.Tensor) -> dict:
+    """L1 on [-1, 1]; PSNR in dB on [0, 1] per image, averaged (MSE floored at 1e-10)."""
+    mse = ((x - rec) / 2).square().flatten(1).mean(1).clamp_min(1e-10)
+    return {"rec_l1": float((x - rec).abs().mean()), "psnr": float((-10 * torch.log10(mse)).mean())}
+
+
+def latent_stats(z: torch.Tensor) -> dict:
+    """Mean and std of every latent value (SD's scaling_factor = 1 / this std)."""
+    z = z.double()
+    return {"latent_mean": float(z.mean()), "latent_std": float(z.std())}
+
+
+def held_out_images(cfg, data, n: int) -> tuple[np.ndarray, str]:
+    """n held-out images, as image evaluation picks them (eval/real_split.py: eval.val_path or a fixed half)."""
+    from genlab.eval.real_split import real_split
+    split = real_split(data, cfg.eval.val_path, 0, n)
+    return split.held_out, split.source
+
+
+class Autoencoder(Method):
+    batch_keys = ("image",)
+    best_metric = "rec_l1"
+    sample_options = ()
+
+    def __init__(self, cfg, data_spec):
+        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
+        self.gan = cfg.method.gan_weight > 0
+        self._data = None
+
+    def extra_modules(self):
+        if not self.gan:
+            return {}
+        disc = PatchDiscriminator(self.spec["channels"], layers=disc_layers(self.spec["image_size"]))
+        return {"disc": Extra(disc, trainable=True, optimizer="disc", lr=self.mcfg.gan_lr or None)}
+
+    def loss(self, model, batch, ctx):
+        x = batch["image"]
+        base = unwrap(model)
+        noise = None
+        if base.kl:
+            c, h, w = base.latent_shape(*x.shape[1:])
+            noise = torch.randn((x.shape[0], c, h, w), generator=ctx.generator, device=x.device, dtype=x.dtype)
+        rec, mean, logvar = model(x, noise, return_posterior=True)
+        rec_loss = (x.float() - rec.float()).abs().mean()
+        loss, metrics = rec_loss, {"rec_l1": rec_loss.detach()}
+        if logvar is not None:
+            kl = kl_to_standard_normal(mean.float(), logvar.float()).mean() / x[0].numel()
+            loss = loss + self.mcfg.kl_weight * kl
+            metrics["kl"] = kl.detach()
+        if not self.gan or ctx.step < self.mcfg.gan_start:
+            return loss, metrics
+        # one discriminator forward for both losses (spectral norm updates its vectors on each training forward);
+        # the trainer back-propagates d_loss into the discriminator only, so fake need not be detached
+        fake, real = ctx.extras["disc"](torch.cat([rec, x])).chunk(2)
+        g_loss = -fake.mean()
+        d_loss = 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())
+        w = self.mcfg.gan_weight
+        if self.mcfg.gan_adaptive:
+            w = w * adaptive_weight(rec_loss, g_loss, base.decoder.last_layer)
+        metrics.update(g_loss=g_loss.detach(), d_loss=d_loss.detach(), gan_w=torch.as_tensor(w).detach())
+        return {"model": loss + w * g_loss, "disc": d_loss}, metrics
+
+    # -- evaluation and pictures -----------------------------------------------------------------------------
+    def _dataset(self, cfg):
+        if self._data is None:
+            from genlab.data import build_dataset
+            self._data = build_dataset(cfg.data)
+        return self._data
+
+    def evaluate(self, model, data, ctx) -> dict:
+        ecfg = ctx["eval"]
+        if ecfg.num_samples <= 0:
+            return {}
+        images, source = held_out_images(ctx["cfg"], data, ecfg.num_samples)
+        x, rec, z = reconstruct(model, images, ecfg.batch_size, ctx["device"])
+        res = {**reconstruction_metrics(x, rec), **latent_stats(z)}
+        if ctx.get("run_dir") is not None:
+            write_stats(ctx["run_dir"], {**res, "images": len(images), "source": source})
+        return res
+
+    def recon_grid(self, model, path, n, device, cfg):
+        """Held-out originals (odd rows) above their reconstructions (even rows), up to 8 per row."""
+        from genlab.data.pixels import to_pixels
+        from genlab.eval.image_quality import save_grid
+        images, _ = held_out_images(cfg, self._dataset(cfg), n)
+        x, rec, _ = reconstruct(model, images, 256, device)
+        cols = min(8, len(x))
+        rows = []
+        for i in range(0, len(x), cols):
+            pad = cols - len(x[i:i + cols])
+            for part in (x[i:i + cols], rec[i:i + cols]):
+                rows.append(torch.cat([part, torch.ones(pad, *part.shape[1:])]) if pad else part)
+        grid = to_pixels(torch.cat(rows))
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return save_grid(grid, len(rows), cols, path)
+
+    def preview(self, model, path, ctx):
+        return self.recon_grid(model, Path(path), PREVIEW_IMAGES, ctx["device"], ctx["cfg"])
+
+    def sample_to_file(self, model, out, *, n=16, steps=None, generator=None, device=None, **_):
+        """`genlab sample`: n held-out images above their reconstructions (an autoencoder draws no new images)."""
+        return self.recon_grid(model, Path(out), n, device or next(unwrap(model).parameters()).device, self.cfg)
+
+
+def write_stats(run_dir, stats: dict) -> None:
+    from genlab.core.files import write_atomic
+    write_atomic(Path(run_dir) / STATS_FILE, json.dumps(stats, indent=2))
+
+
+def read_stats(run_dir) -> dict | None:
+    p = Path(run_dir) / STATS_FILE
+    try:
+        s = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return s if isinstance(s.get("latent_std"), (int, float)) and math.isfinite(s["latent_std"]) and s["latent_std"] > 0 else None
+
+
+@method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
+                                         "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
+                          keys=AE_METHOD_KEYS, reads=("eval.val_path",), data_kinds=("image",),
+                          model_families=("autoencoder",))
+def build_autoencoder(cfg, data_spec):
+    return Autoencoder(cfg, data_spec)

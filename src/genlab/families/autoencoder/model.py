@@ -1,0 +1,251 @@
+"""A convolutional image autoencoder in the style of the Stable Diffusion VAE (Rombach et al. 2022, LDM's
+`AutoencoderKL`): ResNet blocks with GroupNorm and SiLU, one strided-conv downsampling per resolution level,
+a mid block with single-head self-attention, and a bottleneck of `model.latent_channels` channels at 1 / 2^k of
+the image side (k = len(model.channel_mult) - 1). The decoder mirrors it with nearest-neighbour upsampling.
+
+Bottleneck `kl`: the encoder gives the mean and log-variance of a diagonal Gaussian posterior q(z|x) (LDM's
+DiagonalGaussianDistribution, log-variance clamped to [-30, 20]); training decodes a sample, encoding for
+diffusion reads the mean. `plain`: a deterministic latent (no KL term).
+
+Widths: model.dim is the base width (level i has dim * channel_mult[i] channels), model.depth the ResNet blocks
+per level (the decoder has one more, as SD's). SD's VAE is model.size=sd (128, 2 blocks) with
+model.channel_mult=1,2,4,4 (factor 8). Trained by `method.name=autoencoder` (families/autoencoder/method.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
+from genlab.core.registry import ModelExample, model_registry
+
+LOGVAR_RANGE = (-30.0, 20.0)  # LDM's clamp of the posterior log-variance
+
+AE_KEYS = cf.declare("model",
+    channel_mult=cf.F((1.0, 2.0, 2.0), "autoencoder_kl: width multiple of each resolution level (of model.dim); the "
+                                       "image side shrinks by 2^(levels - 1)", ge=1),
+    latent_channels=cf.F(4, "autoencoder_kl: channels of the latent (SD: 4)", ge=1),
+    bottleneck=cf.F("kl", "autoencoder_kl: kl = diagonal-Gaussian posterior (+ KL term), plain = deterministic latent",
+                    choices=("kl", "plain")),
+)
+# model.size -> (base width model.dim, ResNet blocks per level model.depth, heads of the mid attention)
+AE_SIZES = {"tiny": (32, 1, 1), "small": (64, 2, 1), "sd": (128, 2, 1)}
+
+
+def groups(ch: int) -> int:
+    """GroupNorm groups: SD's 32 where the width allows, else the largest common divisor."""
+    return math.gcd(32, ch)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.norm1, self.conv1 = nn.GroupNorm(groups(cin), cin, eps=1e-6), nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2, self.conv2 = nn.GroupNorm(groups(cout), cout, eps=1e-6), nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return self.skip(x) + h
+
+
+class AttnBlock(nn.Module):
+    """SD's mid-block self-attention over the H*W positions (one or more heads), residual."""
+
+    def __init__(self, ch: int, heads: int):
+        super().__init__()
+        if ch % heads:
+            raise GenlabError(f"model.heads ({heads}) must divide the autoencoder's mid width ({ch})")
+        self.heads = heads
+        self.norm = nn.GroupNorm(groups(ch), ch, eps=1e-6)
+        self.qkv, self.proj = nn.Conv2d(ch, 3 * ch, 1), nn.Conv2d(ch, ch, 1)
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(B, 3, self.heads, C // self.heads, H * W).transpose(-1, -2).unbind(1)
+        h = F.scaled_dot_product_attention(q, k, v)  # [B, heads, HW, C/heads]
+        return x + self.proj(h.transpose(-1, -2).reshape(B, C, H, W))
+
+
+class Downsample(nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.conv = nn.Conv2d(ch, ch, 3, stride=2)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 1, 0, 1)))  # SD's asymmetric pad: side n -> n / 2 for even n
+
+
+class Upsample(nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.conv = nn.Conv2d(ch, ch, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+def mid_block(ch: int, heads: int) -> nn.Sequential:
+    return nn.Sequential(ResnetBlock(ch, ch), AttnBlock(ch, heads), ResnetBlock(ch, ch))
+
+
+def out_head(ch: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.GroupNorm(groups(ch), ch, eps=1e-6), nn.SiLU(), nn.Conv2d(ch, cout, 3, padding=1))
+
+
+def resnet_stages(cin: int, widths: list[int], depth: int, resample) -> tuple[nn.Sequential, int]:
+    """`depth` ResnetBlocks per width, `resample(width)` between stages (not after the last); returns the stack and
+    its output width. One Sequential, so the checkpoint keys are `down.N` / `up.N` as before."""
+    layers = []
+    for i, w in enumerate(widths):
+        for _ in range(depth):
+            layers.append(ResnetBlock(cin, w))
+            cin = w
+        if i < len(widths) - 1:
+            layers.append(resample(w))
+    return nn.Sequential(*layers), cin
+
+
+class Encoder(nn.Module):
+    def __init__(self, channels, dim, mult, depth, heads, out_ch):
+        super().__init__()
+        widths = [dim * m for m in mult]
+        self.conv_in = nn.Conv2d(channels, dim, 3, padding=1)
+        self.down, cin = resnet_stages(dim, widths, depth, Downsample)
+        self.mid = mid_block(cin, heads)
+        self.out = out_head(cin, out_ch)
+
+    def forward(self, x):
+        return self.out(self.mid(self.down(self.conv_in(x))))
+
+
+class Decoder(nn.Module):
+    def __init__(self, channels, dim, mult, depth, heads, latent_channels):
+        super().__init__()
+        widths = [dim * m for m in mult][::-1]
+        self.conv_in = nn.Conv2d(latent_channels, widths[0], 3, padding=1)
+        self.mid = mid_block(widths[0], heads)
+        self.up, cin = resnet_stages(widths[0], widths, depth + 1, Upsample)
+        self.out = out_head(cin, channels)
+
+    @property
+    def last_layer(self) -> torch.Tensor:
+        """The output conv's weight: VQGAN's adaptive GAN weight compares gradient norms here."""
+        return self.out[-1].weight
+
+    def forward(self, z):
+        return self.out(self.up(self.mid(self.conv_in(z))))
+
+
+class AutoencoderKL(nn.Module):
+    """images [B, C, H, W] in [-1, 1] <-> raw latents [B, latent_channels, H/f, W/f]."""
+
+    def __init__(self, channels: int, image_size: int, dim: int, mult: tuple[int, ...], depth: int, heads: int,
+                 latent_channels: int, bottleneck: str):
+        super().__init__()
+        self.channels, self.image_size, self.latent_channels = channels, image_size, latent_channels
+        self.mult, self.dim, self.depth, self.heads = tuple(mult), dim, depth, heads
+        self.factor = 2 ** (len(mult) - 1)
+        self.kl = bottleneck == "kl"
+        moments = 2 * latent_channels if self.kl else latent_channels
+        self.encoder = Encoder(channels, dim, mult, depth, heads, moments)
+        self.quant_conv = nn.Conv2d(moments, moments, 1)
+        self.post_quant_conv = nn.Conv2d(latent_channels, latent_channels, 1)
+        self.decoder = Decoder(channels, dim, mult, depth, heads, latent_channels)
+        self._flops = None
+
+    def posterior(self, x):
+        """(mean, log-variance) of q(z|x); the log-variance is None for the plain bottleneck."""
+        h = self.quant_conv(self.encoder(x))
+        if not self.kl:
+            return h, None
+        mean, logvar = h.chunk(2, dim=1)
+        return mean, logvar.clamp(*LOGVAR_RANGE)
+
+    def encode(self, x):
+        """The posterior mean: deterministic latents for diffusion."""
+        return self.posterior(x)[0]
+
+    def decode(self, z):
+        return self.decoder(self.post_quant_conv(z))
+
+    def latent_shape(self, c: int, h: int, w: int) -> tuple[int, int, int]:
+        return self.latent_channels, h // self.factor, w // self.factor
+
+    def forward(self, x, noise=None, return_posterior: bool = False):
+        """Reconstruction of x: from z = mean + std * noise when noise is given (kl training), else from the mean.
+        return_posterior: (reconstruction, mean, log-variance) for the method's KL term."""
+        mean, logvar = self.posterior(x)
+        z = mean if noise is None or logvar is None else mean + torch.exp(0.5 * logvar) * noise.to(mean.dtype)
+        rec = self.decode(z)
+        return (rec, mean, logvar) if return_posterior else rec
+
+    def flops_per_sample(self) -> int:
+        """Forward FLOPs (encode + decode) of one image, counted by torch.utils.flop_counter on a meta-device copy
+        (no arithmetic runs, so an SD-size model costs nothing to count)."""
+        if self._flops is None:
+            from torch.utils.flop_counter import FlopCounterMode
+            with torch.device("meta"):
+                twin = AutoencoderKL(self.channels, self.image_size, self.dim, self.mult, self.depth, self.heads,
+                                     self.latent_channels, "kl" if self.kl else "plain")
+                x = torch.zeros(1, self.channels, self.image_size, self.image_size)
+            with torch.no_grad(), FlopCounterMode(display=False) as fc:
+                twin(x)
+            self._flops = int(fc.get_total_flops())
+        return self._flops
+
+
+def channel_mult(cfg_model) -> tuple[int, ...]:
+    mult = tuple(cfg_model.channel_mult)
+    if not mult or any(m != int(m) for m in mult):
+        raise GenlabError(f"model.channel_mult must be whole numbers >= 1 (e.g. 1,2,2), got {mult}")
+    return tuple(int(m) for m in mult)
+
+
+def sizes_of(cfg_model) -> tuple[int, int, int]:
+    dim, depth, heads = AE_SIZES.get(cfg_model.size, AE_SIZES["tiny"])
+    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
+
+
+def check_image_size(side: int, mult) -> None:
+    f = 2 ** (len(mult) - 1)
+    if side % f:
+        raise GenlabError(f"model.channel_mult has {len(mult)} levels (downsampling by {f}); the image size {side} is "
+                          f"not a multiple of {f}: use fewer levels (e.g. model.channel_mult={','.join(['1'] + ['2'] * (len(mult) - 2))})")
+
+
+def check_autoencoder_model(cfg, dim, heads, depth):
+    """Before any work: whole-number multiples, and a data image size the downsampling divides."""
+    from genlab.core.registry import dataset_registry
+    mult = channel_mult(cfg.model)
+    if (dim * mult[-1]) % heads:
+        raise GenlabError(f"model.heads ({heads}) must divide the autoencoder's mid width ({dim * mult[-1]})")
+    shape_of = dataset_registry.spec(cfg.data.name).shape
+    shape = shape_of(cfg.data) if shape_of is not None else None
+    if shape and shape.get("image_size"):
+        check_image_size(shape["image_size"], mult)
+
+
+def example() -> ModelExample:
+    return ModelExample(
+        spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
+        inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),),
+        output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
+        option_cases={"bottleneck": ["plain"], "channel_mult": [(1.0, 2.0)]})
+
+
+@model_registry.register("autoencoder_kl", "SD-VAE-style conv autoencoder (ResNet blocks, GroupNorm, SiLU, mid "
+                                           "attention), kl or plain bottleneck, factor 2^(levels-1): "
+                                           "method.name=autoencoder", keys=AE_KEYS, family="autoencoder",
+                         sizes=AE_SIZES, example=example(), check=check_autoencoder_model)
+def build_autoencoder_kl(cfg_model, data_spec) -> AutoencoderKL:
+    mult = channel_mult(cfg_model)
+    check_image_size(data_spec["image_size"], mult)
+    dim, depth, heads = sizes_of(cfg_model)
+    return AutoencoderKL(data_spec["channels"], data_spec["image_size"], dim, mult, depth, heads,
+                         cfg_model.latent_channels, cfg_model.bottleneck)

@@ -1,0 +1,134 @@
+"""What the few-step methods share: the flow teacher (`method.teacher=RUN`), the student initialised from it, and
+the sampling conventions of the family.
+
+A teacher is any run whose method predicts a velocity (MethodSpec.output == "velocity": flow, REPA) on data of the
+same shape and classes, with no extra model inputs of its own. It is checked when the trainer builds the method's
+extras, before the run folder exists, and is a frozen extra from then on: moved, compiled with the model and
+saved in the student's checkpoints (so sampling or evaluating the student never needs the teacher run; resuming reads it again).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
+from genlab.families.base import Extra
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, cfg_velocity, unwrap
+from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
+
+TEACHER_KEYS = cf.declare("method",
+    teacher=cf.F("", "few-step distillation: the flow teacher (a run folder, checkpoint or exported model.safetensors "
+                     "of a flow or REPA run on the same data)", free="a run folder, checkpoint or .safetensors path"),
+    teacher_cfg_scale=cf.F(0.0, "few-step distillation: guidance scale of the teacher's velocity (0 = the teacher "
+                                "run's own eval.cfg_scale)", ge=0),
+)
+
+
+def teacher_state(path: str) -> dict:
+    from genlab.runtime import checkpoint as ckpt
+    if not path:
+        raise GenlabError("this method needs method.teacher=RUN (a flow run folder, checkpoint or exported "
+                          "model.safetensors)")
+    try:
+        return ckpt.load_checkpoint(path)
+    except GenlabError as e:
+        raise GenlabError(f"method.teacher: {e}") from None
+
+
+def check_teacher(state: dict, spec: dict, path: str):
+    """The teacher run's config, or a one-line error when it cannot teach a student of data `spec`."""
+    from genlab.core.registry import method_registry
+    from genlab.runtime import checkpoint as ckpt
+    tcfg = ckpt.config_of(state)
+    tspec = method_registry.spec(tcfg.method.name)
+    if tspec.output != "velocity" or tspec.conditions:
+        fits = [n for n, s in method_registry.specs() if s.output == "velocity" and not s.conditions]
+        raise GenlabError(f"method.teacher '{path}' was trained by method {tcfg.method.name}, which is not a plain "
+                          f"velocity predictor; a teacher is a run of: {', '.join(fits)}")
+    tdata = state.get("data_spec") or {}
+    for key in ("kind", "channels", "image_size", "num_classes"):
+        if tdata.get(key) != spec.get(key):
+            raise GenlabError(f"method.teacher '{path}' was trained on other data ({key} {tdata.get(key)!r}, "
+                              f"this run's data has {spec.get(key)!r})")
+    return tcfg
+
+
+def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> None:
+    """The teacher's weights into the student. Only the student's own condition embedders (ConditionSet) may be
+    missing; their last layer starts at zero, so the student computes exactly the teacher's function at step 0. A
+    BitNet student's input norms (train.bitlinear_norm) may be missing too: a float teacher has none; they start at
+    gain 1."""
+    from genlab.nn.bitlinear import InputRMSNorm
+    from genlab.nn.conditions import ConditionSet
+    sets = {name: m for name, m in model.named_modules() if isinstance(m, ConditionSet)}
+    norms = [name for name, m in model.named_modules() if isinstance(m, InputRMSNorm)]
+    own = model.state_dict()
+    new_keys = [k for k in own if k not in weights]
+    bad = [k for k in new_keys if not any(k.startswith(f"{p}.") for p in [*sets, *norms])] + [k for k in weights if k not in own]
+    if bad:
+        raise GenlabError(f"cannot initialise the student from method.teacher '{source}': its model differs "
+                          f"(parameter {bad[0]}); the student needs the teacher's model.* settings")
+    for k, v in weights.items():
+        if tuple(own[k].shape) != tuple(v.shape):
+            raise GenlabError(f"cannot initialise the student from method.teacher '{source}': shape of {k} "
+                              f"{tuple(v.shape)} vs {tuple(own[k].shape)}; the student needs the teacher's model.* settings")
+    model.load_state_dict(weights, strict=False)
+    with torch.no_grad():
+        for cset in sets.values():
+            for emb in cset.embed.values():
+                last = [m for m in emb.modules() if isinstance(m, nn.Linear)][-1]
+                last.weight.zero_()
+                if last.bias is not None:
+                    last.bias.zero_()
+
+
+class FewStepFlow(FlowMatching):
+    """Flow matching's data, labels, sampling entry points and evaluation, with an optional teacher.
+
+    Subclasses set `uses_teacher` and `init_from_teacher`, and implement `loss`; they sample through
+    FlowMatching.sample with their preset's sampler (flow_map, consistency or euler on a few-step grid)."""
+
+    uses_teacher = False       # loads method.teacher as the frozen extra "teacher"
+    init_from_teacher = False  # a fresh student starts from the teacher's weights
+
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        self._teacher_state = None
+
+    def _teacher(self) -> dict:
+        if self._teacher_state is None:
+            path = self.mcfg.teacher
+            state = teacher_state(path)
+            self.teacher_cfg = check_teacher(state, self.spec, path)
+            self._teacher_state = state
+        return self._teacher_state
+
+    def init_weights(self, model) -> None:
+        if self.init_from_teacher:
+            st = self._teacher()
+            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"], self.mcfg.teacher)
+
+    def extra_modules(self):
+        extras = dict(super().extra_modules())
+        if self.uses_teacher:
+            extras["teacher"] = Extra(build_teacher(self._teacher()), trainable=False)
+            self._teacher_state = None  # the weights live in the module now
+        return extras
+
+    def evaluate(self, model, data, ctx) -> dict:
+        # a student trained on a pairs folder (reflow, LADD) is scored against the teacher's data the folder records,
+        # like the teacher itself, not against the teacher's samples
+        return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
+
+    @property
+    def teacher_guidance(self) -> float:
+        return self.mcfg.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
+
+    def teacher_velocity(self, teacher, y):
+        """The teacher's guided velocity field v(x, t) for labels y (one batched forward with CFG)."""
+        return cfg_velocity(teacher, y, unwrap(teacher).null_class, self.teacher_guidance)
+
+
+FEW_STEP_KEYS = FLOW_KEYS
+FEW_STEP_SPEC = {k: v for k, v in FLOW_SPEC.items() if k != "output"}

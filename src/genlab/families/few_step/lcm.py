@@ -1,0 +1,133 @@
+"""Consistency distillation, LCM-style (Luo et al. 2023, "Latent Consistency Models"), from a flow teacher.
+
+genlab's time runs the other way from the paper's (t = 0 noise, t = 1 data), and the consistency function is the
+flow parametrisation f(x, t, w) = x + (1 - t) v_θ(x, t, w) (consistency.py): the identity at t = 1.
+
+One training step, per sample:
+- a grid t_n = n / N, N = method.lcm_timesteps, and a skip k = method.lcm_skip grid intervals; n uniform in
+  0..N-k, s = t_{n+k} (the point k intervals closer to the data);
+- x_{t_n} = (1 - t_n) z + t_n x from the data x and noise z;
+- a guidance scale w ~ U[method.lcm_w_min, method.lcm_w_max] (genlab's CFG scale: v_u + w (v_c - v_u), 1 = none;
+  LCM's ω is w - 1);
+- one step of the teacher's guided ODE from t_n to s (method.lcm_solver: euler, which is DDIM on this path, as in
+  LCM; or heun), with w per sample, the conditional and unconditional halves in one forward of the doubled batch;
+- target f_θ⁻(x̂_s, s, w), θ⁻ the EMA of the student (train.ema_decay; LCM: 0.95). genlab's EMA is also the
+  model that samples and is evaluated, as LCM's target network is its released model. With train.ema_decay = 0 the
+  target is the student itself without gradient;
+- loss: pseudo-Huber(f_θ(x_{t_n}, t_n, w), target) with c = method.lcm_huber_c.
+The student takes w as the condition `w` (embedded as w / lcm_w_max in [0, 1]); at sampling it is
+method.lcm_guidance, with cfg_scale = 1 (the teacher's guidance is baked in). Samples: sampler `consistency`.
+
+Grid: the paper's skipping step is k = 20 of 1000 DDPM steps, i.e. one interval of its 50-step DDIM grid; the
+defaults N = 50, k = 1 are that, and N = 50 is also the teacher recipe's own sampler grid (mnist_flow_fast: 50
+uniform steps), so one solver step is one step the teacher is used to. A larger k reaches the noise end in fewer
+hops (N/k) at a larger solver error per hop.
+"""
+from __future__ import annotations
+
+import torch
+
+from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
+from genlab.families.few_step.consistency import TEACHER_PATH, consistency_fn, pseudo_huber
+from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
+from genlab.core.registry import method_registry
+
+LCM_KEYS = cf.declare("method",
+    lcm_timesteps=cf.F(50, "lcm: N, intervals of the uniform grid t_n = n/N of the teacher's solver (LCM: 50 DDIM steps)",
+                       ge=2),
+    lcm_skip=cf.F(1, "lcm: k, grid intervals of one teacher solver step t_n -> t_{n+k} (LCM: 20 of 1000 DDPM steps = "
+                     "1 interval of its 50-step grid)", ge=1),
+    lcm_solver=cf.F("euler", "lcm: the teacher's solver step (euler = DDIM on the flow path, as LCM; heun: two teacher "
+                             "calls, second order)", choices=("euler", "heun")),
+    lcm_w_min=cf.F(1.0, "lcm: smallest guidance scale w drawn in training (genlab's CFG scale, 1 = none; LCM's "
+                        "omega in [2, 14] is w in [3, 15], made for Stable Diffusion)", ge=1),
+    lcm_w_max=cf.F(3.0, "lcm: largest guidance scale w drawn in training; the student sees w / lcm_w_max", gt=0),
+    lcm_guidance=cf.F(1.2, "lcm: guidance scale w fed to the student when sampling (within [lcm_w_min, lcm_w_max]; "
+                           "default: the teacher recipe's eval.cfg_scale)", ge=1),
+    lcm_huber_c=cf.F(0.001, "lcm: c of the pseudo-Huber loss per pixel (LCM code: 0.001, applied per element there)",
+                     ge=0),
+)
+
+
+def guided_velocity(teacher, x, t, y, w, null_class: int):
+    """The teacher's CFG velocity v_u + w (v_c - v_u) with a scale per sample, in one forward of the doubled batch."""
+    v = teacher(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, null_class)]))
+    v_c, v_u = v.chunk(2)
+    w = w.view(-1, *([1] * (x.ndim - 1))).to(v.dtype)
+    return v_u + w * (v_c - v_u)
+
+
+def solver_step(teacher, x, t, s, y, w, null_class: int, solver: str = "euler"):
+    """One step of the teacher's guided ODE dx/dt = v from t to s (per-sample tensors)."""
+    h = (s - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype)
+    v1 = guided_velocity(teacher, x, t, y, w, null_class)
+    x_e = x + h * v1
+    if solver == "euler":
+        return x_e
+    v2 = guided_velocity(teacher, x_e, s, y, w, null_class)
+    return x + h * (v1 + v2) / 2
+
+
+def lcm_target(teacher, target_net, x_t, t, s, y, w, w_max: float, null_class: int, solver: str = "euler"):
+    """f_θ⁻(x̂_s, s, w) with x̂_s one teacher solver step from x_t: the consistency distillation target."""
+    x_s = solver_step(teacher, x_t, t, s, y, w, null_class, solver)
+    return consistency_fn(target_net, x_s, s, y, w=w / w_max)
+
+
+class LatentConsistency(FewStepFlow):
+    uses_teacher = True
+    init_from_teacher = True
+
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        check_guidance(self.mcfg)  # again here: `genlab eval|sample` may change method.lcm_guidance on a trained run
+
+    def loss(self, model, batch, ctx):
+        m, g, data, y = self.mcfg, ctx.generator, batch["image"], batch["label"]
+        B, dev = data.shape[0], data.device
+        N, k = m.lcm_timesteps, m.lcm_skip
+        n = torch.randint(0, N - k + 1, (B,), generator=g, device=dev)
+        t, s = n.float() / N, (n + k).float() / N
+        w = m.lcm_w_min + (m.lcm_w_max - m.lcm_w_min) * torch.rand(B, generator=g, device=dev)
+        noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
+        null = unwrap(model).null_class
+        if self.class_dropout > 0:  # a dropped label: the unguided, unconditional trajectory (v_c = v_u)
+            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
+            y = torch.where(drop, torch.full_like(y, null), y)
+        x_t = interpolate(noise, data, t)
+        with torch.no_grad():
+            target = lcm_target(ctx.extras["teacher"], ctx.ema if ctx.ema is not None else model, x_t, t, s, y, w,
+                                m.lcm_w_max, null, m.lcm_solver)
+        pred = consistency_fn(model, x_t, t, y, w=w / m.lcm_w_max)
+        return pseudo_huber(pred, target, m.lcm_huber_c).mean(), {}
+
+    def sample_conditions(self, n, device):
+        return {"w": torch.full((n,), self.mcfg.lcm_guidance / self.mcfg.lcm_w_max, device=device)}
+
+
+def check_lcm_config(cfg):
+    check_flow_config(cfg)
+    m = cfg.method
+    if m.lcm_skip >= m.lcm_timesteps:
+        raise GenlabError(f"method.lcm_skip ({m.lcm_skip}) must be below method.lcm_timesteps ({m.lcm_timesteps})")
+    check_guidance(m)
+
+
+def check_guidance(m):
+    if m.lcm_w_min > m.lcm_w_max:
+        raise GenlabError(f"method.lcm_w_min ({m.lcm_w_min}) must not exceed method.lcm_w_max ({m.lcm_w_max})")
+    if not m.lcm_w_min <= m.lcm_guidance <= m.lcm_w_max:
+        raise GenlabError(f"method.lcm_guidance ({m.lcm_guidance}) must lie in the trained range [method.lcm_w_min, "
+                          f"method.lcm_w_max] = [{m.lcm_w_min}, {m.lcm_w_max}]")
+
+
+@method_registry.register("lcm", "consistency distillation, LCM-style (Luo et al. 2023): a skipping-step solver on the "
+                                 "flow teacher (method.teacher), EMA target, guidance scale w as the student's input; "
+                                 "1-8 step sampling with sampler=consistency",
+                          keys=FEW_STEP_KEYS + TEACHER_PATH + LCM_KEYS, conditions={"w": "scalar"},
+                          **{**FEW_STEP_SPEC, "check": check_lcm_config,
+                             "sampling_keys": FLOW_SAMPLING + ("method.lcm_guidance",)})
+def build_lcm(cfg, data_spec):
+    return LatentConsistency(cfg, data_spec)

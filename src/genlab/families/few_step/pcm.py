@@ -1,0 +1,125 @@
+"""Phased Consistency Models (Wang et al. 2024, "Phased Consistency Models"), distilled from a flow teacher.
+
+genlab's time convention (t=0 noise, t=1 data; the paper and its code write sigma = 1 - t, noise at 1). The
+trajectory is cut into k phases (method.pcm_phases) at uniform edges e_j = j/k, so the plain `euler` sampler at
+sample_steps = k lands on the edges. Within phase [e_j, e_{j+1}] the consistency function maps x_t to the phase end,
+
+    f(x, t) = x + (e_{j+1} - t) v_theta(x, t)          (the identity at t = e_{j+1})
+
+which is exactly one Euler step of the sampler from a phase start. Consistency distillation within the phase: t on
+the grid i/N (N = method.pcm_solver_steps, the official 50 Euler steps), x_t = (1-t) noise + t data, one teacher
+Euler step with the teacher's guided velocity to t' = min(t + 1/N, e_{j+1}):
+
+    x^_{t'} = x_t + (t' - t) v_teacher(x_t, t),        target = f_EMA(x^_{t'}, t')  (x^_{t'} itself when t' = e_{j+1})
+
+loss = mean (f_theta(x_t, t) - target)^2. The target network is the EMA (train.ema_decay > 0; LCM's lineage); the
+official code uses the online weights without gradient instead, which is what ema_decay = 0 gives here.
+
+Adversarial consistency loss (method.pcm_adv_weight > 0; the paper uses it with k = 2): the student's phase-end
+prediction (fake) and the target (real) are re-noised from the phase end e_{j+1} to a t' within one phase below
+it (discriminator.renoise_time; official: uniform in that window, here its logit-normal shape shifted toward
+noise) and judged by heads on the frozen teacher's features (discriminator.py; hinge losses). The official code
+alternates discriminator and generator steps; here both update every step, each loss into its own optimizer.
+"""
+from __future__ import annotations
+
+import torch
+
+from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.few_step.discriminator import (DISC_KEYS, add_discriminator, check_disc_config, renoise,
+                                                   renoise_time)
+from genlab.families.image_flow.flow import check_flow_config, interpolate
+from genlab.core.registry import method_registry
+
+PCM_KEYS = cf.declare("method",
+    pcm_phases=cf.F(4, "pcm: phases k of the trajectory, edges j/k (paper: 4, or 2 with the adversarial loss); "
+                       "sample with sampler=euler at sample_steps=k", ge=1),
+    pcm_solver_steps=cf.F(50, "pcm: teacher ODE grid N: training times i/N and one teacher Euler step of 1/N "
+                              "(official 50)", ge=1),
+    pcm_adv_weight=cf.F(0.0, "pcm: weight of the adversarial consistency loss (0 = off; official 0.1), a "
+                             "discriminator on the teacher's features (method.tdisc_*)", ge=0),
+)
+
+
+def phase_edges(k: int) -> torch.Tensor:
+    """e_0 = 0 < e_1 < ... < e_k = 1, uniform."""
+    return torch.linspace(0.0, 1.0, k + 1)
+
+
+def phase_end(t: torch.Tensor, k: int) -> torch.Tensor:
+    """e_{j+1} of the phase [e_j, e_{j+1}) holding t (t = 1 is the end of the last phase). The tolerance puts an edge
+    rounded just below its value (float32 2/3 * 3 < 2) in the phase it starts."""
+    return (torch.floor(t * k + 1e-5).clamp(max=k - 1) + 1) / k
+
+
+def phase_function(velocity, x, t, end):
+    """f(x, t) = x + (end - t) v(x, t): the phase end predicted from x_t (the identity at t = end)."""
+    return x + (end - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype) * velocity(x, t)
+
+
+def pcm_target(teacher_v, target_v, x_t, t, t_next, end):
+    """One teacher Euler step from t to t_next, then the target network's phase function at t_next."""
+    shape = (-1, *([1] * (x_t.ndim - 1)))
+    x_next = x_t + (t_next - t).view(shape).to(x_t.dtype) * teacher_v(x_t, t)
+    return phase_function(target_v, x_next, t_next, end)
+
+
+class PCM(FewStepFlow):
+    uses_teacher = True
+    init_from_teacher = True
+
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        self.k, self.n = self.mcfg.pcm_phases, self.mcfg.pcm_solver_steps
+        self.adv_weight = self.mcfg.pcm_adv_weight
+        self.adversary = None
+
+    def extra_modules(self):
+        extras = super().extra_modules()
+        if self.adv_weight > 0:
+            self.adversary = add_discriminator(extras, self.mcfg, self.spec["num_classes"])
+        return extras
+
+    def loss(self, model, batch, ctx):
+        g, data, y = ctx.generator, batch["image"], batch["label"]
+        B, dev = data.shape[0], data.device
+        teacher = ctx.extras["teacher"]
+        t = torch.randint(0, self.n, (B,), generator=g, device=dev).float() / self.n
+        end = phase_end(t, self.k)
+        t_next = torch.minimum(t + 1.0 / self.n, end)
+        noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
+        x_t = interpolate(noise, data, t)
+        target_net = ctx.ema if ctx.ema is not None else model
+        with torch.no_grad():
+            target = pcm_target(self.teacher_velocity(teacher, y), lambda x, s: target_net(x, s, y), x_t, t, t_next,
+                                end).float()
+        pred = phase_function(lambda x, s: model(x, s, y), x_t, t, end)
+        cm = (pred.float() - target).square().mean()
+        if self.adversary is None:
+            return cm, {}
+        t_adv = renoise_time(end, 1.0 / self.k, g, self.mcfg)
+        fake_t = renoise(pred, end, t_adv, torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype))
+        real_t = renoise(target, end, t_adv, torch.randn(data.shape, generator=g, device=dev, dtype=target.dtype))
+        adv, d_loss, metrics = self.adversary(teacher, ctx.extras["disc"], fake_t, real_t, t_adv, y, pred, target)
+        return {"model": cm + self.adv_weight * adv, "disc": d_loss}, {"loss_consistency": cm.detach(), **metrics}
+
+
+def check_pcm_config(cfg):
+    check_flow_config(cfg)
+    m = cfg.method
+    if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
+        raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
+                          f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
+    if cfg.method.pcm_adv_weight > 0:
+        check_disc_config(cfg)
+
+
+@method_registry.register("pcm", "phased consistency distillation (Wang et al. 2024) from method.teacher: k phases, "
+                                 "f(x,t) = x + (e_end - t) v, EMA target after one guided teacher Euler step; optional "
+                                 "adversarial loss on teacher features; sampler=euler at k steps",
+                          keys=FEW_STEP_KEYS + TEACHER_KEYS + PCM_KEYS + DISC_KEYS,
+                          **{**FEW_STEP_SPEC, "check": check_pcm_config})
+def build_pcm(cfg, data_spec):
+    return PCM(cfg, data_spec)

@@ -1,0 +1,61 @@
+"""Reflow (Liu, Gong, Liu 2022, "Flow Straight and Fast"): 2-rectified flow on the teacher's pairs, and its
+one-step distillation. The baseline of the few-step family.
+
+The data are pairs (Z0 noise, Z1 = the teacher's ODE solution from Z0, label) drawn once by
+`genlab data generate pairs RUN` (data.name=pairs; their cost is in the folder's meta.json).
+- method.reflow_stage=reflow: flow matching on the coupling, x_t = (1-t) Z0 + t Z1 from the same pair, target
+  velocity Z1 - Z0; the student starts from the teacher (method.teacher). The new flow's paths are straighter, so
+  it needs fewer Euler steps.
+- method.reflow_stage=distill: only t = 0, loss ||Z0 + v(Z0, 0) - Z1||^2 (= ||v(Z0, 0) - (Z1 - Z0)||^2), so one
+  Euler step from the noise lands on the pair's image; the student starts from a reflow run (method.teacher) and
+  the paper distills on pairs that run draws (`genlab data generate pairs runs/<reflow run>`). Sample with
+  sampler=euler at 1 step. The paper's LPIPS distillation loss (their best one-step CIFAR-10 figure) is out of
+  scope here: it needs pretrained VGG features; this is their L2 variant.
+Time convention: the paper's too (t=0 noise, t=1 data). Evaluation compares samples with the teacher's data (the
+pairs folder records it), not with the teacher's samples, so the scores stand beside the teacher's.
+"""
+from __future__ import annotations
+
+import torch
+
+from genlab.config import fields as cf
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.image_flow.flow import interpolate, unwrap
+from genlab.core.registry import method_registry
+
+REFLOW_KEYS = cf.declare("method",
+    reflow_stage=cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
+                                "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill")),
+)
+# reflow reads the teacher's weights only (its start); it makes no teacher forwards, so no teacher guidance scale
+TEACHER_PATH = tuple(k for k in TEACHER_KEYS if k.dotted == "method.teacher")
+
+
+class Reflow(FewStepFlow):
+    batch_keys = ("image", "label", "noise")
+    init_from_teacher = True
+
+    def loss(self, model, batch, ctx):
+        g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]
+        B, dev = data.shape[0], data.device
+        if self.mcfg.reflow_stage == "distill":
+            t = torch.zeros(B, device=dev)
+        else:
+            t = self.draw_t(B, g, dev, ctx.step)
+        x_t = interpolate(noise, data, t)  # at t = 0 the pair's noise itself
+        if self.class_dropout > 0:
+            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
+            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        per = (model(x_t, t, y).float() - (data - noise).float()).square().flatten(1).mean(1)
+        return (self.weight(t.float(), self.mcfg) * per).mean(), {}
+
+    def synthetic_batch(self, batch_size, device, generator):
+        b = super().synthetic_batch(batch_size, device, generator)
+        return {**b, "noise": torch.randn(b["image"].shape, generator=generator, device=device)}
+
+
+@method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
+                                    "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
+                          keys=FEW_STEP_KEYS + TEACHER_PATH + REFLOW_KEYS, **FEW_STEP_SPEC, output="velocity")
+def build_reflow(cfg, data_spec):
+    return Reflow(cfg, data_spec)

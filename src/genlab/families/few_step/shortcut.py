@@ -1,0 +1,83 @@
+"""Shortcut models (Frans, Hafner, Levine, Abbeel 2024, "One Step Diffusion via Shortcut Models").
+
+The network s(x_t, t, d) also takes the step size d and returns the average velocity of a step of that size, so
+x_{t+d} = x_t + d * s(x_t, t, d) (sampler `flow_map`). Two kinds of targets in every batch:
+- flow matching at the smallest step d_min = 1 / method.shortcut_min_steps (2^-K): target v = data - noise;
+- self-consistency on a share (method.shortcut_share, 1/8 in the official code) of the batch: d = 2^-k, k uniform in
+  0..K-1, t on the grid of multiples of 2d; the target of one 2d-step is the mean of two d-steps of the target network
+  (the EMA when train.ema_decay > 0, as the official bootstrap_ema=1; else the model itself without gradient),
+  clipped to [-4, 4] as in the official code.
+The step size enters the backbone through the generic conditions as its log2 (embedder `log2_scalar`), like the
+official code's integer index log2(1/d).
+Paper vs official code: the paper writes the flow part at d = 0; the official code uses d = d_min, which we follow
+(a finite log2). Its flow part draws t uniformly on the 128-step grid; here it is the flow family's
+method.timestep_sampler (the teacher recipe's logit-normal with shift), the bootstrap part keeps the grid.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from genlab.config import fields as cf
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
+from genlab.families.image_flow.flow import interpolate, unwrap
+from genlab.core.registry import method_registry
+
+SHORTCUT_KEYS = cf.declare("method",
+    shortcut_min_steps=cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",
+                            ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512)),
+    shortcut_share=cf.F(0.125, "shortcut: share of each batch with self-consistency targets (official 1/8)", gt=0, lt=1),
+    shortcut_clip=cf.F(4.0, "shortcut: self-consistency targets are clipped to [-c, c] (official 4)", gt=0),
+)
+
+
+def two_step_target(target_model, x_t, t, d, y):
+    """The self-consistency target of one 2d-step: the mean of two d-steps of the target network."""
+    dv = d.view(-1, *([1] * (x_t.ndim - 1)))
+    v1 = target_model(x_t, t, y, d=d)
+    v2 = target_model(x_t + dv * v1, t + d, y, d=d)
+    return (v1 + v2) / 2
+
+
+class Shortcut(FewStepFlow):
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        self.levels = int(math.log2(self.mcfg.shortcut_min_steps))
+
+    def loss(self, model, batch, ctx):
+        g, data, y = ctx.generator, batch["image"], batch["label"]
+        B, dev = data.shape[0], data.device
+        nb = max(1, int(round(B * self.mcfg.shortcut_share)))
+        noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
+        # self-consistency part: d = 2^-k, t a multiple of 2d with t + 2d <= 1
+        k = torch.randint(0, self.levels, (nb,), generator=g, device=dev)
+        d = torch.pow(2.0, -(k + 1).float())                      # each of the two half steps; the jump is 2d
+        slots = torch.pow(2.0, k.float())                          # number of 2d-steps in [0, 1]
+        t_b = torch.floor(torch.rand(nb, generator=g, device=dev) * slots) / slots
+        x_b = interpolate(noise[:nb], data[:nb], t_b)
+        target_net = ctx.ema if ctx.ema is not None else model
+        with torch.no_grad():
+            v_b = two_step_target(target_net, x_b, t_b, d, y[:nb]).float().clamp(-self.mcfg.shortcut_clip,
+                                                                                   self.mcfg.shortcut_clip)
+        # flow-matching part at the smallest step
+        t_f = self.draw_t(B - nb, g, dev, ctx.step)
+        x_f = interpolate(noise[nb:], data[nb:], t_f)
+        y_f = y[nb:]
+        if self.class_dropout > 0:
+            drop = torch.rand(B - nb, generator=g, device=dev) < self.class_dropout
+            y_f = torch.where(drop, torch.full_like(y_f, unwrap(model).null_class), y_f)
+        d_min = torch.full((B - nb,), 1.0 / self.mcfg.shortcut_min_steps, device=dev)
+        # one forward over both parts; the 2d-step's size is 2d
+        out = model(torch.cat([x_b, x_f]), torch.cat([t_b, t_f]), torch.cat([y[:nb], y_f]), d=torch.cat([2 * d, d_min]))
+        target = torch.cat([v_b, (data[nb:] - noise[nb:]).float()])
+        per = (out.float() - target).square().flatten(1).mean(1)
+        return per.mean(), {"loss_flow": per[nb:].mean().detach(), "loss_consistency": per[:nb].mean().detach()}
+
+
+@method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
+                                      "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
+                                      "with sampler=flow_map",
+                          keys=FEW_STEP_KEYS + SHORTCUT_KEYS, conditions={"d": "log2_scalar"}, **FEW_STEP_SPEC)
+def build_shortcut(cfg, data_spec):
+    return Shortcut(cfg, data_spec)

@@ -1,0 +1,291 @@
+"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748).
+
+The backbone maps (noisy image, t, class) -> an image-shaped output. It knows nothing of noise
+schedules: the method decides what goes in and what the output means.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from genlab.core.errors import GenlabError
+from genlab.nn.attention import Attention
+from genlab.nn.backbone import LongSkips, block_flops
+from genlab.nn.conditions import ConditionSet, combine
+from genlab.nn.embeddings import TimestepEmbedder, embed_flops
+from genlab.nn.mlp import TokenGrid
+from genlab.nn.norm import norm_modulate_by, residual_ops_by
+from genlab.nn.positions import build_position
+from genlab.config import fields as cf
+from genlab.core.registry import (ModelExample, final_kernel_registry, method_registry, mlp_registry, model_registry,
+                             residual_registry)
+
+# name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
+DIT_SIZES = {
+    "tiny": (128, 4, 4),
+    "small": (256, 6, 4),
+    "S": (384, 12, 6),
+    "B": (768, 12, 12),
+    "L": (1024, 24, 16),
+    "XL": (1152, 28, 16),
+}
+
+
+@dataclass
+class DiTSpec:
+    image_size: int
+    channels: int
+    num_classes: int
+    dim: int
+    depth: int
+    heads: int
+    patch_size: int = 2
+    mlp_ratio: float = 4.0
+    attention: str = "sdpa"
+    qk_norm: bool = False
+    adaln: str = "fused"
+    qkv_kernel: str = "plain"     # registry `qkv_kernel`: the QKV split into heads (+ QK norm, RoPE)
+    residual: str = "fp32"
+    mlp: str = "gelu"             # registry `mlp`
+    norm: str = "layernorm"       # registry `norm`: layernorm runs through `adaln`; others normalise, then modulate
+    pos_emb: str = "sincos2d"     # registry `position` (2-D entries)
+    long_skips: bool = False      # U-ViT long skips (nn/backbone.py)
+    ln_placement: str = "pre"     # dit_incontext: pre-LN or post-LN blocks
+    dual_blocks: int = 0          # mmdit: first k blocks dual-stream (0 = all)
+    context_dim: int = 0          # mmdit: > 0 = a sequence of condition embeddings of this width (text-like)
+    conditions: tuple = ()        # extra named conditions (name, embedder) a method adds (nn/conditions.py)
+    final_kernel: str = "plain"   # dit: registry `final_kernel`, the final layer + flow loss (nn/fused_final.py)
+
+
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/p)*(W/p), p*p*C], patches in row-major order."""
+    B, C, H, W = x.shape
+    x = x.reshape(B, C, H // p, p, W // p, p)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, (H // p) * (W // p), p * p * C)
+
+
+def depatchify(x: torch.Tensor, p: int, C: int, H: int, W: int) -> torch.Tensor:
+    """Inverse of patchify."""
+    B = x.shape[0]
+    x = x.reshape(B, H // p, W // p, p, p, C)
+    return x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, H, W)
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init.
+
+    Also one stream of an MMDiT joint block (families/image_flow/mmdit.py): `pre` (modulate, project to q/k/v) and `post`
+    (gated attention output, gated MLP) around a joint attention; kernel=False leaves the attention kernel to the
+    other stream, pre_only=True (SD3's last context block, whose output is discarded) keeps only `pre`, grid=False
+    tells an MLP that needs a patch grid (Mix-FFN) that this stream's tokens never have one."""
+
+    eps = 1e-6
+
+    def __init__(self, dim, heads, mlp_ratio=4.0, attention="sdpa", qk_norm=False, adaln="fused", mlp="gelu",
+                 norm="layernorm", layer=0, kernel=True, pre_only=False, grid=True, qkv_kernel="plain"):
+        super().__init__()
+        self.pre_only = pre_only
+        self.attn = Attention(dim, heads, backend=attention, qk_norm=qk_norm, layer=layer, kernel=kernel,
+                              qkv_kernel=qkv_kernel)
+        if pre_only:  # only its keys and values are read (its queries, like its outputs, would be discarded)
+            self.attn.proj, self.attn.q_norm = nn.Identity(), nn.Identity()
+        else:
+            entry = mlp_registry.get(mlp)
+            self.mlp = entry(dim, int(dim * mlp_ratio), **({} if grid or not mlp_registry.spec(mlp).needs_grid
+                                                           else {"grid": False}))
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, (2 if pre_only else 6) * dim))
+        self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
+        self.add_norm_modulate, self.gated_add = residual_ops_by(norm, adaln, self.norm_modulate)
+        nn.init.zeros_(self.ada[1].weight)
+        nn.init.zeros_(self.ada[1].bias)
+
+    def pre(self, x, c, rope=None):
+        mod = self.ada(c).chunk(2 if self.pre_only else 6, dim=-1)
+        return self.attn.heads_qkv(self.norm_modulate(x, mod[0], mod[1], self.eps), rope), mod
+
+    def post(self, x, o, mod, grid=None):
+        _, _, g1, sh2, sc2, g2 = mod
+        x, h = self.add_norm_modulate(x, self.attn.out(o), g1, sh2, sc2, self.eps)
+        return self.gated_add(x, self.mlp(h, grid=grid), g2)
+
+    def forward(self, x, c, rope=None, grid=None):
+        qkv, mod = self.pre(x, c, rope)
+        return self.post(x, self.attn.kernel(*qkv), mod, grid)
+
+
+class FinalLayer(nn.Module):
+    eps = 1e-6
+
+    def __init__(self, dim, out_dim, adaln="fused", norm="layernorm"):
+        super().__init__()
+        self.norm_modulate = norm_modulate_by(norm, adaln, dim, self.eps)
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        self.linear = nn.Linear(dim, out_dim)
+        for m in (self.ada[1], self.linear):
+            nn.init.zeros_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    def forward(self, x, c):
+        shift, scale = self.ada(c).chunk(2, dim=-1)
+        return self.linear(self.norm_modulate(x, shift, scale, self.eps))
+
+
+def add_image_stem(model: nn.Module, s) -> None:
+    """The input side every image backbone shares: the patch grid, patch embedding, positions, timestep and
+    class embeddings. Set as attributes of `model`, so the state-dict keys are the same in every backbone."""
+    p = s.patch_size
+    if s.image_size % p:
+        raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
+    model.grid = s.image_size // p
+    model.num_tokens = model.grid ** 2
+    model.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
+    model.patch_embed = nn.Linear(p * p * s.channels, s.dim)
+    model.pos = build_position(s.pos_emb, s.dim, s.heads, (model.grid, model.grid), "dit")
+    model.t_embed = TimestepEmbedder(s.dim)
+    model.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+    model.cond_embed = ConditionSet(s.dim, s.conditions)
+
+
+def embed_conditions(model, t, y, extra: dict) -> list[torch.Tensor]:
+    """[B, D] embeddings of time, class and every extra condition, the same way in every image backbone."""
+    return [model.t_embed(t), model.y_embed(y), *model.cond_embed(t.shape[0], **extra)]
+
+class DiT(nn.Module):
+    def __init__(self, spec: DiTSpec):
+        super().__init__()
+        self.spec = spec
+        s, p = spec, spec.patch_size
+        add_image_stem(self, s)
+        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
+                                             layer=i, qkv_kernel=s.qkv_kernel) for i in range(s.depth))
+        self.skips = LongSkips(s.dim, s.depth, s.long_skips)
+        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
+        self.residual_dtype = residual_registry.get(s.residual)
+        self._init_weights()
+
+    def _init_weights(self):
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear) and not name.endswith(("ada.1", "final.linear")):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        nn.init.normal_(self.y_embed.weight, std=0.02)
+        for m in self.t_embed.mlp:
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+        self.skips.reset_parameters()
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
+                loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional);
+        conditions: the extra named conditions the model was built with (spec.conditions).
+
+        With loss_target [B, C, H, W] (the flow method, model.final_kernel != plain): the scalar (float32; float64 for
+        a float64 model) mean_b w_b * mean((out_b - loss_target_b)^2) instead of the output (w = loss_weight [B], default 1), through
+        the `final_kernel` entry, which never forms the image-shaped output (nn/fused_final.py)."""
+        s = self.spec
+        h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
+        c = combine(embed_conditions(self, t, y, conditions))
+        h = self.run_blocks(h, c, self.pos.rope(), TokenGrid(0, self.grid, self.grid))
+        if loss_target is not None:  # the target goes to the patch layout (no gradient), not the output to the image's
+            return final_kernel_registry.get(s.final_kernel)(self.final, h, c, patchify(loss_target, s.patch_size),
+                                                             loss_weight)
+        out = self.final(h, c)
+        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+
+    def run_blocks(self, h, c, rope, grid):
+        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only."""
+        saved = {}
+        for i, block in enumerate(self.blocks):
+            if i in self.skips.source:
+                h = self.skips.merge(i, h, saved.pop(self.skips.source[i]))
+            h = block(h, c, rope=rope, grid=grid)
+            if i in self.skips.sources:
+                saved[i] = h
+        return h
+
+    def flops_per_sample(self) -> int:
+        """Forward FLOPs (2 per multiply-add) of one sample, counted like torch.utils.flop_counter: every Linear,
+        the attention kernel's matmuls (each entry's own formula: attention.attention_flops) and Mix-FFN's conv."""
+        s, N, D = self.spec, self.num_tokens, self.spec.dim
+        pd = s.patch_size ** 2 * s.channels
+        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)  # patch embed, condition MLPs
+        f += s.depth * block_flops(s, N, N, ada=6)
+        f += self.skips.flops(lambda j: N)
+        return f + 2 * D * 2 * D + 2 * N * D * pd                        # final adaLN + projection
+
+
+def dit_size(cfg_model) -> tuple[int, int, int]:
+    if cfg_model.size not in DIT_SIZES:
+        raise GenlabError(f"unknown DiT size '{cfg_model.size}'; valid: {', '.join(DIT_SIZES)}")
+    dim, depth, heads = DIT_SIZES[cfg_model.size]
+    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
+
+
+def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
+    """The image-backbone spec of a model config (shared by every image backbone)."""
+    dim, depth, heads = dit_size(cfg_model)
+    return DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
+                   num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
+                   patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
+                   attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
+                   qkv_kernel=getattr(cfg_model, "qkv_kernel", "plain"),
+                   adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
+                   mlp=cfg_model.mlp, norm=cfg_model.norm,
+                   pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb,
+                   long_skips=getattr(cfg_model, "long_skips", False),
+                   conditions=tuple(data_spec.get("conditions", {}).items()), **extra)
+
+
+# model.* keys of the DiT family (dit, dit_incontext and mmdit read them through spec_from_config)
+DIT_KEYS = cf.declare("model",
+    patch_size=cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1),
+    qk_norm=cf.F(False, "dit: normalise queries and keys per head"),
+    qkv_kernel=cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
+                             "kernel, plain on CPU)", registry="qkv_kernel"),
+    adaln=cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln"),
+    residual=cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual"),
+    pos_emb=cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model"),
+    norm=cf.F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm"),
+    mlp=cf.F("gelu", "MLP kind", registry="mlp"),
+    long_skips=cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])"),
+)
+
+# model.* keys of the plain DiT alone (its subclasses and siblings keep calling the model for the output)
+DIT_FINAL_KEYS = cf.declare("model",
+    final_kernel=cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
+                               "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel"),
+)
+
+
+def check_final_kernel(cfg) -> None:
+    """A fused final layer + loss needs a method whose loss runs through it (MethodSpec.final_loss)."""
+    kernel, method = cfg.model.final_kernel, cfg.method.name
+    if kernel != "plain" and not method_registry.spec(method).final_loss:
+        ok = [n for n, s in method_registry.specs() if s.final_loss]
+        raise GenlabError(f"model.final_kernel={kernel} fuses the final layer into the flow loss, which method.name="
+                          f"{method} does not train with; use model.final_kernel=plain (or method.name={'|'.join(ok)})")
+
+
+def image_backbone_example(options=None) -> ModelExample:
+    """The contract test's instance of an image backbone: a tiny data spec, inputs, output shape, extra options."""
+    return ModelExample(
+        spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
+        inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),
+                                   torch.rand(B, generator=g), torch.randint(0, spec["num_classes"] + 1, (B,), generator=g)),
+        output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
+        option_cases={"long_skips": [True], "qk_norm": [True], **(options or {})})
+
+
+# what an image backbone declares: the family flow/repa drive, sizes, a 2-D token grid, the layer keys it builds
+IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=("attention", "mlp", "norm", "pos_emb"),
+                      default_position="sincos2d")
+
+
+@model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class",
+                         keys=DIT_KEYS + DIT_FINAL_KEYS, block_tokens=True, example=image_backbone_example(),
+                         check=lambda cfg, dim, heads, depth: check_final_kernel(cfg), **IMAGE_BACKBONE)
+def build_dit(cfg_model, data_spec) -> DiT:
+    return DiT(spec_from_config(cfg_model, data_spec, final_kernel=getattr(cfg_model, "final_kernel", "plain")))

@@ -1,0 +1,391 @@
+"""Rectified flow / flow matching (Liu et al. 2022; Lipman et al. 2022; minRF).
+
+Path: x_t = (1 - t) * noise + t * data, t=0 is noise and t=1 is data; the model predicts the
+velocity v = data - noise. `interpolate` is the only place x_t is built, and `loss` only ever
+calls the model on its output, so the clean image cannot reach the model by mistake.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from genlab.core.errors import GenlabError
+from genlab.eval.metrics import EVAL_IMAGE_KEYS
+from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
+from genlab.families.base import Extra, Method
+from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
+from genlab.families.image_flow.timesteps import resolve_shift, shift_time
+from genlab.config import fields as cf
+from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
+from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
+
+
+def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    t = t.view(-1, *([1] * (data.ndim - 1))).to(data.dtype)
+    return (1 - t) * noise + t * data
+
+
+def parse_interval(text: str, key: str = "method.cfg_interval") -> tuple[float, float]:
+    """"lo,hi" -> (lo, hi) with 0 <= lo < hi <= 1."""
+    try:
+        lo, hi = (float(v) for v in str(text).split(","))
+    except ValueError:
+        raise GenlabError(f"{key} must be two numbers 'lo,hi' in [0, 1] (e.g. 0.15,0.8), got {text!r}") from None
+    if not 0 <= lo < hi <= 1:
+        raise GenlabError(f"{key} must satisfy 0 <= lo < hi <= 1, got {text!r}")
+    return lo, hi
+
+
+def _twice(v):
+    """A condition for the doubled CFG batch: per-sample tensors repeat, scalars stay."""
+    return torch.cat([v, v]) if torch.is_tensor(v) and v.ndim > 0 else v
+
+
+def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0)):
+    """Velocity field with classifier-free guidance: v_u + s * (v_c - v_u), both in one batch. Guidance acts
+    only for t in `interval` (Kynkaanniemi et al. 2024, "guidance in a limited interval"); elsewhere the
+    conditional velocity alone, at one forward instead of two. Extra conditions (`**cond`, the sampler's
+    extra_args) pass through to the model; only the class is dropped for the unconditional half."""
+    if y is None:
+        return lambda x, t, **cond: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long),
+                                          **cond)
+    if scale == 1.0:
+        return lambda x, t, **cond: model(x, t, y, **cond)
+    lo, hi = interval
+    limited = (lo, hi) != (0.0, 1.0)
+
+    def velocity(x, t, **cond):
+        if limited:
+            inside = (t >= lo) & (t <= hi)
+            if not bool(inside.any()):  # one host sync per sampler step, outside the training loop
+                return model(x, t, y, **cond)
+        y_null = torch.full_like(y, null_class)
+        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **{k: _twice(c) for k, c in cond.items()})
+        v_c, v_u = v.chunk(2)
+        guided = v_u + scale * (v_c - v_u)
+        return torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c) if limited else guided
+    return velocity
+
+
+class FlowMatching(Method):
+    batch_keys = ("image", "label")
+    sample_options = ("class_id", "labels", "cfg_scale", "sampler")
+
+    def __init__(self, cfg, data_spec):
+        self.cfg = cfg
+        self.mcfg = m = cfg.method
+        self.spec = data_spec
+        self.class_dropout = cfg.model.class_dropout
+        self.adaptive = None
+        if m.timestep_sampler == "adaptive":
+            self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
+                                              m.adaptive_entropy, seed=cfg.train.seed)
+        else:
+            self.sample_t = timestep_sampler_registry.get(m.timestep_sampler)
+        self.shift = resolve_shift(m.time_shift, data_spec["image_size"], m.shift_base)
+        self.weight = loss_weighting_registry.get(m.loss_weighting)
+        self.cfg_interval = parse_interval(m.cfg_interval)
+        self.cache_blocks = cached_block_plan(cfg)  # sampling only: blocks reusing their last residual (sampling/block_cache.py)
+        self.cache_schedule = cache_schedule_plan(cfg)  # sampling only: (period, {evaluation: blocks}) or None
+        # model.final_kernel (dit only): the backbone computes the loss from the target (nn/fused_final.py)
+        self.fused_final = getattr(cfg.model, "final_kernel", "plain") != "plain"
+
+    def extra_modules(self):
+        # the adaptive sampler's state is a frozen extra: checkpointed and restored with the run
+        return {"timesteps": Extra(self.adaptive, trainable=False)} if self.adaptive is not None else {}
+
+    def draw_t(self, B, generator, device, step=None):
+        """Training times: the configured sampler, then the resolution shift."""
+        t = self.adaptive.draw(B, generator, device, step) if self.adaptive is not None else \
+            self.sample_t(B, generator, device, self.mcfg)
+        return shift_time(t, self.shift)
+
+    def _probe(self, model, data, y, generator):
+        """The adaptive sampler's look-ahead set: a few images of the batch at random times, fixed noise."""
+        n = min(PROBE_SAMPLES, data.shape[0])
+        x = data[:n].repeat(PROBE_TIMES, *([1] * (data.ndim - 1)))
+        t = shift_time(torch.rand(x.shape[0], generator=generator, device=data.device), self.shift)
+        noise = torch.randn(x.shape, generator=generator, device=data.device, dtype=data.dtype)
+        return interpolate(noise, x, t), t, y[:n].repeat(PROBE_TIMES), (x - noise).float()
+
+    def noised(self, model, data, y, generator, step):
+        """(t, noise, x_t, labels with class dropout) for one batch, drawn in this order from `generator`."""
+        B = data.shape[0]
+        t = self.draw_t(B, generator, data.device, step)
+        noise = torch.randn(data.shape, generator=generator, device=data.device, dtype=data.dtype)
+        x_t = interpolate(noise, data, t)
+        if self.class_dropout > 0:
+            drop = torch.rand(B, generator=generator, device=data.device) < self.class_dropout
+            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        return t, noise, x_t, y
+
+    def loss(self, model, batch, ctx):
+        generator = ctx.generator
+        data, y = batch["image"], batch["label"]
+        if self.adaptive is not None:
+            def probe_loss(p):
+                with torch.no_grad():
+                    return F.mse_loss(model(p[0], p[1], p[2]).float(), p[3])
+            self.adaptive.step_probe(ctx.step, probe_loss, lambda: self._probe(model, data, y, generator))
+        return self.loss_from(model, self.loss_inputs(model, batch, ctx))
+
+    def loss_inputs(self, model, batch, ctx) -> dict:
+        """Every random draw of one loss (t, noise, dropped labels), in the generator order `noised` fixes."""
+        data = batch["image"]
+        t, noise, x_t, y = self.noised(model, data, batch["label"], ctx.generator, ctx.step)
+        return {"x_t": x_t, "t": t, "y": y, "target": data - noise}
+
+    def loss_from(self, model, inputs: dict):
+        """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
+        if self.fused_final and isinstance(model, torch.nn.Module):
+            # the final layer + loss fused in the backbone: no velocity tensor. Batched seeds call this with a
+            # functional closure of the model under torch.vmap, where the custom op has no rule: the plain path below
+            weight = None if self.mcfg.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
+            return model(inputs["x_t"], inputs["t"], inputs["y"], loss_target=inputs["target"], loss_weight=weight), {}
+        v = model(inputs["x_t"], inputs["t"], inputs["y"])
+        target = inputs["target"].float()
+        if self.mcfg.loss_weighting == "none":
+            return F.mse_loss(v.float(), target), {}
+        per_sample = (v.float() - target).square().flatten(1).mean(1)
+        return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
+
+    @torch.no_grad()
+    def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
+               cfg_scale: float | None = None, sampler: str | None = None, generator=None, device=None, callback=None,
+               conditions: dict | None = None):
+        """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional; `conditions`: the model's
+        extra named inputs (default: `sample_conditions`). `callback(i, t, x, denoised)` runs after every step."""
+        base = unwrap(model)
+        device = device or next(base.parameters()).device
+        n = len(labels) if labels is not None else n
+        C, S = self.spec["channels"], self.spec["image_size"]
+        x = torch.randn((n, C, S, S), generator=generator, device=device)
+        velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale,
+                                self.cfg_interval)
+        ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
+        extra = self.sample_conditions(n, device) if conditions is None else conditions
+        sampler = sampler or self.mcfg.sampler
+        with self._block_cache(base, sampler, len(ts) - 1):
+            return call_sampler(sampler_registry.get(sampler), velocity, x, ts, callback=callback,
+                                extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
+
+    @contextlib.contextmanager
+    def _block_cache(self, base, sampler: str, steps: int):
+        """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
+        reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
+        its evaluations (sampling/block_cache.py). Nothing when both are empty."""
+        from genlab.sampling.block_cache import cached_blocks
+        if self.cache_schedule:
+            self.check_cache_schedule(steps, sampler)
+            period, plan = self.cache_schedule
+            with cached_blocks(base, [], schedule=plan, period=period):
+                yield
+        elif self.cache_blocks:
+            with cached_blocks(base, self.cache_blocks, self.mcfg.cache_every):
+                yield
+        else:
+            yield
+
+    def check_cache_schedule(self, steps: int, sampler: str) -> None:
+        """A cache plan is indexed by network evaluation: on another count per sample it would reuse at the wrong
+        times, so sampling with one is refused."""
+        period, per_step = self.cache_schedule[0], nfe_per_step(sampler)
+        nfe = steps * per_step
+        if nfe != period:
+            fit = (f"{sampler} at {period // per_step} steps (genlab sample --steps {period // per_step}, genlab eval "
+                   f"eval.sample_steps={period // per_step})" if period % per_step == 0 else "another sampler")
+            raise GenlabError(f"method.cache_schedule is a plan for {period} network evaluations per sample, and "
+                              f"sampler {sampler} at {steps} steps makes {nfe}: sample with {fit}, or run `genlab "
+                              f"analyze RUN --what cache` with these")
+
+    def sample_conditions(self, n: int, device) -> dict:
+        """The extra model inputs at sampling time (a subclass that adds a condition returns its value here)."""
+        return {}
+
+    def check_eval(self, cfg) -> None:
+        """Before training or sampling: eval.metrics valid and their weights files present; a cache schedule fits
+        the evaluation's sampler and steps (and no NFE table, which samples at several)."""
+        if self.cache_schedule and cfg.eval.num_samples > 0:
+            if str(cfg.eval.nfe_list).strip():
+                raise GenlabError("eval.nfe_list samples at several NFEs and method.cache_schedule is a plan for one; "
+                                  "drop one of them (method.cache_blocks works at any NFE)")
+            self.check_cache_schedule(cfg.eval.sample_steps, cfg.method.sampler)
+        if cfg.eval.num_samples > 0:
+            from genlab.eval.metrics import check_metrics
+            check_metrics(cfg.eval)
+
+    def evaluate(self, model, data, ctx) -> dict:
+        from genlab.eval.image_quality import evaluate_class_conditional
+        return evaluate_class_conditional(self, model, data, ctx)
+
+    def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
+        """The class of each of n samples: `labels`, or one class, or cycling over the classes."""
+        k = self.spec.get("num_classes", 0)
+        if labels is None:
+            if class_id is not None and not 0 <= class_id < k:
+                raise GenlabError(f"--class {class_id} (class_id) out of range; this model has classes 0..{k - 1}")
+            labels = torch.full((n,), class_id) if class_id is not None else torch.arange(n) % max(k, 1)
+        return torch.as_tensor(labels, dtype=torch.long, device=device)
+
+    def draw(self, model, n, *, steps=None, generator=None, device=None, class_id=None, labels=None, cfg_scale=None,
+             sampler=None):
+        from genlab.sampling.images import sample_images
+        return sample_images(self, model, self.labels_for(n, class_id, labels, device), steps=steps, cfg_scale=cfg_scale,
+                             sampler=sampler, generator=generator, device=device)
+
+    def sample_to_file(self, model, out, *, n=64, steps=None, generator=None, device=None, class_id=None, cfg_scale=None,
+                       sampler=None, **_):
+        """A PNG grid: one column per class when n is a multiple of the class count (up to 16 classes)."""
+        from genlab.data.pixels import to_pixels
+        from genlab.eval.image_quality import save_grid
+        imgs = to_pixels(self.draw(model, n, steps=steps, generator=generator, device=device, class_id=class_id,
+                                   cfg_scale=cfg_scale, sampler=sampler))
+        k = self.spec["num_classes"]
+        cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
+        return save_grid(imgs, (n + cols - 1) // cols, cols, out)
+
+    def preview(self, model, path, ctx):
+        from genlab.eval.image_quality import save_class_grid
+        return save_class_grid(self, model, path, ctx)
+
+
+
+def check_sampler_conditions(method_name: str, samplers) -> None:
+    """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it."""
+    from genlab.core.registry import method_registry
+    have = method_registry.spec(method_name).conditions or {}
+    for name in samplers:
+        need = sampler_registry.spec(name).condition
+        if need and need not in have:
+            fits = [n for n, s in sampler_registry.specs() if not s.condition or s.condition in have]
+            raise GenlabError(f"sampler '{name}' feeds the model a '{need}' input that method {method_name} does not "
+                              f"train; samplers for it: {', '.join(fits)}")
+
+
+def cached_block_plan(cfg) -> list[int]:
+    """method.cache_blocks as block indices ([] = off), within the model's depth. `auto` is resolved by genlab eval /
+    sample from the run's analysis (sample.py), so it never reaches a model being built."""
+    text = str(cfg.method.cache_blocks).strip()
+    if not text:
+        return []
+    if text == "auto":
+        raise GenlabError("method.cache_blocks=auto takes the blocks `genlab analyze RUN --what cache` picked, so it is "
+                          "for genlab eval / genlab sample of an analysed run; give indices here, e.g. method.cache_blocks=2,3")
+    from genlab.sampling.block_cache import parse_block_list
+    from genlab.families.image_flow.dit import dit_size
+    idx = parse_block_list(text, "method.cache_blocks", auto=False)
+    depth = dit_size(cfg.model)[1]
+    if idx[-1] >= depth:
+        raise GenlabError(f"method.cache_blocks={text}: block {idx[-1]} out of range; this model has blocks 0..{depth - 1}")
+    return idx
+
+
+def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
+    """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off): at evaluation k of each pass of P
+    network evaluations the blocks b reuse their last residual. `auto` is resolved by genlab eval / sample from the
+    run's analysis (sample.py), like method.cache_blocks=auto."""
+    text = str(cfg.method.cache_schedule).strip()
+    if not text:
+        return None
+    key = "method.cache_schedule"
+    if text == "auto":
+        raise GenlabError(f"{key}=auto takes the step-aware schedule `genlab analyze RUN --what cache` measured, so it "
+                          "is for genlab eval / genlab sample of an analysed run; give a plan here, e.g. "
+                          f"{key}=20/2:0,1;4:0")
+    if str(cfg.method.cache_blocks).strip():
+        raise GenlabError(f"method.cache_blocks and {key} are two ways to cache blocks; set one of them")
+    from genlab.families.image_flow.dit import dit_size
+    depth = dit_size(cfg.model)[1]
+    bad = GenlabError(f"{key} must be 'P/k:b,b;k:b' (P network evaluations per sample; at evaluation k, 1 <= k < P, "
+                      f"blocks b reuse their last residual), got {text!r}")
+    period, _, pairs = text.partition("/")
+    try:
+        period = int(period)
+        plan = {}
+        for part in filter(None, (x.strip() for x in pairs.split(";"))):
+            k, _, blocks = part.partition(":")
+            plan[int(k)] = frozenset(int(b) for b in blocks.split(",") if b.strip())
+    except ValueError:
+        raise bad from None
+    if period < 2 or not plan or any(not 1 <= k < period or not b for k, b in plan.items()):
+        raise bad
+    top = max(max(b) for b in plan.values())
+    if min(min(b) for b in plan.values()) < 0 or top >= depth:
+        raise GenlabError(f"{key}={text}: block {top} out of range; this model has blocks 0..{depth - 1}")
+    return period, dict(sorted(plan.items()))
+
+
+def check_flow_config(cfg):
+    """Flow options that a field declaration cannot check alone, before any work."""
+    m = cfg.method
+    parse_interval(m.cfg_interval)
+    cached_block_plan(cfg)
+    cache_schedule_plan(cfg)
+    samplers = [m.sampler]
+    if cfg.eval.nfe_list:
+        from genlab.eval.nfe import parse_int_list, samplers_of
+        parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
+        samplers += samplers_of(cfg)
+    check_sampler_conditions(cfg.method.name, samplers)
+    from genlab.config.check import batched_label, is_batched
+    if is_batched(cfg) and m.timestep_sampler == "adaptive":
+        raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
+                          "a per-run extra module); pick another timestep sampler or train the runs one by one")
+    if cfg.train.graph_step and m.timestep_sampler == "adaptive":
+        raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
+                          "density from the host every few steps, which a captured step would freeze); pick another "
+                          "timestep sampler or drop train.graph_step")
+    if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
+        raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
+                          f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
+
+
+FLOW_METHOD_KEYS = cf.declare("method",
+    timestep_sampler=cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler"),
+    time_shift=cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
+                               "0 = sqrt(pixels / method.shift_base^2))", ge=0),
+    shift_base=cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1),
+    loss_weighting=cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting"),
+    sampler=cf.F("heun", "flow: ODE/SDE sampler", registry="sampler"),
+    step_schedule=cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule"),
+    cfg_interval=cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
+                                 "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1"),
+    sample_steps=cf.F(20, "flow, mdlm: sampler steps for previews", ge=1),
+    cfg_scale=cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0),
+    cache_blocks=cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
+                          "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
+                          "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices"),
+    cache_every=cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2),
+    cache_schedule=cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
+                            "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
+                            "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
+                        free="empty, auto, or 'P/k:b,b;k:b'"),
+)
+FLOW_EVAL_KEYS = cf.declare("eval",
+    sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
+    cfg_scale=cf.F(2.0, "flow: guidance scale in evaluation", ge=0),
+    grid_per_class=cf.F(10, "flow: columns of the sample grid", ge=1),
+    metrics=cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric"),
+    nfe_list=cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
+                          "evaluations per sample; empty = off)", free="comma-separated integers >= 1"),
+    samplers=cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler"),
+)
+CLASS_DROPOUT = cf.declare("model",
+    class_dropout=cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1),
+)
+FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
+# the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
+FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
+                 "method.cache_blocks", "method.cache_every", "method.cache_schedule")
+# flow and MaskDiT also train on autoencoder latents (data.name=latents): their samples are decoded in sampling.py
+LATENT_KINDS = ("image", "latent")
+FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING,
+                 output="velocity")
+
+
+@method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
+                          keys=FLOW_KEYS, batched_seeds=True, final_loss=True, graph_step=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
+def build_flow(cfg, data_spec):
+    return FlowMatching(cfg, data_spec)

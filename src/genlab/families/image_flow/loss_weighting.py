@@ -1,0 +1,32 @@
+"""Per-sample weights w(t) of the flow-matching velocity loss: loss = mean_i w(t_i) |v_i - (data_i - noise_i)|^2.
+
+genlab's path x_t = (1-t) noise + t data has SNR(t) = t^2 / (1-t)^2. With x_hat = x_t + (1-t) v_hat the velocity
+error is the data error over (1-t): |v_hat - v|^2 = |x_hat - x|^2 / (1-t)^2, and the noise error is t times it:
+|eps_hat - eps|^2 = t^2 |v_hat - v|^2.
+"""
+import torch
+
+from genlab.config import fields as cf
+from genlab.core.registry import loss_weighting_registry
+
+
+MIN_SNR_KEYS = cf.declare("method",
+    snr_gamma=cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0),
+)
+
+
+@loss_weighting_registry.register("none", "w = 1: the plain velocity MSE (rectified flow)")
+def no_weighting(t, cfg=None):
+    return torch.ones_like(t)
+
+
+@loss_weighting_registry.register("min_snr", "Min-SNR-gamma (Hang et al. 2023) on the data error: w = min(SNR, gamma) "
+                                             "(1-t)^2 = min(t^2, gamma (1-t)^2) on the velocity loss (method.snr_gamma)",
+    keys=MIN_SNR_KEYS)
+def min_snr(t, cfg=None):
+    # Min-SNR weights the x0 loss by min(SNR, gamma). That one target is kept whatever the network predicts:
+    # on the velocity loss it becomes min(SNR, gamma) (1-t)^2, identical to the paper's eps form min(SNR, gamma)/SNR
+    # applied to the eps-equivalent loss t^2 |v_hat - v|^2. The paper's v-prediction form min(SNR, gamma)/(SNR+1)
+    # is for the variance-preserving v = alpha eps - sigma x, not for this velocity, so it is not used.
+    gamma = getattr(cfg, "snr_gamma", 5.0) if cfg is not None else 5.0
+    return torch.minimum(t * t, gamma * (1 - t) ** 2)

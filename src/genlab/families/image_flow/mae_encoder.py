@@ -1,0 +1,69 @@
+"""A small masked autoencoder of the dataset's own images (He et al. 2021, arXiv:2111.06377), trained by
+`genlab train mnist_mae_encoder`, for REPA to align to (`method.repa_encoder=run:RUN`).
+
+The backbone is the MaskDiT model (families/image_flow/maskdit_backbone.py), which already is MAE's asymmetric encoder-decoder: the encoder
+blocks see a random `1 - method.mae_mask_ratio` share of the patch tokens, the decoder every position with the dropped
+ones as a learned mask token. Its time and class inputs are held constant (t = 1, the clean image; the null class), so
+it is a plain MAE. The loss is MAE's norm-pix reconstruction of the masked patches:
+
+    loss = mean over masked patches p of |decoder(x)_p - norm(x_p)|^2,   norm: per patch zero mean, unit variance
+
+REPA reads the encoder's last block (repa_encoders.RunEncoder) on all tokens, as MAE's features are read.
+"""
+from __future__ import annotations
+
+import torch
+
+from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
+from genlab.families.base import Method
+from genlab.runtime.parallel import unwrap
+from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
+from genlab.families.image_flow.dit import patchify
+from genlab.core.registry import method_registry, model_registry
+
+MAE_KEYS = cf.declare("method",
+    mae_mask_ratio=cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1),
+)
+
+
+class MAEEncoder(Method):
+    batch_keys = ("image",)
+
+    def __init__(self, cfg, data_spec):
+        self.cfg, self.spec = cfg, data_spec
+        self.patch = cfg.model.patch_size
+        self.tokens = (data_spec["image_size"] // self.patch) ** 2
+        self.keep = kept_tokens(self.tokens, cfg.method.mae_mask_ratio)
+        if self.keep < 1:
+            raise GenlabError(f"method.mae_mask_ratio={cfg.method.mae_mask_ratio} keeps no token of {self.tokens}")
+
+    def loss(self, model, batch, ctx):
+        x = batch["image"]
+        B = x.shape[0]
+        keep = draw_keep(B, self.tokens, self.keep, ctx.generator, x.device)
+        t = torch.ones(B, device=x.device, dtype=x.dtype)
+        y = torch.full((B,), unwrap(model).null_class, device=x.device, dtype=torch.long)
+        pred = patchify(model(x, t, y, keep=keep), self.patch).float()
+        masked = torch.ones(B, self.tokens, device=x.device).scatter(1, keep, 0.0)  # 1 on the tokens the encoder missed
+        err = ((pred - normalised_patches(x, self.patch)) ** 2).mean(-1)
+        loss = (err * masked).sum() / masked.sum()
+        return loss, {"mae_loss": loss.detach()}
+
+    def train_flops_per_sample(self, model, total_steps: int) -> int:
+        return 3 * unwrap(model).flops_per_sample(self.keep)
+
+
+def check_mae_config(cfg):
+    if not model_registry.spec(cfg.model.name).masked_tokens:
+        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+        raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
+                          f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
+
+
+@method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
+                                         "null class; norm-pix loss on the masked patches): an encoder for "
+                                         "method.repa_encoder=run:RUN", keys=MAE_KEYS, data_kinds=("image",),
+                          model_families=("image",), check=check_mae_config)
+def build_mae_encoder(cfg, data_spec):
+    return MAEEncoder(cfg, data_spec)

@@ -1,0 +1,142 @@
+"""MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305).
+
+Each training sample keeps K = int(N * (1 - mask_ratio)) of its N patch tokens (the paper's `len_keep`), drawn
+uniformly without replacement; the backbone's encoder sees only those (families/image_flow/maskdit_backbone.py), its decoder every
+position, the dropped ones as a learned mask token. With V the visible and M the masked patches of a sample:
+
+    loss = mean_V |v_theta(x_t)_p - (data - noise)_p|^2  +  mae_weight * mean_M |v_theta(x_t)_p - norm(x_t)_p|^2
+
+The first term is genlab's flow-matching loss restricted to the visible patches; the second is MAE's
+reconstruction of the masked patches of the model's *input*, the noisy image x_t, each patch normalised to zero
+mean and unit variance (the official code's `mae_loss(..., norm_pix_loss=True)` on y + n). The last
+`method.unmask_steps` steps are the paper's unmasked fine-tune: every token, MAE term off, i.e. plain flow
+matching. Sampling, evaluation and checkpoints are flow matching's: the model sees every token there.
+"""
+from __future__ import annotations
+
+import torch
+
+from genlab.core.errors import GenlabError
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, LATENT_KINDS, FlowMatching, check_flow_config
+from genlab.families.image_flow.dit import patchify
+from genlab.config import fields as cf
+from genlab.core.registry import method_registry, mlp_registry, model_registry
+
+
+def kept_tokens(tokens: int, mask_ratio: float) -> int:
+    """Tokens each sample keeps: MaskDiT's int(N * (1 - r)), at least one."""
+    return int(tokens * (1 - mask_ratio))
+
+
+def draw_keep(batch: int, tokens: int, keep: int, generator, device) -> torch.Tensor:
+    """[B, keep] sorted indices of a uniform random subset of `keep` of `tokens` positions per sample (MAE's argsort
+    of uniform noise: no host sync, exactly `keep` per row)."""
+    noise = torch.rand(batch, tokens, generator=generator, device=device)
+    return noise.argsort(dim=1)[:, :keep].sort(dim=1).values
+
+
+def normalised_patches(x: torch.Tensor, p: int) -> torch.Tensor:
+    """MAE's norm_pix target: each patch of x [B, C, H, W] -> [B, N, p*p*C] at zero mean, unit variance."""
+    t = patchify(x, p).float()
+    return (t - t.mean(-1, keepdim=True)) / (t.var(-1, keepdim=True) + 1e-6).sqrt()
+
+
+def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+class MaskDiTFlow(FlowMatching):
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        check_maskdit_config(cfg)
+        m = cfg.method
+        self.patch = cfg.model.patch_size
+        self.tokens = (data_spec["image_size"] // self.patch) ** 2
+        self.keep = kept_tokens(self.tokens, m.mask_ratio)
+        if self.keep < 1:
+            raise GenlabError(f"method.mask_ratio={m.mask_ratio} keeps no token of {self.tokens}; "
+                              f"use a ratio below {1 - 1 / self.tokens:.4g}")
+        self.mae_weight, self.unmask_steps, self.norm_pix = m.mae_weight, m.unmask_steps, m.mae_norm_pix
+
+    def masked_at(self, step: int, total_steps: int) -> bool:
+        """True in the masked stage; the last unmask_steps steps (and mask_ratio 0, which keeps all) are unmasked."""
+        return self.keep < self.tokens and step < total_steps - self.unmask_steps
+
+    def train_flops_per_sample(self, model, total_steps: int) -> int:
+        """The run's mean: forward + backward (3x) with K encoder tokens in the masked steps, N in the others."""
+        masked = max(total_steps - self.unmask_steps, 0) if self.keep < self.tokens else 0
+        mean = (masked * model.flops_per_sample(self.keep) + (total_steps - masked) * model.flops_per_sample())
+        return 3 * mean // max(total_steps, 1)
+
+    def loss(self, model, batch, ctx):
+        if not self.masked_at(ctx.step, ctx.total_steps):
+            flow, metrics = super().loss(model, batch, ctx)
+            zero = flow.detach() * 0
+            return flow, {**metrics, "flow_loss": flow.detach(), "mae_loss": zero, "visible": zero + 1}
+        generator, data, y = ctx.generator, batch["image"], batch["label"]
+        B = data.shape[0]
+        t, noise, x_t, y = self.noised(model, data, y, generator, ctx.step)
+        keep = draw_keep(B, self.tokens, self.keep, generator, data.device)
+        v = model(x_t, t, y, keep=keep)
+        flow, mae = self.masked_losses(v, data, noise, x_t, t, keep)
+        total = flow + self.mae_weight * mae if self.mae_weight > 0 else flow
+        return total, {"flow_loss": flow.detach(), "mae_loss": mae.detach(),
+                       "visible": torch.full((), self.keep / self.tokens, device=flow.device)}  # a fill, no host copy
+
+    def masked_losses(self, v, data, noise, x_t, t, keep):
+        """(flow loss on the visible patches, MAE loss on the masked ones), each a per-sample mean then a batch mean
+        (every sample has the same counts, so this is also the mean over all visible / masked patches)."""
+        p = self.patch
+        err = (patchify(v.float(), p) - patchify((data - noise).float(), p)).square().mean(-1)  # [B, N]
+        per_sample = gather_tokens(err.unsqueeze(-1), keep).squeeze(-1).mean(1)
+        flow = per_sample.mean() if self.mcfg.loss_weighting == "none" else \
+            (self.weight(t.float(), self.mcfg) * per_sample).mean()
+        visible = torch.zeros_like(err, dtype=torch.bool).scatter_(1, keep, True)
+        target = normalised_patches(x_t, p) if self.norm_pix else patchify(x_t.float(), p)
+        rec = (patchify(v.float(), p) - target).square().mean(-1)
+        mae = rec.masked_fill(visible, 0).sum(1).div(self.tokens - self.keep).mean()
+        return flow, mae
+
+
+MASKDIT_KEYS = cf.declare("method",
+    mask_ratio=cf.F(0.5, "maskdit: share of each sample's patch tokens dropped in the masked stage (keeps "
+                         "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1),
+    mae_weight=cf.F(0.1, "maskdit: weight of the MAE loss on the masked tokens (MaskDiT: 0.1; 0 = off)", ge=0),
+    mae_norm_pix=cf.F(True, "maskdit: MAE target = each masked patch of x_t normalised to zero mean, unit variance "
+                            "(MaskDiT's norm_pix_loss); false = the raw x_t patch"),
+    unmask_steps=cf.F(0, "maskdit: the last N steps train unmasked (all tokens, no MAE loss): MaskDiT's fine-tune",
+                      ge=0),
+)
+
+
+def check_maskdit_config(cfg):
+    check_flow_config(cfg)
+    mspec = model_registry.spec(cfg.model.name)
+    if not mspec.masked_tokens:
+        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+        raise GenlabError(f"method.name=maskdit drops tokens inside the backbone; model {cfg.model.name} cannot: use "
+                          f"model.name={'|'.join(fits)}")
+    pos = mspec.default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
+    if pos.startswith("rope"):
+        raise GenlabError(f"method.name=maskdit needs additive positions (model.pos_emb=sincos2d|learned); "
+                          f"model.pos_emb={pos} rotates by position inside attention")
+    if mlp_registry.spec(cfg.model.mlp).needs_grid:
+        raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
+                          f"visible tokens no longer form; use another model.mlp")
+    m = cfg.method
+    if m.timestep_sampler == "adaptive":
+        raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
+                          "method.timestep_sampler")
+    if m.unmask_steps > cfg.train.steps:
+        raise GenlabError(f"method.unmask_steps ({m.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
+    if not 0 <= m.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
+        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {m.mask_ratio}")
+
+
+@method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
+                                     "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
+                                     "mae_weight, unmask_steps)",
+                          keys=MASKDIT_KEYS, **{**FLOW_SPEC, "check": check_maskdit_config, "data_kinds": LATENT_KINDS,
+                                                "reads": tuple(k.dotted for k in FLOW_KEYS)})
+def build_maskdit(cfg, data_spec):
+    return MaskDiTFlow(cfg, data_spec)

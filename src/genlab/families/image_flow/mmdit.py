@@ -1,0 +1,158 @@
+"""MMDiT (Esser et al. 2024, SD3, arXiv:2403.03206) and the DiT + MMDiT hybrid.
+
+Two token streams, image patches and conditioning tokens, each with its own weights (adaLN modulation, norms,
+q/k/v and output projections, MLP: a DiTBlock per stream), meet in one attention over their concatenation.
+Both streams are modulated by the pooled condition c = t embedding + class embedding, as SD3 modulates by
+t + pooled text. The conditioning tokens are the class and timestep embeddings, or, with context_dim > 0, a
+given sequence of condition embeddings (text-like) projected to the model width.
+
+With model.dual_blocks = k (0 < k < depth) the first k blocks are dual-stream and the rest are DiT blocks over
+the joint sequence [conditioning, patches] with shared weights (the single-stream half of Flux; Flux's single
+blocks run attention and MLP in parallel from one fused projection, these run them in sequence as DiT does).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from genlab.core.errors import GenlabError
+from genlab.nn.attention import attention_flops
+from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
+from genlab.config import fields as cf
+from genlab.nn.conditions import combine
+from genlab.families.image_flow.dit import (DIT_KEYS, embed_conditions, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
+                               spec_from_config)
+from genlab.nn.embeddings import embed_flops
+from genlab.nn.mlp import TokenGrid
+from genlab.core.registry import model_registry, residual_registry
+
+NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
+
+
+class JointBlock(nn.Module):
+    """SD3's MMDiT block. The context stream borrows the image stream's attention kernel (one differential lambda
+    per block); in SD3's last block its output is discarded, so it only projects keys and values (pre_only)."""
+
+    token_streams = 2  # forward(x, ctx, ...) -> (x, ctx): what layer analysis passes through a skipped block
+
+    def __init__(self, s: DiTSpec, layer: int, last: bool = False):
+        super().__init__()
+        args = (s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)
+        self.x = DiTBlock(*args, layer=layer, qkv_kernel=s.qkv_kernel)
+        self.ctx = DiTBlock(*args, layer=layer, kernel=False, pre_only=last, grid=False, qkv_kernel=s.qkv_kernel)
+
+    def forward(self, x, ctx, c, rope=None, grid=None):
+        qkv_x, mod_x = self.x.pre(x, c, rope)
+        qkv_c, mod_c = self.ctx.pre(ctx, c)  # conditioning tokens: no rotation (position 0)
+        L = ctx.shape[1]
+        k, v = (torch.cat([a, b], dim=2) for a, b in zip(qkv_c[1:], qkv_x[1:]))
+        if self.ctx.pre_only:  # the context's output is discarded: only the image tokens query
+            return self.x.post(x, self.x.attn.kernel(qkv_x[0], k, v), mod_x, grid), ctx
+        o = self.x.attn.kernel(torch.cat([qkv_c[0], qkv_x[0]], dim=2), k, v)
+        return self.x.post(x, o[:, :, L:], mod_x, grid), self.ctx.post(ctx, o[:, :, :L], mod_c, NO_GRID)
+
+
+class MMDiT(nn.Module):
+    def __init__(self, spec: DiTSpec):
+        super().__init__()
+        s, p = spec, spec.patch_size
+        self.spec = s
+        if not 0 <= s.dual_blocks <= s.depth:
+            raise GenlabError(f"model.dual_blocks ({s.dual_blocks}) must be between 0 and model.depth ({s.depth})")
+        self.dual = s.dual_blocks or s.depth
+        add_image_stem(self, s)
+        self.context_embed = nn.Linear(s.context_dim, s.dim) if s.context_dim else None
+        self.blocks = nn.ModuleList(
+            JointBlock(s, i, last=i == s.depth - 1) if i < self.dual else
+            DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=i,
+                     qkv_kernel=s.qkv_kernel)
+            for i in range(s.depth))
+        self.skips = LongSkips(s.dim, s.depth, s.long_skips)                               # image / joint tokens
+        self.ctx_skips = LongSkips(s.dim, s.depth, s.long_skips, receivers=range(self.dual))  # context, dual blocks
+        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
+        self.residual_dtype = residual_registry.get(s.residual)
+        DiT._init_weights(self)
+        self.ctx_skips.reset_parameters()
+
+    def context_tokens(self, t_emb, y_emb, context=None):
+        if context is not None:
+            if self.context_embed is None:
+                raise GenlabError("this MMDiT was built without context_dim: it takes class and timestep tokens only")
+            return self.context_embed(context)
+        return torch.stack([y_emb, t_emb], dim=1)
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None = None,
+                **conditions):
+        """x_t [B, C, H, W], t [B], y [B] class ids (null_class = unconditional); context [B, L, context_dim] optional."""
+        s = self.spec
+        x = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
+        embs = embed_conditions(self, t, y, conditions)
+        t_emb, y_emb = embs[0], embs[1]
+        c = combine(embs)
+        ctx = self.context_tokens(t_emb, y_emb, context).to(x.dtype)
+        L = ctx.shape[1]
+        rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
+        joint_rope, joint_grid = prefix_rope(rope, L), TokenGrid(L, self.grid, self.grid)
+        saved = {}
+        for i, block in enumerate(self.blocks):
+            if i < self.dual:
+                if i in self.skips.source:
+                    px, pc = saved.pop(self.skips.source[i])
+                    x, ctx = self.skips.merge(i, x, px), self.ctx_skips.merge(i, ctx, pc)
+                x, ctx = block(x, ctx, c, rope=rope, grid=grid)
+                if i in self.skips.sources:
+                    saved[i] = (x, ctx)
+                continue
+            if i == self.dual:
+                h = torch.cat([ctx, x], dim=1)
+            if i in self.skips.source:
+                src = saved.pop(self.skips.source[i])
+                h = self.skips.merge(i, h, torch.cat([src[1], src[0]], dim=1) if isinstance(src, tuple) else src)
+            h = block(h, c, rope=joint_rope, grid=joint_grid)
+            if i in self.skips.sources:
+                saved[i] = h
+        if self.dual < s.depth:
+            x = h[:, L:]
+        out = self.final(x, c)
+        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+
+    def flops_per_sample(self, context_len: int = 2) -> int:
+        """Forward FLOPs as torch.utils.flop_counter counts them (see DiT.flops_per_sample), for context_len
+        conditioning tokens (2: class and timestep)."""
+        s, N, D, L = self.spec, self.num_tokens, self.spec.dim, context_len
+        pd = s.patch_size ** 2 * s.channels
+        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
+        if self.context_embed is not None and context_len:
+            f += 2 * L * s.context_dim * D
+        for i in range(s.depth):
+            if i < self.dual:
+                last = i == s.depth - 1
+                f += block_flops(s, N, N, kernel=False) + block_flops(s, L, 0, ada=2 if last else 6, kernel=False,
+                                                                       pre_only=last)
+                f += attention_flops(s.attention, N if last else N + L, N + L, s.heads, D // s.heads)
+            else:
+                f += block_flops(s, N + L, N)
+        f += self.skips.flops(lambda j: N if j < self.dual else N + L) + self.ctx_skips.flops(lambda j: L)
+        return f + 2 * D * 2 * D + 2 * N * D * pd
+
+
+MMDIT_KEYS = cf.declare("model",
+    dual_blocks=cf.F(0, "mmdit: the first k blocks are dual-stream, the rest DiT blocks over the joint sequence "
+                            "(0 = all dual: SD3's MMDiT)", ge=0),
+)
+
+
+def _check_mmdit(cfg, dim: int, heads: int, depth: int):
+    if cfg.model.dual_blocks > depth:
+        raise GenlabError(f"model.dual_blocks ({cfg.model.dual_blocks}) must be at most model.depth ({depth}); "
+                          f"0 = all blocks dual-stream")
+
+
+@model_registry.register("mmdit", "MMDiT (SD3): image and conditioning streams with their own weights, joint attention, "
+                                  "adaLN from the pooled condition; model.dual_blocks=k: k dual blocks, then DiT blocks",
+                         keys=MMDIT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS), check=_check_mmdit,
+                         example=image_backbone_example({"dual_blocks": [1]}), **IMAGE_BACKBONE)
+def build_mmdit(cfg_model, data_spec) -> MMDiT:
+    return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=getattr(cfg_model, "dual_blocks", 0)))
+
+

@@ -1,0 +1,130 @@
+"""REPA: representation alignment (Yu et al. 2024, arXiv:2410.06940).
+
+Flow matching plus an alignment term: the DiT's tokens after block k, mapped by a trainable MLP projector,
+should point the way a frozen image encoder's features of the clean image point, patch by patch:
+
+    loss = flow loss + lambda * (1 - mean_n cos(projector(h_k[n]), encoder(x)[n]))
+
+The projector is a trainable extra (a param group of the model's optimizer), the encoder a frozen one, chosen by
+method.repa_encoder from registry repa_encoder (families/image_flow/repa_encoders.py: random, classifier, run:RUN, timm:MODEL).
+Defaults follow the paper: k = a third of the depth, a 3-layer SiLU MLP of width 2048, lambda 0.5. Sampling and
+evaluation are flow matching's. The step can be one CUDA graph (train.graph_step): the hook, the encoder pass and the
+projector add kernels and read nothing back to the host.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genlab.core.errors import GenlabError
+from genlab.families.base import Extra
+from genlab.config import fields as cf
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, unwrap
+from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
+from genlab.core.registry import method_registry, model_registry
+
+
+class Projector(nn.Module):
+    """REPA's 3-layer MLP with SiLU, applied to every token."""
+
+    def __init__(self, dim: int, hidden: int, out_dim: int, tokens: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
+                                 nn.Linear(hidden, out_dim))
+        self.tokens = tokens
+
+    def forward(self, h):
+        return self.net(h)
+
+    def flops_per_sample(self) -> int:
+        return 2 * self.tokens * sum(m.in_features * m.out_features for m in self.net if isinstance(m, nn.Linear))
+
+
+def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """REPA's patch-wise term, 1 - mean over samples and patches of cos(projected, target) (the paper's -cos
+    shifted by 1, the same gradient): 0 when every projected token points the encoder's way."""
+    return 1 - F.cosine_similarity(projected.float(), target.float(), dim=-1).mean()
+
+
+def aligned_block(cfg_block: int, depth: int) -> int:
+    """method.repa_block, 0 = a third of the depth (the paper: block 8 of SiT-XL's 28, 4 of SiT-B's 12)."""
+    return cfg_block or max(1, depth // 3)
+
+
+class REPA(FlowMatching):
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
+        m = cfg.method
+        from genlab.families.image_flow.dit import dit_size
+        dim, depth, _ = dit_size(cfg.model)
+        grid = data_spec["image_size"] // cfg.model.patch_size
+        self.block, self.weight, self.lr = aligned_block(m.repa_block, depth), m.repa_weight, m.repa_lr or None
+        self.encoder = build_encoder(cfg, data_spec, grid)
+        self.projector = Projector(dim, m.repa_hidden, self.encoder.out_dim, grid * grid)
+        self._hidden, self._hooked = [], None
+
+    def extra_modules(self):
+        return {**super().extra_modules(), "projector": Extra(self.projector, trainable=True, lr=self.lr),
+                "encoder": Extra(self.encoder, trainable=False)}
+
+    def _keep(self, module, args, out):
+        if torch.is_grad_enabled():  # training forward only: sampling needs no hidden states
+            self._hidden.append(out)
+
+    def _hook(self, model):
+        base = unwrap(model)
+        if self._hooked is not base:
+            # the hook is seen by compiled code because genlab compiles with hook guards (switches.guard_module_hooks)
+            base.blocks[self.block - 1].register_forward_hook(self._keep)
+            self._hooked = base
+
+    def loss(self, model, batch, ctx):
+        self._hook(model)
+        self._hidden.clear()
+        flow, metrics = super().loss(model, batch, ctx)
+        h = self._hidden.pop()
+        with torch.no_grad():
+            target = ctx.extras["encoder"](batch["image"])
+        align = alignment_loss(ctx.extras["projector"](h), target)
+        return flow + self.weight * align, {**metrics, "flow_loss": flow.detach(), "repa_align": align.detach()}
+
+
+REPA_KEYS = cf.declare("method",
+    repa_weight=cf.F(0.5, "repa: lambda of the alignment term 1 - cos(projector(h_k), encoder(x)) (paper: 0.5)", ge=0),
+    repa_block=cf.F(0, "repa: DiT block (1-based) whose output tokens are aligned (0 = depth // 3; paper: 8 of 28)", ge=0),
+    repa_encoder=cf.F("random", "repa: frozen encoder NAME[:ARG] of registry repa_encoder: random, classifier, "
+                                "run:RUN (e.g. a mae_encoder run), timm:MODEL (+ method.repa_encoder_path)",
+                      free="NAME[:ARG] of registry repa_encoder (genlab list)"),
+    repa_encoder_path=cf.F("", "repa, timm encoder: its weights (.safetensors, or .pt/.pth/.bin loaded weights-only)",
+                           free="a weights file path"),
+    repa_encoder_size=cf.F(0, "repa, timm encoder: input side the images are resized to (0 = the model's pretrained_cfg)",
+                           ge=0),
+    repa_encoder_mean=cf.F("", "repa, timm encoder: input normalisation mean, comma-separated (empty = pretrained_cfg)",
+                           free="comma-separated numbers"),
+    repa_encoder_std=cf.F("", "repa, timm encoder: input normalisation std, comma-separated (empty = pretrained_cfg)",
+                          free="comma-separated numbers"),
+    repa_hidden=cf.F(2048, "repa: width of the trainable 3-layer MLP projector (paper: 2048)", ge=1),
+    repa_lr=cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0),
+)
+
+
+def check_repa_config(cfg):
+    check_flow_config(cfg)
+    if not model_registry.spec(cfg.model.name).block_tokens:
+        raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
+                          f"blocks: use a model whose blocks output them (genlab list: model.dit)")
+    from genlab.families.image_flow.dit import dit_size
+    depth = dit_size(cfg.model)[1]
+    if cfg.method.repa_block > depth:
+        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {cfg.method.repa_block}")
+    check_encoder(cfg)
+
+
+@method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
+                                  "(trainable projector, frozen encoder; method.repa_*)",
+                          keys=REPA_KEYS, final_loss=True, graph_step=True, **{**FLOW_SPEC, "check": check_repa_config,
+                                             "reads": tuple(k.dotted for k in FLOW_KEYS)})
+def build_repa(cfg, data_spec):
+    return REPA(cfg, data_spec)

@@ -1,0 +1,158 @@
+"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective).
+
+Training uses the logits over all `n_vocab` rows like nanoGPT (the padding ids never occur as targets
+and are quickly pushed down), with the loss computed inside the model call (`model(x, targets=y)`) so that
+a compiled model fuses the head with the cross-entropy; evaluation normalises over the real vocabulary only, so val_loss is an
+exact log-likelihood in nats/token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from genlab.core import progress
+from genlab.core.errors import GenlabError
+from genlab.families.lm import common as lm
+from genlab.families.base import Method
+from genlab.config import fields as cf
+from genlab.core.registry import method_registry
+
+
+@torch.no_grad()
+def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len: int, temperature: float = 1.0,
+             top_k: int = 0, generator=None, kv_cache: bool = True) -> torch.Tensor:
+    """Append `new_tokens` sampled tokens to idx [B, t0].
+
+    With kv_cache (GPT backbones) each new token costs one position's forward pass; once the cache holds
+    seq_len positions it restarts from the last seq_len // 2 tokens (so the context then varies between
+    seq_len / 2 and seq_len tokens). Without it every step re-runs the last seq_len tokens (nanoGPT)."""
+    base = lm.unwrap(model)
+    cache = [] if kv_cache and hasattr(base, "decode") else None
+    for _ in progress.track(range(new_tokens), f"sampling {idx.shape[0]} x {new_tokens} tokens", unit="tok"):
+        if cache is None:
+            logits = model(idx[:, -seq_len:])[:, -1]
+        elif cache and cache[0][0].shape[2] < seq_len:
+            logits = base.decode(idx[:, -1:], cache)
+        else:  # start (the prompt), or the cache is full: refill it from the recent context
+            keep = max(1, seq_len // 2) if cache else seq_len
+            cache.clear()
+            logits = base.decode(idx[:, -keep:], cache)
+        logits = logits[:, :vocab_size].float()
+        if temperature <= 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if 0 < top_k < vocab_size:
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
+
+
+@torch.no_grad()
+def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> torch.Tensor:
+    """Per-sequence mean NLL (nats/token) of ids[:, 1:] given the preceding tokens, over the real vocabulary."""
+    out = []
+    for i in progress.track(range(0, len(ids), batch), f"scoring {len(ids)} sequences", unit="batch"):
+        x = ids[i:i + batch]
+        logits = model(x[:, :-1])[..., :vocab_size].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
+        out.append(nll.mean(1))
+    return torch.cat(out)
+
+
+class Autoregressive(Method):
+    sample_options = ("prompt", "temperature", "length", "top_k")
+    batch_keys = ("x", "y")
+    best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
+
+    def __init__(self, cfg, data_spec):
+        lm.check_token_spec(data_spec, "autoregressive")
+        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
+        self.V, self.T = data_spec["vocab_size"], data_spec["seq_len"]
+        self._checked = False
+
+    def _check(self, model):
+        if not self._checked:
+            lm.check_backbone(model, causal=True, method="autoregressive")
+            self._checked = True
+
+    def loss(self, model, batch, ctx):
+        self._check(model)
+        # the model computes the loss itself: under torch.compile the head and the cross-entropy fuse
+        return model(batch["x"], targets=batch["y"]), {}
+
+    def synthetic_batch(self, batch_size, device, generator):
+        ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
+        return {"x": ids[:, :-1], "y": ids[:, 1:]}
+
+    @torch.no_grad()
+    def evaluate(self, model, data, ctx) -> dict:
+        ecfg, device = ctx["eval"], ctx["device"]
+        if ecfg.num_samples <= 0:
+            return {}
+        base = lm.check_backbone(model, causal=True, method="autoregressive")
+        wins = lm.val_windows(data, self.T, ecfg.num_samples)
+        bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
+        nats = score_nats(model, wins.to(device), self.V, batch=bs).mean().item()
+        out = lm.per_token_metrics("val", nats, self.spec)
+        out["val_tokens_scored"] = int(wins.shape[0] * self.T)
+        return out
+
+    def _sample_ids(self, model, n, new_tokens, generator, device, prompt="", temperature=None, top_k=None):
+        base = lm.check_backbone(model, causal=True, method="autoregressive")
+        temperature = self.mcfg.temperature if temperature is None else temperature
+        top_k = self.mcfg.top_k if top_k is None else top_k
+        if lm.INFILL.search(prompt or ""):
+            raise GenlabError("[[N]] infilling needs a bidirectional model (method mdlm); autoregressive takes a prefix prompt")
+        start = lm.encode_prompt(self.spec, prompt) if prompt else [self._start_token()]
+        idx = torch.tensor([start] * n, dtype=torch.long, device=device)
+        out = generate(model, idx, new_tokens, self.V, base.spec.seq_len, temperature, top_k, generator)
+        return out if prompt else out[:, 1:]
+
+    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
+             top_k=None):
+        """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`)."""
+        length = length or steps or self.mcfg.sample_len or self.T
+        return self._sample_ids(model, n, length, generator, device, prompt, temperature, top_k)
+
+    def decode(self, samples) -> list[str]:
+        return [lm.decode(self.spec, row.tolist()) for row in samples]
+
+    def _start_token(self) -> int:
+        if self.spec.get("tokenizer") == "gpt2":
+            return self.spec.get("eot", 50256)
+        try:
+            return lm.encode_prompt(self.spec, "\n")[0]
+        except GenlabError:
+            return 0
+
+    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, prompt="", temperature=None,
+                       top_k=None, length=None, **_):
+        """n text samples of `length` new tokens (default method.sample_len or data.seq_len) into a .txt file."""
+        device = device or next(lm.unwrap(model).parameters()).device
+        length = length or steps or self.mcfg.sample_len or self.T
+        ids = self._sample_ids(model, n, length, generator, device, prompt, temperature, top_k)
+        texts = [lm.decode(self.spec, row.tolist()) for row in ids]
+        t = self.mcfg.temperature if temperature is None else temperature
+        return lm.write_samples(out, texts, f"autoregressive samples: {length} tokens, temperature {t}, "
+                                            f"top_k {self.mcfg.top_k if top_k is None else top_k}, prompt {prompt!r}")
+
+    def preview(self, model, path, ctx):
+        n = max(1, min(4, ctx["eval"].num_samples))
+        return self.sample_to_file(model, path, n=n, generator=ctx["generator"], device=ctx["device"],
+                                   prompt=self.mcfg.prompt, length=self.mcfg.sample_len or self.T)
+
+
+AR_KEYS = cf.declare("method",
+    top_k=cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0),
+)
+
+
+@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
+                          keys=AR_KEYS + lm.TEXT_SAMPLING_KEYS, data_kinds=("token",), model_families=("gpt", "sparse_transformer"),
+                          causal=True, sampling_keys=("method.temperature", "method.top_k", "method.sample_len", "method.prompt"))
+def build_autoregressive(cfg, data_spec):
+    return Autoregressive(cfg, data_spec)
+

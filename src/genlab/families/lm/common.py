@@ -1,0 +1,110 @@
+"""Helpers both language-model methods share: validation windows, prompts, decoding, text files."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from genlab.config import fields as cf
+from genlab.data.tokenizers import from_meta
+from genlab.core.errors import GenlabError
+from genlab.runtime.parallel import unwrap
+
+LN2 = math.log(2.0)
+INFILL = re.compile(r"\[\[(\d+)\]\]")  # "[[N]]" in a prompt: N tokens for masked diffusion to fill in
+
+
+# sampling keys every text method reads (autoregressive, mdlm)
+TEXT_SAMPLING_KEYS = cf.declare("method",
+    temperature=cf.F(1.0, "language models: sampling temperature (0 = greedy)", ge=0),
+    sample_len=cf.F(0, "tokens per text sample (0 = data.seq_len)", ge=0),
+    prompt=cf.F("", "text prompt for previews; mdlm: \"[[N]]\" marks N tokens to infill", free="any text"),
+)
+
+
+def check_token_spec(spec: dict, method: str):
+    if spec.get("kind") != "tokens":
+        raise GenlabError(f"method {method} needs token data (data.name=text|tokens|synthetic_tokens), got kind {spec.get('kind')!r}")
+
+
+def check_backbone(model, causal: bool, method: str):
+    base = unwrap(model)
+    if not hasattr(base, "causal") or not hasattr(base, "vocab_size"):
+        raise GenlabError(f"method {method} needs a token backbone (model.name=gpt or sparse_transformer)")
+    if bool(base.causal) != causal:
+        want = "true" if causal else "false"
+        raise GenlabError(f"method {method} needs a {'causal' if causal else 'bidirectional'} backbone: set model.causal={want}")
+    return base
+
+
+def tokenizer_of(spec: dict):
+    return from_meta(spec)
+
+
+def val_windows(data, seq_len: int, max_seqs: int) -> torch.Tensor:
+    """Non-overlapping windows of seq_len+1 tokens from the validation split, in order (deterministic)."""
+    val = np.asarray(data.val)
+    n = min(max_seqs, (len(val) - 1) // seq_len)
+    if n < 1:
+        raise GenlabError(f"the validation split ({len(val)} tokens) is shorter than one sequence of {seq_len + 1}")
+    idx = np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)[None]
+    return torch.from_numpy(val[idx].astype(np.int64))
+
+
+def eval_batch_size(ecfg, seq_len: int, n_vocab: int) -> int:
+    """Keep the logits of one eval batch under ~2^27 elements."""
+    return max(1, min(ecfg.batch_size, (1 << 27) // (seq_len * n_vocab)))
+
+
+def per_token_metrics(prefix: str, nats: float, spec: dict) -> dict:
+    out = {f"{prefix}_loss": nats, f"{prefix}_bits_per_token": nats / LN2, f"{prefix}_ppl": math.exp(min(nats, 50.0))}
+    if spec.get("tokenizer") == "char":
+        out[f"{prefix}_bpc"] = nats / LN2
+    elif spec.get("tokenizer") == "byte":
+        out[f"{prefix}_bits_per_byte"] = nats / LN2
+    return out
+
+
+def encode_prompt(spec: dict, text: str) -> list[int]:
+    tok = tokenizer_of(spec)
+    if tok is None:
+        raise GenlabError("this dataset has no tokenizer (synthetic tokens): prompts are not available")
+    return tok.encode(text)
+
+
+def decode(spec: dict, ids) -> str:
+    tok = tokenizer_of(spec)
+    ids = [int(i) for i in ids]
+    return tok.decode(ids) if tok is not None else " ".join(map(str, ids))
+
+
+def text_out_path(out) -> Path:
+    out = Path(out)
+    return out.with_suffix(".txt") if out.suffix.lower() in (".png", ".jpg", "") else out
+
+
+SAMPLE_HEAD = re.compile(r"^===== sample \d+ =====\n", re.M)
+
+
+def write_samples(path, texts: list[str], header: str) -> Path:
+    path = text_out_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "".join(f"===== sample {i} =====\n{t}\n" for i, t in enumerate(texts))
+    path.write_text(f"# {header}\n{body}", encoding="utf-8")
+    return path
+
+
+def read_samples(path) -> list[str]:
+    """The texts write_samples wrote (`genlab sample` prints the first few)."""
+    parts = SAMPLE_HEAD.split(Path(path).read_text(encoding="utf-8"))[1:]
+    return [t[:-1] if t.endswith("\n") else t for t in parts]
+
+
+def unigram_entropy(ids: torch.Tensor) -> float:
+    """Entropy (nats) of the token histogram of generated text: low values flag degenerate repetition."""
+    counts = torch.bincount(ids.flatten().cpu()).double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())

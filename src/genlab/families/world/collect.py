@@ -1,0 +1,114 @@
+"""Collect game frames with gymnasium + ale-py (the ROMs ship inside the ale-py wheel: works offline).
+
+Workers run independent environments in parallel processes; each returns whole episodes, which are
+concatenated into one episode folder (genlab.data.episodes). Sticky actions of ALE v5 are turned off
+in the emulator so that a frame is a function of the past frames and the recorded action; the
+`sticky` policy instead repeats its own previous action (longer, more varied paddle/ship motion).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import numpy as np
+
+from genlab.data.episodes import check_out_folder, write_episodes
+from genlab.core.errors import GenlabError
+
+POLICIES = ("random", "sticky")
+
+
+def _make_env(game: str):
+    try:
+        import ale_py
+        import gymnasium as gym
+    except ImportError as e:
+        raise GenlabError("collecting Atari frames needs gymnasium and ale-py: pip install gymnasium==1.4.0 ale-py==0.12.1") from e
+    gym.register_envs(ale_py)
+    names = sorted(k[4:-3] for k in gym.registry if k.startswith("ALE/") and k.endswith("-v5"))
+    if game not in names:
+        close = [n for n in names if n.lower().startswith(game.lower()[:3])] or names[:10]
+        raise GenlabError(f"unknown ALE game '{game}'; e.g. {', '.join(close)} ({len(names)} games, see gymnasium ALE docs)")
+    return gym.make(f"ALE/{game}-v5", repeat_action_probability=0.0, frameskip=4)
+
+
+def resize_frame(obs: np.ndarray, size: int, channels: int) -> np.ndarray:
+    from PIL import Image
+    img = Image.fromarray(obs)
+    if channels == 1:
+        img = img.convert("L")
+    # box filter: thin objects (Pong's ball) stay visible as a dimmer blob instead of vanishing
+    arr = np.asarray(img.resize((size, size), Image.BOX), dtype=np.uint8)
+    return arr[..., None] if arr.ndim == 2 else arr
+
+
+def _worker(args):
+    game, frames, policy, size, channels, seed, max_episode, stick = args
+    env = _make_env(game)
+    rng = np.random.default_rng(seed)
+    n_act = env.action_space.n
+    out_f, out_a, out_r, out_t, starts = [], [], [], [], []
+    obs, _ = env.reset(seed=seed)
+    t_ep, action = 0, 0
+    starts.append(0)
+    while len(out_f) < frames:
+        if policy == "random" or rng.random() > stick:
+            action = int(rng.integers(n_act))
+        out_f.append(resize_frame(obs, size, channels))
+        out_a.append(action)
+        obs, reward, term, trunc, _ = env.step(action)
+        out_r.append(reward)
+        t_ep += 1
+        done = term or trunc or t_ep >= max_episode
+        out_t.append(bool(term))
+        if done and len(out_f) == frames - 1:
+            # a reset would start a one-frame episode: this one ends on its real last frame instead (one over max_episode)
+            out_f.append(resize_frame(obs, size, channels))
+            out_a.append(action)
+            out_r.append(0.0)
+            out_t[-1:] = [False, bool(term)]
+        elif done and len(out_f) < frames:
+            obs, _ = env.reset()
+            t_ep = 0
+            starts.append(len(out_f))
+    meanings = env.unwrapped.get_action_meanings()
+    env.close()
+    return (np.stack(out_f), np.asarray(out_a), np.asarray(out_r, np.float32), np.asarray(out_t), np.asarray(starts),
+            meanings)
+
+
+def collect_atari(game: str, frames: int, out, policy: str = "random", size: int = 64, channels: int = 3,
+                  workers: int = 0, seed: int = 0, max_episode: int = 1000, stick: float = 0.8, log=print):
+    if policy not in POLICIES:
+        raise GenlabError(f"unknown policy '{policy}'; valid choices: {', '.join(POLICIES)}")
+    if channels not in (1, 3):
+        raise GenlabError(f"--channels must be 1 (grey) or 3 (RGB), got {channels}")
+    if frames < 2 or size < 8:
+        raise GenlabError("--frames must be >= 2 and --size >= 8")
+    if max_episode < 2:  # 0 or 1 would end every episode after one frame: nothing to learn from
+        raise GenlabError(f"--max-episode must be >= 2 (frames per episode), got {max_episode}")
+    if workers < 0:
+        raise GenlabError(f"--workers must be >= 0 (0 = one per core), got {workers}")
+    check_out_folder(out)  # before the minutes of collection, not after
+    _make_env(game).close()  # fail on a bad name before spawning workers
+    workers = workers or min(os.cpu_count() or 1, max(1, frames // 2000))
+    workers = min(workers, frames // 2)  # every worker's share is >= 2 frames: no one-frame episode
+    per = [frames // workers + (i < frames % workers) for i in range(workers)]
+    jobs = [(game, n, policy, size, channels, seed * 1009 + i, max_episode, stick) for i, n in enumerate(per) if n > 0]
+    t0 = time.perf_counter()
+    if len(jobs) == 1:
+        parts = [_worker(jobs[0])]
+    else:
+        with mp.get_context("spawn").Pool(len(jobs)) as pool:
+            parts = pool.map(_worker, jobs)
+    offs = np.cumsum([0] + [len(p[0]) for p in parts])
+    starts = np.concatenate([p[4] + o for p, o in zip(parts, offs)])
+    meta = {"source": f"ale-py {game} v5 (frameskip 4, no sticky actions)", "game": game, "policy": policy,
+            "num_actions": len(parts[0][5]), "action_meanings": parts[0][5], "seed": seed}
+    path = write_episodes(out, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                          np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), starts, meta)
+    dt = time.perf_counter() - t0
+    log(f"collected {frames} frames of {game} ({len(starts)} episodes) in {dt:.1f} s with {len(jobs)} worker(s): "
+        f"{frames / dt:.0f} frames/s")
+    return path

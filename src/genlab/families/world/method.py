@@ -1,0 +1,192 @@
+"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399).
+
+A batch is a window of frames [B, L+H, C, H, W] and the actions taken on them. The model denoises
+frame j given frames j-L..j-1 and actions j-L..j-1 (actions[t] leads from frame t to t+1).
+
+- objective: an entry of the `world_objective` registry chosen by method.objective: `flow` (rectified flow),
+  `edm` (Karras et al. 2022 preconditioning, DIAMOND's choice) or `l1` (one-step regression from noise, the
+  users' GAN setting); method.adv_weight > 0 adds the adversarial term of a patch discriminator to any of them.
+- residual: the diffused quantity is the target minus the clean last context frame, so with prediction x
+  (flow's default) an output of zero is exactly the last frame, whatever the noise.
+- context noise augmentation: the context frames get Gaussian noise of a random level that the model is
+  told, so at rollout time it tolerates its own imperfect frames.
+- schedule: teacher-forced until `closed_loop_start` of training, then closed-loop: the context of the
+  trained frame contains up to h-1 frames the model generated itself (no gradient through them), with h
+  drawn up to a maximum that grows linearly to data.horizon by the end of training.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from genlab.data.pixels import quantize
+from genlab.core.errors import GenlabError
+from genlab.families.base import Extra, Method, StepContext
+from genlab.families.world.adversarial import PatchDiscriminator, adversarial_losses
+from genlab.config import fields as cf
+from genlab.core.registry import method_registry, timestep_sampler_registry, world_objective_registry
+
+
+def augment_context(context: torch.Tensor, generator, max_level: float):
+    """Noise the context frames only: returns (noisy context, level [B]). The input is not modified."""
+    B = context.shape[0]
+    level = torch.rand(B, generator=generator, device=context.device) * max_level
+    noise = torch.randn(context.shape, generator=generator, device=context.device, dtype=context.dtype)
+    return context + level.view(B, 1, 1, 1, 1).to(context.dtype) * noise, level
+
+
+class WorldModel(Method):
+    interactive = True  # `genlab play`: frames from live controls
+    batch_keys = ("frames", "actions")
+    best_metric = "tf_mse"
+
+    def __init__(self, cfg, spec):
+        if spec.get("kind") != "episodes":
+            raise GenlabError("method.name=world needs episode data (data.name=episodes)")
+        self.cfg, self.mcfg, self.spec = cfg, cfg.method, spec
+        self.L, self.H = spec["context"], spec["horizon"]
+        self.objective = world_objective_registry.get(self.mcfg.objective)()
+        self.sample_t = timestep_sampler_registry.get(self.mcfg.timestep_sampler)
+
+    # -- extra modules ------------------------------------------------------------------------------
+    def extra_modules(self) -> dict:
+        if self.mcfg.adv_weight <= 0:
+            return {}
+        return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
+                              lr=self.mcfg.disc_lr)}
+
+    # -- the denoiser -------------------------------------------------------------------------------
+    def denoise_loss(self, model, target, context, actions, level, gen, base=None):
+        """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
+        clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
+        if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
+            k = self.mcfg.residual_scale
+            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen)
+            return loss, est / k + base
+        noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
+        return self.objective.loss(self, lambda x, t: model(x, t, context, actions, level), target, noise, gen)
+
+    @torch.no_grad()
+    def generate(self, model, context, actions, steps=None, generator=None, noise=None):
+        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
+        starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
+        caller keeps the RNG outside the graph."""
+        steps = steps or self.mcfg.sample_steps
+        level = torch.zeros(context.shape[0], device=context.device)
+        if noise is None:
+            noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
+        x = noise * self.mcfg.sample_temperature  # 0: the deterministic frame from the noise mean (best PSNR)
+        x = self.objective.generate(self, lambda x, t: model(x, t, context, actions, level), x, steps)
+        x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
+        return quantize(x) if self.mcfg.quantize_frames else x
+
+    @torch.no_grad()
+    def rollout(self, model, context, actions, steps=None, generator=None):
+        """Autoregressive rollout: frames [B,K,C,H,W] from real context [B,L,...] and actions [B,L+K-1].
+
+        Generated frames are fed back as context; future ground truth is never an input here."""
+        L = self.L
+        K = actions.shape[1] - L + 1
+        frames = list(context.unbind(1))
+        for k in range(K):
+            frames.append(self.generate(model, torch.stack(frames[-L:], 1), actions[:, k:k + L], steps, generator))
+        return torch.stack(frames[L:], 1)
+
+    # -- training -----------------------------------------------------------------------------------
+    def closed_loop_horizon(self, step: int, total: int) -> int:
+        """Largest number of frames (1 = teacher forcing) the model may roll out before the trained frame."""
+        start = int(self.mcfg.closed_loop_start * total)
+        if self.H <= 1 or step < start or self.mcfg.closed_loop_start >= 1:
+            return 1
+        frac = (step - start + 1) / max(total - start, 1)
+        return max(1, min(self.H, 1 + int(round(frac * (self.H - 1)))))
+
+    def choose_horizon(self, step: int, total: int) -> int:
+        """This step's horizon, uniform in 1..max: teacher-forced examples stay in the mix. A per-step Python
+        RNG keeps it a host int (no device sync) and reproducible on resume."""
+        h_max = self.closed_loop_horizon(step, total)
+        return random.Random(self.cfg.train.seed * 100003 + step).randint(1, h_max) if h_max > 1 else 1
+
+    def loss(self, model, batch, ctx: StepContext):
+        frames, actions = batch["frames"], batch["actions"]
+        gen, L = ctx.generator, self.L
+        h = self.choose_horizon(ctx.step, ctx.total_steps)
+        context = frames[:, :L]
+        if h > 1:  # closed loop: roll out h-1 frames from the real context, then train on frame L+h-1
+            # no train/eval switch: the backbone has no dropout or batch norm, and a switch recompiles compiled models
+            gen_frames = self.rollout(model, context, actions[:, :L + h - 2], self.mcfg.sample_steps, gen)
+            context = torch.cat([context, gen_frames], 1)[:, -L:]
+        target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
+        last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
+        context, level = augment_context(context, gen, self.mcfg.ctx_noise_max)
+        # residual base = the clean (in closed loop: self-generated) last frame, so zero output copies it and closed-loop
+        # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
+        # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
+        base = last if self.mcfg.residual else None
+        loss, est = self.denoise_loss(model, target, context, acts, level, gen, base)
+        metrics = {"horizon": h}
+        if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
+            return loss, metrics
+        adv, d_loss, adv_metrics = adversarial_losses(ctx.extras["disc"], est, target, last)
+        metrics.update(adv_metrics)
+        return {"model": loss + self.mcfg.adv_weight * adv, "disc": d_loss}, metrics
+
+    # -- evaluation, pictures, files ----------------------------------------------------------------
+    def evaluate(self, model, data, ctx) -> dict:
+        from genlab.eval.rollouts import evaluate_world
+        return evaluate_world(self, model, data, ctx)
+
+    def preview(self, model, path, ctx):
+        from genlab.data import build_dataset
+        from genlab.eval.video import rollout_video_from_data
+        data = build_dataset(ctx["cfg"].data)
+        return rollout_video_from_data(self, model, data.val, path.with_suffix(".gif"), ctx["device"],
+                                       ctx["generator"], horizon=max(self.H, 16), n=4)
+
+    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, **_):
+        from genlab.data import build_dataset
+        from genlab.eval.video import rollout_video_from_data
+        data = build_dataset(self.cfg.data)
+        out = out.with_name("rollout.gif") if out.suffix == ".png" else out
+        return rollout_video_from_data(self, model, data.val, out, device, generator, horizon=32, n=min(n, 8),
+                                       steps=steps)
+
+
+WORLD_KEYS = cf.declare("method",
+    objective=cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective"),
+    residual=cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)"),
+    residual_scale=cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0),
+    sample_temperature=cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
+                                        "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
+                                        "rollouts track the real frames best (PSNR)", ge=0),
+    quantize_frames=cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
+                                     "closed-loop contexts)"),
+    ctx_noise_max=cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0),
+    closed_loop_start=cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1),
+    adv_weight=cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0),
+    disc_lr=cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0),
+)
+WORLD_EVAL_KEYS = cf.declare("eval",
+    world_rollouts=cf.F(32, "world: held-out windows per rollout evaluation", ge=1),
+    world_horizons=cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1"),
+)
+
+
+def check_world_config(cfg):
+    if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
+        raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
+    from genlab.eval.nfe import parse_int_list
+    parse_int_list(cfg.eval.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+
+
+@method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
+                                   "closed-loop fine-tuning, few-step Euler rollouts",
+                          keys=WORLD_KEYS + WORLD_EVAL_KEYS,
+                          reads=("method.timestep_sampler", "method.sampler", "method.sample_steps", "eval.sample_steps"),
+                          data_kinds=("episodes",), model_families=("world_dit",), check=check_world_config,
+                          sampling_keys=("method.sample_steps", "method.sample_temperature", "method.quantize_frames"))
+def build_world(cfg, data_spec):
+    if cfg.method.sample_steps < 1:
+        raise GenlabError("method.sample_steps must be >= 1")
+    return WorldModel(cfg, data_spec)

@@ -1,0 +1,1 @@
+"""Experiments over runs: sweeps (the one job engine), bench, layer analysis."""

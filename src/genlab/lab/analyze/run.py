@@ -1,0 +1,241 @@
+"""`genlab analyze RUN`: layer similarity, layer skipping and a cached-block sampler on a trained image flow run.
+Everything is written into RUN/analysis/ (or --out): heat maps, a plot, analysis.md and analysis.json."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from genlab.core.errors import GenlabError
+
+WHAT = ("cka", "skip", "cache")
+
+
+def parse_what(text: str) -> list[str]:
+    names = [s.strip() for s in str(text).split(",") if s.strip()]
+    bad = [n for n in names if n not in WHAT]
+    if not names or bad:
+        raise GenlabError(f"--what must be a comma-separated subset of {','.join(WHAT)}, got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def parse_ts(text: str) -> list[float]:
+    try:
+        ts = [float(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        ts = []
+    if not ts or any(not 0 <= t <= 1 for t in ts):
+        raise GenlabError(f"--t must be comma-separated noise levels in [0, 1] (0 noise, 1 data), got {text!r}")
+    return list(dict.fromkeys(ts))
+
+
+HALF = "half"  # --cache-blocks half: the half of the blocks that changes least, not searched
+
+
+def check_args(what, batch, t, cache_blocks, cache_every, cache_tol=1.1):
+    """The command line, before a checkpoint is opened. --cache-blocks: None (auto, searched), HALF, or indices."""
+    if batch < 2:
+        raise GenlabError(f"--batch must be >= 2 (CKA centres over the batch), got {batch}")
+    if cache_every < 2:
+        raise GenlabError(f"--cache-every must be >= 2 (1 would never reuse), got {cache_every}")
+    if not cache_tol >= 1:
+        raise GenlabError(f"--cache-fd-tol must be >= 1 (the cached FD's allowed multiple of the unskipped FD), "
+                          f"got {cache_tol}")
+    from genlab.sampling.block_cache import parse_block_list
+    if str(cache_blocks).strip() == HALF:
+        return parse_what(what), parse_ts(t), HALF
+    try:
+        blocks = parse_block_list(cache_blocks, "--cache-blocks")
+    except GenlabError:
+        raise GenlabError(f"--cache-blocks must be 'auto', 'half' or comma-separated block indices >= 0, "
+                          f"got {cache_blocks!r}") from None
+    return parse_what(what), parse_ts(t), blocks
+
+
+def _check_run(cfg, method, model, cache_blocks):
+    from genlab.families.image_flow.flow import FlowMatching
+    if not isinstance(method, FlowMatching) or not hasattr(model, "blocks") or not hasattr(model, "num_tokens"):
+        raise GenlabError(f"genlab analyze needs an image flow-matching run (x_t = (1 - t) noise + t data, a backbone "
+                          f"with blocks); this run is method {cfg.method.name}, model {cfg.model.name}")
+    depth = len(model.blocks)
+    if isinstance(cache_blocks, list) and max(cache_blocks) >= depth:
+        raise GenlabError(f"--cache-blocks {max(cache_blocks)} out of range; this model has blocks 0..{depth - 1}")
+
+
+def _real_batch(data, n, device, seed=0):
+    """n real images and labels, a fixed draw (seed 0) so analyses of two runs of one dataset see the same batch."""
+    import numpy as np
+    from genlab.data.pixels import to_model
+    idx = np.sort(np.random.default_rng(seed).permutation(len(data))[:n])
+    images = to_model(torch.as_tensor(np.asarray(data.images[idx])).to(device))
+    return images, torch.as_tensor(np.asarray(data.labels)[idx], dtype=torch.long, device=device)
+
+
+class Sampler:
+    """Evaluation samples of one run, every variant from the same noise (a fresh fixed-seed generator each time)."""
+
+    def __init__(self, cfg, method, model, data, device, run_dir):
+        from genlab.runs.load import sampling_precision
+        self.cfg, self.method, self.model, self.data, self.device, self.run_dir = cfg, method, model, data, device, run_dir
+        self.precision = sampling_precision(cfg, device)  # as the run's own evaluations sampled
+        n = cfg.eval.num_samples
+        self.labels = torch.arange(n, device=device) % data.spec["num_classes"]
+        self.classifier = None  # (net, held-out accuracy), trained or loaded once for every variant
+
+    def draw(self, desc, labels=None):
+        from genlab.eval.image_quality import generate
+        from genlab.sampling.images import eval_context
+        ctx = eval_context(self.cfg, self.device, self.run_dir, classifier=self.classifier)
+        labels = self.labels if labels is None else labels
+        with self.precision.autocast(self.device):
+            return generate(self.method, self.model, labels, ctx, self.cfg.eval.batch_size, desc=desc), ctx
+
+    def score(self, desc):
+        from genlab.eval.metrics import image_metrics
+        if self.classifier is None:
+            from genlab.eval.classifier import get_classifier
+            self.classifier = get_classifier(self.data, device=self.device, epochs=self.cfg.eval.classifier_epochs)
+        samples, ctx = self.draw(desc)
+        m = image_metrics(samples, self.labels, self.data, ctx)
+        return samples, {"feature_fd": m["feature_fd"], "sample_accuracy": m["sample_accuracy"],
+                         "feature_fd_floor": m["feature_fd_floor"]}
+
+
+def _skip_rows(sampler, base, ref_samples, ref, rows, save):
+    """Each skip plan's scores appended to `rows`, then save(): a cut analysis keeps the rows it finished."""
+    from genlab.sampling.skip import skip_blocks, skip_plans
+    for name, idx in skip_plans(len(base.blocks)):
+        if idx:
+            with skip_blocks(base, idx):
+                samples, m = sampler.score(f"analyze: skip {name}")
+        else:
+            samples, m = ref_samples, ref
+        diff = (samples.float() - ref_samples.float()).abs().mean().item()
+        rows.append({"skipped": name, "blocks": list(idx), **m, "fd_ratio": m["feature_fd"] / ref["feature_fd"],
+                     "pixel_diff": diff})
+        save()
+
+
+def _save(out: Path, res: dict) -> None:
+    """analysis.json and analysis.md as they stand, each replaced whole (a write to a temporary file, then a rename),
+    so an analysis stopped by a time limit keeps every finished part and never leaves a half-written file."""
+    from genlab.lab.analyze import report
+    for name, text in (("analysis.json", json.dumps(res, indent=1)), ("analysis.md", report.markdown(res))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+
+
+def _warm_up_and_pick(sampler, base, blocks, output_probe=False):
+    """One sampling pass before the timed baseline (it pays the one-off costs); it also measures how much each block's
+    contribution changes between evaluations (per evaluation, for the step-aware schedule); with --cache-blocks half
+    it picks the half that changes least on average (auto searches later, against the unskipped FD)."""
+    from genlab.sampling.block_cache import block_change, pick_cacheable
+    depth = len(base.blocks)
+    with block_change(base, output_probe) as ch:
+        sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])
+    change = {i: ch.get(i, float("inf")) for i in range(depth)}
+    return (pick_cacheable(change, max(1, depth // 2)) if blocks == HALF else blocks), change, ch
+
+
+def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
+    from genlab.sampling.block_cache import cached_blocks, forward_timer
+    with cached_blocks(base, **cache) as counts, forward_timer(base, sampler.device) as tm:
+        _, m = sampler.score(desc)
+    evaluations = counts["call"] + 1  # network evaluations; each evaluates every block once, or reuses it
+    return {**m, "fd_ratio": m["feature_fd"] / ref["feature_fd"], "forward_seconds": tm["seconds"],
+            "speedup": ref_seconds / tm["seconds"] if tm["seconds"] > 0 else float("nan"),
+            "block_evals_saved": counts["reused"] / max(1, evaluations * len(base.blocks))}
+
+
+def _search(sampler, base, ref, ref_seconds, change, every, tol):
+    """--cache-blocks auto: the blocks whose cache keeps FD within tol x the unskipped FD (cache.search_cacheable).
+    Returns them, the trail, and the scores of the kept set (its last trial pass, the fixed cache's row)."""
+    from genlab.sampling.block_cache import search_cacheable
+    scored = {}
+
+    def score(blocks):
+        scored[tuple(blocks)] = _cached_scores(sampler, base, ref, ref_seconds,
+                                               f"analyze: cache search, blocks {','.join(map(str, blocks))}",
+                                               indices=blocks, every=every)
+        return scored[tuple(blocks)]
+    kept, trail = search_cacheable(change, tol, score)
+    return kept, trail, scored.get(tuple(kept))
+
+
+def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every, fixed=None):
+    """The fixed cache (these blocks, every `every` evaluations; `fixed`: already scored), then the step-aware
+    schedule that reuses the same share of block evaluations, picked per evaluation from the warm-up's changes."""
+    from genlab.sampling.block_cache import step_schedule
+    fixed = fixed or _cached_scores(sampler, base, ref, ref_seconds, "analyze: cached sampler", indices=blocks,
+                                    every=every)
+    plan = step_schedule(measured, fixed["block_evals_saved"], len(base.blocks))
+    stepped = _cached_scores(sampler, base, ref, ref_seconds, "analyze: step-aware cache", indices=[], schedule=plan,
+                             period=measured.evaluations)
+    return {"blocks": blocks, "every": every, "change": change, **fixed, "baseline_forward_seconds": ref_seconds,
+            "scheduled": {**stepped, "evaluations": measured.evaluations,
+                          "reuse": {str(k): sorted(v) for k, v in plan.items()}}}
+
+
+def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="auto", out=None, overrides=(),
+                cache_blocks="auto", cache_every=2, cache_tol=1.1) -> dict:
+    from genlab.lab.analyze import report
+    from genlab.lab.analyze.cka import layer_similarity
+    from genlab.config.check import check_data_on_disk
+    from genlab.data import build_dataset
+    from genlab.runtime.parallel import unwrap
+    from genlab.runs.load import _run_dir, load_run
+    what, ts, blocks = check_args(what, batch, t, cache_blocks, cache_every, cache_tol)
+    cfg, model, method, dev, state = load_run(run, device, True, overrides)
+    base = unwrap(model)
+    _check_run(cfg, method, base, blocks)
+    method.cache_blocks = []  # every variant against the plain sampler, whatever the run's method.cache_blocks
+    sampling = [w for w in what if w != "cka"]
+    if sampling:
+        cfg.eval.metrics = "accuracy,fd"  # the two numbers of the tables
+        if cfg.eval.num_samples < 2:
+            raise GenlabError(f"--what {','.join(sampling)} samples and scores eval.num_samples images; it must be "
+                              f">= 2 (FD needs a covariance), got {cfg.eval.num_samples}")
+        check_data_on_disk(cfg)
+    out = Path(out) if out else _run_dir(run) / "analysis"
+    out.mkdir(parents=True, exist_ok=True)
+    data = build_dataset(cfg.data)
+    if hasattr(data, "reference"):  # teacher pairs (reflow): the real images they came from, as its evaluation uses
+        data = data.reference()
+    res = {"run": str(run), "step": state["step"], "model": cfg.model.name, "depth": len(base.blocks),
+           "method": cfg.method.name, "eval_samples": cfg.eval.num_samples, "sample_steps": cfg.eval.sample_steps,
+           "sampler": cfg.method.sampler,
+           "cfg_scale": cfg.eval.cfg_scale, "device": str(dev), "complete": False}
+    if "cka" in what:
+        images, labels = _real_batch(data, min(batch, len(data)), dev)
+        gen = torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)
+        sims = layer_similarity(method, base, images, labels, ts, gen)
+        res["cka"] = {"batch": len(images), "tokens": base.num_tokens,
+                      "by_t": {f"{t:g}": m.tolist() for t, m in sims.items()},
+                      "plots": [p.name for p in report.cka_heatmaps(sims, out)]}
+        _save(out, res)
+    if sampling:
+        sampler = Sampler(cfg, method, model, data, dev, _run_dir(run))
+        if "cache" in what:
+            blocks, change, measured = _warm_up_and_pick(sampler, base, blocks)
+        from genlab.sampling.block_cache import forward_timer
+        with forward_timer(base, dev) as tm:
+            ref_samples, ref = sampler.score("analyze: unskipped")
+        res["reference"] = ref
+        _save(out, res)
+        if "skip" in what:
+            res["skip"] = []
+            _skip_rows(sampler, base, ref_samples, ref, res["skip"], lambda: _save(out, res))
+            res["skip_plot"] = report.skip_plot(res["skip"], out).name
+        if "cache" in what:
+            search = fixed = None
+            if blocks is None:
+                blocks, search, fixed = _search(sampler, base, ref, tm["seconds"], change, cache_every, cache_tol)
+            res["cache"] = (_cache_result(sampler, base, ref, tm["seconds"], blocks, change, measured, cache_every, fixed)
+                            if blocks else {"blocks": [], "every": cache_every, "change": change})
+            if search is not None:
+                res["cache"]["search"] = {"fd_tol": cache_tol, "trail": search}
+    res["complete"] = True
+    _save(out, res)
+    return {"out": str(out), **{k: res[k] for k in ("step", "depth") if k in res}}

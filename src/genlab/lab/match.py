@@ -1,0 +1,119 @@
+"""Parameter matching: the widths that give a backbone a reference model's parameter count, so architectures,
+attention kernels and depths are compared at equal size. Counts are exact: each candidate is built on the meta
+device (no memory, no init cost), and among neighbouring head counts the one closest to the target wins.
+
+Two questions are answered:
+- `match_params`: at the config's depth and head width, which width (and, to close the last gap, which MLP
+  width) has the target count? The number of heads moves in steps of one (a width step of one head width),
+  then model.mlp_ratio moves the MLP width until the count is within `tol` of the target (the MLP is about 2/3
+  of a block's weights, so it can absorb the remainder of a head-width step: at DiT-S/B widths a few percent of
+  mlp_ratio). Used by the sweeps' `matched_params` axis and benchmarks/bench_backbones.py.
+- `constant_param_dims`: for each of several depths, which width of a DiT has the count of a reference depth and
+  width (the sweeps' `constant_params` axis, trading depth for width).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from genlab.core.errors import GenlabError
+from genlab.core.registry import mlp_registry, model_registry
+
+# the data shape of the shipped DiT-B/2 ablations (synthetic 32x32x4 latents, 1000 classes): constant_param_dims'
+# default, for base configs whose data shape is only known once the data is read
+LATENT_SPEC = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 1000}
+
+
+def param_count(cfg_model, data_spec: dict) -> int:
+    """Exact parameter count of the model `cfg_model` describes, for data of `data_spec`'s shape."""
+    with torch.device("meta"):
+        model = model_registry.get(cfg_model.name)(cfg_model, data_spec)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _nearest_heads(count, guess: int, radius: int, target: int) -> tuple[int, int]:
+    """(heads, count(heads)) for the head count within `radius` of `guess` whose count is closest to `target`
+    (the smaller one on a tie)."""
+    counts = {h: count(h) for h in range(max(1, guess - radius), guess + radius + 1)}
+    heads = min(counts, key=lambda h: abs(counts[h] - target))
+    return heads, counts[heads]
+
+
+def _ratio_for(hidden: int, dim: int) -> float:
+    """An mlp_ratio whose int(dim * ratio) is exactly `hidden` (halfway, so float rounding cannot drop a unit)."""
+    return (hidden + 0.5) / dim
+
+
+def match_params(cfg_model, data_spec: dict, target: int, tol: float = 0.02) -> dict:
+    """{dim, heads, depth, mlp_ratio} for cfg_model's backbone with ~`target` parameters (|error| <= tol),
+    keeping its depth and head width (model.dim / model.heads). Raises GenlabError when no width gets there."""
+    from genlab.families.image_flow.dit import dit_size
+    dim0, depth, heads0 = dit_size(cfg_model)
+    head_dim = dim0 // heads0
+    base = dataclasses.replace(cfg_model, depth=depth)
+
+    def count(heads, ratio):
+        return param_count(dataclasses.replace(base, dim=heads * head_dim, heads=heads, mlp_ratio=ratio), data_spec)
+
+    r0 = cfg_model.mlp_ratio
+    n0 = count(heads0, r0)
+    guess = max(1, round(heads0 * math.sqrt(target / n0)))  # block weights grow as width^2
+    heads, n = _nearest_heads(lambda h: count(h, r0), guess, 1, target)
+    dim = heads * head_dim
+    out = {"dim": dim, "heads": heads, "depth": depth, "mlp_ratio": r0}
+    if abs(n - target) <= tol * target:
+        return out
+    # the count is affine in the MLP's own width (hidden_of of the GELU width int(dim * ratio)): one more build
+    # gives the slope, then the GELU width whose hidden_of lands closest to the target is searched without builds
+    hidden_of = mlp_registry.spec(cfg_model.mlp).hidden_of
+    h0 = int(dim * r0)
+    h1 = next(h for h in range(h0 + 1, 4 * h0 + 64) if hidden_of(h) != hidden_of(h0))
+    slope = (count(heads, _ratio_for(h1, dim)) - n) / (hidden_of(h1) - hidden_of(h0))
+    best = min(range(max(1, h0 // 4), 4 * h0), key=lambda h: abs(n + slope * (hidden_of(h) - hidden_of(h0)) - target))
+    out["mlp_ratio"] = _ratio_for(best, dim)
+    n = count(heads, out["mlp_ratio"])
+    if abs(n - target) > tol * target:
+        raise GenlabError(f"no width of model {cfg_model.name} (depth {depth}, head width {head_dim}) has "
+                          f"{target:,} parameters within {100 * tol:g}% (closest: {n:,}); change model.depth or the "
+                          f"head width, or use a larger reference")
+    return out
+
+
+def reference_params(cfg_model, data_spec: dict) -> int:
+    """Parameters of the reference: a plain DiT (sdpa, GELU MLP, no long skips) of cfg_model's size and shape."""
+    ref = dataclasses.replace(cfg_model, name="dit", attention="sdpa", mlp="gelu", long_skips=False)
+    return param_count(ref, data_spec)
+
+
+def matched_overrides(cfg_model, data_spec: dict, target: int, tol: float = 0.02) -> list[str]:
+    """match_params as `model.key=value` overrides (what the sweeps append to a variant)."""
+    m = match_params(cfg_model, data_spec, target, tol)
+    return [f"model.{k}={v}" for k, v in m.items()]
+
+
+def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, model=None,
+                        spec: dict | None = None):
+    """For each depth, the width (a multiple of head_dim, heads = width / head_dim) whose DiT has the
+    parameter count closest to the reference (ref_depth, ref_dim). Returns [(depth, dim, heads, rel_error)].
+
+    `model` is a ModelConfig whose other fields (patch size, MLP ratio, qk-norm, ...) are kept, though the
+    backbone counted is always a DiT (default DiT-B); `spec` the data shape (default LATENT_SPEC).
+    Block parameters grow as depth * dim^2 (12 dim^2 for attention + MLP, 6 dim^2 for adaLN), so
+    dim ~ ref_dim * sqrt(ref_depth / depth) is the start; neighbouring multiples are compared by exact count.
+    """
+    from genlab.config.tree import ModelConfig
+    base = dataclasses.replace(model if model is not None else ModelConfig(size="B"), name="dit")
+    spec = spec or LATENT_SPEC
+
+    def count(depth, dim, heads):
+        return param_count(dataclasses.replace(base, dim=dim, depth=depth, heads=heads), spec)
+
+    target = count(ref_depth, ref_dim, max(1, ref_dim // head_dim))
+    out = []
+    for d in depths:
+        guess = max(1, round(ref_dim * (ref_depth / d) ** 0.5 / head_dim))
+        heads, n = _nearest_heads(lambda h: count(d, h * head_dim, h), guess, 2, target)
+        out.append((d, heads * head_dim, heads, (n - target) / target))
+    return out

@@ -1,0 +1,409 @@
+"""Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids).
+
+Every number of a row comes from that run's own files (metrics.jsonl, config.toml). Throughput, MFU and
+data-wait are averaged over the logged intervals after the first of each process (which holds compilation
+and warm-up); peak memory is the maximum; wall time is the training wall-clock to the last step
+(compilation included, the final sampling/eval not); eval metrics are the run's last. Seeds of a variant
+are combined as mean ± std (sample standard deviation).
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import shutil
+from pathlib import Path
+
+from genlab.runtime.metrics import read_metrics, train_records
+
+COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
+           "wall_time", "data_wait_frac"]
+
+
+def _image_spec(cfg) -> dict | None:
+    """The data shape of an image run, known without loading its data (synthetic, digits, a prepared folder)."""
+    from genlab.core.registry import dataset_registry
+    shape_of = dataset_registry.spec(cfg.data.name).shape
+    shape = shape_of(cfg.data) if shape_of is not None else None
+    return {k: shape[k] for k in ("kind", "image_size", "channels", "num_classes")} if shape else None
+
+
+def param_count(run_dir: Path) -> int | None:
+    """Parameters of an image-backbone run (dit, dit_incontext, mmdit), from its saved config (meta device, no
+    weights read)."""
+    p = Path(run_dir) / "config.toml"
+    if not p.exists():
+        return None
+    try:
+        from genlab.config.tree import from_dict, load_toml
+        from genlab.lab.match import param_count as count
+        from genlab.core.registry import model_registry
+        cfg = from_dict(load_toml(p))
+        spec = _image_spec(cfg) if model_registry.spec(cfg.model.name).family == "image" else None
+        return None if spec is None else count(cfg.model, spec)
+    except Exception:  # noqa: BLE001 - a column we cannot fill stays empty
+        return None
+
+
+def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
+    """The numbers of one run, read from its own files. loss_at: steps; loss_at_time: training wall-clock seconds
+    (the last logged loss at or before that time, so runs compare at equal compute time)."""
+    run_dir = Path(run_dir)
+    recs = read_metrics(run_dir)
+    train = train_records(recs)
+    row = {}
+    n = param_count(run_dir)
+    if n is not None:
+        row["params_m"] = n / 1e6
+    if train:
+        row["final_loss"] = train[-1]["loss"]
+        row["steps"] = train[-1]["step"]
+        steady = [r for r in train if not r["_warm"]] or train  # the first interval of a process holds compilation
+        for k in ("samples_per_s", "tokens_per_s", "mfu", "data_wait_frac", "step_time"):
+            vals = [r[k] for r in steady if r.get(k) is not None]
+            row[k] = sum(vals) / len(vals) if vals else None
+        mems = [r["peak_mem_gib"] for r in train if r.get("peak_mem_gib") is not None]
+        row["peak_mem_gib"] = max(mems) if mems else None
+        states = [r["optim_state_mib"] for r in train if r.get("optim_state_mib") is not None]
+        row["optim_state_mib"] = max(states) if states else None
+        row["wall_time"] = train[-1].get("wall_time")
+        for s in loss_at:
+            at = [r for r in train if r["step"] <= s]
+            row[f"loss@{s}"] = at[-1]["loss"] if at else None
+        for s in loss_at_time:
+            at = [r for r in train if r.get("wall_time") is not None and r["wall_time"] <= s]
+            row[f"loss@{_num(s)}s"] = at[-1]["loss"] if at and train[-1]["wall_time"] >= s else None
+    for r in recs:
+        for k, v in r.items():
+            if k.startswith("eval/") and isinstance(v, (int, float)):
+                row[k[5:]] = v
+    return row
+
+
+FD_KEY = "eval/feature_fd"  # what eval metric `fd` records (genlab.eval.metrics); fd_target races on it
+
+
+def final_fd(recs) -> float | None:
+    fds = [r[FD_KEY] for r in recs if isinstance(r.get(FD_KEY), (int, float))]
+    return fds[-1] if fds else None
+
+
+def time_to_fd(recs, target: float) -> tuple[int | None, float | None]:
+    """The first evaluation (log.eval_every, or the final one) at feature FD <= target: its step, and the training
+    wall-clock to it with the periodic evaluations' own time (their eval_s) taken out. (None, None) if never."""
+    train, spent = train_records(recs), 0.0
+    for r in recs:
+        fd = r.get(FD_KEY)
+        if not isinstance(fd, (int, float)):
+            continue
+        if fd <= target:
+            at = [t for t in train if t["step"] <= r["step"] and t.get("wall_time") is not None]
+            return r["step"], (at[-1]["wall_time"] - spent) if at else None
+        spent += r.get("eval_s") or 0.0
+    return None, None
+
+
+def reference_run(run_name: str, variant: str, first_axis: list[str], target) -> str | None:
+    """The run of this run's fd_target (a first-axis variant, or a table first-axis variant -> its target) with this
+    run's other axis values and seed: the first-axis part of its name replaced."""
+    for n in sorted(first_axis, key=len, reverse=True):
+        if variant == n or variant.startswith(n + "-"):
+            to = target if isinstance(target, str) else target.get(n, n if n in target.values() else None)
+            return None if to is None else to + run_name[len(n):]
+    return None
+
+
+def race_to_fd(d: Path, members, settings, status: dict, partial: bool = False) -> list[dict]:
+    """Per run (of `members`): steps and seconds to the final FD of its fd_target run, and that run's seconds to it
+    divided by this run's (speed-up; > 1 = faster than the target run); target_fd_reached 1 or 0. The target run
+    must have finished (an unfinished one has no final FD); with `partial` the racing run need not have."""
+    target = settings.get("fd_target")
+    axes = settings.get("axis") or [{}]
+    first = [v.get("name") for v in axes[0].get("variants", []) if isinstance(v, dict)]
+    out = []
+    for run_name, st in members:
+        ref = reference_run(run_name, st.get("variant", run_name), first, target) if target else None
+        row = {}
+        ref_done = (status.get(ref) or {}).get("status") == "finished"
+        if ref and ref_done and _reads(d, run_name, st, partial) and (d / "runs" / ref / "metrics.jsonl").exists():
+            ref_recs, recs = read_metrics(d / "runs" / ref), read_metrics(d / "runs" / run_name)
+            goal = final_fd(ref_recs)
+            if goal is not None:
+                step, secs = time_to_fd(recs, goal)
+                _, ref_secs = time_to_fd(ref_recs, goal)
+                row = {"target_fd": goal, "steps_to_target_fd": step, "time_to_target_fd": secs,
+                       "speedup_to_target_fd": ref_secs / secs if secs and ref_secs else None,
+                       "target_fd_reached": float(step is not None)}  # the others average only the seeds that reached it
+        out.append(row)
+    return out
+
+
+def _reads(d: Path, run_name: str, st: dict, partial: bool) -> bool:
+    return st.get("status") == "finished" or (partial and (d / "runs" / run_name / "metrics.jsonl").exists())
+
+
+def _num(s) -> str:
+    return str(int(s)) if float(s).is_integer() else str(s)
+
+
+def _mean_std(vals):
+    vals = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if not vals:
+        return None, None
+    m = sum(vals) / len(vals)
+    sd = (sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+    return m, sd
+
+
+def _sweep_settings(d: Path) -> dict:
+    p = d / "sweep.toml"
+    if not p.exists():
+        return {}
+    import tomllib
+    return tomllib.loads(p.read_text())
+
+
+def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
+    """One row per variant (seeds combined) in sweep order, and the ordered metric columns. `partial`: runs that did
+    not finish (a timeout, a stop) count with what their metrics.jsonl logged, the step each reached in the reason."""
+    d = Path(d)
+    status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+    settings = _sweep_settings(d)
+    loss_at = [int(s) for s in settings.get("loss_at", [])]
+    loss_at_time = [float(s) for s in settings.get("loss_at_time", [])]
+    groups: dict[str, list] = {}
+    for run_name, st in status.items():
+        if st.get("stage") == "command":  # a [[stage]] command made a folder, not a run
+            continue
+        groups.setdefault(st.get("variant", run_name), []).append((run_name, st))
+    rows, metric_keys = [], []
+    for variant, members in groups.items():
+        per_seed, partial_to = [], []
+        race = race_to_fd(d, members, settings, status, partial) if settings.get("fd_target") else [{}] * len(members)
+        for (run_name, st), extra in zip(members, race):  # paths relative to d: a sweep folder can be moved or copied
+            r = run_row(d / "runs" / run_name, loss_at, loss_at_time) if _reads(d, run_name, st, partial) else {}
+            if st.get("status") != "finished" and "steps" in r:
+                partial_to.append(r["steps"])
+            r.update({k: v for k, v in extra.items() if v is not None})
+            per_seed.append(r)
+            metric_keys += [k for k in r if k not in metric_keys and k != "steps"]
+        statuses = [st.get("status") for _, st in members]
+        reasons = sorted({st.get("reason") for _, st in members if st.get("reason")})
+        if partial_to:
+            reasons.append(f"partial: {len(partial_to)} unfinished run(s) to step {min(partial_to)}"
+                           + (f"-{max(partial_to)}" if max(partial_to) != min(partial_to) else ""))
+        if all(x == "finished" for x in statuses):
+            agg = "finished"
+        else:
+            unfinished = ("failed", "interrupted", "running", "not_run", "skipped")
+            agg = next((x for x in unfinished if x in statuses), statuses[0])
+            n_ok = statuses.count("finished")
+            if n_ok:
+                agg += f" ({n_ok}/{len(statuses)} seeds finished)"
+        logs = [f"logs/{rn}.log" for rn, _ in members if (d / "logs" / f"{rn}.log").exists()]
+        row = {"variant": variant, "seeds": len(members), "status": agg, "reason": "; ".join(reasons),
+               "reference": members[0][1].get("reference"),
+               "runs": [rn for rn, _ in members], "finished_runs": [rn for rn, st in members if st.get("status") == "finished"],
+               "logs": logs}
+        for k in metric_keys:
+            m, sd = _mean_std([r.get(k) for r in per_seed])
+            row[k], row[k + "_std"] = m, sd
+        rows.append(row)
+    order = [c for c in COLUMNS if c in metric_keys] + [k for k in metric_keys if k.startswith("loss@") and not k.endswith("s")]
+    order += [k for k in metric_keys if k.startswith("loss@") and k.endswith("s")]
+    order += [k for k in metric_keys if k not in order]
+    return rows, order
+
+
+def format_count(n: float) -> str:
+    """A count with a unit and three significant digits: 812, 12.3 k, 4.56 M, 1.2 B."""
+    def three(x):
+        return f"{float(f'{x:.3g}'):g}"
+    for div, unit in ((1e9, " B"), (1e6, " M"), (1e3, " k")):
+        if abs(n) >= 0.9995 * div:  # at three digits it is at least one of this unit (999,999 is 1 M)
+            return three(n / div) + unit
+    return three(n)
+
+
+def _fmt(v, sd=None, key=""):
+    if v is None:
+        return ""
+    if key == "params_m":  # parameters (stored in millions in results.csv): with a unit, so small models are not 0.0 M
+        return format_count(v * 1e6) + (f" ± {format_count(sd * 1e6)}" if sd else "")
+    pct = key == "mfu" or key.endswith("accuracy") or key.endswith("_acc") or key in ("data_wait_frac", "target_fd_reached")
+    scale = 100 if pct else 1
+    spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m", "optim_state_mib") or pct else \
+        (".2f" if key == "peak_mem_gib" else ".4g")
+    out = format(v * scale, spec) + ("%" if pct else "")
+    if sd is not None:
+        out += " ± " + format(sd * scale, spec) + ("%" if pct else "")
+    return out
+
+
+HEADERS = {"params_m": "params", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
+           "mfu": "MFU", "peak_mem_gib": "peak mem GiB", "wall_time": "wall s", "data_wait_frac": "data wait",
+           "step_time": "step s", "optim_state_mib": "optim state MiB"}
+
+
+def shown_columns(rows, cols, wanted=()) -> list[str]:
+    """The table's columns: the sweep file's `metrics` (in its order) if given, else every column with a value."""
+    if wanted:
+        return list(wanted)
+    return [c for c in cols if any(r.get(c) is not None for r in rows)]
+
+
+def unrecorded(rows, cols, wanted) -> str:
+    """A note naming the sweep file's `metrics` that no run recorded, so a misspelt or renamed metric is said, not
+    shown as an empty column ("" when every name was found, or no run finished)."""
+    gone = [c for c in wanted if c not in cols]
+    if not gone or not any(r["finished_runs"] for r in rows):
+        return ""
+    return (f"No run recorded {', '.join(gone)} (empty columns); the sweep file's `metrics` can name: "
+            f"{', '.join(cols)}.")
+
+
+def _status_text(r) -> str:
+    return r["status"] + (f": {r['reason']}" if r["reason"] else "")
+
+
+def markdown_table(rows, cols) -> str:
+    head = ["variant", "seeds"] + [HEADERS.get(c, c) for c in cols] + ["status"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells + [_status_text(r)]) + " |")
+    return "\n".join(lines)
+
+
+def _plots(d: Path, rows) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    files = []
+    curves = {r["variant"]: train_records(read_metrics(d / "runs" / r["finished_runs"][0]))
+              for r in rows if r["finished_runs"]}
+    for xkey, fname, xlabel in (("step", "loss_vs_step.png", "step"), ("wall_time", "loss_vs_time.png", "wall-clock s")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for name, recs in curves.items():
+            pts = [(x.get(xkey), x["loss"]) for x in recs if x.get(xkey) is not None and x["loss"] > 0]
+            if pts:
+                ax.plot(*zip(*pts), label=name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("training loss (first finished seed)")
+        ax.set_yscale("log")
+        if curves:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(d / fname, dpi=110)
+        plt.close(fig)
+        files.append(fname)
+    tput = "tokens_per_s" if any(r.get("tokens_per_s") for r in rows) else "samples_per_s"
+    bars = [(tput, "throughput.png", HEADERS[tput])]
+    if has_memory(rows):
+        bars.append(("peak_mem_gib", "memory.png", "peak memory GiB"))
+    else:  # a chart of nothing would read as zero memory; a stale one from an earlier rebuild goes too
+        (d / "memory.png").unlink(missing_ok=True)
+    for key, fname, label in bars:
+        names = [r["variant"] for r in rows]
+        vals = [r.get(key) or 0.0 for r in rows]
+        errs = [r.get(key + "_std") or 0.0 for r in rows]
+        fig, ax = plt.subplots(figsize=(7, 0.4 * len(names) + 1.2))
+        ax.barh(names, vals, xerr=errs if any(errs) else None,
+                color=["tab:blue" if r["status"] == "finished" else "tab:red" for r in rows])
+        ax.set_xlabel(label + ("" if any(vals) else " (not measured on this device)") + "   red: not finished")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        fig.savefig(d / fname, dpi=110)
+        plt.close(fig)
+        files.append(fname)
+    return files
+
+
+def has_memory(rows) -> bool:
+    """Whether any run measured its peak memory (CUDA runs do; on a CPU it is not measured)."""
+    return any(r.get("peak_mem_gib") is not None for r in rows)
+
+
+NO_MEMORY = "No memory chart: no run measured its peak memory (it is measured on CUDA devices only)."
+
+
+PARTIAL = ("Partial (`--partial`): rows that did not finish average what their runs logged before they stopped; "
+           "the status column gives the step each reached. Their final loss and FD are not the finished runs' numbers.")
+
+
+def write_report(d, partial: bool = False) -> Path:
+    """Rebuild results.csv, report.md and report.html (with its plots and sample grids) from the runs; `partial`
+    (`genlab sweep report DIR --partial`): unfinished runs count with what they logged (collect)."""
+    d = Path(d)
+    rows, cols = collect(d, partial)
+    settings = _sweep_settings(d)
+    with open(d / "results.csv", "w", newline="") as f:
+        keys = ["variant", "seeds", "status", "reason"] + [k for c in cols for k in (c, c + "_std")]
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    shown = shown_columns(rows, cols, settings.get("metrics", ()))
+    missing = unrecorded(rows, cols, shown)
+    desc = settings.get("description", "")
+    from genlab.lab.sweep.nfe_report import write_nfe_report
+    for r in rows:  # runs recorded before a sweep named its reference: the file's
+        r["reference"] = r.get("reference") or settings.get("reference")
+    nfe_md, nfe_pics = write_nfe_report(d, rows)
+    plots = _plots(d, rows) + nfe_pics
+    note = "" if has_memory(rows) else NO_MEMORY
+    if partial and any(r["status"] != "finished" for r in rows):
+        note = (PARTIAL + ("\n\n" + note if note else ""))
+    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
+                                 + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
+                                 + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
+    grids = []
+    (d / "grids").mkdir(exist_ok=True)
+    for r in rows:
+        src = d / "runs" / r["finished_runs"][0] / "samples.png" if r["finished_runs"] else None
+        if src is not None and src.exists():
+            dst = d / "grids" / f"{r['variant']}.png"
+            shutil.copyfile(src, dst)
+            grids.append((r["variant"], f"grids/{dst.name}"))
+    (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md, note, missing))
+    return d / "report.md"
+
+
+def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
+    body = []
+    for r in rows:
+        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+        logs = " ".join(f'<a href="{esc(lg)}">log</a>' for lg in r["logs"])
+        body.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + f"<td>{esc(_status_text(r))} {logs}</td></tr>")
+    imgs = "".join(f'<figure><img src="{esc(p)}"><figcaption>{esc(p)}</figcaption></figure>' for p in plots)
+    gr = "".join(f'<figure><img src="{esc(p)}" width="256" style="image-rendering:pixelated"><figcaption>{esc(n)}</figcaption></figure>'
+                 for n, p in grids)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>sweep {esc(name)}</title>"
+            "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}"
+            "figure{display:inline-block;margin:8px}</style></head><body>"
+            f"<h1>Sweep {esc(name)}</h1>" + (f"<p>{esc(desc)}</p>" if desc else "") +
+            f"<table><tr>{head}</tr>{''.join(body)}</table>" + (f"<p>{esc(missing)}</p>" if missing else "") + (f"<pre>{esc(nfe_md)}</pre>" if nfe_md else "") +
+            "<h2>Plots</h2>" + (f"<p>{esc(note)}</p>" if note else "") + f"{imgs}<h2>Samples (first finished seed)</h2>{gr}</body></html>")
+
+
+def compare(d1, d2) -> str:
+    """Two sweeps side by side: rows matched by variant name, columns A | B | B/A (rows of only one side kept)."""
+    r1, c1 = collect(Path(d1))
+    r2, c2 = collect(Path(d2))
+    cols = [c for c in c1 if c in c2] or [c for c in COLUMNS if c in c1 or c in c2]
+    by1, by2 = {r["variant"]: r for r in r1}, {r["variant"]: r for r in r2}
+    names = list(by1) + [n for n in by2 if n not in by1]
+    head = ["variant"] + [f"{HEADERS.get(c, c)} {x}" for c in cols for x in ("A", "B", "B/A")] + ["status A", "status B"]
+    lines = [f"A = {d1}, B = {d2}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for n in names:
+        a_row, b_row = by1.get(n, {}), by2.get(n, {})
+        cells = [n]
+        for c in cols:
+            a, b = a_row.get(c), b_row.get(c)
+            ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
+            cells += [_fmt(a, None, c), _fmt(b, None, c), ratio]
+        cells += [a_row.get("status", "absent"), b_row.get("status", "absent")]
+        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells) + " |")
+    return "\n".join(lines)

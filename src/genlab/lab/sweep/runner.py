@@ -1,0 +1,564 @@
+"""Run every variant of a sweep as its own `genlab train` process; record what happened to each.
+
+State lives in sweeps/<name>/status.json (written atomically after every run), so re-running a sweep
+skips finished runs, resumes interrupted ones from their last checkpoint (`genlab train --resume`) and
+never loses a finished result. A crash, an out-of-memory error, a timeout or a non-finite loss becomes
+a failed row with its reason and log; the remaining variants still run. Run states:
+finished | failed | skipped (needs more GPUs than visible, or chosen with --gpus) | interrupted | not_run (time budget used up);
+a re-run does the interrupted and not_run ones, and the failed and skipped ones with --retry-failed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from genlab.core.errors import GenlabError
+from genlab.core.files import held
+from genlab.lab.sweep.spec import Sweep, Variant
+from genlab.lab.sweep.stages import Stage, resolve, stage_output
+
+REPO_SRC = Path(__file__).resolve().parents[3]
+_ACTIVE: set = set()  # running child processes (per_gpu runs several at once)
+
+
+def sweep_dir(sw: Sweep, root="sweeps") -> Path:
+    return Path(root) / sw.name
+
+
+def sweep_lock(d: Path):
+    """One `genlab sweep` process per sweep folder (folder_lock): each writes status.json whole, so two at once (say,
+    two --only slices on different GPUs) would lose each other's records and could resume the same run twice."""
+    return held(d, f"sweep folder '{d}' is in use by another genlab sweep (pid {{pid}}); wait for it to end, or run "
+                   "this one with another --root")
+
+
+def load_status(d: Path) -> dict:
+    p = Path(d) / "status.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def save_status(d: Path, status: dict):
+    tmp = d / "status.json.tmp"
+    tmp.write_text(json.dumps(status, indent=2))
+    os.replace(tmp, d / "status.json")
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA is simply zero GPUs
+        return 0
+
+
+def choose_gpus(spec: str, launcher: str, visible: int) -> list[int]:
+    """`--gpus N` (the first N visible GPUs) or `--gpus 0,2,3` (these; a lone index as `2,`), numbered as
+    CUDA_VISIBLE_DEVICES numbers them here: the GPUs a sweep may use, checked before anything runs."""
+    if launcher == "cpu":
+        raise GenlabError(f'--gpus needs launcher gpu, per_gpu or torchrun; this sweep has launcher "{launcher}"')
+    if visible == 0:
+        raise GenlabError(f"--gpus {spec}: no CUDA device is visible")
+    parts = [x.strip() for x in spec.split(",")]
+    if "," in spec:
+        parts = [x for x in parts if x]
+    if not parts or not all(re.fullmatch(r"-?\d+", x) for x in parts):
+        raise GenlabError(f"--gpus takes N (the first N GPUs) or indices such as 0,2,3; got '{spec}'")
+    if "," not in spec:
+        n = int(parts[0])
+        if not 1 <= n <= visible:
+            raise GenlabError(f"--gpus {n}: choose 1 to {visible} GPUs ({visible} visible)")
+        return list(range(n))
+    ids = [int(x) for x in parts]
+    bad = [i for i in ids if not 0 <= i < visible]
+    if bad:
+        raise GenlabError(f"--gpus {spec}: GPU {bad[0]} is not visible; visible: {', '.join(map(str, range(visible))) or 'none'}")
+    twice = [i for i in ids if ids.count(i) > 1]
+    if twice:
+        raise GenlabError(f"--gpus {spec}: GPU {twice[0]} is listed twice")
+    return ids
+
+
+def _summary_status(run: Path) -> str | None:
+    p = run / "summary.json"
+    try:
+        return json.loads(p.read_text()).get("status") if p.exists() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
+    """One line: why a run failed, from its exit code, summary and log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    if "out of memory" in text.lower():
+        return "oom: " + next((x for x in reversed(lines) if "out of memory" in x.lower()), "")[:200]
+    if rc == 3 or "genlab: diverged" in text or (run is not None and _summary_status(run) == "diverged"):
+        return "diverged: " + next((x for x in reversed(lines) if "diverged" in x or "non-finite" in x), "non-finite loss")[:200]
+    if rc == 2:
+        return "bad config: " + (lines[-1] if lines else "")[:200]
+    err = next((x for x in reversed(lines) if re.search(r"(Error|Exception|^genlab:|error:)", x)), lines[-1] if lines else "no output")
+    return f"crashed (exit {rc}): {err[:200]}"
+
+
+def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
+    train = ["-m", "genlab", "train"]
+    if resume:
+        args = train + ["--resume", str(runs / v.run_name)]
+    else:
+        ovs = [resolve(o, runs.parent, sw.stage_map) for o in v.overrides]
+        args = train + [v.preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"]
+        if sw.launcher == "cpu":
+            args.append("train.device=cpu")
+    if v.nproc > 1 or sw.launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={v.nproc}", *args]
+    return [sys.executable, *args]
+
+
+def _stop(proc: subprocess.Popen, sig, grace: float):
+    """Signal the run's whole process group (torchrun has children), then kill it if it lingers."""
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def needs_gpus(sw: Sweep, v: Variant, gpus: int, of: str = "visible") -> str | None:
+    """Why a run cannot start here, or None; `of` says what the count `gpus` is (visible, or chosen with --gpus).
+    torchrun on a machine without GPUs runs on the CPU (gloo)."""
+    if sw.launcher in ("gpu", "per_gpu") or (sw.launcher == "torchrun" and gpus > 0):
+        if v.nproc > max(gpus, 1 if sw.launcher == "torchrun" else gpus):
+            return f"needs {v.nproc} GPUs, {gpus} {of}"
+    return None
+
+
+def _env(sw: Sweep, gpus: list[int] | None = None) -> dict:
+    """The run's environment; `gpus` (numbered as this process sees them) become its CUDA_VISIBLE_DEVICES,
+    through ours when we have one, so that `--gpus 1` under CUDA_VISIBLE_DEVICES=4,5 is device 5."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    if sw.launcher == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpus:
+        ours = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ours[i] if ours else str(i) for i in gpus)
+    return env
+
+
+def _genlab(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int | None, float]:
+    """One `genlab ...` process, its output appended to log: (exit code or None after a timeout, seconds)."""
+    t0 = time.time()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        # own session: Ctrl-C of the sweep reaches the process only through us, so a run can checkpoint cleanly
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _ACTIVE.add(proc)
+        try:
+            return proc.wait(timeout=timeout), time.time() - t0
+        except subprocess.TimeoutExpired:
+            _stop(proc, signal.SIGTERM, 30)
+            return None, time.time() - t0
+        except KeyboardInterrupt:
+            _stop(proc, signal.SIGINT, 120)
+            raise
+        finally:
+            _ACTIVE.discard(proc)
+
+
+def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = None) -> dict:
+    """A [[stage]] command: `genlab <command>` with its placeholders filled; finished when it exits 0 and made {out}."""
+    out = stage_output(d, st)
+    log = d / "logs" / f"{st.name}.log"
+    if out.exists():  # a half-written output of an earlier attempt
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "genlab", *[resolve(a, d, sw.stage_map, out) for a in st.command]]
+    rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
+    rec = {"log": str(log), "run_dir": str(out), "seconds": secs, "stage": "command"}
+    if rc == 0 and out.exists():
+        return {**rec, "status": "finished", "reason": ""}
+    why = f"timeout after {sw.timeout:.0f} s" if rc is None else (
+        failure_reason(log, rc) if rc else f"exited 0 but wrote no {out}")
+    return {**rec, "status": "failed", "reason": why, "returncode": rc}
+
+
+def run_eval(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
+    """`genlab eval RUN <v.eval>` after a run finished: its eval_nfe.* files land in the run folder."""
+    run = d / "runs" / v.run_name
+    log = d / "logs" / f"{v.run_name}.log"
+    ovs = [resolve(o, d, sw.stage_map) for o in v.eval]
+    cmd = [sys.executable, "-m", "genlab", "eval", str(run), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else [])
+    rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
+    if rc == 0:
+        return {"eval": "finished", "eval_seconds": secs}
+    return {"eval": "failed: " + (f"timeout after {sw.timeout:.0f} s" if rc is None else failure_reason(log, rc)),
+            "eval_seconds": secs}
+
+
+def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
+    """One run as its own process, on `gpus` (None: all visible); the caller checked that it fits (needs_gpus)."""
+    runs = d / "runs"
+    run = runs / v.run_name
+    log = d / "logs" / f"{v.run_name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    ckpts = run / "checkpoints"
+    resume = ckpts.exists() and any(ckpts.glob("step_*"))
+    if run.exists() and not resume:  # started but never checkpointed: start over, keep the old log
+        if log.exists():
+            log.rename(log.with_suffix(".log.prev"))
+        shutil.rmtree(run)
+    env = _env(sw, gpus)
+    cmd = _command(sw, v, runs, resume)
+    t0 = time.time()
+    rc, interrupted = None, False
+    try:
+        rc, _ = _genlab(cmd, log, env, sw.timeout)
+    except KeyboardInterrupt:  # passed on to the run: the trainer saves a checkpoint and exits as "interrupted"
+        interrupted = True
+    return {**_outcome(run, log, rc, interrupted, t0, sw.timeout, resume), **({"gpus": list(gpus)} if gpus else {})}
+
+
+def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float, timeout: float, resume: bool,
+             batched: bool = False) -> dict:
+    """One run's record from its process's exit code and its own summary.json."""
+    rec = {"log": str(log), "run_dir": str(run), "seconds": time.time() - t0, "resumed": resume}
+    st = _summary_status(run)
+    if interrupted or (rc == 0 and st == "interrupted"):
+        rec.update(status="interrupted", reason="interrupted; re-run the sweep to resume")
+    elif rc is None and st == "finished" and (run / "summary.json").stat().st_mtime >= t0:
+        # killed while exiting, after this process wrote its summary: keep the result
+        rec.update(status="finished", reason=f"finished; stopped at the {timeout:.0f} s timeout while exiting")
+    elif rc is None:
+        rec.update(status="failed", reason=f"timeout after {timeout:.0f} s")
+    elif st == "finished" and (rc == 0 or (batched and (run / "summary.json").stat().st_mtime >= t0)):
+        # a batched process exits non-zero when any of its seeds failed; this seed's own summary says it finished
+        rec.update(status="finished", reason="")
+    else:
+        rec.update(status="failed", reason=failure_reason(log, rc, run), returncode=rc)
+    if interrupted:
+        rec["_stop"] = True
+    return rec
+
+
+def _last_checkpoint(run: Path) -> str | None:
+    ckpts = sorted((run / "checkpoints").glob("step_*")) if (run / "checkpoints").exists() else []
+    return ckpts[-1].name if ckpts else None
+
+
+def _members(vs: list[Variant]) -> dict | None:
+    """batched_variants: the train.* lists whose cross product with the seeds is exactly the runs `vs` (in order of
+    first appearance), or None when they are not such a product (e.g. some of a grid's runs already finished)."""
+    import itertools
+    keys = list(vs[0].batch["values"])
+    lists = {k: list(dict.fromkeys(v.batch["values"][k] for v in vs)) for k in keys}
+    seeds = list(dict.fromkeys(v.seed for v in vs))
+    wanted = {(tuple(v.batch["values"][k] for k in keys), v.seed) for v in vs}
+    product = {(c, s) for c in itertools.product(*lists.values()) for s in seeds}
+    return lists if len(vs) == len(wanted) and wanted == product else None
+
+
+def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None = None) -> list[dict] | None:
+    """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process
+    (batched_seeds = true), or with batched_variants several variants' runs that differ only in batchable grid axes
+    (train.lrs=..., the name template of Variant.batch): the same run folders and records as one process per run.
+    Runs whose folders are at different points (some checkpointed, some not), or a set of variants that is not a grid,
+    cannot run batched: None, and the caller runs them one by one."""
+    runs = d / "runs"
+    lists = _members(vs) if vs[0].batch is not None else {}
+    if lists is None:
+        return None
+    variants = len({v.name for v in vs})
+    log = d / "logs" / (f"{vs[0].name}-seeds.log" if variants == 1 and not lists else f"{vs[0].name}-batch{variants}.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    last = [_last_checkpoint(runs / v.run_name) for v in vs]
+    resume = all(last) and len(set(last)) == 1
+    if any(last) and not resume:
+        return None
+    train = [sys.executable, "-m", "genlab", "train"]
+    if resume:
+        cmd = train + [a for v in vs for a in ("--resume", str(runs / v.run_name))]
+    else:
+        for v in vs:  # started but never checkpointed: start over
+            if (runs / v.run_name).exists():
+                shutil.rmtree(runs / v.run_name)
+        from genlab.config.check import VARIANT_KEYS
+        batched_keys = {VARIANT_KEYS[n][0] for n in lists}
+        ovs = [resolve(o, d, sw.stage_map) for o in vs[0].overrides
+               if not o.startswith("train.seed=") and o.split("=", 1)[0].strip() not in batched_keys]
+        seeds = list(dict.fromkeys(v.seed for v in vs))
+        cmd = train + [vs[0].preset or sw.preset, *ovs, "train.seeds=" + ",".join(map(str, seeds)),
+                       *(f"train.{n}={','.join(values)}" for n, values in lists.items()),
+                       f"train.out_dir={runs}", f"train.name={vs[0].batch['template'] if lists else vs[0].name}",
+                       "log.progress=false"]
+        if sw.launcher == "cpu":
+            cmd.append("train.device=cpu")
+    t0 = time.time()
+    rc, interrupted = None, False
+    timeout = sw.timeout * len(vs)  # the work of len(vs) runs, in one process
+    try:
+        rc, _ = _genlab(cmd, log, _env(sw, gpus), timeout)
+    except KeyboardInterrupt:
+        interrupted = True
+    return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs),
+             **({"gpus": list(gpus)} if gpus else {})} for v in vs]
+
+
+def _stage_done(st: Stage, d: Path, status: dict) -> bool:
+    if status.get(st.name, {}).get("status") != "finished":
+        return False
+    return stage_output(d, st).exists() and (not st.is_run or _summary_status(stage_output(d, st)) == "finished")
+
+
+def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
+    """`genlab eval` of every finished run (or of `runs`) that has eval overrides and no finished evaluation yet."""
+    for v in runs if runs is not None else sw.stage_runs() + sw.variants:
+        rec = status.get(v.run_name, {})
+        if not v.eval or rec.get("status") != "finished" or rec.get("eval") == "finished":
+            continue
+        if deadline is not None and time.time() > deadline:
+            return
+        prog.say(f"evaluating {v.run_name} ...")
+        rec.update(run_eval(sw, v, d, gpus))
+        save_status(d, status)
+        prog.say(f"{v.run_name}: eval {rec['eval']} in {rec['eval_seconds']:.0f} s")
+
+
+class _Progress:
+    """Overall progress: a tqdm bar on a terminal when tqdm is installed, else one plain line per event."""
+
+    def __init__(self, total: int, done: int, enabled: bool):
+        self.total, self.done, self.enabled, self.bar = total, done, enabled, None
+        self.t0, self.ran = time.time(), 0
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm.auto import tqdm
+                self.bar = tqdm(total=total, initial=done, desc="sweep", unit="run")
+            except ImportError:
+                pass
+
+    def say(self, msg: str):
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def finished(self, v: Variant, rec: dict):
+        self.done += 1
+        self.ran += 1
+        extra = f" ({rec['reason']})" if rec.get("reason") else ""
+        left = self.total - self.done
+        eta = (time.time() - self.t0) / self.ran * left
+        self.say(f"[{self.done}/{self.total}] {v.run_name}: {rec['status']}{extra} in {rec.get('seconds', 0):.0f} s"
+                 + (f"; {left} left, about {eta / 60:.1f} min" if left else ""))
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Variant]:
+    """The runs still to do. A run whose summary says finished counts as finished even if status.json
+    missed it (e.g. the sweep was killed between the run's end and the status write)."""
+    todo = []
+    for v in sw.variants:
+        st = status.get(v.run_name, {}).get("status")
+        run = d / "runs" / v.run_name
+        if st != "finished" and _summary_status(run) == "finished" and (d / "runs" / v.run_name / "metrics.jsonl").exists():
+            status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
+                                  "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
+                                  "overrides": v.overrides}
+            continue
+        if st == "finished" or (st in ("failed", "skipped") and not retry_failed):
+            continue
+        todo.append(v)
+    return todo
+
+
+def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True,
+              max_time: float | None = None, jobs_per_gpu: int = 1, gpus: list[int] | None = None) -> Path:
+    """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
+    the rest are recorded as not_run and a later call does them. `jobs_per_gpu` > 1 packs that many
+    single-process runs onto each GPU at once (small models leave a GPU mostly idle); their step times
+    are then shared-GPU times, and each run's record says so. A packed run that runs out of memory is run
+    again alone once the others are done (its record keeps the first failure in `retried_alone_after`).
+    `gpus` (from choose_gpus; None: all visible) are the GPUs it may use: the per-GPU pool has these, single runs
+    otherwise go on the first, a multi-process run on its first nproc; each record names its `gpus`."""
+    d = sweep_dir(sw, root)
+    d.mkdir(parents=True, exist_ok=True)
+    with sweep_lock(d):
+        return _run_sweep(sw, d, retry_failed, progress, max_time, jobs_per_gpu, gpus)
+
+
+def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time: float | None, jobs_per_gpu: int,
+               gpus: list[int] | None) -> Path:
+    shutil.copyfile(sw.path, d / "sweep.toml")
+    status = load_status(d)
+    order = sw.order or [v.run_name for v in sw.variants]  # sweep-file order, also under --only
+    todo = todo_runs(sw, d, status, retry_failed)
+    save_status(d, status)
+    of = "visible" if gpus is None else "chosen"
+    chosen = [] if sw.launcher == "cpu" else list(range(visible_gpus())) if gpus is None else list(gpus)
+    first = chosen[:1]  # stages, evaluations, batched seeds, runs one after another
+    stages_todo = [st for st in sw.stages if not _stage_done(st, d, status)]
+    total = len(sw.variants) + len(sw.stages)
+    prog = _Progress(total, total - len(todo) - len(stages_todo), progress)
+    prog.say(f"sweep {sw.name}: {total} runs, {total - len(todo) - len(stages_todo)} already done, "
+             f"{len(todo) + len(stages_todo)} to run -> {d}")
+    deadline = None if max_time is None else time.time() + max_time
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def finish(v: Variant, rec: dict):
+        halt = rec.pop("_stop", False)
+        with lock:
+            old = status.get(v.run_name, {})
+            kept = {k: old[k] for k in ("eval", "eval_seconds") if k in old and rec.get("status") == old.get("status") == "finished"}
+            status[v.run_name] = {**kept, **rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides,
+                                  **({"reference": v.reference} if v.reference else {})}
+            ordered = {k: status[k] for k in order if k in status}
+            ordered.update({k: x for k, x in status.items() if k not in ordered})
+            status.clear()
+            status.update(ordered)
+            save_status(d, status)
+            prog.finished(v, rec)
+        if halt:
+            stop.set()
+
+    def started(v: Variant):
+        """Recorded before a run starts, so a sweep killed outright (SIGKILL, a lost machine) leaves the run listed:
+        the next call runs or resumes it, and `sweep report --partial` counts what it logged."""
+        with lock:
+            status[v.run_name] = {"status": "running", "reason": "started; no exit recorded (running, or the sweep was killed)",
+                                  "log": str(d / "logs" / f"{v.run_name}.log"), "run_dir": str(d / "runs" / v.run_name),
+                                  "started": time.time(), "variant": v.name, "seed": v.seed, "overrides": v.overrides,
+                                  **({"reference": v.reference} if v.reference else {}), **({"stage": "run"} if v.stage else {})}
+            save_status(d, status)
+
+    def attempt(v: Variant, on: list[int]) -> dict:
+        if stop.is_set() or (deadline is not None and time.time() > deadline):
+            return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
+                    "log": "", "run_dir": str(d / "runs" / v.run_name)}
+        why = needs_gpus(sw, v, len(chosen), of)
+        if why:
+            return {"status": "skipped", "reason": why, "log": "", "run_dir": str(d / "runs" / v.run_name)}
+        prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
+        if v.stage and v.name in sw.stage_map and not sw.stage_map[v.name].is_run:
+            return {"status": "ready"}  # a command stage: the caller runs it
+        started(v)
+        return run_variant(sw, v, d, on)
+
+    def blocked(v: Variant) -> dict:
+        """A run whose stage did not finish: failed with it, or left for the next call when it was not run."""
+        name = sorted(sw.needs(v) & failed)[0]
+        later = status.get(name, {}).get("status") in ("not_run", "interrupted")
+        return {"status": "not_run" if later else "failed", "reason": f"stage '{name}' did not finish", "log": ""}
+
+    try:
+        failed = set()  # stages that did not finish: what needs them is not run
+        for st in sw.stages:
+            as_run = Variant(st.name, st.overrides if st.is_run else st.command, 0, 1, st.preset, st.eval, stage=True,
+                             reference=st.reference)
+            kind = "run" if st.is_run else "command"
+            if sw.needs(as_run) & failed:
+                finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), "stage": kind})
+            elif st in stages_todo and not (status.get(st.name, {}).get("status") in ("failed", "skipped") and not retry_failed):
+                rec = attempt(as_run, first)  # not_run once the time budget is used up
+                if rec["status"] == "ready":
+                    rec = run_command_stage(sw, st, d, first)
+                finish(as_run, {**rec, "stage": kind})
+                if st.is_run:
+                    evaluate_finished(sw, d, status, None, prog, runs=[as_run], gpus=first)
+            if status.get(st.name, {}).get("status") != "finished":
+                failed.add(st.name)
+        for v in [v for v in todo if sw.needs(v) & failed]:
+            todo.remove(v)
+            finish(v, {**blocked(v), "run_dir": str(d / "runs" / v.run_name)})
+        if sw.batched_seeds:  # each variant's seeds still to do (batched_variants: each grid's runs): one process
+            groups: dict[str, list] = {}
+            for v in todo:
+                groups.setdefault(v.batch["template"] if sw.batched_variants and v.batch else v.name, []).append(v)
+            for vs in groups.values():
+                if stop.is_set() or (deadline is not None and time.time() > deadline):
+                    break  # the one-by-one loop below records them as not_run
+                if needs_gpus(sw, vs[0], len(chosen), of):
+                    continue  # the one-by-one loop records them as skipped
+                prog.say(f"[{prog.done + 1}/{prog.total}] running {', '.join(v.run_name for v in vs)} batched ...")
+                for v in vs:
+                    started(v)
+                recs = run_seed_group(sw, vs, d, first)
+                if recs is None:
+                    continue  # left in todo: one by one
+                for v, rec in zip(vs, recs):
+                    todo.remove(v)
+                    finish(v, rec)
+                evaluate_finished(sw, d, status, None, prog, runs=vs, gpus=first)
+        single = [v for v in todo if v.nproc == 1]
+        slots = len(chosen) * jobs_per_gpu if sw.launcher in ("gpu", "per_gpu") else 0
+        if slots > 1 and (sw.launcher == "per_gpu" or jobs_per_gpu > 1) and single:
+            free = [g for _ in range(jobs_per_gpu) for g in reversed(chosen)]  # pop() takes the first chosen first
+
+            def job(v):
+                with lock:
+                    gpu = free.pop()
+                try:
+                    rec = attempt(v, [gpu])
+                    if jobs_per_gpu > 1:
+                        rec["jobs_per_gpu"] = jobs_per_gpu
+                    return rec
+                finally:
+                    with lock:
+                        free.append(gpu)
+            with ThreadPoolExecutor(max_workers=slots) as pool:
+                futures = {pool.submit(job, v): v for v in single}
+                pending = set(futures)
+                while pending:
+                    try:
+                        for fut in as_completed(pending):
+                            pending.discard(fut)
+                            finish(futures[fut], fut.result())
+                    except KeyboardInterrupt:  # Ctrl-C reaches only us: pass it on, let the runs checkpoint
+                        stop.set()
+                        for p in list(_ACTIVE):
+                            try:
+                                os.killpg(p.pid, signal.SIGINT)
+                            except ProcessLookupError:
+                                pass
+            if jobs_per_gpu > 1:  # out of memory beside other runs: once more, alone on a GPU, after the pool
+                for v in single:
+                    rec = status.get(v.run_name, {})
+                    if rec.get("status") == "failed" and str(rec.get("reason", "")).startswith("oom"):
+                        prog.say(f"{v.run_name}: out of memory beside other runs; running it again, alone")
+                        again = attempt(v, first)
+                        again["retried_alone_after"] = rec["reason"][:120]
+                        finish(v, again)
+            todo = [v for v in todo if v.nproc > 1]  # multi-process runs: on the first nproc GPUs, one after another
+        for v in todo:
+            finish(v, attempt(v, chosen[:v.nproc]))
+            # evaluated at once, so that --max-time, which only stops new runs from starting, cannot starve it
+            evaluate_finished(sw, d, status, None, prog, runs=[v], gpus=first)
+        if stop.is_set():
+            raise KeyboardInterrupt
+        evaluate_finished(sw, d, status, deadline, prog, gpus=first)
+    finally:
+        prog.close()
+        from genlab.lab.sweep.report import write_report
+        write_report(d)
+    return d

@@ -1,0 +1,286 @@
+"""Sweep files: parse and validate a sweep TOML into a Sweep (a list of variants, each a set of overrides).
+
+    name = "lr"                      # folder name under sweeps/
+    description = "..."              # free text, shown in the report
+    steps = 200                      # sets train.steps for every variant
+    seeds = [0, 1]                   # every variant runs once per seed; the report shows mean ± std
+    batched_seeds = true             # a variant's seeds train in one process, batched (train.seeds; flow, one process)
+    batched_variants = true          # and variants that differ only in grid axes over optim.lr, optim.weight_decay or
+                                     # train.ema_decay, with all their seeds (train.lrs, ...; implies batched_seeds)
+    launcher = "gpu"                 # cpu | gpu | per_gpu | torchrun
+    nproc = 2                        # processes per variant for launcher=torchrun
+    timeout = 900                    # seconds per variant
+    loss_at = [100, 200]             # extra "loss at step" columns
+    loss_at_time = [30, 60]          # extra "loss at training wall-clock seconds" columns
+    metrics = ["final_loss", "samples_per_s", "mfu"]   # report columns (default: all found)
+
+    [base]
+    preset = "bench_dit_b2"
+    overrides = ["train.compile=off"]
+
+    [[axis]] ...                     # see genlab.lab.sweep.expand: key+values, zip, variants, type="constant_params",
+                                     # type="matched_params" (variants at a reference DiT's parameter count)
+    [[stage]] ...                    # runs and commands before the variants, eval = [...], reference: genlab.lab.sweep.stages
+
+Everything, including every variant's full config, is checked before anything runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from genlab.config.tree import SWEEP_DIR, load_config, load_toml
+from genlab.config.check import VARIANT_KEYS, member_name
+from genlab.config.fields import did_you_mean
+from genlab.core.errors import GenlabError
+from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
+from genlab.lab.sweep.stages import check_placeholders, needs, parse_stages, resolve
+
+TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "batched_variants", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
+            "axis", "stage", "eval", "reference", "fd_target"}
+LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
+# the runner owns these: every run's folder, name and seed come from the sweep
+RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed", "train.seeds", "train.lrs", "train.weight_decays",
+            "train.ema_decays")
+
+
+@dataclass
+class Sweep:
+    name: str
+    path: Path
+    preset: str
+    base_overrides: list
+    variants: list = field(default_factory=list)
+    steps: int | None = None
+    seeds: list = field(default_factory=lambda: [0])
+    launcher: str = "cpu"
+    nproc: int = 1
+    timeout: float = 3600.0
+    loss_at: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)
+    description: str = ""
+    order: list = field(default_factory=list)   # every run name in sweep-file order (kept by --only)
+    stages: list = field(default_factory=list)  # [[stage]] entries, run first, in order (stages.py)
+    reference: str | None = None                # the run the report's ratios divide by
+    batched_seeds: bool = False                 # each variant's seeds in one batched process (train.seeds)
+    batched_variants: bool = False              # variants differing in batchable grid axes too (Variant.batch)
+
+    @property
+    def stage_map(self) -> dict:
+        return {s.name: s for s in self.stages}
+
+    def stage_runs(self) -> list[Variant]:
+        """The run stages as one-run variants (no seed suffix, no train.seed)."""
+        return [Variant(s.name, s.overrides, 0, 1, s.preset, list(s.eval), stage=True, reference=s.reference)
+                for s in self.stages if s.is_run]
+
+    def needs(self, v: Variant) -> set:
+        """The stages a run depends on."""
+        return needs(self.stages, v.overrides + v.eval)
+
+
+def _int_list(raw, key, src, minimum=0):
+    v = raw.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= minimum for x in v):
+        raise GenlabError(f"{src}: {key} must be a list of integers >= {minimum}, got {v!r}")
+    return v
+
+
+def _positive(raw, key, src, kind, default):
+    v = raw.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, kind) or v <= 0:
+        raise GenlabError(f"{src}: {key} must be a positive {kind.__name__ if kind is int else 'number'}, got {v!r}")
+    return v
+
+
+def _check_overrides(ovs, where, src):
+    for o in ovs:
+        if not isinstance(o, str) or "=" not in o:
+            raise GenlabError(f"{src}: {where}: override {o!r} is not 'key=value'")
+        if o.split("=", 1)[0].strip() in RESERVED:
+            raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] (and batched_seeds) for seeds, batched_variants for lr / weight-decay / EMA axes")
+
+
+def _size_shape(cfg) -> dict:
+    """Model and data shape of the base config, for the constant-parameter size axis."""
+    from genlab.core.registry import dataset_registry
+    ds = dataset_registry.spec(cfg.data.name)
+    if ds.synthetic and ds.shape is not None:
+        spec = {k: ds.shape(cfg.data)[k] for k in ("kind", "image_size", "channels", "num_classes")}
+    else:
+        spec = None  # real datasets: their shape needs the data; the default latent shape is close enough to rank widths
+    return {"model": cfg.model, "spec": spec, "cfg": cfg}
+
+
+def shipped_sweeps() -> list[str]:
+    return sorted(p.stem for p in SWEEP_DIR.glob("*.toml"))
+
+
+def resolve_sweep_path(name_or_path) -> Path:
+    """A path to a sweep file, or the name of one shipped with genlab (genlab/configs/sweeps/NAME.toml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = SWEEP_DIR / f"{path.name}.toml"
+    if path.suffix != ".toml" and path.name == str(name_or_path) and shipped.is_file():
+        return shipped
+    raise GenlabError(f"sweep file '{name_or_path}' not found{did_you_mean(path.stem, shipped_sweeps())}; "
+                      f"shipped sweeps: {', '.join(shipped_sweeps())} (or a path to a .toml file)")
+
+
+def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
+    """`genlab eval` overrides: only eval.* and the method's sampling keys, valid on the run's config."""
+    from genlab.config.check import sampling_keys_of
+    check_placeholders(eval_ovs, [s.name for s in stages], where, src)
+    _check_overrides(eval_ovs, f"{where}: eval", src)
+    try:
+        cfg = load_config(preset, [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides])
+        allowed = sampling_keys_of(cfg.method.name)
+        for o in eval_ovs:
+            key = o.split("=", 1)[0].strip()
+            if not (key.startswith("eval.") or key in allowed):
+                raise GenlabError(f"eval override '{o}' is not an eval.* key or a sampling key of method "
+                                  f"{cfg.method.name} ({', '.join(allowed) or 'none'})")
+        load_config(preset, [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides + eval_ovs])
+    except GenlabError as e:
+        raise GenlabError(f"{src}: {where}: {e}") from None
+
+
+def load_sweep(path) -> Sweep:
+    path = resolve_sweep_path(path)
+    raw = load_toml(path)
+    src = str(path)
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise GenlabError(f"{src}: unknown sweep key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(TOP_KEYS))}")
+    base = raw.get("base", {})
+    if not isinstance(base, dict) or set(base) - {"preset", "overrides"}:
+        raise GenlabError(f"{src}: [base] takes preset and overrides, got {', '.join(sorted(base)) if isinstance(base, dict) else base!r}")
+    if not isinstance(base.get("overrides", []), list):
+        raise GenlabError(f"{src}: base.overrides must be a list of 'key=value' strings")
+    launcher = raw.get("launcher", "cpu")
+    if launcher not in LAUNCHERS:
+        raise GenlabError(f"{src}: unknown launcher '{launcher}'; valid: {', '.join(LAUNCHERS)}")
+    seeds = _int_list(raw, "seeds", src) if "seeds" in raw else [0]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise GenlabError(f"{src}: seeds must be a non-empty list of distinct integers")
+    lat = raw.get("loss_at_time", [])
+    if not isinstance(lat, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in lat):
+        raise GenlabError(f"{src}: loss_at_time must be a list of positive seconds, got {lat!r}")
+    metrics = raw.get("metrics", [])
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise GenlabError(f"{src}: metrics must be a list of column names, e.g. [\"final_loss\", \"samples_per_s\", \"mfu\"]")
+    for key in ("batched_seeds", "batched_variants"):
+        if not isinstance(raw.get(key, False), bool):
+            raise GenlabError(f"{src}: {key} must be true or false, got {raw[key]!r}")
+        if raw.get(key) and (launcher == "torchrun" or raw.get("nproc", 1) != 1):
+            raise GenlabError(f"{src}: {key} trains several runs in one process; it does not go with "
+                              f"launcher = \"torchrun\" or nproc > 1")
+    batched_variants = raw.get("batched_variants", False)
+    batched = raw.get("batched_seeds", False) or batched_variants
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name or safe_name(name) != name:
+        raise GenlabError(f"{src}: name must be a non-empty folder name (letters, digits, . _ = + -), got {name!r}")
+    sw = Sweep(name=name, path=path, preset=base.get("preset", "digits_flow"),
+               base_overrides=[str(x) for x in base.get("overrides", [])],
+               steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
+               nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
+               loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")),
+               batched_seeds=batched, batched_variants=batched_variants)
+    _check_overrides(sw.base_overrides, "base.overrides", src)
+    common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
+    sw.stages = parse_stages(raw.get("stage", []), src)
+    known = [s.name for s in sw.stages]
+    nominal = Path("sweeps") / name  # placeholders stand for paths under it while the configs are checked
+    sweep_eval = raw.get("eval", [])
+    if not isinstance(sweep_eval, list):
+        raise GenlabError(f"{src}: eval must be a list of `genlab eval` overrides, e.g. [\"eval.nfe_list=1,2,4,8\"]")
+    sweep_eval = [str(x) for x in sweep_eval]
+    check_placeholders(sw.base_overrides, known, "base.overrides", src)
+    for st in sw.stages:
+        if st.is_run:
+            _check_overrides(st.overrides, f"stage '{st.name}'", src)
+            try:
+                load_config(st.preset, [resolve(o, nominal, sw.stage_map) for o in st.overrides])
+            except GenlabError as e:
+                raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
+            st.eval = sweep_eval + st.eval
+            if st.eval:
+                _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
+    try:
+        base_cfg = load_config(sw.preset, common)
+    except GenlabError as e:
+        raise GenlabError(f"{src}: [base]: {e}") from None
+
+    axes = raw.get("axis", [])
+    if not isinstance(axes, list) or not axes:
+        raise GenlabError(f"{src}: a sweep needs at least one [[axis]]")
+    entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
+    target, first = raw.get("fd_target"), [e[0] for e in entries[0]]
+    names = [target] if isinstance(target, str) else [*target, *target.values()] if isinstance(target, dict) else [target]
+    if target is not None and any(n not in first for n in names):
+        raise GenlabError(f"{src}: fd_target = {target!r} must name variants of the first axis ({', '.join(first)}): "
+                          f"one, or a table {{variant = its target}}, the runs whose final FD the others race to")
+    seen = set(known)
+    try:
+        combos = combine(entries)
+    except GenlabError as e:
+        raise GenlabError(f"{src}: {e}") from None
+    batchable = {key: n for n, (key, _, _) in VARIANT_KEYS.items()}
+    batches = batch_templates(axes, entries, batchable) if batched_variants else [None] * len(combos)
+    for (label, ov, nproc, extra), batch in zip(combos, batches):
+        if label in seen:
+            raise GenlabError(f"{src}: two variants are both named '{label}'")
+        seen.add(label)
+        _check_overrides(ov, f"variant '{label}'", src)
+        check_placeholders(ov, known, f"variant '{label}'", src)
+        preset = extra["preset"] or sw.preset
+        if batched and nproc > 1:
+            raise GenlabError(f"{src}: variant '{label}': nproc {nproc} does not go with batched_seeds (one process)")
+        batch_ov = [f"train.seeds={','.join(map(str, seeds))}"] if batched else []
+        if batch is not None:  # checked as the member of a batched-variants process it will be
+            batch_ov += [f"train.{n}={v}" for n, v in batch["values"].items()]
+            if member_name(batch["template"], batch["values"]) != label:  # a value whose text is not folder-safe
+                batch = None
+        try:  # the variant's full config must be valid before anything runs (batched: as its seeds will run)
+            load_config(preset, [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
+        except GenlabError as e:
+            raise GenlabError(f"{src}: variant '{label}': {e}") from None
+        ev = sweep_eval + extra["eval"]
+        if ev:
+            _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)
+        nproc = max(nproc, sw.nproc if launcher == "torchrun" else 1)
+        sw.variants.extend(with_seeds(label, common + ov, nproc, seeds, extra["preset"], ev,
+                                      extra["reference"] or raw.get("reference"), batch))
+    sw.order = [s.name for s in sw.stages] + [v.run_name for v in sw.variants]
+    runs = {s.name for s in sw.stages if s.is_run} | {v.name for v in sw.variants}
+    sw.reference = raw.get("reference")
+    for ref in {sw.reference} | {v.reference for v in sw.variants} | {s.reference for s in sw.stages}:
+        if ref is not None and ref not in runs:
+            raise GenlabError(f"{src}: reference = {ref!r} names no run stage or variant")
+    return sw
+
+
+def select(sw: Sweep, only: list[str]) -> Sweep:
+    """Keep the variants named in `only` (variant names like `compile=model`, or run names with `-s<seed>`)."""
+    if not only:
+        return sw
+    wanted = {x for item in only for x in item.split(",") if x}
+    keep = [v for v in sw.variants if v.name in wanted or v.run_name in wanted]
+    stage_names = {st.name for st in sw.stages}
+    missing = wanted - {v.name for v in keep} - {v.run_name for v in keep} - stage_names
+    if missing:
+        names = sorted({v.name for v in sw.variants} | stage_names)
+        raise GenlabError(f"--only: no variant or stage named {', '.join(sorted(missing))}; choices: {', '.join(names)}")
+    sw.variants = keep
+    # the stages the kept runs need (their teacher, its pairs), the stages they are compared with, and those named
+    refs = {v.reference for v in keep if v.reference} | (wanted & stage_names)
+    used = set().union(*(sw.needs(v) for v in keep)) | refs
+    used |= needs(sw.stages, [f"{{stage:{n}}}" for n in used])
+    sw.stages = [st for st in sw.stages if st.name in used]
+    return sw
+
+
+__all__ = ["Sweep", "Variant", "load_sweep", "select", "LAUNCHERS"]

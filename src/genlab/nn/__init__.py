@@ -1,0 +1,1 @@
+"""Shared layers: attention backends and kernels, MLPs, norms, positions, conditions, converters, autoencoders."""

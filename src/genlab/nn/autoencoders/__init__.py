@@ -1,0 +1,75 @@
+"""Image autoencoders for latent diffusion, chosen by a string NAME[:ARG] (registry `autoencoder`).
+
+Every entry builds a `LatentCodec`: `encode` maps images in [-1, 1] [B, C, H, W] to *normalised* latents
+z = (raw - shift) * scale [B, c, H/f, W/f] (the convention of the SD/SDXL/SD3 VAEs' scaling_factor and
+shift_factor, so a diffusion model sees roughly unit-variance inputs); `decode` inverts it back to [-1, 1].
+Entries live in the modules of this package and register themselves; `describe()` is what a latent dataset
+stores to rebuild the same codec for decoding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from genlab.core.errors import GenlabError
+from genlab.core.registry import autoencoder_registry, spec_with_arg
+
+
+class LatentCodec(nn.Module):
+    """Frozen encoder/decoder pair with its normalisation. Subclasses implement encode_raw/decode_raw."""
+
+    def __init__(self, spec: str, channels: int, latent_channels: int, factor: int, scale: float = 1.0,
+                 shift: float = 0.0):
+        super().__init__()
+        self.spec, self.channels, self.latent_channels, self.factor = spec, channels, latent_channels, factor
+        self.scale, self.shift = float(scale), float(shift)
+
+    def encode_raw(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode_raw(self, z: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Images in [-1, 1] -> normalised latents (raw - shift) * scale."""
+        return (self.encode_raw(x) - self.shift) * self.scale
+
+    @torch.no_grad()
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalised latents -> images in [-1, 1] (clamped)."""
+        return self.decode_raw(z / self.scale + self.shift).clamp(-1, 1)
+
+    def latent_shape(self, c: int, h: int, w: int) -> tuple[int, int, int]:
+        if c != self.channels:
+            raise GenlabError(f"autoencoder '{self.spec}' takes {self.channels}-channel images, got {c}")
+        if h % self.factor or w % self.factor:
+            raise GenlabError(f"autoencoder '{self.spec}' downsamples by {self.factor}: image size {h}x{w} "
+                              f"is not a multiple of it")
+        return self.latent_channels, h // self.factor, w // self.factor
+
+    def describe(self) -> dict:
+        """What a latent dataset records: enough to rebuild this codec (load_autoencoder(d['spec']))."""
+        return {"spec": self.spec, "channels": self.channels, "latent_channels": self.latent_channels,
+                "factor": self.factor, "scale": self.scale, "shift": self.shift}
+
+
+def parse_spec(value: str) -> tuple[str, str]:
+    """'diffusers:/models/sd-vae' -> ('diffusers', '/models/sd-vae'); 'unshuffle:2' -> ('unshuffle', '2')."""
+    name, _, arg = str(value).partition(":")
+    return name, arg
+
+
+def check_autoencoder(value: str) -> None:
+    """A one-line GenlabError, before any work, when `value` names no registered autoencoder or lacks its file."""
+    _, arg, spec = spec_with_arg(autoencoder_registry, value, "autoencoder")
+    if spec.check is not None:
+        spec.check(arg)
+
+
+def load_autoencoder(value: str, device="cpu") -> LatentCodec:
+    """Build the frozen codec named by `value` (eval mode, no grads) on `device`."""
+    check_autoencoder(value)
+    name, arg = parse_spec(value)
+    codec = autoencoder_registry.get(name)(arg, device)
+    return codec.to(device).eval().requires_grad_(False)

@@ -1,0 +1,89 @@
+"""`diffusers:PATH`: a diffusers `AutoencoderKL` (the SD 1.x/2.x, SDXL and SD3/FLUX-style VAEs, and any other
+checkpoint of that class) from a local folder as `save_pretrained` writes it: config.json +
+diffusion_pytorch_model.safetensors. Nothing is downloaded, and loading never runs code: the weights must be
+safetensors; a folder with only pickled weights (.bin, .ckpt, .pt) is refused (convert it once with
+`AutoencoderKL.from_pretrained(path).save_pretrained(path, safe_serialization=True)` where you trust it).
+
+Normalisation: scale = config.scaling_factor, shift = config.shift_factor (0 when the config has none, as in the
+SD/SDXL VAEs), so z = (mean - shift) * scale as SD3/FLUX pipelines do.
+
+encode returns the posterior *mean*, not a sample. These VAEs are trained with a KL weight of ~1e-6, so the
+posterior std is small next to the spread of the latents and a sample is the mean plus a little noise; the mean
+makes `genlab data encode` deterministic, exactly resumable and the same on every rank. (DiT's training script
+samples the posterior at every step; a precomputing pipeline can sample once or store mean and std to sample per
+epoch. A codec that needs the std can read it from `posterior(x)`.)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from genlab.nn.autoencoders import LatentCodec
+from genlab.core.errors import GenlabError
+from genlab.core.registry import autoencoder_registry
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+PICKLED = (".bin", ".ckpt", ".pt", ".pth")
+INSTALL = 'pip install "genlab[vae]"'
+
+
+def import_diffusers():
+    try:
+        import diffusers
+    except ImportError:
+        raise GenlabError(f"autoencoder diffusers:PATH needs the diffusers package ({INSTALL})") from None
+    return diffusers
+
+
+def check_folder(arg: str) -> Path:
+    """The folder holds a config and safetensors weights, and diffusers imports: one line otherwise."""
+    p = Path(arg).expanduser()
+    if not p.is_dir():
+        raise GenlabError(f"autoencoder diffusers:{arg}: no such folder (expected what AutoencoderKL.save_pretrained "
+                          f"writes: config.json + {WEIGHTS})")
+    if not (p / "config.json").is_file():
+        raise GenlabError(f"autoencoder diffusers:{arg}: no config.json in the folder")
+    if not (p / WEIGHTS).is_file():
+        pickled = sorted(f.name for f in p.iterdir() if f.suffix in PICKLED)
+        if pickled:
+            raise GenlabError(f"autoencoder diffusers:{arg}: refused {pickled[0]}: pickled weights can run code when "
+                              f"loaded; genlab reads only {WEIGHTS} (save_pretrained(..., safe_serialization=True))")
+        raise GenlabError(f"autoencoder diffusers:{arg}: no {WEIGHTS} in the folder")
+    import_diffusers()
+    return p
+
+
+class DiffusersVAE(LatentCodec):
+    def __init__(self, spec: str, vae):
+        c = vae.config
+        super().__init__(spec, channels=c.in_channels, latent_channels=c.latent_channels,
+                         factor=2 ** (len(c.block_out_channels) - 1), scale=c.scaling_factor,
+                         shift=getattr(c, "shift_factor", None) or 0.0)
+        self.vae = vae
+
+    def encode_raw(self, x):
+        return self.vae.encode(x.to(self.vae.dtype)).latent_dist.mean.float()
+
+    def posterior(self, x):
+        """(mean, std) of the raw latent posterior of images x in [-1, 1]."""
+        d = self.vae.encode(x.to(self.vae.dtype)).latent_dist
+        return d.mean.float(), d.std.float()
+
+    def decode_raw(self, z):
+        return self.vae.decode(z.to(self.vae.dtype)).sample.float()
+
+
+@autoencoder_registry.register("diffusers", "a diffusers AutoencoderKL folder (SD/SDXL/SD3 VAEs; config.json + "
+                                            "safetensors weights), scale/shift from its config", arg="PATH",
+                               check=check_folder)
+def build_diffusers(arg, device):
+    p = check_folder(arg)
+    from diffusers import AutoencoderKL
+    try:
+        vae = AutoencoderKL.from_pretrained(str(p), use_safetensors=True, local_files_only=True,
+                                            torch_dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001  (a config of another class, weights that do not fit it)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise GenlabError(f"autoencoder diffusers:{arg}: cannot load it as an AutoencoderKL: {first}") from None
+    return DiffusersVAE(f"diffusers:{Path(arg).resolve()}", vae)  # absolute: latents decode from any folder

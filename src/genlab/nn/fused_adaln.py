@@ -1,0 +1,203 @@
+"""adaLN in Triton (`model.adaln=triton`): LayerNorm (no affine) + modulation, and the gated residuals around it.
+
+A DiT block (adaLN-Zero, Peebles & Xie 2023) runs, per token row of width D and per-sample vectors:
+
+    h1 = LN(x) * (1 + scale1) + shift1                  -> attention
+    x  = x + gate1 * attn;  h2 = LN(x) * (1 + scale2) + shift2   -> MLP     (one kernel: `add_norm_modulate`)
+    x  = x + gate2 * mlp                                                    (one kernel: `gated_add`)
+
+Each is one pass over the rows (eager PyTorch runs 4-7 kernels, each reading and writing [B, N, D]); the
+statistics are float32, the modulated output is cast once to the autocast dtype (what the next matmul reads), the
+residual keeps its dtype (float32, or bf16 with model.residual=compute). Backward, per row with xhat = (x - mean)
+* rstd and dxhat = dh * (1 + scale): dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dr,
+dy = dx * gate; the per-sample sums d shift = sum dh, d scale = sum dh * xhat, d gate = sum dx * y are reduced per
+tile of rows in the kernel and over tiles on the host. liger-kernel has LayerNorm and a *modulated RMSNorm* but no
+modulated LayerNorm and no gated residual, hence these kernels.
+
+The ops are torch.library custom ops (fake implementations and autograd attached), so torch.compile keeps the
+block in one graph around them. CPU tensors (and inputs the kernel does not take) run the plain composition,
+`norm_modulate_fused` and `x + gate * y`, so a model built with this entry samples anywhere; the kernels module,
+and with it triton, is imported on the first CUDA call only.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from genlab.nn.norm import norm_modulate_fused
+from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
+from genlab.core.registry import adaln_registry
+
+MAX_D = 8192   # one row in registers
+ROWS = 16      # rows per program: the per-sample vectors are loaded once per 16 rows
+
+
+# found without importing it (a constant to torch.compile); the kernels import it inside the custom ops, which
+# torch.compile does not trace
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _kernels():
+    return require_kernels("fused_adaln_kernels", "model.adaln=triton", "fused, unfused")
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether the kernels run on x [B, N, D] (CUDA or the interpreter, a float dtype, D <= MAX_D)."""
+    return (HAS_TRITON and (x.is_cuda or interpreting()) and x.dim() == 3 and 0 < x.shape[-1] <= MAX_D
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+
+def _launch_meta(D: int) -> dict:
+    block = 1 << (D - 1).bit_length()
+    return {"BLOCK_D": block, "ROWS": ROWS, **({} if interpreting() else {"num_warps": 8 if block >= 2048 else 4})}
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _vec(v):
+    return v.contiguous() if v is not None else None
+
+
+def _forward(x, y, g, sh, sc, eps: float, out_dtype: torch.dtype, res_dtype: torch.dtype):
+    K = _kernels()
+    B, N, D = x.shape
+    has_res, has_norm = y is not None, sh is not None
+    x, y, g, sh, sc = x.contiguous(), _vec(y), _vec(g), _vec(sh), _vec(sc)
+    r = torch.empty(x.shape, dtype=res_dtype, device=x.device) if has_res else x.new_empty(0)
+    h = torch.empty(x.shape, dtype=out_dtype, device=x.device) if has_norm else x.new_empty(0)
+    mean = torch.empty(B * N if has_norm else 0, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    if B * N:
+        K._fused_fwd[(triton_cdiv(N, ROWS), B)](x, y if has_res else x, g if has_res else x, sh if has_norm else x,
+                                                sc if has_norm else x, r if has_res else x, h if has_norm else x,
+                                                mean, rstd, N, D, eps, HAS_RES=has_res, HAS_NORM=has_norm,
+                                                **_launch_meta(D))
+    return r, h, mean, rstd
+
+
+def _backward(xn, y, g, sc, mean, rstd, dr, dh, dx_dtype: torch.dtype):
+    K = _kernels()
+    B, N, D = xn.shape
+    has_res, has_norm, has_dr = y is not None, dh is not None, dr is not None
+    tiles = triton_cdiv(N, ROWS)
+    dx = torch.empty(xn.shape, dtype=dx_dtype, device=xn.device)
+    dy = torch.empty_like(y) if has_res else dx.new_empty(0)
+    parts = {k: torch.empty((B, tiles, D) if on else (0,), dtype=torch.float32, device=xn.device)
+             for k, on in (("g", has_res), ("sh", has_norm), ("sc", has_norm))}
+    dr = dr.contiguous() if has_dr else None
+    dh = dh.contiguous() if has_norm else None
+    if B * N:
+        K._fused_bwd[(tiles, B)](xn.contiguous(), y if has_res else xn, g if has_res else xn, sc if has_norm else xn,
+                                 mean, rstd, dr if has_dr else xn, dh if has_norm else xn, dx,
+                                 dy if has_res else dx, parts["g"], parts["sh"], parts["sc"], N, D, tiles,
+                                 HAS_RES=has_res, HAS_NORM=has_norm, HAS_DR=has_dr, **_launch_meta(D))
+    sums = {k: v.sum(1) if v.numel() else v.new_zeros(B, D) for k, v in parts.items()}
+    return dx, dy, sums["g"], sums["sh"], sums["sc"]
+
+
+# -- custom ops (one graph under torch.compile) --------------------------------------------------------------
+@torch.library.custom_op("genlab::adaln_fused_fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, y: torch.Tensor | None, g: torch.Tensor | None, sh: torch.Tensor | None,
+            sc: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
+            res_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(x, y, g, sh, sc, eps, out_dtype, res_dtype)
+
+
+@_fwd_op.register_fake
+def _(x, y, g, sh, sc, eps, out_dtype, res_dtype):
+    B, N, D = x.shape
+    r = x.new_empty(x.shape, dtype=res_dtype) if y is not None else x.new_empty(0)
+    h = x.new_empty(x.shape, dtype=out_dtype) if sh is not None else x.new_empty(0)
+    stats = x.new_empty(B * N if sh is not None else 0, dtype=torch.float32)
+    return r, h, stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("genlab::adaln_fused_bwd", mutates_args=())
+def _bwd_op(xn: torch.Tensor, y: torch.Tensor | None, g: torch.Tensor | None, sc: torch.Tensor | None,
+            mean: torch.Tensor, rstd: torch.Tensor, dr: torch.Tensor | None, dh: torch.Tensor | None,
+            dx_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(xn, y, g, sc, mean, rstd, dr, dh, dx_dtype)
+
+
+@_bwd_op.register_fake
+def _(xn, y, g, sc, mean, rstd, dr, dh, dx_dtype):
+    B, _, D = xn.shape
+    vec = xn.new_empty((B, D), dtype=torch.float32)
+    return (xn.new_empty(xn.shape, dtype=dx_dtype), torch.empty_like(y) if y is not None else xn.new_empty(0),
+            vec, torch.empty_like(vec), torch.empty_like(vec))
+
+
+def _setup(ctx, inputs, output):
+    x, y, g, sh, sc, eps, out_dtype, res_dtype = inputs
+    r, _, mean, rstd = output
+    has_res, has_norm = y is not None, sh is not None
+    # the normalised tensor is the residual output when there is one (saved instead of x: same bytes)
+    ctx.save_for_backward(r if has_res else x, y, g, sc, mean, rstd)
+    ctx.flags = (has_res, has_norm, x.dtype, None if g is None else g.dtype,
+                 None if sh is None else sh.dtype, None if sc is None else sc.dtype)
+
+
+def _backward_rule(ctx, dr, dh, _dmean, _drstd):
+    xn, y, g, sc, mean, rstd = ctx.saved_tensors
+    has_res, has_norm, x_dtype, g_dtype, sh_dtype, sc_dtype = ctx.flags
+    if not has_norm:
+        dh = None
+    if not has_res:
+        dr = None
+    if has_res and not has_norm and dr is None:
+        return None, None, None, None, None, None, None, None
+    dx, dy, dg, dsh, dsc = _bwd_op(xn, y, g, sc, mean, rstd, dr, dh, x_dtype)
+    return (dx, dy if has_res else None, dg.to(g_dtype) if has_res else None,
+            dsh.to(sh_dtype) if has_norm else None, dsc.to(sc_dtype) if has_norm else None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward_rule, setup_context=_setup)
+
+
+# -- the functions the DiT block calls ----------------------------------------------------------------------
+def _res_dtype(x, y, g):
+    return torch.promote_types(x.dtype, torch.promote_types(y.dtype, g.dtype))
+
+
+def gated_add_plain(x, y, gate):
+    return x + gate[:, None] * y
+
+
+def add_norm_modulate_plain(x, y, gate, shift, scale, eps):
+    r = gated_add_plain(x, y, gate)
+    return r, norm_modulate_fused(r, shift, scale, eps)
+
+
+def norm_modulate_triton(x, shift, scale, eps):
+    if not supports(x):
+        return norm_modulate_fused(x, shift, scale, eps)
+    return _fwd_op(x, None, None, shift, scale, eps, _compute_dtype(x), x.dtype)[1]
+
+
+def add_norm_modulate_triton(x, y, gate, shift, scale, eps):
+    """(x + gate[:, None] * y, LN(that) * (1 + scale[:, None]) + shift[:, None]) in one pass."""
+    if not (supports(x) and y.shape == x.shape):
+        return add_norm_modulate_plain(x, y, gate, shift, scale, eps)
+    r, h, _, _ = _fwd_op(x, y, gate, shift, scale, eps, _compute_dtype(x), _res_dtype(x, y, gate))
+    return r, h
+
+
+def gated_add_triton(x, y, gate):
+    """x + gate[:, None] * y in one pass (the product in float32, unlike eager's rounded bf16 product)."""
+    if not (supports(x) and y.shape == x.shape):
+        return gated_add_plain(x, y, gate)
+    return _fwd_op(x, y, gate, None, None, 0.0, x.dtype, _res_dtype(x, y, gate))[0]
+
+
+adaln_registry.register(
+    "triton", "Triton kernels (CUDA): LayerNorm + modulation, and each gated residual fused with the norm after it "
+              "(plain `fused` path on CPU)",
+    cuda_only=True, package="triton", add_norm=add_norm_modulate_triton, gated_add=gated_add_triton,
+)(norm_modulate_triton)

@@ -1,0 +1,148 @@
+"""The QKV split in Triton (`model.qkv_kernel=triton`, issue 37): the QKV projection's output -> q, k, v.
+
+Attention.heads_qkv turns the projection's output h [B, N, 3 * H * HD] into q, k, v [B, H, N, HD]: a view and a
+permute, then (model.qk_norm) RMSNorm per head of q and k with learned weights, then (pos_emb rope/rope2d) the
+rotation of channel pairs (2j, 2j+1) by the position's angles. Eagerly that is ~10 kernels over q and k, and the
+attention kernel copies the permuted views; here it is one pass: each token row is read once and q, k, v are
+written once, contiguous in the attention layout. float32 arithmetic, one rounding to h's dtype at the store (the
+plain path rounds after the norm and after each rope product in bf16). Backward, per head with xhat = x * rstd:
+dy = R^T dout (the rotation's transpose), d weight = sum dy * xhat (per token in the kernel, over tokens on the
+host), dx = rstd * (dy * w - xhat * mean(dy * w * xhat)); it reads the saved h again, so only h is saved.
+
+The ops are torch.library custom ops (fake implementations and autograd attached): torch.compile keeps the block
+in one graph around them. CPU tensors and inputs the kernel does not take (an odd head width, float64) run the
+plain composition (`split_plain` in attention.py), so a model built with this entry runs anywhere; the kernels
+module, and with it triton, is imported on the first CUDA call only. No vmap or forward-mode AD rule: batched
+seeds (train.seeds) and MeanFlow's JVP need qkv_kernel=plain.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from genlab.nn.attention import split_plain
+from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
+from genlab.core.registry import qkv_kernel_registry
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None  # a constant to torch.compile
+MAX_HD = 256
+
+
+def _kernels():
+    return require_kernels("fused_qkv_kernels", "model.qkv_kernel=triton", "plain")
+
+
+def supports(h: torch.Tensor, heads: int) -> bool:
+    """Whether the kernel runs on the projection's output h [B, N, 3 * heads * HD] (CUDA or the interpreter)."""
+    if not (HAS_TRITON and (h.is_cuda or interpreting()) and h.dim() == 3 and h.shape[-1] % (3 * heads) == 0):
+        return False
+    hd = h.shape[-1] // (3 * heads)
+    return hd % 2 == 0 and 0 < hd <= MAX_HD and h.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _meta(heads: int, hd: int) -> dict:
+    return {"HALF": hd // 2, "BLOCK_H": triton_pow2(heads), "BLOCK_J": triton_pow2(hd // 2),
+            **({} if interpreting() else {"num_warps": 4})}
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _or(t, like):
+    return t if t is not None else like  # a pointer for an absent input the kernel never reads
+
+
+@torch.library.custom_op("genlab::qkv_split_fwd", mutates_args=())
+def _fwd_op(h: torch.Tensor, wq: torch.Tensor | None, wk: torch.Tensor | None, cos: torch.Tensor | None,
+            sin: torch.Tensor | None, heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, N, C = h.shape
+    hd = C // (3 * heads)
+    q, k, v = (h.new_empty(B, heads, N, hd) for _ in range(3))
+    if B * N:
+        _kernels()._split_fwd[(B * N,)](h, _or(wq, h), _or(wk, h), _or(cos, h), _or(sin, h), q, k, v, N, heads, eps,
+                                        HAS_QN=wq is not None, HAS_KN=wk is not None, HAS_ROPE=cos is not None,
+                                        **_meta(heads, hd))
+    return q, k, v
+
+
+@_fwd_op.register_fake
+def _(h, wq, wk, cos, sin, heads, eps):
+    B, N, C = h.shape
+    return tuple(h.new_empty(B, heads, N, C // (3 * heads)) for _ in range(3))
+
+
+@torch.library.custom_op("genlab::qkv_split_bwd", mutates_args=())
+def _bwd_op(h: torch.Tensor, wq: torch.Tensor | None, wk: torch.Tensor | None, cos: torch.Tensor | None,
+            sin: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, heads: int,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    B, N, C = h.shape
+    hd = C // (3 * heads)
+    dh = torch.empty_like(h)
+    pw = torch.zeros(2, B * N, hd, dtype=torch.float32, device=h.device)  # per-token d weight of q and k
+    if B * N:
+        _kernels()._split_bwd[(B * N,)](h, _or(wq, h), _or(wk, h), _or(cos, h), _or(sin, h), dq, dk, dv, dh, pw, N,
+                                        heads, eps, HAS_QN=wq is not None, HAS_KN=wk is not None,
+                                        HAS_ROPE=cos is not None, **_meta(heads, hd))
+    return dh, pw.sum(1)
+
+
+@_bwd_op.register_fake
+def _(h, wq, wk, cos, sin, dq, dk, dv, heads, eps):
+    return torch.empty_like(h), h.new_empty(2, h.shape[-1] // (3 * heads), dtype=torch.float32)
+
+
+def _setup(ctx, inputs, output):
+    h, wq, wk, cos, sin, heads, eps = inputs
+    ctx.save_for_backward(h, wq, wk, cos, sin)
+    ctx.heads, ctx.eps = heads, eps
+
+
+def _backward(ctx, dq, dk, dv):
+    h, wq, wk, cos, sin = ctx.saved_tensors
+    B, N, C = h.shape
+    shape = (B, ctx.heads, N, C // (3 * ctx.heads))
+    dq, dk, dv = (torch.zeros(shape, dtype=h.dtype, device=h.device) if d is None else d.contiguous()
+                  for d in (dq, dk, dv))
+    dh, dw = _bwd_op(h, wq, wk, cos, sin, dq, dk, dv, ctx.heads, ctx.eps)
+    return (dh, None if wq is None else dw[0].to(wq.dtype), None if wk is None else dw[1].to(wk.dtype),
+            None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+def _norm_weight(norm, hd: int, like: torch.Tensor):
+    """The RMSNorm's weight (ones when it has none), or None for no norm (nn.Identity)."""
+    if not isinstance(norm, torch.nn.RMSNorm):
+        return None
+    return norm.weight if norm.weight is not None else like.new_ones(hd, dtype=torch.float32)
+
+
+def _eps(norms, h):
+    """nn.RMSNorm's eps: its own, or (eps=None) the float32 machine eps it uses for bf16/fp16/fp32 inputs."""
+    for n in norms:
+        if isinstance(n, torch.nn.RMSNorm) and n.eps is not None:
+            return float(n.eps)
+    return float(torch.finfo(torch.promote_types(h.dtype, torch.float32)).eps)
+
+
+def split_triton(h, heads: int, q_norm, k_norm, rope=None):
+    """h [B, N, 3 * heads * HD] -> q, k, v [B, heads, N, HD]: RMSNorm of q and k (an nn.RMSNorm, or nn.Identity for
+    none), then RoPE with `rope` = (cos, sin) [>= N, HD / 2] (or None), in one pass; `split_plain` where the kernel
+    does not run."""
+    if (not supports(h, heads) or not all(isinstance(n, (torch.nn.RMSNorm, torch.nn.Identity)) for n in (q_norm, k_norm))
+            or rope is not None and rope[0].shape[0] < h.shape[1]):  # (too short a table: the plain path's error)
+        return split_plain(h, heads, q_norm, k_norm, rope)
+    N, hd = h.shape[1], h.shape[-1] // (3 * heads)
+    cos = sin = None
+    if rope is not None:
+        cos, sin = (t[:N].float().contiguous() for t in rope)
+    wq, wk = _norm_weight(q_norm, hd, h), _norm_weight(k_norm, hd, h)
+    return _fwd_op(h.contiguous(), wq, wk, cos, sin, heads, _eps((q_norm, k_norm), h))
+
+
+qkv_kernel_registry.register(
+    "triton", "Triton kernel (CUDA): the QKV split into heads with QK RMSNorm and RoPE in one pass (plain on CPU)",
+    cuda_only=True, package="triton")(split_triton)

@@ -1,0 +1,115 @@
+"""torchao's quantized-training prototypes as converters (`train.convert = ["bitnet_torchao"]` / `["int8_mixed"]`),
+on the block linears genlab's own BitLinear converts (train/convert.bitlinear_filter), so the two BitNets compare
+side by side.
+
+- bitnet_torchao: `torchao.prototype.quantized_training.bitnet_training()` — BitNet b1.58 (arXiv:2402.17764) with
+  absmean ternary weights and per-row absmax int8 activations, an int8 matmul forward (torch._int_mm off CUDA, a
+  Triton kernel on it) and straight-through gradients computed from the quantised operands.
+- int8_mixed: `int8_mixed_precision_training()` — weights and activations dynamically quantised to int8 (row-wise
+  scales) for the forward and both backward matmuls; the master weights stay in their dtype (Jetfire-like).
+
+bitnet_torchao swaps each weight for torchao's tensor subclass; a state-dict hook hands back its plain tensor, so
+checkpoints hold only tensors (safe_load) and load into a plain or a converted model alike (loading copies into the
+subclass in place). int8_mixed uses torchao's module swap: in torchao 0.18 its tensor-subclass form registers
+F.linear in the aten-op table, where F.linear never arrives, so the subclass silently trains unquantised (measured:
+its output equals the plain linear's to 6e-7; tests/test_quantized_training.py checks the int8 formula).
+Input RMSNorm (`train.bitlinear_norm`, read by both BitNet converters): torchao leaves BitNet's norm to the user, so
+bitnet_torchao gets the same one as genlab's BitLinear (nn/bitlinear.py): when the model is built, each block linear
+becomes a NormedLinear — still an nn.Linear, with its norm at `<linear>.norm` and forward F.linear(norm(x), W, b) — whose
+weight torchao then swaps for its subclass, untouched. The state-dict names match genlab's BitLinear, so the two
+converters differ only in their kernels. With `none` the linears stay plain, as before.
+Both run on the CPU (torch._int_mm), so no device check is needed.
+Under autocast, torchao's module-swap forward casts nothing: a bf16 input met a float32 bias, so the output came out
+float32 and the backward's int8 matmul failed on mixed scale dtypes (seen on the H100, session 19). genlab's swapped
+class casts input, weight and bias to the autocast dtype first, as torchao's subclass path does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from genlab.core.errors import GenlabError
+from genlab.core.registry import convert_registry
+from genlab.nn.convert import Converter, add_bitnet_norms, bitlinear_filter
+
+SUBCLASSES = ("BitNetTrainingLinearWeight",)
+KINDS = ("BitNetTrainingLinearWeight", "AutocastInt8MixedLinear")  # what count_quantized_training counts
+
+
+def _plain_weights(module, state_dict, prefix, local_metadata):
+    """Checkpoints hold the subclass's plain tensor (torch.load(weights_only=True) admits no torchao class)."""
+    for k, v in state_dict.items():
+        if k.startswith(prefix) and type(v).__name__ in SUBCLASSES:
+            state_dict[k] = v._data.detach()
+    return state_dict
+
+
+def _torchao_config(name: str):
+    try:
+        from torchao.prototype import quantized_training as qt
+    except ImportError as e:
+        raise GenlabError(f"train.convert={name} needs torchao's quantized_training prototype "
+                          f"(pip install torchao): {e}") from None
+    return qt.bitnet_training() if name == "bitnet_torchao" else qt.int8_mixed_precision_training(module_swap=True)
+
+
+def _autocast_int8_class():
+    from torchao.prototype.quantized_training import int8_mixed_precision as imp
+
+    class AutocastInt8MixedLinear(imp.Int8MixedPrecisionTrainingLinear):
+        """torchao's swapped linear, with its operands cast to the autocast dtype (see the module docstring)."""
+
+        def forward(self, x):
+            w, b = self.weight, self.bias
+            if torch.is_autocast_enabled(x.device.type):
+                dt = torch.get_autocast_dtype(x.device.type)
+                x, w, b = x.to(dt), w.to(dt), None if b is None else b.to(dt)
+            return imp._Int8MixedPrecisionTrainingLinearFunction.apply(x, w, b, self.config)
+
+    return imp.Int8MixedPrecisionTrainingLinear, AutocastInt8MixedLinear
+
+
+def convert_quantized_training(model: nn.Module, name: str) -> nn.Module:
+    """Convert the block linears in place (bitnet: a weight subclass; int8_mixed: a module swap); names are kept."""
+    from torchao.quantization import quantize_
+    quantize_(model, _torchao_config(name), filter_fn=bitlinear_filter)
+    if name == "int8_mixed":
+        swapped, ours = _autocast_int8_class()
+        for m in model.modules():
+            if type(m) is swapped:
+                m.__class__ = ours
+    for m in model.modules():  # on each linear: a sub-module's state_dict is plain too
+        if type(getattr(m, "weight", None)).__name__ in SUBCLASSES:
+            m._register_state_dict_hook(_plain_weights)
+    return model
+
+
+def _check(name):
+    def check(device):
+        _torchao_config(name)
+    return check
+
+
+def _entry(name, prepare=None):
+    return Converter(lambda model, device, cfg=None: convert_quantized_training(model, name), _check(name),
+                     linears=True, prepare=prepare)
+
+
+convert_registry.register("bitnet_torchao", "torchao's bitnet_training prototype (BitNet b1.58: ternary weights, "
+                                            "int8 activations, int8 matmul) for the block linears, after genlab's "
+                                            "input RMSNorm (train.bitlinear_norm)", reads=("train.bitlinear_norm",))(
+    _entry("bitnet_torchao", prepare=add_bitnet_norms))
+convert_registry.register("int8_mixed", "torchao's int8_mixed_precision_training prototype: dynamic int8 weights "
+                                        "and activations in forward and backward matmuls of the block linears")(
+    _entry("int8_mixed"))
+
+
+def count_quantized_training(model: nn.Module) -> dict[str, int]:
+    """How many linears each torchao form converts: weight subclasses (bitnet) and swapped modules (int8_mixed)."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        for kind in (type(m).__name__, type(getattr(m, "weight", None)).__name__):
+            if kind in KINDS:
+                out[kind] = out.get(kind, 0) + 1
+    return out
+

@@ -1,0 +1,18 @@
+"""The dtype of an image backbone's residual stream under autocast (registry `residual`): an entry maps the
+input tensor to the dtype the stream is kept in."""
+from __future__ import annotations
+
+import torch
+
+from genlab.core.registry import residual_registry
+
+
+@residual_registry.register("fp32", "residual stream in the input dtype (fp32 under bf16 autocast, as in the DiT reference)")
+def residual_fp32(x):
+    return x.dtype
+
+
+@residual_registry.register("compute", "residual stream in the autocast dtype (bf16): half the bytes of every "
+                                      "residual add, LayerNorm read and residual gradient; LayerNorm stats stay fp32")
+def residual_compute(x):
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype

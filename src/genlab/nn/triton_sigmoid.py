@@ -1,0 +1,193 @@
+"""Sigmoid attention in Triton (the CUDA path of ``model.attention=sigmoid``).
+
+``out_i = sum_j sigmoid(q_i.k_j / sqrt(D) - log M) v_j`` (Ramapuram et al. 2024), M = number of keys,
+optionally causal (query i sees keys j <= i + M - N), no normalisation. Written from the formulas:
+
+* forward, per query block: for each key block ``S = Q K^T`` (fp32 accumulate),
+  ``P = 1 / (1 + 2^-(S c + b'))`` with ``c = log2(e) / sqrt(D)`` and ``b' = -log2(e) log M`` (one exp2 per
+  score on the MUFU unit; the reciprocal by Newton steps on the FMA pipe, see ``_sigmoid`` in the kernels),
+  ``O += P V``. Unlike softmax there is no running max, no row sum and no rescaling,
+  and nothing is saved for the backward but q, k, v.
+* backward (P recomputed per block): ``dV = P^T dO``, ``dP = dO V^T``, ``dS = dP P (1 - P)``,
+  ``dQ = dS K / sqrt(D)``, ``dK = dS^T Q / sqrt(D)``; one kernel for dK/dV (over key blocks, looping over
+  query blocks) and one for dQ (over query blocks, looping over key blocks), no atomics.
+
+Inputs: q ``[B, H, N, D]``, k and v ``[B, H, M, D]``, D in 32/64/128, fp16/bf16/fp32 (same dtype), any
+strides (a non-unit last stride costs a copy). fp32 inputs multiply in full fp32 unless
+``torch.backends.cuda.matmul.allow_tf32`` is set. ``GENLAB_TRITON_SIGMOID_RCP=div`` (for benchmarking) divides
+instead of the Newton reciprocal. `sigmoid_attention_triton` is a torch.library custom op with
+a fake implementation and autograd attached, so torch.compile keeps the surrounding block in one graph.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from genlab.core.errors import GenlabError
+from genlab.nn.triton_attention import (LOG2E, _cdiv, _new_bnhd, _prep, _s, interpreting,  # no triton import
+                                            load_kernels, missing_triton)
+
+SUPPORTED_HEAD_DIMS = (32, 64, 128)
+
+
+def _kernels():
+    """The sigmoid kernels module; None when triton cannot be imported."""
+    m = load_kernels("triton_sigmoid_kernels")
+    return None if isinstance(m, Exception) else m
+
+
+@torch.compiler.assume_constant_result
+def triton_available() -> bool:
+    """Whether the kernels can be imported (a constant to torch.compile: checked once, not traced)."""
+    return _kernels() is not None
+
+
+def _shapes_ok(q, k, v) -> bool:
+    return (q.dim() == k.dim() == v.dim() == 4 and k.shape == v.shape and k.shape[:2] == q.shape[:2]
+            and k.shape[-1] == q.shape[-1] and q.shape[-1] in SUPPORTED_HEAD_DIMS and k.shape[-2] > 0)
+
+
+def _dtypes_ok(q, k, v) -> bool:
+    return q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `sigmoid_attention_triton` runs these inputs (CUDA or the interpreter, head dim, dtypes, shapes)."""
+    return (q.is_cuda or interpreting()) and _shapes_ok(q, k, v) and _dtypes_ok(q, k, v) and triton_available()
+
+
+# ----------------------------------------------------------------------------------------------
+# host side. (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and head dim; BLOCK_M counts query rows,
+# BLOCK_N key rows. Picked so that the sm_90 builds of bf16/fp16 spill no registers where it could be avoided
+# (ptxas resource usage; head dim 128 causal still spills a few bytes); not autotuned. fp32 multiplies without
+# tensor cores (ieee dots are register hungry): small tiles, one stage. The interpreter runs 16x16 blocks.
+_CONFIGS = {
+    "fwd": {32: (128, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 2)},
+    "dkdv": {32: (64, 128, 8, 2), 64: (64, 128, 8, 2), 128: (32, 64, 8, 2)},
+    "dq": {32: (128, 64, 8, 2), 64: (128, 64, 8, 2), 128: (64, 32, 4, 2)},
+}
+_FP32_CONFIGS = {
+    "fwd": {32: (64, 32, 8, 1), 64: (64, 32, 8, 1), 128: (32, 32, 8, 1)},
+    "dkdv": {32: (32, 32, 8, 1), 64: (32, 32, 8, 1), 128: (32, 32, 8, 1)},
+    "dq": {32: (64, 32, 8, 1), 64: (64, 32, 8, 1), 128: (32, 32, 8, 1)},
+}
+_INTERP_CONFIG = (16, 16, 1, 1)
+
+
+def _config(kind: str, D: int, dtype: torch.dtype):
+    if interpreting():
+        bm, bn = _INTERP_CONFIG[:2]
+        return bm, bn, {"BLOCK_M": bm, "BLOCK_N": bn}
+    bm, bn, warps, stages = (_FP32_CONFIGS if dtype == torch.float32 else _CONFIGS)[kind][D]
+    return bm, bn, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+
+
+def _common(q, k):
+    D, M = q.shape[-1], k.shape[-2]
+    scale = D ** -0.5
+    precision = "tf32" if q.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    # Newton steps of the reciprocal: 2 leave 7e-6 relative error (below bf16/fp16 rounding), 3 leave 1e-7
+    rcp_iters = 0 if os.environ.get("GENLAB_TRITON_SIGMOID_RCP") == "div" else 3 if q.dtype == torch.float32 else 2
+    return scale, scale * LOG2E, -math.log(M) * LOG2E, dict(PRECISION=precision, RCP_ITERS=rcp_iters)
+
+
+def _check(q, k, v):
+    K = _kernels()
+    if K is None:
+        raise GenlabError(f"sigmoid attention's Triton path needs the 'triton' package "
+                          f"{missing_triton('triton_sigmoid_kernels')}")
+    if not _shapes_ok(q, k, v):
+        raise GenlabError(f"sigmoid_attention_triton needs q [B, H, N, D] and k, v [B, H, M, D] with D in "
+                          f"{SUPPORTED_HEAD_DIMS} and M > 0, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not _dtypes_ok(q, k, v):
+        raise GenlabError(f"sigmoid_attention_triton needs fp16/bf16/fp32 q, k, v of one dtype, got "
+                          f"{q.dtype}, {k.dtype}, {v.dtype}")
+    return K
+
+
+def _forward(q, k, v, causal: bool):
+    K = _check(q, k, v)
+    B, H, N, D = q.shape
+    M = k.shape[-2]
+    q, k, v = _prep(q), _prep(k), _prep(v)
+    o = _new_bnhd(B, H, N, D, q.dtype, q.device)
+    if N == 0 or B * H == 0:
+        return o
+    _, scale2, bias2, consts = _common(q, k)
+    bm, bn, meta = _config("fwd", D, q.dtype)
+    K._sigmoid_fwd[(_cdiv(N, bm), B * H)](
+        q, k, v, o, scale2, bias2, *_s(q), *_s(k), *_s(v), *_s(o), H, N, M,
+        HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, **consts, **meta)
+    return o
+
+
+def _backward(do, q, k, v, causal: bool):
+    K = _check(q, k, v)
+    B, H, N, D = q.shape
+    M = k.shape[-2]
+    q, k, v, do = _prep(q), _prep(k), _prep(v), _prep(do)
+    dq = _new_bnhd(B, H, N, D, q.dtype, q.device)
+    dk = _new_bnhd(B, H, M, D, k.dtype, k.device)
+    dv = _new_bnhd(B, H, M, D, v.dtype, v.device)
+    if N == 0 or B * H == 0:
+        return dq, dk.zero_(), dv.zero_()
+    scale, scale2, bias2, consts = _common(q, k)
+    args = (q, k, v, do)
+    strides = (*_s(q), *_s(k), *_s(v), *_s(do))
+    bm, bn, meta = _config("dkdv", D, q.dtype)
+    K._sigmoid_bwd_dkdv[(_cdiv(M, bn), B * H)](
+        *args, dk, dv, scale, scale2, bias2, *strides, *_s(dk), H, N, M,
+        HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, **consts, **meta)
+    bm, bn, meta = _config("dq", D, q.dtype)
+    K._sigmoid_bwd_dq[(_cdiv(N, bm), B * H)](
+        *args, dq, scale, scale2, bias2, *strides, *_s(dq), H, N, M,
+        HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, **consts, **meta)
+    return dq, dk, dv
+
+
+# custom ops: opaque to torch.compile (dynamo does not trace into the launches), with autograd attached
+@torch.library.custom_op("genlab::triton_sigmoid_attn_fwd", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    return _forward(q, k, v, causal)
+
+
+@_fwd_op.register_fake
+def _(q, k, v, causal):
+    B, H, N, D = q.shape
+    return _new_bnhd(B, H, N, D, q.dtype, q.device)
+
+
+@torch.library.custom_op("genlab::triton_sigmoid_attn_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(do, q, k, v, causal)
+
+
+@_bwd_op.register_fake
+def _(do, q, k, v, causal):
+    B, H, N, D = q.shape
+    M = k.shape[-2]
+    return (_new_bnhd(B, H, N, D, q.dtype, q.device), _new_bnhd(B, H, M, D, k.dtype, k.device),
+            _new_bnhd(B, H, M, D, v.dtype, v.device))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal = inputs
+    ctx.save_for_backward(q, k, v)  # P is recomputed from q and k: nothing else to keep
+    ctx.causal = causal
+
+
+def _backward_rule(ctx, do):
+    q, k, v = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(do, q, k, v, ctx.causal)
+    return dq, dk, dv, None
+
+
+_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
+
+
+def sigmoid_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """sigmoid(q k^T / sqrt(D) - log M) v for q [B, H, N, D], k/v [B, H, M, D] (CUDA, or TRITON_INTERPRET=1)."""
+    return _fwd_op(q, k, v, causal)

@@ -1,0 +1,90 @@
+"""The public Python API, for notebooks and scripts (re-exported by `import genlab`):
+
+    cfg = genlab.load_config("digits_flow", ["train.steps=200"])   # or a dict {"train.steps": 200}
+    summary = genlab.train(cfg)                                      # the same loop as `genlab train`
+    run = genlab.load_run(summary["run_dir"])                        # run folder, checkpoint or exported folder
+    images = run.sample(n=16, class_id=3)                            # [16, C, H, W] in [-1, 1]
+
+Everything here is a thin layer over the CLI's code paths (config.load_config, the Trainer, sample.load_run).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from genlab.config.tree import Config
+from genlab.core.errors import GenlabError
+
+
+def load_config(preset: str | None = None, overrides=()) -> Config:
+    """Defaults <- preset (a name from `genlab list`, or a .toml path; None = digits_flow) <- overrides,
+    given as `["section.key=value", ...]` or `{"section.key": value}`. Checked like the CLI's."""
+    from genlab.config.tree import apply_dict, parse_override, validate
+    from genlab.config.tree import load_config as _load
+    if isinstance(overrides, str):
+        raise GenlabError(f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}")
+    if not isinstance(overrides, dict):
+        return _load(preset, list(overrides))
+    cfg = _load(preset)
+    for k, v in overrides.items():  # typed values go in as they are, checked like TOML values
+        section, key, _ = parse_override(f"{k}=")
+        apply_dict(cfg, {section: {key: v}}, source=f"override {k}={v!r}")
+    validate(cfg)
+    return cfg
+
+
+def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
+    """Train one run (a Config, or a preset name) and return its summary: run_dir, status, step, loss,
+    samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or checkpoint. With
+    train.seeds set, the list of every seed's summary (batched seeds)."""
+    from genlab.train.seeds import train as _train
+    return _train(cfg, resume=resume)
+
+
+class Run:
+    """A trained run loaded for sampling: `.model` (eval mode, EMA weights by default), `.method`,
+    `.config`, `.device`, `.step`, `.spec` (the dataset spec the model was built for)."""
+
+    def __init__(self, path, device="auto", ema=True):
+        from genlab.runs.load import load_run as _load
+        self.path = Path(path)
+        self.config, self.model, self.method, self.device, state = _load(path, device, ema)
+        self.step, self.spec = state["step"], state["data_spec"]
+
+    def __repr__(self):
+        return (f"Run({str(self.path)!r}, model={self.config.model.name}, method={self.config.method.name}, "
+                f"step={self.step}, device={self.device})")
+
+    @torch.no_grad()
+    def sample(self, n: int = 16, *, seed: int = 0, steps: int | None = None, text: bool = False, **options):
+        """n samples on the CPU, drawn by the run's method (`Method.draw`).
+        Images: a float tensor [n, C, H, W] in [-1, 1]; flow keywords: class_id (one class) or labels (a tensor of
+        n class ids; default: cycle over the classes), cfg_scale, sampler, steps.
+        Text: token ids [n, L] (or, with text=True, a list of n strings); keywords: prompt, temperature, length
+        (tokens; default method.sample_len or data.seq_len), autoregressive top_k, mdlm block_len; steps: the mdlm
+        sampler's step count (autoregressive: new tokens, as in `genlab sample`).
+        `run.method.sample_options` lists the keywords this run takes."""
+        valid = self.method.sample_options
+        for k in options:
+            if k not in valid:
+                from genlab.config.fields import did_you_mean
+                raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for method "
+                                  f"{self.config.method.name}; valid: n, seed, steps, text, {', '.join(valid)}")
+        if n < 1:
+            raise GenlabError(f"Run.sample: n must be >= 1, got {n}")
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        out = self.method.draw(self.model, n, steps=steps, generator=gen, device=self.device, **options).cpu()
+        if text:
+            return self.decode(out)
+        return out.float().clamp(-1, 1) if out.is_floating_point() else out  # images as the PNG grids quantise
+
+    def decode(self, ids) -> list[str]:
+        """Token ids [n, L] -> n strings with the run's tokenizer (language models)."""
+        return self.method.decode(ids)
+
+
+def load_run(path, device: str = "auto", ema: bool = True) -> Run:
+    """A run folder (its latest checkpoint), a checkpoint file (.pt, .dcp, model.safetensors) or a folder written by
+    `genlab export RUN --out DIR` -> Run."""
+    return Run(path, device=device, ema=ema)

@@ -1,0 +1,63 @@
+"""The one batched image sampler and the one evaluation context, shared by training-time eval and previews,
+`genlab sample`, `genlab eval` and the Python API."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from genlab.core import progress
+
+
+def eval_context(cfg, device, run_dir, **extra) -> dict:
+    """What Method.evaluate / preview read: the eval config, device, run folder and a fixed-seed generator (the
+    same seed at every evaluation, so two evaluations of the same weights draw the same samples)."""
+    return {"eval": cfg.eval, "device": device, "cfg": cfg, "run_dir": run_dir,
+            "generator": torch.Generator(device=device).manual_seed(cfg.train.seed + 12345), **extra}
+
+
+def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
+                  batch=256, desc="sampling", post=None, per_step: bool | None = None) -> torch.Tensor:
+    """Images in [-1, 1], [n, C, H, W], drawn by `method.sample` in batches of `batch` labels; progress per sampler
+    step where the method's sample() takes a callback (flow's ODE/SDE samplers), else per image. `post` maps each
+    batch (e.g. to uint8 pixels on the CPU, so thousands of evaluation samples never sit on the device as floats);
+    per_step=False counts images even where steps could be counted (evaluation: one line per phase in images).
+    A method trained on autoencoder latents (its data spec names a `codec`, data/latents.py) samples latents; each
+    batch is decoded to pixels here, before `post`, so every front end sees images."""
+    if per_step is None:
+        per_step = "callback" in inspect.signature(method.sample).parameters
+    steps = steps or getattr(method.mcfg, "sample_steps", 1)
+    n_batches = -(-len(labels) // batch)
+    out = []
+    with progress.Task(f"{desc} {len(labels)} images", total=steps * n_batches if per_step else len(labels),
+                       unit="step" if per_step else "img") as task:
+        for i in range(0, len(labels), batch):
+            kw = {"callback": lambda *_: task.update()} if per_step else {}
+            x = method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
+                              generator=generator, device=device, **kw)
+            x = decode_latents(method, x)
+            out.append(post(x) if post is not None else x)
+            if not per_step:
+                task.update(len(out[-1]))
+    return torch.cat(out)
+
+
+_CODECS: dict = {}  # (codec spec, device) -> the frozen decoder, built once per process
+
+
+def codec_of(spec: dict, device):
+    """The autoencoder a latent data spec records (None for pixel data), on `device`."""
+    desc = spec.get("codec") if isinstance(spec, dict) else None
+    if not desc:
+        return None
+    key = (desc["spec"], str(device))
+    if key not in _CODECS:
+        from genlab.nn.autoencoders import load_autoencoder
+        _CODECS[key] = load_autoencoder(desc["spec"], device)
+    return _CODECS[key]
+
+
+def decode_latents(method, x: torch.Tensor) -> torch.Tensor:
+    """Samples of a latent method decoded to images in [-1, 1] [n, C, H, W]; pixel samples unchanged."""
+    codec = codec_of(getattr(method, "spec", None), x.device)
+    return x if codec is None else codec.decode(x.float())

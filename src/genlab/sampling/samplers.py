@@ -1,0 +1,158 @@
+"""Samplers for flow matching as small pure functions of a velocity field, and their step schedules.
+
+`velocity(x, t, **extra_args) -> v` where t is a [B] tensor; the path runs from t=0 (noise) to t=1 (data);
+`extra_args` (conditioning: classes, a step size, ...) pass through to the model untouched, as in k-diffusion.
+`callback(i, t, x, denoised)` is called after every step (pictures, progress) with the data estimate
+x_t + (1 - t) v of the step's start point. the registry spec's `nfe_per_step` is the
+number of velocity evaluations per step (the NFE of a run is steps * nfe_per_step).
+"""
+import inspect
+
+import torch
+
+from genlab.config import fields as cf
+from genlab.core.registry import sampler_registry, step_schedule_registry
+
+
+# -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
+SHIFTED_KEYS = cf.declare("method",
+    sample_shift=cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0),
+)
+SDE_KEYS = cf.declare("method",
+    sde_noise=cf.F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0),
+)
+
+
+# -- time maps shared by the step schedules here and the training-time samplers (families/image_flow/timesteps.py) --
+
+def shift_time(t, shift: float):
+    """SD3's resolution shift in genlab's convention: t' = t / (shift (1 - t) + t), so SNR(t') = SNR(t) / shift^2.
+    SD3 writes it for its own time s = 1 - t as s' = shift s / (1 + (shift - 1) s); the two are the same map."""
+    if shift == 1.0:
+        return t
+    return t / (shift * (1 - t) + t)
+
+
+def lq_map(s, threshold=0.025, linear_frac=0.5):
+    """Mochi's linear-quadratic schedule as a continuous map of the step fraction s in [0, 1] (genlab t):
+    linear from 0 to `threshold` over the first `linear_frac` of the steps, then the quadratic with the same
+    value and slope there that ends at t=1 (Genmo's Mochi 1 sampler, `linear_quadratic_schedule`)."""
+    a, tau = linear_frac, threshold
+    k = (1 - tau / a) / (1 - a) ** 2
+    d = s - a
+    return torch.where(s <= a, tau * s / a, tau + tau / a * d + k * d * d)
+
+
+@step_schedule_registry.register("uniform", "t_i = i / N")
+def uniform_grid(steps, cfg=None):
+    return torch.linspace(0.0, 1.0, steps + 1)
+
+
+@step_schedule_registry.register("shifted", "uniform grid through SD3's shift t/(s(1-t)+t), s = method.sample_shift "
+                                            "(> 1: more steps near the noise; Esser et al. 2024)",
+    keys=SHIFTED_KEYS)
+def shifted_grid(steps, cfg=None):
+    return shift_time(torch.linspace(0.0, 1.0, steps + 1), getattr(cfg, "sample_shift", 3.0) if cfg is not None else 3.0)
+
+
+@step_schedule_registry.register("linear_quadratic", "Mochi 1's grid: linear to method.lq_threshold over the first "
+                                                     "method.lq_linear_frac of the steps, then quadratic (Genmo 2024)",
+    reads=("method.lq_threshold", "method.lq_linear_frac"))
+def linear_quadratic_grid(steps, cfg=None):
+    th = getattr(cfg, "lq_threshold", 0.025) if cfg is not None else 0.025
+    fr = getattr(cfg, "lq_linear_frac", 0.5) if cfg is not None else 0.5
+    return lq_map(torch.linspace(0.0, 1.0, steps + 1), th, fr)
+
+
+def time_grid(steps: int, device=None, schedule: str = "uniform", cfg=None) -> torch.Tensor:
+    ts = step_schedule_registry.get(schedule)(steps, cfg)
+    ts[0], ts[-1] = 0.0, 1.0  # exact end points whatever the rounding of the map
+    return ts.to(device)
+
+
+def call_sampler(fn, velocity, x, ts, callback=None, extra_args=None, **opts):
+    """Run a registered sampler, passing only the options it declares (the SDE takes a generator and noise)."""
+    params = inspect.signature(fn).parameters
+    return fn(velocity, x, ts, callback=callback, extra_args=extra_args, **{k: v for k, v in opts.items() if k in params})
+
+
+def _report(callback, i, t_next, x, t, v):
+    """callback(i, t_{i+1}, x_{i+1}, denoised): denoised = x_t + (1 - t) v, the data the step's start point predicts."""
+    if callback is not None:
+        callback(i, t_next, x[0], x[1] + (1 - t) * v)
+
+
+def nfe_per_step(name: str) -> int:
+    return sampler_registry.spec(name).nfe_per_step
+
+
+# -- ODE samplers ---------------------------------------------------------------------------------
+@sampler_registry.register("euler", "explicit Euler on the probability-flow ODE, 1 evaluation per step")
+@torch.no_grad()
+def sample_euler(velocity, x, ts, callback=None, extra_args=None):
+    extra = extra_args or {}
+    for i in range(len(ts) - 1):
+        t = ts[i].expand(x.shape[0])
+        v = velocity(x, t, **extra)
+        x_next = x + (ts[i + 1] - ts[i]) * v
+        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v)
+        x = x_next
+    return x
+
+
+@sampler_registry.register("heun", "Heun's 2nd-order method (Karras et al. 2022, Alg. 1), 2 evaluations per step",
+                           nfe_per_step=2)
+@torch.no_grad()
+def sample_heun(velocity, x, ts, callback=None, extra_args=None):
+    extra = extra_args or {}
+    for i in range(len(ts) - 1):
+        dt = ts[i + 1] - ts[i]
+        v0 = velocity(x, ts[i].expand(x.shape[0]), **extra)
+        x_pred = x + dt * v0
+        v1 = velocity(x_pred, ts[i + 1].expand(x.shape[0]), **extra)
+        x_next = x + dt * 0.5 * (v0 + v1)
+        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v0)
+        x = x_next
+    return x
+
+
+@sampler_registry.register("midpoint", "explicit midpoint rule (2nd-order Runge-Kutta), 2 evaluations per step",
+                           nfe_per_step=2)
+@torch.no_grad()
+def sample_midpoint(velocity, x, ts, callback=None, extra_args=None):
+    extra = extra_args or {}
+    for i in range(len(ts) - 1):
+        dt = ts[i + 1] - ts[i]
+        v0 = velocity(x, ts[i].expand(x.shape[0]), **extra)
+        x_mid = x + 0.5 * dt * v0
+        x_next = x + dt * velocity(x_mid, (ts[i] + 0.5 * dt).expand(x.shape[0]), **extra)
+        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v0)
+        x = x_next
+    return x
+
+
+# -- SDE sampler ----------------------------------------------------------------------------------
+@sampler_registry.register("euler_maruyama", "Euler-Maruyama on the flow's marginal-preserving SDE dx = [v - eta (x - t v)] dt "
+                                             "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)",
+                           keys=SDE_KEYS)
+@torch.no_grad()
+def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0, extra_args=None):
+    """For x_t = (1-t) z + t x1 the velocity is v = E[x1 - z | x_t], and E[z | x_t] = x_t - t v, so the score is
+    grad log p_t(x) = -E[z | x_t] / (1-t) = -(x - t v) / (1-t). Any g(t) gives an SDE with the ODE's marginals
+    (Fokker-Planck): dx = [v + g^2/2 grad log p_t] dt + g dW, integrated forward in t from noise to data. With
+    g(t)^2 = 2 eta (1-t) the drift is v - eta (x - t v), finite at both ends, and g vanishes at the data.
+    The last step is deterministic: x + (1-t) v = E[x1 | x_t] when it ends at t=1 (no noise left in the output)."""
+    extra = extra_args or {}
+    for i in range(len(ts) - 1):
+        t, dt = ts[i], ts[i + 1] - ts[i]
+        v = velocity(x, t.expand(x.shape[0]), **extra)
+        if i == len(ts) - 2 or noise == 0:
+            x_next = x + dt * v
+        else:
+            g = torch.sqrt(2 * noise * (1 - t) * dt)
+            x_next = x + dt * (v - noise * (x - t * v)) + g * torch.randn(x.shape, generator=generator, device=x.device,
+                                                                             dtype=x.dtype)
+        _report(callback, i, ts[i + 1], (x_next, x), t, v)
+        x = x_next
+    return x
+
