@@ -301,6 +301,9 @@ def test_command_line_overrides_shrink_every_run_and_run_stage(tmp_path):
     sw = load_sweep(staged, ["train.steps=3"])
     assert sw.stages[0].overrides == ["train.steps=50", "train.steps=3"] and sw.configs["teacher"][0].train.steps == 3
     assert sw.configs["lr=0.001"][0].train.steps == 3
+    named = _write_sweep(tmp_path, BASE + '[[axis]]\nvariants = [{ name = "wide", overrides = ["model.dim=64"] }, { name = "base" }]\n')
+    with pytest.raises(GenlabError, match="model.dim is what this sweep's variants differ in \\(64\\)"):
+        load_sweep(named, ["model.dim=16"])  # the one variant that sets it would become the other
 
 
 @pytest.mark.parametrize("overrides,needle", [

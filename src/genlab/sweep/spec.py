@@ -167,11 +167,13 @@ def split_cli(items: list[str]) -> tuple[dict, list[str]]:
 
 
 def _varied(cli: list[str], combos: list, src: str) -> None:
-    """A command-line config key the variants set differently would make them one run under several names."""
+    """A command-line config key the variants set differently (or only some set) would make them one run under
+    several names."""
     for o in cli:
         key = o.split("=", 1)[0].strip()
-        values = {x.split("=", 1)[1].strip() for _, ov, _, _ in combos for x in ov if x.split("=", 1)[0].strip() == key}
-        if len(values) > 1:
+        sets = [{x.split("=", 1)[1].strip() for x in ov if x.split("=", 1)[0].strip() == key} for _, ov, _, _ in combos]
+        values = set().union(*sets)
+        if len(values) > 1 or (values and not all(sets)):
             raise GenlabError(f"{src}: '{o}': {key} is what this sweep's variants differ in ({', '.join(sorted(values))}); "
                               "pick variants with --only instead")
 
