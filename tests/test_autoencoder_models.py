@@ -189,7 +189,7 @@ def test_run_codec_needs_the_latent_statistics(trained, tmp_path):
     with pytest.raises(GenlabError, match="genlab eval") as e:
         load_autoencoder(f"run:{lone / ckpt.name}")
     assert one_line(e)
-    with pytest.raises(GenlabError, match="neither a run folder nor a checkpoint"):
+    with pytest.raises(GenlabError, match="nope' does not exist; give a run folder"):
         load_autoencoder(f"run:{tmp_path / 'nope'}")
 
 

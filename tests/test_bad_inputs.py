@@ -209,7 +209,7 @@ CASES = [
     ("lcm key with flow", T + ["method.lcm_skip=2"], "method.lcm_skip"),
     ("flow_map sampler on a flow run", T + ["method.sampler=flow_map"], "flow_map"),
     # data generate pairs
-    ("pairs from a missing run", ["data", "generate", "pairs", "{tmp}/missing", "--out", "{tmp}/p"], "missing' is neither"),
+    ("pairs from a missing run", ["data", "generate", "pairs", "{tmp}/missing", "--out", "{tmp}/p"], "missing' does not exist"),
     ("pairs zero count", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--n", "0"], "--n"),
     ("pairs zero steps", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--steps", "0"], "--steps"),
     ("pairs zero batch", ["data", "generate", "pairs", "{run}", "--out", "{tmp}/p", "--batch", "0"], "--batch"),

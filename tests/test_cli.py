@@ -46,6 +46,12 @@ def test_unknown_preset_and_missing_dataset(tmp_path, capfd):
     assert not (tmp_path / "runs").exists()
 
 
+def test_misspelt_preset_gets_a_did_you_mean(capfd):
+    with pytest.raises(GenlabError, match=r"config 'mnist_flw' not found \(did you mean 'mnist_flow'\?\); presets: .*digits_flow"):
+        load_config("mnist_flw")
+    _one_line_error(cli_in_process(capfd, "config", "digit_flow"), "(did you mean 'digits_flow'?)")
+
+
 def test_config_layers_and_types():
     cfg = load_config(None, ["model.depth=12", "optim.lr=3e-4", "optim.betas=[0.9,0.95]", "log.tensorboard=false"])
     assert cfg.model.depth == 12 and cfg.optim.lr == 3e-4 and cfg.optim.betas == (0.9, 0.95)

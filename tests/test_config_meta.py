@@ -94,6 +94,17 @@ def test_docs_config_md_is_current():
     assert doc == markdown(), "docs/config.md is stale: run `python -m genlab.config.doc > docs/config.md`"
 
 
+def test_docs_config_md_rows_are_one_line_each_with_five_cells():
+    """A multi-line default (tomli-w writes arrays over several lines) used to break the table."""
+    import re
+    from genlab.config.doc import markdown
+    rows = [line for line in markdown().splitlines() if line.startswith("| `")]
+    assert len(rows) > 200 and "| `betas` | `[0.9, 0.99]` |" in markdown()
+    for section in markdown().split("\n## [")[1:]:  # "data]", a blank line, then the table to the end
+        for row in section.split("\n\n", 1)[1].strip().splitlines():
+            assert row.startswith("| ") and row.endswith(" |") and len(re.split(r"(?<!\\)\|", row)) == 7, row
+
+
 def test_genlab_config_prints_the_resolved_config_with_descriptions(capsys):
     from genlab.cli import main
     assert main(["config", "text_ar", "optim.lr=3e-4"]) == 0

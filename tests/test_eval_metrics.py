@@ -510,3 +510,31 @@ def test_trace_sqrt_product_cholesky_and_eigh_paths_agree_with_the_commuting_clo
                 np.linalg.cholesky(s1)  # the case really is singular to LAPACK, so the fallback path runs
         tol = 1e-10 * np.sqrt(a * b).sum() if a.min() > 0 else 40 * np.sqrt(np.finfo(float).eps * 27)
         assert abs(trace_sqrt_product(s1, s2) - np.sqrt(a * b).sum()) < tol
+
+
+def test_the_feature_classifier_is_cached_per_dataset_and_reads_a_memmap_without_warning(tmp_path, monkeypatch):
+    """The first evaluation of a dataset trains the classifier (minutes on MNIST on a CPU); later ones load it, keyed by
+    the data's checksum and the epochs. A prepared dataset is a read-only memmap: no tensor may wrap it uncopied
+    (torch's "The given NumPy array is not writable" warning, once per process, so checked at the call)."""
+    from genlab.config import load_config
+    from genlab.data.datasets import build_dataset
+    from genlab.data.formats import read_image_dataset, write_image_dataset
+    from genlab.eval import classifier as C
+    monkeypatch.setenv("GENLAB_CACHE", str(tmp_path / "cache"))
+    digits = build_dataset(load_config(None).data)
+    write_image_dataset(tmp_path / "ds", np.asarray(digits.images), np.asarray(digits.labels), digits.classes, "test")
+    data = read_image_dataset(tmp_path / "ds")
+    assert not data.images.flags.writeable
+    real = torch.from_numpy
+
+    def writable_only(a):
+        assert a.flags.writeable, "torch.from_numpy of a read-only array"
+        return real(a)
+    monkeypatch.setattr(torch, "from_numpy", writable_only)
+    monkeypatch.setattr(C, "_learned", lambda k: 0.0)  # cache whatever one epoch learns
+    net, acc = C.get_classifier(data, epochs=1)
+    entry = tmp_path / "cache" / "classifiers" / f"{data.meta['sha256'][:16]}-e1.pt"
+    assert sorted((tmp_path / "cache" / "classifiers").iterdir()) == [entry]
+    monkeypatch.setattr(C, "train_classifier", lambda *a, **k: pytest.fail("trained again, with a cached entry"))
+    again, acc2 = C.get_classifier(read_image_dataset(tmp_path / "ds"), epochs=1)
+    assert acc2 == acc and all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), again.state_dict().values()))

@@ -110,3 +110,21 @@ def test_timestep_samplers_distribution():
     ln = logit_normal(100000, g, "cpu")
     logits = torch.log(ln / (1 - ln))
     assert abs(logits.mean().item()) < 0.02 and abs(logits.std().item() - 1) < 0.02
+
+
+@pytest.mark.parametrize("n,k", [(64, 10), (20, 10), (5, 10), (64, 3), (64, 16)])
+def test_sample_grid_is_laid_out_by_class(tmp_path, n, k):
+    """`genlab sample --n N`: every grid column holds one class, whatever N (64 of 10 classes used to wrap at 8)."""
+    import numpy as np
+    from PIL import Image
+    fm = FlowMatching(load_config(None, []), {"num_classes": k, "image_size": 4, "channels": 1})
+    # each sample a flat image whose level encodes its class
+    fm.draw = lambda model, n, class_id=None, device=None, **_: (
+        fm.labels_for(n, class_id, None, device).float().view(-1, 1, 1, 1).expand(n, 1, 4, 4) * 2 / k - 1)
+    out = fm.sample_to_file(None, tmp_path / "g.png", n=n, device="cpu")
+    grid = np.asarray(Image.open(out))[::16, ::16]  # save_grid draws 4-px images 16x larger, 1-px gaps
+    cols, rows = (grid.shape[1] - 1) // 5, (grid.shape[0] - 1) // 5
+    assert (cols % k == 0 or cols == n < k) and rows == -(-n // cols)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        assert round(grid[1 + r * 5, 1 + c * 5] / 255 * k) == c % k, (i, r, c)

@@ -204,7 +204,7 @@ mlp_registry.get("swiglu_liger")(16, 64)(torch.randn(2, 3, 16)).sum().backward()
 from genlab.nn.attention import Attention
 Attention(16, 2, qk_norm=True, qkv_kernel="triton")(torch.randn(2, 3, 16)).sum().backward()
 bad = [m for m in sys.modules if m.split(".")[0] in ("liger_kernel", "cut_cross_entropy")
-       or m.startswith("genlab.models.") and m.endswith("_kernels")]
+       or m.startswith("genlab.nn.") and m.endswith("_kernels")]
 print("BAD", bad)
 """
     import tempfile

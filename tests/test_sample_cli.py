@@ -73,3 +73,11 @@ def test_sample_help_shows_defaults(capfd):
     for s in ("(default: 64)", "--length LENGTH", "(default: the run's method.sample_len, else data.seq_len)",
               "(default: 0)", "(default: auto)", "(default: the run's method.sample_steps)"):
         assert s in flat, s
+
+
+@pytest.mark.parametrize("cmd", [["sample"], ["eval"], ["train", "--resume"]])
+def test_a_run_path_that_does_not_exist_is_reported_as_missing(tmp_path, capfd, cmd):
+    r = cli_in_process(capfd, *cmd, str(tmp_path / "no_such_run"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"genlab: error: '{tmp_path / 'no_such_run'}' does not exist; give a run folder, "
+                                             "a checkpoint file (step_N.pt) or an exported folder"]

@@ -286,6 +286,64 @@ def test_shipped_sweep_runs_by_name_from_any_folder(tmp_path, capsys, monkeypatc
     assert "did you mean 'dtype'?" in capsys.readouterr().err
 
 
+def test_command_line_overrides_shrink_every_run_and_run_stage(tmp_path):
+    """`genlab sweep NAME key=value ...`: sweep keys replace the file's, config keys go last on every run and run stage."""
+    from genlab.lab.sweep.runner import _command
+    sw = load_sweep("tiny_cpu", ["steps=4", "seeds=0,1", "model.dim=16", "data.name=digits", "launcher=cpu"])
+    assert sw.steps == 4 and sw.seeds == [0, 1] and sw.launcher == "cpu" and len(sw.variants) == 6
+    for v in sw.variants:
+        assert v.overrides[-3:-1] == ["model.dim=16", "data.name=digits"] and "train.steps=4" in v.overrides
+        cfg, _ = sw.configs[v.name]
+        assert (cfg.model.dim, cfg.train.steps, cfg.train.device) == (16, 4, "cpu")
+        assert "model.dim=16" in _command(sw, v, tmp_path / "runs", resume=False)
+    staged = _write_sweep(tmp_path, BASE + '[[stage]]\nname = "teacher"\npreset = "digits_flow"\noverrides = ["train.steps=50"]\n'
+                                           '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
+    sw = load_sweep(staged, ["train.steps=3"])
+    assert sw.stages[0].overrides == ["train.steps=50", "train.steps=3"] and sw.configs["teacher"][0].train.steps == 3
+    assert sw.configs["lr=0.001"][0].train.steps == 3
+    named = _write_sweep(tmp_path, BASE + '[[axis]]\nvariants = [{ name = "wide", overrides = ["model.dim=64"] }, { name = "base" }]\n')
+    with pytest.raises(GenlabError, match="model.dim is what this sweep's variants differ in \\(64\\)"):
+        load_sweep(named, ["model.dim=16"])  # the one variant that sets it would become the other
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["train.device=cuda"], 'train.device=cuda does not go with launcher = "cpu"'),
+    (["launcher=torchrun", "train.device=cuda"], "train.device=cuda but no CUDA device is visible"),
+    (["launcher=gpu"], 'launcher = "gpu" but no CUDA device is visible'),
+    (["data.name=images", "data.path=no_such_folder"], "variant 'lr=0.001': no dataset at 'no_such_folder'"),
+    (["model.dimm=16"], "command line: unknown config key 'model.dimm'"),
+    (["stepz=4"], "neither a sweep key (steps, seeds, launcher, nproc, timeout) nor a config key section.key=value (did you mean 'steps'?)"),
+    (["steps=0"], "steps must be a positive int"),
+    (["launcher=slurm"], "unknown launcher 'slurm'; valid: cpu, gpu, per_gpu, torchrun"),
+    (["optim.lr=1e-3"], "optim.lr is what this sweep's variants differ in (0.001, 0.003, 0.01); pick variants with --only"),
+    (["train.seed=3"], "command line: 'train.seed=3' is set by the sweep itself"),
+    (["train.precision=float8_rowwise"], "variant 'lr=0.001': float8 precision needs an SM89+/SM90 CUDA GPU"),
+])
+def test_dry_run_makes_every_check_the_run_makes(tmp_path, capsys, overrides, needle):
+    """--dry-run exits 2 with one line where the run would fail: no device, no data, a bad key; it creates nothing."""
+    if "CUDA" in needle and __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is visible")
+    for dry in (["--dry-run"], []):
+        assert genlab_main(["sweep", "tiny_cpu", *overrides, *dry, "--root", str(tmp_path / "sweeps")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_sweep_folder_refuses_runs_with_other_command_line_overrides(tmp_path, capsys, monkeypatch):
+    """Its finished runs would be skipped as done: a re-run with other overrides would mix two sweeps in one table."""
+    from genlab.lab.sweep import runner
+    monkeypatch.setattr(runner, "run_variant", lambda sw, v, d, gpus=None: {"status": "finished", "log": "", "run_dir": ""})
+    root = ["--root", str(tmp_path / "sweeps")]
+    assert genlab_main(["sweep", "tiny_cpu", "steps=4", *root]) == 0
+    assert json.loads((tmp_path / "sweeps" / "tiny_cpu" / "overrides.json").read_text()) == ["steps=4"]
+    capsys.readouterr()
+    for other in (["steps=5"], []):
+        assert genlab_main(["sweep", "tiny_cpu", *other, "--dry-run", *root]) == 2
+        assert "has runs made with the overrides [steps=4], not [" in capsys.readouterr().err
+    assert genlab_main(["sweep", "tiny_cpu", "steps=4", "--dry-run", *root]) == 0
+
+
 def test_gpu_launcher_without_gpu_fails_before_anything_runs(tmp_path, capsys):
     if __import__("torch").cuda.is_available():
         pytest.skip("a GPU is visible")

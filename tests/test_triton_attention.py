@@ -125,7 +125,7 @@ def test_triton_backend_refuses_clearly_without_cuda(monkeypatch):
 def test_triton_backend_is_registered():
     from genlab.config.tree import load_config
     from genlab.core.registry import attention_registry
-    import genlab.models  # noqa: F401
+    import genlab.nn  # noqa: F401
     assert "triton" in attention_registry
     assert load_config("bench_longseq", ["model.attention=triton"]).model.attention == "triton"
 

@@ -129,7 +129,7 @@ def test_sigmoid_entry_stays_plain_on_cpu_and_names_the_triton_path():
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         assert not supports(q, k, v)  # CPU tensors: not the Triton path
     assert "Triton" in attention_registry.doc("sigmoid") and "Flex" in attention_registry.doc("sigmoid_flex")
-    code = "import sys, genlab.models; print('genlab.nn.triton_sigmoid_kernels' in sys.modules, 'triton' in sys.modules)"
+    code = "import sys, genlab.nn; print('genlab.nn.triton_sigmoid_kernels' in sys.modules, 'triton' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -145,7 +145,7 @@ def test_without_triton_both_kernel_paths_refuse_in_one_line(monkeypatch):
     from genlab.nn import triton_attention, triton_sigmoid
     monkeypatch.setitem(sys.modules, "triton", None)
     for name in ("triton_attention_kernels", "triton_sigmoid_kernels"):
-        monkeypatch.delitem(sys.modules, f"genlab.models.{name}", raising=False)
+        monkeypatch.delitem(sys.modules, f"genlab.nn.{name}", raising=False)
     monkeypatch.setattr(triton_attention, "_LOADED", {})
     with pytest.raises(GenlabError, match=r"needs the 'triton' package \(ModuleNotFoundError: .*valid choices"):
         triton_attention.check_available(64)

@@ -495,28 +495,3 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
 
 
 # -- layers ----------------------------------------------------------------------------------------------
-def _genlab_imports(path: Path) -> set[str]:
-    """Every genlab module a file imports, at any level (lazy imports inside functions included)."""
-    import ast
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in out if m.startswith("genlab")}
-
-
-def test_world_family_layers_import_no_front_end_and_eval_no_method():
-    """Episodes and windows (data/), rollout evaluation and videos (eval/) and the method (families/world/) never
-    import the front-end tools of genlab.world, and the rollout evaluation imports no method: the cycles
-    methods/world <-> evaluation and data -> world -> data cannot come back."""
-    import genlab
-    src = Path(genlab.__file__).parent
-    layers = [*(src / "data").glob("*.py"), *(src / "eval").glob("*.py"), *(src / "methods").rglob("*.py")]
-    for path in layers:
-        bad = sorted(m for m in _genlab_imports(path) if m == "genlab.world" or m.startswith("genlab.world."))
-        assert not bad, f"{path.relative_to(src)} imports {bad}"
-    for name in ("rollouts.py", "video.py"):
-        bad = sorted(m for m in _genlab_imports(src / "eval" / name) if m.startswith("genlab.methods"))
-        assert not bad, f"eval/{name} imports {bad}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
+from pathlib import Path
 from typing import get_type_hints
 
 from genlab.config.fields import check_value, meta_of
@@ -356,11 +357,14 @@ def _check_components(cfg):
 def check_data_on_disk(cfg) -> None:
     """Files a config names that must exist before training starts (the trainer calls this before it creates the run
     folder; load_config does not, so presets that name a folder you prepare later still load)."""
+    from genlab.core.registry import dataset_registry
+    if dataset_registry.spec(cfg.data.name).needs_path and not Path(cfg.data.path).exists():
+        raise GenlabError(f"no dataset at '{cfg.data.path}' (no such folder); data.name={cfg.data.name} reads a folder "
+                          "made by `genlab data` (prepare, encode, collect, generate)")
     if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
         if not _is_prepared(cfg.eval.val_path):  # found now, not after training
             raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
                               f"(no readable images.npy + meta.json)")
-    from genlab.core.registry import dataset_registry
     eval_check = dataset_registry.spec(cfg.data.name).eval_check
     if eval_check is not None and cfg.eval.num_samples > 0:
         eval_check(cfg)

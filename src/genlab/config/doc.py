@@ -35,6 +35,13 @@ def annotated_toml(cfg: Config) -> str:
     return "\n".join(out) + "\n"
 
 
+def _inline(value) -> str:
+    """A default as one line of TOML: tomli-w writes arrays over several lines, which would break a table row."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_inline(v) for v in value) + "]"
+    return _toml_line("x", value)[4:]
+
+
 def _md(text) -> str:
     return str(text).replace("|", "\\|")
 
@@ -75,7 +82,7 @@ def markdown() -> str:
         for f, typ in fields:
             m = meta_of(f)
             note = m["doc"]
-            default = _toml_line("x", defaults[sec][f.name])[4:]
+            default = _inline(defaults[sec][f.name])
             by = _read_by(who.get(f"{sec}.{f.name}", [])) or "every run"
             out.append(f"| `{f.name}` | `{_md(default)}` | {_md(describe_range(f, typ, names=False))} | {_md(note)} | {_md(by)} |")
     return "\n".join(out) + "\n"

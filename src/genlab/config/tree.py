@@ -131,7 +131,7 @@ def resolve_preset_path(name_or_path: str) -> Path:
         if cand.exists():
             return cand
     presets = sorted(x.stem for x in CONFIG_DIR.glob("*.toml"))
-    raise GenlabError(f"config '{name_or_path}' not found; presets: {', '.join(presets)} (or a path to a .toml file)")
+    raise GenlabError(f"config '{name_or_path}' not found{did_you_mean(p.stem, presets)}; presets: {', '.join(presets)} (or a path to a .toml file)")
 
 
 def load_toml(path: Path) -> dict:

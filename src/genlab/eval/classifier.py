@@ -51,8 +51,9 @@ def _train_classifier(images_u8, labels, num_classes, epochs, device, seed, batc
     perm = torch.randperm(n, generator=g).numpy()
     n_val = max(1, n // 10)
     val, tr = perm[:n_val], perm[n_val:]
-    x = to_model(torch.from_numpy(np.ascontiguousarray(images_u8))).to(device)
-    y = torch.from_numpy(np.asarray(labels, dtype=np.int64)).to(device)
+    # copies: a prepared dataset is a read-only memmap, and torch warns on a tensor over a non-writable array
+    x = to_model(torch.from_numpy(np.array(images_u8))).to(device)
+    y = torch.from_numpy(np.array(labels, dtype=np.int64)).to(device)
     net = SmallConvNet(x.shape[1], num_classes).to(device)
     # scale the epoch count down for large datasets so the classifier costs about the same
     epochs = max(2, min(epochs, int(epochs * 20000 / max(len(tr), 1))))
@@ -93,7 +94,8 @@ def _learned(num_classes: int) -> float:
 
 
 def get_classifier(data, device="cpu", epochs: int = 30):
-    """Load the cached classifier for this dataset (keyed by its checksum), or train and cache it."""
+    """Load the cached classifier for this dataset, or train and cache it: one entry per dataset and setting,
+    $GENLAB_CACHE/classifiers/<data sha256[:16]>-e<epochs>.pt, so only a dataset's first evaluation trains it."""
     spec = data.spec
     key = (data.meta.get("sha256") or "nokey")[:16]
     path = cache_dir() / "classifiers" / f"{key}-e{epochs}.pt"

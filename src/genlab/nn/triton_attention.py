@@ -52,7 +52,7 @@ _LOADED: dict = {}
 
 
 def load_kernels(name: str):
-    """The kernels module genlab.models.<name> (imports triton on first use), or the exception its import raised
+    """The kernels module genlab.nn.<name> (imports triton on first use), or the exception its import raised
     (no triton, or a broken install); cached either way. Shared by the softmax and sigmoid backends."""
     if name not in _LOADED:
         try:

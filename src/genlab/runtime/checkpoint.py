@@ -72,6 +72,8 @@ def resolve_checkpoint(path_or_run) -> Path:
             return ckpts[-1]
         raise GenlabError(f"no checkpoint in '{p}' (expected {p}/checkpoints/step_*.pt, or genlab.json in an "
                           f"exported folder)")
+    if not p.exists():  # a typo or a wrong folder: say so, not what kind of thing it is not
+        raise GenlabError(f"'{p}' does not exist; give a run folder, a checkpoint file (step_N.pt) or an exported folder")
     raise GenlabError(f"'{p}' is neither a run folder nor a checkpoint file")
 
 

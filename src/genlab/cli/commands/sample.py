@@ -48,7 +48,7 @@ def add_parser(sub):
                    help="sampler steps: flow ODE steps, mdlm denoising steps (default: the run's method.sample_steps); "
                         "autoregressive: new tokens, as --length")
     s.add_argument("--cfg", type=float, default=None, help="classifier-free guidance scale (default: the run's method.cfg_scale)")
-    s.add_argument("--class", dest="class_id", type=int, default=None, help="class id (default: cycle over classes)")
+    s.add_argument("--class", dest="class_id", type=int, default=None, help="class id (default: cycle over classes, each grid column one class)")
     s.add_argument("--sampler", default=None, help="flow sampler, e.g. euler, heun (default: the run's method.sampler)")
     s.add_argument("--seed", type=int, default=0, help="random seed")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

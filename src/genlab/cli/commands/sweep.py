@@ -1,4 +1,4 @@
-"""`genlab sweep SWEEP.toml|NAME` runs an ablation sweep; `genlab sweep report DIR [--compare DIR2]` rebuilds
+"""`genlab sweep SWEEP.toml|NAME [key=value ...]` runs an ablation sweep; `genlab sweep report DIR [--compare DIR2]` rebuilds
 its report. The sweep itself (spec, expand, sizes, runner, report) is the genlab.lab.sweep package, imported when the
 command runs."""
 from __future__ import annotations
@@ -41,34 +41,15 @@ def cmd_sweep(args):
         raise GenlabError("--compare goes with `genlab sweep report DIR --compare DIR2`")
     if args.partial:
         raise GenlabError("--partial goes with `genlab sweep report DIR --partial`")
-    if len(items) != 1:
-        raise GenlabError("usage: genlab sweep SWEEP.toml|NAME  (or: genlab sweep report DIR)")
-    from genlab.lab.sweep.runner import choose_gpus, run_sweep, visible_gpus
+    if any("=" not in x for x in items[1:]):
+        raise GenlabError("usage: genlab sweep SWEEP.toml|NAME [key=value ...]  (or: genlab sweep report DIR)")
+    from genlab.lab.sweep.runner import run_sweep
     from genlab.lab.sweep.spec import load_sweep, select
-    sw = select(load_sweep(items[0]), args.only)  # validates every variant before anything runs
+    sw = select(load_sweep(items[0], items[1:]), args.only)  # validates every variant before anything runs
+    gpus = _check(sw, args)  # --dry-run makes every check the run makes
     if args.dry_run:
-        print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.stages) + len(sw.variants)} runs")
-        for st in sw.stages:
-            print(f"  stage {st.name}: " + (f"genlab {' '.join(st.command)}" if st.command else f"{st.preset} {' '.join(st.overrides)}")
-                  + (f"; then genlab eval {' '.join(st.eval)}" if st.eval else ""))
-        for v in sw.variants:
-            print(f"  {v.run_name}: " + (f"{v.preset} " if v.preset else "") + " ".join(v.overrides)
-                  + (f"  (nproc {v.nproc})" if v.nproc > 1 else "") + (f"; then genlab eval {' '.join(v.eval)}" if v.eval else ""))
+        _print_plan(sw)
         return 0
-    if args.max_time is not None and args.max_time < 0:
-        raise GenlabError(f"--max-time must be >= 0 seconds, got {args.max_time}")
-    if args.timeout is not None:
-        if args.timeout <= 0:
-            raise GenlabError(f"--timeout must be > 0 seconds, got {args.timeout}")
-        sw.timeout = args.timeout
-    if args.jobs_per_gpu < 1:
-        raise GenlabError(f"--jobs-per-gpu must be >= 1, got {args.jobs_per_gpu}")
-    if args.jobs_per_gpu > 1 and sw.launcher not in ("gpu", "per_gpu"):
-        raise GenlabError(f"--jobs-per-gpu needs launcher gpu or per_gpu; sweep '{sw.name}' has launcher \"{sw.launcher}\"")
-    if sw.launcher in ("gpu", "per_gpu") and visible_gpus() == 0:
-        raise GenlabError(f"sweep '{sw.name}' has launcher = \"{sw.launcher}\" but no CUDA device is visible; "
-                          "use launcher = \"cpu\" to run it here")
-    gpus = None if args.gpus is None else choose_gpus(args.gpus, sw.launcher, visible_gpus())
     try:
         d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed, max_time=args.max_time,
                       jobs_per_gpu=args.jobs_per_gpu, gpus=gpus)
@@ -82,11 +63,42 @@ def cmd_sweep(args):
     return 0 if all(s in ("finished", "skipped") for s in mine) else 1
 
 
+def _check(sw, args) -> list[int] | None:
+    """The options, the machine and every run's files, before anything runs; the GPUs chosen with --gpus."""
+    from genlab.lab.sweep.runner import check_runs, choose_gpus, visible_gpus
+    if args.max_time is not None and args.max_time < 0:
+        raise GenlabError(f"--max-time must be >= 0 seconds, got {args.max_time}")
+    if args.timeout is not None:
+        if args.timeout <= 0:
+            raise GenlabError(f"--timeout must be > 0 seconds, got {args.timeout}")
+        sw.timeout = args.timeout
+    if args.jobs_per_gpu < 1:
+        raise GenlabError(f"--jobs-per-gpu must be >= 1, got {args.jobs_per_gpu}")
+    if args.jobs_per_gpu > 1 and sw.launcher not in ("gpu", "per_gpu"):
+        raise GenlabError(f"--jobs-per-gpu needs launcher gpu or per_gpu; sweep '{sw.name}' has launcher \"{sw.launcher}\"")
+    check_runs(sw, args.root)
+    return None if args.gpus is None else choose_gpus(args.gpus, sw.launcher, visible_gpus())
+
+
+def _print_plan(sw):
+    print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.stages) + len(sw.variants)} runs"
+          + (f"; command-line overrides: {' '.join(sw.cli)}" if sw.cli else ""))
+    for st in sw.stages:
+        print(f"  stage {st.name}: " + (f"genlab {' '.join(st.command)}" if st.command else f"{st.preset} {' '.join(st.overrides)}")
+              + (f"; then genlab eval {' '.join(st.eval)}" if st.eval else ""))
+    for v in sw.variants:
+        print(f"  {v.run_name}: " + (f"{v.preset} " if v.preset else "") + " ".join(v.overrides)
+              + (f"  (nproc {v.nproc})" if v.nproc > 1 else "") + (f"; then genlab eval {' '.join(v.eval)}" if v.eval else ""))
+
+
 def add_parser(sub):
     p = sub.add_parser("sweep", help="run an ablation sweep (genlab sweep FILE.toml or a shipped sweep's NAME) or rebuild its report (genlab sweep report DIR)")
-    p.add_argument("items", nargs="+", metavar="SWEEP.toml | NAME | report DIR",
-                   help="a sweep file, the name of a shipped sweep (genlab list), or: report DIR")
-    p.add_argument("--dry-run", action="store_true", help="validate and list the runs without running them")
+    p.add_argument("items", nargs="+", metavar="SWEEP.toml | NAME [key=value ...] | report DIR",
+                   help="a sweep file or the name of a shipped sweep (genlab list), then overrides for every run: "
+                        "sweep keys (steps=20, launcher=cpu, seeds=0,1, nproc, timeout) or config keys (model.dim=64); "
+                        "or: report DIR")
+    p.add_argument("--dry-run", action="store_true",
+                   help="make every check the run would make (devices, data folders), list the runs, run nothing")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="run only these variants (variant or run names, comma-separated or repeated)")
     p.add_argument("--retry-failed", action="store_true", help="run failed and skipped variants again")

@@ -237,19 +237,26 @@ class FlowMatching(Method):
 
     def sample_to_file(self, model, out, *, n=64, steps=None, generator=None, device=None, class_id=None, cfg_scale=None,
                        sampler=None, **_):
-        """A PNG grid: one column per class when n is a multiple of the class count (up to 16 classes)."""
+        """A PNG grid laid out by class: every column one class (grid_columns)."""
         from genlab.data.pixels import to_pixels
         from genlab.eval.image_quality import save_grid
         imgs = to_pixels(self.draw(model, n, steps=steps, generator=generator, device=device, class_id=class_id,
                                    cfg_scale=cfg_scale, sampler=sampler))
-        k = self.spec["num_classes"]
-        cols = k if class_id is None and n % k == 0 and k <= 16 else int(n ** 0.5 + 0.999)
+        cols = grid_columns(n, self.spec["num_classes"], class_id)
         return save_grid(imgs, (n + cols - 1) // cols, cols, out)
 
     def preview(self, model, path, ctx):
         from genlab.eval.image_quality import save_class_grid
         return save_class_grid(self, model, path, ctx)
 
+
+def grid_columns(n: int, k: int, class_id=None) -> int:
+    """Columns of a grid of n samples whose labels cycle over k classes: a multiple of k (or n < k), so that each
+    column holds one class whatever n is (--n 64 of 10 classes: 10 wide, the last row short); square for one
+    class or more than 16 (no layout lines those up)."""
+    if class_id is not None or not 2 <= k <= 16:
+        return int(n ** 0.5 + 0.999)
+    return min(n, k * max(1, int(n ** 0.5) // k))
 
 
 def check_sampler_conditions(method_name: str, samplers) -> None:

@@ -1,6 +1,6 @@
 """Sweeps: vary one thing, keep the rest fixed, compare — one command, one table, a few plots.
 
-    genlab sweep SWEEP.toml|NAME [--dry-run] [--only NAME[,NAME]] [--retry-failed] [--max-time S] [--timeout S]
+    genlab sweep SWEEP.toml|NAME [key=value ...] [--dry-run] [--only NAME[,NAME]] [--retry-failed] [--max-time S] [--timeout S]
                  [--root sweeps]
     genlab sweep report DIR [--compare DIR2]
 

@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from genlab.config.check import check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.core.files import held
 from genlab.lab.sweep.spec import Sweep, Variant
@@ -85,6 +86,55 @@ def choose_gpus(spec: str, launcher: str, visible: int) -> list[int]:
     if twice:
         raise GenlabError(f"--gpus {spec}: GPU {twice[0]} is listed twice")
     return ids
+
+
+def check_runs(sw: Sweep, root="sweeps") -> None:
+    """What each run's `genlab train` would refuse before starting, refused before the sweep starts (--dry-run too):
+    a GPU launcher or train.device=cuda without a GPU, a data folder that is not there, a sweep folder of runs made
+    with other command-line overrides."""
+    gpus = visible_gpus()
+    if sw.launcher in ("gpu", "per_gpu") and gpus == 0:
+        raise GenlabError(f"sweep '{sw.name}' has launcher = \"{sw.launcher}\" but no CUDA device is visible; "
+                          "use launcher = \"cpu\" to run it here (genlab sweep NAME launcher=cpu)")
+    names = [s.name for s in sw.stages if s.is_run] + list(dict.fromkeys(v.name for v in sw.variants))
+    for name in names:
+        cfg, reads_stage = sw.configs[name]
+        try:
+            _check_device(cfg.train.device, sw.launcher, gpus)
+            _check_build(cfg, sw.launcher, gpus)
+            if not reads_stage:  # a stage's output is made by the sweep itself
+                check_data_on_disk(cfg)
+        except GenlabError as e:
+            raise GenlabError(f"{sw.path}: {'stage' if name in sw.stage_map else 'variant'} '{name}': {e}") from None
+    _check_same_overrides(sw, sweep_dir(sw, root))
+
+
+def _check_device(device: str, launcher: str, gpus: int) -> None:
+    if device.startswith("cuda") and launcher == "cpu":
+        raise GenlabError(f"train.device={device} does not go with launcher = \"cpu\" (every run on the CPU); "
+                          "give launcher=gpu, or leave train.device at auto")
+    if device.startswith("cuda") and gpus == 0:
+        raise GenlabError(f"train.device={device} but no CUDA device is visible; valid here: auto, cpu")
+
+
+def _check_build(cfg, launcher: str, gpus: int) -> None:
+    """The trainer's device checks before it builds a model (float8 precision needs an H100-class GPU)."""
+    import torch
+    from genlab.core.registry import precision_registry
+    from genlab.nn.convert import check_converters, converters_of
+    device = torch.device("cuda:0" if launcher != "cpu" and gpus > 0 and cfg.train.device != "cpu" else "cpu")
+    precision_registry.get(cfg.train.precision)(device)
+    check_converters(converters_of(cfg), device)
+
+
+def _check_same_overrides(sw: Sweep, d: Path) -> None:
+    """One sweep folder, one set of command-line overrides: its finished runs are skipped, not redone."""
+    if not (d / "status.json").exists():
+        return
+    had = json.loads((d / "overrides.json").read_text()) if (d / "overrides.json").exists() else []
+    if had != sw.cli:
+        raise GenlabError(f"sweep folder '{d}' has runs made with the overrides [{' '.join(had) or 'none'}], not "
+                          f"[{' '.join(sw.cli) or 'none'}]; give those, or another --root")
 
 
 def _summary_status(run: Path) -> str | None:
@@ -410,6 +460,7 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
 def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time: float | None, jobs_per_gpu: int,
                gpus: list[int] | None) -> Path:
     shutil.copyfile(sw.path, d / "sweep.toml")
+    (d / "overrides.json").write_text(json.dumps(sw.cli))  # what its runs were made with (check_runs)
     status = load_status(d)
     order = sw.order or [v.run_name for v in sw.variants]  # sweep-file order, also under --only
     todo = todo_runs(sw, d, status, retry_failed)

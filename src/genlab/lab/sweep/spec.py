@@ -22,6 +22,10 @@
                                      # type="matched_params" (variants at a reference DiT's parameter count)
     [[stage]] ...                    # runs and commands before the variants, eval = [...], reference: genlab.lab.sweep.stages
 
+On the command line, `genlab sweep NAME key=value ...` shrinks or moves a sweep without editing its file: a sweep key
+(steps=20, launcher=cpu, seeds=0,1, nproc, timeout) replaces the file's, a config key (model.dim=64, data.path=...)
+is set last on every run and run stage (not on a key the variants differ in).
+
 Everything, including every variant's full config, is checked before anything runs.
 """
 from __future__ import annotations
@@ -34,11 +38,13 @@ from genlab.config.check import VARIANT_KEYS, member_name
 from genlab.config.fields import did_you_mean
 from genlab.core.errors import GenlabError
 from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
-from genlab.lab.sweep.stages import check_placeholders, needs, parse_stages, resolve
+from genlab.lab.sweep.stages import check_placeholders, needs, parse_stages, references, resolve
 
 TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "batched_variants", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
             "axis", "stage", "eval", "reference", "fd_target"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
+# sweep keys `genlab sweep NAME key=value` may replace
+CLI_KEYS = ("steps", "seeds", "launcher", "nproc", "timeout")
 # the runner owns these: every run's folder, name and seed come from the sweep
 RESERVED = ("train.out_dir", "train.name", "train.resume", "train.seed", "train.seeds", "train.lrs", "train.weight_decays",
             "train.ema_decays")
@@ -64,6 +70,8 @@ class Sweep:
     reference: str | None = None                # the run the report's ratios divide by
     batched_seeds: bool = False                 # each variant's seeds in one batched process (train.seeds)
     batched_variants: bool = False              # variants differing in batchable grid axes too (Variant.batch)
+    cli: list = field(default_factory=list)     # `genlab sweep NAME key=value ...` overrides, as given
+    configs: dict = field(default_factory=dict)  # run stage or variant name -> (its checked config, reads a stage's data)
 
     @property
     def stage_map(self) -> dict:
@@ -130,6 +138,51 @@ def resolve_sweep_path(name_or_path) -> Path:
                       f"shipped sweeps: {', '.join(shipped_sweeps())} (or a path to a .toml file)")
 
 
+def _cli_value(key: str, text: str):
+    """A TOML value (20, [0, 1], "cpu"), else the bare word (cpu); seeds also as 0,1 or 3, as train.seeds takes them."""
+    import tomllib
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    if key == "seeds" and isinstance(value, (int, str)) and str(value).replace(",", "").isdigit():
+        return [int(x) for x in str(value).split(",")]
+    return value
+
+
+def split_cli(items: list[str]) -> tuple[dict, list[str]]:
+    """Command-line overrides: {sweep key: value} and the config overrides (section.key=value)."""
+    top, config = {}, []
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if eq and "." in key:
+            config.append(item)
+        elif eq and key in CLI_KEYS:
+            top[key] = _cli_value(key, value)
+        else:
+            raise GenlabError(f"override '{item}' is neither a sweep key ({', '.join(CLI_KEYS)}) nor a config key "
+                              f"section.key=value{did_you_mean(key, CLI_KEYS)}")
+    return top, config
+
+
+def _varied(cli: list[str], combos: list, src: str) -> None:
+    """A command-line config key the variants set differently (or only some set) would make them one run under
+    several names."""
+    for o in cli:
+        key = o.split("=", 1)[0].strip()
+        sets = [{x.split("=", 1)[1].strip() for x in ov if x.split("=", 1)[0].strip() == key} for _, ov, _, _ in combos]
+        values = set().union(*sets)
+        if len(values) > 1 or (values and not all(sets)):
+            raise GenlabError(f"{src}: '{o}': {key} is what this sweep's variants differ in ({', '.join(sorted(values))}); "
+                              "pick variants with --only instead")
+
+
+def _reads_stage(ovs: list[str]) -> bool:
+    """Its data or reference images are a stage's output: not there before the sweep runs."""
+    return any(o.split("=", 1)[0].strip() in ("data.path", "eval.val_path") and references(o) for o in ovs)
+
+
 def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
     """`genlab eval` overrides: only eval.* and the method's sampling keys, valid on the run's config."""
     from genlab.config.check import sampling_keys_of
@@ -148,9 +201,11 @@ def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
         raise GenlabError(f"{src}: {where}: {e}") from None
 
 
-def load_sweep(path) -> Sweep:
+def load_sweep(path, overrides: list[str] = ()) -> Sweep:
+    """The sweep file at `path` (or a shipped sweep's name) with `genlab sweep` command-line overrides, all checked."""
     path = resolve_sweep_path(path)
-    raw = load_toml(path)
+    top, cli = split_cli(list(overrides))
+    raw = {**load_toml(path), **top}
     src = str(path)
     unknown = set(raw) - TOP_KEYS
     if unknown:
@@ -188,8 +243,11 @@ def load_sweep(path) -> Sweep:
                steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
                nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
                loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")),
-               batched_seeds=batched, batched_variants=batched_variants)
+               batched_seeds=batched, batched_variants=batched_variants, cli=list(overrides))
     _check_overrides(sw.base_overrides, "base.overrides", src)
+    _check_overrides(cli, "command line", src)
+    # launcher cpu: each run gets train.device=cpu, so CPU-only refusals (CUDA-only kernels) apply now
+    on_cpu = ["train.device=cpu"] if launcher == "cpu" else []
     common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
     sw.stages = parse_stages(raw.get("stage", []), src)
     known = [s.name for s in sw.stages]
@@ -199,20 +257,24 @@ def load_sweep(path) -> Sweep:
         raise GenlabError(f"{src}: eval must be a list of `genlab eval` overrides, e.g. [\"eval.nfe_list=1,2,4,8\"]")
     sweep_eval = [str(x) for x in sweep_eval]
     check_placeholders(sw.base_overrides, known, "base.overrides", src)
+    check_placeholders(cli, known, "command line", src)
+    for where, ovs in (("[base]", common), ("command line", common + cli)):  # a bad key is blamed where it was given
+        try:
+            base_cfg = load_config(sw.preset, ovs)
+        except GenlabError as e:
+            raise GenlabError(f"{src}: {where}: {e}") from None
     for st in sw.stages:
         if st.is_run:
             _check_overrides(st.overrides, f"stage '{st.name}'", src)
+            st.overrides = st.overrides + cli
             try:
-                load_config(st.preset, [resolve(o, nominal, sw.stage_map) for o in st.overrides])
+                cfg = load_config(st.preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in st.overrides])
+                sw.configs[st.name] = (cfg, _reads_stage(st.overrides))
             except GenlabError as e:
                 raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
             st.eval = sweep_eval + st.eval
             if st.eval:
                 _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
-    try:
-        base_cfg = load_config(sw.preset, common)
-    except GenlabError as e:
-        raise GenlabError(f"{src}: [base]: {e}") from None
 
     axes = raw.get("axis", [])
     if not isinstance(axes, list) or not axes:
@@ -228,6 +290,7 @@ def load_sweep(path) -> Sweep:
         combos = combine(entries)
     except GenlabError as e:
         raise GenlabError(f"{src}: {e}") from None
+    _varied(cli, combos, src)
     batchable = {key: n for n, (key, _, _) in VARIANT_KEYS.items()}
     batches = batch_templates(axes, entries, batchable) if batched_variants else [None] * len(combos)
     for (label, ov, nproc, extra), batch in zip(combos, batches):
@@ -244,8 +307,10 @@ def load_sweep(path) -> Sweep:
             batch_ov += [f"train.{n}={v}" for n, v in batch["values"].items()]
             if member_name(batch["template"], batch["values"]) != label:  # a value whose text is not folder-safe
                 batch = None
+        ov = ov + cli
         try:  # the variant's full config must be valid before anything runs (batched: as its seeds will run)
-            load_config(preset, [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
+            cfg = load_config(preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
+            sw.configs[label] = (cfg, _reads_stage(common + ov))
         except GenlabError as e:
             raise GenlabError(f"{src}: variant '{label}': {e}") from None
         ev = sweep_eval + extra["eval"]
