@@ -12,6 +12,17 @@ from typing import get_type_hints
 
 from genlab.config.fields import check_value, meta_of
 from genlab.core.errors import GenlabError
+from genlab.core.registry import all_registries
+from genlab.config.keys import sections
+from genlab.core.registry import method_registry
+from genlab.config.keys import declared_keys
+from genlab.core.registry import REGISTRIES
+from genlab.core.registry import convert_registry
+from genlab.core.registry import dataset_registry
+from genlab.config.fields import did_you_mean
+from genlab.core.registry import attention_registry, mlp_registry
+from genlab.core.registry import model_registry
+from genlab.core.registry import KernelSpec, optimizer_registry, parallel_registry, position_registry
 
 
 def check_section(cfg, sec: str) -> None:
@@ -26,12 +37,10 @@ def check_section(cfg, sec: str) -> None:
 
 
 def _registry(name: str):
-    from genlab.core.registry import all_registries
     return all_registries()[name]
 
 
 def check_config(cfg) -> None:
-    from genlab.config.keys import sections
     for sec, _ in sections(cfg):
         check_section(cfg, sec)
     _check_train(cfg)
@@ -50,16 +59,12 @@ def check_config(cfg) -> None:
 def _soft(key: str) -> bool:
     if key.startswith("eval."):
         return True
-    from genlab.core.registry import method_registry
     return any(key in sampling_keys_of(name) for name in method_registry.names())
 
 
 def sampling_keys_of(method: str) -> list[str]:
     """Those the method's spec lists, plus the keys of every entry of the registries those keys select (e.g.
     method.sampler -> the SDE's method.sde_noise)."""
-    from genlab.config.keys import declared_keys
-    from genlab.config.fields import meta_of
-    from genlab.core.registry import REGISTRIES, method_registry
     declared = declared_keys()
     keys = list(method_registry.spec(method).sampling_keys)
     for dotted in list(keys):
@@ -89,8 +94,6 @@ def _selected(cfg, dotted: str, meta: dict) -> list[str]:
 def read_keys(cfg) -> dict[str, str]:
     """dotted key -> who reads it, for this config: the core keys, then the keys of every selected component
     (a selector key that is read picks entries of its registry, whose keys may select further entries)."""
-    from genlab.config.keys import declared_keys
-    from genlab.core.registry import REGISTRIES
     declared = declared_keys()
     read = {dotted: "core" for dotted, (_, owners) in declared.items() if "core" in owners}
     changed = True
@@ -114,7 +117,6 @@ def read_keys(cfg) -> dict[str, str]:
 
 def _why_unused(cfg, dotted: str, declared: dict, read: dict) -> str:
     """'not read by method 'flow' (method.name=flow); read by method 'mdlm'': the selector that decides, the owners."""
-    from genlab.core.registry import REGISTRIES
     owners = [o for o in declared[dotted][1] if o != "core"]
     readers = {f"{kind} '{name}'" for kind, reg in REGISTRIES.items() for name, spec in reg.specs()
                if dotted in spec.reads}
@@ -133,7 +135,6 @@ def _why_unused(cfg, dotted: str, declared: dict, read: dict) -> str:
 
 def unused_options(cfg) -> list[tuple[str, str]]:
     """(key, message) per option set away from its default that no selected component reads."""
-    from genlab.config.keys import declared_keys, sections
     declared, read = declared_keys(), read_keys(cfg)
     out = []
     for sec, obj in sections(cfg):
@@ -158,7 +159,6 @@ def _check_train(cfg):
         raise GenlabError(f"unknown train.device '{t.device}'; valid: auto, cpu, cuda, cuda:N")
     if len(cfg.optim.betas) != 2:
         raise GenlabError(f"optim.betas must hold two numbers, got {list(cfg.optim.betas)}")
-    from genlab.core.registry import method_registry, optimizer_registry, parallel_registry
     convert = list(t.convert or []) + ([t.precision] if t.precision.startswith("float8_") else [])
     check_converter_combination(convert)
     if getattr(t, "float8_all_gather", False):
@@ -241,7 +241,6 @@ def batched_label(cfg) -> str:
 
 def check_seeds_config(cfg) -> None:
     """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
-    from genlab.core.registry import method_registry
     t = cfg.train
     if t.seeds:
         parse_seeds(t.seeds)
@@ -291,7 +290,6 @@ GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says grap
 
 def check_graph_step_config(cfg) -> None:
     """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
-    from genlab.core.registry import method_registry
     t = cfg.train
     if not t.graph_step:
         return
@@ -325,7 +323,6 @@ def check_graph_step_config(cfg) -> None:
 def check_converter_combination(names) -> None:
     """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies):
     those that declare `linears` replace the same block linears' arithmetic, so a run takes one of them."""
-    from genlab.core.registry import convert_registry
     # float8 is float8_tensorwise's alias; an unknown name is the registry's own error later
     seen = {"float8_tensorwise" if n == "float8" else n: n for n in names
             if n in convert_registry and convert_registry.get(n).linears}
@@ -337,7 +334,6 @@ def check_converter_combination(names) -> None:
 
 def _check_components(cfg):
     """What the method, model and dataset declare about each other."""
-    from genlab.core.registry import dataset_registry, method_registry, model_registry
     d, m = cfg.data, cfg.model
     data, model, meth = dataset_registry.spec(d.name), model_registry.spec(m.name), method_registry.spec(cfg.method.name)
     if data.needs_path and not d.path:
@@ -357,7 +353,6 @@ def _check_components(cfg):
 def check_data_on_disk(cfg) -> None:
     """Files a config names that must exist before training starts (the trainer calls this before it creates the run
     folder; load_config does not, so presets that name a folder you prepare later still load)."""
-    from genlab.core.registry import dataset_registry
     if dataset_registry.spec(cfg.data.name).needs_path and not Path(cfg.data.path).exists():
         raise GenlabError(f"no dataset at '{cfg.data.path}' (no such folder); data.name={cfg.data.name} reads a folder "
                           "made by `genlab data` (prepare, encode, collect, generate)")
@@ -385,14 +380,12 @@ def _is_prepared(path) -> bool:
 
 
 def _check_shapes(cfg):
-    from genlab.core.registry import attention_registry, dataset_registry, model_registry, position_registry
     m = cfg.model
     spec = model_registry.spec(m.name)
     table = spec.sizes
     if table is None:
         return
     if m.size not in table:
-        from genlab.config.fields import did_you_mean
         raise GenlabError(f"unknown model.size '{m.size}' for model {m.name}{did_you_mean(m.size, table)}; valid: {', '.join(table)}")
     dim0, depth0, heads0 = table[m.size]
     dim, heads, depth = m.dim or dim0, m.heads or heads0, m.depth or depth0
@@ -422,8 +415,6 @@ def _check_kernels(cfg):
     where this run trains: a CUDA-only kernel for CPU training, or (on a CUDA machine) one whose package is missing."""
     import importlib.util
 
-    from genlab.config.keys import declared_keys
-    from genlab.core.registry import REGISTRIES, KernelSpec
     declared = declared_keys()
     for dotted in read_keys(cfg):
         kind = meta_of(declared[dotted][0].field).get("registry")
@@ -460,10 +451,8 @@ def _trains_on_cpu(device: str) -> bool:
 def _check_layers(m, spec, dim: int, heads: int):
     """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
     needs a patch grid, an attention or position entry's head-width and width multiples."""
-    from genlab.core.registry import attention_registry, mlp_registry
     hd = dim // heads
     if "mlp" in spec.layer_keys and mlp_registry.spec(m.mlp).needs_grid and spec.grid_rank != 2:
-        from genlab.core.registry import model_registry
         grids = [n for n, s in model_registry.specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]
         raise GenlabError(f"model.mlp={m.mlp} convolves over the patch grid; model {m.name} has no grid: "
                           f"choose model.mlp=gelu|swiglu or model.name={'|'.join(grids)}")
@@ -472,7 +461,6 @@ def _check_layers(m, spec, dim: int, heads: int):
         raise GenlabError(f"model.attention={m.attention} needs a head width divisible by {k}; model.dim/model.heads = {hd}")
     pos = spec.default_position if m.pos_emb == "auto" else m.pos_emb
     if pos is not None and "pos_emb" in spec.layer_keys:
-        from genlab.core.registry import position_registry
         p = position_registry.spec(pos)
         if hd % p.head_multiple:
             raise GenlabError(f"model.pos_emb={pos} needs a head width divisible by {p.head_multiple}; "

@@ -11,6 +11,8 @@ import tomli_w
 from genlab.config.tree import Config, to_dict
 from genlab.config.keys import sections
 from genlab.config.fields import describe_range, meta_of
+from genlab.config.keys import declared_keys
+from genlab.core.registry import all_registries
 
 
 def _fields(cfg):
@@ -48,8 +50,6 @@ def _md(text) -> str:
 
 def readers() -> dict[str, list[str]]:
     """dotted key -> the components that read it (empty for the core keys every run reads)."""
-    from genlab.config.keys import declared_keys
-    from genlab.core.registry import all_registries
     out = {dotted: [o for o in owners if o != "core"] for dotted, (_, owners) in declared_keys().items()}
     for kind, reg in all_registries().items():
         for name, spec in reg.specs():

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from genlab.core.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean lives with the errors: the registry needs no config import)
+from genlab.core.registry import all_registries
 
 
 def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
@@ -106,7 +107,6 @@ def describe_range(f: dataclasses.Field, typ, names: bool = True) -> str:
 
 
 def _registry_names(kind: str) -> str:
-    from genlab.core.registry import all_registries
     reg = all_registries().get(kind)
     return f": {', '.join(reg.names())}" if reg is not None else ""
 
@@ -117,11 +117,9 @@ def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
     if m.get("choices") and value not in m["choices"]:
         raise GenlabError(f"{key} must be one of {', '.join(map(str, m['choices']))}; got {value!r}" + did_you_mean(str(value), m["choices"]))
     if m.get("registry"):
-        from genlab.core.registry import all_registries
         for v in (value if isinstance(value, list) else [value]):  # list fields name several entries
             all_registries()[m["registry"]].get(v)  # raises with the valid choices (and a suggestion)
     if m.get("lists") and isinstance(value, str):  # comma-separated entry names of one registry
-        from genlab.core.registry import all_registries
         valid = all_registries()[m["lists"]].names()
         for n in filter(None, (s.strip() for s in value.split(","))):
             if n not in valid:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from genlab.config.fields import F, declare
+from genlab.core import registry
+from genlab.core.registry import all_registries
 
 # Keys every run reads (the trainer, the loader, the optimizer wrapper, logging). Every other key is declared by
 # the component that reads it, next to its code (registry specs' `keys`), and the section classes below are
@@ -109,7 +111,6 @@ def declared_keys() -> dict[str, tuple]:
     """dotted key -> (Key, owners): the core keys (owner "core") and every key a registered component declares in
     its spec's `keys`. A key declared twice must be the same declaration (one Key object shared by its readers).
     Computed once per registry state (validation asks several times per config)."""
-    from genlab.core import registry
     registry.load_entries()
     if _declared.get("generation") != registry.generation:
         _declared.update(generation=registry.generation, keys=_collect_keys())
@@ -120,7 +121,6 @@ _declared: dict = {}
 
 
 def _collect_keys() -> dict[str, tuple]:
-    from genlab.core.registry import all_registries
     out = {k.dotted: (k, ["core"]) for k in CORE_KEYS}
     for kind, reg in all_registries().items():
         for name, spec in reg.specs():
@@ -142,7 +142,6 @@ _classes: dict = {}
 
 def section_class(sec: str):
     """The dataclass of one config section, assembled from the declarations (rebuilt when a component registers)."""
-    from genlab.core import registry
     registry.load_entries()
     if _classes.get("generation") != registry.generation:
         keys = declared_keys()

@@ -13,6 +13,7 @@ from typing import Any, get_origin, get_type_hints
 from genlab.config.fields import did_you_mean
 from genlab.config.keys import RETIRED, SECTIONS, Config, section_class
 from genlab.core.errors import GenlabError
+from genlab.config.check import check_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped as package data
 SWEEP_DIR = CONFIG_DIR / "sweeps"
@@ -156,7 +157,6 @@ def load_config(preset: str | None = None, overrides: list[str] = ()) -> Config:
 def validate(cfg: Config) -> None:
     """Every field against its declared range/choices/registry, options the chosen components do not
     read, then the constraints model, data and method impose on each other: before anything is built."""
-    from genlab.config.check import check_config
     check_config(cfg)
 
 

@@ -33,7 +33,7 @@ _REGISTERS = re.compile(r"^\s*@?\w*(registry\.register|_entry)\(", re.M)
 
 def _entry_modules() -> list[str]:
     """Every genlab module whose source registers something (a text scan: nothing is imported to find them)."""
-    import genlab
+    import genlab  # the package folder to scan (this module is imported while genlab is)
     root = Path(genlab.__file__).parent
     found = []
     for info in pkgutil.walk_packages([str(root)], prefix="genlab."):

@@ -19,6 +19,10 @@ import numpy as np
 from genlab.data.formats import write_image_dataset
 from genlab.data.sources import list_class_folder
 from genlab.core.errors import GenlabError
+from genlab.data.datasets import load_digits_uint8
+from genlab.data.frames import prepare_frames
+from genlab.data.text import prepare_text
+from genlab.data.shard_convert import prepare_shards
 
 # Published md5s (the datasets' own pages; torchvision lists the same).
 IDX_FILES = {
@@ -247,7 +251,6 @@ def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
 
 
 def prepare_digits(out) -> Path:
-    from genlab.data.datasets import load_digits_uint8
     d = load_digits_uint8()
     return write_image_dataset(out, d.images, d.labels, d.classes, source=d.meta["source"])
 
@@ -266,7 +269,6 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
             raise GenlabError(f"`data prepare {kind}` takes one --src; several files or patterns are for text")
         src = src[0]
     if kind == "text":
-        from genlab.data.text import prepare_text
         return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf, workers=workers, force=force)
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise GenlabError(f"--out '{out}' already exists and is not empty; choose another --out (nothing is overwritten)")
@@ -279,7 +281,5 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
     if kind == "imagefolder":
         return prepare_imagefolder(src, out, size, channels)
     if kind == "shards":
-        from genlab.data.shard_convert import prepare_shards
         return prepare_shards(src, out, size, channels, shard_size=shard_size, workers=workers)
-    from genlab.data.frames import prepare_frames
     return prepare_frames(src, out, size or 32, channels, split)

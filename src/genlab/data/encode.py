@@ -31,6 +31,13 @@ import torch
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
+from genlab.data.shards import read_shards
+from genlab.data.formats import read_image_dataset
+from genlab.runtime.switches import build_precision
+from genlab.nn.autoencoders import check_autoencoder
+from genlab.runtime.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
+from genlab.data.pixels import to_model
+from genlab.nn.autoencoders import load_autoencoder
 
 FORMAT = "genlab-latents-v1"
 DTYPES = {"float16": np.float16, "float32": np.float32}
@@ -41,10 +48,8 @@ def read_source(path):
     """A prepared image set: a shard folder (index.json) or an image-array folder (meta.json)."""
     p = Path(path)
     if (p / "index.json").exists():
-        from genlab.data.shards import read_shards
         return read_shards(p)
     if (p / "meta.json").exists():
-        from genlab.data.formats import read_image_dataset
         return read_image_dataset(p)
     raise GenlabError(f"no prepared image dataset at '{p}' (neither meta.json nor index.json); make one with "
                       f"`genlab data prepare`")
@@ -91,7 +96,6 @@ def encode_precision(name: str, dev: torch.device):
     """The encoder's arithmetic: one of train.precision's plain entries (the float8 ones convert trained linears, and
     `auto` would make the stored latents depend on the device), i.e. its autocast dtype and TF32 switches. fp32 is
     IEEE float32, convolutions too (torch's default lets cuDNN use TF32)."""
-    from genlab.runtime.switches import build_precision
     return build_precision(name, dev)
 
 
@@ -103,8 +107,6 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     NHWC memory layout (the layout tensor-core convolutions prefer; same function, other kernels). `compile`:
     torch.compile the encoder. `stop_after`: return after this many chunks of this call, leaving `out`.partial to
     resume (tests)."""
-    from genlab.nn.autoencoders import check_autoencoder
-    from genlab.runtime.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
     if precision not in PRECISIONS:
@@ -150,7 +152,6 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     mine = rank_chunks(np.flatnonzero(done == 0), rank, world)
     barrier()  # every rank has read the same `done` before any rank marks a chunk
     lat = np.load(tmp / "latents.npy", mmap_mode="r+")
-    from genlab.data.pixels import to_model
     t0, encoded = time.perf_counter(), 0
     total = sum(min(N, (k + 1) * batch_size) - k * batch_size for k in mine)
     with progress.enabled(progress.is_on() and rank == 0), \
@@ -188,7 +189,6 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
 
 def _encoder(vae: str, device: str, channels_last: bool):
     """(codec, its encode function), the codec loaded now (it may have changed on disk since the last call)."""
-    from genlab.nn.autoencoders import load_autoencoder
     codec = load_autoencoder(vae, torch.device(device))
     if channels_last:
         codec = codec.to(memory_format=torch.channels_last)

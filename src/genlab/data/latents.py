@@ -26,6 +26,8 @@ from genlab.data.formats import VERIFY_LIMIT_BYTES
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
+from genlab.data.encode import read_source
+from genlab.data.formats import array_checksum
 
 FORMAT = "genlab-latents-v1"
 
@@ -65,7 +67,6 @@ class LatentData:
 
 
 def read_reference(meta: dict):
-    from genlab.data.encode import read_source
     src = meta.get("source") or {}
     where = src.get("path", "?")
     try:
@@ -167,7 +168,6 @@ def read_latents(path, verify: bool | None = None) -> LatentData:
     if verify is None:
         verify = latents.nbytes < VERIFY_LIMIT_BYTES
     if verify:
-        from genlab.data.formats import array_checksum
         if array_checksum(latents, np.asarray(labels)) != meta.get("sha256"):
             raise GenlabError(f"latents at '{p}' are corrupt: checksum mismatch with meta.json")
     return LatentData(latents=latents, labels=labels, classes=meta.get("classes", []), meta={**meta, "path": str(p)})

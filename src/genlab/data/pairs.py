@@ -29,6 +29,7 @@ from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, r
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
+from genlab.data.datasets import build_dataset
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 
@@ -48,7 +49,6 @@ class PairData(ImageData):
     def reference(self):
         """The teacher's training data (its data config, recorded in meta.json): what samples of a student trained on
         these pairs are compared with, so its scores stand beside the teacher's."""
-        from genlab.data.datasets import build_dataset
         if getattr(self, "_reference", None) is not None:  # read once per process (each evaluation asks)
             return self._reference
         d = (self.meta.get("pairs") or {}).get("teacher_data")

@@ -27,6 +27,7 @@ from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
+from genlab.data.loader import ImageLoader
 
 FORMAT = "genlab-shards-v1"
 
@@ -86,7 +87,6 @@ class ShardData(ImageData):
     """ImageData whose images are a ShardedArray; its loader streams from the shards and never makes the set resident."""
 
     def make_loader(self, cfg_data, batch_size, device, seed, rank=0, world=1):
-        from genlab.data.loader import ImageLoader
         # worker threads gather each batch from the memory maps ahead of use (data.prefetch batches)
         return ImageLoader(self, batch_size, device, seed=seed, rank=rank, world=world, on_device="no",
                            prefetch=cfg_data.prefetch, pin_memory=cfg_data.pin_memory, hflip=cfg_data.hflip)

@@ -19,6 +19,8 @@ from genlab.core.errors import GenlabError
 from genlab.config.fields import F, declare
 from genlab.data.datasets import PATH_KEYS
 from genlab.core.registry import dataset_registry
+from genlab.data.corpus import read_corpus
+from genlab.data.token_loader import TokenLoader
 
 
 def sha256_file(path: Path) -> str:
@@ -50,7 +52,6 @@ class TokenData:
         return self
 
     def make_loader(self, cfg_data, batch_size, device, seed, rank=0, world=1):
-        from genlab.data.token_loader import TokenLoader
         tokens = self.val if cfg_data.split == "val" else self.train
         return TokenLoader(tokens, self.seq_len, batch_size, device, seed=seed, rank=rank, world=world,
                            on_device=cfg_data.on_device, pin_memory=cfg_data.pin_memory, prefetch=cfg_data.prefetch)
@@ -140,7 +141,6 @@ def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenD
 
 
 def embedded_corpus(seq_len: int) -> TokenData:
-    from genlab.data.corpus import read_corpus
     corpus = read_corpus()
     tok = build_tokenizer("char", corpus)
     train, val = split_tokens(np.asarray(tok.encode(corpus), dtype=np.uint16))

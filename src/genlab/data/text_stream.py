@@ -24,6 +24,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.core.progress import Task
+from genlab.data.tokenizers import from_meta
 
 VAL_FRACTION = 0.1
 TEXT_SUFFIXES = {".txt", ".md", ".text", ""}
@@ -169,7 +170,6 @@ class Encoder:
     (nanoGPT's openwebtext prepare; the in-memory --hf converter did the same)."""
 
     def __init__(self, meta: dict, dtype):
-        from genlab.data.tokenizers import from_meta
         self.tok, self.dtype = from_meta(meta), np.dtype(dtype)
         if meta["tokenizer"] == "char":  # a code point -> id table: numpy instead of a Python loop per character
             cps = np.array([ord(c) for c in self.tok.itos], dtype=np.int64)

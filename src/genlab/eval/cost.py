@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from genlab.runtime.metrics import read_metrics, train_records
+from genlab.config.tree import load_toml
 
 
 def _read_json(p: Path) -> dict:
@@ -33,7 +35,6 @@ def run_folder(path) -> Path | None:
 
 
 def training_seconds(run_dir: Path) -> float | None:
-    from genlab.runtime.metrics import read_metrics, train_records
     recs = train_records(read_metrics(run_dir))
     if recs and recs[-1].get("wall_time") is not None:
         return float(recs[-1]["wall_time"])
@@ -41,7 +42,6 @@ def training_seconds(run_dir: Path) -> float | None:
 
 
 def _config(run_dir: Path) -> dict:
-    from genlab.config.tree import load_toml
     return load_toml(run_dir / "config.toml")
 
 

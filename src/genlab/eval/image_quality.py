@@ -8,6 +8,7 @@ from PIL import Image
 
 from genlab.data.pixels import to_pixels
 from genlab.sampling.images import sample_images
+from genlab.eval.metrics import image_metrics
 
 
 def generate(method, model, labels, ctx, batch, desc="sampling"):
@@ -26,7 +27,6 @@ def evaluate_class_conditional(method, model, data, ctx) -> dict:
         data = data.pixel_reference()
     labels = torch.arange(ecfg.num_samples, device=device) % data.spec["num_classes"]
     samples = generate(method, model, labels, ctx, ecfg.batch_size, desc="eval: sampling")
-    from genlab.eval.metrics import image_metrics
     return image_metrics(samples, labels, data, ctx)
 
 

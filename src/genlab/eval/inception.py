@@ -17,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.eval.weights import find_file, load_state
+from genlab.data.pixels import to_pixels
+from genlab.core.errors import GenlabError
 
 FID_WEIGHTS_NAMES = ("pt_inception-2015-12-05-6726825d.pth",      # pytorch-fid
                      "weights-inception-2015-12-05-6726825d.pth")  # torch-fidelity (same tensors)
@@ -190,7 +192,6 @@ def preprocess(images: torch.Tensor) -> torch.Tensor:
     (data.pixels.to_pixels), as the ADM evaluator reads samples saved as uint8: the same pixels give the same
     features either way. A float batch outside [-1, 1] (pixels in [0, 255], say) is refused."""
     if images.dtype.is_floating_point:
-        from genlab.data.pixels import to_pixels
         lo, hi = float(images.min()), float(images.max())
         if lo < -1.001 or hi > 1.001:  # a little slack for a sampler's overshoot, which to_pixels clamps
             raise ValueError(f"float images must be model outputs in [-1, 1] ([B, C, H, W]), got values in "
@@ -237,7 +238,6 @@ def find_fid_weights(explicit: str = ""):
 
 def load_inception_state(net: FIDInceptionV3, state: dict, what: str = "FID weights") -> FIDInceptionV3:
     """Strict load; files converted without BatchNorm step counters (torch-fidelity's) get zeros."""
-    from genlab.core.errors import GenlabError
     state = dict(state)
     for k, v in net.state_dict().items():
         if k.endswith("num_batches_tracked") and k not in state:

@@ -15,6 +15,20 @@ from genlab.core import progress
 from genlab.core.errors import GenlabError
 from genlab.config import fields as cf
 from genlab.core.registry import eval_metric_registry
+from genlab.core.errors import did_you_mean
+from genlab.eval.inception_score import inception_score as score
+from genlab.eval.inception import find_fid_weights
+from genlab.eval.ref_stats import load_reference
+from genlab.eval.lpips import load_lpips, lpips_pairs, same_class_pairs
+from genlab.eval.lpips import find_lpips_files
+from genlab.eval.real_split import real_split
+from genlab.eval.classifier import get_classifier
+from genlab.data.pixels import to_model
+from genlab.eval.classifier import predict
+from genlab.eval.inception import inception_outputs
+from genlab.eval.frechet import frechet_from_stats, gaussian_stats
+from genlab.eval.inception import load_fid_inception
+from genlab.eval.precision_recall import precision_recall
 
 # Inception feature spaces -> the network output (inception.OUTPUTS) each is
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}
@@ -63,7 +77,6 @@ def parse_metrics(text: str) -> list[str]:
         raise GenlabError(f"eval.metrics is empty; valid choices: {', '.join(valid)} (eval.num_samples=0 turns eval off)")
     for n in names:
         if n not in valid:
-            from genlab.core.errors import did_you_mean
             raise GenlabError(f"unknown eval.metrics entry '{n}'{did_you_mean(n, valid)}; valid choices: {', '.join(valid)}")
     return list(dict.fromkeys(names))
 
@@ -106,7 +119,6 @@ class Evaluation:
         self.n = len(self.samples)
         self.data_key = (data.meta.get("sha256") or f"id{id(data)}", self.ecfg.val_path, self.ecfg.ref_samples, self.n,
                          _file_key(self.ecfg.fid_ref))
-        from genlab.eval.real_split import real_split
         self.split = _cached(("split", *self.data_key),
                              lambda: real_split(data, self.ecfg.val_path, self.n, self.ecfg.ref_samples))
         # a caller scoring several variants of one model (genlab analyze) passes one classifier, so every variant is
@@ -116,13 +128,10 @@ class Evaluation:
     # -- feature spaces ---------------------------------------------------------------------
     def classifier(self):
         if "classifier" not in self._gen:
-            from genlab.eval.classifier import get_classifier
             self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=self.ecfg.classifier_epochs)
         return self._gen["classifier"]
 
     def _classify(self, images_u8):
-        from genlab.data.pixels import to_model
-        from genlab.eval.classifier import predict
         net, _ = self.classifier()
         x = to_model(torch.as_tensor(np.asarray(images_u8)).to(self.device))
         with torch.autocast(torch.device(self.device).type, enabled=False):
@@ -160,20 +169,17 @@ class Evaluation:
         return _cached(("inception", which, self.ecfg.fid_weights, *self.data_key), lambda: self._inception_pass(images))
 
     def _inception_pass(self, images_u8) -> dict:
-        from genlab.eval.inception import inception_outputs
         return inception_outputs(self.inception(), images_u8, batch=min(self.ecfg.batch_size, 200), device=self.device)
 
     def reference(self):
         """eval.fid_ref's Reference (ref_stats.py), or None when the Inception metrics use the held-out images."""
         if not self.ecfg.fid_ref:
             return None
-        from genlab.eval.ref_stats import load_reference
         return _cached(("fid_ref", _file_key(self.ecfg.fid_ref)), lambda: load_reference(self.ecfg.fid_ref))
 
     def ref_gaussian(self, space: str) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of the reference: eval.fid_ref's stored statistics when it has them (as the ADM evaluator
         prefers them to its images), else those of the reference features."""
-        from genlab.eval.frechet import gaussian_stats
         ref = self.reference() if space in INCEPTION_SPACES else None
         if ref is not None and ref.has_stats(space):
             return _cached(("ref_stats", space, _file_key(self.ecfg.fid_ref)), lambda: ref.stats(space))
@@ -192,13 +198,11 @@ class Evaluation:
         raise ValueError(space)
 
     def inception(self):
-        from genlab.eval.inception import load_fid_inception
         return _cached(("inception_net", self.ecfg.fid_weights, str(self.device)),
                        lambda: load_fid_inception(self.ecfg.fid_weights, self.device))
 
     def fd_pair(self, space: str) -> tuple[float, float]:
         """(FD of the samples, real-vs-real floor), both against the reference Gaussian (ref_gaussian)."""
-        from genlab.eval.frechet import frechet_from_stats, gaussian_stats
         ref = self.ref_gaussian(space)
         floor = _cached(("floor", space, self._space_key(space), *self.data_key),
                         lambda: frechet_from_stats(*gaussian_stats(self.features(space, "train")), *ref))
@@ -207,7 +211,6 @@ class Evaluation:
     def pr_pair(self, space: str) -> dict:
         """Precision/recall of the samples and of the train subset, against n held-out images, or against all of
         eval.fid_ref's images in Inception space (as the ADM evaluator: its 10,000 against the 50,000 samples)."""
-        from genlab.eval.precision_recall import precision_recall
         k = self.ecfg.pr_k
         ref = self.features(space, "ref")
         ref = ref if space in INCEPTION_SPACES and self.ecfg.fid_ref else ref[: self.n]
@@ -261,7 +264,6 @@ def sfid(ev: Evaluation) -> dict:
                                "the FID Inception's 1008 logits without bias, as the ADM evaluator; needs weights)",
                                keys=FID_KEYS, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
 def inception_score(ev: Evaluation) -> dict:
-    from genlab.eval.inception_score import inception_score as score
     mean, std = score(ev.features("inception_logits", "gen"), IS_SPLITS)
     real = _cached(("is_real", ev.ecfg.fid_weights, *ev.data_key),
                    lambda: score(ev.features("inception_logits", "train"), IS_SPLITS)[0])
@@ -277,7 +279,6 @@ def pr_inception(ev: Evaluation) -> dict:
 
 
 def _check_fid(ecfg):
-    from genlab.eval.inception import find_fid_weights
     find_fid_weights(ecfg.fid_weights)
 
 
@@ -286,7 +287,6 @@ def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
     _at_least(at_least, what)(ecfg)
     _check_fid(ecfg)
     if needs and ecfg.fid_ref:
-        from genlab.eval.ref_stats import load_reference
         ref = load_reference(ecfg.fid_ref)
         ok = ref.has_images if needs == "images" else ref.can_serve(needs)
         if not ok:
@@ -299,7 +299,6 @@ def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
 def protocol_metrics(fid_ref: str) -> str:
     """The standard protocol's metrics that a reference file supports: fid and inception_score always, sfid with
     spatial statistics or images, pr_inception with images."""
-    from genlab.eval.ref_stats import load_reference
     ref = load_reference(fid_ref)
     names = ["fid", "sfid" if ref.can_serve("inception_spatial") else None, "inception_score",
              "pr_inception" if ref.has_images else None]
@@ -317,7 +316,6 @@ def _at_least(k: int, what: str):
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
                                 keys=LPIPS_KEYS, check=lambda ecfg: _check_lpips(ecfg))
 def lpips(ev: Evaluation) -> dict:
-    from genlab.eval.lpips import load_lpips, lpips_pairs, same_class_pairs
     e = ev.ecfg
     model = _cached(("lpips_net", e.lpips_net, e.lpips_weights, str(ev.device)),
                     lambda: load_lpips(e.lpips_net, e.lpips_weights, ev.device))
@@ -332,7 +330,6 @@ def lpips(ev: Evaluation) -> dict:
 
 
 def _check_lpips(ecfg):
-    from genlab.eval.lpips import find_lpips_files
     find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights)
 
 

@@ -15,6 +15,12 @@ import dataclasses
 import json
 
 from genlab.core.errors import GenlabError
+from genlab.core.registry import sampler_registry
+from genlab.sampling.samplers import nfe_per_step
+from genlab.sampling.images import eval_context
+from genlab.eval.cost import cost_line
+from genlab.eval.image_quality import generate
+from genlab.eval.labelled_grid import labelled_rows
 
 
 def parse_int_list(text: str, key: str) -> list[int]:
@@ -28,7 +34,6 @@ def parse_int_list(text: str, key: str) -> list[int]:
 
 
 def samplers_of(cfg) -> list[str]:
-    from genlab.core.registry import sampler_registry
     names = [s.strip() for s in cfg.eval.samplers.split(",") if s.strip()] or [cfg.method.sampler]
     for n in names:
         sampler_registry.get(n)  # unknown names fail with the valid choices
@@ -37,7 +42,6 @@ def samplers_of(cfg) -> list[str]:
 
 def nfe_points(cfg) -> list[tuple[str, int]]:
     """(sampler, steps) of every row, in order; two NFEs that round to the same steps give one row."""
-    from genlab.sampling.samplers import nfe_per_step
     points = []
     for name in samplers_of(cfg):
         k = nfe_per_step(name)
@@ -48,7 +52,6 @@ def nfe_points(cfg) -> list[tuple[str, int]]:
 
 
 def _point_context(ctx, cfg, name, steps, **extra):
-    from genlab.sampling.images import eval_context
     sub = eval_context(cfg, ctx["device"], ctx["run_dir"], sampler=name, **extra)
     sub["eval"] = dataclasses.replace(ctx["eval"], sample_steps=steps)
     return sub
@@ -56,7 +59,6 @@ def _point_context(ctx, cfg, name, steps, **extra):
 
 def nfe_rows(method, model, data, ctx, cfg) -> list[dict]:
     """One row per (sampler, NFE): the method's evaluation with that sampler and step count, same seed each."""
-    from genlab.sampling.samplers import nfe_per_step
     rows = []
     for name, steps in nfe_points(cfg):
         res = method.evaluate(model, data, _point_context(ctx, cfg, name, steps))
@@ -73,9 +75,6 @@ def nfe_grid(method, model, ctx, cfg, path):
     row and every run (a fixed seed, not the run's), so pictures of different runs and step counts line up."""
     import torch
 
-    from genlab.eval.image_quality import generate
-    from genlab.eval.labelled_grid import labelled_rows
-    from genlab.sampling.samplers import nfe_per_step
     k = max(1, method.spec.get("num_classes", 0))
     labels = torch.arange(GRID_NOISES * min(k, GRID_CLASSES), device=ctx["device"]) % min(k, GRID_CLASSES)
     rows = []
@@ -107,7 +106,6 @@ def format_table(rows: list[dict], cfg_scale: float, cost: dict | None = None) -
         lines.append("real-vs-real floor (training images vs the reference set" + (f", {n} samples" if n else "") + "): "
                      + ", ".join(f"{k.removesuffix('_floor')} {v:.4g}" for k, v in floors.items()))
     if cost:
-        from genlab.eval.cost import cost_line
         lines.append(cost_line(cost))
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from genlab.core.errors import GenlabError
+from genlab.data.formats import read_image_dataset
 
 
 @dataclass
@@ -32,7 +33,6 @@ def _take(images, idx):
 def real_split(data, val_path: str, n: int, ref_samples: int, seed: int = 0) -> RealSplit:
     rng = np.random.default_rng(seed)
     if val_path:
-        from genlab.data.formats import read_image_dataset
         val = read_image_dataset(val_path)
         if val.images.shape[1:] != data.images.shape[1:]:
             raise GenlabError(f"eval.val_path images are {list(val.images.shape[1:])}, the training images "

@@ -18,6 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from genlab.core.errors import GenlabError
+from genlab.core import progress
+from genlab.eval.inception import inception_outputs
+from genlab import __version__
+from genlab.data.formats import read_image_dataset
+from genlab.eval.inception import load_fid_inception
 
 IMAGES = "arr_0"
 STAT_KEYS = {"inception": ("mu", "sigma"), "inception_spatial": ("mu_s", "sigma_s")}  # feature space -> keys
@@ -144,8 +149,6 @@ def compute_reference(images, net, *, batch: int = 100, device="cpu", n_images: 
                       desc: str = "ref-stats") -> dict:
     """The arrays of an ADM-layout reference file for uint8 [N, H, W, C] images: mu, sigma (pool3), mu_s,
     sigma_s (spatial) over all N, and arr_0, a fixed random subset of n_images (RGB) for precision/recall."""
-    from genlab.core import progress
-    from genlab.eval.inception import inception_outputs
     n = len(images)
     if n < 2:
         raise GenlabError(f"reference statistics need at least 2 images, got {n}")
@@ -190,9 +193,6 @@ def write_reference(out, arrays: dict, meta: dict) -> Path:
 def reference_from_dataset(dataset, out, *, fid_weights: str = "", n_images: int = 10000, limit: int = 0,
                            batch: int = 100, device="cpu") -> Path:
     """`genlab data ref-stats`: every check (output name, dataset, weights) before the Inception pass, then one pass."""
-    from genlab import __version__
-    from genlab.data.formats import read_image_dataset
-    from genlab.eval.inception import load_fid_inception
     out = Path(out).expanduser()
     if out.suffix != ".npz" or out.exists() or not out.parent.is_dir():
         write_reference(out, {}, {})  # raises the one-line reason

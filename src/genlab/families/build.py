@@ -18,6 +18,10 @@ from genlab.nn.convert import apply_converters, converters_of, prepare_converter
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import resolve_device
 from genlab.sampling.block_cache import format_cache_schedule
+from genlab.config.check import sampling_keys_of
+from genlab.config.check import check_section
+from genlab.nn.ptq import apply_record
+from genlab.runtime.checkpoint import run_dir_of
 
 
 def build_model_and_method(cfg, spec: dict):
@@ -47,7 +51,6 @@ def check_model_shapes(model, state: dict, source: str, verb: str = "resume from
 
 def sampling_keys(cfg) -> list[str]:
     """The method keys a trained run may change at sampling time (they change no weights)."""
-    from genlab.config.check import sampling_keys_of
     return sampling_keys_of(cfg.method.name)
 
 
@@ -109,7 +112,6 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
 def model_from_state(state: dict, where: str, device="auto", ema=True, overrides=()):
     """load_run's work on a checkpoint state already in memory; a quantized run's record (genlab quantize) is
     re-applied to its float weights."""
-    from genlab.config.check import check_section
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{where}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
@@ -124,13 +126,11 @@ def model_from_state(state: dict, where: str, device="auto", ema=True, overrides
     model.load_state_dict(weights)
     apply_converters(model.to(dev), converters_of(cfg), dev, cfg)  # a run trained converted samples converted
     if state.get("quant"):
-        from genlab.nn.ptq import apply_record
         apply_record(model, state["quant"], dev)
     return cfg, model.eval(), method, dev, state
 
 
 def _run_dir(run_or_ckpt) -> Path:
-    from genlab.runtime.checkpoint import run_dir_of
     return run_dir_of(run_or_ckpt)
 
 

@@ -15,6 +15,16 @@ from pathlib import Path
 import torch
 
 from genlab.core.errors import GenlabError
+from genlab.core.registry import dataset_registry
+from genlab.data import build_dataset
+from genlab.runtime.switches import compile_counts
+from genlab.core.registry import model_registry
+from genlab.runtime.metrics import peak_flops
+from genlab.runtime.parallel import leave_distributed
+from genlab.runtime.parallel import init_distributed
+from genlab.train.step import TrainStep
+from genlab.runtime.switches import build_precision
+from genlab.config.check import batched_label, is_batched
 
 
 def _sync(device):
@@ -24,11 +34,9 @@ def _sync(device):
 
 def data_spec_for(cfg) -> dict:
     """The data spec without materialising a dataset when it is synthetic (benches can be huge)."""
-    from genlab.core.registry import dataset_registry
     d, spec = cfg.data, dataset_registry.spec(cfg.data.name)
     if spec.synthetic and spec.shape is not None:
         return spec.shape(d)
-    from genlab.data import build_dataset
     return build_dataset(d).spec
 
 
@@ -36,11 +44,7 @@ class BenchStep:
     """The trainer's own step (train.step.TrainStep) on a fixed synthetic batch, with optional per-phase timing."""
 
     def __init__(self, cfg):
-        from genlab.runtime.parallel import init_distributed
-        from genlab.train.step import TrainStep
-        from genlab.runtime.switches import build_precision
         self.cfg, tcfg = cfg, cfg.train
-        from genlab.config.check import batched_label, is_batched
         if is_batched(cfg):  # it would time one member's step and call that the batched rate
             raise GenlabError(f"genlab bench times one run's step; time {batched_label(cfg)} with "
                               "benchmarks/batched_seeds.py")
@@ -266,13 +270,11 @@ def count_host_syncs(b: "BenchStep") -> tuple[int | None, list[str]]:
 
 
 def _compiled_graphs() -> int:
-    from genlab.runtime.switches import compile_counts
     return compile_counts()["graphs"]
 
 
 def _model_label(mcfg) -> str:
     """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
-    from genlab.core.registry import model_registry
     patches = "model.patch_size" in {k.dotted for k in model_registry.spec(mcfg.name).keys} | \
         set(model_registry.spec(mcfg.name).reads)
     return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if patches else "")
@@ -328,7 +330,6 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
     torch.compile compiles) runs unlocked, in parallel with the others' compilation; the rest, timing included,
     holds the lock. The step time is then the faster of two windows, since another process's first step may
     still run on the GPU during one of them."""
-    from genlab.runtime.metrics import peak_flops
     b = BenchStep(cfg)
     dev, tcfg = b.device, cfg.train
     shared, warmup_total = bool(turn_lock), warmup
@@ -362,7 +363,6 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
             _sync(dev)
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
         turn = [turn_start, time.time()]  # wall clock (epoch s) of the measured part: turns must not overlap
-    from genlab.runtime.parallel import leave_distributed
     leave_distributed(b.dist)
     peak = peak_flops(dev)
     flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device

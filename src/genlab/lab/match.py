@@ -20,6 +20,8 @@ import torch
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import mlp_registry, model_registry
+from genlab.families.image_flow.dit import dit_size
+from genlab.config.tree import ModelConfig
 
 # the data shape of the shipped DiT-B/2 ablations (synthetic 32x32x4 latents, 1000 classes): constant_param_dims'
 # default, for base configs whose data shape is only known once the data is read
@@ -49,7 +51,6 @@ def _ratio_for(hidden: int, dim: int) -> float:
 def match_params(cfg_model, data_spec: dict, target: int, tol: float = 0.02) -> dict:
     """{dim, heads, depth, mlp_ratio} for cfg_model's backbone with ~`target` parameters (|error| <= tol),
     keeping its depth and head width (model.dim / model.heads). Raises GenlabError when no width gets there."""
-    from genlab.families.image_flow.dit import dit_size
     dim0, depth, heads0 = dit_size(cfg_model)
     head_dim = dim0 // heads0
     base = dataclasses.replace(cfg_model, depth=depth)
@@ -103,7 +104,6 @@ def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_di
     Block parameters grow as depth * dim^2 (12 dim^2 for attention + MLP, 6 dim^2 for adaLN), so
     dim ~ ref_dim * sqrt(ref_depth / depth) is the start; neighbouring multiples are compared by exact count.
     """
-    from genlab.config.tree import ModelConfig
     base = dataclasses.replace(model if model is not None else ModelConfig(size="B"), name="dit")
     spec = spec or LATENT_SPEC
 

@@ -18,6 +18,11 @@ from genlab.core.registry import convert_registry
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
 from genlab.nn.float8 import FLOAT8_KEYS, SKIP_PARTS
+from genlab.nn.float8 import convert_float8
+from genlab.nn.float8 import check_float8_device
+from genlab.nn.float8 import precompute_scales
+from genlab.nn.bitlinear import add_input_norm
+from genlab.nn.bitlinear import to_bitlinear
 
 
 @dataclass
@@ -31,7 +36,6 @@ class Converter:
 
 def _float8(recipe):
     def apply(model, device, cfg=None):
-        from genlab.nn.float8 import convert_float8
         min_dim = cfg.train.float8_min_dim if cfg is not None else 0
         emulate = device.type != "cuda"  # emulated off CUDA: sampling only
         # only the trained copy: the EMA (no grads) is gathered for sampling, where a plain weight is what is wanted
@@ -40,12 +44,10 @@ def _float8(recipe):
         return convert_float8(model, recipe, emulate=emulate, min_dim=min_dim, all_gather=all_gather)
 
     def check(device):
-        from genlab.nn.float8 import check_float8_device
         check_float8_device(device)
 
     def after_step(model, cfg):
         if cfg.train.float8_all_gather:
-            from genlab.nn.float8 import precompute_scales
             precompute_scales(model)
     return Converter(apply, check, after_step, linears=True)
 
@@ -65,7 +67,6 @@ def bitlinear_filter(module: nn.Module, name: str) -> bool:
 def add_bitnet_norms(model: nn.Module, cfg) -> None:
     """train.bitlinear_norm=rmsnorm: BitNet's input RMSNorm in front of every block linear the converter will
     quantise (nn/bitlinear.py); both BitNet converters read it, so their models and checkpoints match."""
-    from genlab.nn.bitlinear import add_input_norm
     if cfg is not None and cfg.train.bitlinear_norm == "none":
         return
     for name, m in list(model.named_modules()):
@@ -74,7 +75,6 @@ def add_bitnet_norms(model: nn.Module, cfg) -> None:
 
 
 def _bitlinear(model, device, cfg=None):
-    from genlab.nn.bitlinear import to_bitlinear
     for name, m in list(model.named_modules()):
         if bitlinear_filter(m, name):
             to_bitlinear(m)

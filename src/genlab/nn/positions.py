@@ -10,6 +10,7 @@ import torch.nn as nn
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import position_registry
+from genlab.core.registry import model_registry
 
 
 def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:
@@ -126,7 +127,6 @@ def check_position_fits(name: str, model: str, rank: int | None = None):
     """Names not fitting the model's token grid fail with the fitting ones (unknown names: the registry's message)."""
     position_registry.get(name)
     if rank is None:
-        from genlab.core.registry import model_registry
         rank = model_registry.spec(model).grid_rank
     fits = fitting_positions(rank) if rank else position_registry.names()
     if name not in fits:

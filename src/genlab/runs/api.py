@@ -15,13 +15,16 @@ import torch
 
 from genlab.config.tree import Config
 from genlab.core.errors import GenlabError
+from genlab.config.tree import apply_dict, parse_override, validate
+from genlab.config.tree import load_config as _load
+from genlab.train.seeds import train as _train
+from genlab.runs import load as run_loader
+from genlab.config.fields import did_you_mean
 
 
 def load_config(preset: str | None = None, overrides=()) -> Config:
     """Defaults <- preset (a name from `genlab list`, or a .toml path; None = digits_flow) <- overrides,
     given as `["section.key=value", ...]` or `{"section.key": value}`. Checked like the CLI's."""
-    from genlab.config.tree import apply_dict, parse_override, validate
-    from genlab.config.tree import load_config as _load
     if isinstance(overrides, str):
         raise GenlabError(f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}")
     if not isinstance(overrides, dict):
@@ -38,7 +41,6 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     """Train one run (a Config, or a preset name) and return its summary: run_dir, status, step, loss,
     samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or checkpoint. With
     train.seeds set, the list of every seed's summary (batched seeds)."""
-    from genlab.train.seeds import train as _train
     return _train(cfg, resume=resume)
 
 
@@ -47,9 +49,8 @@ class Run:
     `.config`, `.device`, `.step`, `.spec` (the dataset spec the model was built for)."""
 
     def __init__(self, path, device="auto", ema=True):
-        from genlab.runs.load import load_run as _load
         self.path = Path(path)
-        self.config, self.model, self.method, self.device, state = _load(path, device, ema)
+        self.config, self.model, self.method, self.device, state = run_loader.load_run(path, device, ema)
         self.step, self.spec = state["step"], state["data_spec"]
 
     def __repr__(self):
@@ -68,7 +69,6 @@ class Run:
         valid = self.method.sample_options
         for k in options:
             if k not in valid:
-                from genlab.config.fields import did_you_mean
                 raise GenlabError(f"Run.sample: unknown option '{k}'{did_you_mean(k, valid)} for method "
                                   f"{self.config.method.name}; valid: n, seed, steps, text, {', '.join(valid)}")
         if n < 1:

@@ -10,6 +10,12 @@ from pathlib import Path
 
 from genlab.core.errors import GenlabError
 from genlab.runtime.export_folder import CARD, CONFIG, FORMAT, META, VERSION, WEIGHTS, is_export_folder, sha256, split_tied
+from genlab.runs.load import load_run
+from genlab.runtime.checkpoint import load_checkpoint
+from genlab.config.tree import dumps_toml, to_dict
+from genlab.runtime import checkpoint as ckpt
+from genlab.runs.model_card import model_card
+import genlab
 
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")  # an --out with one of these is a mistyped file, not a folder
 
@@ -29,8 +35,6 @@ def check_out(out, force: bool) -> Path:
 
 def exported_state(run, ema: bool = True):
     """(checkpoint state whose sampling weights are those of the model as sample/eval load it, that model)."""
-    from genlab.runs.load import load_run
-    from genlab.runtime.checkpoint import load_checkpoint
     state = load_checkpoint(run)
     if state.get("quant"):  # its file holds the source's float weights; torchao's tensors are rebuilt at load
         raise GenlabError(f"'{run}' is a quantized run ({state['quant'].get('format')}): export its source run "
@@ -67,10 +71,6 @@ def export_folder(run, out, ema: bool = True, force: bool = False) -> Path:
     """Write RUN as the folder OUT (see the module doc). Returns OUT."""
     from safetensors.torch import save_file
 
-    import genlab
-    from genlab.config.tree import dumps_toml, to_dict
-    from genlab.runtime import checkpoint as ckpt
-    from genlab.runs.model_card import model_card
     out = check_out(out, force)
     state, model = exported_state(run, ema)
     cfg = ckpt.config_of(state)

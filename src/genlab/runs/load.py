@@ -9,13 +9,20 @@ from genlab.data import build_dataset
 from genlab.core.errors import GenlabError
 from genlab.sampling.images import eval_context
 from genlab.families.build import load_run, model_from_state, sampling_keys, check_eval_overrides, _run_dir  # noqa: F401 (the front ends' loader)
+from genlab.runtime.switches import build_precision
+from genlab.core.registry import all_registries
+from genlab.families.image_flow.flow import check_sampler_conditions
+from genlab.config.check import check_data_on_disk
+from genlab.eval.cost import cost_summary
+from genlab.eval.nfe import nfe_grid, nfe_rows, write_table
+from genlab.config.check import read_keys
+from genlab.eval.nfe import parse_int_list, samplers_of
 
 
 def sampling_precision(cfg, device):
     """The run's training precision (train.precision) for sampling and evaluating it: the trainer evaluates under
     that autocast, so `genlab eval` / `sample` / `analyze` of a bf16 run sample in bf16 as its training-time
     evaluations did (the same numbers, and tensor-core speed on a GPU instead of float32 matmuls)."""
-    from genlab.runtime.switches import build_precision
     return build_precision(cfg.train.precision, torch.device(device))
 
 
@@ -29,7 +36,6 @@ def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=Non
         if not ok:
             raise GenlabError(f"{flag} must be {want}, got {v}")
     if sampler is not None:
-        from genlab.core.registry import all_registries
         all_registries()["sampler"].get(sampler)
 
 
@@ -50,7 +56,6 @@ def check_sample_options(cfg, method, given: dict) -> None:
             raise GenlabError(f"{SAMPLE_FLAGS[k]} does not apply to a run of method {cfg.method.name}; its sample "
                               f"options: {', '.join(own) or 'none'} (and --n, --steps, --seed, --out)")
     if given.get("sampler") is not None:
-        from genlab.families.image_flow.flow import check_sampler_conditions
         check_sampler_conditions(cfg.method.name, [given["sampler"]])
 
 
@@ -78,7 +83,6 @@ def evaluate_run(run, overrides=(), device="auto"):
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     nfe_table = _nfe_table_wanted(cfg, method)
     method.check_eval(cfg)  # weights of eval.metrics present before sampling
-    from genlab.config.check import check_data_on_disk
     check_data_on_disk(cfg)  # eval.val_path, before sampling
     data = build_dataset(cfg.data)
     ctx = eval_context(cfg, dev, _run_dir(run))
@@ -90,8 +94,6 @@ def _evaluate(cfg, model, method, data, ctx, state, nfe_table):
     res = method.evaluate(model, data, ctx)
     if nfe_table:  # eval.nfe_list: the same evaluation per (sampler, NFE), as a table (eval/nfe.py)
         import sys
-        from genlab.eval.cost import cost_summary
-        from genlab.eval.nfe import nfe_grid, nfe_rows, write_table
         res["nfe_table"] = nfe_rows(method, model, data, ctx, cfg)
         res["cost"] = cost_summary(ctx["run_dir"])
         res["nfe_grid"] = str(nfe_grid(method, model, ctx, cfg, ctx["run_dir"] / "eval_nfe.png"))
@@ -103,10 +105,8 @@ def _evaluate(cfg, model, method, data, ctx, state, nfe_table):
 
 def _nfe_table_wanted(cfg, method) -> bool:
     """eval.nfe_list set on a run whose components read it; its values are checked before any sampling."""
-    from genlab.config.check import read_keys
     if not cfg.eval.nfe_list or "eval.nfe_list" not in read_keys(cfg):
         return False
-    from genlab.eval.nfe import parse_int_list, samplers_of
     parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
     samplers_of(cfg)
     return True

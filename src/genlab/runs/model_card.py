@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from genlab.config.tree import Config, apply_dict, load_toml, resolve_preset_path, to_dict
+from genlab.core.errors import GenlabError
 
 FOLDER_KEYS = {("train", "out_dir"), ("train", "name")}  # they name the run folder, not the model
 FAMILY_TAG = {"image": "image-generation", "latent": "image-generation", "text": "text-generation",
@@ -15,8 +17,6 @@ SKIP_METRICS = {"step", "world", "wall_time", "best_step"}  # shown elsewhere in
 def train_command(cfg) -> tuple[str, list[str]]:
     """(a `genlab train` command that rebuilds this config, its overrides): the keys that differ from the preset.
     A preset that is no longer shipped gives the full config file instead."""
-    from genlab.config.tree import Config, apply_dict, load_toml, resolve_preset_path, to_dict
-    from genlab.core.errors import GenlabError
     try:
         base = apply_dict(Config(), load_toml(resolve_preset_path(cfg.preset)), source=cfg.preset)
     except GenlabError:

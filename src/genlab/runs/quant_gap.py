@@ -10,6 +10,12 @@ from pathlib import Path
 
 from genlab.core.errors import GenlabError
 from genlab.runtime import checkpoint as ckpt
+from genlab.config.check import check_data_on_disk
+from genlab.data import build_dataset
+from genlab.nn.ptq import check_format, quantize_model
+from genlab.runs.load import load_run, sampling_precision
+from genlab.sampling.images import eval_context
+from genlab.runtime.parallel import resolve_device
 
 HIGHER_IS_BETTER = ("sample_accuracy", "precision", "recall", "classifier_val_acc")
 
@@ -46,12 +52,6 @@ def trend(steps, gaps) -> dict:
 
 def quant_gap(run, formats=("int8", "nf4"), overrides=(), device="auto", adaln=False) -> dict:
     """Evaluate every checkpoint of `run` in float and in each format; write RUN/analysis/quant_gap.{md,json,png}."""
-    from genlab.config.check import check_data_on_disk
-    from genlab.data import build_dataset
-    from genlab.nn.ptq import check_format, quantize_model
-    from genlab.runs.load import load_run, sampling_precision
-    from genlab.sampling.images import eval_context
-    from genlab.runtime.parallel import resolve_device
     run = Path(run)
     if not formats:
         raise GenlabError("--formats: give at least one of nf4, int8, int4, fp8")

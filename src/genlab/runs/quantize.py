@@ -7,6 +7,11 @@ from pathlib import Path
 
 from genlab.core.errors import GenlabError
 from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.export_folder import is_export_folder
+from genlab.nn.ptq import check_format
+from genlab.runs.load import model_from_state
+from genlab.runtime.parallel import resolve_device
+from genlab.nn.ptq import quantize_model
 
 # what only resuming training reads: a quantized run is for sampling and evaluation
 TRAINING_ONLY = ("optimizer", "scaler", "loader", "gen", "torch_rng", "device_rng")
@@ -14,7 +19,6 @@ RECORD_NAME = "quant.json"
 
 
 def source_dir(run_or_ckpt) -> Path:
-    from genlab.runtime.export_folder import is_export_folder
     p = ckpt.resolve_checkpoint(run_or_ckpt)
     if is_export_folder(p):  # genlab export's folder: its output goes next to it
         return p
@@ -39,9 +43,6 @@ def pick_weights(state: dict, weights: str | None) -> tuple[dict, str]:
 
 def quantize_run(run, fmt: str, out=None, weights: str | None = None, device="cpu", adaln: bool = False) -> dict:
     """Quantize a run's weights into a new folder (never over an existing one); returns the record."""
-    from genlab.nn.ptq import check_format
-    from genlab.runs.load import model_from_state
-    from genlab.runtime.parallel import resolve_device
     dev = resolve_device(device, key="--device")
     check_format(fmt, dev)  # an unknown format or one this device cannot run: before anything is read
     out = Path(out) if out else default_out(run, fmt)
@@ -54,7 +55,6 @@ def quantize_run(run, fmt: str, out=None, weights: str | None = None, device="cp
     kept = {k: v for k, v in state.items() if k not in TRAINING_ONLY}
     kept.update(model=chosen, ema=None)
     # measure on the model as sample/eval will build it (converters applied), then keep only the record
-    from genlab.nn.ptq import quantize_model
     _, model, _, _, _ = model_from_state(kept, str(run), str(dev), ema=False)
     record = quantize_model(model, fmt, dev, adaln=adaln)
     record = {**record, "source": str(ckpt.resolve_checkpoint(run)), "source_step": int(state.get("step", 0)),

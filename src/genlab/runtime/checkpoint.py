@@ -8,6 +8,10 @@ from pathlib import Path
 import torch
 
 from genlab.core.errors import GenlabError
+from genlab.runtime.export_folder import is_export_folder, load_export_folder
+from genlab.runtime import dcp
+from genlab.config.tree import from_dict
+from genlab.core.registry import convert_registry
 
 CKPT_RE = re.compile(r"step_(\d+)\.(pt|dcp)$")  # .dcp: sharded folder (runtime/dcp.py)
 BEST_NAME = "best.pt"  # log.keep_best: the state with the lowest validation metric
@@ -62,7 +66,6 @@ def run_dir_of(path_or_run) -> Path:
 
 
 def resolve_checkpoint(path_or_run) -> Path:
-    from genlab.runtime.export_folder import is_export_folder
     p = Path(path_or_run)
     if p.is_file() or (p.is_dir() and p.suffix == ".dcp") or is_export_folder(p):
         return p
@@ -78,12 +81,10 @@ def resolve_checkpoint(path_or_run) -> Path:
 
 
 def load_checkpoint(path_or_run, map_location="cpu") -> dict:
-    from genlab.runtime.export_folder import is_export_folder, load_export_folder
     p = resolve_checkpoint(path_or_run)
     if is_export_folder(p):  # `genlab export RUN --out DIR`: config.toml + model.safetensors + genlab.json
         return load_export_folder(p)
     if p.suffix in (".dcp", ".safetensors"):
-        from genlab.runtime import dcp
         try:
             return dcp.load_dcp_full(p) if p.suffix == ".dcp" else dcp.load_safetensors(p)
         except GenlabError:
@@ -120,7 +121,6 @@ def config_of(state: dict):
     """The Config a checkpoint was trained with. Configs saved before `model.pos_emb` also chose DiT positions
     (they lack train.convert) meant a DiT's fixed sin-cos table by it, whatever the key said. Configs saved before
     `train.bitlinear_norm` trained their BitNet converters without the input norm: they load as `none`."""
-    from genlab.config.tree import from_dict
     d = {sec: dict(v) if isinstance(v, dict) else v for sec, v in state["config"].items()}
     if "convert" not in d.get("train", {}) and d.get("model", {}).get("pos_emb") == "learned" and d["model"].get("name") == "dit":
         d["model"]["pos_emb"] = "auto"
@@ -131,7 +131,6 @@ def config_of(state: dict):
 
 
 def _reads_bitlinear_norm(convert) -> bool:
-    from genlab.core.registry import convert_registry
     names = [convert] if isinstance(convert, str) else list(convert)
     return any(n in convert_registry and "train.bitlinear_norm" in
                [k.dotted for k in convert_registry.spec(n).keys] + list(convert_registry.spec(n).reads) for n in names)

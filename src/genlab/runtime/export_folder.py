@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from genlab.core.errors import GenlabError
+from genlab.config.tree import load_toml
 
 FORMAT, VERSION = "genlab-export", 1
 META, CONFIG, WEIGHTS, CARD = "genlab.json", "config.toml", "model.safetensors", "README.md"
@@ -80,7 +81,6 @@ def load_export_folder(path) -> dict:
     """An export folder as a checkpoint-shaped dict that sample / eval / load_run / init_from understand."""
     from safetensors import safe_open
 
-    from genlab.config.tree import load_toml
     p = Path(path)
     meta = _read_meta(p)
     for name in (CONFIG, WEIGHTS):

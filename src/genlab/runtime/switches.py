@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from genlab.core.errors import GenlabError
 from genlab.config import fields as cf
 from genlab.core.registry import ac_registry, compile_mode_registry, compile_registry, precision_registry
+from genlab.runtime.parallel import local
 
 
 # -- precision --------------------------------------------------------------------------------
@@ -290,7 +291,6 @@ class CompiledUpdate:
     two)."""
 
     def __init__(self, optimizers, ema_params, params, tcfg, device):
-        from genlab.runtime.parallel import local
         self.optimizers = list(optimizers)
         # torch's Optimizer.step wrapper calls torch._dynamo.graph_break() around the step (so that aot sees a no-grad
         # graph); inside this function's loop that break made dynamo skip the whole update and run it eagerly. The

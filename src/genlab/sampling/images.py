@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from genlab.core import progress
+from genlab.nn.autoencoders import load_autoencoder
 
 
 def eval_context(cfg, device, run_dir, **extra) -> dict:
@@ -52,7 +53,6 @@ def codec_of(spec: dict, device):
         return None
     key = (desc["spec"], str(device))
     if key not in _CODECS:
-        from genlab.nn.autoencoders import load_autoencoder
         _CODECS[key] = load_autoencoder(desc["spec"], device)
     return _CODECS[key]
 

@@ -35,6 +35,19 @@ from genlab.core.errors import GenlabError, one_line
 from genlab.config.check import SEEDS_SUPPORTED as SUPPORTED, VARIANT_KEYS, batched_label, member_name, parse_seeds, variant_lists
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.train.trainer import Trainer
+from genlab.config.tree import apply_overrides
+from genlab.nn.attention import plain_softmax_attention
+from genlab.train.trainer import train as train_one
+from genlab.config.check import is_batched
+from genlab.config.tree import load_config
+from genlab.optim.state import state_bytes
+from genlab.optim.build import build_optimizer
+from genlab.runtime.switches import _mode
+from genlab.optim.schedules import lr_at, lr_schedule_registry
+from genlab.train.step import ema_update
+from genlab.runtime.switches import set_lr
+from genlab.families.base import StepContext
+from genlab.train.trainer import config_for_resume
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
 ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
@@ -52,7 +65,6 @@ def seed_configs(cfg: Config) -> list[Config]:
     import itertools
     from datetime import datetime
 
-    from genlab.config.tree import apply_overrides
     name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     lists = variant_lists(cfg)
     seeds = parse_seeds(cfg.train.seeds) if cfg.train.seeds else [cfg.train.seed]
@@ -125,7 +137,6 @@ class SeedRun(Trainer):
         return state
 
     def _optim_state_mib(self) -> float:
-        from genlab.optim.state import state_bytes
         return state_bytes(self.engine.optimizer) / self.engine.n / 2**20
 
     def _summary_extra(self) -> dict:
@@ -153,7 +164,6 @@ class StackedStep:
                     for i, p in enumerate(ps):
                         p.data = self.ema[j][i]
         self.params = dict(self.stacked.named_parameters())
-        from genlab.optim.build import build_optimizer
         self.optimizer = build_optimizer(self.stacked, self.cfg.optim)
         if type(self.optimizer) not in ELEMENTWISE_OPTIMIZERS:
             raise GenlabError(f"{batched_label(self.cfg)} needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
@@ -256,7 +266,6 @@ class StackedStep:
         vmapped = torch.vmap(one)
         if compiled and self.cfg.train.compile == "model":  # the vmapped forward as one graph, its backward another
             if getattr(self, "_compiled", None) is None:
-                from genlab.runtime.switches import _mode
                 self._compiled = torch.compile(vmapped, mode=_mode(self.cfg.train), dynamic=False)  # vmap: static shapes
             vmapped = self._compiled
         with self.attention_kernels(model):
@@ -285,9 +294,6 @@ class StackedStep:
 
     def run(self, step: int):
         """One optimizer step of every seed; each run's `pending` gets its (loss, grad norm, non-finite flag, metrics)."""
-        from genlab.optim.schedules import lr_at, lr_schedule_registry
-        from genlab.train.step import ema_update
-        from genlab.runtime.switches import set_lr
         tcfg = self.cfg.train
         for r in self.runs:  # the runs' own log their LR (and hold each member's)
             set_lr(r.optimizer, lr_at(step, tcfg.steps, r.cfg.optim))
@@ -325,7 +331,6 @@ class StackedStep:
         """One vmapped forward + backward on a synthetic batch before any run folder exists: a layer without a vmap
         rule (a custom kernel, a random op inside the model) fails here, in one line. On CUDA the attention kernels
         are tried in order (`attention_choices`) and the first that runs under vmap is kept for every step."""
-        from genlab.families.base import StepContext
         errors = []
         for name, kernels in attention_choices(self.device):
             gen = torch.Generator(device=self.device).manual_seed(0)
@@ -360,7 +365,6 @@ def attention_choices(device: torch.device) -> list:
     failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
     available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
     (models/attention.plain_softmax_attention): the same function, softmax in float32."""
-    from genlab.nn.attention import plain_softmax_attention
     if device.type != "cuda":
         return [("default", lambda model: contextlib.nullcontext())]
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -375,7 +379,6 @@ class SeedsTrainer:
 
     def __init__(self, cfg: Config | None = None, resume: list[str] | None = None, overrides: list[str] = ()):
         if resume:
-            from genlab.train.trainer import config_for_resume
             cfgs = [config_for_resume(p, list(overrides)) for p in resume]
             _check_same_config(cfgs, resume)
             self.runs = [SeedRun(c, resume=p) for c, p in zip(cfgs, resume)]
@@ -496,11 +499,8 @@ def _get(cfg, dotted: str):
 def train(cfg: Config | str | None = None, resume: str | None = None):
     """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds (or train.lrs, ...) set the list of
     every member's summary, in member order (seed_configs)."""
-    from genlab.train.trainer import train as train_one
     if cfg is None or isinstance(cfg, str):
-        from genlab.config.tree import load_config
         cfg = load_config(cfg)
-    from genlab.config.check import is_batched
     if isinstance(cfg, Config) and is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with resume: resume each member's run, SeedsTrainer(resume=[run, ...])")

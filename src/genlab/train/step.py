@@ -22,11 +22,11 @@ from genlab.families.build import build_model_and_method, check_model_shapes  # 
 from genlab.runtime.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.runtime.stop import start_compile_workers
 from genlab.runtime.switches import CompiledUpdate, allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
+from genlab.runtime import checkpoint as ckpt
 
 
 def init_weights_from(model, source: str) -> None:
     """train.init_from: the weights (not the EMA, optimizer or step) of a checkpoint or exported model.safetensors."""
-    from genlab.runtime import checkpoint as ckpt
     weights = ckpt.load_checkpoint(source)["model"]
     check_model_shapes(model, weights, source, verb="initialise from")
     model.load_state_dict(weights)

@@ -28,6 +28,19 @@ from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distr
 from genlab.train.step import build_model_and_method, check_model_shapes, ema_update, TrainStep  # noqa: F401 (re-exported)
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.runtime.switches import build_precision, compile_counts, lr_value
+from genlab.config.check import read_keys
+from genlab.config.tree import load_config
+from genlab.config.tree import apply_overrides, validate
+from genlab.config.check import batched_label, is_batched
+from genlab.config.check import check_data_on_disk
+from genlab.runtime.dcp import load_dcp_optimizer
+from genlab.config.check import config_warnings
+from genlab.runtime.dcp import save_dcp
+from genlab.optim.state import state_bytes
+from genlab.sampling.images import eval_context
+from genlab.runtime.dcp import export_safetensors
+from genlab.nn.float8 import plan_summary
+from genlab.core.progress import TrainStatus
 
 
 class NonFiniteLoss(RuntimeError):
@@ -40,7 +53,6 @@ RUN_BUSY = ("run folder '{run}' is being trained by another genlab process (pid 
 
 class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None):
-        from genlab.config.check import batched_label, is_batched
         if is_batched(cfg):
             raise GenlabError(f"{batched_label(cfg)} trains several runs in one process: use genlab.train(cfg) or "
                               "`genlab train`, or genlab.train.seeds.SeedsTrainer")
@@ -59,7 +71,6 @@ class Trainer:
         # the same seed on every rank while the model is built: FSDP2 keeps each rank's own shard of its
         # local init (DDP would broadcast rank 0's), so differing seeds would stitch several inits together
         torch.manual_seed(tcfg.seed)
-        from genlab.config.check import check_data_on_disk
         check_data_on_disk(cfg)
         self.data = build_dataset(cfg.data)
         self.spec = self.data.spec
@@ -94,7 +105,6 @@ class Trainer:
 
     def _restore(self, state):
         if state.get("dcp_path"):
-            from genlab.runtime.dcp import load_dcp_optimizer
             load_dcp_optimizer(state["dcp_path"], self.base, self.optimizer)
             gens = state.get("gens") or [state["gen"]]
             if self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
@@ -127,7 +137,6 @@ class Trainer:
         made = self.dist.is_main and resume_state is None and not self.run_dir.exists()
         try:
             if self.dist.is_main:
-                from genlab.config.check import config_warnings
                 warnings = config_warnings(cfg)  # printed before training and kept with the run's config
                 for w in warnings:
                     print(f"genlab: warning: {w}", file=sys.stderr)
@@ -170,7 +179,6 @@ class Trainer:
     def save(self):
         self._check_finite()  # never write a checkpoint of a diverged model
         if self.sharded:  # every rank writes its shards (torch.distributed.checkpoint)
-            from genlab.runtime.dcp import save_dcp
             meta = {k: v for k, v in self._state(weights=False).items()}
             path = save_dcp(ckpt.ckpt_dir(self.run_dir), self.step, self.base, self.optimizer, self.ema, meta, self.dist)
             if self.dist.is_main and self.cfg.log.keep_last > 0:
@@ -212,7 +220,6 @@ class Trainer:
 
     def _optim_state_mib(self) -> float:
         """MiB of every optimizer's state tensors on this rank (metadata only: no sync)."""
-        from genlab.optim.state import state_bytes
         return sum(state_bytes(o) for o in self.steps.optimizers.values()) / 2**20
 
     def _check_finite(self):
@@ -222,7 +229,6 @@ class Trainer:
 
     # -- eval and samples -----------------------------------------------------------------------
     def eval_ctx(self):
-        from genlab.sampling.images import eval_context
         return eval_context(self.cfg, self.device, self.run_dir)
 
     def sample_model(self):
@@ -248,7 +254,6 @@ class Trainer:
 
     def export_weights(self):
         """Consolidated safetensors of the sampling weights next to a sharded run (what sample/eval load)."""
-        from genlab.runtime.dcp import export_safetensors
         weights = self._gathered()  # collective
         if self.dist.is_main:
             return export_safetensors({"model": weights, "config": to_dict(self.cfg), "data_spec": self.spec,
@@ -464,7 +469,6 @@ class Trainer:
         print(progress.start_line(self.run_dir, self.step, self.cfg.train.steps, self.cfg.train.batch_size, dev), flush=True)
         plan = getattr(self.base, "float8_plan", None)
         if plan is not None:  # the float8 size filter's decision per linear: one line here, every layer in the run folder
-            from genlab.nn.float8 import plan_summary
             print(f"genlab: {plan_summary(plan)}", flush=True)
             rows = [{"name": n, "in": i, "out": o, "float8": not why, "skipped": why} for n, i, o, why in plan]
             (self.run_dir / "float8_layers.json").write_text(json.dumps(rows, indent=1))
@@ -479,14 +483,12 @@ class Trainer:
         """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
         if not (self.cfg.log.progress and self.dist.is_main):
             return None
-        from genlab.core.progress import TrainStatus
         return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
 
 
 def run_config_dict(cfg) -> dict:
     """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
     warning's subject stays visible); loading it back gives the same Config, the rest at their defaults."""
-    from genlab.config.check import read_keys
     read, d = read_keys(cfg), to_dict(cfg)
     defaults = to_dict(type(cfg)())
     return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
@@ -498,7 +500,6 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
     checkpoint. `genlab.train(cfg)` is train/seeds.py's train: this, or with train.seeds the batched seeds."""
     if cfg is None or isinstance(cfg, str):
-        from genlab.config.tree import load_config
         cfg = load_config(cfg)
     if not isinstance(cfg, Config):
         raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
@@ -507,7 +508,6 @@ def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
 
 def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
     """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
-    from genlab.config.tree import apply_overrides, validate
     state = ckpt.load_checkpoint(run_or_ckpt)
     cfg = ckpt.config_of(state)
     apply_overrides(cfg, overrides)

@@ -35,6 +35,12 @@ from genlab.config import fields as cf
 from genlab.families.base import Extra, Method
 from genlab.runtime.parallel import unwrap
 from genlab.core.registry import method_registry
+from genlab.data.pixels import to_model
+from genlab.eval.real_split import real_split
+from genlab.core.files import write_atomic
+from genlab.data import build_dataset
+from genlab.data.pixels import to_pixels
+from genlab.eval.image_quality import save_grid
 
 STATS_FILE = "latent_stats.json"
 PREVIEW_IMAGES = 16
@@ -94,7 +100,6 @@ def adaptive_weight(rec_loss, gan_loss, last_layer) -> torch.Tensor:
 def reconstruct(model, images_u8, batch: int, device):
     """Held-out uint8 [N, H, W, C] -> (originals, reconstructions from the posterior mean, latents), float [-1, 1]
     on the CPU, in batches."""
-    from genlab.data.pixels import to_model
     base = unwrap(model)
     xs, recs, zs = [], [], []
     for i in range(0, len(images_u8), batch):
@@ -120,7 +125,6 @@ def latent_stats(z: torch.Tensor) -> dict:
 
 def held_out_images(cfg, data, n: int) -> tuple[np.ndarray, str]:
     """n held-out images, as image evaluation picks them (eval/real_split.py: eval.val_path or a fixed half)."""
-    from genlab.eval.real_split import real_split
     split = real_split(data, cfg.eval.val_path, 0, n)
     return split.held_out, split.source
 
@@ -171,7 +175,6 @@ class Autoencoder(Method):
     # -- evaluation and pictures -----------------------------------------------------------------------------
     def _dataset(self, cfg):
         if self._data is None:
-            from genlab.data import build_dataset
             self._data = build_dataset(cfg.data)
         return self._data
 
@@ -188,8 +191,6 @@ class Autoencoder(Method):
 
     def recon_grid(self, model, path, n, device, cfg):
         """Held-out originals (odd rows) above their reconstructions (even rows), up to 8 per row."""
-        from genlab.data.pixels import to_pixels
-        from genlab.eval.image_quality import save_grid
         images, _ = held_out_images(cfg, self._dataset(cfg), n)
         x, rec, _ = reconstruct(model, images, 256, device)
         cols = min(8, len(x))
@@ -211,7 +212,6 @@ class Autoencoder(Method):
 
 
 def write_stats(run_dir, stats: dict) -> None:
-    from genlab.core.files import write_atomic
     write_atomic(Path(run_dir) / STATS_FILE, json.dumps(stats, indent=2))
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.core.registry import ModelExample, model_registry
+from genlab.core.registry import dataset_registry
 
 LOGVAR_RANGE = (-30.0, 20.0)  # LDM's clamp of the posterior log-variance
 
@@ -221,7 +222,6 @@ def check_image_size(side: int, mult) -> None:
 
 def check_autoencoder_model(cfg, dim, heads, depth):
     """Before any work: whole-number multiples, and a data image size the downsampling divides."""
-    from genlab.core.registry import dataset_registry
     mult = channel_mult(cfg.model)
     if (dim * mult[-1]) % heads:
         raise GenlabError(f"model.heads ({heads}) must divide the autoencoder's mid width ({dim * mult[-1]})")

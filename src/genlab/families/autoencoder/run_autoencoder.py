@@ -13,6 +13,10 @@ from pathlib import Path
 from genlab.nn.autoencoders import LatentCodec
 from genlab.core.errors import GenlabError
 from genlab.core.registry import autoencoder_registry
+from genlab.families.autoencoder.method import STATS_FILE, read_stats
+from genlab.runtime.checkpoint import resolve_checkpoint
+from genlab.core.registry import model_registry
+from genlab.families.build import load_run
 
 
 def _stats_dirs(arg: str) -> list[Path]:
@@ -22,7 +26,6 @@ def _stats_dirs(arg: str) -> list[Path]:
 
 
 def find_stats(arg: str) -> dict:
-    from genlab.families.autoencoder.method import STATS_FILE, read_stats
     for d in _stats_dirs(arg):
         s = read_stats(d)
         if s is not None:
@@ -32,7 +35,6 @@ def find_stats(arg: str) -> dict:
 
 
 def check_run(arg: str) -> None:
-    from genlab.runtime.checkpoint import resolve_checkpoint
     try:
         resolve_checkpoint(arg)
     except GenlabError as e:
@@ -60,8 +62,6 @@ class RunCodec(LatentCodec):
 @autoencoder_registry.register("run", "an autoencoder genlab trained (method autoencoder): run folder or "
                                       "checkpoint; scale 1/std, shift mean of its latents", arg="RUN", check=check_run)
 def build_run(arg, device):
-    from genlab.core.registry import model_registry
-    from genlab.families.build import load_run
     try:
         cfg, model, _, _, state = load_run(arg, device="cpu")
     except GenlabError as e:

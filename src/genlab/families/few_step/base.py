@@ -16,6 +16,10 @@ from genlab.core.errors import GenlabError
 from genlab.families.base import Extra
 from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, cfg_velocity, unwrap
 from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
+from genlab.runtime import checkpoint as ckpt
+from genlab.core.registry import method_registry
+from genlab.nn.bitlinear import InputRMSNorm
+from genlab.nn.conditions import ConditionSet
 
 TEACHER_KEYS = cf.declare("method",
     teacher=cf.F("", "few-step distillation: the flow teacher (a run folder, checkpoint or exported model.safetensors "
@@ -26,7 +30,6 @@ TEACHER_KEYS = cf.declare("method",
 
 
 def teacher_state(path: str) -> dict:
-    from genlab.runtime import checkpoint as ckpt
     if not path:
         raise GenlabError("this method needs method.teacher=RUN (a flow run folder, checkpoint or exported "
                           "model.safetensors)")
@@ -38,8 +41,6 @@ def teacher_state(path: str) -> dict:
 
 def check_teacher(state: dict, spec: dict, path: str):
     """The teacher run's config, or a one-line error when it cannot teach a student of data `spec`."""
-    from genlab.core.registry import method_registry
-    from genlab.runtime import checkpoint as ckpt
     tcfg = ckpt.config_of(state)
     tspec = method_registry.spec(tcfg.method.name)
     if tspec.output != "velocity" or tspec.conditions:
@@ -59,8 +60,6 @@ def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> N
     missing; their last layer starts at zero, so the student computes exactly the teacher's function at step 0. A
     BitNet student's input norms (train.bitlinear_norm) may be missing too: a float teacher has none; they start at
     gain 1."""
-    from genlab.nn.bitlinear import InputRMSNorm
-    from genlab.nn.conditions import ConditionSet
     sets = {name: m for name, m in model.named_modules() if isinstance(m, ConditionSet)}
     norms = [name for name, m in model.named_modules() if isinstance(m, InputRMSNorm)]
     own = model.state_dict()

@@ -35,6 +35,9 @@ from genlab.core.errors import GenlabError
 from genlab.families.base import Extra
 from genlab.runtime.parallel import unwrap
 from genlab.families.world.adversarial import finite_or_zero
+from genlab.families.image_flow.dit import dit_size
+from genlab.core.registry import model_registry
+from genlab.nn.embeddings import TimestepEmbedder
 
 COLLAPSE_RATIO = 0.5  # a student batch with under half the real batch's spread counts as a collapsed step
 T_FREQ = 64  # sinusoidal features of the re-noising time in each head's condition
@@ -70,8 +73,6 @@ def parse_blocks(text: str, depth: int) -> tuple[int, ...]:
 
 def check_disc_config(cfg) -> None:
     """Before any work: the backbone's blocks output tokens, and method.tdisc_blocks parses."""
-    from genlab.families.image_flow.dit import dit_size
-    from genlab.core.registry import model_registry
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method {cfg.method.name}'s discriminator reads the tokens a block outputs; model "
                           f"{cfg.model.name} has no such blocks (genlab list: model.dit)")
@@ -86,7 +87,6 @@ class TokenHead(nn.Module):
 
     def __init__(self, dim: int, hidden: int, num_classes: int):
         super().__init__()
-        from genlab.nn.embeddings import TimestepEmbedder
         sn = nn.utils.parametrizations.spectral_norm
         self.norm = nn.LayerNorm(dim, elementwise_affine=False)  # the residual stream's scale varies by block
         self.inp = sn(nn.Linear(dim, hidden))

@@ -18,12 +18,20 @@ import torch
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
+from genlab.core.registry import sampler_registry
+from genlab.core.registry import method_registry
+from genlab.runtime import checkpoint as ckpt
+from genlab.data.pairs import write_pairs
+from genlab.data.pixels import to_pixels
+from genlab.families.few_step.base import build_teacher
+from genlab.families.image_flow.flow import cfg_velocity, parse_interval
+from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
+from genlab.runtime.parallel import resolve_device
 
 
 def ode_samplers() -> list[str]:
     """The deterministic samplers: those that draw no noise of their own (no `generator` argument) and feed the
     model no input of their own (a plain flow run has none)."""
-    from genlab.core.registry import sampler_registry
     return [n for n, s in sampler_registry.specs()
             if "generator" not in inspect.signature(s.builder).parameters and not s.condition]
 
@@ -37,7 +45,6 @@ def check_pair_args(n, steps, cfg_scale, batch, out, sampler) -> None:
     if Path(out).exists():
         raise GenlabError(f"--out {out} exists; remove it or choose another folder")
     if sampler is not None and sampler not in ode_samplers():
-        from genlab.core.registry import sampler_registry
         sampler_registry.get(sampler)  # an unknown name: the valid choices
         raise GenlabError(f"sampler '{sampler}' is not a deterministic ODE sampler, so its samples are no function of "
                           f"their noise; pairs need one of: {', '.join(ode_samplers())}")
@@ -45,8 +52,6 @@ def check_pair_args(n, steps, cfg_scale, batch, out, sampler) -> None:
 
 def load_velocity_run(run: str):
     """(state, config) of a run whose model predicts a velocity with no extra inputs, else a one-line error."""
-    from genlab.core.registry import method_registry
-    from genlab.runtime import checkpoint as ckpt
     state = ckpt.load_checkpoint(run)
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run}' is not a genlab checkpoint (no data spec)")
@@ -74,13 +79,6 @@ def device_name(dev: torch.device) -> str:
 
 
 def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=256, seed=0, device="auto") -> Path:
-    from genlab.data.pairs import write_pairs
-    from genlab.data.pixels import to_pixels
-    from genlab.families.few_step.base import build_teacher
-    from genlab.families.image_flow.flow import cfg_velocity, parse_interval
-    from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
-    from genlab.core.registry import sampler_registry
-    from genlab.runtime.parallel import resolve_device
     check_pair_args(n, steps, cfg_scale, batch, out, sampler)
     state, tcfg = load_velocity_run(str(run))
     if state["data_spec"].get("codec"):  # pairs hold pixels beside the sampler's endpoints: not defined for latents yet

@@ -20,6 +20,15 @@ from genlab.families.image_flow.timesteps import resolve_shift, shift_time
 from genlab.config import fields as cf
 from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
+from genlab.sampling.block_cache import parse_block_list
+from genlab.families.image_flow.dit import dit_size
+from genlab.config.check import batched_label, is_batched
+from genlab.eval.nfe import parse_int_list, samplers_of
+from genlab.sampling.block_cache import cached_blocks
+from genlab.eval.metrics import check_metrics
+from genlab.sampling.images import sample_images
+from genlab.data.pixels import to_pixels
+from genlab.eval.image_quality import evaluate_class_conditional, save_class_grid, save_grid
 
 
 def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -176,7 +185,6 @@ class FlowMatching(Method):
         """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
         reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
         its evaluations (sampling/block_cache.py). Nothing when both are empty."""
-        from genlab.sampling.block_cache import cached_blocks
         if self.cache_schedule:
             self.check_cache_schedule(steps, sampler)
             period, plan = self.cache_schedule
@@ -213,11 +221,9 @@ class FlowMatching(Method):
                                   "drop one of them (method.cache_blocks works at any NFE)")
             self.check_cache_schedule(cfg.eval.sample_steps, cfg.method.sampler)
         if cfg.eval.num_samples > 0:
-            from genlab.eval.metrics import check_metrics
             check_metrics(cfg.eval)
 
     def evaluate(self, model, data, ctx) -> dict:
-        from genlab.eval.image_quality import evaluate_class_conditional
         return evaluate_class_conditional(self, model, data, ctx)
 
     def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
@@ -231,22 +237,18 @@ class FlowMatching(Method):
 
     def draw(self, model, n, *, steps=None, generator=None, device=None, class_id=None, labels=None, cfg_scale=None,
              sampler=None):
-        from genlab.sampling.images import sample_images
         return sample_images(self, model, self.labels_for(n, class_id, labels, device), steps=steps, cfg_scale=cfg_scale,
                              sampler=sampler, generator=generator, device=device)
 
     def sample_to_file(self, model, out, *, n=64, steps=None, generator=None, device=None, class_id=None, cfg_scale=None,
                        sampler=None, **_):
         """A PNG grid laid out by class: every column one class (grid_columns)."""
-        from genlab.data.pixels import to_pixels
-        from genlab.eval.image_quality import save_grid
         imgs = to_pixels(self.draw(model, n, steps=steps, generator=generator, device=device, class_id=class_id,
                                    cfg_scale=cfg_scale, sampler=sampler))
         cols = grid_columns(n, self.spec["num_classes"], class_id)
         return save_grid(imgs, (n + cols - 1) // cols, cols, out)
 
     def preview(self, model, path, ctx):
-        from genlab.eval.image_quality import save_class_grid
         return save_class_grid(self, model, path, ctx)
 
 
@@ -261,7 +263,6 @@ def grid_columns(n: int, k: int, class_id=None) -> int:
 
 def check_sampler_conditions(method_name: str, samplers) -> None:
     """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it."""
-    from genlab.core.registry import method_registry
     have = method_registry.spec(method_name).conditions or {}
     for name in samplers:
         need = sampler_registry.spec(name).condition
@@ -280,8 +281,6 @@ def cached_block_plan(cfg) -> list[int]:
     if text == "auto":
         raise GenlabError("method.cache_blocks=auto takes the blocks `genlab analyze RUN --what cache` picked, so it is "
                           "for genlab eval / genlab sample of an analysed run; give indices here, e.g. method.cache_blocks=2,3")
-    from genlab.sampling.block_cache import parse_block_list
-    from genlab.families.image_flow.dit import dit_size
     idx = parse_block_list(text, "method.cache_blocks", auto=False)
     depth = dit_size(cfg.model)[1]
     if idx[-1] >= depth:
@@ -303,7 +302,6 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
                           f"{key}=20/2:0,1;4:0")
     if str(cfg.method.cache_blocks).strip():
         raise GenlabError(f"method.cache_blocks and {key} are two ways to cache blocks; set one of them")
-    from genlab.families.image_flow.dit import dit_size
     depth = dit_size(cfg.model)[1]
     bad = GenlabError(f"{key} must be 'P/k:b,b;k:b' (P network evaluations per sample; at evaluation k, 1 <= k < P, "
                       f"blocks b reuse their last residual), got {text!r}")
@@ -332,11 +330,9 @@ def check_flow_config(cfg):
     cache_schedule_plan(cfg)
     samplers = [m.sampler]
     if cfg.eval.nfe_list:
-        from genlab.eval.nfe import parse_int_list, samplers_of
         parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
         samplers += samplers_of(cfg)
     check_sampler_conditions(cfg.method.name, samplers)
-    from genlab.config.check import batched_label, is_batched
     if is_batched(cfg) and m.timestep_sampler == "adaptive":
         raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
                           "a per-run extra module); pick another timestep sampler or train the runs one by one")

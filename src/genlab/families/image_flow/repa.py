@@ -23,6 +23,7 @@ from genlab.config import fields as cf
 from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
 from genlab.core.registry import method_registry, model_registry
+from genlab.families.image_flow.dit import dit_size
 
 
 class Projector(nn.Module):
@@ -57,7 +58,6 @@ class REPA(FlowMatching):
         super().__init__(cfg, data_spec)
         check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
         m = cfg.method
-        from genlab.families.image_flow.dit import dit_size
         dim, depth, _ = dit_size(cfg.model)
         grid = data_spec["image_size"] // cfg.model.patch_size
         self.block, self.weight, self.lr = aligned_block(m.repa_block, depth), m.repa_weight, m.repa_lr or None
@@ -115,7 +115,6 @@ def check_repa_config(cfg):
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
                           f"blocks: use a model whose blocks output them (genlab list: model.dit)")
-    from genlab.families.image_flow.dit import dit_size
     depth = dit_size(cfg.model)[1]
     if cfg.method.repa_block > depth:
         raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {cfg.method.repa_block}")

@@ -24,6 +24,14 @@ import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import repa_encoder_registry, spec_with_arg
+from genlab.eval.classifier import SmallConvNet
+from genlab.data import build_dataset
+from genlab.eval.classifier import get_classifier
+from genlab.runtime.parallel import resolve_device
+from genlab.families.build import build_teacher
+from genlab.families.image_flow.dit import dit_size
+from genlab.core.registry import model_registry
+from genlab.runtime import checkpoint as ckpt
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
@@ -91,7 +99,6 @@ class ConvEncoder(_Frozen):
 
 def conv_features(channels: int) -> nn.Sequential:
     """The convolutional trunk of eval/classifier.SmallConvNet (strides 1, 2, 2; 128 channels out)."""
-    from genlab.eval.classifier import SmallConvNet
     return SmallConvNet(channels, 2).features[:6]
 
 
@@ -104,9 +111,6 @@ def build_random(arg, cfg, spec, grid):
 @repa_encoder_registry.register("classifier", "the in-project feature CNN (eval/classifier.py), trained on the "
                                               "dataset and cached")
 def build_classifier(arg, cfg, spec, grid):
-    from genlab.data import build_dataset
-    from genlab.eval.classifier import get_classifier
-    from genlab.runtime.parallel import resolve_device
     # trained (when not cached) on the run's device: on the CPU it took a Fashion-MNIST run > 8 minutes
     device = resolve_device(cfg.train.device, int(os.environ.get("LOCAL_RANK", "0")))
     net, _ = get_classifier(build_dataset(cfg.data), device=device, epochs=cfg.eval.classifier_epochs)
@@ -137,10 +141,6 @@ class RunEncoder(_Frozen):
                                        "e.g. the masked autoencoder of `genlab train mnist_mae_encoder`",
                                 arg="RUN")  # read when built (a sweep stage may make it later)
 def build_run(arg, cfg, spec, grid):
-    from genlab.families.build import build_teacher
-    from genlab.families.image_flow.dit import dit_size
-    from genlab.core.registry import model_registry
-    from genlab.runtime import checkpoint as ckpt
     try:
         state = ckpt.load_checkpoint(Path(arg).expanduser())
     except GenlabError as e:

@@ -30,6 +30,8 @@ from genlab.families.lm import common as lm
 from genlab.families.base import Method
 from genlab.config import fields as cf
 from genlab.core.registry import method_registry
+from genlab.families.lm.autoregressive import score_nats
+from genlab.families.build import load_run
 
 SCHEDULES = ("loglinear", "cosine")
 
@@ -235,8 +237,6 @@ class MaskedDiffusion(Method):
 
     def generative_ppl(self, model, ctx) -> dict:
         """Perplexity of this model's samples under an autoregressive run (eval.gen_ppl_model = run dir)."""
-        from genlab.families.lm.autoregressive import score_nats
-        from genlab.families.build import load_run
         ecfg, device = ctx["eval"], ctx["device"]
         _, ar, ar_method, _, state = load_run(ecfg.gen_ppl_model, device=str(device))
         ar_spec = state["data_spec"]

@@ -21,6 +21,8 @@ from genlab.families.base import Method
 from genlab.runtime.parallel import unwrap
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image
 from genlab.core.registry import method_registry, model_registry
+from genlab.data.formats import read_image_dataset
+from genlab.data import build_dataset
 
 LN2 = math.log(2.0)
 
@@ -115,7 +117,6 @@ class ImageAR(Method):
     def heldout(self, data, k: int):
         """uint8 [k, H, W, C] held-out images (eval.val_path) and where they came from."""
         if self.cfg.eval.val_path:
-            from genlab.data.formats import read_image_dataset
             val = read_image_dataset(self.cfg.eval.val_path)
             if list(val.images.shape[1:]) != [self.H, self.H, self.C]:
                 raise GenlabError(f"eval.val_path images are {list(val.images.shape[1:])}, the model's {[self.H, self.H, self.C]}")
@@ -133,7 +134,6 @@ class ImageAR(Method):
         return nll / count / LN2
 
     def _data(self):
-        from genlab.data import build_dataset
         return build_dataset(self.cfg.data)
 
     @torch.no_grad()

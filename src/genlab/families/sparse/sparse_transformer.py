@@ -31,6 +31,8 @@ from genlab.core.errors import GenlabError
 from genlab.nn.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
 from genlab.config import fields as cf
 from genlab.core.registry import ModelExample, ac_registry, model_registry
+from genlab.core.registry import dataset_registry
+from genlab.config.check import _trains_on_cpu
 
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")
@@ -339,14 +341,12 @@ SPARSE_EXAMPLE = ModelExample(  # tiny image bytes; its attention comes from mod
 
 
 def _check_sparse(cfg, dim: int, heads: int, depth: int):
-    from genlab.core.registry import dataset_registry
     if cfg.model.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
         raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
     length = _sequence_length(cfg)
     if cfg.model.sparse_stride and length is not None and cfg.model.sparse_stride >= length:
         raise GenlabError(f"model.sparse_stride ({cfg.model.sparse_stride}) must be shorter than the sequence ({length} "
                           f"tokens): one stride would cover it all and the pattern would be dense")
-    from genlab.config.check import _trains_on_cpu
     if cfg.model.sparse_backend == "flex" and _trains_on_cpu(cfg.train.device):
         raise GenlabError("model.sparse_backend=flex has no backward pass on the CPU (torch's FlexAttention backward "
                           "is CUDA-only); train with auto or blocked there (sampling runs the forward anywhere)")
@@ -354,7 +354,6 @@ def _check_sparse(cfg, dim: int, heads: int, depth: int):
 
 def _sequence_length(cfg) -> int | None:
     """Tokens per sequence when known without loading the data: image bytes H*W*C, else data.seq_len of token data."""
-    from genlab.core.registry import dataset_registry
     spec = dataset_registry.spec(cfg.data.name)
     if spec.kind == "token":
         return cfg.data.seq_len

@@ -26,6 +26,10 @@ from genlab.families.base import Extra, Method, StepContext
 from genlab.families.world.adversarial import PatchDiscriminator, adversarial_losses
 from genlab.config import fields as cf
 from genlab.core.registry import method_registry, timestep_sampler_registry, world_objective_registry
+from genlab.eval.nfe import parse_int_list
+from genlab.eval.rollouts import evaluate_world
+from genlab.data import build_dataset
+from genlab.eval.video import rollout_video_from_data
 
 
 def augment_context(context: torch.Tensor, generator, max_level: float):
@@ -134,19 +138,14 @@ class WorldModel(Method):
 
     # -- evaluation, pictures, files ----------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
-        from genlab.eval.rollouts import evaluate_world
         return evaluate_world(self, model, data, ctx)
 
     def preview(self, model, path, ctx):
-        from genlab.data import build_dataset
-        from genlab.eval.video import rollout_video_from_data
         data = build_dataset(ctx["cfg"].data)
         return rollout_video_from_data(self, model, data.val, path.with_suffix(".gif"), ctx["device"],
                                        ctx["generator"], horizon=max(self.H, 16), n=4)
 
     def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, **_):
-        from genlab.data import build_dataset
-        from genlab.eval.video import rollout_video_from_data
         data = build_dataset(self.cfg.data)
         out = out.with_name("rollout.gif") if out.suffix == ".png" else out
         return rollout_video_from_data(self, model, data.val, out, device, generator, horizon=32, n=min(n, 8),
@@ -176,7 +175,6 @@ WORLD_EVAL_KEYS = cf.declare("eval",
 def check_world_config(cfg):
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
-    from genlab.eval.nfe import parse_int_list
     parse_int_list(cfg.eval.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
 
 

@@ -18,6 +18,8 @@ import torch
 from genlab.data.windows import spaced_windows
 from genlab.core.errors import GenlabError
 from genlab.eval.video import to_u8, write_video
+from genlab.data import build_dataset
+from genlab.families.build import load_run
 
 # arrow keys / WASD / space -> the ALE action-name parts they press
 KEY_PARTS = {"ArrowUp": "UP", "w": "UP", "ArrowDown": "DOWN", "s": "DOWN", "ArrowLeft": "LEFT", "a": "LEFT",
@@ -40,8 +42,6 @@ class PlaySession:
 
     @classmethod
     def from_run(cls, run, device="auto", steps=None, record=None, seed=0, temperature=None):
-        from genlab.data import build_dataset
-        from genlab.families.build import load_run
         overrides = [] if temperature is None else [f"method.sample_temperature={temperature}"]
         cfg, model, method, dev, state = load_run(run, device, overrides=overrides)
         if not method.interactive:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from genlab.families.image_flow.flow import interpolate
 
 
 def centred(x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,6 @@ def block_outputs(model):
 def layer_similarity(method, model, images, labels, ts, generator) -> dict[float, torch.Tensor]:
     """{t: [depth, depth] CKA} on one batch of real images noised by the method's own path at each t (flow:
     x_t = (1 - t) noise + t data, t = 0 noise, t = 1 data); the same noise at every t."""
-    from genlab.families.image_flow.flow import interpolate
     noise = torch.randn(images.shape, generator=generator, device=images.device, dtype=images.dtype)
     cond = method.sample_conditions(len(images), images.device)
     res = {}

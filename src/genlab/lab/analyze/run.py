@@ -8,6 +8,25 @@ from pathlib import Path
 import torch
 
 from genlab.core.errors import GenlabError
+from genlab.sampling.block_cache import parse_block_list
+from genlab.families.image_flow.flow import FlowMatching
+from genlab.data.pixels import to_model
+from genlab.sampling.skip import skip_blocks, skip_plans
+from genlab.lab.analyze import report
+from genlab.sampling.block_cache import block_change, pick_cacheable
+from genlab.sampling.block_cache import cached_blocks, forward_timer
+from genlab.sampling.block_cache import search_cacheable
+from genlab.sampling.block_cache import step_schedule
+from genlab.lab.analyze.cka import layer_similarity
+from genlab.config.check import check_data_on_disk
+from genlab.data import build_dataset
+from genlab.runtime.parallel import unwrap
+from genlab.runs.load import _run_dir, load_run
+from genlab.runs.load import sampling_precision
+from genlab.sampling.images import eval_context
+from genlab.eval.metrics import image_metrics
+from genlab.eval.classifier import get_classifier
+from genlab.eval.image_quality import generate
 
 WHAT = ("cka", "skip", "cache")
 
@@ -42,7 +61,6 @@ def check_args(what, batch, t, cache_blocks, cache_every, cache_tol=1.1):
     if not cache_tol >= 1:
         raise GenlabError(f"--cache-fd-tol must be >= 1 (the cached FD's allowed multiple of the unskipped FD), "
                           f"got {cache_tol}")
-    from genlab.sampling.block_cache import parse_block_list
     if str(cache_blocks).strip() == HALF:
         return parse_what(what), parse_ts(t), HALF
     try:
@@ -54,7 +72,6 @@ def check_args(what, batch, t, cache_blocks, cache_every, cache_tol=1.1):
 
 
 def _check_run(cfg, method, model, cache_blocks):
-    from genlab.families.image_flow.flow import FlowMatching
     if not isinstance(method, FlowMatching) or not hasattr(model, "blocks") or not hasattr(model, "num_tokens"):
         raise GenlabError(f"genlab analyze needs an image flow-matching run (x_t = (1 - t) noise + t data, a backbone "
                           f"with blocks); this run is method {cfg.method.name}, model {cfg.model.name}")
@@ -66,7 +83,6 @@ def _check_run(cfg, method, model, cache_blocks):
 def _real_batch(data, n, device, seed=0):
     """n real images and labels, a fixed draw (seed 0) so analyses of two runs of one dataset see the same batch."""
     import numpy as np
-    from genlab.data.pixels import to_model
     idx = np.sort(np.random.default_rng(seed).permutation(len(data))[:n])
     images = to_model(torch.as_tensor(np.asarray(data.images[idx])).to(device))
     return images, torch.as_tensor(np.asarray(data.labels)[idx], dtype=torch.long, device=device)
@@ -76,7 +92,6 @@ class Sampler:
     """Evaluation samples of one run, every variant from the same noise (a fresh fixed-seed generator each time)."""
 
     def __init__(self, cfg, method, model, data, device, run_dir):
-        from genlab.runs.load import sampling_precision
         self.cfg, self.method, self.model, self.data, self.device, self.run_dir = cfg, method, model, data, device, run_dir
         self.precision = sampling_precision(cfg, device)  # as the run's own evaluations sampled
         n = cfg.eval.num_samples
@@ -84,17 +99,13 @@ class Sampler:
         self.classifier = None  # (net, held-out accuracy), trained or loaded once for every variant
 
     def draw(self, desc, labels=None):
-        from genlab.eval.image_quality import generate
-        from genlab.sampling.images import eval_context
         ctx = eval_context(self.cfg, self.device, self.run_dir, classifier=self.classifier)
         labels = self.labels if labels is None else labels
         with self.precision.autocast(self.device):
             return generate(self.method, self.model, labels, ctx, self.cfg.eval.batch_size, desc=desc), ctx
 
     def score(self, desc):
-        from genlab.eval.metrics import image_metrics
         if self.classifier is None:
-            from genlab.eval.classifier import get_classifier
             self.classifier = get_classifier(self.data, device=self.device, epochs=self.cfg.eval.classifier_epochs)
         samples, ctx = self.draw(desc)
         m = image_metrics(samples, self.labels, self.data, ctx)
@@ -104,7 +115,6 @@ class Sampler:
 
 def _skip_rows(sampler, base, ref_samples, ref, rows, save):
     """Each skip plan's scores appended to `rows`, then save(): a cut analysis keeps the rows it finished."""
-    from genlab.sampling.skip import skip_blocks, skip_plans
     for name, idx in skip_plans(len(base.blocks)):
         if idx:
             with skip_blocks(base, idx):
@@ -120,7 +130,6 @@ def _skip_rows(sampler, base, ref_samples, ref, rows, save):
 def _save(out: Path, res: dict) -> None:
     """analysis.json and analysis.md as they stand, each replaced whole (a write to a temporary file, then a rename),
     so an analysis stopped by a time limit keeps every finished part and never leaves a half-written file."""
-    from genlab.lab.analyze import report
     for name, text in (("analysis.json", json.dumps(res, indent=1)), ("analysis.md", report.markdown(res))):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
@@ -131,7 +140,6 @@ def _warm_up_and_pick(sampler, base, blocks, output_probe=False):
     """One sampling pass before the timed baseline (it pays the one-off costs); it also measures how much each block's
     contribution changes between evaluations (per evaluation, for the step-aware schedule); with --cache-blocks half
     it picks the half that changes least on average (auto searches later, against the unskipped FD)."""
-    from genlab.sampling.block_cache import block_change, pick_cacheable
     depth = len(base.blocks)
     with block_change(base, output_probe) as ch:
         sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])
@@ -140,7 +148,6 @@ def _warm_up_and_pick(sampler, base, blocks, output_probe=False):
 
 
 def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
-    from genlab.sampling.block_cache import cached_blocks, forward_timer
     with cached_blocks(base, **cache) as counts, forward_timer(base, sampler.device) as tm:
         _, m = sampler.score(desc)
     evaluations = counts["call"] + 1  # network evaluations; each evaluates every block once, or reuses it
@@ -152,7 +159,6 @@ def _cached_scores(sampler, base, ref, ref_seconds, desc, **cache) -> dict:
 def _search(sampler, base, ref, ref_seconds, change, every, tol):
     """--cache-blocks auto: the blocks whose cache keeps FD within tol x the unskipped FD (cache.search_cacheable).
     Returns them, the trail, and the scores of the kept set (its last trial pass, the fixed cache's row)."""
-    from genlab.sampling.block_cache import search_cacheable
     scored = {}
 
     def score(blocks):
@@ -167,7 +173,6 @@ def _search(sampler, base, ref, ref_seconds, change, every, tol):
 def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, every, fixed=None):
     """The fixed cache (these blocks, every `every` evaluations; `fixed`: already scored), then the step-aware
     schedule that reuses the same share of block evaluations, picked per evaluation from the warm-up's changes."""
-    from genlab.sampling.block_cache import step_schedule
     fixed = fixed or _cached_scores(sampler, base, ref, ref_seconds, "analyze: cached sampler", indices=blocks,
                                     every=every)
     plan = step_schedule(measured, fixed["block_evals_saved"], len(base.blocks))
@@ -180,12 +185,6 @@ def _cache_result(sampler, base, ref, ref_seconds, blocks, change, measured, eve
 
 def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="auto", out=None, overrides=(),
                 cache_blocks="auto", cache_every=2, cache_tol=1.1) -> dict:
-    from genlab.lab.analyze import report
-    from genlab.lab.analyze.cka import layer_similarity
-    from genlab.config.check import check_data_on_disk
-    from genlab.data import build_dataset
-    from genlab.runtime.parallel import unwrap
-    from genlab.runs.load import _run_dir, load_run
     what, ts, blocks = check_args(what, batch, t, cache_blocks, cache_every, cache_tol)
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     base = unwrap(model)
@@ -219,7 +218,6 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
         sampler = Sampler(cfg, method, model, data, dev, _run_dir(run))
         if "cache" in what:
             blocks, change, measured = _warm_up_and_pick(sampler, base, blocks)
-        from genlab.sampling.block_cache import forward_timer
         with forward_timer(base, dev) as tm:
             ref_samples, ref = sampler.score("analyze: unskipped")
         res["reference"] = ref

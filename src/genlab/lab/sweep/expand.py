@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass, field
 
 from genlab.core.errors import GenlabError
+from genlab.config.tree import apply_overrides
+from genlab.lab.match import matched_overrides, reference_params
+from genlab.lab.match import constant_param_dims
 
 AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance", "data"}
 AXIS_TYPES = ("constant_params", "matched_params")
@@ -100,8 +103,6 @@ def _matched_params(ax, i, src, shape):
     config's size (genlab.lab.match), at the data shape `data = { image_size, channels, num_classes }`."""
     import copy
 
-    from genlab.config.tree import apply_overrides
-    from genlab.lab.match import matched_overrides, reference_params
     data, base = ax.get("data"), shape.get("cfg")
     if not isinstance(data, dict) or set(data) != {"image_size", "channels", "num_classes"}:
         raise GenlabError(f"{src}: axis {i} (matched_params) needs data = {{ image_size = S, channels = C, num_classes = K }}")
@@ -122,7 +123,6 @@ def _matched_params(ax, i, src, shape):
 def _constant_params(ax, i, src, shape):
     if ax["type"] not in AXIS_TYPES:
         raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: {', '.join(AXIS_TYPES)}")
-    from genlab.lab.match import constant_param_dims
     depths, ref = ax.get("depths"), ax.get("ref", {})
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d > 0 for d in depths):
         raise GenlabError(f"{src}: axis {i} (constant_params) is empty: give depths = [positive integers]")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from genlab.eval.labelled_grid import stack_pictures
 
 BEST_FD_MAX_NFE = 100
 FILES = ("nfe.md", "fd_vs_nfe.png", "cost_vs_fd.png", "nfe_grid.png")
@@ -144,7 +145,6 @@ def plots(d: Path, out: list[dict], refs: dict) -> list[str]:
 
 def stacked_grid(d: Path, rows: list[dict]) -> str | None:
     """nfe_grid.png: every run's eval_nfe.png under its variant name (the same classes and noise in each)."""
-    from genlab.eval.labelled_grid import stack_pictures
     items = [(r["variant"], d / "runs" / r["finished_runs"][0] / "eval_nfe.png") for r in rows if r["finished_runs"]]
     items = [(n, p) for n, p in items if p.is_file()]
     if not items:

@@ -16,6 +16,11 @@ import shutil
 from pathlib import Path
 
 from genlab.runtime.metrics import read_metrics, train_records
+from genlab.core.registry import dataset_registry
+from genlab.config.tree import from_dict, load_toml
+from genlab.lab.match import param_count as count
+from genlab.core.registry import model_registry
+from genlab.lab.sweep.nfe_report import write_nfe_report
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
            "wall_time", "data_wait_frac"]
@@ -23,7 +28,6 @@ COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "st
 
 def _image_spec(cfg) -> dict | None:
     """The data shape of an image run, known without loading its data (synthetic, digits, a prepared folder)."""
-    from genlab.core.registry import dataset_registry
     shape_of = dataset_registry.spec(cfg.data.name).shape
     shape = shape_of(cfg.data) if shape_of is not None else None
     return {k: shape[k] for k in ("kind", "image_size", "channels", "num_classes")} if shape else None
@@ -36,9 +40,6 @@ def param_count(run_dir: Path) -> int | None:
     if not p.exists():
         return None
     try:
-        from genlab.config.tree import from_dict, load_toml
-        from genlab.lab.match import param_count as count
-        from genlab.core.registry import model_registry
         cfg = from_dict(load_toml(p))
         spec = _image_spec(cfg) if model_registry.spec(cfg.model.name).family == "image" else None
         return None if spec is None else count(cfg.model, spec)
@@ -346,7 +347,6 @@ def write_report(d, partial: bool = False) -> Path:
     shown = shown_columns(rows, cols, settings.get("metrics", ()))
     missing = unrecorded(rows, cols, shown)
     desc = settings.get("description", "")
-    from genlab.lab.sweep.nfe_report import write_nfe_report
     for r in rows:  # runs recorded before a sweep named its reference: the file's
         r["reference"] = r.get("reference") or settings.get("reference")
     nfe_md, nfe_pics = write_nfe_report(d, rows)

@@ -26,6 +26,10 @@ from genlab.core.errors import GenlabError
 from genlab.core.files import held
 from genlab.lab.sweep.spec import Sweep, Variant
 from genlab.lab.sweep.stages import Stage, resolve, stage_output
+from genlab.core.registry import precision_registry
+from genlab.nn.convert import check_converters, converters_of
+from genlab.config.check import VARIANT_KEYS
+from genlab.lab.sweep.report import write_report
 
 REPO_SRC = Path(__file__).resolve().parents[3]
 _ACTIVE: set = set()  # running child processes (per_gpu runs several at once)
@@ -120,8 +124,6 @@ def _check_device(device: str, launcher: str, gpus: int) -> None:
 def _check_build(cfg, launcher: str, gpus: int) -> None:
     """The trainer's device checks before it builds a model (float8 precision needs an H100-class GPU)."""
     import torch
-    from genlab.core.registry import precision_registry
-    from genlab.nn.convert import check_converters, converters_of
     device = torch.device("cuda:0" if launcher != "cpu" and gpus > 0 and cfg.train.device != "cpu" else "cpu")
     precision_registry.get(cfg.train.precision)(device)
     check_converters(converters_of(cfg), device)
@@ -345,7 +347,6 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
         for v in vs:  # started but never checkpointed: start over
             if (runs / v.run_name).exists():
                 shutil.rmtree(runs / v.run_name)
-        from genlab.config.check import VARIANT_KEYS
         batched_keys = {VARIANT_KEYS[n][0] for n in lists}
         ovs = [resolve(o, d, sw.stage_map) for o in vs[0].overrides
                if not o.startswith("train.seed=") and o.split("=", 1)[0].strip() not in batched_keys]
@@ -610,6 +611,5 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         evaluate_finished(sw, d, status, deadline, prog, gpus=first)
     finally:
         prog.close()
-        from genlab.lab.sweep.report import write_report
         write_report(d)
     return d

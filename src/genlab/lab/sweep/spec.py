@@ -39,6 +39,8 @@ from genlab.config.fields import did_you_mean
 from genlab.core.errors import GenlabError
 from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
 from genlab.lab.sweep.stages import check_placeholders, needs, parse_stages, references, resolve
+from genlab.core.registry import dataset_registry
+from genlab.config.check import sampling_keys_of
 
 TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "batched_variants", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
             "axis", "stage", "eval", "reference", "fd_target"}
@@ -113,7 +115,6 @@ def _check_overrides(ovs, where, src):
 
 def _size_shape(cfg) -> dict:
     """Model and data shape of the base config, for the constant-parameter size axis."""
-    from genlab.core.registry import dataset_registry
     ds = dataset_registry.spec(cfg.data.name)
     if ds.synthetic and ds.shape is not None:
         spec = {k: ds.shape(cfg.data)[k] for k in ("kind", "image_size", "channels", "num_classes")}
@@ -185,7 +186,6 @@ def _reads_stage(ovs: list[str]) -> bool:
 
 def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
     """`genlab eval` overrides: only eval.* and the method's sampling keys, valid on the run's config."""
-    from genlab.config.check import sampling_keys_of
     check_placeholders(eval_ovs, [s.name for s in stages], where, src)
     _check_overrides(eval_ovs, f"{where}: eval", src)
     try:
