@@ -5,17 +5,16 @@ An entry is registered next to its code with a typed spec: its builder, a one-li
 capabilities as fields of the registry's spec class. A misspelt capability is a TypeError at import, and config
 validation, `genlab config` and docs/config.md are derived from the specs.
 
-Registration without an import cycle: this module imports nothing of genlab but its errors and field helpers.
-The modules that register entries import it; a lookup imports them on first use (`load_entries`), found by
-scanning the package for registrations, so no file keeps a list of component modules.
+Registration without an import cycle: this module imports nothing of genlab but its errors. The modules that
+register entries import it; a lookup imports them on first use (`load_entries`): each component package's
+__init__ imports its own registering modules, and load_entries imports those packages by name.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import pkgutil
-import re
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,26 +26,9 @@ _loaded = False
 generation = 0  # bumped on every registration: derived config classes are rebuilt when it moves
 
 
-# a registration: `x_registry.register(...)` or a family's decorator built on it (`optimizer_entry(...)`)
-_REGISTERS = re.compile(r"^\s*@?\w*(registry\.register|_entry)\(", re.M)
-
-
-def _entry_modules() -> list[str]:
-    """Every genlab module whose source registers something (a text scan: nothing is imported to find them)."""
-    import genlab  # the package folder to scan (this module is imported while genlab is)
-    root = Path(genlab.__file__).parent
-    found = []
-    for info in pkgutil.walk_packages([str(root)], prefix="genlab."):
-        rel = info.name.split(".")[1:]
-        path = root.joinpath(*rel)
-        path = path / "__init__.py" if info.ispkg else path.with_suffix(".py")
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        if _REGISTERS.search(text):
-            found.append(info.name)
-    return sorted(found)
+# the packages whose __init__ imports the modules that register components (each package lists its own files)
+COMPONENT_PACKAGES = ("genlab.runtime", "genlab.nn", "genlab.optim", "genlab.data", "genlab.sampling", "genlab.eval",
+                      "genlab.families")
 
 
 def load_entries():
@@ -56,8 +38,12 @@ def load_entries():
     if _loaded:
         return
     _loaded = True
-    for name in _entry_modules():
+    for name in COMPONENT_PACKAGES:  # by name: the registry sits below every floor it loads
         importlib.import_module(name)
+    families = importlib.import_module("genlab.families")
+    for info in pkgutil.iter_modules(families.__path__):  # one package per family: its folder is its registration
+        if info.ispkg:
+            importlib.import_module(f"genlab.families.{info.name}")
     for item in filter(None, os.environ.get("GENLAB_PLUGINS", "").split(os.pathsep)):
         load_plugin(item)
 

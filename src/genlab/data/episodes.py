@@ -189,12 +189,3 @@ def read_episodes(folder) -> Episodes:
                   np.load(folder / "terminations.npy"), np.load(folder / "episode_starts.npy"), meta)
     check_lengths(len(frames), ep.actions, ep.rewards, ep.terminations, ep.starts)
     return ep
-
-
-def compress_frames(folder) -> Path:
-    """Replace frames.npy by frames.npy.gz (game frames compress ~20x; read_episodes unpacks on first use)."""
-    folder = Path(folder)
-    with open(folder / "frames.npy", "rb") as src, gzip.open(folder / "frames.npy.gz", "wb", compresslevel=6) as dst:
-        shutil.copyfileobj(src, dst, 1 << 24)
-    (folder / "frames.npy").unlink()
-    return folder / "frames.npy.gz"

@@ -210,11 +210,6 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
-def full_value(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor reduced to an ordinary tensor (clip_grad_norm_ on FSDP2 params returns a DTensor)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def _shard_groups(t):
     """Process groups over which a DTensor's local pieces must be summed (its Shard mesh dims)."""
     from torch.distributed.tensor.placement_types import Shard

@@ -73,3 +73,6 @@ def load_autoencoder(value: str, device="cpu") -> LatentCodec:
     name, arg = parse_spec(value)
     codec = autoencoder_registry.get(name)(arg, device)
     return codec.to(device).eval().requires_grad_(False)
+
+# the modules that register components (core.registry.load_entries imports this package: explicit imports, no scan)
+from genlab.nn.autoencoders import diffusers_vae, unshuffle  # noqa: F401,E402
