@@ -509,14 +509,14 @@ def read_summary(run_dir) -> dict:
 def check_extends(resume_from, steps: int, summary: dict) -> None:
     """A finished run is never modified: resuming it must extend it (a larger train.steps) from its last
     checkpoint, so its files only grow and metrics.jsonl repeats no step."""
-    if summary.get("status") != "finished":
-        return
-    run, done = ckpt.run_dir_of(resume_from), summary.get("step") or 0
+    run, done = ckpt.run_dir_of(resume_from), summary.get("step")
+    kept = ckpt.list_checkpoints(run)
+    if summary.get("status") != "finished" or not kept or int(ckpt.CKPT_RE.search(kept[-1].name)[1]) != done:
+        return  # not finished, or rewound by hand (its last checkpoints deleted): it resumes as any run
     how = f"extend it with `genlab train --resume {run} train.steps=N` (N > {done})"
     if steps <= done:
         raise GenlabError(f"run '{run}' finished at step {done} (train.steps={steps}) and is never modified; {how}")
-    kept = ckpt.list_checkpoints(run)
-    if kept and ckpt.resolve_checkpoint(resume_from).name != kept[-1].name:
+    if ckpt.resolve_checkpoint(resume_from).name != kept[-1].name:
         raise GenlabError(f"run '{run}' is finished: {how} from its last checkpoint {kept[-1].name}, not {resume_from}")
 
 
