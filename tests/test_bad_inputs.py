@@ -13,9 +13,9 @@ from genlab.config import load_config
 from genlab.train import checkpoint as ckpt
 from genlab.train.trainer import Trainer
 
-T = ["train", *TINY, "train.steps=2", "eval.num_samples=0"]
+T = ["train", *TINY, "optim.warmup_steps=1", "train.steps=2", "eval.num_samples=0"]  # a warm-up that fits
 SP = ["train", "sparse_tiny_cpu", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2", "eval.num_samples=0"]
-FS = ["train", "digits_flow", *TINY, "train.steps=2", "eval.num_samples=0"]  # + method.name=<few-step method>
+FS = ["train", "digits_flow", *TINY, "optim.warmup_steps=1", "train.steps=2", "eval.num_samples=0"]  # + method.name=<few-step method>
 TEXT = ["train", "text_ar", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2"]
 
 # (id, argv with {run}/{tmp} placeholders, text the message must contain)

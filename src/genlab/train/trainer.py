@@ -39,6 +39,8 @@ RUN_BUSY = ("run folder '{run}' is being trained by another genlab process (pid 
 
 
 class Trainer:
+    notes = ()  # one-line notes on how `genlab train` fitted the config (its fit_warmup): printed, kept in config.toml
+
     def __init__(self, cfg: Config, resume: str | None = None):
         from genlab.config_check import batched_label, is_batched
         if is_batched(cfg):
@@ -136,8 +138,11 @@ class Trainer:
                 warnings = config_warnings(cfg)  # printed before training and kept with the run's config
                 for w in warnings:
                     print(f"genlab: warning: {w}", file=sys.stderr)
+                for n in self.notes:
+                    print(f"genlab: note: {n}", file=sys.stderr)
                 # rendered before the folder exists (tomli_w missing once left an empty run that blocked the next)
-                text = "".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(run_config_dict(cfg))
+                text = "".join(f"# warning: {w}\n" for w in warnings) + "".join(f"# note: {n}\n" for n in self.notes) \
+                    + dumps_toml(run_config_dict(cfg))
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 (self.run_dir / "samples").mkdir(exist_ok=True)
                 try:  # "x": exactly one of two `genlab train` started with one name at once gets the folder
