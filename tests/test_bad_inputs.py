@@ -13,9 +13,9 @@ from genlab.config.tree import load_config
 from genlab.runtime import checkpoint as ckpt
 from genlab.train.trainer import Trainer
 
-T = ["train", *TINY, "train.steps=2", "eval.num_samples=0"]
+T = ["train", *TINY, "optim.warmup_steps=1", "train.steps=2", "eval.num_samples=0"]  # a warm-up that fits
 SP = ["train", "sparse_tiny_cpu", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2", "eval.num_samples=0"]
-FS = ["train", "digits_flow", *TINY, "train.steps=2", "eval.num_samples=0"]  # + method.name=<few-step method>
+FS = ["train", "digits_flow", *TINY, "optim.warmup_steps=1", "train.steps=2", "eval.num_samples=0"]  # + method.name=<few-step method>
 TEXT = ["train", "text_ar", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2"]
 
 # (id, argv with {run}/{tmp} placeholders, text the message must contain)
@@ -59,7 +59,8 @@ CASES = [
     ("float8 on cpu", T + ["train.precision=float8_rowwise", "train.device=cpu"], "train.precision"),
     ("negative ce_chunk", TEXT + ["model.ce_chunk=-1"], "model.ce_chunk"),
     ("resume a missing run", ["train", "--resume", "{tmp}/missing"], "missing"),
-    ("resume with a different model", ["train", "--resume", "{run}", "model.dim=48"], "model differs"),
+    ("resume with a different model", ["train", "--resume", "{run}", "train.steps=4", "model.dim=48"], "model differs"),
+    ("resume a finished run", ["train", "--resume", "{run}"], "train.steps=N"),
     ("resume with a preset", ["train", "digits_flow", "--resume", "{run}"], "--resume"),
     ("sample zero", ["sample", "{run}", "--n", "0"], "--n"),
     ("sample zero steps", ["sample", "{run}", "--steps", "0"], "--steps"),

@@ -136,7 +136,7 @@ def test_a_seed_checkpoint_resumes_as_a_single_run(runs):
 
 
 def test_cli_trains_seeds_batched_and_resumes_them(tmp_path, capfd):
-    base = [*TINY, "train.steps=2", "log.every=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}"]
+    base = [*TINY, "optim.warmup_steps=1", "train.steps=2", "log.every=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}"]
     r = cli_in_process(capfd, "train", "digits_flow", *base, "train.seeds=3,5", "train.name=c")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("status: finished") == 2

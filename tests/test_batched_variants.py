@@ -119,7 +119,7 @@ def test_a_member_resumes_alone_and_the_members_resume_batched(case):
 
 def test_cli_names_member_folders_by_their_values_and_saves_their_lr(tmp_path, capfd):
     from genlab.config.tree import load_config
-    base = [*TINY, "train.steps=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}",
+    base = [*TINY, "optim.warmup_steps=0", "train.steps=1", "eval.num_samples=0", "train.device=cpu", f"train.out_dir={tmp_path}",
             "eval.grid_per_class=1", "eval.sample_steps=1"]
     r = cli_in_process(capfd, "train", "digits_flow", *base, "train.lrs=1e-4,2e-3", "train.seeds=3", "train.name=c")
     assert r.returncode == 0, r.stderr

@@ -42,7 +42,7 @@ def test_a_plugin_key_is_documented_by_genlab_config(toy, capsys):
 
 def test_a_plugin_method_trains_samples_and_conditions_the_model(toy, tmp_path, capsys):
     run = tmp_path / "toy"
-    assert main(["train", "digits_flow", *TINY, f"method.name={toy}", "train.steps=3", "eval.num_samples=0",
+    assert main(["train", "digits_flow", *TINY, f"method.name={toy}", "optim.warmup_steps=1", "train.steps=3", "eval.num_samples=0",
                  f"train.out_dir={tmp_path}", "train.name=toy"]) == 0
     assert main(["sample", str(run), "--n", "10", "--steps", "2", "--out", str(tmp_path / "grid.png")]) == 0
     assert (tmp_path / "grid.png").stat().st_size > 0

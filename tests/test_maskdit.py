@@ -181,7 +181,7 @@ def test_trains_through_both_stages_checkpoints_and_resumes_exactly(tmp_path, on
     ("model.pos_emb=rope2d", "rope2d"), ("model.mlp=mixffn", "mixffn"), ("model.decoder_dim=18", "decoder_dim"),
 ])
 def test_bad_settings_fail_in_one_line_before_any_work(tmp_path, capfd, override, needle):
-    r = cli_in_process(capfd, "train", "digits_flow", *TINY, *MASK, "train.steps=5", f"train.out_dir={tmp_path}", override)
+    r = cli_in_process(capfd, "train", "digits_flow", *TINY, *MASK, "optim.warmup_steps=2", "train.steps=5", f"train.out_dir={tmp_path}", override)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
     assert not any(tmp_path.iterdir())
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import REPO, straight_and_resumed
+from conftest import REPO, TINY, cli_in_process, straight_and_resumed
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.errors import GenlabError
 from genlab.optim.build import build_optimizer
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
-from genlab.optim.schedules import lr_at
+from genlab.optim.schedules import lr_at, warmup_limit
 from genlab.optim.state import state_bytes
 from genlab.core.registry import optimizer_registry
 from genlab.train.step import build_model_and_method
@@ -253,6 +253,52 @@ def test_wsd_schedule_matches_its_closed_form(shape):
             want = 0.1 + 0.9 * f((s - start) / (total - start))
         assert lr_at(s, total, o) == pytest.approx(2.0 * want, rel=1e-12), s
     assert lr_at(total, total, o) == pytest.approx(0.2)  # ends at min_lr_ratio * lr
+
+
+# a warm-up that cannot end within train.steps (the LR never reaches its peak): `genlab train` scales the preset's to
+# its share of the preset's steps with a note, and refuses one the user set (docs/optimizers.md)
+TINY_OWN_WARMUP = [o for o in TINY if not o.startswith("optim.warmup_steps=")]  # the preset's warm-up
+def test_every_shipped_preset_warmup_fits_its_own_steps():
+    from genlab.config.tree import CONFIG_DIR
+    for p in sorted(CONFIG_DIR.glob("*.toml")):
+        cfg = load_config(p.stem)
+        assert cfg.optim.warmup_steps <= warmup_limit(cfg.train.steps, cfg.optim), p.stem
+
+
+def test_a_preset_warmup_that_does_not_fit_the_steps_is_scaled_with_a_note():
+    from genlab.cli.commands.train import fit_warmup
+    cfg = load_config(None)
+    assert fit_warmup(cfg, None, []) == []  # a schedule that fits is left alone, silently: the default run's numbers
+    assert cfg.optim.warmup_steps == 100
+    cfg = load_config("mnist_flow", ["train.steps=400"])
+    notes = fit_warmup(cfg, "mnist_flow", ["train.steps=400"])
+    assert cfg.optim.warmup_steps == 20  # mnist_flow warms up over 500 of its 10,000 steps: 5%
+    assert len(notes) == 1 and "optim.warmup_steps 500 -> 20 to fit train.steps=400" in notes[0], notes
+    assert max(lr_at(s, 400, cfg.optim) for s in range(400)) == pytest.approx(cfg.optim.lr)
+
+
+def test_genlab_train_runs_with_the_scaled_warmup_and_records_it(tmp_path, capfd):
+    import tomllib
+    r = cli_in_process(capfd, "train", *TINY_OWN_WARMUP, "train.steps=8", "eval.num_samples=0", f"train.out_dir={tmp_path}",
+                       "train.name=s")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "genlab: note: optim.warmup_steps 100 -> 1 to fit train.steps=8" in r.stderr  # digits_flow: 100 of 800
+    text = (tmp_path / "s" / "config.toml").read_text()
+    assert text.startswith("# note: optim.warmup_steps 100 -> 1") and tomllib.loads(text)["optim"]["warmup_steps"] == 1
+
+
+@pytest.mark.parametrize("over", [["optim.warmup_steps=8", "train.steps=8"],
+                                  ["optim.schedule=wsd", "optim.warmup_steps=7", "train.steps=8"],  # wsd decays from 6
+                                  ["optim.warmup_steps=900"],  # digits_flow: 800 steps
+                                  ["{toml}"]])  # a config file's own warm-up is the user's too
+def test_a_warmup_the_user_set_that_does_not_fit_is_refused_before_any_run_folder(tmp_path, capfd, over):
+    toml = tmp_path / "mine.toml"
+    toml.write_text("[train]\nsteps = 10\n[optim]\nwarmup_steps = 10\n")
+    over = [str(toml) if o == "{toml}" else o for o in over]
+    r = cli_in_process(capfd, "train", *over, *TINY_OWN_WARMUP, f"train.out_dir={tmp_path / 'runs'}")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "set optim.warmup_steps <=" in lines[0], r.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 # -- state size -----------------------------------------------------------------------------------------

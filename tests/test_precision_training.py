@@ -334,7 +334,7 @@ def test_a_size_filter_that_keeps_no_linear_is_a_one_line_error():
     (["train.convert=bitlinear", "train.bitlinear_norm=layernorm"], "train.bitlinear_norm must be one of rmsnorm, none"),
 ])
 def test_invalid_precision_combinations_exit_2_with_one_line(tmp_path, capfd, overrides, needle):
-    r = cli_in_process(capfd, "train", "digits_flow", f"train.out_dir={tmp_path / 'runs'}", *TINY, "train.steps=2",
+    r = cli_in_process(capfd, "train", "digits_flow", f"train.out_dir={tmp_path / 'runs'}", *TINY, "optim.warmup_steps=1", "train.steps=2",
                        *overrides, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     lines = r.stderr.strip().splitlines()

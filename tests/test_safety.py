@@ -102,7 +102,7 @@ def _load_argv(cmd, run, tmp_path):
             "resume": ["train", "--resume", str(run)],
             "export": ["export", str(run), "--out", str(tmp_path / "m.safetensors")],
             "play": ["play", str(run), "--port", "0"],
-            "init_from": ["train", "digits_flow", *TINY, f"train.out_dir={tmp_path / 'new'}", "train.steps=2",
+            "init_from": ["train", "digits_flow", *TINY, f"train.out_dir={tmp_path / 'new'}", "optim.warmup_steps=1", "train.steps=2",
                           f"train.init_from={run}"]}[cmd]
 
 

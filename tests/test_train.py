@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import REPO, TINY, straight_and_resumed, tiny_config
+from conftest import REPO, TINY, cli_in_process, straight_and_resumed, tiny_config
 from genlab.core.errors import GenlabError, RunFailed
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.runtime import checkpoint as ckpt
@@ -169,6 +169,42 @@ def test_ctrl_c_saves_a_checkpoint(tmp_path):
     assert summary["status"] == "interrupted"
     state = ckpt.load_checkpoint(tmp_path / "sig")
     assert state["step"] == summary["step"] >= 3
+
+
+def folder_digest(folder) -> dict:
+    """Every path under a folder with its bytes' hash (folders as None): any write shows."""
+    import hashlib
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_a_finished_run_is_never_modified_and_extending_it_appends(tmp_path, capfd):
+    """Resuming a finished run once re-evaluated it, rewrote its checkpoint, appended duplicate eval records and
+    nulled its summary's loss: now it is refused in one line unless it extends the run from its last checkpoint."""
+    Trainer(tiny_config(tmp_path, "train.name=done", "train.steps=6", "log.every=2", "log.ckpt_every=2",
+                        "optim.warmup_steps=2", "eval.num_samples=20")).fit()
+    run = tmp_path / "done"
+    before, log_before = folder_digest(run), (run / "metrics.jsonl").read_text()
+    first = json.loads((run / "summary.json").read_text())
+    older = run / "checkpoints" / "step_00000004.pt"  # extending from it would log steps 5 and 6 again
+    for args in ([run], [run, "train.steps=6"], [run, "train.steps=4"], [older, "train.steps=9"]):
+        r = cli_in_process(capfd, "train", "--resume", *args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "train.steps=N" in lines[0], (args, r.stderr[-2000:])
+        assert folder_digest(run) == before, args
+    r = cli_in_process(capfd, "train", "--resume", str(run), "train.steps=10")
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = (run / "metrics.jsonl").read_text()
+    assert log.startswith(log_before)  # appended, nothing rewritten
+    recs = read_metrics(run)
+    assert [x["step"] for x in recs if "loss" in x] == [2, 4, 6, 8, 10]
+    keyed = [(x["step"], tuple(sorted(x))) for x in recs]
+    assert len(keyed) == len(set(keyed))  # no record twice
+    assert [x["step"] for x in recs if "eval/sample_accuracy" in x] == [6, 10]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "finished" and s["step"] == 10
+    assert all(s[k] is not None for k in ("loss", "samples_per_s", "step_time"))
+    assert s["wall_time"] > first["wall_time"]  # the whole run's: the extension's seconds added
 
 
 def test_the_run_folder_of_a_dcp_checkpoint_is_two_levels_up_although_it_is_a_folder(tmp_path):

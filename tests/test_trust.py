@@ -79,7 +79,7 @@ def test_two_trains_with_one_name_at_once_run_exactly_one(tmp_path):
 
     from conftest import REPO
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    argv = [sys.executable, "-m", "genlab", "train", *TINY, "train.steps=2", "eval.num_samples=0",
+    argv = [sys.executable, "-m", "genlab", "train", *TINY, "optim.warmup_steps=1", "train.steps=2", "eval.num_samples=0",
             f"train.out_dir={tmp_path}", "train.name=same"]
     procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]

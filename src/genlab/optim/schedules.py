@@ -59,6 +59,17 @@ def wsd(step, total, ocfg):
     return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[ocfg.decay_shape](progress)
 
 
+def warmup_limit(total: int, ocfg) -> int:
+    """The longest warm-up that still ends before the decay starts (wsd: its decay phase; otherwise the last step),
+    so the LR reaches its peak and then follows the schedule to the end (docs/optimizers.md)."""
+    return wsd_decay_start(total, ocfg) if ocfg.schedule == "wsd" else total - 1
+
+
+def scaled_warmup(total: int, ocfg, preset_warmup: int, preset_total: int) -> int:
+    """The preset's warm-up share of its own steps, applied to `total` steps (and kept within warmup_limit)."""
+    return max(0, min(warmup_limit(total, ocfg), round(preset_warmup * total / preset_total)))
+
+
 def lr_at(step: int, total: int, ocfg) -> float:
     """The learning rate of `step`: a pure function of the step, so resume needs no scheduler state."""
     return ocfg.lr * lr_schedule_registry.get(ocfg.schedule)(step, total, ocfg)

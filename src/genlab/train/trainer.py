@@ -52,6 +52,8 @@ RUN_BUSY = ("run folder '{run}' is being trained by another genlab process (pid 
 
 
 class Trainer:
+    notes = ()  # one-line notes on how `genlab train` fitted the config (its fit_warmup): printed, kept in config.toml
+
     def __init__(self, cfg: Config, resume: str | None = None):
         if is_batched(cfg):
             raise GenlabError(f"{batched_label(cfg)} trains several runs in one process: use genlab.train(cfg) or "
@@ -62,10 +64,15 @@ class Trainer:
         self.signals = StopSignals()
         self.stop_after = None  # tests: behave as if Ctrl-C arrived after this step
         self._run_lock = None  # the run folder's lock while this process trains it (folder_lock)
+        self.prior_wall = 0.0  # a resumed run's seconds before this process: summary.json reports the whole run
 
     # -- setup ----------------------------------------------------------------------------------
     def _setup(self):
         cfg, tcfg = self.cfg, self.cfg.train
+        if self.resume_from:  # before anything is built or written: a finished run is only ever extended
+            prior = read_summary(ckpt.run_dir_of(self.resume_from))
+            check_extends(self.resume_from, tcfg.steps, prior)
+            self.prior_wall = prior.get("wall_time") or 0.0
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)
         # the same seed on every rank while the model is built: FSDP2 keeps each rank's own shard of its
@@ -140,8 +147,11 @@ class Trainer:
                 warnings = config_warnings(cfg)  # printed before training and kept with the run's config
                 for w in warnings:
                     print(f"genlab: warning: {w}", file=sys.stderr)
+                for n in self.notes:
+                    print(f"genlab: note: {n}", file=sys.stderr)
                 # rendered before the folder exists (tomli_w missing once left an empty run that blocked the next)
-                text = "".join(f"# warning: {w}\n" for w in warnings) + dumps_toml(run_config_dict(cfg))
+                text = "".join(f"# warning: {w}\n" for w in warnings) + "".join(f"# note: {n}\n" for n in self.notes) \
+                    + dumps_toml(run_config_dict(cfg))
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 (self.run_dir / "samples").mkdir(exist_ok=True)
                 try:  # "x": exactly one of two `genlab train` started with one name at once gets the folder
@@ -436,7 +446,7 @@ class Trainer:
             self.loader.close() if hasattr(self.loader, "close") else None
             summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "step_time",
                                                            "data_wait_frac", "optim_state_mib")})
-            summary["wall_time"] = time.perf_counter() - wall0
+            summary["wall_time"] = self.prior_wall + time.perf_counter() - wall0  # a resume adds to the run's time
             # what the time was spent on: a run's cost in device-seconds is wall_time x world (eval/cost.py)
             summary["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
             summary["world"] = self.dist.world
@@ -493,6 +503,28 @@ def run_config_dict(cfg) -> dict:
     defaults = to_dict(type(cfg)())
     return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
                   if isinstance(vals, dict) else vals) for sec, vals in d.items()}
+
+
+def read_summary(run_dir) -> dict:
+    """A run folder's summary.json; {} when there is none (a run killed before writing it) or it is unreadable."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def check_extends(resume_from, steps: int, summary: dict) -> None:
+    """A finished run is never modified: resuming it must extend it (a larger train.steps) from its last
+    checkpoint, so its files only grow and metrics.jsonl repeats no step."""
+    run, done = ckpt.run_dir_of(resume_from), summary.get("step")
+    kept = ckpt.list_checkpoints(run)
+    if summary.get("status") != "finished" or not kept or int(ckpt.CKPT_RE.search(kept[-1].name)[1]) != done:
+        return  # not finished, or rewound by hand (its last checkpoints deleted): it resumes as any run
+    how = f"extend it with `genlab train --resume {run} train.steps=N` (N > {done})"
+    if steps <= done:
+        raise GenlabError(f"run '{run}' finished at step {done} (train.steps={steps}) and is never modified; {how}")
+    if ckpt.resolve_checkpoint(resume_from).name != kept[-1].name:
+        raise GenlabError(f"run '{run}' is finished: {how} from its last checkpoint {kept[-1].name}, not {resume_from}")
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:

@@ -20,15 +20,44 @@ def cmd_train(args):
     if len(resume) > 1:  # several seed/variant runs of one config, continued batched (train.seeds, train.lrs, ...)
         from genlab.train.seeds import SeedsTrainer
         return _exit_code(SeedsTrainer(resume=resume, overrides=overrides).fit())
-    cfg = config_for_resume(resume[0], overrides) if resume else load_config(preset, overrides)
+    notes = []  # how the command line's config was fitted: printed and kept in config.toml once the run starts
+    if resume:  # a resume keeps the run's schedule
+        cfg = config_for_resume(resume[0], overrides)
+    else:
+        cfg = load_config(preset, overrides)
+        notes = fit_warmup(cfg, preset, overrides)
     from genlab.config.check import batched_label, is_batched
     if is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with --resume: give every member's run, --resume NAME-s0 --resume NAME-s1 ...")
         from genlab.train.seeds import SeedsTrainer
-        return _exit_code(SeedsTrainer(cfg).fit())
-    summary = Trainer(cfg, resume=resume[0] if resume else None).fit()
-    return _exit_code([summary])
+        seeds = SeedsTrainer(cfg)
+        for r in seeds.runs:
+            r.notes = notes
+        return _exit_code(seeds.fit())
+    trainer = Trainer(cfg, resume=resume[0] if resume else None)
+    trainer.notes = notes
+    return _exit_code([trainer.fit()])
+
+
+def fit_warmup(cfg, preset: str | None, overrides: list[str]) -> list[str]:
+    """A warm-up that cannot end within train.steps never lets the LR reach its peak (docs/optimizers.md): the
+    preset's warm-up under a train.steps override is scaled to its share of the preset's steps (returns the one-line
+    note saying so); one set on the command line, or a preset's own misfit, is refused before any run folder exists."""
+    from genlab.config.tree import load_config, parse_override
+    from genlab.optim.schedules import scaled_warmup, warmup_limit
+    o, steps = cfg.optim, cfg.train.steps
+    limit = warmup_limit(steps, o)
+    if o.warmup_steps <= limit:
+        return []
+    keys = {".".join(parse_override(x)[:2]) for x in overrides}
+    if "optim.warmup_steps" in keys or "train.steps" not in keys:
+        raise GenlabError(f"optim.warmup_steps={o.warmup_steps} does not fit train.steps={steps}: the {o.schedule} "
+                          f"schedule's warm-up must end by step {limit}; set optim.warmup_steps <= {limit} or raise train.steps")
+    base = load_config(preset)
+    old, o.warmup_steps = o.warmup_steps, scaled_warmup(steps, o, base.optim.warmup_steps, base.train.steps)
+    return [f"optim.warmup_steps {old} -> {o.warmup_steps} to fit train.steps={steps} ({cfg.preset}'s "
+            f"{100 * old / base.train.steps:.3g}% of its {base.train.steps} steps); set optim.warmup_steps to choose"]
 
 
 def _exit_code(summaries: list[dict]) -> int:
