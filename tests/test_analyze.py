@@ -338,11 +338,11 @@ def test_half_picks_the_half_that_changes_least_without_a_search(tiny_run, tmp_p
 
 
 def test_a_search_that_keeps_no_block_says_so_and_auto_sampling_refuses(tiny_run, tmp_path, capfd, monkeypatch):
-    from genlab.sampling import block_cache as cache
+    from genlab.lab.analyze import run as analyze
     from genlab.lab.analyze.compare import compare
     from genlab.lab.analyze.run import analyze_run
-    real = cache.search_cacheable
-    monkeypatch.setattr(cache, "search_cacheable", lambda change, tol, score: real(change, tol, lambda b: {
+    real = analyze.search_cacheable
+    monkeypatch.setattr(analyze, "search_cacheable", lambda change, tol, score: real(change, tol, lambda b: {
         **score(b), "fd_ratio": 2.0}))  # every block doubles FD
     run = tmp_path / "copy"
     import shutil

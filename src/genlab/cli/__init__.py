@@ -15,6 +15,7 @@ def version() -> str:
     # the installed distribution's metadata; a source checkout on PYTHONPATH has none (or another copy's)
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
+
     import genlab
     try:
         return dist_version("genlab")

@@ -10,19 +10,23 @@ import string
 from pathlib import Path
 from typing import get_type_hints
 
-from genlab.config.fields import check_value, meta_of
+from genlab.config.fields import check_value, did_you_mean, meta_of
+from genlab.config.keys import declared_keys, sections
 from genlab.core.errors import GenlabError
-from genlab.core.registry import all_registries
-from genlab.config.keys import sections
-from genlab.core.registry import method_registry
-from genlab.config.keys import declared_keys
-from genlab.core.registry import REGISTRIES
-from genlab.core.registry import convert_registry
-from genlab.core.registry import dataset_registry
-from genlab.config.fields import did_you_mean
-from genlab.core.registry import attention_registry, mlp_registry
-from genlab.core.registry import model_registry
-from genlab.core.registry import KernelSpec, optimizer_registry, parallel_registry, position_registry
+from genlab.core.registry import (
+    REGISTRIES,
+    KernelSpec,
+    all_registries,
+    attention_registry,
+    convert_registry,
+    dataset_registry,
+    method_registry,
+    mlp_registry,
+    model_registry,
+    optimizer_registry,
+    parallel_registry,
+    position_registry,
+)
 
 
 def check_section(cfg, sec: str) -> None:

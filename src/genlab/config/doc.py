@@ -8,10 +8,9 @@ from typing import get_type_hints
 
 import tomli_w
 
-from genlab.config.tree import Config, to_dict
-from genlab.config.keys import sections
 from genlab.config.fields import describe_range, meta_of
-from genlab.config.keys import declared_keys
+from genlab.config.keys import declared_keys, sections
+from genlab.config.tree import Config, to_dict
 from genlab.core.registry import all_registries
 
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, get_origin, get_type_hints
 
+import tomllib
+
+from genlab.config.check import check_config
 from genlab.config.fields import did_you_mean
 from genlab.config.keys import RETIRED, SECTIONS, Config, section_class
 from genlab.core.errors import GenlabError
-from genlab.config.check import check_config
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped as package data
 SWEEP_DIR = CONFIG_DIR / "sweeps"

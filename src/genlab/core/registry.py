@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import pkgutil
 import os
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.formats import write_image_dataset
-from genlab.data.sources import list_class_folder
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import load_digits_uint8
+from genlab.data.formats import write_image_dataset
 from genlab.data.frames import prepare_frames
-from genlab.data.text import prepare_text
 from genlab.data.shard_convert import prepare_shards
+from genlab.data.sources import list_class_folder
+from genlab.data.text import prepare_text
 
 # Published md5s (the datasets' own pages; torchvision lists the same).
 IDX_FILES = {

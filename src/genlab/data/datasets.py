@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.formats import ImageData, array_checksum, read_image_dataset
-from genlab.core.errors import GenlabError
 from genlab.config.fields import F, declare
+from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
+from genlab.data.formats import ImageData, array_checksum, read_image_dataset
 
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
 PATH_KEYS = declare("data",

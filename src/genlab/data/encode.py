@@ -31,13 +31,12 @@ import torch
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.data.shards import read_shards
 from genlab.data.formats import read_image_dataset
-from genlab.runtime.switches import build_precision
-from genlab.nn.autoencoders import check_autoencoder
-from genlab.runtime.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
 from genlab.data.pixels import to_model
-from genlab.nn.autoencoders import load_autoencoder
+from genlab.data.shards import read_shards
+from genlab.nn.autoencoders import check_autoencoder, load_autoencoder
+from genlab.runtime.parallel import DistInfo, init_distributed, leave_distributed, resolve_device
+from genlab.runtime.switches import build_precision
 
 FORMAT = "genlab-latents-v1"
 DTYPES = {"float16": np.float16, "float32": np.float32}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.formats import write_image_dataset
 from genlab.core.errors import GenlabError
+from genlab.data.formats import write_image_dataset
 
 SPLITS = ("train", "test", "all")
 

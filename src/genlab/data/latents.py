@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
-from genlab.data.formats import VERIFY_LIMIT_BYTES
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
+from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
 from genlab.data.encode import read_source
-from genlab.data.formats import array_checksum
+from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 
 FORMAT = "genlab-latents-v1"
 

@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from genlab.data.datasets import PATH_KEYS, prepared_shape
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
-from genlab.data.datasets import build_dataset
+from genlab.data.datasets import PATH_KEYS, build_dataset, prepared_shape
+from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 

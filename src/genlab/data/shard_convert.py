@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
-from genlab.data.sources import list_source
 from genlab.core.errors import GenlabError
 from genlab.core.progress import Task
+from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
+from genlab.data.sources import list_source
 
 
 def center_crop_arr(im, size: int) -> np.ndarray:

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
+from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
+from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.data.loader import ImageLoader
 
 FORMAT = "genlab-shards-v1"

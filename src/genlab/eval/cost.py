@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from genlab.runtime.metrics import read_metrics, train_records
+
 from genlab.config.tree import load_toml
+from genlab.runtime.metrics import read_metrics, train_records
 
 
 def _read_json(p: Path) -> dict:

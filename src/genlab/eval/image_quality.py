@@ -7,8 +7,8 @@ import torch
 from PIL import Image
 
 from genlab.data.pixels import to_pixels
-from genlab.sampling.images import sample_images
 from genlab.eval.metrics import image_metrics
+from genlab.sampling.images import sample_images
 
 
 def generate(method, model, labels, ctx, batch, desc="sampling"):

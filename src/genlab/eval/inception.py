@@ -16,9 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.eval.weights import find_file, load_state
-from genlab.data.pixels import to_pixels
 from genlab.core.errors import GenlabError
+from genlab.data.pixels import to_pixels
+from genlab.eval.weights import find_file, load_state
 
 FID_WEIGHTS_NAMES = ("pt_inception-2015-12-05-6726825d.pth",      # pytorch-fid
                      "weights-inception-2015-12-05-6726825d.pth")  # torch-fidelity (same tensors)

@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.data.pixels import to_model
 from genlab.core.errors import GenlabError
+from genlab.data.pixels import to_model
 from genlab.eval.weights import find_file, load_state
 
 # conv (out, kernel, stride, padding) | "M" max pool; the index in the Sequential is torchvision's

@@ -11,24 +11,19 @@ import sys
 import numpy as np
 import torch
 
-from genlab.core import progress
-from genlab.core.errors import GenlabError
 from genlab.config import fields as cf
+from genlab.core import progress
+from genlab.core.errors import GenlabError, did_you_mean
 from genlab.core.registry import eval_metric_registry
-from genlab.core.errors import did_you_mean
-from genlab.eval.inception_score import inception_score as score
-from genlab.eval.inception import find_fid_weights
-from genlab.eval.ref_stats import load_reference
-from genlab.eval.lpips import load_lpips, lpips_pairs, same_class_pairs
-from genlab.eval.lpips import find_lpips_files
-from genlab.eval.real_split import real_split
-from genlab.eval.classifier import get_classifier
 from genlab.data.pixels import to_model
-from genlab.eval.classifier import predict
-from genlab.eval.inception import inception_outputs
+from genlab.eval.classifier import get_classifier, predict
 from genlab.eval.frechet import frechet_from_stats, gaussian_stats
-from genlab.eval.inception import load_fid_inception
+from genlab.eval.inception import find_fid_weights, inception_outputs, load_fid_inception
+from genlab.eval.inception_score import inception_score as score
+from genlab.eval.lpips import find_lpips_files, load_lpips, lpips_pairs, same_class_pairs
 from genlab.eval.precision_recall import precision_recall
+from genlab.eval.real_split import real_split
+from genlab.eval.ref_stats import load_reference
 
 # Inception feature spaces -> the network output (inception.OUTPUTS) each is
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}

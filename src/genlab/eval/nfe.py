@@ -16,11 +16,11 @@ import json
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import sampler_registry
-from genlab.sampling.samplers import nfe_per_step
-from genlab.sampling.images import eval_context
 from genlab.eval.cost import cost_line
 from genlab.eval.image_quality import generate
 from genlab.eval.labelled_grid import labelled_rows
+from genlab.sampling.images import eval_context
+from genlab.sampling.samplers import nfe_per_step
 
 
 def parse_int_list(text: str, key: str) -> list[int]:

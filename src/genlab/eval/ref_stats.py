@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.core.errors import GenlabError
-from genlab.core import progress
-from genlab.eval.inception import inception_outputs
 from genlab import __version__
+from genlab.core import progress
+from genlab.core.errors import GenlabError
 from genlab.data.formats import read_image_dataset
-from genlab.eval.inception import load_fid_inception
+from genlab.eval.inception import inception_outputs, load_fid_inception
 
 IMAGES = "arr_0"
 STAT_KEYS = {"inception": ("mu", "sigma"), "inception_spatial": ("mu_s", "sigma_s")}  # feature space -> keys

@@ -14,17 +14,14 @@ from pathlib import Path
 
 import torch
 
-from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
-from genlab.data import build_dataset
-from genlab.runtime.switches import compile_counts
-from genlab.core.registry import model_registry
-from genlab.runtime.metrics import peak_flops
-from genlab.runtime.parallel import leave_distributed
-from genlab.runtime.parallel import init_distributed
-from genlab.train.step import TrainStep
-from genlab.runtime.switches import build_precision
 from genlab.config.check import batched_label, is_batched
+from genlab.core.errors import GenlabError
+from genlab.core.registry import dataset_registry, model_registry
+from genlab.data import build_dataset
+from genlab.runtime.metrics import peak_flops
+from genlab.runtime.parallel import init_distributed, leave_distributed
+from genlab.runtime.switches import build_precision, compile_counts
+from genlab.train.step import TrainStep
 
 
 def _sync(device):
@@ -150,6 +147,7 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     import gzip
     import shutil
     from pathlib import Path
+
     from torch.profiler import ProfilerActivity, profile
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.nn.positions import apply_rope
 from genlab.core.registry import attention_registry, qkv_kernel_registry
+from genlab.nn.positions import apply_rope
 
 
 @attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")

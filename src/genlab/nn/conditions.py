@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from genlab.core.errors import GenlabError
-from genlab.nn.embeddings import TimestepEmbedder
 from genlab.core.registry import Registry
+from genlab.nn.embeddings import TimestepEmbedder
 
 condition_registry = Registry("condition")
 

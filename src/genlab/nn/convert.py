@@ -13,16 +13,11 @@ import torch
 import torch.nn as nn
 
 from genlab.config.check import check_converter_combination
-from genlab.nn.bitlinear import BITLINEAR_KEYS, NormedLinear
 from genlab.core.registry import convert_registry
+from genlab.nn.bitlinear import BITLINEAR_KEYS, NormedLinear, add_input_norm, to_bitlinear
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
-from genlab.nn.float8 import FLOAT8_KEYS, SKIP_PARTS
-from genlab.nn.float8 import convert_float8
-from genlab.nn.float8 import check_float8_device
-from genlab.nn.float8 import precompute_scales
-from genlab.nn.bitlinear import add_input_norm
-from genlab.nn.bitlinear import to_bitlinear
+from genlab.nn.float8 import FLOAT8_KEYS, SKIP_PARTS, check_float8_device, convert_float8, precompute_scales
 
 
 @dataclass

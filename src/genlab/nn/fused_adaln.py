@@ -25,9 +25,9 @@ import importlib.util
 
 import torch
 
+from genlab.core.registry import adaln_registry
 from genlab.nn.norm import norm_modulate_fused
 from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
-from genlab.core.registry import adaln_registry
 
 MAX_D = 8192   # one row in registers
 ROWS = 16      # rows per program: the per-sample vectors are loaded once per 16 rows

@@ -22,9 +22,9 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from genlab.core.registry import mlp_registry
 from genlab.nn.mlp import Mlp, two_thirds
 from genlab.nn.triton_attention import interpreting  # no triton import
-from genlab.core.registry import mlp_registry
 
 # found without importing it (a constant to torch.compile)
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None

@@ -21,9 +21,9 @@ import importlib.util
 
 import torch
 
+from genlab.core.registry import qkv_kernel_registry
 from genlab.nn.attention import split_plain
 from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
-from genlab.core.registry import qkv_kernel_registry
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # a constant to torch.compile
 MAX_HD = 256

@@ -9,8 +9,7 @@ import torch
 import torch.nn as nn
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import position_registry
-from genlab.core.registry import model_registry
+from genlab.core.registry import model_registry, position_registry
 
 
 def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:

@@ -362,10 +362,10 @@ def flex(q, k, v, block_mask, scale):
 
 def _flex_compiled(small: bool):
     if small not in _compiled_flex:
-        from torch.nn.attention.flex_attention import flex_attention
         # every part's mask_mod is its own closure, so each compiles once; past dynamo's default limit of
         # 8 it would silently fall back to eager flex (full score matrices)
         import torch._dynamo.config as dcfg
+        from torch.nn.attention.flex_attention import flex_attention
         for key in ("recompile_limit", "cache_size_limit"):
             if hasattr(dcfg, key):
                 setattr(dcfg, key, max(64, getattr(dcfg, key)))

@@ -26,8 +26,7 @@ import os
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.nn.triton_attention import (LOG2E, _cdiv, _new_bnhd, _prep, _s, interpreting,  # no triton import
-                                            load_kernels, missing_triton)
+from genlab.nn.triton_attention import LOG2E, _cdiv, _new_bnhd, _prep, _s, interpreting, load_kernels, missing_triton  # no triton import
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 

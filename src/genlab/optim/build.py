@@ -2,9 +2,9 @@
 helpers more than one family uses, and building an optimizer by name."""
 from __future__ import annotations
 
-from genlab.optim.caution import Cautious
 from genlab.config import fields as cf
 from genlab.core.registry import optimizer_registry
+from genlab.optim.caution import Cautious
 
 # optim.precondition_every=0: every 10 steps, the SOAP paper's frequency (Vyas et al. 2024), also for Shampoo
 # (pytorch-optimizer's default, 1, runs an SVD of every preconditioner on every step)

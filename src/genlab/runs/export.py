@@ -8,14 +8,14 @@ import os
 import shutil
 from pathlib import Path
 
-from genlab.core.errors import GenlabError
-from genlab.runtime.export_folder import CARD, CONFIG, FORMAT, META, VERSION, WEIGHTS, is_export_folder, sha256, split_tied
-from genlab.runs.load import load_run
-from genlab.runtime.checkpoint import load_checkpoint
-from genlab.config.tree import dumps_toml, to_dict
-from genlab.runtime import checkpoint as ckpt
-from genlab.runs.model_card import model_card
 import genlab
+from genlab.config.tree import dumps_toml, to_dict
+from genlab.core.errors import GenlabError
+from genlab.runs.load import load_run
+from genlab.runs.model_card import model_card
+from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.checkpoint import load_checkpoint
+from genlab.runtime.export_folder import CARD, CONFIG, FORMAT, META, VERSION, WEIGHTS, is_export_folder, sha256, split_tied
 
 FILE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")  # an --out with one of these is a mistyped file, not a folder
 

@@ -5,18 +5,16 @@ from pathlib import Path
 
 import torch
 
-from genlab.data import build_dataset
+from genlab.config.check import check_data_on_disk, read_keys
 from genlab.core.errors import GenlabError
-from genlab.sampling.images import eval_context
-from genlab.families.build import load_run, model_from_state, sampling_keys, check_eval_overrides, _run_dir  # noqa: F401 (the front ends' loader)
-from genlab.runtime.switches import build_precision
 from genlab.core.registry import all_registries
-from genlab.families.image_flow.flow import check_sampler_conditions
-from genlab.config.check import check_data_on_disk
+from genlab.data import build_dataset
 from genlab.eval.cost import cost_summary
-from genlab.eval.nfe import nfe_grid, nfe_rows, write_table
-from genlab.config.check import read_keys
-from genlab.eval.nfe import parse_int_list, samplers_of
+from genlab.eval.nfe import nfe_grid, nfe_rows, parse_int_list, samplers_of, write_table
+from genlab.families.build import _run_dir, check_eval_overrides, load_run, model_from_state, sampling_keys  # noqa: F401 (the front ends' loader)
+from genlab.families.image_flow.flow import check_sampler_conditions
+from genlab.runtime.switches import build_precision
+from genlab.sampling.images import eval_context
 
 
 def sampling_precision(cfg, device):

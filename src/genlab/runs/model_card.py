@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+
 from genlab.config.tree import Config, apply_dict, load_toml, resolve_preset_path, to_dict
 from genlab.core.errors import GenlabError
 

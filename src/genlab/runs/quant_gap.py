@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from genlab.core.errors import GenlabError
-from genlab.runtime import checkpoint as ckpt
 from genlab.config.check import check_data_on_disk
+from genlab.core.errors import GenlabError
 from genlab.data import build_dataset
 from genlab.nn.ptq import check_format, quantize_model
 from genlab.runs.load import load_run, sampling_precision
-from genlab.sampling.images import eval_context
+from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import resolve_device
+from genlab.sampling.images import eval_context
 
 HIGHER_IS_BETTER = ("sample_accuracy", "precision", "recall", "classifier_val_acc")
 

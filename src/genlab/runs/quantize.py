@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 from genlab.core.errors import GenlabError
+from genlab.nn.ptq import check_format, quantize_model
+from genlab.runs.load import model_from_state
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.export_folder import is_export_folder
-from genlab.nn.ptq import check_format
-from genlab.runs.load import model_from_state
 from genlab.runtime.parallel import resolve_device
-from genlab.nn.ptq import quantize_model
 
 # what only resuming training reads: a quantized run is for sampling and evaluation
 TRAINING_ONLY = ("optimizer", "scaler", "loader", "gen", "torch_rng", "device_rng")

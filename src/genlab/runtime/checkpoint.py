@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from genlab.core.errors import GenlabError
-from genlab.runtime.export_folder import is_export_folder, load_export_folder
-from genlab.runtime import dcp
 from genlab.config.tree import from_dict
+from genlab.core.errors import GenlabError
 from genlab.core.registry import convert_registry
+from genlab.runtime import dcp
+from genlab.runtime.export_folder import is_export_folder, load_export_folder
 
 CKPT_RE = re.compile(r"step_(\d+)\.(pt|dcp)$")  # .dcp: sharded folder (runtime/dcp.py)
 BEST_NAME = "best.pt"  # log.keep_best: the state with the lowest validation metric

@@ -114,6 +114,7 @@ def read_metadata(path) -> object:
     """A DCP folder's `.metadata`, unpickled by a loader that admits only the classes DCP's metadata holds:
     a crafted file is refused in one line with nothing in it run; an empty or cut file is one line too."""
     import pickle
+
     from torch.distributed.checkpoint.metadata import Metadata
     p = Path(path) / ".metadata"
 

@@ -15,8 +15,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from genlab.core.errors import GenlabError
 from genlab.config.tree import load_toml
+from genlab.core.errors import GenlabError
 
 FORMAT, VERSION = "genlab-export", 1
 META, CONFIG, WEIGHTS, CARD = "genlab.json", "config.toml", "model.safetensors", "README.md"

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from genlab.core.errors import GenlabError
 from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
 from genlab.core.registry import ac_registry, compile_mode_registry, compile_registry, precision_registry
 from genlab.runtime.parallel import local
 

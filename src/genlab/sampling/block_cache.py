@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import torch
 
-from genlab.sampling.skip import streams_of
 from genlab.core.errors import GenlabError
+from genlab.sampling.skip import streams_of
 
 
 def _streams(out):

@@ -9,8 +9,8 @@
 """
 import torch
 
-from genlab.sampling.samplers import _report
 from genlab.core.registry import sampler_registry
+from genlab.sampling.samplers import _report
 
 
 @sampler_registry.register("flow_map", "x + d * u(x, t, d): one call per step of size d (the model is trained with the "

@@ -30,24 +30,20 @@ import warnings
 
 import torch
 
-from genlab.config.tree import Config, to_dict
+from genlab.config.check import SEEDS_SUPPORTED as SUPPORTED
+from genlab.config.check import VARIANT_KEYS, batched_label, is_batched, member_name, parse_seeds, variant_lists
+from genlab.config.tree import Config, apply_overrides, load_config, to_dict
 from genlab.core.errors import GenlabError, one_line
-from genlab.config.check import SEEDS_SUPPORTED as SUPPORTED, VARIANT_KEYS, batched_label, member_name, parse_seeds, variant_lists
-from genlab.runtime.stop import STOP_SIGNALS, StopSignals
-from genlab.train.trainer import Trainer
-from genlab.config.tree import apply_overrides
-from genlab.nn.attention import plain_softmax_attention
-from genlab.train.trainer import train as train_one
-from genlab.config.check import is_batched
-from genlab.config.tree import load_config
-from genlab.optim.state import state_bytes
-from genlab.optim.build import build_optimizer
-from genlab.runtime.switches import _mode
-from genlab.optim.schedules import lr_at, lr_schedule_registry
-from genlab.train.step import ema_update
-from genlab.runtime.switches import set_lr
 from genlab.families.base import StepContext
-from genlab.train.trainer import config_for_resume
+from genlab.nn.attention import plain_softmax_attention
+from genlab.optim.build import build_optimizer
+from genlab.optim.schedules import lr_at, lr_schedule_registry
+from genlab.optim.state import state_bytes
+from genlab.runtime.stop import STOP_SIGNALS, StopSignals
+from genlab.runtime.switches import _mode, set_lr
+from genlab.train.step import ema_update
+from genlab.train.trainer import Trainer, config_for_resume
+from genlab.train.trainer import train as train_one
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
 ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)

@@ -14,15 +14,24 @@ import torch
 
 from genlab.core.errors import GenlabError
 from genlab.families.base import StepContext, as_loss_dict, check_batch_keys, check_extras
+from genlab.families.build import build_model_and_method, check_model_shapes  # noqa: F401 (re-exported)
+from genlab.nn.convert import after_step_hooks, apply_converters, check_converters, converters_of
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
-from genlab.nn.convert import after_step_hooks, apply_converters, check_converters, converters_of
-from genlab.train.graph_step import GraphedStep
-from genlab.families.build import build_model_and_method, check_model_shapes  # noqa: F401 (re-exported)
+from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.runtime.stop import start_compile_workers
-from genlab.runtime.switches import CompiledUpdate, allow_retained_backward, apply_switches, backward_context, compile_extra, compile_model_by_name, compile_optimizer_step, set_lr
-from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.switches import (
+    CompiledUpdate,
+    allow_retained_backward,
+    apply_switches,
+    backward_context,
+    compile_extra,
+    compile_model_by_name,
+    compile_optimizer_step,
+    set_lr,
+)
+from genlab.train.graph_step import GraphedStep
 
 
 def init_weights_from(model, source: str) -> None:

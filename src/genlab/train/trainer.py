@@ -15,32 +15,25 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.tree import Config, dumps_toml, to_dict
-from genlab.data import build_dataset, build_loader
+from genlab.config.check import batched_label, check_data_on_disk, config_warnings, is_batched, read_keys
+from genlab.config.tree import Config, apply_overrides, dumps_toml, load_config, to_dict, validate
+from genlab.core import files as folder_lock
 from genlab.core import progress
 from genlab.core.errors import GenlabError, RunFailed, debug, machine_failure, one_line
-from genlab.core import files as folder_lock
 from genlab.core.files import write_atomic
-from genlab.runtime import checkpoint as ckpt
+from genlab.core.progress import TrainStatus
+from genlab.data import build_dataset, build_loader
 from genlab.nn.convert import apply_converters
+from genlab.nn.float8 import plan_summary
+from genlab.optim.state import state_bytes
+from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.dcp import export_safetensors, load_dcp_optimizer, save_dcp
 from genlab.runtime.metrics import MetricsLog, peak_flops, peak_memory_gib
 from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
-from genlab.train.step import build_model_and_method, check_model_shapes, ema_update, TrainStep  # noqa: F401 (re-exported)
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.runtime.switches import build_precision, compile_counts, lr_value
-from genlab.config.check import read_keys
-from genlab.config.tree import load_config
-from genlab.config.tree import apply_overrides, validate
-from genlab.config.check import batched_label, is_batched
-from genlab.config.check import check_data_on_disk
-from genlab.runtime.dcp import load_dcp_optimizer
-from genlab.config.check import config_warnings
-from genlab.runtime.dcp import save_dcp
-from genlab.optim.state import state_bytes
 from genlab.sampling.images import eval_context
-from genlab.runtime.dcp import export_safetensors
-from genlab.nn.float8 import plan_summary
-from genlab.core.progress import TrainStatus
+from genlab.train.step import TrainStep, build_model_and_method, check_model_shapes, ema_update  # noqa: F401 (re-exported)
 
 
 class NonFiniteLoss(RuntimeError):

@@ -7,8 +7,8 @@ ORDER = 4
 
 
 def cmd_config(args):
-    from genlab.config.tree import load_config
     from genlab.config.doc import annotated_toml, markdown
+    from genlab.config.tree import load_config
     if args.markdown:
         print(markdown(), end="")
         return 0

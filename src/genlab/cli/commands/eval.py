@@ -14,6 +14,7 @@ def cmd_eval(args):
     ref = [o.split("=", 1)[1] for o in args.overrides if o.strip().startswith("eval.fid_ref=")]
     if ref and ref[-1] and not metrics and not any(o.strip().startswith("eval.metrics=") for o in args.overrides):
         import sys
+
         from genlab.eval.metrics import protocol_metrics
         metrics = [f"eval.metrics={protocol_metrics(ref[-1])}"]
         print(f"eval.fid_ref without eval.metrics: scoring {metrics[0]}", file=sys.stderr)

@@ -24,8 +24,8 @@ def cmd_export(args):
         return 0
     if out.exists() and not args.force:
         raise GenlabError(f"'{out}' exists; pass --force to overwrite")
-    from genlab.runtime.dcp import export_safetensors
     from genlab.runs.export import exported_state
+    from genlab.runtime.dcp import export_safetensors
     state, _ = exported_state(args.run, ema=not args.no_ema)
     path = export_safetensors(state, out, ema=not args.no_ema)
     if state.get("ema") is None:

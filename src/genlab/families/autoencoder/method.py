@@ -32,15 +32,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.config import fields as cf
+from genlab.core.files import write_atomic
+from genlab.core.registry import method_registry
+from genlab.data import build_dataset
+from genlab.data.pixels import to_model, to_pixels
+from genlab.eval.image_quality import save_grid
+from genlab.eval.real_split import real_split
 from genlab.families.base import Extra, Method
 from genlab.runtime.parallel import unwrap
-from genlab.core.registry import method_registry
-from genlab.data.pixels import to_model
-from genlab.eval.real_split import real_split
-from genlab.core.files import write_atomic
-from genlab.data import build_dataset
-from genlab.data.pixels import to_pixels
-from genlab.eval.image_quality import save_grid
 
 STATS_FILE = "latent_stats.json"
 PREVIEW_IMAGES = 16

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from genlab.nn.autoencoders import LatentCodec
 from genlab.core.errors import GenlabError
-from genlab.core.registry import autoencoder_registry
+from genlab.core.registry import autoencoder_registry, model_registry
 from genlab.families.autoencoder.method import STATS_FILE, read_stats
-from genlab.runtime.checkpoint import resolve_checkpoint
-from genlab.core.registry import model_registry
 from genlab.families.build import load_run
+from genlab.nn.autoencoders import LatentCodec
+from genlab.runtime.checkpoint import resolve_checkpoint
 
 
 def _stats_dirs(arg: str) -> list[Path]:

@@ -13,13 +13,13 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.base import Extra
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, cfg_velocity, unwrap
-from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
-from genlab.runtime import checkpoint as ckpt
 from genlab.core.registry import method_registry
+from genlab.families.base import Extra
+from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, cfg_velocity, unwrap
 from genlab.nn.bitlinear import InputRMSNorm
 from genlab.nn.conditions import ConditionSet
+from genlab.runtime import checkpoint as ckpt
 
 TEACHER_KEYS = cf.declare("method",
     teacher=cf.F("", "few-step distillation: the flow teacher (a run folder, checkpoint or exported model.safetensors "

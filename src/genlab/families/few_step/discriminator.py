@@ -32,12 +32,12 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.base import Extra
-from genlab.runtime.parallel import unwrap
-from genlab.families.world.adversarial import finite_or_zero
-from genlab.families.image_flow.dit import dit_size
 from genlab.core.registry import model_registry
+from genlab.families.base import Extra
+from genlab.families.image_flow.dit import dit_size
+from genlab.families.world.adversarial import finite_or_zero
 from genlab.nn.embeddings import TimestepEmbedder
+from genlab.runtime.parallel import unwrap
 
 COLLAPSE_RATIO = 0.5  # a student batch with under half the real batch's spread counts as a collapsed step
 T_FREQ = 64  # sinusoidal features of the re-noising time in each head's condition

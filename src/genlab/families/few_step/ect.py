@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 
 from genlab.config import fields as cf
+from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
 from genlab.families.few_step.consistency import TEACHER_PATH, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import interpolate, unwrap
-from genlab.core.registry import method_registry
 
 ECT_KEYS = cf.declare("method",
     ect_stages=cf.F(8, "ect: stages of the gap schedule over train.steps; the gap shrinks by ect_q at each (official "

@@ -34,12 +34,11 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.few_step.consistency import consistency_fn
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
-from genlab.families.few_step.discriminator import (DISC_KEYS, add_discriminator, check_disc_config, renoise,
-                                                   renoise_time)
-from genlab.families.image_flow.flow import check_flow_config, interpolate
 from genlab.core.registry import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.few_step.consistency import consistency_fn
+from genlab.families.few_step.discriminator import DISC_KEYS, add_discriminator, check_disc_config, renoise, renoise_time
+from genlab.families.image_flow.flow import check_flow_config, interpolate
 
 LADD_KEYS = cf.declare("method",
     ladd_student_steps=cf.F(4, "ladd: the student's times t = i/n, i = 0..n-1 (paper: 4, pure noise included)", ge=1),

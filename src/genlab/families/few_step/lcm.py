@@ -29,10 +29,10 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
 from genlab.families.few_step.consistency import TEACHER_PATH, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
-from genlab.core.registry import method_registry
 
 LCM_KEYS = cf.declare("method",
     lcm_timesteps=cf.F(50, "lcm: N, intervals of the uniform grid t_n = n/N of the teacher's solver (LCM: 50 DDIM steps)",

@@ -36,10 +36,10 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
 from genlab.families.image_flow.flow import check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
-from genlab.core.registry import method_registry
 
 MEANFLOW_KEYS = cf.declare("method",
     meanflow_share=cf.F(0.25, "meanflow: share of each batch with a step d = s - t > 0 and the JVP target; the rest "

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from genlab.config import fields as cf
+from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
-from genlab.core.registry import method_registry
 
 PERFLOW_KEYS = cf.declare("method",
     perflow_windows=cf.F(4, "perflow: time windows K, edges j/K (sample with sampler=euler at K steps; paper and "

@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 
 from genlab.config import fields as cf
+from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
-from genlab.core.registry import method_registry
 
 REFLOW_KEYS = cf.declare("method",
     reflow_stage=cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "

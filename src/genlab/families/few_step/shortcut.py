@@ -20,9 +20,9 @@ import math
 import torch
 
 from genlab.config import fields as cf
+from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
-from genlab.core.registry import method_registry
 
 SHORTCUT_KEYS = cf.declare("method",
     shortcut_min_steps=cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",

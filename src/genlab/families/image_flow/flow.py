@@ -11,24 +11,22 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from genlab.core.errors import GenlabError
-from genlab.eval.metrics import EVAL_IMAGE_KEYS
-from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
-from genlab.families.base import Extra, Method
-from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
-from genlab.families.image_flow.timesteps import resolve_shift, shift_time
 from genlab.config import fields as cf
-from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
-from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
-from genlab.sampling.block_cache import parse_block_list
-from genlab.families.image_flow.dit import dit_size
 from genlab.config.check import batched_label, is_batched
-from genlab.eval.nfe import parse_int_list, samplers_of
-from genlab.sampling.block_cache import cached_blocks
-from genlab.eval.metrics import check_metrics
-from genlab.sampling.images import sample_images
+from genlab.core.errors import GenlabError
+from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
 from genlab.data.pixels import to_pixels
 from genlab.eval.image_quality import evaluate_class_conditional, save_class_grid, save_grid
+from genlab.eval.metrics import EVAL_IMAGE_KEYS, check_metrics
+from genlab.eval.nfe import parse_int_list, samplers_of
+from genlab.families.base import Extra, Method
+from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
+from genlab.families.image_flow.dit import dit_size
+from genlab.families.image_flow.timesteps import resolve_shift, shift_time
+from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
+from genlab.sampling.block_cache import cached_blocks, parse_block_list
+from genlab.sampling.images import sample_images
+from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
 
 
 def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -6,14 +6,24 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.core.registry import mlp_registry, model_registry, norm_registry, residual_registry
+from genlab.families.image_flow.dit import (
+    DIT_KEYS,
+    IMAGE_BACKBONE,
+    DiTSpec,
+    add_image_stem,
+    depatchify,
+    embed_conditions,
+    image_backbone_example,
+    patchify,
+    spec_from_config,
+)
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
-from genlab.config import fields as cf
-from genlab.families.image_flow.dit import DIT_KEYS, embed_conditions, DiTSpec, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify, spec_from_config
 from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
-from genlab.core.registry import mlp_registry, model_registry, norm_registry, residual_registry
 
 PLACEMENTS = ("pre", "post")
 COND_TOKENS = 2  # timestep, class

@@ -9,7 +9,6 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.registry import loss_weighting_registry
 
-
 MIN_SNR_KEYS = cf.declare("method",
     snr_gamma=cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0),
 )

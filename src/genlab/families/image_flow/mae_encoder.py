@@ -16,11 +16,11 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.base import Method
-from genlab.runtime.parallel import unwrap
-from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
-from genlab.families.image_flow.dit import patchify
 from genlab.core.registry import method_registry, model_registry
+from genlab.families.base import Method
+from genlab.families.image_flow.dit import patchify
+from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
+from genlab.runtime.parallel import unwrap
 
 MAE_KEYS = cf.declare("method",
     mae_mask_ratio=cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1),

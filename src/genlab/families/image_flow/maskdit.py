@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from genlab.core.errors import GenlabError
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, LATENT_KINDS, FlowMatching, check_flow_config
-from genlab.families.image_flow.dit import patchify
 from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
 from genlab.core.registry import method_registry, mlp_registry, model_registry
+from genlab.families.image_flow.dit import patchify
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, LATENT_KINDS, FlowMatching, check_flow_config
 
 
 def kept_tokens(tokens: int, mask_ratio: float) -> int:

@@ -14,16 +14,26 @@ import dataclasses
 import torch
 import torch.nn as nn
 
+from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.core.registry import model_registry
+from genlab.families.image_flow.dit import (
+    DIT_KEYS,
+    IMAGE_BACKBONE,
+    DiT,
+    DiTBlock,
+    FinalLayer,
+    depatchify,
+    embed_conditions,
+    image_backbone_example,
+    patchify,
+    spec_from_config,
+)
 from genlab.nn.backbone import block_flops
 from genlab.nn.conditions import combine
-from genlab.families.image_flow.dit import (DIT_KEYS, IMAGE_BACKBONE, DiT, DiTBlock, FinalLayer, depatchify, embed_conditions,
-                               image_backbone_example, patchify, spec_from_config)
 from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
 from genlab.nn.positions import build_position
-from genlab.config import fields as cf
-from genlab.core.registry import model_registry
 
 
 class MaskDiT(DiT):

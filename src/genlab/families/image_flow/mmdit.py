@@ -15,16 +15,28 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.core.registry import model_registry, residual_registry
+from genlab.families.image_flow.dit import (
+    DIT_KEYS,
+    IMAGE_BACKBONE,
+    DiT,
+    DiTBlock,
+    DiTSpec,
+    FinalLayer,
+    add_image_stem,
+    depatchify,
+    embed_conditions,
+    image_backbone_example,
+    patchify,
+    spec_from_config,
+)
 from genlab.nn.attention import attention_flops
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
-from genlab.config import fields as cf
 from genlab.nn.conditions import combine
-from genlab.families.image_flow.dit import (DIT_KEYS, embed_conditions, DiT, DiTBlock, DiTSpec, FinalLayer, add_image_stem, depatchify, IMAGE_BACKBONE, image_backbone_example, patchify,
-                               spec_from_config)
 from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
-from genlab.core.registry import model_registry, residual_registry
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
 

@@ -17,13 +17,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.core.errors import GenlabError
-from genlab.families.base import Extra
 from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
+from genlab.core.registry import method_registry, model_registry
+from genlab.families.base import Extra
+from genlab.families.image_flow.dit import dit_size
 from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
-from genlab.core.registry import method_registry, model_registry
-from genlab.families.image_flow.dit import dit_size
 
 
 class Projector(nn.Module):

@@ -23,15 +23,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import repa_encoder_registry, spec_with_arg
-from genlab.eval.classifier import SmallConvNet
+from genlab.core.registry import model_registry, repa_encoder_registry, spec_with_arg
 from genlab.data import build_dataset
-from genlab.eval.classifier import get_classifier
-from genlab.runtime.parallel import resolve_device
+from genlab.eval.classifier import SmallConvNet, get_classifier
 from genlab.families.build import build_teacher
 from genlab.families.image_flow.dit import dit_size
-from genlab.core.registry import model_registry
 from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.parallel import resolve_device
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.families.lm import common as lm
-from genlab.families.base import Method
-from genlab.config import fields as cf
 from genlab.core.registry import method_registry
+from genlab.families.base import Method
+from genlab.families.lm import common as lm
 
 
 @torch.no_grad()

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from genlab.config import fields as cf
-from genlab.data.tokenizers import from_meta
 from genlab.core.errors import GenlabError
+from genlab.data.tokenizers import from_meta
 from genlab.runtime.parallel import unwrap
 
 LN2 = math.log(2.0)

@@ -24,11 +24,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.core.registry import ModelExample, ce_kernel_registry, mlp_registry, model_registry, norm_registry
 from genlab.nn.attention import Attention, attention_flops
 from genlab.nn.positions import apply_rope, build_position, fitting_positions
-from genlab.config import fields as cf
-from genlab.core.registry import ModelExample, ce_kernel_registry, mlp_registry, model_registry, norm_registry
 
 # name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.
 GPT_SIZES = {

@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.families.lm import common as lm
-from genlab.families.base import Method
-from genlab.config import fields as cf
 from genlab.core.registry import method_registry
-from genlab.families.lm.autoregressive import score_nats
+from genlab.families.base import Method
 from genlab.families.build import load_run
+from genlab.families.lm import common as lm
+from genlab.families.lm.autoregressive import score_nats
 
 SCHEDULES = ("loglinear", "cosine")
 

@@ -15,14 +15,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from genlab.data.pixels import to_model, to_pixels
 from genlab.core.errors import GenlabError
-from genlab.families.base import Method
-from genlab.runtime.parallel import unwrap
-from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image
 from genlab.core.registry import method_registry, model_registry
-from genlab.data.formats import read_image_dataset
 from genlab.data import build_dataset
+from genlab.data.formats import read_image_dataset
+from genlab.data.pixels import to_model, to_pixels
+from genlab.families.base import Method
+from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image
+from genlab.runtime.parallel import unwrap
 
 LN2 = math.log(2.0)
 

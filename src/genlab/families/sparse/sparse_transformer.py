@@ -27,12 +27,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from genlab.core.errors import GenlabError
-from genlab.nn.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
 from genlab.config import fields as cf
-from genlab.core.registry import ModelExample, ac_registry, model_registry
-from genlab.core.registry import dataset_registry
 from genlab.config.check import _trains_on_cpu
+from genlab.core.errors import GenlabError
+from genlab.core.registry import ModelExample, ac_registry, dataset_registry, model_registry
+from genlab.nn.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
 
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")

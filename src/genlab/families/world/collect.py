@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from genlab.data.episodes import check_out_folder, write_episodes
 from genlab.core.errors import GenlabError
+from genlab.data.episodes import check_out_folder, write_episodes
 
 POLICIES = ("random", "sticky")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genlab.core.registry import world_objective_registry
 from genlab.families.image_flow.edm import karras_sigmas, preconditioning
 from genlab.families.world.objective import WorldObjective, per_sample
-from genlab.core.registry import world_objective_registry
 
 P_MEAN, P_STD = -0.4, 1.2                    # training noise: ln σ ~ N(P_MEAN, P_STD²)
 SIGMA_MIN, SIGMA_MAX, RHO = 2e-3, 5.0, 7.0   # sampling schedule

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from genlab.families.image_flow.flow import interpolate
-from genlab.sampling.samplers import time_grid
-from genlab.families.world.objective import WorldObjective, per_sample
 from genlab.config import fields as cf
 from genlab.core.registry import world_objective_registry
+from genlab.families.image_flow.flow import interpolate
+from genlab.families.world.objective import WorldObjective, per_sample
+from genlab.sampling.samplers import time_grid
 
 
 def v_from_x(x_hat, x_t, t):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from genlab.families.world.objective import WorldObjective
 from genlab.core.registry import world_objective_registry
+from genlab.families.world.objective import WorldObjective
 
 
 @world_objective_registry.register("l1", "one-step regression from noise (L1); with method.adv_weight > 0 a GAN")

@@ -20,16 +20,16 @@ import random
 
 import torch
 
-from genlab.data.pixels import quantize
-from genlab.core.errors import GenlabError
-from genlab.families.base import Extra, Method, StepContext
-from genlab.families.world.adversarial import PatchDiscriminator, adversarial_losses
 from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
 from genlab.core.registry import method_registry, timestep_sampler_registry, world_objective_registry
+from genlab.data import build_dataset
+from genlab.data.pixels import quantize
 from genlab.eval.nfe import parse_int_list
 from genlab.eval.rollouts import evaluate_world
-from genlab.data import build_dataset
 from genlab.eval.video import rollout_video_from_data
+from genlab.families.base import Extra, Method, StepContext
+from genlab.families.world.adversarial import PatchDiscriminator, adversarial_losses
 
 
 def augment_context(context: torch.Tensor, generator, max_level: float):

@@ -15,10 +15,10 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 import torch
 
-from genlab.data.windows import spaced_windows
 from genlab.core.errors import GenlabError
-from genlab.eval.video import to_u8, write_video
 from genlab.data import build_dataset
+from genlab.data.windows import spaced_windows
+from genlab.eval.video import to_u8, write_video
 from genlab.families.build import load_run
 
 # arrow keys / WASD / space -> the ALE action-name parts they press

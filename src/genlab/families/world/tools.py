@@ -5,9 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.data.episodes import (Episodes, check_actions, check_lengths, check_out_folder, read_episodes,
-                                  write_episodes)
 from genlab.core.errors import GenlabError
+from genlab.data.episodes import Episodes, check_actions, check_lengths, check_out_folder, read_episodes, write_episodes
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 

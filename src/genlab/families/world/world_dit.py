@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.nn.attention import attention_flops
+from genlab.core.registry import ModelExample, model_registry
 from genlab.families.image_flow.dit import DIT_SIZES, DiTBlock, FinalLayer, depatchify, dit_size, patchify
+from genlab.nn.attention import attention_flops
 from genlab.nn.conditions import ConditionSet, combine
 from genlab.nn.embeddings import TimestepEmbedder
 from genlab.nn.positions import sincos_2d
-from genlab.config import fields as cf
-from genlab.core.registry import ModelExample, model_registry
 
 CONTEXT_MODES = ("channels", "tokens")
 

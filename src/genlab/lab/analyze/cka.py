@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+
 from genlab.families.image_flow.flow import interpolate
 
 

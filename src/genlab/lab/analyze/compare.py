@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from genlab.lab.analyze.report import _plt, _table, adjacent_mean
 from genlab.core.errors import GenlabError
+from genlab.lab.analyze.report import _plt, _table, adjacent_mean
 
 SKIP_OK = 1.5  # "a skip the model tolerates": FD within 1.5x the unskipped model's
 

@@ -7,26 +7,21 @@ from pathlib import Path
 
 import torch
 
-from genlab.core.errors import GenlabError
-from genlab.sampling.block_cache import parse_block_list
-from genlab.families.image_flow.flow import FlowMatching
-from genlab.data.pixels import to_model
-from genlab.sampling.skip import skip_blocks, skip_plans
-from genlab.lab.analyze import report
-from genlab.sampling.block_cache import block_change, pick_cacheable
-from genlab.sampling.block_cache import cached_blocks, forward_timer
-from genlab.sampling.block_cache import search_cacheable
-from genlab.sampling.block_cache import step_schedule
-from genlab.lab.analyze.cka import layer_similarity
 from genlab.config.check import check_data_on_disk
+from genlab.core.errors import GenlabError
 from genlab.data import build_dataset
-from genlab.runtime.parallel import unwrap
-from genlab.runs.load import _run_dir, load_run
-from genlab.runs.load import sampling_precision
-from genlab.sampling.images import eval_context
-from genlab.eval.metrics import image_metrics
+from genlab.data.pixels import to_model
 from genlab.eval.classifier import get_classifier
 from genlab.eval.image_quality import generate
+from genlab.eval.metrics import image_metrics
+from genlab.families.image_flow.flow import FlowMatching
+from genlab.lab.analyze import report
+from genlab.lab.analyze.cka import layer_similarity
+from genlab.runs.load import _run_dir, load_run, sampling_precision
+from genlab.runtime.parallel import unwrap
+from genlab.sampling.block_cache import block_change, cached_blocks, forward_timer, parse_block_list, pick_cacheable, search_cacheable, step_schedule
+from genlab.sampling.images import eval_context
+from genlab.sampling.skip import skip_blocks, skip_plans
 
 WHAT = ("cka", "skip", "cache")
 

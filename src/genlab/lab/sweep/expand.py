@@ -10,10 +10,9 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
-from genlab.core.errors import GenlabError
 from genlab.config.tree import apply_overrides
-from genlab.lab.match import matched_overrides, reference_params
-from genlab.lab.match import constant_param_dims
+from genlab.core.errors import GenlabError
+from genlab.lab.match import constant_param_dims, matched_overrides, reference_params
 
 AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance", "data"}
 AXIS_TYPES = ("constant_params", "matched_params")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 from genlab.eval.labelled_grid import stack_pictures
 
 BEST_FD_MAX_NFE = 100

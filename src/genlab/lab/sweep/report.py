@@ -15,12 +15,11 @@ import math
 import shutil
 from pathlib import Path
 
-from genlab.runtime.metrics import read_metrics, train_records
-from genlab.core.registry import dataset_registry
 from genlab.config.tree import from_dict, load_toml
+from genlab.core.registry import dataset_registry, model_registry
 from genlab.lab.match import param_count as count
-from genlab.core.registry import model_registry
 from genlab.lab.sweep.nfe_report import write_nfe_report
+from genlab.runtime.metrics import read_metrics, train_records
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
            "wall_time", "data_wait_frac"]

@@ -21,15 +21,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from genlab.config.check import check_data_on_disk
+from genlab.config.check import VARIANT_KEYS, check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.core.files import held
+from genlab.core.registry import precision_registry
+from genlab.lab.sweep.report import write_report
 from genlab.lab.sweep.spec import Sweep, Variant
 from genlab.lab.sweep.stages import Stage, resolve, stage_output
-from genlab.core.registry import precision_registry
 from genlab.nn.convert import check_converters, converters_of
-from genlab.config.check import VARIANT_KEYS
-from genlab.lab.sweep.report import write_report
 
 REPO_SRC = Path(__file__).resolve().parents[3]
 _ACTIVE: set = set()  # running child processes (per_gpu runs several at once)

@@ -33,14 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genlab.config.tree import SWEEP_DIR, load_config, load_toml
-from genlab.config.check import VARIANT_KEYS, member_name
+from genlab.config.check import VARIANT_KEYS, member_name, sampling_keys_of
 from genlab.config.fields import did_you_mean
+from genlab.config.tree import SWEEP_DIR, load_config, load_toml
 from genlab.core.errors import GenlabError
+from genlab.core.registry import dataset_registry
 from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
 from genlab.lab.sweep.stages import check_placeholders, needs, parse_stages, references, resolve
-from genlab.core.registry import dataset_registry
-from genlab.config.check import sampling_keys_of
 
 TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "batched_variants", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
             "axis", "stage", "eval", "reference", "fd_target"}

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from genlab.nn.autoencoders import LatentCodec
 from genlab.core.errors import GenlabError
 from genlab.core.registry import autoencoder_registry
+from genlab.nn.autoencoders import LatentCodec
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 PICKLED = (".bin", ".ckpt", ".pt", ".pth")

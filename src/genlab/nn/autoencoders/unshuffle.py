@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from genlab.nn.autoencoders import LatentCodec
 from genlab.core.errors import GenlabError
 from genlab.core.registry import autoencoder_registry
+from genlab.nn.autoencoders import LatentCodec
 
 
 class Unshuffle(LatentCodec):
