@@ -36,7 +36,7 @@ def _sync(device):
 
 def sequential(cfg_for, members, warmup, steps) -> float:
     """Seconds of `steps` training steps of each member's single run, summed."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     total = 0.0
     for m in members:
         tr = Trainer(cfg_for(*m))
@@ -54,7 +54,7 @@ def sequential(cfg_for, members, warmup, steps) -> float:
 
 
 def batched(cfg, warmup, steps) -> float:
-    from genlab.train.seeds import SeedsTrainer
+    from genlab.training.seeds import SeedsTrainer
     st = SeedsTrainer(cfg)
     st.setup()
     dev = st.runs[0].device

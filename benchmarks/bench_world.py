@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def build(args):
-    from genlab.train.trainer import build_model_and_method
+    from genlab.training.trainer import build_model_and_method
     if args.run:
         from genlab.runs.load import load_run
         cfg, model, method, dev, state = load_run(args.run, args.device)

@@ -31,9 +31,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    probe = "import sys, genlab.train.trainer; print('torch._dynamo' in sys.modules)"
+    probe = "import sys, genlab.training.trainer; print('torch._dynamo' in sys.modules)"
     dynamo = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
-    print(f"importing genlab.train.trainer imports torch._dynamo: {dynamo}\n")
+    print(f"importing genlab.training.trainer imports torch._dynamo: {dynamo}\n")
     print("| command | median s | min s |")
     print("| --- | ---: | ---: |")
     for cmd in COMMANDS:

@@ -13,7 +13,7 @@ import torch
 from genlab.config.tree import load_config
 from genlab.optim.build import build_optimizer
 from genlab.optim.state import state_bytes
-from genlab.train.step import build_model_and_method
+from genlab.training.step import build_model_and_method
 
 NAMES = ["adamw", "adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
 MNIST = {"kind": "image", "image_size": 28, "channels": 1, "num_classes": 10}  # data shape without the data folder

@@ -73,7 +73,7 @@ def sdpa_variants(B, H, N, Dh, dev):
 
 def optimizer_variants(model, dev):
     from genlab.runtime.parallel import clip_grads
-    from genlab.train.trainer import ema_update
+    from genlab.training.trainer import ema_update
     params = [p for p in model.parameters()]
     ema = [p.detach().clone() for p in params]
     res = []

@@ -91,7 +91,7 @@ def straight_and_resumed(tmp_path, stop_after: int, *overrides, preset="digits_f
     """The exact-resume experiment: run `full` uninterrupted; run `part`, stop it after `stop_after` steps (as
     Ctrl-C would), resume it to the end. Returns the full trainer and both runs' final checkpoints."""
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     full = Trainer(tiny_config(tmp_path, *overrides, "train.name=full", preset=preset))
     full.fit()
     part = Trainer(tiny_config(tmp_path, *overrides, "train.name=part", preset=preset))
@@ -114,7 +114,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def flow_teacher(tmp_path_factory):
     """A tiny flow run on digits (30 steps, seconds): the teacher of the few-step distillation tests."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("teacher")
     Trainer(tiny_config(out, "train.name=teacher", "train.steps=30", "log.every=10", "log.ckpt_every=0",
                         "eval.num_samples=0", "log.sample_every=0")).fit()

@@ -26,7 +26,7 @@ from genlab.families.image_flow.dit import DiT, DiTSpec
 from genlab.runtime.dcp import load_dcp_full, load_dcp_optimizer, save_dcp
 from genlab.runtime.parallel import (all_reduce_mean, clip_grads, exit_rank, full_state_dict, init_distributed, no_sync,
                                    shard_like, wrap_parallel)
-from genlab.train.trainer import ema_update
+from genlab.training.trainer import ema_update
 
 GLOBAL_BATCH = 8
 

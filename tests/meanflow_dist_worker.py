@@ -15,7 +15,7 @@ import torch
 
 from genlab.config.tree import load_config
 from genlab.runtime.parallel import exit_rank, init_distributed, wrap_parallel
-from genlab.train.step import build_model_and_method
+from genlab.training.step import build_model_and_method
 
 GLOBAL_BATCH = 8
 SPEC = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10}

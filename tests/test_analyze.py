@@ -64,7 +64,7 @@ BACKBONES = ["dit", "dit_incontext", "mmdit", "mmdit model.dual_blocks=2"]  # th
 def _model(name="dit", seed=0):
     """A tiny random backbone whose blocks are not the identity (adaLN-Zero starts every block at zero output)."""
     from genlab.config.tree import load_config
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     name, *extra = name.split()
     cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra])
     model, method = build_model_and_method(cfg, SPEC)
@@ -279,7 +279,7 @@ def test_layer_similarity_has_ones_on_the_diagonal_per_t(name):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("analyze_run")
     Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=8", f"train.out_dir={out}", "train.name=r",
                                                "eval.num_samples=0", "log.sample_every=0", "log.ckpt_every=0"])).fit()

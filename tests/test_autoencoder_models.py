@@ -97,7 +97,7 @@ def test_kl_term_is_the_closed_form_for_a_diagonal_gaussian():
 def test_flops_are_the_flop_counters_on_the_model_itself():
     from torch.utils.flop_counter import FlopCounterMode
     from genlab.config.tree import load_config
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     model, _ = build_model_and_method(load_config("mnist_autoencoder", AE), DIGITS)
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
         model(torch.zeros(1, 1, 8, 8))
@@ -108,7 +108,7 @@ def test_flops_are_the_flop_counters_on_the_model_itself():
 def trained(tmp_path_factory):
     """150 steps of batch 64 on the digits (CPU, ~30 s): the run folder and its summary."""
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("ae")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -124,7 +124,7 @@ def untrained_l1(seed: int) -> float:
     from genlab.config.tree import load_config
     from genlab.data.datasets import load_digits_uint8
     from genlab.families.autoencoder.method import held_out_images, reconstruct, reconstruction_metrics
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = load_config("mnist_autoencoder", AE)
     torch.manual_seed(seed)
     model, _ = build_model_and_method(cfg, DIGITS)
@@ -205,7 +205,7 @@ def test_the_gan_term_and_its_discriminator_start_at_gan_start(tmp_path, one_thr
     own optimizer and a finite positive adaptive weight; the discriminator and its optimizer are checkpointed."""
     from genlab.config.tree import load_config
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     Trainer(load_config("mnist_autoencoder", AE + [f"train.out_dir={tmp_path}", "train.name=g", "train.steps=4",
                                                    "train.batch_size=16", "log.every=1", "method.gan_weight=0.5",
                                                    "method.gan_start=2", "eval.num_samples=0"])).fit()

@@ -11,7 +11,7 @@ from conftest import REPO, TINY
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.runtime import checkpoint as ckpt
-from genlab.train.trainer import Trainer
+from genlab.training.trainer import Trainer
 
 T = ["train", *TINY, "optim.warmup_steps=1", "train.steps=2", "eval.num_samples=0"]  # a warm-up that fits
 SP = ["train", "sparse_tiny_cpu", "model.dim=32", "model.depth=1", "model.heads=2", "train.steps=2", "eval.num_samples=0"]
@@ -296,7 +296,7 @@ def test_subprocess_gives_one_line_and_exit_2(tmp_path):
 
 
 def test_unexpected_setup_exception_is_one_line_and_leaves_no_run(tmp_path, capsys, monkeypatch):
-    import genlab.train.step as st  # the trainer (and bench) build the model in train/step.py
+    import genlab.training.step as st  # the trainer (and bench) build the model in training/step.py
 
     def broken(*a, **k):
         raise RuntimeError("boom in the builder\nsecond line")

@@ -68,8 +68,8 @@ def _assert_close_states(a: dict, b: dict, atol=WEIGHT_ATOL, exact=False):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Three single runs, the same three seeds batched, and the batched run stopped after step 3 then resumed."""
-    from genlab.train.seeds import SeedsTrainer
-    from genlab.train.trainer import Trainer
+    from genlab.training.seeds import SeedsTrainer
+    from genlab.training.trainer import Trainer
     tmp = tmp_path_factory.mktemp("seeds")
     for s in SEEDS:
         Trainer(_cfg(tmp, f"train.seed={s}", f"train.name=single-s{s}")).fit()
@@ -126,7 +126,7 @@ def test_batched_run_resumed_from_its_checkpoints_equals_the_uninterrupted_one(r
 
 def test_a_seed_checkpoint_resumes_as_a_single_run(runs):
     """Seed 1's folder at step 3 continues alone with plain `--resume` and ends where its single run ends."""
-    from genlab.train.trainer import Trainer, config_for_resume
+    from genlab.training.trainer import Trainer, config_for_resume
     tmp = runs["tmp"]
     run = tmp / "alone-s1"
     assert Trainer(config_for_resume(str(run), []), resume=str(run)).fit()["status"] == "finished"
@@ -226,7 +226,7 @@ def test_runs_resumed_together_must_be_seeds_of_one_config():
     """(Or batched variants of one: differing in optim.lr etc., tests/test_batched_variants.py.)"""
     from genlab.config.tree import load_config
     from genlab.core.errors import GenlabError
-    from genlab.train.seeds import _check_same_config
+    from genlab.training.seeds import _check_same_config
     a, b = load_config("digits_flow", ["train.seed=0"]), load_config("digits_flow", ["train.seed=1", "optim.eps=1e-6"])
     with pytest.raises(GenlabError, match="differ in optim.eps"):
         _check_same_config([a, b], ["A", "B"])
@@ -253,7 +253,7 @@ class _Refuses:
 
 
 def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, monkeypatch, capsys):
-    from genlab.train import seeds as S
+    from genlab.training import seeds as S
     from genlab.nn.attention import plain_softmax_attention
     monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("plain-ops", plain_softmax_attention)])
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
@@ -264,7 +264,7 @@ def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, m
 
 def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch):
     from genlab.core.errors import GenlabError
-    from genlab.train import seeds as S
+    from genlab.training import seeds as S
     monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("flash", _Refuses)])
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
     with pytest.raises(GenlabError, match=r"does not run under torch.vmap \(efficient: .*; flash: .*\)"):
@@ -290,7 +290,7 @@ def test_batched_seeds_with_plain_ops_attention_follow_the_default_kernel(tmp_pa
     """The CUDA fallback, run on the CPU: the seeds' losses and weights match the default attention's within the
     batched step's float32 tolerance (module docstring)."""
     from genlab.nn.attention import plain_softmax_attention
-    from genlab.train import seeds as S
+    from genlab.training import seeds as S
     a = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=default")).fit()
     monkeypatch.setattr(S, "attention_choices", lambda device: [("plain-ops", plain_softmax_attention)])
     b = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=plain")).fit()
@@ -306,7 +306,7 @@ def test_batched_seeds_with_plain_ops_attention_follow_the_default_kernel(tmp_pa
 def test_compiled_batched_step_follows_the_eager_one(tmp_path):
     """train.compile=model compiles the vmapped loss (forward and backward): the same losses and weights as the
     eager batched step, within the step's float32 tolerance (kernels fused by inductor reorder sums)."""
-    from genlab.train.seeds import SeedsTrainer
+    from genlab.training.seeds import SeedsTrainer
     SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=eager")).fit()
     SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.name=comp", "train.compile=model")).fit()
     for s in (0, 1):
@@ -323,8 +323,8 @@ def test_gpu_batched_bf16_seeds_train_and_follow_their_single_runs(tmp_path, cap
     """On CUDA under bf16 the vmapped step needs an attention kernel that runs under vmap (the probe picks one, or
     the plain-ops fallback); each seed's losses follow its own single run to bf16 rounding (the two paths run
     different attention kernels, so not to float32's)."""
-    from genlab.train.seeds import SeedsTrainer
-    from genlab.train.trainer import Trainer
+    from genlab.training.seeds import SeedsTrainer
+    from genlab.training.trainer import Trainer
     gpu = ["train.device=cuda", "train.precision=bf16", "train.grad_accum=1", "model.dim=64", "model.heads=2"]
     SeedsTrainer(_cfg(tmp_path, *gpu, "train.seeds=0,1", "train.name=b", f"train.compile={compile_}")).fit()
     for s in (0, 1):

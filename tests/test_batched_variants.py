@@ -47,8 +47,8 @@ def _cfg(tmp, *overrides):
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     """One optimizer's members batched and as single runs."""
-    from genlab.train.seeds import SeedsTrainer
-    from genlab.train.trainer import Trainer
+    from genlab.training.seeds import SeedsTrainer
+    from genlab.training.trainer import Trainer
     opt = request.param
     lists, members = CASES[opt]
     tmp = tmp_path_factory.mktemp(f"variants_{opt}")
@@ -98,8 +98,8 @@ def _rewind(src, dst, step):
 def test_a_member_resumes_alone_and_the_members_resume_batched(case):
     """A member's step-2 folder continues alone with plain resume to its single run's end; (AdamW) all members' step-2
     folders continue batched (their configs differ in lr and weight decay) to the uninterrupted batched end, exactly."""
-    from genlab.train.seeds import SeedsTrainer
-    from genlab.train.trainer import Trainer, config_for_resume
+    from genlab.training.seeds import SeedsTrainer
+    from genlab.training.trainer import Trainer, config_for_resume
     tmp, members = case["tmp"], case["members"]
     final = f"checkpoints/step_{STEPS:08d}.pt"
     suffix = members[-1][0]
@@ -150,7 +150,7 @@ def test_bad_batched_variants_are_one_line_errors(tmp_path, capfd, override, nee
 def test_runs_resumed_together_may_differ_only_in_member_keys():
     from genlab.config.tree import load_config
     from genlab.core.errors import GenlabError
-    from genlab.train.seeds import _check_same_config
+    from genlab.training.seeds import _check_same_config
     a = load_config("digits_flow", ["optim.lr=1e-3"])
     _check_same_config([a, load_config("digits_flow", ["optim.lr=3e-3", "optim.weight_decay=0.1", "train.ema_decay=0.99"])],
                        ["A", "B"])
@@ -228,8 +228,8 @@ def test_sweep_file_with_batched_variants_is_checked_before_anything_runs(tmp_pa
 def test_gpu_batched_bf16_variants_follow_their_single_runs(tmp_path):
     """On CUDA (fused AdamW at lr 1, the per-member factors broadcast by the foreach ops) under bf16: each member's
     losses follow its own single run to bf16 rounding (the batched step may use another attention kernel)."""
-    from genlab.train.seeds import SeedsTrainer
-    from genlab.train.trainer import Trainer
+    from genlab.training.seeds import SeedsTrainer
+    from genlab.training.trainer import Trainer
     gpu = ["train.device=cuda", "train.precision=bf16", "model.dim=64", "model.heads=2", "train.ema_decay=0.9"]
     SeedsTrainer(_cfg(tmp_path, *gpu, "train.lrs=1e-3,3e-3", "train.weight_decays=0,0.1", "train.name=b")).fit()
     for lr in ("1e-3", "3e-3"):

@@ -14,7 +14,7 @@ from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
 from genlab.nn.bitlinear import NORM_EPS, InputRMSNorm, absmax_int8, add_input_norm, ste, ternary, to_bitlinear
 from genlab.nn.convert import apply_converters
-from genlab.train.step import build_model_and_method
+from genlab.training.step import build_model_and_method
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
 TINY_DIT = ["model.dim=32", "model.depth=2", "model.heads=2"]
@@ -156,7 +156,7 @@ def test_a_tiny_run_with_the_norm_trains_with_falling_loss_and_moves_the_gains(t
     name = "bitlinear"
     from genlab.runtime import checkpoint as ckpt
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, f"train.convert={name}", "optim.lr=3e-3", "train.steps=40", "log.every=5",
                             "log.ckpt_every=0", "eval.num_samples=0", "train.name=q")).fit()
     losses = [r["loss"] for r in read_metrics(s["run_dir"]) if "loss" in r]
@@ -186,7 +186,7 @@ def test_a_checkpoint_saved_before_the_switch_loads_and_resumes_without_the_norm
     under a config with the norm are a one-line error naming the missing gain."""
     from genlab.runs.load import load_run
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer, config_for_resume
+    from genlab.training.trainer import Trainer, config_for_resume
     Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.bitlinear_norm=none", "train.name=old", "train.steps=4",
                         "log.every=1", "log.ckpt_every=2", "eval.num_samples=0", "optim.warmup_steps=1")).fit()
     for path in ckpt.list_checkpoints(tmp_path / "old"):  # as written before the key existed
@@ -242,7 +242,7 @@ def test_a_teacher_trained_with_the_norm_is_built_with_its_gains(tmp_path):
     """Few-step methods build their teacher from its saved config: the norms are there before its EMA loads."""
     from genlab.families.few_step.base import build_teacher, teacher_state
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.convert=bitlinear", "train.name=t", "optim.lr=3e-3", *SHORT)).fit()
     teacher = build_teacher(teacher_state(str(tmp_path / "t")))
     ema = ckpt.load_checkpoint(tmp_path / "t")["ema"]

@@ -16,7 +16,7 @@ from test_analyze import BACKBONES, SPEC, _model, _sample
 def _with_cache(name, blocks, every=2):
     """A second flow method for _model(name)'s backbone, with method.cache_blocks set."""
     from genlab.config.tree import load_config
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     name, *extra = name.split()
     cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra,
                                              f"method.cache_blocks={blocks}", f"method.cache_every={every}"])
@@ -77,7 +77,7 @@ def test_method_cache_schedule_samples_as_the_scheduled_context_and_checks_its_e
         want = _sample(plain, model)
     assert counts["reused"] == 4
     from genlab.config.tree import load_config
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = load_config("digits_flow", TINY + ["model.depth=4"])
     cfg.method.cache_schedule = "6/3:3,0;1:2,1"  # as genlab eval / sample set it on a trained run's config
     cached = build_model_and_method(cfg, SPEC)[1]
@@ -123,7 +123,7 @@ def analysed_run(tmp_path_factory):
     blocks are no longer adaLN-Zero's identity, so caching them changes the samples."""
     from genlab.lab.analyze.run import analyze_run
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("cached_run")
     Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=60", f"train.out_dir={out}", "train.name=r",
                                                "eval.num_samples=0", "log.sample_every=0", "log.ckpt_every=0"])).fit()
@@ -203,7 +203,7 @@ def test_bad_cache_schedules_are_refused_before_sampling(analysed_run, capfd, va
 
 def test_auto_without_an_analysis_is_one_line_and_writes_nothing(tmp_path, capfd):
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=2", f"train.out_dir={tmp_path}",
                                                "train.name=r", "eval.num_samples=0", "log.sample_every=0"])).fit()
     out = tmp_path / "s.png"
@@ -222,7 +222,7 @@ def test_auto_without_an_analysis_is_one_line_and_writes_nothing(tmp_path, capfd
 def test_a_run_trained_with_cached_blocks_evaluates_with_them(tmp_path):
     """The trainer's own evaluations sample through the method: a run configured with cached blocks scores them."""
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     common = TINY + ["model.depth=4", "train.steps=60", f"train.out_dir={tmp_path}", "eval.num_samples=12",
                      "eval.sample_steps=3", "eval.metrics=accuracy,fd", "log.sample_every=0", "log.ckpt_every=0"]
     fd = {}

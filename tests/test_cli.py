@@ -154,7 +154,7 @@ def test_sample_accuracy_of_real_images_is_high_and_of_noise_is_chance():
 
 def test_eval_under_bf16_autocast(tmp_path):
     """The trainer evaluates inside its precision's autocast (bf16 on GPU): features must still reach numpy."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = load_config(None, TINY + ["train.steps=2", f"train.out_dir={tmp_path}", "train.name=bf16",
                                     "eval.num_samples=20", "eval.sample_steps=2"])
     tr = Trainer(cfg)

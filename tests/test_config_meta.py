@@ -122,7 +122,7 @@ def test_genlab_config_refuses_an_unknown_key_with_a_suggestion(capsys):
 
 def test_unused_sampling_option_is_a_warning_recorded_in_the_run_config(tmp_path, capsys):
     from conftest import TINY
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=w", "train.steps=1",
                                              "eval.num_samples=0", "method.top_k=5"])
     Trainer(cfg).fit()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import tiny_config
 from genlab.core.errors import GenlabError
 from genlab.runtime import checkpoint as ckpt
-from genlab.train.trainer import Trainer
+from genlab.training.trainer import Trainer
 
 SHORT = ["train.steps=3", "log.every=1", "log.ckpt_every=0", "eval.num_samples=0", "optim.warmup_steps=1"]
 

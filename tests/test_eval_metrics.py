@@ -424,7 +424,7 @@ def evaluated_run(tmp_path_factory):
     """A 6-step run evaluated at steps 3 and 6, with the closed-form classifier stand-in throughout."""
     import genlab.eval.classifier as clf
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("evalrun")
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={out}", "train.name=r", "train.steps=6", "log.eval_every=3",
                                              "eval.num_samples=30", "eval.sample_steps=2"])

@@ -10,7 +10,7 @@ from conftest import tiny_config
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("prec")
     for p in ("bf16", "fp32"):
         Trainer(tiny_config(out, f"train.precision={p}", "train.device=cpu", "train.steps=2", f"train.name={p}",

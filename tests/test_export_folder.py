@@ -27,7 +27,7 @@ class Payload:
 @pytest.fixture(scope="module")
 def flow_run(tmp_path_factory):
     """A tiny flow run on digits (EMA on) and its exported folder."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("flow")
     Trainer(tiny_config(out, "train.name=run", "train.steps=4", "log.ckpt_every=0", "eval.num_samples=0",
                         "log.sample_every=0")).fit()
@@ -213,7 +213,7 @@ def test_resuming_an_export_is_refused_in_one_line(flow_run, capfd):
 
 def test_commands_that_take_a_run_take_the_folder(flow_run, tmp_path, capfd):
     from genlab.runtime.checkpoint import config_of, load_checkpoint
-    from genlab.train.step import build_model_and_method, init_weights_from
+    from genlab.training.step import build_model_and_method, init_weights_from
     run, exp = flow_run
     d = tmp_path / "export"
     shutil.copytree(exp, d)

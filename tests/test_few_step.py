@@ -80,9 +80,9 @@ def test_shortcut_target_is_the_mean_of_two_half_steps_of_the_target_network():
 
 
 def test_shortcut_trains_its_loss_falls_and_samples_in_one_two_and_four_calls(tmp_path, one_thread):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = tiny_config(tmp_path, "method.name=shortcut", "method.sampler=flow_map", "method.shortcut_min_steps=8",
                       "train.ema_decay=0.9", "train.name=sc", *FAST[1:], "train.steps=60")
     s = Trainer(cfg).fit()

@@ -24,7 +24,7 @@ LADD = ["method.name=ladd", "method.sampler=consistency", "method.sample_steps=4
 def built(tmp_path, teacher, *overrides):
     """A student initialised from the teacher, its method and extras as plain modules (no trainer)."""
     from genlab.data import build_dataset
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = tiny_config(tmp_path, f"method.teacher={teacher}", *overrides)
     spec = build_dataset(cfg.data).spec
     torch.manual_seed(0)
@@ -99,7 +99,7 @@ def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_n
     """LADD without its regression term: the model's loss is the G term alone, which reaches the student only through
     the teacher. The trainer's per-optimizer backward gives the student exactly d(G)/d(student) and the heads exactly
     d(D)/d(heads), although G depends on the heads; the teacher gets nothing."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     t = Trainer(tiny_config(tmp_path, f"method.teacher={flow_teacher}", *LADD, "train.name=grad", *QUIET))
     t.setup()
     st = t.steps
@@ -123,7 +123,7 @@ def test_generator_gradient_reaches_the_student_through_the_frozen_teacher_and_n
 def test_discriminator_heads_step_with_their_own_adam_betas(tmp_path, flow_teacher, one_thread):
     """The heads' optimizer uses method.tdisc_betas (default beta1 = 0, GAN practice); the student keeps optim.betas."""
     from genlab.families.base import Extra, check_extras
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     for extra, want in (([], (0.0, 0.99)), (["method.tdisc_betas=0.5,0.999"], (0.5, 0.999))):
         t = Trainer(tiny_config(tmp_path, f"method.teacher={flow_teacher}", *LADD, "optim.betas=0.9,0.95",
                                 f"train.name=b{len(extra)}", *extra, *QUIET))
@@ -230,7 +230,7 @@ def test_pcm_and_ladd_train_with_finite_losses_and_pcms_loss_falls(tmp_path, flo
     import math
 
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     common = [f"method.teacher={flow_teacher}", "train.ema_decay=0.9", "log.every=5", "optim.lr=1e-3", *QUIET]
     assert Trainer(tiny_config(tmp_path, *PCM, "method.teacher_cfg_scale=3.0", "train.name=pcm", "train.steps=50",
                                *common)).fit()["status"] == "finished"
@@ -252,7 +252,7 @@ def test_ladd_trains_on_teacher_pairs_and_its_cost_counts_their_generation(tmp_p
     import math
 
     from genlab.eval.cost import cost_summary
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, *LADD, f"method.teacher={flow_teacher}", f"data.path={pairs_dir}", "data.name=images",
                       "train.name=ladd_pairs", "train.steps=6", "log.every=3", *QUIET)
     assert Trainer(cfg).fit()["status"] == "finished"
@@ -321,7 +321,7 @@ def test_pcm_with_the_adversarial_loss_trains_compiled(tmp_path, flow_teacher, o
     the graph shared by the model's and the heads' losses, runs (compiled backwards must not donate their buffers)."""
     import math
 
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, f"method.teacher={flow_teacher}", *PCM_ADV, "train.compile=model", "train.name=c",
                       "train.steps=3", "log.every=1", "train.ema_decay=0.9", *QUIET)
     assert Trainer(cfg).fit()["status"] == "finished"
@@ -333,7 +333,7 @@ def test_resuming_a_checkpoint_whose_discriminator_lacks_a_parameter_is_a_one_li
     """A LADD/PCM checkpoint saved before the heads were conditioned on t' has no time-embedding weights: resuming it
     names the module and the parameter instead of torch's multi-line load_state_dict error."""
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     args = (f"method.teacher={flow_teacher}", *PCM_ADV, "train.steps=2", "log.ckpt_every=2", "log.sample_every=0",
             "eval.num_samples=0", "train.name=old")
     Trainer(tiny_config(tmp_path, *args)).fit()

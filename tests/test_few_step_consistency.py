@@ -26,7 +26,7 @@ def test_lcm_target_is_one_guided_teacher_step_then_the_ema_consistency_function
     from genlab.families.few_step.base import build_teacher
     from genlab.families.few_step.lcm import lcm_target
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     state = ckpt.load_checkpoint(flow_teacher)
     teacher = build_teacher(state).double()
     model, _ = build_model_and_method(tiny_config(tmp_path, *LCM, f"method.teacher={flow_teacher}"), state["data_spec"])
@@ -64,8 +64,8 @@ def test_lcm_target_is_one_guided_teacher_step_then_the_ema_consistency_function
 def test_lcm_trains_from_its_teacher_its_loss_falls_it_is_the_identity_at_t1_and_samples_in_n_calls(
         tmp_path, flow_teacher, one_thread):
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.step import build_model_and_method
-    from genlab.train.trainer import Trainer
+    from genlab.training.step import build_model_and_method
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *LCM, *FAST, f"method.teacher={flow_teacher}", "train.steps=60",
                             "optim.lr=3e-3", "train.name=lcm")).fit()
     assert s["status"] == "finished"
@@ -138,8 +138,8 @@ def test_ect_gap_shrinks_stage_by_stage_and_every_r_lies_between_t_and_the_data(
 def test_ect_starts_from_the_teacher_its_loss_falls_it_is_the_identity_at_t1_and_samples_in_n_calls(
         tmp_path, flow_teacher, one_thread):
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.step import build_model_and_method
-    from genlab.train.trainer import Trainer
+    from genlab.training.step import build_model_and_method
+    from genlab.training.trainer import Trainer
     # one stage (a fixed gap) so that the loss compares like with like; its noise floor is a diffusion loss's
     cfg = tiny_config(tmp_path, *ECT, *FAST, f"method.teacher={flow_teacher}", "train.steps=100", "optim.lr=2e-3",
                       "train.batch_size=32", "train.ema_decay=0.9", "train.name=ect")
@@ -175,7 +175,7 @@ def test_a_student_trained_stopped_and_resumed_equals_one_trained_straight_throu
 @pytest.fixture(scope="module")
 def wrong_teachers(tmp_path_factory):
     """A tiny flow run on other data (16x16 RGB synthetic images) and a run that predicts no velocity (image_ar)."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("wrong")
     quick = ["train.steps=2", "log.ckpt_every=0", "eval.num_samples=0", "log.sample_every=0", "log.progress=false",
              "log.tensorboard=false", f"train.out_dir={out}"]
@@ -193,7 +193,7 @@ def wrong_teachers(tmp_path_factory):
                                            ("unset", "needs method.teacher")])
 def test_an_incompatible_teacher_is_a_one_line_error_before_the_run_folder(tmp_path, wrong_teachers, name, case,
                                                                            message):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     teacher = wrong_teachers.get(case, "")
     cfg = tiny_config(tmp_path, f"method.name={name}", "method.sampler=consistency", f"method.teacher={teacher}",
                       "train.name=student", *FAST)

@@ -17,7 +17,7 @@ TINY_TOML = '''["model.dim=32", "model.depth=2", "model.heads=2", "train.batch_s
 
 @pytest.fixture(scope="module")
 def shortcut_run(tmp_path_factory):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("sc")
     Trainer(tiny_config(out, "method.name=shortcut", "method.sampler=flow_map", "method.shortcut_min_steps=8",
                         "train.ema_decay=0.9", "train.name=sc", "train.steps=10", "log.every=5", "log.ckpt_every=0",

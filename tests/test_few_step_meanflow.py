@@ -101,8 +101,8 @@ def test_the_times_are_sorted_pairs_and_only_the_share_has_a_step(tmp_path):
 def test_meanflow_trains_its_loss_falls_and_samples_in_one_and_two_calls(tmp_path, one_thread, capfd):
     from genlab.runtime import checkpoint as ckpt
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.step import build_model_and_method
-    from genlab.train.trainer import Trainer
+    from genlab.training.step import build_model_and_method
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *MF, *FAST, "train.steps=120", "log.every=1", "train.name=mf",
                             "method.meanflow_share=0.5")).fit()
     assert s["status"] == "finished"
@@ -183,7 +183,7 @@ def test_meanflow_trains_under_train_compile_model_without_recompiles(tmp_path, 
     """The prediction through the compiled model, the JVP eager on the unwrapped module (its attention swapped and
     restored around it): no guard of the compiled graph fails (~10 s with a warm inductor cache, ~50 s cold)."""
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *MF, *FAST, "train.steps=6", "log.every=3", "train.name=mfc",
                             "train.compile=model", "model.attention=sdpa_flash")).fit()
     assert s["status"] == "finished"
@@ -195,7 +195,7 @@ def test_meanflow_trains_under_train_compile_model_without_recompiles(tmp_path, 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_meanflow_trains_compiled_with_bf16_and_flash_attention_on_cuda(tmp_path):
     """train.compile=model on the GPU, with SDPA's fused kernels in the prediction and the math kernel in the JVP."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *MF, *FAST, "train.steps=20", "log.every=5", "train.name=mfc",
                             "train.device=cuda", "train.compile=model", "model.attention=sdpa_flash")).fit()
     assert s["status"] == "finished" and s["loss"] == s["loss"]

@@ -141,7 +141,7 @@ def test_the_cost_of_a_run_on_generated_pairs_counts_their_generation(pairs_dir)
 
 @pytest.fixture(scope="module")
 def shortcut_run(tmp_path_factory):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("sc")
     Trainer(tiny_config(out, "method.name=shortcut", "method.sampler=flow_map", "method.shortcut_min_steps=8",
                         "train.steps=2", "train.name=sc", *FAST)).fit()
@@ -184,7 +184,7 @@ def test_generate_pairs_interrupted_leaves_nothing_at_out(flow_teacher, tmp_path
 
 # -- reflow --------------------------------------------------------------------------------------------------
 def test_reflow_loss_falls_on_the_teachers_pairs(flow_teacher, pairs_dir, tmp_path, one_thread):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, "method.name=reflow", f"method.teacher={flow_teacher}", "data.name=pairs",
                             f"data.path={pairs_dir}", "method.sampler=euler", "train.steps=60", "train.name=rf",
                             *FAST)).fit()
@@ -198,8 +198,8 @@ def test_reflow_distill_trains_only_at_t0_and_its_one_step_sample_is_one_network
     from genlab.data.pairs import read_pairs
     from genlab.families.base import StepContext
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.step import build_model_and_method
-    from genlab.train.trainer import Trainer
+    from genlab.training.step import build_model_and_method
+    from genlab.training.trainer import Trainer
     over = ["method.name=reflow", "method.reflow_stage=distill", f"method.teacher={flow_teacher}", "data.name=pairs",
             f"data.path={pairs_dir}", "method.sampler=euler", "method.sample_steps=1", "method.cfg_scale=1",
             "model.class_dropout=0"]
@@ -246,7 +246,7 @@ def test_a_student_trained_on_pairs_is_evaluated_against_the_teachers_data(name,
                                                                            monkeypatch):
     from genlab.data import build_dataset
     from genlab.eval import image_quality
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = tiny_config(tmp_path, f"method.name={name}", f"method.teacher={flow_teacher}", "data.name=pairs",
                       f"data.path={pairs_dir}", "method.tdisc_hidden=8" if name == "ladd" else "method.sampler=euler")
     data = build_dataset(cfg.data)
@@ -259,7 +259,7 @@ def test_a_student_trained_on_pairs_is_evaluated_against_the_teachers_data(name,
 
 # -- PeRFlow training ------------------------------------------------------------------------------------------
 def test_perflow_loss_falls(flow_teacher, tmp_path, one_thread):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, "method.name=perflow", f"method.teacher={flow_teacher}", "method.sampler=euler",
                             "method.sample_steps=4", "method.perflow_solver_steps=2", "train.steps=40",
                             "train.name=pf", *FAST)).fit()

@@ -23,7 +23,7 @@ FLOORS = [
     ["sampling"],
     ["eval"],
     ["families"],
-    ["train"],
+    ["training"],
     ["runs"],
     ["lab"],
     ["cli", "__main__"],

@@ -193,7 +193,7 @@ def test_triton_final_kernel_under_bf16_autocast_gives_a_float32_loss_near_plain
     assert max(rel(a, b) for a, b in zip(out["triton"][1], out["plain"][1])) < 5e-2
 
 
-@pytest.mark.filterwarnings("ignore:There is a performance drop")  # CPU SDPA under vmap: a loop, as in train/seeds.py
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # CPU SDPA under vmap: a loop, as in training/seeds.py
 def test_batched_seeds_functional_closure_takes_the_plain_path():
     """train.seeds calls loss_from with `lambda *args: functional_call(model, ...)` under torch.vmap, where the custom
     op has no batching rule: that call computes the velocity path, bit for bit, even with final_kernel=triton."""
@@ -217,7 +217,7 @@ def test_repa_trains_through_the_fused_final_loss(tmp_path):
     tokens: the loss, both terms and the gradients of model and projector equal plain's (float32)."""
     from conftest import tiny_config
     from genlab.families.base import plain_context
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     digits = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10, "batch_keys": ("image", "label")}
     out = {}
     for kernel in ("plain", "triton"):

@@ -77,7 +77,7 @@ def test_float8_linear_is_close_to_bf16(recipe):
 
 
 def _train(tmp_path, name, *overrides):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, "train.device=cuda", f"train.name={name}", "train.steps=60", "log.every=10",
                       "model.dim=128", "model.heads=4", "eval.num_samples=0", "log.ckpt_every=0", *overrides)
     Trainer(cfg).fit()
@@ -134,7 +134,7 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_, method):
     value frozen into the graph would show), and the replayed step draws the same noise as the eager one.
     repa-model: the block hook, the frozen encoder and the projector (its own LR) inside the captured step."""
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     common = ("train.device=cuda", "train.precision=fp32", "train.steps=12", "log.every=1", "log.ckpt_every=12",
               "eval.num_samples=0", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.warmup_steps=8",
               f"train.compile={compile_}", *method)
@@ -213,7 +213,7 @@ def test_cached_sampling_on_the_gpu_matches_the_analysis_cache_under_bf16():
     cached_blocks context, different from the plain sampler's."""
     from genlab.sampling.block_cache import cached_blocks
     from genlab.config.tree import load_config
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     spec = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
     common = ["model.dim=64", "model.depth=4", "model.heads=2"]
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""`train.graph_step` (the whole step captured as one CUDA graph, train/graph_step.py). On the CPU: what it refuses
+"""`train.graph_step` (the whole step captured as one CUDA graph, training/graph_step.py). On the CPU: what it refuses
 (one line, exit 2, nothing written), its eager warm-up steps against the plain step, and the optimizer made
 capturable after a resume. The capture and replay against eager steps run on the GPU (tests/test_gpu.py)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from conftest import cli_in_process, tiny_config
 from genlab.core.errors import GenlabError
-from genlab.train.graph_step import WARMUP_STEPS, make_capturable
+from genlab.training.graph_step import WARMUP_STEPS, make_capturable
 
 
 @pytest.mark.parametrize("overrides,expect", [
@@ -52,7 +52,7 @@ def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread, method)
     optimizer, EMA): its eager warm-up steps must leave the same weights, EMA and losses as TrainStep's plain step.
     repa: the projector is a param group of the model's optimizer with its own LR (lr_scale), trained in the step too."""
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     common = (f"train.steps={WARMUP_STEPS}", "train.ema_decay=0.9", "train.ema_warmup=true", "optim.grad_clip=0.05",
               f"log.ckpt_every={WARMUP_STEPS}", "log.every=1", "eval.num_samples=0", "train.device=cpu", *method)
     plain = Trainer(tiny_config(tmp_path, *common, "train.name=plain"))

@@ -209,7 +209,7 @@ def test_methods_that_need_pixels_refuse_latents(encoded):
 # -- training, sampling and evaluation on latents ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def latent_run(encoded, tmp_path_factory):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("runs")
     t = Trainer(tiny_config(out, *latent_overrides(encoded, "data.hflip=true"), "train.name=lat", "train.steps=6",
                             "log.every=3", "log.ckpt_every=0", "eval.num_samples=0", "log.sample_every=0"))
@@ -273,7 +273,7 @@ def test_training_on_latents_with_flips_resumes_exactly(encoded, tmp_path, one_t
 def test_the_denoiser_flops_are_those_of_the_same_model_on_pixels_of_the_latent_shape(encoded, latent_run):
     """img/s and MFU count the denoiser only: the latent run's FLOPs per sample are a pixel run's at 4x4x4 (the encoder
     ran once, before training; its cost is meta.json's)."""
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = tiny_config(encoded.parent, "data.name=synthetic", "data.image_size=4", "data.channels=4", "data.num_classes=10")
     from genlab.data.datasets import synthetic_spec
     model, method = build_model_and_method(cfg, synthetic_spec(cfg.data))
@@ -281,7 +281,7 @@ def test_the_denoiser_flops_are_those_of_the_same_model_on_pixels_of_the_latent_
 
 
 def test_maskdit_trains_on_latents(encoded, tmp_path):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     s = Trainer(tiny_config(tmp_path, *latent_overrides(encoded), "train.name=m", "train.steps=2", "log.every=1",
                             "log.ckpt_every=0", "eval.num_samples=0", "log.sample_every=0", "method.unmask_steps=0", "model.patch_size=1",
                             "train.compile=off", "model.decoder_dim=32", "model.decoder_depth=1",

@@ -482,7 +482,7 @@ def test_embedded_corpus_is_deterministic():
 @pytest.mark.parametrize("preset", ["text_ar", "text_mdlm"])
 def test_both_methods_train_with_falling_loss(tmp_path, preset):
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = lm_config(tmp_path, preset, "train.steps=80", "optim.lr=3e-3", f"train.name={preset}")
     s = Trainer(cfg).fit()
     losses = [r["loss"] for r in read_metrics(s["run_dir"]) if "loss" in r]
@@ -495,7 +495,7 @@ def test_both_methods_train_with_falling_loss(tmp_path, preset):
 def test_keep_best_keeps_the_lowest_validation_checkpoint(tmp_path):
     from genlab.runtime import checkpoint as ckpt
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = lm_config(tmp_path, "text_ar", "train.steps=40", "optim.lr=3e-3", "log.eval_every=10", "log.keep_best=true",
                     "log.keep_last=1", "train.name=kb")
     s = Trainer(cfg).fit()

@@ -14,7 +14,7 @@ from genlab.config.tree import load_config
 from genlab.families.base import plain_context
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens
 from genlab.families.image_flow.dit import depatchify, patchify
-from genlab.train.trainer import Trainer
+from genlab.training.trainer import Trainer
 
 MASK = ["method.name=maskdit", "model.name=maskdit", "model.decoder_depth=1", "model.decoder_dim=16", "eval.num_samples=0",
         "log.ckpt_every=0", "log.sample_every=0"]
@@ -22,7 +22,7 @@ SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10, "bat
 
 
 def build(tmp_path, *overrides):
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     torch.manual_seed(0)
     return build_model_and_method(tiny_config(tmp_path, *MASK, *overrides), SPEC)
 

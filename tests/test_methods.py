@@ -10,7 +10,7 @@ import torch.nn as nn
 
 from conftest import straight_and_resumed, tiny_config
 from genlab.core.errors import GenlabError
-from genlab.train.trainer import Trainer
+from genlab.training.trainer import Trainer
 
 REPA = ["method.name=repa", "method.repa_hidden=32", "method.repa_block=1", "model.dim=32", "train.steps=6",
         "log.every=1", "log.ckpt_every=0", "train.ema_decay=0.9", "eval.num_samples=0", "optim.warmup_steps=2"]
@@ -69,7 +69,7 @@ class _TwoPlayer(nn.Module):
 def test_each_loss_reaches_only_its_own_optimizers_parameters(tmp_path):
     """A generator/discriminator pair: the 'model' loss runs through the discriminator, yet only the
     discriminator's own loss may write its gradients (autograd.backward(..., inputs=...))."""
-    from genlab.train.step import TrainStep
+    from genlab.training.step import TrainStep
     t = Trainer(tiny_config(tmp_path, "train.name=x", "train.steps=1", "optim.grad_clip=0"))
     t._setup()
     st: TrainStep = t.steps
@@ -146,7 +146,7 @@ def test_repa_hook_fires_in_a_compiled_dit_after_another_dit_was_compiled(tmp_pa
     """torch.compile shares compiled code between instances of a class and by default leaves forward hooks
     unguarded: a second compiled DiT skipped REPA's hook (on the GPU: 'pop from empty list' at step 0)."""
     from genlab.data import build_dataset
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     cfg = tiny_config(tmp_path, *REPA, "train.compile=model")
     spec = build_dataset(cfg.data).spec
     first, _ = build_model_and_method(cfg, spec)

@@ -22,7 +22,7 @@ from genlab.optim.groups import describe_groups, param_groups
 from genlab.optim.schedules import lr_at, warmup_limit
 from genlab.optim.state import state_bytes
 from genlab.core.registry import optimizer_registry
-from genlab.train.step import build_model_and_method
+from genlab.training.step import build_model_and_method
 
 OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw",
               "adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]

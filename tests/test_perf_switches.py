@@ -79,8 +79,8 @@ def test_fp16_training_skips_overflowing_steps_instead_of_calling_the_run_diverg
     """A GradScaler overflow (inf gradients after scaling) is routine under fp16: the trainer must let the scaler skip
     the update and lower the scale, not stop the run as diverged (what the H100 precision sweep showed)."""
     import json
-    from genlab.train import step as step_mod
-    from genlab.train.trainer import Trainer
+    from genlab.training import step as step_mod
+    from genlab.training.trainer import Trainer
     real = torch.amp.GradScaler
 
     def huge_scale(device, enabled=True, **kw):  # 2^24 x the fp16 activation gradients overflows fp16 (max 65504):
@@ -122,7 +122,7 @@ def test_float8_precision_refuses_cpu_before_training():
 
 
 def test_float8_run_on_cpu_fails_before_creating_anything(tmp_path):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, "train.precision=float8_tensorwise", "train.name=f8", "train.steps=2")
     with pytest.raises(GenlabError, match="float8"):
         Trainer(cfg).fit()
@@ -221,7 +221,7 @@ def test_bench_on_cpu_returns_sane_numbers(tmp_path):
     # each phase was timed (a ratio of phase times to step time would be a timing test: it failed on a loaded machine)
     assert all(r[k] > 0 for k in ("fwd_ms", "bwd_ms", "opt_ms"))
     from genlab.runtime.metrics import train_flops_per_sample
-    from genlab.train.trainer import build_model_and_method
+    from genlab.training.trainer import build_model_and_method
     from genlab.lab.bench import data_spec_for
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
     assert r["flops_per_step"] == train_flops_per_sample(model) * 8
@@ -294,7 +294,7 @@ def test_compiled_update_of_optimizer_and_ema_matches_the_eager_step(tmp_path, o
     data), with the EMA decay warm-up changing every step and no recompile after the first."""
     from genlab.runtime import checkpoint as ckpt
     from genlab.runtime.switches import compile_counts
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     common = ("train.steps=5", "train.ema_decay=0.9", "train.ema_warmup=true", "log.ckpt_every=5", "eval.num_samples=0")
     Trainer(tiny_config(tmp_path, *common, "train.name=eager")).fit()
     t = Trainer(tiny_config(tmp_path, *common, "train.compile_optimizer=true", "train.name=fused"))
@@ -313,7 +313,7 @@ def test_compiled_update_of_optimizer_and_ema_matches_the_eager_step(tmp_path, o
 
 def test_compiled_update_is_not_used_with_a_grad_scaler(tmp_path):
     """fp16's GradScaler reads found-inf on the host inside its step: that run keeps the separate compiled step."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     t = Trainer(tiny_config(tmp_path, "train.compile_optimizer=true", "train.precision=fp16", "train.device=cpu"))
     t._setup()
     assert t.steps.scaler.is_enabled() and t.steps.compiled_update is None

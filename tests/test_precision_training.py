@@ -231,7 +231,7 @@ def test_torchao_state_bytes_match_a_hand_count(name, block, bits, table):
 # -- training and resume through the trainer -------------------------------------------------------------------------
 def test_adamw_coat_trains_a_tiny_model_with_falling_loss(tmp_path):
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, "optim.name=adamw_coat", "optim.lr=3e-3", "train.steps=40", "log.every=5",
                       "log.ckpt_every=0", "eval.num_samples=0", "train.ema_decay=0", "train.name=coat")
     s = Trainer(cfg).fit()
@@ -397,7 +397,7 @@ def test_gpu_float8_run_reports_its_size_filter(tmp_path, capfd):
     pytest.importorskip("torchao")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 needs compute capability >= 8.9")
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, "model.dim=64", "model.heads=2", "train.precision=float8_rowwise",
                       "train.float8_min_dim=64", "train.steps=3", "log.every=1", "log.ckpt_every=0",
                       "eval.num_samples=0", "train.name=f8")

@@ -82,7 +82,7 @@ def test_int8_weight_only_round_trip_is_within_half_a_scale_per_element():
 def test_only_block_linears_are_quantized_adaln_on_request():
     from genlab.config.tree import load_config
     from genlab.nn.ptq import candidate_linears
-    from genlab.train.step import build_model_and_method
+    from genlab.training.step import build_model_and_method
     from genlab.lab.bench import data_spec_for
     cfg = load_config("digits_flow", ["model.dim=32", "model.depth=2", "model.heads=2"])
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
@@ -95,7 +95,7 @@ def test_only_block_linears_are_quantized_adaln_on_request():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny digits flow run with checkpoints at steps 10, 20, 30 (no training-time eval: seconds)."""
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("quant")
     Trainer(tiny_config(out, "train.name=r", "train.steps=30", "log.every=10", "log.ckpt_every=10", "log.keep_last=0",
                         "eval.num_samples=0", "log.sample_every=0")).fit()
@@ -264,7 +264,7 @@ def _rounding_bound(fmt, x, w, b, ref):
 def test_gap_of_a_text_run_compares_validation_loss(tmp_path, capfd, one_thread):
     from genlab.config.tree import load_config
     from genlab.runs.quant_gap import quant_gap
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     lm = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=8", "train.steps=4",
           "log.progress=false", "log.tensorboard=false", "log.ckpt_every=2", "log.keep_last=0", "eval.num_samples=0",
           "log.sample_every=0", f"train.out_dir={tmp_path}", "train.name=ar"]

@@ -126,7 +126,7 @@ def test_converter_wraps_the_block_linears_only_and_keeps_a_plain_state_dict(nam
 def test_converter_trains_a_tiny_model_with_falling_loss(tmp_path, name):
     """bitnet_torchao with BitNet's input RMSNorm (train.bitlinear_norm's default)."""
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, f"train.convert={name}", "optim.lr=3e-3", "train.steps=40", "log.every=5",
                       "log.ckpt_every=0", "eval.num_samples=0", "train.name=q")
     s = Trainer(cfg).fit()
@@ -153,7 +153,7 @@ def test_converter_resumes_exactly_through_genlabs_checkpoint(tmp_path, name):
 def test_a_run_trained_with_bitnet_torchao_samples_converted(tmp_path):
     from genlab.runs.load import load_run, sample_to_file
     from genlab.nn.quantized_training import count_quantized_training
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.convert=bitnet_torchao", "train.name=bit", "train.steps=3", "log.every=1",
                         "log.ckpt_every=0", "eval.num_samples=0", "optim.warmup_steps=1")).fit()
     _, model, _, _, _ = load_run(tmp_path / "bit", device="cpu")
@@ -172,7 +172,7 @@ def test_float8_and_its_alias_together_are_one_converter():
 def test_gpu_converter_trains_in_bf16_with_falling_loss(tmp_path, name):
     """On CUDA the int8 matmuls are torchao's Triton kernels under bf16 autocast."""
     from genlab.runtime.metrics import read_metrics
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, f"train.convert={name}", "train.precision=bf16", "train.device=cuda", "model.dim=64",
                       "model.heads=2", "optim.lr=3e-3", "train.steps=40", "log.every=5", "log.ckpt_every=0",
                       "eval.num_samples=0", "train.name=q")

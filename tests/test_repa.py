@@ -17,8 +17,8 @@ from genlab.core.errors import GenlabError
 from genlab.families.base import plain_context
 from genlab.families.image_flow.repa import alignment_loss, aligned_block
 from genlab.families.image_flow.repa_encoders import load_weights, to_grid
-from genlab.train.step import build_model_and_method
-from genlab.train.trainer import Trainer
+from genlab.training.step import build_model_and_method
+from genlab.training.trainer import Trainer
 
 DIGITS = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10, "batch_keys": ("image", "label")}
 REPA = ["method.name=repa", "method.repa_hidden=16", "model.depth=3"]

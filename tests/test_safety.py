@@ -11,7 +11,7 @@ from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.metrics import read_metrics
-from genlab.train.trainer import Trainer
+from genlab.training.trainer import Trainer
 
 
 class Payload:

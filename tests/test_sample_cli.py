@@ -14,7 +14,7 @@ LM = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "trai
 def text_runs(tmp_path_factory):
     """Two-step autoregressive and mdlm runs on the embedded corpus (seconds)."""
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("text_runs")
     for preset, name in (("text_ar", "ar"), ("text_mdlm", "md")):
         Trainer(load_config(preset, LM + [f"train.out_dir={out}", f"train.name={name}"])).fit()
@@ -53,7 +53,7 @@ def test_sample_length_defaults_to_method_sample_len(text_runs, tmp_path, capfd)
 def test_sample_bad_length_is_one_line_and_writes_nothing(text_runs, tmp_path, capfd, run, length, expect):
     if run == "digits":
         from genlab.config.tree import load_config
-        from genlab.train.trainer import Trainer
+        from genlab.training.trainer import Trainer
         from conftest import TINY
         Trainer(load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=digits", "train.steps=1",
                                                    "eval.num_samples=0", "log.sample_every=0"])).fit()

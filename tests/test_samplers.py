@@ -166,7 +166,7 @@ def test_flow_sample_uses_schedule_sde_and_interval():
 def test_eval_reports_quality_vs_nfe(tmp_path):
     from conftest import tiny_config
     from genlab.runs.load import evaluate_run
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.steps=10", "log.ckpt_every=0", "eval.num_samples=0", "train.name=r")).fit()
     run = tmp_path / "r"
     ev = ["eval.num_samples=20", "eval.batch_size=20", "eval.classifier_epochs=1"]

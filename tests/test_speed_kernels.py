@@ -231,8 +231,8 @@ def test_a_sync_inside_a_library_names_the_genlab_line_that_called_it():
     from genlab.lab.bench import sync_site
     stack = [FrameSummary("/x/genlab/bench.py", 10, "step"), FrameSummary("/x/genlab/train/step.py", 239, "f"),
              FrameSummary("/y/torch/nn/module.py", 5, "g"), FrameSummary("/y/torch/cuda/__init__.py", 1270, "h")]
-    assert sync_site(stack) == "cuda/__init__.py:1270 <- train/step.py:239"
-    assert sync_site(stack[:2]) == "train/step.py:239"
+    assert sync_site(stack) == "cuda/__init__.py:1270 <- training/step.py:239"
+    assert sync_site(stack[:2]) == "training/step.py:239"
 
 
 _HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy")

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, TINY, tiny_config
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.stop import SAME_REQUEST_S, StopSignals
-from genlab.train.trainer import Trainer
+from genlab.training.trainer import Trainer
 
 
 class FakeClock:
@@ -81,7 +81,7 @@ def test_a_second_ctrl_c_a_while_later_stops_at_once_without_a_checkpoint(tmp_pa
 
 
 def test_batched_seeds_take_an_echo_as_one_request_and_a_later_signal_as_a_second(tmp_path):
-    from genlab.train.seeds import SeedsTrainer
+    from genlab.training.seeds import SeedsTrainer
     clock = FakeClock()
     st = SeedsTrainer(tiny_config(tmp_path, "train.seeds=1,2"))
     st.signals = StopSignals(clock)

@@ -102,7 +102,7 @@ def test_interrupted_variant_resumes(tmp_path):
     sw = load_sweep(p)
     # simulate an interrupted variant: a run stopped at step 10 with a checkpoint, no summary of a finished run
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     v = sw.variants[0]
     runs = tmp_path / "sweeps" / "resume" / "runs"
     cfg = load_config(sw.preset, v.overrides + [f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"])

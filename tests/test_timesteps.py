@@ -208,7 +208,7 @@ def test_entropy_bonus_keeps_the_policy_near_uniform_under_pure_noise():
 
 def test_adaptive_state_is_checkpointed_and_resumed(tmp_path):
     from genlab.runtime import checkpoint as ckpt
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     common = ["method.timestep_sampler=adaptive", "method.adaptive_every=2", "method.adaptive_lr=0.5",
               "train.steps=12", "log.every=6", "log.ckpt_every=0", "eval.num_samples=0"]
     Trainer(tiny_config(tmp_path, *common, "train.name=a")).fit()

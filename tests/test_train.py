@@ -14,7 +14,7 @@ from genlab.core.errors import GenlabError, RunFailed
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.metrics import read_metrics
-from genlab.train.trainer import NonFiniteLoss, Trainer, build_model_and_method
+from genlab.training.trainer import NonFiniteLoss, Trainer, build_model_and_method
 from genlab.families.base import plain_context
 
 
@@ -102,7 +102,7 @@ def test_resume_with_a_different_model_shape_fails_cleanly(tmp_path):
 def test_a_run_whose_setup_fails_leaves_no_folder(tmp_path, monkeypatch):
     # the config could not be written (tomli_w missing on a GPU image did this): no empty run folder may remain,
     # or the next `genlab train` of that name refuses with "already exists"
-    import genlab.train.trainer as trainer_mod
+    import genlab.training.trainer as trainer_mod
 
     def no_tomli_w(d):
         raise ModuleNotFoundError("No module named 'tomli_w'")

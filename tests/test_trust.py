@@ -8,7 +8,7 @@ from conftest import TINY
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
-from genlab.train.trainer import NonFiniteLoss, Trainer
+from genlab.training.trainer import NonFiniteLoss, Trainer
 
 
 @pytest.mark.parametrize("override", ["optim.lr=inf", "optim.lr=-inf", "train.ema_decay=nan", "method.time_shift=inf"])
@@ -117,7 +117,7 @@ def test_a_resume_of_a_run_another_process_trains_is_refused_before_it_writes(tm
 
 
 def test_a_resume_that_fails_in_setup_lets_the_next_resume_in(tmp_path, monkeypatch):
-    import genlab.train.trainer as trainer_mod
+    import genlab.training.trainer as trainer_mod
     common = TINY + ["eval.num_samples=0", f"train.out_dir={tmp_path}", "train.name=r", "log.sample_every=0"]
     Trainer(load_config("digits_flow", common + ["train.steps=2"])).fit()
 

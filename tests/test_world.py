@@ -67,7 +67,7 @@ def world_cfg(tmp_path, data_path, *overrides):
 
 def build(cfg, data_path):
     from genlab.data import build_dataset
-    from genlab.train.trainer import build_model_and_method
+    from genlab.training.trainer import build_model_and_method
     data = build_dataset(cfg.data)
     model, method = build_model_and_method(cfg, data.spec)
     return data, model, method
@@ -301,7 +301,7 @@ def test_rollout_uses_only_context_and_actions(toy_dir, tmp_path):
 
 
 def test_tiny_model_overfits_short_episode(toy_dir, tmp_path):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = world_cfg(tmp_path, toy_dir, "train.steps=200", "log.every=10", "optim.lr=3e-3", "train.ema_decay=0",
                     "model.dim=64", "model.heads=4", "method.closed_loop_start=1.0", "method.ctx_noise_max=0",
                     "train.name=overfit")
@@ -315,7 +315,7 @@ def test_tiny_model_overfits_short_episode(toy_dir, tmp_path):
 
 
 def test_adversarial_objective_stays_finite(toy_dir, tmp_path):
-    from genlab.train.trainer import Trainer
+    from genlab.training.trainer import Trainer
     cfg = world_cfg(tmp_path, toy_dir, "train.steps=6", "log.every=3", "method.objective=l1", "method.adv_weight=0.1",
                     "method.closed_loop_start=0.5", "train.name=adv", "eval.world_horizons=2")
     summary = Trainer(cfg).fit()

@@ -13,10 +13,7 @@ __all__ = ["load_config", "train", "load_run", "Run", "__version__"]
 
 
 def __getattr__(name):
-    if name in ("load_config", "load_run", "Run"):
+    if name in ("load_config", "load_run", "Run", "train"):
         from genlab.runs import api  # lazy: `import genlab` stays light (no torch)
         return getattr(api, name)
-    if name == "train":  # the genlab.train package, callable as genlab.train(cfg): see genlab/train/__init__.py
-        import importlib
-        return importlib.import_module("genlab.train")
     raise AttributeError(f"module 'genlab' has no attribute {name!r}")

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         print("genlab: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001
-        from genlab.train.trainer import NonFiniteLoss
+        from genlab.training.trainer import NonFiniteLoss
         if isinstance(e, NonFiniteLoss):
             print(f"genlab: diverged: {e}", file=sys.stderr)
             return 3

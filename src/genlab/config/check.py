@@ -183,7 +183,7 @@ def _check_train(cfg):
     check_graph_step_config(cfg)
 
 
-# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (train/seeds.py) supports
+# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (training/seeds.py) supports
 SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
                    "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
 # batched variants: train.<list key> -> the single-run key each member sets, its short name (the sweep's variant
@@ -283,7 +283,7 @@ def check_seeds_config(cfg) -> None:
         refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
 
 
-# what train.graph_step (the whole step as one CUDA graph, train/graph_step.py) supports
+# what train.graph_step (the whole step as one CUDA graph, training/graph_step.py) supports
 GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
 GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow or repa, without "
                         f"the adaptive sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "

@@ -54,7 +54,7 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
-    # Batched seeds (train.seeds, train/seeds.py; MethodSpec.batched_seeds=True) need the loss in two parts, with
+    # Batched seeds (train.seeds, training/seeds.py; MethodSpec.batched_seeds=True) need the loss in two parts, with
     # loss(model, batch, ctx) == loss_from(model, loss_inputs(model, batch, ctx)): every random draw happens in
     # loss_inputs, from ctx.generator, outside torch.vmap; loss_from is deterministic and runs vmapped over the seeds.
     def loss_inputs(self, model, batch: dict, ctx: StepContext) -> dict[str, Tensor]:

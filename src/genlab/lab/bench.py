@@ -21,7 +21,7 @@ from genlab.data import build_dataset
 from genlab.runtime.metrics import peak_flops
 from genlab.runtime.parallel import init_distributed, leave_distributed
 from genlab.runtime.switches import build_precision, compile_counts
-from genlab.train.step import TrainStep
+from genlab.training.step import TrainStep
 
 
 def _sync(device):

@@ -53,7 +53,7 @@ def ste(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 class InputRMSNorm(nn.RMSNorm):
     """x / rms(x) * gain, computed in float32 (float64 for a float64 model) outside autocast, returned in x's dtype."""
-    # said when a checkpoint lacks its gain (train/step.py: check_model_shapes)
+    # said when a checkpoint lacks its gain (training/step.py: check_model_shapes)
     missing_hint = ("BitNet's input norm, which runs saved without train.bitlinear_norm=rmsnorm lack; "
                     "train.bitlinear_norm=none builds the model without it")
 

@@ -18,7 +18,7 @@ from genlab.config.tree import Config, apply_dict, parse_override, validate
 from genlab.config.tree import load_config as _load
 from genlab.core.errors import GenlabError
 from genlab.runs import load as run_loader
-from genlab.train.seeds import train as _train
+from genlab.training.seeds import train as _train
 
 
 def load_config(preset: str | None = None, overrides=()) -> Config:

@@ -12,13 +12,13 @@ EXIT_INTERRUPTED = 75
 
 def cmd_train(args):
     from genlab.config.tree import load_config
-    from genlab.train.trainer import Trainer, config_for_resume
+    from genlab.training.trainer import Trainer, config_for_resume
     preset, overrides = split_config_and_overrides(args.items)
     resume = args.resume or []
     if resume and preset:
         raise GenlabError("--resume takes the config saved with the run; give only key=value overrides")
     if len(resume) > 1:  # several seed/variant runs of one config, continued batched (train.seeds, train.lrs, ...)
-        from genlab.train.seeds import SeedsTrainer
+        from genlab.training.seeds import SeedsTrainer
         return _exit_code(SeedsTrainer(resume=resume, overrides=overrides).fit())
     notes = []  # how the command line's config was fitted: printed and kept in config.toml once the run starts
     if resume:  # a resume keeps the run's schedule
@@ -30,7 +30,7 @@ def cmd_train(args):
     if is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with --resume: give every member's run, --resume NAME-s0 --resume NAME-s1 ...")
-        from genlab.train.seeds import SeedsTrainer
+        from genlab.training.seeds import SeedsTrainer
         seeds = SeedsTrainer(cfg)
         for r in seeds.runs:
             r.notes = notes

@@ -41,9 +41,9 @@ from genlab.optim.schedules import lr_at, lr_schedule_registry
 from genlab.optim.state import state_bytes
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.runtime.switches import _mode, set_lr
-from genlab.train.step import ema_update
-from genlab.train.trainer import Trainer, config_for_resume
-from genlab.train.trainer import train as train_one
+from genlab.training.step import ema_update
+from genlab.training.trainer import Trainer, config_for_resume
+from genlab.training.trainer import train as train_one
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
 ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)

@@ -31,7 +31,7 @@ from genlab.runtime.switches import (
     compile_optimizer_step,
     set_lr,
 )
-from genlab.train.graph_step import GraphedStep
+from genlab.training.graph_step import GraphedStep
 
 
 def init_weights_from(model, source: str) -> None:

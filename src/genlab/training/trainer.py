@@ -33,7 +33,7 @@ from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distr
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.runtime.switches import build_precision, compile_counts, lr_value
 from genlab.sampling.images import eval_context
-from genlab.train.step import TrainStep, build_model_and_method, check_model_shapes, ema_update  # noqa: F401 (re-exported)
+from genlab.training.step import TrainStep, build_model_and_method, check_model_shapes, ema_update  # noqa: F401 (re-exported)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -50,7 +50,7 @@ class Trainer:
     def __init__(self, cfg: Config, resume: str | None = None):
         if is_batched(cfg):
             raise GenlabError(f"{batched_label(cfg)} trains several runs in one process: use genlab.train(cfg) or "
-                              "`genlab train`, or genlab.train.seeds.SeedsTrainer")
+                              "`genlab train`, or genlab.training.seeds.SeedsTrainer")
         self.cfg = cfg
         self.resume_from = resume or cfg.train.resume or None
         self.stop_requested = False
@@ -325,7 +325,7 @@ class Trainer:
 
     def fit_loop(self):
         """The loop after setup(), as a generator that yields just before each optimizer step and returns the summary.
-        `fit` drains it; train/seeds.py steps several runs' loops in lockstep around one batched step."""
+        `fit` drains it; training/seeds.py steps several runs' loops in lockstep around one batched step."""
         tcfg, lcfg = self.cfg.train, self.cfg.log
         old_handlers = self._install_signal_handlers()
         peak = peak_flops(self.device)
@@ -523,7 +523,7 @@ def check_extends(resume_from, steps: int, summary: dict) -> None:
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
     """Train one run (a Config, or a preset name; None = the default preset) and return its summary: run_dir,
     status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
-    checkpoint. `genlab.train(cfg)` is train/seeds.py's train: this, or with train.seeds the batched seeds."""
+    checkpoint. `genlab.train(cfg)` is training/seeds.py's train: this, or with train.seeds the batched seeds."""
     if cfg is None or isinstance(cfg, str):
         cfg = load_config(cfg)
     if not isinstance(cfg, Config):
