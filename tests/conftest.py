@@ -130,3 +130,13 @@ def pairs_dir(flow_teacher, tmp_path_factory):
     with progress.enabled(False):
         generate_pairs(flow_teacher, out, 128, steps=3, sampler="heun", batch=64, device="cpu")
     return str(out)
+
+
+def patch_everywhere(mp, module, name: str, value):
+    """mp.setattr(module, name, value), and the same for every loaded genlab module that imported that object by name
+    (`from module import name` binds it when the importer loads: patching only its home would miss those callers)."""
+    original = getattr(module, name)
+    mp.setattr(module, name, value)
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith("genlab") and mod is not module and getattr(mod, name, None) is original:
+            mp.setattr(mod, name, value)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, patch_everywhere
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.runtime import checkpoint as ckpt
@@ -300,7 +300,7 @@ def test_unexpected_setup_exception_is_one_line_and_leaves_no_run(tmp_path, caps
 
     def broken(*a, **k):
         raise RuntimeError("boom in the builder\nsecond line")
-    monkeypatch.setattr(st, "build_model_and_method", broken)
+    patch_everywhere(monkeypatch, st, "build_model_and_method", broken)
     rc = main(T + [f"train.out_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "RuntimeError: boom in the builder" in err, err

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY
+from conftest import TINY, patch_everywhere
 from genlab.core.errors import GenlabError
 from genlab.eval.frechet import frechet_distance, frechet_from_stats, trace_sqrt_product
 
@@ -370,7 +370,7 @@ def test_real_images_score_near_the_floor_and_noise_far_above_it(capsys, monkeyp
     from genlab.data.datasets import load_digits_uint8
     from genlab.eval.metrics import image_metrics
     data = load_digits_uint8()
-    monkeypatch.setattr(clf, "get_classifier", lambda data, device="cpu", epochs=0: (_NearestMean(data), 0.9))
+    patch_everywhere(monkeypatch, clf, "get_classifier", lambda data, device="cpu", epochs=0: (_NearestMean(data), 0.9))
     idx = np.random.default_rng(5).choice(len(data), 100, replace=False)
     real = torch.from_numpy(np.asarray(data.images[idx]))
     labels = torch.from_numpy(np.asarray(data.labels[idx]))
@@ -398,8 +398,8 @@ def test_fid_and_lpips_run_through_the_metric_registry(tmp_path, monkeypatch):
                tmp_path / "alexnet-owt-7be5be79.pth")
     torch.save({k: v.abs() for k, v in LPIPS("alex").state_dict().items() if k.startswith("lin")}, tmp_path / "alex.pth")
     (tmp_path / "pt_inception-2015-12-05-6726825d.pth").write_bytes(b"")
-    monkeypatch.setattr(inc, "load_fid_inception", lambda *a, **k: "net")
-    monkeypatch.setattr(inc, "inception_outputs",
+    patch_everywhere(monkeypatch, inc, "load_fid_inception", lambda *a, **k: "net")
+    patch_everywhere(monkeypatch, inc, "inception_outputs",
                         lambda net, imgs, **k: {"pool3": np.asarray(imgs, np.float64).reshape(len(imgs), -1)[:, ::4]})
     data = load_digits_uint8()
     idx = np.random.default_rng(0).choice(len(data), 60, replace=False)
@@ -429,7 +429,7 @@ def evaluated_run(tmp_path_factory):
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={out}", "train.name=r", "train.steps=6", "log.eval_every=3",
                                              "eval.num_samples=30", "eval.sample_steps=2"])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(clf, "get_classifier", lambda data, device="cpu", epochs=0: (_NearestMean(data).to(device), 0.9))
+        patch_everywhere(mp, clf, "get_classifier", lambda data, device="cpu", epochs=0: (_NearestMean(data).to(device), 0.9))
         summary = Trainer(cfg).fit()
     return summary, out / "r"  # the stand-in is undone here, not at the module's end
 

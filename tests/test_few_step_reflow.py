@@ -2,6 +2,7 @@
 (`genlab data generate pairs`)."""
 from __future__ import annotations
 
+from conftest import patch_everywhere
 import json
 from pathlib import Path
 
@@ -176,7 +177,7 @@ def test_generate_pairs_interrupted_leaves_nothing_at_out(flow_teacher, tmp_path
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*a, **kw)
-    monkeypatch.setattr(samplers, "call_sampler", interrupted)
+    patch_everywhere(monkeypatch, samplers, "call_sampler", interrupted)
     r = cli_in_process(capfd, "data", "generate", "pairs", flow_teacher, "--out", tmp_path / "pairs", "--n", 8,
                        "--batch", 4, "--steps", 1, "--device", "cpu")
     assert r.returncode == 130 and len(calls) == 2 and list(tmp_path.iterdir()) == []
@@ -252,7 +253,7 @@ def test_a_student_trained_on_pairs_is_evaluated_against_the_teachers_data(name,
     data = build_dataset(cfg.data)
     model, method = build_model_and_method(cfg, data.spec)
     seen = []
-    monkeypatch.setattr(image_quality, "evaluate_class_conditional", lambda m, model, d, ctx: seen.append(d) or {})
+    patch_everywhere(monkeypatch, image_quality, "evaluate_class_conditional", lambda m, model, d, ctx: seen.append(d) or {})
     method.evaluate(model, data, {})
     assert seen[0].meta["source"] == "sklearn.datasets.load_digits" and seen[0].images.shape == (1797, 8, 8, 1)
 

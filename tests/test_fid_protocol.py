@@ -3,6 +3,7 @@ torch-fidelity / pytorch-fid layouts, sFID / Inception Score / precision-recall 
 ref-stats writer, and the input path (uint8 pixels and float model outputs of the same pixels agree). The published
 Inception weights cannot be downloaded here: the network runs with stand-in random weights whose BatchNorm statistics
 are calibrated so activations keep their scale through depth (features of default-initialised weights vanish, ~1e-8)."""
+from conftest import patch_everywhere
 import json
 import re
 import zipfile
@@ -241,8 +242,8 @@ def cheap_inception(monkeypatch, tmp_path):
     monkeypatch.setitem(rs.DIMS, "inception", 16)
     monkeypatch.setitem(rs.DIMS, "inception_spatial", 12)
     fn = _pixel_outputs({"pool3": 16, "spatial": 12, "logits": 1008})
-    monkeypatch.setattr(inc, "inception_outputs", fn)
-    monkeypatch.setattr(inc, "load_fid_inception", lambda *a, **k: "net")
+    patch_everywhere(monkeypatch, inc, "inception_outputs", fn)
+    patch_everywhere(monkeypatch, inc, "load_fid_inception", lambda *a, **k: "net")
     (tmp_path / WEIGHTS).write_bytes(b"")
     return fn
 

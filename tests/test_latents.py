@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, cli_in_process, straight_and_resumed, tiny_config
+from conftest import REPO, cli_in_process, straight_and_resumed, tiny_config, patch_everywhere
 from genlab.nn.autoencoders import load_autoencoder
 from genlab.data.datasets import load_digits_uint8
 from genlab.data.encode import encode_dataset, rank_chunks
@@ -243,7 +243,7 @@ def test_evaluation_scores_decoded_pixels_against_the_source_images(latent_run, 
     def spy(samples, labels, data, ctx):
         seen.update(samples=samples, data=data)
         return {}
-    monkeypatch.setattr(metrics, "image_metrics", spy)
+    patch_everywhere(monkeypatch, metrics, "image_metrics", spy)
     evaluate_run(latent_run[1], ["eval.num_samples=20"], device="cpu")
     assert seen["samples"].dtype == torch.uint8 and seen["samples"].shape == (20, 8, 8, 1)  # pixels, channels-last
     assert seen["data"].images.shape == (1797, 8, 8, 1)

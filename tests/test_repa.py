@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import tiny_config
+from conftest import tiny_config, patch_everywhere
 from genlab.core.errors import GenlabError
 from genlab.families.base import plain_context
 from genlab.families.image_flow.repa import alignment_loss, aligned_block
@@ -67,13 +67,14 @@ def test_classifier_encoder_is_trained_on_the_runs_device(tmp_path, monkeypatch)
     import genlab.runtime.parallel as parallel
     from genlab.families.image_flow.repa_encoders import build_classifier
     asked, used = [], []
-    monkeypatch.setattr(parallel, "resolve_device", lambda name, rank=0: asked.append(name) or torch.device("meta"))
+    patch_everywhere(monkeypatch, parallel, "resolve_device", lambda name, rank=0: asked.append(name) or torch.device("meta"))
 
     def fake_get_classifier(data, device="cpu", epochs=30):
         used.append(device)
         return classifier.SmallConvNet(1, 10), 0.99
-    monkeypatch.setattr(classifier, "get_classifier", fake_get_classifier)
-    monkeypatch.setattr("genlab.data.build_dataset", lambda dcfg: None)
+    patch_everywhere(monkeypatch, classifier, "get_classifier", fake_get_classifier)
+    import genlab.data
+    patch_everywhere(monkeypatch, genlab.data, "build_dataset", lambda dcfg: None)
     cfg = tiny_config(tmp_path, *REPA, "method.repa_encoder=classifier", "train.device=cuda:1")
     enc = build_classifier("", cfg, DIGITS, 2)
     assert asked == ["cuda:1"] and used == [torch.device("meta")]

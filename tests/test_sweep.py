@@ -579,7 +579,7 @@ def test_a_run_is_listed_as_running_before_it_starts_so_a_killed_sweep_keeps_it(
         (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 0.7, "wall_time": 5.0}) + "\n")
         raise Killed
     monkeypatch.setattr(runner, "run_variant", killed_run)
-    monkeypatch.setattr("genlab.lab.sweep.report.write_report", lambda d, partial=False: None)  # the kill skips it too
+    monkeypatch.setattr(runner, "write_report", lambda d, partial=False: None)  # the kill skips it too
     with pytest.raises(Killed):
         runner.run_sweep(sw, root=tmp_path / "sweeps", progress=False)
     d = runner.sweep_dir(sw, tmp_path / "sweeps")
