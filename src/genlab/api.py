@@ -20,18 +20,10 @@ from genlab.errors import GenlabError
 def load_config(preset: str | None = None, overrides=()) -> Config:
     """Defaults <- preset (a name from `genlab list`, or a .toml path; None = digits_flow) <- overrides,
     given as `["section.key=value", ...]` or `{"section.key": value}`. Checked like the CLI's."""
-    from genlab.config import apply_dict, parse_override, validate
     from genlab.config import load_config as _load
     if isinstance(overrides, str):
         raise GenlabError(f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}")
-    if not isinstance(overrides, dict):
-        return _load(preset, list(overrides))
-    cfg = _load(preset)
-    for k, v in overrides.items():  # typed values go in as they are, checked like TOML values
-        section, key, _ = parse_override(f"{k}=")
-        apply_dict(cfg, {section: {key: v}}, source=f"override {k}={v!r}")
-    validate(cfg)
-    return cfg
+    return _load(preset, overrides if isinstance(overrides, dict) else list(overrides))
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
