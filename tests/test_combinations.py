@@ -207,7 +207,7 @@ def without_unread(case: tuple) -> tuple:
     """The case less the keys its config accepts without reading them (a sampling key of another method: a warning
     where it is not the default): the same run as without them."""
     try:
-        read = read_keys(load_config(DEFAULT, case))
+        read = read_keys(load_config(DEFAULT, [*case, *small(list(case))]))
     except GenlabError:
         return case
     return tuple(c for c in case if key(c) in read)
@@ -218,14 +218,14 @@ def outcome(case: tuple, needs, capfd, tmp_path) -> str:
     same = without_unread(case)
     if same != case:
         print(" ".join(case), "-> as", " ".join(same), "(the rest is not read)")
-        case = same
-    if case not in OUTCOMES:
-        argv = needs.resolve(case)
+    seen = tuple(sorted(same))  # overrides of distinct keys: their order is no other case
+    if seen not in OUTCOMES:
+        argv = needs.resolve(same)
         out = tmp_path / "runs"
         r = cli_in_process(capfd, "train", DEFAULT, *argv, *small(argv), f"train.out_dir={out}", "train.name=run")
-        OUTCOMES[case] = refused(r, out) if r.returncode == 2 else ran(r, out / "run", capfd)
-    print(" ".join(case), "->", OUTCOMES[case])
-    return OUTCOMES[case]
+        OUTCOMES[seen] = refused(r, out) if r.returncode == 2 else ran(r, out / "run", capfd)
+    print(" ".join(same), "->", OUTCOMES[seen])
+    return OUTCOMES[seen]
 
 
 def refused(r, out: Path) -> str:
