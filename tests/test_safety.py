@@ -119,6 +119,18 @@ def test_payload_dcp_metadata_is_refused_unexecuted_by_every_command(dcp_run, tm
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
 
 
+def test_payload_dcp_metadata_refusal_is_the_only_stderr_line_of_the_command(dcp_run, tmp_path):
+    """In a real process: .metadata is checked before DCP sees the folder, so DCP's logger (silent under pytest's log
+    capture) prints no traceback of a refused read before the one-line error."""
+    from conftest import run_cli
+    marker = tmp_path / "pwned"
+    run, d = _copy_run(dcp_run, tmp_path)
+    (d / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    r = run_cli("sample", str(run), "--n", "4", "--out", str(tmp_path / "g.png"), timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "refused" in r.stderr and "system" in r.stderr and not marker.exists()
+
+
 def test_payload_in_a_dcp_non_tensor_entry_is_refused_unexecuted(dcp_run, tmp_path, capsys):
     """DCP loads non-tensor entries with torch.load(weights_only=False); genlab's planner does not."""
     import warnings

@@ -15,6 +15,10 @@ from genlab.config.check import check_config
 from genlab.config.fields import did_you_mean
 from genlab.config.keys import RETIRED, SECTIONS, Config, section_class
 from genlab.core.errors import GenlabError
+from genlab.config.check import read_keys
+from genlab.config.fields import meta_of
+from genlab.config.keys import declared_keys
+from genlab.core.registry import REGISTRIES
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped as package data
 SWEEP_DIR = CONFIG_DIR / "sweeps"
@@ -144,15 +148,68 @@ def load_toml(path: Path) -> dict:
         raise GenlabError(f"{path}: invalid TOML: {e}") from None
 
 
-def load_config(preset: str | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults <- preset TOML <- overrides. `preset` None means the default preset."""
+def load_config(preset: str | None = None, overrides: list[str] | dict = ()) -> Config:
+    """Defaults <- preset TOML <- overrides (`section.key=value` text, or a {"section.key": value} dict of typed
+    values), then the defaults of the components a layer switched (component_defaults). `preset` None means the
+    default preset."""
     cfg = Config()
     path = resolve_preset_path(preset or "digits_flow")
     cfg.preset = path.stem
-    apply_dict(cfg, load_toml(path), source=str(path))
-    apply_overrides(cfg, list(overrides))
+    data = load_toml(path)
+    apply_dict(cfg, data, source=str(path))
+    if isinstance(overrides, dict):  # typed values go in as they are, checked like TOML values
+        for k, v in overrides.items():
+            section, key, _ = parse_override(f"{k}=")
+            apply_dict(cfg, {section: {key: v}}, source=f"override {k}={v!r}")
+        given = {".".join(parse_override(f"{k}=")[:2]): v for k, v in overrides.items()}
+    else:
+        apply_overrides(cfg, list(overrides))
+        given = {f"{s}.{k}": v for s, k, v in map(parse_override, overrides)}
+    in_preset = {f"{sec}.{k}": v for sec, vals in data.items() if isinstance(vals, dict) for k, v in vals.items()}
+    component_defaults(cfg, [in_preset, given])
     validate(cfg)
     return cfg
+
+
+def component_defaults(cfg: Config, layers: list[dict]) -> None:
+    """Each chosen component's own defaults (its registry spec's `defaults`), over what the layers before the one that
+    switched to it set (layers: {dotted key: value} of each, in order; naming the entry already chosen is no switch,
+    and a component no layer chose counts as chosen first). So `method.name=shortcut` on a preset written for flow
+    samples with shortcut's flow_map instead of the preset's heun, while a sampler given beside it stays the user's
+    (and is refused by validation if it cannot work). A default applies only where the config reads its key: it
+    never makes an unused option."""
+    applied = set()
+    pending = True
+    while pending:  # a default may select another component, whose keys and defaults count from then on
+        pending, read = False, read_keys(cfg)
+        for dotted, kind, name, defaults in _chosen_components(cfg, read):
+            chosen_at = _switched_at(layers, dotted)
+            for k, v in defaults.items():
+                if k in read and (dotted, k) not in applied and not any(k in keys for keys in layers[chosen_at:]):
+                    applied.add((dotted, k))
+                    s, n = k.split(".")
+                    apply_dict(cfg, {s: {n: v}}, source=f"the defaults of {kind} '{name}' ({dotted}={name})")
+                    pending = True
+
+
+def _switched_at(layers: list[dict], dotted: str) -> int:
+    """The layer that set `dotted` to its final value, after any other value (0 where no layer set it)."""
+    at, value = 0, None
+    for i, layer in enumerate(layers):
+        if dotted in layer and str(layer[dotted]) != value:
+            at, value = i, str(layer[dotted])
+    return at
+
+
+def _chosen_components(cfg: Config, read) -> list[tuple[str, str, str, dict]]:
+    """(selector key, registry, entry name, its defaults) for every read key that names one registry entry."""
+    declared, out = declared_keys(), []
+    for dotted in read:
+        kind, (sec, key) = meta_of(declared[dotted][0].field).get("registry"), dotted.split(".")
+        name = getattr(getattr(cfg, sec), key)
+        if kind in REGISTRIES and not isinstance(name, list) and name in REGISTRIES[kind]:  # unknown: validation's error
+            out.append((dotted, kind, name, REGISTRIES[kind].spec(name).defaults or {}))
+    return out
 
 
 def validate(cfg: Config) -> None:

@@ -73,6 +73,8 @@ class Spec:
     doc: str = ""
     keys: tuple = ()              # config_fields.Key declarations this entry reads (it owns them)
     reads: tuple[str, ...] = ()   # dotted keys declared by another component that this entry reads too
+    defaults: dict | None = None  # {dotted key: value} this entry brings when chosen: over what an earlier config
+                                  # layer set for the entry it replaced (config.component_defaults)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +90,10 @@ class MethodSpec(Spec):
     final_loss: bool = False              # its loss runs through the backbone's final layer + loss (model.final_kernel)
     graph_step: bool = False              # train.graph_step: its loss is the same computation every step (no Python on
                                           # the step number, no host reads or host randomness), so one capture replays it
+
+    def __post_init__(self):  # the attention it needs is also the one it brings when chosen (component defaults)
+        if self.causal is not None:
+            object.__setattr__(self, "defaults", {"model.causal": self.causal, **(self.defaults or {})})
 
 
 @dataclass(frozen=True)

@@ -100,8 +100,9 @@ class Method:
         raise GenlabError(f"method {type(self).__name__} does not draw text")
 
     def sample_to_file(self, model, out, *, n: int = 16, steps=None, generator=None, device=None, **options):
-        """`genlab sample`: write n samples to `out` (PNG grid, text file or video) and return the path written."""
-        raise NotImplementedError
+        """`genlab sample`: write n samples to `out` (PNG grid, text file or video) and return the path written.
+        Default: a method that trains no generator (an encoder) has none to write: a one-line error, not a traceback."""
+        raise GenlabError(f"method {type(self).__name__} trains no generator: its runs have no samples to draw")
 
 
 def check_batch_keys(method: Method, spec: dict, method_name: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from genlab.config.fields import did_you_mean
-from genlab.config.tree import Config, apply_dict, parse_override, validate
+from genlab.config.tree import Config
 from genlab.config.tree import load_config as _load
 from genlab.core.errors import GenlabError
 from genlab.runs import load as run_loader
@@ -26,14 +26,7 @@ def load_config(preset: str | None = None, overrides=()) -> Config:
     given as `["section.key=value", ...]` or `{"section.key": value}`. Checked like the CLI's."""
     if isinstance(overrides, str):
         raise GenlabError(f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}")
-    if not isinstance(overrides, dict):
-        return _load(preset, list(overrides))
-    cfg = _load(preset)
-    for k, v in overrides.items():  # typed values go in as they are, checked like TOML values
-        section, key, _ = parse_override(f"{k}=")
-        apply_dict(cfg, {section: {key: v}}, source=f"override {k}={v!r}")
-    validate(cfg)
-    return cfg
+    return _load(preset, overrides if isinstance(overrides, dict) else list(overrides))
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:

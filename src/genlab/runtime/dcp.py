@@ -66,7 +66,7 @@ def load_dcp_full(path) -> dict:
     if not (path / META).exists():
         raise GenlabError(f"'{path}' is not a complete genlab DCP checkpoint (no {META})")
     meta = _load_meta(path / META)
-    reader = SafeReader(path)  # .metadata is checked before DCP reads anything else
+    reader = SafeReader(path)  # .metadata is checked here, before DCP reads anything
     keys = {"model", "ema"} if meta.get("has_ema") else {"model"}
     full: dict = {}
 
@@ -142,9 +142,15 @@ def _reader_class():
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class Reader(FileSystemReader):
-        """FileSystemReader whose metadata comes from `read_metadata` (plain pickle.load runs any payload)."""
+        """FileSystemReader that gives DCP the metadata `read_metadata` checked before the load began (its own
+        plain pickle.load runs any payload, and a refusal raised inside DCP's load is logged there with a traceback
+        per attempt before it comes back as our one line)."""
+        def __init__(self, path, checked):
+            super().__init__(path)
+            self.checked = checked
+
         def read_metadata(self, *args, **kwargs):
-            md = read_metadata(self.path)
+            md = self.checked
             if getattr(md, "storage_meta", None) is None:
                 md.storage_meta = StorageMeta()
             md.storage_meta.load_id = self.load_id
@@ -153,7 +159,8 @@ def _reader_class():
 
 
 def SafeReader(path):  # noqa: N802  (a class built on first use: torch.distributed.checkpoint loads lazily)
-    return _reader_class()(str(path))
+    """A reader of the DCP folder `path` whose `.metadata` is read and checked here, before DCP sees the folder."""
+    return _reader_class()(str(path), read_metadata(path))
 
 
 class _SafeBytes:
@@ -198,9 +205,10 @@ def load_dcp_optimizer(path, model, optimizer) -> None:
 
     class Planner(_SafeBytes, DefaultLoadPlanner):
         pass
+    reader = SafeReader(path)  # .metadata is checked here, before DCP reads anything
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _dcp_call(path, lambda: dcp.load(state, storage_reader=SafeReader(path), planner=Planner()))
+        _dcp_call(path, lambda: dcp.load(state, storage_reader=reader, planner=Planner()))
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
 

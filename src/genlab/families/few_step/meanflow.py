@@ -197,6 +197,7 @@ def note_fallback(names):
                                       "velocity over a step d, trained on the MeanFlow identity with a JVP target; "
                                       "1- and 2-step sampling with sampler=flow_map",
                           keys=FEW_STEP_KEYS + MEANFLOW_KEYS, conditions={"d": "scalar"},
+                          defaults={"method.sampler": "flow_map"},
                           **{**FEW_STEP_SPEC, "check": check_meanflow_config})
 def build_meanflow(cfg, data_spec):
     return MeanFlow(cfg, data_spec)

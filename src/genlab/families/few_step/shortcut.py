@@ -78,6 +78,7 @@ class Shortcut(FewStepFlow):
 @method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
                                       "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
                                       "with sampler=flow_map",
-                          keys=FEW_STEP_KEYS + SHORTCUT_KEYS, conditions={"d": "log2_scalar"}, **FEW_STEP_SPEC)
+                          keys=FEW_STEP_KEYS + SHORTCUT_KEYS, conditions={"d": "log2_scalar"},
+                          defaults={"method.sampler": "flow_map"}, **FEW_STEP_SPEC)
 def build_shortcut(cfg, data_spec):
     return Shortcut(cfg, data_spec)

@@ -260,14 +260,21 @@ def grid_columns(n: int, k: int, class_id=None) -> int:
 
 
 def check_sampler_conditions(method_name: str, samplers) -> None:
-    """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it."""
+    """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it;
+    and a model built with such a condition (one some sampler sets: the sampler owns it, the method's sampling does
+    not pass it) needs a sampler that feeds it, or every network call misses that input."""
     have = method_registry.spec(method_name).conditions or {}
+    owned = {s.condition for _, s in sampler_registry.specs() if s.condition} & set(have)
+    fits = [n for n, s in sampler_registry.specs() if (not s.condition or s.condition in have)
+            and owned <= {s.condition}]
     for name in samplers:
         need = sampler_registry.spec(name).condition
         if need and need not in have:
-            fits = [n for n, s in sampler_registry.specs() if not s.condition or s.condition in have]
             raise GenlabError(f"sampler '{name}' feeds the model a '{need}' input that method {method_name} does not "
                               f"train; samplers for it: {', '.join(fits)}")
+        if owned - {need}:
+            raise GenlabError(f"sampler '{name}' does not feed the model the '{sorted(owned - {need})[0]}' input that "
+                              f"method {method_name} trains with; samplers for it: {', '.join(fits)}")
 
 
 def cached_block_plan(cfg) -> list[int]:

@@ -181,7 +181,8 @@ def check_world_config(cfg):
 @method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
                                    "closed-loop fine-tuning, few-step Euler rollouts",
                           keys=WORLD_KEYS + WORLD_EVAL_KEYS,
-                          reads=("method.timestep_sampler", "method.sampler", "method.sample_steps", "eval.sample_steps"),
+                          # not method.sampler: each objective integrates its own ODE (a sampler set here is unused)
+                          reads=("method.timestep_sampler", "method.sample_steps", "eval.sample_steps"),
                           data_kinds=("episodes",), model_families=("world_dit",), check=check_world_config,
                           sampling_keys=("method.sample_steps", "method.sample_temperature", "method.quantize_frames"))
 def build_world(cfg, data_spec):
