@@ -17,6 +17,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from genlab.core.tables import markdown_table  # noqa: E402
 
 # (label, preset, overrides): 32x32x4 latents (256 tokens at patch 2), 1000 classes
 CONFIGS = [
@@ -55,16 +58,17 @@ def main():
         res = run_one(preset, ov + (QUICK if args.quick else []), 3 if args.quick else args.steps,
                       1 if args.quick else args.warmup)
         rows.append((label, res))
-    print("| config | img/s | step ms | fwd / bwd / opt ms | MFU | peak mem GiB |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for label, r in rows:
-        if "error" in r:
-            print(f"| {label} | failed: {r['error']} | | | | |")
-            continue
-        split = " / ".join(fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
-        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-        print(f"| {label} | {fmt(r.get('samples_per_s'), '.0f')} | {fmt(r.get('step_ms'), '.1f')} | {split} | "
-              f"{mfu} | {fmt(r.get('peak_mem_gib'), '.2f')} |")
+    print(markdown_table(["config", "img/s", "step ms", "fwd / bwd / opt ms", "MFU", "peak mem GiB"],
+                         [cells(label, r) for label, r in rows]))
+
+
+def cells(label: str, r: dict) -> list[str]:
+    if "error" in r:
+        return [label, f"failed: {r['error']}", "", "", "", ""]
+    split = " / ".join(fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
+    mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+    return [label, fmt(r.get("samples_per_s"), ".0f"), fmt(r.get("step_ms"), ".1f"), split, mfu,
+            fmt(r.get("peak_mem_gib"), ".2f")]
 
 
 if __name__ == "__main__":

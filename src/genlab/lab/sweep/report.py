@@ -21,6 +21,7 @@ from genlab.config.tree import from_dict, load_toml
 from genlab.lab.match import param_count as count
 from genlab.core.registry import model_registry
 from genlab.lab.sweep.nfe_report import write_nfe_report
+from genlab.core.tables import markdown_table as table
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
            "wall_time", "data_wait_frac"]
@@ -270,11 +271,9 @@ def _status_text(r) -> str:
 
 def markdown_table(rows, cols) -> str:
     head = ["variant", "seeds"] + [HEADERS.get(c, c) for c in cols] + ["status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in rows:
-        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
-        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells + [_status_text(r)]) + " |")
-    return "\n".join(lines)
+    cells = [[r["variant"], r["seeds"]] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols] + [_status_text(r)]
+             for r in rows]
+    return table(head, [[str(x).replace("|", "/") for x in c] for c in cells])
 
 
 def _plots(d: Path, rows) -> list[str]:
@@ -396,7 +395,7 @@ def compare(d1, d2) -> str:
     by1, by2 = {r["variant"]: r for r in r1}, {r["variant"]: r for r in r2}
     names = list(by1) + [n for n in by2 if n not in by1]
     head = ["variant"] + [f"{HEADERS.get(c, c)} {x}" for c in cols for x in ("A", "B", "B/A")] + ["status A", "status B"]
-    lines = [f"A = {d1}, B = {d2}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    body = []
     for n in names:
         a_row, b_row = by1.get(n, {}), by2.get(n, {})
         cells = [n]
@@ -405,5 +404,5 @@ def compare(d1, d2) -> str:
             ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
             cells += [_fmt(a, None, c), _fmt(b, None, c), ratio]
         cells += [a_row.get("status", "absent"), b_row.get("status", "absent")]
-        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells) + " |")
-    return "\n".join(lines)
+        body.append([x.replace("|", "/") for x in cells])
+    return f"A = {d1}, B = {d2}\n\n" + table(head, body)
