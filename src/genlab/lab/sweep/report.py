@@ -21,6 +21,7 @@ from genlab.config.tree import from_dict, load_toml
 from genlab.lab.match import param_count as count
 from genlab.core.registry import model_registry
 from genlab.lab.sweep.nfe_report import write_nfe_report
+from genlab.lab.sweep.tables import render
 from genlab.core.tables import markdown_table as table
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
@@ -170,7 +171,7 @@ def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
     """One row per variant (seeds combined) in sweep order, and the ordered metric columns. `partial`: runs that did
     not finish (a timeout, a stop) count with what their metrics.jsonl logged, the step each reached in the reason."""
     d = Path(d)
-    status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+    status = load_status(d)
     settings = _sweep_settings(d)
     loss_at = [int(s) for s in settings.get("loss_at", [])]
     loss_at_time = [float(s) for s in settings.get("loss_at_time", [])]
@@ -349,13 +350,15 @@ def write_report(d, partial: bool = False) -> Path:
     for r in rows:  # runs recorded before a sweep named its reference: the file's
         r["reference"] = r.get("reference") or settings.get("reference")
     nfe_md, nfe_pics = write_nfe_report(d, rows)
-    plots = _plots(d, rows) + nfe_pics
-    note = "" if has_memory(rows) else NO_MEMORY
+    plots = (_plots(d, rows) if rows else []) + nfe_pics
+    note = "" if has_memory(rows) or not rows else NO_MEMORY
     if partial and any(r["status"] != "finished" for r in rows):
         note = (PARTIAL + ("\n\n" + note if note else ""))
-    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
-                                 + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
-                                 + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
+    tables = render(d, settings.get("tables", {}), load_status(d))
+    variants = (markdown_table(rows, shown) + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): "
+                f"{', '.join(plots)}" + (f"\n\n{note}" if note else "") + "\n") if rows else ""
+    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + _ran(d) + variants
+                                 + (f"\n{nfe_md}" if nfe_md else "") + (f"\n{tables}\n" if tables else ""))
     grids = []
     (d / "grids").mkdir(exist_ok=True)
     for r in rows:
@@ -366,6 +369,20 @@ def write_report(d, partial: bool = False) -> Path:
             grids.append((r["variant"], f"grids/{dst.name}"))
     (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md, note, missing))
     return d / "report.md"
+
+
+def load_status(d) -> dict:
+    p = Path(d) / "status.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _ran(d: Path) -> str:
+    """The header line: date, commit, device, torch of the last call, and its command-line overrides."""
+    env, cli = d / "env.txt", d / "overrides.json"
+    if not env.exists():
+        return ""
+    overrides = " ".join(json.loads(cli.read_text())) if cli.exists() else ""
+    return env.read_text().strip() + (f"; command-line overrides: {overrides}" if overrides else "") + "\n\n"
 
 
 def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") -> str:
