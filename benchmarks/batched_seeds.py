@@ -25,6 +25,8 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch  # noqa: E402
 
+from genlab.core.tables import markdown_table  # noqa: E402
+
 MNIST_SHAPE = ["data.name=synthetic", "data.path=", "data.image_size=28", "data.channels=1", "data.num_classes=10",
                "data.size=8192"]
 
@@ -110,11 +112,11 @@ def main(argv=None):
           f"{cfg.model.dim or cfg.model.size}, batch {B} per run, {len(seeds)} seeds"
           f"{f' x lrs {a.lrs}' if lrs else ''} = {len(members)} runs, {a.steps} timed steps "
           f"(+{a.warmup} warm-up), {name}, torch {torch.__version__}")
-    print("| mode | seconds | ms per step (sequential: one run; batched: all runs) | aggregate img/s | vs sequential |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for mode, t in (("sequential single runs", t_seq), ("one batched run", t_bat)):
-        print(f"| {mode} | {t:.2f} | {1e3 * t / a.steps / (len(members) if mode.startswith('seq') else 1):.1f} | "
-              f"{imgs / t:,.0f} | {t_seq / t:.2f}x |")
+    print(markdown_table(["mode", "seconds", "ms per step (sequential: one run; batched: all runs)", "aggregate img/s",
+                          "vs sequential"],
+                         [[mode, f"{t:.2f}", f"{1e3 * t / a.steps / (len(members) if mode.startswith('seq') else 1):.1f}",
+                           f"{imgs / t:,.0f}", f"{t_seq / t:.2f}x"]
+                          for mode, t in (("sequential single runs", t_seq), ("one batched run", t_bat))]))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ sys.path.insert(0, str(REPO / "src"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+
 SHAPES = {"long": (4, 16, 16384, 16), "d64": (4, 16, 4096, 64)}
 DEFAULT_VARIANTS = "0/split,1/split,2/split,3/split,1/atomic,2/atomic,3/atomic"  # all autotuned
 
@@ -125,15 +127,12 @@ def run_shape(shape, variants, rate, lines):
     t_floor = exps / rate * 1e3
     rows.append(("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, fwd_flops / t_floor / 1e9,
                  3.5 * fwd_flops / (2 * t_floor) / 1e9, ""))
+    cells = [[label, "n/a", "n/a", "n/a", "n/a", err] if tf is None else
+             [label, f"{tf:.2f}", f"{tfb:.2f}", f"{ff:.0f}", f"{ffb:.0f}", err if isinstance(err, str) else format(err, ".1e")]
+             for label, tf, tfb, ff, ffb, err in rows]
     lines += [f"\n[B={B}, H={H}, N={N}, D={D}] bf16, non-causal; fwd FLOPs {fwd_flops:.3e}\n",
-              "| kernel | fwd ms | fwd+bwd ms | fwd TFLOP/s | fwd+bwd TFLOP/s | max rel. diff to sdpa flash (out, dq, dk, dv) |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for label, tf, tfb, ff, ffb, err in rows:
-        if tf is None:
-            lines.append(f"| {label} | n/a | n/a | n/a | n/a | {err} |")
-        else:
-            lines.append(f"| {label} | {tf:.2f} | {tfb:.2f} | {ff:.0f} | {ffb:.0f} | "
-                         f"{err if isinstance(err, str) else format(err, '.1e')} |")
+              markdown_table(["kernel", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s", "fwd+bwd TFLOP/s",
+                              "max rel. diff to sdpa flash (out, dq, dk, dv)"], cells)]
 
 
 SIGMOID_TOKENS = (256, 258, 1024, 4096)
@@ -161,8 +160,8 @@ def run_sigmoid(tokens, heads, head_dim, total, lines):
                 ("sigmoid flex", sigmoid_attention_flex),
                 ("sigmoid plain", sigmoid_attention_plain)]
     lines += [f"\n[{heads} heads x {head_dim}, bf16, batch {total} // N, fused-qkv views, non-causal] on {dev}\n",
-              "| N | batch | attention | fwd ms | fwd+bwd ms | fwd+bwd vs sdpa | rel. err vs fp32 plain (out, dq, dk, dv) |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              markdown_table(["N", "batch", "attention", "fwd ms", "fwd+bwd ms", "fwd+bwd vs sdpa",
+                              "rel. err vs fp32 plain (out, dq, dk, dv)"], [], "rrlrrrl")]
     for n in tokens:
         B = max(1, total // n)
         g = torch.Generator(device=dev).manual_seed(0)
@@ -185,10 +184,10 @@ def run_sigmoid(tokens, heads, head_dim, total, lines):
                 t_fb = _time_ms(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do), cuda)
                 t_sdpa = t_fb if label.startswith("sdpa") else t_sdpa
                 ratio = f"{t_fb / t_sdpa:.2f}x" if t_sdpa else "n/a"
-                lines.append(f"| {n} | {B} | {label} | {t_f:.3f} | {t_fb:.3f} | {ratio} | {err} |")
+                lines.append(markdown_row([n, B, label, f"{t_f:.3f}", f"{t_fb:.3f}", ratio, err]))
             except Exception as e:  # noqa: BLE001 - a path that cannot run here (no CUDA, OOM) is a row, not a crash
-                lines.append(f"| {n} | {B} | {label} | n/a | n/a | n/a | {type(e).__name__}: "
-                             f"{(str(e).splitlines() or [''])[0][:80]} |")
+                lines.append(markdown_row([n, B, label, "n/a", "n/a", "n/a",
+                                           f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"]))
             print(lines[-1], flush=True)
             if cuda:
                 torch.cuda.empty_cache()
@@ -197,12 +196,10 @@ def run_sigmoid(tokens, heads, head_dim, total, lines):
 def run_e2e(steps, warmup, attentions, profile_dir, lines, heads=(16,)):
     """genlab bench bench_longseq per attention kernel and head count (dim 256: 16 heads = head dim 16 as shipped,
     4 heads = head dim 64, the same sequence: what the head size costs)."""
-    lines += ["\n    genlab bench bench_longseq model.heads=H model.attention=X\n",
-              "| head dim (heads) | attention | img/s | step ms | fwd / bwd / opt ms | MFU | peak mem GiB |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    cells = []
     for h in heads:
         for att in attentions:
-            row = f"| {256 // h} ({h}) | {att} |"
+            row = [f"{256 // h} ({h})", att]
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "r.json"
                 env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -213,11 +210,15 @@ def run_e2e(steps, warmup, attentions, profile_dir, lines, heads=(16,)):
                 r = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 print(r.stdout[-4000:], r.stderr[-2000:], flush=True)
                 if r.returncode != 0 or not out.exists():
-                    lines.append(f"{row} failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:120]} | | | | |")
+                    cells.append(row + [f"failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:120]}", "", "", "", ""])
                     continue
                 res = json.loads(out.read_text())
-            lines.append(f"{row} {res['samples_per_s']:.2f} | {res['step_ms']:.1f} | {res['fwd_ms']:.1f} / "
-                         f"{res['bwd_ms']:.1f} / {res['opt_ms']:.1f} | {100 * res['mfu']:.1f}% | {res['peak_mem_gib']:.2f} |")
+            cells.append(row + [f"{res['samples_per_s']:.2f}", f"{res['step_ms']:.1f}",
+                                f"{res['fwd_ms']:.1f} / {res['bwd_ms']:.1f} / {res['opt_ms']:.1f}", f"{100 * res['mfu']:.1f}%",
+                                f"{res['peak_mem_gib']:.2f}"])
+    lines += ["\n    genlab bench bench_longseq model.heads=H model.attention=X\n",
+              markdown_table(["head dim (heads)", "attention", "img/s", "step ms", "fwd / bwd / opt ms", "MFU",
+                              "peak mem GiB"], cells)]
 
 
 def main():

@@ -30,6 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+
 BACKBONES = {"dit": [], "long_skips": ["model.long_skips=true"], "incontext_pre": ["model.name=dit_incontext"],
              "incontext_post": ["model.name=dit_incontext", "model.ln_placement=post"], "mmdit": ["model.name=mmdit"],
              "hybrid": ["model.name=mmdit", "model.dual_blocks={half}"]}  # half the blocks dual-stream
@@ -146,8 +148,8 @@ def main():
 
     if not args.no_table:
         tokens = [16, 64] if args.quick else [int(x) for x in args.tokens.split(",") if x]
-        emit("| backbone | attention | tokens | batch | dim | img/s | step ms | MFU | peak GiB |")
-        emit("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        emit(markdown_table(["backbone", "attention", "tokens", "batch", "dim", "img/s", "step ms", "MFU", "peak GiB"], [],
+                            "llrrlrrrr"))
         rows = []  # (label cells, overrides or None when matching failed, error)
         wanted = None if args.rows is None else set(args.rows.split(","))
         if wanted and (bad := sorted(w for w in wanted if len(w.split(":")) != 3)):
@@ -184,11 +186,11 @@ def main():
             (bb, att, n, batch), ov, _ = row
             dim = next((o.split("=")[1] for o in ov or [] if o.startswith("model.dim=")), "tiny" if quick else "B")
             if "error" in r:
-                emit(f"| {bb} | {att} | {n} | {batch} | {dim} | failed: {r['error']} | | | |")
+                emit(markdown_row([bb, att, n, batch, dim, f"failed: {r['error']}", "", "", ""]))
                 return
             mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-            emit(f"| {bb} | {att} | {n} | {batch} | {dim} | {r['samples_per_s']:.1f} | {r['step_ms']:.1f} | {mfu} | "
-                 f"{fmt(r.get('peak_mem_gib'), '.2f')} |")
+            emit(markdown_row([bb, att, n, batch, dim, f"{r['samples_per_s']:.1f}", f"{r['step_ms']:.1f}", mfu,
+                               fmt(r.get("peak_mem_gib"), ".2f")]))
         retry = []
         with ThreadPoolExecutor(1 if in_process else max(1, args.parallel)) as pool:
             futures = {pool.submit(one, row): row for row in rows}
@@ -212,10 +214,8 @@ def main():
         rows, first = crossover(toks, heads, hd, dev, dtype, 3 if quick else 20, per_batch)
         emit(f"Attention kernels alone, forward + backward, {heads} heads x {hd}, {dtype}, {per_batch} tokens per batch:")
         emit()
-        emit("| tokens | batch | sdpa ms | linear ms | linear / sdpa |")
-        emit("| --- | --- | --- | --- | --- |")
-        for n, b, s, lin in rows:
-            emit(f"| {n} | {b} | {s:.3f} | {lin:.3f} | {lin / s:.2f} |")
+        emit(markdown_table(["tokens", "batch", "sdpa ms", "linear ms", "linear / sdpa"],
+                            [[n, b, f"{s:.3f}", f"{lin:.3f}", f"{lin / s:.2f}"] for n, b, s, lin in rows]))
         emit()
         emit(f"crossover: linear attention is faster than sdpa from {first} tokens" if first else
              "crossover: linear attention was not faster than sdpa at any measured length")

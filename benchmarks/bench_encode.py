@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from genlab.core.tables import markdown_table  # noqa: E402
 from genlab.data.encode import encode_dataset  # noqa: E402
 from genlab.data.formats import read_image_dataset, write_image_dataset  # noqa: E402
 from upsample_images import resize_uint8  # noqa: E402
@@ -115,12 +116,10 @@ def main(argv=None):
     cfg = "small VAE (--small)" if a.small else "SD 1.x VAE (random weights)"
     print(f"genlab data encode, {cfg}, {a.size}x{a.size}x3 -> latents {rows[0]['latent_shape']}, {a.n} images "
           f"({a.source or 'random pixels'}), {name}, torch {torch.__version__}\n")
-    print("| precision | mode | flip variants | batch | img/s | encoder passes/s | s | err vs fp32 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        err = "-" if r["err_vs_fp32"] is None else f"{r['err_vs_fp32']:.1e}"
-        print(f"| {r['precision']} | {r['mode']} | {r['variants']} | {r['batch_size']} | {r['images_per_s']:.1f} | "
-              f"{r['encodes_per_s']:.1f} | {r['seconds']:.2f} | {err} |")
+    print(markdown_table(["precision", "mode", "flip variants", "batch", "img/s", "encoder passes/s", "s", "err vs fp32"],
+                         [[r["precision"], r["mode"], r["variants"], r["batch_size"], f"{r['images_per_s']:.1f}",
+                           f"{r['encodes_per_s']:.1f}", f"{r['seconds']:.2f}",
+                           "-" if r["err_vs_fp32"] is None else f"{r['err_vs_fp32']:.1e}"] for r in rows]))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 

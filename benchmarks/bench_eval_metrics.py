@@ -13,29 +13,29 @@ import numpy as np
 import torch
 
 from genlab.config.tree import load_config
+from genlab.core.tables import markdown_row, markdown_table
 from genlab.data.formats import read_image_dataset
 from genlab.eval.metrics import image_metrics
 
 
 def floors(data, val, ns, device):
-    print("| n | reference | feature FD (train images as samples) | floor | precision | recall | sample acc |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(markdown_table(["n", "reference", "feature FD (train images as samples)", "floor", "precision", "recall",
+                          "sample acc"], [], "lllllll"))
     for n in ns:
         cfg = load_config("mnist_flow", [f"data.path={data}", f"eval.val_path={val}", f"eval.num_samples={n}"])
         d = read_image_dataset(data)
         idx = np.random.default_rng(123).choice(len(d), n, replace=False)
         res = image_metrics(torch.from_numpy(np.asarray(d.images[np.sort(idx)])),
                             torch.from_numpy(np.asarray(d.labels[np.sort(idx)])), d, {"eval": cfg.eval, "device": device})
-        print(f"| {n} | {res['reference']} | {res['feature_fd']:.3f} | {res['feature_fd_floor']:.3f} | "
-              f"{res['precision']:.3f} | {res['recall']:.3f} | {res['sample_accuracy']:.4f} |", flush=True)
+        print(markdown_row([n, res["reference"], f"{res['feature_fd']:.3f}", f"{res['feature_fd_floor']:.3f}",
+                            f"{res['precision']:.3f}", f"{res['recall']:.3f}", f"{res['sample_accuracy']:.4f}"]), flush=True)
 
 
 def throughput(device, side, channels):
     from genlab.eval.inception import FIDInceptionV3, inception_features
     from genlab.eval.lpips import LPIPS, lpips_pairs
     imgs = torch.randint(0, 256, (1000, side, side, channels), dtype=torch.uint8)
-    print("| network | images | img/s |")
-    print("| --- | --- | --- |")
+    print(markdown_table(["network", "images", "img/s"], [], "lll"))
     nets = [("FID Inception-v3 (299 px)", FIDInceptionV3().to(device).eval(), lambda m: inception_features(m, imgs, 200, device))]
     for name in ("alex", "vgg"):
         nets.append((f"LPIPS-{name} (pairs)", LPIPS(name).to(device).eval(), lambda m: lpips_pairs(m, imgs, imgs.flip(0), 250, device)))
@@ -47,7 +47,8 @@ def throughput(device, side, channels):
         fn(net)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        print(f"| {label} | {len(imgs)} of {side}x{side}x{channels} | {len(imgs) / (time.perf_counter() - t):.0f} |", flush=True)
+        print(markdown_row([label, f"{len(imgs)} of {side}x{side}x{channels}", f"{len(imgs) / (time.perf_counter() - t):.0f}"]),
+              flush=True)
 
 
 if __name__ == "__main__":

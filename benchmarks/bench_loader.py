@@ -15,6 +15,7 @@ import time
 import numpy as np
 import torch
 
+from genlab.core.tables import markdown_table
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.loader import ImageLoader
 
@@ -78,11 +79,9 @@ def main():
             bps, wait = measure(ld, device, args.steps, args.work_ms)
             ld.close()
             rows.append((name, bps, bps * args.batch, wait))
-    print(f"| loader path ({args.device}, {args.n}x{args.size}x{args.size}x{args.channels}, batch {args.batch}, "
-          f"work {args.work_ms} ms/step) | batches/s | img/s | data-wait fraction |")
-    print("| --- | --- | --- | --- |")
-    for name, bps, ips, wait in rows:
-        print(f"| {name} | {bps:.1f} | {ips:.0f} | {wait:.3f} |")
+    print(markdown_table([f"loader path ({args.device}, {args.n}x{args.size}x{args.size}x{args.channels}, batch "
+                          f"{args.batch}, work {args.work_ms} ms/step)", "batches/s", "img/s", "data-wait fraction"],
+                         [[name, f"{bps:.1f}", f"{ips:.0f}", f"{wait:.3f}"] for name, bps, ips, wait in rows]))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import warnings  # noqa: E402
 
 import torch  # noqa: E402
 
+from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
 from genlab.nn.sparse_attention import (FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend,  # noqa: E402
                                             block_density, causal_block_density, layer_groups)
 
@@ -136,10 +137,11 @@ def bench_case(name, shape, device, backward, iters, warmup, block=FLEX_BLOCK, b
                                             if backward else run_layer(hq, hk, hv, [one], cache, backend), device, iters, warmup)[2])
         ref_ms, ref_kms = (ms, kms) if pattern == "dense" else (ref_ms, ref_kms)
         shown = "flex" if pattern == "dense" else backend
-        rows.append(f"| {name} | {n} | {B} | {block} | {pattern} | {mode if pattern != 'dense' else '-'} | {shown if pattern != 'dense' else 'sdpa'} "
-                    f"| {l} | {c} | {sum(dens):.3f} | {ms:.3f} | {ref_ms / ms:.2f}x | {fmt(kms, '.3f')} "
-                    f"| {'/'.join(fmt(t, '.3f') for t in parts_ms) or '-'} | {fmt(ref_kms / kms, '.2f')}{'x' if kms == kms else ''} "
-                    f"| {'-' if device.type != 'cuda' else f'{mem:.0f}'} |")
+        rows.append(markdown_row([name, n, B, block, pattern, mode if pattern != "dense" else "-",
+                                  shown if pattern != "dense" else "sdpa", l, c, f"{sum(dens):.3f}", f"{ms:.3f}",
+                                  f"{ref_ms / ms:.2f}x", fmt(kms, ".3f"), "/".join(fmt(t, ".3f") for t in parts_ms) or "-",
+                                  f"{fmt(ref_kms / kms, '.2f')}{'x' if kms == kms else ''}",
+                                  "-" if device.type != "cuda" else f"{mem:.0f}"]))
         print(rows[-1], flush=True)
     return rows
 
@@ -172,9 +174,9 @@ def main():
     head = [f"Sparse attention, one layer, {what}, {gpu}; density = fraction of block x block tiles visited "
             f"(dense rows: causal at that block size); speedup vs SDPA causal (flash); wall = CUDA events around the eager "
             "calls, kernel = the kernels' summed device time (profiler); peak = extra MiB allocated during the step",
-            "", "| case | n | batch | block | pattern | mode | backend | l | c | block density | wall ms | wall speedup | kernel ms "
-            "| parts kernel ms | kernel speedup | peak MiB |",
-            "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+            "", *markdown_table(["case", "n", "batch", "block", "pattern", "mode", "backend", "l", "c", "block density",
+                                 "wall ms", "wall speedup", "kernel ms", "parts kernel ms", "kernel speedup", "peak MiB"], [],
+                                "lrrrlllrrrrrrlrr").splitlines()]
     print("\n".join(head), flush=True)
     rows = []
     for name, shape in cases.items():

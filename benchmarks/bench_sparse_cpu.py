@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
+from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+
 from genlab.families.sparse.sparse_transformer import SparseSpec, SparseTransformer  # noqa: E402
 
 ROWS = [("strided", "split"), ("strided", "interleaved"), ("fixed", "split"), ("fixed", "interleaved")]
@@ -43,13 +45,13 @@ def main():
         torch.set_num_threads(a.threads)
     print(f"Sparse Transformer training step on CPU ({torch.get_num_threads()} threads), 784 tokens, dim 128, depth 4, "
           f"4 heads, batch {a.batch}, fp32, mean of {a.iters}\n")
-    print("| pattern | mode | dense ms | blocked ms | speedup |\n| --- | --- | ---: | ---: | ---: |")
+    print(markdown_table(["pattern", "mode", "dense ms", "blocked ms", "speedup"], [], "llrrr"))
     for pattern, mode in ROWS:
         torch.manual_seed(0)
         model = SparseTransformer(SparseSpec(image_size=28, channels=1, dim=128, depth=4, heads=4, pattern=pattern, mode=mode))
         idx = torch.randint(0, 257, (a.batch, model.spec.seq_len))
         dense, blocked = (step_ms(model, idx, b, a.iters) for b in ("dense", "blocked"))
-        print(f"| {pattern} | {mode} | {dense:.0f} | {blocked:.0f} | {dense / blocked:.2f}x |", flush=True)
+        print(markdown_row([pattern, mode, f"{dense:.0f}", f"{blocked:.0f}", f"{dense / blocked:.2f}x"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
 
 def make_corpus(folder: Path, mb: int, files: int) -> list[Path]:
     from genlab.data.corpus import read_corpus
@@ -85,20 +88,20 @@ def main():
         src = Path(tmp) / "src"
         src.mkdir()
         make_corpus(src, args.mb, args.files)
-        print("| tokenizer | workers | MB of text | seconds | MB/s | tokens | peak RSS main (MB) | peak RSS worker (MB) | "
-              "memmap batch 64x1024 (ms) |\n|---|---|---|---|---|---|---|---|---|")
+        print(markdown_table(["tokenizer", "workers", "MB of text", "seconds", "MB/s", "tokens", "peak RSS main (MB)",
+                              "peak RSS worker (MB)", "memmap batch 64x1024 (ms)"], [], "l" * 9))
         for tok in args.tokenizers.split(","):
             for w in args.workers.split(","):
                 out = Path(tmp) / f"{tok}_{w}"
                 r = subprocess.run([sys.executable, __file__, "--one", str(src), str(out), tok, w],
                                    capture_output=True, text=True)
                 if r.returncode:
-                    print(f"| {tok} | {w} | failed: {r.stderr.strip().splitlines()[-1]} |")
+                    print(markdown_row([tok, w, f"failed: {r.stderr.strip().splitlines()[-1]}"]))
                     continue
                 res = json.loads(r.stdout.strip().splitlines()[-1])
                 ms = loader_ms(str(out), 1024, 64)
-                print(f"| {tok} | {w} | {args.mb} | {res['seconds']:.1f} | {args.mb / res['seconds']:.1f} | "
-                      f"{res['tokens']:,} | {res['rss_main_mb']:.0f} | {res['rss_worker_mb']:.0f} | {ms:.2f} |", flush=True)
+                print(markdown_row([tok, w, args.mb, f"{res['seconds']:.1f}", f"{args.mb / res['seconds']:.1f}", f"{res['tokens']:,}",
+                                    f"{res['rss_main_mb']:.0f}", f"{res['rss_worker_mb']:.0f}", f"{ms:.2f}"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from genlab.core.tables import markdown_table  # noqa: E402
 
 def build(args):
     from genlab.training.trainer import build_model_and_method
@@ -92,10 +93,8 @@ def main():
     name = torch.cuda.get_device_name(dev) if cuda else "CPU"
     print(f"### world-model generation speed: {S}x{S}x{C}, {L} context frames, {args.steps} Euler steps, "
           f"{params / 1e6:.1f}M params, {'bf16' if cuda else 'fp32'}, {name}\n")
-    print("| batch | variant | ms / batch | frames / s |")
-    print("| --- | --- | --- | --- |")
-    for b, v, ms, fps in rows:
-        print(f"| {b} | {v} | {ms:.2f} | {fps if isinstance(fps, str) else format(fps, ',.0f')} |")
+    print(markdown_table(["batch", "variant", "ms / batch", "frames / s"],
+                         [[b, v, f"{ms:.2f}", fps if isinstance(fps, str) else format(fps, ",.0f")] for b, v, ms, fps in rows]))
 
 
 if __name__ == "__main__":

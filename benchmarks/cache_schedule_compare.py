@@ -59,9 +59,10 @@ def main() -> None:
         rows.append((name, m["feature_fd"], m["fd_ratio"], m.get("sample_accuracy")))
     print(f"run {a.run}, overrides {' '.join(a.overrides) or '-'}, {measured.evaluations} evaluations per sample, "
           f"{cfg.eval.num_samples} samples, share of block evaluations reused {100 * share:.0f}%\n")
-    print("| sampler | feature FD | FD / unskipped | sample accuracy |\n| --- | ---: | ---: | ---: |")
-    for name, fd, ratio, acc in rows:
-        print(f"| {name} | {fd:.3f} | {ratio:.2f} | {'' if acc is None else f'{100 * acc:.1f}%'} |")
+    from genlab.core.tables import markdown_table
+    print(markdown_table(["sampler", "feature FD", "FD / unskipped", "sample accuracy"],
+                         [[name, f"{fd:.3f}", f"{ratio:.2f}", "" if acc is None else f"{100 * acc:.1f}%"]
+                          for name, fd, ratio, acc in rows], "lrrr"))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from genlab.core.tables import markdown_table  # noqa: E402
 
 COMMANDS = [
     ["--version"],
@@ -34,11 +39,12 @@ def main(argv=None):
     probe = "import sys, genlab.training.trainer; print('torch._dynamo' in sys.modules)"
     dynamo = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
     print(f"importing genlab.training.trainer imports torch._dynamo: {dynamo}\n")
-    print("| command | median s | min s |")
-    print("| --- | ---: | ---: |")
-    for cmd in COMMANDS:
-        times = [wall(cmd) for _ in range(args.repeats)]
-        print(f"| genlab {' '.join(cmd)} | {statistics.median(times):.2f} | {min(times):.2f} |")
+    print(markdown_table(["command", "median s", "min s"], [row(cmd, args.repeats) for cmd in COMMANDS]))
+
+
+def row(cmd: list[str], repeats: int) -> list[str]:
+    times = [wall(cmd) for _ in range(repeats)]
+    return [f"genlab {' '.join(cmd)}", f"{statistics.median(times):.2f}", f"{min(times):.2f}"]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from genlab.core.tables import markdown_table
 from genlab.data.formats import read_image_dataset
 from genlab.eval.frechet import frechet_from_stats
 from genlab.eval.inception import INPUT_SIZE, inception_outputs, load_fid_inception
@@ -99,17 +100,17 @@ def main():
             rows.append((f"FID test[:{len(sub)}] correct vs {mistake}", frechet_from_stats(*ok, *mistaken_stats(
                 net, sub, a.batch, a.device, mistake)), None))
     print(f"{len(tr)} train / {len(te)} test images, {a.device}, {ips:.3g} img/s\n")
-    print("| figure | genlab | published | within |\n| --- | --- | --- | --- |")
-    failed = False
+    cells, failed = [], False
     for name, v, key in rows:
         pub = PUBLISHED.get(a.expect, {}).get(key)
         if pub is None:
-            print(f"| {name} | {v:.4f} | - | - |")
+            cells.append([name, f"{v:.4f}", "-", "-"])
             continue
         target, tol, src = pub
         ok = abs(v - target) <= tol
         failed |= not ok
-        print(f"| {name} | {v:.4f} | {target} ({src}) | {'yes' if ok else 'NO'} (±{tol}) |")
+        cells.append([name, f"{v:.4f}", f"{target} ({src})", f"{'yes' if ok else 'NO'} (±{tol})"])
+    print(markdown_table(["figure", "genlab", "published", "within"], cells, "llll"))
     return 1 if failed else 0
 
 

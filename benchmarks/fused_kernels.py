@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import cuda_timed as timed  # noqa: E402
+from genlab.core.tables import markdown_table  # noqa: E402
 
 
 
@@ -186,11 +187,10 @@ def main(argv=None):
     rows += final_rows(a.batch, 256, 768, 16, a.reps)  # DiT-B/2 on 32x32x4 latents
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; forward + backward, median of {a.reps}; "
           f"(peak GiB above the inputs)\n")
-    print("| op | plain eager | plain compiled | fused | fused kernel | speed-up vs compiled |")
-    print("| --- | ---: | ---: | ---: | --- | ---: |")
-    for r in rows:
-        sp = "n/a" if r["fused"] is None else f"{r['compiled'][0] / r['fused'][0]:.2f}x"
-        print(f"| {r['op']} | {fmt(r['eager'])} | {fmt(r['compiled'])} | {fmt(r['fused'])} | {r['kernel']} | {sp} |")
+    print(markdown_table(["op", "plain eager", "plain compiled", "fused", "fused kernel", "speed-up vs compiled"],
+                         [[r["op"], fmt(r["eager"]), fmt(r["compiled"]), fmt(r["fused"]), r["kernel"],
+                           "n/a" if r["fused"] is None else f"{r['compiled'][0] / r['fused'][0]:.2f}x"] for r in rows],
+                         "lrrrlr"))
 
 
 if __name__ == "__main__":

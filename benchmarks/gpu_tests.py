@@ -21,6 +21,9 @@ import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from genlab.core.tables import markdown_table  # noqa: E402
 OUTCOME = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
 
 
@@ -98,19 +101,18 @@ def _stop(proc):
 
 
 def report(results: list[dict]) -> tuple[str, bool]:
-    lines = ["| stream (GPU) | tests | reached | passed | failed | skipped | stopped in |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-    failed, missing = [], []
+    cells, failed, missing = [], [], []
     for r in results:
         out = r["outcomes"]
         count = {s: sum(v == s for v in out.values()) for s in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
-        lines.append(f"| {r['stream']} ({'-' if r['gpu'] is None else r['gpu']}) | {len(r['ids'])} | {len(out)} | "
-                     f"{count['PASSED']} | {count['FAILED'] + count['ERROR']} | {count['SKIPPED']} | "
-                     f"{r['stopped_in'] or '-'} |")
+        cells.append([f"{r['stream']} ({'-' if r['gpu'] is None else r['gpu']})", len(r["ids"]), len(out), count["PASSED"],
+                      count["FAILED"] + count["ERROR"], count["SKIPPED"], r["stopped_in"] or "-"])
         failed += [i for i, v in out.items() if v in ("FAILED", "ERROR")]
         missing += [i for i in r["ids"] if i not in out]
     total = sum(len(r["ids"]) for r in results)
     reached = sum(len(r["outcomes"]) for r in results)
-    lines += ["", f"{reached} of {total} tests reached; {len(failed)} failed; {len(missing)} not reached."]
+    lines = [markdown_table(["stream (GPU)", "tests", "reached", "passed", "failed", "skipped", "stopped in"], cells,
+                            "lrrrrrl"), "", f"{reached} of {total} tests reached; {len(failed)} failed; {len(missing)} not reached."]
     lines += [f"- failed: {i}" for i in failed] + [f"- not reached: {i}" for i in missing]
     return "\n".join(lines), not failed and not missing
 

@@ -11,6 +11,7 @@ import argparse
 import torch
 
 from genlab.config.tree import load_config
+from genlab.core.tables import markdown_row, markdown_table
 from genlab.optim.build import build_optimizer
 from genlab.optim.state import state_bytes
 from genlab.training.step import build_model_and_method
@@ -29,8 +30,7 @@ def main():
     model, _ = build_model_and_method(cfg, MNIST)
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"{a.preset} {' '.join(a.overrides)}: {n / 1e6:.1f} M trainable parameters, fp32\n")
-    print("| optimizer | state MiB | bytes / parameter | vs adamw |")
-    print("| --- | --- | --- | --- |")
+    print(markdown_table(["optimizer", "state MiB", "bytes / parameter", "vs adamw"], [], "lrrr"))
     base = None
     for name in a.optims.split(","):
         torch.manual_seed(0)
@@ -40,7 +40,7 @@ def main():
         opt.step()  # the state exists after the first step (torchao compiles each shape here: minutes on a CPU)
         b = state_bytes(opt)
         base = base or b
-        print(f"| {name} | {b / 2**20:.1f} | {b / n:.3f} | {b / base:.3f} |", flush=True)
+        print(markdown_row([name, f"{b / 2**20:.1f}", f"{b / n:.3f}", f"{b / base:.3f}"]), flush=True)
         del opt
 
 

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import cuda_timed  # noqa: E402
+from genlab.core.tables import markdown_table  # noqa: E402
 
 
 def bench(fn, reps=20, warmup=5):
@@ -142,22 +143,18 @@ def main():
     tokens = a.batch * N
     print(f"## DiT-{a.size}/2 batch {a.batch} parts on {torch.cuda.get_device_name()} (torch {torch.__version__})\n")
     rows, ms, flop = gemm_floor(D, depth, tokens, 4 * D, dev)
-    print("| GEMM | M | K | N | fwd ms | bwd dX ms | bwd dW ms | TFLOP/s |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | {r[7]:.0f} |")
+    print(markdown_table(["GEMM", "M", "K", "N", "fwd ms", "bwd dX ms", "bwd dW ms", "TFLOP/s"],
+                         [[*r[:4], f"{r[4]:.3f}", f"{r[5]:.3f}", f"{r[6]:.3f}", f"{r[7]:.0f}"] for r in rows]))
     print(f"\nall block GEMMs of one step ({depth} blocks): {ms:.1f} ms, {flop / ms / 1e9:.0f} TFLOP/s\n")
-    print("| SDPA layout | backend | fwd+bwd ms (one layer) | TFLOP/s |\n| --- | --- | --- | --- |")
-    for r in sdpa_variants(a.batch, H, N, D // H, dev):
-        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} | {r[3] if isinstance(r[3], str) else format(r[3], '.0f')} |")
+    print(markdown_table(["SDPA layout", "backend", "fwd+bwd ms (one layer)", "TFLOP/s"],
+                         [[r[0], r[1], f"{r[2]:.3f}", r[3] if isinstance(r[3], str) else format(r[3], ".0f")]
+                          for r in sdpa_variants(a.batch, H, N, D // H, dev)]))
     model = DiT(DiTSpec(32, 4, 1000, D, depth, H)).to(dev)
     res, n = optimizer_variants(model, dev)
     print(f"\noptimizer phase, {n / 1e6:.1f}M fp32 params (floor: fused AdamW 28 B/param + EMA 12 B/param + clip 4-12 B/param)\n")
-    print("| piece | ms |\n| --- | --- |")
-    for name, t in res:
-        print(f"| {name} | {t:.3f} |")
-    print("\n| LayerNorm+adaLN (fwd+bwd, fp32 residual in, bf16 autocast) | mode | ms (one call) |\n| --- | --- | --- |")
-    for r in norm_variants(a.batch, N, D, dev):
-        print(f"| {r[0]} | {r[1]} | {r[2]:.3f} |")
+    print(markdown_table(["piece", "ms"], [[name, f"{t:.3f}"] for name, t in res]))
+    print("\n" + markdown_table(["LayerNorm+adaLN (fwd+bwd, fp32 residual in, bf16 autocast)", "mode", "ms (one call)"],
+                                [[r[0], r[1], f"{r[2]:.3f}"] for r in norm_variants(a.batch, N, D, dev)]))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import time
 import torch
 
 from genlab.config.tree import OptimConfig
+from genlab.core.tables import markdown_table
 from genlab.optim.build import build_optimizer
 
 
@@ -51,13 +52,14 @@ def main():
     recompute = time.perf_counter() - t
     stats = pstats.Stats(prof)
     rows = {f"{k[0].rsplit('/', 1)[-1]}:{k[2]}": v[3] for k, v in stats.stats.items()}  # cumulative seconds
-    print(f"| step | seconds ({a.layers} x Linear({a.width}, {a.width}), {a.device}) |\n| --- | ---: |")
-    print(f"| plain step (median of 9) | {sorted(plain)[4]:.3f} |\n| step that recomputes the preconditioners | {recompute:.3f} |")
-    print("\n| inside the recomputing step | cumulative s | share |\n| --- | ---: | ---: |")
-    for name in sorted(rows, key=rows.get, reverse=True):
-        if any(w in name for w in ("compute_pre_conditioners", "compute_power_schur_newton", "matrix_power",
-                                   "power_iteration", "preconditioned_grad", "add_statistics")):
-            print(f"| {name} | {rows[name]:.3f} | {rows[name] / recompute:.0%} |")
+    print(markdown_table(["step", f"seconds ({a.layers} x Linear({a.width}, {a.width}), {a.device})"],
+                         [["plain step (median of 9)", f"{sorted(plain)[4]:.3f}"],
+                          ["step that recomputes the preconditioners", f"{recompute:.3f}"]]))
+    inside = [n for n in sorted(rows, key=rows.get, reverse=True) if any(w in n for w in (
+        "compute_pre_conditioners", "compute_power_schur_newton", "matrix_power", "power_iteration", "preconditioned_grad",
+        "add_statistics"))]
+    print("\n" + markdown_table(["inside the recomputing step", "cumulative s", "share"],
+                                [[n, f"{rows[n]:.3f}", f"{rows[n] / recompute:.0%}"] for n in inside], "lrr"))
 
 
 if __name__ == "__main__":

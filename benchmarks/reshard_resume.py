@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+from genlab.core.tables import markdown_table  # noqa: E402
+
 DEFAULT = ["gpt2_124m", "train.precision=fp32", "train.compile=off", "train.batch_size=32", "data.size=4096",
            "optim.warmup_steps=2"]
 
@@ -133,10 +137,9 @@ def main(argv=None) -> int:
     (out / "reshard.json").write_text(json.dumps(res, indent=2))
     md = [f"Checkpoint of step {a.at} written by {a.world} processes (fsdp), resumed to step {a.steps}; "
           f"{' '.join(items)}; device {res['device']}", "",
-          "| run | processes | parallel | steps | wall s | max abs loss diff vs written run | max rel diff |",
-          "| --- | --- | --- | --- | --- | --- | --- |"]
-    md += [f"| {r['run']} | {r['world']} | {r['parallel']} | {r['steps']} | {r['seconds']:.0f} | {r['max_abs']:.2e} | "
-           f"{r['max_rel']:.2e} |" for r in rows]
+          markdown_table(["run", "processes", "parallel", "steps", "wall s", "max abs loss diff vs written run",
+                          "max rel diff"], [[r["run"], r["world"], r["parallel"], r["steps"], f"{r['seconds']:.0f}",
+                                             f"{r['max_abs']:.2e}", f"{r['max_rel']:.2e}"] for r in rows])]
     md += ["", f"`genlab export` of the {a.world}-process run: model.safetensors, {export['tensors']} tensors, "
            f"{export['bytes'] / 2**20:.1f} MiB, max abs diff to the DCP checkpoint's weights {worst:.1e} "
            f"(not in the file, tied on load: {', '.join(export['missing_in_file']) or 'none'}), {secs:.0f} s"]

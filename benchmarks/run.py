@@ -1,67 +1,64 @@
-"""Run a benchmark suite: `python benchmarks/run.py --suite NAME [--set KEY=VALUE ...] [--only a,b] [--out DIR]`.
+"""Run a benchmark suite (benchmarks/suites/NAME.toml, a sweep file of stages) with the sweep engine.
 
-A suite (`benchmarks/suites/NAME.toml`) declares the commands of one benchmark; this driver does the shared
-setup, runs each entry in its own process and writes the markdown tables (`DIR/<table>.md`, each headed by the
-date, commit, device and the command line) that docs/benchmarks.md quotes. `--list` shows the suites,
-`--dry-run` the commands of one without running them. Run from anywhere: it works in the repository root.
+    python benchmarks/run.py --list                           # the suites, one line each
+    python benchmarks/run.py --suite perf --dry-run           # its stages and their commands (checks need its GPUs)
+    python benchmarks/run.py --suite perf --out out           # run it; out/perf.md (the report), out/perf.tgz
+    python benchmarks/run.py --suite sparse --only quality --set STEPS=500 --set ARGS="model.heads=8"
+
+is `genlab sweep benchmarks/suites/NAME.toml KEY=VALUE ... [--only ...] [any genlab sweep option]` in the repository
+root, after installing the wheels in $WHEELS (default wheels/): a device machine has no package index. `--out DIR`
+also copies the report to DIR/NAME.md and packs the sweep folder without checkpoints as DIR/NAME.tgz (such a
+machine returns few files).
 """
 from __future__ import annotations
 
 import argparse
-import shlex
+import os
+import shutil
+import subprocess
 import sys
+import tarfile
+import tomllib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+SUITES = REPO / "benchmarks" / "suites"
 
-from suite_driver import spec  # noqa: E402
-from suite_driver.execute import Runner  # noqa: E402
+
+def suite_path(name: str) -> Path:
+    return Path(name).resolve() if name.endswith(".toml") else SUITES / f"{name}.toml"
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--suite", help="a name under benchmarks/suites/ or a .toml path")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a suite parameter")
-    p.add_argument("--only", help="comma list of entry names or stages")
-    p.add_argument("--out", default="out", help="folder for tables, logs.tgz and collected files (default: out)")
-    p.add_argument("--list", action="store_true", help="list the suites (with --suite: its entries and parameters)")
-    p.add_argument("--dry-run", action="store_true", help="print each entry's command, run nothing")
-    p.add_argument("--keep-logs", action="store_true", help="leave logs/ unpacked (default: logs.tgz)")
-    return p.parse_args(argv)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a parameter of the suite")
+    p.add_argument("--only", help="comma list of stage names or parts")
+    p.add_argument("--out", help="copy the report and the packed sweep folder here")
+    p.add_argument("--list", action="store_true", help="list the suites")
+    return p.parse_known_args(argv)
 
 
 def main(argv=None) -> int:
-    a = parse(argv)
-    import os
-    os.chdir(spec.REPO)
-    if a.list and not a.suite:
-        for name in spec.all_suites():
-            print(f"{name:16s} {spec.load(name).description.splitlines()[0] if spec.load(name).description else ''}")
-        return 0
-    if not a.suite:
-        print("run.py: --suite NAME is required (--list shows them)", file=sys.stderr)
-        return 2
-    try:
-        sets = dict(s.split("=", 1) for s in a.set)
-        suite = spec.load(a.suite, sets)
-        entries = spec.select(suite.entries, a.only)
-    except (spec.SuiteError, ValueError) as e:
-        print(f"run.py: {e}", file=sys.stderr)
-        return 2
-    out = Path(a.out).resolve()
-    argv_text = "python benchmarks/run.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
-    runner = Runner(suite, out, argv_text, keep_logs=a.keep_logs)
-    if a.list or a.dry_run:
-        print(suite.description)
-        print("parameters: " + (", ".join(f"{k}={v!r}" for k, v in suite.params.items()) or "none"))
-        for e in entries:
-            argv_e, _ = runner.command(e, runner.values(e), dry=True) if a.dry_run else (None, None)
-            where = f" -> {e.table}.md" if e.table else ""
-            print(f"  {e.name} [{e.kind}{', stage ' + e.spec['stage'] if 'stage' in e.spec else ''}]{where}"
-                  + (f"\n      {shlex.join(argv_e)}" if argv_e else ""))
-        return 0
-    out.mkdir(parents=True, exist_ok=True)
-    return runner.run(entries)
+    a, rest = parse(argv)
+    if a.list or not a.suite:
+        for p in sorted(SUITES.glob("*.toml")):
+            print(f"{p.stem:16s} {tomllib.loads(p.read_text()).get('description', '').splitlines()[0]}")
+        return 0 if a.list else 2
+    wheels = sorted(Path(os.environ.get("WHEELS", REPO / "wheels")).glob("*.whl"))
+    if wheels:  # quick when they are there already
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *map(str, wheels)])
+    cmd = [sys.executable, "-m", "genlab", "sweep", str(suite_path(a.suite)), *a.set, *(["--only", a.only] if a.only else []), *rest]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
+    rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
+    root = REPO / (rest[rest.index("--root") + 1] if "--root" in rest else "sweeps")
+    folder = root / tomllib.loads(suite_path(a.suite).read_text()).get("name", suite_path(a.suite).stem)
+    if a.out and (folder / "report.md").exists():
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / "report.md", Path(a.out) / f"{folder.name}.md")
+        with tarfile.open(Path(a.out) / f"{folder.name}.tgz", "w:gz") as tar:
+            tar.add(folder, arcname=folder.name, filter=lambda i: None if "checkpoints" in i.name else i)
+    return rc
 
 
 if __name__ == "__main__":

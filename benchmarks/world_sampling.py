@@ -16,6 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,15 +42,13 @@ def main(argv=None):
             curves = json.loads((Path(tmp) / "world_eval.json").read_text())["curves"]
             H = max(curves, key=int)
             margin = [m - c for m, c in zip(curves[H]["model"], curves[H]["copy_last"])]
-            rows.append(f"| {float(temp):g} | {'yes' if q == 'q' else 'no'} | {res[f'rollout_psnr_h{H}']:.2f} dB "
-                        f"| {res[f'copy_last_psnr_h{H}']:.2f} dB | {min(margin):+.2f} … {max(margin):+.2f} dB "
-                        f"| {'yes' if min(margin) > 0 else 'no'} | {res[f'frechet_h{H}']:.3f} | {res['action_margin_db']:+.2f} dB |")
-            print(rows[-1], file=sys.stderr, flush=True)
+            rows.append([f"{float(temp):g}", "yes" if q == "q" else "no", f"{res[f'rollout_psnr_h{H}']:.2f} dB",
+                         f"{res[f'copy_last_psnr_h{H}']:.2f} dB", f"{min(margin):+.2f} … {max(margin):+.2f} dB",
+                         "yes" if min(margin) > 0 else "no", f"{res[f'frechet_h{H}']:.3f}", f"{res['action_margin_db']:+.2f} dB"])
+            print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
     print(f"rollouts: {args.rollouts} held-out windows, horizon {H}, {method.mcfg.sample_steps} sampling steps\n")
-    print("| temperature | quantised | rollout PSNR (mean) | copy-last | margin per step | beats copy-last at every step "
-          "| FD | action margin |")
-    print("| ---: | --- | ---: | ---: | --- | --- | ---: | ---: |")
-    print("\n".join(rows))
+    print(markdown_table(["temperature", "quantised", "rollout PSNR (mean)", "copy-last", "margin per step",
+                          "beats copy-last at every step", "FD", "action margin"], rows, "rlrrllrr"))
 
 
 if __name__ == "__main__":

@@ -12,17 +12,13 @@ import importlib.util
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 from decimal import Decimal
 
 import pytest
 
 from conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from suite_driver import spec as suite_spec  # noqa: E402
+from genlab.lab.sweep.spec import load_sweep, select
 
 README = REPO / "README.md"
 RESULTS = REPO / "benchmarks" / "results.toml"
@@ -154,9 +150,10 @@ def test_every_record_names_its_date_commit_device_and_unit():
 
 
 def _check_run_py(args):
-    a = _run_py().parse(args)  # run.py's own argument parser
-    suite = suite_spec.load(a.suite, dict(s.split("=", 1) for s in a.set), environ={})  # the suite and its --set keys
-    suite_spec.select(suite.entries, a.only)  # --only names entries or stages of it
+    run = _run_py()
+    a, _ = run.parse(args)  # run.py's own argument parser; the rest goes to genlab sweep
+    sw = load_sweep(run.suite_path(a.suite), a.set)  # the suite (a sweep file) and its --set parameters
+    select(sw, [a.only] if a.only else [])  # --only names stages or parts of it
 
 
 def _check_genlab(args):

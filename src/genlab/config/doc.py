@@ -12,6 +12,7 @@ from genlab.config.fields import describe_range, meta_of
 from genlab.config.keys import declared_keys, sections
 from genlab.config.tree import Config, to_dict
 from genlab.core.registry import all_registries
+from genlab.core.tables import markdown_table
 
 
 def _fields(cfg):
@@ -77,13 +78,9 @@ def markdown() -> str:
            "descriptions. Values outside the valid range, unknown keys and options that none of the selected",
            "components reads are refused before any work is done (unread method/eval options are warnings)."]
     for sec, fields in _fields(Config()):
-        out += ["", f"## [{sec}]", "", "| key | default | valid | description | read by |", "| --- | --- | --- | --- | --- |"]
-        for f, typ in fields:
-            m = meta_of(f)
-            note = m["doc"]
-            default = _inline(defaults[sec][f.name])
-            by = _read_by(who.get(f"{sec}.{f.name}", [])) or "every run"
-            out.append(f"| `{f.name}` | `{_md(default)}` | {_md(describe_range(f, typ, names=False))} | {_md(note)} | {_md(by)} |")
+        rows = [[f"`{f.name}`", f"`{_md(_inline(defaults[sec][f.name]))}`", _md(describe_range(f, typ, names=False)),
+                 _md(meta_of(f)["doc"]), _md(_read_by(who.get(f"{sec}.{f.name}", [])) or "every run")] for f, typ in fields]
+        out += ["", f"## [{sec}]", "", markdown_table(["key", "default", "valid", "description", "read by"], rows)]
     return "\n".join(out) + "\n"
 
 

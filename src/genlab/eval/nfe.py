@@ -16,6 +16,7 @@ import json
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import sampler_registry
+from genlab.core.tables import markdown_table
 from genlab.eval.cost import cost_line
 from genlab.eval.image_quality import generate
 from genlab.eval.labelled_grid import labelled_rows
@@ -107,12 +108,9 @@ def format_table(rows: list[dict], cfg_scale: float, cost: dict | None = None) -
                      + ", ".join(f"{k.removesuffix('_floor')} {v:.4g}" for k, v in floors.items()))
     if cost:
         lines.append(cost_line(cost))
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        vals = [r["sampler"], str(r["nfe"]), str(r["steps"])]
-        vals += [f"{100 * r[m]:.1f}%" if m.endswith("accuracy") else f"{r[m]:.4g}" for m in metrics]
-        lines.append("| " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [[r["sampler"], r["nfe"], r["steps"]] + [f"{100 * r[m]:.1f}%" if m.endswith("accuracy") else f"{r[m]:.4g}"
+                                                     for m in metrics] for r in rows]
+    return "\n".join(lines + ["", markdown_table(head, cells)]) + "\n"
 
 
 def write_table(rows: list[dict], run_dir, cfg_scale: float, cost: dict | None = None, step: int | None = None) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from genlab.core.tables import markdown_table
 from genlab.data.windows import spaced_windows
 from genlab.eval.frechet import frechet_distance
 
@@ -118,10 +119,9 @@ def evaluate_world(method, model, data, ctx) -> dict:
 def rollout_table(curves: dict, res: dict) -> str:
     lines = []
     for H, c in curves.items():
+        rows = [[k + 1, f"{m:.2f}", f"{p:.2f}", f"{m - p:+.2f}"] for k, (m, p) in enumerate(zip(c["model"], c["copy_last"]))]
         lines += [f"### rollout H={H}: per-step PSNR (dB), model vs copy-last-frame", "",
-                  "| step | model | copy-last | margin |", "| --- | --- | --- | --- |"]
-        lines += [f"| {k + 1} | {m:.2f} | {p:.2f} | {m - p:+.2f} |" for k, (m, p) in enumerate(zip(c["model"], c["copy_last"]))]
-        lines.append("")
+                  markdown_table(["step", "model", "copy-last", "margin"], rows), ""]
     if "action_margin_db" in res:
         lines.append(f"action sensitivity: true {res['action_psnr_true']:.2f} dB, shuffled "
                      f"{res['action_psnr_shuffled']:.2f} dB, margin {res['action_margin_db']:+.3f} dB")

@@ -17,6 +17,7 @@ import torch
 from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry, model_registry
+from genlab.core.tables import markdown_table
 from genlab.data import build_dataset
 from genlab.runtime.metrics import peak_flops
 from genlab.runtime.parallel import init_distributed, leave_distributed
@@ -192,14 +193,14 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
                         "comm_share": comm["comm_us"] / 1e3 / steps / wall_ms,
                         "comm_exposed_share": comm["exposed_us"] / 1e3 / steps / wall_ms})
     lines = [f"profile: {steps} steps, wall {wall_ms:.1f} ms/step (profiler on), GPU kernels {busy:.1f} ms/step "
-             f"({100 * busy / wall_ms:.0f}% busy)", "", "| category | ms/step | share of kernel time |", "| --- | --- | --- |"]
-    lines += [f"| {c} | {v:.2f} | {100 * v / max(busy, 1e-9):.1f}% |" for c, v in summary["categories_ms_per_step"].items()]
+             f"({100 * busy / wall_ms:.0f}% busy)", "", markdown_table(["category", "ms/step", "share of kernel time"], [
+                 [c, f"{v:.2f}", f"{100 * v / max(busy, 1e-9):.1f}%"] for c, v in summary["categories_ms_per_step"].items()])]
     if "comm_ms_per_step" in summary:
         lines += ["", f"communication: {summary['comm_ms_per_step']:.2f} ms/step of kernels "
                       f"({100 * summary['comm_share']:.1f}% of the step), of which {summary['comm_exposed_ms_per_step']:.2f} ms "
                       f"({100 * summary['comm_exposed_share']:.1f}% of the step) overlaps no compute kernel"]
-    lines += ["", "| kernel | category | ms/step | calls/step |", "| --- | --- | --- | --- |"]
-    lines += [f"| `{k['name'][:90]}` | {k['category']} | {k['ms_per_step']:.2f} | {k['calls_per_step']:.0f} |" for k in summary["top_kernels"]]
+    lines += ["", markdown_table(["kernel", "category", "ms/step", "calls/step"], [
+        [f"`{k['name'][:90]}`", k["category"], f"{k['ms_per_step']:.2f}", f"{k['calls_per_step']:.0f}"] for k in summary["top_kernels"]])]
     (out / "profile.md").write_text("\n".join(lines) + "\n")
     (out / "profile.json").write_text(json.dumps(summary, indent=2))
     trace = out / "trace.json"
@@ -393,19 +394,24 @@ def _fmt(v, spec):
     return "n/a" if v is None else format(v, spec)
 
 
+BENCH_HEAD = ["model", "batch", "precision", "compile", "AC", "parallel", "samples/s", "tokens/s", "step ms",
+              "fwd/bwd/opt ms", "MFU", "peak GiB"]
+
+
+def bench_cells(r: dict) -> list[str]:
+    """One run_bench result as the cells of BENCH_HEAD (also the `bench` columns of a sweep's stage tables)."""
+    s = r["switches"]
+    split = "/".join(_fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
+    mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+    comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
+    if s.get("compile_mode", "default") != "default" and s["compile"] != "off":
+        comp += f" ({s['compile_mode']})"
+    comp += " + step graph" if s.get("graph_step") else ""
+    return [s["model"], s["batch"], s["precision"], comp, s["activation_checkpointing"], s["parallel"],
+            _fmt(r.get("samples_per_s"), ".0f"), _fmt(r.get("tokens_per_s"), ".0f"), _fmt(r.get("step_ms"), ".1f"), split,
+            mfu, _fmt(r.get("peak_mem_gib"), ".2f")]
+
+
 def format_table(rows: list[dict]) -> str:
     """Markdown table of run_bench results."""
-    head = "| model | batch | precision | compile | AC | parallel | samples/s | tokens/s | step ms | fwd/bwd/opt ms | MFU | peak GiB |"
-    lines = [head, "|" + " --- |" * (head.count("|") - 1)]
-    for r in rows:
-        s = r["switches"]
-        split = "/".join(_fmt(r.get(k), ".1f") for k in ("fwd_ms", "bwd_ms", "opt_ms"))
-        mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
-        comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
-        if s.get("compile_mode", "default") != "default" and s["compile"] != "off":
-            comp += f" ({s['compile_mode']})"
-        comp += " + step graph" if s.get("graph_step") else ""
-        lines.append(f"| {s['model']} | {s['batch']} | {s['precision']} | {comp} | {s['activation_checkpointing']} | "
-                     f"{s['parallel']} | {r['samples_per_s']:.0f} | {_fmt(r.get('tokens_per_s'), '.0f')} | "
-                     f"{r['step_ms']:.1f} | {split} | {mfu} | {_fmt(r.get('peak_mem_gib'), '.2f')} |")
-    return "\n".join(lines)
+    return markdown_table(BENCH_HEAD, [bench_cells(r) for r in rows])

@@ -8,6 +8,7 @@ import shlex
 
 from genlab.config.tree import Config, apply_dict, load_toml, resolve_preset_path, to_dict
 from genlab.core.errors import GenlabError
+from genlab.core.tables import markdown_table
 
 FOLDER_KEYS = {("train", "out_dir"), ("train", "name")}  # they name the run folder, not the model
 FAMILY_TAG = {"image": "image-generation", "latent": "image-generation", "text": "text-generation",
@@ -82,7 +83,7 @@ def model_card(cfg, meta: dict, summary: dict, name: str) -> str:
     lines += ["- full config: `config.toml` (`genlab train config.toml` trains it again)", "", "## Metrics", ""]
     if rows:
         lines += [f"Final values from the run's summary (step {final if final is not None else meta['step']}).", "",
-                  "| metric | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
+                  markdown_table(["metric", "value"], rows)]
     else:
         lines.append("The run left no summary.json: no metrics recorded.")
     lines += ["", "## Files", "", "- `config.toml`: the run's full resolved config",

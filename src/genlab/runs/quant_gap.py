@@ -10,6 +10,7 @@ from pathlib import Path
 
 from genlab.config.check import check_data_on_disk
 from genlab.core.errors import GenlabError
+from genlab.core.tables import markdown_table
 from genlab.data import build_dataset
 from genlab.nn.ptq import check_format, quantize_model
 from genlab.runs.load import load_run, sampling_precision
@@ -100,13 +101,9 @@ def markdown(result: dict, unit: str) -> str:
     head += [f"{k} {v}" for k in extra for v in ("float", *formats)]
     lines = [f"Quantization gap of {result['run']} ({key}; gap = quantized - float"
              f"{', lower is better' if key not in HIGHER_IS_BETTER else ''}; same seeds and noise per checkpoint)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [str(r["step"]), str(r[unit]), f"{r['float'][key]:.4g}"]
-        cells += [c for f in formats for c in (f"{r[f][key]:.4g}", f"{r[f][key] - r['float'][key]:+.4g}")]
-        cells += [f"{r[v][k]:.4g}" for k in extra for v in ("float", *formats)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+             markdown_table(head, [[r["step"], r[unit], f"{r['float'][key]:.4g}"]
+                                   + [c for f in formats for c in (f"{r[f][key]:.4g}", f"{r[f][key] - r['float'][key]:+.4g}")]
+                                   + [f"{r[v][k]:.4g}" for k in extra for v in ("float", *formats)] for r in rows]), ""]
     for f, t in result["trend"].items():
         if "b_per_decade" in t:
             pw = f"; power law {t['power_c']:.3g}·step^{t['power_k']:.3g}" if "power_k" in t else ""

@@ -4,6 +4,7 @@ command runs."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 from genlab.core.errors import GenlabError
@@ -50,16 +51,20 @@ def cmd_sweep(args):
     if args.dry_run:
         _print_plan(sw)
         return 0
+    term = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop from outside still writes the report
     try:
-        d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed, max_time=args.max_time,
+        d = run_sweep(sw, root=args.root, retry_failed=args.retry_failed,
+                      max_time=sw.max_time if args.max_time is None else args.max_time,
                       jobs_per_gpu=args.jobs_per_gpu, gpus=gpus)
     except KeyboardInterrupt:
         print("genlab: sweep interrupted; runs in flight saved a checkpoint. Re-run the same command to resume.")
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, term)
     print((d / "report.md").read_text())
     print(f"report: {d / 'report.html'}")
     status = json.loads((d / "status.json").read_text())
-    mine = [status[v.run_name]["status"] for v in sw.variants if v.run_name in status]
+    mine = [status[n]["status"] for n in [s.name for s in sw.stages] + [v.run_name for v in sw.variants] if n in status]
     return 0 if all(s in ("finished", "skipped") for s in mine) else 1
 
 
@@ -84,8 +89,8 @@ def _print_plan(sw):
     print(f"sweep {sw.name}: preset {sw.preset}, launcher {sw.launcher}, {len(sw.stages) + len(sw.variants)} runs"
           + (f"; command-line overrides: {' '.join(sw.cli)}" if sw.cli else ""))
     for st in sw.stages:
-        print(f"  stage {st.name}: " + (f"genlab {' '.join(st.command)}" if st.command else f"{st.preset} {' '.join(st.overrides)}")
-              + (f"; then genlab eval {' '.join(st.eval)}" if st.eval else ""))
+        print(f"  stage {st.name}: " + (" ".join(st.command) if st.command else f"{st.preset} {' '.join(st.overrides)}")
+              + (f"; then genlab eval {' '.join(st.eval)}" if st.eval else "") + (f"  -> table {st.table}" if st.table else ""))
     for v in sw.variants:
         print(f"  {v.run_name}: " + (f"{v.preset} " if v.preset else "") + " ".join(v.overrides)
               + (f"  (nproc {v.nproc})" if v.nproc > 1 else "") + (f"; then genlab eval {' '.join(v.eval)}" if v.eval else ""))
@@ -95,15 +100,17 @@ def add_parser(sub):
     p = sub.add_parser("sweep", help="run an ablation sweep (genlab sweep FILE.toml or a shipped sweep's NAME) or rebuild its report (genlab sweep report DIR)")
     p.add_argument("items", nargs="+", metavar="SWEEP.toml | NAME [key=value ...] | report DIR",
                    help="a sweep file or the name of a shipped sweep (genlab list), then overrides for every run: "
-                        "sweep keys (steps=20, launcher=cpu, seeds=0,1, nproc, timeout) or config keys (model.dim=64); "
-                        "or: report DIR")
+                        "sweep keys (steps=20, launcher=cpu, seeds=0,1, nproc, timeout), the file's [params] (STEPS=5) "
+                        "or config keys (model.dim=64); or: report DIR")
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the run would make (devices, data folders), list the runs, run nothing")
     p.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help="run only these variants (variant or run names, comma-separated or repeated)")
+                   help="run only these variants (variant or run names) and stages (names or parts), and the stages "
+                        "they need; comma-separated or repeated")
     p.add_argument("--retry-failed", action="store_true", help="run failed and skipped variants again")
     p.add_argument("--max-time", type=float, default=None, metavar="S",
-                   help="start no run after S seconds; the rest are left for the next call")
+                   help="start no run or stage after S seconds (default: the file's max_time); the rest are left for "
+                        "the next call")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="per-run time limit (overrides the file's timeout)")
     p.add_argument("--jobs-per-gpu", type=int, default=1, metavar="N",
                    help="run N single-process runs on each GPU at once (small models; step times are then shared-GPU times)")

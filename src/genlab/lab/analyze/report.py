@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from genlab.core.tables import markdown_table
+
 
 def _plt():
     import matplotlib
@@ -59,7 +61,7 @@ def skip_plot(rows: list[dict], out: Path) -> Path:
 
 
 def _table(head, rows) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return markdown_table(head, rows).splitlines()
 
 
 def markdown(res: dict) -> str:

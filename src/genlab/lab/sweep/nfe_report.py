@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from genlab.core.tables import markdown_table
 from genlab.eval.labelled_grid import stack_pictures
 
 BEST_FD_MAX_NFE = 100
@@ -90,14 +91,11 @@ def markdown(out: list[dict], refs: dict) -> str:
     extra = [k for k in ("fid", "lpips_diversity") if any(k in r for r in out)]
     head = ["method", "sampler", "NFE", "accuracy", "FD", "FD / ref best", "precision", "recall", *extra, "device-s",
             "% of ref training"]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in out:
-        cells = [r["method"], r["sampler"], str(r["nfe"]), _f(r["sample_accuracy"], pct=True), _f(r["feature_fd"]),
-                 _f(r["fd_ratio"], ".2f"), _f(r["precision"], ".3f"), _f(r["recall"], ".3f"),
-                 *[_f(r.get(k)) for k in extra], _f(r["gpu_seconds"], ".1f"),
-                 "" if r["pct_of_reference"] is None else f"{r['pct_of_reference']:.1f}%"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [[r["method"], r["sampler"], r["nfe"], _f(r["sample_accuracy"], pct=True), _f(r["feature_fd"]),
+              _f(r["fd_ratio"], ".2f"), _f(r["precision"], ".3f"), _f(r["recall"], ".3f"),
+              *[_f(r.get(k)) for k in extra], _f(r["gpu_seconds"], ".1f"),
+              "" if r["pct_of_reference"] is None else f"{r['pct_of_reference']:.1f}%"] for r in out]
+    return "\n".join(lines + ["", markdown_table(head, cells)]) + "\n"
 
 
 def plots(d: Path, out: list[dict], refs: dict) -> list[str]:

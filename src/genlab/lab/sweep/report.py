@@ -17,8 +17,10 @@ from pathlib import Path
 
 from genlab.config.tree import from_dict, load_toml
 from genlab.core.registry import dataset_registry, model_registry
+from genlab.core.tables import markdown_table as table
 from genlab.lab.match import param_count as count
 from genlab.lab.sweep.nfe_report import write_nfe_report
+from genlab.lab.sweep.tables import render
 from genlab.runtime.metrics import read_metrics, train_records
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
@@ -168,7 +170,7 @@ def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
     """One row per variant (seeds combined) in sweep order, and the ordered metric columns. `partial`: runs that did
     not finish (a timeout, a stop) count with what their metrics.jsonl logged, the step each reached in the reason."""
     d = Path(d)
-    status = json.loads((d / "status.json").read_text()) if (d / "status.json").exists() else {}
+    status = load_status(d)
     settings = _sweep_settings(d)
     loss_at = [int(s) for s in settings.get("loss_at", [])]
     loss_at_time = [float(s) for s in settings.get("loss_at_time", [])]
@@ -269,11 +271,9 @@ def _status_text(r) -> str:
 
 def markdown_table(rows, cols) -> str:
     head = ["variant", "seeds"] + [HEADERS.get(c, c) for c in cols] + ["status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in rows:
-        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
-        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells + [_status_text(r)]) + " |")
-    return "\n".join(lines)
+    cells = [[r["variant"], r["seeds"]] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols] + [_status_text(r)]
+             for r in rows]
+    return table(head, [[str(x).replace("|", "/") for x in c] for c in cells])
 
 
 def _plots(d: Path, rows) -> list[str]:
@@ -349,13 +349,15 @@ def write_report(d, partial: bool = False) -> Path:
     for r in rows:  # runs recorded before a sweep named its reference: the file's
         r["reference"] = r.get("reference") or settings.get("reference")
     nfe_md, nfe_pics = write_nfe_report(d, rows)
-    plots = _plots(d, rows) + nfe_pics
-    note = "" if has_memory(rows) else NO_MEMORY
+    plots = (_plots(d, rows) if rows else []) + nfe_pics
+    note = "" if has_memory(rows) or not rows else NO_MEMORY
     if partial and any(r["status"] != "finished" for r in rows):
         note = (PARTIAL + ("\n\n" + note if note else ""))
-    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + markdown_table(rows, shown)
-                                 + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): {', '.join(plots)}" + (f"\n\n{note}" if note else "")
-                                 + "\n" + (f"\n{nfe_md}" if nfe_md else ""))
+    tables = render(d, settings.get("tables", {}), load_status(d))
+    variants = (markdown_table(rows, shown) + (f"\n\n{missing}" if missing else "") + f"\n\nPlots (in report.html): "
+                f"{', '.join(plots)}" + (f"\n\n{note}" if note else "") + "\n") if rows else ""
+    (d / "report.md").write_text(f"# Sweep {d.name}\n\n" + (f"{desc}\n\n" if desc else "") + _ran(d) + variants
+                                 + (f"\n{nfe_md}" if nfe_md else "") + (f"\n{tables}\n" if tables else ""))
     grids = []
     (d / "grids").mkdir(exist_ok=True)
     for r in rows:
@@ -366,6 +368,20 @@ def write_report(d, partial: bool = False) -> Path:
             grids.append((r["variant"], f"grids/{dst.name}"))
     (d / "report.html").write_text(_html(d.name, desc, rows, shown, plots, grids, nfe_md, note, missing))
     return d / "report.md"
+
+
+def load_status(d) -> dict:
+    p = Path(d) / "status.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _ran(d: Path) -> str:
+    """The header line: date, commit, device, torch of the last call, and its command-line overrides."""
+    env, cli = d / "env.txt", d / "overrides.json"
+    if not env.exists():
+        return ""
+    overrides = " ".join(json.loads(cli.read_text())) if cli.exists() else ""
+    return env.read_text().strip() + (f"; command-line overrides: {overrides}" if overrides else "") + "\n\n"
 
 
 def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") -> str:
@@ -395,7 +411,7 @@ def compare(d1, d2) -> str:
     by1, by2 = {r["variant"]: r for r in r1}, {r["variant"]: r for r in r2}
     names = list(by1) + [n for n in by2 if n not in by1]
     head = ["variant"] + [f"{HEADERS.get(c, c)} {x}" for c in cols for x in ("A", "B", "B/A")] + ["status A", "status B"]
-    lines = [f"A = {d1}, B = {d2}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    body = []
     for n in names:
         a_row, b_row = by1.get(n, {}), by2.get(n, {})
         cells = [n]
@@ -404,5 +420,5 @@ def compare(d1, d2) -> str:
             ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
             cells += [_fmt(a, None, c), _fmt(b, None, c), ratio]
         cells += [a_row.get("status", "absent"), b_row.get("status", "absent")]
-        lines.append("| " + " | ".join(x.replace("|", "/") for x in cells) + " |")
-    return "\n".join(lines)
+        body.append([x.replace("|", "/") for x in cells])
+    return f"A = {d1}, B = {d2}\n\n" + table(head, body)

@@ -9,6 +9,8 @@ a re-run does the interrupted and not_run ones, and the failed and skipped ones 
 """
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
 import os
 import re
@@ -25,7 +27,7 @@ from genlab.config.check import VARIANT_KEYS, check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.core.files import held
 from genlab.core.registry import precision_registry
-from genlab.lab.sweep.report import write_report
+from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
 from genlab.lab.sweep.stages import Stage, resolve, stage_output
 from genlab.nn.convert import check_converters, converters_of
@@ -43,11 +45,6 @@ def sweep_lock(d: Path):
     two --only slices on different GPUs) would lose each other's records and could resume the same run twice."""
     return held(d, f"sweep folder '{d}' is in use by another genlab sweep (pid {{pid}}); wait for it to end, or run "
                    "this one with another --root")
-
-
-def load_status(d: Path) -> dict:
-    p = Path(d) / "status.json"
-    return json.loads(p.read_text()) if p.exists() else {}
 
 
 def save_status(d: Path, status: dict):
@@ -198,7 +195,7 @@ def needs_gpus(sw: Sweep, v: Variant, gpus: int, of: str = "visible") -> str | N
 def _env(sw: Sweep, gpus: list[int] | None = None) -> dict:
     """The run's environment; `gpus` (numbered as this process sees them) become its CUDA_VISIBLE_DEVICES,
     through ours when we have one, so that `--gpus 1` under CUDA_VISIBLE_DEVICES=4,5 is device 5."""
-    env = dict(os.environ)
+    env = {**os.environ, **sw.env}
     env["PYTHONPATH"] = str(REPO_SRC) + os.pathsep + env.get("PYTHONPATH", "")
     if sw.launcher == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -208,15 +205,16 @@ def _env(sw: Sweep, gpus: list[int] | None = None) -> dict:
     return env
 
 
-def _genlab(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int | None, float]:
-    """One `genlab ...` process, its output appended to log: (exit code or None after a timeout, seconds)."""
+def _genlab(cmd: list[str], log: Path, env: dict, timeout: float, out: Path | None = None) -> tuple[int | None, float]:
+    """One process, its output appended to log (its stdout to `out` when given: a stage's printed result):
+    (exit code or None after a timeout, seconds)."""
     t0 = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
+    with open(log, "a") as f, open(out or os.devnull, "w") as o:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
         # own session: Ctrl-C of the sweep reaches the process only through us, so a run can checkpoint cleanly
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=o if out else f, stderr=f, env=env, start_new_session=True)
         _ACTIVE.add(proc)
         try:
             return proc.wait(timeout=timeout), time.time() - t0
@@ -230,19 +228,40 @@ def _genlab(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int |
             _ACTIVE.discard(proc)
 
 
-def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = None) -> dict:
-    """A [[stage]] command: `genlab <command>` with its placeholders filled; finished when it exits 0 and made {out}."""
-    out = stage_output(d, st)
-    log = d / "logs" / f"{st.name}.log"
-    if out.exists():  # a half-written output of an earlier attempt
+def stage_argv(st: Stage, words: list[str], log: Path) -> list[str]:
+    """A command stage's process: genlab (under torchrun with nproc > 1; `genlab bench` writes its JSON row beside its
+    log), this interpreter for python, bash as it is."""
+    head, args = words[0], words[1:]
+    if head == "bash":
+        return words
+    if head == "python":
+        return [sys.executable, *args]
+    if args[:1] == ["bench"] and "--json" not in args:
+        args = args + ["--json", str(log.with_suffix(".json"))]
+    run = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={st.nproc}"] if st.nproc > 1 else []
+    return [sys.executable, *run, "-m", "genlab", *args]
+
+
+def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = None, timeout: float | None = None,
+                      left: float | None = None) -> dict:
+    """A [[stage]] command with its placeholders filled; finished when it exits 0 and made {out} if it names it."""
+    out, log = stage_output(d, st), d / "logs" / f"{st.name}.log"
+    makes = any("{out}" in w for w in st.command)
+    if out.exists() and makes:  # a half-written output of an earlier attempt
         shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "genlab", *[resolve(a, d, sw.stage_map, out) for a in st.command]]
-    rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
-    rec = {"log": str(log), "run_dir": str(out), "seconds": secs, "stage": "command"}
-    if rc == 0 and out.exists():
+    # `--out {out}`: the command makes it; `--json {out}/r.json`: it writes into it
+    (out if makes and "{out}" not in st.command else out.parent).mkdir(parents=True, exist_ok=True)
+    cmd = stage_argv(st, [resolve(a, d, sw.stage_map, out, left) for a in st.command], log)
+    timeout, t0 = timeout or st.timeout or sw.timeout, time.time()
+    rec = {"log": str(log), "run_dir": str(out), "stage": "command"}
+    try:
+        rc, secs = _genlab(cmd, log, {**_env(sw, gpus), **st.env}, timeout, log.with_suffix(".out"))
+    except KeyboardInterrupt:  # the sweep was stopped: this stage runs again next time
+        return {**rec, "seconds": time.time() - t0, "status": "interrupted", "reason": "stopped", "_stop": True}
+    rec["seconds"] = secs
+    if rc == 0 and (out.exists() or not makes):
         return {**rec, "status": "finished", "reason": ""}
-    why = f"timeout after {sw.timeout:.0f} s" if rc is None else (
+    why = f"timeout after {timeout:.0f} s" if rc is None else (
         failure_reason(log, rc) if rc else f"exited 0 but wrote no {out}")
     return {**rec, "status": "failed", "reason": why, "returncode": rc}
 
@@ -260,8 +279,10 @@ def run_eval(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> d
             "eval_seconds": secs}
 
 
-def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
-    """One run as its own process, on `gpus` (None: all visible); the caller checked that it fits (needs_gpus)."""
+def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None, timeout: float | None = None,
+                env: dict | None = None) -> dict:
+    """One run as its own process, on `gpus` (None: all visible); the caller checked that it fits (needs_gpus).
+    A run stage brings its own timeout and environment."""
     runs = d / "runs"
     run = runs / v.run_name
     log = d / "logs" / f"{v.run_name}.log"
@@ -272,15 +293,14 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -
         if log.exists():
             log.rename(log.with_suffix(".log.prev"))
         shutil.rmtree(run)
-    env = _env(sw, gpus)
     cmd = _command(sw, v, runs, resume)
-    t0 = time.time()
+    t0, timeout = time.time(), timeout or sw.timeout
     rc, interrupted = None, False
     try:
-        rc, _ = _genlab(cmd, log, env, sw.timeout)
+        rc, _ = _genlab(cmd, log, {**_env(sw, gpus), **(env or {})}, timeout)
     except KeyboardInterrupt:  # passed on to the run: the trainer saves a checkpoint and exits as "interrupted"
         interrupted = True
-    return {**_outcome(run, log, rc, interrupted, t0, sw.timeout, resume), **({"gpus": list(gpus)} if gpus else {})}
+    return {**_outcome(run, log, rc, interrupted, t0, timeout, resume), **({"gpus": list(gpus)} if gpus else {})}
 
 
 def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float, timeout: float, resume: bool,
@@ -368,9 +388,12 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
 
 
 def _stage_done(st: Stage, d: Path, status: dict) -> bool:
+    """Finished, and what it made is still there (a command that names no {out} leaves only its record)."""
     if status.get(st.name, {}).get("status") != "finished":
         return False
-    return stage_output(d, st).exists() and (not st.is_run or _summary_status(stage_output(d, st)) == "finished")
+    if not st.is_run:
+        return stage_output(d, st).exists() or not any("{out}" in w for w in st.command)
+    return stage_output(d, st).exists() and _summary_status(stage_output(d, st)) == "finished"
 
 
 def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
@@ -424,6 +447,50 @@ class _Progress:
             self.bar.close()
 
 
+def stage_groups(stages: list[Stage]) -> list[list[Stage]]:
+    """Stages in order, those next to each other with one (non-empty) group together: they run at the same time."""
+    out: list[list[Stage]] = []
+    for st in stages:
+        if out and st.group and out[-1][0].group == st.group:
+            out[-1].append(st)
+        else:
+            out.append([st])
+    return out
+
+
+def _pass_interrupt(wait, stop: threading.Event):
+    """wait(); Ctrl-C reaches only us (the runs have their own sessions): pass it on, so that they checkpoint."""
+    try:
+        wait()
+    except KeyboardInterrupt:
+        stop.set()
+        for p in list(_ACTIVE):
+            try:
+                os.killpg(p.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+
+def header() -> str:
+    """Where and with what a sweep ran: date, commit, device, torch (and triton) versions."""
+    def cmd(args):
+        try:
+            r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=REPO_SRC.parent)
+            return r.stdout.strip() if r.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    import torch
+    gpu = cmd(["nvidia-smi", "--query-gpu=name,clocks.max.sm,memory.total", "--format=csv,noheader"])
+    device = gpu.replace("\n", "; ") if gpu else f"CPU only ({os.cpu_count()} cores)"
+    try:
+        versions = f"torch {torch.__version__}, triton {importlib.metadata.version('triton')}"
+    except importlib.metadata.PackageNotFoundError:
+        versions = f"torch {torch.__version__}"
+    dirty = " (with uncommitted changes)" if cmd(["git", "status", "--porcelain", "--untracked-files=no"]) else ""
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    return f"{date}, commit {cmd(['git', 'rev-parse', '--short', 'HEAD']) or 'unknown'}{dirty}, {device}, {versions}"
+
+
 def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Variant]:
     """The runs still to do. A run whose summary says finished counts as finished even if status.json
     missed it (e.g. the sweep was killed between the run's end and the status write)."""
@@ -460,6 +527,7 @@ def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bo
 def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time: float | None, jobs_per_gpu: int,
                gpus: list[int] | None) -> Path:
     shutil.copyfile(sw.path, d / "sweep.toml")
+    (d / "env.txt").write_text(header() + "\n")  # the report's first line
     (d / "overrides.json").write_text(json.dumps(sw.cli))  # what its runs were made with (check_runs)
     status = load_status(d)
     order = sw.order or [v.run_name for v in sw.variants]  # sweep-file order, also under --only
@@ -503,7 +571,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
                                   **({"reference": v.reference} if v.reference else {}), **({"stage": "run"} if v.stage else {})}
             save_status(d, status)
 
-    def attempt(v: Variant, on: list[int]) -> dict:
+    def attempt(v: Variant, on: list[int], st: Stage | None = None) -> dict:
         if stop.is_set() or (deadline is not None and time.time() > deadline):
             return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
                     "log": "", "run_dir": str(d / "runs" / v.run_name)}
@@ -511,10 +579,12 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         if why:
             return {"status": "skipped", "reason": why, "log": "", "run_dir": str(d / "runs" / v.run_name)}
         prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
-        if v.stage and v.name in sw.stage_map and not sw.stage_map[v.name].is_run:
-            return {"status": "ready"}  # a command stage: the caller runs it
+        left = None if deadline is None else deadline - time.time()
+        limit = None if st is None else min((st.timeout or sw.timeout), left or float("inf"))  # no stage outlives it
+        if st is not None and not st.is_run:
+            return run_command_stage(sw, st, d, on, limit, left)
         started(v)
-        return run_variant(sw, v, d, on)
+        return run_variant(sw, v, d, on) if st is None else run_variant(sw, v, d, on, limit, st.env)
 
     def blocked(v: Variant) -> dict:
         """A run whose stage did not finish: failed with it, or left for the next call when it was not run."""
@@ -522,23 +592,29 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         later = status.get(name, {}).get("status") in ("not_run", "interrupted")
         return {"status": "not_run" if later else "failed", "reason": f"stage '{name}' did not finish", "log": ""}
 
+    def one_stage(st: Stage):
+        as_run = Variant(st.name, st.overrides if st.is_run else st.command, 0, st.nproc, st.preset, st.eval, stage=True,
+                         reference=st.reference)
+        tag = {"stage": "run" if st.is_run else "command", **({"table": st.table} if st.table else {})}
+        if sw.needs(as_run) & failed:
+            finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), **tag})
+        elif st.creates and Path(resolve(st.creates, d, sw.stage_map)).exists():
+            finish(as_run, {"status": "finished", "reason": f"{st.creates} is there already", "log": "", **tag})
+        elif st in stages_todo and not (status.get(st.name, {}).get("status") in ("failed", "skipped") and not retry_failed):
+            # not_run once the time budget is used up; a command sees every GPU, a run its first nproc
+            finish(as_run, {**attempt(as_run, chosen[:st.nproc] if st.is_run else chosen, st), **tag})
+            if st.is_run:
+                evaluate_finished(sw, d, status, None, prog, runs=[as_run], gpus=first)
+
     try:
         failed = set()  # stages that did not finish: what needs them is not run
-        for st in sw.stages:
-            as_run = Variant(st.name, st.overrides if st.is_run else st.command, 0, 1, st.preset, st.eval, stage=True,
-                             reference=st.reference)
-            kind = "run" if st.is_run else "command"
-            if sw.needs(as_run) & failed:
-                finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), "stage": kind})
-            elif st in stages_todo and not (status.get(st.name, {}).get("status") in ("failed", "skipped") and not retry_failed):
-                rec = attempt(as_run, first)  # not_run once the time budget is used up
-                if rec["status"] == "ready":
-                    rec = run_command_stage(sw, st, d, first)
-                finish(as_run, {**rec, "stage": kind})
-                if st.is_run:
-                    evaluate_finished(sw, d, status, None, prog, runs=[as_run], gpus=first)
-            if status.get(st.name, {}).get("status") != "finished":
-                failed.add(st.name)
+        for group in stage_groups(sw.stages):
+            if len(group) == 1:
+                one_stage(group[0])
+            else:
+                with ThreadPoolExecutor(len(group)) as pool:
+                    _pass_interrupt(lambda: list(pool.map(one_stage, group)), stop)
+            failed |= {st.name for st in group if status.get(st.name, {}).get("status") != "finished"}
         for v in [v for v in todo if sw.needs(v) & failed]:
             todo.remove(v)
             finish(v, {**blocked(v), "run_dir": str(d / "runs" / v.run_name)})
@@ -580,18 +656,12 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
             with ThreadPoolExecutor(max_workers=slots) as pool:
                 futures = {pool.submit(job, v): v for v in single}
                 pending = set(futures)
+                def drain():
+                    for fut in as_completed(pending):
+                        pending.discard(fut)
+                        finish(futures[fut], fut.result())
                 while pending:
-                    try:
-                        for fut in as_completed(pending):
-                            pending.discard(fut)
-                            finish(futures[fut], fut.result())
-                    except KeyboardInterrupt:  # Ctrl-C reaches only us: pass it on, let the runs checkpoint
-                        stop.set()
-                        for p in list(_ACTIVE):
-                            try:
-                                os.killpg(p.pid, signal.SIGINT)
-                            except ProcessLookupError:
-                                pass
+                    _pass_interrupt(drain, stop)
             if jobs_per_gpu > 1:  # out of memory beside other runs: once more, alone on a GPU, after the pool
                 for v in single:
                     rec = status.get(v.run_name, {})

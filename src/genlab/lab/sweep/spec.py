@@ -13,6 +13,8 @@
     loss_at = [100, 200]             # extra "loss at step" columns
     loss_at_time = [30, 60]          # extra "loss at training wall-clock seconds" columns
     metrics = ["final_loss", "samples_per_s", "mfu"]   # report columns (default: all found)
+    max_time = 540                   # the default of --max-time: no run or stage starts after it
+    env = { NCCL_NVLS_ENABLE = "0" } # the environment of every process
 
     [base]
     preset = "bench_dit_b2"
@@ -20,16 +22,19 @@
 
     [[axis]] ...                     # see genlab.lab.sweep.expand: key+values, zip, variants, type="constant_params",
                                      # type="matched_params" (variants at a reference DiT's parameter count)
-    [[stage]] ...                    # runs and commands before the variants, eval = [...], reference: genlab.lab.sweep.stages
+    [[stage]] ...                    # runs and commands before the variants, eval = [...], reference, [params]:
+                                     # genlab.lab.sweep.stages; [tables.NAME] of stage rows: genlab.lab.sweep.tables
 
 On the command line, `genlab sweep NAME key=value ...` shrinks or moves a sweep without editing its file: a sweep key
-(steps=20, launcher=cpu, seeds=0,1, nproc, timeout) replaces the file's, a config key (model.dim=64, data.path=...)
-is set last on every run and run stage (not on a key the variants differ in).
+(steps=20, launcher=cpu, seeds=0,1, nproc, timeout) replaces the file's, a name of its [params] (STEPS=5) sets that
+parameter, a config key (model.dim=64, data.path=...) is set last on every run and run stage (not on a key the
+variants differ in).
 
 Everything, including every variant's full config, is checked before anything runs.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,10 +44,12 @@ from genlab.config.tree import SWEEP_DIR, load_config, load_toml
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
 from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
-from genlab.lab.sweep.stages import check_placeholders, needs, parse_stages, references, resolve
+from genlab.lab.sweep.stages import RESERVED as RESERVED_NAMES
+from genlab.lab.sweep.stages import VALUE, check_placeholders, expand_all, needs, parse_stages, references, resolve
+from genlab.lab.sweep.tables import check_tables
 
 TOP_KEYS = {"name", "description", "steps", "seeds", "batched_seeds", "batched_variants", "launcher", "nproc", "timeout", "loss_at", "loss_at_time", "metrics", "base",
-            "axis", "stage", "eval", "reference", "fd_target"}
+            "axis", "stage", "eval", "reference", "fd_target", "params", "tables", "env", "max_time"}
 LAUNCHERS = ("cpu", "gpu", "per_gpu", "torchrun")
 # sweep keys `genlab sweep NAME key=value` may replace
 CLI_KEYS = ("steps", "seeds", "launcher", "nproc", "timeout")
@@ -73,6 +80,9 @@ class Sweep:
     batched_variants: bool = False              # variants differing in batchable grid axes too (Variant.batch)
     cli: list = field(default_factory=list)     # `genlab sweep NAME key=value ...` overrides, as given
     configs: dict = field(default_factory=dict)  # run stage or variant name -> (its checked config, reads a stage's data)
+    tables: dict = field(default_factory=dict)   # [tables.NAME]: the report's tables of stage rows (tables.py)
+    env: dict = field(default_factory=dict)      # the environment of every process it starts
+    max_time: float | None = None               # the default of --max-time: no stage or run starts after it
 
     @property
     def stage_map(self) -> dict:
@@ -104,11 +114,11 @@ def _positive(raw, key, src, kind, default):
     return v
 
 
-def _check_overrides(ovs, where, src):
+def _check_overrides(ovs, where, src, reserved=RESERVED):
     for o in ovs:
         if not isinstance(o, str) or "=" not in o:
             raise GenlabError(f"{src}: {where}: override {o!r} is not 'key=value'")
-        if o.split("=", 1)[0].strip() in RESERVED:
+        if o.split("=", 1)[0].strip() in reserved:
             raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] (and batched_seeds) for seeds, batched_variants for lr / weight-decay / EMA axes")
 
 
@@ -150,9 +160,9 @@ def _cli_value(key: str, text: str):
     return value
 
 
-def split_cli(items: list[str]) -> tuple[dict, list[str]]:
-    """Command-line overrides: {sweep key: value} and the config overrides (section.key=value)."""
-    top, config = {}, []
+def split_cli(items: list[str], params: dict = {}) -> tuple[dict, list[str], dict]:  # noqa: B006 - read only
+    """Command-line overrides: {sweep key: value}, the config overrides (section.key=value) and {parameter: value}."""
+    top, config, given = {}, [], {}
     for item in items:
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -160,10 +170,30 @@ def split_cli(items: list[str]) -> tuple[dict, list[str]]:
             config.append(item)
         elif eq and key in CLI_KEYS:
             top[key] = _cli_value(key, value)
+        elif eq and key in params:
+            given[key] = value
         else:
-            raise GenlabError(f"override '{item}' is neither a sweep key ({', '.join(CLI_KEYS)}) nor a config key "
-                              f"section.key=value{did_you_mean(key, CLI_KEYS)}")
-    return top, config
+            mine = f", a parameter of this file ({', '.join(params)})" if params else ""
+            raise GenlabError(f"override '{item}' is neither a sweep key ({', '.join(CLI_KEYS)}){mine} nor a config key "
+                              f"section.key=value{did_you_mean(key, [*CLI_KEYS, *params])}")
+    return top, config, given
+
+
+def read_file(path: Path, overrides: list[str]) -> tuple[dict, list[str], dict]:
+    """The file's TOML with its [params] filled in everywhere (the command line's NAME=value first; stages fill theirs
+    with their matrix values), its config overrides from the command line, and the parameters."""
+    raw, src = load_toml(path), str(path)
+    params = raw.get("params", {})
+    if not isinstance(params, dict) or not all(re.fullmatch(r"[A-Za-z_]\w*", k) and k not in RESERVED_NAMES for k in params):
+        raise GenlabError(f"{src}: [params] holds NAME = \"value\" (letters, digits, _; not {', '.join(RESERVED_NAMES)})")
+    params = {k: str(v) for k, v in params.items()}
+    top, cli, given = split_cli(overrides, params)
+    params.update(given)
+    def value(k, v):  # `max_time = "{BUDGET}"`: the parameter read as TOML (360), else as text
+        if k in ("params", "description", "stage"):
+            return v
+        return _cli_value(k, expand_all(v, params)) if isinstance(v, str) and VALUE.fullmatch(v) else expand_all(v, params)
+    return {**{k: value(k, v) for k, v in raw.items()}, **top}, cli, params
 
 
 def _varied(cli: list[str], combos: list, src: str) -> None:
@@ -203,8 +233,42 @@ def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
 def load_sweep(path, overrides: list[str] = ()) -> Sweep:
     """The sweep file at `path` (or a shipped sweep's name) with `genlab sweep` command-line overrides, all checked."""
     path = resolve_sweep_path(path)
-    top, cli = split_cli(list(overrides))
-    raw = {**load_toml(path), **top}
+    raw, cli, params = read_file(path, list(overrides))
+    sw = _settings(raw, path, list(overrides))
+    src = str(path)
+    _check_overrides(sw.base_overrides, "base.overrides", src)
+    _check_overrides(cli, "command line", src)
+    sw.stages = parse_stages(raw.get("stage", []), src, sw.tables, params)
+    known = [s.name for s in sw.stages]
+    sweep_eval = raw.get("eval", [])
+    if not isinstance(sweep_eval, list):
+        raise GenlabError(f"{src}: eval must be a list of `genlab eval` overrides, e.g. [\"eval.nfe_list=1,2,4,8\"]")
+    sweep_eval = [str(x) for x in sweep_eval]
+    check_placeholders(sw.base_overrides, known, "base.overrides", src)
+    check_placeholders(cli, known, "command line", src)
+    common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
+    for where, ovs in (("[base]", common), ("command line", common + cli)):  # a bad key is blamed where it was given
+        try:
+            base_cfg = load_config(sw.preset, ovs)
+        except GenlabError as e:
+            raise GenlabError(f"{src}: {where}: {e}") from None
+    _stage_configs(sw, cli, sweep_eval)
+    axes = raw.get("axis", [])
+    if not isinstance(axes, list) or not (axes or sw.stages):
+        raise GenlabError(f"{src}: a sweep needs at least one [[axis]] or [[stage]]")
+    if axes:
+        _variants(sw, raw, axes, base_cfg, common, cli, sweep_eval)
+    sw.order = [s.name for s in sw.stages] + [v.run_name for v in sw.variants]
+    runs = {s.name for s in sw.stages if s.is_run} | {v.name for v in sw.variants}
+    sw.reference = raw.get("reference")
+    for ref in {sw.reference} | {v.reference for v in sw.variants} | {s.reference for s in sw.stages}:
+        if ref is not None and ref not in runs:
+            raise GenlabError(f"{src}: reference = {ref!r} names no run stage or variant")
+    return sw
+
+
+def _settings(raw: dict, path: Path, overrides: list[str]) -> Sweep:
+    """The sweep's own keys, checked: everything but its stages and variants."""
     src = str(path)
     unknown = set(raw) - TOP_KEYS
     if unknown:
@@ -232,52 +296,48 @@ def load_sweep(path, overrides: list[str] = ()) -> Sweep:
         if raw.get(key) and (launcher == "torchrun" or raw.get("nproc", 1) != 1):
             raise GenlabError(f"{src}: {key} trains several runs in one process; it does not go with "
                               f"launcher = \"torchrun\" or nproc > 1")
-    batched_variants = raw.get("batched_variants", False)
-    batched = raw.get("batched_seeds", False) or batched_variants
+    if not isinstance(raw.get("env", {}), dict):
+        raise GenlabError(f"{src}: env must be a table of NAME = \"value\"")
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name or safe_name(name) != name:
         raise GenlabError(f"{src}: name must be a non-empty folder name (letters, digits, . _ = + -), got {name!r}")
-    sw = Sweep(name=name, path=path, preset=base.get("preset", "digits_flow"),
-               base_overrides=[str(x) for x in base.get("overrides", [])],
-               steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
-               nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
-               loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")),
-               batched_seeds=batched, batched_variants=batched_variants, cli=list(overrides))
-    _check_overrides(sw.base_overrides, "base.overrides", src)
-    _check_overrides(cli, "command line", src)
-    # launcher cpu: each run gets train.device=cpu, so CPU-only refusals (CUDA-only kernels) apply now
-    on_cpu = ["train.device=cpu"] if launcher == "cpu" else []
-    common = sw.base_overrides + ([f"train.steps={sw.steps}"] if sw.steps else [])
-    sw.stages = parse_stages(raw.get("stage", []), src)
-    known = [s.name for s in sw.stages]
-    nominal = Path("sweeps") / name  # placeholders stand for paths under it while the configs are checked
-    sweep_eval = raw.get("eval", [])
-    if not isinstance(sweep_eval, list):
-        raise GenlabError(f"{src}: eval must be a list of `genlab eval` overrides, e.g. [\"eval.nfe_list=1,2,4,8\"]")
-    sweep_eval = [str(x) for x in sweep_eval]
-    check_placeholders(sw.base_overrides, known, "base.overrides", src)
-    check_placeholders(cli, known, "command line", src)
-    for where, ovs in (("[base]", common), ("command line", common + cli)):  # a bad key is blamed where it was given
-        try:
-            base_cfg = load_config(sw.preset, ovs)
-        except GenlabError as e:
-            raise GenlabError(f"{src}: {where}: {e}") from None
-    for st in sw.stages:
-        if st.is_run:
-            _check_overrides(st.overrides, f"stage '{st.name}'", src)
-            st.overrides = st.overrides + cli
-            try:
-                cfg = load_config(st.preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in st.overrides])
-                sw.configs[st.name] = (cfg, _reads_stage(st.overrides))
-            except GenlabError as e:
-                raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
-            st.eval = sweep_eval + st.eval
-            if st.eval:
-                _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
+    batched_variants = raw.get("batched_variants", False)
+    max_time = _positive(raw, "max_time", src, (int, float), None)
+    return Sweep(name=name, path=path, preset=base.get("preset", "digits_flow"),
+                 base_overrides=[str(x) for x in base.get("overrides", [])],
+                 steps=_positive(raw, "steps", src, int, None), seeds=seeds, launcher=launcher,
+                 nproc=_positive(raw, "nproc", src, int, 1), timeout=float(_positive(raw, "timeout", src, (int, float), 3600)),
+                 loss_at=_int_list(raw, "loss_at", src, 1), metrics=metrics, description=str(raw.get("description", "")),
+                 batched_seeds=raw.get("batched_seeds", False) or batched_variants, batched_variants=batched_variants,
+                 cli=overrides, tables=check_tables(raw.get("tables", {}), src), env={k: str(v) for k, v in raw.get("env", {}).items()},
+                 max_time=None if max_time is None else float(max_time))
 
-    axes = raw.get("axis", [])
-    if not isinstance(axes, list) or not axes:
-        raise GenlabError(f"{src}: a sweep needs at least one [[axis]]")
+
+def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
+    """Every run stage's full config, checked; a run after a command stage may read what that command makes."""
+    src, nominal = str(sw.path), Path("sweeps") / sw.name  # placeholders stand for paths under it while checked
+    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
+    made = False
+    for st in sw.stages:
+        made |= not st.is_run
+        if not st.is_run:
+            continue
+        _check_overrides(st.overrides, f"stage '{st.name}'", src, RESERVED[:3])  # one run: it may pick its seed
+        st.overrides = st.overrides + cli
+        try:
+            cfg = load_config(st.preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in st.overrides])
+            sw.configs[st.name] = (cfg, made or _reads_stage(st.overrides))
+        except GenlabError as e:
+            raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
+        st.eval = sweep_eval + st.eval
+        if st.eval:
+            _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
+
+
+def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli: list[str], sweep_eval: list[str]):
+    """The axes crossed into variants x seeds, each variant's full config checked."""
+    src, nominal, known = str(sw.path), Path("sweeps") / sw.name, [s.name for s in sw.stages]
+    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
     entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
     target, first = raw.get("fd_target"), [e[0] for e in entries[0]]
     names = [target] if isinstance(target, str) else [*target, *target.values()] if isinstance(target, dict) else [target]
@@ -291,7 +351,7 @@ def load_sweep(path, overrides: list[str] = ()) -> Sweep:
         raise GenlabError(f"{src}: {e}") from None
     _varied(cli, combos, src)
     batchable = {key: n for n, (key, _, _) in VARIANT_KEYS.items()}
-    batches = batch_templates(axes, entries, batchable) if batched_variants else [None] * len(combos)
+    batches = batch_templates(axes, entries, batchable) if sw.batched_variants else [None] * len(combos)
     for (label, ov, nproc, extra), batch in zip(combos, batches):
         if label in seen:
             raise GenlabError(f"{src}: two variants are both named '{label}'")
@@ -299,9 +359,9 @@ def load_sweep(path, overrides: list[str] = ()) -> Sweep:
         _check_overrides(ov, f"variant '{label}'", src)
         check_placeholders(ov, known, f"variant '{label}'", src)
         preset = extra["preset"] or sw.preset
-        if batched and nproc > 1:
+        if sw.batched_seeds and nproc > 1:
             raise GenlabError(f"{src}: variant '{label}': nproc {nproc} does not go with batched_seeds (one process)")
-        batch_ov = [f"train.seeds={','.join(map(str, seeds))}"] if batched else []
+        batch_ov = [f"train.seeds={','.join(map(str, sw.seeds))}"] if sw.batched_seeds else []
         if batch is not None:  # checked as the member of a batched-variants process it will be
             batch_ov += [f"train.{n}={v}" for n, v in batch["values"].items()]
             if member_name(batch["template"], batch["values"]) != label:  # a value whose text is not folder-safe
@@ -315,33 +375,30 @@ def load_sweep(path, overrides: list[str] = ()) -> Sweep:
         ev = sweep_eval + extra["eval"]
         if ev:
             _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)
-        nproc = max(nproc, sw.nproc if launcher == "torchrun" else 1)
-        sw.variants.extend(with_seeds(label, common + ov, nproc, seeds, extra["preset"], ev,
+        nproc = max(nproc, sw.nproc if sw.launcher == "torchrun" else 1)
+        sw.variants.extend(with_seeds(label, common + ov, nproc, sw.seeds, extra["preset"], ev,
                                       extra["reference"] or raw.get("reference"), batch))
-    sw.order = [s.name for s in sw.stages] + [v.run_name for v in sw.variants]
-    runs = {s.name for s in sw.stages if s.is_run} | {v.name for v in sw.variants}
-    sw.reference = raw.get("reference")
-    for ref in {sw.reference} | {v.reference for v in sw.variants} | {s.reference for s in sw.stages}:
-        if ref is not None and ref not in runs:
-            raise GenlabError(f"{src}: reference = {ref!r} names no run stage or variant")
-    return sw
 
 
 def select(sw: Sweep, only: list[str]) -> Sweep:
-    """Keep the variants named in `only` (variant names like `compile=model`, or run names with `-s<seed>`)."""
-    if not only:
-        return sw
+    """Keep what `only` names: variants (by name, or run name with `-s<seed>`), stages (by name, by the name as written
+    with or without its placeholders, by part) and the stages those need; without it, all but the optional stages."""
     wanted = {x for item in only for x in item.split(",") if x}
+    if not wanted:
+        sw.stages = [st for st in sw.stages if not st.optional]
+        return sw
+
+    def names(st):
+        return {st.name, st.template, re.sub(r"\{[^}]*\}", "", st.template), st.part} - {None}
     keep = [v for v in sw.variants if v.name in wanted or v.run_name in wanted]
-    stage_names = {st.name for st in sw.stages}
-    missing = wanted - {v.name for v in keep} - {v.run_name for v in keep} - stage_names
+    picked = {st.name for st in sw.stages if wanted & names(st)}
+    missing = wanted - {v.name for v in keep} - {v.run_name for v in keep} - set().union(*map(names, sw.stages))
     if missing:
-        names = sorted({v.name for v in sw.variants} | stage_names)
-        raise GenlabError(f"--only: no variant or stage named {', '.join(sorted(missing))}; choices: {', '.join(names)}")
+        choices = sorted({v.name for v in sw.variants} | set().union(*map(names, sw.stages)))
+        raise GenlabError(f"--only: no variant or stage named {', '.join(sorted(missing))}; choices: {', '.join(choices)}")
     sw.variants = keep
     # the stages the kept runs need (their teacher, its pairs), the stages they are compared with, and those named
-    refs = {v.reference for v in keep if v.reference} | (wanted & stage_names)
-    used = set().union(*(sw.needs(v) for v in keep)) | refs
+    used = set().union(*(sw.needs(v) for v in keep)) | {v.reference for v in keep if v.reference} | picked
     used |= needs(sw.stages, [f"{{stage:{n}}}" for n in used])
     sw.stages = [st for st in sw.stages if st.name in used]
     return sw
