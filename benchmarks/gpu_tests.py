@@ -3,7 +3,7 @@ stops a stream: each stream runs `pytest -v` and its lines are read as they come
 what it finished and which tests it never reached.
 
     python benchmarks/gpu_tests.py                        # -m gpu over tests/, one stream per visible GPU
-    python benchmarks/gpu_tests.py --limit 280 --per-test 150 -- tests/test_gpu.py -k graph_step
+    python benchmarks/gpu_tests.py --limit 280 --per-test 150 -- tests/integration/test_gpu.py -k graph_step
     python benchmarks/gpu_tests.py --streams 2 --marker "" -- tests/test_foo.py   # CPU: two plain processes
 
 Prints a markdown table (stream, reached, passed, failed, skipped, stopped in) and the failed / not-reached ids, and

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"  # conftest, the fixtures, the plugin and the multi-process workers live here
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 # tiny DiT on digits: seconds per run on 2 CPU cores
@@ -43,7 +44,7 @@ def src_pythonpath() -> str:
 def run_under_triton_interpreter(test_file, mode: str):
     """Run `python test_file mode` with TRITON_INTERPRET=1 (the kernels on the CPU) and require its final "OK"."""
     import subprocess
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=src_pythonpath(), OMP_NUM_THREADS="2")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([src_pythonpath(), str(TESTS)]), OMP_NUM_THREADS="2")
     r = subprocess.run([sys.executable, str(test_file), mode], env=env, capture_output=True, text=True, timeout=600,
                        cwd=REPO)
     print(r.stdout)

@@ -1,6 +1,6 @@
 """A method in one file, registered at run time: flow matching with the model conditioned on a new per-sample
 scalar ("strength", drawn uniformly in training, `method.toy_strength` at sampling time) and its own config key.
-Nothing else in genlab is edited for it (tests/test_components.py)."""
+Nothing else in genlab is edited for it (tests/integration/test_components.py)."""
 import torch
 import torch.nn.functional as F
 

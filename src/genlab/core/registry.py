@@ -98,7 +98,7 @@ class MethodSpec(Spec):
 
 @dataclass(frozen=True)
 class ModelExample:
-    """What the contract test (tests/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
+    """What the contract test (tests/unit/nn/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
     and extra option values to cover beyond each layer registry's entries."""
     spec: dict
     inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments

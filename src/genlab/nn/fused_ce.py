@@ -5,7 +5,7 @@
 * `cce`: Cut Cross-Entropy (Wijmans et al. 2024, arXiv:2411.09009; Apple's `cut-cross-entropy` wheel): the forward
   computes log-sum-exp blockwise in SRAM, the backward recomputes the logit blocks for d/dh and d/dW: no logits in
   memory at all, one extra head matmul. Its backward accumulates d/dW over token blocks in the input dtype (bf16):
-  a relative error of ~sqrt(tokens / block) bf16 ulps where cuBLAS rounds once (tests/test_fused_kernels.py bounds it). Called below the library's `linear_cross_entropy`: no `valids` (its
+  a relative error of ~sqrt(tokens / block) bf16 ulps where cuBLAS rounds once (tests/unit/nn/test_fused_kernels.py bounds it). Called below the library's `linear_cross_entropy`: no `valids` (its
   `nonzero()` is a host sync; every target counts here) and no gradient filtering (`filter_eps=None`: the filter
   drops softmax entries below 2^-12, i.e. every non-target entry of a near-uniform softmax at initialisation, so
   exact gradients). Needs bf16/fp16 autocast (its backward takes no float32 inputs).

@@ -12,7 +12,7 @@ bitnet_torchao swaps each weight for torchao's tensor subclass; a state-dict hoo
 checkpoints hold only tensors (safe_load) and load into a plain or a converted model alike (loading copies into the
 subclass in place). int8_mixed uses torchao's module swap: in torchao 0.18 its tensor-subclass form registers
 F.linear in the aten-op table, where F.linear never arrives, so the subclass silently trains unquantised (measured:
-its output equals the plain linear's to 6e-7; tests/test_quantized_training.py checks the int8 formula).
+its output equals the plain linear's to 6e-7; tests/unit/nn/test_quantized_training.py checks the int8 formula).
 Input RMSNorm (`train.bitlinear_norm`, read by both BitNet converters): torchao leaves BitNet's norm to the user, so
 bitnet_torchao gets the same one as genlab's BitLinear (nn/bitlinear.py): when the model is built, each block linear
 becomes a NormedLinear — still an nn.Linear, with its norm at `<linear>.norm` and forward F.linear(norm(x), W, b) — whose

@@ -29,7 +29,7 @@ HEAVYBALL_KEYS = cf.declare("optim",
 
 def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=False, heavyball=False):
     """Register `build(model, ocfg) -> torch.optim.Optimizer` as optimizer `name` with its capabilities (typed
-    OptimizerSpec fields): `fsdp` (False: refused with train.parallel=fsdp|hsdp, see tests/test_optim.py),
+    OptimizerSpec fields): `fsdp` (False: refused with train.parallel=fsdp|hsdp, see tests/unit/optim/test_optim.py),
     `preconditioned` (reads optim.precondition_every), `muon_groups` (gives Muon its own parameter groups: reads
     optim.muon_scope) and `heavyball` (backed by heavyball: reads optim.heavyball_compile)."""
     keys = (PRECONDITION_KEYS if preconditioned else ()) + (MUON_KEYS if muon_groups else ()) + \

@@ -237,7 +237,7 @@ GPT_KEYS = cf.declare("model",
     ce_kernel=cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
                             "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel"),
 )
-GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/test_contract.py)
+GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_contract.py)
     spec={"kind": "tokens", "vocab_size": 11, "seq_len": 12},
     inputs=lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),),
     output_shape=lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"])))

@@ -7,13 +7,12 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
-from conftest import REPO, TINY, cli_in_process, straight_and_resumed
+from conftest import TESTS, REPO, TINY, cli_in_process, straight_and_resumed
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.errors import GenlabError
 from genlab.optim.build import build_optimizer
@@ -27,7 +26,7 @@ from genlab.training.step import build_model_and_method
 OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw",
               "adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
 # AdamW with compressed moments: the same update rule as adamw, so the `precision` sweep compares them (memory, loss
-# at equal steps; tests/test_precision_training.py), not the optimizers sweep's LR grid
+# at equal steps; tests/unit/training/test_precision_training.py), not the optimizers sweep's LR grid
 COMPRESSED_STATES = ["adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
 
 
@@ -355,7 +354,7 @@ def _assert_same_state(x, y, where):
 
 
 # -- FSDP2 ------------------------------------------------------------------------------------------------
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = TESTS / "dist_worker.py"
 FSDP_OK = [n for n in OPTIMIZERS if optimizer_registry.spec(n).fsdp]
 FSDP_REFUSED = [n for n in OPTIMIZERS if n not in FSDP_OK]
 

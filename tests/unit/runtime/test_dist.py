@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, cli_in_process
+from conftest import TESTS, REPO, cli_in_process
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+WORKER = TESTS / "dist_worker.py"
 STEPS = 5
 
 
@@ -203,7 +203,7 @@ def test_reshard_resume_script_continues_the_losses_on_fewer_ranks_and_exports_t
     """benchmarks/reshard_resume.py on gloo: a DCP checkpoint written by 2 ranks resumes on 1 with the written run's
     losses (fp32, tiny GPT: summation order only), and `genlab export` of it equals the checkpoint's weights."""
     import json
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "reshard_resume.py"
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "reshard_resume.py"
     cmd = [sys.executable, str(script), "--cpu", "--world", "2", "--resume-on", "1", "--steps", "4", "--at", "2",
            "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"), "gpt2_124m", "model.size=tiny",
            "data.seq_len=16", "data.vocab_size=50", "train.precision=fp32", "train.compile=off", "train.batch_size=4",

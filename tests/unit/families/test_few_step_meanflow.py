@@ -2,10 +2,10 @@
 whose average velocity is known in closed form, the loss on a tiny model, DDP gradients, sampling calls, resume."""
 from __future__ import annotations
 
+from conftest import TESTS
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ from tests.conftest import REPO, straight_and_resumed, tiny_config
 MF = ["method.name=meanflow", "method.sampler=flow_map", "method.sample_steps=1", "eval.sample_steps=1",
       "method.cfg_scale=1", "eval.cfg_scale=1"]
 FAST = ["log.ckpt_every=0", "log.sample_every=0", "eval.num_samples=0"]
-WORKER = Path(__file__).with_name("meanflow_dist_worker.py")
+WORKER = TESTS / "meanflow_dist_worker.py"
 
 
 def tiny_dit64(attention="sdpa"):

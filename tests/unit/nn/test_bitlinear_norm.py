@@ -1,7 +1,7 @@
 """BitNet's input RMSNorm before every converted block linear (issue 33; nn/bitlinear.py, train.bitlinear_norm):
 where it sits, the forward and the straight-through gradients against a float64 reference written out, training with
 falling loss and exact resume, `none` reproducing the earlier converters bit for bit, checkpoints saved before the key,
-autocast and torch.compile. genlab's BitLinear against torchao's BitNet with the norm: tests/test_quantized_training.py."""
+autocast and torch.compile. genlab's BitLinear against torchao's BitNet with the norm: tests/unit/nn/test_quantized_training.py."""
 from __future__ import annotations
 
 import pytest
@@ -152,7 +152,7 @@ def test_norm_on_adds_exactly_the_gains_to_the_earlier_state_dict():
 
 
 def test_a_tiny_run_with_the_norm_trains_with_falling_loss_and_moves_the_gains(tmp_path):
-    """bitnet_torchao's run with the norm (the default): tests/test_quantized_training.py."""
+    """bitnet_torchao's run with the norm (the default): tests/unit/nn/test_quantized_training.py."""
     name = "bitlinear"
     from genlab.runtime import checkpoint as ckpt
     from genlab.runtime.metrics import read_metrics

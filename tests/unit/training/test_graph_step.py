@@ -1,6 +1,6 @@
 """`train.graph_step` (the whole step captured as one CUDA graph, training/graph_step.py). On the CPU: what it refuses
 (one line, exit 2, nothing written), its eager warm-up steps against the plain step, and the optimizer made
-capturable after a resume. The capture and replay against eager steps run on the GPU (tests/test_gpu.py)."""
+capturable after a resume. The capture and replay against eager steps run on the GPU (tests/integration/test_gpu.py)."""
 from __future__ import annotations
 
 import pytest

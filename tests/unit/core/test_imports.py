@@ -14,7 +14,7 @@ import ast
 import functools
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[3] / "src"
 
 # Today's cycles, each as the one import (importer, imported) that closes it, with the cycle it closes. A new
 # cycle fails the test, and so does an entry that no longer closes one (delete it when its cycle is gone). A new

@@ -1,6 +1,6 @@
 """The floors of src/genlab (docs/architecture.md): code imports only from its own floor and the floors below it.
 
-Every import statement counts, top level or inside a function (the graph comes from tests/test_imports.py, read
+Every import statement counts, top level or inside a function (the graph comes from tests/unit/core/test_imports.py, read
 from the source with `ast`, nothing imported). A folder is a top-level package (`genlab.runtime`), or one family
 (`genlab.families.world`); folders on one floor may import each other but never in a cycle.
 

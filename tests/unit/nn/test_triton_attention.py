@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 # (B, H, N, D, causal, dtype, bwd mode, fused-qkv strides): N not a multiple of the interpreter's 32-blocks

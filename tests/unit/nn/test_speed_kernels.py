@@ -222,7 +222,7 @@ def test_sync_sites_name_the_python_line_of_each_sync_warning():
             # what set_sync_debug_mode("warn") itself says: counting it read as one sync per step
             warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
                           "synchronizing operations")
-    assert sites == [f"tests/test_speed_kernels.py:{line}"]
+    assert sites == [f"tests/unit/nn/test_speed_kernels.py:{line}"]
     assert [str(w.message)[:16] for w in others] == ["something else", "Synchronization "]
 
 
@@ -265,14 +265,14 @@ def _host_reads(fn, root: str) -> list[str]:
 
 def test_the_host_read_counter_sees_a_read_and_its_line():
     x = torch.ones(2)
-    reads = _host_reads(lambda: (x.sum().item(), bool(x.sum() > 0)), root="tests/test_speed_kernels.py")
+    reads = _host_reads(lambda: (x.sum().item(), bool(x.sum() > 0)), root="tests/unit/nn/test_speed_kernels.py")
     assert [r.split(" at ")[0] for r in reads] == ["item", "__bool__"]
 
 
 @pytest.mark.parametrize("preset,extra", [("digits_flow", []), ("digits_flow", ["method.name=meanflow"]),
                                           ("digits_flow", ["method.name=shortcut"]), ("text_ar", []), ("text_mdlm", [])])
 def test_a_training_step_reads_no_tensor_back_to_the_host(preset, extra):
-    """Issue 37: zero host syncs per step. On CUDA the bench counts them with the sync debug mode (tests/test_gpu.py);
+    """Issue 37: zero host syncs per step. On CUDA the bench counts them with the sync debug mode (tests/integration/test_gpu.py);
     here every value read genlab's own code makes inside a step (forward, backward, clipping, optimizer, EMA) is
     counted: a read there would be a sync on the GPU."""
     import os

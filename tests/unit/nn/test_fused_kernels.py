@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from conftest import run_under_triton_interpreter, src_pythonpath
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
 

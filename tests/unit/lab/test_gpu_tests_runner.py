@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_tests.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_tests.py"
 
 FAKE = '''
 import time

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def toy_game(T=600, episodes=3, size=16, stick=0.0, seed=0):
-    """tests/test_world.py's game (a paddle moved by the action: frame t+1 follows action t, a ball on its own), with
+    """tests/unit/families/test_world.py's game (a paddle moved by the action: frame t+1 follows action t, a ball on its own), with
     `data collect`'s sticky policy: each action repeats the previous one with probability `stick`."""
     rng = np.random.default_rng(seed)
     actions = np.zeros(T, np.int64)

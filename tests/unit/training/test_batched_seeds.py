@@ -223,7 +223,7 @@ def test_sweep_file_with_batched_seeds_is_checked_before_anything_runs(tmp_path)
 
 
 def test_runs_resumed_together_must_be_seeds_of_one_config():
-    """(Or batched variants of one: differing in optim.lr etc., tests/test_batched_variants.py.)"""
+    """(Or batched variants of one: differing in optim.lr etc., tests/unit/training/test_batched_variants.py.)"""
     from genlab.config.tree import load_config
     from genlab.core.errors import GenlabError
     from genlab.training.seeds import _check_same_config

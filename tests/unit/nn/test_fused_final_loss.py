@@ -10,7 +10,7 @@
 * config: unknown values list the choices, triton is refused for CPU training and for methods that do not train
   through it.
 
-`pytest tests/test_fused_final_loss.py` on a CUDA machine runs all of it (the `gpu` tests included).
+`pytest tests/unit/nn/test_fused_final_loss.py` on a CUDA machine runs all of it (the `gpu` tests included).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from conftest import run_under_triton_interpreter, src_pythonpath
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 CUDA = torch.cuda.is_available()
 SPEC = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}

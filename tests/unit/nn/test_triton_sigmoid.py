@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 # (B, H, N, M, D, causal, dtype, fused-qkv strides); fused needs N == M
@@ -76,7 +76,7 @@ def check_case(B, H, N, M, D, causal, dtype, fused, tol, device="cpu", q_scale=1
 def _interpreter_main():
     """Run every case under the interpreter (this file executed as a script with TRITON_INTERPRET=1)."""
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from test_triton_attention import _patch_interpreter_bf16_dot
     _patch_interpreter_bf16_dot()
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from genlab.cli import main as genlab_main
 from genlab.config.tree import SWEEP_DIR
 from genlab.lab.sweep.spec import load_sweep, select
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SUITE_DIR = ROOT / "benchmarks" / "suites"
 SUITES = sorted(p.stem for p in SUITE_DIR.glob("*.toml"))
 
