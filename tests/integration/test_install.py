@@ -1,9 +1,7 @@
 """genlab as an installed tool: a built wheel carries the presets, sweep files and text corpus and works from any folder."""
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -62,19 +60,13 @@ def test_wheel_ships_presets_and_sweeps_and_runs_outside_the_source_tree(tmp_pat
     assert r.returncode == 0 and r.stdout.strip() == "39908", r.stderr  # the excerpt's length in characters
 
 
-def test_readme_module_map_names_every_module():
+def test_readme_and_architecture_name_every_folder():
+    """The README's floor map and docs/architecture.md name every package folder (the floors and each family)."""
     text = (REPO / "README.md").read_text()
     block = text[text.index("## How it is built"):]
     block = block[:block.index("```", block.index("```") + 3)]
-    words = set(re.findall(r"[\w.]+", block))
-    globs = re.findall(r"\w+\*\.py", block)  # e.g. triton_attention*.py
+    arch = (REPO / "docs" / "architecture.md").read_text()
     src = REPO / "src" / "genlab"
-    missing = []
-    for p in sorted(src.rglob("*.py")):
-        rel = p.relative_to(src)
-        if p.name == "__main__.py" or (p.name == "__init__.py" and len(rel.parts) > 1):
-            continue
-        named = p.name in words or (len(rel.parts) > 1 and p.stem in words)  # in a folder's line the stem will do
-        if not (named or any(fnmatch.fnmatch(p.name, g) for g in globs)):
-            missing.append(str(rel))
-    assert not missing, f"README module map lacks: {', '.join(missing)}"
+    folders = [p.parent for p in src.glob("*/__init__.py")] + [p.parent for p in src.glob("families/*/__init__.py")]
+    missing = [f"{f.name}/" for f in folders if f"{f.name}/" not in block or f"{f.name}/" not in arch]
+    assert not missing, f"README floor map or docs/architecture.md lacks: {', '.join(missing)}"

@@ -516,7 +516,7 @@ def test_the_feature_classifier_is_cached_per_dataset_and_reads_a_memmap_without
     """The first evaluation of a dataset trains the classifier (minutes on MNIST on a CPU); later ones load it, keyed by
     the data's checksum and the epochs. A prepared dataset is a read-only memmap: no tensor may wrap it uncopied
     (torch's "The given NumPy array is not writable" warning, once per process, so checked at the call)."""
-    from genlab.config import load_config
+    from genlab.config.tree import load_config
     from genlab.data.datasets import build_dataset
     from genlab.data.formats import read_image_dataset, write_image_dataset
     from genlab.eval import classifier as C

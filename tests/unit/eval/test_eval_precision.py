@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_config
+from conftest import tiny_config, patch_everywhere
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def _autocast_seen(monkeypatch, target, attr, result=None):
     def spy(*a, **k):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
         return (result or {}) if attr == "evaluate" else None
-    monkeypatch.setattr(target, attr, spy)
+    patch_everywhere(monkeypatch, target, attr, spy)  # also where a module imported it by name
     return seen
 
 
