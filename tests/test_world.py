@@ -495,3 +495,48 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
 
 
 # -- layers ----------------------------------------------------------------------------------------------
+
+
+# -- generation through the shared samplers ---------------------------------------------------------------------
+def toy_net(x, t, *_):
+    """A smooth stand-in for the backbone that depends on the frame and the time input (float64-safe)."""
+    return 0.6 * torch.tanh(1.5 * x + 0.2) * torch.cos(t.to(x.dtype)).view(-1, 1, 1, 1) - 0.1 * x
+
+
+def reference_frame(objective, prediction, x, steps):
+    """Today's hand-written loops (before the objectives used sampling/samplers.py), in float64."""
+    from genlab.families.image_flow.edm import preconditioning
+    B, col = x.shape[0], lambda v: v.view(-1, 1, 1, 1)
+    if objective == "l1":
+        return x + toy_net(x, torch.zeros(B, dtype=x.dtype))
+    if objective == "flow":
+        ts = torch.linspace(0, 1, steps + 1, dtype=torch.float64)
+        for i in range(steps):
+            out = toy_net(x, ts[i].expand(B))
+            out = (out - x) / (1 - ts[i]) if prediction == "x" else out
+            x = x + (ts[i + 1] - ts[i]) * out
+        return x
+    i = torch.arange(steps, dtype=torch.float64)
+    sig = (5.0 ** (1 / 7) + i / max(steps - 1, 1) * (2e-3 ** (1 / 7) - 5.0 ** (1 / 7))) ** 7
+    sig = torch.cat([sig, sig.new_zeros(1)])
+    x = x * sig[0]
+    for k in range(steps):
+        c_skip, c_out, c_in, c_noise = preconditioning(sig[k].expand(B), 0.5)
+        den = col(c_skip) * x + col(c_out) * toy_net(col(c_in) * x, c_noise)
+        x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
+    return x
+
+
+@pytest.mark.parametrize("objective,prediction", [("flow", "x"), ("flow", "v"), ("edm", "x"), ("l1", "x")])
+@pytest.mark.parametrize("steps", [1, 3, 8])
+def test_world_frames_equal_the_hand_written_loops(toy_dir, tmp_path, objective, prediction, steps):
+    """Every objective generates the frame its own Euler/denoising loop did (float64 reference, float tolerance)."""
+    cfg = world_cfg(tmp_path, toy_dir, f"method.objective={objective}", f"method.prediction={prediction}",
+                    "method.sample_temperature=1", "method.quantize_frames=false", "method.residual_scale=2")
+    _, _, method = build(cfg, toy_dir)
+    context = torch.rand(3, method.L, 3, 16, 16) * 0.5 - 0.25
+    acts = torch.zeros(3, method.L, dtype=torch.long)
+    out = method.generate(toy_net, context, acts, steps, torch.Generator().manual_seed(5))
+    noise = torch.randn(context[:, -1].shape, generator=torch.Generator().manual_seed(5)).double()
+    want = (reference_frame(objective, prediction, noise, steps) / 2 + context[:, -1].double()).clamp(-1, 1)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-5)
