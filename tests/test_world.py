@@ -540,3 +540,21 @@ def test_world_frames_equal_the_hand_written_loops(toy_dir, tmp_path, objective,
     noise = torch.randn(context[:, -1].shape, generator=torch.Generator().manual_seed(5)).double()
     want = (reference_frame(objective, prediction, noise, steps) / 2 + context[:, -1].double()).clamp(-1, 1)
     torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-5)
+
+
+def test_world_sampler_picks_the_registered_sampler(toy_dir, tmp_path):
+    """method.world_sampler: on v = -x (exact frame x0 / e) Heun and midpoint beat Euler; the SDE draws from the
+    generator; a sampler that cannot serve the objective is refused when the method is built."""
+    base = ("method.objective=flow", "method.prediction=v", "method.residual=false", "method.sample_temperature=0.5",
+            "method.quantize_frames=false")
+    context, acts = torch.zeros(2, 2, 3, 16, 16), torch.zeros(2, 2, dtype=torch.long)
+    noise = 0.5 * torch.randn(context[:, -1].shape, generator=torch.Generator().manual_seed(0))
+    err = {}
+    for name in ("euler", "heun", "midpoint", "euler_maruyama"):
+        _, _, method = build(world_cfg(tmp_path, toy_dir, *base, f"method.world_sampler={name}"), toy_dir)
+        out = method.generate(lambda x, *_: -x, context, acts, 3, torch.Generator().manual_seed(0))
+        err[name] = (out - noise / np.e).abs().max().item()
+    assert err["heun"] < err["euler"] / 5 and err["midpoint"] < err["euler"] / 5 and err["euler_maruyama"] > 0.01
+    for bad, why in (("heun", "t=1"), ("flow_map", "'d' input")):
+        with pytest.raises(GenlabError, match=why):
+            build(world_cfg(tmp_path, toy_dir, f"method.world_sampler={bad}"), toy_dir)

@@ -1,12 +1,14 @@
-"""World objective `edm`: EDM preconditioning (families/image_flow/edm.py) with DIAMOND's noise levels (Alonso et al. 2024);
-Euler on the probability-flow ODE over the Karras sigma schedule."""
+"""World objective `edm`: EDM preconditioning (families/image_flow/edm.py) with DIAMOND's noise levels (Alonso et al. 2024),
+sampled over the Karras sigma schedule in flow time: x_t = t x_sigma with t = 1 / (1 + sigma) is the flow path
+(1-t) noise + t data, and an Euler step in t on it is exactly EDM's Euler step in sigma, so every flow sampler
+(method.world_sampler) serves it."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from genlab.families.image_flow.edm import karras_sigmas, preconditioning
-from genlab.families.world.objective import WorldObjective, per_sample
+from genlab.families.world.objective import WorldObjective, per_sample, velocity_to
 from genlab.core.registry import world_objective_registry
 
 P_MEAN, P_STD = -0.4, 1.2                    # training noise: ln σ ~ N(P_MEAN, P_STD²)
@@ -25,11 +27,11 @@ class EDMObjective(WorldObjective):
         # the EDM-weighted loss on D equals the plain MSE on the network's target
         return F.mse_loss(out.float(), ((target - skip) / scale).float()), skip + scale * out
 
-    def generate(self, world, net, x, steps):
-        sig = karras_sigmas(steps, SIGMA_MIN, SIGMA_MAX, RHO, device=x.device)
-        x = x * sig[0]
-        for k in range(steps):
-            c_skip, c_out, c_in, c_noise = preconditioning(sig[k].expand(x.shape[0]), SIGMA_DATA)
-            den = per_sample(c_skip, x) * x + per_sample(c_out, x) * net(per_sample(c_in, x) * x, c_noise)
-            x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
-        return x
+    def grid(self, steps, device):
+        return 1 / (1 + karras_sigmas(steps, SIGMA_MIN, SIGMA_MAX, RHO, device=device))
+
+    def velocity(self, world, net, x, t):
+        x_sigma = x / per_sample(t, x)
+        c_skip, c_out, c_in, c_noise = preconditioning((1 - t) / t, SIGMA_DATA)
+        den = per_sample(c_skip, x) * x_sigma + per_sample(c_out, x) * net(per_sample(c_in, x) * x_sigma, c_noise)
+        return velocity_to(den, x, t)

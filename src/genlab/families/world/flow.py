@@ -1,4 +1,5 @@
-"""World objective `flow`: rectified flow, x_t = (1-t)·noise + t·data, v = data - noise; Euler on the ODE.
+"""World objective `flow`: rectified flow, x_t = (1-t)·noise + t·data, v = data - noise; the ODE's sampler is
+method.world_sampler (Euler by default).
 
 With method.prediction=x (default) the network outputs the clean frame and the loss stays on the derived
 velocity; the last Euler step (to t=1) then lands exactly on the predicted frame. With v the clean frame is
@@ -10,8 +11,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from genlab.families.image_flow.flow import interpolate
-from genlab.sampling.samplers import time_grid
-from genlab.families.world.objective import WorldObjective, per_sample
+from genlab.families.world.objective import WorldObjective, per_sample, velocity_to
 from genlab.config import fields as cf
 from genlab.core.registry import world_objective_registry
 
@@ -41,11 +41,6 @@ class FlowObjective(WorldObjective):
             est, v, v_target = x_t + per_sample(1 - t, x_t) * out, out, target - noise
         return F.mse_loss(v.float(), v_target.float()), est
 
-    def generate(self, world, net, x, steps):
-        ts = time_grid(steps, device=x.device)  # t: 0 (noise) -> 1 (data)
-        for i in range(steps):
-            out = net(x, ts[i].expand(x.shape[0]))
-            if world.mcfg.prediction == "x":  # the last step (to t=1) lands exactly on the predicted frame
-                out = (out - x) / (1 - ts[i])
-            x = x + (ts[i + 1] - ts[i]) * out
-        return x
+    def velocity(self, world, net, x, t):
+        out = net(x, t)  # with x: an Euler step to t=1 lands exactly on the predicted frame
+        return velocity_to(out, x, t) if world.mcfg.prediction == "x" else out

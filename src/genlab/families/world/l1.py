@@ -1,5 +1,5 @@
-"""World objective `l1`: one-step regression from noise, frame = noise + net(noise, 0), with an L1 loss; the users'
-GAN setting once method.adv_weight > 0 adds the patch discriminator's term (adversarial.py)."""
+"""World objective `l1`: one-step regression from noise, frame = noise + net(noise, 0) (one Euler step from t=0 to 1),
+with an L1 loss; the users' GAN setting once method.adv_weight > 0 adds the patch discriminator's term (adversarial.py)."""
 from __future__ import annotations
 
 import torch
@@ -15,5 +15,8 @@ class L1Objective(WorldObjective):
         est = noise + net(noise, torch.zeros(target.shape[0], device=target.device))
         return F.l1_loss(est.float(), target.float()), est
 
-    def generate(self, world, net, x, steps):
-        return x + net(x, torch.zeros(x.shape[0], device=x.device))
+    def grid(self, steps, device):
+        return torch.tensor([0.0, 1.0], device=device)  # one step whatever method.sample_steps says
+
+    def velocity(self, world, net, x, t):
+        return net(x, t)

@@ -1,4 +1,5 @@
-"""What a world objective is: how the next-frame denoiser is trained and how it generates a frame.
+"""What a world objective is: how the next-frame denoiser is trained, and the flow velocity and time grid a
+registered sampler (sampling/samplers.py, method.world_sampler) generates a frame with.
 
 An objective sees the backbone as `net(x, t)`, the frame's conditioning (context frames, actions, context-noise
 level) already bound, so it knows nothing of worlds; it is chosen by method.objective from the
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from genlab.sampling.samplers import time_grid
 
 Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -22,9 +25,18 @@ class WorldObjective:
         noise drawn for them."""
         raise NotImplementedError
 
-    def generate(self, world, net: Net, x: torch.Tensor, steps: int) -> torch.Tensor:
-        """The generated target from the starting noise x (already scaled by method.sample_temperature)."""
+    def grid(self, steps: int, device) -> torch.Tensor:
+        """The sampler's flow times t_0 < ... < t_N = 1 (t=0 noise, t=1 data); the start is (1 - t_0) * noise."""
+        return time_grid(steps, device=device)
+
+    def velocity(self, world, net: Net, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The flow velocity dx/dt at x_t = (1-t) noise + t target, t [B]."""
         raise NotImplementedError
+
+
+def velocity_to(x_hat: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The velocity that takes x_t straight to a predicted target x_hat at t=1: (x_hat - x_t) / (1 - t)."""
+    return (x_hat - x) / per_sample(1 - t, x)
 
 
 def per_sample(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
