@@ -41,12 +41,11 @@ def test_eval_of_a_run_samples_in_its_training_precision(runs, monkeypatch, prec
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])
 def test_sample_and_analyze_sample_in_the_training_precision(runs, monkeypatch, tmp_path, precision, dtype):
     from genlab.lab.analyze import run as analyze_mod
-    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.families.image_flow import render
     from genlab.runs.load import sample_to_file
-    seen = _autocast_seen(monkeypatch, FlowMatching, "sample_to_file")
+    seen = _autocast_seen(monkeypatch, render, "sample_to_file")
     sample_to_file(runs / precision, n=2, out=tmp_path / "g.png", device="cpu")
-    from genlab.eval import image_quality
-    drawn = _autocast_seen(monkeypatch, image_quality, "generate")
+    drawn = _autocast_seen(monkeypatch, analyze_mod, "generate")  # the name analyze binds (eval.image_quality's)
     from genlab.runs.load import load_run
     cfg, model, method, dev, _ = load_run(runs / precision, "cpu")
     from types import SimpleNamespace

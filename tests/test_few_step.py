@@ -38,7 +38,7 @@ def test_an_n_step_few_step_sampler_makes_exactly_n_network_calls(name, n):
 
 def test_flow_map_with_the_exact_average_velocity_lands_on_the_exact_solution():
     # dx/dt = -x has the flow map x(t+d) = x(t) e^{-d}; its average velocity over [t, t+d] is x (e^{-d} - 1) / d
-    from genlab.sampling.few_step import sample_flow_map
+    from genlab.sampling.samplers import sample_flow_map
     from genlab.sampling.samplers import time_grid
     x0 = torch.randn(5, 1, 2, 2, dtype=torch.float64)
     u = lambda x, t, d: x * (torch.exp(-d) - 1).view(-1, 1, 1, 1) / d.view(-1, 1, 1, 1)  # noqa: E731
@@ -49,7 +49,7 @@ def test_flow_map_with_the_exact_average_velocity_lands_on_the_exact_solution():
 
 def test_consistency_sampler_with_an_exact_data_prediction_returns_the_data():
     # velocity whose data estimate x + (1-t) v is always the point `data`: each re-noised step predicts it again
-    from genlab.sampling.few_step import sample_consistency
+    from genlab.sampling.samplers import sample_consistency
     data = torch.randn(2, 1, 3, 3)
     v = lambda x, t: (data - x) / (1 - t).view(-1, 1, 1, 1)  # noqa: E731
     out = sample_consistency(v, torch.randn(2, 1, 3, 3), torch.linspace(0.0, 0.99, 5),

@@ -245,14 +245,14 @@ def test_a_pairs_folder_is_scored_against_the_teachers_data(pairs_dir):
 def test_a_student_trained_on_pairs_is_evaluated_against_the_teachers_data(name, flow_teacher, pairs_dir, tmp_path,
                                                                            monkeypatch):
     from genlab.data import build_dataset
-    from genlab.eval import image_quality
+    from genlab.families.image_flow import flow
     from genlab.train.step import build_model_and_method
     cfg = tiny_config(tmp_path, f"method.name={name}", f"method.teacher={flow_teacher}", "data.name=pairs",
                       f"data.path={pairs_dir}", "method.tdisc_hidden=8" if name == "ladd" else "method.sampler=euler")
     data = build_dataset(cfg.data)
     model, method = build_model_and_method(cfg, data.spec)
     seen = []
-    monkeypatch.setattr(image_quality, "evaluate_class_conditional", lambda m, model, d, ctx: seen.append(d) or {})
+    monkeypatch.setattr(flow, "evaluate_class_conditional", lambda generate, d, ctx: seen.append(d) or {})
     method.evaluate(model, data, {})
     assert seen[0].meta["source"] == "sklearn.datasets.load_digits" and seen[0].images.shape == (1797, 8, 8, 1)
 

@@ -182,7 +182,7 @@ def test_eval_reports_quality_vs_nfe(tmp_path):
     assert "| heun | 4 | 2 |" in md and "feature_fd" in md
     with pytest.raises(GenlabError, match="eval.nfe_list"):
         evaluate_run(run, [*ev, "eval.nfe_list=0,4"])
-    with pytest.raises(GenlabError, match="unknown sampler"):
+    with pytest.raises(GenlabError, match="unknown eval.samplers entry .rk45."):
         evaluate_run(run, [*ev, "eval.nfe_list=4", "eval.samplers=rk45"])
 
 

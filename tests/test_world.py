@@ -472,7 +472,7 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
     pytest.importorskip("imageio_ffmpeg")
     from PIL import Image, ImageSequence
 
-    from genlab.eval.video import compose_frames, write_video
+    from genlab.families.world.render import compose_frames, write_video
     g = torch.Generator().manual_seed(0)
     # two levels per channel: with the captions' anti-aliased colours (~240) about what a 256-colour GIF palette holds
     ctx, real = (torch.randint(0, 2, s, generator=g).float() * 2 - 1 for s in [(2, 2, 3, 16, 16), (2, 5, 3, 16, 16)])
@@ -505,7 +505,7 @@ def toy_net(x, t, *_):
 
 def reference_frame(objective, prediction, x, steps):
     """Today's hand-written loops (before the objectives used sampling/samplers.py), in float64."""
-    from genlab.families.image_flow.edm import preconditioning
+    from genlab.families.world.objectives import preconditioning
     B, col = x.shape[0], lambda v: v.view(-1, 1, 1, 1)
     if objective == "l1":
         return x + toy_net(x, torch.zeros(B, dtype=x.dtype))

@@ -1,4 +1,3 @@
-"""The world-model method (method.name=world, method.py) and its objectives, the entries of the `world_objective`
-registry (flow.py, edm.py, l1.py); the adversarial term lives in adversarial.py."""
-from genlab.families.world import flow, edm, l1  # noqa: F401  (world objectives)
-from genlab.families.world import method  # noqa: F401,E402  (method "world")
+"""The world-model family: the method (method.name=world, method.py), its objectives and adversarial term
+(objectives.py, the `world_objective` registry) and its videos (render.py)."""
+from genlab.families.world import objectives, method  # noqa: F401  (world objectives, method "world")

@@ -23,14 +23,13 @@ import torch
 from genlab.data.pixels import quantize
 from genlab.core.errors import GenlabError
 from genlab.families.base import Extra, Method, StepContext
-from genlab.families.world.adversarial import PatchDiscriminator, adversarial_losses
+from genlab.families.world import render
+from genlab.families.world.objectives import PatchDiscriminator, adversarial_losses
 from genlab.config import fields as cf
 from genlab.core.registry import method_registry, sampler_registry, timestep_sampler_registry, world_objective_registry
 from genlab.sampling.samplers import call_sampler
 from genlab.eval.nfe import parse_int_list
 from genlab.eval.rollouts import evaluate_world
-from genlab.data import build_dataset
-from genlab.eval.video import rollout_video_from_data
 from genlab.families.image_flow.flow import check_sampler_conditions
 
 
@@ -44,6 +43,7 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
 
 class WorldModel(Method):
     interactive = True  # `genlab play`: frames from live controls
+    render = render  # rollout videos (world/render.py)
     batch_keys = ("frames", "actions")
     best_metric = "tf_mse"
 
@@ -84,11 +84,9 @@ class WorldModel(Method):
             noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
         ts = self.objective.grid(steps, context.device)
         x = noise * self.mcfg.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
-
-        def velocity(x, t):  # the backbone with this frame's conditioning bound, as the objective parametrises it
-            return self.objective.velocity(self, lambda x, t: model(x, t, context, actions, level), x, t)
-        x = call_sampler(sampler_registry.get(self.mcfg.world_sampler), velocity, x, ts, generator=generator,
-                         noise=self.mcfg.sde_noise)
+        net = lambda x, t: model(x, t, context, actions, level)  # the backbone with this frame's conditioning bound
+        x = call_sampler(sampler_registry.get(self.mcfg.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
+                         x, ts, generator=generator, noise=self.mcfg.sde_noise)
         x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
         return quantize(x) if self.mcfg.quantize_frames else x
 
@@ -143,20 +141,10 @@ class WorldModel(Method):
         metrics.update(adv_metrics)
         return {"model": loss + self.mcfg.adv_weight * adv, "disc": d_loss}, metrics
 
-    # -- evaluation, pictures, files ----------------------------------------------------------------
+    # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
-        return evaluate_world(self, model, data, ctx)
-
-    def preview(self, model, path, ctx):
-        data = build_dataset(ctx["cfg"].data)
-        return rollout_video_from_data(self, model, data.val, path.with_suffix(".gif"), ctx["device"],
-                                       ctx["generator"], horizon=max(self.H, 16), n=4)
-
-    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, **_):
-        data = build_dataset(self.cfg.data)
-        out = out.with_name("rollout.gif") if out.suffix == ".png" else out
-        return rollout_video_from_data(self, model, data.val, out, device, generator, horizon=32, n=min(n, 8),
-                                       steps=steps)
+        return evaluate_world(lambda context, actions, gen: self.rollout(model, context, actions, generator=gen), self.L,
+                              data, ctx)
 
 
 WORLD_KEYS = cf.declare("method",

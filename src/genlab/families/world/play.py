@@ -17,7 +17,7 @@ import torch
 
 from genlab.data.windows import spaced_windows
 from genlab.core.errors import GenlabError
-from genlab.eval.video import to_u8, write_video
+from genlab.families.world.render import to_u8, write_video
 from genlab.data import build_dataset
 from genlab.families.build import load_run
 
