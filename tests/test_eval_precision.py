@@ -23,7 +23,7 @@ def _autocast_seen(monkeypatch, target, attr, result=None):
 
     def spy(*a, **k):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
-        return (result or {}) if attr == "evaluate" else None
+        return result if result is not None else ({} if attr == "evaluate" else None)
     monkeypatch.setattr(target, attr, spy)
     return seen
 
@@ -51,7 +51,11 @@ def test_sample_and_analyze_sample_in_the_training_precision(runs, monkeypatch, 
     from types import SimpleNamespace
     data = SimpleNamespace(spec={"num_classes": 4})
     analyze_mod.Sampler(cfg, method, model, data, dev, runs / precision).draw("t", torch.zeros(2, dtype=torch.long))
-    assert seen == [dtype] and drawn == [dtype]
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.runs.api import load_run as api_load_run
+    api = _autocast_seen(monkeypatch, FlowMatching, "draw", torch.zeros(2, 1, 8, 8))  # Run.sample: as genlab sample
+    api_load_run(runs / precision, "cpu").sample(n=2)
+    assert seen == [dtype] and drawn == [dtype] and api == [dtype]
 
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])

@@ -1,5 +1,5 @@
 """Sampling and evaluation of a finished run or checkpoint: the one entry of each for `genlab sample`, `genlab eval`,
-the sweep harness (it runs `genlab eval`) and the quantization gap; loading is
+the sweep harness (it runs `genlab eval`), the quantization gap and the Python API (api.py); loading is
 families/build.py's load_run."""
 from __future__ import annotations
 
@@ -83,6 +83,13 @@ def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=Non
     with sampling_precision(cfg, dev).autocast(dev):
         return method.render.sample_to_file(method, model, out, n=n, steps=steps, device=dev, **given, **options,
                                             generator=torch.Generator(device=dev).manual_seed(seed))
+
+
+def draw(cfg, model, method, dev, n, seed=0, steps=None, **options):
+    """The API's samples (Run.sample): method.draw as `genlab sample` draws, seeded and in the run's precision."""
+    with sampling_precision(cfg, dev).autocast(dev):
+        return method.draw(model, n, steps=steps, generator=torch.Generator(device=dev).manual_seed(seed), device=dev,
+                           **options)
 
 
 def evaluate_run(run, overrides=(), device="auto"):

@@ -10,11 +10,8 @@ from pathlib import Path
 
 from genlab.core.errors import GenlabError
 from genlab.runtime import checkpoint as ckpt
-from genlab.config.check import check_data_on_disk
-from genlab.data import build_dataset
 from genlab.nn.ptq import check_format, quantize_model
-from genlab.runs.load import load_run, sampling_precision
-from genlab.sampling.images import eval_context
+from genlab.runs.load import eval_data, evaluate_model, load_run
 from genlab.runtime.parallel import resolve_device
 
 HIGHER_IS_BETTER = ("sample_accuracy", "precision", "recall", "classifier_val_acc")
@@ -69,16 +66,12 @@ def quant_gap(run, formats=("int8", "nf4"), overrides=(), device="auto", adaln=F
         row = {}
         for fmt in (None, *formats):
             cfg, model, method, dev_, state = load_run(path, str(dev), True, overrides)
-            if data is None:
-                method.check_eval(cfg)
-                check_data_on_disk(cfg)
-                data = build_dataset(cfg.data)
+            data = eval_data(cfg, method) if data is None else data
             if fmt:
                 quantize_model(model, fmt, dev_, adaln=adaln)
-            # a fresh context per model: the same generator seed, so float and quantized draw the same noise; in the
-            # run's training precision, as `genlab eval` of the run and of its quantized copy sample
-            with sampling_precision(cfg, dev_).autocast(dev_):
-                res = method.evaluate(model, data, eval_context(cfg, dev_, out_dir))
+            # a fresh context per model (evaluate_model): the same generator seed, so float and quantized draw the same
+            # noise; in the run's training precision, as `genlab eval` of the run and of its quantized copy sample
+            res = evaluate_model(cfg, model, method, dev_, data, out_dir)
             key = key or headline_metric(method, res)
             row[fmt or "float"] = {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         unit, seen = _seen(cfg, state["data_spec"], int(state["step"]))
