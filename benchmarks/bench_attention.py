@@ -81,6 +81,7 @@ def rel(a, b):
 
 def run_shape(shape, variants, rate, lines):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from genlab.nn.triton_attention import flash_attention
     B, H, N, D = shape
     fwd_flops = 4 * N * N * D * B * H

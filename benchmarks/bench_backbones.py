@@ -57,8 +57,8 @@ def matched(overrides: list, spec: dict) -> list:
 
 
 def bench_in_process(overrides, steps, warmup):
-    from genlab.lab.bench import run_bench
     from genlab.config.tree import load_config
+    from genlab.lab.bench import run_bench
     try:
         return run_bench(load_config("bench_dit_b2", overrides), steps=steps, warmup=warmup)
     except Exception as e:  # noqa: BLE001 - one failed row (e.g. flex backward on CPU) must not stop the table

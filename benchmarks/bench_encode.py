@@ -27,10 +27,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from upsample_images import resize_uint8  # noqa: E402
+
 from genlab.core.tables import markdown_table  # noqa: E402
 from genlab.data.encode import encode_dataset  # noqa: E402
 from genlab.data.formats import read_image_dataset, write_image_dataset  # noqa: E402
-from upsample_images import resize_uint8  # noqa: E402
 
 # Stable Diffusion 1.x's VAE (CompVis/stable-diffusion-v1-4 vae/config.json; SD 2.x's is the same)
 SD_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from genlab.lab.bench import BenchStep, format_table, run_bench  # noqa: E402
 from genlab.config.tree import load_config  # noqa: E402
+from genlab.lab.bench import BenchStep, format_table, run_bench  # noqa: E402
 
 VARIANTS = {
     "old_loss_b16": (["train.batch_size=16"], "old_loss"),
@@ -51,6 +51,7 @@ def hook(name):
     """Temporary changes a variant needs: the old loss path, or one SDPA backend."""
     if name == "old_loss":
         import torch.nn.functional as F
+
         from genlab.families.lm.autoregressive import Autoregressive
         new = Autoregressive.loss
 
@@ -73,7 +74,8 @@ def hook(name):
 
 def profile(cfg, out: Path, steps=3):
     """Top CUDA kernels of a few steps after warm-up, as a text table."""
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
     b = BenchStep(cfg)
     for _ in range(12):
         b.step()

@@ -30,8 +30,7 @@ import warnings  # noqa: E402
 import torch  # noqa: E402
 
 from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
-from genlab.nn.sparse_attention import (FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend,  # noqa: E402
-                                            block_density, causal_block_density, layer_groups)
+from genlab.nn.sparse_attention import FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend, block_density, causal_block_density, layer_groups  # noqa: E402
 
 # name -> (n, batch, heads, head_dim, strided l, fixed l, summary c): CIFAR-10's 3,072 bytes and 64x64x3;
 # strided l ~ sqrt(n) rounded to a power of two, fixed l = 128 and c = 16 (the paper's text settings)

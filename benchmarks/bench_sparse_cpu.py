@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
-
 from genlab.families.sparse.sparse_transformer import SparseSpec, SparseTransformer  # noqa: E402
 
 ROWS = [("strided", "split"), ("strided", "interleaved"), ("fixed", "split"), ("fixed", "interleaved")]

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
 
+
 def make_corpus(folder: Path, mb: int, files: int) -> list[Path]:
     from genlab.data.corpus import read_corpus
     text = read_corpus()

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from genlab.core.tables import markdown_table  # noqa: E402
 
+
 def build(args):
     from genlab.training.trainer import build_model_and_method
     if args.run:

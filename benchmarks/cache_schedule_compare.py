@@ -31,11 +31,11 @@ def main() -> None:
     p.add_argument("overrides", nargs="*")
     p.add_argument("--device", default="auto")
     a = p.parse_args()
-    from genlab.sampling.block_cache import forward_timer, step_schedule
-    from genlab.lab.analyze.run import HALF, Sampler, _cached_scores, _warm_up_and_pick
     from genlab.data import build_dataset
-    from genlab.runtime.parallel import unwrap
+    from genlab.lab.analyze.run import HALF, Sampler, _cached_scores, _warm_up_and_pick
     from genlab.runs.load import _run_dir, load_run
+    from genlab.runtime.parallel import unwrap
+    from genlab.sampling.block_cache import forward_timer, step_schedule
     cfg, model, method, dev, _ = load_run(a.run, a.device, True, a.overrides)
     base = unwrap(model)
     method.cache_blocks = []

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
-
-from genlab.lab.bench import BenchStep
 from genlab.config.tree import load_config
+from genlab.lab.bench import BenchStep
 from genlab.runtime.saved_tensors import FP8_GROUP, at_batch, fit_per_sample, measure_saved
 
 MIB = 2 ** 20

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import cuda_timed as timed  # noqa: E402
-from genlab.core.tables import markdown_table  # noqa: E402
 
+from genlab.core.tables import markdown_table  # noqa: E402
 
 
 def fwd_bwd(f, inputs, cot=None):
@@ -139,8 +139,8 @@ def final_rows(B, N, D, P, reps):
     """DiT's final layer (adaLN norm + modulation, projection D -> P) + the flow loss against a [B, C, H, W] target:
     the plain path (the projection, depatchify, float32 MSE) and model.final_kernel=triton (patchified target, one
     custom op); bf16 autocast, float32 tokens (the residual stream)."""
-    from genlab.nn import fused_final
     from genlab.families.image_flow.dit import FinalLayer, depatchify, patchify
+    from genlab.nn import fused_final
     torch.manual_seed(0)
     final = FinalLayer(D, P).cuda()
     for p in final.parameters():

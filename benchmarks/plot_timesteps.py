@@ -6,15 +6,16 @@ schedules and the loss weightings, at their default parameters. genlab's convent
 import argparse
 
 import matplotlib
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from genlab.config.tree import load_config  # noqa: E402
-from genlab.families.image_flow.loss_weighting import min_snr  # noqa: E402
-from genlab.sampling.samplers import time_grid  # noqa: E402
-from genlab.families.image_flow.timesteps import DENSITIES, shift_time  # noqa: E402
 from genlab.core.registry import timestep_sampler_registry  # noqa: E402
+from genlab.families.image_flow.loss_weighting import min_snr  # noqa: E402
+from genlab.families.image_flow.timesteps import DENSITIES, shift_time  # noqa: E402
+from genlab.sampling.samplers import time_grid  # noqa: E402
 
 
 def main():

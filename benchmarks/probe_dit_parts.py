@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cuda_timing import cuda_timed  # noqa: E402
+
 from genlab.core.tables import markdown_table  # noqa: E402
 
 

@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = REPO / "benchmarks" / "suites"

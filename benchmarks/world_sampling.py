@@ -28,8 +28,8 @@ def main(argv=None):
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from genlab.data import build_dataset
-    from genlab.runs.load import load_run
     from genlab.eval.rollouts import evaluate_world
+    from genlab.runs.load import load_run
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)

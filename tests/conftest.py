@@ -66,6 +66,7 @@ def cli_in_process(capfd, *args, cwd=None):
     CompletedProcess like run_cli: the exit code main returns (or SystemExit's, for argparse errors) and
     what it wrote to stdout/stderr (file-descriptor level, so C-level writes count too)."""
     import subprocess
+
     from genlab.cli import main
     capfd.readouterr()
     old = os.getcwd()

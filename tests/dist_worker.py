@@ -24,8 +24,7 @@ import torch.nn.functional as F
 
 from genlab.families.image_flow.dit import DiT, DiTSpec
 from genlab.runtime.dcp import load_dcp_full, load_dcp_optimizer, save_dcp
-from genlab.runtime.parallel import (all_reduce_mean, clip_grads, exit_rank, full_state_dict, init_distributed, no_sync,
-                                   shard_like, wrap_parallel)
+from genlab.runtime.parallel import all_reduce_mean, clip_grads, exit_rank, full_state_dict, init_distributed, no_sync, shard_like, wrap_parallel
 from genlab.training.trainer import ema_update
 
 GLOBAL_BATCH = 8

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, TINY, patch_everywhere
+
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.runtime import checkpoint as ckpt

@@ -6,11 +6,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY, cli_in_process, run_cli
 
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
-
-from conftest import TINY, cli_in_process, run_cli
 
 
 def _one_line_error(r, *needles):

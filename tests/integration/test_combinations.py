@@ -12,17 +12,17 @@ default preset; the crosses are marked slow.
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-
+import tomllib
 from conftest import TINY, cli_in_process
-from genlab.config.tree import CONFIG_DIR, Config, apply_dict, apply_overrides, load_config, load_toml, resolve_preset_path
+
 from genlab.config.check import read_keys
 from genlab.config.fields import meta_of
 from genlab.config.keys import declared_keys
+from genlab.config.tree import CONFIG_DIR, Config, apply_dict, apply_overrides, load_config, load_toml, resolve_preset_path
 from genlab.core.errors import GenlabError
 from genlab.core.registry import REGISTRIES, dataset_registry, method_registry, model_registry, sampler_registry
 
@@ -153,6 +153,7 @@ class Needs:
     def teacher(self, model: str) -> str:
         if model not in self.teachers:
             from conftest import tiny_config
+
             from genlab.training.trainer import Trainer
             try:
                 cfg = tiny_config(self.root, f"train.name=teacher-{model}", f"model.name={model}", "train.steps=30",

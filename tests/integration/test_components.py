@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, TINY
+
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError

@@ -5,10 +5,9 @@ import io
 import re
 
 import pytest
+from conftest import TINY, cli_in_process, run_cli
 
 from genlab.core import progress
-
-from conftest import TINY, cli_in_process, run_cli
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ import json
 
 import pytest
 import torch
-
 from conftest import tiny_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -116,8 +115,8 @@ def test_trainer_runs_on_the_gpu(tmp_path, precision, compile_, extra):
                          ids=["default", "whole-step-graphs"])
 def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs(extra):
     """whole-step-graphs: the compiled optimizer + EMA update (capturable step counts) must not read back to the host."""
-    from genlab.lab.bench import run_bench
     from genlab.config.tree import load_config
+    from genlab.lab.bench import run_bench
     cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32", *extra])
     r = run_bench(cfg, steps=5, warmup=3)
     assert r["recompiles"] == 0
@@ -154,8 +153,8 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_, method):
 
 
 def test_bench_of_a_graph_step_run_has_no_host_syncs():
-    from genlab.lab.bench import run_bench
     from genlab.config.tree import load_config
+    from genlab.lab.bench import run_bench
     cfg = load_config("bench_dit_b2", ["model.size=S", "train.batch_size=32", "train.graph_step=true"])
     r = run_bench(cfg, steps=5, warmup=5)  # the capture (a device sync) happens at warm-up step 4
     assert r["host_syncs_per_step"] == 0, r["host_sync_sites"]
@@ -196,8 +195,8 @@ def test_repa_aligned_to_an_mae_run_trains_compiled_on_the_gpu(tmp_path):
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])
 def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
     """Sampling runs outside the training autocast: a forced flash/cuDNN kernel would abort on float32 inputs."""
-    from genlab.nn.attention import sdpa_attention
     from genlab.core.registry import attention_registry
+    from genlab.nn.attention import sdpa_attention
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 64, 32, device="cuda") for _ in range(3))
     out = attention_registry.get(name)(q, k, v)
@@ -211,8 +210,8 @@ def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
 def test_cached_sampling_on_the_gpu_matches_the_analysis_cache_under_bf16():
     """method.cache_blocks on CUDA under the bf16 autocast genlab eval / sample use: the same samples as the analysis's
     cached_blocks context, different from the plain sampler's."""
-    from genlab.sampling.block_cache import cached_blocks
     from genlab.config.tree import load_config
+    from genlab.sampling.block_cache import cached_blocks
     from genlab.training.step import build_model_and_method
     spec = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
     common = ["model.dim=64", "model.depth=4", "model.heads=2"]

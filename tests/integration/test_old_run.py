@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest import run_cli
+from PIL import Image
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -12,12 +12,12 @@ import importlib.util
 import re
 import shlex
 import subprocess
-import tomllib
 from decimal import Decimal
 
 import pytest
-
+import tomllib
 from conftest import REPO
+
 from genlab.lab.sweep.spec import load_sweep, select
 
 README = REPO / "README.md"

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from genlab.config import fields as cf
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, interpolate
 from genlab.core.registry import method_registry
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, interpolate
 
 TOY_KEYS = cf.declare("method",
     toy_strength=cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1),

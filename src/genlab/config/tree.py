@@ -11,13 +11,10 @@ from typing import Any, get_origin, get_type_hints
 
 import tomllib
 
-from genlab.config.check import check_config
-from genlab.config.fields import did_you_mean
-from genlab.config.keys import RETIRED, SECTIONS, Config, section_class
+from genlab.config.check import check_config, read_keys
+from genlab.config.fields import did_you_mean, meta_of
+from genlab.config.keys import RETIRED, SECTIONS, Config, declared_keys, section_class
 from genlab.core.errors import GenlabError
-from genlab.config.check import read_keys
-from genlab.config.fields import meta_of
-from genlab.config.keys import declared_keys
 from genlab.core.registry import REGISTRIES
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped as package data

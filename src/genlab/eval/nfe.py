@@ -1,5 +1,5 @@
-"""Sample quality against the sampler's cost: the method's own evaluation at each (sampler, NFE) pair of
-eval.samplers x eval.nfe_list (`genlab eval RUN eval.nfe_list=4,8,16,32`).
+"""Sample quality against the sampler's cost: the run's own evaluation (a callable of the evaluation context) at each
+(sampler, NFE) pair of eval.samplers x eval.nfe_list (`genlab eval RUN eval.nfe_list=4,8,16,32`).
 
 NFE counts velocity evaluations per sample: steps * the sampler's nfe_per_step (an NFE that the sampler
 cannot hit exactly is rounded down to whole steps, and the row states the NFE it ran). With guidance
@@ -18,7 +18,6 @@ from genlab.core.errors import GenlabError
 from genlab.core.registry import sampler_registry
 from genlab.core.tables import markdown_table
 from genlab.eval.cost import cost_line
-from genlab.eval.image_quality import generate
 from genlab.eval.labelled_grid import labelled_rows
 from genlab.sampling.images import eval_context
 from genlab.sampling.samplers import nfe_per_step
@@ -58,11 +57,11 @@ def _point_context(ctx, cfg, name, steps, **extra):
     return sub
 
 
-def nfe_rows(method, model, data, ctx, cfg) -> list[dict]:
-    """One row per (sampler, NFE): the method's evaluation with that sampler and step count, same seed each."""
+def nfe_rows(evaluate, ctx, cfg) -> list[dict]:
+    """One row per (sampler, NFE): evaluate(ctx) -> metrics with that sampler and step count, the same seed each."""
     rows = []
     for name, steps in nfe_points(cfg):
-        res = method.evaluate(model, data, _point_context(ctx, cfg, name, steps))
+        res = evaluate(_point_context(ctx, cfg, name, steps))
         rows.append({"sampler": name, "nfe": steps * nfe_per_step(name), "steps": steps,
                      **{m: v for m, v in res.items() if isinstance(v, (int, float)) and m != "classifier_val_acc"}})
     return rows
@@ -71,19 +70,20 @@ def nfe_rows(method, model, data, ctx, cfg) -> list[dict]:
 GRID_CLASSES, GRID_NOISES, GRID_SEED = 10, 2, 0
 
 
-def nfe_grid(method, model, ctx, cfg, path):
+def nfe_grid(pixels, num_classes: int, ctx, cfg, path):
     """eval_nfe.png: one row per (sampler, NFE), the same GRID_CLASSES classes x GRID_NOISES starting noises in every
-    row and every run (a fixed seed, not the run's), so pictures of different runs and step counts line up."""
+    row and every run (a fixed seed, not the run's), so pictures of different runs and step counts line up.
+    pixels(ctx) -> generate(labels, desc), uint8 pixels (image_quality's callable)."""
     import torch
 
-    k = max(1, method.spec.get("num_classes", 0))
+    k = max(1, num_classes)
     labels = torch.arange(GRID_NOISES * min(k, GRID_CLASSES), device=ctx["device"]) % min(k, GRID_CLASSES)
     rows = []
     for name, steps in nfe_points(cfg):
         gen = torch.Generator(device=ctx["device"]).manual_seed(GRID_SEED)
         sub = _point_context(ctx, cfg, name, steps, generator=gen)
-        imgs = generate(method, model, labels, sub, len(labels), desc="eval: grid")
-        rows.append((f"{name} NFE {steps * nfe_per_step(name)}", imgs.numpy()))
+        sub["eval"] = dataclasses.replace(sub["eval"], batch_size=len(labels))  # one batch: the same noise per image
+        rows.append((f"{name} NFE {steps * nfe_per_step(name)}", pixels(sub)(labels, "eval: grid").numpy()))
     return labelled_rows(rows, path)
 
 

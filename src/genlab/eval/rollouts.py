@@ -7,7 +7,8 @@
 - action sensitivity: the same contexts and noise with true vs shuffled actions; a positive margin
   (true PSNR - shuffled PSNR) means the controls steer the generated frames.
 
-The method is duck-typed (`L`, `rollout`): this module imports no method.
+It takes a rollout callable, rollout(context [B,L,...], actions [B,L+K-1], generator) -> frames [B,K,...], and
+the context length L: it never sees a method or a model.
 """
 from __future__ import annotations
 
@@ -64,25 +65,21 @@ def _seeded(device, seed):
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _rollout_batched(method, model, frames, actions, K, seed, bs, steps=None):
-    L = method.L
-    outs = []
-    for i in range(0, len(frames), bs):
-        outs.append(method.rollout(model, frames[i:i + bs, :L], actions[i:i + bs, :L + K - 1], steps,
-                                   _seeded(frames.device, seed + i)))
-    return torch.cat(outs)
+def _rollout_batched(rollout, L, frames, actions, K, seed, bs):
+    return torch.cat([rollout(frames[i:i + bs, :L], actions[i:i + bs, :L + K - 1], _seeded(frames.device, seed + i))
+                      for i in range(0, len(frames), bs)])
 
 
 @torch.no_grad()
-def evaluate_world(method, model, data, ctx) -> dict:
+def evaluate_world(rollout, L, data, ctx) -> dict:
     ecfg, dev = ctx["eval"], ctx["device"]
-    L, eps, bs = method.L, data.val, ecfg.batch_size
+    eps, bs = data.val, ecfg.batch_size
     horizons = [int(h) for h in str(ecfg.world_horizons).split(",") if h.strip()]
     res, curves = {}, {}
     frames, actions = spaced_windows(eps, L + 1, max(ecfg.world_rollouts, 64), dev)
     if frames is None:
         return {"error": f"held-out episodes are shorter than {L + 1} frames"}
-    gen = _rollout_batched(method, model, frames, actions, 1, 0, bs)[:, 0]
+    gen = _rollout_batched(rollout, L, frames, actions, 1, 0, bs)[:, 0]
     real, last = frames[:, L], frames[:, L - 1]
     res.update({"tf_psnr": psnr(gen, real).mean().item(), "tf_ssim": ssim(gen, real).mean().item(),
                 "tf_mse": (gen - real).pow(2).mean().item(), "tf_copy_last_psnr": psnr(last, real).mean().item()})
@@ -92,7 +89,7 @@ def evaluate_world(method, model, data, ctx) -> dict:
             res[f"rollout_h{H}"] = "skipped: held-out episodes too short"
             continue
         real, last = frames[:, L:], frames[:, L - 1:L]
-        gen = _rollout_batched(method, model, frames, actions, H, 1, bs)
+        gen = _rollout_batched(rollout, L, frames, actions, H, 1, bs)
         p_model = psnr(gen.flatten(0, 1), real.flatten(0, 1)).view(len(gen), H).mean(0)
         p_copy = psnr(last.expand_as(real).flatten(0, 1), real.flatten(0, 1)).view(len(gen), H).mean(0)
         curves[H] = {"model": p_model.tolist(), "copy_last": p_copy.tolist()}
@@ -103,7 +100,7 @@ def evaluate_world(method, model, data, ctx) -> dict:
         if H == min(horizons):
             # shuffled actions: another window's action sequence; same contexts and same noise seeds
             perm = torch.roll(torch.arange(len(actions), device=dev), 1)
-            p_shuf = psnr(_rollout_batched(method, model, frames, actions[perm], H, 1, bs).flatten(0, 1),
+            p_shuf = psnr(_rollout_batched(rollout, L, frames, actions[perm], H, 1, bs).flatten(0, 1),
                           real.flatten(0, 1)).mean()
             res["action_psnr_true"] = p_model.mean().item()
             res["action_psnr_shuffled"] = p_shuf.item()

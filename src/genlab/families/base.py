@@ -1,4 +1,5 @@
-"""What every method is: a loss over a batch dict, the batch keys it reads, and the extra modules it owns.
+"""What every method is: a loss over a batch dict, the batch keys it reads, the extra modules it owns, and how it
+generates; writing samples to files is its family's render module (families/<family>/render.py).
 
 The trainer runs whatever a method declares (devices, freezing, parallel wrapping, compile, optimizers,
 checkpoints, FLOPs), so a new family is one module and never an `if` in the trainer.
@@ -42,6 +43,7 @@ class Method:
     best_metric: str | None = None       # log.keep_best keeps the checkpoint with the lowest value of this eval metric
     sample_options: tuple[str, ...] = ()  # keyword options of draw() (Run.sample); anything else is refused
     interactive: bool = False            # generates frames from live controls (`genlab play`)
+    render = None  # the family's render module: sample_to_file(method, model, out, ...), preview(method, model, path, ctx)
 
     def extra_modules(self) -> dict[str, Extra]:
         return {}
@@ -54,7 +56,7 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
-    # Batched seeds (train.seeds, training/seeds.py; MethodSpec.batched_seeds=True) need the loss in two parts, with
+    # Batched seeds (train.seeds, train/seeds.py; MethodSpec.batched_seeds=True) need the loss in two parts, with
     # loss(model, batch, ctx) == loss_from(model, loss_inputs(model, batch, ctx)): every random draw happens in
     # loss_inputs, from ctx.generator, outside torch.vmap; loss_from is deterministic and runs vmapped over the seeds.
     def loss_inputs(self, model, batch: dict, ctx: StepContext) -> dict[str, Tensor]:
@@ -78,8 +80,8 @@ class Method:
         return {}
 
     def preview(self, model, path, ctx):
-        """A picture/text/video of samples at `path` (without its final suffix decided); None = no preview."""
-        return None
+        """The trainer's picture/text/video of samples at `path` (its suffix the renderer's); None = no preview."""
+        return self.render.preview(self, model, path, ctx) if self.render else None
 
     def synthetic_batch(self, batch_size: int, device, generator) -> dict:
         """A batch of the right shapes for `genlab bench` (random values). Default: class-labelled images."""
@@ -98,11 +100,6 @@ class Method:
     def decode(self, samples) -> list[str]:
         """Samples from draw() as text (language models)."""
         raise GenlabError(f"method {type(self).__name__} does not draw text")
-
-    def sample_to_file(self, model, out, *, n: int = 16, steps=None, generator=None, device=None, **options):
-        """`genlab sample`: write n samples to `out` (PNG grid, text file or video) and return the path written.
-        Default: a method that trains no generator (an encoder) has none to write: a one-line error, not a traceback."""
-        raise GenlabError(f"method {type(self).__name__} trains no generator: its runs have no samples to draw")
 
 
 def check_batch_keys(method: Method, spec: dict, method_name: str) -> None:

@@ -6,7 +6,6 @@ another run (a teacher, an autoencoder run, the model that scores generated text
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -129,8 +128,7 @@ def model_from_state(state: dict, where: str, device="auto", ema=True, overrides
     return cfg, model.eval(), method, dev, state
 
 
-def _run_dir(run_or_ckpt) -> Path:
-    return run_dir_of(run_or_ckpt)
+_run_dir = run_dir_of  # the run folder of a run or checkpoint path (the front ends import this name)
 
 
 def build_teacher(state: dict, device="cpu") -> nn.Module:

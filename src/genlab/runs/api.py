@@ -5,7 +5,7 @@
     run = genlab.load_run(summary["run_dir"])                        # run folder, checkpoint or exported folder
     images = run.sample(n=16, class_id=3)                            # [16, C, H, W] in [-1, 1]
 
-Everything here is a thin layer over the CLI's code paths (config.load_config, the Trainer, sample.load_run).
+Everything here is a thin layer over the CLI's code paths (config.load_config, the trainer, runs/load.py).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class Run:
 
     @torch.no_grad()
     def sample(self, n: int = 16, *, seed: int = 0, steps: int | None = None, text: bool = False, **options):
-        """n samples on the CPU, drawn by the run's method (`Method.draw`).
+        """n samples on the CPU, drawn by the run's method (`Method.draw`) as `genlab sample` draws them (runs/load.py).
         Images: a float tensor [n, C, H, W] in [-1, 1]; flow keywords: class_id (one class) or labels (a tensor of
         n class ids; default: cycle over the classes), cfg_scale, sampler, steps.
         Text: token ids [n, L] (or, with text=True, a list of n strings); keywords: prompt, temperature, length
@@ -65,8 +65,7 @@ class Run:
                                   f"{self.config.method.name}; valid: n, seed, steps, text, {', '.join(valid)}")
         if n < 1:
             raise GenlabError(f"Run.sample: n must be >= 1, got {n}")
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        out = self.method.draw(self.model, n, steps=steps, generator=gen, device=self.device, **options).cpu()
+        out = run_loader.draw(self.config, self.model, self.method, self.device, n, seed, steps, **options).cpu()
         if text:
             return self.decode(out)
         return out.float().clamp(-1, 1) if out.is_floating_point() else out  # images as the PNG grids quantise

@@ -1,4 +1,6 @@
-"""Sampling and evaluation of a finished run or checkpoint (`genlab sample`, `genlab eval`)."""
+"""Sampling and evaluation of a finished run or checkpoint: the one entry of each for `genlab sample`, `genlab eval`,
+the sweep harness (it runs `genlab eval`), the quantization gap and the Python API (api.py); loading is
+families/build.py's load_run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,21 +39,24 @@ def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=Non
         all_registries()["sampler"].get(sampler)
 
 
-# `genlab sample`'s per-method options, by the keyword the command passes to Method.sample_to_file
+# `genlab sample`'s per-method options, by the keyword the command passes to the family's render.sample_to_file
 SAMPLE_FLAGS = {"class_id": "--class", "cfg_scale": "--cfg", "sampler": "--sampler", "prompt": "--prompt",
                 "temperature": "--temperature", "top_k": "--top-k", "length": "--length", "complete": "--complete",
                 "attention": "--attention"}
 
 
 def check_sample_options(cfg, method, given: dict) -> None:
-    """An option the run's method does not take (a text prompt to an image run) is refused, not ignored; a sampler
-    must fit the model (a step-size sampler on a plain flow run)."""
+    """An option the run's method does not take (a text prompt to an image run) is refused, not ignored: it takes
+    its draw() options and its renderer's own (--complete); a sampler must fit the model (a step-size sampler on a
+    plain flow run)."""
     import inspect
-    takes = inspect.signature(method.sample_to_file).parameters
+    if method.render is None:
+        raise GenlabError(f"method {cfg.method.name} writes no samples (it has no render module)")
+    takes = set(method.sample_options) | set(inspect.signature(method.render.sample_to_file).parameters)
     for k in given:
-        if k in SAMPLE_FLAGS and k not in takes:
+        if k not in takes:
             own = [f for p, f in SAMPLE_FLAGS.items() if p in takes]
-            raise GenlabError(f"{SAMPLE_FLAGS[k]} does not apply to a run of method {cfg.method.name}; its sample "
+            raise GenlabError(f"{SAMPLE_FLAGS.get(k, k)} does not apply to a run of method {cfg.method.name}; its sample "
                               f"options: {', '.join(own) or 'none'} (and --n, --steps, --seed, --out)")
     if given.get("sampler") is not None:
         check_sampler_conditions(cfg.method.name, [given["sampler"]])
@@ -59,46 +64,63 @@ def check_sample_options(cfg, method, given: dict) -> None:
 
 def sample_to_file(run, n=64, steps=None, cfg_scale=None, class_id=None, out=None, seed=0, sampler=None,
                    device="auto", ema=True, overrides=(), **options):
-    """`genlab sample`: the run's method writes n samples (a PNG grid, a text file, a video) and says where.
-    `overrides`: the run's sampling keys (e.g. method.cache_blocks=2,3), as `genlab eval` takes them."""
+    """`genlab sample`: n samples of the run's method written by its family's render module (a PNG grid, a text file,
+    a video); returns the path. `overrides`: the run's sampling keys (e.g. method.cache_blocks=2,3), as `genlab eval`
+    takes them."""
     check_sample_args(n, steps, cfg_scale, options.get("temperature"), options.get("top_k"), sampler, options.get("length"))
     for o in overrides:
         if o.strip().startswith("eval."):
             raise GenlabError(f"override '{o}': genlab sample reads no eval.* key (they set how genlab eval scores); "
                               "it takes the run's sampling keys, e.g. method.cache_blocks=auto, and --n, --steps, --cfg")
     cfg, model, method, dev, state = load_run(run, device, ema, overrides)
+    if method.render is None:  # an encoder (mae_encoder): one line, not a traceback
+        raise GenlabError(f"method {type(method).__name__} trains no generator: its runs have no samples to draw")
     if options.get("length") is not None and "length" not in method.sample_options:
         raise GenlabError(f"--length is for text runs (methods autoregressive, mdlm); this run's method is {cfg.method.name}")
-    gen = torch.Generator(device=dev).manual_seed(seed)
     out = Path(out) if out else _run_dir(run) / "sample_grid.png"
     given = {k: v for k, v in (("class_id", class_id), ("cfg_scale", cfg_scale), ("sampler", sampler)) if v is not None}
     check_sample_options(cfg, method, {**given, **options})
     with sampling_precision(cfg, dev).autocast(dev):
-        return method.sample_to_file(model, out, n=n, steps=steps, generator=gen, device=dev, **given, **options)
+        return method.render.sample_to_file(method, model, out, n=n, steps=steps, device=dev, **given, **options,
+                                            generator=torch.Generator(device=dev).manual_seed(seed))
+
+
+def draw(cfg, model, method, dev, n, seed=0, steps=None, **options):
+    """The API's samples (Run.sample): method.draw as `genlab sample` draws, seeded and in the run's precision."""
+    with sampling_precision(cfg, dev).autocast(dev):
+        return method.draw(model, n, steps=steps, generator=torch.Generator(device=dev).manual_seed(seed), device=dev,
+                           **options)
 
 
 def evaluate_run(run, overrides=(), device="auto"):
+    """`genlab eval` (the sweep harness runs it too): the run's evaluation, with eval.nfe_list its NFE table."""
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     nfe_table = _nfe_table_wanted(cfg, method)
-    method.check_eval(cfg)  # weights of eval.metrics present before sampling
-    check_data_on_disk(cfg)  # eval.val_path, before sampling
-    data = build_dataset(cfg.data)
-    ctx = eval_context(cfg, dev, _run_dir(run))
+    return evaluate_model(cfg, model, method, dev, eval_data(cfg, method), _run_dir(run), state, nfe_table)
+
+
+def eval_data(cfg, method):
+    """The data an evaluation scores against, once what needs no sampling is checked (eval.metrics' weights present,
+    eval.val_path)."""
+    method.check_eval(cfg)
+    check_data_on_disk(cfg)
+    return build_dataset(cfg.data)
+
+
+def evaluate_model(cfg, model, method, dev, data, run_dir, state=None, nfe_table=False) -> dict:
+    """A loaded model's evaluation in the run's training precision from a fresh fixed-seed context (`genlab eval`, the
+    quantization gap); with nfe_table the same evaluation per (sampler, NFE), as a table (eval/nfe.py)."""
+    ctx = eval_context(cfg, dev, run_dir)
     with sampling_precision(cfg, dev).autocast(dev):
-        return _evaluate(cfg, model, method, data, ctx, state, nfe_table)
-
-
-def _evaluate(cfg, model, method, data, ctx, state, nfe_table):
-    res = method.evaluate(model, data, ctx)
-    if nfe_table:  # eval.nfe_list: the same evaluation per (sampler, NFE), as a table (eval/nfe.py)
-        import sys
-        res["nfe_table"] = nfe_rows(method, model, data, ctx, cfg)
-        res["cost"] = cost_summary(ctx["run_dir"])
-        res["nfe_grid"] = str(nfe_grid(method, model, ctx, cfg, ctx["run_dir"] / "eval_nfe.png"))
-        print(write_table(res["nfe_table"], ctx["run_dir"], cfg.eval.cfg_scale, res["cost"], state["step"]),
-              file=sys.stderr)
-    res["step"] = state["step"]
-    return res
+        res = method.evaluate(model, data, ctx)
+        if nfe_table:
+            import sys
+            res["nfe_table"] = nfe_rows(lambda c: method.evaluate(model, data, c), ctx, cfg)
+            res["cost"] = cost_summary(run_dir)
+            res["nfe_grid"] = str(nfe_grid(lambda c: method.pixels(model, c), method.spec.get("num_classes", 0), ctx, cfg,
+                                           run_dir / "eval_nfe.png"))
+            print(write_table(res["nfe_table"], run_dir, cfg.eval.cfg_scale, res["cost"], state["step"]), file=sys.stderr)
+    return res if state is None else {**res, "step": state["step"]}
 
 
 def _nfe_table_wanted(cfg, method) -> bool:

@@ -8,15 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from genlab.config.check import check_data_on_disk
 from genlab.core.errors import GenlabError
-from genlab.core.tables import markdown_table
-from genlab.data import build_dataset
 from genlab.nn.ptq import check_format, quantize_model
-from genlab.runs.load import load_run, sampling_precision
+from genlab.runs.load import eval_data, evaluate_model, load_run
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import resolve_device
-from genlab.sampling.images import eval_context
 
 HIGHER_IS_BETTER = ("sample_accuracy", "precision", "recall", "classifier_val_acc")
 
@@ -70,16 +66,12 @@ def quant_gap(run, formats=("int8", "nf4"), overrides=(), device="auto", adaln=F
         row = {}
         for fmt in (None, *formats):
             cfg, model, method, dev_, state = load_run(path, str(dev), True, overrides)
-            if data is None:
-                method.check_eval(cfg)
-                check_data_on_disk(cfg)
-                data = build_dataset(cfg.data)
+            data = eval_data(cfg, method) if data is None else data
             if fmt:
                 quantize_model(model, fmt, dev_, adaln=adaln)
-            # a fresh context per model: the same generator seed, so float and quantized draw the same noise; in the
-            # run's training precision, as `genlab eval` of the run and of its quantized copy sample
-            with sampling_precision(cfg, dev_).autocast(dev_):
-                res = method.evaluate(model, data, eval_context(cfg, dev_, out_dir))
+            # a fresh context per model (evaluate_model): the same generator seed, so float and quantized draw the same
+            # noise; in the run's training precision, as `genlab eval` of the run and of its quantized copy sample
+            res = evaluate_model(cfg, model, method, dev_, data, out_dir)
             key = key or headline_metric(method, res)
             row[fmt or "float"] = {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         unit, seen = _seen(cfg, state["data_spec"], int(state["step"]))
@@ -101,9 +93,13 @@ def markdown(result: dict, unit: str) -> str:
     head += [f"{k} {v}" for k in extra for v in ("float", *formats)]
     lines = [f"Quantization gap of {result['run']} ({key}; gap = quantized - float"
              f"{', lower is better' if key not in HIGHER_IS_BETTER else ''}; same seeds and noise per checkpoint)", "",
-             markdown_table(head, [[r["step"], r[unit], f"{r['float'][key]:.4g}"]
-                                   + [c for f in formats for c in (f"{r[f][key]:.4g}", f"{r[f][key] - r['float'][key]:+.4g}")]
-                                   + [f"{r[v][k]:.4g}" for k in extra for v in ("float", *formats)] for r in rows]), ""]
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r["step"]), str(r[unit]), f"{r['float'][key]:.4g}"]
+        cells += [c for f in formats for c in (f"{r[f][key]:.4g}", f"{r[f][key] - r['float'][key]:+.4g}")]
+        cells += [f"{r[v][k]:.4g}" for k in extra for v in ("float", *formats)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
     for f, t in result["trend"].items():
         if "b_per_decade" in t:
             pw = f"; power law {t['power_c']:.3g}·step^{t['power_k']:.3g}" if "power_k" in t else ""

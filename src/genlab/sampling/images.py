@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from genlab.core import progress
+from genlab.data.pixels import to_pixels
 from genlab.nn.autoencoders import load_autoencoder
 
 
@@ -41,6 +42,14 @@ def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=
             if not per_step:
                 task.update(len(out[-1]))
     return torch.cat(out)
+
+
+def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor:
+    """uint8 pixels on the CPU with the evaluation's steps, guidance, sampler and generator (ctx): a method's
+    evaluation binds this into the generate(labels, desc) callable that eval/ takes."""
+    return sample_images(method, model, labels, steps=ctx["eval"].sample_steps, cfg_scale=ctx["eval"].cfg_scale,
+                         sampler=ctx.get("sampler"), generator=ctx["generator"], device=ctx["device"], batch=batch,
+                         desc=desc, post=lambda x: to_pixels(x).cpu(), per_step=False)
 
 
 _CODECS: dict = {}  # (codec spec, device) -> the frozen decoder, built once per process

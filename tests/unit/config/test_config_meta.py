@@ -1,13 +1,13 @@
 """Config metadata: every key declares its description and valid values; validate enforces them."""
 import dataclasses
-import tomllib
 from typing import get_type_hints
 
 import pytest
+import tomllib
 
-from genlab.config.tree import Config, dumps_toml, from_dict, load_config, to_dict
-from genlab.config.keys import sections
 from genlab.config.fields import declares_range, meta_of
+from genlab.config.keys import sections
+from genlab.config.tree import Config, dumps_toml, from_dict, load_config, to_dict
 from genlab.core.errors import GenlabError
 
 
@@ -89,6 +89,7 @@ def test_toml_writer_round_trips_characters_outside_the_bmp():
 
 def test_docs_config_md_is_current():
     from conftest import REPO
+
     from genlab.config.doc import markdown
     doc = (REPO / "docs" / "config.md").read_text()
     assert doc == markdown(), "docs/config.md is stale: run `python -m genlab.config.doc > docs/config.md`"
@@ -97,6 +98,7 @@ def test_docs_config_md_is_current():
 def test_docs_config_md_rows_are_one_line_each_with_five_cells():
     """A multi-line default (tomli-w writes arrays over several lines) used to break the table."""
     import re
+
     from genlab.config.doc import markdown
     rows = [line for line in markdown().splitlines() if line.startswith("| `")]
     assert len(rows) > 200 and "| `betas` | `[0.9, 0.99]` |" in markdown()
@@ -122,6 +124,7 @@ def test_genlab_config_refuses_an_unknown_key_with_a_suggestion(capsys):
 
 def test_unused_sampling_option_is_a_warning_recorded_in_the_run_config(tmp_path, capsys):
     from conftest import TINY
+
     from genlab.training.trainer import Trainer
     cfg = load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=w", "train.steps=1",
                                              "eval.num_samples=0", "method.top_k=5"])

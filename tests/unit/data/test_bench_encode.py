@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
+
 from genlab.data.encode import encode_dataset
 
 pytest.importorskip("diffusers")

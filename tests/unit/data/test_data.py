@@ -9,13 +9,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from conftest import cli_in_process
 
+from genlab.core.errors import GenlabError
 from genlab.data import convert
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.loader import ImageLoader, IndexStream
-from genlab.core.errors import GenlabError
-
-from conftest import cli_in_process
 
 
 def test_mnist_converter_on_real_files(shared_data, tmp_path):
@@ -183,6 +182,7 @@ def test_embedded_digits_equal_sklearns_loader_and_skip_importing_sklearn():
     import os
     import subprocess
     import sys
+
     from conftest import REPO
     code = ("import sys; from genlab.data.datasets import load_digits_uint8; d = load_digits_uint8(); "
             "print('sklearn' in sys.modules, d.meta['sha256'])")
@@ -192,6 +192,7 @@ def test_embedded_digits_equal_sklearns_loader_and_skip_importing_sklearn():
     imported, checksum = r.stdout.split()
     assert imported == "False"
     from sklearn.datasets import load_digits
+
     from genlab.data.datasets import load_digits_uint8
     from genlab.data.formats import array_checksum
     ref = load_digits()

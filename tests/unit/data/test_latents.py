@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import REPO, cli_in_process, patch_everywhere, straight_and_resumed, tiny_config
 
-from conftest import REPO, cli_in_process, straight_and_resumed, tiny_config, patch_everywhere
-from genlab.nn.autoencoders import load_autoencoder
+from genlab.core.errors import GenlabError
 from genlab.data.datasets import load_digits_uint8
 from genlab.data.encode import encode_dataset, rank_chunks
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.latents import LatentLoader, VariantStream, read_latents
 from genlab.data.loader import IndexStream
 from genlab.data.pixels import to_model
-from genlab.core.errors import GenlabError
+from genlab.nn.autoencoders import load_autoencoder
 
 
 class LoaderCfg:
@@ -193,8 +193,8 @@ def test_the_loader_flip_choice_resumes_exactly(encoded, on_device):
 
 
 def test_hflip_on_latents_without_flipped_variants_is_refused_before_training(digits, tmp_path):
-    from genlab.config.tree import load_config
     from genlab.config.check import check_config
+    from genlab.config.tree import load_config
     out = encode_dataset(digits, "unshuffle:2", tmp_path / "lat", batch_size=1000, flip=False, device="cpu")
     with pytest.raises(GenlabError, match="no flipped variants"):
         check_config(load_config("digits_flow", latent_overrides(out, "data.hflip=true")))
@@ -218,8 +218,9 @@ def latent_run(encoded, tmp_path_factory):
 
 
 def test_a_flow_run_on_latents_records_the_codec_and_samples_decoded_images(latent_run, tmp_path, capfd):
-    from genlab.runs.load import load_run
     from PIL import Image
+
+    from genlab.runs.load import load_run
     trainer, run = latent_run
     cfg, model, method, dev, state = load_run(run, "cpu")
     assert state["data_spec"]["codec"]["spec"] == "unshuffle:2" and state["data_spec"]["pixel_shape"] == [8, 8, 1]

@@ -8,14 +8,14 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import cli_in_process, straight_and_resumed
 from PIL import Image
 
-from conftest import cli_in_process, straight_and_resumed
+from genlab.core.errors import GenlabError
 from genlab.data import build_loader
 from genlab.data.convert import prepare
 from genlab.data.shard_convert import center_crop_arr
 from genlab.data.shards import ShardData, read_shards, write_shard_dataset
-from genlab.core.errors import GenlabError
 from genlab.runtime.metrics import read_metrics
 
 
@@ -246,7 +246,7 @@ def test_the_cli_prepares_shards_and_a_run_refuses_to_make_them_resident(tmp_pat
                        "--size", "8", "--shard-size", "4")
     assert r.returncode == 0 and "wrote" in r.stdout
     assert read_shards(tmp_path / "s").images.shape == (7, 8, 8, 3)
-    from genlab.config.tree import load_config
     from genlab.config.check import check_config
+    from genlab.config.tree import load_config
     with pytest.raises(GenlabError, match="never resident"):
         check_config(load_config("digits_flow", ["data.name=shards", f"data.path={tmp_path / 's'}", "data.on_device=yes"]))

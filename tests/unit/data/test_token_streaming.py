@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-
 from conftest import cli_in_process
+
+from genlab.core.errors import GenlabError
 from genlab.data import text_stream, token_loader
 from genlab.data.text import prepare_text, read_token_dataset, split_tokens
 from genlab.data.token_loader import TokenLoader, window_starts
 from genlab.data.tokenizers import build_tokenizer
-from genlab.core.errors import GenlabError
 
 # whitespace runs, "\r\n", blank lines, trailing spaces, contractions, digits, multi-byte characters: the places
 # where cutting a text into pieces could change its tokens

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import TINY, patch_everywhere
+
 from genlab.core.errors import GenlabError
 from genlab.eval.frechet import frechet_distance, frechet_from_stats, trace_sqrt_product
 
@@ -226,6 +226,7 @@ def _naive_lpips(model, x, y):
     """The formula in float64: unit-normalise channels, squared difference, channel weights, spatial mean,
     sum over the five layers; features from the same layers run one by one in float64."""
     import copy
+
     from genlab.eval.lpips import TAPS
     feats = copy.deepcopy(model.features).double().requires_grad_(False)
     shift = np.array([-.030, -.088, -.188]).reshape(1, 3, 1, 1)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from conftest import tiny_config, patch_everywhere
+from conftest import patch_everywhere, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +22,7 @@ def _autocast_seen(monkeypatch, target, attr, result=None):
 
     def spy(*a, **k):
         seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
-        return (result or {}) if attr == "evaluate" else None
+        return result if result is not None else ({} if attr == "evaluate" else None)
     patch_everywhere(monkeypatch, target, attr, spy)  # also where a module imported it by name
     return seen
 
@@ -40,19 +39,22 @@ def test_eval_of_a_run_samples_in_its_training_precision(runs, monkeypatch, prec
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])
 def test_sample_and_analyze_sample_in_the_training_precision(runs, monkeypatch, tmp_path, precision, dtype):
+    from genlab.families.image_flow import render
     from genlab.lab.analyze import run as analyze_mod
-    from genlab.families.image_flow.flow import FlowMatching
     from genlab.runs.load import sample_to_file
-    seen = _autocast_seen(monkeypatch, FlowMatching, "sample_to_file")
+    seen = _autocast_seen(monkeypatch, render, "sample_to_file")
     sample_to_file(runs / precision, n=2, out=tmp_path / "g.png", device="cpu")
-    from genlab.eval import image_quality
-    drawn = _autocast_seen(monkeypatch, image_quality, "generate")
+    drawn = _autocast_seen(monkeypatch, analyze_mod, "generate")  # the name analyze binds (eval.image_quality's)
     from genlab.runs.load import load_run
     cfg, model, method, dev, _ = load_run(runs / precision, "cpu")
     from types import SimpleNamespace
     data = SimpleNamespace(spec={"num_classes": 4})
     analyze_mod.Sampler(cfg, method, model, data, dev, runs / precision).draw("t", torch.zeros(2, dtype=torch.long))
-    assert seen == [dtype] and drawn == [dtype]
+    from genlab.families.image_flow.flow import FlowMatching
+    from genlab.runs.api import load_run as api_load_run
+    api = _autocast_seen(monkeypatch, FlowMatching, "draw", torch.zeros(2, 1, 8, 8))  # Run.sample: as genlab sample
+    api_load_run(runs / precision, "cpu").sample(n=2)
+    assert seen == [dtype] and drawn == [dtype] and api == [dtype]
 
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("fp32", None)])

@@ -3,7 +3,6 @@ torch-fidelity / pytorch-fid layouts, sFID / Inception Score / precision-recall 
 ref-stats writer, and the input path (uint8 pixels and float model outputs of the same pixels agree). The published
 Inception weights cannot be downloaded here: the network runs with stand-in random weights whose BatchNorm statistics
 are calibrated so activations keep their scale through depth (features of default-initialised weights vanish, ~1e-8)."""
-from conftest import patch_everywhere
 import json
 import re
 import zipfile
@@ -11,6 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from conftest import patch_everywhere
 
 from genlab.core.errors import GenlabError
 from genlab.eval.frechet import frechet_from_stats, gaussian_stats
@@ -312,8 +312,8 @@ def test_protocol_metrics_follow_what_the_reference_file_holds(tmp_path, monkeyp
 
 def test_fid_ref_is_read_only_by_the_metrics_that_use_it():
     """An unread eval option is a warning (config_check._soft): eval.fid_ref with the default metrics says so."""
-    from genlab.config.tree import load_config
     from genlab.config.check import config_warnings
+    from genlab.config.tree import load_config
     assert not any("fid_ref" in w for w in config_warnings(load_config("digits_flow", ["eval.metrics=fid,sfid", "eval.fid_ref=r.npz"])))
     warned = [w for w in config_warnings(load_config("digits_flow", ["eval.fid_ref=r.npz"])) if "eval.fid_ref" in w]
     assert len(warned) == 1 and "pr_inception" in warned[0], warned  # names the metrics that read it

@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import cli_in_process
-from genlab.nn.autoencoders import load_autoencoder
+
 from genlab.core.errors import GenlabError
+from genlab.nn.autoencoders import load_autoencoder
 
 # the in-project autoencoder on the digits: base width 32, one ResNet block per level, 8x8x1 -> 4x4x2 (factor 2)
 AE = ["data.name=digits", "data.path=", "model.size=tiny", "model.channel_mult=1,2", "model.latent_channels=2",
@@ -96,6 +96,7 @@ def test_kl_term_is_the_closed_form_for_a_diagonal_gaussian():
 
 def test_flops_are_the_flop_counters_on_the_model_itself():
     from torch.utils.flop_counter import FlopCounterMode
+
     from genlab.config.tree import load_config
     from genlab.training.step import build_model_and_method
     model, _ = build_model_and_method(load_config("mnist_autoencoder", AE), DIGITS)
@@ -148,6 +149,7 @@ def test_the_trained_autoencoder_reconstructs_the_digits(trained):
 @pytest.mark.slow  # the shared `trained` fixture trains an autoencoder for ~18 s
 def test_the_preview_shows_originals_above_their_reconstructions(trained):
     from PIL import Image
+
     from genlab.data.datasets import load_digits_uint8
     from genlab.eval.real_split import real_split
     run, _ = trained

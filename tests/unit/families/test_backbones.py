@@ -14,9 +14,9 @@ from torch.utils.flop_counter import FlopCounterMode
 import genlab.nn.attention as attention_kernels
 from genlab.config.tree import ModelConfig, load_config
 from genlab.core.errors import GenlabError
-from genlab.nn.mlp import MixFFN, TokenGrid
-from genlab.lab.match import match_params, param_count, reference_params
 from genlab.core.registry import model_registry
+from genlab.lab.match import match_params, param_count, reference_params
+from genlab.nn.mlp import MixFFN, TokenGrid
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5}
 TINY = dict(dim=32, depth=3, heads=2, size="tiny")  # depth 3: one long skip (block 0 -> block 2)
@@ -175,8 +175,8 @@ def test_mmdit_dual_blocks_equal_to_depth_is_pure_mmdit_and_hybrid_has_single_bl
 
 
 def test_mmdit_takes_a_sequence_of_condition_embeddings():
-    from genlab.families.image_flow.mmdit import MMDiT
     from genlab.families.image_flow.dit import spec_from_config
+    from genlab.families.image_flow.mmdit import MMDiT
     m = MMDiT(spec_from_config(model_cfg("mmdit", attention="math"), SPEC, context_dim=12))
     with torch.no_grad():
         for p in m.parameters():

@@ -1,4 +1,4 @@
-"""EDM preconditioning and noise schedule (families/image_flow/edm.py) against Karras et al. 2022, table 1."""
+"""EDM preconditioning and noise schedule (families/world/objectives.py) against Karras et al. 2022, table 1."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from genlab.families.image_flow.edm import karras_sigmas, preconditioning
+from genlab.families.world.objectives import karras_sigmas, preconditioning
 
 
 @pytest.mark.parametrize("sigma_data", [0.5, 1.0])

@@ -26,8 +26,8 @@ class CountingVelocity:
 @pytest.mark.parametrize("name", ["flow_map", "consistency", "euler"])
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_an_n_step_few_step_sampler_makes_exactly_n_network_calls(name, n):
-    from genlab.sampling.samplers import call_sampler, time_grid
     from genlab.core.registry import sampler_registry
+    from genlab.sampling.samplers import call_sampler, time_grid
     v = CountingVelocity()
     out = call_sampler(sampler_registry.get(name), v, torch.randn(3, 1, 4, 4), time_grid(n),
                        generator=torch.Generator().manual_seed(0))
@@ -38,8 +38,7 @@ def test_an_n_step_few_step_sampler_makes_exactly_n_network_calls(name, n):
 
 def test_flow_map_with_the_exact_average_velocity_lands_on_the_exact_solution():
     # dx/dt = -x has the flow map x(t+d) = x(t) e^{-d}; its average velocity over [t, t+d] is x (e^{-d} - 1) / d
-    from genlab.sampling.few_step import sample_flow_map
-    from genlab.sampling.samplers import time_grid
+    from genlab.sampling.samplers import sample_flow_map, time_grid
     x0 = torch.randn(5, 1, 2, 2, dtype=torch.float64)
     u = lambda x, t, d: x * (torch.exp(-d) - 1).view(-1, 1, 1, 1) / d.view(-1, 1, 1, 1)  # noqa: E731
     for n in (1, 3):
@@ -49,7 +48,7 @@ def test_flow_map_with_the_exact_average_velocity_lands_on_the_exact_solution():
 
 def test_consistency_sampler_with_an_exact_data_prediction_returns_the_data():
     # velocity whose data estimate x + (1-t) v is always the point `data`: each re-noised step predicts it again
-    from genlab.sampling.few_step import sample_consistency
+    from genlab.sampling.samplers import sample_consistency
     data = torch.randn(2, 1, 3, 3)
     v = lambda x, t: (data - x) / (1 - t).view(-1, 1, 1, 1)  # noqa: E731
     out = sample_consistency(v, torch.randn(2, 1, 3, 3), torch.linspace(0.0, 0.99, 5),
@@ -80,9 +79,9 @@ def test_shortcut_target_is_the_mean_of_two_half_steps_of_the_target_network():
 
 
 def test_shortcut_trains_its_loss_falls_and_samples_in_one_two_and_four_calls(tmp_path, one_thread):
-    from genlab.training.trainer import Trainer
     from genlab.runtime import checkpoint as ckpt
     from genlab.training.step import build_model_and_method
+    from genlab.training.trainer import Trainer
     cfg = tiny_config(tmp_path, "method.name=shortcut", "method.sampler=flow_map", "method.shortcut_min_steps=8",
                       "train.ema_decay=0.9", "train.name=sc", *FAST[1:], "train.steps=60")
     s = Trainer(cfg).fit()

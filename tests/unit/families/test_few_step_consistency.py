@@ -85,7 +85,7 @@ def test_lcm_trains_from_its_teacher_its_loss_falls_it_is_the_identity_at_t1_and
 
 
 def _boundary_and_calls(model, method, cond):
-    from genlab.families.few_step.consistency import consistency_fn
+    from genlab.families.few_step.base import consistency_fn
     x = torch.randn(4, 1, 8, 8)
     with torch.no_grad():  # the boundary condition of a trained student: f(x, 1) = x
         assert torch.equal(consistency_fn(model, x, torch.ones(4), torch.arange(4), **cond), x)

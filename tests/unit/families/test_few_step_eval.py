@@ -27,6 +27,7 @@ def shortcut_run(tmp_path_factory):
 
 def test_a_shortcut_run_gives_one_row_per_step_count_with_floor_cost_and_picture(shortcut_run, one_thread):
     from PIL import Image
+
     from genlab.runs.load import evaluate_run
     res = evaluate_run(shortcut_run, [*EV, "eval.nfe_list=1,2,4,8"])
     rows = res["nfe_table"]

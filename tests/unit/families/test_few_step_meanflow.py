@@ -2,7 +2,6 @@
 whose average velocity is known in closed form, the loss on a tiny model, DDP gradients, sampling calls, resume."""
 from __future__ import annotations
 
-from conftest import TESTS
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
+from conftest import TESTS
 
 from tests.conftest import REPO, straight_and_resumed, tiny_config
 
@@ -161,8 +161,8 @@ def test_a_run_stopped_and_resumed_equals_one_trained_straight_through(tmp_path,
 def test_every_attention_entry_has_a_jvp_that_matches_its_function(backend, one_thread):
     """Inside forward_ad_attention the JVP runs through each entry (or its declared fallback): the primal equals the
     entry's own output and the tangent equals finite differences."""
-    from genlab.nn.attention import forward_ad_attention
     from genlab.core.registry import attention_registry
+    from genlab.nn.attention import forward_ad_attention
     model = tiny_dit64(backend)
     g = torch.Generator().manual_seed(2)
     x, v = (torch.randn(2, 1, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))

@@ -2,7 +2,6 @@
 (`genlab data generate pairs`)."""
 from __future__ import annotations
 
-from conftest import patch_everywhere
 import json
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import patch_everywhere
 
 from tests.conftest import cli_in_process, straight_and_resumed, tiny_config
 
@@ -49,8 +49,8 @@ def test_perflow_target_is_the_chord_of_the_teachers_exact_solution_across_the_w
     # the student sees x_t = x_s + s (x_e - x_s) with x_e = x_s M, M = expm(A dw), and must output (x_e - x_s) / dw;
     # both follow from x_t and t alone: x_s = x_t (I + s (M - I))^-1, target = x_s (M - I) / dw. We record what the
     # student was given and compare the loss of a zero student with the closed form.
-    from genlab.families.base import StepContext
     from genlab.core.registry import method_registry
+    from genlab.families.base import StepContext
     K = 4
     cfg = tiny_config(tmp_path, "method.name=perflow", f"method.perflow_windows={K}", "method.perflow_solver=heun",
                       "method.perflow_solver_steps=256", "method.timestep_sampler=uniform", "method.teacher_cfg_scale=1.5",
@@ -100,14 +100,14 @@ def test_perflow_solver_steps_to_the_closed_form_endpoint_and_chord_is_its_strai
 
 # -- genlab data generate pairs -----------------------------------------------------------------------------
 def test_generate_pairs_stores_the_teachers_samples_of_the_stored_noise_and_their_cost(flow_teacher, tmp_path, capfd):
+    from genlab.core.registry import sampler_registry
     from genlab.data.formats import read_image_dataset
     from genlab.data.pairs import read_pairs
     from genlab.data.pixels import to_pixels
     from genlab.families.few_step.base import build_teacher
     from genlab.families.image_flow.flow import cfg_velocity
-    from genlab.sampling.samplers import call_sampler, time_grid
-    from genlab.core.registry import sampler_registry
     from genlab.runtime import checkpoint as ckpt
+    from genlab.sampling.samplers import call_sampler, time_grid
     out = tmp_path / "pairs"
     r = cli_in_process(capfd, "data", "generate", "pairs", flow_teacher, "--out", out, "--n", 30, "--steps", 3,
                        "--batch", 16, "--sampler", "midpoint", "--cfg-scale", 1.5, "--device", "cpu")
@@ -246,14 +246,14 @@ def test_a_pairs_folder_is_scored_against_the_teachers_data(pairs_dir):
 def test_a_student_trained_on_pairs_is_evaluated_against_the_teachers_data(name, flow_teacher, pairs_dir, tmp_path,
                                                                            monkeypatch):
     from genlab.data import build_dataset
-    from genlab.eval import image_quality
+    from genlab.families.image_flow import flow
     from genlab.training.step import build_model_and_method
     cfg = tiny_config(tmp_path, f"method.name={name}", f"method.teacher={flow_teacher}", "data.name=pairs",
                       f"data.path={pairs_dir}", "method.tdisc_hidden=8" if name == "ladd" else "method.sampler=euler")
     data = build_dataset(cfg.data)
     model, method = build_model_and_method(cfg, data.spec)
     seen = []
-    patch_everywhere(monkeypatch, image_quality, "evaluate_class_conditional", lambda m, model, d, ctx: seen.append(d) or {})
+    monkeypatch.setattr(flow, "evaluate_class_conditional", lambda generate, d, ctx: seen.append(d) or {})
     method.evaluate(model, data, {})
     assert seen[0].meta["source"] == "sklearn.datasets.load_digits" and seen[0].images.shape == (1797, 8, 8, 1)
 

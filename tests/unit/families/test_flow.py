@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from genlab.config.tree import load_config
-from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, interpolate
-from genlab.sampling.samplers import sample_euler, sample_heun, time_grid
-from genlab.families.image_flow.timesteps import logit_normal, uniform
 from genlab.families.base import plain_context
+from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, interpolate
+from genlab.families.image_flow.timesteps import logit_normal, uniform
+from genlab.sampling.samplers import sample_euler, sample_heun, time_grid
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
 
@@ -121,7 +121,7 @@ def test_sample_grid_is_laid_out_by_class(tmp_path, n, k):
     # each sample a flat image whose level encodes its class
     fm.draw = lambda model, n, class_id=None, device=None, **_: (
         fm.labels_for(n, class_id, None, device).float().view(-1, 1, 1, 1).expand(n, 1, 4, 4) * 2 / k - 1)
-    out = fm.sample_to_file(None, tmp_path / "g.png", n=n, device="cpu")
+    out = fm.render.sample_to_file(fm, None, tmp_path / "g.png", n=n, device="cpu")
     grid = np.asarray(Image.open(out))[::16, ::16]  # save_grid draws 4-px images 16x larger, 1-px gaps
     cols, rows = (grid.shape[1] - 1) // 5, (grid.shape[0] - 1) // 5
     assert (cols % k == 0 or cols == n < k) and rows == -(-n // cols)

@@ -8,17 +8,17 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import cli_in_process
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import cli_in_process
 from genlab.config.tree import ModelConfig, load_config
+from genlab.core.errors import GenlabError
 from genlab.data.text import embedded_corpus, prepare_text, read_token_dataset
 from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import ByteTokenizer, CharTokenizer, GPT2Tokenizer
-from genlab.core.errors import GenlabError
+from genlab.families.base import plain_context
 from genlab.families.lm import mdlm
 from genlab.families.lm.gpt import GPT, GPTSpec, build_gpt, padded_vocab
-from genlab.families.base import plain_context
 
 LM_TINY = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=16",
            "log.progress=false", "log.tensorboard=false", "optim.warmup_steps=5", "eval.num_samples=8",
@@ -388,6 +388,7 @@ def test_bound_error_bars_are_the_standard_error_over_sequences(tmp_path, monkey
     # bound is the mean over sequences and its standard error std / sqrt(5); the plot's bars are that number
     import statistics
     from types import SimpleNamespace
+
     import matplotlib.axes
     model, L, reps, n = OracleDenoiser(), 4, 3, 5
     cfg = load_config("text_mdlm", ["eval.T_list=2,8", f"eval.nelbo_reps={reps}", f"eval.num_samples={n}", "eval.batch_size=2"])

@@ -7,13 +7,13 @@ import json
 
 import pytest
 import torch
+from conftest import TINY, cli_in_process, straight_and_resumed, tiny_config
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import TINY, cli_in_process, straight_and_resumed, tiny_config
 from genlab.config.tree import load_config
 from genlab.families.base import plain_context
-from genlab.families.image_flow.maskdit import draw_keep, kept_tokens
 from genlab.families.image_flow.dit import depatchify, patchify
+from genlab.families.image_flow.maskdit import draw_keep, kept_tokens
 from genlab.training.trainer import Trainer
 
 MASK = ["method.name=maskdit", "model.name=maskdit", "model.decoder_depth=1", "model.decoder_dim=16", "eval.num_samples=0",

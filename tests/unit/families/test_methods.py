@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import straight_and_resumed, tiny_config
+
 from genlab.core.errors import GenlabError
 from genlab.training.trainer import Trainer
 
@@ -99,9 +99,9 @@ class _Critic(nn.Module):
 
 def _register_adversarial():
     """Flow matching + a critic with its own optimizer (LADD-style): one loss per optimizer."""
+    from genlab.core.registry import method_registry
     from genlab.families.base import Extra
     from genlab.families.image_flow.flow import FlowMatching
-    from genlab.core.registry import method_registry
 
     class Adversarial(FlowMatching):
         def __init__(self, cfg, spec):

@@ -11,11 +11,11 @@ import types
 import pytest
 import torch
 import torch.nn as nn
+from conftest import patch_everywhere, tiny_config
 
-from conftest import tiny_config, patch_everywhere
 from genlab.core.errors import GenlabError
 from genlab.families.base import plain_context
-from genlab.families.image_flow.repa import alignment_loss, aligned_block
+from genlab.families.image_flow.repa import aligned_block, alignment_loss
 from genlab.families.image_flow.repa_encoders import load_weights, to_grid
 from genlab.training.step import build_model_and_method
 from genlab.training.trainer import Trainer
@@ -164,6 +164,7 @@ class FakeViT(nn.Module):
 
 def test_timm_encoder_drops_prefix_tokens_and_pools_onto_the_dit_grid(tmp_path, monkeypatch):
     from safetensors.torch import save_file
+
     from genlab.families.image_flow.repa_encoders import build_timm, check_encoder
     net = FakeViT()
     save_file(net.state_dict(), str(tmp_path / "vit.safetensors"))
@@ -188,6 +189,7 @@ def test_timm_encoder_drops_prefix_tokens_and_pools_onto_the_dit_grid(tmp_path, 
 def test_timm_encoder_from_a_real_timm_model(tmp_path):
     timm = pytest.importorskip("timm")
     from safetensors.torch import save_file
+
     from genlab.families.image_flow.repa_encoders import build_timm
     net = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     save_file(net.state_dict(), str(tmp_path / "vit.safetensors"))

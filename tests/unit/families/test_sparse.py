@@ -8,10 +8,18 @@ import pytest
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.nn.sparse_attention import (MaskCache, Part, attend, block_density, density_report, layer_groups,
-                                            make_block_mask, reference_mask, sparse_pattern_registry)
-from genlab.families.sparse.sparse_transformer import (SparseSpec, SparseTransformer, image_to_seq, raster_coords,
-                                              seq_to_image)
+from genlab.families.sparse.sparse_transformer import SparseSpec, SparseTransformer, image_to_seq, raster_coords, seq_to_image
+from genlab.nn.sparse_attention import (
+    MaskCache,
+    Part,
+    attend,
+    block_density,
+    density_report,
+    layer_groups,
+    make_block_mask,
+    reference_mask,
+    sparse_pattern_registry,
+)
 
 PATTERNS = ("dense", "strided", "fixed")
 
@@ -270,8 +278,8 @@ def test_initialisation_matches_section_6():
 
 def _method(cfg_over=(), data="digits"):
     from genlab.config.tree import load_config
-    from genlab.families.sparse.image_ar import ImageAR
     from genlab.data import build_dataset
+    from genlab.families.sparse.image_ar import ImageAR
     cfg = load_config("sparse_tiny_cpu", list(cfg_over))
     data = build_dataset(cfg.data)
     from genlab.families.sparse.sparse_transformer import build_sparse_transformer

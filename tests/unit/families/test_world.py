@@ -78,6 +78,7 @@ def test_collection_writes_aligned_frames_and_actions(pong_dir):
     """Replaying the recorded actions in a fresh emulator reproduces every recorded next frame."""
     import ale_py
     import gymnasium as gym
+
     from genlab.families.world.collect import resize_frame
     eps = read_episodes(pong_dir)
     assert eps.frames.shape == (200, 32, 32, 3) and eps.frames.dtype == np.uint8
@@ -350,8 +351,9 @@ def play_server(toy_dir, tmp_path):
 
 
 def test_play_server_answers_key_press_with_new_frame(play_server, tmp_path):
-    from PIL import Image
     import io
+
+    from PIL import Image
     url, session = play_server
     info = json.loads(urllib.request.urlopen(url + "/info").read())
     assert info["actions"] == MEANINGS and "ArrowRight" in info["keys"]["RIGHT"]
@@ -455,6 +457,7 @@ def test_every_objective_and_context_mode_trains_and_generates(toy_dir, tmp_path
 def test_ssim_is_one_for_equal_images_and_bounded_under_bf16_autocast():
     # regression: under the eval's bf16 autocast the variance terms cancelled and SSIM came out as 2.09 on GPU
     import torch
+
     from genlab.eval.rollouts import ssim
     g = torch.Generator().manual_seed(0)
     a = torch.rand(4, 3, 32, 32, generator=g) * 2 - 1
@@ -472,7 +475,7 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
     pytest.importorskip("imageio_ffmpeg")
     from PIL import Image, ImageSequence
 
-    from genlab.eval.video import compose_frames, write_video
+    from genlab.families.world.render import compose_frames, write_video
     g = torch.Generator().manual_seed(0)
     # two levels per channel: with the captions' anti-aliased colours (~240) about what a 256-colour GIF palette holds
     ctx, real = (torch.randint(0, 2, s, generator=g).float() * 2 - 1 for s in [(2, 2, 3, 16, 16), (2, 5, 3, 16, 16)])
@@ -495,3 +498,66 @@ def test_rollout_video_writes_gif_and_mp4_that_decode_back(tmp_path):
 
 
 # -- layers ----------------------------------------------------------------------------------------------
+
+
+# -- generation through the shared samplers ---------------------------------------------------------------------
+def toy_net(x, t, *_):
+    """A smooth stand-in for the backbone that depends on the frame and the time input (float64-safe)."""
+    return 0.6 * torch.tanh(1.5 * x + 0.2) * torch.cos(t.to(x.dtype)).view(-1, 1, 1, 1) - 0.1 * x
+
+
+def reference_frame(objective, prediction, x, steps):
+    """Today's hand-written loops (before the objectives used sampling/samplers.py), in float64."""
+    from genlab.families.world.objectives import preconditioning
+    B, col = x.shape[0], lambda v: v.view(-1, 1, 1, 1)
+    if objective == "l1":
+        return x + toy_net(x, torch.zeros(B, dtype=x.dtype))
+    if objective == "flow":
+        ts = torch.linspace(0, 1, steps + 1, dtype=torch.float64)
+        for i in range(steps):
+            out = toy_net(x, ts[i].expand(B))
+            out = (out - x) / (1 - ts[i]) if prediction == "x" else out
+            x = x + (ts[i + 1] - ts[i]) * out
+        return x
+    i = torch.arange(steps, dtype=torch.float64)
+    sig = (5.0 ** (1 / 7) + i / max(steps - 1, 1) * (2e-3 ** (1 / 7) - 5.0 ** (1 / 7))) ** 7
+    sig = torch.cat([sig, sig.new_zeros(1)])
+    x = x * sig[0]
+    for k in range(steps):
+        c_skip, c_out, c_in, c_noise = preconditioning(sig[k].expand(B), 0.5)
+        den = col(c_skip) * x + col(c_out) * toy_net(col(c_in) * x, c_noise)
+        x = x + (sig[k + 1] - sig[k]) * (x - den) / sig[k]
+    return x
+
+
+@pytest.mark.parametrize("objective,prediction", [("flow", "x"), ("flow", "v"), ("edm", "x"), ("l1", "x")])
+@pytest.mark.parametrize("steps", [1, 3, 8])
+def test_world_frames_equal_the_hand_written_loops(toy_dir, tmp_path, objective, prediction, steps):
+    """Every objective generates the frame its own Euler/denoising loop did (float64 reference, float tolerance)."""
+    cfg = world_cfg(tmp_path, toy_dir, f"method.objective={objective}", f"method.prediction={prediction}",
+                    "method.sample_temperature=1", "method.quantize_frames=false", "method.residual_scale=2")
+    _, _, method = build(cfg, toy_dir)
+    context = torch.rand(3, method.L, 3, 16, 16) * 0.5 - 0.25
+    acts = torch.zeros(3, method.L, dtype=torch.long)
+    out = method.generate(toy_net, context, acts, steps, torch.Generator().manual_seed(5))
+    noise = torch.randn(context[:, -1].shape, generator=torch.Generator().manual_seed(5)).double()
+    want = (reference_frame(objective, prediction, noise, steps) / 2 + context[:, -1].double()).clamp(-1, 1)
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=2e-5)
+
+
+def test_world_sampler_picks_the_registered_sampler(toy_dir, tmp_path):
+    """method.world_sampler: on v = -x (exact frame x0 / e) Heun and midpoint beat Euler; the SDE draws from the
+    generator; a sampler that cannot serve the objective is refused when the method is built."""
+    base = ("method.objective=flow", "method.prediction=v", "method.residual=false", "method.sample_temperature=0.5",
+            "method.quantize_frames=false")
+    context, acts = torch.zeros(2, 2, 3, 16, 16), torch.zeros(2, 2, dtype=torch.long)
+    noise = 0.5 * torch.randn(context[:, -1].shape, generator=torch.Generator().manual_seed(0))
+    err = {}
+    for name in ("euler", "heun", "midpoint", "euler_maruyama"):
+        _, _, method = build(world_cfg(tmp_path, toy_dir, *base, f"method.world_sampler={name}"), toy_dir)
+        out = method.generate(lambda x, *_: -x, context, acts, 3, torch.Generator().manual_seed(0))
+        err[name] = (out - noise / np.e).abs().max().item()
+    assert err["heun"] < err["euler"] / 5 and err["midpoint"] < err["euler"] / 5 and err["euler_maruyama"] > 0.01
+    for bad, why in (("heun", "t=1"), ("flow_map", "'d' input")):
+        with pytest.raises(GenlabError, match=why):
+            build(world_cfg(tmp_path, toy_dir, f"method.world_sampler={bad}"), toy_dir)

@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import cli_in_process
-from genlab.data.episodes import read_episodes, write_episodes
+
 from genlab.core.errors import GenlabError
+from genlab.data.episodes import read_episodes, write_episodes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,8 +91,8 @@ def test_import_refuses_bad_input_before_writing(inputs, extra, needle, capfd):
 
 def test_import_that_fails_while_writing_leaves_nothing(inputs, monkeypatch):
     """A failure after validation (disk full while saving) removes the half-written folder and the parents it made."""
-    from genlab.families.world.tools import import_episodes
     import genlab.data.episodes as episodes
+    from genlab.families.world.tools import import_episodes
     real, calls = np.save, []
 
     def failing_save(path, arr):
@@ -134,8 +134,8 @@ def test_sticky_actions_import_aligned_and_a_shifted_copy_is_late(tmp_path, capf
     """`data collect --policy sticky` repeats actions, so action t resembles action t-1 and 'explains' the change
     t-1 caused: the R^2 at lag -1 is well above half the best, which the check used to call 'late by 1'. The
     same episodes import as aligned, and the same actions one frame late are still flagged."""
-    from genlab.families.world.tools import alignment_check
     from genlab.data.episodes import Episodes
+    from genlab.families.world.tools import alignment_check
     frames, actions, starts = toy_game(T=600, stick=0.8)
     eps = Episodes(frames, actions, np.zeros(600), np.zeros(600, bool), starts)
     rep = alignment_check(eps)
@@ -200,6 +200,7 @@ def test_collect_never_writes_one_frame_episodes(tmp_path):
     pytest.importorskip("gymnasium")
     import ale_py
     import gymnasium as gym
+
     from genlab.families.world.collect import collect_atari, resize_frame
     eps = read_episodes(collect_atari("Pong", 21, tmp_path / "p", size=16, workers=1, max_episode=10, log=lambda *a: None))
     assert eps.starts.tolist() == [0, 10] and len(eps.frames) == 21

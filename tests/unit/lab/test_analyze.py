@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY, cli_in_process
-from genlab.sampling.block_cache import cached_blocks
+
 from genlab.lab.analyze.cka import cka_matrix, layer_similarity, linear_cka
+from genlab.sampling.block_cache import cached_blocks
 from genlab.sampling.skip import skip_blocks, skip_plans
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}

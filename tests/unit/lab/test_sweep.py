@@ -6,12 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO, cli_in_process
 
+from genlab.cli import main as genlab_main
 from genlab.core.errors import GenlabError
 from genlab.lab.sweep.spec import load_sweep
-
-from conftest import REPO, cli_in_process
-from genlab.cli import main as genlab_main
 
 TINY_SWEEP = REPO / "src" / "genlab" / "configs" / "sweeps" / "tiny_cpu.toml"
 
@@ -122,6 +121,7 @@ def test_a_run_past_its_timeout_keeps_a_summary_it_wrote_itself(tmp_path, monkey
     """The timeout kills a run. One that wrote a finished summary (it was exiting) keeps its result; a finished
     summary left from before this process started does not count."""
     import sys
+
     from genlab.lab.sweep import runner
     p = _write_sweep(tmp_path, BASE.replace('name = "failing"', 'name = "late"') + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')
     sw = load_sweep(p)
@@ -182,6 +182,7 @@ def test_grid_zip_and_variants_expand_with_seeds(tmp_path):
 @pytest.mark.parametrize("head_dim,depths", [(32, [4, 8, 12, 28]), (64, [4, 6, 12, 18, 28])])  # 64: model_size.toml
 def test_constant_param_sizes_match_real_parameter_counts(head_dim, depths):
     import torch
+
     from genlab.config.tree import ModelConfig
     from genlab.families.image_flow.dit import build_dit
     from genlab.lab.match import constant_param_dims
@@ -201,6 +202,7 @@ def test_constant_param_sizes_match_real_parameter_counts(head_dim, depths):
 
 def test_seeds_are_combined_as_mean_and_sample_std(tmp_path):
     import statistics
+
     from genlab.lab.sweep.report import collect, markdown_table, shown_columns
     d = tmp_path / "s"
     status = {}
@@ -399,6 +401,7 @@ def test_jobs_per_gpu_packs_runs_onto_one_gpu(tmp_path, monkeypatch):
     """--jobs-per-gpu 2 on one visible GPU: two runs at once, both on GPU 0, never a third; records say so."""
     import threading
     import time
+
     from genlab.lab.sweep import runner
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
     sw = load_sweep(_write_sweep(tmp_path, body))
@@ -426,6 +429,7 @@ def test_packed_run_out_of_memory_is_run_again_alone(tmp_path, monkeypatch):
     with nothing beside it; other failures are not retried."""
     import threading
     import time
+
     from genlab.lab.sweep import runner
     body = BASE.replace('launcher = "cpu"', 'launcher = "gpu"') + '[[axis]]\nkey = "optim.lr"\nvalues = [1e-3, 2e-3, 3e-3, 4e-3]\n'
     sw = load_sweep(_write_sweep(tmp_path, body))
@@ -649,6 +653,7 @@ def _fake_launch(monkeypatch, seen):
     once; write a finished summary so the run counts as finished."""
     import threading
     import time
+
     from genlab.lab.sweep import runner
     lock, busy = threading.Lock(), {}
 
@@ -752,6 +757,7 @@ def test_a_killed_sweep_releases_its_folder(tmp_path):
     import signal
     import subprocess
     import sys
+
     from genlab.lab.sweep.runner import sweep_lock
     d = tmp_path / "s"
     d.mkdir()

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.nn.attention import (Attention, DifferentialAttention, linear_attention, math_attention,
-                                  sigmoid_attention, sigmoid_attention_flex)
 from genlab.core.registry import attention_registry
+from genlab.nn.attention import Attention, DifferentialAttention, linear_attention, math_attention, sigmoid_attention, sigmoid_attention_flex
 
 
 def qkv(B=2, H=3, n=7, d=8, m=None, dtype=torch.float64, seed=0):
@@ -162,6 +161,7 @@ def test_differential_blocks_compile_once_not_once_per_depth(monkeypatch):
     graph per block (past dynamo's recompile limit the rest ran eager). The buffer keeps one graph for all blocks."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
+
     from genlab.config.tree import load_config
     from genlab.families.image_flow.dit import build_dit
     from genlab.runtime.switches import compile_model_by_name

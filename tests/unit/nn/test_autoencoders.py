@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genlab.nn.autoencoders import LatentCodec, load_autoencoder
 from genlab.core.errors import GenlabError
+from genlab.nn.autoencoders import LatentCodec, load_autoencoder
 
 
 def test_unshuffle_round_trip_is_exact_and_matches_a_naive_fold():

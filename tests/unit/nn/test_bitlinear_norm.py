@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from conftest import straight_and_resumed, tiny_config
+
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
 from genlab.nn.bitlinear import NORM_EPS, InputRMSNorm, absmax_int8, add_input_norm, ste, ternary, to_bitlinear

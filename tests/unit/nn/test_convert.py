@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from conftest import tiny_config
+
 from genlab.core.errors import GenlabError
 from genlab.runtime import checkpoint as ckpt
 from genlab.training.trainer import Trainer

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import run_under_triton_interpreter, src_pythonpath
 
 REPO = Path(__file__).resolve().parents[3]
@@ -127,8 +126,8 @@ def test_triton_final_kernel_on_cpu_equals_the_flow_loss_in_float64(weighting):
 @pytest.mark.parametrize("kernel", ["plain", "triton"])
 def test_every_final_kernel_entry_is_the_loss_of_the_final_layer(kernel):
     """The registry entries on (final layer, tokens, condition, patchified target, weight) against float64 math."""
-    from genlab.families.image_flow.dit import FinalLayer
     from genlab.core.registry import final_kernel_registry
+    from genlab.families.image_flow.dit import FinalLayer
     torch.manual_seed(0)
     final = FinalLayer(24, 12).double()
     for p in final.parameters():
@@ -216,6 +215,7 @@ def test_repa_trains_through_the_fused_final_loss(tmp_path):
     """REPA (MethodSpec.final_loss) runs the flow loss through the model's fused head; its block hook still sees the
     tokens: the loss, both terms and the gradients of model and projector equal plain's (float32)."""
     from conftest import tiny_config
+
     from genlab.families.base import plain_context
     from genlab.training.step import build_model_and_method
     digits = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10, "batch_keys": ("image", "label")}
@@ -413,9 +413,9 @@ def _compiled_flow_loss(final_kernel, adaln, weighting, device="cuda"):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from genlab.config.tree import load_config
+    from genlab.core.registry import model_registry
     from genlab.families.base import plain_context
     from genlab.families.image_flow.flow import FlowMatching
-    from genlab.core.registry import model_registry
     cfg = load_config("digits_flow", ["model.size=B", "model.depth=2", f"model.adaln={adaln}", "train.device=cuda",
                                       f"model.final_kernel={final_kernel}", f"method.loss_weighting={weighting}"])
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 10}

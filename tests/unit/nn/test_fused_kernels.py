@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import run_under_triton_interpreter, src_pythonpath
 
 REPO = Path(__file__).resolve().parents[3]
@@ -56,8 +55,8 @@ def ce_inputs(N=37, D=16, V=50, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("kernel", ["plain", "auto", "cce", "liger"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_every_ce_kernel_runs_the_plain_path_on_cpu_and_matches_float64(kernel, weighted):
-    from genlab.nn.fused_ce import resolve
     from genlab.core.registry import ce_kernel_registry
+    from genlab.nn.fused_ce import resolve
     head, h, y, w = ce_inputs()
     weights = w if weighted else None
     assert resolve(kernel, h, weights) == "plain"
@@ -608,8 +607,8 @@ def test_gpu_ce_kernels_match_the_plain_path_under_bf16(kernel, weighted):
     """GPT-2 head shapes (50304 rows, 50257 real): loss and gradients of each library against the plain path, both in
     bf16 autocast, and against float64 (the loss within bf16 rounding of the logits, the gradients within a few
     bf16 ulps of the float64 gradients)."""
-    from genlab.nn import fused_ce
     from genlab.core.registry import ce_kernel_registry
+    from genlab.nn import fused_ce
     if kernel in ("cce", "auto") and not fused_ce.HAS_CCE or kernel == "liger" and not fused_ce.HAS_LIGER:
         pytest.skip(f"{kernel}: library not installed")
     head, h, y, w, vocab = _gpu_ce_inputs()
@@ -694,8 +693,8 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("check", ["seeds", "meanflow"])
 def test_triton_qkv_split_is_refused_where_vmap_or_a_jvp_runs_through_the_model(check):
     """Its custom ops have no vmap or forward-mode AD rule: batched seeds and MeanFlow's JVP refuse it in one line."""
-    from genlab.config.tree import load_config
     from genlab.config.check import check_seeds_config
+    from genlab.config.tree import load_config
     from genlab.core.errors import GenlabError
     from genlab.families.few_step.meanflow import check_meanflow_config
     if check == "seeds":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import straight_and_resumed, tiny_config
 
 pytest.importorskip("torchao")
@@ -151,8 +150,8 @@ def test_converter_resumes_exactly_through_genlabs_checkpoint(tmp_path, name):
 
 @pytest.mark.slow
 def test_a_run_trained_with_bitnet_torchao_samples_converted(tmp_path):
-    from genlab.runs.load import load_run, sample_to_file
     from genlab.nn.quantized_training import count_quantized_training
+    from genlab.runs.load import load_run, sample_to_file
     from genlab.training.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.convert=bitnet_torchao", "train.name=bit", "train.steps=3", "log.every=1",
                         "log.ckpt_every=0", "eval.num_samples=0", "optim.warmup_steps=1")).fit()

@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import tiny_config
+
 from genlab.families.image_flow.dit import DiT, DiTSpec
 from genlab.nn.norm import norm_modulate_fused, norm_modulate_unfused
 from genlab.runtime.parallel import clip_grads, fusable_grad_scale
@@ -172,6 +172,7 @@ def test_communication_overlap_matches_a_brute_force_count_on_a_grid():
     """Exposed communication = time covered by communication kernels when no compute kernel runs; checked against
     counting unit cells of a grid, on random overlapping spans (integer ends, so the count is exact)."""
     import random
+
     from genlab.lab.bench import communication_overlap
     rng = random.Random(0)
     for _ in range(200):
@@ -212,6 +213,7 @@ def test_residual_switch_fp32_is_the_old_model_and_compute_keeps_the_stream_in_b
 def test_sync_sites_name_the_python_line_of_each_sync_warning():
     import inspect
     import warnings
+
     from genlab.lab.bench import recording_syncs
     with recording_syncs() as sites:
         warnings.warn("called a synchronizing CUDA operation")
@@ -228,6 +230,7 @@ def test_sync_sites_name_the_python_line_of_each_sync_warning():
 
 def test_a_sync_inside_a_library_names_the_genlab_line_that_called_it():
     from traceback import FrameSummary
+
     from genlab.lab.bench import sync_site
     stack = [FrameSummary("/x/genlab/bench.py", 10, "step"), FrameSummary("/x/genlab/train/step.py", 239, "f"),
              FrameSummary("/y/torch/nn/module.py", 5, "g"), FrameSummary("/y/torch/cuda/__init__.py", 1270, "h")]
@@ -276,9 +279,10 @@ def test_a_training_step_reads_no_tensor_back_to_the_host(preset, extra):
     here every value read genlab's own code makes inside a step (forward, backward, clipping, optimizer, EMA) is
     counted: a read there would be a sync on the GPU."""
     import os
+
     import genlab
-    from genlab.lab.bench import BenchStep
     from genlab.config.tree import load_config
+    from genlab.lab.bench import BenchStep
     cfg = load_config(preset, [*extra, "model.size=tiny", "train.device=cpu", "train.compile=off", "train.batch_size=8"])
     b = BenchStep(cfg)
     b.step()  # first step: lazy state (optimizer moments, EMA copies) is made here

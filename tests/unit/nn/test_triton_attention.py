@@ -123,9 +123,9 @@ def test_triton_backend_refuses_clearly_without_cuda(monkeypatch):
 
 
 def test_triton_backend_is_registered():
+    import genlab.nn  # noqa: F401
     from genlab.config.tree import load_config
     from genlab.core.registry import attention_registry
-    import genlab.nn  # noqa: F401
     assert "triton" in attention_registry
     assert load_config("bench_longseq", ["model.attention=triton"]).model.attention == "triton"
 
@@ -137,6 +137,7 @@ def test_triton_backend_is_registered():
 def test_triton_attention_gpu_matches_sdpa_at_long_sequence(monkeypatch, exp_mode, bwd):
     """Compiled kernels at the bench_longseq shape (N=16384, D=16; 2 heads): as close to an fp32 reference as SDPA."""
     import torch.nn.functional as F
+
     from genlab.nn.triton_attention import flash_attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("GENLAB_TRITON_ATTN_EXP", exp_mode)

@@ -92,6 +92,7 @@ def _interpreter_main():
 def check_compile():
     """torch.compile (aot_eager: the fake impls and the autograd rule) traces the op in one graph, no break."""
     from torch._dynamo.testing import CompileCounterWithBackend
+
     from genlab.nn.triton_sigmoid import sigmoid_attention_triton, supports
 
     def block(q, k, v):
@@ -120,10 +121,9 @@ def test_triton_sigmoid_interpreter_matches_float64_reference():
 
 def test_sigmoid_entry_stays_plain_on_cpu_and_names_the_triton_path():
     """On CPU the registry entry never touches triton (import genlab must not import it either)."""
-    from genlab.nn.attention import sigmoid_attention_plain
-    from genlab.nn.attention import sigmoid_attention
-    from genlab.nn.triton_sigmoid import supports
     from genlab.core.registry import attention_registry
+    from genlab.nn.attention import sigmoid_attention, sigmoid_attention_plain
+    from genlab.nn.triton_sigmoid import supports
     q, k, v = (torch.randn(1, 2, 5, 32) for _ in range(3))
     torch.testing.assert_close(sigmoid_attention(q, k, v), sigmoid_attention_plain(q, k, v))
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
@@ -188,8 +188,7 @@ def test_unsupported_inputs_are_refused_by_the_op_and_routed_away_by_supports(mo
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_sigmoid_gpu_matches_reference(monkeypatch, n, causal):
     """bf16 kernels vs float64 at 256/258/4096 tokens (fused qkv views), as close as the bf16 plain-torch path."""
-    from genlab.nn.attention import sigmoid_attention_plain
-    from genlab.nn.attention import sigmoid_attention
+    from genlab.nn.attention import sigmoid_attention, sigmoid_attention_plain
     from genlab.nn.triton_sigmoid import supports
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     B = max(1, 8192 // n)
@@ -223,6 +222,7 @@ def test_triton_sigmoid_under_torch_compile_has_no_graph_break(monkeypatch):
     """A small attention module compiles in one graph (custom op with a fake impl) and matches eager."""
     import torch._dynamo
     from torch._dynamo.testing import CompileCounter
+
     from genlab.nn.attention import Attention
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     torch.manual_seed(0)

@@ -11,16 +11,16 @@ import sys
 import pytest
 import torch
 import torch.nn as nn
+from conftest import REPO, TESTS, TINY, cli_in_process, straight_and_resumed
 
-from conftest import TESTS, REPO, TINY, cli_in_process, straight_and_resumed
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.errors import GenlabError
+from genlab.core.registry import optimizer_registry
 from genlab.optim.build import build_optimizer
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
 from genlab.optim.schedules import lr_at, warmup_limit
 from genlab.optim.state import state_bytes
-from genlab.core.registry import optimizer_registry
 from genlab.training.step import build_model_and_method
 
 OPTIMIZERS = ["adam", "adamw", "sgd", "shampoo", "mars", "adopt", "soap", "psgd_kron", "muon", "heavyball_adamw",
@@ -435,6 +435,7 @@ def test_optimizer_sweep_covers_every_optimizer_with_and_without_caution(tmp_pat
 
 def test_report_reads_loss_at_equal_wall_clock_step_time_and_state_memory(tmp_path):
     import json
+
     from genlab.lab.sweep.report import run_row
     recs = [{"step": s, "loss": 1.0 / s, "wall_time": 0.5 * s, "step_time": 0.5, "optim_state_mib": 3.0} for s in range(1, 7)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))

@@ -8,12 +8,11 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, TINY
 
 import genlab
 import genlab.runs.api
 from genlab.core.errors import GenlabError
-
-from conftest import REPO, TINY
 
 
 def _tiny(tmp_path) -> dict:

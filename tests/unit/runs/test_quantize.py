@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import cli_in_process, tiny_config
 
 # torchao's NF4 levels (QLoRA's normal quantiles, normalised to [-1, 1]), as float64
@@ -81,9 +80,9 @@ def test_int8_weight_only_round_trip_is_within_half_a_scale_per_element():
 
 def test_only_block_linears_are_quantized_adaln_on_request():
     from genlab.config.tree import load_config
+    from genlab.lab.bench import data_spec_for
     from genlab.nn.ptq import candidate_linears
     from genlab.training.step import build_model_and_method
-    from genlab.lab.bench import data_spec_for
     cfg = load_config("digits_flow", ["model.dim=32", "model.depth=2", "model.heads=2"])
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
     names = [n for n, _ in candidate_linears(model)]

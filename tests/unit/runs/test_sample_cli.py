@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import cli_in_process
 
 LM = ["model.dim=32", "model.depth=2", "model.heads=2", "data.seq_len=32", "train.batch_size=8", "train.steps=2",
@@ -52,9 +51,10 @@ def test_sample_length_defaults_to_method_sample_len(text_runs, tmp_path, capfd)
 ])
 def test_sample_bad_length_is_one_line_and_writes_nothing(text_runs, tmp_path, capfd, run, length, expect):
     if run == "digits":
+        from conftest import TINY
+
         from genlab.config.tree import load_config
         from genlab.training.trainer import Trainer
-        from conftest import TINY
         Trainer(load_config("digits_flow", TINY + [f"train.out_dir={tmp_path}", "train.name=digits", "train.steps=1",
                                                    "eval.num_samples=0", "log.sample_every=0"])).fit()
         path = tmp_path / run

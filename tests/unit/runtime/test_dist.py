@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import TESTS, REPO, cli_in_process
+from conftest import REPO, TESTS, cli_in_process
 
 WORKER = TESTS / "dist_worker.py"
 STEPS = 5

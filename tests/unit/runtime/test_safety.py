@@ -5,8 +5,8 @@ import pickle
 
 import pytest
 import torch
-
 from conftest import TINY
+
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.runtime import checkpoint as ckpt

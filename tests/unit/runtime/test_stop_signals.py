@@ -10,8 +10,8 @@ import textwrap
 import time
 
 import pytest
-
 from conftest import REPO, TINY, tiny_config
+
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.stop import SAME_REQUEST_S, StopSignals
 from genlab.training.trainer import Trainer

@@ -3,8 +3,8 @@ import os
 
 import pytest
 import torch
-
 from conftest import TINY
+
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-
 from conftest import TINY, cli_in_process
-from genlab.sampling.block_cache import cached_blocks
 from test_analyze import BACKBONES, SPEC, _model, _sample
+
+from genlab.sampling.block_cache import cached_blocks
 
 
 def _with_cache(name, blocks, every=2):
@@ -121,8 +121,8 @@ def test_bad_cache_blocks_are_refused_before_training(tmp_path, capfd, value, ex
 def analysed_run(tmp_path_factory):
     """A tiny trained run and its cached-sampler analysis (12 samples, 3 Heun steps); trained long enough that its
     blocks are no longer adaLN-Zero's identity, so caching them changes the samples."""
-    from genlab.lab.analyze.run import analyze_run
     from genlab.config.tree import load_config
+    from genlab.lab.analyze.run import analyze_run
     from genlab.training.trainer import Trainer
     out = tmp_path_factory.mktemp("cached_run")
     Trainer(load_config("digits_flow", TINY + ["model.depth=4", "train.steps=60", f"train.out_dir={out}", "train.name=r",

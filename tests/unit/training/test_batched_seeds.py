@@ -18,7 +18,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY, cli_in_process
 
 STEPS = 6
@@ -253,8 +252,8 @@ class _Refuses:
 
 
 def test_probe_keeps_the_first_attention_kernel_that_runs_under_vmap(tmp_path, monkeypatch, capsys):
-    from genlab.training import seeds as S
     from genlab.nn.attention import plain_softmax_attention
+    from genlab.training import seeds as S
     monkeypatch.setattr(S, "attention_choices", lambda device: [("efficient", _Refuses), ("plain-ops", plain_softmax_attention)])
     st = S.SeedsTrainer(_cfg(tmp_path, "train.seeds=0,1", "train.steps=1"))
     st.setup()
@@ -272,8 +271,8 @@ def test_probe_names_every_kernel_it_tried_when_none_runs(tmp_path, monkeypatch)
 
 
 def test_plain_ops_attention_computes_what_sdpa_computes_and_is_restored():
-    from genlab.nn.attention import math_attention, plain_softmax_attention
     from genlab.families.image_flow.dit import DiT, DiTSpec
+    from genlab.nn.attention import math_attention, plain_softmax_attention
     torch.manual_seed(0)
     model = DiT(DiTSpec(image_size=8, channels=1, num_classes=3, dim=32, depth=2, heads=2)).double()
     x, t, y = torch.randn(4, 1, 8, 8, dtype=torch.float64), torch.rand(4, dtype=torch.float64), torch.tensor([0, 1, 2, 0])

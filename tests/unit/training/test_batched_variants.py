@@ -18,7 +18,6 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY, cli_in_process
 from test_batched_seeds import LOSS_RTOL, WEIGHT_ATOL, _assert_close_states, _ckpt, _losses
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import cli_in_process, tiny_config
+
 from genlab.core.errors import GenlabError
 from genlab.training.graph_step import WARMUP_STEPS, make_capturable
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import tiny_config
+
 from genlab.core.errors import GenlabError
 from genlab.families.image_flow.dit import DiT, DiTSpec
 from genlab.runtime.parallel import _mesh_dims, clip_grads
@@ -79,6 +79,7 @@ def test_fp16_training_skips_overflowing_steps_instead_of_calling_the_run_diverg
     """A GradScaler overflow (inf gradients after scaling) is routine under fp16: the trainer must let the scaler skip
     the update and lower the scale, not stop the run as diverged (what the H100 precision sweep showed)."""
     import json
+
     from genlab.training import step as step_mod
     from genlab.training.trainer import Trainer
     real = torch.amp.GradScaler
@@ -220,9 +221,9 @@ def test_bench_on_cpu_returns_sane_numbers(tmp_path):
     assert r["mfu"] is None and r["peak_mem_gib"] is None  # no peak FLOP/s or CUDA memory on CPU
     # each phase was timed (a ratio of phase times to step time would be a timing test: it failed on a loaded machine)
     assert all(r[k] > 0 for k in ("fwd_ms", "bwd_ms", "opt_ms"))
+    from genlab.lab.bench import data_spec_for
     from genlab.runtime.metrics import train_flops_per_sample
     from genlab.training.trainer import build_model_and_method
-    from genlab.lab.bench import data_spec_for
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
     assert r["flops_per_step"] == train_flops_per_sample(model) * 8
     assert r["switches"]["parallel"] == cfg.train.parallel
@@ -324,6 +325,7 @@ def test_compiled_update_ema_reads_nothing_back_to_the_host_even_run_eagerly():
     in it reads a device value back to the host (`_local_scalar_dense`, a host sync on CUDA; foreach lerp with a 0-d
     weight does one), and the EMA equals ema + (1 - decay)(p - ema) in float64."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
     from genlab.runtime.switches import CompiledUpdate
 
     class Ops(TorchDispatchMode):
@@ -354,6 +356,7 @@ def test_compiled_update_traces_optimizer_and_ema_without_a_graph_break(one_thre
     skip the whole update (eager, seen on the GPU in session 21). The update calls the undecorated step: no graph break,
     and the weights and EMA equal an eager AdamW step + EMA in float64 arithmetic order (same inputs)."""
     from torch._dynamo.utils import counters
+
     from genlab.runtime.switches import CompiledUpdate, compile_optimizer_step
     torch._dynamo.reset()
     counters.clear()

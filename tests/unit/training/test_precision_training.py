@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 import torch.nn as nn
-
 from conftest import REPO, TINY, cli_in_process, straight_and_resumed, tiny_config
+
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.errors import GenlabError
 from genlab.optim import coat

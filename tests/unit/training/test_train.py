@@ -8,14 +8,14 @@ import time
 
 import pytest
 import torch
-
 from conftest import REPO, TINY, cli_in_process, straight_and_resumed, tiny_config
+
 from genlab.core.errors import GenlabError, RunFailed
+from genlab.families.base import plain_context
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.metrics import read_metrics
 from genlab.training.trainer import NonFiniteLoss, Trainer, build_model_and_method
-from genlab.families.base import plain_context
 
 
 def losses(run_dir):
@@ -135,6 +135,7 @@ def test_a_run_whose_setup_fails_leaves_no_folder(tmp_path, monkeypatch):
 
 def test_a_full_disk_outside_training_exits_1_not_the_bad_input_code(monkeypatch, capfd):
     from conftest import cli_in_process
+
     import genlab.config.doc as config_doc
 
     def full_disk(*a, **k):

@@ -35,14 +35,13 @@ from genlab.config import fields as cf
 from genlab.core.files import write_atomic
 from genlab.core.registry import method_registry
 from genlab.data import build_dataset
-from genlab.data.pixels import to_model, to_pixels
-from genlab.eval.image_quality import save_grid
+from genlab.data.pixels import to_model
 from genlab.eval.real_split import real_split
+from genlab.families.autoencoder import render
 from genlab.families.base import Extra, Method
 from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
-PREVIEW_IMAGES = 16
 
 AE_METHOD_KEYS = cf.declare("method",
     kl_weight=cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
@@ -132,6 +131,7 @@ class Autoencoder(Method):
     batch_keys = ("image",)
     best_metric = "rec_l1"
     sample_options = ()
+    render = render  # originals above reconstructions (autoencoder/render.py)
 
     def __init__(self, cfg, data_spec):
         self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
@@ -188,26 +188,10 @@ class Autoencoder(Method):
             write_stats(ctx["run_dir"], {**res, "images": len(images), "source": source})
         return res
 
-    def recon_grid(self, model, path, n, device, cfg):
-        """Held-out originals (odd rows) above their reconstructions (even rows), up to 8 per row."""
-        images, _ = held_out_images(cfg, self._dataset(cfg), n)
-        x, rec, _ = reconstruct(model, images, 256, device)
-        cols = min(8, len(x))
-        rows = []
-        for i in range(0, len(x), cols):
-            pad = cols - len(x[i:i + cols])
-            for part in (x[i:i + cols], rec[i:i + cols]):
-                rows.append(torch.cat([part, torch.ones(pad, *part.shape[1:])]) if pad else part)
-        grid = to_pixels(torch.cat(rows))
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return save_grid(grid, len(rows), cols, path)
-
-    def preview(self, model, path, ctx):
-        return self.recon_grid(model, Path(path), PREVIEW_IMAGES, ctx["device"], ctx["cfg"])
-
-    def sample_to_file(self, model, out, *, n=16, steps=None, generator=None, device=None, **_):
-        """`genlab sample`: n held-out images above their reconstructions (an autoencoder draws no new images)."""
-        return self.recon_grid(model, Path(out), n, device or next(unwrap(model).parameters()).device, self.cfg)
+    def reconstructions(self, model, n, device):
+        """n held-out originals and their reconstructions (render.py draws them)."""
+        x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._dataset(self.cfg), n)[0], 256, device)
+        return x, rec
 
 
 def write_stats(run_dir, stats: dict) -> None:

@@ -17,7 +17,7 @@ gradient). The heads are an Extra with their own optimizer "disc"; the trainer b
 {"model": ..., "disc": ...} into its own optimizer's parameters only, so the heads learn from the D loss alone and
 the student from the G term alone, from one teacher pass over [fake; real] and one head pass.
 
-Guards and signals: a non-finite G or D term becomes 0 (world/adversarial.finite_or_zero) and is counted; the
+Guards and signals: a non-finite G or D term becomes 0 (world/objectives.finite_or_zero) and is counted; the
 student batch's diversity (per-pixel standard deviation over the batch, averaged) relative to the real batch's,
 and the discriminator's accuracy on real and fake, are logged every step; the counters `adv_nonfinite` and
 `adv_collapsed` (steps with a diversity ratio below COLLAPSE_RATIO) are buffers of the heads, so they survive resume.
@@ -35,7 +35,7 @@ from genlab.core.errors import GenlabError
 from genlab.core.registry import model_registry
 from genlab.families.base import Extra
 from genlab.families.image_flow.dit import dit_size
-from genlab.families.world.adversarial import finite_or_zero
+from genlab.families.world.objectives import finite_or_zero
 from genlab.nn.embeddings import TimestepEmbedder
 from genlab.runtime.parallel import unwrap
 

@@ -4,7 +4,7 @@ flow teacher's weights (method.teacher), which it never calls.
 Time: ECT works in EDM's noise level σ, x_σ = x + σ z (data in [-1, 1], σ_data 0.5, as genlab's). genlab's
 x_t = (1 - t) z + t x is t · x_σ at σ = (1 - t) / t, i.e. t = 1 / (1 + σ): the same point of the same trajectory,
 rescaled; t = 1 is σ = 0 (the data), t -> 0 is σ -> ∞. The consistency function is the flow parametrisation
-f(x, t) = x + (1 - t) v_θ(x, t) (consistency.py), the identity at t = 1.
+f(x, t) = x + (1 - t) v_θ(x, t) (base.py), the identity at t = 1.
 
 One training step, per sample:
 - t from the flow family's sampler (method.timestep_sampler, method.time_shift). ECT's ln σ ~ N(P_mean, P_std) is
@@ -29,8 +29,7 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
-from genlab.families.few_step.consistency import TEACHER_PATH, consistency_fn, pseudo_huber
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import interpolate, unwrap
 
 ECT_KEYS = cf.declare("method",

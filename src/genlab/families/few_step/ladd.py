@@ -35,8 +35,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
-from genlab.families.few_step.consistency import consistency_fn
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow, consistency_fn
 from genlab.families.few_step.discriminator import DISC_KEYS, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 

@@ -1,7 +1,7 @@
 """Consistency distillation, LCM-style (Luo et al. 2023, "Latent Consistency Models"), from a flow teacher.
 
 genlab's time runs the other way from the paper's (t = 0 noise, t = 1 data), and the consistency function is the
-flow parametrisation f(x, t, w) = x + (1 - t) v_θ(x, t, w) (consistency.py): the identity at t = 1.
+flow parametrisation f(x, t, w) = x + (1 - t) v_θ(x, t, w) (base.py): the identity at t = 1.
 
 One training step, per sample:
 - a grid t_n = n / N, N = method.lcm_timesteps, and a skip k = method.lcm_skip grid intervals; n uniform in
@@ -30,8 +30,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
-from genlab.families.few_step.consistency import TEACHER_PATH, consistency_fn, pseudo_huber
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
 
 LCM_KEYS = cf.declare("method",

@@ -15,17 +15,17 @@ from genlab.config import fields as cf
 from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
 from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
-from genlab.data.pixels import to_pixels
-from genlab.eval.image_quality import evaluate_class_conditional, save_class_grid, save_grid
+from genlab.eval.image_quality import evaluate_class_conditional
 from genlab.eval.metrics import EVAL_IMAGE_KEYS, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method
+from genlab.families.image_flow import render
 from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
 from genlab.families.image_flow.timesteps import resolve_shift, shift_time
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
-from genlab.sampling.images import sample_images
+from genlab.sampling.images import generate, sample_images
 from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
 
 
@@ -78,6 +78,7 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
 
 class FlowMatching(Method):
     batch_keys = ("image", "label")
+    render = render  # the family's pictures (image_flow/render.py)
     sample_options = ("class_id", "labels", "cfg_scale", "sampler")
 
     def __init__(self, cfg, data_spec):
@@ -222,7 +223,11 @@ class FlowMatching(Method):
             check_metrics(cfg.eval)
 
     def evaluate(self, model, data, ctx) -> dict:
-        return evaluate_class_conditional(self, model, data, ctx)
+        return evaluate_class_conditional(self.pixels(model, ctx), data, ctx)
+
+    def pixels(self, model, ctx):
+        """generate(labels, desc) -> uint8 pixels on the CPU, drawn as ctx's evaluation says: what eval/ takes."""
+        return lambda labels, desc="sampling": generate(self, model, labels, ctx, ctx["eval"].batch_size, desc)
 
     def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
         """The class of each of n samples: `labels`, or one class, or cycling over the classes."""
@@ -237,26 +242,6 @@ class FlowMatching(Method):
              sampler=None):
         return sample_images(self, model, self.labels_for(n, class_id, labels, device), steps=steps, cfg_scale=cfg_scale,
                              sampler=sampler, generator=generator, device=device)
-
-    def sample_to_file(self, model, out, *, n=64, steps=None, generator=None, device=None, class_id=None, cfg_scale=None,
-                       sampler=None, **_):
-        """A PNG grid laid out by class: every column one class (grid_columns)."""
-        imgs = to_pixels(self.draw(model, n, steps=steps, generator=generator, device=device, class_id=class_id,
-                                   cfg_scale=cfg_scale, sampler=sampler))
-        cols = grid_columns(n, self.spec["num_classes"], class_id)
-        return save_grid(imgs, (n + cols - 1) // cols, cols, out)
-
-    def preview(self, model, path, ctx):
-        return save_class_grid(self, model, path, ctx)
-
-
-def grid_columns(n: int, k: int, class_id=None) -> int:
-    """Columns of a grid of n samples whose labels cycle over k classes: a multiple of k (or n < k), so that each
-    column holds one class whatever n is (--n 64 of 10 classes: 10 wide, the last row short); square for one
-    class or more than 16 (no layout lines those up)."""
-    if class_id is not None or not 2 <= k <= 16:
-        return int(n ** 0.5 + 0.999)
-    return min(n, k * max(1, int(n ** 0.5) // k))
 
 
 def check_sampler_conditions(method_name: str, samplers) -> None:

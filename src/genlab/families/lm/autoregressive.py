@@ -16,6 +16,7 @@ from genlab.core.errors import GenlabError
 from genlab.core.registry import method_registry
 from genlab.families.base import Method
 from genlab.families.lm import common as lm
+from genlab.families.lm import render
 
 
 @torch.no_grad()
@@ -64,6 +65,8 @@ def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> to
 
 class Autoregressive(Method):
     sample_options = ("prompt", "temperature", "length", "top_k")
+    render = render  # the samples file (lm/render.py)
+    sample_header = "autoregressive samples: {length} tokens, temperature {temperature}, top_k {top_k}, prompt {prompt!r}"
     batch_keys = ("x", "y")
     best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
@@ -100,22 +103,22 @@ class Autoregressive(Method):
         out["val_tokens_scored"] = int(wins.shape[0] * self.T)
         return out
 
-    def _sample_ids(self, model, n, new_tokens, generator, device, prompt="", temperature=None, top_k=None):
+    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
+             top_k=None, stats=None):
+        """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`); `stats` (a dict) gets
+        the settings, for sample_header."""
         base = lm.check_backbone(model, causal=True, method="autoregressive")
+        length = length or steps or self.mcfg.sample_len or self.T
         temperature = self.mcfg.temperature if temperature is None else temperature
         top_k = self.mcfg.top_k if top_k is None else top_k
         if lm.INFILL.search(prompt or ""):
             raise GenlabError("[[N]] infilling needs a bidirectional model (method mdlm); autoregressive takes a prefix prompt")
+        if stats is not None:
+            stats.update(length=length, temperature=temperature, top_k=top_k, prompt=prompt)
         start = lm.encode_prompt(self.spec, prompt) if prompt else [self._start_token()]
         idx = torch.tensor([start] * n, dtype=torch.long, device=device)
-        out = generate(model, idx, new_tokens, self.V, base.spec.seq_len, temperature, top_k, generator)
+        out = generate(model, idx, length, self.V, base.spec.seq_len, temperature, top_k, generator)
         return out if prompt else out[:, 1:]
-
-    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
-             top_k=None):
-        """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`)."""
-        length = length or steps or self.mcfg.sample_len or self.T
-        return self._sample_ids(model, n, length, generator, device, prompt, temperature, top_k)
 
     def decode(self, samples) -> list[str]:
         return [lm.decode(self.spec, row.tolist()) for row in samples]
@@ -128,21 +131,6 @@ class Autoregressive(Method):
         except GenlabError:
             return 0
 
-    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, prompt="", temperature=None,
-                       top_k=None, length=None, **_):
-        """n text samples of `length` new tokens (default method.sample_len or data.seq_len) into a .txt file."""
-        device = device or next(lm.unwrap(model).parameters()).device
-        length = length or steps or self.mcfg.sample_len or self.T
-        ids = self._sample_ids(model, n, length, generator, device, prompt, temperature, top_k)
-        texts = [lm.decode(self.spec, row.tolist()) for row in ids]
-        t = self.mcfg.temperature if temperature is None else temperature
-        return lm.write_samples(out, texts, f"autoregressive samples: {length} tokens, temperature {t}, "
-                                            f"top_k {self.mcfg.top_k if top_k is None else top_k}, prompt {prompt!r}")
-
-    def preview(self, model, path, ctx):
-        n = max(1, min(4, ctx["eval"].num_samples))
-        return self.sample_to_file(model, path, n=n, generator=ctx["generator"], device=ctx["device"],
-                                   prompt=self.mcfg.prompt, length=self.mcfg.sample_len or self.T)
 
 
 AR_KEYS = cf.declare("method",

@@ -1,4 +1,4 @@
-"""Helpers both language-model methods share: validation windows, prompts, decoding, text files."""
+"""Helpers both language-model methods share: validation windows, prompts, decoding, reading the samples file."""
 from __future__ import annotations
 
 import math
@@ -81,24 +81,11 @@ def decode(spec: dict, ids) -> str:
     return tok.decode(ids) if tok is not None else " ".join(map(str, ids))
 
 
-def text_out_path(out) -> Path:
-    out = Path(out)
-    return out.with_suffix(".txt") if out.suffix.lower() in (".png", ".jpg", "") else out
-
-
 SAMPLE_HEAD = re.compile(r"^===== sample \d+ =====\n", re.M)
 
 
-def write_samples(path, texts: list[str], header: str) -> Path:
-    path = text_out_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    body = "".join(f"===== sample {i} =====\n{t}\n" for i, t in enumerate(texts))
-    path.write_text(f"# {header}\n{body}", encoding="utf-8")
-    return path
-
-
 def read_samples(path) -> list[str]:
-    """The texts write_samples wrote (`genlab sample` prints the first few)."""
+    """The texts lm/render.py's write_samples wrote (`genlab sample` prints the first few)."""
     parts = SAMPLE_HEAD.split(Path(path).read_text(encoding="utf-8"))[1:]
     return [t[:-1] if t.endswith("\n") else t for t in parts]
 

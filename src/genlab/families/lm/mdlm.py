@@ -31,6 +31,7 @@ from genlab.core.registry import method_registry
 from genlab.families.base import Method
 from genlab.families.build import load_run
 from genlab.families.lm import common as lm
+from genlab.families.lm import render
 from genlab.families.lm.autoregressive import score_nats
 
 SCHEDULES = ("loglinear", "cosine")
@@ -154,6 +155,9 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
 
 class MaskedDiffusion(Method):
     sample_options = ("prompt", "temperature", "length", "block_len")
+    render = render  # the samples file (lm/render.py)
+    sample_header = ("mdlm samples: {steps} steps, {model_calls} model calls per batch, block_len {block_len}, "
+                     "schedule {schedule}, prompt {prompt!r}")
     batch_keys = ("x",)
     best_metric = "nelbo_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
@@ -245,48 +249,31 @@ class MaskedDiffusion(Method):
             raise GenlabError(f"eval.gen_ppl_model {ecfg.gen_ppl_model}: its tokenizer/vocabulary differs from this run's")
         lm.check_backbone(ar, causal=True, method="autoregressive (eval.gen_ppl_model)")
         n = max(1, min(ecfg.gen_samples, ecfg.num_samples))
-        z = self.sample_ids(model, n, self.mcfg.sample_steps, ctx["generator"], device)
+        z = self.draw(model, n, steps=self.mcfg.sample_steps, generator=ctx["generator"], device=device)
         nats = score_nats(ar, z, self.V, batch=lm.eval_batch_size(ecfg, self.T, ar.n_vocab)).mean().item()
         return {"gen_ppl": math.exp(min(nats, 50.0)), "gen_nats_per_token": nats, "gen_unigram_entropy": lm.unigram_entropy(z),
                 "gen_samples": n, "gen_steps": self.mcfg.sample_steps}
 
     # -- sampling ----------------------------------------------------------------------------------
-    def sample_ids(self, model, n, steps, generator, device, prompt="", temperature=None, length=None, block_len=None,
-                   stats=None):
+    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
+             block_len=None, stats=None):
+        """Token ids [n, L] from `steps` denoising steps (default method.sample_steps); `stats` (a dict) gets the
+        settings and model calls, for sample_header."""
         base = self._base(model)
         if length is not None and not 1 <= length <= self.T:
             raise GenlabError(f"sample length must be 1..{self.T} for mdlm (the model's context, data.seq_len: it "
                               f"generates every position at once), got {length}")
+        steps, block_len = steps or self.mcfg.sample_steps, self.mcfg.block_len if block_len is None else block_len
+        if stats is not None:
+            stats.update(steps=steps, block_len=block_len, schedule=self.schedule, prompt=prompt)
         length = min(length or self.mcfg.sample_len or self.T, self.T)
         ids = parse_template(self.spec, prompt, length, base.mask_id) if prompt else [base.mask_id] * length
         z = torch.tensor([ids] * n, dtype=torch.long, device=device)
         return ancestral_sample(model, z, steps, self.schedule, self.V, base.mask_id, generator,
-                                self.mcfg.temperature if temperature is None else temperature,
-                                self.mcfg.block_len if block_len is None else block_len, stats)
-
-    def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
-             block_len=None):
-        """Token ids [n, L] from `steps` denoising steps (default method.sample_steps)."""
-        return self.sample_ids(model, n, steps or self.mcfg.sample_steps, generator, device, prompt, temperature,
-                               length, block_len)
+                                self.mcfg.temperature if temperature is None else temperature, block_len, stats)
 
     def decode(self, samples) -> list[str]:
         return [lm.decode(self.spec, row.tolist()) for row in samples]
-
-    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, prompt="", temperature=None,
-                       length=None, block_len=None, **_):
-        device = device or next(lm.unwrap(model).parameters()).device
-        steps = steps or self.mcfg.sample_steps
-        stats = {}
-        z = self.sample_ids(model, n, steps, generator, device, prompt, temperature, length, block_len, stats)
-        texts = [lm.decode(self.spec, row.tolist()) for row in z]
-        bl = self.mcfg.block_len if block_len is None else block_len
-        return lm.write_samples(out, texts, f"mdlm samples: {steps} steps, {stats['model_calls']} model calls per batch, "
-                                            f"block_len {bl}, schedule {self.schedule}, prompt {prompt!r}")
-
-    def preview(self, model, path, ctx):
-        n = max(1, min(4, ctx["eval"].num_samples))
-        return self.sample_to_file(model, path, n=n, generator=ctx["generator"], device=ctx["device"], prompt=self.mcfg.prompt)
 
 
 def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str, gaps: dict | None = None):

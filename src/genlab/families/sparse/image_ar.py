@@ -1,6 +1,6 @@
 """Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019):
 next-byte cross-entropy, bits per dimension on held-out images, whole-image sampling, completion of
-partly given images and attention pictures.
+partly given images (their pictures and the attention pictures: render.py).
 
 Batches come from the image loader (float [-1, 1], exactly u8 / 127.5 - 1), so the bytes are recovered
 by rounding. bits/dim = mean NLL over every byte of every image / ln 2; a uniform model scores 8.
@@ -8,12 +8,10 @@ by rounding. bits/dim = mean NLL over every byte of every image / ln 2; a unifor
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import method_registry, model_registry
@@ -21,7 +19,8 @@ from genlab.data import build_dataset
 from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
 from genlab.families.base import Method
-from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image
+from genlab.families.sparse import render
+from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
 from genlab.runtime.parallel import unwrap
 
 LN2 = math.log(2.0)
@@ -30,11 +29,6 @@ LN2 = math.log(2.0)
 def to_bytes(x: torch.Tensor) -> torch.Tensor:
     """float [B, C, H, W] in [-1, 1] -> long [B, H, W, C] in 0..255."""
     return to_pixels(x).long()
-
-
-def shift_in(seq: torch.Tensor) -> torch.Tensor:
-    """Inputs of the targets `seq`: START, then seq without its last byte."""
-    return torch.cat([torch.full_like(seq[:, :1], START), seq[:, :-1]], 1)
 
 
 @torch.no_grad()
@@ -58,34 +52,9 @@ def sample_seq(model, n: int, T: int, device, given=None, given_mask=None, tempe
     return out
 
 
-def save_rows(rows: list[np.ndarray], path, upscale: int | None = None) -> Path:
-    """rows of uint8 [k, H, W, 3] images (equal k) -> one PNG grid with 1-pixel gaps."""
-    k, H, W, _ = rows[0].shape
-    grid = np.full((len(rows) * (H + 1) + 1, k * (W + 1) + 1, 3), 255, dtype=np.uint8)
-    for r, row in enumerate(rows):
-        for c in range(k):
-            grid[1 + r * (H + 1):1 + r * (H + 1) + H, 1 + c * (W + 1):1 + c * (W + 1) + W] = row[c]
-    img = Image.fromarray(grid)
-    up = upscale or max(1, 96 // H)
-    img = img.resize((img.width * up, img.height * up), Image.NEAREST)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path
-
-
-def rgb(u8: np.ndarray) -> np.ndarray:
-    return np.repeat(u8, 3, -1) if u8.shape[-1] == 1 else u8[..., :3]
-
-
-def heat(values: np.ndarray) -> np.ndarray:
-    """[k, H, W] non-negative -> uint8 [k, H, W, 3], each map scaled to its maximum (black..yellow)."""
-    v = values / np.maximum(values.reshape(len(values), -1).max(1), 1e-12)[:, None, None]
-    return (np.stack([v, v ** 0.5 * 0.9, v * 0.2], -1) * 255).astype(np.uint8)
-
-
 class ImageAR(Method):
     sample_options = ("temperature",)
+    render = render  # sampled and completed images, attention pictures (sparse/render.py)
     batch_keys = ("image",)
     best_metric = "val_bits_per_dim"
 
@@ -133,7 +102,7 @@ class ImageAR(Method):
             count += y.numel()
         return nll / count / LN2
 
-    def _data(self):
+    def dataset(self):
         return build_dataset(self.cfg.data)
 
     @torch.no_grad()
@@ -145,7 +114,7 @@ class ImageAR(Method):
         bpd = self.bits_per_dim(model, torch.from_numpy(imgs).to(device), batch=max(1, min(ecfg.batch_size, 64)))
         return {"val_bits_per_dim": bpd, "val_images": len(imgs), "val_source": source}
 
-    # -- pictures -------------------------------------------------------------------------------
+    # -- generation -------------------------------------------------------------------------------
     def sample_images(self, model, n, generator, device, temperature=None):
         t = self.mcfg.temperature if temperature is None else temperature
         return self.image(sample_seq(model, n, self.T, device, temperature=t, generator=generator))
@@ -172,81 +141,6 @@ class ImageAR(Method):
         mask = self.seq(given_img).repeat_interleave(k, 0)
         out = sample_seq(model, m * k, self.T, device, given, mask, t, generator)
         return self.image(out).view(m, k, self.H, self.H, self.C), given_img
-
-    def completion_grid(self, model, path, generator, device, m=4, k=4, data=None, temperature=None):
-        imgs, _ = self.heldout(data if data is not None else self._data(), m)
-        u8 = torch.from_numpy(imgs)
-        comp, given = self.complete(model, u8, k, generator, device, temperature)
-        masked = u8.clone()
-        masked[~given.cpu()] = 0
-        rows = [np.concatenate([rgb(u8[i:i + 1].numpy()), rgb(masked[i:i + 1].numpy()),
-                                rgb(comp[i].cpu().numpy().astype(np.uint8))]) for i in range(len(u8))]
-        return save_rows(rows, path)
-
-    def pattern_picture(self, model, path, pixel=None):
-        """Which positions each distinct head group can see from one query byte (white: visible)."""
-        base = unwrap(model)
-        r, c = pixel or (self.H // 2, self.H // 2)
-        coords = base.coords.cpu()
-        q = int(((coords[:, 0] == r) & (coords[:, 1] == c) & (coords[:, 2] == self.C - 1)).nonzero()[0, 0])
-        maps = []
-        for part in base.parts:
-            vis = part.allowed(torch.tensor(q), torch.arange(self.T)).float()
-            maps.append(self.image(vis[None]).numpy()[0].mean(-1))
-        tiles = heat(np.stack(maps))
-        tiles[:, r, c] = (255, 0, 0)
-        return save_rows([tiles], path)
-
-    def attention_picture(self, model, path, pixel, data=None, device=None):
-        """From a checkpoint: attention of the pixel's last byte over the image, rows = layers,
-        columns = the image itself then one map per head (summed over channels)."""
-        base = unwrap(model)
-        r, c = pixel
-        if not (0 <= r < self.H and 0 <= c < self.H):
-            raise GenlabError(f"--attention {r},{c} is outside the {self.H}x{self.H} image")
-        coords = base.coords.cpu()
-        q = int(((coords[:, 0] == r) & (coords[:, 1] == c) & (coords[:, 2] == self.C - 1)).nonzero()[0, 0])
-        imgs, _ = self.heldout(data if data is not None else self._data(), 1)
-        y = self.seq(torch.from_numpy(imgs).long().to(device))
-        rows_p = base.attention_rows(shift_in(y), q)[:, 0].float().cpu()  # [depth, heads, q + 1]
-        full = torch.zeros(*rows_p.shape[:2], self.T)
-        full[..., :q + 1] = rows_p
-        maps = self.image(full.flatten(0, 1)).numpy().sum(-1).reshape(*rows_p.shape[:2], self.H, self.H)
-        img = rgb(imgs[:1]).copy()
-        img[0, r, c] = (255, 0, 0)
-        rows = [np.concatenate([img, heat(m)]) for m in maps]
-        return save_rows(rows, path)
-
-    def sample_to_file(self, model, out, n=16, steps=None, generator=None, device=None, temperature=None,
-                       complete=False, attention=None, **_):
-        """`genlab sample`: n whole images; --complete: real | masked | completions; --attention R,C."""
-        device = device or next(unwrap(model).parameters()).device
-        out = Path(out)
-        if attention is not None:
-            try:
-                pixel = tuple(int(v) for v in str(attention).split(","))
-                assert len(pixel) == 2
-            except (ValueError, AssertionError):
-                raise GenlabError(f"--attention takes ROW,COL (two integers), got {attention!r}") from None
-            self.pattern_picture(model, out.with_name(out.stem + "_pattern.png"), pixel)
-            return self.attention_picture(model, out.with_name(out.stem + "_attention.png"), pixel, device=device)
-        if complete:
-            return self.completion_grid(model, out.with_name(out.stem + "_completion.png"), generator, device,
-                                        m=max(1, min(n, 8)), temperature=temperature)
-        imgs = self.sample_images(model, n, generator, device, temperature).cpu().numpy().astype(np.uint8)
-        cols = int(math.ceil(n ** 0.5))
-        rows = [rgb(imgs[i:i + cols]) for i in range(0, n, cols)]
-        rows[-1] = np.concatenate([rows[-1], np.full((cols - len(rows[-1]),) + rows[-1].shape[1:], 255, np.uint8)])
-        return save_rows(rows, out)
-
-    def preview(self, model, path, ctx):
-        n = max(1, min(16, ctx["eval"].num_samples))
-        path = Path(path)
-        out = self.sample_to_file(model, path, n=n, generator=ctx["generator"], device=ctx["device"])
-        self.completion_grid(model, path.with_name(path.stem + "_completion.png"), ctx["generator"], ctx["device"],
-                             m=min(4, n), k=3)
-        self.pattern_picture(model, path.with_name(path.stem + "_pattern.png"))
-        return out
 
 
 @method_registry.register("image_ar", "autoregressive image bytes (Sparse Transformer): bits/dim, sampling, "

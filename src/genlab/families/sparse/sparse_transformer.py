@@ -52,6 +52,11 @@ def raster_coords(H: int, W: int, C: int, order: str) -> torch.Tensor:
     raise GenlabError(f"unknown raster order {order!r}; valid: {', '.join(RASTER_ORDERS)}")
 
 
+def shift_in(seq: torch.Tensor) -> torch.Tensor:
+    """Inputs of the targets `seq`: START, then seq without its last byte."""
+    return torch.cat([torch.full_like(seq[:, :1], START), seq[:, :-1]], 1)
+
+
 def image_to_seq(img: torch.Tensor, order: str) -> torch.Tensor:
     """uint8/long [B, H, W, C] -> [B, n] in raster order."""
     if order == "pixel":

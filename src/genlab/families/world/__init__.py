@@ -1,3 +1,3 @@
-"""The world-model method (method.name=world, method.py) and its objectives, the entries of the `world_objective`
-registry (flow.py, edm.py, l1.py); the adversarial term lives in adversarial.py."""
-from genlab.families.world import edm, flow, l1, method, world_dit  # noqa: F401  (world objectives)  # noqa: F401,E402  (method "world", model "world_dit")
+"""The world-model family: the method (method.name=world, method.py), its objectives and adversarial term
+(objectives.py, the `world_objective` registry) and its videos (render.py)."""
+from genlab.families.world import method, objectives, world_dit  # noqa: F401  (objectives, method "world", model "world_dit")

@@ -22,14 +22,15 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, timestep_sampler_registry, world_objective_registry
-from genlab.data import build_dataset
+from genlab.core.registry import method_registry, sampler_registry, timestep_sampler_registry, world_objective_registry
 from genlab.data.pixels import quantize
 from genlab.eval.nfe import parse_int_list
 from genlab.eval.rollouts import evaluate_world
-from genlab.eval.video import rollout_video_from_data
 from genlab.families.base import Extra, Method, StepContext
-from genlab.families.world.adversarial import PatchDiscriminator, adversarial_losses
+from genlab.families.image_flow.flow import check_sampler_conditions
+from genlab.families.world import render
+from genlab.families.world.objectives import PatchDiscriminator, adversarial_losses
+from genlab.sampling.samplers import call_sampler
 
 
 def augment_context(context: torch.Tensor, generator, max_level: float):
@@ -42,6 +43,7 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
 
 class WorldModel(Method):
     interactive = True  # `genlab play`: frames from live controls
+    render = render  # rollout videos (world/render.py)
     batch_keys = ("frames", "actions")
     best_metric = "tf_mse"
 
@@ -80,8 +82,11 @@ class WorldModel(Method):
         level = torch.zeros(context.shape[0], device=context.device)
         if noise is None:
             noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
-        x = noise * self.mcfg.sample_temperature  # 0: the deterministic frame from the noise mean (best PSNR)
-        x = self.objective.generate(self, lambda x, t: model(x, t, context, actions, level), x, steps)
+        ts = self.objective.grid(steps, context.device)
+        x = noise * self.mcfg.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
+        net = lambda x, t: model(x, t, context, actions, level)  # the backbone with this frame's conditioning bound
+        x = call_sampler(sampler_registry.get(self.mcfg.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
+                         x, ts, generator=generator, noise=self.mcfg.sde_noise)
         x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
         return quantize(x) if self.mcfg.quantize_frames else x
 
@@ -136,24 +141,16 @@ class WorldModel(Method):
         metrics.update(adv_metrics)
         return {"model": loss + self.mcfg.adv_weight * adv, "disc": d_loss}, metrics
 
-    # -- evaluation, pictures, files ----------------------------------------------------------------
+    # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
-        return evaluate_world(self, model, data, ctx)
-
-    def preview(self, model, path, ctx):
-        data = build_dataset(ctx["cfg"].data)
-        return rollout_video_from_data(self, model, data.val, path.with_suffix(".gif"), ctx["device"],
-                                       ctx["generator"], horizon=max(self.H, 16), n=4)
-
-    def sample_to_file(self, model, out, n=4, steps=None, generator=None, device=None, **_):
-        data = build_dataset(self.cfg.data)
-        out = out.with_name("rollout.gif") if out.suffix == ".png" else out
-        return rollout_video_from_data(self, model, data.val, out, device, generator, horizon=32, n=min(n, 8),
-                                       steps=steps)
+        return evaluate_world(lambda context, actions, gen: self.rollout(model, context, actions, generator=gen), self.L,
+                              data, ctx)
 
 
 WORLD_KEYS = cf.declare("method",
     objective=cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective"),
+    world_sampler=cf.F("euler", "world: the sampler of every generated frame (a flow sampler: the objectives give a "
+                                "velocity; heun needs flow with prediction v)", registry="sampler"),
     residual=cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)"),
     residual_scale=cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0),
     sample_temperature=cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
@@ -181,11 +178,16 @@ def check_world_config(cfg):
 @method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
                                    "closed-loop fine-tuning, few-step Euler rollouts",
                           keys=WORLD_KEYS + WORLD_EVAL_KEYS,
-                          # not method.sampler: each objective integrates its own ODE (a sampler set here is unused)
                           reads=("method.timestep_sampler", "method.sample_steps", "eval.sample_steps"),
                           data_kinds=("episodes",), model_families=("world_dit",), check=check_world_config,
-                          sampling_keys=("method.sample_steps", "method.sample_temperature", "method.quantize_frames"))
+                          sampling_keys=("method.sample_steps", "method.world_sampler", "method.sample_temperature",
+                                         "method.quantize_frames"))
 def build_world(cfg, data_spec):
-    if cfg.method.sample_steps < 1:
+    m = cfg.method
+    if m.sample_steps < 1:
         raise GenlabError("method.sample_steps must be >= 1")
+    if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
+        raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
+                          f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
+    check_sampler_conditions("world", [m.world_sampler])  # a step-size sampler needs a model trained with it
     return WorldModel(cfg, data_spec)

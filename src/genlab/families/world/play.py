@@ -18,8 +18,8 @@ import torch
 from genlab.core.errors import GenlabError
 from genlab.data import build_dataset
 from genlab.data.windows import spaced_windows
-from genlab.eval.video import to_u8, write_video
 from genlab.families.build import load_run
+from genlab.families.world.render import to_u8, write_video
 
 # arrow keys / WASD / space -> the ALE action-name parts they press
 KEY_PARTS = {"ArrowUp": "UP", "w": "UP", "ArrowDown": "DOWN", "s": "DOWN", "ArrowLeft": "LEFT", "a": "LEFT",

@@ -1,4 +1,5 @@
-"""Rollout videos: context | real | generated side by side, the action written on every frame; GIF and MP4."""
+"""Videos of the world family: rollouts with context | real | generated side by side and the action written on every
+frame, as GIF and MP4 (the training previews, `genlab sample`, `genlab play --record`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from genlab.data import build_dataset
 from genlab.data.pixels import to_pixels
 from genlab.data.windows import spaced_windows
 
@@ -74,10 +76,10 @@ def write_video(frames: list[np.ndarray], path, fps: int = 8, log=print) -> list
 
 
 @torch.no_grad()
-def rollout_video_from_data(method, model, eps, path, device, generator=None, horizon=16, n=4, steps=None):
-    """Roll out `method` (duck-typed: L, rollout, spec) from n held-out windows of the episodes `eps` and write
-    the video at `path`; the horizon halves until the episodes are long enough. Returns the GIF path or None."""
-    L = method.L
+def rollout_video(method, model, path, device, generator=None, horizon=16, n=4, steps=None):
+    """Roll out the run's method from n held-out windows of its episodes and write the video at `path`; the horizon
+    halves until the episodes are long enough. Returns the GIF path or None."""
+    eps, L = build_dataset(method.cfg.data).val, method.L
     frames, actions = None, None
     while horizon >= 1 and frames is None:
         frames, actions = spaced_windows(eps, L + horizon, n, device)
@@ -88,3 +90,14 @@ def rollout_video_from_data(method, model, eps, path, device, generator=None, ho
                          torch.Generator(device=device).manual_seed(0))
     meanings = method.spec.get("action_meanings")
     return write_video(compose_frames(frames[:, :L], frames[:, L:], gen, actions, meanings), path)[0]
+
+
+def sample_to_file(method, model, out, *, n=4, steps=None, generator=None, device=None):
+    """`genlab sample`: up to 8 held-out windows rolled out 32 frames (rollout.gif beside a .png --out)."""
+    out = out.with_name("rollout.gif") if out.suffix == ".png" else out
+    return rollout_video(method, model, out, device, generator, horizon=32, n=min(n, 8), steps=steps)
+
+
+def preview(method, model, path, ctx):
+    return rollout_video(method, model, path.with_suffix(".gif"), ctx["device"], ctx["generator"],
+                         horizon=max(method.H, 16), n=4)

@@ -1,0 +1,181 @@
+"""The world objectives (method.objective, the `world_objective` registry): how the next-frame denoiser is trained,
+and the flow velocity and time grid a registered sampler (sampling/samplers.py, method.world_sampler) generates a
+frame with. An objective sees the backbone as `net(x, t)`, the frame's conditioning (context frames, actions,
+context-noise level) already bound, so it knows nothing of worlds.
+
+- flow: rectified flow, x_t = (1-t)·noise + t·data, v = data - noise. With method.prediction=x (default) the network
+  outputs the clean frame and the loss stays on the derived velocity; the last Euler step (to t=1) then lands exactly
+  on the predicted frame. With v the clean frame is x_t + (1-t)·v, so the network has to reproduce and cancel the
+  sampling noise itself; what it misses stays in the static background, compounds over a rollout and loses to copy-last.
+- edm: EDM preconditioning (Karras et al. 2022, table 1) with DIAMOND's noise levels (Alonso et al. 2024), sampled
+  over the Karras sigma schedule in flow time: x_t = t x_sigma with t = 1 / (1 + sigma) is the flow path (1-t) noise +
+  t data, and an Euler step in t on it is exactly EDM's Euler step in sigma, so every flow sampler serves it.
+- l1: one-step regression from noise, frame = noise + net(noise, 0) (one Euler step from t=0 to 1), with an L1 loss;
+  the users' GAN setting once method.adv_weight > 0 adds the patch discriminator's term (the end of this file) to
+  whichever objective trains the denoiser.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from genlab.config import fields as cf
+from genlab.core.registry import world_objective_registry
+from genlab.families.image_flow.flow import interpolate
+from genlab.sampling.samplers import time_grid
+
+Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class WorldObjective:
+    """Base of every entry of `world_objective_registry`. `world` is the WorldModel: an objective may read its
+    config (world.mcfg) and its timestep sampler (world.sample_t)."""
+
+    def loss(self, world, net: Net, target: torch.Tensor, noise: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, one-step estimate of the clean target) for a batch of targets [B, C, H, W] and the Gaussian
+        noise drawn for them."""
+        raise NotImplementedError
+
+    def grid(self, steps: int, device) -> torch.Tensor:
+        """The sampler's flow times t_0 < ... < t_N = 1 (t=0 noise, t=1 data); the start is (1 - t_0) * noise."""
+        return time_grid(steps, device=device)
+
+    def velocity(self, world, net: Net, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The flow velocity dx/dt at x_t = (1-t) noise + t target, t [B]."""
+        raise NotImplementedError
+
+
+def per_sample(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-sample scalar [B] shaped to broadcast over `like` [B, ...], in its dtype."""
+    return v.view(-1, *([1] * (like.ndim - 1))).to(like.dtype)
+
+
+def velocity_to(x_hat: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The velocity that takes x_t straight to a predicted target x_hat at t=1: (x_hat - x_t) / (1 - t)."""
+    return (x_hat - x) / per_sample(1 - t, x)
+
+
+# -- flow ---------------------------------------------------------------------------------------------------------
+def v_from_x(x_hat, x_t, t):
+    # v = (x - x_t) / (1 - t) = data - noise; the floor (applied to the target alike) keeps the rare t ~ 1
+    # samples from dominating the loss, which is ||x_hat - x||^2 / max(1 - t, 0.05)^2
+    return (x_hat - x_t) / per_sample((1 - t).clamp_min(0.05), x_t)
+
+
+FLOW_OBJECTIVE_KEYS = cf.declare("method",
+    prediction=cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
+                             "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v")),
+)
+
+
+@world_objective_registry.register("flow", "rectified flow; the network predicts the clean frame (x) or the velocity (v)",
+                                   keys=FLOW_OBJECTIVE_KEYS)
+class FlowObjective(WorldObjective):
+    def loss(self, world, net, target, noise, gen):
+        t = world.sample_t(target.shape[0], gen, target.device, world.mcfg)
+        x_t = interpolate(noise, target, t)
+        out = net(x_t, t)
+        if world.mcfg.prediction == "x":  # the network outputs the clean target; the loss stays on v
+            est, v, v_target = out, v_from_x(out, x_t, t), v_from_x(target, x_t, t)
+        else:
+            est, v, v_target = x_t + per_sample(1 - t, x_t) * out, out, target - noise
+        return F.mse_loss(v.float(), v_target.float()), est
+
+    def velocity(self, world, net, x, t):
+        out = net(x, t)  # with x: an Euler step to t=1 lands exactly on the predicted frame
+        return velocity_to(out, x, t) if world.mcfg.prediction == "x" else out
+
+
+# -- edm: D(x; σ) = c_skip·x + c_out·F(c_in·x; c_noise) with x = y + σ·n, F the network; its input and its training
+# target (y - c_skip·x) / c_out both have unit variance at every σ ----------------------------------------------
+def preconditioning(sigma: torch.Tensor, sigma_data: float = 0.5):
+    """(c_skip, c_out, c_in, c_noise) of table 1, each shaped like `sigma`."""
+    s2, sd2 = sigma ** 2, sigma_data ** 2
+    return sd2 / (s2 + sd2), sigma * sigma_data / (s2 + sd2).sqrt(), 1 / (s2 + sd2).sqrt(), sigma.log() / 4
+
+
+def karras_sigmas(steps: int, sigma_min: float, sigma_max: float, rho: float, device=None) -> torch.Tensor:
+    """σ_i = (σ_max^(1/ρ) + i/(N-1)·(σ_min^(1/ρ) - σ_max^(1/ρ)))^ρ from sigma_max down to sigma_min, then a final 0."""
+    r = 1 / rho
+    i = torch.arange(steps, device=device, dtype=torch.float32)
+    sig = (sigma_max ** r + i / max(steps - 1, 1) * (sigma_min ** r - sigma_max ** r)) ** rho
+    return torch.cat([sig, sig.new_zeros(1)])
+
+
+P_MEAN, P_STD = -0.4, 1.2                    # training noise: ln σ ~ N(P_MEAN, P_STD²)
+SIGMA_MIN, SIGMA_MAX, RHO = 2e-3, 5.0, 7.0   # sampling schedule
+SIGMA_DATA = 0.5
+
+
+@world_objective_registry.register("edm", "EDM preconditioning (Karras et al. 2022), DIAMOND's choice")
+class EDMObjective(WorldObjective):
+    def loss(self, world, net, target, noise, gen):
+        sigma = (torch.randn(target.shape[0], generator=gen, device=target.device) * P_STD + P_MEAN).exp()
+        c_skip, c_out, c_in, c_noise = preconditioning(sigma, SIGMA_DATA)
+        x_noisy = target + per_sample(sigma, target) * noise
+        out = net(per_sample(c_in, x_noisy) * x_noisy, c_noise)
+        skip, scale = per_sample(c_skip, x_noisy) * x_noisy, per_sample(c_out, x_noisy)
+        # the EDM-weighted loss on D equals the plain MSE on the network's target
+        return F.mse_loss(out.float(), ((target - skip) / scale).float()), skip + scale * out
+
+    def grid(self, steps, device):
+        return 1 / (1 + karras_sigmas(steps, SIGMA_MIN, SIGMA_MAX, RHO, device=device))
+
+    def velocity(self, world, net, x, t):
+        x_sigma = x / per_sample(t, x)
+        c_skip, c_out, c_in, c_noise = preconditioning((1 - t) / t, SIGMA_DATA)
+        den = per_sample(c_skip, x) * x_sigma + per_sample(c_out, x) * net(per_sample(c_in, x) * x_sigma, c_noise)
+        return velocity_to(den, x, t)
+
+
+# -- l1 -----------------------------------------------------------------------------------------------------------
+@world_objective_registry.register("l1", "one-step regression from noise (L1); with method.adv_weight > 0 a GAN")
+class L1Objective(WorldObjective):
+    def loss(self, world, net, target, noise, gen):
+        est = noise + net(noise, torch.zeros(target.shape[0], device=target.device))
+        return F.l1_loss(est.float(), target.float()), est
+
+    def grid(self, steps, device):
+        return torch.tensor([0.0, 1.0], device=device)  # one step whatever method.sample_steps says
+
+    def velocity(self, world, net, x, t):
+        return net(x, t)
+
+
+# -- the adversarial term (method.adv_weight > 0): a patch discriminator on (frame, last context frame) and the
+# non-saturating GAN losses (softplus), added to whichever objective trains the denoiser --------------------------
+class PatchDiscriminator(nn.Module):
+    """Small PatchGAN (Isola et al. 2017) on (frame, last context frame); spectral norm keeps it Lipschitz,
+    which is what stops the NaN blow-ups of an unconstrained discriminator."""
+
+    def __init__(self, channels: int, width: int = 32):
+        super().__init__()
+        sn = nn.utils.parametrizations.spectral_norm
+        self.net = nn.Sequential(
+            sn(nn.Conv2d(2 * channels, width, 4, 2, 1)), nn.LeakyReLU(0.2),
+            sn(nn.Conv2d(width, 2 * width, 4, 2, 1)), nn.LeakyReLU(0.2),
+            sn(nn.Conv2d(2 * width, 1, 3, 1, 1)))
+
+    def forward(self, frame, last_context):
+        with torch.autocast(frame.device.type, enabled=False):  # logits in fp32
+            return self.net(torch.cat([frame, last_context], 1).float())
+
+
+def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
+    """A non-finite loss term becomes 0 (no host sync); the counter metric says how often it happened."""
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def adversarial_losses(disc: nn.Module, est: torch.Tensor, target: torch.Tensor, last: torch.Tensor):
+    """(generator term, discriminator loss, metrics) for the estimated and the real frame, both conditioned on the
+    clean last context frame. The discriminator loss is for the trainer to apply to the discriminator only."""
+    # one discriminator forward for both losses: spectral norm updates its power-iteration vector in place
+    # on every training forward, which would invalidate the graph of an earlier call
+    fake, real = disc(torch.cat([est, target]), torch.cat([last, last])).chunk(2)
+    adv = finite_or_zero(F.softplus(-fake).mean())
+    d_loss = F.softplus(-real).mean() + F.softplus(fake).mean()
+    metrics = {"adv": adv.detach(), "disc_loss": d_loss.detach(), "disc_nonfinite": (~torch.isfinite(d_loss)).float()}
+    return adv, finite_or_zero(d_loss), metrics
