@@ -28,7 +28,7 @@ def main(argv=None):
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from genlab.data import build_dataset
-    from genlab.eval.rollouts import evaluate_world
+
     from genlab.runs.load import load_run
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
@@ -38,7 +38,7 @@ def main(argv=None):
         for v in args.variants.split(","):
             temp, q = v.split(":")
             method.mcfg.sample_temperature, method.mcfg.quantize_frames = float(temp), q == "q"
-            res = evaluate_world(method, model, data, {"eval": cfg.eval, "device": dev, "run_dir": tmp})
+            res = method.evaluate(model, data, {"eval": cfg.eval, "device": dev, "run_dir": tmp})
             curves = json.loads((Path(tmp) / "world_eval.json").read_text())["curves"]
             H = max(curves, key=int)
             margin = [m - c for m, c in zip(curves[H]["model"], curves[H]["copy_last"])]

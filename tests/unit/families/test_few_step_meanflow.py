@@ -149,7 +149,7 @@ def test_ddp_gradients_on_two_ranks_equal_one_process(tmp_path):
 
 
 def test_a_run_stopped_and_resumed_equals_one_trained_straight_through(tmp_path, one_thread):
-    from tests.test_few_step import loss_curve
+    from test_few_step import loss_curve
     _, a, b = straight_and_resumed(tmp_path, 3, *MF, *FAST, "train.steps=6", "log.every=1", "train.ema_decay=0.9")
     assert loss_curve(tmp_path / "part") == loss_curve(tmp_path / "full")
     for key in ("model", "ema"):
