@@ -21,11 +21,6 @@ from genlab.core.errors import GenlabError, one_line
 META = "meta.pt"
 
 
-def is_dcp(path) -> bool:
-    p = Path(path)
-    return p.is_dir() and (p / ".metadata").exists()
-
-
 def _barrier(info):
     if info is not None and info.enabled and dist.is_initialized():
         dist.barrier()
