@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-from pathlib import Path
 from typing import get_type_hints
 
 from genlab.config.fields import check_value, did_you_mean, meta_of
@@ -352,35 +351,6 @@ def _check_components(cfg):
         raise GenlabError(f"method.name={cfg.method.name} needs model.name={'|'.join(fits)}, got model.name={m.name}")
     if meth.causal is not None and "model.causal" in read_keys(cfg) and m.causal != meth.causal:
         raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
-
-
-def check_data_on_disk(cfg) -> None:
-    """Files a config names that must exist before training starts (the trainer calls this before it creates the run
-    folder; load_config does not, so presets that name a folder you prepare later still load)."""
-    if dataset_registry.spec(cfg.data.name).needs_path and not Path(cfg.data.path).exists():
-        raise GenlabError(f"no dataset at '{cfg.data.path}' (no such folder); data.name={cfg.data.name} reads a folder "
-                          "made by `genlab data` (prepare, encode, collect, generate)")
-    if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
-        if not _is_prepared(cfg.eval.val_path):  # found now, not after training
-            raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
-                              f"(no readable images.npy + meta.json)")
-    eval_check = dataset_registry.spec(cfg.data.name).eval_check
-    if eval_check is not None and cfg.eval.num_samples > 0:
-        eval_check(cfg)
-
-
-def _is_prepared(path) -> bool:
-    """A folder `genlab data prepare` wrote: a readable images.npy header and meta.json."""
-    import json
-    from pathlib import Path
-
-    import numpy as np
-    try:
-        np.load(Path(path) / "images.npy", mmap_mode="r")
-        json.loads((Path(path) / "meta.json").read_text())
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def _check_shapes(cfg):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from genlab.config.check import read_keys
 from genlab.config.fields import F, declare
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
@@ -44,6 +45,21 @@ def prepared_shape(path) -> dict | None:
         return {"kind": "image", "image_size": int(h), "channels": int(c), "num_classes": len(classes)}
     except Exception:  # noqa: BLE001
         return None
+
+
+def check_data_on_disk(cfg) -> None:
+    """Files a config names that must exist before training starts (the trainer calls this before it creates the run
+    folder; load_config does not, so presets that name a folder you prepare later still load)."""
+    if dataset_registry.spec(cfg.data.name).needs_path and not Path(cfg.data.path).exists():
+        raise GenlabError(f"no dataset at '{cfg.data.path}' (no such folder); data.name={cfg.data.name} reads a folder "
+                          "made by `genlab data` (prepare, encode, collect, generate)")
+    if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
+        if prepared_shape(cfg.eval.val_path) is None:  # found now, not after training
+            raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
+                              f"(no readable images.npy + meta.json)")
+    eval_check = dataset_registry.spec(cfg.data.name).eval_check
+    if eval_check is not None and cfg.eval.num_samples > 0:
+        eval_check(cfg)
 
 
 def synthetic_spec(d) -> dict:

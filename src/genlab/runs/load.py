@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.check import check_data_on_disk, read_keys
+from genlab.config.check import read_keys
+from genlab.data.datasets import check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.core.registry import all_registries
 from genlab.data import build_dataset

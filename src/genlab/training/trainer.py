@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.check import batched_label, check_data_on_disk, config_warnings, is_batched, read_keys
+from genlab.config.check import batched_label, config_warnings, is_batched, read_keys
+from genlab.data.datasets import check_data_on_disk
 from genlab.config.tree import Config, apply_overrides, dumps_toml, load_config, to_dict, validate
 from genlab.core import files as folder_lock
 from genlab.core import progress

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.check import check_data_on_disk
+from genlab.data.datasets import check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.data import build_dataset
 from genlab.data.pixels import to_model

@@ -23,7 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from genlab.config.check import VARIANT_KEYS, check_data_on_disk
+from genlab.config.check import VARIANT_KEYS
+from genlab.data.datasets import check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.core.files import held
 from genlab.core.registry import precision_registry
