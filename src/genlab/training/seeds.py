@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import signal
 import sys
 import warnings
 
@@ -39,10 +38,10 @@ from genlab.nn.attention import plain_softmax_attention
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at, lr_schedule_registry
 from genlab.optim.state import state_bytes
-from genlab.runtime.stop import STOP_SIGNALS, StopSignals
+from genlab.runtime.stop import StopSignals
 from genlab.runtime.switches import _mode, set_lr
 from genlab.training.step import ema_update
-from genlab.training.trainer import Trainer, config_for_resume
+from genlab.training.trainer import Trainer, config_for_resume, stop_handlers, train_loop
 from genlab.training.trainer import train as train_one
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
@@ -92,8 +91,7 @@ class SeedRun(Trainer):
     """One seed's run: everything a single run does, except the step (StackedStep does it for all seeds)."""
 
     engine = None  # the StackedStep
-    index = 0      # this run's slot in the seed dimension
-    alive = True   # False once its loop ended (finished or failed): its slot's draws stop
+    index = 0      # this run's slot in the seed dimension (once train_loop ends it, its slot's draws stop)
 
     def _make_run_dir(self, resume_state):
         self._resume_state = resume_state  # made after every seed is built and the batched step probed
@@ -108,12 +106,6 @@ class SeedRun(Trainer):
             return None
         d = Path(self.cfg.train.out_dir) / self.cfg.train.name
         return d if d.exists() and any(d.iterdir()) else None
-
-    def _install_signal_handlers(self) -> dict:
-        return {}  # SeedsTrainer holds one handler for every seed
-
-    def _train_step(self):
-        return self.pending
 
     @contextlib.contextmanager
     def own_rng(self):
@@ -288,8 +280,8 @@ class StackedStep:
                 g.mul_(coef.view(-1, *([1] * (g.ndim - 1))).to(g.dtype))
         return gnorm
 
-    def run(self, step: int):
-        """One optimizer step of every seed; each run's `pending` gets its (loss, grad norm, non-finite flag, metrics)."""
+    def run(self, step: int) -> list:
+        """One optimizer step of every seed; their (loss, grad norm, non-finite flag, metrics) in seed order."""
         tcfg = self.cfg.train
         for r in self.runs:  # the runs' own log their LR (and hold each member's)
             set_lr(r.optimizer, lr_at(step, tcfg.steps, r.cfg.optim))
@@ -320,8 +312,7 @@ class StackedStep:
             with torch.no_grad():
                 torch._foreach_lerp_(self.ema, list(self.stacked.parameters()),
                                      [(1 - decay).view((self.n,) + (1,) * (e.ndim - 1)) for e in self.ema])
-        for i, r in enumerate(self.runs):
-            r.pending = (loss_sum[i], gnorm[i], bad[i], {k: v[i] for k, v in metrics.items()})
+        return [(loss_sum[i], gnorm[i], bad[i], {k: v[i] for k, v in metrics.items()}) for i in range(self.n)]
 
     def _probe(self):
         """One vmapped forward + backward on a synthetic batch before any run folder exists: a layer without a vmap
@@ -425,41 +416,17 @@ class SeedsTrainer:
             r.stop_requested = True
 
     def fit(self) -> list[dict]:
-        """Train every seed; their summaries in seed order. A seed that fails ends alone (its summary says why, the
-        others go on); its error is raised once every seed has ended."""
+        """Every member through the one loop (trainer.train_loop), the stacked step serving all; their summaries in
+        member order. A member that fails ends alone (its summary says why, the others go on); its error is raised
+        once every member has ended."""
         self.setup()
-        n = len(self.runs)
-        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-        loops = [r.fit_loop() for r in self.runs]
-        summaries, active = [None] * n, list(range(n))
-        try:
-            while active:
-                for i in list(active):
-                    r = self.runs[i]
-                    try:
-                        with r.own_rng():
-                            next(loops[i])
-                    except StopIteration as done:
-                        summaries[i] = done.value
-                    except Exception as e:  # noqa: BLE001 - this seed failed or diverged: the others go on
-                        self.errors.append(e)
-                    else:
-                        continue
-                    r.alive = False
-                    active.remove(i)
-                if active:
-                    self.engine.run(self.runs[active[0]].step)
-        except KeyboardInterrupt:  # a second Ctrl-C: every seed stops at once, without a final checkpoint
-            for i in active:
-                with contextlib.suppress(BaseException):
-                    loops[i].throw(KeyboardInterrupt)
-            raise
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-        if self.errors:
-            raise self.errors[0]
-        return summaries
+        with stop_handlers(self._on_signal):
+            return train_loop(self.runs, self._step)
+
+    def _step(self) -> list:
+        live = [r for r in self.runs if r.alive]
+        outs = self.engine.run(live[0].step)
+        return [outs[r.index] for r in live]
 
 
 # what the members of one batched process may differ in (besides train.name)
