@@ -8,7 +8,7 @@ import pytest
 
 from genlab.core.errors import GenlabError
 from genlab.runtime.metrics import read_metrics
-from genlab.training.trainer import train
+from genlab.training.seeds import train
 
 from conftest import tiny_config
 

@@ -2,9 +2,10 @@
 as one batched computation. A small model leaves a GPU launch-bound; N seeds in one step cost about the launches
 of one.
 
-Each seed is a full `SeedRun` (a Trainer): its own run folder NAME-s<seed> with the config a single run with that
-seed would save, its own init, data order, noise and timestep draws, logs, evaluations and checkpoints. Only the
-optimizer step is shared: `StackedStep` stacks the N models' parameters along a leading seed dimension (the runs'
+`SeedsTrainer` is the runner: it drives its members through the trainer's one loop (trainer.train_loop) around one
+stacked Step. Each member is a full `SeedRun` (a Trainer): its own run folder NAME-s<seed> with the config a single run
+with that seed would save, its own init, data order, RNG, noise and timestep draws, logs, evaluations, checkpoints and
+summary. Only the optimizer step is shared: `StackedStep` stacks the N models' parameters along a leading seed dimension (the runs'
 own parameters become views of them), draws every seed's random inputs outside torch.vmap from that seed's own
 generator and loader, runs the method's deterministic `loss_from` vmapped over the seeds, and takes one optimizer
 step on the stacked tensors. The optimizers allowed are elementwise (Adam, AdamW, SGD), so one step on the stack is
@@ -29,12 +30,12 @@ import warnings
 
 import torch
 
-from genlab.config.check import SEEDS_SUPPORTED as SUPPORTED
-from genlab.config.check import VARIANT_KEYS, batched_label, is_batched, member_name, parse_seeds, variant_lists
+from genlab.config.check import VARIANT_KEYS, batched_label, check_member_name, is_batched, member_name, parse_seeds, variant_lists
 from genlab.config.tree import Config, apply_overrides, load_config, to_dict
 from genlab.core.errors import GenlabError, one_line
+from genlab.core.registry import method_registry, train_step_registry
 from genlab.families.base import StepContext
-from genlab.nn.attention import plain_softmax_attention
+from genlab.nn.attention import attention_choices
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at, lr_schedule_registry
 from genlab.optim.state import state_bytes
@@ -42,15 +43,46 @@ from genlab.runtime.stop import StopSignals
 from genlab.runtime.switches import _mode, set_lr
 from genlab.training.step import ema_update
 from genlab.training.trainer import Trainer, config_for_resume, stop_handlers, train_loop
-from genlab.training.trainer import train as train_one
+
+# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (training/seeds.py) supports
+SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
+             "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+
+
+def check_seeds_config(cfg) -> None:
+    """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
+    t = cfg.train
+    if not is_batched(cfg):
+        return
+    if t.seeds:
+        parse_seeds(t.seeds)
+    label = batched_label(cfg)
+
+    def refuse(what):
+        raise GenlabError(f"{label} does not support {what}; supported: {SUPPORTED}")
+    check_member_name(cfg)
+    if not method_registry.spec(cfg.method.name).batched_seeds:
+        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
+    if t.parallel not in ("auto", "none"):
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile", t.compile not in ("off", "model")), ("compile_optimizer", t.compile_optimizer),
+                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16" or t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision}")
+    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
+        refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
+    if t.resume:
+        refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
+
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
 ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
-
-
-def seed_run_name(name: str, seed: int) -> str:
-    """A seed's run folder: the sweep's naming (`<variant>-s<seed>`)."""
-    return f"{name}-s{seed}"
 
 
 def seed_configs(cfg: Config) -> list[Config]:
@@ -72,7 +104,7 @@ def seed_configs(cfg: Config) -> list[Config]:
             for n in VARIANT_KEYS:
                 setattr(c.train, n, "")
             apply_overrides(c, [f"{VARIANT_KEYS[n][0]}={v}" for n, v in values.items()])
-            c.train.seed, c.train.name = s, seed_run_name(member_name(name, values) if values else name, s)
+            c.train.seed, c.train.name = s, f"{member_name(name, values) if values else name}-s{s}"  # the sweep's naming
             out.append(c)
     return out
 
@@ -117,12 +149,7 @@ class SeedRun(Trainer):
             self.rng = _rng_state(self.device)
 
     def _state(self, weights=True):
-        state = super()._state(weights=False)
-        if weights:  # the weights are views of the stacked tensors: saved as copies, or torch.save writes the whole stack
-            clone = lambda sd: {k: v.clone() for k, v in sd.items()}  # noqa: E731
-            state.update(model=clone(self.base.state_dict()), ema=clone(self.ema.state_dict()) if self.ema is not None else None,
-                         optimizer=self.engine.optimizer_state(self.index))
-        return state
+        return {**super()._state(weights=False), **self.engine.state_dict(self.index)}
 
     def _optim_state_mib(self) -> float:
         return state_bytes(self.engine.optimizer) / self.engine.n / 2**20
@@ -131,6 +158,8 @@ class SeedRun(Trainer):
         return {"batched_seeds": self.engine.n if self.engine is not None else None}
 
 
+@train_step_registry.register("stacked", "N members' step as one vmapped step on stacked tensors (train.seeds, "
+                               "train.lrs, ...)", check=check_seeds_config)
 class StackedStep:
     """The N runs' parameters, EMA and optimizer state stacked along dim 0, and one optimizer step for all of them."""
 
@@ -156,7 +185,7 @@ class StackedStep:
         if type(self.optimizer) not in ELEMENTWISE_OPTIMIZERS:
             raise GenlabError(f"{batched_label(self.cfg)} needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
                               f"built {type(self.optimizer).__name__}; supported: {SUPPORTED}")
-        self._load_optimizer_states()
+        self.load_state_dict([r.optimizer.state_dict() for r in runs])
         self._member_hyperparameters()
         self.last = [None] * self.n
         if self.device.type == "cpu":  # CPU SDPA has no vmap batching rule: a loop over the seeds, correct and expected
@@ -223,8 +252,8 @@ class StackedStep:
     def _ordered_params(self):
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def _load_optimizer_states(self):
-        sds = [r.optimizer.state_dict() for r in self.runs]
+    def load_state_dict(self, sds: list) -> None:
+        """The members' optimizer states (their single runs' resumed ones), stacked."""
         if not sds[0]["state"]:
             return
         params = self._ordered_params()
@@ -236,7 +265,14 @@ class StackedStep:
         for r in self.runs:
             r.optimizer.state.clear()  # the stacked optimizer holds it now
 
-    def optimizer_state(self, i: int) -> dict:
+    def state_dict(self, member: int = 0) -> dict:
+        """Member i's weights, EMA and optimizer state, exactly as its single run's step would give them."""
+        r = self.runs[member]
+        clone = lambda sd: {k: v.clone() for k, v in sd.items()}  # noqa: E731 (views: torch.save would write the stack)
+        return {"model": clone(r.base.state_dict()), "ema": clone(r.ema.state_dict()) if r.ema is not None else None,
+                "optimizer": self._optimizer_state(member)}
+
+    def _optimizer_state(self, i: int) -> dict:
         """Seed i's optimizer state dict, exactly as its single run's optimizer would give it ("step" is shared)."""
         sd = self.optimizer.state_dict()
         state = {idx: {k: v.clone() if k == "step" and torch.is_tensor(v) else v if k == "step" else v[i].clone()
@@ -280,7 +316,7 @@ class StackedStep:
                 g.mul_(coef.view(-1, *([1] * (g.ndim - 1))).to(g.dtype))
         return gnorm
 
-    def run(self, step: int) -> list:
+    def __call__(self, step: int, next_batch=None, mark=None) -> list:
         """One optimizer step of every seed; their (loss, grad norm, non-finite flag, metrics) in seed order."""
         tcfg = self.cfg.train
         for r in self.runs:  # the runs' own log their LR (and hold each member's)
@@ -346,21 +382,6 @@ class StackedStep:
                           f"supported: {SUPPORTED}")
 
 
-def attention_choices(device: torch.device) -> list:
-    """(name, model -> context) for the attention kernels a batched-seeds step may use, in order of preference. On
-    CUDA, vmap folds the seed axis into SDPA's batch, and with a bf16 DiT on an H100 (torch 2.11) every SDPA kernel
-    failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
-    available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
-    (models/attention.plain_softmax_attention): the same function, softmax in float32."""
-    if device.type != "cuda":
-        return [("default", lambda model: contextlib.nullcontext())]
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return [("default", lambda model: contextlib.nullcontext()),
-            ("flash", lambda model: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
-            ("math", lambda model: sdpa_kernel([SDPBackend.MATH])),
-            ("plain-ops", plain_softmax_attention)]
-
-
 class SeedsTrainer:
     """N seeds of one config in one process (train.seeds), or N seed runs resumed together (`resume=[runs]`)."""
 
@@ -373,20 +394,12 @@ class SeedsTrainer:
             self.runs = [SeedRun(c) for c in seed_configs(cfg)]
         self.stop_requested = False
         self.signals = StopSignals()
-        self.errors: list = []
-
-    @property
-    def stop_after(self):
-        return self.runs[0].stop_after
-
-    @stop_after.setter
-    def stop_after(self, step):  # tests: as if Ctrl-C arrived after this step
-        for r in self.runs:
-            r.stop_after = step
+        self.stop_after = None  # tests: as if Ctrl-C arrived after this step (every member)
 
     def setup(self):
         for r in self.runs:
             r.setup()  # each seeds, builds and restores as its single run would
+            r.stop_after = self.stop_after
             r.rng = _rng_state(r.device)
         r0 = self.runs[0]
         if r0.dist.world > 1:
@@ -425,7 +438,7 @@ class SeedsTrainer:
 
     def _step(self) -> list:
         live = [r for r in self.runs if r.alive]
-        outs = self.engine.run(live[0].step)
+        outs = self.engine(live[0].step)
         return [outs[r.index] for r in live]
 
 
@@ -460,12 +473,15 @@ def _get(cfg, dotted: str):
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None):
-    """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds (or train.lrs, ...) set the list of
-    every member's summary, in member order (seed_configs)."""
+    """`genlab.train(cfg)`: train one run (a Config, or a preset name; None = the default preset) and return its
+    summary (run_dir, status, step, loss, samples_per_s, wall_time, the evaluation metrics); `resume` continues a run
+    folder or checkpoint. With train.seeds (or train.lrs, ...) set: every member's summary, in member order."""
     if cfg is None or isinstance(cfg, str):
         cfg = load_config(cfg)
-    if isinstance(cfg, Config) and is_batched(cfg):
+    if not isinstance(cfg, Config):
+        raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
+    if is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with resume: resume each member's run, SeedsTrainer(resume=[run, ...])")
         return SeedsTrainer(cfg).fit()
-    return train_one(cfg, resume=resume)
+    return Trainer(cfg, resume=resume).fit()

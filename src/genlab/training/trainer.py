@@ -1,6 +1,6 @@
-"""The training loop. It owns devices, precision, parallelism, compile, accumulation, clipping, EMA,
-the LR schedule, checkpoints, logging and periodic sampling/eval, and never special-cases a family:
-the method gives the loss, the samples and the eval metrics.
+"""The training loop: `train_loop` calls one Step (step.py: eager, compiled, graphed or stacked) and each run's hooks
+(log, preview, eval, checkpoint, stop) at their intervals. A `Trainer` is one run around it: devices, precision, the
+run folder, checkpoints, metrics and summary. It never special-cases a family: the method gives the loss and samples.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from genlab.config.check import batched_label, check_data_on_disk, config_warnings, is_batched, read_keys
-from genlab.config.tree import Config, apply_overrides, dumps_toml, load_config, to_dict, validate
+from genlab.config.tree import Config, apply_overrides, dumps_toml, to_dict, validate
 from genlab.core import files as folder_lock
 from genlab.core import progress
 from genlab.core.errors import GenlabError, RunFailed, debug, machine_failure, one_line
@@ -28,7 +28,7 @@ from genlab.nn.convert import apply_converters
 from genlab.nn.float8 import plan_summary
 from genlab.optim.state import state_bytes
 from genlab.runtime import checkpoint as ckpt
-from genlab.runtime.dcp import export_safetensors, load_dcp_optimizer, save_dcp
+from genlab.runtime.dcp import export_safetensors, save_dcp
 from genlab.runtime.metrics import MetricsLog, peak_flops, peak_memory_gib
 from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
@@ -65,8 +65,8 @@ class Trainer:
     def _setup(self):
         cfg, tcfg = self.cfg, self.cfg.train
         if self.resume_from:  # before anything is built or written: a finished run is only ever extended
-            prior = read_summary(ckpt.run_dir_of(self.resume_from))
-            check_extends(self.resume_from, tcfg.steps, prior)
+            prior = ckpt.read_summary(ckpt.run_dir_of(self.resume_from))
+            ckpt.check_extends(self.resume_from, tcfg.steps, prior)
             self.prior_wall = prior.get("wall_time") or 0.0
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)
@@ -106,16 +106,10 @@ class Trainer:
         self._make_run_dir(resume_state)
 
     def _restore(self, state):
-        if state.get("dcp_path"):
-            load_dcp_optimizer(state["dcp_path"], self.base, self.optimizer)
-            gens = state.get("gens") or [state["gen"]]
-            if self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
-                state = {**state, "gen": gens[self.dist.rank]}
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.steps.load_extra_optimizers(state)
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        self.steps.load_state_dict(state)
+        gens = state.get("gens") or [state["gen"]]  # a DCP checkpoint keeps every rank's generator
+        if state.get("dcp_path") and self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
+            state = {**state, "gen": gens[self.dist.rank]}
         self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
         self.gen.set_state(state["gen"])
@@ -167,13 +161,10 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, weights=True):
-        big = {"model": self.base.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
-               "optimizer": self.optimizer.state_dict()} if weights else {}
         return {
-            **big, **self.steps.extra_state(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
-            "torch_rng": torch.get_rng_state(), "device_rng": self._device_rng(), "nonfinite_skipped": self.nonfinite_skipped, "best": self.best,
-            "config": to_dict(self.cfg), "data_spec": self.spec,
+            **self.steps.state_dict(weights=weights), "step": self.step, "loader": self.loader.state_dict(),
+            "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "device_rng": self._device_rng(),
+            "nonfinite_skipped": self.nonfinite_skipped, "best": self.best, "config": to_dict(self.cfg), "data_spec": self.spec,
         }
 
     def _device_rng(self):
@@ -211,7 +202,7 @@ class Trainer:
     # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
         self._full = None  # the previous step's gathered weights (_gathered) are stale: free their memory
-        loss, gnorm, bad, extra, skipped = self.steps.run(self.step, self.loader.next)
+        loss, gnorm, bad, extra, skipped = self.steps(self.step, self.loader.next)
         self.nonfinite_skipped += skipped
         return loss, gnorm, bad, extra
 
@@ -327,7 +318,10 @@ class Trainer:
         """The loop's state: the start line, the progress bar, the log interval's accumulators."""
         self.flops_step = self.flops_per_sample * self.cfg.train.batch_size / self.dist.world  # per device
         self.early = self._announce(self.flops_step)  # on a slow CPU run a warning, then a status line at once
-        self.first_step, self.bar, self.peak = self.step + 1, self._progress_bar(), peak_flops(self.device)
+        self.first_step, self.peak = self.step + 1, peak_flops(self.device)
+        # a status line every log.every steps; a tqdm bar as well when stderr is a terminal
+        self.bar = TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name) \
+            if self.cfg.log.progress and self.dist.is_main else None
         self.acc = {"loss": torch.zeros((), device=self.device), "gnorm": torch.zeros((), device=self.device)}
         self._bad_acc = torch.zeros((), dtype=torch.bool, device=self.device)
         self.n_acc, self.t_last = 0, time.perf_counter()
@@ -439,17 +433,17 @@ class Trainer:
     def fail(self, e: BaseException) -> BaseException:
         """The summary of a run that ended on `e`; returns what to raise (an unexpected error as one line)."""
         if isinstance(e, NonFiniteLoss):
-            self.summary.update({"status": "diverged", "error": str(e), "step": self.step})
+            self.summary.update(status="diverged", error=str(e), step=self.step)
         elif isinstance(e, KeyboardInterrupt):  # a second Ctrl-C: stopped at once, without a final checkpoint
-            self.summary.update({"status": "interrupted", "error": "stopped by a second Ctrl-C without saving",
-                                 "step": self.step})
-        elif isinstance(e, Exception) and not debug():  # a method, the data or the device failed mid-run
+            self.summary.update(status="interrupted", error="stopped by a second Ctrl-C without saving", step=self.step)
+        elif isinstance(e, Exception):  # a method, the data or the device failed mid-run
             kept = ckpt.list_checkpoints(self.run_dir)
-            self.summary.update({"status": "failed", "error": one_line(e), "step": self.step,
-                                 "last_checkpoint": str(kept[-1]) if kept else None})
-            err = RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}")
-            err.__cause__ = e
-            return err
+            self.summary.update(status="failed", error=one_line(e), step=self.step,
+                                last_checkpoint=str(kept[-1]) if kept else None)
+            if not debug():
+                err = RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}")
+                err.__cause__ = e
+                return err
         return e
 
     def close(self):
@@ -500,13 +494,6 @@ class Trainer:
             print(f"genlab: warning: {warning}", file=sys.stderr, flush=True)
         return warning is not None
 
-    def _progress_bar(self):
-        """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
-        if not (self.cfg.log.progress and self.dist.is_main):
-            return None
-        return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
-
-
 
 @contextlib.contextmanager
 def stop_handlers(on_signal):
@@ -523,16 +510,14 @@ def train_loop(runs: list, step) -> list[dict]:
     """The loop. While a run has steps left: one call of `step` (the Step of every live run; their (loss, grad norm,
     non-finite flag, metrics)), then each run's hooks (Trainer.after_step). A run that fails ends alone, its summary
     saying why, and the first error is raised once every run has ended. Returns the summaries in run order."""
-    errors, live = [], list(runs)
+    errors = []
 
-    def end(r, e=None):
-        if e is not None:
-            errors.append(r.fail(e))
+    def end(r, e=None):  # its summary says why; its last writes
+        errors.extend([] if e is None else [r.fail(e)])
         r.alive = False
-        live.remove(r)
         r.close()
 
-    def hook(r, fn, *args):  # fn under the run's own RNG; a run that raises ends, the others go on
+    def hook(r, fn, *args):  # under the run's own RNG; a run that raises ends, the others go on
         try:
             with r.own_rng():
                 fn(*args)
@@ -542,29 +527,28 @@ def train_loop(runs: list, step) -> list[dict]:
         with r.own_rng():
             r.begin()
     try:
-        while live:
-            for r in [r for r in live if not r.more()]:
+        while any(r.alive for r in runs):
+            for r in [r for r in runs if r.alive and not r.more()]:
                 hook(r, r.finish)
-                if r in live:
+                if r.alive:
                     end(r)
-            if not live:
-                break
+            live = [r for r in runs if r.alive]
             try:
-                outs = step()
+                outs = step() if live else []
             except Exception as e:  # noqa: BLE001 - the step itself failed: every live run ends on it
-                for r in list(live):
-                    end(r, e)
-                break
-            for r, out in zip(list(live), outs):
-                hook(r, r.after_step, out)
+                outs = [end(r, e) for r in live]
+            for r, out in zip(live, outs):
+                if r.alive:
+                    hook(r, r.after_step, out)
     except BaseException as e:  # a second Ctrl-C: every run stops at once, without a final checkpoint
-        for r in list(live):
+        for r in [r for r in runs if r.alive]:
             with contextlib.suppress(BaseException):
                 end(r, e)
         raise
     if errors:
         raise errors[0]
     return [r.summary for r in runs]
+
 
 def run_config_dict(cfg) -> dict:
     """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
@@ -573,39 +557,6 @@ def run_config_dict(cfg) -> dict:
     defaults = to_dict(type(cfg)())
     return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
                   if isinstance(vals, dict) else vals) for sec, vals in d.items()}
-
-
-def read_summary(run_dir) -> dict:
-    """A run folder's summary.json; {} when there is none (a run killed before writing it) or it is unreadable."""
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def check_extends(resume_from, steps: int, summary: dict) -> None:
-    """A finished run is never modified: resuming it must extend it (a larger train.steps) from its last
-    checkpoint, so its files only grow and metrics.jsonl repeats no step."""
-    run, done = ckpt.run_dir_of(resume_from), summary.get("step")
-    kept = ckpt.list_checkpoints(run)
-    if summary.get("status") != "finished" or not kept or int(ckpt.CKPT_RE.search(kept[-1].name)[1]) != done:
-        return  # not finished, or rewound by hand (its last checkpoints deleted): it resumes as any run
-    how = f"extend it with `genlab train --resume {run} train.steps=N` (N > {done})"
-    if steps <= done:
-        raise GenlabError(f"run '{run}' finished at step {done} (train.steps={steps}) and is never modified; {how}")
-    if ckpt.resolve_checkpoint(resume_from).name != kept[-1].name:
-        raise GenlabError(f"run '{run}' is finished: {how} from its last checkpoint {kept[-1].name}, not {resume_from}")
-
-
-def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
-    """Train one run (a Config, or a preset name; None = the default preset) and return its summary: run_dir,
-    status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
-    checkpoint. `genlab.train(cfg)` is training/seeds.py's train: this, or with train.seeds the batched seeds."""
-    if cfg is None or isinstance(cfg, str):
-        cfg = load_config(cfg)
-    if not isinstance(cfg, Config):
-        raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
-    return Trainer(cfg, resume=resume).fit()
 
 
 def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
