@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.tree import from_dict
+from genlab.config.tree import Config, apply_overrides, from_dict, validate
 from genlab.core.errors import GenlabError
 from genlab.core.registry import convert_registry
 from genlab.runtime import dcp
@@ -163,3 +163,11 @@ def check_extends(resume_from, steps: int, summary: dict) -> None:
         raise GenlabError(f"run '{run}' finished at step {done} (train.steps={steps}) and is never modified; {how}")
     if resolve_checkpoint(resume_from).name != kept[-1].name:
         raise GenlabError(f"run '{run}' is finished: {how} from its last checkpoint {kept[-1].name}, not {resume_from}")
+
+
+def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
+    """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
+    cfg = config_of(load_checkpoint(run_or_ckpt))
+    apply_overrides(cfg, overrides)
+    validate(cfg)
+    return cfg

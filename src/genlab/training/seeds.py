@@ -39,10 +39,11 @@ from genlab.nn.attention import attention_choices
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at, lr_schedule_registry
 from genlab.optim.state import state_bytes
+from genlab.runtime.checkpoint import config_for_resume
 from genlab.runtime.stop import StopSignals
 from genlab.runtime.switches import _mode, set_lr
 from genlab.training.step import ema_update
-from genlab.training.trainer import Trainer, config_for_resume, stop_handlers, train_loop
+from genlab.training.trainer import Trainer, stop_handlers, train_loop
 
 # what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (training/seeds.py) supports
 SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "

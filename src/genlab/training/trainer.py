@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.check import batched_label, check_data_on_disk, config_warnings, is_batched, read_keys
-from genlab.config.tree import Config, apply_overrides, dumps_toml, to_dict, validate
+from genlab.config.check import batched_label, check_data_on_disk, config_warnings, is_batched
+from genlab.config.tree import Config, dumps_toml, run_config_dict, to_dict
 from genlab.core import files as folder_lock
 from genlab.core import progress
 from genlab.core.errors import GenlabError, RunFailed, debug, machine_failure, one_line
@@ -28,6 +28,7 @@ from genlab.nn.convert import apply_converters
 from genlab.nn.float8 import plan_summary
 from genlab.optim.state import state_bytes
 from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.checkpoint import config_for_resume  # noqa: F401 (re-exported: the CLI, seeds.py)
 from genlab.runtime.dcp import export_safetensors, save_dcp
 from genlab.runtime.metrics import MetricsLog, peak_flops, peak_memory_gib
 from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
@@ -548,21 +549,3 @@ def train_loop(runs: list, step) -> list[dict]:
     if errors:
         raise errors[0]
     return [r.summary for r in runs]
-
-
-def run_config_dict(cfg) -> dict:
-    """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
-    warning's subject stays visible); loading it back gives the same Config, the rest at their defaults."""
-    read, d = read_keys(cfg), to_dict(cfg)
-    defaults = to_dict(type(cfg)())
-    return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
-                  if isinstance(vals, dict) else vals) for sec, vals in d.items()}
-
-
-def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
-    """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
-    state = ckpt.load_checkpoint(run_or_ckpt)
-    cfg = ckpt.config_of(state)
-    apply_overrides(cfg, overrides)
-    validate(cfg)
-    return cfg
