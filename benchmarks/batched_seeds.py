@@ -64,7 +64,7 @@ def batched(cfg, warmup, steps) -> float:
         if i == warmup:
             _sync(dev)
             t0 = time.perf_counter()
-        st.engine.run(i)
+        st.engine(i)
     _sync(dev)
     secs = time.perf_counter() - t0
     for r in st.runs:

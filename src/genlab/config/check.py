@@ -25,6 +25,7 @@ from genlab.core.registry import (
     optimizer_registry,
     parallel_registry,
     position_registry,
+    train_step_registry,
 )
 
 
@@ -177,14 +178,11 @@ def _check_train(cfg):
     check = method_registry.spec(cfg.method.name).check
     if check is not None:
         check(cfg)
-    if is_batched(cfg):
-        check_seeds_config(cfg)
-    check_graph_step_config(cfg)
+    for _, spec in train_step_registry.specs():  # each step strategy's own checks, beside it in training/
+        if spec.check is not None:
+            spec.check(cfg)
 
 
-# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (training/seeds.py) supports
-SEEDS_SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
-                   "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
 # batched variants: train.<list key> -> the single-run key each member sets, its short name (the sweep's variant
 # naming: the last part of the key), and the values it takes
 VARIANT_KEYS = {"lrs": ("optim.lr", "numbers > 0", lambda v: v > 0),
@@ -231,27 +229,9 @@ def member_name(name: str, values: dict[str, str]) -> str:
     return "-".join([name, *(f"{k}={v}" for k, v in short.items())])
 
 
-def is_batched(cfg) -> bool:
-    """Several runs of this config in one process: train.seeds or a batched-variants list is set."""
-    t = cfg.train
-    return bool(t.seeds) or any(getattr(t, n, "") for n in VARIANT_KEYS)
-
-
-def batched_label(cfg) -> str:
-    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n, "")]
-    return f"train.{named[0]} (batched variants)" if named else "train.seeds (batched seeds)"
-
-
-def check_seeds_config(cfg) -> None:
-    """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
-    t = cfg.train
-    if t.seeds:
-        parse_seeds(t.seeds)
-    lists = variant_lists(cfg)
-    label = batched_label(cfg)
-
-    def refuse(what):
-        raise GenlabError(f"{label} does not support {what}; supported: {SEEDS_SUPPORTED}")
+def check_member_name(cfg) -> None:
+    """train.name as a batched-variant name template: each listed key's short name once, nothing else."""
+    t, lists = cfg.train, variant_lists(cfg)
     if "{" in t.name and lists:  # a name template (the sweep passes one): every listed key, no other field
         try:
             parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(t.name) if f is not None]
@@ -262,65 +242,17 @@ def check_seeds_config(cfg) -> None:
         if fields != short or any(spec or conv for _, spec, conv in parsed):
             raise GenlabError(f"train.name {t.name!r}: a name template names each batched-variant value once, "
                               f"as {{{'}, {'.join(sorted(short))}}} (the lists set); got fields {sorted(fields)}")
-    if not method_registry.spec(cfg.method.name).batched_seeds:
-        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
-        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
-    if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
-        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
-    if t.parallel not in ("auto", "none"):
-        refuse(f"train.parallel={t.parallel}")
-    for key, bad in (("compile", t.compile not in ("off", "model")), ("compile_optimizer", t.compile_optimizer),
-                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
-                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
-        if bad:
-            refuse(f"train.{key}={getattr(t, key)}")
-    if t.precision == "fp16" or t.precision.startswith("float8"):
-        refuse(f"train.precision={t.precision}")
-    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
-        refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
-    if t.resume:
-        refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
 
 
-# what train.graph_step (the whole step as one CUDA graph, training/graph_step.py) supports
-GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
-GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow or repa, without "
-                        f"the adaptive sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
-                        "train.compile=off|model|blocks with train.compile_mode=default|max-autotune-no-cudagraphs, "
-                        "grad_accum=1, precision fp32|tf32|bf16|auto, no train.compile_optimizer, skip_nonfinite, "
-                        "activation checkpointing, converters or batched seeds")
-
-
-def check_graph_step_config(cfg) -> None:
-    """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
+def is_batched(cfg) -> bool:
+    """Several runs of this config in one process: train.seeds or a batched-variants list is set."""
     t = cfg.train
-    if not t.graph_step:
-        return
+    return bool(t.seeds) or any(getattr(t, n, "") for n in VARIANT_KEYS)
 
-    def refuse(what):
-        raise GenlabError(f"train.graph_step=true does not support {what}; supported: {GRAPH_STEP_SUPPORTED}")
-    if _trains_on_cpu(t.device):
-        refuse(f"training on the CPU (train.device={t.device}): CUDA graphs need a CUDA device")
-    if not method_registry.spec(cfg.method.name).graph_step:
-        ok = [n for n, s in method_registry.specs() if s.graph_step]
-        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
-    if cfg.optim.name not in GRAPH_STEP_OPTIMIZERS or cfg.optim.caution:
-        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
-    if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
-        refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
-    if t.parallel not in ("auto", "none"):
-        refuse(f"train.parallel={t.parallel}")
-    for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
-                     ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
-                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
-        if bad:
-            refuse(f"train.{key}={getattr(t, key)}")
-    if t.precision == "fp16":
-        refuse("train.precision=fp16 (its loss scaler reads found-inf on the host)")
-    if t.precision.startswith("float8"):
-        refuse(f"train.precision={t.precision} (a model converter)")
-    if is_batched(cfg):
-        refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
+
+def batched_label(cfg) -> str:
+    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n, "")]
+    return f"train.{named[0]} (batched variants)" if named else "train.seeds (batched seeds)"
 
 
 def check_converter_combination(names) -> None:

@@ -235,3 +235,12 @@ def dumps_toml(d: dict) -> str:
     """The config dict as TOML, written by tomli-w (tomllib only reads)."""
     import tomli_w
     return tomli_w.dumps(d)
+
+
+def run_config_dict(cfg) -> dict:
+    """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
+    warning's subject stays visible); loading it back gives the same Config, the rest at their defaults."""
+    read, d = read_keys(cfg), to_dict(cfg)
+    defaults = to_dict(type(cfg)())
+    return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
+                  if isinstance(vals, dict) else vals) for sec, vals in d.items()}

@@ -44,6 +44,7 @@ def load_entries():
     for info in pkgutil.iter_modules(families.__path__):  # one package per family: its folder is its registration
         if info.ispkg:
             importlib.import_module(f"genlab.families.{info.name}")
+    importlib.import_module("genlab.training")  # the step strategies (their checks), after the families they train
     for item in filter(None, os.environ.get("GENLAB_PLUGINS", "").split(os.pathsep)):
         load_plugin(item)
 
@@ -199,6 +200,11 @@ class OptimizerSpec(Spec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepSpec(Spec):
+    check: Callable | None = None          # check(cfg): what the step strategy supports, before any work (one line)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AdalnSpec(KernelSpec):
     # fused forms of the two residual steps around it in a DiT block (models/norm.residual_ops_by); None = plain
     add_norm: Callable | None = None       # (x, y, gate, shift, scale, eps) -> (x + gate*y, norm_modulate(that))
@@ -322,6 +328,7 @@ precision_registry = Registry("precision")
 compile_registry = Registry("compile")
 ac_registry = Registry("activation_checkpointing")
 parallel_registry = Registry("parallel", ParallelSpec)
+train_step_registry = Registry("train_step", StepSpec)  # the training step's strategies (training/)
 adaln_registry = Registry("adaln", AdalnSpec)
 ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)

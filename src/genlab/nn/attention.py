@@ -344,3 +344,18 @@ def plain_softmax_attention(model: nn.Module):
     finally:
         for m, attend in swapped:
             m.attend = attend
+
+
+def attention_choices(device: torch.device) -> list:
+    """(name, model -> context) for the attention kernels a batched-seeds step (training/seeds.py) may use, in order
+    of preference. On CUDA, vmap folds the seed axis into SDPA's batch, and with a bf16 DiT on an H100 (torch 2.11) every SDPA kernel
+    failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
+    available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
+    (plain_softmax_attention above): the same function, softmax in float32."""
+    if device.type != "cuda":
+        return [("default", lambda model: contextlib.nullcontext())]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return [("default", lambda model: contextlib.nullcontext()),
+            ("flash", lambda model: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
+            ("math", lambda model: sdpa_kernel([SDPBackend.MATH])),
+            ("plain-ops", plain_softmax_attention)]

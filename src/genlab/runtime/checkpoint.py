@@ -1,13 +1,14 @@
 """Checkpoints: written atomically (temp file + rename), the last K kept, found by step number."""
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 import torch
 
-from genlab.config.tree import from_dict
+from genlab.config.tree import Config, apply_overrides, from_dict, validate
 from genlab.core.errors import GenlabError
 from genlab.core.registry import convert_registry
 from genlab.runtime import dcp
@@ -140,3 +141,33 @@ def _first(e: BaseException) -> str:
     """The first sentence of an exception message (torch's run to several lines)."""
     text = str(e).strip().split("\n")[0].split(". ")[0]
     return text or type(e).__name__
+
+
+def read_summary(run_dir) -> dict:
+    """A run folder's summary.json; {} when there is none (a run killed before writing it) or it is unreadable."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def check_extends(resume_from, steps: int, summary: dict) -> None:
+    """A finished run is never modified: resuming it must extend it (a larger train.steps) from its last
+    checkpoint, so its files only grow and metrics.jsonl repeats no step."""
+    run, done = run_dir_of(resume_from), summary.get("step")
+    kept = list_checkpoints(run)
+    if summary.get("status") != "finished" or not kept or int(CKPT_RE.search(kept[-1].name)[1]) != done:
+        return  # not finished, or rewound by hand (its last checkpoints deleted): it resumes as any run
+    how = f"extend it with `genlab train --resume {run} train.steps=N` (N > {done})"
+    if steps <= done:
+        raise GenlabError(f"run '{run}' finished at step {done} (train.steps={steps}) and is never modified; {how}")
+    if resolve_checkpoint(resume_from).name != kept[-1].name:
+        raise GenlabError(f"run '{run}' is finished: {how} from its last checkpoint {kept[-1].name}, not {resume_from}")
+
+
+def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
+    """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
+    cfg = config_of(load_checkpoint(run_or_ckpt))
+    apply_overrides(cfg, overrides)
+    validate(cfg)
+    return cfg

@@ -17,12 +17,56 @@ from __future__ import annotations
 
 import torch
 
+from genlab.config import check as config_check
+from genlab.config.check import is_batched
 from genlab.core.errors import GenlabError
+from genlab.core.registry import method_registry, train_step_registry
 from genlab.families.base import as_loss_dict
 from genlab.runtime.parallel import clip_grads
 from genlab.runtime.switches import ema_update_device_weight, set_lr
 
 WARMUP_STEPS = 3  # eager steps before the capture: compile, autograd's and the optimizer's lazy state, cuBLAS handles
+
+
+# what train.graph_step (the whole step as one CUDA graph, training/graph_step.py) supports
+GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
+GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow or repa, without "
+                        f"the adaptive sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
+                        "train.compile=off|model|blocks with train.compile_mode=default|max-autotune-no-cudagraphs, "
+                        "grad_accum=1, precision fp32|tf32|bf16|auto, no train.compile_optimizer, skip_nonfinite, "
+                        "activation checkpointing, converters or batched seeds")
+
+
+def check_graph_step_config(cfg) -> None:
+    """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
+    t = cfg.train
+    if not t.graph_step:
+        return
+
+    def refuse(what):
+        raise GenlabError(f"train.graph_step=true does not support {what}; supported: {GRAPH_STEP_SUPPORTED}")
+    if config_check._trains_on_cpu(t.device):  # looked up at call time: tests pretend to be on CUDA
+        refuse(f"training on the CPU (train.device={t.device}): CUDA graphs need a CUDA device")
+    if not method_registry.spec(cfg.method.name).graph_step:
+        ok = [n for n, s in method_registry.specs() if s.graph_step]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in GRAPH_STEP_OPTIMIZERS or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
+    if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
+        refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
+    if t.parallel not in ("auto", "none"):
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
+                     ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16":
+        refuse("train.precision=fp16 (its loss scaler reads found-inf on the host)")
+    if t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision} (a model converter)")
+    if is_batched(cfg):
+        refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
 
 
 def make_capturable(optimizer, device) -> None:
@@ -38,6 +82,8 @@ def make_capturable(optimizer, device) -> None:
             st["step"] = st["step"].to(device=device, dtype=torch.float32)
 
 
+@train_step_registry.register("graphed", "the whole step captured once as a CUDA graph and replayed (train.graph_step)",
+                               check=check_graph_step_config)
 class GraphedStep:
     """Runs TrainStep's step as: WARMUP_STEPS eager steps, then one capture, then a replay per step."""
 

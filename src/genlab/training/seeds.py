@@ -2,9 +2,10 @@
 as one batched computation. A small model leaves a GPU launch-bound; N seeds in one step cost about the launches
 of one.
 
-Each seed is a full `SeedRun` (a Trainer): its own run folder NAME-s<seed> with the config a single run with that
-seed would save, its own init, data order, noise and timestep draws, logs, evaluations and checkpoints. Only the
-optimizer step is shared: `StackedStep` stacks the N models' parameters along a leading seed dimension (the runs'
+`SeedsTrainer` is the runner: it drives its members through the trainer's one loop (trainer.train_loop) around one
+stacked Step. Each member is a full `SeedRun` (a Trainer): its own run folder NAME-s<seed> with the config a single run
+with that seed would save, its own init, data order, RNG, noise and timestep draws, logs, evaluations, checkpoints and
+summary. Only the optimizer step is shared: `StackedStep` stacks the N models' parameters along a leading seed dimension (the runs'
 own parameters become views of them), draws every seed's random inputs outside torch.vmap from that seed's own
 generator and loader, runs the method's deterministic `loss_from` vmapped over the seeds, and takes one optimizer
 step on the stacked tensors. The optimizers allowed are elementwise (Adam, AdamW, SGD), so one step on the stack is
@@ -24,34 +25,65 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import signal
 import sys
 import warnings
 
 import torch
 
-from genlab.config.check import SEEDS_SUPPORTED as SUPPORTED
-from genlab.config.check import VARIANT_KEYS, batched_label, is_batched, member_name, parse_seeds, variant_lists
+from genlab.config.check import VARIANT_KEYS, batched_label, check_member_name, is_batched, member_name, parse_seeds, variant_lists
 from genlab.config.tree import Config, apply_overrides, load_config, to_dict
 from genlab.core.errors import GenlabError, one_line
+from genlab.core.registry import method_registry, train_step_registry
 from genlab.families.base import StepContext
-from genlab.nn.attention import plain_softmax_attention
+from genlab.nn.attention import attention_choices
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at, lr_schedule_registry
 from genlab.optim.state import state_bytes
-from genlab.runtime.stop import STOP_SIGNALS, StopSignals
+from genlab.runtime.checkpoint import config_for_resume
+from genlab.runtime.stop import StopSignals
 from genlab.runtime.switches import _mode, set_lr
 from genlab.training.step import ema_update
-from genlab.training.trainer import Trainer, config_for_resume
-from genlab.training.trainer import train as train_one
+from genlab.training.trainer import Trainer, stop_handlers, train_loop
+
+# what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (training/seeds.py) supports
+SUPPORTED = ("method flow (registry methods with batched_seeds), optim adamw|adam|sgd without optim.caution, one process, "
+             "train.compile=off|model, model.qkv_kernel=plain, precision fp32|tf32|bf16|auto, no converters, activation_checkpointing=none")
+
+
+def check_seeds_config(cfg) -> None:
+    """What the batched step supports, checked with the rest of the config (one line, exit 2)."""
+    t = cfg.train
+    if not is_batched(cfg):
+        return
+    if t.seeds:
+        parse_seeds(t.seeds)
+    label = batched_label(cfg)
+
+    def refuse(what):
+        raise GenlabError(f"{label} does not support {what}; supported: {SUPPORTED}")
+    check_member_name(cfg)
+    if not method_registry.spec(cfg.method.name).batched_seeds:
+        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
+        refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
+    if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
+        refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
+    if t.parallel not in ("auto", "none"):
+        refuse(f"train.parallel={t.parallel}")
+    for key, bad in (("compile", t.compile not in ("off", "model")), ("compile_optimizer", t.compile_optimizer),
+                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
+                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+        if bad:
+            refuse(f"train.{key}={getattr(t, key)}")
+    if t.precision == "fp16" or t.precision.startswith("float8"):
+        refuse(f"train.precision={t.precision}")
+    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
+        refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
+    if t.resume:
+        refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
+
 
 # one step on the stacked tensors equals N separate steps only for an elementwise update
 ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
-
-
-def seed_run_name(name: str, seed: int) -> str:
-    """A seed's run folder: the sweep's naming (`<variant>-s<seed>`)."""
-    return f"{name}-s{seed}"
 
 
 def seed_configs(cfg: Config) -> list[Config]:
@@ -73,7 +105,7 @@ def seed_configs(cfg: Config) -> list[Config]:
             for n in VARIANT_KEYS:
                 setattr(c.train, n, "")
             apply_overrides(c, [f"{VARIANT_KEYS[n][0]}={v}" for n, v in values.items()])
-            c.train.seed, c.train.name = s, seed_run_name(member_name(name, values) if values else name, s)
+            c.train.seed, c.train.name = s, f"{member_name(name, values) if values else name}-s{s}"  # the sweep's naming
             out.append(c)
     return out
 
@@ -92,8 +124,7 @@ class SeedRun(Trainer):
     """One seed's run: everything a single run does, except the step (StackedStep does it for all seeds)."""
 
     engine = None  # the StackedStep
-    index = 0      # this run's slot in the seed dimension
-    alive = True   # False once its loop ended (finished or failed): its slot's draws stop
+    index = 0      # this run's slot in the seed dimension (once train_loop ends it, its slot's draws stop)
 
     def _make_run_dir(self, resume_state):
         self._resume_state = resume_state  # made after every seed is built and the batched step probed
@@ -109,12 +140,6 @@ class SeedRun(Trainer):
         d = Path(self.cfg.train.out_dir) / self.cfg.train.name
         return d if d.exists() and any(d.iterdir()) else None
 
-    def _install_signal_handlers(self) -> dict:
-        return {}  # SeedsTrainer holds one handler for every seed
-
-    def _train_step(self):
-        return self.pending
-
     @contextlib.contextmanager
     def own_rng(self):
         """This run's global RNG state while its own code runs (its checkpoints record it, its eval draws from it)."""
@@ -125,12 +150,7 @@ class SeedRun(Trainer):
             self.rng = _rng_state(self.device)
 
     def _state(self, weights=True):
-        state = super()._state(weights=False)
-        if weights:  # the weights are views of the stacked tensors: saved as copies, or torch.save writes the whole stack
-            clone = lambda sd: {k: v.clone() for k, v in sd.items()}  # noqa: E731
-            state.update(model=clone(self.base.state_dict()), ema=clone(self.ema.state_dict()) if self.ema is not None else None,
-                         optimizer=self.engine.optimizer_state(self.index))
-        return state
+        return {**super()._state(weights=False), **self.engine.state_dict(self.index)}
 
     def _optim_state_mib(self) -> float:
         return state_bytes(self.engine.optimizer) / self.engine.n / 2**20
@@ -139,6 +159,8 @@ class SeedRun(Trainer):
         return {"batched_seeds": self.engine.n if self.engine is not None else None}
 
 
+@train_step_registry.register("stacked", "N members' step as one vmapped step on stacked tensors (train.seeds, "
+                               "train.lrs, ...)", check=check_seeds_config)
 class StackedStep:
     """The N runs' parameters, EMA and optimizer state stacked along dim 0, and one optimizer step for all of them."""
 
@@ -164,7 +186,7 @@ class StackedStep:
         if type(self.optimizer) not in ELEMENTWISE_OPTIMIZERS:
             raise GenlabError(f"{batched_label(self.cfg)} needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
                               f"built {type(self.optimizer).__name__}; supported: {SUPPORTED}")
-        self._load_optimizer_states()
+        self.load_state_dict([r.optimizer.state_dict() for r in runs])
         self._member_hyperparameters()
         self.last = [None] * self.n
         if self.device.type == "cpu":  # CPU SDPA has no vmap batching rule: a loop over the seeds, correct and expected
@@ -231,8 +253,8 @@ class StackedStep:
     def _ordered_params(self):
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
-    def _load_optimizer_states(self):
-        sds = [r.optimizer.state_dict() for r in self.runs]
+    def load_state_dict(self, sds: list) -> None:
+        """The members' optimizer states (their single runs' resumed ones), stacked."""
         if not sds[0]["state"]:
             return
         params = self._ordered_params()
@@ -244,7 +266,14 @@ class StackedStep:
         for r in self.runs:
             r.optimizer.state.clear()  # the stacked optimizer holds it now
 
-    def optimizer_state(self, i: int) -> dict:
+    def state_dict(self, member: int = 0) -> dict:
+        """Member i's weights, EMA and optimizer state, exactly as its single run's step would give them."""
+        r = self.runs[member]
+        clone = lambda sd: {k: v.clone() for k, v in sd.items()}  # noqa: E731 (views: torch.save would write the stack)
+        return {"model": clone(r.base.state_dict()), "ema": clone(r.ema.state_dict()) if r.ema is not None else None,
+                "optimizer": self._optimizer_state(member)}
+
+    def _optimizer_state(self, i: int) -> dict:
         """Seed i's optimizer state dict, exactly as its single run's optimizer would give it ("step" is shared)."""
         sd = self.optimizer.state_dict()
         state = {idx: {k: v.clone() if k == "step" and torch.is_tensor(v) else v if k == "step" else v[i].clone()
@@ -288,8 +317,8 @@ class StackedStep:
                 g.mul_(coef.view(-1, *([1] * (g.ndim - 1))).to(g.dtype))
         return gnorm
 
-    def run(self, step: int):
-        """One optimizer step of every seed; each run's `pending` gets its (loss, grad norm, non-finite flag, metrics)."""
+    def __call__(self, step: int, next_batch=None, mark=None) -> list:
+        """One optimizer step of every seed; their (loss, grad norm, non-finite flag, metrics) in seed order."""
         tcfg = self.cfg.train
         for r in self.runs:  # the runs' own log their LR (and hold each member's)
             set_lr(r.optimizer, lr_at(step, tcfg.steps, r.cfg.optim))
@@ -320,8 +349,7 @@ class StackedStep:
             with torch.no_grad():
                 torch._foreach_lerp_(self.ema, list(self.stacked.parameters()),
                                      [(1 - decay).view((self.n,) + (1,) * (e.ndim - 1)) for e in self.ema])
-        for i, r in enumerate(self.runs):
-            r.pending = (loss_sum[i], gnorm[i], bad[i], {k: v[i] for k, v in metrics.items()})
+        return [(loss_sum[i], gnorm[i], bad[i], {k: v[i] for k, v in metrics.items()}) for i in range(self.n)]
 
     def _probe(self):
         """One vmapped forward + backward on a synthetic batch before any run folder exists: a layer without a vmap
@@ -355,21 +383,6 @@ class StackedStep:
                           f"supported: {SUPPORTED}")
 
 
-def attention_choices(device: torch.device) -> list:
-    """(name, model -> context) for the attention kernels a batched-seeds step may use, in order of preference. On
-    CUDA, vmap folds the seed axis into SDPA's batch, and with a bf16 DiT on an H100 (torch 2.11) every SDPA kernel
-    failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
-    available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
-    (models/attention.plain_softmax_attention): the same function, softmax in float32."""
-    if device.type != "cuda":
-        return [("default", lambda model: contextlib.nullcontext())]
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return [("default", lambda model: contextlib.nullcontext()),
-            ("flash", lambda model: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
-            ("math", lambda model: sdpa_kernel([SDPBackend.MATH])),
-            ("plain-ops", plain_softmax_attention)]
-
-
 class SeedsTrainer:
     """N seeds of one config in one process (train.seeds), or N seed runs resumed together (`resume=[runs]`)."""
 
@@ -382,20 +395,12 @@ class SeedsTrainer:
             self.runs = [SeedRun(c) for c in seed_configs(cfg)]
         self.stop_requested = False
         self.signals = StopSignals()
-        self.errors: list = []
-
-    @property
-    def stop_after(self):
-        return self.runs[0].stop_after
-
-    @stop_after.setter
-    def stop_after(self, step):  # tests: as if Ctrl-C arrived after this step
-        for r in self.runs:
-            r.stop_after = step
+        self.stop_after = None  # tests: as if Ctrl-C arrived after this step (every member)
 
     def setup(self):
         for r in self.runs:
             r.setup()  # each seeds, builds and restores as its single run would
+            r.stop_after = self.stop_after
             r.rng = _rng_state(r.device)
         r0 = self.runs[0]
         if r0.dist.world > 1:
@@ -425,41 +430,17 @@ class SeedsTrainer:
             r.stop_requested = True
 
     def fit(self) -> list[dict]:
-        """Train every seed; their summaries in seed order. A seed that fails ends alone (its summary says why, the
-        others go on); its error is raised once every seed has ended."""
+        """Every member through the one loop (trainer.train_loop), the stacked step serving all; their summaries in
+        member order. A member that fails ends alone (its summary says why, the others go on); its error is raised
+        once every member has ended."""
         self.setup()
-        n = len(self.runs)
-        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-        loops = [r.fit_loop() for r in self.runs]
-        summaries, active = [None] * n, list(range(n))
-        try:
-            while active:
-                for i in list(active):
-                    r = self.runs[i]
-                    try:
-                        with r.own_rng():
-                            next(loops[i])
-                    except StopIteration as done:
-                        summaries[i] = done.value
-                    except Exception as e:  # noqa: BLE001 - this seed failed or diverged: the others go on
-                        self.errors.append(e)
-                    else:
-                        continue
-                    r.alive = False
-                    active.remove(i)
-                if active:
-                    self.engine.run(self.runs[active[0]].step)
-        except KeyboardInterrupt:  # a second Ctrl-C: every seed stops at once, without a final checkpoint
-            for i in active:
-                with contextlib.suppress(BaseException):
-                    loops[i].throw(KeyboardInterrupt)
-            raise
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-        if self.errors:
-            raise self.errors[0]
-        return summaries
+        with stop_handlers(self._on_signal):
+            return train_loop(self.runs, self._step)
+
+    def _step(self) -> list:
+        live = [r for r in self.runs if r.alive]
+        outs = self.engine(live[0].step)
+        return [outs[r.index] for r in live]
 
 
 # what the members of one batched process may differ in (besides train.name)
@@ -493,12 +474,15 @@ def _get(cfg, dotted: str):
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None):
-    """`genlab.train(cfg)`: one run's summary (trainer.train), or with train.seeds (or train.lrs, ...) set the list of
-    every member's summary, in member order (seed_configs)."""
+    """`genlab.train(cfg)`: train one run (a Config, or a preset name; None = the default preset) and return its
+    summary (run_dir, status, step, loss, samples_per_s, wall_time, the evaluation metrics); `resume` continues a run
+    folder or checkpoint. With train.seeds (or train.lrs, ...) set: every member's summary, in member order."""
     if cfg is None or isinstance(cfg, str):
         cfg = load_config(cfg)
-    if isinstance(cfg, Config) and is_batched(cfg):
+    if not isinstance(cfg, Config):
+        raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
+    if is_batched(cfg):
         if resume:
             raise GenlabError(f"{batched_label(cfg)} with resume: resume each member's run, SeedsTrainer(resume=[run, ...])")
         return SeedsTrainer(cfg).fit()
-    return train_one(cfg, resume=resume)
+    return Trainer(cfg, resume=resume).fit()

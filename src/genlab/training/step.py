@@ -1,24 +1,29 @@
-"""The training step and everything it acts on, built one way for the trainer and for `genlab bench`.
+"""The training step: one protocol (`Step`), its eager and compiled strategy (`TrainStep`), built one way for the
+trainer and for `genlab bench`.
 
-`TrainStep` owns the model, the method's extra modules, the optimizers, the loss scaler and the EMA;
-`run()` is one optimizer step (forward, per-optimizer backward, clip, optimizer, EMA). What `genlab bench`
-times is therefore exactly what trains.
+`TrainStep` owns the model, the method's extra modules, the optimizers, the loss scaler and the EMA; a call is one
+optimizer step (forward, per-optimizer backward, clip, optimizer, EMA). What `genlab bench` times is therefore exactly
+what trains. The other strategies: graphed (graph_step.py, run by TrainStep under train.graph_step) and stacked
+(seeds.py: N members' step at once). Each registers itself (train_step_registry) with its own config checks.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
+from typing import Protocol
 
 import torch
 
 from genlab.core.errors import GenlabError
+from genlab.core.registry import train_step_registry
 from genlab.families.base import StepContext, as_loss_dict, check_batch_keys, check_extras
 from genlab.families.build import build_model_and_method, check_model_shapes  # noqa: F401 (re-exported)
 from genlab.nn.convert import after_step_hooks, apply_converters, check_converters, converters_of
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
 from genlab.runtime import checkpoint as ckpt
+from genlab.runtime.dcp import load_dcp_optimizer
 from genlab.runtime.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
 from genlab.runtime.stop import start_compile_workers
 from genlab.runtime.switches import (
@@ -51,6 +56,16 @@ def extra_flops_per_sample(extras) -> int:
     """Extras that count their FLOPs: trainable ones forward + backward (3x), frozen ones forward only."""
     return sum((3 if e.trainable else 1) * e.module.flops_per_sample() for e in extras.values()
                if hasattr(e.module, "flops_per_sample"))
+
+
+class Step(Protocol):
+    """One optimizer step at `step` (micro-batches from next_batch, or the members' own loaders); returns (loss, grad
+    norm, non-finite flag, metrics, skipped), a list of them for a stacked step. A checkpoint keeps state_dict()."""
+    def __call__(self, step: int, next_batch=None, mark=None): ...
+
+    def state_dict(self, member: int = 0) -> dict: ...
+
+    def load_state_dict(self, state) -> None: ...
 
 
 class TrainStep:
@@ -167,7 +182,23 @@ class TrainStep:
         return StepContext(step=step, total_steps=self.cfg.train.steps, generator=self.gen, device=self.device,
                            precision=self.precision.name, ema=self.ema_for_loss, extras=self.extras_wrapped)
 
-    # -- checkpoint state of what the method owns -------------------------------------------------
+    # -- checkpoint state -------------------------------------------------------------------------
+    def state_dict(self, member: int = 0, weights: bool = True) -> dict:
+        """A checkpoint's part of the step: weights, EMA, optimizers, the method's modules, the loss scale."""
+        big = {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
+               "optimizer": self.optimizer.state_dict()} if weights else {}
+        return {**big, **self.extra_state(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resume: the optimizers' and the loss scaler's state (the weights were loaded when built)."""
+        if state.get("dcp_path"):
+            load_dcp_optimizer(state["dcp_path"], self.model, self.optimizer)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.load_extra_optimizers(state)
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
     def extra_state(self) -> dict:
         return {"extras": {k: m.state_dict() for k, m in self.extra_modules.items()},
                 "extra_optimizers": {k: o.state_dict() for k, o in self.optimizers.items() if k != "model"}}
@@ -213,7 +244,7 @@ class TrainStep:
             return None
         return min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
 
-    def run(self, step: int, next_batch, mark=None):
+    def __call__(self, step: int, next_batch, mark=None):
         """One optimizer step. next_batch() gives each micro-batch; mark(name) times phases (bench).
         Returns (model loss summed over micro-steps, model grad norm, non-finite flag, metrics, skipped)."""
         tcfg, mark = self.cfg.train, mark or (lambda name: None)
@@ -277,3 +308,10 @@ class TrainStep:
         mark("opt")
         return loss_sum["model"], gnorms["model"], bad, metrics, False
 
+    run = __call__  # genlab bench's name
+
+
+# one class: the compiled strategy is the eager one with its model (or blocks) wrapped by torch.compile
+train_step_registry.register("eager", "forward, backward, clip, optimizer and EMA in PyTorch's eager mode")(TrainStep)
+train_step_registry.register("compiled", "the eager step with torch.compile on the model or its blocks (train.compile; "
+                             "the optimizer + EMA too with train.compile_optimizer)")(TrainStep)

@@ -1,9 +1,10 @@
-"""The training loop. It owns devices, precision, parallelism, compile, accumulation, clipping, EMA,
-the LR schedule, checkpoints, logging and periodic sampling/eval, and never special-cases a family:
-the method gives the loss, the samples and the eval metrics.
+"""The training loop: `train_loop` calls one Step (step.py: eager, compiled, graphed or stacked) and each run's hooks
+(log, preview, eval, checkpoint, stop) at their intervals. A `Trainer` is one run around it: devices, precision, the
+run folder, checkpoints, metrics and summary. It never special-cases a family: the method gives the loss and samples.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -15,20 +16,21 @@ from pathlib import Path
 
 import torch
 
-from genlab.config.check import batched_label, config_warnings, is_batched, read_keys
-from genlab.data.datasets import check_data_on_disk
-from genlab.config.tree import Config, apply_overrides, dumps_toml, load_config, to_dict, validate
+from genlab.config.check import batched_label, config_warnings, is_batched
+from genlab.config.tree import Config, dumps_toml, run_config_dict, to_dict
 from genlab.core import files as folder_lock
 from genlab.core import progress
 from genlab.core.errors import GenlabError, RunFailed, debug, machine_failure, one_line
 from genlab.core.files import write_atomic
 from genlab.core.progress import TrainStatus
 from genlab.data import build_dataset, build_loader
+from genlab.data.datasets import check_data_on_disk
 from genlab.nn.convert import apply_converters
 from genlab.nn.float8 import plan_summary
 from genlab.optim.state import state_bytes
 from genlab.runtime import checkpoint as ckpt
-from genlab.runtime.dcp import export_safetensors, load_dcp_optimizer, save_dcp
+from genlab.runtime.checkpoint import config_for_resume  # noqa: F401 (re-exported: the CLI, seeds.py)
+from genlab.runtime.dcp import export_safetensors, save_dcp
 from genlab.runtime.metrics import MetricsLog, peak_flops, peak_memory_gib
 from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distributed, leave_distributed
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
@@ -47,6 +49,7 @@ RUN_BUSY = ("run folder '{run}' is being trained by another genlab process (pid 
 
 class Trainer:
     notes = ()  # one-line notes on how `genlab train` fitted the config (its fit_warmup): printed, kept in config.toml
+    alive = True  # False once train_loop ended this run
 
     def __init__(self, cfg: Config, resume: str | None = None):
         if is_batched(cfg):
@@ -64,8 +67,8 @@ class Trainer:
     def _setup(self):
         cfg, tcfg = self.cfg, self.cfg.train
         if self.resume_from:  # before anything is built or written: a finished run is only ever extended
-            prior = read_summary(ckpt.run_dir_of(self.resume_from))
-            check_extends(self.resume_from, tcfg.steps, prior)
+            prior = ckpt.read_summary(ckpt.run_dir_of(self.resume_from))
+            ckpt.check_extends(self.resume_from, tcfg.steps, prior)
             self.prior_wall = prior.get("wall_time") or 0.0
         self.dist, self.device = init_distributed(tcfg.device)
         self.precision = build_precision(tcfg.precision, self.device)
@@ -105,16 +108,10 @@ class Trainer:
         self._make_run_dir(resume_state)
 
     def _restore(self, state):
-        if state.get("dcp_path"):
-            load_dcp_optimizer(state["dcp_path"], self.base, self.optimizer)
-            gens = state.get("gens") or [state["gen"]]
-            if self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
-                state = {**state, "gen": gens[self.dist.rank]}
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.steps.load_extra_optimizers(state)
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        self.steps.load_state_dict(state)
+        gens = state.get("gens") or [state["gen"]]  # a DCP checkpoint keeps every rank's generator
+        if state.get("dcp_path") and self.dist.world == state.get("world", 1) and self.dist.rank < len(gens):
+            state = {**state, "gen": gens[self.dist.rank]}
         self.step = state["step"]
         self.loader.load_state_dict(state["loader"])
         self.gen.set_state(state["gen"])
@@ -166,13 +163,10 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, weights=True):
-        big = {"model": self.base.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
-               "optimizer": self.optimizer.state_dict()} if weights else {}
         return {
-            **big, **self.steps.extra_state(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "step": self.step, "loader": self.loader.state_dict(), "gen": self.gen.get_state(),
-            "torch_rng": torch.get_rng_state(), "device_rng": self._device_rng(), "nonfinite_skipped": self.nonfinite_skipped, "best": self.best,
-            "config": to_dict(self.cfg), "data_spec": self.spec,
+            **self.steps.state_dict(weights=weights), "step": self.step, "loader": self.loader.state_dict(),
+            "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "device_rng": self._device_rng(),
+            "nonfinite_skipped": self.nonfinite_skipped, "best": self.best, "config": to_dict(self.cfg), "data_spec": self.spec,
         }
 
     def _device_rng(self):
@@ -210,7 +204,7 @@ class Trainer:
     # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
         self._full = None  # the previous step's gathered weights (_gathered) are stale: free their memory
-        loss, gnorm, bad, extra, skipped = self.steps.run(self.step, self.loader.next)
+        loss, gnorm, bad, extra, skipped = self.steps(self.step, self.loader.next)
         self.nonfinite_skipped += skipped
         return loss, gnorm, bad, extra
 
@@ -288,7 +282,7 @@ class Trainer:
         finally:
             model.train(was)
 
-    # -- the loop -------------------------------------------------------------------------------
+    # -- the loop: this run's part of it (train_loop below drives one run or a runner's members) ---------------
     def _on_signal(self, signum, frame):
         if self.signals.is_second():  # a second Ctrl-C, not an echo of the first: give up at once
             raise KeyboardInterrupt
@@ -312,146 +306,165 @@ class Trainer:
             raise GenlabError(f"setup failed: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)") from e
 
     def fit(self) -> dict:
+        """Set up, then train_loop over this one run: each step one call of its Step (TrainStep)."""
         self.setup()
-        loop = self.fit_loop()
-        try:
-            while True:
-                next(loop)
-        except StopIteration as done:
-            return done.value
-
-    def _install_signal_handlers(self) -> dict:
-        """Ctrl-C / SIGTERM stop the run at the next step boundary; returns the handlers to restore."""
-        return {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-
-    def fit_loop(self):
-        """The loop after setup(), as a generator that yields just before each optimizer step and returns the summary.
-        `fit` drains it; training/seeds.py steps several runs' loops in lockstep around one batched step."""
-        tcfg, lcfg = self.cfg.train, self.cfg.log
-        old_handlers = self._install_signal_handlers()
-        peak = peak_flops(self.device)
-        flops_step = self.flops_per_sample * tcfg.batch_size / self.dist.world  # per device
-        early = self._announce(flops_step)  # the start line; on a slow CPU run a warning, then a status line at once
-        first_step = self.step + 1
-        bar = self._progress_bar()
-        acc = {"loss": torch.zeros((), device=self.device), "gnorm": torch.zeros((), device=self.device)}
-        self._bad_acc = torch.zeros((), dtype=torch.bool, device=self.device)
-        n_acc, t_last, wall0 = 0, time.perf_counter(), time.perf_counter()
-        self.loader.wait_time = 0.0
-        summary = {"status": "running"}
-        last_record = {}
-        interrupted = False
-        try:
-            if self.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(self.device)
-            while self.step < tcfg.steps:
-                yield self.step
-                loss, gnorm, bad, extra = self._train_step()
-                self.step += 1
-                if getattr(self, "_graphs_first", None) is None:  # the first step compiles everything
-                    self._graphs_first = compile_counts()["graphs"]
-                acc["loss"] += loss
-                acc["gnorm"] += gnorm.float()
-                self._bad_acc |= bad
-                n_acc += 1
-                if self.step % lcfg.every == 0 or self.step == tcfg.steps or (early and self.step == first_step):
-                    self._check_finite()
-                    now = time.perf_counter()
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                        now = time.perf_counter()
-                    dt = (now - t_last) / n_acc
-                    loss_v = all_reduce_mean(acc["loss"] / n_acc, self.dist).item()
-                    rec = {"step": self.step, "loss": loss_v, "grad_norm": (acc["gnorm"] / n_acc).item(),
-                           "lr": lr_value(self.optimizer), "step_time": dt,
-                           "samples_per_s": tcfg.batch_size / dt,
-                           "tokens_per_s": tcfg.batch_size * self.spec["seq_len"] / dt if self.spec.get("seq_len") else None, "flops_per_step": flops_step * self.dist.world,
-                           "mfu": (flops_step / dt / peak) if peak else None,
-                           "peak_mem_gib": peak_memory_gib(self.device),
-                           "data_wait_frac": min(1.0, self.loader.wait_time / max(now - t_last, 1e-9)),
-                           "epoch": self.loader.epoch, "wall_time": now - wall0,
-                           "nonfinite_skipped": self.nonfinite_skipped, "optim_state_mib": self._optim_state_mib(),
-                           **self._compile_stats()}
-                    rec.update({k: v.item() if torch.is_tensor(v) else v for k, v in extra.items()})
-                    self.log.write(rec)
-                    last_record = rec
-                    if bar is not None:
-                        bar.log(rec)
-                    elif early and self.step == first_step and self.dist.is_main:  # log.progress=false: this line only
-                        print(progress.status_line(rec, tcfg.steps, dt * (tcfg.steps - self.step)), flush=True)
-                    acc["loss"].zero_()
-                    acc["gnorm"].zero_()
-                    n_acc, self.loader.wait_time = 0, 0.0
-                    t_last = time.perf_counter()
-                if bar is not None:
-                    bar.update(1)
-                if lcfg.sample_every and self.step % lcfg.sample_every == 0 and self.step < tcfg.steps:
-                    self.preview()
-                if lcfg.eval_every and self.step % lcfg.eval_every == 0 and self.step < tcfg.steps:
-                    t_eval = time.perf_counter()
-                    ev = self.evaluate()
-                    eval_s = time.perf_counter() - t_eval
-                    t_last += eval_s  # the next interval's step_time is training only; eval_s lets reports subtract it
-                    self.log.write({"step": self.step, "eval_s": eval_s, **{f"eval/{k}": v for k, v in ev.items()}})
-                    self.keep_best(ev)
-                if lcfg.ckpt_every and self.step % lcfg.ckpt_every == 0 and self.step < tcfg.steps:
-                    self.save()
-                if self.stop_after is not None and self.step >= self.stop_after:
-                    self.stop_requested = True
-                if self.stop_requested:
-                    interrupted = True
-                    break
-            self._check_weights_finite()
-            path = self.save()
-            if self.sharded:
-                self.export_weights()
-            summary.update({"status": "interrupted" if interrupted else "finished", "step": self.step,
-                            "checkpoint": str(path) if path else None})
-            if not interrupted:
-                grid = self.preview(final=True)
-                ev = self.evaluate()
-                if self.dist.is_main and ev:
-                    self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
-                summary.update(ev)
-                summary["samples"] = str(grid) if grid else None
-                self.keep_best(ev)
-                if self.best is not None:  # the best-validation model is the one to report
-                    key = self.best["metric"]
-                    summary.update({f"{key}_best": self.best["value"], "best_step": self.best["step"],
-                                    "best_checkpoint": str(ckpt.ckpt_dir(self.run_dir) / ckpt.BEST_NAME)})
-        except NonFiniteLoss as e:
-            summary.update({"status": "diverged", "error": str(e), "step": self.step})
-            raise
-        except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, without a final checkpoint
-            summary.update({"status": "interrupted", "error": "stopped by a second Ctrl-C without saving", "step": self.step})
-            raise
-        except Exception as e:  # noqa: BLE001  (a method, the data or the device failed mid-run)
-            kept = ckpt.list_checkpoints(self.run_dir)
-            summary.update({"status": "failed", "error": one_line(e), "step": self.step,
-                            "last_checkpoint": str(kept[-1]) if kept else None})
-            if debug():
-                raise
-            raise RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}") from e
-        finally:
-            if bar is not None:
-                bar.close()
-            for s, h in old_handlers.items():
-                signal.signal(s, h)
-            self.loader.close() if hasattr(self.loader, "close") else None
-            summary.update({k: last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib", "step_time",
-                                                           "data_wait_frac", "optim_state_mib")})
-            summary["wall_time"] = self.prior_wall + time.perf_counter() - wall0  # a resume adds to the run's time
-            # what the time was spent on: a run's cost in device-seconds is wall_time x world (eval/cost.py)
-            summary["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
-            summary["world"] = self.dist.world
-            summary["run_dir"] = str(self.run_dir) if hasattr(self, "run_dir") else None
-            summary.update(self._summary_extra())
-            if self.dist.is_main and hasattr(self, "run_dir"):
-                write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-                self.log.close()
-            folder_lock.release(self._run_lock)  # the run's last write is done: a resume may start
+        with stop_handlers(self._on_signal):
+            summary = train_loop([self], lambda: [self._train_step()])[0]
         leave_distributed(self.dist)  # only after a finished or checkpointed run: every rank reaches this line
         return summary
+
+    def own_rng(self):
+        return contextlib.nullcontext()  # one run: the process's RNG is its own (a runner's members swap theirs)
+
+    def begin(self):
+        """The loop's state: the start line, the progress bar, the log interval's accumulators."""
+        self.flops_step = self.flops_per_sample * self.cfg.train.batch_size / self.dist.world  # per device
+        self.early = self._announce(self.flops_step)  # on a slow CPU run a warning, then a status line at once
+        self.first_step, self.peak = self.step + 1, peak_flops(self.device)
+        # a status line every log.every steps; a tqdm bar as well when stderr is a terminal
+        self.bar = TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name) \
+            if self.cfg.log.progress and self.dist.is_main else None
+        self.acc = {"loss": torch.zeros((), device=self.device), "gnorm": torch.zeros((), device=self.device)}
+        self._bad_acc = torch.zeros((), dtype=torch.bool, device=self.device)
+        self.n_acc, self.t_last = 0, time.perf_counter()
+        self.wall0, self.loader.wait_time = self.t_last, 0.0
+        self.summary, self.last_record = {"status": "running"}, {}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def more(self) -> bool:
+        return self.step < self.cfg.train.steps and not self.stop_requested
+
+    def after_step(self, out):
+        """Count the step, then the hooks at their intervals: log, preview, eval, checkpoint, stop."""
+        loss, gnorm, bad, extra = out
+        self.step += 1
+        if getattr(self, "_graphs_first", None) is None:  # the first step compiles everything
+            self._graphs_first = compile_counts()["graphs"]
+        self.acc["loss"] += loss
+        self.acc["gnorm"] += gnorm.float()
+        self._bad_acc |= bad
+        self.n_acc += 1
+        self.log_hook(extra)
+        lcfg = self.cfg.log
+        if self._due(lcfg.sample_every):
+            self.preview()
+        if self._due(lcfg.eval_every):
+            self.eval_hook()
+        if self._due(lcfg.ckpt_every):
+            self.save()
+        if self.stop_after is not None and self.step >= self.stop_after:
+            self.stop_requested = True
+
+    def _due(self, every: int) -> bool:
+        """A periodic hook's turn; the last step has the end-of-run ones instead."""
+        return bool(every) and self.step % every == 0 and self.step < self.cfg.train.steps
+
+    def log_hook(self, extra: dict):
+        """Every log.every steps (and the last, and after step 1 of a slow CPU run): the interval's means, speed,
+        memory; one metrics.jsonl record and the status line."""
+        tcfg, lcfg = self.cfg.train, self.cfg.log
+        early = self.early and self.step == self.first_step
+        if self.step % lcfg.every == 0 or self.step == tcfg.steps or early:
+            self._check_finite()
+            rec = self._record(extra)
+            self.log.write(rec)
+            self.last_record = rec
+            if self.bar is not None:
+                self.bar.log(rec)
+            elif early and self.dist.is_main:  # log.progress=false: this line only
+                print(progress.status_line(rec, tcfg.steps, rec["step_time"] * (tcfg.steps - self.step)), flush=True)
+            self.acc["loss"].zero_()
+            self.acc["gnorm"].zero_()
+            self.n_acc, self.loader.wait_time = 0, 0.0
+            self.t_last = time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def _record(self, extra: dict) -> dict:
+        tcfg, n = self.cfg.train, self.n_acc
+        now = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            now = time.perf_counter()
+        dt = (now - self.t_last) / n
+        seq = self.spec.get("seq_len")
+        rec = {"step": self.step, "loss": all_reduce_mean(self.acc["loss"] / n, self.dist).item(),
+               "grad_norm": (self.acc["gnorm"] / n).item(), "lr": lr_value(self.optimizer), "step_time": dt,
+               "samples_per_s": tcfg.batch_size / dt, "tokens_per_s": tcfg.batch_size * seq / dt if seq else None,
+               "flops_per_step": self.flops_step * self.dist.world,
+               "mfu": (self.flops_step / dt / self.peak) if self.peak else None,
+               "peak_mem_gib": peak_memory_gib(self.device),
+               "data_wait_frac": min(1.0, self.loader.wait_time / max(now - self.t_last, 1e-9)),
+               "epoch": self.loader.epoch, "wall_time": now - self.wall0, "nonfinite_skipped": self.nonfinite_skipped,
+               "optim_state_mib": self._optim_state_mib(), **self._compile_stats()}
+        rec.update({k: v.item() if torch.is_tensor(v) else v for k, v in extra.items()})
+        return rec
+
+    def eval_hook(self):
+        t_eval = time.perf_counter()
+        ev = self.evaluate()
+        eval_s = time.perf_counter() - t_eval
+        self.t_last += eval_s  # the next interval's step_time is training only; eval_s lets reports subtract it
+        self.log.write({"step": self.step, "eval_s": eval_s, **{f"eval/{k}": v for k, v in ev.items()}})
+        self.keep_best(ev)
+
+    def finish(self):
+        """The end of the steps: the last checkpoint; a finished (not stopped) run's final preview and evaluation."""
+        interrupted = self.stop_requested
+        self._check_weights_finite()
+        path = self.save()
+        if self.sharded:
+            self.export_weights()
+        self.summary.update({"status": "interrupted" if interrupted else "finished", "step": self.step,
+                             "checkpoint": str(path) if path else None})
+        if interrupted:
+            return
+        grid = self.preview(final=True)
+        ev = self.evaluate()
+        if self.dist.is_main and ev:
+            self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
+        self.summary.update(ev)
+        self.summary["samples"] = str(grid) if grid else None
+        self.keep_best(ev)
+        if self.best is not None:  # the best-validation model is the one to report
+            key = self.best["metric"]
+            self.summary.update({f"{key}_best": self.best["value"], "best_step": self.best["step"],
+                                 "best_checkpoint": str(ckpt.ckpt_dir(self.run_dir) / ckpt.BEST_NAME)})
+
+    def fail(self, e: BaseException) -> BaseException:
+        """The summary of a run that ended on `e`; returns what to raise (an unexpected error as one line)."""
+        if isinstance(e, NonFiniteLoss):
+            self.summary.update(status="diverged", error=str(e), step=self.step)
+        elif isinstance(e, KeyboardInterrupt):  # a second Ctrl-C: stopped at once, without a final checkpoint
+            self.summary.update(status="interrupted", error="stopped by a second Ctrl-C without saving", step=self.step)
+        elif isinstance(e, Exception):  # a method, the data or the device failed mid-run
+            kept = ckpt.list_checkpoints(self.run_dir)
+            self.summary.update(status="failed", error=one_line(e), step=self.step,
+                                last_checkpoint=str(kept[-1]) if kept else None)
+            if not debug():
+                err = RunFailed(f"run {self.run_dir} failed at step {self.step}: {one_line(e)}")
+                err.__cause__ = e
+                return err
+        return e
+
+    def close(self):
+        """The run's last writes, however it ended: summary.json; then its folder is free for a resume."""
+        if self.bar is not None:
+            self.bar.close()
+        self.loader.close() if hasattr(self.loader, "close") else None
+        s = self.summary
+        s.update({k: self.last_record.get(k) for k in ("loss", "samples_per_s", "tokens_per_s", "mfu", "peak_mem_gib",
+                                                        "step_time", "data_wait_frac", "optim_state_mib")})
+        s["wall_time"] = self.prior_wall + time.perf_counter() - self.wall0  # a resume adds to the run's time
+        # what the time was spent on: a run's cost in device-seconds is wall_time x world (eval/cost.py)
+        s["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        s["world"], s["run_dir"] = self.dist.world, str(self.run_dir) if hasattr(self, "run_dir") else None
+        s.update(self._summary_extra())
+        if self.dist.is_main and hasattr(self, "run_dir"):
+            write_atomic(self.run_dir / "summary.json", json.dumps(s, indent=2, default=str))
+            self.log.close()
+        folder_lock.release(self._run_lock)  # the run's last write is done: a resume may start
 
     def _summary_extra(self) -> dict:
         return {}
@@ -483,59 +496,57 @@ class Trainer:
             print(f"genlab: warning: {warning}", file=sys.stderr, flush=True)
         return warning is not None
 
-    def _progress_bar(self):
-        """Status line every log.every steps; a tqdm bar as well when stderr is a terminal."""
-        if not (self.cfg.log.progress and self.dist.is_main):
-            return None
-        return TrainStatus(total=self.cfg.train.steps, initial=self.step, desc=self.run_dir.name)
 
-
-def run_config_dict(cfg) -> dict:
-    """The config a run folder shows: the keys its components read, plus any set away from its default (kept so a
-    warning's subject stays visible); loading it back gives the same Config, the rest at their defaults."""
-    read, d = read_keys(cfg), to_dict(cfg)
-    defaults = to_dict(type(cfg)())
-    return {sec: ({k: v for k, v in vals.items() if f"{sec}.{k}" in read or v != defaults[sec][k]}
-                  if isinstance(vals, dict) else vals) for sec, vals in d.items()}
-
-
-def read_summary(run_dir) -> dict:
-    """A run folder's summary.json; {} when there is none (a run killed before writing it) or it is unreadable."""
+@contextlib.contextmanager
+def stop_handlers(on_signal):
+    """Ctrl-C / SIGTERM stop the runs at the next step boundary (on_signal); the old handlers come back after."""
+    old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
-        return json.loads((Path(run_dir) / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
-def check_extends(resume_from, steps: int, summary: dict) -> None:
-    """A finished run is never modified: resuming it must extend it (a larger train.steps) from its last
-    checkpoint, so its files only grow and metrics.jsonl repeats no step."""
-    run, done = ckpt.run_dir_of(resume_from), summary.get("step")
-    kept = ckpt.list_checkpoints(run)
-    if summary.get("status") != "finished" or not kept or int(ckpt.CKPT_RE.search(kept[-1].name)[1]) != done:
-        return  # not finished, or rewound by hand (its last checkpoints deleted): it resumes as any run
-    how = f"extend it with `genlab train --resume {run} train.steps=N` (N > {done})"
-    if steps <= done:
-        raise GenlabError(f"run '{run}' finished at step {done} (train.steps={steps}) and is never modified; {how}")
-    if ckpt.resolve_checkpoint(resume_from).name != kept[-1].name:
-        raise GenlabError(f"run '{run}' is finished: {how} from its last checkpoint {kept[-1].name}, not {resume_from}")
+def train_loop(runs: list, step) -> list[dict]:
+    """The loop. While a run has steps left: one call of `step` (the Step of every live run; their (loss, grad norm,
+    non-finite flag, metrics)), then each run's hooks (Trainer.after_step). A run that fails ends alone, its summary
+    saying why, and the first error is raised once every run has ended. Returns the summaries in run order."""
+    errors = []
 
+    def end(r, e=None):  # its summary says why; its last writes
+        errors.extend([] if e is None else [r.fail(e)])
+        r.alive = False
+        r.close()
 
-def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
-    """Train one run (a Config, or a preset name; None = the default preset) and return its summary: run_dir,
-    status, step, loss, samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or
-    checkpoint. `genlab.train(cfg)` is training/seeds.py's train: this, or with train.seeds the batched seeds."""
-    if cfg is None or isinstance(cfg, str):
-        cfg = load_config(cfg)
-    if not isinstance(cfg, Config):
-        raise GenlabError(f"genlab.train takes a Config (genlab.load_config(...)) or a preset name, got {type(cfg).__name__}")
-    return Trainer(cfg, resume=resume).fit()
-
-
-def config_for_resume(run_or_ckpt: str, overrides: list[str]) -> Config:
-    """The saved config of a run, with optional overrides (e.g. a longer train.steps)."""
-    state = ckpt.load_checkpoint(run_or_ckpt)
-    cfg = ckpt.config_of(state)
-    apply_overrides(cfg, overrides)
-    validate(cfg)
-    return cfg
+    def hook(r, fn, *args):  # under the run's own RNG; a run that raises ends, the others go on
+        try:
+            with r.own_rng():
+                fn(*args)
+        except Exception as e:  # noqa: BLE001
+            end(r, e)
+    for r in runs:
+        with r.own_rng():
+            r.begin()
+    try:
+        while any(r.alive for r in runs):
+            for r in [r for r in runs if r.alive and not r.more()]:
+                hook(r, r.finish)
+                if r.alive:
+                    end(r)
+            live = [r for r in runs if r.alive]
+            try:
+                outs = step() if live else []
+            except Exception as e:  # noqa: BLE001 - the step itself failed: every live run ends on it
+                outs = [end(r, e) for r in live]
+            for r, out in zip(live, outs):
+                if r.alive:
+                    hook(r, r.after_step, out)
+    except BaseException as e:  # a second Ctrl-C: every run stops at once, without a final checkpoint
+        for r in [r for r in runs if r.alive]:
+            with contextlib.suppress(BaseException):
+                end(r, e)
+        raise
+    if errors:
+        raise errors[0]
+    return [r.summary for r in runs]

@@ -693,8 +693,8 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("check", ["seeds", "meanflow"])
 def test_triton_qkv_split_is_refused_where_vmap_or_a_jvp_runs_through_the_model(check):
     """Its custom ops have no vmap or forward-mode AD rule: batched seeds and MeanFlow's JVP refuse it in one line."""
-    from genlab.config.check import check_seeds_config
     from genlab.config.tree import load_config
+    from genlab.training.seeds import check_seeds_config
     from genlab.core.errors import GenlabError
     from genlab.families.few_step.meanflow import check_meanflow_config
     if check == "seeds":

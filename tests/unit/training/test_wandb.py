@@ -9,7 +9,7 @@ from conftest import tiny_config
 
 from genlab.core.errors import GenlabError
 from genlab.runtime.metrics import read_metrics
-from genlab.training.trainer import train
+from genlab.training.seeds import train
 
 
 def test_wandb_without_the_package_is_a_clear_error(tmp_path, monkeypatch):
