@@ -24,7 +24,8 @@ from genlab.config.fields import meta_of
 from genlab.config.keys import declared_keys
 from genlab.config.tree import CONFIG_DIR, Config, apply_dict, apply_overrides, load_config, load_toml, resolve_preset_path
 from genlab.core.errors import GenlabError
-from genlab.core.registry import REGISTRIES, dataset_registry, method_registry, model_registry, sampler_registry
+from genlab.core.registry import REGISTRIES, dataset_registry, model_registry, sampler_registry
+from genlab.families.base import method_registry
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
@@ -96,7 +97,7 @@ def family_axes(method: str) -> list[tuple[str, tuple]]:
     own = [k for k in [k.dotted for k in spec.keys] + list(spec.reads)
            if k not in SWITCHED and meta_of(declared_keys()[k][0].field).get("registry")]
     cases = [(f"{k.split('.')[1]}={n}", base + (f"{k}={n}",)) for k in own for n in entries(k)]
-    kinds = spec.data_kinds
+    kinds = method_registry.get(method).data_kinds
     return cases + [(f"data={n}", with_data(base, n)) for n, s in dataset_registry.specs() if s.kind in kinds]
 
 
@@ -108,7 +109,7 @@ def crosses() -> list:
         out += [(f"{m}-sampler={s}", base + (f"method.sampler={s}",)) for s in sampler_registry.names()]
         out += [(f"{m}-model={b}", with_model(base, b)) for b in model_registry.names()]
         out += [(f"{m}-kind={k}", with_data(base, kind_dataset(k))) for k in kinds]
-        if not {"image", "latent"} & set(method_registry.spec(m).data_kinds):
+        if not {"image", "latent"} & set(method_registry.get(m).data_kinds):
             out += [(f"{m}-{axis}", case) for axis, case in family_axes(m)]
     return [pytest.param(case, id=name) for name, case in out]
 

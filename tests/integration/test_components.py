@@ -12,7 +12,8 @@ from conftest import REPO, TINY
 from genlab.cli import main
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
-from genlab.core.registry import load_plugin, method_registry
+from genlab.core.registry import load_plugin
+from genlab.families.base import method_registry
 
 PLUGIN = REPO / "tests" / "plugins" / "toy_conditioned_flow.py"
 

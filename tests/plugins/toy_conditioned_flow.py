@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from genlab.config import fields as cf
-from genlab.core.registry import method_registry
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, interpolate
+from genlab.families.base import method_registry
+from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, interpolate
 
 TOY_KEYS = cf.declare("method",
     toy_strength=cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1),
@@ -14,6 +14,8 @@ TOY_KEYS = cf.declare("method",
 
 
 class ToyConditioned(FlowMatching):
+    conditions = {"strength": "scalar"}  # a model input every image backbone embeds (nn/conditions.py)
+
     def loss(self, model, batch, ctx):
         data, y, g = batch["image"], batch["label"], ctx.generator
         t = self.draw_t(data.shape[0], g, data.device, ctx.step)
@@ -26,8 +28,5 @@ class ToyConditioned(FlowMatching):
         return {"strength": torch.full((n,), self.mcfg.toy_strength, device=device)}
 
 
-@method_registry.register("toy_conditioned", "flow matching conditioned on a per-sample strength (a test plugin)",
-                          keys=TOY_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS), conditions={"strength": "scalar"},
-                          **FLOW_SPEC)
-def build_toy(cfg, data_spec):
-    return ToyConditioned(cfg, data_spec)
+method_registry.register("toy_conditioned", "flow matching conditioned on a per-sample strength (a test plugin)",
+                         keys=TOY_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS))(ToyConditioned)

@@ -1,5 +1,6 @@
 """Config validation, derived from what the components declare: declared ranges, the keys the selected components
-read, and the constraints model, data and method put on each other (their specs' kinds, families and checks).
+read, and the constraints model, data and method put on each other (their kinds, families and checks; a method's are
+attributes of its class, reached through the registry by name: families sit above this floor).
 Everything here runs before any file is written or any model is built, and every failure is one GenlabError line
 that names the offending key."""
 from __future__ import annotations
@@ -19,13 +20,11 @@ from genlab.core.registry import (
     attention_registry,
     convert_registry,
     dataset_registry,
-    method_registry,
     mlp_registry,
     model_registry,
     optimizer_registry,
     parallel_registry,
     position_registry,
-    train_step_registry,
 )
 
 
@@ -59,18 +58,18 @@ def check_config(cfg) -> None:
 # An unused sampling/eval option changes no weights (and shared override lists set them for several
 # methods), so it is a warning printed before training and recorded in the run's config.toml; any other
 # unused option (data, model, optim, train, a method's training option) means the run is not what the user
-# believes it is, so it is an error. Which method keys act only at sampling time, each method's spec says.
+# believes it is, so it is an error. Which method keys act only at sampling time, each method class says.
 def _soft(key: str) -> bool:
     if key.startswith("eval."):
         return True
-    return any(key in sampling_keys_of(name) for name in method_registry.names())
+    return any(key in sampling_keys_of(name) for name in _registry("method").names())
 
 
 def sampling_keys_of(method: str) -> list[str]:
     """Those the method's spec lists, plus the keys of every entry of the registries those keys select (e.g.
     method.sampler -> the SDE's method.sde_noise)."""
     declared = declared_keys()
-    keys = list(method_registry.spec(method).sampling_keys)
+    keys = list(_registry("method").get(method).sampling_keys)
     for dotted in list(keys):
         kind = meta_of(declared[dotted][0].field).get("registry")
         for _, spec in (REGISTRIES[kind].specs() if kind in REGISTRIES else ()):
@@ -175,10 +174,8 @@ def _check_train(cfg):
     if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
         raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
                           f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
-    check = method_registry.spec(cfg.method.name).check
-    if check is not None:
-        check(cfg)
-    for _, spec in train_step_registry.specs():  # each step strategy's own checks, beside it in training/
+    _registry("method").get(cfg.method.name).check_config(cfg)
+    for _, spec in _registry("train_step").specs():  # each step strategy's own checks, beside it in training/
         if spec.check is not None:
             spec.check(cfg)
 
@@ -270,7 +267,7 @@ def check_converter_combination(names) -> None:
 def _check_components(cfg):
     """What the method, model and dataset declare about each other."""
     d, m = cfg.data, cfg.model
-    data, model, meth = dataset_registry.spec(d.name), model_registry.spec(m.name), method_registry.spec(cfg.method.name)
+    data, model, meth = dataset_registry.spec(d.name), model_registry.spec(m.name), _registry("method").get(cfg.method.name)
     if data.needs_path and not d.path:
         raise GenlabError(f"data.name={d.name} needs data.path (a folder made by `genlab data prepare`)")
     if data.check is not None:

@@ -78,25 +78,6 @@ class Spec:
                                   # layer set for the entry it replaced (config.component_defaults)
 
 
-@dataclass(frozen=True, kw_only=True)
-class MethodSpec(Spec):
-    data_kinds: tuple[str, ...] = ()      # dataset kinds it trains on (DatasetSpec.kind)
-    model_families: tuple[str, ...] = ()  # backbone families it drives (ModelSpec.family)
-    causal: bool | None = None            # the attention a model with a `model.causal` key must use
-    check: Callable | None = None         # check(cfg): the method's own config checks, before any work
-    sampling_keys: tuple[str, ...] = ()   # its keys that act only at sampling time (eval/sample may override them)
-    conditions: dict | None = None        # extra model inputs {name: embedder} (nn/conditions.py), e.g. a step size
-    output: str = ""                      # what its model predicts ("velocity": a flow teacher for few-step methods)
-    batched_seeds: bool = False           # train.seeds: its loss splits into loss_inputs (draws) + loss_from (vmappable)
-    final_loss: bool = False              # its loss runs through the backbone's final layer + loss (model.final_kernel)
-    graph_step: bool = False              # train.graph_step: its loss is the same computation every step (no Python on
-                                          # the step number, no host reads or host randomness), so one capture replays it
-
-    def __post_init__(self):  # the attention it needs is also the one it brings when chosen (component defaults)
-        if self.causal is not None:
-            object.__setattr__(self, "defaults", {"model.causal": self.causal, **(self.defaults or {})})
-
-
 @dataclass(frozen=True)
 class ModelExample:
     """What the contract test (tests/unit/nn/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
@@ -197,11 +178,6 @@ class OptimizerSpec(Spec):
     preconditioned: bool = False           # keeps a preconditioner (optim.precondition_every)
     muon_groups: bool = False              # splits parameters into Muon and AdamW groups (optim.muon_scope)
     heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepSpec(Spec):
-    check: Callable | None = None          # check(cfg): what the step strategy supports, before any work (one line)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,7 +292,6 @@ def all_registries():
 # Every registry of the project; `genlab list` prints them all.
 model_registry = Registry("model", ModelSpec)
 attention_registry = Registry("attention", AttentionSpec)
-method_registry = Registry("method", MethodSpec)
 timestep_sampler_registry = Registry("timestep_sampler")
 sampler_registry = Registry("sampler", SamplerSpec)
 step_schedule_registry = Registry("step_schedule")
@@ -328,7 +303,6 @@ precision_registry = Registry("precision")
 compile_registry = Registry("compile")
 ac_registry = Registry("activation_checkpointing")
 parallel_registry = Registry("parallel", ParallelSpec)
-train_step_registry = Registry("train_step", StepSpec)  # the training step's strategies (training/)
 adaln_registry = Registry("adaln", AdalnSpec)
 ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)

@@ -13,6 +13,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from genlab.core.errors import GenlabError
+from genlab.core.registry import Registry, Spec
 
 
 @dataclass
@@ -45,6 +46,28 @@ class Method:
     interactive: bool = False            # generates frames from live controls (`genlab play`)
     render = None  # the family's render module: sample_to_file(method, model, out, ...), preview(method, model, path, ctx)
 
+    # capabilities, read from the registered class where they are used (config/check.py reaches it by name)
+    data_kinds: tuple[str, ...] = ()      # dataset kinds it trains on (DatasetSpec.kind)
+    model_families: tuple[str, ...] = ()  # backbone families it drives (ModelSpec.family)
+    causal: bool | None = None            # the attention a model with a `model.causal` key must use (and gets)
+    sampling_keys: tuple[str, ...] = ()   # its keys that act only at sampling time (eval/sample may override them)
+    conditions: dict | None = None        # extra model inputs {name: embedder} (nn/conditions.py), e.g. a step size
+    output: str = ""                      # what its model predicts ("velocity": a flow teacher for few-step methods)
+    # what its loss vouches for, so never inherited: a subclass that keeps them says so again (__init_subclass__)
+    batched_seeds: bool = False           # train.seeds (training/seeds.py): loss == loss_from(loss_inputs), below
+    final_loss: bool = False              # its loss runs through the backbone's final layer + loss (model.final_kernel)
+    graph_step: bool = False              # train.graph_step (training/graph_step.py): the same computation every step
+                                          # (no Python on the step number, no host reads or host randomness)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in ("batched_seeds", "final_loss", "graph_step"):
+            setattr(cls, name, vars(cls).get(name, False))
+
+    @staticmethod
+    def check_config(cfg) -> None:
+        """The method's own config checks, before any work (config validation): one-line GenlabErrors."""
+
     def extra_modules(self) -> dict[str, Extra]:
         return {}
 
@@ -56,7 +79,7 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
-    # Batched seeds (train.seeds, train/seeds.py; MethodSpec.batched_seeds=True) need the loss in two parts, with
+    # Batched seeds (train.seeds, training/seeds.py; batched_seeds = True) need the loss in two parts, with
     # loss(model, batch, ctx) == loss_from(model, loss_inputs(model, batch, ctx)): every random draw happens in
     # loss_inputs, from ctx.generator, outside torch.vmap; loss_from is deterministic and runs vmapped over the seeds.
     def loss_inputs(self, model, batch: dict, ctx: StepContext) -> dict[str, Tensor]:
@@ -100,6 +123,20 @@ class Method:
     def decode(self, samples) -> list[str]:
         """Samples from draw() as text (language models)."""
         raise GenlabError(f"method {type(self).__name__} does not draw text")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodSpec(Spec):
+    """A method's entry: its builder is its Method class, whose attributes are its capabilities."""
+
+    def __post_init__(self):
+        if not (isinstance(self.builder, type) and issubclass(self.builder, Method)):
+            raise TypeError(f"method_registry registers a Method subclass (capabilities are its attributes), got {self.builder!r}")
+        if self.builder.causal is not None:  # the attention it needs is also the one it brings when chosen
+            object.__setattr__(self, "defaults", {"model.causal": self.builder.causal, **(self.defaults or {})})
+
+
+method_registry = Registry("method", MethodSpec)  # `@method_registry.register(name, doc, keys=...)` on the class
 
 
 def check_batch_keys(method: Method, spec: dict, method_name: str) -> None:

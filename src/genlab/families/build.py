@@ -13,7 +13,8 @@ import torch.nn as nn
 from genlab.config.check import check_section, sampling_keys_of
 from genlab.config.tree import apply_overrides
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, model_registry
+from genlab.core.registry import model_registry
+from genlab.families.base import method_registry
 from genlab.nn.convert import apply_converters, converters_of, prepare_converters
 from genlab.nn.ptq import apply_record
 from genlab.runtime import checkpoint as ckpt
@@ -25,11 +26,11 @@ from genlab.sampling.block_cache import format_cache_schedule
 def build_model_and_method(cfg, spec: dict):
     """The backbone (built with the extra conditions the method declares, and the converters' own modules: BitNet's
     input norms) and the method."""
-    conditions = method_registry.spec(cfg.method.name).conditions
-    if conditions:
-        spec = {**spec, "conditions": dict(conditions)}
+    method_class = method_registry.get(cfg.method.name)
+    if method_class.conditions:
+        spec = {**spec, "conditions": dict(method_class.conditions)}
     model = prepare_converters(model_registry.get(cfg.model.name)(cfg.model, spec), cfg)
-    method = method_registry.get(cfg.method.name)(cfg, spec)
+    method = method_class(cfg, spec)
     return model, method
 
 

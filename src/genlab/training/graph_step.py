@@ -9,7 +9,7 @@ few eager steps have compiled it and created the optimizer state (PyTorch's "who
 
 Only what changes per step lives outside the graph: the batch is copied into static tensors, the LR and the EMA weight
 are 0-d device tensors filled before each replay. Everything else inside the graph is fixed at capture, so a method
-opts in (MethodSpec.graph_step) only if its loss is the same computation every step: no Python that reads the step
+opts in (Method.graph_step) only if its loss is the same computation every step: no Python that reads the step
 number, no host-side randomness, no reads back to the host (a read back fails the capture loudly; a frozen Python
 value would not — hence the opt-in).
 """
@@ -20,8 +20,7 @@ import torch
 from genlab.config import check as config_check
 from genlab.config.check import is_batched
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, train_step_registry
-from genlab.families.base import as_loss_dict
+from genlab.families.base import as_loss_dict, method_registry
 from genlab.runtime.parallel import clip_grads
 from genlab.runtime.switches import ema_update_device_weight, set_lr
 
@@ -47,8 +46,8 @@ def check_graph_step_config(cfg) -> None:
         raise GenlabError(f"train.graph_step=true does not support {what}; supported: {GRAPH_STEP_SUPPORTED}")
     if config_check._trains_on_cpu(t.device):  # looked up at call time: tests pretend to be on CUDA
         refuse(f"training on the CPU (train.device={t.device}): CUDA graphs need a CUDA device")
-    if not method_registry.spec(cfg.method.name).graph_step:
-        ok = [n for n, s in method_registry.specs() if s.graph_step]
+    if not method_registry.get(cfg.method.name).graph_step:
+        ok = [n for n, method in method_registry.items() if method.graph_step]
         refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
     if cfg.optim.name not in GRAPH_STEP_OPTIMIZERS or cfg.optim.caution:
         refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
@@ -82,8 +81,6 @@ def make_capturable(optimizer, device) -> None:
             st["step"] = st["step"].to(device=device, dtype=torch.float32)
 
 
-@train_step_registry.register("graphed", "the whole step captured once as a CUDA graph and replayed (train.graph_step)",
-                               check=check_graph_step_config)
 class GraphedStep:
     """Runs TrainStep's step as: WARMUP_STEPS eager steps, then one capture, then a replay per step."""
 

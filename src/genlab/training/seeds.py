@@ -33,8 +33,7 @@ import torch
 from genlab.config.check import VARIANT_KEYS, batched_label, check_member_name, is_batched, member_name, parse_seeds, variant_lists
 from genlab.config.tree import Config, apply_overrides, load_config, to_dict
 from genlab.core.errors import GenlabError, one_line
-from genlab.core.registry import method_registry, train_step_registry
-from genlab.families.base import StepContext
+from genlab.families.base import StepContext, method_registry
 from genlab.nn.attention import attention_choices
 from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at, lr_schedule_registry
@@ -42,7 +41,7 @@ from genlab.optim.state import state_bytes
 from genlab.runtime.checkpoint import config_for_resume
 from genlab.runtime.stop import StopSignals
 from genlab.runtime.switches import _mode, set_lr
-from genlab.training.step import ema_update
+from genlab.training.step import ema_update, train_step_registry
 from genlab.training.trainer import Trainer, stop_handlers, train_loop
 
 # what the batched step of train.seeds / train.lrs|weight_decays|ema_decays (training/seeds.py) supports
@@ -62,8 +61,8 @@ def check_seeds_config(cfg) -> None:
     def refuse(what):
         raise GenlabError(f"{label} does not support {what}; supported: {SUPPORTED}")
     check_member_name(cfg)
-    if not method_registry.spec(cfg.method.name).batched_seeds:
-        ok = [n for n, s in method_registry.specs() if s.batched_seeds]
+    if not method_registry.get(cfg.method.name).batched_seeds:
+        ok = [n for n, method in method_registry.items() if method.batched_seeds]
         refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
     if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
         refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")

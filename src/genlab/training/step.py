@@ -4,19 +4,19 @@ trainer and for `genlab bench`.
 `TrainStep` owns the model, the method's extra modules, the optimizers, the loss scaler and the EMA; a call is one
 optimizer step (forward, per-optimizer backward, clip, optimizer, EMA). What `genlab bench` times is therefore exactly
 what trains. The other strategies: graphed (graph_step.py, run by TrainStep under train.graph_step) and stacked
-(seeds.py: N members' step at once). Each registers itself (train_step_registry) with its own config checks.
+(seeds.py: N members' step at once). Each is an entry of train_step_registry with its own config checks.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import train_step_registry
+from genlab.core.registry import Registry, Spec
 from genlab.families.base import StepContext, as_loss_dict, check_batch_keys, check_extras
 from genlab.families.build import build_model_and_method, check_model_shapes  # noqa: F401 (re-exported)
 from genlab.nn.convert import after_step_hooks, apply_converters, check_converters, converters_of
@@ -36,7 +36,15 @@ from genlab.runtime.switches import (
     compile_optimizer_step,
     set_lr,
 )
-from genlab.training.graph_step import GraphedStep
+from genlab.training.graph_step import GraphedStep, check_graph_step_config
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepSpec(Spec):
+    check: Callable | None = None  # check(cfg): what the strategy supports, one line before any work (config validation)
+
+
+train_step_registry = Registry("train_step", StepSpec)  # config/check.py runs every entry's check by name
 
 
 def init_weights_from(model, source: str) -> None:
@@ -311,7 +319,9 @@ class TrainStep:
     run = __call__  # genlab bench's name
 
 
-# one class: the compiled strategy is the eager one with its model (or blocks) wrapped by torch.compile
+# TrainStep runs three: compiled is eager with torch.compile on the model or blocks, graphed is its capture
 train_step_registry.register("eager", "forward, backward, clip, optimizer and EMA in PyTorch's eager mode")(TrainStep)
 train_step_registry.register("compiled", "the eager step with torch.compile on the model or its blocks (train.compile; "
                              "the optimizer + EMA too with train.compile_optimizer)")(TrainStep)
+train_step_registry.register("graphed", "the whole step captured once as a CUDA graph and replayed (train.graph_step)",
+                             check=check_graph_step_config)(GraphedStep)

@@ -49,8 +49,7 @@ def test_perflow_target_is_the_chord_of_the_teachers_exact_solution_across_the_w
     # the student sees x_t = x_s + s (x_e - x_s) with x_e = x_s M, M = expm(A dw), and must output (x_e - x_s) / dw;
     # both follow from x_t and t alone: x_s = x_t (I + s (M - I))^-1, target = x_s (M - I) / dw. We record what the
     # student was given and compare the loss of a zero student with the closed form.
-    from genlab.core.registry import method_registry
-    from genlab.families.base import StepContext
+    from genlab.families.base import StepContext, method_registry
     K = 4
     cfg = tiny_config(tmp_path, "method.name=perflow", f"method.perflow_windows={K}", "method.perflow_solver=heun",
                       "method.perflow_solver_steps=256", "method.timestep_sampler=uniform", "method.teacher_cfg_scale=1.5",

@@ -99,8 +99,7 @@ class _Critic(nn.Module):
 
 def _register_adversarial():
     """Flow matching + a critic with its own optimizer (LADD-style): one loss per optimizer."""
-    from genlab.core.registry import method_registry
-    from genlab.families.base import Extra
+    from genlab.families.base import Extra, method_registry
     from genlab.families.image_flow.flow import FlowMatching
 
     class Adversarial(FlowMatching):

@@ -212,7 +212,7 @@ def test_batched_seeds_functional_closure_takes_the_plain_path():
 
 
 def test_repa_trains_through_the_fused_final_loss(tmp_path):
-    """REPA (MethodSpec.final_loss) runs the flow loss through the model's fused head; its block hook still sees the
+    """REPA (Method.final_loss) runs the flow loss through the model's fused head; its block hook still sees the
     tokens: the loss, both terms and the gradients of model and projector equal plain's (float32)."""
     from conftest import tiny_config
 

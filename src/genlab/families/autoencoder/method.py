@@ -33,12 +33,11 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.files import write_atomic
-from genlab.core.registry import method_registry
 from genlab.data import build_dataset
 from genlab.data.pixels import to_model
 from genlab.eval.real_split import real_split
 from genlab.families.autoencoder import render
-from genlab.families.base import Extra, Method
+from genlab.families.base import Extra, Method, method_registry
 from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
@@ -130,6 +129,7 @@ def held_out_images(cfg, data, n: int) -> tuple[np.ndarray, str]:
 class Autoencoder(Method):
     batch_keys = ("image",)
     best_metric = "rec_l1"
+    data_kinds, model_families = ("image",), ("autoencoder",)
     sample_options = ()
     render = render  # originals above reconstructions (autoencoder/render.py)
 
@@ -207,9 +207,6 @@ def read_stats(run_dir) -> dict | None:
     return s if isinstance(s.get("latent_std"), (int, float)) and math.isfinite(s["latent_std"]) and s["latent_std"] > 0 else None
 
 
-@method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
-                                         "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
-                          keys=AE_METHOD_KEYS, reads=("eval.val_path",), data_kinds=("image",),
-                          model_families=("autoencoder",))
-def build_autoencoder(cfg, data_spec):
-    return Autoencoder(cfg, data_spec)
+method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
+                                        "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
+                         keys=AE_METHOD_KEYS, reads=("eval.val_path",))(Autoencoder)

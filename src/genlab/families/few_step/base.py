@@ -1,7 +1,7 @@
 """What the few-step methods share: the flow teacher (`method.teacher=RUN`), the student initialised from it, and
 the sampling conventions of the family.
 
-A teacher is any run whose method predicts a velocity (MethodSpec.output == "velocity": flow, REPA) on data of the
+A teacher is any run whose method predicts a velocity (Method.output == "velocity": flow, REPA) on data of the
 same shape and classes, with no extra model inputs of its own. It is checked when the trainer builds the method's
 extras, before the run folder exists, and is a frozen extra from then on: moved, compiled with the model and
 saved in the student's checkpoints (so sampling or evaluating the student never needs the teacher run; resuming reads it again).
@@ -13,10 +13,9 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.base import Extra
+from genlab.families.base import Extra, method_registry
 from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, cfg_velocity, unwrap
+from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, cfg_velocity, unwrap
 from genlab.nn.bitlinear import InputRMSNorm
 from genlab.nn.conditions import ConditionSet
 from genlab.runtime import checkpoint as ckpt
@@ -42,9 +41,9 @@ def teacher_state(path: str) -> dict:
 def check_teacher(state: dict, spec: dict, path: str):
     """The teacher run's config, or a one-line error when it cannot teach a student of data `spec`."""
     tcfg = ckpt.config_of(state)
-    tspec = method_registry.spec(tcfg.method.name)
-    if tspec.output != "velocity" or tspec.conditions:
-        fits = [n for n, s in method_registry.specs() if s.output == "velocity" and not s.conditions]
+    teacher = method_registry.get(tcfg.method.name)
+    if teacher.output != "velocity" or teacher.conditions:
+        fits = [n for n, m in method_registry.items() if m.output == "velocity" and not m.conditions]
         raise GenlabError(f"method.teacher '{path}' was trained by method {tcfg.method.name}, which is not a plain "
                           f"velocity predictor; a teacher is a run of: {', '.join(fits)}")
     tdata = state.get("data_spec") or {}
@@ -90,6 +89,7 @@ class FewStepFlow(FlowMatching):
 
     uses_teacher = False       # loads method.teacher as the frozen extra "teacher"
     init_from_teacher = False  # a fresh student starts from the teacher's weights
+    data_kinds, output = ("image",), ""  # pixels only; what it predicts is no plain velocity (reflow's is)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -130,7 +130,6 @@ class FewStepFlow(FlowMatching):
 
 
 FEW_STEP_KEYS = FLOW_KEYS
-FEW_STEP_SPEC = {k: v for k, v in FLOW_SPEC.items() if k != "output"}
 
 
 # -- what the consistency methods (LCM, ECT, LADD) share: f(x, t) = x + (1 - t) v(x, t), the data estimate of the

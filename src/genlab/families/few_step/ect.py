@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import interpolate, unwrap
 
 ECT_KEYS = cf.declare("method",
@@ -77,9 +77,7 @@ class EasyConsistencyTuning(FewStepFlow):
         return per.mean(), {"ect_stage": torch.tensor(float(stage), device=dev)}
 
 
-@method_registry.register("ect", "Easy Consistency Tuning (Geng et al. 2024): consistency training from the flow "
-                                 "teacher's weights (method.teacher), shrinking step gap, no EMA target; 1-2 step "
-                                 "sampling with sampler=consistency",
-                          keys=FEW_STEP_KEYS + TEACHER_PATH + ECT_KEYS, **FEW_STEP_SPEC)
-def build_ect(cfg, data_spec):
-    return EasyConsistencyTuning(cfg, data_spec)
+method_registry.register("ect", "Easy Consistency Tuning (Geng et al. 2024): consistency training from the flow "
+                                "teacher's weights (method.teacher), shrinking step gap, no EMA target; 1-2 step "
+                                "sampling with sampler=consistency",
+                         keys=FEW_STEP_KEYS + TEACHER_PATH + ECT_KEYS)(EasyConsistencyTuning)

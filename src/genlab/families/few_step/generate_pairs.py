@@ -18,7 +18,8 @@ import torch
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, sampler_registry
+from genlab.core.registry import sampler_registry
+from genlab.families.base import method_registry
 from genlab.data.pairs import write_pairs
 from genlab.data.pixels import to_pixels
 from genlab.families.few_step.base import build_teacher
@@ -55,9 +56,9 @@ def load_velocity_run(run: str):
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)
-    spec = method_registry.spec(cfg.method.name)
-    if spec.output != "velocity" or spec.conditions or state["data_spec"].get("kind") != "image":
-        fits = [name for name, s in method_registry.specs() if s.output == "velocity" and not s.conditions]
+    method = method_registry.get(cfg.method.name)
+    if method.output != "velocity" or method.conditions or state["data_spec"].get("kind") != "image":
+        fits = [name for name, m in method_registry.items() if m.output == "velocity" and not m.conditions]
         raise GenlabError(f"'{run}' was trained by method {cfg.method.name}, which does not predict a velocity on "
                           f"images; pairs come from a run of: {', '.join(fits)}")
     return state, cfg

@@ -34,8 +34,8 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow, consistency_fn
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow, consistency_fn
 from genlab.families.few_step.discriminator import DISC_KEYS, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 
@@ -70,6 +70,10 @@ def student_times(n_times: int, B: int, noise_share: float, generator, device, w
 class LADD(FewStepFlow):
     uses_teacher = True
     init_from_teacher = True
+
+    @staticmethod
+    def check_config(cfg):
+        check_ladd_config(cfg)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -115,10 +119,7 @@ def check_ladd_config(cfg):
                           "leaves none; raise the share or set the weight to 0")
 
 
-@method_registry.register("ladd", "latent adversarial diffusion distillation (Sauer et al. 2024) from method.teacher: "
-                                  "the student's data prediction re-noised toward noise, judged by heads on the frozen "
-                                  "teacher's features (hinge); sampler=consistency at 1-4 steps",
-                          keys=FEW_STEP_KEYS + TEACHER_ONLY + LADD_KEYS + DISC_KEYS,
-                          **{**FEW_STEP_SPEC, "check": check_ladd_config})
-def build_ladd(cfg, data_spec):
-    return LADD(cfg, data_spec)
+method_registry.register("ladd", "latent adversarial diffusion distillation (Sauer et al. 2024) from method.teacher: "
+                                 "the student's data prediction re-noised toward noise, judged by heads on the frozen "
+                                 "teacher's features (hinge); sampler=consistency at 1-4 steps",
+                         keys=FEW_STEP_KEYS + TEACHER_ONLY + LADD_KEYS + DISC_KEYS)(LADD)

@@ -29,8 +29,8 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
 
 LCM_KEYS = cf.declare("method",
@@ -78,6 +78,12 @@ def lcm_target(teacher, target_net, x_t, t, s, y, w, w_max: float, null_class: i
 class LatentConsistency(FewStepFlow):
     uses_teacher = True
     init_from_teacher = True
+    conditions = {"w": "scalar"}
+    sampling_keys = FLOW_SAMPLING + ("method.lcm_guidance",)
+
+    @staticmethod
+    def check_config(cfg):
+        check_lcm_config(cfg)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -122,11 +128,7 @@ def check_guidance(m):
                           f"method.lcm_w_max] = [{m.lcm_w_min}, {m.lcm_w_max}]")
 
 
-@method_registry.register("lcm", "consistency distillation, LCM-style (Luo et al. 2023): a skipping-step solver on the "
-                                 "flow teacher (method.teacher), EMA target, guidance scale w as the student's input; "
-                                 "1-8 step sampling with sampler=consistency",
-                          keys=FEW_STEP_KEYS + TEACHER_PATH + LCM_KEYS, conditions={"w": "scalar"},
-                          **{**FEW_STEP_SPEC, "check": check_lcm_config,
-                             "sampling_keys": FLOW_SAMPLING + ("method.lcm_guidance",)})
-def build_lcm(cfg, data_spec):
-    return LatentConsistency(cfg, data_spec)
+method_registry.register("lcm", "consistency distillation, LCM-style (Luo et al. 2023): a skipping-step solver on the "
+                                "flow teacher (method.teacher), EMA target, guidance scale w as the student's input; "
+                                "1-8 step sampling with sampler=consistency",
+                         keys=FEW_STEP_KEYS + TEACHER_PATH + LCM_KEYS)(LatentConsistency)

@@ -36,8 +36,8 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
 
@@ -93,6 +93,9 @@ class EmbedScaled(nn.Module):
 
 
 class MeanFlow(FewStepFlow):
+    conditions = {"d": "scalar"}
+    check_config = staticmethod(check_meanflow_config)
+
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         self.k = self.mcfg.meanflow_embed_scale / 1000.0  # the embedders compute sin(1000 * value * freq)
@@ -193,11 +196,7 @@ def note_fallback(names):
               "math kernel, or the entry's declared fallback): fused kernels have none", file=sys.stderr)
 
 
-@method_registry.register("meanflow", "MeanFlow (Geng et al. 2025), from scratch: the network predicts the average "
-                                      "velocity over a step d, trained on the MeanFlow identity with a JVP target; "
-                                      "1- and 2-step sampling with sampler=flow_map",
-                          keys=FEW_STEP_KEYS + MEANFLOW_KEYS, conditions={"d": "scalar"},
-                          defaults={"method.sampler": "flow_map"},
-                          **{**FEW_STEP_SPEC, "check": check_meanflow_config})
-def build_meanflow(cfg, data_spec):
-    return MeanFlow(cfg, data_spec)
+method_registry.register("meanflow", "MeanFlow (Geng et al. 2025), from scratch: the network predicts the average "
+                                     "velocity over a step d, trained on the MeanFlow identity with a JVP target; "
+                                     "1- and 2-step sampling with sampler=flow_map",
+                         keys=FEW_STEP_KEYS + MEANFLOW_KEYS, defaults={"method.sampler": "flow_map"})(MeanFlow)

@@ -27,8 +27,8 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow
 from genlab.families.few_step.discriminator import DISC_KEYS, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 
@@ -68,6 +68,10 @@ def pcm_target(teacher_v, target_v, x_t, t, t_next, end):
 class PCM(FewStepFlow):
     uses_teacher = True
     init_from_teacher = True
+
+    @staticmethod
+    def check_config(cfg):
+        check_pcm_config(cfg)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -115,10 +119,7 @@ def check_pcm_config(cfg):
         check_disc_config(cfg)
 
 
-@method_registry.register("pcm", "phased consistency distillation (Wang et al. 2024) from method.teacher: k phases, "
-                                 "f(x,t) = x + (e_end - t) v, EMA target after one guided teacher Euler step; optional "
-                                 "adversarial loss on teacher features; sampler=euler at k steps",
-                          keys=FEW_STEP_KEYS + TEACHER_KEYS + PCM_KEYS + DISC_KEYS,
-                          **{**FEW_STEP_SPEC, "check": check_pcm_config})
-def build_pcm(cfg, data_spec):
-    return PCM(cfg, data_spec)
+method_registry.register("pcm", "phased consistency distillation (Wang et al. 2024) from method.teacher: k phases, "
+                                "f(x,t) = x + (e_end - t) v, EMA target after one guided teacher Euler step; optional "
+                                "adversarial loss on teacher features; sampler=euler at k steps",
+                         keys=FEW_STEP_KEYS + TEACHER_KEYS + PCM_KEYS + DISC_KEYS)(PCM)

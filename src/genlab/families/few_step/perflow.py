@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
 PERFLOW_KEYS = cf.declare("method",
@@ -80,8 +80,6 @@ class PeRFlow(FewStepFlow):
         return (self.weight(t.float(), self.mcfg) * per).mean(), {}
 
 
-@method_registry.register("perflow", "PeRFlow (Yan et al. 2024): piecewise reflow in method.perflow_windows windows, "
-                                     "pairs made online by the teacher's ODE; sampler=euler at K steps",
-                          keys=FEW_STEP_KEYS + TEACHER_KEYS + PERFLOW_KEYS, **FEW_STEP_SPEC)
-def build_perflow(cfg, data_spec):
-    return PeRFlow(cfg, data_spec)
+method_registry.register("perflow", "PeRFlow (Yan et al. 2024): piecewise reflow in method.perflow_windows windows, "
+                                    "pairs made online by the teacher's ODE; sampler=euler at K steps",
+                         keys=FEW_STEP_KEYS + TEACHER_KEYS + PERFLOW_KEYS)(PeRFlow)

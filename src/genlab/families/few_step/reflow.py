@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
 REFLOW_KEYS = cf.declare("method",
@@ -34,6 +34,7 @@ TEACHER_PATH = tuple(k for k in TEACHER_KEYS if k.dotted == "method.teacher")
 class Reflow(FewStepFlow):
     batch_keys = ("image", "label", "noise")
     init_from_teacher = True
+    output = "velocity"  # a reflowed model teaches the distill stage
 
     def loss(self, model, batch, ctx):
         g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]
@@ -54,8 +55,6 @@ class Reflow(FewStepFlow):
         return {**b, "noise": torch.randn(b["image"].shape, generator=generator, device=device)}
 
 
-@method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
-                                    "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
-                          keys=FEW_STEP_KEYS + TEACHER_PATH + REFLOW_KEYS, **FEW_STEP_SPEC, output="velocity")
-def build_reflow(cfg, data_spec):
-    return Reflow(cfg, data_spec)
+method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
+                                   "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
+                         keys=FEW_STEP_KEYS + TEACHER_PATH + REFLOW_KEYS)(Reflow)

@@ -20,8 +20,8 @@ import math
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
+from genlab.families.base import method_registry
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
 SHORTCUT_KEYS = cf.declare("method",
@@ -41,6 +41,8 @@ def two_step_target(target_model, x_t, t, d, y):
 
 
 class Shortcut(FewStepFlow):
+    conditions = {"d": "log2_scalar"}
+
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         self.levels = int(math.log2(self.mcfg.shortcut_min_steps))
@@ -75,10 +77,7 @@ class Shortcut(FewStepFlow):
         return per.mean(), {"loss_flow": per[nb:].mean().detach(), "loss_consistency": per[:nb].mean().detach()}
 
 
-@method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
-                                      "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
-                                      "with sampler=flow_map",
-                          keys=FEW_STEP_KEYS + SHORTCUT_KEYS, conditions={"d": "log2_scalar"},
-                          defaults={"method.sampler": "flow_map"}, **FEW_STEP_SPEC)
-def build_shortcut(cfg, data_spec):
-    return Shortcut(cfg, data_spec)
+method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
+                                     "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
+                                     "with sampler=flow_map",
+                         keys=FEW_STEP_KEYS + SHORTCUT_KEYS, defaults={"method.sampler": "flow_map"})(Shortcut)

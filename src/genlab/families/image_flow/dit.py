@@ -12,7 +12,8 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ModelExample, final_kernel_registry, method_registry, mlp_registry, model_registry, residual_registry
+from genlab.core.registry import ModelExample, final_kernel_registry, mlp_registry, model_registry, residual_registry
+from genlab.families.base import method_registry
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops
 from genlab.nn.conditions import ConditionSet, combine
@@ -260,10 +261,10 @@ DIT_FINAL_KEYS = cf.declare("model",
 
 
 def check_final_kernel(cfg) -> None:
-    """A fused final layer + loss needs a method whose loss runs through it (MethodSpec.final_loss)."""
+    """A fused final layer + loss needs a method whose loss runs through it (Method.final_loss)."""
     kernel, method = cfg.model.final_kernel, cfg.method.name
-    if kernel != "plain" and not method_registry.spec(method).final_loss:
-        ok = [n for n, s in method_registry.specs() if s.final_loss]
+    if kernel != "plain" and not method_registry.get(method).final_loss:
+        ok = [n for n, m in method_registry.items() if m.final_loss]
         raise GenlabError(f"model.final_kernel={kernel} fuses the final layer into the flow loss, which method.name="
                           f"{method} does not train with; use model.final_kernel=plain (or method.name={'|'.join(ok)})")
 

@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
-from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
+from genlab.core.registry import loss_weighting_registry, sampler_registry, timestep_sampler_registry
 from genlab.eval.image_quality import evaluate_class_conditional
 from genlab.eval.metrics import EVAL_IMAGE_KEYS, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
-from genlab.families.base import Extra, Method
+from genlab.families.base import Extra, Method, method_registry
 from genlab.families.image_flow import render
 from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
@@ -76,10 +76,22 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
     return velocity
 
 
+# the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
+FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
+                 "method.cache_blocks", "method.cache_every", "method.cache_schedule")
+
+
 class FlowMatching(Method):
     batch_keys = ("image", "label")
     render = render  # the family's pictures (image_flow/render.py)
     sample_options = ("class_id", "labels", "cfg_scale", "sampler")
+    data_kinds = ("image", "latent")  # autoencoder latents too (data.name=latents): samples decoded in sampling/images.py
+    model_families, sampling_keys, output = ("image",), FLOW_SAMPLING, "velocity"
+    batched_seeds = final_loss = graph_step = True
+
+    @staticmethod
+    def check_config(cfg):
+        check_flow_config(cfg)
 
     def __init__(self, cfg, data_spec):
         self.cfg = cfg
@@ -248,7 +260,7 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
     """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it;
     and a model built with such a condition (one some sampler sets: the sampler owns it, the method's sampling does
     not pass it) needs a sampler that feeds it, or every network call misses that input."""
-    have = method_registry.spec(method_name).conditions or {}
+    have = method_registry.get(method_name).conditions or {}
     owned = {s.condition for _, s in sampler_registry.specs() if s.condition} & set(have)
     fits = [n for n, s in sampler_registry.specs() if (not s.condition or s.condition in have)
             and owned <= {s.condition}]
@@ -369,16 +381,5 @@ CLASS_DROPOUT = cf.declare("model",
     class_dropout=cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1),
 )
 FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
-# the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
-FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
-                 "method.cache_blocks", "method.cache_every", "method.cache_schedule")
-# flow and MaskDiT also train on autoencoder latents (data.name=latents): their samples are decoded in sampling.py
-LATENT_KINDS = ("image", "latent")
-FLOW_SPEC = dict(data_kinds=("image",), model_families=("image",), check=check_flow_config, sampling_keys=FLOW_SAMPLING,
-                 output="velocity")
-
-
-@method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
-                          keys=FLOW_KEYS, batched_seeds=True, final_loss=True, graph_step=True, **{**FLOW_SPEC, "data_kinds": LATENT_KINDS})
-def build_flow(cfg, data_spec):
-    return FlowMatching(cfg, data_spec)
+method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
+                         keys=FLOW_KEYS)(FlowMatching)

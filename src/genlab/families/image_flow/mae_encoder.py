@@ -16,8 +16,8 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, model_registry
-from genlab.families.base import Method
+from genlab.core.registry import model_registry
+from genlab.families.base import Method, method_registry
 from genlab.families.image_flow.dit import patchify
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
 from genlab.runtime.parallel import unwrap
@@ -29,6 +29,11 @@ MAE_KEYS = cf.declare("method",
 
 class MAEEncoder(Method):
     batch_keys = ("image",)
+    data_kinds, model_families = ("image",), ("image",)
+
+    @staticmethod
+    def check_config(cfg):
+        check_mae_config(cfg)
 
     def __init__(self, cfg, data_spec):
         self.cfg, self.spec = cfg, data_spec
@@ -61,9 +66,6 @@ def check_mae_config(cfg):
                           f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
 
 
-@method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
-                                         "null class; norm-pix loss on the masked patches): an encoder for "
-                                         "method.repa_encoder=run:RUN", keys=MAE_KEYS, data_kinds=("image",),
-                          model_families=("image",), check=check_mae_config)
-def build_mae_encoder(cfg, data_spec):
-    return MAEEncoder(cfg, data_spec)
+method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
+                                        "null class; norm-pix loss on the masked patches): an encoder for "
+                                        "method.repa_encoder=run:RUN", keys=MAE_KEYS)(MAEEncoder)

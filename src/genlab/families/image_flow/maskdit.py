@@ -18,9 +18,10 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, mlp_registry, model_registry
+from genlab.core.registry import mlp_registry, model_registry
 from genlab.families.image_flow.dit import patchify
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, LATENT_KINDS, FlowMatching, check_flow_config
+from genlab.families.base import method_registry
+from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, check_flow_config
 
 
 def kept_tokens(tokens: int, mask_ratio: float) -> int:
@@ -46,6 +47,10 @@ def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 class MaskDiTFlow(FlowMatching):
+    @staticmethod
+    def check_config(cfg):
+        check_maskdit_config(cfg)
+
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         check_maskdit_config(cfg)
@@ -133,10 +138,7 @@ def check_maskdit_config(cfg):
         raise GenlabError(f"method.mask_ratio must be in [0, 1), got {m.mask_ratio}")
 
 
-@method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
-                                     "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
-                                     "mae_weight, unmask_steps)",
-                          keys=MASKDIT_KEYS, **{**FLOW_SPEC, "check": check_maskdit_config, "data_kinds": LATENT_KINDS,
-                                                "reads": tuple(k.dotted for k in FLOW_KEYS)})
-def build_maskdit(cfg, data_spec):
-    return MaskDiTFlow(cfg, data_spec)
+method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
+                                    "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
+                                    "mae_weight, unmask_steps)",
+                         keys=MASKDIT_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS))(MaskDiTFlow)

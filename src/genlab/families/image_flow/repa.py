@@ -19,10 +19,11 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, model_registry
+from genlab.core.registry import model_registry
 from genlab.families.base import Extra
 from genlab.families.image_flow.dit import dit_size
-from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, check_flow_config, unwrap
+from genlab.families.base import method_registry
+from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
 
 
@@ -54,6 +55,13 @@ def aligned_block(cfg_block: int, depth: int) -> int:
 
 
 class REPA(FlowMatching):
+    data_kinds = ("image",)  # the encoder it aligns to reads pixels
+    final_loss = graph_step = True
+
+    @staticmethod
+    def check_config(cfg):
+        check_repa_config(cfg)
+
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
@@ -121,9 +129,6 @@ def check_repa_config(cfg):
     check_encoder(cfg)
 
 
-@method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
-                                  "(trainable projector, frozen encoder; method.repa_*)",
-                          keys=REPA_KEYS, final_loss=True, graph_step=True, **{**FLOW_SPEC, "check": check_repa_config,
-                                             "reads": tuple(k.dotted for k in FLOW_KEYS)})
-def build_repa(cfg, data_spec):
-    return REPA(cfg, data_spec)
+method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
+                                 "(trainable projector, frozen encoder; method.repa_*)",
+                         keys=REPA_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS))(REPA)

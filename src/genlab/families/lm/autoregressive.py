@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.base import Method
+from genlab.families.base import Method, method_registry
 from genlab.families.lm import common as lm
 from genlab.families.lm import render
 
@@ -68,6 +67,8 @@ class Autoregressive(Method):
     render = render  # the samples file (lm/render.py)
     sample_header = "autoregressive samples: {length} tokens, temperature {temperature}, top_k {top_k}, prompt {prompt!r}"
     batch_keys = ("x", "y")
+    data_kinds, model_families, causal = ("token",), ("gpt", "sparse_transformer"), True
+    sampling_keys = ("method.temperature", "method.top_k", "method.sample_len", "method.prompt")
     best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
     def __init__(self, cfg, data_spec):
@@ -138,9 +139,6 @@ AR_KEYS = cf.declare("method",
 )
 
 
-@method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
-                          keys=AR_KEYS + lm.TEXT_SAMPLING_KEYS, data_kinds=("token",), model_families=("gpt", "sparse_transformer"),
-                          causal=True, sampling_keys=("method.temperature", "method.top_k", "method.sample_len", "method.prompt"))
-def build_autoregressive(cfg, data_spec):
-    return Autoregressive(cfg, data_spec)
+method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
+                         keys=AR_KEYS + lm.TEXT_SAMPLING_KEYS)(Autoregressive)
 

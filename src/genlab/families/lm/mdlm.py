@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry
-from genlab.families.base import Method
+from genlab.families.base import Method, method_registry
 from genlab.families.build import load_run
 from genlab.families.lm import common as lm
 from genlab.families.lm import render
@@ -155,6 +154,12 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
 
 class MaskedDiffusion(Method):
     sample_options = ("prompt", "temperature", "length", "block_len")
+    data_kinds, model_families, causal = ("token",), ("gpt",), False
+    sampling_keys = ("method.temperature", "method.sample_len", "method.prompt", "method.block_len", "method.sample_steps")
+
+    @staticmethod
+    def check_config(cfg):
+        parse_T_list(cfg.eval.T_list)
     render = render  # the samples file (lm/render.py)
     sample_header = ("mdlm samples: {steps} steps, {model_calls} model calls per batch, block_len {block_len}, "
                      "schedule {schedule}, prompt {prompt!r}")
@@ -334,11 +339,5 @@ MDLM_EVAL_KEYS = cf.declare("eval",
 )
 
 
-@method_registry.register("mdlm", "masked diffusion LM (MDLM, absorbing state, SUBS): NELBO, bound vs T, ancestral sampler",
-                          keys=MDLM_KEYS + MDLM_EVAL_KEYS + lm.TEXT_SAMPLING_KEYS, reads=("method.sample_steps",),
-                          data_kinds=("token",), model_families=("gpt",), causal=False,
-                          check=lambda cfg: parse_T_list(cfg.eval.T_list),
-                          sampling_keys=("method.temperature", "method.sample_len", "method.prompt", "method.block_len",
-                                         "method.sample_steps"))
-def build_mdlm(cfg, data_spec):
-    return MaskedDiffusion(cfg, data_spec)
+method_registry.register("mdlm", "masked diffusion LM (MDLM, absorbing state, SUBS): NELBO, bound vs T, ancestral sampler",
+                         keys=MDLM_KEYS + MDLM_EVAL_KEYS + lm.TEXT_SAMPLING_KEYS, reads=("method.sample_steps",))(MaskedDiffusion)

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, model_registry
+from genlab.core.registry import model_registry
 from genlab.data import build_dataset
 from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
-from genlab.families.base import Method
+from genlab.families.base import Method, method_registry
 from genlab.families.sparse import render
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
 from genlab.runtime.parallel import unwrap
@@ -57,6 +57,7 @@ class ImageAR(Method):
     render = render  # sampled and completed images, attention pictures (sparse/render.py)
     batch_keys = ("image",)
     best_metric = "val_bits_per_dim"
+    data_kinds, model_families, sampling_keys = ("image",), ("sparse_transformer",), ("method.temperature",)
 
     def __init__(self, cfg, data_spec):
         if data_spec.get("kind") != "image":
@@ -143,9 +144,6 @@ class ImageAR(Method):
         return self.image(out).view(m, k, self.H, self.H, self.C), given_img
 
 
-@method_registry.register("image_ar", "autoregressive image bytes (Sparse Transformer): bits/dim, sampling, "
-                                      "top-half completion, attention pictures",
-                          reads=("method.temperature", "eval.val_path"), data_kinds=("image",),
-                          model_families=("sparse_transformer",), sampling_keys=("method.temperature",))
-def build_image_ar(cfg, data_spec):
-    return ImageAR(cfg, data_spec)
+method_registry.register("image_ar", "autoregressive image bytes (Sparse Transformer): bits/dim, sampling, "
+                                     "top-half completion, attention pictures",
+                         reads=("method.temperature", "eval.val_path"))(ImageAR)

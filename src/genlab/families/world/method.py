@@ -22,11 +22,11 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, sampler_registry, timestep_sampler_registry, world_objective_registry
+from genlab.core.registry import sampler_registry, timestep_sampler_registry, world_objective_registry
 from genlab.data.pixels import quantize
 from genlab.eval.nfe import parse_int_list
 from genlab.eval.rollouts import evaluate_world
-from genlab.families.base import Extra, Method, StepContext
+from genlab.families.base import Extra, Method, StepContext, method_registry
 from genlab.families.image_flow.flow import check_sampler_conditions
 from genlab.families.world import render
 from genlab.families.world.objectives import PatchDiscriminator, adversarial_losses
@@ -46,8 +46,21 @@ class WorldModel(Method):
     render = render  # rollout videos (world/render.py)
     batch_keys = ("frames", "actions")
     best_metric = "tf_mse"
+    data_kinds, model_families = ("episodes",), ("world_dit",)
+    sampling_keys = ("method.sample_steps", "method.world_sampler", "method.sample_temperature", "method.quantize_frames")
+
+    @staticmethod
+    def check_config(cfg):
+        check_world_config(cfg)
 
     def __init__(self, cfg, spec):
+        m = cfg.method
+        if m.sample_steps < 1:
+            raise GenlabError("method.sample_steps must be >= 1")
+        if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
+            raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
+                              f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
+        check_sampler_conditions("world", [m.world_sampler])  # a step-size sampler needs a model trained with it
         if spec.get("kind") != "episodes":
             raise GenlabError("method.name=world needs episode data (data.name=episodes)")
         self.cfg, self.mcfg, self.spec = cfg, cfg.method, spec
@@ -175,19 +188,7 @@ def check_world_config(cfg):
     parse_int_list(cfg.eval.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
 
 
-@method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
-                                   "closed-loop fine-tuning, few-step Euler rollouts",
-                          keys=WORLD_KEYS + WORLD_EVAL_KEYS,
-                          reads=("method.timestep_sampler", "method.sample_steps", "eval.sample_steps"),
-                          data_kinds=("episodes",), model_families=("world_dit",), check=check_world_config,
-                          sampling_keys=("method.sample_steps", "method.world_sampler", "method.sample_temperature",
-                                         "method.quantize_frames"))
-def build_world(cfg, data_spec):
-    m = cfg.method
-    if m.sample_steps < 1:
-        raise GenlabError("method.sample_steps must be >= 1")
-    if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
-        raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
-                          f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
-    check_sampler_conditions("world", [m.world_sampler])  # a step-size sampler needs a model trained with it
-    return WorldModel(cfg, data_spec)
+method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
+                                  "closed-loop fine-tuning, few-step Euler rollouts",
+                         keys=WORLD_KEYS + WORLD_EVAL_KEYS,
+                         reads=("method.timestep_sampler", "method.sample_steps", "eval.sample_steps"))(WorldModel)
