@@ -47,7 +47,7 @@ def sequential(cfg_for, members, warmup, steps) -> float:
             if i == warmup:
                 _sync(tr.device)
                 t0 = time.perf_counter()
-            tr.steps.run(i, tr.loader.next)
+            tr.steps(i, tr.loader.next)
         _sync(tr.device)
         total += time.perf_counter() - t0
         tr.log.close()

@@ -89,17 +89,26 @@ def tiny_config(tmp_path, *overrides, preset="digits_flow"):
     return load_config(preset, TINY + [f"train.out_dir={tmp_path}", *overrides])
 
 
-def straight_and_resumed(tmp_path, stop_after: int, *overrides, preset="digits_flow"):
-    """The exact-resume experiment: run `full` uninterrupted; run `part`, stop it after `stop_after` steps (as
+def stop_after(runner, step: int):
+    """A Trainer, or every member of a SeedsTrainer, stops at the end of `step` as a Ctrl-C during it would."""
+    for run in getattr(runner, "runs", [runner]):
+        def after_step(out, run=run, hook=run.after_step):
+            hook(out)
+            run.stop_requested |= run.step >= step
+        run.after_step = after_step
+    return runner
+
+
+def straight_and_resumed(tmp_path, stop_at: int, *overrides, preset="digits_flow"):
+    """The exact-resume experiment: run `full` uninterrupted; run `part`, stop it after `stop_at` steps (as
     Ctrl-C would), resume it to the end. Returns the full trainer and both runs' final checkpoints."""
     from genlab.runtime import checkpoint as ckpt
     from genlab.training.trainer import Trainer
     full = Trainer(tiny_config(tmp_path, *overrides, "train.name=full", preset=preset))
     full.fit()
     part = Trainer(tiny_config(tmp_path, *overrides, "train.name=part", preset=preset))
-    part.stop_after = stop_after
-    s = part.fit()
-    assert s["status"] == "interrupted" and s["step"] == stop_after
+    s = stop_after(part, stop_at).fit()
+    assert s["status"] == "interrupted" and s["step"] == stop_at
     Trainer(tiny_config(tmp_path, *overrides, "train.name=part", preset=preset), resume=str(tmp_path / "part")).fit()
     return full, ckpt.load_checkpoint(tmp_path / "full"), ckpt.load_checkpoint(tmp_path / "part")
 

@@ -61,7 +61,7 @@ class BenchStep:
         self.n = 0
 
     def step(self, timer=None):
-        self.train_step.run(self.n, lambda: self.batch, timer)
+        self.train_step(self.n, lambda: self.batch, timer)
         self.n += 1
 
 

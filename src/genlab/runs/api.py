@@ -18,7 +18,7 @@ from genlab.config.tree import Config
 from genlab.config.tree import load_config as _load
 from genlab.core.errors import GenlabError
 from genlab.runs import load as run_loader
-from genlab.training.seeds import train as _train
+from genlab.training.seeds import train  # noqa: F401 (genlab.train: one run, or a batched process's members)
 
 
 def load_config(preset: str | None = None, overrides=()) -> Config:
@@ -27,13 +27,6 @@ def load_config(preset: str | None = None, overrides=()) -> Config:
     if isinstance(overrides, str):
         raise GenlabError(f"overrides must be a list of 'key=value' strings or a dict, got the string {overrides!r}")
     return _load(preset, overrides if isinstance(overrides, dict) else list(overrides))
-
-
-def train(cfg: Config | str | None = None, resume: str | None = None) -> dict:
-    """Train one run (a Config, or a preset name) and return its summary: run_dir, status, step, loss,
-    samples_per_s, wall_time and the evaluation metrics. `resume` continues a run folder or checkpoint. With
-    train.seeds set, the list of every seed's summary (batched seeds)."""
-    return _train(cfg, resume=resume)
 
 
 class Run:

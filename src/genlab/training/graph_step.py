@@ -53,9 +53,8 @@ def check_graph_step_config(cfg) -> None:
         refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''}")
     if t.compile_mode not in ("default", "max-autotune-no-cudagraphs"):
         refuse(f"train.compile_mode={t.compile_mode} (its own CUDA graphs cannot be captured inside this one)")
-    if t.parallel not in ("auto", "none"):
-        refuse(f"train.parallel={t.parallel}")
-    for key, bad in (("compile_optimizer", t.compile_optimizer), ("skip_nonfinite", t.skip_nonfinite),
+    for key, bad in (("parallel", t.parallel not in ("auto", "none")), ("compile_optimizer", t.compile_optimizer),
+                     ("skip_nonfinite", t.skip_nonfinite),
                      ("compiled_autograd", t.compiled_autograd), ("grad_accum", t.grad_accum != 1),
                      ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
         if bad:

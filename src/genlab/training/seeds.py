@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import sys
 import warnings
+from datetime import datetime
+from pathlib import Path
 
 import torch
 
@@ -66,11 +69,10 @@ def check_seeds_config(cfg) -> None:
         refuse(f"method {cfg.method.name} (methods that do: {', '.join(ok)})")
     if cfg.optim.name not in ("adamw", "adam", "sgd") or cfg.optim.caution:
         refuse(f"optim.name={cfg.optim.name}{' with optim.caution' if cfg.optim.caution else ''} (the stacked step must be elementwise)")
-    if t.parallel not in ("auto", "none"):
-        refuse(f"train.parallel={t.parallel}")
-    for key, bad in (("compile", t.compile not in ("off", "model")), ("compile_optimizer", t.compile_optimizer),
-                     ("compiled_autograd", t.compiled_autograd), ("skip_nonfinite", t.skip_nonfinite),
-                     ("activation_checkpointing", t.activation_checkpointing != "none"), ("convert", bool(t.convert))):
+    for key, bad in (("parallel", t.parallel not in ("auto", "none")), ("compile", t.compile not in ("off", "model")),
+                     ("compile_optimizer", t.compile_optimizer), ("compiled_autograd", t.compiled_autograd),
+                     ("skip_nonfinite", t.skip_nonfinite), ("activation_checkpointing", t.activation_checkpointing != "none"),
+                     ("convert", bool(t.convert))):
         if bad:
             refuse(f"train.{key}={getattr(t, key)}")
     if t.precision == "fp16" or t.precision.startswith("float8"):
@@ -89,9 +91,6 @@ def seed_configs(cfg: Config) -> list[Config]:
     """One single-run config per member (seed x batched-variant values; the seed varies fastest): train.seed and the
     variant's optim.lr / optim.weight_decay / train.ema_decay set, train.seeds and the lists cleared, train.name
     NAME[-lr=<v>...]-s<seed>."""
-    import itertools
-    from datetime import datetime
-
     name = cfg.train.name or f"{cfg.preset}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     lists = variant_lists(cfg)
     seeds = parse_seeds(cfg.train.seeds) if cfg.train.seeds else [cfg.train.seed]
@@ -133,7 +132,6 @@ class SeedRun(Trainer):
         self._resume_state = None
 
     def run_dir_taken(self):
-        from pathlib import Path
         if self._resume_state is not None:
             return None
         d = Path(self.cfg.train.out_dir) / self.cfg.train.name
@@ -154,8 +152,9 @@ class SeedRun(Trainer):
     def _optim_state_mib(self) -> float:
         return state_bytes(self.engine.optimizer) / self.engine.n / 2**20
 
-    def _summary_extra(self) -> dict:
-        return {"batched_seeds": self.engine.n if self.engine is not None else None}
+    def close(self):
+        self.summary["batched_seeds"] = self.engine.n if self.engine is not None else None
+        super().close()
 
 
 @train_step_registry.register("stacked", "N members' step as one vmapped step on stacked tensors (train.seeds, "
@@ -394,12 +393,10 @@ class SeedsTrainer:
             self.runs = [SeedRun(c) for c in seed_configs(cfg)]
         self.stop_requested = False
         self.signals = StopSignals()
-        self.stop_after = None  # tests: as if Ctrl-C arrived after this step (every member)
 
     def setup(self):
         for r in self.runs:
             r.setup()  # each seeds, builds and restores as its single run would
-            r.stop_after = self.stop_after
             r.rng = _rng_state(r.device)
         r0 = self.runs[0]
         if r0.dist.world > 1:
@@ -422,9 +419,7 @@ class SeedsTrainer:
             r.make_run_dir()
 
     def _on_signal(self, signum, frame):
-        if self.signals.is_second():  # a second Ctrl-C, not an echo of the first (runtime/stop.py)
-            raise KeyboardInterrupt
-        self.stop_requested = True
+        Trainer._on_signal(self, signum, frame)  # a second Ctrl-C (not an echo of the first) raises
         for r in self.runs:
             r.stop_requested = True
 

@@ -195,7 +195,9 @@ class TrainStep:
         """A checkpoint's part of the step: weights, EMA, optimizers, the method's modules, the loss scale."""
         big = {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
                "optimizer": self.optimizer.state_dict()} if weights else {}
-        return {**big, **self.extra_state(), "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None}
+        return {**big, "extras": {k: m.state_dict() for k, m in self.extra_modules.items()},
+                "extra_optimizers": {k: o.state_dict() for k, o in self.optimizers.items() if k != "model"},
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None}
 
     def load_state_dict(self, state: dict) -> None:
         """A resume: the optimizers' and the loss scaler's state (the weights were loaded when built)."""
@@ -203,21 +205,13 @@ class TrainStep:
             load_dcp_optimizer(state["dcp_path"], self.model, self.optimizer)
         else:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.load_extra_optimizers(state)
+        saved = state.get("extra_optimizers") or {}
+        for k in [k for k in self.optimizers if k != "model"]:
+            if k not in saved:
+                raise GenlabError(f"the checkpoint has no state for optimizer '{k}' of method {self.cfg.method.name}")
+            self.optimizers[k].load_state_dict(saved[k])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-
-    def extra_state(self) -> dict:
-        return {"extras": {k: m.state_dict() for k, m in self.extra_modules.items()},
-                "extra_optimizers": {k: o.state_dict() for k, o in self.optimizers.items() if k != "model"}}
-
-    def load_extra_optimizers(self, state: dict):
-        saved = state.get("extra_optimizers") or {}
-        for k, o in self.optimizers.items():
-            if k != "model":
-                if k not in saved:
-                    raise GenlabError(f"the checkpoint has no state for optimizer '{k}' of method {self.cfg.method.name}")
-                o.load_state_dict(saved[k])
 
     # -- the step ---------------------------------------------------------------------------------
     def _no_sync(self, sync: bool):
@@ -315,8 +309,6 @@ class TrainStep:
             ema_update(list(self.ema.parameters()), list(self.model.parameters()), decay)
         mark("opt")
         return loss_sum["model"], gnorms["model"], bad, metrics, False
-
-    run = __call__  # genlab bench's name
 
 
 # TrainStep runs three: compiled is eager with torch.compile on the model or blocks, graphed is its capture

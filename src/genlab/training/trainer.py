@@ -59,7 +59,6 @@ class Trainer:
         self.resume_from = resume or cfg.train.resume or None
         self.stop_requested = False
         self.signals = StopSignals()
-        self.stop_after = None  # tests: behave as if Ctrl-C arrived after this step
         self._run_lock = None  # the run folder's lock while this process trains it (folder_lock)
         self.prior_wall = 0.0  # a resumed run's seconds before this process: summary.json reports the whole run
 
@@ -165,27 +164,22 @@ class Trainer:
     def _state(self, weights=True):
         return {
             **self.steps.state_dict(weights=weights), "step": self.step, "loader": self.loader.state_dict(),
-            "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(), "device_rng": self._device_rng(),
+            "gen": self.gen.get_state(), "torch_rng": torch.get_rng_state(),  # + CUDA's: heavyball's rounding draws from it
+            "device_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "nonfinite_skipped": self.nonfinite_skipped, "best": self.best, "config": to_dict(self.cfg), "data_spec": self.spec,
         }
-
-    def _device_rng(self):
-        """The CUDA generator's state: heavyball's stochastic rounding (Muon, PSGD) draws from it, so an exact resume
-        needs it as well as the CPU one."""
-        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
     def save(self):
         self._check_finite()  # never write a checkpoint of a diverged model
         if self.sharded:  # every rank writes its shards (torch.distributed.checkpoint)
-            meta = {k: v for k, v in self._state(weights=False).items()}
-            path = save_dcp(ckpt.ckpt_dir(self.run_dir), self.step, self.base, self.optimizer, self.ema, meta, self.dist)
+            path = save_dcp(ckpt.ckpt_dir(self.run_dir), self.step, self.base, self.optimizer, self.ema,
+                            self._state(weights=False), self.dist)
             if self.dist.is_main and self.cfg.log.keep_last > 0:
                 for old in ckpt.list_checkpoints(self.run_dir)[:-self.cfg.log.keep_last]:
                     ckpt.prune(old)
             return path
         if self.dist.is_main:
-            path = ckpt.save_checkpoint(self.run_dir, self.step, self._state(), self.cfg.log.keep_last)
-            return path
+            return ckpt.save_checkpoint(self.run_dir, self.step, self._state(), self.cfg.log.keep_last)
 
     def keep_best(self, ev: dict):
         """log.keep_best: write checkpoints/best.pt when the method's validation metric (lower is better)
@@ -257,30 +251,28 @@ class Trainer:
             return export_safetensors({"model": weights, "config": to_dict(self.cfg), "data_spec": self.spec,
                                        "step": self.step}, self.run_dir / "model.safetensors")
 
-    def preview(self, final=False):
+    @contextlib.contextmanager
+    def _sampling(self):
+        """The sampling model in eval mode (None on the other ranks, which only join a sharded gather)."""
         model = self.sample_model()
         if not self.dist.is_main:
-            return None
-        path = self.run_dir / ("samples.png" if final else f"samples/step_{self.step:08d}.png")
+            yield None
+            return
         was = model.training
-        model.eval()
         try:
             with progress.enabled(self.cfg.log.progress):
-                return self.method.preview(model, path, self.eval_ctx())
+                yield model.eval()
         finally:
             model.train(was)
 
+    def preview(self, final=False):
+        path = self.run_dir / ("samples.png" if final else f"samples/step_{self.step:08d}.png")
+        with self._sampling() as model:
+            return None if model is None else self.method.preview(model, path, self.eval_ctx())
+
     def evaluate(self):
-        model = self.sample_model()
-        if not self.dist.is_main:
-            return {}
-        was = model.training
-        model.eval()
-        try:
-            with self.precision.autocast(self.device), progress.enabled(self.cfg.log.progress):
-                return self.method.evaluate(model, self.data, self.eval_ctx())
-        finally:
-            model.train(was)
+        with self._sampling() as model, self.precision.autocast(self.device):
+            return {} if model is None else self.method.evaluate(model, self.data, self.eval_ctx())
 
     # -- the loop: this run's part of it (train_loop below drives one run or a runner's members) ---------------
     def _on_signal(self, signum, frame):
@@ -353,8 +345,6 @@ class Trainer:
             self.eval_hook()
         if self._due(lcfg.ckpt_every):
             self.save()
-        if self.stop_after is not None and self.step >= self.stop_after:
-            self.stop_requested = True
 
     def _due(self, every: int) -> bool:
         """A periodic hook's turn; the last step has the end-of-run ones instead."""
@@ -460,14 +450,10 @@ class Trainer:
         # what the time was spent on: a run's cost in device-seconds is wall_time x world (eval/cost.py)
         s["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
         s["world"], s["run_dir"] = self.dist.world, str(self.run_dir) if hasattr(self, "run_dir") else None
-        s.update(self._summary_extra())
         if self.dist.is_main and hasattr(self, "run_dir"):
             write_atomic(self.run_dir / "summary.json", json.dumps(s, indent=2, default=str))
             self.log.close()
         folder_lock.release(self._run_lock)  # the run's last write is done: a resume may start
-
-    def _summary_extra(self) -> dict:
-        return {}
 
     def _check_weights_finite(self):
         """After the last update, before any checkpoint: non-finite weights (e.g. optim.lr far too large) end the run

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cli_in_process
+from conftest import REPO, cli_in_process, stop_after
 
 from genlab.cli import main as genlab_main
 from genlab.core.errors import GenlabError
@@ -105,9 +105,7 @@ def test_interrupted_variant_resumes(tmp_path):
     v = sw.variants[0]
     runs = tmp_path / "sweeps" / "resume" / "runs"
     cfg = load_config(sw.preset, v.overrides + [f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"])
-    t = Trainer(cfg)
-    t.stop_after = 10
-    assert t.fit()["status"] == "interrupted"
+    assert stop_after(Trainer(cfg), 10).fit()["status"] == "interrupted"
     d = run_sweep(sw, root=tmp_path / "sweeps", progress=False)
     st = json.loads((d / "status.json").read_text())[v.run_name]
     assert st["status"] == "finished" and st["resumed"] is True

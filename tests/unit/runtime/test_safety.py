@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, stop_after
 
 from genlab.cli import main
 from genlab.config.tree import load_config
@@ -195,9 +195,7 @@ def test_language_model_checkpoints_resume_exactly(tmp_path, preset):
     def cfg(name):
         return load_config(preset, LM_TINY + [f"train.out_dir={tmp_path}", "train.steps=6", f"train.name={name}"])
     Trainer(cfg("full")).fit()
-    part = Trainer(cfg("part"))
-    part.stop_after = 3
-    assert part.fit()["status"] == "interrupted"
+    assert stop_after(Trainer(cfg("part")), 3).fit()["status"] == "interrupted"
     Trainer(cfg("part"), resume=str(tmp_path / "part")).fit()
     loss = [[r["loss"] for r in read_metrics(tmp_path / n) if "loss" in r] for n in ("full", "part")]
     assert loss[0] == loss[1] and len(loss[0]) == 6

@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY, cli_in_process
+from conftest import TINY, cli_in_process, stop_after
 
 STEPS = 6
 SEEDS = (0, 1, 2)
@@ -74,8 +74,7 @@ def runs(tmp_path_factory):
         Trainer(_cfg(tmp, f"train.seed={s}", f"train.name=single-s{s}")).fit()
     batched = SeedsTrainer(_cfg(tmp, "train.seeds=" + ",".join(map(str, SEEDS)), "train.name=batched")).fit()
     part = SeedsTrainer(_cfg(tmp, "train.seeds=" + ",".join(map(str, SEEDS)), "train.name=part"))
-    part.stop_after = 3
-    stopped = part.fit()
+    stopped = stop_after(part, 3).fit()
     # a copy of seed 1's folder at step 3, for resuming it alone
     shutil.copytree(tmp / "part-s1", tmp / "alone-s1")
     resumed = SeedsTrainer(resume=[str(tmp / f"part-s{s}") for s in SEEDS]).fit()

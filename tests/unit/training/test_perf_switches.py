@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_config
+from conftest import stop_after, tiny_config
 
 from genlab.core.errors import GenlabError
 from genlab.families.image_flow.dit import DiT, DiTSpec
@@ -299,8 +299,7 @@ def test_compiled_update_of_optimizer_and_ema_matches_the_eager_step(tmp_path, o
     common = ("train.steps=5", "train.ema_decay=0.9", "train.ema_warmup=true", "log.ckpt_every=5", "eval.num_samples=0")
     Trainer(tiny_config(tmp_path, *common, "train.name=eager")).fit()
     t = Trainer(tiny_config(tmp_path, *common, "train.compile_optimizer=true", "train.name=fused"))
-    t.stop_after = 2
-    t.fit()
+    stop_after(t, 2).fit()
     assert t.steps.compiled_update is not None
     graphs = compile_counts()["graphs"]
     Trainer(tiny_config(tmp_path, *common, "train.compile_optimizer=true", "train.name=fused"),
