@@ -134,6 +134,14 @@ def pairs_dir(flow_teacher, tmp_path_factory):
     return str(out)
 
 
+def unregister(registry, name: str):
+    """Remove an entry a test registered (a toy component), and bump the registry generation so the config
+    classes derived from the registrations are rebuilt without its keys."""
+    from genlab.core import registry as core
+    registry._specs.pop(name, None)
+    core.generation += 1
+
+
 def patch_everywhere(mp, module, name: str, value):
     """mp.setattr(module, name, value), and the same for every loaded genlab module that imported that object by name
     (`from module import name` binds it when the importer loads: patching only its home would miss those callers)."""

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
+from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS, dataset_registry
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.data.loader import ImageLoader
 

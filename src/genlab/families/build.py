@@ -13,7 +13,8 @@ import torch.nn as nn
 from genlab.config.check import check_section, sampling_keys_of
 from genlab.config.tree import apply_overrides
 from genlab.core.errors import GenlabError
-from genlab.core.registry import method_registry, model_registry
+from genlab.core.registry import method_registry
+from genlab.families.models import model_registry
 from genlab.nn.convert import apply_converters, converters_of, prepare_converters
 from genlab.nn.ptq import apply_record
 from genlab.runtime import checkpoint as ckpt

@@ -15,8 +15,7 @@ from conftest import REPO, TESTS, TINY, cli_in_process, straight_and_resumed
 
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.errors import GenlabError
-from genlab.core.registry import optimizer_registry
-from genlab.optim.build import build_optimizer
+from genlab.optim.build import build_optimizer, optimizer_registry
 from genlab.optim.caution import Cautious
 from genlab.optim.groups import describe_groups, param_groups
 from genlab.optim.schedules import lr_at, warmup_limit
