@@ -9,7 +9,7 @@ import re
 import string
 from typing import get_type_hints
 
-from genlab.config.fields import check_value, did_you_mean, meta_of
+from genlab.config.fields import check_value, meta_of
 from genlab.config.keys import declared_keys, sections
 from genlab.core.errors import GenlabError
 from genlab.core.registry import REGISTRIES, all_registries, method_registry
@@ -35,7 +35,6 @@ def check_config(cfg) -> None:
         check_section(cfg, sec)
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
-    _check_shapes(cfg)
     _check_choices(cfg)
     for key, msg in unused_options(cfg):
         if not _soft(key):
@@ -158,9 +157,6 @@ def _check_train(cfg):
         if not _registry("parallel").spec(t.parallel).sharded:
             raise GenlabError(f"train.float8_all_gather all-gathers FSDP2 shards; it needs train.parallel=fsdp|hsdp, "
                               f"got train.parallel={t.parallel}")
-    if _registry("parallel").spec(t.parallel).sharded and not _registry("optimizer").spec(cfg.optim.name).fsdp:
-        raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
-                          f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
     check = method_registry.spec(cfg.method.name).check
     if check is not None:
         check(cfg)
@@ -340,39 +336,9 @@ def _check_components(cfg):
         raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
 
 
-def _check_shapes(cfg):
-    m = cfg.model
-    spec = _registry("model").spec(m.name)
-    table = spec.sizes
-    if table is None:
-        return
-    if m.size not in table:
-        raise GenlabError(f"unknown model.size '{m.size}' for model {m.name}{did_you_mean(m.size, table)}; valid: {', '.join(table)}")
-    dim0, depth0, heads0 = table[m.size]
-    dim, heads, depth = m.dim or dim0, m.heads or heads0, m.depth or depth0
-    if dim % heads:
-        raise GenlabError(f"model.heads ({heads}) must divide model.dim ({dim})")
-    if m.pos_emb != "auto":  # the entry must fit the token grid
-        fits = [n for n, s in _registry("position").specs() if spec.grid_rank in s.axes]
-        _registry("position").get(m.pos_emb)
-        if spec.grid_rank is not None and m.pos_emb not in fits:
-            raise GenlabError(f"model.pos_emb={m.pos_emb} does not fit model {m.name}; valid choices: auto, {', '.join(fits)}")
-    if spec.check is not None:
-        spec.check(cfg, dim, heads, depth)
-    _check_layers(m, spec, dim, heads)
-    if _trains_on_cpu(cfg.train.device) and not _registry("attention").spec(m.attention).cpu_backward:
-        raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
-                          f"train with sdpa or math there (sampling and eval run the forward anywhere)")
-    if spec.grid_rank == 2 and "model.patch_size" in read_keys(cfg):
-        shape_of = _registry("dataset").spec(cfg.data.name).shape
-        shape = shape_of(cfg.data) if shape_of is not None else None
-        side = shape["image_size"] if shape else None
-        if side is not None and side % m.patch_size:
-            raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
-
-
 def _check_choices(cfg):
-    """Every entry this config selects, asked whether it can run here (a kernel may not: nn/kernels.py)."""
+    """Every entry this config selects, asked whether it can run this config: the model its shapes and layers
+    (families/models.py), the optimizer the parallelism, a kernel the device (nn/kernels.py)."""
     declared = declared_keys()
     for dotted in read_keys(cfg):
         kind = meta_of(declared[dotted][0].field).get("registry")
@@ -396,24 +362,3 @@ def _trains_on_cpu(device: str) -> bool:
         return False
     import torch
     return not torch.cuda.is_available()
-
-
-def _check_layers(m, spec, dim: int, heads: int):
-    """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
-    needs a patch grid, an attention or position entry's head-width and width multiples."""
-    hd = dim // heads
-    if "mlp" in spec.layer_keys and _registry("mlp").spec(m.mlp).needs_grid and spec.grid_rank != 2:
-        grids = [n for n, s in _registry("model").specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]
-        raise GenlabError(f"model.mlp={m.mlp} convolves over the patch grid; model {m.name} has no grid: "
-                          f"choose model.mlp=gelu|swiglu or model.name={'|'.join(grids)}")
-    k = _registry("attention").spec(m.attention).head_multiple
-    if hd % k:
-        raise GenlabError(f"model.attention={m.attention} needs a head width divisible by {k}; model.dim/model.heads = {hd}")
-    pos = spec.default_position if m.pos_emb == "auto" else m.pos_emb
-    if pos is not None and "pos_emb" in spec.layer_keys:
-        p = _registry("position").spec(pos)
-        if hd % p.head_multiple:
-            raise GenlabError(f"model.pos_emb={pos} needs a head width divisible by {p.head_multiple}; "
-                              f"model.dim/model.heads = {hd}")
-        if dim % p.dim_multiple:
-            raise GenlabError(f"model.pos_emb={pos} needs model.dim divisible by {p.dim_multiple}, got {dim}")

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry, Spec
 from genlab.optim.caution import Cautious
+from genlab.runtime.parallel import parallel_registry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -15,6 +17,13 @@ class OptimizerSpec(Spec):
     preconditioned: bool = False           # keeps a preconditioner (optim.precondition_every)
     muon_groups: bool = False              # splits parameters into Muon and AdamW groups (optim.muon_scope)
     heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
+
+    def check_choice(self, cfg, key, name, registry):
+        """A library that cannot update DTensor shards refuses a sharded train.parallel."""
+        t = cfg.train
+        if parallel_registry.spec(t.parallel).sharded and not self.fsdp:
+            raise GenlabError(f"optim.name={name} does not work with train.parallel={t.parallel} (its library cannot "
+                              f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
 
 
 optimizer_registry = Registry("optimizer", OptimizerSpec)
