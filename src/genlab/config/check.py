@@ -349,11 +349,6 @@ def _check_choices(cfg):
             REGISTRIES[kind].spec(name).check_choice(cfg, dotted, name, REGISTRIES[kind])
 
 
-def _has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
-
-
 def _trains_on_cpu(device: str) -> bool:
     """train.device=cpu, or auto on a machine without CUDA."""
     if device == "cpu":

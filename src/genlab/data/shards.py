@@ -130,17 +130,6 @@ def save_shard(path: Path, images: np.ndarray) -> dict:
     return {"file": Path(path).name, "count": int(len(images)), "sha256": array_checksum(images)}
 
 
-def write_shard_dataset(out, images: np.ndarray, labels, classes: list, shard_size: int, source: str) -> Path:
-    """Arrays already in memory (tests, re-sharding a prepared folder) written as shards, atomically."""
-    if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(f"images must be uint8 [N,H,W,C], got {images.dtype} {images.shape}")
-    with atomic_folder(out) as tmp:
-        shards = [save_shard(tmp / shard_name(i), images[s:s + shard_size])
-                  for i, s in enumerate(range(0, len(images), shard_size))]
-        write_index(tmp, shards, labels, classes, images.shape[1:], shard_size, source)
-    return Path(out)
-
-
 # -- reading ---------------------------------------------------------------------------------------
 def _index(p: Path) -> dict:
     if not (p / "index.json").exists():

@@ -17,7 +17,6 @@ from genlab.nn.attention_spec import attention_registry
 from genlab.nn.kernels import KernelSpec
 from genlab.nn.positions import apply_rope
 
-
 qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)
 
 

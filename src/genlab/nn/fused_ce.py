@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from genlab.core.registry import Registry
 from genlab.nn.kernels import KernelSpec
 
-
 ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 
 # found without importing them (constants to torch.compile); they are imported inside the custom ops below,

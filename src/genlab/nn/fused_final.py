@@ -34,7 +34,6 @@ from genlab.core.registry import Registry
 from genlab.nn.kernels import KernelSpec
 from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
 
-
 final_kernel_registry = Registry("final_kernel", KernelSpec)
 
 # found without importing it (a constant to torch.compile); the kernel imports it inside the custom op

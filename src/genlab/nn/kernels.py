@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from genlab.config.check import _has_cuda, _trains_on_cpu
+import torch
+
+from genlab.config.check import _trains_on_cpu
 from genlab.core.errors import GenlabError
 from genlab.core.registry import Spec
 
@@ -24,7 +26,7 @@ class KernelSpec(Spec):
             raise GenlabError(f"{key}={name} is a CUDA kernel and this run trains on the CPU; "
                               f"valid choices on the CPU: {', '.join(cpu)}")
         # the package matters where the run will import it: a machine with CUDA (suites are checked on CPU machines)
-        if self.package and _has_cuda() and importlib.util.find_spec(self.package) is None:
+        if self.package and torch.cuda.is_available() and importlib.util.find_spec(self.package) is None:
             ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
             raise GenlabError(f"{key}={name} needs the '{self.package}' package (not installed); "
                               f"valid choices: {', '.join(ok)}")

@@ -22,7 +22,6 @@ from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry
 from genlab.nn.float8 import SKIP_PARTS
 
-
 ptq_registry = Registry("quant_format")
 
 NF4_BLOCK = 64          # QLoRA's block: one absmax scale per 64 weights

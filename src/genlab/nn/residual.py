@@ -6,7 +6,6 @@ import torch
 
 from genlab.core.registry import Registry
 
-
 residual_registry = Registry("residual")
 
 

@@ -7,7 +7,6 @@ import math
 from genlab.config import fields as cf
 from genlab.core.registry import Registry
 
-
 lr_schedule_registry = Registry("lr_schedule")
 
 

@@ -18,7 +18,6 @@ from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry
 from genlab.runtime.parallel import local
 
-
 precision_registry = Registry("precision")
 compile_registry = Registry("compile")
 compile_mode_registry = Registry("compile_mode")

@@ -9,7 +9,6 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.registry import Registry
 
-
 loss_weighting_registry = Registry("loss_weighting")
 
 MIN_SNR_KEYS = cf.declare("method",

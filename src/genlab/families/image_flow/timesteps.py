@@ -13,7 +13,6 @@ from genlab.config import fields as cf
 from genlab.core.registry import Registry
 from genlab.sampling.samplers import lq_map, shift_time  # noqa: F401 (the time maps live with the step schedules)
 
-
 timestep_sampler_registry = Registry("timestep_sampler")
 
 

@@ -27,7 +27,6 @@ from genlab.core.registry import Registry
 from genlab.families.image_flow.flow import interpolate
 from genlab.sampling.samplers import time_grid
 
-
 world_objective_registry = Registry("world_objective")
 
 Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
