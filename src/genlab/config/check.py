@@ -310,8 +310,8 @@ def check_converter_combination(names) -> None:
     """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies):
     those that declare `linears` replace the same block linears' arithmetic, so a run takes one of them."""
     # float8 is float8_tensorwise's alias; an unknown name is the registry's own error later
-    seen = {"float8_tensorwise" if n == "float8" else n: n for n in names
-            if n in _registry("convert") and _registry("convert").get(n).linears}
+    converters = _registry("convert")
+    seen = {"float8_tensorwise" if n == "float8" else n: n for n in names if n in converters and converters.get(n).linears}
     if len(seen) > 1:
         # e.g. BitLinear's already-quantised operands would be cast again by float8, or replaced by it
         a, b = list(seen.values())[:2]

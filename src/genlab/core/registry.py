@@ -1,6 +1,6 @@
 """Name -> spec registries, so every interchangeable part is chosen by a config string.
 
-A registry lives with its component (`attention_registry` in nn/attention.py, `dataset_registry` in
+A registry lives with its component (`attention_registry` in nn/attention_spec.py, `dataset_registry` in
 data/datasets.py, ...), its spec class beside it. An entry is registered next to its code with a typed spec: its
 builder, a one-line doc, the config keys it reads (`keys`: declared with `config_fields.declare`; `reads`: keys
 another component declares) and its capabilities as fields of the registry's spec class. A misspelt capability is
