@@ -84,7 +84,7 @@ def attention_time(name, n, batch, heads, head_dim, device, dtype, reps):
     """Forward + backward of one attention call (ms), q/k/v [batch, heads, n, head_dim]."""
     import torch
 
-    from genlab.core.registry import attention_registry
+    from genlab.nn.attention_spec import attention_registry
     entry = attention_registry.get(name)
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, generator=g).requires_grad_()

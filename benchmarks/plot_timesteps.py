@@ -12,9 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from genlab.config.tree import load_config  # noqa: E402
-from genlab.core.registry import timestep_sampler_registry  # noqa: E402
 from genlab.families.image_flow.loss_weighting import min_snr  # noqa: E402
-from genlab.families.image_flow.timesteps import DENSITIES, shift_time  # noqa: E402
+from genlab.families.image_flow.timesteps import DENSITIES, shift_time, timestep_sampler_registry  # noqa: E402
 from genlab.sampling.samplers import time_grid  # noqa: E402
 
 

@@ -143,6 +143,24 @@ def pairs_dir(flow_teacher, tmp_path_factory):
     return str(out)
 
 
+def unregister(registry, name: str):
+    """Remove an entry a test registered (a toy component), and bump the registry generation so the config
+    classes derived from the registrations are rebuilt without its keys."""
+    from genlab.core import registry as core
+    registry._specs.pop(name, None)
+    core.generation += 1
+
+
+def write_shard_dataset(out, images, labels, classes: list, shard_size: int, source: str) -> Path:
+    """uint8 images [N,H,W,C] already in memory written as a shard dataset (data/shards.py's format), atomically."""
+    from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
+    with atomic_folder(out) as tmp:
+        shards = [save_shard(tmp / shard_name(i), images[s:s + shard_size])
+                  for i, s in enumerate(range(0, len(images), shard_size))]
+        write_index(tmp, shards, labels, classes, images.shape[1:], shard_size, source)
+    return Path(out)
+
+
 def patch_everywhere(mp, module, name: str, value):
     """mp.setattr(module, name, value), and the same for every loaded genlab module that imported that object by name
     (`from module import name` binds it when the importer loads: patching only its home would miss those callers)."""

@@ -24,7 +24,10 @@ from genlab.config.fields import meta_of
 from genlab.config.keys import declared_keys
 from genlab.config.tree import CONFIG_DIR, Config, apply_dict, apply_overrides, load_config, load_toml, resolve_preset_path
 from genlab.core.errors import GenlabError
-from genlab.core.registry import REGISTRIES, dataset_registry, model_registry, sampler_registry
+from genlab.core.registry import REGISTRIES
+from genlab.data.datasets import dataset_registry
+from genlab.families.models import model_registry
+from genlab.sampling.samplers import sampler_registry
 from genlab.families.base import method_registry
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, TINY
+from conftest import REPO, TINY, unregister
 
 from genlab.cli import main
 from genlab.config.tree import load_config
@@ -22,7 +22,7 @@ PLUGIN = REPO / "tests" / "plugins" / "toy_conditioned_flow.py"
 def toy():
     load_plugin(str(PLUGIN))
     yield "toy_conditioned"
-    method_registry.unregister("toy_conditioned")
+    unregister(method_registry, "toy_conditioned")
 
 
 def test_a_plugin_key_is_range_checked_and_refused_with_another_method(toy):
@@ -79,7 +79,8 @@ def test_every_entry_has_its_registry_spec_type():
 
 
 def test_a_misspelt_capability_fails_at_registration():
-    from genlab.core.registry import Registry, SamplerSpec
+    from genlab.core.registry import Registry
+    from genlab.sampling.samplers import SamplerSpec
     reg = Registry("toy_kind_for_test", SamplerSpec)
     with pytest.raises(TypeError, match="nfe_per_stp"):
         reg.register("x", "doc", nfe_per_stp=2)(lambda: None)

@@ -195,8 +195,8 @@ def test_repa_aligned_to_an_mae_run_trains_compiled_on_the_gpu(tmp_path):
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])
 def test_half_only_sdpa_kernels_run_float32_inputs_as_plain_sdpa(name, capfd):
     """Sampling runs outside the training autocast: a forced flash/cuDNN kernel would abort on float32 inputs."""
-    from genlab.core.registry import attention_registry
     from genlab.nn.attention import sdpa_attention
+    from genlab.nn.attention_spec import attention_registry
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 64, 32, device="cuda") for _ in range(3))
     out = attention_registry.get(name)(q, k, v)

@@ -10,22 +10,10 @@ import re
 import string
 from typing import get_type_hints
 
-from genlab.config.fields import check_value, did_you_mean, meta_of
+from genlab.config.fields import check_value, meta_of
 from genlab.config.keys import declared_keys, sections
 from genlab.core.errors import GenlabError
-from genlab.core.registry import (
-    REGISTRIES,
-    KernelSpec,
-    all_registries,
-    attention_registry,
-    convert_registry,
-    dataset_registry,
-    mlp_registry,
-    model_registry,
-    optimizer_registry,
-    parallel_registry,
-    position_registry,
-)
+from genlab.core.registry import REGISTRIES, all_registries
 
 
 def check_section(cfg, sec: str) -> None:
@@ -48,8 +36,7 @@ def check_config(cfg) -> None:
         check_section(cfg, sec)
     _check_train(cfg)
     _check_components(cfg)  # an incompatible method/model/data pair first: it explains the unused options
-    _check_shapes(cfg)
-    _check_kernels(cfg)
+    _check_choices(cfg)
     for key, msg in unused_options(cfg):
         if not _soft(key):
             raise GenlabError(msg)
@@ -168,12 +155,9 @@ def _check_train(cfg):
         if not {"float8", "float8_tensorwise"} & set(convert):
             raise GenlabError("train.float8_all_gather needs tensorwise float8 (train.convert=[\"float8\"] or "
                               f"train.precision=float8_tensorwise); this run converts {convert or 'nothing'}")
-        if not parallel_registry.spec(t.parallel).sharded:
+        if not _registry("parallel").spec(t.parallel).sharded:
             raise GenlabError(f"train.float8_all_gather all-gathers FSDP2 shards; it needs train.parallel=fsdp|hsdp, "
                               f"got train.parallel={t.parallel}")
-    if parallel_registry.spec(t.parallel).sharded and not optimizer_registry.spec(cfg.optim.name).fsdp:
-        raise GenlabError(f"optim.name={cfg.optim.name} does not work with train.parallel={t.parallel} (its library cannot "
-                          f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
     _registry("method").get(cfg.method.name).check_config(cfg)
     for _, spec in _registry("train_step").specs():  # each step strategy's own checks, beside it in training/
         if spec.check is not None:
@@ -256,8 +240,8 @@ def check_converter_combination(names) -> None:
     """Model converters that exclude each other (train.convert plus the converter a float8_* precision implies):
     those that declare `linears` replace the same block linears' arithmetic, so a run takes one of them."""
     # float8 is float8_tensorwise's alias; an unknown name is the registry's own error later
-    seen = {"float8_tensorwise" if n == "float8" else n: n for n in names
-            if n in convert_registry and convert_registry.get(n).linears}
+    converters = _registry("convert")
+    seen = {"float8_tensorwise" if n == "float8" else n: n for n in names if n in converters and converters.get(n).linears}
     if len(seen) > 1:
         # e.g. BitLinear's already-quantised operands would be cast again by float8, or replaced by it
         a, b = list(seen.values())[:2]
@@ -267,7 +251,7 @@ def check_converter_combination(names) -> None:
 def _check_components(cfg):
     """What the method, model and dataset declare about each other."""
     d, m = cfg.data, cfg.model
-    data, model, meth = dataset_registry.spec(d.name), model_registry.spec(m.name), _registry("method").get(cfg.method.name)
+    data, model, meth = _registry("dataset").spec(d.name), _registry("model").spec(m.name), _registry("method").get(cfg.method.name)
     if data.needs_path and not d.path:
         raise GenlabError(f"data.name={d.name} needs data.path (a folder made by `genlab data prepare`)")
     if data.check is not None:
@@ -276,69 +260,23 @@ def _check_components(cfg):
         raise GenlabError(f"method.name={cfg.method.name} trains on {'|'.join(meth.data_kinds)} data but data.name={d.name} "
                           f"provides {data.kind} data; choose a matching method.name or data.name")
     if meth.model_families and model.family not in meth.model_families:
-        fits = [n for n, s in model_registry.specs() if s.family in meth.model_families]
+        fits = [n for n, s in _registry("model").specs() if s.family in meth.model_families]
         raise GenlabError(f"method.name={cfg.method.name} needs model.name={'|'.join(fits)}, got model.name={m.name}")
     if meth.causal is not None and "model.causal" in read_keys(cfg) and m.causal != meth.causal:
         raise GenlabError(f"method.name={cfg.method.name} needs model.causal={str(meth.causal).lower()}")
 
 
-def _check_shapes(cfg):
-    m = cfg.model
-    spec = model_registry.spec(m.name)
-    table = spec.sizes
-    if table is None:
-        return
-    if m.size not in table:
-        raise GenlabError(f"unknown model.size '{m.size}' for model {m.name}{did_you_mean(m.size, table)}; valid: {', '.join(table)}")
-    dim0, depth0, heads0 = table[m.size]
-    dim, heads, depth = m.dim or dim0, m.heads or heads0, m.depth or depth0
-    if dim % heads:
-        raise GenlabError(f"model.heads ({heads}) must divide model.dim ({dim})")
-    if m.pos_emb != "auto":  # the entry must fit the token grid
-        fits = [n for n, s in position_registry.specs() if spec.grid_rank in s.axes]
-        position_registry.get(m.pos_emb)
-        if spec.grid_rank is not None and m.pos_emb not in fits:
-            raise GenlabError(f"model.pos_emb={m.pos_emb} does not fit model {m.name}; valid choices: auto, {', '.join(fits)}")
-    if spec.check is not None:
-        spec.check(cfg, dim, heads, depth)
-    _check_layers(m, spec, dim, heads)
-    if _trains_on_cpu(cfg.train.device) and not attention_registry.spec(m.attention).cpu_backward:
-        raise GenlabError(f"model.attention={m.attention} has no backward pass on the CPU (train.device=cpu); "
-                          f"train with sdpa or math there (sampling and eval run the forward anywhere)")
-    if spec.grid_rank == 2 and "model.patch_size" in read_keys(cfg):
-        shape_of = dataset_registry.spec(cfg.data.name).shape
-        shape = shape_of(cfg.data) if shape_of is not None else None
-        side = shape["image_size"] if shape else None
-        if side is not None and side % m.patch_size:
-            raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
-
-
-def _check_kernels(cfg):
-    """Kernel choices (registry specs with `cuda_only` / `package`, e.g. model.ce_kernel, model.adaln) that cannot run
-    where this run trains: a CUDA-only kernel for CPU training, or (on a CUDA machine) one whose package is missing."""
-    import importlib.util
-
+def _check_choices(cfg):
+    """Every entry this config selects, asked whether it can run this config: the model its shapes and layers
+    (families/models.py), the optimizer the parallelism, a kernel the device (nn/kernels.py)."""
     declared = declared_keys()
     for dotted in read_keys(cfg):
         kind = meta_of(declared[dotted][0].field).get("registry")
-        if kind not in REGISTRIES or not issubclass(REGISTRIES[kind].spec_type, KernelSpec):
+        if kind not in REGISTRIES:
             continue
-        reg, name = REGISTRIES[kind], _lookup(cfg, dotted)
-        spec = reg.spec(name)
-        if spec.cuda_only and _trains_on_cpu(cfg.train.device):
-            cpu = [n for n, s in reg.specs() if not s.cuda_only]
-            raise GenlabError(f"{dotted}={name} is a CUDA kernel and this run trains on the CPU; "
-                              f"valid choices on the CPU: {', '.join(cpu)}")
-        # the package matters where the run will import it: a machine with CUDA (suites are checked on CPU machines)
-        if spec.package and _has_cuda() and importlib.util.find_spec(spec.package) is None:
-            ok = [n for n, s in reg.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
-            raise GenlabError(f"{dotted}={name} needs the '{spec.package}' package (not installed); "
-                              f"valid choices: {', '.join(ok)}")
-
-
-def _has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
+        value = _lookup(cfg, dotted)
+        for name in (value if isinstance(value, list) else [value]):
+            REGISTRIES[kind].spec(name).check_choice(cfg, dotted, name, REGISTRIES[kind])
 
 
 def _trains_on_cpu(device: str) -> bool:
@@ -349,24 +287,3 @@ def _trains_on_cpu(device: str) -> bool:
         return False
     import torch
     return not torch.cuda.is_available()
-
-
-def _check_layers(m, spec, dim: int, heads: int):
-    """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
-    needs a patch grid, an attention or position entry's head-width and width multiples."""
-    hd = dim // heads
-    if "mlp" in spec.layer_keys and mlp_registry.spec(m.mlp).needs_grid and spec.grid_rank != 2:
-        grids = [n for n, s in model_registry.specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]
-        raise GenlabError(f"model.mlp={m.mlp} convolves over the patch grid; model {m.name} has no grid: "
-                          f"choose model.mlp=gelu|swiglu or model.name={'|'.join(grids)}")
-    k = attention_registry.spec(m.attention).head_multiple
-    if hd % k:
-        raise GenlabError(f"model.attention={m.attention} needs a head width divisible by {k}; model.dim/model.heads = {hd}")
-    pos = spec.default_position if m.pos_emb == "auto" else m.pos_emb
-    if pos is not None and "pos_emb" in spec.layer_keys:
-        p = position_registry.spec(pos)
-        if hd % p.head_multiple:
-            raise GenlabError(f"model.pos_emb={pos} needs a head width divisible by {p.head_multiple}; "
-                              f"model.dim/model.heads = {hd}")
-        if dim % p.dim_multiple:
-            raise GenlabError(f"model.pos_emb={pos} needs model.dim divisible by {p.dim_multiple}, got {dim}")

@@ -1,13 +1,15 @@
 """Name -> spec registries, so every interchangeable part is chosen by a config string.
 
-An entry is registered next to its code with a typed spec: its builder, a one-line doc, the config keys it reads
-(`keys`: declared here with `config_fields.declare`; `reads`: keys another component declares) and its
-capabilities as fields of the registry's spec class. A misspelt capability is a TypeError at import, and config
-validation, `genlab config` and docs/config.md are derived from the specs.
+A registry lives with its component (`attention_registry` in nn/attention_spec.py, `dataset_registry` in
+data/datasets.py, ...), its spec class beside it. An entry is registered next to its code with a typed spec: its
+builder, a one-line doc, the config keys it reads (`keys`: declared with `config_fields.declare`; `reads`: keys
+another component declares) and its capabilities as fields of the registry's spec class. A misspelt capability is
+a TypeError at import, and config validation, `genlab config` and docs/config.md are derived from the specs.
 
-Registration without an import cycle: this module imports nothing of genlab but its errors. The modules that
-register entries import it; a lookup imports them on first use (`load_entries`): each component package's
-__init__ imports its own registering modules, and load_entries imports those packages by name.
+Registration without an import cycle: this module imports nothing of genlab but its errors. A lookup imports the
+registering modules on first use (`load_entries`): each component package's __init__ imports its own registering
+modules, and load_entries imports those packages by name. Code on a floor below a registry's home reaches it the
+same way, by name: `all_registries()[kind]`.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import os
 import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from genlab.core.errors import GenlabError, did_you_mean
 
@@ -77,114 +79,9 @@ class Spec:
     defaults: dict | None = None  # {dotted key: value} this entry brings when chosen: over what an earlier config
                                   # layer set for the entry it replaced (config.component_defaults)
 
-
-@dataclass(frozen=True)
-class ModelExample:
-    """What the contract test (tests/unit/nn/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
-    and extra option values to cover beyond each layer registry's entries."""
-    spec: dict
-    inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments
-    output_shape: Callable        # output_shape(spec, batch) -> tuple
-    option_cases: dict = None     # model.<key> -> values
-    idle_params: tuple = ()       # parameters that these inputs leave at a zero gradient (MaskDiT's mask token, which
-                                  # only masked forwards read); the contract checks them for a finite gradient only
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec(Spec):
-    family: str                            # what methods name in model_families
-    sizes: dict | None = None              # model.size name -> (dim, depth, heads)
-    grid_rank: int | None = None           # token grid: 2 = image patches, 1 = a sequence, None = neither
-    layer_keys: tuple[str, ...] = ()       # model.* layer choices it builds from the registries (contract test)
-    block_tokens: bool = False             # its blocks output the patch tokens [B, N, D] alone (REPA hooks them)
-    masked_tokens: bool = False            # forward(..., keep=[B, K]) runs its encoder on those tokens only (MaskDiT)
-    example: ModelExample | None = None    # the contract test's tiny instance
-    default_position: str | None = None    # the position entry model.pos_emb=auto means
-    check: Callable | None = None          # check(cfg, dim, heads, depth): shape constraints of its own options
-
-
-@dataclass(frozen=True, kw_only=True)
-class DatasetSpec(Spec):
-    kind: str                              # image | token | episodes
-    needs_path: bool = False               # reads a folder written by `genlab data ...` (data.path)
-    synthetic: bool = False                # random data for benchmarks: `shape` gives its whole data spec
-    shape: Callable | None = None          # shape(cfg_data) -> {kind, image_size, channels, num_classes} or None,
-                                           # known without loading the data
-    check: Callable | None = None          # check(cfg_data): its own option checks
-    eval_check: Callable | None = None     # eval_check(cfg): files its evaluation reads (a latent set's source
-                                           # pixels), before training or evaluation starts
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionSpec(Spec):
-    cpu_backward: bool = True              # has a backward pass on the CPU
-    flops: Callable | None = None          # flops(n, m, head_dim) of one head, n queries over m keys (None: softmax's)
-    causal_flops: Callable | None = None   # the causal form's, where it runs different matmuls
-    check: Callable | None = None          # check(head_dim): GenlabError at build time where it cannot run
-    head_multiple: int = 1                 # the head width must be a multiple of this (checked with the config)
-    # forward-mode AD (a JVP: MeanFlow's target) through the entry as it runs in training: plain torch ops have it,
-    # fused kernels (SDPA's flash/cuDNN/efficient, flex, Triton) do not; models/attention.forward_ad_attention
-    # then holds SDPA to its math kernel and runs `jvp_fallback` in the entry's place (the same function in ops
-    # that have it; None = the entry itself, whose SDPA calls the math kernel then serves)
-    forward_ad: bool = True
-    jvp_fallback: Callable | None = None
-    # the same function in ops that run under torch.vmap where the entry's kernels do not (SDPA's, for a bf16 model
-    # on CUDA: batched seeds); models/attention.plain_softmax_attention swaps it in
-    vmap_fallback: Callable | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class KernelSpec(Spec):
-    """A kernel choice with a plain-PyTorch path elsewhere: `cuda_only` entries refuse CPU training at config time
-    (their forward still runs anywhere, as the plain composition), `package` names the import it needs."""
-    cuda_only: bool = False                # its fused kernel runs on CUDA tensors only
-    package: str = ""                      # top-level module it imports on CUDA (checked with the config)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MlpSpec(KernelSpec):  # kernel variants (swiglu_liger) refuse CPU training like the other kernel keys
-    needs_grid: bool = False               # convolves over the 2-D patch grid
-    hidden_of: Callable = lambda hidden: hidden  # its own width from the GELU width of model.mlp_ratio
-    matrices: int = 2                      # dim x hidden matrices it multiplies (FLOPs)
-    grid_flops: Callable | None = None     # grid_flops(grid_tokens, hidden): extra FLOPs over the patch grid
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricSpec(Spec):
-    check: Callable | None = None          # check(cfg.eval): before training or sampling (weights present, enough samples)
-
-
-@dataclass(frozen=True, kw_only=True)
-class PositionSpec(Spec):
-    axes: tuple[int, ...] = ()             # token-grid ranks it fits (1: sequences, 2: patch grids)
-    head_multiple: int = 1                 # the head width must be a multiple of this (rotations in pairs per axis)
-    dim_multiple: int = 1                  # the model width must be a multiple of this (sin-cos per axis)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SamplerSpec(Spec):
-    nfe_per_step: int = 1                  # model evaluations per step (NFE = steps * this)
-    condition: str | None = None           # a model condition it sets itself at every step (e.g. "d", the step size)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelSpec(Spec):
-    sharded: bool = False                  # shards parameters and optimizer state (the optimizer must update DTensors)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OptimizerSpec(Spec):
-    fsdp: bool = True                      # can update DTensor shards (train.parallel=fsdp|hsdp)
-    preconditioned: bool = False           # keeps a preconditioner (optim.precondition_every)
-    muon_groups: bool = False              # splits parameters into Muon and AdamW groups (optim.muon_scope)
-    heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdalnSpec(KernelSpec):
-    # fused forms of the two residual steps around it in a DiT block (models/norm.residual_ops_by); None = plain
-    add_norm: Callable | None = None       # (x, y, gate, shift, scale, eps) -> (x + gate*y, norm_modulate(that))
-    gated_add: Callable | None = None      # (x, y, gate) -> x + gate*y
+    def check_choice(self, cfg, key: str, name: str, registry: "Registry") -> None:
+        """Config validation asks every entry a config selects (`key`=`name`): a one-line GenlabError where it
+        cannot run this config. Most entries run anywhere; a kernel may not (nn/kernels.py)."""
 
 
 def spec_with_arg(registry: "Registry", value: str, label: str) -> tuple[str, str, Any]:
@@ -200,22 +97,6 @@ def spec_with_arg(registry: "Registry", value: str, label: str) -> tuple[str, st
     if not spec.arg and arg:
         raise GenlabError(f"{label}={name} takes no ':{arg}'")
     return name, arg, spec
-
-
-@dataclass(frozen=True, kw_only=True)
-class RepaEncoderSpec(Spec):
-    """A frozen image encoder REPA aligns to, chosen by `method.repa_encoder=NAME[:ARG]`: builder(arg, cfg, data_spec,
-    grid) -> module mapping images in [-1, 1] to [B, grid^2, D] (attributes out_dim, flops_per_sample())."""
-    check: Callable | None = None          # check(arg, cfg): one-line GenlabError before any work (missing files...)
-    arg: str = ""                          # what ARG names ("" = takes none)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AutoencoderSpec(Spec):
-    """An image autoencoder for latent diffusion, chosen by a string NAME[:ARG] (`genlab data encode --vae`,
-    data.vae): builder(arg, device) -> genlab.nn.autoencoders.LatentCodec."""
-    check: Callable | None = None          # check(arg): one-line GenlabError before any work (missing files...)
-    arg: str = ""                          # what ARG names ("" = takes none)
 
 
 class Registry:
@@ -237,12 +118,6 @@ class Registry:
             generation += 1
             return fn
         return wrap
-
-    def unregister(self, name: str):
-        """Remove an entry (tests that register a toy component)."""
-        global generation
-        self._specs.pop(name, None)
-        generation += 1
 
     def _find(self, name: str) -> Spec:
         if name not in self._specs:
@@ -289,32 +164,3 @@ def all_registries():
     return dict(sorted(REGISTRIES.items()))
 
 
-# Every registry of the project; `genlab list` prints them all.
-model_registry = Registry("model", ModelSpec)
-attention_registry = Registry("attention", AttentionSpec)
-timestep_sampler_registry = Registry("timestep_sampler")
-sampler_registry = Registry("sampler", SamplerSpec)
-step_schedule_registry = Registry("step_schedule")
-loss_weighting_registry = Registry("loss_weighting")
-dataset_registry = Registry("dataset", DatasetSpec)
-optimizer_registry = Registry("optimizer", OptimizerSpec)
-lr_schedule_registry = Registry("lr_schedule")
-precision_registry = Registry("precision")
-compile_registry = Registry("compile")
-ac_registry = Registry("activation_checkpointing")
-parallel_registry = Registry("parallel", ParallelSpec)
-adaln_registry = Registry("adaln", AdalnSpec)
-ce_kernel_registry = Registry("ce_kernel", KernelSpec)
-qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)
-final_kernel_registry = Registry("final_kernel", KernelSpec)
-residual_registry = Registry("residual")
-compile_mode_registry = Registry("compile_mode")
-convert_registry = Registry("convert")
-mlp_registry = Registry("mlp", MlpSpec)
-norm_registry = Registry("norm")
-position_registry = Registry("position", PositionSpec)
-eval_metric_registry = Registry("eval_metric", MetricSpec)
-world_objective_registry = Registry("world_objective")
-ptq_registry = Registry("quant_format")  # post-training weight formats (`genlab quantize RUN --to NAME`), genlab/nn/ptq.py
-repa_encoder_registry = Registry("repa_encoder", RepaEncoderSpec)
-autoencoder_registry = Registry("autoencoder", AutoencoderSpec)  # genlab/nn/autoencoders/

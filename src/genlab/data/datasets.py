@@ -1,15 +1,32 @@
 """Dataset registry: `(cfg.data) -> ImageData` (or another data object with `.spec`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from genlab.config.check import read_keys
 from genlab.config.fields import F, declare
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
+from genlab.core.registry import Registry, Spec
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSpec(Spec):
+    kind: str                              # image | token | episodes
+    needs_path: bool = False               # reads a folder written by `genlab data ...` (data.path)
+    synthetic: bool = False                # random data for benchmarks: `shape` gives its whole data spec
+    shape: Callable | None = None          # shape(cfg_data) -> {kind, image_size, channels, num_classes} or None,
+                                           # known without loading the data
+    check: Callable | None = None          # check(cfg_data): its own option checks
+    eval_check: Callable | None = None     # eval_check(cfg): files its evaluation reads (a latent set's source
+                                           # pixels), before training or evaluation starts
+
+
+dataset_registry = Registry("dataset", DatasetSpec)
 
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
 PATH_KEYS = declare("data",

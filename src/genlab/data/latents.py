@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
+from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS, dataset_registry
 from genlab.data.encode import read_source
 from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition

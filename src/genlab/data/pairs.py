@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
-from genlab.data.datasets import PATH_KEYS, build_dataset, prepared_shape
+from genlab.data.datasets import PATH_KEYS, build_dataset, dataset_registry, prepared_shape
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
+from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS, dataset_registry
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.data.loader import ImageLoader
 
@@ -129,17 +128,6 @@ def write_index(folder: Path, shards: list[dict], labels: np.ndarray, classes: l
 def save_shard(path: Path, images: np.ndarray) -> dict:
     np.save(path, images)
     return {"file": Path(path).name, "count": int(len(images)), "sha256": array_checksum(images)}
-
-
-def write_shard_dataset(out, images: np.ndarray, labels, classes: list, shard_size: int, source: str) -> Path:
-    """Arrays already in memory (tests, re-sharding a prepared folder) written as shards, atomically."""
-    if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(f"images must be uint8 [N,H,W,C], got {images.dtype} {images.shape}")
-    with atomic_folder(out) as tmp:
-        shards = [save_shard(tmp / shard_name(i), images[s:s + shard_size])
-                  for i, s in enumerate(range(0, len(images), shard_size))]
-        write_index(tmp, shards, labels, classes, images.shape[1:], shard_size, source)
-    return Path(out)
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -14,10 +14,9 @@ import numpy as np
 
 from genlab.config.fields import F, declare
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
 from genlab.data import text_stream as ts
 from genlab.data.corpus import read_corpus
-from genlab.data.datasets import PATH_KEYS
+from genlab.data.datasets import PATH_KEYS, dataset_registry
 from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta

@@ -14,8 +14,7 @@ import torch
 
 from genlab.config.fields import F, declare
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
-from genlab.data.datasets import PATH_KEYS
+from genlab.data.datasets import PATH_KEYS, dataset_registry
 from genlab.data.episodes import Episodes, check_action_count, check_actions, read_episodes
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.data.pixels import to_model

@@ -7,6 +7,8 @@ standard protocol of ADM / DiT papers (ref_stats.py, docs/fid.md)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -14,7 +16,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError, did_you_mean
-from genlab.core.registry import eval_metric_registry
+from genlab.core.registry import Registry, Spec
 from genlab.data.pixels import to_model
 from genlab.eval.classifier import get_classifier, predict
 from genlab.eval.frechet import frechet_from_stats, gaussian_stats
@@ -24,6 +26,14 @@ from genlab.eval.lpips import find_lpips_files, load_lpips, lpips_pairs, same_cl
 from genlab.eval.precision_recall import precision_recall
 from genlab.eval.real_split import real_split
 from genlab.eval.ref_stats import load_reference
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricSpec(Spec):
+    check: Callable | None = None          # check(cfg.eval): before training or sampling (weights present, enough samples)
+
+
+eval_metric_registry = Registry("eval_metric", MetricSpec)
 
 # Inception feature spaces -> the network output (inception.OUTPUTS) each is
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}

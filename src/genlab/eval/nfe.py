@@ -15,12 +15,11 @@ import dataclasses
 import json
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import sampler_registry
 from genlab.core.tables import markdown_table
 from genlab.eval.cost import cost_line
 from genlab.eval.labelled_grid import labelled_rows
 from genlab.sampling.images import eval_context
-from genlab.sampling.samplers import nfe_per_step
+from genlab.sampling.samplers import nfe_per_step, sampler_registry
 
 
 def parse_int_list(text: str, key: str) -> list[int]:

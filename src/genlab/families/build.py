@@ -13,14 +13,14 @@ import torch.nn as nn
 from genlab.config.check import check_section, sampling_keys_of
 from genlab.config.tree import apply_overrides
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry
-from genlab.families.base import method_registry
+from genlab.families.models import model_registry
 from genlab.nn.convert import apply_converters, converters_of, prepare_converters
 from genlab.nn.ptq import apply_record
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.checkpoint import run_dir_of
 from genlab.runtime.parallel import resolve_device
 from genlab.sampling.block_cache import format_cache_schedule
+from genlab.families.base import method_registry
 
 
 def build_model_and_method(cfg, spec: dict):

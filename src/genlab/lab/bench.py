@@ -16,9 +16,10 @@ import torch
 
 from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry, model_registry
 from genlab.core.tables import markdown_table
 from genlab.data import build_dataset
+from genlab.data.datasets import dataset_registry
+from genlab.families.models import model_registry
 from genlab.runtime.metrics import peak_flops
 from genlab.runtime.parallel import init_distributed, leave_distributed
 from genlab.runtime.switches import build_precision, compile_counts

@@ -20,8 +20,9 @@ import torch
 
 from genlab.config.tree import ModelConfig
 from genlab.core.errors import GenlabError
-from genlab.core.registry import mlp_registry, model_registry
 from genlab.families.image_flow.dit import dit_size
+from genlab.families.models import model_registry
+from genlab.nn.mlp import mlp_registry
 
 # the data shape of the shipped DiT-B/2 ablations (synthetic 32x32x4 latents, 1000 classes): constant_param_dims'
 # default, for base configs whose data shape is only known once the data is read

@@ -12,8 +12,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import attention_registry, qkv_kernel_registry
+from genlab.core.registry import Registry
+from genlab.nn.attention_spec import attention_registry
+from genlab.nn.kernels import KernelSpec
 from genlab.nn.positions import apply_rope
+
+qkv_kernel_registry = Registry("qkv_kernel", KernelSpec)
 
 
 @attention_registry.register("math", "naive softmax attention in plain torch ops (reference)")

@@ -13,11 +13,13 @@ import torch
 import torch.nn as nn
 
 from genlab.config.check import check_converter_combination
-from genlab.core.registry import convert_registry
+from genlab.core.registry import Registry
 from genlab.nn.bitlinear import BITLINEAR_KEYS, NormedLinear, add_input_norm, to_bitlinear
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
 from genlab.nn.float8 import FLOAT8_KEYS, SKIP_PARTS, check_float8_device, convert_float8, precompute_scales
+
+convert_registry = Registry("convert")
 
 
 @dataclass

@@ -25,8 +25,7 @@ import importlib.util
 
 import torch
 
-from genlab.core.registry import adaln_registry
-from genlab.nn.norm import norm_modulate_fused
+from genlab.nn.norm import adaln_registry, norm_modulate_fused
 from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
 
 MAX_D = 8192   # one row in registers

@@ -27,7 +27,10 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from genlab.core.registry import ce_kernel_registry
+from genlab.core.registry import Registry
+from genlab.nn.kernels import KernelSpec
+
+ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 
 # found without importing them (constants to torch.compile); they are imported inside the custom ops below,
 # which torch.compile does not trace, on the first CUDA call

@@ -22,8 +22,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from genlab.core.registry import mlp_registry
-from genlab.nn.mlp import Mlp, two_thirds
+from genlab.nn.mlp import Mlp, mlp_registry, two_thirds
 from genlab.nn.triton_attention import interpreting  # no triton import
 
 # found without importing it (a constant to torch.compile)

@@ -21,8 +21,7 @@ import importlib.util
 
 import torch
 
-from genlab.core.registry import qkv_kernel_registry
-from genlab.nn.attention import split_plain
+from genlab.nn.attention import qkv_kernel_registry, split_plain
 from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None  # a constant to torch.compile

@@ -2,14 +2,27 @@
 `TokenGrid` a grid-aware MLP (Mix-FFN) reads to find the patch grid in a token sequence."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import mlp_registry
+from genlab.core.registry import Registry
+from genlab.nn.kernels import KernelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlpSpec(KernelSpec):  # kernel variants (swiglu_liger) refuse CPU training like the other kernel keys
+    needs_grid: bool = False               # convolves over the 2-D patch grid
+    hidden_of: Callable = lambda hidden: hidden  # its own width from the GELU width of model.mlp_ratio
+    matrices: int = 2                      # dim x hidden matrices it multiplies (FLOPs)
+    grid_flops: Callable | None = None     # grid_flops(grid_tokens, hidden): extra FLOPs over the patch grid
+
+
+mlp_registry = Registry("mlp", MlpSpec)
 
 
 class TokenGrid(NamedTuple):

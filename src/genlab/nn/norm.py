@@ -2,11 +2,26 @@
 (registry `adaln`), with `norm_modulate_by` choosing between them for a block."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from genlab.core.registry import adaln_registry, norm_registry
+from genlab.core.registry import Registry
+from genlab.nn.kernels import KernelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdalnSpec(KernelSpec):
+    # fused forms of the two residual steps around it in a DiT block (models/norm.residual_ops_by); None = plain
+    add_norm: Callable | None = None       # (x, y, gate, shift, scale, eps) -> (x + gate*y, norm_modulate(that))
+    gated_add: Callable | None = None      # (x, y, gate) -> x + gate*y
+
+
+adaln_registry = Registry("adaln", AdalnSpec)
+norm_registry = Registry("norm")
 
 
 # norm entries: (dim, bias, affine, eps) -> module; affine=False for adaLN, which brings its own scale and shift

@@ -4,12 +4,24 @@ patch grids. A module adds its table to the tokens (`forward(h, offset)`) and/or
 The tables themselves (sin-cos, rotary angles) and `apply_rope` are here too: attention and the world backbone use them."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn as nn
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry, position_registry
+from genlab.core.registry import Registry, Spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class PositionSpec(Spec):
+    axes: tuple[int, ...] = ()             # token-grid ranks it fits (1: sequences, 2: patch grids)
+    head_multiple: int = 1                 # the head width must be a multiple of this (rotations in pairs per axis)
+    dim_multiple: int = 1                  # the model width must be a multiple of this (sin-cos per axis)
+
+
+position_registry = Registry("position", PositionSpec)
 
 
 def sincos_2d(dim: int, grid_h: int, grid_w: int) -> np.ndarray:
@@ -122,11 +134,9 @@ position_registry.register("rope2d", "axial 2-D rotary embedding over the patch 
                            head_multiple=4)(_entry(Rotary))
 
 
-def check_position_fits(name: str, model: str, rank: int | None = None):
+def check_position_fits(name: str, model: str, rank: int):
     """Names not fitting the model's token grid fail with the fitting ones (unknown names: the registry's message)."""
     position_registry.get(name)
-    if rank is None:
-        rank = model_registry.spec(model).grid_rank
     fits = fitting_positions(rank) if rank else position_registry.names()
     if name not in fits:
         raise GenlabError(f"model.pos_emb={name} does not fit model {model}; valid choices: auto, {', '.join(fits)}")

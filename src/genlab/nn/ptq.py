@@ -19,8 +19,10 @@ import torch
 import torch.nn as nn
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ptq_registry
+from genlab.core.registry import Registry
 from genlab.nn.float8 import SKIP_PARTS
+
+ptq_registry = Registry("quant_format")
 
 NF4_BLOCK = 64          # QLoRA's block: one absmax scale per 64 weights
 NF4_SCALER_BLOCK = 256  # QLoRA's double quantization: the block scales in int8, one float factor per 256 of them

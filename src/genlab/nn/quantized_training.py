@@ -29,8 +29,7 @@ import torch
 import torch.nn as nn
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import convert_registry
-from genlab.nn.convert import Converter, add_bitnet_norms, bitlinear_filter
+from genlab.nn.convert import Converter, add_bitnet_norms, bitlinear_filter, convert_registry
 
 SUBCLASSES = ("BitNetTrainingLinearWeight",)
 KINDS = ("BitNetTrainingLinearWeight", "AutocastInt8MixedLinear")  # what count_quantized_training counts

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from genlab.core.registry import residual_registry
+from genlab.core.registry import Registry
+
+residual_registry = Registry("residual")
 
 
 @residual_registry.register("fp32", "residual stream in the input dtype (fp32 under bf16 autocast, as in the DiT reference)")

@@ -38,7 +38,7 @@ import os
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import attention_registry
+from genlab.nn.attention_spec import attention_registry
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 LOG2E = 1.4426950408889634

@@ -2,9 +2,31 @@
 helpers more than one family uses, and building an optimizer by name."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from genlab.config import fields as cf
-from genlab.core.registry import optimizer_registry
+from genlab.core.errors import GenlabError
+from genlab.core.registry import Registry, Spec
 from genlab.optim.caution import Cautious
+from genlab.runtime.parallel import parallel_registry
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec(Spec):
+    fsdp: bool = True                      # can update DTensor shards (train.parallel=fsdp|hsdp)
+    preconditioned: bool = False           # keeps a preconditioner (optim.precondition_every)
+    muon_groups: bool = False              # splits parameters into Muon and AdamW groups (optim.muon_scope)
+    heavyball: bool = False                # backed by heavyball (optim.heavyball_compile)
+
+    def check_choice(self, cfg, key, name, registry):
+        """A library that cannot update DTensor shards refuses a sharded train.parallel."""
+        t = cfg.train
+        if parallel_registry.spec(t.parallel).sharded and not self.fsdp:
+            raise GenlabError(f"optim.name={name} does not work with train.parallel={t.parallel} (its library cannot "
+                              f"update DTensor shards); use another optimizer (see README: Optimizers) or train.parallel=ddp")
+
+
+optimizer_registry = Registry("optimizer", OptimizerSpec)
 
 # optim.precondition_every=0: every 10 steps, the SOAP paper's frequency (Vyas et al. 2024), also for Shampoo
 # (pytorch-optimizer's default, 1, runs an SVD of every preconditioner on every step)

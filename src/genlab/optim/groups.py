@@ -90,8 +90,3 @@ def param_groups(model: nn.Module, weight_decay: float, muon_scope: str | None =
     return [g for g in groups if g["params"]]
 
 
-def describe_groups(model: nn.Module, groups: list[dict]) -> list[dict]:
-    """Per group: the parameter names, weight decay and whether Muon updates it (tests, `genlab` debugging)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [{"names": [names[id(p)] for p in g["params"]], "weight_decay": g["weight_decay"], "muon": bool(g.get("muon"))}
-            for g in groups]

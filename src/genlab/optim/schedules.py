@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 from genlab.config import fields as cf
-from genlab.core.registry import lr_schedule_registry
+from genlab.core.registry import Registry
+
+lr_schedule_registry = Registry("lr_schedule")
 
 
 def _warmup(step, ocfg):

@@ -10,7 +10,7 @@ import torch
 
 from genlab.config.tree import Config, apply_overrides, from_dict, validate
 from genlab.core.errors import GenlabError
-from genlab.core.registry import convert_registry
+from genlab.core.registry import all_registries
 from genlab.runtime import dcp
 from genlab.runtime.export_folder import is_export_folder, load_export_folder
 
@@ -133,8 +133,9 @@ def config_of(state: dict):
 
 def _reads_bitlinear_norm(convert) -> bool:
     names = [convert] if isinstance(convert, str) else list(convert)
-    return any(n in convert_registry and "train.bitlinear_norm" in
-               [k.dotted for k in convert_registry.spec(n).keys] + list(convert_registry.spec(n).reads) for n in names)
+    converters = all_registries()["convert"]  # by name: the converters live on the nn floor above
+    return any(n in converters and "train.bitlinear_norm" in
+               [k.dotted for k in converters.spec(n).keys] + list(converters.spec(n).reads) for n in names)
 
 
 def _first(e: BaseException) -> str:

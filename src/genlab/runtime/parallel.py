@@ -11,7 +11,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import parallel_registry
+from genlab.core.registry import Registry, Spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelSpec(Spec):
+    sharded: bool = False                  # shards parameters and optimizer state (the optimizer must update DTensors)
+
+
+parallel_registry = Registry("parallel", ParallelSpec)
 
 
 @dataclass

@@ -15,8 +15,13 @@ from torch.utils.checkpoint import checkpoint
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ac_registry, compile_mode_registry, compile_registry, precision_registry
+from genlab.core.registry import Registry
 from genlab.runtime.parallel import local
+
+precision_registry = Registry("precision")
+compile_registry = Registry("compile")
+compile_mode_registry = Registry("compile_mode")
+ac_registry = Registry("activation_checkpointing")
 
 
 # -- precision --------------------------------------------------------------------------------

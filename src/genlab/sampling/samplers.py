@@ -7,11 +7,22 @@ x_t + (1 - t) v of the step's start point. the registry spec's `nfe_per_step` is
 number of velocity evaluations per step (the NFE of a run is steps * nfe_per_step).
 """
 import inspect
+from dataclasses import dataclass
 
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import sampler_registry, step_schedule_registry
+from genlab.core.registry import Registry, Spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplerSpec(Spec):
+    nfe_per_step: int = 1                  # model evaluations per step (NFE = steps * this)
+    condition: str | None = None           # a model condition it sets itself at every step (e.g. "d", the step size)
+
+
+sampler_registry = Registry("sampler", SamplerSpec)
+step_schedule_registry = Registry("step_schedule")
 
 # -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
 SHIFTED_KEYS = cf.declare("method",

@@ -69,7 +69,9 @@ def test_encode_is_the_codec_and_the_second_variant_is_the_flipped_image(digits,
 
 
 def test_a_shard_source_encodes_like_the_same_images_as_one_array(digits, encoded, tmp_path):
-    from genlab.data.shards import read_shards, write_shard_dataset
+    from conftest import write_shard_dataset
+
+    from genlab.data.shards import read_shards
     src = read_image_dataset(digits)
     shards = write_shard_dataset(tmp_path / "s", np.array(src.images), src.labels, src.classes, 500, "digits")
     out = encode_dataset(shards, "unshuffle:2", tmp_path / "lat", batch_size=256, device="cpu")

@@ -8,14 +8,14 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import cli_in_process, straight_and_resumed
+from conftest import cli_in_process, straight_and_resumed, write_shard_dataset
 from PIL import Image
 
 from genlab.core.errors import GenlabError
 from genlab.data import build_loader
 from genlab.data.convert import prepare
 from genlab.data.shard_convert import center_crop_arr
-from genlab.data.shards import ShardData, read_shards, write_shard_dataset
+from genlab.data.shards import ShardData, read_shards
 from genlab.runtime.metrics import read_metrics
 
 

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import genlab.nn.attention as attention_kernels
 from genlab.config.tree import ModelConfig, load_config
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry
+from genlab.families.models import model_registry
 from genlab.lab.match import match_params, param_count, reference_params
 from genlab.nn.mlp import MixFFN, TokenGrid
 

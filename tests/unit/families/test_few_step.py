@@ -26,8 +26,7 @@ class CountingVelocity:
 @pytest.mark.parametrize("name", ["flow_map", "consistency", "euler"])
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
 def test_an_n_step_few_step_sampler_makes_exactly_n_network_calls(name, n):
-    from genlab.core.registry import sampler_registry
-    from genlab.sampling.samplers import call_sampler, time_grid
+    from genlab.sampling.samplers import call_sampler, sampler_registry, time_grid
     v = CountingVelocity()
     out = call_sampler(sampler_registry.get(name), v, torch.randn(3, 1, 4, 4), time_grid(n),
                        generator=torch.Generator().manual_seed(0))

@@ -161,8 +161,8 @@ def test_a_run_stopped_and_resumed_equals_one_trained_straight_through(tmp_path,
 def test_every_attention_entry_has_a_jvp_that_matches_its_function(backend, one_thread):
     """Inside forward_ad_attention the JVP runs through each entry (or its declared fallback): the primal equals the
     entry's own output and the tangent equals finite differences."""
-    from genlab.core.registry import attention_registry
     from genlab.nn.attention import forward_ad_attention
+    from genlab.nn.attention_spec import attention_registry
     model = tiny_dit64(backend)
     g = torch.Generator().manual_seed(2)
     x, v = (torch.randn(2, 1, 8, 8, generator=g, dtype=torch.float64) for _ in range(2))

@@ -99,14 +99,13 @@ def test_perflow_solver_steps_to_the_closed_form_endpoint_and_chord_is_its_strai
 
 # -- genlab data generate pairs -----------------------------------------------------------------------------
 def test_generate_pairs_stores_the_teachers_samples_of_the_stored_noise_and_their_cost(flow_teacher, tmp_path, capfd):
-    from genlab.core.registry import sampler_registry
     from genlab.data.formats import read_image_dataset
     from genlab.data.pairs import read_pairs
     from genlab.data.pixels import to_pixels
     from genlab.families.few_step.base import build_teacher
     from genlab.families.image_flow.flow import cfg_velocity
     from genlab.runtime import checkpoint as ckpt
-    from genlab.sampling.samplers import call_sampler, time_grid
+    from genlab.sampling.samplers import call_sampler, sampler_registry, time_grid
     out = tmp_path / "pairs"
     r = cli_in_process(capfd, "data", "generate", "pairs", flow_teacher, "--out", out, "--n", 30, "--steps", 3,
                        "--batch", 16, "--sampler", "midpoint", "--cfg-scale", 1.5, "--device", "cpu")

@@ -9,12 +9,11 @@ from conftest import tiny_config
 from scipy import integrate, optimize, stats
 
 from genlab.config.tree import load_config
-from genlab.core.registry import timestep_sampler_registry
 from genlab.families.base import plain_context
 from genlab.families.image_flow.adaptive_timesteps import AdaptiveTimesteps
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.families.image_flow.loss_weighting import min_snr
-from genlab.families.image_flow.timesteps import DENSITIES, resolve_shift, shift_time
+from genlab.families.image_flow.timesteps import DENSITIES, resolve_shift, shift_time, timestep_sampler_registry
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10}
 N = 200_000

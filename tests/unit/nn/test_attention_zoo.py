@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import attention_registry
 from genlab.nn.attention import Attention, DifferentialAttention, linear_attention, math_attention, sigmoid_attention, sigmoid_attention_flex
+from genlab.nn.attention_spec import attention_registry
 
 
 def qkv(B=2, H=3, n=7, d=8, m=None, dtype=torch.float64, seed=0):

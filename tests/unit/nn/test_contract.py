@@ -13,7 +13,10 @@ import torch
 
 from genlab.config.tree import ModelConfig
 from genlab.core.errors import GenlabError
-from genlab.core.registry import attention_registry, mlp_registry, model_registry, norm_registry
+from genlab.families.models import model_registry
+from genlab.nn.attention_spec import attention_registry
+from genlab.nn.mlp import mlp_registry
+from genlab.nn.norm import norm_registry
 from genlab.nn.positions import fitting_positions
 
 BASE = dict(dim=32, depth=3, heads=2, size="tiny")  # depth 3: one U-ViT long skip (block 0 -> block 2)

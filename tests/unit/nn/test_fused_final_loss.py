@@ -46,7 +46,7 @@ def _cfg(final_kernel="plain", weighting="none"):
 
 
 def _model(cfg, dtype=torch.float64):
-    from genlab.core.registry import model_registry
+    from genlab.families.models import model_registry
     torch.manual_seed(0)
     m = model_registry.get("dit")(cfg.model, SPEC).to(dtype)
     for p in m.parameters():  # adaLN-Zero and the zero final layer: perturb so every path carries gradient
@@ -126,8 +126,8 @@ def test_triton_final_kernel_on_cpu_equals_the_flow_loss_in_float64(weighting):
 @pytest.mark.parametrize("kernel", ["plain", "triton"])
 def test_every_final_kernel_entry_is_the_loss_of_the_final_layer(kernel):
     """The registry entries on (final layer, tokens, condition, patchified target, weight) against float64 math."""
-    from genlab.core.registry import final_kernel_registry
     from genlab.families.image_flow.dit import FinalLayer
+    from genlab.nn.fused_final import final_kernel_registry
     torch.manual_seed(0)
     final = FinalLayer(24, 12).double()
     for p in final.parameters():
@@ -413,9 +413,9 @@ def _compiled_flow_loss(final_kernel, adaln, weighting, device="cuda"):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from genlab.config.tree import load_config
-    from genlab.core.registry import model_registry
     from genlab.families.base import plain_context
     from genlab.families.image_flow.flow import FlowMatching
+    from genlab.families.models import model_registry
     cfg = load_config("digits_flow", ["model.size=B", "model.depth=2", f"model.adaln={adaln}", "train.device=cuda",
                                       f"model.final_kernel={final_kernel}", f"method.loss_weighting={weighting}"])
     spec = {"kind": "image", "image_size": 32, "channels": 4, "num_classes": 10}

@@ -55,8 +55,7 @@ def ce_inputs(N=37, D=16, V=50, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("kernel", ["plain", "auto", "cce", "liger"])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_every_ce_kernel_runs_the_plain_path_on_cpu_and_matches_float64(kernel, weighted):
-    from genlab.core.registry import ce_kernel_registry
-    from genlab.nn.fused_ce import resolve
+    from genlab.nn.fused_ce import ce_kernel_registry, resolve
     head, h, y, w = ce_inputs()
     weights = w if weighted else None
     assert resolve(kernel, h, weights) == "plain"
@@ -198,7 +197,7 @@ for preset, over in (("gpt2_124m", ["model.ce_kernel=auto", "model.size=tiny", "
     train(load_config(preset, over + ["train.device=cpu", "train.steps=1", "train.batch_size=4", "eval.num_samples=0",
                                       "log.progress=false", "log.tensorboard=false", "train.out_dir=" + sys.argv[1]]))
 import torch
-from genlab.core.registry import mlp_registry
+from genlab.nn.mlp import mlp_registry
 mlp_registry.get("swiglu_liger")(16, 64)(torch.randn(2, 3, 16)).sum().backward()  # a model built for CUDA, on CPU
 from genlab.nn.attention import Attention
 Attention(16, 2, qk_norm=True, qkv_kernel="triton")(torch.randn(2, 3, 16)).sum().backward()
@@ -286,7 +285,7 @@ HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 
 def _mlp_pair(dim=24, hidden=96, dtype=torch.float64, device="cpu"):
     """A swiglu and a swiglu_liger MLP with the same weights (the state dicts share their keys)."""
-    from genlab.core.registry import mlp_registry
+    from genlab.nn.mlp import mlp_registry
     torch.manual_seed(0)
     ref = mlp_registry.get("swiglu")(dim, hidden).to(device, dtype)
     m = mlp_registry.get("swiglu_liger")(dim, hidden).to(device, dtype)
@@ -493,7 +492,7 @@ def test_models_with_triton_qkv_equal_plain_on_cpu(model, over):
     import dataclasses
 
     from genlab.config.tree import ModelConfig
-    from genlab.core.registry import model_registry
+    from genlab.families.models import model_registry
     spec = model_registry.spec(model)
 
     def run(kernel):
@@ -607,8 +606,8 @@ def test_gpu_ce_kernels_match_the_plain_path_under_bf16(kernel, weighted):
     """GPT-2 head shapes (50304 rows, 50257 real): loss and gradients of each library against the plain path, both in
     bf16 autocast, and against float64 (the loss within bf16 rounding of the logits, the gradients within a few
     bf16 ulps of the float64 gradients)."""
-    from genlab.core.registry import ce_kernel_registry
     from genlab.nn import fused_ce
+    from genlab.nn.fused_ce import ce_kernel_registry
     if kernel in ("cce", "auto") and not fused_ce.HAS_CCE or kernel == "liger" and not fused_ce.HAS_LIGER:
         pytest.skip(f"{kernel}: library not installed")
     head, h, y, w, vocab = _gpu_ce_inputs()

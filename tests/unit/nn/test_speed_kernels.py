@@ -105,7 +105,7 @@ def test_compile_mode_is_a_listed_switch_handed_to_torch_compile(tmp_path, monke
 
 @pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_contiguous"])
 def test_forced_sdpa_backends_are_listed_and_compute_attention(name):
-    from genlab.core.registry import attention_registry
+    from genlab.nn.attention_spec import attention_registry
     q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
     ref = attention_registry.get("math")(q, k, v)
     torch.testing.assert_close(attention_registry.get(name)(q, k, v), ref, rtol=1e-5, atol=1e-5)

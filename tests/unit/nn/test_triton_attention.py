@@ -125,7 +125,7 @@ def test_triton_backend_refuses_clearly_without_cuda(monkeypatch):
 def test_triton_backend_is_registered():
     import genlab.nn  # noqa: F401
     from genlab.config.tree import load_config
-    from genlab.core.registry import attention_registry
+    from genlab.nn.attention_spec import attention_registry
     assert "triton" in attention_registry
     assert load_config("bench_longseq", ["model.attention=triton"]).model.attention == "triton"
 

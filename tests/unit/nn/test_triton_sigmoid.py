@@ -121,8 +121,8 @@ def test_triton_sigmoid_interpreter_matches_float64_reference():
 
 def test_sigmoid_entry_stays_plain_on_cpu_and_names_the_triton_path():
     """On CPU the registry entry never touches triton (import genlab must not import it either)."""
-    from genlab.core.registry import attention_registry
     from genlab.nn.attention import sigmoid_attention, sigmoid_attention_plain
+    from genlab.nn.attention_spec import attention_registry
     from genlab.nn.triton_sigmoid import supports
     q, k, v = (torch.randn(1, 2, 5, 32) for _ in range(3))
     torch.testing.assert_close(sigmoid_attention(q, k, v), sigmoid_attention_plain(q, k, v))

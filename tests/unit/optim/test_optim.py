@@ -15,10 +15,9 @@ from conftest import REPO, TESTS, TINY, cli_in_process, straight_and_resumed
 
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.errors import GenlabError
-from genlab.core.registry import optimizer_registry
-from genlab.optim.build import build_optimizer
+from genlab.optim.build import build_optimizer, optimizer_registry
 from genlab.optim.caution import Cautious
-from genlab.optim.groups import describe_groups, param_groups
+from genlab.optim.groups import param_groups
 from genlab.optim.schedules import lr_at, warmup_limit
 from genlab.optim.state import state_bytes
 from genlab.training.step import build_model_and_method
@@ -58,9 +57,10 @@ def _model(preset, *over):
 def _groups(model, scope=None):
     """{"muon": names, "decay": names, "no_decay": names} of the policy's groups."""
     out = {"muon": set(), "decay": set(), "no_decay": set()}
-    for g in describe_groups(model, param_groups(model, 0.1, muon_scope=scope)):
-        key = "muon" if g["muon"] else "decay" if g["weight_decay"] > 0 else "no_decay"
-        out[key] |= set(g["names"])
+    names = {id(p): n for n, p in model.named_parameters()}
+    for g in param_groups(model, 0.1, muon_scope=scope):
+        key = "muon" if g.get("muon") else "decay" if g["weight_decay"] > 0 else "no_decay"
+        out[key] |= {names[id(p)] for p in g["params"]}
     return out
 
 

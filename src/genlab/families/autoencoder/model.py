@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ModelExample, dataset_registry, model_registry
+from genlab.data.datasets import dataset_registry
+from genlab.families.models import ModelExample, model_registry
 
 LOGVAR_RANGE = (-30.0, 20.0)  # LDM's clamp of the posterior log-variance
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import autoencoder_registry, model_registry
 from genlab.families.autoencoder.method import STATS_FILE, read_stats
 from genlab.families.build import load_run
-from genlab.nn.autoencoders import LatentCodec
+from genlab.families.models import model_registry
+from genlab.nn.autoencoders import LatentCodec, autoencoder_registry
 from genlab.runtime.checkpoint import resolve_checkpoint
 
 

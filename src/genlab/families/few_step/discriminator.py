@@ -32,9 +32,9 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry
 from genlab.families.base import Extra
 from genlab.families.image_flow.dit import dit_size
+from genlab.families.models import model_registry
 from genlab.families.world.objectives import finite_or_zero
 from genlab.nn.embeddings import TimestepEmbedder
 from genlab.runtime.parallel import unwrap

@@ -18,15 +18,14 @@ import torch
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.core.registry import sampler_registry
-from genlab.families.base import method_registry
 from genlab.data.pairs import write_pairs
 from genlab.data.pixels import to_pixels
 from genlab.families.few_step.base import build_teacher
 from genlab.families.image_flow.flow import cfg_velocity, parse_interval
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import resolve_device
-from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
+from genlab.sampling.samplers import call_sampler, nfe_per_step, sampler_registry, time_grid
+from genlab.families.base import method_registry
 
 
 def ode_samplers() -> list[str]:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import timestep_sampler_registry
+from genlab.families.image_flow.timesteps import timestep_sampler_registry
 
 PROBE_SAMPLES, PROBE_TIMES = 32, 3  # the paper's look-ahead set S has 3 times
 

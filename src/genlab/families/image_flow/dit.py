@@ -12,15 +12,17 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ModelExample, final_kernel_registry, mlp_registry, model_registry, residual_registry
-from genlab.families.base import method_registry
+from genlab.families.models import ModelExample, model_registry
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops
 from genlab.nn.conditions import ConditionSet, combine
 from genlab.nn.embeddings import TimestepEmbedder, embed_flops
-from genlab.nn.mlp import TokenGrid
+from genlab.nn.fused_final import final_kernel_registry
+from genlab.nn.mlp import TokenGrid, mlp_registry
 from genlab.nn.norm import norm_modulate_by, residual_ops_by
 from genlab.nn.positions import build_position
+from genlab.nn.residual import residual_registry
+from genlab.families.base import method_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.
 DIT_SIZES = {

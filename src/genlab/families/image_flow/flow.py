@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
-from genlab.core.registry import loss_weighting_registry, sampler_registry, timestep_sampler_registry
 from genlab.eval.image_quality import evaluate_class_conditional
 from genlab.eval.metrics import EVAL_IMAGE_KEYS, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
@@ -22,7 +21,9 @@ from genlab.families.base import Extra, Method, method_registry
 from genlab.families.image_flow import render
 from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
-from genlab.families.image_flow.timesteps import resolve_shift, shift_time
+from genlab.families.image_flow.loss_weighting import loss_weighting_registry
+from genlab.families.image_flow.timesteps import resolve_shift, shift_time, timestep_sampler_registry
+from genlab.sampling.samplers import sampler_registry
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
 from genlab.sampling.images import generate, sample_images

@@ -8,7 +8,10 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import mlp_registry, model_registry, norm_registry, residual_registry
+from genlab.families.models import model_registry
+from genlab.nn.mlp import mlp_registry
+from genlab.nn.norm import norm_registry
+from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
     DIT_KEYS,
     IMAGE_BACKBONE,

@@ -7,7 +7,9 @@ error is the data error over (1-t): |v_hat - v|^2 = |x_hat - x|^2 / (1-t)^2, and
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import loss_weighting_registry
+from genlab.core.registry import Registry
+
+loss_weighting_registry = Registry("loss_weighting")
 
 MIN_SNR_KEYS = cf.declare("method",
     snr_gamma=cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0),

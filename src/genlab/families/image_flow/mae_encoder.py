@@ -16,10 +16,10 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry
 from genlab.families.base import Method, method_registry
 from genlab.families.image_flow.dit import patchify
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
+from genlab.families.models import model_registry
 from genlab.runtime.parallel import unwrap
 
 MAE_KEYS = cf.declare("method",

@@ -18,10 +18,11 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import mlp_registry, model_registry
 from genlab.families.image_flow.dit import patchify
-from genlab.families.base import method_registry
 from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, check_flow_config
+from genlab.families.models import model_registry
+from genlab.nn.mlp import mlp_registry
+from genlab.families.base import method_registry
 
 
 def kept_tokens(tokens: int, mask_ratio: float) -> int:

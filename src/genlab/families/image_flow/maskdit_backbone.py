@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry
+from genlab.families.models import model_registry
 from genlab.families.image_flow.dit import (
     DIT_KEYS,
     IMAGE_BACKBONE,

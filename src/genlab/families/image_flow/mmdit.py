@@ -17,7 +17,8 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry, residual_registry
+from genlab.families.models import model_registry
+from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
     DIT_KEYS,
     IMAGE_BACKBONE,

@@ -16,20 +16,34 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry, repa_encoder_registry, spec_with_arg
+from genlab.core.registry import Registry, Spec, spec_with_arg
 from genlab.data import build_dataset
 from genlab.eval.classifier import SmallConvNet, get_classifier
 from genlab.families.build import build_teacher
 from genlab.families.image_flow.dit import dit_size
+from genlab.families.models import model_registry
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import resolve_device
+
+
+@dataclass(frozen=True, kw_only=True)
+class RepaEncoderSpec(Spec):
+    """A frozen image encoder REPA aligns to, chosen by `method.repa_encoder=NAME[:ARG]`: builder(arg, cfg, data_spec,
+    grid) -> module mapping images in [-1, 1] to [B, grid^2, D] (attributes out_dim, flops_per_sample())."""
+    check: Callable | None = None          # check(arg, cfg): one-line GenlabError before any work (missing files...)
+    arg: str = ""                          # what ARG names ("" = takes none)
+
+
+repa_encoder_registry = Registry("repa_encoder", RepaEncoderSpec)
 
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 

@@ -10,8 +10,10 @@ import math
 import torch
 
 from genlab.config import fields as cf
-from genlab.core.registry import timestep_sampler_registry
+from genlab.core.registry import Registry
 from genlab.sampling.samplers import lq_map, shift_time  # noqa: F401 (the time maps live with the step schedules)
+
+timestep_sampler_registry = Registry("timestep_sampler")
 
 
 def _get(cfg, key, default):

@@ -26,8 +26,11 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ModelExample, ce_kernel_registry, mlp_registry, model_registry, norm_registry
+from genlab.families.models import ModelExample, model_registry
 from genlab.nn.attention import Attention, attention_flops
+from genlab.nn.fused_ce import ce_kernel_registry
+from genlab.nn.mlp import mlp_registry
+from genlab.nn.norm import norm_registry
 from genlab.nn.positions import apply_rope, build_position, fitting_positions
 
 # name -> (dim, depth, heads). small = nanoGPT's shakespeare-char model; gpt2* = the GPT-2 family.

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import model_registry
 from genlab.data import build_dataset
 from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
 from genlab.families.base import Method, method_registry
+from genlab.families.models import model_registry
 from genlab.families.sparse import render
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
 from genlab.runtime.parallel import unwrap

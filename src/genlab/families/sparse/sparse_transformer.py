@@ -30,8 +30,10 @@ from torch.utils.checkpoint import checkpoint
 from genlab.config import fields as cf
 from genlab.config.check import _trains_on_cpu
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ModelExample, ac_registry, dataset_registry, model_registry
+from genlab.data.datasets import dataset_registry
+from genlab.families.models import ModelExample, model_registry
 from genlab.nn.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
+from genlab.runtime.switches import ac_registry
 
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")

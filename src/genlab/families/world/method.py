@@ -22,15 +22,15 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import sampler_registry, timestep_sampler_registry, world_objective_registry
 from genlab.data.pixels import quantize
 from genlab.eval.nfe import parse_int_list
 from genlab.eval.rollouts import evaluate_world
 from genlab.families.base import Extra, Method, StepContext, method_registry
 from genlab.families.image_flow.flow import check_sampler_conditions
+from genlab.families.image_flow.timesteps import timestep_sampler_registry
 from genlab.families.world import render
-from genlab.families.world.objectives import PatchDiscriminator, adversarial_losses
-from genlab.sampling.samplers import call_sampler
+from genlab.families.world.objectives import PatchDiscriminator, adversarial_losses, world_objective_registry
+from genlab.sampling.samplers import call_sampler, sampler_registry
 
 
 def augment_context(context: torch.Tensor, generator, max_level: float):

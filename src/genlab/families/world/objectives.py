@@ -23,9 +23,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.config import fields as cf
-from genlab.core.registry import world_objective_registry
+from genlab.core.registry import Registry
 from genlab.families.image_flow.flow import interpolate
 from genlab.sampling.samplers import time_grid
+
+world_objective_registry = Registry("world_objective")
 
 Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -12,8 +12,8 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.core.registry import ModelExample, model_registry
 from genlab.families.image_flow.dit import DIT_SIZES, DiTBlock, FinalLayer, depatchify, dit_size, patchify
+from genlab.families.models import ModelExample, model_registry
 from genlab.nn.attention import attention_flops
 from genlab.nn.conditions import ConditionSet, combine
 from genlab.nn.embeddings import TimestepEmbedder

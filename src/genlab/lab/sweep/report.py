@@ -16,8 +16,9 @@ import shutil
 from pathlib import Path
 
 from genlab.config.tree import from_dict, load_toml
-from genlab.core.registry import dataset_registry, model_registry
 from genlab.core.tables import markdown_table as table
+from genlab.data.datasets import dataset_registry
+from genlab.families.models import model_registry
 from genlab.lab.match import param_count as count
 from genlab.lab.sweep.nfe_report import write_nfe_report
 from genlab.lab.sweep.tables import render

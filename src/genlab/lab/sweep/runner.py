@@ -24,14 +24,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from genlab.config.check import VARIANT_KEYS
-from genlab.data.datasets import check_data_on_disk
 from genlab.core.errors import GenlabError
 from genlab.core.files import held
-from genlab.core.registry import precision_registry
+from genlab.data.datasets import check_data_on_disk
 from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
 from genlab.lab.sweep.stages import Stage, resolve, stage_output
 from genlab.nn.convert import check_converters, converters_of
+from genlab.runtime.switches import precision_registry
 
 REPO_SRC = Path(__file__).resolve().parents[3]
 _ACTIVE: set = set()  # running child processes (per_gpu runs several at once)

@@ -42,7 +42,7 @@ from genlab.config.check import VARIANT_KEYS, member_name, sampling_keys_of
 from genlab.config.fields import did_you_mean
 from genlab.config.tree import SWEEP_DIR, load_config, load_toml
 from genlab.core.errors import GenlabError
-from genlab.core.registry import dataset_registry
+from genlab.data.datasets import dataset_registry
 from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
 from genlab.lab.sweep.stages import RESERVED as RESERVED_NAMES
 from genlab.lab.sweep.stages import VALUE, check_placeholders, expand_all, needs, parse_stages, references, resolve

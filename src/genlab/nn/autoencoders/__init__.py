@@ -8,11 +8,25 @@ stores to rebuild the same codec for decoding.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn as nn
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import autoencoder_registry, spec_with_arg
+from genlab.core.registry import Registry, Spec, spec_with_arg
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoencoderSpec(Spec):
+    """An image autoencoder for latent diffusion, chosen by a string NAME[:ARG] (`genlab data encode --vae`,
+    data.vae): builder(arg, device) -> genlab.nn.autoencoders.LatentCodec."""
+    check: Callable | None = None          # check(arg): one-line GenlabError before any work (missing files...)
+    arg: str = ""                          # what ARG names ("" = takes none)
+
+
+autoencoder_registry = Registry("autoencoder", AutoencoderSpec)
 
 
 class LatentCodec(nn.Module):

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import autoencoder_registry
-from genlab.nn.autoencoders import LatentCodec
+from genlab.nn.autoencoders import LatentCodec, autoencoder_registry
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 PICKLED = (".bin", ".ckpt", ".pt", ".pth")

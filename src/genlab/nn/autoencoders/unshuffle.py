@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
-from genlab.core.registry import autoencoder_registry
-from genlab.nn.autoencoders import LatentCodec
+from genlab.nn.autoencoders import LatentCodec, autoencoder_registry
 
 
 class Unshuffle(LatentCodec):
