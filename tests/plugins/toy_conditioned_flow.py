@@ -8,9 +8,8 @@ from genlab.config import fields as cf
 from genlab.core.registry import method_registry
 from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SPEC, FlowMatching, interpolate
 
-TOY_KEYS = cf.declare("method",
-    toy_strength=cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1),
-)
+class ToyKeys(cf.Keys, section="method"):
+    toy_strength: float = cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1)
 
 
 class ToyConditioned(FlowMatching):
@@ -27,7 +26,7 @@ class ToyConditioned(FlowMatching):
 
 
 @method_registry.register("toy_conditioned", "flow matching conditioned on a per-sample strength (a test plugin)",
-                          keys=TOY_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS), conditions={"strength": "scalar"},
+                          keys=ToyKeys, reads=cf.dotted_of(FLOW_KEYS), conditions={"strength": "scalar"},
                           **FLOW_SPEC)
 def build_toy(cfg, data_spec):
     return ToyConditioned(cfg, data_spec)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-from typing import get_type_hints
 
-from genlab.config.fields import check_value, did_you_mean, meta_of
+from genlab.config.fields import check_value, did_you_mean, dotted_of, meta_of
 from genlab.config.keys import declared_keys, sections
 from genlab.core.errors import GenlabError
 from genlab.core.registry import (
@@ -31,9 +30,8 @@ from genlab.core.registry import (
 def check_section(cfg, sec: str) -> None:
     """Every field of one section against its declared range, choices or registry."""
     obj = getattr(cfg, sec)
-    hints = get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        check_value(sec, f, hints[f.name], getattr(obj, f.name))
+        check_value(sec, f, meta_of(f)["type"], getattr(obj, f.name))
     if sec == "eval" and not str(obj.metrics).replace(",", " ").strip():  # its names were checked above (`lists=`); weights where eval runs
         raise GenlabError("eval.metrics is empty; valid choices: " + ", ".join(_registry("eval_metric").names())
                           + " (eval.num_samples=0 turns eval off)")
@@ -73,7 +71,7 @@ def sampling_keys_of(method: str) -> list[str]:
     for dotted in list(keys):
         kind = meta_of(declared[dotted][0].field).get("registry")
         for _, spec in (REGISTRIES[kind].specs() if kind in REGISTRIES else ()):
-            keys += [k.dotted for k in spec.keys if k.dotted not in keys]
+            keys += [k for k in dotted_of(spec.keys) if k not in keys]
     return keys
 
 
@@ -111,7 +109,7 @@ def read_keys(cfg) -> dict[str, str]:
                 if name not in REGISTRIES[kind]:
                     continue  # an unknown name is reported by the range check
                 spec = REGISTRIES[kind].spec(name)
-                for k in [k.dotted for k in spec.keys] + list(spec.reads):
+                for k in dotted_of(spec.keys) + tuple(spec.reads):
                     if k not in read:
                         read[k] = f"{kind} '{name}' ({dotted}={name})"
                         changed = True

@@ -6,24 +6,25 @@ from pathlib import Path
 import numpy as np
 
 from genlab.config.check import read_keys
-from genlab.config.fields import F, declare
+from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
 
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
-PATH_KEYS = declare("data",
-    path=F("", "folder written by `genlab data ...` (data.name=images|shards|latents|tokens|pairs|episodes)", free="a folder path"),
-)
-IMAGE_KEYS = declare("data",
-    hflip=F(False, "random horizontal flip of images, applied on the device"),
-)
-SYNTHETIC_KEYS = declare("data",
-    image_size=F(32, "synthetic images: height = width in pixels", ge=1),
-    channels=F(4, "synthetic images: channels", ge=1),
-    num_classes=F(1000, "synthetic images: number of classes", ge=1),
-    size=F(4096, "synthetic data: number of samples (images or sequences)", ge=1),
-)
+class PathKeys(Keys, section="data"):
+    path: str = F("", "folder written by `genlab data ...` (data.name=images|shards|latents|tokens|pairs|episodes)", free="a folder path")
+
+
+class ImageKeys(Keys, section="data"):
+    hflip: bool = F(False, "random horizontal flip of images, applied on the device")
+
+
+class SyntheticKeys(Keys, section="data"):
+    image_size: int = F(32, "synthetic images: height = width in pixels", ge=1)
+    channels: int = F(4, "synthetic images: channels", ge=1)
+    num_classes: int = F(1000, "synthetic images: number of classes", ge=1)
+    size: int = F(4096, "synthetic data: number of samples (images or sequences)", ge=1)
 
 
 def load_digits_uint8() -> ImageData:
@@ -83,13 +84,13 @@ def _read_digits_csv():
 
 
 @dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files", kind="image",
-                           keys=IMAGE_KEYS, shape=lambda d: {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10})
+                           keys=ImageKeys, shape=lambda d: {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10})
 def digits(cfg_data):
     return load_digits_uint8()
 
 
 @dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)", kind="image",
-                           keys=PATH_KEYS + IMAGE_KEYS, needs_path=True, shape=lambda d: prepared_shape(d.path))
+                           keys=(PathKeys, ImageKeys), needs_path=True, shape=lambda d: prepared_shape(d.path))
 def images(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=images needs data.path (a folder made by `genlab data prepare`)")
@@ -97,7 +98,7 @@ def images(cfg_data):
 
 
 @dataset_registry.register("synthetic", "random uint8 images of data.image_size/channels/num_classes (benchmarks)",
-                           kind="image", keys=IMAGE_KEYS + SYNTHETIC_KEYS, synthetic=True, shape=lambda d: synthetic_spec(d))
+                           kind="image", keys=(ImageKeys, SyntheticKeys), synthetic=True, shape=lambda d: synthetic_spec(d))
 def synthetic(cfg_data):
     rng = np.random.default_rng(0)
     n, s, c = cfg_data.size, cfg_data.image_size, cfg_data.channels

@@ -25,7 +25,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS
+from genlab.data.datasets import ImageKeys, PathKeys
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.data.loader import ImageLoader
 
@@ -197,7 +197,7 @@ def _check(d):
 
 
 @dataset_registry.register("shards", "image shards written by `genlab data prepare shards` (data.path); streamed from "
-                           "memory maps, never resident", kind="image", keys=PATH_KEYS + IMAGE_KEYS, needs_path=True,
+                           "memory maps, never resident", kind="image", keys=(PathKeys, ImageKeys), needs_path=True,
                            shape=lambda d: shard_shape(d.path), check=lambda d: _check(d))
 def shards(cfg_data):
     if not cfg_data.path:

@@ -29,36 +29,43 @@ from genlab.eval.ref_stats import load_reference
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}
 
 # eval.* keys of the image metrics: the classifier and reference set every metric shares, then each metric's own
-EVAL_IMAGE_KEYS = cf.declare("eval",
-    classifier_epochs=cf.F(30, "flow: epochs of the in-project feature classifier", ge=1),
-    val_path=cf.F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
-                      "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
-                      "eval.num_samples training images)", free="a folder made by `genlab data prepare`"),
-)
-REF_KEYS = cf.declare("eval",
-    ref_samples=cf.F(10000, "flow: held-out images in the reference set of FD/FID (at most the held-out split)", ge=2),
-)
-PR_KEYS = cf.declare("eval",
-    pr_k=cf.F(3, "flow: k of the k-NN manifolds of precision/recall (Kynkäänniemi et al. 2019)", ge=1),
-)
-FID_KEYS = cf.declare("eval",
-    fid_weights=cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
-                         "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path"),
-)
-FID_REF_KEYS = cf.declare("eval",
-    fid_ref=cf.F("", "flow: reference .npz of fid/sfid/pr_inception instead of the held-out images: an ADM reference batch "
-                     "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
-                     "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
-                     "samples (docs/fid.md)", free="an .npz file path"),
-)
+class EvalImageKeys(cf.Keys, section="eval"):
+    classifier_epochs: int = cf.F(30, "flow: epochs of the in-project feature classifier", ge=1)
+    val_path: str = cf.F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
+                          "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
+                          "eval.num_samples training images)", free="a folder made by `genlab data prepare`")
+
+
+class RefKeys(cf.Keys, section="eval"):
+    ref_samples: int = cf.F(10000, "flow: held-out images in the reference set of FD/FID (at most the held-out split)", ge=2)
+
+
+class PrKeys(cf.Keys, section="eval"):
+    pr_k: int = cf.F(3, "flow: k of the k-NN manifolds of precision/recall (Kynkäänniemi et al. 2019)", ge=1)
+
+
+class FidKeys(cf.Keys, section="eval"):
+    fid_weights: str = cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
+                             "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path")
+
+
+class FidRefKeys(cf.Keys, section="eval"):
+    fid_ref: str = cf.F("", "flow: reference .npz of fid/sfid/pr_inception instead of the held-out images: an ADM reference batch "
+                         "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
+                         "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
+                         "samples (docs/fid.md)", free="an .npz file path")
+
+
 PROTOCOL_SAMPLES = 50000  # ADM / DiT / EDM papers: FID of 50,000 samples against the reference statistics
 IS_SPLITS = 10  # the Inception Score's splits (ADM: 50,000 samples in splits of 5,000)
-LPIPS_KEYS = cf.declare("eval",
-    lpips_net=cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg")),
-    lpips_weights=cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
-                           "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path"),
-    lpips_pairs=cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1),
-)
+
+
+class LpipsKeys(cf.Keys, section="eval"):
+    lpips_net: str = cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg"))
+    lpips_weights: str = cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
+                               "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path")
+    lpips_pairs: int = cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1)
+
 
 DEFAULT_METRICS = "accuracy,fd,pr"   # the ones that need no downloaded weights
 _CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
@@ -224,14 +231,14 @@ def accuracy(ev: Evaluation) -> dict:
 
 
 @eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor",
-                               keys=REF_KEYS, check=lambda ecfg: _at_least(2, "fd")(ecfg))  # a covariance needs two samples
+                               keys=RefKeys, check=lambda ecfg: _at_least(2, "fd")(ecfg))  # a covariance needs two samples
 def fd(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("classifier")
     return {"feature_fd": v, "feature_fd_floor": floor, "classifier_val_acc": ev.classifier()[1]}
 
 
 @eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space",
-                               keys=REF_KEYS + PR_KEYS,  # the k-th neighbour of a point among the others
+                               keys=(RefKeys, PrKeys),  # the k-th neighbour of a point among the others
                                check=lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg))
 def pr(ev: Evaluation) -> dict:
     return ev.pr_pair("classifier")
@@ -239,7 +246,7 @@ def pr(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights), "
                                "against eval.fid_ref when set",
-                               keys=REF_KEYS + FID_KEYS + FID_REF_KEYS,
+                               keys=(RefKeys, FidKeys, FidRefKeys),
                                check=lambda ecfg: _check_inception(ecfg, 2, "fid", "inception"))
 def fid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception")
@@ -248,7 +255,7 @@ def fid(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("sfid", "sFID: Fréchet distance of Inception mixed_6/conv[..., :7] features, 7x17x17 = 2023-d "
                                "(Nash et al. 2021, as the ADM evaluator; needs weights)",
-                               keys=REF_KEYS + FID_KEYS + FID_REF_KEYS,
+                               keys=(RefKeys, FidKeys, FidRefKeys),
                                check=lambda ecfg: _check_inception(ecfg, 2, "sfid", "inception_spatial"))
 def sfid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception_spatial")
@@ -257,7 +264,7 @@ def sfid(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("inception_score", f"Inception Score over {IS_SPLITS} splits (Salimans et al. 2016; softmax of "
                                "the FID Inception's 1008 logits without bias, as the ADM evaluator; needs weights)",
-                               keys=FID_KEYS, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
+                               keys=FidKeys, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
 def inception_score(ev: Evaluation) -> dict:
     mean, std = score(ev.features("inception_logits", "gen"), IS_SPLITS)
     real = _cached(("is_real", ev.ecfg.fid_weights, *ev.data_key),
@@ -267,7 +274,7 @@ def inception_score(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("pr_inception", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in Inception pool3 "
                                "space, against eval.fid_ref's images when set (as the ADM evaluator; needs weights)",
-                               keys=REF_KEYS + PR_KEYS + FID_KEYS + FID_REF_KEYS,
+                               keys=(RefKeys, PrKeys, FidKeys, FidRefKeys),
                                check=lambda ecfg: _check_inception(ecfg, ecfg.pr_k + 1, "pr_inception", "images"))
 def pr_inception(ev: Evaluation) -> dict:
     return {f"inception_{k}": v for k, v in ev.pr_pair("inception").items()}
@@ -309,7 +316,7 @@ def _at_least(k: int, what: str):
 
 
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
-                                keys=LPIPS_KEYS, check=lambda ecfg: _check_lpips(ecfg))
+                                keys=LpipsKeys, check=lambda ecfg: _check_lpips(ecfg))
 def lpips(ev: Evaluation) -> dict:
     e = ev.ecfg
     model = _cached(("lpips_net", e.lpips_net, e.lpips_weights, str(ev.device)),

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from genlab.config.check import batched_label, is_batched
+from genlab.config.fields import dotted_of
 from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry, model_registry
 from genlab.core.tables import markdown_table
@@ -274,7 +275,7 @@ def _compiled_graphs() -> int:
 
 def _model_label(mcfg) -> str:
     """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
-    patches = "model.patch_size" in {k.dotted for k in model_registry.spec(mcfg.name).keys} | \
+    patches = "model.patch_size" in set(dotted_of(model_registry.spec(mcfg.name).keys)) | \
         set(model_registry.spec(mcfg.name).reads)
     return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if patches else "")
 

@@ -40,15 +40,14 @@ def wsd_decay_start(total: int, ocfg) -> int:
     return total - int(round(ocfg.decay_frac * total))
 
 
-WSD_KEYS = cf.declare("optim",
-    decay_frac=cf.F(0.2, "wsd: fraction of the steps in the final decay", gt=0, le=1),
-    decay_shape=cf.F("1-sqrt", "wsd: shape of the final decay (Hägele et al. 2024)", choices=("linear", "1-sqrt")),
-)
+class WsdKeys(cf.Keys, section="optim"):
+    decay_frac: float = cf.F(0.2, "wsd: fraction of the steps in the final decay", gt=0, le=1)
+    decay_shape: str = cf.F("1-sqrt", "wsd: shape of the final decay (Hägele et al. 2024)", choices=("linear", "1-sqrt"))
 
 
 @lr_schedule_registry.register("wsd", "warmup-stable-decay (Hägele et al. 2024): linear warmup, constant lr, then the last "
                                       "optim.decay_frac of the steps decay to min_lr_ratio * lr (optim.decay_shape)",
-                               keys=WSD_KEYS)
+                               keys=WsdKeys)
 def wsd(step, total, ocfg):
     if step < ocfg.warmup_steps:
         return _warmup(step, ocfg)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from genlab.config.fields import dotted_of
 from genlab.config.tree import from_dict
 from genlab.core.errors import GenlabError
 from genlab.core.registry import convert_registry
@@ -133,7 +134,7 @@ def config_of(state: dict):
 def _reads_bitlinear_norm(convert) -> bool:
     names = [convert] if isinstance(convert, str) else list(convert)
     return any(n in convert_registry and "train.bitlinear_norm" in
-               [k.dotted for k in convert_registry.spec(n).keys] + list(convert_registry.spec(n).reads) for n in names)
+               dotted_of(convert_registry.spec(n).keys) + tuple(convert_registry.spec(n).reads) for n in names)
 
 
 def _first(e: BaseException) -> str:

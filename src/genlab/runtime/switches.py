@@ -145,12 +145,11 @@ def ac_full(model, tcfg):
     return _wrap_blocks(model, lambda i: True)
 
 
-AC_EVERY_KEYS = cf.declare("train",
-    ac_every=cf.F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1),
-)
+class AcEveryKeys(cf.Keys, section="train"):
+    ac_every: int = cf.F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1)
 
 
-@ac_registry.register("every_k", "recompute every train.ac_every-th block", keys=AC_EVERY_KEYS)
+@ac_registry.register("every_k", "recompute every train.ac_every-th block", keys=AcEveryKeys)
 def ac_every_k(model, tcfg):
     k = max(1, tcfg.ac_every)
     return _wrap_blocks(model, lambda i: i % k == 0)

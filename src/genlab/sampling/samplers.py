@@ -14,12 +14,12 @@ from genlab.config import fields as cf
 from genlab.core.registry import sampler_registry, step_schedule_registry
 
 # -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
-SHIFTED_KEYS = cf.declare("method",
-    sample_shift=cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0),
-)
-SDE_KEYS = cf.declare("method",
-    sde_noise=cf.F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0),
-)
+class ShiftedKeys(cf.Keys, section="method"):
+    sample_shift: float = cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0)
+
+
+class SdeKeys(cf.Keys, section="method"):
+    sde_noise: float = cf.F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0)
 
 
 # -- time maps shared by the step schedules here and the training-time samplers (families/image_flow/timesteps.py) --
@@ -49,7 +49,7 @@ def uniform_grid(steps, cfg=None):
 
 @step_schedule_registry.register("shifted", "uniform grid through SD3's shift t/(s(1-t)+t), s = method.sample_shift "
                                             "(> 1: more steps near the noise; Esser et al. 2024)",
-    keys=SHIFTED_KEYS)
+    keys=ShiftedKeys)
 def shifted_grid(steps, cfg=None):
     return shift_time(torch.linspace(0.0, 1.0, steps + 1), getattr(cfg, "sample_shift", 3.0) if cfg is not None else 3.0)
 
@@ -133,7 +133,7 @@ def sample_midpoint(velocity, x, ts, callback=None, extra_args=None):
 # -- SDE sampler ----------------------------------------------------------------------------------
 @sampler_registry.register("euler_maruyama", "Euler-Maruyama on the flow's marginal-preserving SDE dx = [v - eta (x - t v)] dt "
                                              "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)",
-                           keys=SDE_KEYS)
+                           keys=SdeKeys)
 @torch.no_grad()
 def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0, extra_args=None):
     """For x_t = (1-t) z + t x1 the velocity is v = E[x1 - z | x_t], and E[z | x_t] = x_t - t v, so the score is

@@ -43,16 +43,15 @@ from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
 
-AE_METHOD_KEYS = cf.declare("method",
-    kl_weight=cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
-                         "read with model.bottleneck=kl)", ge=0),
-    gan_weight=cf.F(0.0, "autoencoder: weight of the PatchGAN generator term (0 = no discriminator; LDM: 0.5 with "
-                         "the adaptive weight)", ge=0),
-    gan_start=cf.F(0, "autoencoder: optimizer steps before the discriminator and its term start", ge=0),
-    gan_adaptive=cf.F(True, "autoencoder: VQGAN's adaptive GAN weight (gradient-norm ratio at the decoder's last "
-                            "layer) times method.gan_weight; false = method.gan_weight alone"),
-    gan_lr=cf.F(0.0, "autoencoder: discriminator learning rate (0 = optim.lr)", ge=0),
-)
+class AeMethodKeys(cf.Keys, section="method"):
+    kl_weight: float = cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
+                             "read with model.bottleneck=kl)", ge=0)
+    gan_weight: float = cf.F(0.0, "autoencoder: weight of the PatchGAN generator term (0 = no discriminator; LDM: 0.5 with "
+                             "the adaptive weight)", ge=0)
+    gan_start: int = cf.F(0, "autoencoder: optimizer steps before the discriminator and its term start", ge=0)
+    gan_adaptive: bool = cf.F(True, "autoencoder: VQGAN's adaptive GAN weight (gradient-norm ratio at the decoder's last "
+                                "layer) times method.gan_weight; false = method.gan_weight alone")
+    gan_lr: float = cf.F(0.0, "autoencoder: discriminator learning rate (0 = optim.lr)", ge=0)
 
 
 def kl_to_standard_normal(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -209,7 +208,7 @@ def read_stats(run_dir) -> dict | None:
 
 @method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
                                          "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
-                          keys=AE_METHOD_KEYS, reads=("eval.val_path",), data_kinds=("image",),
+                          keys=AeMethodKeys, reads=("eval.val_path",), data_kinds=("image",),
                           model_families=("autoencoder",))
 def build_autoencoder(cfg, data_spec):
     return Autoencoder(cfg, data_spec)

@@ -25,13 +25,14 @@ from genlab.core.registry import ModelExample, dataset_registry, model_registry
 
 LOGVAR_RANGE = (-30.0, 20.0)  # LDM's clamp of the posterior log-variance
 
-AE_KEYS = cf.declare("model",
-    channel_mult=cf.F((1.0, 2.0, 2.0), "autoencoder_kl: width multiple of each resolution level (of model.dim); the "
-                                       "image side shrinks by 2^(levels - 1)", ge=1),
-    latent_channels=cf.F(4, "autoencoder_kl: channels of the latent (SD: 4)", ge=1),
-    bottleneck=cf.F("kl", "autoencoder_kl: kl = diagonal-Gaussian posterior (+ KL term), plain = deterministic latent",
-                    choices=("kl", "plain")),
-)
+class AeKeys(cf.Keys, section="model"):
+    channel_mult: tuple[float, ...] = cf.F((1.0, 2.0, 2.0), "autoencoder_kl: width multiple of each resolution level (of model.dim); the "
+                                           "image side shrinks by 2^(levels - 1)", ge=1)
+    latent_channels: int = cf.F(4, "autoencoder_kl: channels of the latent (SD: 4)", ge=1)
+    bottleneck: str = cf.F("kl", "autoencoder_kl: kl = diagonal-Gaussian posterior (+ KL term), plain = deterministic latent",
+                        choices=("kl", "plain"))
+
+
 # model.size -> (base width model.dim, ResNet blocks per level model.depth, heads of the mid attention)
 AE_SIZES = {"tiny": (32, 1, 1), "small": (64, 2, 1), "sd": (128, 2, 1)}
 
@@ -240,7 +241,7 @@ def example() -> ModelExample:
 
 @model_registry.register("autoencoder_kl", "SD-VAE-style conv autoencoder (ResNet blocks, GroupNorm, SiLU, mid "
                                            "attention), kl or plain bottleneck, factor 2^(levels-1): "
-                                           "method.name=autoencoder", keys=AE_KEYS, family="autoencoder",
+                                           "method.name=autoencoder", keys=AeKeys, family="autoencoder",
                          sizes=AE_SIZES, example=example(), check=check_autoencoder_model)
 def build_autoencoder_kl(cfg_model, data_spec) -> AutoencoderKL:
     mult = channel_mult(cfg_model)

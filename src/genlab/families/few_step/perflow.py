@@ -19,16 +19,15 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherKeys, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-PERFLOW_KEYS = cf.declare("method",
-    perflow_windows=cf.F(4, "perflow: time windows K, edges j/K (sample with sampler=euler at K steps; paper and "
-                            "official 4)", ge=1),
-    perflow_solver=cf.F("euler", "perflow: the teacher's ODE solver across a window (official: DDIM, an Euler step "
-                                 "on this path)", choices=("euler", "heun")),
-    perflow_solver_steps=cf.F(8, "perflow: solver steps per window (official 8)", ge=1),
-)
+class PerflowKeys(cf.Keys, section="method"):
+    perflow_windows: int = cf.F(4, "perflow: time windows K, edges j/K (sample with sampler=euler at K steps; paper and "
+                                "official 4)", ge=1)
+    perflow_solver: str = cf.F("euler", "perflow: the teacher's ODE solver across a window (official: DDIM, an Euler step "
+                                     "on this path)", choices=("euler", "heun"))
+    perflow_solver_steps: int = cf.F(8, "perflow: solver steps per window (official 8)", ge=1)
 
 
 def window_edges(k: int) -> torch.Tensor:
@@ -82,6 +81,6 @@ class PeRFlow(FewStepFlow):
 
 @method_registry.register("perflow", "PeRFlow (Yan et al. 2024): piecewise reflow in method.perflow_windows windows, "
                                      "pairs made online by the teacher's ODE; sampler=euler at K steps",
-                          keys=FEW_STEP_KEYS + TEACHER_KEYS + PERFLOW_KEYS, **FEW_STEP_SPEC)
+                          keys=(*FEW_STEP_KEYS, TeacherKeys, PerflowKeys), **FEW_STEP_SPEC)
 def build_perflow(cfg, data_spec):
     return PeRFlow(cfg, data_spec)

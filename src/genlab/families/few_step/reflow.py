@@ -20,15 +20,15 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.registry import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TEACHER_KEYS, FewStepFlow
+from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherPathKeys, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-REFLOW_KEYS = cf.declare("method",
-    reflow_stage=cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
-                                "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill")),
-)
+class ReflowKeys(cf.Keys, section="method"):
+    reflow_stage: str = cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
+                                    "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill"))
+
+
 # reflow reads the teacher's weights only (its start); it makes no teacher forwards, so no teacher guidance scale
-TEACHER_PATH = tuple(k for k in TEACHER_KEYS if k.dotted == "method.teacher")
 
 
 class Reflow(FewStepFlow):
@@ -56,6 +56,6 @@ class Reflow(FewStepFlow):
 
 @method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
                                     "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
-                          keys=FEW_STEP_KEYS + TEACHER_PATH + REFLOW_KEYS, **FEW_STEP_SPEC, output="velocity")
+                          keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys), **FEW_STEP_SPEC, output="velocity")
 def build_reflow(cfg, data_spec):
     return Reflow(cfg, data_spec)

@@ -24,12 +24,11 @@ from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-SHORTCUT_KEYS = cf.declare("method",
-    shortcut_min_steps=cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",
-                            ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512)),
-    shortcut_share=cf.F(0.125, "shortcut: share of each batch with self-consistency targets (official 1/8)", gt=0, lt=1),
-    shortcut_clip=cf.F(4.0, "shortcut: self-consistency targets are clipped to [-c, c] (official 4)", gt=0),
-)
+class ShortcutKeys(cf.Keys, section="method"):
+    shortcut_min_steps: int = cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",
+                                ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512))
+    shortcut_share: float = cf.F(0.125, "shortcut: share of each batch with self-consistency targets (official 1/8)", gt=0, lt=1)
+    shortcut_clip: float = cf.F(4.0, "shortcut: self-consistency targets are clipped to [-c, c] (official 4)", gt=0)
 
 
 def two_step_target(target_model, x_t, t, d, y):
@@ -78,7 +77,7 @@ class Shortcut(FewStepFlow):
 @method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
                                       "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
                                       "with sampler=flow_map",
-                          keys=FEW_STEP_KEYS + SHORTCUT_KEYS, conditions={"d": "log2_scalar"},
+                          keys=(*FEW_STEP_KEYS, ShortcutKeys), conditions={"d": "log2_scalar"},
                           defaults={"method.sampler": "flow_map"}, **FEW_STEP_SPEC)
 def build_shortcut(cfg, data_spec):
     return Shortcut(cfg, data_spec)

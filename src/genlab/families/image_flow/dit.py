@@ -239,24 +239,23 @@ def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
 
 
 # model.* keys of the DiT family (dit, dit_incontext and mmdit read them through spec_from_config)
-DIT_KEYS = cf.declare("model",
-    patch_size=cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1),
-    qk_norm=cf.F(False, "dit: normalise queries and keys per head"),
-    qkv_kernel=cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
-                             "kernel, plain on CPU)", registry="qkv_kernel"),
-    adaln=cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln"),
-    residual=cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual"),
-    pos_emb=cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model"),
-    norm=cf.F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm"),
-    mlp=cf.F("gelu", "MLP kind", registry="mlp"),
-    long_skips=cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])"),
-)
+class DitKeys(cf.Keys, section="model"):
+    patch_size: int = cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1)
+    qk_norm: bool = cf.F(False, "dit: normalise queries and keys per head")
+    qkv_kernel: str = cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
+                                 "kernel, plain on CPU)", registry="qkv_kernel")
+    adaln: str = cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln")
+    residual: str = cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual")
+    pos_emb: str = cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model")
+    norm: str = cf.F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm")
+    mlp: str = cf.F("gelu", "MLP kind", registry="mlp")
+    long_skips: bool = cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])")
+
 
 # model.* keys of the plain DiT alone (its subclasses and siblings keep calling the model for the output)
-DIT_FINAL_KEYS = cf.declare("model",
-    final_kernel=cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
-                               "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel"),
-)
+class DitFinalKeys(cf.Keys, section="model"):
+    final_kernel: str = cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
+                                   "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel")
 
 
 def check_final_kernel(cfg) -> None:
@@ -284,7 +283,7 @@ IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=(
 
 
 @model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class",
-                         keys=DIT_KEYS + DIT_FINAL_KEYS, block_tokens=True, example=image_backbone_example(),
+                         keys=(DitKeys, DitFinalKeys), block_tokens=True, example=image_backbone_example(),
                          check=lambda cfg, dim, heads, depth: check_final_kernel(cfg), **IMAGE_BACKBONE)
 def build_dit(cfg_model, data_spec) -> DiT:
     return DiT(spec_from_config(cfg_model, data_spec, final_kernel=getattr(cfg_model, "final_kernel", "plain")))

@@ -16,7 +16,7 @@ from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
 from genlab.core.registry import loss_weighting_registry, method_registry, sampler_registry, timestep_sampler_registry
 from genlab.eval.image_quality import evaluate_class_conditional
-from genlab.eval.metrics import EVAL_IMAGE_KEYS, check_metrics
+from genlab.eval.metrics import EvalImageKeys, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method
 from genlab.families.image_flow import render
@@ -335,40 +335,43 @@ def check_flow_config(cfg):
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
 
 
-FLOW_METHOD_KEYS = cf.declare("method",
-    timestep_sampler=cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler"),
-    time_shift=cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
-                               "0 = sqrt(pixels / method.shift_base^2))", ge=0),
-    shift_base=cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1),
-    loss_weighting=cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting"),
-    sampler=cf.F("heun", "flow: ODE/SDE sampler", registry="sampler"),
-    step_schedule=cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule"),
-    cfg_interval=cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
-                                 "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1"),
-    sample_steps=cf.F(20, "flow, mdlm: sampler steps for previews", ge=1),
-    cfg_scale=cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0),
-    cache_blocks=cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
-                          "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
-                          "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices"),
-    cache_every=cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2),
-    cache_schedule=cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
-                            "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
-                            "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
-                        free="empty, auto, or 'P/k:b,b;k:b'"),
-)
-FLOW_EVAL_KEYS = cf.declare("eval",
-    sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
-    cfg_scale=cf.F(2.0, "flow: guidance scale in evaluation", ge=0),
-    grid_per_class=cf.F(10, "flow: columns of the sample grid", ge=1),
-    metrics=cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric"),
-    nfe_list=cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
-                          "evaluations per sample; empty = off)", free="comma-separated integers >= 1"),
-    samplers=cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler"),
-)
-CLASS_DROPOUT = cf.declare("model",
-    class_dropout=cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1),
-)
-FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
+class FlowMethodKeys(cf.Keys, section="method"):
+    timestep_sampler: str = cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler")
+    time_shift: float = cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
+                                   "0 = sqrt(pixels / method.shift_base^2))", ge=0)
+    shift_base: int = cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1)
+    loss_weighting: str = cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting")
+    sampler: str = cf.F("heun", "flow: ODE/SDE sampler", registry="sampler")
+    step_schedule: str = cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule")
+    cfg_interval: str = cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
+                                     "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1")
+    sample_steps: int = cf.F(20, "flow, mdlm: sampler steps for previews", ge=1)
+    cfg_scale: float = cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0)
+    cache_blocks: str = cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
+                              "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
+                              "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices")
+    cache_every: int = cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2)
+    cache_schedule: str = cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
+                                "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
+                                "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
+                            free="empty, auto, or 'P/k:b,b;k:b'")
+
+
+class FlowEvalKeys(cf.Keys, section="eval"):
+    sample_steps: int = cf.F(20, "flow: sampler steps in evaluation", ge=1)
+    cfg_scale: float = cf.F(2.0, "flow: guidance scale in evaluation", ge=0)
+    grid_per_class: int = cf.F(10, "flow: columns of the sample grid", ge=1)
+    metrics: str = cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric")
+    nfe_list: str = cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
+                              "evaluations per sample; empty = off)", free="comma-separated integers >= 1")
+    samplers: str = cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler")
+
+
+class ClassDropoutKeys(cf.Keys, section="model"):
+    class_dropout: float = cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1)
+
+
+FLOW_KEYS = (FlowMethodKeys, FlowEvalKeys, EvalImageKeys, ClassDropoutKeys)
 # the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
 FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
                  "method.cache_blocks", "method.cache_every", "method.cache_schedule")

@@ -22,9 +22,8 @@ from genlab.families.image_flow.dit import patchify
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
 from genlab.runtime.parallel import unwrap
 
-MAE_KEYS = cf.declare("method",
-    mae_mask_ratio=cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1),
-)
+class MaeKeys(cf.Keys, section="method"):
+    mae_mask_ratio: float = cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1)
 
 
 class MAEEncoder(Method):
@@ -63,7 +62,7 @@ def check_mae_config(cfg):
 
 @method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
                                          "null class; norm-pix loss on the masked patches): an encoder for "
-                                         "method.repa_encoder=run:RUN", keys=MAE_KEYS, data_kinds=("image",),
+                                         "method.repa_encoder=run:RUN", keys=MaeKeys, data_kinds=("image",),
                           model_families=("image",), check=check_mae_config)
 def build_mae_encoder(cfg, data_spec):
     return MAEEncoder(cfg, data_spec)

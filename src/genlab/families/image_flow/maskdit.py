@@ -98,15 +98,14 @@ class MaskDiTFlow(FlowMatching):
         return flow, mae
 
 
-MASKDIT_KEYS = cf.declare("method",
-    mask_ratio=cf.F(0.5, "maskdit: share of each sample's patch tokens dropped in the masked stage (keeps "
-                         "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1),
-    mae_weight=cf.F(0.1, "maskdit: weight of the MAE loss on the masked tokens (MaskDiT: 0.1; 0 = off)", ge=0),
-    mae_norm_pix=cf.F(True, "maskdit: MAE target = each masked patch of x_t normalised to zero mean, unit variance "
-                            "(MaskDiT's norm_pix_loss); false = the raw x_t patch"),
-    unmask_steps=cf.F(0, "maskdit: the last N steps train unmasked (all tokens, no MAE loss): MaskDiT's fine-tune",
-                      ge=0),
-)
+class MaskditMethodKeys(cf.Keys, section="method"):
+    mask_ratio: float = cf.F(0.5, "maskdit: share of each sample's patch tokens dropped in the masked stage (keeps "
+                             "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1)
+    mae_weight: float = cf.F(0.1, "maskdit: weight of the MAE loss on the masked tokens (MaskDiT: 0.1; 0 = off)", ge=0)
+    mae_norm_pix: bool = cf.F(True, "maskdit: MAE target = each masked patch of x_t normalised to zero mean, unit variance "
+                                "(MaskDiT's norm_pix_loss); false = the raw x_t patch")
+    unmask_steps: int = cf.F(0, "maskdit: the last N steps train unmasked (all tokens, no MAE loss): MaskDiT's fine-tune",
+                          ge=0)
 
 
 def check_maskdit_config(cfg):
@@ -136,7 +135,7 @@ def check_maskdit_config(cfg):
 @method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
                                      "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
                                      "mae_weight, unmask_steps)",
-                          keys=MASKDIT_KEYS, **{**FLOW_SPEC, "check": check_maskdit_config, "data_kinds": LATENT_KINDS,
-                                                "reads": tuple(k.dotted for k in FLOW_KEYS)})
+                          keys=MaskditMethodKeys, **{**FLOW_SPEC, "check": check_maskdit_config, "data_kinds": LATENT_KINDS,
+                                                "reads": cf.dotted_of(FLOW_KEYS)})
 def build_maskdit(cfg, data_spec):
     return MaskDiTFlow(cfg, data_spec)

@@ -22,22 +22,24 @@ def _u(n, generator, device):
     return torch.rand(n, generator=generator, device=device)
 
 
-LOGIT_NORMAL_KEYS = cf.declare("method",
-    logit_mean=cf.F(0.0, "flow, logit_normal: mean of logit(t)", ge=-10, le=10),
-    logit_std=cf.F(1.0, "flow, logit_normal: standard deviation of logit(t)", gt=0),
-)
-MODE_KEYS = cf.declare("method",
-    mode_scale=cf.F(1.29, "flow, mode: SD3's s of f_mode (0 = uniform; > 0 favours mid t; monotone for -1..2/(pi-2))", ge=-1, le=1.7519),
-)
-LQ_KEYS = cf.declare("method",
-    lq_threshold=cf.F(0.025, "flow, linear_quadratic (sampler or step schedule): t reached by the linear part (Mochi)", gt=0, lt=1),
-    lq_linear_frac=cf.F(0.5, "flow, linear_quadratic: fraction of the steps (draws) in the linear part (Mochi)", gt=0, lt=1),
-)
-SPEED_KEYS = cf.declare("method",
-    speed_tau=cf.F(0.11, "flow, speed: t below which lies SpeeD's convergence area (0.11: the DDPM linear schedule's "
-                               "boundary mapped by SNR)", gt=0, lt=1),
-    speed_k=cf.F(5.0, "flow, speed: density ratio of t >= speed_tau over t < speed_tau (SpeeD code: 2.5/0.5)", gt=0),
-)
+class LogitNormalKeys(cf.Keys, section="method"):
+    logit_mean: float = cf.F(0.0, "flow, logit_normal: mean of logit(t)", ge=-10, le=10)
+    logit_std: float = cf.F(1.0, "flow, logit_normal: standard deviation of logit(t)", gt=0)
+
+
+class ModeKeys(cf.Keys, section="method"):
+    mode_scale: float = cf.F(1.29, "flow, mode: SD3's s of f_mode (0 = uniform; > 0 favours mid t; monotone for -1..2/(pi-2))", ge=-1, le=1.7519)
+
+
+class LqKeys(cf.Keys, section="method"):
+    lq_threshold: float = cf.F(0.025, "flow, linear_quadratic (sampler or step schedule): t reached by the linear part (Mochi)", gt=0, lt=1)
+    lq_linear_frac: float = cf.F(0.5, "flow, linear_quadratic: fraction of the steps (draws) in the linear part (Mochi)", gt=0, lt=1)
+
+
+class SpeedKeys(cf.Keys, section="method"):
+    speed_tau: float = cf.F(0.11, "flow, speed: t below which lies SpeeD's convergence area (0.11: the DDPM linear schedule's "
+                                   "boundary mapped by SNR)", gt=0, lt=1)
+    speed_k: float = cf.F(5.0, "flow, speed: density ratio of t >= speed_tau over t < speed_tau (SpeeD code: 2.5/0.5)", gt=0)
 
 
 @timestep_sampler_registry.register("uniform", "t ~ U(0, 1) (rectified flow, Liu et al. 2022)")
@@ -49,7 +51,7 @@ timestep_sampler_registry.register("linear", "alias of uniform")(uniform)
 
 
 @timestep_sampler_registry.register("logit_normal", "t = sigmoid(N(logit_mean, logit_std)) (SD3, Esser et al. 2024)",
-                                    keys=LOGIT_NORMAL_KEYS)
+                                    keys=LogitNormalKeys)
 def logit_normal(n, generator, device, cfg=None):
     m = _get(cfg, "logit_mean", 0.0)
     s = _get(cfg, "logit_std", 1.0)
@@ -71,7 +73,7 @@ def f_mode(u, s):
 
 @timestep_sampler_registry.register("mode", "mode sampling with heavy tails: t = 1 - f_mode(u; method.mode_scale), "
                                             "density 1/(1+s) at both ends (SD3, Esser et al. 2024, eq. 20)",
-    keys=MODE_KEYS)
+    keys=ModeKeys)
 def mode(n, generator, device, cfg=None):
     # f_mode maps U(0,1) to a law symmetric about 1/2, so flipping the convention changes nothing but readability
     return (1 - f_mode(_u(n, generator, device), _get(cfg, "mode_scale", 1.29))).clamp(0, 1)
@@ -79,7 +81,7 @@ def mode(n, generator, device, cfg=None):
 
 @timestep_sampler_registry.register("linear_quadratic", "Mochi's linear-quadratic step schedule as a training density: "
                                                         "t = lq(u) (method.lq_threshold, method.lq_linear_frac)",
-    keys=LQ_KEYS)
+    keys=LqKeys)
 def linear_quadratic(n, generator, device, cfg=None):
     # Mochi defines a sampling grid; training on t = lq(u), u ~ U(0,1), visits t as often as its sampler does
     return lq_map(_u(n, generator, device), _get(cfg, "lq_threshold", 0.025), _get(cfg, "lq_linear_frac", 0.5))
@@ -87,7 +89,7 @@ def linear_quadratic(n, generator, device, cfg=None):
 
 @timestep_sampler_registry.register("speed", "SpeeD asymmetric sampling: density k times higher for t >= tau than in the "
                                              "near-noise convergence area t < tau (Wang et al. 2024; method.speed_tau, speed_k)",
-    keys=SPEED_KEYS)
+    keys=SpeedKeys)
 def speed(n, generator, device, cfg=None):
     tau, k = _get(cfg, "speed_tau", 0.11), _get(cfg, "speed_k", 5.0)
     c = 1.0 / (tau + k * (1 - tau))  # p(t) = c on [0, tau), c k on [tau, 1]

@@ -133,13 +133,12 @@ class Autoregressive(Method):
 
 
 
-AR_KEYS = cf.declare("method",
-    top_k=cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0),
-)
+class ArKeys(cf.Keys, section="method"):
+    top_k: int = cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0)
 
 
 @method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
-                          keys=AR_KEYS + lm.TEXT_SAMPLING_KEYS, data_kinds=("token",), model_families=("gpt", "sparse_transformer"),
+                          keys=(ArKeys, lm.TextSamplingKeys), data_kinds=("token",), model_families=("gpt", "sparse_transformer"),
                           causal=True, sampling_keys=("method.temperature", "method.top_k", "method.sample_len", "method.prompt"))
 def build_autoregressive(cfg, data_spec):
     return Autoregressive(cfg, data_spec)

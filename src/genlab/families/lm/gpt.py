@@ -227,16 +227,17 @@ def gpt_size(cfg_model) -> tuple[int, int, int]:
     return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
 
 
-GPT_KEYS = cf.declare("model",
-    dropout=cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1),
-    vocab_size=cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0),
-    tie_weights=cf.F(True, "gpt: share the embedding with the output head"),
-    causal=cf.F(True, "gpt: causal attention (autoregressive: true; mdlm: false)"),
-    bias=cf.F(False, "gpt: biases in linears and norms"),
-    ce_chunk=cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0),
-    ce_kernel=cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
-                            "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel"),
-)
+class GptKeys(cf.Keys, section="model"):
+    dropout: float = cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1)
+    vocab_size: int = cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0)
+    tie_weights: bool = cf.F(True, "gpt: share the embedding with the output head")
+    causal: bool = cf.F(True, "gpt: causal attention (autoregressive: true; mdlm: false)")
+    bias: bool = cf.F(False, "gpt: biases in linears and norms")
+    ce_chunk: int = cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0)
+    ce_kernel: str = cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
+                                "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel")
+
+
 GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_contract.py)
     spec={"kind": "tokens", "vocab_size": 11, "seq_len": 12},
     inputs=lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),),
@@ -251,7 +252,7 @@ def check_gpt_loss(cfg_model):
 
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
                                 "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl",
-                         family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp", "model.qkv_kernel"), sizes=GPT_SIZES,
+                         family="gpt", keys=GptKeys, reads=("model.pos_emb", "model.norm", "model.mlp", "model.qkv_kernel"), sizes=GPT_SIZES,
                          grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), default_position="learned",
                          example=GPT_EXAMPLE, check=lambda cfg, dim, heads, depth: check_gpt_loss(cfg.model))
 def build_gpt(cfg_model, data_spec) -> GPT:

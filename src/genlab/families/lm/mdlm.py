@@ -320,22 +320,22 @@ def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str, gaps:
     plt.close(fig)
 
 
-MDLM_KEYS = cf.declare("method",
-    noise_schedule=cf.F("loglinear", "mdlm: masking schedule", choices=("loglinear", "cosine")),
-    antithetic=cf.F(True, "mdlm: stratified (antithetic) training times"),
-    eps=cf.F(1e-3, "mdlm: smallest masking time", ge=0, lt=1),
-    block_len=cf.F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0),
-)
-MDLM_EVAL_KEYS = cf.declare("eval",
-    T_list=cf.F("8,32,128,512,1000", "mdlm: step counts T of the bound-vs-T table (plus T=inf)", free="comma-separated integers >= 1"),
-    nelbo_reps=cf.F(2, "mdlm: Monte Carlo draws per validation sequence for the NELBO", ge=1),
-    gen_ppl_model=cf.F("", "mdlm: autoregressive run that scores samples (generative perplexity)", free="a run folder"),
-    gen_samples=cf.F(16, "mdlm: samples scored for the generative perplexity", ge=1),
-)
+class MdlmKeys(cf.Keys, section="method"):
+    noise_schedule: str = cf.F("loglinear", "mdlm: masking schedule", choices=("loglinear", "cosine"))
+    antithetic: bool = cf.F(True, "mdlm: stratified (antithetic) training times")
+    eps: float = cf.F(1e-3, "mdlm: smallest masking time", ge=0, lt=1)
+    block_len: int = cf.F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0)
+
+
+class MdlmEvalKeys(cf.Keys, section="eval"):
+    T_list: str = cf.F("8,32,128,512,1000", "mdlm: step counts T of the bound-vs-T table (plus T=inf)", free="comma-separated integers >= 1")
+    nelbo_reps: int = cf.F(2, "mdlm: Monte Carlo draws per validation sequence for the NELBO", ge=1)
+    gen_ppl_model: str = cf.F("", "mdlm: autoregressive run that scores samples (generative perplexity)", free="a run folder")
+    gen_samples: int = cf.F(16, "mdlm: samples scored for the generative perplexity", ge=1)
 
 
 @method_registry.register("mdlm", "masked diffusion LM (MDLM, absorbing state, SUBS): NELBO, bound vs T, ancestral sampler",
-                          keys=MDLM_KEYS + MDLM_EVAL_KEYS + lm.TEXT_SAMPLING_KEYS, reads=("method.sample_steps",),
+                          keys=(MdlmKeys, MdlmEvalKeys, lm.TextSamplingKeys), reads=("method.sample_steps",),
                           data_kinds=("token",), model_families=("gpt",), causal=False,
                           check=lambda cfg: parse_T_list(cfg.eval.T_list),
                           sampling_keys=("method.temperature", "method.sample_len", "method.prompt", "method.block_len",

@@ -147,26 +147,26 @@ class WorldModel(Method):
                               data, ctx)
 
 
-WORLD_KEYS = cf.declare("method",
-    objective=cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective"),
-    world_sampler=cf.F("euler", "world: the sampler of every generated frame (a flow sampler: the objectives give a "
-                                "velocity; heun needs flow with prediction v)", registry="sampler"),
-    residual=cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)"),
-    residual_scale=cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0),
-    sample_temperature=cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
-                                        "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
-                                        "rollouts track the real frames best (PSNR)", ge=0),
-    quantize_frames=cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
-                                     "closed-loop contexts)"),
-    ctx_noise_max=cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0),
-    closed_loop_start=cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1),
-    adv_weight=cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0),
-    disc_lr=cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0),
-)
-WORLD_EVAL_KEYS = cf.declare("eval",
-    world_rollouts=cf.F(32, "world: held-out windows per rollout evaluation", ge=1),
-    world_horizons=cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1"),
-)
+class WorldKeys(cf.Keys, section="method"):
+    objective: str = cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective")
+    world_sampler: str = cf.F("euler", "world: the sampler of every generated frame (a flow sampler: the objectives give a "
+                                    "velocity; heun needs flow with prediction v)", registry="sampler")
+    residual: bool = cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)")
+    residual_scale: float = cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0)
+    sample_temperature: float = cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
+                                            "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
+                                            "rollouts track the real frames best (PSNR)", ge=0)
+    quantize_frames: bool = cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
+                                         "closed-loop contexts)")
+    ctx_noise_max: float = cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0)
+    closed_loop_start: float = cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1)
+    adv_weight: float = cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0)
+    disc_lr: float = cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0)
+
+
+class WorldEvalKeys(cf.Keys, section="eval"):
+    world_rollouts: int = cf.F(32, "world: held-out windows per rollout evaluation", ge=1)
+    world_horizons: str = cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1")
 
 
 def check_world_config(cfg):
@@ -177,7 +177,7 @@ def check_world_config(cfg):
 
 @method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
                                    "closed-loop fine-tuning, few-step Euler rollouts",
-                          keys=WORLD_KEYS + WORLD_EVAL_KEYS,
+                          keys=(WorldKeys, WorldEvalKeys),
                           reads=("method.timestep_sampler", "method.sample_steps", "eval.sample_steps"),
                           data_kinds=("episodes",), model_families=("world_dit",), check=check_world_config,
                           sampling_keys=("method.sample_steps", "method.world_sampler", "method.sample_temperature",

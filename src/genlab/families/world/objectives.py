@@ -65,14 +65,13 @@ def v_from_x(x_hat, x_t, t):
     return (x_hat - x_t) / per_sample((1 - t).clamp_min(0.05), x_t)
 
 
-FLOW_OBJECTIVE_KEYS = cf.declare("method",
-    prediction=cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
-                             "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v")),
-)
+class FlowObjectiveKeys(cf.Keys, section="method"):
+    prediction: str = cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
+                                 "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v"))
 
 
 @world_objective_registry.register("flow", "rectified flow; the network predicts the clean frame (x) or the velocity (v)",
-                                   keys=FLOW_OBJECTIVE_KEYS)
+                                   keys=FlowObjectiveKeys)
 class FlowObjective(WorldObjective):
     def loss(self, world, net, target, noise, gen):
         t = world.sample_t(target.shape[0], gen, target.device, world.mcfg)
