@@ -150,7 +150,7 @@ def unused_options(cfg) -> list[tuple[str, str]]:
 
 def _check_train(cfg):
     t = cfg.train
-    if str(getattr(cfg.method, "cache_schedule", "")).strip():
+    if str(cfg.method.cache_schedule).strip():
         raise GenlabError("method.cache_schedule is a sampling plan measured on a trained run (genlab analyze RUN --what "
                           "cache): set it on genlab eval / genlab sample, not for training (method.cache_blocks caches "
                           "during training's evaluations)")
@@ -217,7 +217,7 @@ def parse_variant_values(text: str, name: str) -> list[str]:
 
 def variant_lists(cfg) -> dict[str, list[str]]:
     """{list key: its values as written} for the train.lrs|weight_decays|ema_decays that are set."""
-    return {n: parse_variant_values(getattr(cfg.train, n), n) for n in VARIANT_KEYS if getattr(cfg.train, n, "")}
+    return {n: parse_variant_values(getattr(cfg.train, n), n) for n in VARIANT_KEYS if getattr(cfg.train, n)}
 
 
 def member_name(name: str, values: dict[str, str]) -> str:
@@ -232,11 +232,11 @@ def member_name(name: str, values: dict[str, str]) -> str:
 def is_batched(cfg) -> bool:
     """Several runs of this config in one process: train.seeds or a batched-variants list is set."""
     t = cfg.train
-    return bool(t.seeds) or any(getattr(t, n, "") for n in VARIANT_KEYS)
+    return bool(t.seeds) or any(getattr(t, n) for n in VARIANT_KEYS)
 
 
 def batched_label(cfg) -> str:
-    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n, "")]
+    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n)]
     return f"train.{named[0]} (batched variants)" if named else "train.seeds (batched seeds)"
 
 
@@ -274,7 +274,7 @@ def check_seeds_config(cfg) -> None:
             refuse(f"train.{key}={getattr(t, key)}")
     if t.precision == "fp16" or t.precision.startswith("float8"):
         refuse(f"train.precision={t.precision}")
-    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
+    if cfg.model.qkv_kernel != "plain":  # custom ops without a vmap rule
         refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
     if t.resume:
         refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")

@@ -119,15 +119,26 @@ class Keys:
             raise GenlabError(f"config section [{cls.section}] has no {cls.__name__}: no registered component lists it in `keys`")
         return sec
 
+    @classmethod
+    def of_or_defaults(cls: type[K], cfg) -> K:
+        """of(cfg), or a fresh object of the declared defaults where a caller passes no config (cfg None)."""
+        return cls() if cfg is None else cls.of(cfg)
+
 
 def key_classes(keys) -> tuple[type[Keys], ...]:
     """A spec's `keys` (one Keys class, or a tuple of them) as a tuple of classes."""
     return (keys,) if isinstance(keys, type) else tuple(keys)
 
 
+def lineage(cls: type[Keys]) -> list[type[Keys]]:
+    """cls and the Keys classes it inherits keys from, bases first (a reader that subclasses an owner reads both)."""
+    return [b for b in reversed(cls.__mro__) if issubclass(b, Keys) and b is not Keys]
+
+
 def declared_by(keys) -> tuple[Key, ...]:
-    """Every Key of a spec's `keys`."""
-    return tuple(k for c in key_classes(keys) for k in c.declared())
+    """Every Key of a spec's `keys`, inherited ones included."""
+    classes = dict.fromkeys(b for c in key_classes(keys) for b in lineage(c))
+    return tuple(k for c in classes for k in c.declared())
 
 
 def dotted_of(keys) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from genlab.config.fields import F, Keys, declared_by, key_classes
+from genlab.config.fields import F, Keys, declared_by, key_classes, lineage
 from genlab.core import registry
 from genlab.core.registry import all_registries
 
@@ -144,9 +144,10 @@ def _owners() -> dict[type[Keys], list[str]]:
             for c in key_classes(spec.keys):
                 if c.section not in CORES:
                     raise RuntimeError(f"{kind} '{name}': {c.__name__} names section '{c.section}'; valid: {', '.join(SECTIONS)}")
-                for b in reversed(c.__mro__):  # a reader that subclasses an owner reads the owner's keys too
-                    if issubclass(b, Keys) and b is not Keys and b not in CORES.values():
-                        out.setdefault(b, []).append(f"{kind} '{name}'")
+                for b in lineage(c):
+                    who = out.setdefault(b, [])
+                    if b not in CORES.values() and f"{kind} '{name}'" not in who:
+                        who.append(f"{kind} '{name}'")
     return out
 
 

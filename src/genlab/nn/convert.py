@@ -84,7 +84,7 @@ convert_registry.register("bitlinear", "BitNet b1.58 BitLinear for the block lin
 
 def converters_of(cfg, precision=None) -> list[str]:
     """train.convert plus what the precision implies (float8_* precision names are aliases), deduplicated."""
-    names = list(getattr(cfg.train, "convert", []) or [])
+    names = list(cfg.train.convert)
     for n in (precision.convert if precision is not None else _precision_convert(cfg)):
         if n not in names and not (n == "float8_tensorwise" and "float8" in names):
             names.append(n)

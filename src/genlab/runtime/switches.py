@@ -151,7 +151,7 @@ class AcEveryKeys(cf.Keys, section="train"):
 
 @ac_registry.register("every_k", "recompute every train.ac_every-th block", keys=AcEveryKeys)
 def ac_every_k(model, tcfg):
-    k = max(1, tcfg.ac_every)
+    k = max(1, AcEveryKeys.of(tcfg).ac_every)
     return _wrap_blocks(model, lambda i: i % k == 0)
 
 
@@ -175,7 +175,7 @@ for _name, _doc in (("default", "torch.compile's default: inductor kernels, no C
 
 
 def _mode(tcfg):
-    return compile_mode_registry.get(getattr(tcfg, "compile_mode", "default"))
+    return compile_mode_registry.get(tcfg.compile_mode)
 
 
 def guard_module_hooks():
@@ -230,7 +230,7 @@ def compile_extra(module, tcfg):
 # -- compiled autograd, compiled optimizer step, recompile counting -------------------------------
 def backward_context(tcfg):
     """Around loss.backward(): compiled autograd traces the whole backward graph (one graph, fusable)."""
-    if not getattr(tcfg, "compiled_autograd", False):
+    if not tcfg.compiled_autograd:
         return contextlib.nullcontext()
     from torch._dynamo import compiled_autograd
     enable = getattr(compiled_autograd, "_enable", None) or compiled_autograd.enable

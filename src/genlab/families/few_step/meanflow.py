@@ -76,7 +76,7 @@ def check_meanflow_config(cfg):
     if cfg.train.parallel in ("fsdp", "hsdp"):
         raise GenlabError(f"meanflow's JVP target runs on the unwrapped model; train.parallel={cfg.train.parallel} "
                           "shards it: use ddp")
-    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # its custom ops have no forward-mode AD rule
+    if cfg.model.qkv_kernel != "plain":  # its custom ops have no forward-mode AD rule
         raise GenlabError(f"meanflow's JVP target needs forward-mode AD through the model; model.qkv_kernel="
                           f"{cfg.model.qkv_kernel} has none: use model.qkv_kernel=plain")
 

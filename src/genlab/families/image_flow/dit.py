@@ -226,15 +226,13 @@ def dit_size(cfg_model) -> tuple[int, int, int]:
 def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
     """The image-backbone spec of a model config (shared by every image backbone)."""
     dim, depth, heads = dit_size(cfg_model)
+    k = DitKeys.of(cfg_model)
     return DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
                    num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
-                   patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
-                   attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
-                   qkv_kernel=getattr(cfg_model, "qkv_kernel", "plain"),
-                   adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
-                   mlp=cfg_model.mlp, norm=cfg_model.norm,
-                   pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb,
-                   long_skips=getattr(cfg_model, "long_skips", False),
+                   patch_size=k.patch_size, mlp_ratio=cfg_model.mlp_ratio,
+                   attention=cfg_model.attention, qk_norm=k.qk_norm, qkv_kernel=k.qkv_kernel,
+                   adaln=k.adaln, residual=k.residual, mlp=k.mlp, norm=k.norm,
+                   pos_emb="sincos2d" if k.pos_emb == "auto" else k.pos_emb, long_skips=k.long_skips,
                    conditions=tuple(data_spec.get("conditions", {}).items()), **extra)
 
 
@@ -286,4 +284,4 @@ IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=(
                          keys=(DitKeys, DitFinalKeys), block_tokens=True, example=image_backbone_example(),
                          check=lambda cfg, dim, heads, depth: check_final_kernel(cfg), **IMAGE_BACKBONE)
 def build_dit(cfg_model, data_spec) -> DiT:
-    return DiT(spec_from_config(cfg_model, data_spec, final_kernel=getattr(cfg_model, "final_kernel", "plain")))
+    return DiT(spec_from_config(cfg_model, data_spec, final_kernel=DitFinalKeys.of(cfg_model).final_kernel))

@@ -98,7 +98,7 @@ class FlowMatching(Method):
         self.cache_blocks = cached_block_plan(cfg)  # sampling only: blocks reusing their last residual (sampling/block_cache.py)
         self.cache_schedule = cache_schedule_plan(cfg)  # sampling only: (period, {evaluation: blocks}) or None
         # model.final_kernel (dit only): the backbone computes the loss from the target (nn/fused_final.py)
-        self.fused_final = getattr(cfg.model, "final_kernel", "plain") != "plain"
+        self.fused_final = cfg.model.final_kernel != "plain"
 
     def extra_modules(self):
         # the adaptive sampler's state is a frozen extra: checkpointed and restored with the run

@@ -111,6 +111,6 @@ class IncontextKeys(cf.Keys, section="model"):
                          keys=IncontextKeys, reads=tuple(k for k in DitKeys.dotted() if k != "model.adaln"),
                          example=image_backbone_example({"ln_placement": ["post"]}), **IMAGE_BACKBONE)
 def build_incontext(cfg_model, data_spec) -> InContextDiT:
-    return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=getattr(cfg_model, "ln_placement", "pre")))
+    return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=IncontextKeys.of(cfg_model).ln_placement))
 
 

@@ -26,5 +26,5 @@ def min_snr(t, cfg=None):
     # on the velocity loss it becomes min(SNR, gamma) (1-t)^2, identical to the paper's eps form min(SNR, gamma)/SNR
     # applied to the eps-equivalent loss t^2 |v_hat - v|^2. The paper's v-prediction form min(SNR, gamma)/(SNR+1)
     # is for the variance-preserving v = alpha eps - sigma x, not for this velocity, so it is not used.
-    gamma = getattr(cfg, "snr_gamma", 5.0) if cfg is not None else 5.0
+    gamma = MinSnrKeys.of_or_defaults(cfg).snr_gamma
     return torch.minimum(t * t, gamma * (1 - t) ** 2)

@@ -164,6 +164,6 @@ def _check_mmdit(cfg, dim: int, heads: int, depth: int):
                          keys=MmditKeys, reads=DitKeys.dotted(), check=_check_mmdit,
                          example=image_backbone_example({"dual_blocks": [1]}), **IMAGE_BACKBONE)
 def build_mmdit(cfg_model, data_spec) -> MMDiT:
-    return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=getattr(cfg_model, "dual_blocks", 0)))
+    return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=MmditKeys.of(cfg_model).dual_blocks))
 
 

@@ -11,11 +11,7 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.registry import timestep_sampler_registry
-from genlab.sampling.samplers import lq_map, shift_time  # noqa: F401 (the time maps live with the step schedules)
-
-
-def _get(cfg, key, default):
-    return getattr(cfg, key, default) if cfg is not None else default
+from genlab.sampling.samplers import LqKeys, lq_map, shift_time  # noqa: F401 (the time maps and their keys live with the step schedules)
 
 
 def _u(n, generator, device):
@@ -29,11 +25,6 @@ class LogitNormalKeys(cf.Keys, section="method"):
 
 class ModeKeys(cf.Keys, section="method"):
     mode_scale: float = cf.F(1.29, "flow, mode: SD3's s of f_mode (0 = uniform; > 0 favours mid t; monotone for -1..2/(pi-2))", ge=-1, le=1.7519)
-
-
-class LqKeys(cf.Keys, section="method"):
-    lq_threshold: float = cf.F(0.025, "flow, linear_quadratic (sampler or step schedule): t reached by the linear part (Mochi)", gt=0, lt=1)
-    lq_linear_frac: float = cf.F(0.5, "flow, linear_quadratic: fraction of the steps (draws) in the linear part (Mochi)", gt=0, lt=1)
 
 
 class SpeedKeys(cf.Keys, section="method"):
@@ -53,8 +44,8 @@ timestep_sampler_registry.register("linear", "alias of uniform")(uniform)
 @timestep_sampler_registry.register("logit_normal", "t = sigmoid(N(logit_mean, logit_std)) (SD3, Esser et al. 2024)",
                                     keys=LogitNormalKeys)
 def logit_normal(n, generator, device, cfg=None):
-    m = _get(cfg, "logit_mean", 0.0)
-    s = _get(cfg, "logit_std", 1.0)
+    m = LogitNormalKeys.of_or_defaults(cfg).logit_mean
+    s = LogitNormalKeys.of_or_defaults(cfg).logit_std
     return torch.sigmoid(m + s * torch.randn(n, generator=generator, device=device))
 
 
@@ -76,7 +67,7 @@ def f_mode(u, s):
     keys=ModeKeys)
 def mode(n, generator, device, cfg=None):
     # f_mode maps U(0,1) to a law symmetric about 1/2, so flipping the convention changes nothing but readability
-    return (1 - f_mode(_u(n, generator, device), _get(cfg, "mode_scale", 1.29))).clamp(0, 1)
+    return (1 - f_mode(_u(n, generator, device), ModeKeys.of_or_defaults(cfg).mode_scale)).clamp(0, 1)
 
 
 @timestep_sampler_registry.register("linear_quadratic", "Mochi's linear-quadratic step schedule as a training density: "
@@ -84,14 +75,14 @@ def mode(n, generator, device, cfg=None):
     keys=LqKeys)
 def linear_quadratic(n, generator, device, cfg=None):
     # Mochi defines a sampling grid; training on t = lq(u), u ~ U(0,1), visits t as often as its sampler does
-    return lq_map(_u(n, generator, device), _get(cfg, "lq_threshold", 0.025), _get(cfg, "lq_linear_frac", 0.5))
+    return lq_map(_u(n, generator, device), LqKeys.of_or_defaults(cfg).lq_threshold, LqKeys.of_or_defaults(cfg).lq_linear_frac)
 
 
 @timestep_sampler_registry.register("speed", "SpeeD asymmetric sampling: density k times higher for t >= tau than in the "
                                              "near-noise convergence area t < tau (Wang et al. 2024; method.speed_tau, speed_k)",
     keys=SpeedKeys)
 def speed(n, generator, device, cfg=None):
-    tau, k = _get(cfg, "speed_tau", 0.11), _get(cfg, "speed_k", 5.0)
+    tau, k = SpeedKeys.of_or_defaults(cfg).speed_tau, SpeedKeys.of_or_defaults(cfg).speed_k
     c = 1.0 / (tau + k * (1 - tau))  # p(t) = c on [0, tau), c k on [tau, 1]
     u = _u(n, generator, device)
     return torch.where(u < c * tau, u / c, tau + (u - c * tau) / (c * k)).clamp(0, 1)
@@ -133,9 +124,9 @@ def _logit_normal_pdf(t, m=0.0, s=1.0):
 
 DENSITIES = {
     "uniform": lambda t, cfg=None: torch.ones_like(t),
-    "logit_normal": lambda t, cfg=None: _logit_normal_pdf(t, _get(cfg, "logit_mean", 0.0), _get(cfg, "logit_std", 1.0)),
+    "logit_normal": lambda t, cfg=None: _logit_normal_pdf(t, LogitNormalKeys.of_or_defaults(cfg).logit_mean, LogitNormalKeys.of_or_defaults(cfg).logit_std),
     "cosine": lambda t, cfg=None: 2 / (math.pi * (1 - 2 * t + 2 * t * t)),
-    "mode": lambda t, cfg=None: _mode_pdf(t, _get(cfg, "mode_scale", 1.29)),
-    "linear_quadratic": lambda t, cfg=None: _lq_pdf(t, _get(cfg, "lq_threshold", 0.025), _get(cfg, "lq_linear_frac", 0.5)),
-    "speed": lambda t, cfg=None: _speed_pdf(t, _get(cfg, "speed_tau", 0.11), _get(cfg, "speed_k", 5.0)),
+    "mode": lambda t, cfg=None: _mode_pdf(t, ModeKeys.of_or_defaults(cfg).mode_scale),
+    "linear_quadratic": lambda t, cfg=None: _lq_pdf(t, LqKeys.of_or_defaults(cfg).lq_threshold, LqKeys.of_or_defaults(cfg).lq_linear_frac),
+    "speed": lambda t, cfg=None: _speed_pdf(t, SpeedKeys.of_or_defaults(cfg).speed_tau, SpeedKeys.of_or_defaults(cfg).speed_k),
 }
