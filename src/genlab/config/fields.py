@@ -86,8 +86,9 @@ class Keys:
             cls.section = section
         if not hasattr(cls, "section"):
             raise TypeError(f"{cls.__name__}: name the config section: class {cls.__name__}(Keys, section=\"method\")")
-        for name, f in cls.__dict__.items():
-            if isinstance(f, dataclasses.Field) and "doc" not in (f.metadata or {}):
+        for name, ann in cls.__dict__.get("__annotations__", {}).items():
+            f = cls.__dict__.get(name)
+            if not str(ann).startswith(("ClassVar", "typing.ClassVar")) and not (isinstance(f, dataclasses.Field) and "doc" in f.metadata):
                 raise TypeError(f"{cls.section}.{name}: declare keys with F(default, doc, ...)")
         dataclasses.dataclass(cls)
 

@@ -9,6 +9,7 @@ from genlab.config.fields import F, Keys, declared_by, key_classes, lineage
 from genlab.core import registry
 from genlab.core.registry import all_registries
 
+
 # Keys every run reads (the trainer, the loader, the optimizer wrapper, logging). Every other key is declared by
 # the component that reads it, next to its code (registry specs' `keys`), and the section classes below are
 # composed from both, so `genlab config`, docs/config.md and validation all read the same declarations.
@@ -62,21 +63,21 @@ class TrainConfig(Keys, section="train"):
     fsdp_keep_last: int = F(1, "FSDP/HSDP: last blocks left unsharded after the forward", ge=0)
     compiled_autograd: bool = F(False, "trace the backward with compiled autograd (use with compile=model|blocks)")
     compile_optimizer: bool = F(False, "torch.compile the optimizer step and the EMA update as one function (train.compile_mode "
-                                         "without CUDA graphs; torch adamw/adam/sgd; LR kept in a tensor)")
+                                             "without CUDA graphs; torch adamw/adam/sgd; LR kept in a tensor)")
     graph_step: bool = F(False, "capture the whole step (forward, backward, clip, optimizer, EMA) as one CUDA graph after "
-                            "3 eager steps and replay it (one CUDA device; methods that declare graph_step)")
+                                "3 eager steps and replay it (one CUDA device; methods that declare graph_step)")
     seed: int = F(0, "seed of data order, init and noise", ge=0)
     seeds: str = F("", "train these seeds in one process as one batched computation (torch.vmap over stacked weights), "
-                "each in its own run folder NAME-s<seed> (empty = one run of train.seed; docs/performance.md: Batched seeds)",
-                free="comma-separated distinct integers >= 0")
+                   "each in its own run folder NAME-s<seed> (empty = one run of train.seed; docs/performance.md: Batched seeds)",
+                   free="comma-separated distinct integers >= 0")
     lrs: str = F("", "batched variants: train these optim.lr values in one process as one batched computation, crossed with "
-              "train.seeds (or train.seed) and the other train.*s lists; each member in its own run folder "
-              "NAME-lr=<value>-s<seed> with the config of a single run at that optim.lr (empty = optim.lr; "
-              "docs/performance.md: Batched variants)", free="comma-separated distinct numbers > 0")
+                 "train.seeds (or train.seed) and the other train.*s lists; each member in its own run folder "
+                 "NAME-lr=<value>-s<seed> with the config of a single run at that optim.lr (empty = optim.lr; "
+                 "docs/performance.md: Batched variants)", free="comma-separated distinct numbers > 0")
     weight_decays: str = F("", "batched variants: these optim.weight_decay values in one process (as train.lrs; run folders "
-                        "NAME-weight_decay=<value>-s<seed>)", free="comma-separated distinct numbers >= 0")
+                           "NAME-weight_decay=<value>-s<seed>)", free="comma-separated distinct numbers >= 0")
     ema_decays: str = F("", "batched variants: these train.ema_decay values in one process (as train.lrs; run folders "
-                     "NAME-ema_decay=<value>-s<seed>)", free="comma-separated distinct numbers in (0, 1)")
+                        "NAME-ema_decay=<value>-s<seed>)", free="comma-separated distinct numbers in (0, 1)")
     ema_decay: float = F(0.999, "EMA decay of the sampling weights (0 = no EMA)", ge=0, lt=1)
     ema_warmup: bool = F(True, "decay min(ema_decay, (1+n)/(10+n)) so early EMA tracks the model")
     skip_nonfinite: bool = F(False, "skip (and count) steps with a non-finite loss instead of stopping")

@@ -11,6 +11,7 @@ from genlab.core.errors import GenlabError
 from genlab.core.registry import dataset_registry
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
 
+
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
 class PathKeys(Keys, section="data"):
     path: str = F("", "folder written by `genlab data ...` (data.name=images|shards|latents|tokens|pairs|episodes)", free="a folder path")

@@ -28,12 +28,13 @@ from genlab.eval.ref_stats import load_reference
 # Inception feature spaces -> the network output (inception.OUTPUTS) each is
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}
 
+
 # eval.* keys of the image metrics: the classifier and reference set every metric shares, then each metric's own
 class EvalImageKeys(cf.Keys, section="eval"):
     classifier_epochs: int = cf.F(30, "flow: epochs of the in-project feature classifier", ge=1)
     val_path: str = cf.F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
-                          "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
-                          "eval.num_samples training images)", free="a folder made by `genlab data prepare`")
+                             "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
+                             "eval.num_samples training images)", free="a folder made by `genlab data prepare`")
 
 
 class RefKeys(cf.Keys, section="eval"):
@@ -46,14 +47,14 @@ class PrKeys(cf.Keys, section="eval"):
 
 class FidKeys(cf.Keys, section="eval"):
     fid_weights: str = cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
-                             "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path")
+                                "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path")
 
 
 class FidRefKeys(cf.Keys, section="eval"):
     fid_ref: str = cf.F("", "flow: reference .npz of fid/sfid/pr_inception instead of the held-out images: an ADM reference batch "
-                         "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
-                         "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
-                         "samples (docs/fid.md)", free="an .npz file path")
+                            "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
+                            "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
+                            "samples (docs/fid.md)", free="an .npz file path")
 
 
 PROTOCOL_SAMPLES = 50000  # ADM / DiT / EDM papers: FID of 50,000 samples against the reference statistics
@@ -63,7 +64,7 @@ IS_SPLITS = 10  # the Inception Score's splits (ADM: 50,000 samples in splits of
 class LpipsKeys(cf.Keys, section="eval"):
     lpips_net: str = cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg"))
     lpips_weights: str = cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
-                               "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path")
+                                  "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path")
     lpips_pairs: int = cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1)
 
 

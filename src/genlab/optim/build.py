@@ -18,14 +18,14 @@ class PreconditionKeys(cf.Keys, section="optim"):
 
 class MuonKeys(cf.Keys, section="optim"):
     muon_scope: str = cf.F("hidden", "muon: which matrices Muon updates (hidden: 2-D Linear weights in the blocks without adaLN; "
-                        "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
-                        choices=("hidden", "hidden_adaln", "all_2d"))
+                           "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
+                           choices=("hidden", "hidden_adaln", "all_2d"))
 
 
 class HeavyballKeys(cf.Keys, section="optim"):
     heavyball_compile: str = cf.F("max-autotune-no-cudagraphs", "heavyball optimizers on CUDA: torch.compile mode of their "
-                               "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
-                               choices=("max-autotune-no-cudagraphs", "default", "off"))
+                                  "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
+                                  choices=("max-autotune-no-cudagraphs", "default", "off"))
 
 
 def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=False, heavyball=False):

@@ -13,6 +13,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.registry import sampler_registry, step_schedule_registry
 
+
 # -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
 class ShiftedKeys(cf.Keys, section="method"):
     sample_shift: float = cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0)

@@ -43,14 +43,15 @@ from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
 
+
 class AeMethodKeys(cf.Keys, section="method"):
     kl_weight: float = cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
-                             "read with model.bottleneck=kl)", ge=0)
+                                  "read with model.bottleneck=kl)", ge=0)
     gan_weight: float = cf.F(0.0, "autoencoder: weight of the PatchGAN generator term (0 = no discriminator; LDM: 0.5 with "
-                             "the adaptive weight)", ge=0)
+                                  "the adaptive weight)", ge=0)
     gan_start: int = cf.F(0, "autoencoder: optimizer steps before the discriminator and its term start", ge=0)
     gan_adaptive: bool = cf.F(True, "autoencoder: VQGAN's adaptive GAN weight (gradient-norm ratio at the decoder's last "
-                                "layer) times method.gan_weight; false = method.gan_weight alone")
+                                    "layer) times method.gan_weight; false = method.gan_weight alone")
     gan_lr: float = cf.F(0.0, "autoencoder: discriminator learning rate (0 = optim.lr)", ge=0)
 
 

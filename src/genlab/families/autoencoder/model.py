@@ -25,12 +25,13 @@ from genlab.core.registry import ModelExample, dataset_registry, model_registry
 
 LOGVAR_RANGE = (-30.0, 20.0)  # LDM's clamp of the posterior log-variance
 
+
 class AeKeys(cf.Keys, section="model"):
     channel_mult: tuple[float, ...] = cf.F((1.0, 2.0, 2.0), "autoencoder_kl: width multiple of each resolution level (of model.dim); the "
-                                           "image side shrinks by 2^(levels - 1)", ge=1)
+                                                            "image side shrinks by 2^(levels - 1)", ge=1)
     latent_channels: int = cf.F(4, "autoencoder_kl: channels of the latent (SD: 4)", ge=1)
     bottleneck: str = cf.F("kl", "autoencoder_kl: kl = diagonal-Gaussian posterior (+ KL term), plain = deterministic latent",
-                        choices=("kl", "plain"))
+                           choices=("kl", "plain"))
 
 
 # model.size -> (base width model.dim, ResNet blocks per level model.depth, heads of the mid attention)

@@ -25,12 +25,12 @@ from genlab.runtime import checkpoint as ckpt
 # method.teacher alone: for the methods that never use the teacher's own guidance scale (method.teacher_cfg_scale)
 class TeacherPathKeys(cf.Keys, section="method"):
     teacher: str = cf.F("", "few-step distillation: the flow teacher (a run folder, checkpoint or exported model.safetensors "
-                         "of a flow or REPA run on the same data)", free="a run folder, checkpoint or .safetensors path")
+                            "of a flow or REPA run on the same data)", free="a run folder, checkpoint or .safetensors path")
 
 
 class TeacherKeys(TeacherPathKeys):
     teacher_cfg_scale: float = cf.F(0.0, "few-step distillation: guidance scale of the teacher's velocity (0 = the teacher "
-                                    "run's own eval.cfg_scale)", ge=0)
+                                         "run's own eval.cfg_scale)", ge=0)
 
 
 def teacher_state(path: str) -> dict:

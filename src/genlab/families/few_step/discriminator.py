@@ -42,17 +42,18 @@ from genlab.runtime.parallel import unwrap
 COLLAPSE_RATIO = 0.5  # a student batch with under half the real batch's spread counts as a collapsed step
 T_FREQ = 64  # sinusoidal features of the re-noising time in each head's condition
 
+
 class DiscKeys(cf.Keys, section="method"):
     tdisc_blocks: str = cf.F("", "pcm, ladd: teacher blocks (1-based, comma-separated) whose output tokens feed a "
-                             "discriminator head (empty = 4 spread over the depth, the last included)",
-                         free="comma-separated block numbers in 1..depth, or empty")
+                                "discriminator head (empty = 4 spread over the depth, the last included)",
+                            free="comma-separated block numbers in 1..depth, or empty")
     tdisc_hidden: int = cf.F(128, "pcm, ladd: width of each discriminator head", ge=1)
     tdisc_lr: float = cf.F(0.0, "pcm, ladd: learning rate of the discriminator heads' own optimizer (0 = optim.lr)", ge=0)
     tdisc_betas: tuple[float, ...] = cf.F((0.0, 0.99), "pcm, ladd: Adam betas of the discriminator heads' own optimizer (GAN practice: "
-                                      "beta1 = 0, so the critic follows the moving student without momentum)", ge=0, lt=1)
+                                                       "beta1 = 0, so the critic follows the moving student without momentum)", ge=0, lt=1)
     tdisc_t_mean: float = cf.F(-1.0, "pcm, ladd: re-noising time t' = t_end - w (1 - s), s = sigmoid(N(mean, std)) (w: 1 for "
-                               "ladd, one phase for pcm); < 0 shifts it toward noise (LADD: m=1, s=1 with t=1 noise)",
-                         ge=-10, le=10)
+                                    "ladd, one phase for pcm); < 0 shifts it toward noise (LADD: m=1, s=1 with t=1 noise)",
+                              ge=-10, le=10)
     tdisc_t_std: float = cf.F(1.0, "pcm, ladd: standard deviation of logit(s) of the re-noising time", gt=0)
 
 

@@ -32,14 +32,15 @@ from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherPathKeys, FewStepFlow, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import interpolate, unwrap
 
+
 class EctKeys(cf.Keys, section="method"):
     ect_stages: int = cf.F(8, "ect: stages of the gap schedule over train.steps; the gap shrinks by ect_q at each (official "
-                           "CIFAR-10 run: 8, halving every 250 of 2000 ticks)", ge=1)
+                              "CIFAR-10 run: 8, halving every 250 of 2000 ticks)", ge=1)
     ect_q: float = cf.F(2.0, "ect: q, the gap's shrink factor per stage (official CIFAR-10: 2; ImageNet 64: 4)", gt=1)
     ect_k: float = cf.F(8.0, "ect: k of the gap's adjustment n(σ) = 1 + k sigmoid(-b σ) (official 8)", ge=0)
     ect_b: float = cf.F(1.0, "ect: b of the gap's adjustment n(σ) = 1 + k sigmoid(-b σ) (official 1)", ge=0)
     ect_huber_c: float = cf.F(0.0, "ect: c of the pseudo-Huber distance per pixel (official code 0: the L2 norm, here the RMS)",
-                         ge=0)
+                              ge=0)
 
 
 def ect_stage(step: int, total_steps: int, stages: int) -> int:

@@ -39,15 +39,16 @@ from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherP
 from genlab.families.few_step.discriminator import DiscKeys, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 
+
 class LaddKeys(cf.Keys, section="method"):
     ladd_student_steps: int = cf.F(4, "ladd: the student's times t = i/n, i = 0..n-1 (paper: 4, pure noise included)", ge=1)
     ladd_noise_share: float = cf.F(0.7, "ladd: share of each batch at pure noise t = 0 (paper: 0.7; the rest is uniform over "
-                                   "the other student times, 0.1 each at 4 steps as the paper)", ge=0, le=1)
+                                        "the other student times, 0.1 each at 4 steps as the paper)", ge=0, le=1)
     ladd_warmup_steps: int = cf.F(0, "ladd: first steps in which the student trains only at its less noisy half of times, "
-                                  "i/n with i >= n/2 (paper: 500 steps at its two least noisy of 4; 0 = none)", ge=0)
+                                     "i/n with i >= n/2 (paper: 500 steps at its two least noisy of 4; 0 = none)", ge=0)
     ladd_regression_weight: float = cf.F(0.0, "ladd: weight of the regression term mean (x^1(z, 0) - image)^2 on the "
-                                         "pure-noise samples, z the teacher pair's noise (needs data.name=pairs; 0 = "
-                                         "adversarial only, as the paper)", ge=0)
+                                              "pure-noise samples, z the teacher pair's noise (needs data.name=pairs; 0 = "
+                                              "adversarial only, as the paper)", ge=0)
 
 
 def student_times(n_times: int, B: int, noise_share: float, generator, device, warmup: bool = False) -> torch.Tensor:

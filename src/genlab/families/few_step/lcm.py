@@ -33,20 +33,21 @@ from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherPathKeys, FewStepFlow, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
 
+
 class LcmKeys(cf.Keys, section="method"):
     lcm_timesteps: int = cf.F(50, "lcm: N, intervals of the uniform grid t_n = n/N of the teacher's solver (LCM: 50 DDIM steps)",
-                           ge=2)
+                              ge=2)
     lcm_skip: int = cf.F(1, "lcm: k, grid intervals of one teacher solver step t_n -> t_{n+k} (LCM: 20 of 1000 DDPM steps = "
-                         "1 interval of its 50-step grid)", ge=1)
+                            "1 interval of its 50-step grid)", ge=1)
     lcm_solver: str = cf.F("euler", "lcm: the teacher's solver step (euler = DDIM on the flow path, as LCM; heun: two teacher "
-                                 "calls, second order)", choices=("euler", "heun"))
+                                    "calls, second order)", choices=("euler", "heun"))
     lcm_w_min: float = cf.F(1.0, "lcm: smallest guidance scale w drawn in training (genlab's CFG scale, 1 = none; LCM's "
-                            "omega in [2, 14] is w in [3, 15], made for Stable Diffusion)", ge=1)
+                                 "omega in [2, 14] is w in [3, 15], made for Stable Diffusion)", ge=1)
     lcm_w_max: float = cf.F(3.0, "lcm: largest guidance scale w drawn in training; the student sees w / lcm_w_max", gt=0)
     lcm_guidance: float = cf.F(1.2, "lcm: guidance scale w fed to the student when sampling (within [lcm_w_min, lcm_w_max]; "
-                               "default: the teacher recipe's eval.cfg_scale)", ge=1)
+                                    "default: the teacher recipe's eval.cfg_scale)", ge=1)
     lcm_huber_c: float = cf.F(0.001, "lcm: c of the pseudo-Huber loss per pixel (LCM code: 0.001, applied per element there)",
-                         ge=0)
+                              ge=0)
 
 
 def guided_velocity(teacher, x, t, y, w, null_class: int):

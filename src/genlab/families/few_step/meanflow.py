@@ -41,17 +41,18 @@ from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepF
 from genlab.families.image_flow.flow import check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
 
+
 class MeanflowKeys(cf.Keys, section="method"):
     meanflow_share: float = cf.F(0.25, "meanflow: share of each batch with a step d = s - t > 0 and the JVP target; the rest "
-                                  "has d = 0, plain flow matching (paper's best on ImageNet: 25%)", ge=0, le=1)
+                                       "has d = 0, plain flow matching (paper's best on ImageNet: 25%)", ge=0, le=1)
     meanflow_norm_p: float = cf.F(1.0, "meanflow: power p of the adaptive loss weight 1 / (||u - target||^2 + c)^p, without "
-                                  "gradient (paper 1; 0 = the plain summed squared error)", ge=0)
+                                       "gradient (paper 1; 0 = the plain summed squared error)", ge=0)
     meanflow_norm_c: float = cf.F(1e-3, "meanflow: c of the adaptive loss weight (paper 1e-3)", gt=0)
     meanflow_embed_scale: float = cf.F(1.0, "meanflow: the model's sinusoidal embedders see this times t and d (1: SiT's convention, "
-                                       "on which the MeanFlow code builds; genlab's flow uses 1000, DiT's); du/dt carries the "
-                                       "embedding's derivative, and at 1000 the JVP target diverged on digits", gt=0, le=1000)
+                                            "on which the MeanFlow code builds; genlab's flow uses 1000, DiT's); du/dt carries the "
+                                            "embedding's derivative, and at 1000 the JVP target diverged on digits", gt=0, le=1000)
     meanflow_omega: float = cf.F(1.0, "meanflow: guidance scale baked into the target, v~ = w v + (1 - w) u(x_t, t, 0 | null) "
-                                 "(paper sec. 4.2; 1 = off); sample with cfg_scale 1", gt=0)
+                                      "(paper sec. 4.2; 1 = off); sample with cfg_scale 1", gt=0)
 
 
 _NOTED = set()

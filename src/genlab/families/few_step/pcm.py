@@ -32,13 +32,14 @@ from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherK
 from genlab.families.few_step.discriminator import DiscKeys, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 
+
 class PcmKeys(cf.Keys, section="method"):
     pcm_phases: int = cf.F(4, "pcm: phases k of the trajectory, edges j/k (paper: 4, or 2 with the adversarial loss); "
-                           "sample with sampler=euler at sample_steps=k", ge=1)
+                              "sample with sampler=euler at sample_steps=k", ge=1)
     pcm_solver_steps: int = cf.F(50, "pcm: teacher ODE grid N: training times i/N and one teacher Euler step of 1/N "
-                                  "(official 50)", ge=1)
+                                     "(official 50)", ge=1)
     pcm_adv_weight: float = cf.F(0.0, "pcm: weight of the adversarial consistency loss (0 = off; official 0.1), a "
-                                 "discriminator on the teacher's features (method.tdisc_*)", ge=0)
+                                      "discriminator on the teacher's features (method.tdisc_*)", ge=0)
 
 
 def phase_edges(k: int) -> torch.Tensor:

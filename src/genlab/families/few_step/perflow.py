@@ -22,11 +22,12 @@ from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherKeys, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
+
 class PerflowKeys(cf.Keys, section="method"):
     perflow_windows: int = cf.F(4, "perflow: time windows K, edges j/K (sample with sampler=euler at K steps; paper and "
-                                "official 4)", ge=1)
+                                   "official 4)", ge=1)
     perflow_solver: str = cf.F("euler", "perflow: the teacher's ODE solver across a window (official: DDIM, an Euler step "
-                                     "on this path)", choices=("euler", "heun"))
+                                        "on this path)", choices=("euler", "heun"))
     perflow_solver_steps: int = cf.F(8, "perflow: solver steps per window (official 8)", ge=1)
 
 

@@ -23,9 +23,10 @@ from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, TeacherPathKeys, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
+
 class ReflowKeys(cf.Keys, section="method"):
     reflow_stage: str = cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
-                                    "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill"))
+                                       "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill"))
 
 
 # reflow reads the teacher's weights only (its start); it makes no teacher forwards, so no teacher guidance scale

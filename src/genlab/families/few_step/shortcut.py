@@ -24,9 +24,10 @@ from genlab.core.registry import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FEW_STEP_SPEC, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
+
 class ShortcutKeys(cf.Keys, section="method"):
     shortcut_min_steps: int = cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",
-                                ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512))
+                                   ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512))
     shortcut_share: float = cf.F(0.125, "shortcut: share of each batch with self-consistency targets (official 1/8)", gt=0, lt=1)
     shortcut_clip: float = cf.F(4.0, "shortcut: self-consistency targets are clipped to [-c, c] (official 4)", gt=0)
 

@@ -112,7 +112,7 @@ class AdaptiveKeys(cf.Keys, section="method"):
     adaptive_every: int = cf.F(10, "flow, adaptive: steps between sampler updates (that step's batch shares one bin)", ge=1)
     adaptive_mix: float = cf.F(0.1, "flow, adaptive: weight of the uniform law mixed into the learned one (exploration)", gt=0, le=1)
     adaptive_entropy: float = cf.F(1.0, "flow, adaptive: weight of the entropy bonus (a bin's logit settles near its mean "
-                                         "standardised advantage / this)", ge=0)
+                                              "standardised advantage / this)", ge=0)
 
 
 @timestep_sampler_registry.register("adaptive", "learned categorical law over method.adaptive_bins bins of t, updated online by "

@@ -241,7 +241,7 @@ class DitKeys(cf.Keys, section="model"):
     patch_size: int = cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1)
     qk_norm: bool = cf.F(False, "dit: normalise queries and keys per head")
     qkv_kernel: str = cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
-                                 "kernel, plain on CPU)", registry="qkv_kernel")
+                                    "kernel, plain on CPU)", registry="qkv_kernel")
     adaln: str = cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln")
     residual: str = cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual")
     pos_emb: str = cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model")
@@ -253,7 +253,7 @@ class DitKeys(cf.Keys, section="model"):
 # model.* keys of the plain DiT alone (its subclasses and siblings keep calling the model for the output)
 class DitFinalKeys(cf.Keys, section="model"):
     final_kernel: str = cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
-                                   "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel")
+                                      "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel")
 
 
 def check_final_kernel(cfg) -> None:

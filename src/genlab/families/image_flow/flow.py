@@ -338,23 +338,23 @@ def check_flow_config(cfg):
 class FlowMethodKeys(cf.Keys, section="method"):
     timestep_sampler: str = cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler")
     time_shift: float = cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
-                                   "0 = sqrt(pixels / method.shift_base^2))", ge=0)
+                                        "0 = sqrt(pixels / method.shift_base^2))", ge=0)
     shift_base: int = cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1)
     loss_weighting: str = cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting")
     sampler: str = cf.F("heun", "flow: ODE/SDE sampler", registry="sampler")
     step_schedule: str = cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule")
     cfg_interval: str = cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
-                                     "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1")
+                                        "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1")
     sample_steps: int = cf.F(20, "flow, mdlm: sampler steps for previews", ge=1)
     cfg_scale: float = cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0)
     cache_blocks: str = cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
-                              "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
-                              "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices")
+                                 "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
+                                 "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices")
     cache_every: int = cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2)
     cache_schedule: str = cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
-                                "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
-                                "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
-                            free="empty, auto, or 'P/k:b,b;k:b'")
+                                   "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
+                                   "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
+                               free="empty, auto, or 'P/k:b,b;k:b'")
 
 
 class FlowEvalKeys(cf.Keys, section="eval"):
@@ -363,7 +363,7 @@ class FlowEvalKeys(cf.Keys, section="eval"):
     grid_per_class: int = cf.F(10, "flow: columns of the sample grid", ge=1)
     metrics: str = cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric")
     nfe_list: str = cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
-                              "evaluations per sample; empty = off)", free="comma-separated integers >= 1")
+                                 "evaluations per sample; empty = off)", free="comma-separated integers >= 1")
     samplers: str = cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler")
 
 

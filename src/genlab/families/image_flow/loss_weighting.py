@@ -9,6 +9,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.registry import loss_weighting_registry
 
+
 class MinSnrKeys(cf.Keys, section="method"):
     snr_gamma: float = cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0)
 

@@ -22,6 +22,7 @@ from genlab.families.image_flow.dit import patchify
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
 from genlab.runtime.parallel import unwrap
 
+
 class MaeKeys(cf.Keys, section="method"):
     mae_mask_ratio: float = cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1)
 

@@ -100,12 +100,12 @@ class MaskDiTFlow(FlowMatching):
 
 class MaskditMethodKeys(cf.Keys, section="method"):
     mask_ratio: float = cf.F(0.5, "maskdit: share of each sample's patch tokens dropped in the masked stage (keeps "
-                             "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1)
+                                  "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1)
     mae_weight: float = cf.F(0.1, "maskdit: weight of the MAE loss on the masked tokens (MaskDiT: 0.1; 0 = off)", ge=0)
     mae_norm_pix: bool = cf.F(True, "maskdit: MAE target = each masked patch of x_t normalised to zero mean, unit variance "
-                                "(MaskDiT's norm_pix_loss); false = the raw x_t patch")
+                                    "(MaskDiT's norm_pix_loss); false = the raw x_t patch")
     unmask_steps: int = cf.F(0, "maskdit: the last N steps train unmasked (all tokens, no MAE loss): MaskDiT's fine-tune",
-                          ge=0)
+                             ge=0)
 
 
 def check_maskdit_config(cfg):

@@ -96,7 +96,7 @@ class MaskDiT(DiT):
 
 class MaskditKeys(cf.Keys, section="model"):
     decoder_depth: int = cf.F(2, "maskdit: DiT blocks of the decoder, which sees every position (MaskDiT: 8 after DiT-XL's 28)",
-                           ge=1)
+                              ge=1)
     decoder_dim: int = cf.F(0, "maskdit: decoder width (0 = model.dim; MaskDiT: 512 after DiT-XL's 1152)", ge=0)
 
 

@@ -150,7 +150,7 @@ class MMDiT(nn.Module):
 
 class MmditKeys(cf.Keys, section="model"):
     dual_blocks: int = cf.F(0, "mmdit: the first k blocks are dual-stream, the rest DiT blocks over the joint sequence "
-                                "(0 = all dual: SD3's MMDiT)", ge=0)
+                                   "(0 = all dual: SD3's MMDiT)", ge=0)
 
 
 def _check_mmdit(cfg, dim: int, heads: int, depth: int):

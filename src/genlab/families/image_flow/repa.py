@@ -95,16 +95,16 @@ class RepaKeys(cf.Keys, section="method"):
     repa_weight: float = cf.F(0.5, "repa: lambda of the alignment term 1 - cos(projector(h_k), encoder(x)) (paper: 0.5)", ge=0)
     repa_block: int = cf.F(0, "repa: DiT block (1-based) whose output tokens are aligned (0 = depth // 3; paper: 8 of 28)", ge=0)
     repa_encoder: str = cf.F("random", "repa: frozen encoder NAME[:ARG] of registry repa_encoder: random, classifier, "
-                                    "run:RUN (e.g. a mae_encoder run), timm:MODEL (+ method.repa_encoder_path)",
-                          free="NAME[:ARG] of registry repa_encoder (genlab list)")
+                                       "run:RUN (e.g. a mae_encoder run), timm:MODEL (+ method.repa_encoder_path)",
+                             free="NAME[:ARG] of registry repa_encoder (genlab list)")
     repa_encoder_path: str = cf.F("", "repa, timm encoder: its weights (.safetensors, or .pt/.pth/.bin loaded weights-only)",
-                               free="a weights file path")
+                                  free="a weights file path")
     repa_encoder_size: int = cf.F(0, "repa, timm encoder: input side the images are resized to (0 = the model's pretrained_cfg)",
-                               ge=0)
+                                  ge=0)
     repa_encoder_mean: str = cf.F("", "repa, timm encoder: input normalisation mean, comma-separated (empty = pretrained_cfg)",
-                               free="comma-separated numbers")
+                                  free="comma-separated numbers")
     repa_encoder_std: str = cf.F("", "repa, timm encoder: input normalisation std, comma-separated (empty = pretrained_cfg)",
-                              free="comma-separated numbers")
+                                 free="comma-separated numbers")
     repa_hidden: int = cf.F(2048, "repa: width of the trainable 3-layer MLP projector (paper: 2048)", ge=1)
     repa_lr: float = cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0)
 

@@ -29,7 +29,7 @@ class ModeKeys(cf.Keys, section="method"):
 
 class SpeedKeys(cf.Keys, section="method"):
     speed_tau: float = cf.F(0.11, "flow, speed: t below which lies SpeeD's convergence area (0.11: the DDPM linear schedule's "
-                                   "boundary mapped by SNR)", gt=0, lt=1)
+                                        "boundary mapped by SNR)", gt=0, lt=1)
     speed_k: float = cf.F(5.0, "flow, speed: density ratio of t >= speed_tau over t < speed_tau (SpeeD code: 2.5/0.5)", gt=0)
 
 

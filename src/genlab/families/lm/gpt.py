@@ -235,7 +235,7 @@ class GptKeys(cf.Keys, section="model"):
     bias: bool = cf.F(False, "gpt: biases in linears and norms")
     ce_chunk: int = cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0)
     ce_kernel: str = cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
-                                "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel")
+                                   "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel")
 
 
 GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_contract.py)

@@ -328,14 +328,14 @@ class SparseKeys(cf.Keys, section="model"):
     sparse_stride: int = cf.F(0, "sparse_transformer: stride / block length l (0 = one image row in the raster order)", ge=0)
     sparse_summary: int = cf.F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0)
     sparse_summary_groups: int = cf.F(1, "sparse_transformer: fixed pattern: the summary heads attend to this many distinct "
-                                          "sub-blocks of c cells (the paper's section 4.2; groups * c <= l)", ge=1)
+                                             "sub-blocks of c cells (the paper's section 4.2; groups * c <= l)", ge=1)
     sparse_backend: str = cf.F("auto", "sparse_transformer: auto = flex on CUDA, blocked on CPU; flex = FlexAttention block "
-                                "masks; blocked = unmasked SDPA on segments (runs, columns) where a part has them; dense = "
-                                "masked SDPA (the reference)", choices=("auto", "blocked", "flex", "dense"))
+                                   "masks; blocked = unmasked SDPA on segments (runs, columns) where a part has them; dense = "
+                                   "masked SDPA (the reference)", choices=("auto", "blocked", "flex", "dense"))
     sparse_block: int = cf.F(128, "sparse_transformer: FlexAttention block size, the unit of skipped work (32 | 64 | 128; "
-                                   "smaller blocks skip more of a thin pattern with smaller tiles and compile with max-autotune)", choices=(32, 64, 128))
+                                      "smaller blocks skip more of a thin pattern with smaller tiles and compile with max-autotune)", choices=(32, 64, 128))
     sparse_embed: str = cf.F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
-                              "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)", choices=("auto", "data", "attention"))
+                                 "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)", choices=("auto", "data", "attention"))
     qk_ratio: float = cf.F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)", gt=0, le=1)
 
 

@@ -150,14 +150,14 @@ class WorldModel(Method):
 class WorldKeys(cf.Keys, section="method"):
     objective: str = cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective")
     world_sampler: str = cf.F("euler", "world: the sampler of every generated frame (a flow sampler: the objectives give a "
-                                    "velocity; heun needs flow with prediction v)", registry="sampler")
+                                       "velocity; heun needs flow with prediction v)", registry="sampler")
     residual: bool = cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)")
     residual_scale: float = cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0)
     sample_temperature: float = cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
-                                            "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
-                                            "rollouts track the real frames best (PSNR)", ge=0)
+                                                 "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
+                                                 "rollouts track the real frames best (PSNR)", ge=0)
     quantize_frames: bool = cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
-                                         "closed-loop contexts)")
+                                             "closed-loop contexts)")
     ctx_noise_max: float = cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0)
     closed_loop_start: float = cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1)
     adv_weight: float = cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0)

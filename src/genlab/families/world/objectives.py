@@ -67,7 +67,7 @@ def v_from_x(x_hat, x_t, t):
 
 class FlowObjectiveKeys(cf.Keys, section="method"):
     prediction: str = cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
-                                 "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v"))
+                                    "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v"))
 
 
 @world_objective_registry.register("flow", "rectified flow; the network predicts the clean frame (x) or the velocity (v)",
