@@ -61,7 +61,7 @@ class EasyConsistencyTuning(FewStepFlow):
     init_from_teacher = True
 
     def loss(self, model, batch, ctx):
-        m, g, data, y = self.mcfg, ctx.generator, batch["image"], batch["label"]
+        m, g, data, y = EctKeys.of(self.mcfg), ctx.generator, batch["image"], batch["label"]
         B, dev = data.shape[0], data.device
         t = self.draw_t(B, g, dev, ctx.step)
         stage = ect_stage(ctx.step, ctx.total_steps, m.ect_stages)

@@ -69,8 +69,9 @@ class LADD(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
+        self.keys = LaddKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
         self.adversary = None
-        if self.mcfg.ladd_regression_weight > 0:  # the regression target is the teacher's image for the pair's noise
+        if self.keys.ladd_regression_weight > 0:  # the regression target is the teacher's image for the pair's noise
             self.batch_keys = (*self.batch_keys, "noise")
 
     def extra_modules(self):
@@ -80,8 +81,8 @@ class LADD(FewStepFlow):
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]
-        B, dev, m = data.shape[0], data.device, self.mcfg
-        t = student_times(m.ladd_student_steps, B, m.ladd_noise_share, g, dev, warmup=ctx.step < m.ladd_warmup_steps)
+        B, dev, m, k = data.shape[0], data.device, self.mcfg, self.keys
+        t = student_times(k.ladd_student_steps, B, k.ladd_noise_share, g, dev, warmup=ctx.step < k.ladd_warmup_steps)
         pure = t == 0
         z = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
         if "noise" in batch:  # teacher pairs: pure noise is the pair's own, whose teacher image is `data`
@@ -94,10 +95,10 @@ class LADD(FewStepFlow):
         real_t = renoise(data, one, t_adv, torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype))
         adv, d_loss, metrics = self.adversary(ctx.extras["teacher"], ctx.extras["disc"], fake_t, real_t, t_adv, y, x1, data)
         model_loss = adv
-        if m.ladd_regression_weight > 0:  # over the pure-noise samples only (see the module's docstring)
+        if k.ladd_regression_weight > 0:  # over the pure-noise samples only (see the module's docstring)
             per = (x1.float() - data.float()).square().flatten(1).mean(1)
             reg = (per * pure).sum() / pure.sum().clamp_min(1)
-            model_loss = model_loss + m.ladd_regression_weight * reg
+            model_loss = model_loss + k.ladd_regression_weight * reg
             metrics["loss_regression"] = reg.detach()
         return {"model": model_loss, "disc": d_loss}, metrics
 
@@ -105,7 +106,7 @@ class LADD(FewStepFlow):
 def check_ladd_config(cfg):
     check_flow_config(cfg)
     check_disc_config(cfg)
-    m = cfg.method
+    m = LaddKeys.of(cfg)
     if m.ladd_regression_weight > 0 and m.ladd_noise_share == 0 and m.ladd_student_steps > 1:
         raise GenlabError("method.ladd_regression_weight acts on the pure-noise samples, and method.ladd_noise_share=0 "
                           "leaves none; raise the share or set the weight to 0")

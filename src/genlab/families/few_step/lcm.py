@@ -81,10 +81,11 @@ class LatentConsistency(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
+        self.keys = LcmKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
         check_guidance(self.mcfg)  # again here: `genlab eval|sample` may change method.lcm_guidance on a trained run
 
     def loss(self, model, batch, ctx):
-        m, g, data, y = self.mcfg, ctx.generator, batch["image"], batch["label"]
+        m, g, data, y = self.keys, ctx.generator, batch["image"], batch["label"]
         B, dev = data.shape[0], data.device
         N, k = m.lcm_timesteps, m.lcm_skip
         n = torch.randint(0, N - k + 1, (B,), generator=g, device=dev)
@@ -103,7 +104,7 @@ class LatentConsistency(FewStepFlow):
         return pseudo_huber(pred, target, m.lcm_huber_c).mean(), {}
 
     def sample_conditions(self, n, device):
-        return {"w": torch.full((n,), self.mcfg.lcm_guidance / self.mcfg.lcm_w_max, device=device)}
+        return {"w": torch.full((n,), self.keys.lcm_guidance / self.keys.lcm_w_max, device=device)}
 
 
 def check_lcm_config(cfg):

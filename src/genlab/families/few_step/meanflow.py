@@ -96,13 +96,14 @@ class EmbedScaled(nn.Module):
 class MeanFlow(FewStepFlow):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        self.k = self.mcfg.meanflow_embed_scale / 1000.0  # the embedders compute sin(1000 * value * freq)
+        self.keys = MeanflowKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
+        self.k = self.keys.meanflow_embed_scale / 1000.0  # the embedders compute sin(1000 * value * freq)
 
     def draw_times(self, B, generator, device, step=None):
         """Start times t and steps d = s - t: the smaller and larger of two draws; d = 0 after the first share."""
         a, b = self.draw_t(B, generator, device, step), self.draw_t(B, generator, device, step)
         t, s = torch.minimum(a, b), torch.maximum(a, b)
-        n = int(round(B * self.mcfg.meanflow_share))
+        n = int(round(B * self.keys.meanflow_share))
         d = torch.cat([(s - t)[:n], torch.zeros(B - n, device=device, dtype=t.dtype)])
         return t, d, n
 
@@ -123,7 +124,7 @@ class MeanFlow(FewStepFlow):
             target = self.target(unwrap(model), x_t, t, d, y, (data - noise).float(), n_jvp)
         u = model(x_t, t * self.k, y, d=d * self.k)
         sq = (u.float() - target).square().flatten(1).sum(1)
-        w = (sq.detach() + self.mcfg.meanflow_norm_c).pow(-self.mcfg.meanflow_norm_p)
+        w = (sq.detach() + self.keys.meanflow_norm_c).pow(-self.keys.meanflow_norm_p)
         per = sq.detach() / x_t[0].numel()  # the mean squared error per pixel, comparable with flow's loss
         metrics = {"mse": per.mean()}
         if 0 < n_jvp < len(per):
@@ -136,7 +137,7 @@ class MeanFlow(FewStepFlow):
         work = torch.promote_types(x_t.dtype, torch.float32)  # float32 at least (float64 in the tests)
         with torch.autocast(x_t.device.type, enabled=False):
             x_t, t, d, v = x_t.to(work), t.to(work), d.to(work), v.to(work)
-            if self.mcfg.meanflow_omega != 1.0:
+            if self.keys.meanflow_omega != 1.0:
                 v = self.guided_velocity(u_net, x_t, t, y, v)
             if n == 0:
                 return v
@@ -160,7 +161,7 @@ class MeanFlow(FewStepFlow):
         """v~ = omega v + (1 - omega) u(x_t, t, 0 | null) for labelled samples, v for the null class (paper eq. 20)."""
         null = unwrap(net).null_class
         v_null = net(x_t, t, torch.full_like(y, null), torch.zeros_like(t)).to(v.dtype)
-        om = self.mcfg.meanflow_omega
+        om = self.keys.meanflow_omega
         keep = (y == null).view(-1, *([1] * (v.ndim - 1)))
         return torch.where(keep, v, om * v + (1 - om) * v_null)
 

@@ -71,8 +71,9 @@ class PCM(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        self.k, self.n = self.mcfg.pcm_phases, self.mcfg.pcm_solver_steps
-        self.adv_weight = self.mcfg.pcm_adv_weight
+        self.keys = PcmKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
+        self.k, self.n = self.keys.pcm_phases, self.keys.pcm_solver_steps
+        self.adv_weight = self.keys.pcm_adv_weight
         self.adversary = None
 
     def extra_modules(self):
@@ -107,7 +108,7 @@ class PCM(FewStepFlow):
 
 def check_pcm_config(cfg):
     check_flow_config(cfg)
-    m = cfg.method
+    m = PcmKeys.of(cfg)
     if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
         raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
                           f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")

@@ -61,7 +61,8 @@ class PeRFlow(FewStepFlow):
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]
-        B, dev, K = data.shape[0], data.device, self.mcfg.perflow_windows
+        keys = PerflowKeys.of(self.mcfg)
+        B, dev, K = data.shape[0], data.device, keys.perflow_windows
         j = torch.randint(0, K, (B,), generator=g, device=dev)
         edges = window_edges(K).to(dev, torch.float32)
         w0, w1 = edges[j], edges[j + 1]
@@ -69,7 +70,7 @@ class PeRFlow(FewStepFlow):
         x_start = interpolate(noise, data, w0)
         with torch.no_grad():
             x_end = solve_window(self.teacher_velocity(ctx.extras["teacher"], y), x_start, w0, w1,
-                                 self.mcfg.perflow_solver_steps, self.mcfg.perflow_solver == "heun")
+                                 keys.perflow_solver_steps, keys.perflow_solver == "heun")
         s = self.draw_t(B, g, dev, ctx.step)
         x_t, target = chord(x_start, x_end, w0, w1, s)
         if self.class_dropout > 0:

@@ -39,7 +39,7 @@ class Reflow(FewStepFlow):
     def loss(self, model, batch, ctx):
         g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]
         B, dev = data.shape[0], data.device
-        if self.mcfg.reflow_stage == "distill":
+        if ReflowKeys.of(self.mcfg).reflow_stage == "distill":
             t = torch.zeros(B, device=dev)
         else:
             t = self.draw_t(B, g, dev, ctx.step)

@@ -49,7 +49,7 @@ class MaskDiTFlow(FlowMatching):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         check_maskdit_config(cfg)
-        m = cfg.method
+        m = MaskditMethodKeys.of(cfg)
         self.patch = cfg.model.patch_size
         self.tokens = (data_spec["image_size"] // self.patch) ** 2
         self.keep = kept_tokens(self.tokens, m.mask_ratio)

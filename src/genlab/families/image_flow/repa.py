@@ -57,7 +57,7 @@ class REPA(FlowMatching):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
-        m = cfg.method
+        m = RepaKeys.of(cfg)
         dim, depth, _ = dit_size(cfg.model)
         grid = data_spec["image_size"] // cfg.model.patch_size
         self.block, self.weight, self.lr = aligned_block(m.repa_block, depth), m.repa_weight, m.repa_lr or None
