@@ -282,15 +282,17 @@ def pr_inception(ev: Evaluation) -> dict:
 
 
 def _check_fid(ecfg):
-    find_fid_weights(ecfg.fid_weights)
+    keys = FidKeys.of(ecfg)
+    find_fid_weights(keys.fid_weights)
 
 
 def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
     """Before sampling: enough samples, the weights file, and a reference file that holds what the metric reads."""
+    keys = FidRefKeys.of(ecfg)
     _at_least(at_least, what)(ecfg)
     _check_fid(ecfg)
-    if needs and ecfg.fid_ref:
-        ref = load_reference(ecfg.fid_ref)
+    if needs and keys.fid_ref:
+        ref = load_reference(keys.fid_ref)
         ok = ref.has_images if needs == "images" else ref.can_serve(needs)
         if not ok:
             wanted = {"inception_spatial": "spatial statistics (mu_s, sigma_s) or images (arr_0)",
@@ -333,7 +335,8 @@ def lpips(ev: Evaluation) -> dict:
 
 
 def _check_lpips(ecfg):
-    find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights)
+    keys = LpipsKeys.of(ecfg)
+    find_lpips_files(keys.lpips_net, keys.lpips_weights)
 
 
 

@@ -39,7 +39,8 @@ def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=F
 
 
 def precondition_every(ocfg) -> int:
-    return ocfg.precondition_every or DEFAULT_PRECONDITION_EVERY
+    keys = PreconditionKeys.of(ocfg)
+    return keys.precondition_every or DEFAULT_PRECONDITION_EVERY
 
 
 def cautious(opt, ocfg, **kw):

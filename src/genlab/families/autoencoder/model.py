@@ -203,7 +203,8 @@ class AutoencoderKL(nn.Module):
 
 
 def channel_mult(cfg_model) -> tuple[int, ...]:
-    mult = tuple(cfg_model.channel_mult)
+    keys = AeKeys.of(cfg_model)
+    mult = tuple(keys.channel_mult)
     if not mult or any(m != int(m) for m in mult):
         raise GenlabError(f"model.channel_mult must be whole numbers >= 1 (e.g. 1,2,2), got {mult}")
     return tuple(int(m) for m in mult)
@@ -245,8 +246,9 @@ def example() -> ModelExample:
                                            "method.name=autoencoder", keys=AeKeys, family="autoencoder",
                          sizes=AE_SIZES, example=example(), check=check_autoencoder_model)
 def build_autoencoder_kl(cfg_model, data_spec) -> AutoencoderKL:
+    keys = AeKeys.of(cfg_model)
     mult = channel_mult(cfg_model)
     check_image_size(data_spec["image_size"], mult)
     dim, depth, heads = sizes_of(cfg_model)
     return AutoencoderKL(data_spec["channels"], data_spec["image_size"], dim, mult, depth, heads,
-                         cfg_model.latent_channels, cfg_model.bottleneck)
+                         keys.latent_channels, keys.bottleneck)

@@ -100,17 +100,19 @@ class FewStepFlow(FlowMatching):
         self._teacher_state = None
 
     def _teacher(self) -> dict:
+        keys = TeacherPathKeys.of(self.mcfg)
         if self._teacher_state is None:
-            path = self.mcfg.teacher
+            path = keys.teacher
             state = teacher_state(path)
             self.teacher_cfg = check_teacher(state, self.spec, path)
             self._teacher_state = state
         return self._teacher_state
 
     def init_weights(self, model) -> None:
+        keys = TeacherPathKeys.of(self.mcfg)
         if self.init_from_teacher:
             st = self._teacher()
-            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"], self.mcfg.teacher)
+            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"], keys.teacher)
 
     def extra_modules(self):
         extras = dict(super().extra_modules())
@@ -126,7 +128,8 @@ class FewStepFlow(FlowMatching):
 
     @property
     def teacher_guidance(self) -> float:
-        return self.mcfg.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
+        keys = TeacherKeys.of(self.mcfg)
+        return keys.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
 
     def teacher_velocity(self, teacher, y):
         """The teacher's guided velocity field v(x, t) for labels y (one batched forward with CFG)."""

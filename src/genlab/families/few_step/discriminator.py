@@ -73,12 +73,13 @@ def parse_blocks(text: str, depth: int) -> tuple[int, ...]:
 
 def check_disc_config(cfg) -> None:
     """Before any work: the backbone's blocks output tokens, and method.tdisc_blocks parses."""
+    keys = DiscKeys.of(cfg.method)
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method {cfg.method.name}'s discriminator reads the tokens a block outputs; model "
                           f"{cfg.model.name} has no such blocks (genlab list: model.dit)")
-    parse_blocks(cfg.method.tdisc_blocks, dit_size(cfg.model)[1])
-    if len(cfg.method.tdisc_betas) != 2:
-        raise GenlabError(f"method.tdisc_betas must hold two numbers, got {list(cfg.method.tdisc_betas)}")
+    parse_blocks(keys.tdisc_blocks, dit_size(cfg.model)[1])
+    if len(keys.tdisc_betas) != 2:
+        raise GenlabError(f"method.tdisc_betas must hold two numbers, got {list(keys.tdisc_betas)}")
 
 
 class TokenHead(nn.Module):
@@ -149,19 +150,22 @@ class FeatureTap:
 
 
 def build_heads(teacher: nn.Module, mcfg, num_classes: int) -> TeacherHeads:
+    keys = DiscKeys.of(mcfg)
     base = unwrap(teacher)
-    return TeacherHeads(base.spec.dim, mcfg.tdisc_hidden, num_classes, parse_blocks(mcfg.tdisc_blocks, len(base.blocks)),
+    return TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
                         base.num_tokens)
 
 
 def disc_extra(heads: TeacherHeads, mcfg) -> Extra:
     """The heads as a trainable extra with their own optimizer "disc" (method.tdisc_lr, method.tdisc_betas)."""
-    return Extra(heads, trainable=True, optimizer="disc", lr=mcfg.tdisc_lr or None, betas=tuple(mcfg.tdisc_betas))
+    keys = DiscKeys.of(mcfg)
+    return Extra(heads, trainable=True, optimizer="disc", lr=keys.tdisc_lr or None, betas=tuple(keys.tdisc_betas))
 
 
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
     """t' = t_end - width (1 - s), s = sigmoid(N(tdisc_t_mean, tdisc_t_std)): within `width` below t_end, toward noise."""
-    s = torch.sigmoid(mcfg.tdisc_t_mean + mcfg.tdisc_t_std * torch.randn(t_end.shape, generator=generator,
+    keys = DiscKeys.of(mcfg)
+    s = torch.sigmoid(keys.tdisc_t_mean + keys.tdisc_t_std * torch.randn(t_end.shape, generator=generator,
                                                                        device=t_end.device))
     return t_end - width * (1 - s)
 

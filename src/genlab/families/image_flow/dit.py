@@ -258,7 +258,8 @@ class DitFinalKeys(cf.Keys, section="model"):
 
 def check_final_kernel(cfg) -> None:
     """A fused final layer + loss needs a method whose loss runs through it (MethodSpec.final_loss)."""
-    kernel, method = cfg.model.final_kernel, cfg.method.name
+    keys = DitFinalKeys.of(cfg.model)
+    kernel, method = keys.final_kernel, cfg.method.name
     if kernel != "plain" and not method_registry.spec(method).final_loss:
         ok = [n for n, s in method_registry.specs() if s.final_loss]
         raise GenlabError(f"model.final_kernel={kernel} fuses the final layer into the flow loss, which method.name="

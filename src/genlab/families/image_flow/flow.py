@@ -82,10 +82,11 @@ class FlowMatching(Method):
     sample_options = ("class_id", "labels", "cfg_scale", "sampler")
 
     def __init__(self, cfg, data_spec):
+        keys = ClassDropoutKeys.of(cfg.model)
         self.cfg = cfg
         self.mcfg = m = cfg.method
         self.spec = data_spec
-        self.class_dropout = cfg.model.class_dropout
+        self.class_dropout = keys.class_dropout
         self.adaptive = None
         if m.timestep_sampler == "adaptive":
             self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
@@ -147,14 +148,15 @@ class FlowMatching(Method):
 
     def loss_from(self, model, inputs: dict):
         """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
+        keys = FlowMethodKeys.of(self.mcfg)
         if self.fused_final and isinstance(model, torch.nn.Module):
             # the final layer + loss fused in the backbone: no velocity tensor. Batched seeds call this with a
             # functional closure of the model under torch.vmap, where the custom op has no rule: the plain path below
-            weight = None if self.mcfg.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
+            weight = None if keys.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
             return model(inputs["x_t"], inputs["t"], inputs["y"], loss_target=inputs["target"], loss_weight=weight), {}
         v = model(inputs["x_t"], inputs["t"], inputs["y"])
         target = inputs["target"].float()
-        if self.mcfg.loss_weighting == "none":
+        if keys.loss_weighting == "none":
             return F.mse_loss(v.float(), target), {}
         per_sample = (v.float() - target).square().flatten(1).mean(1)
         return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
@@ -165,16 +167,17 @@ class FlowMatching(Method):
                conditions: dict | None = None):
         """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional; `conditions`: the model's
         extra named inputs (default: `sample_conditions`). `callback(i, t, x, denoised)` runs after every step."""
+        keys = FlowMethodKeys.of(self.mcfg)
         base = unwrap(model)
         device = device or next(base.parameters()).device
         n = len(labels) if labels is not None else n
         C, S = self.spec["channels"], self.spec["image_size"]
         x = torch.randn((n, C, S, S), generator=generator, device=device)
-        velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale,
+        velocity = cfg_velocity(model, labels, base.null_class, keys.cfg_scale if cfg_scale is None else cfg_scale,
                                 self.cfg_interval)
-        ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
+        ts = time_grid(steps or keys.sample_steps, device=device, schedule=keys.step_schedule, cfg=self.mcfg)
         extra = self.sample_conditions(n, device) if conditions is None else conditions
-        sampler = sampler or self.mcfg.sampler
+        sampler = sampler or keys.sampler
         with self._block_cache(base, sampler, len(ts) - 1):
             return call_sampler(sampler_registry.get(sampler), velocity, x, ts, callback=callback,
                                 extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
@@ -184,13 +187,14 @@ class FlowMatching(Method):
         """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
         reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
         its evaluations (sampling/block_cache.py). Nothing when both are empty."""
+        keys = FlowMethodKeys.of(self.mcfg)
         if self.cache_schedule:
             self.check_cache_schedule(steps, sampler)
             period, plan = self.cache_schedule
             with cached_blocks(base, [], schedule=plan, period=period):
                 yield
         elif self.cache_blocks:
-            with cached_blocks(base, self.cache_blocks, self.mcfg.cache_every):
+            with cached_blocks(base, self.cache_blocks, keys.cache_every):
                 yield
         else:
             yield
@@ -265,7 +269,8 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
 def cached_block_plan(cfg) -> list[int]:
     """method.cache_blocks as block indices ([] = off), within the model's depth. `auto` is resolved by genlab eval /
     sample from the run's analysis (sample.py), so it never reaches a model being built."""
-    text = str(cfg.method.cache_blocks).strip()
+    keys = FlowMethodKeys.of(cfg.method)
+    text = str(keys.cache_blocks).strip()
     if not text:
         return []
     if text == "auto":
@@ -282,7 +287,8 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
     """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off): at evaluation k of each pass of P
     network evaluations the blocks b reuse their last residual. `auto` is resolved by genlab eval / sample from the
     run's analysis (sample.py), like method.cache_blocks=auto."""
-    text = str(cfg.method.cache_schedule).strip()
+    keys = FlowMethodKeys.of(cfg.method)
+    text = str(keys.cache_schedule).strip()
     if not text:
         return None
     key = "method.cache_schedule"
@@ -290,7 +296,7 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
         raise GenlabError(f"{key}=auto takes the step-aware schedule `genlab analyze RUN --what cache` measured, so it "
                           "is for genlab eval / genlab sample of an analysed run; give a plan here, e.g. "
                           f"{key}=20/2:0,1;4:0")
-    if str(cfg.method.cache_blocks).strip():
+    if str(keys.cache_blocks).strip():
         raise GenlabError(f"method.cache_blocks and {key} are two ways to cache blocks; set one of them")
     depth = dit_size(cfg.model)[1]
     bad = GenlabError(f"{key} must be 'P/k:b,b;k:b' (P network evaluations per sample; at evaluation k, 1 <= k < P, "
@@ -314,13 +320,14 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
 
 def check_flow_config(cfg):
     """Flow options that a field declaration cannot check alone, before any work."""
+    keys = FlowEvalKeys.of(cfg.eval)
     m = cfg.method
     parse_interval(m.cfg_interval)
     cached_block_plan(cfg)
     cache_schedule_plan(cfg)
     samplers = [m.sampler]
-    if cfg.eval.nfe_list:
-        parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
+    if keys.nfe_list:
+        parse_int_list(keys.nfe_list, "eval.nfe_list")
         samplers += samplers_of(cfg)
     check_sampler_conditions(cfg.method.name, samplers)
     if is_batched(cfg) and m.timestep_sampler == "adaptive":

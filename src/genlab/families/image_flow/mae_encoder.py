@@ -31,12 +31,13 @@ class MAEEncoder(Method):
     batch_keys = ("image",)
 
     def __init__(self, cfg, data_spec):
+        keys = MaeKeys.of(cfg.method)
         self.cfg, self.spec = cfg, data_spec
         self.patch = cfg.model.patch_size
         self.tokens = (data_spec["image_size"] // self.patch) ** 2
-        self.keep = kept_tokens(self.tokens, cfg.method.mae_mask_ratio)
+        self.keep = kept_tokens(self.tokens, keys.mae_mask_ratio)
         if self.keep < 1:
-            raise GenlabError(f"method.mae_mask_ratio={cfg.method.mae_mask_ratio} keeps no token of {self.tokens}")
+            raise GenlabError(f"method.mae_mask_ratio={keys.mae_mask_ratio} keeps no token of {self.tokens}")
 
     def loss(self, model, batch, ctx):
         x = batch["image"]

@@ -101,7 +101,8 @@ class MaskditKeys(cf.Keys, section="model"):
 
 
 def _check_maskdit(cfg, dim: int, heads: int, depth: int):
-    Dd = cfg.model.decoder_dim or dim
+    keys = MaskditKeys.of(cfg.model)
+    Dd = keys.decoder_dim or dim
     if Dd % heads or Dd % 4:
         raise GenlabError(f"model.decoder_dim ({Dd}) must be a multiple of model.heads ({heads}) and of 4 "
                           f"(the decoder's sin-cos positions)")
@@ -115,4 +116,5 @@ def _check_maskdit(cfg, dim: int, heads: int, depth: int):
                                                      idle_params=("mask_token",)),
                          **IMAGE_BACKBONE)
 def build_maskdit(cfg_model, data_spec) -> MaskDiT:
-    return MaskDiT(spec_from_config(cfg_model, data_spec), cfg_model.decoder_depth, cfg_model.decoder_dim)
+    keys = MaskditKeys.of(cfg_model)
+    return MaskDiT(spec_from_config(cfg_model, data_spec), keys.decoder_depth, keys.decoder_dim)

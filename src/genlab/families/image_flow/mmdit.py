@@ -154,8 +154,9 @@ class MmditKeys(cf.Keys, section="model"):
 
 
 def _check_mmdit(cfg, dim: int, heads: int, depth: int):
-    if cfg.model.dual_blocks > depth:
-        raise GenlabError(f"model.dual_blocks ({cfg.model.dual_blocks}) must be at most model.depth ({depth}); "
+    keys = MmditKeys.of(cfg.model)
+    if keys.dual_blocks > depth:
+        raise GenlabError(f"model.dual_blocks ({keys.dual_blocks}) must be at most model.depth ({depth}); "
                           f"0 = all blocks dual-stream")
 
 

@@ -110,13 +110,14 @@ class RepaKeys(cf.Keys, section="method"):
 
 
 def check_repa_config(cfg):
+    keys = RepaKeys.of(cfg.method)
     check_flow_config(cfg)
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
                           f"blocks: use a model whose blocks output them (genlab list: model.dit)")
     depth = dit_size(cfg.model)[1]
-    if cfg.method.repa_block > depth:
-        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {cfg.method.repa_block}")
+    if keys.repa_block > depth:
+        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {keys.repa_block}")
     check_encoder(cfg)
 
 

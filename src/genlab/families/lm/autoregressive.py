@@ -107,10 +107,11 @@ class Autoregressive(Method):
              top_k=None, stats=None):
         """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`); `stats` (a dict) gets
         the settings, for sample_header."""
+        keys = ArKeys.of(self.mcfg)
         base = lm.check_backbone(model, causal=True, method="autoregressive")
         length = length or steps or self.mcfg.sample_len or self.T
         temperature = self.mcfg.temperature if temperature is None else temperature
-        top_k = self.mcfg.top_k if top_k is None else top_k
+        top_k = keys.top_k if top_k is None else top_k
         if lm.INFILL.search(prompt or ""):
             raise GenlabError("[[N]] infilling needs a bidirectional model (method mdlm); autoregressive takes a prefix prompt")
         if stats is not None:

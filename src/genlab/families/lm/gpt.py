@@ -245,9 +245,10 @@ GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_
 
 
 def check_gpt_loss(cfg_model):
-    if cfg_model.ce_chunk and cfg_model.ce_kernel not in ("plain", "auto"):
-        raise GenlabError(f"model.ce_chunk={cfg_model.ce_chunk} is the plain-torch fused loss; model.ce_kernel="
-                          f"{cfg_model.ce_kernel} is another: set one of them (ce_chunk=0 or ce_kernel=plain)")
+    keys = GptKeys.of(cfg_model)
+    if keys.ce_chunk and keys.ce_kernel not in ("plain", "auto"):
+        raise GenlabError(f"model.ce_chunk={keys.ce_chunk} is the plain-torch fused loss; model.ce_kernel="
+                          f"{keys.ce_kernel} is another: set one of them (ce_chunk=0 or ce_kernel=plain)")
 
 
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "

@@ -178,14 +178,15 @@ class MaskedDiffusion(Method):
         return base
 
     def loss(self, model, batch, ctx):
+        keys = MdlmKeys.of(self.mcfg)
         generator = ctx.generator
         if not self._checked:
             self.mask_id = self._base(model).mask_id
             self._checked = True
         x = batch["x"]
         B, L = x.shape
-        eps = self.mcfg.eps
-        t = eps + (1 - eps) * antithetic_uniform(B, generator, x.device, self.mcfg.antithetic)
+        eps = keys.eps
+        t = eps + (1 - eps) * antithetic_uniform(B, generator, x.device, keys.antithetic)
         t = t.clamp_min(1e-6)
         u_tok = torch.rand(x.shape, generator=generator, device=x.device)
         masked = u_tok < (1 - alpha(t, self.schedule, eps))[:, None]
@@ -259,11 +260,12 @@ class MaskedDiffusion(Method):
              block_len=None, stats=None):
         """Token ids [n, L] from `steps` denoising steps (default method.sample_steps); `stats` (a dict) gets the
         settings and model calls, for sample_header."""
+        keys = MdlmKeys.of(self.mcfg)
         base = self._base(model)
         if length is not None and not 1 <= length <= self.T:
             raise GenlabError(f"sample length must be 1..{self.T} for mdlm (the model's context, data.seq_len: it "
                               f"generates every position at once), got {length}")
-        steps, block_len = steps or self.mcfg.sample_steps, self.mcfg.block_len if block_len is None else block_len
+        steps, block_len = steps or self.mcfg.sample_steps, keys.block_len if block_len is None else block_len
         if stats is not None:
             stats.update(steps=steps, block_len=block_len, schedule=self.schedule, prompt=prompt)
         length = min(length or self.mcfg.sample_len or self.T, self.T)

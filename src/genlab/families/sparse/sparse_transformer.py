@@ -346,13 +346,14 @@ SPARSE_EXAMPLE = ModelExample(  # tiny image bytes; its attention comes from mod
 
 
 def _check_sparse(cfg, dim: int, heads: int, depth: int):
-    if cfg.model.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
+    keys = SparseKeys.of(cfg.model)
+    if keys.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
         raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
     length = _sequence_length(cfg)
-    if cfg.model.sparse_stride and length is not None and cfg.model.sparse_stride >= length:
-        raise GenlabError(f"model.sparse_stride ({cfg.model.sparse_stride}) must be shorter than the sequence ({length} "
+    if keys.sparse_stride and length is not None and keys.sparse_stride >= length:
+        raise GenlabError(f"model.sparse_stride ({keys.sparse_stride}) must be shorter than the sequence ({length} "
                           f"tokens): one stride would cover it all and the pattern would be dense")
-    if cfg.model.sparse_backend == "flex" and _trains_on_cpu(cfg.train.device):
+    if keys.sparse_backend == "flex" and _trains_on_cpu(cfg.train.device):
         raise GenlabError("model.sparse_backend=flex has no backward pass on the CPU (torch's FlexAttention backward "
                           "is CUDA-only); train with auto or blocked there (sampling runs the forward anywhere)")
 
@@ -371,6 +372,7 @@ def _sequence_length(cfg) -> int | None:
                          family="sparse_transformer", keys=SparseKeys, reads=("model.dropout", "model.vocab_size"),
                          sizes=SPARSE_SIZES, check=_check_sparse, example=SPARSE_EXAMPLE)
 def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
+    keys = SparseKeys.of(cfg_model)
     kind = data_spec.get("kind")
     if kind not in ("image", "tokens"):
         raise GenlabError(f"model sparse_transformer needs image or token data, got data of kind {kind!r}")
@@ -380,13 +382,13 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
     text = kind == "tokens"
     spec = SparseSpec(image_size=0 if text else data_spec["image_size"], channels=0 if text else data_spec["channels"],
                       vocab=(cfg_model.vocab_size or data_spec["vocab_size"]) if text else 0,
-                      text_len=data_spec["seq_len"] if text else 0, embed=cfg_model.sparse_embed, dim=cfg_model.dim or dim,
-                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=cfg_model.raster,
-                      pattern=cfg_model.sparse_pattern, mode=cfg_model.sparse_mode, stride=cfg_model.sparse_stride,
-                      summary=cfg_model.sparse_summary, summary_groups=cfg_model.sparse_summary_groups,
-                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
-                      dropout=cfg_model.dropout, backend=cfg_model.sparse_backend,
-                      block=cfg_model.sparse_block)
+                      text_len=data_spec["seq_len"] if text else 0, embed=keys.sparse_embed, dim=cfg_model.dim or dim,
+                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=keys.raster,
+                      pattern=keys.sparse_pattern, mode=keys.sparse_mode, stride=keys.sparse_stride,
+                      summary=keys.sparse_summary, summary_groups=keys.sparse_summary_groups,
+                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=keys.qk_ratio,
+                      dropout=cfg_model.dropout, backend=keys.sparse_backend,
+                      block=keys.sparse_block)
     return SparseTransformer(spec)
 
 

@@ -57,10 +57,11 @@ class WorldModel(Method):
 
     # -- extra modules ------------------------------------------------------------------------------
     def extra_modules(self) -> dict:
-        if self.mcfg.adv_weight <= 0:
+        keys = WorldKeys.of(self.mcfg)
+        if keys.adv_weight <= 0:
             return {}
         return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
-                              lr=self.mcfg.disc_lr)}
+                              lr=keys.disc_lr)}
 
     # -- the denoiser -------------------------------------------------------------------------------
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
@@ -105,8 +106,9 @@ class WorldModel(Method):
     # -- training -----------------------------------------------------------------------------------
     def closed_loop_horizon(self, step: int, total: int) -> int:
         """Largest number of frames (1 = teacher forcing) the model may roll out before the trained frame."""
-        start = int(self.mcfg.closed_loop_start * total)
-        if self.H <= 1 or step < start or self.mcfg.closed_loop_start >= 1:
+        keys = WorldKeys.of(self.mcfg)
+        start = int(keys.closed_loop_start * total)
+        if self.H <= 1 or step < start or keys.closed_loop_start >= 1:
             return 1
         frac = (step - start + 1) / max(total - start, 1)
         return max(1, min(self.H, 1 + int(round(frac * (self.H - 1)))))
@@ -118,6 +120,7 @@ class WorldModel(Method):
         return random.Random(self.cfg.train.seed * 100003 + step).randint(1, h_max) if h_max > 1 else 1
 
     def loss(self, model, batch, ctx: StepContext):
+        keys = WorldKeys.of(self.mcfg)
         frames, actions = batch["frames"], batch["actions"]
         gen, L = ctx.generator, self.L
         h = self.choose_horizon(ctx.step, ctx.total_steps)
@@ -128,18 +131,18 @@ class WorldModel(Method):
             context = torch.cat([context, gen_frames], 1)[:, -L:]
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
-        context, level = augment_context(context, gen, self.mcfg.ctx_noise_max)
+        context, level = augment_context(context, gen, keys.ctx_noise_max)
         # residual base = the clean (in closed loop: self-generated) last frame, so zero output copies it and closed-loop
         # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
         # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
-        base = last if self.mcfg.residual else None
+        base = last if keys.residual else None
         loss, est = self.denoise_loss(model, target, context, acts, level, gen, base)
         metrics = {"horizon": h}
-        if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
+        if "disc" not in ctx.extras or keys.adv_weight <= 0:
             return loss, metrics
         adv, d_loss, adv_metrics = adversarial_losses(ctx.extras["disc"], est, target, last)
         metrics.update(adv_metrics)
-        return {"model": loss + self.mcfg.adv_weight * adv, "disc": d_loss}, metrics
+        return {"model": loss + keys.adv_weight * adv, "disc": d_loss}, metrics
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
@@ -170,9 +173,10 @@ class WorldEvalKeys(cf.Keys, section="eval"):
 
 
 def check_world_config(cfg):
+    keys = WorldEvalKeys.of(cfg.eval)
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
-    parse_int_list(cfg.eval.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+    parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
 
 
 @method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
