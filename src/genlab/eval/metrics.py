@@ -130,8 +130,9 @@ class Evaluation:
 
     # -- feature spaces ---------------------------------------------------------------------
     def classifier(self):
+        keys = EvalImageKeys.of(self.ecfg)
         if "classifier" not in self._gen:
-            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=self.ecfg.classifier_epochs)
+            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=keys.classifier_epochs)
         return self._gen["classifier"]
 
     def _classify(self, images_u8):
@@ -176,24 +177,27 @@ class Evaluation:
 
     def reference(self):
         """eval.fid_ref's Reference (ref_stats.py), or None when the Inception metrics use the held-out images."""
-        if not self.ecfg.fid_ref:
+        keys = FidRefKeys.of(self.ecfg)
+        if not keys.fid_ref:
             return None
-        return _cached(("fid_ref", _file_key(self.ecfg.fid_ref)), lambda: load_reference(self.ecfg.fid_ref))
+        return _cached(("fid_ref", _file_key(keys.fid_ref)), lambda: load_reference(keys.fid_ref))
 
     def ref_gaussian(self, space: str) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of the reference: eval.fid_ref's stored statistics when it has them (as the ADM evaluator
         prefers them to its images), else those of the reference features."""
+        keys = FidRefKeys.of(self.ecfg)
         ref = self.reference() if space in INCEPTION_SPACES else None
         if ref is not None and ref.has_stats(space):
-            return _cached(("ref_stats", space, _file_key(self.ecfg.fid_ref)), lambda: ref.stats(space))
+            return _cached(("ref_stats", space, _file_key(keys.fid_ref)), lambda: ref.stats(space))
         return _cached(("stats", space, self._space_key(space), *self.data_key),
                        lambda: gaussian_stats(self.features(space, "ref")))
 
     def _space_key(self, space):
+        keys = FidKeys.of(self.ecfg)
         if space == "classifier":  # a fingerprint of the weights: a retrained classifier is another feature space
             net = self.classifier()[0]
             return (sum(float(v.double().sum()) for v in net.state_dict().values()),)
-        return (self.ecfg.fid_weights,)
+        return (keys.fid_weights,)
 
     def _extract(self, space, images_u8):
         if space == "classifier":
@@ -201,8 +205,9 @@ class Evaluation:
         raise ValueError(space)
 
     def inception(self):
-        return _cached(("inception_net", self.ecfg.fid_weights, str(self.device)),
-                       lambda: load_fid_inception(self.ecfg.fid_weights, self.device))
+        keys = FidKeys.of(self.ecfg)
+        return _cached(("inception_net", keys.fid_weights, str(self.device)),
+                       lambda: load_fid_inception(keys.fid_weights, self.device))
 
     def fd_pair(self, space: str) -> tuple[float, float]:
         """(FD of the samples, real-vs-real floor), both against the reference Gaussian (ref_gaussian)."""
@@ -267,8 +272,9 @@ def sfid(ev: Evaluation) -> dict:
                                "the FID Inception's 1008 logits without bias, as the ADM evaluator; needs weights)",
                                keys=FidKeys, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
 def inception_score(ev: Evaluation) -> dict:
+    keys = FidKeys.of(ev.ecfg)
     mean, std = score(ev.features("inception_logits", "gen"), IS_SPLITS)
-    real = _cached(("is_real", ev.ecfg.fid_weights, *ev.data_key),
+    real = _cached(("is_real", keys.fid_weights, *ev.data_key),
                    lambda: score(ev.features("inception_logits", "train"), IS_SPLITS)[0])
     return {"inception_score": mean, "inception_score_std": std, "inception_score_real": real}
 

@@ -110,8 +110,9 @@ class LatentConsistency(FewStepFlow):
 def check_lcm_config(cfg):
     check_flow_config(cfg)
     m = cfg.method
-    if m.lcm_skip >= m.lcm_timesteps:
-        raise GenlabError(f"method.lcm_skip ({m.lcm_skip}) must be below method.lcm_timesteps ({m.lcm_timesteps})")
+    keys = LcmKeys.of(m)
+    if keys.lcm_skip >= keys.lcm_timesteps:
+        raise GenlabError(f"method.lcm_skip ({keys.lcm_skip}) must be below method.lcm_timesteps ({keys.lcm_timesteps})")
     check_guidance(m)
 
 

@@ -123,13 +123,14 @@ def check_maskdit_config(cfg):
         raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
                           f"visible tokens no longer form; use another model.mlp")
     m = cfg.method
+    keys = MaskditMethodKeys.of(m)
     if m.timestep_sampler == "adaptive":
         raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
                           "method.timestep_sampler")
-    if m.unmask_steps > cfg.train.steps:
-        raise GenlabError(f"method.unmask_steps ({m.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
-    if not 0 <= m.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
-        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {m.mask_ratio}")
+    if keys.unmask_steps > cfg.train.steps:
+        raise GenlabError(f"method.unmask_steps ({keys.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
+    if not 0 <= keys.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
+        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {keys.mask_ratio}")
 
 
 @method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "

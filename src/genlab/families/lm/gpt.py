@@ -257,6 +257,7 @@ def check_gpt_loss(cfg_model):
                          grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), default_position="learned",
                          example=GPT_EXAMPLE, check=lambda cfg, dim, heads, depth: check_gpt_loss(cfg.model))
 def build_gpt(cfg_model, data_spec) -> GPT:
+    keys = GptKeys.of(cfg_model)
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
     dim, depth, heads = gpt_size(cfg_model)
@@ -268,11 +269,11 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     if pos not in fitting_positions(1):
         raise GenlabError(f"model.pos_emb={pos} does not fit model gpt; valid choices: auto, {', '.join(fitting_positions(1))}")
     check_gpt_loss(cfg_model)
-    vocab = cfg_model.vocab_size or data_spec["vocab_size"]
+    vocab = keys.vocab_size or data_spec["vocab_size"]
     if vocab < data_spec["vocab_size"]:
         raise GenlabError(f"model.vocab_size {vocab} is smaller than the data's vocabulary {data_spec['vocab_size']}")
     return GPT(GPTSpec(vocab_size=vocab, seq_len=data_spec["seq_len"], dim=dim, depth=depth, heads=heads,
                        mlp_ratio=cfg_model.mlp_ratio, pos_emb=pos, norm=cfg_model.norm, mlp=cfg_model.mlp,
-                       tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
-                       dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk,
-                       ce_kernel=cfg_model.ce_kernel, qkv_kernel=cfg_model.qkv_kernel))
+                       tie_weights=keys.tie_weights, causal=keys.causal, bias=keys.bias,
+                       dropout=keys.dropout, attention=cfg_model.attention, ce_chunk=keys.ce_chunk,
+                       ce_kernel=keys.ce_kernel, qkv_kernel=cfg_model.qkv_kernel))

@@ -67,8 +67,9 @@ class WorldModel(Method):
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
+        keys = WorldKeys.of(self.mcfg)
         if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
-            k = self.mcfg.residual_scale
+            k = keys.residual_scale
             loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen)
             return loss, est / k + base
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
@@ -79,17 +80,18 @@ class WorldModel(Method):
         """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
         starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
         caller keeps the RNG outside the graph."""
+        keys = WorldKeys.of(self.mcfg)
         steps = steps or self.mcfg.sample_steps
         level = torch.zeros(context.shape[0], device=context.device)
         if noise is None:
             noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
         ts = self.objective.grid(steps, context.device)
-        x = noise * self.mcfg.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
+        x = noise * keys.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
         net = lambda x, t: model(x, t, context, actions, level)  # the backbone with this frame's conditioning bound
-        x = call_sampler(sampler_registry.get(self.mcfg.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
+        x = call_sampler(sampler_registry.get(keys.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
                          x, ts, generator=generator, noise=self.mcfg.sde_noise)
-        x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
-        return quantize(x) if self.mcfg.quantize_frames else x
+        x = (x / keys.residual_scale + context[:, -1] if keys.residual else x).clamp(-1, 1)
+        return quantize(x) if keys.quantize_frames else x
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
@@ -188,10 +190,11 @@ def check_world_config(cfg):
                                          "method.quantize_frames"))
 def build_world(cfg, data_spec):
     m = cfg.method
+    keys = WorldKeys.of(m)
     if m.sample_steps < 1:
         raise GenlabError("method.sample_steps must be >= 1")
-    if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
-        raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
+    if keys.world_sampler == "heun" and (keys.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
+        raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {keys.objective} has no "
                           f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
-    check_sampler_conditions("world", [m.world_sampler])  # a step-size sampler needs a model trained with it
+    check_sampler_conditions("world", [keys.world_sampler])  # a step-size sampler needs a model trained with it
     return WorldModel(cfg, data_spec)
