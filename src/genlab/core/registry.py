@@ -1,7 +1,7 @@
 """Name -> spec registries, so every interchangeable part is chosen by a config string.
 
 An entry is registered next to its code with a typed spec: its builder, a one-line doc, the config keys it reads
-(`keys`: declared here with `config_fields.declare`; `reads`: keys another component declares) and its
+(`keys`: its typed `config.fields.Keys` classes; `reads`: keys another component declares) and its
 capabilities as fields of the registry's spec class. A misspelt capability is a TypeError at import, and config
 validation, `genlab config` and docs/config.md are derived from the specs.
 
@@ -71,7 +71,7 @@ def load_plugin(item: str):
 class Spec:
     builder: Any                  # the registered function, class or value
     doc: str = ""
-    keys: tuple = ()              # config_fields.Key declarations this entry reads (it owns them)
+    keys: Any = ()                # the config.fields.Keys class (or a tuple of them) this entry reads (it owns them)
     reads: tuple[str, ...] = ()   # dotted keys declared by another component that this entry reads too
     defaults: dict | None = None  # {dotted key: value} this entry brings when chosen: over what an earlier config
                                   # layer set for the entry it replaced (config.component_defaults)
