@@ -20,7 +20,7 @@ import tomllib
 from conftest import TINY, cli_in_process
 
 from genlab.config.check import read_keys
-from genlab.config.fields import meta_of
+from genlab.config.fields import dotted_of, meta_of
 from genlab.config.keys import declared_keys
 from genlab.config.tree import CONFIG_DIR, Config, apply_dict, apply_overrides, load_config, load_toml, resolve_preset_path
 from genlab.core.errors import GenlabError
@@ -61,7 +61,7 @@ def entries(selector: str) -> list[str]:
 
 def reads_teacher(method: str) -> bool:
     spec = method_registry.spec(method)
-    return any(k.dotted == "method.teacher" for k in spec.keys) or "method.teacher" in spec.reads
+    return "method.teacher" in dotted_of(spec.keys) or "method.teacher" in spec.reads
 
 
 def with_data(case: tuple, name: str) -> tuple:
@@ -97,7 +97,7 @@ def family_axes(method: str) -> list[tuple[str, tuple]]:
     """The own axes of a method outside the image family: every entry of the registries its other method keys select,
     every dataset of its kinds."""
     base, spec = method_base(method), method_registry.spec(method)
-    own = [k for k in [k.dotted for k in spec.keys] + list(spec.reads)
+    own = [k for k in list(dotted_of(spec.keys)) + list(spec.reads)
            if k not in SWITCHED and meta_of(declared_keys()[k][0].field).get("registry")]
     cases = [(f"{k.split('.')[1]}={n}", base + (f"{k}={n}",)) for k in own for n in entries(k)]
     kinds = method_registry.get(method).data_kinds

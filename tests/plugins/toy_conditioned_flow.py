@@ -8,9 +8,9 @@ from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, interpolate
 
-TOY_KEYS = cf.declare("method",
-    toy_strength=cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1),
-)
+
+class ToyKeys(cf.Keys, section="method"):
+    toy_strength: float = cf.F(0.5, "toy: the strength every sample is conditioned on at sampling time", ge=0, le=1)
 
 
 class ToyConditioned(FlowMatching):
@@ -25,8 +25,8 @@ class ToyConditioned(FlowMatching):
         return F.mse_loss(v.float(), (data - noise).float()), {}
 
     def sample_conditions(self, n, device):
-        return {"strength": torch.full((n,), self.mcfg.toy_strength, device=device)}
+        return {"strength": torch.full((n,), ToyKeys.of(self.mcfg).toy_strength, device=device)}
 
 
 method_registry.register("toy_conditioned", "flow matching conditioned on a per-sample strength (a test plugin)",
-                         keys=TOY_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS))(ToyConditioned)
+                         keys=ToyKeys, reads=cf.dotted_of(FLOW_KEYS))(ToyConditioned)

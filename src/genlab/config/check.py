@@ -8,9 +8,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
-from typing import get_type_hints
 
-from genlab.config.fields import check_value, meta_of
+from genlab.config.fields import check_value, dotted_of, meta_of
 from genlab.config.keys import declared_keys, sections
 from genlab.core.errors import GenlabError
 from genlab.core.registry import REGISTRIES, all_registries
@@ -19,9 +18,8 @@ from genlab.core.registry import REGISTRIES, all_registries
 def check_section(cfg, sec: str) -> None:
     """Every field of one section against its declared range, choices or registry."""
     obj = getattr(cfg, sec)
-    hints = get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
-        check_value(sec, f, hints[f.name], getattr(obj, f.name))
+        check_value(sec, f, meta_of(f)["type"], getattr(obj, f.name))
     if sec == "eval" and not str(obj.metrics).replace(",", " ").strip():  # its names were checked above (`lists=`); weights where eval runs
         raise GenlabError("eval.metrics is empty; valid choices: " + ", ".join(_registry("eval_metric").names())
                           + " (eval.num_samples=0 turns eval off)")
@@ -60,7 +58,7 @@ def sampling_keys_of(method: str) -> list[str]:
     for dotted in list(keys):
         kind = meta_of(declared[dotted][0].field).get("registry")
         for _, spec in (REGISTRIES[kind].specs() if kind in REGISTRIES else ()):
-            keys += [k.dotted for k in spec.keys if k.dotted not in keys]
+            keys += [k for k in dotted_of(spec.keys) if k not in keys]
     return keys
 
 
@@ -98,7 +96,7 @@ def read_keys(cfg) -> dict[str, str]:
                 if name not in REGISTRIES[kind]:
                     continue  # an unknown name is reported by the range check
                 spec = REGISTRIES[kind].spec(name)
-                for k in [k.dotted for k in spec.keys] + list(spec.reads):
+                for k in dotted_of(spec.keys) + tuple(spec.reads):
                     if k not in read:
                         read[k] = f"{kind} '{name}' ({dotted}={name})"
                         changed = True
@@ -139,7 +137,7 @@ def unused_options(cfg) -> list[tuple[str, str]]:
 
 def _check_train(cfg):
     t = cfg.train
-    if str(getattr(cfg.method, "cache_schedule", "")).strip():
+    if str(cfg.method.cache_schedule).strip():
         raise GenlabError("method.cache_schedule is a sampling plan measured on a trained run (genlab analyze RUN --what "
                           "cache): set it on genlab eval / genlab sample, not for training (method.cache_blocks caches "
                           "during training's evaluations)")
@@ -198,7 +196,7 @@ def parse_variant_values(text: str, name: str) -> list[str]:
 
 def variant_lists(cfg) -> dict[str, list[str]]:
     """{list key: its values as written} for the train.lrs|weight_decays|ema_decays that are set."""
-    return {n: parse_variant_values(getattr(cfg.train, n), n) for n in VARIANT_KEYS if getattr(cfg.train, n, "")}
+    return {n: parse_variant_values(getattr(cfg.train, n), n) for n in VARIANT_KEYS if getattr(cfg.train, n)}
 
 
 def member_name(name: str, values: dict[str, str]) -> str:
@@ -228,11 +226,11 @@ def check_member_name(cfg) -> None:
 def is_batched(cfg) -> bool:
     """Several runs of this config in one process: train.seeds or a batched-variants list is set."""
     t = cfg.train
-    return bool(t.seeds) or any(getattr(t, n, "") for n in VARIANT_KEYS)
+    return bool(t.seeds) or any(getattr(t, n) for n in VARIANT_KEYS)
 
 
 def batched_label(cfg) -> str:
-    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n, "")]
+    named = [n for n in VARIANT_KEYS if getattr(cfg.train, n)]
     return f"train.{named[0]} (batched variants)" if named else "train.seeds (batched seeds)"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import get_type_hints
 
 import tomli_w
 
@@ -17,8 +16,7 @@ from genlab.core.tables import markdown_table
 
 def _fields(cfg):
     for sec, obj in sections(cfg):
-        hints = get_type_hints(type(obj))
-        yield sec, [(f, hints[f.name]) for f in dataclasses.fields(obj)]
+        yield sec, [(f, meta_of(f)["type"]) for f in dataclasses.fields(obj)]
 
 
 def _toml_line(key, value) -> str:

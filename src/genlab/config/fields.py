@@ -1,11 +1,13 @@
 """Config field metadata: every key declares a one-line description and its valid values next to its
 default, so `validate`, `genlab config` and docs/config.md all read the same declaration.
 
-    KEYS = declare("method", time_shift=F(1.0, "SD3 shift of training times", ge=0),
-                   sampler=F("heun", "ODE/SDE sampler", registry="sampler"))
+    class ShiftKeys(Keys, section="method"):
+        time_shift: float = F(1.0, "SD3 shift of training times", ge=0)
+        sampler: str = F("heun", "ODE/SDE sampler", registry="sampler")
 
-A component lists its declarations in its registry spec (`keys=KEYS`); which components read a key is
-what decides whether setting it is valid (config_check.read_keys).
+A component lists its Keys classes in its registry spec (`keys=ShiftKeys`) and reads them typed
+(`ShiftKeys.of(cfg).time_shift`); which components read a key is what decides whether setting it is valid
+(config_check.read_keys).
 
 Exactly one kind of declaration is required besides the doc (a test checks every field):
 numeric bounds (ge/gt/le/lt), `choices`, `registry` (a genlab registry name), `free` (what an open
@@ -14,7 +16,7 @@ string holds, e.g. "a file path"), or a bool type (true/false needs nothing more
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar, TypeVar, dataclass_transform, get_origin, get_type_hints
 
 from genlab.core.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean lives with the errors: the registry needs no config import)
 from genlab.core.registry import all_registries
@@ -63,14 +65,86 @@ class Key:
         return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
-def declare(section: str, **fields) -> tuple[Key, ...]:
-    """Config keys a component reads, next to its code: `KEYS = declare("method", time_shift=F(1.0, "...", ge=0))`.
-    User-facing names stay `section.name`; the section classes are assembled from every declaration."""
-    for name, f in fields.items():
-        if not isinstance(f, dataclasses.Field) or "doc" not in (f.metadata or {}):
-            raise TypeError(f"{section}.{name}: declare keys with F(default, doc, ...)")
-        f.name = name
-    return tuple(Key(section, name, f) for name, f in fields.items())
+K = TypeVar("K", bound="Keys")
+
+
+@dataclass_transform(field_specifiers=(F,))
+class Keys:
+    """A dataclass of config keys, owned by the component that reads them:
+
+        class ShortcutKeys(Keys, section="method"):
+            shortcut_min_steps: int = F(128, "...", ge=1)
+
+    User-facing names stay `section.name`; each config section is one object whose class is composed from the
+    section's core class and every registered Keys class of that section (config/keys.py), so `of(cfg)` is that
+    object itself, typed as this class. Subclasses are dataclasses (no decorator needed)."""
+    section: ClassVar[str]
+
+    def __init_subclass__(cls, section: str | None = None, **kw):
+        super().__init_subclass__(**kw)
+        if section is not None:
+            cls.section = section
+        if not hasattr(cls, "section"):
+            raise TypeError(f"{cls.__name__}: name the config section: class {cls.__name__}(Keys, section=\"method\")")
+        for name, ann in cls.__dict__.get("__annotations__", {}).items():
+            f = cls.__dict__.get(name)
+            if not str(ann).startswith(("ClassVar", "typing.ClassVar")) and not (isinstance(f, dataclasses.Field) and "doc" in f.metadata):
+                raise TypeError(f"{cls.section}.{name}: declare keys with F(default, doc, ...)")
+        dataclasses.dataclass(cls)
+
+    @classmethod
+    def declared(cls) -> tuple[Key, ...]:
+        """The keys this class itself defines (inherited ones belong to the base that defines them), each its
+        type-checked Key (the annotation must agree with the type the default or F(type=...) says)."""
+        if "_declared" not in cls.__dict__:
+            hints = get_type_hints(cls)
+            own = cls.__dict__.get("__annotations__", {})
+            keys = tuple(Key(cls.section, f.name, f) for f in dataclasses.fields(cls) if f.name in own)
+            for k in keys:
+                hint = get_origin(hints[k.name]) or hints[k.name]
+                if hint is not k.type:
+                    raise TypeError(f"{k.dotted}: annotated {hints[k.name]} but its default is a {k.type.__name__}")
+            cls._declared = keys
+        return cls._declared
+
+    @classmethod
+    def dotted(cls) -> tuple[str, ...]:
+        """`section.name` of every key this class defines (for a reader's `reads=`)."""
+        return tuple(k.dotted for k in cls.declared())
+
+    @classmethod
+    def of(cls: type[K], cfg) -> K:
+        """This class's keys of a config (or of its section object): the section itself, typed as this class."""
+        sec = cfg if isinstance(cfg, Keys) and cfg.section == cls.section else getattr(cfg, cls.section)
+        if not isinstance(sec, cls):
+            raise GenlabError(f"config section [{cls.section}] has no {cls.__name__}: no registered component lists it in `keys`")
+        return sec
+
+    @classmethod
+    def of_or_defaults(cls: type[K], cfg) -> K:
+        """of(cfg), or a fresh object of the declared defaults where a caller passes no config (cfg None)."""
+        return cls() if cfg is None else cls.of(cfg)
+
+
+def key_classes(keys) -> tuple[type[Keys], ...]:
+    """A spec's `keys` (one Keys class, or a tuple of them) as a tuple of classes."""
+    return (keys,) if isinstance(keys, type) else tuple(keys)
+
+
+def lineage(cls: type[Keys]) -> list[type[Keys]]:
+    """cls and the Keys classes it inherits keys from, bases first (a reader that subclasses an owner reads both)."""
+    return [b for b in reversed(cls.__mro__) if issubclass(b, Keys) and b is not Keys]
+
+
+def declared_by(keys) -> tuple[Key, ...]:
+    """Every Key of a spec's `keys`, inherited ones included."""
+    classes = dict.fromkeys(b for c in key_classes(keys) for b in lineage(c))
+    return tuple(k for c in classes for k in c.declared())
+
+
+def dotted_of(keys) -> tuple[str, ...]:
+    """`section.name` of every key of a spec's `keys` (for a reader's `reads=`)."""
+    return tuple(k.dotted for k in declared_by(keys))
 
 
 def meta_of(f: dataclasses.Field) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import Any, get_origin
 
 import tomllib
 
@@ -21,7 +21,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"  # shipped as packa
 SWEEP_DIR = CONFIG_DIR / "sweeps"
 
 
-def __getattr__(name):  # DataConfig, ModelConfig, ...: the assembled section classes
+def __getattr__(name):  # DataConfig, ModelConfig, ...: the composed section classes (core and component keys)
     for s in SECTIONS:
         if name == f"{s.capitalize()}Config":
             return section_class(s)
@@ -80,13 +80,14 @@ def _coerce(value: Any, typ, where: str):
     raise GenlabError(f"config key '{where}' expects {name}, got {value!r}")
 
 
-def _section_types(section_cls):
-    return get_type_hints(section_cls)
+def _section_types(section_cls) -> dict:
+    """key -> the type its declaration says (F's metadata: what values are coerced to)."""
+    return {f.name: meta_of(f)["type"] for f in dataclasses.fields(section_cls)}
 
 
 def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
     """Merge a nested dict (from TOML) into cfg, validating every key and type."""
-    top = _section_types(Config)
+    top = [f.name for f in dataclasses.fields(Config)]
     for key, val in data.items():
         if key not in top:
             raise GenlabError(f"unknown config section '{key}' in {source}{did_you_mean(key, top)}; valid: {', '.join(top)}")

@@ -2,9 +2,10 @@
 
 A registry lives with its component (`attention_registry` in nn/attention_spec.py, `dataset_registry` in
 data/datasets.py, ...), its spec class beside it. An entry is registered next to its code with a typed spec: its
-builder, a one-line doc, the config keys it reads (`keys`: declared with `config_fields.declare`; `reads`: keys
-another component declares) and its capabilities as fields of the registry's spec class. A misspelt capability is
-a TypeError at import, and config validation, `genlab config` and docs/config.md are derived from the specs.
+builder, a one-line doc, the config keys it reads (`keys`: its typed `config.fields.Keys` classes; `reads`: keys
+another component declares) and its capabilities as fields of the registry's spec class (a method's: attributes of
+its class). A misspelt capability is a TypeError at import, and config validation, `genlab config` and
+docs/config.md are derived from the specs.
 
 Registration without an import cycle: this module imports nothing of genlab but its errors. A lookup imports the
 registering modules on first use (`load_entries`): each component package's __init__ imports its own registering
@@ -74,7 +75,7 @@ def load_plugin(item: str):
 class Spec:
     builder: Any                  # the registered function, class or value
     doc: str = ""
-    keys: tuple = ()              # config_fields.Key declarations this entry reads (it owns them)
+    keys: Any = ()                # the config.fields.Keys class (or a tuple of them) this entry reads (it owns them)
     reads: tuple[str, ...] = ()   # dotted keys declared by another component that this entry reads too
     defaults: dict | None = None  # {dotted key: value} this entry brings when chosen: over what an earlier config
                                   # layer set for the entry it replaced (config.component_defaults)

@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from genlab.config.check import read_keys
-from genlab.config.fields import F, declare
+from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry, Spec
 from genlab.data.formats import ImageData, array_checksum, read_image_dataset
@@ -29,18 +29,19 @@ class DatasetSpec(Spec):
 dataset_registry = Registry("dataset", DatasetSpec)
 
 # data.path: read by every dataset made by `genlab data ...` (images, tokens, episodes)
-PATH_KEYS = declare("data",
-    path=F("", "folder written by `genlab data ...` (data.name=images|shards|latents|tokens|pairs|episodes)", free="a folder path"),
-)
-IMAGE_KEYS = declare("data",
-    hflip=F(False, "random horizontal flip of images, applied on the device"),
-)
-SYNTHETIC_KEYS = declare("data",
-    image_size=F(32, "synthetic images: height = width in pixels", ge=1),
-    channels=F(4, "synthetic images: channels", ge=1),
-    num_classes=F(1000, "synthetic images: number of classes", ge=1),
-    size=F(4096, "synthetic data: number of samples (images or sequences)", ge=1),
-)
+class PathKeys(Keys, section="data"):
+    path: str = F("", "folder written by `genlab data ...` (data.name=images|shards|latents|tokens|pairs|episodes)", free="a folder path")
+
+
+class ImageKeys(Keys, section="data"):
+    hflip: bool = F(False, "random horizontal flip of images, applied on the device")
+
+
+class SyntheticKeys(Keys, section="data"):
+    image_size: int = F(32, "synthetic images: height = width in pixels", ge=1)
+    channels: int = F(4, "synthetic images: channels", ge=1)
+    num_classes: int = F(1000, "synthetic images: number of classes", ge=1)
+    size: int = F(4096, "synthetic data: number of samples (images or sequences)", ge=1)
 
 
 def load_digits_uint8() -> ImageData:
@@ -67,8 +68,9 @@ def prepared_shape(path) -> dict | None:
 def check_data_on_disk(cfg) -> None:
     """Files a config names that must exist before training starts (the trainer calls this before it creates the run
     folder; load_config does not, so presets that name a folder you prepare later still load)."""
-    if dataset_registry.spec(cfg.data.name).needs_path and not Path(cfg.data.path).exists():
-        raise GenlabError(f"no dataset at '{cfg.data.path}' (no such folder); data.name={cfg.data.name} reads a folder "
+    keys = PathKeys.of(cfg.data)
+    if dataset_registry.spec(cfg.data.name).needs_path and not Path(keys.path).exists():
+        raise GenlabError(f"no dataset at '{keys.path}' (no such folder); data.name={cfg.data.name} reads a folder "
                           "made by `genlab data` (prepare, encode, collect, generate)")
     if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
         if prepared_shape(cfg.eval.val_path) is None:  # found now, not after training
@@ -100,13 +102,13 @@ def _read_digits_csv():
 
 
 @dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files", kind="image",
-                           keys=IMAGE_KEYS, shape=lambda d: {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10})
+                           keys=ImageKeys, shape=lambda d: {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 10})
 def digits(cfg_data):
     return load_digits_uint8()
 
 
 @dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)", kind="image",
-                           keys=PATH_KEYS + IMAGE_KEYS, needs_path=True, shape=lambda d: prepared_shape(d.path))
+                           keys=(PathKeys, ImageKeys), needs_path=True, shape=lambda d: prepared_shape(d.path))
 def images(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=images needs data.path (a folder made by `genlab data prepare`)")
@@ -114,7 +116,7 @@ def images(cfg_data):
 
 
 @dataset_registry.register("synthetic", "random uint8 images of data.image_size/channels/num_classes (benchmarks)",
-                           kind="image", keys=IMAGE_KEYS + SYNTHETIC_KEYS, synthetic=True, shape=lambda d: synthetic_spec(d))
+                           kind="image", keys=(ImageKeys, SyntheticKeys), synthetic=True, shape=lambda d: synthetic_spec(d))
 def synthetic(cfg_data):
     rng = np.random.default_rng(0)
     n, s, c = cfg_data.size, cfg_data.image_size, cfg_data.channels

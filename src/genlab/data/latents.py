@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS, dataset_registry
+from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
 from genlab.data.encode import read_source
 from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
@@ -218,7 +218,7 @@ def _check_reference(cfg):
 
 @dataset_registry.register("latents", "autoencoder latents written by `genlab data encode` (data.path); image methods "
                                       "train on them, samples are decoded", kind="latent",
-                           keys=PATH_KEYS + IMAGE_KEYS, needs_path=True, shape=lambda d: latent_shape(d.path),
+                           keys=(PathKeys, ImageKeys), needs_path=True, shape=lambda d: latent_shape(d.path),
                            check=lambda d: _check(d), eval_check=lambda cfg: _check_reference(cfg))
 def latents(cfg_data):
     if not cfg_data.path:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.data.datasets import PATH_KEYS, build_dataset, dataset_registry, prepared_shape
+from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 
@@ -142,7 +142,7 @@ def write_pairs(tmp: Path, images_u8, labels, samples, noise, classes, meta_extr
 
 @dataset_registry.register("pairs", "teacher (noise, image, label) triples written by `genlab data generate pairs` "
                                     "(data.path); batches image, label, noise", kind="image",
-                           keys=PATH_KEYS, needs_path=True, shape=lambda d: prepared_shape(d.path))
+                           keys=PathKeys, needs_path=True, shape=lambda d: prepared_shape(d.path))
 def pairs(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=pairs needs data.path (a folder made by `genlab data generate pairs`)")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from genlab.core.errors import GenlabError
-from genlab.data.datasets import IMAGE_KEYS, PATH_KEYS, dataset_registry
+from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
 from genlab.data.loader import ImageLoader
 
@@ -185,7 +185,7 @@ def _check(d):
 
 
 @dataset_registry.register("shards", "image shards written by `genlab data prepare shards` (data.path); streamed from "
-                           "memory maps, never resident", kind="image", keys=PATH_KEYS + IMAGE_KEYS, needs_path=True,
+                           "memory maps, never resident", kind="image", keys=(PathKeys, ImageKeys), needs_path=True,
                            shape=lambda d: shard_shape(d.path), check=lambda d: _check(d))
 def shards(cfg_data):
     if not cfg_data.path:

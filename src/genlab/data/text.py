@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from genlab.config.fields import F, declare
+from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data import text_stream as ts
 from genlab.data.corpus import read_corpus
-from genlab.data.datasets import PATH_KEYS, dataset_registry
+from genlab.data.datasets import PathKeys, dataset_registry
 from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
@@ -146,13 +146,13 @@ def embedded_corpus(seq_len: int) -> TokenData:
     return TokenData(train, val, seq_len, {**tok.meta(), "source": "genlab.data.corpus (Tiny Shakespeare excerpt)"})
 
 
-TOKEN_KEYS = declare("data",
-    split=F("train", "token data: the split the loader streams (val: the held-out tokens)", choices=("train", "val")),
-    seq_len=F(256, "token data: sequence length per sample", ge=1),
-)
-VOCAB_KEYS = declare("data",
-    vocab_size=F(0, "synthetic tokens: vocabulary size (>= 2 for data.name=synthetic_tokens)", ge=0),
-)
+class TokenKeys(Keys, section="data"):
+    split: str = F("train", "token data: the split the loader streams (val: the held-out tokens)", choices=("train", "val"))
+    seq_len: int = F(256, "token data: sequence length per sample", ge=1)
+
+
+class VocabKeys(Keys, section="data"):
+    vocab_size: int = F(0, "synthetic tokens: vocabulary size (>= 2 for data.name=synthetic_tokens)", ge=0)
 
 
 def _check_synthetic_tokens(d):
@@ -161,7 +161,7 @@ def _check_synthetic_tokens(d):
 
 
 @dataset_registry.register("tokens", "train.bin/val.bin written by `genlab data prepare text` (data.path, data.seq_len)",
-                           kind="token", keys=PATH_KEYS + TOKEN_KEYS, needs_path=True)
+                           kind="token", keys=(PathKeys, TokenKeys), needs_path=True)
 def tokens(cfg_data):
     if not cfg_data.path:
         raise GenlabError("data.name=tokens needs data.path (a folder made by `genlab data prepare text`)")
@@ -169,13 +169,13 @@ def tokens(cfg_data):
 
 
 @dataset_registry.register("text", "embedded char-level corpus (a 40 KB Tiny Shakespeare excerpt): needs no files",
-                           kind="token", keys=TOKEN_KEYS)
+                           kind="token", keys=TokenKeys)
 def text(cfg_data):
     return embedded_corpus(cfg_data.seq_len).check("embedded corpus")
 
 
 @dataset_registry.register("synthetic_tokens", "uniform random tokens of data.vocab_size, data.size sequences (benchmarks)",
-                           kind="token", keys=TOKEN_KEYS + VOCAB_KEYS, reads=("data.size",), check=_check_synthetic_tokens)
+                           kind="token", keys=(TokenKeys, VocabKeys), reads=("data.size",), check=_check_synthetic_tokens)
 def synthetic_tokens(cfg_data):
     if cfg_data.vocab_size < 2:
         raise GenlabError("data.name=synthetic_tokens needs data.vocab_size >= 2")

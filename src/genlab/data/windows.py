@@ -12,9 +12,9 @@ import time
 import numpy as np
 import torch
 
-from genlab.config.fields import F, declare
+from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
-from genlab.data.datasets import PATH_KEYS, dataset_registry
+from genlab.data.datasets import PathKeys, dataset_registry
 from genlab.data.episodes import Episodes, check_action_count, check_actions, read_episodes
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
 from genlab.data.pixels import to_model
@@ -130,14 +130,13 @@ class EpisodeData:
                             cfg_data.on_device, cfg_data.pin_memory)
 
 
-EPISODE_KEYS = declare("data",
-    context_frames=F(4, "episodes: L past frames the world model conditions on", ge=1),
-    horizon=F(8, "episodes: frames after the context in a training window (the largest closed-loop horizon)", ge=1),
-    heldout=F(0.1, "episodes: fraction of episodes (the last ones) held out for evaluation", ge=0, lt=1),
-)
+class EpisodeKeys(Keys, section="data"):
+    context_frames: int = F(4, "episodes: L past frames the world model conditions on", ge=1)
+    horizon: int = F(8, "episodes: frames after the context in a training window (the largest closed-loop horizon)", ge=1)
+    heldout: float = F(0.1, "episodes: fraction of episodes (the last ones) held out for evaluation", ge=0, lt=1)
 
 
 @dataset_registry.register("episodes", "game/robot episodes (frames + actions) written by `genlab data collect|import` (data.path)",
-                           kind="episodes", keys=PATH_KEYS + EPISODE_KEYS, needs_path=True)
+                           kind="episodes", keys=(PathKeys, EpisodeKeys), needs_path=True)
 def episodes(cfg_data):
     return EpisodeData(cfg_data)

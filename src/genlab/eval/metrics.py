@@ -38,37 +38,45 @@ eval_metric_registry = Registry("eval_metric", MetricSpec)
 # Inception feature spaces -> the network output (inception.OUTPUTS) each is
 INCEPTION_SPACES = {"inception": "pool3", "inception_spatial": "spatial", "inception_logits": "logits"}
 
+
 # eval.* keys of the image metrics: the classifier and reference set every metric shares, then each metric's own
-EVAL_IMAGE_KEYS = cf.declare("eval",
-    classifier_epochs=cf.F(30, "flow: epochs of the in-project feature classifier", ge=1),
-    val_path=cf.F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
-                      "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
-                      "eval.num_samples training images)", free="a folder made by `genlab data prepare`"),
-)
-REF_KEYS = cf.declare("eval",
-    ref_samples=cf.F(10000, "flow: held-out images in the reference set of FD/FID (at most the held-out split)", ge=2),
-)
-PR_KEYS = cf.declare("eval",
-    pr_k=cf.F(3, "flow: k of the k-NN manifolds of precision/recall (Kynkäänniemi et al. 2019)", ge=1),
-)
-FID_KEYS = cf.declare("eval",
-    fid_weights=cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
-                         "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path"),
-)
-FID_REF_KEYS = cf.declare("eval",
-    fid_ref=cf.F("", "flow: reference .npz of fid/sfid/pr_inception instead of the held-out images: an ADM reference batch "
-                     "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
-                     "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
-                     "samples (docs/fid.md)", free="an .npz file path"),
-)
+class EvalImageKeys(cf.Keys, section="eval"):
+    classifier_epochs: int = cf.F(30, "flow: epochs of the in-project feature classifier", ge=1)
+    val_path: str = cf.F("", "held-out images folder, e.g. the test split (flow: reference of FD/FID/precision-recall and the "
+                             "real-vs-real floor, empty: a fixed half of the training images; image_ar: bits/dim, empty: the last "
+                             "eval.num_samples training images)", free="a folder made by `genlab data prepare`")
+
+
+class RefKeys(cf.Keys, section="eval"):
+    ref_samples: int = cf.F(10000, "flow: held-out images in the reference set of FD/FID (at most the held-out split)", ge=2)
+
+
+class PrKeys(cf.Keys, section="eval"):
+    pr_k: int = cf.F(3, "flow: k of the k-NN manifolds of precision/recall (Kynkäänniemi et al. 2019)", ge=1)
+
+
+class FidKeys(cf.Keys, section="eval"):
+    fid_weights: str = cf.F("", "flow: FID Inception weights pt_inception-2015-12-05-6726825d.pth, a file or its folder "
+                                "(empty: $GENLAB_FID_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a file or folder path")
+
+
+class FidRefKeys(cf.Keys, section="eval"):
+    fid_ref: str = cf.F("", "flow: reference .npz of fid/sfid/pr_inception instead of the held-out images: an ADM reference batch "
+                            "(arr_0 images and/or mu, sigma, mu_s, sigma_s) or clean-fid/torch-fidelity/pytorch-fid mu+sigma "
+                            "statistics (empty: the held-out images); the standard protocol scores eval.num_samples=50000 "
+                            "samples (docs/fid.md)", free="an .npz file path")
+
+
 PROTOCOL_SAMPLES = 50000  # ADM / DiT / EDM papers: FID of 50,000 samples against the reference statistics
 IS_SPLITS = 10  # the Inception Score's splits (ADM: 50,000 samples in splits of 5,000)
-LPIPS_KEYS = cf.declare("eval",
-    lpips_net=cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg")),
-    lpips_weights=cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
-                           "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path"),
-    lpips_pairs=cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1),
-)
+
+
+class LpipsKeys(cf.Keys, section="eval"):
+    lpips_net: str = cf.F("alex", "flow: LPIPS backbone (v0.1 linear layers)", choices=("alex", "vgg"))
+    lpips_weights: str = cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
+                                  "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path")
+    lpips_pairs: int = cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1)
+
 
 DEFAULT_METRICS = "accuracy,fd,pr"   # the ones that need no downloaded weights
 _CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
@@ -132,8 +140,9 @@ class Evaluation:
 
     # -- feature spaces ---------------------------------------------------------------------
     def classifier(self):
+        keys = EvalImageKeys.of(self.ecfg)
         if "classifier" not in self._gen:
-            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=self.ecfg.classifier_epochs)
+            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=keys.classifier_epochs)
         return self._gen["classifier"]
 
     def _classify(self, images_u8):
@@ -178,24 +187,27 @@ class Evaluation:
 
     def reference(self):
         """eval.fid_ref's Reference (ref_stats.py), or None when the Inception metrics use the held-out images."""
-        if not self.ecfg.fid_ref:
+        keys = FidRefKeys.of(self.ecfg)
+        if not keys.fid_ref:
             return None
-        return _cached(("fid_ref", _file_key(self.ecfg.fid_ref)), lambda: load_reference(self.ecfg.fid_ref))
+        return _cached(("fid_ref", _file_key(keys.fid_ref)), lambda: load_reference(keys.fid_ref))
 
     def ref_gaussian(self, space: str) -> tuple[np.ndarray, np.ndarray]:
         """(mu, sigma) of the reference: eval.fid_ref's stored statistics when it has them (as the ADM evaluator
         prefers them to its images), else those of the reference features."""
+        keys = FidRefKeys.of(self.ecfg)
         ref = self.reference() if space in INCEPTION_SPACES else None
         if ref is not None and ref.has_stats(space):
-            return _cached(("ref_stats", space, _file_key(self.ecfg.fid_ref)), lambda: ref.stats(space))
+            return _cached(("ref_stats", space, _file_key(keys.fid_ref)), lambda: ref.stats(space))
         return _cached(("stats", space, self._space_key(space), *self.data_key),
                        lambda: gaussian_stats(self.features(space, "ref")))
 
     def _space_key(self, space):
+        keys = FidKeys.of(self.ecfg)
         if space == "classifier":  # a fingerprint of the weights: a retrained classifier is another feature space
             net = self.classifier()[0]
             return (sum(float(v.double().sum()) for v in net.state_dict().values()),)
-        return (self.ecfg.fid_weights,)
+        return (keys.fid_weights,)
 
     def _extract(self, space, images_u8):
         if space == "classifier":
@@ -203,8 +215,9 @@ class Evaluation:
         raise ValueError(space)
 
     def inception(self):
-        return _cached(("inception_net", self.ecfg.fid_weights, str(self.device)),
-                       lambda: load_fid_inception(self.ecfg.fid_weights, self.device))
+        keys = FidKeys.of(self.ecfg)
+        return _cached(("inception_net", keys.fid_weights, str(self.device)),
+                       lambda: load_fid_inception(keys.fid_weights, self.device))
 
     def fd_pair(self, space: str) -> tuple[float, float]:
         """(FD of the samples, real-vs-real floor), both against the reference Gaussian (ref_gaussian)."""
@@ -234,14 +247,14 @@ def accuracy(ev: Evaluation) -> dict:
 
 
 @eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor",
-                               keys=REF_KEYS, check=lambda ecfg: _at_least(2, "fd")(ecfg))  # a covariance needs two samples
+                               keys=RefKeys, check=lambda ecfg: _at_least(2, "fd")(ecfg))  # a covariance needs two samples
 def fd(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("classifier")
     return {"feature_fd": v, "feature_fd_floor": floor, "classifier_val_acc": ev.classifier()[1]}
 
 
 @eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space",
-                               keys=REF_KEYS + PR_KEYS,  # the k-th neighbour of a point among the others
+                               keys=(RefKeys, PrKeys),  # the k-th neighbour of a point among the others
                                check=lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg))
 def pr(ev: Evaluation) -> dict:
     return ev.pr_pair("classifier")
@@ -249,7 +262,7 @@ def pr(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("fid", "FID: Fréchet distance of Inception-v3 pool3 features (Heusel et al. 2017; needs weights), "
                                "against eval.fid_ref when set",
-                               keys=REF_KEYS + FID_KEYS + FID_REF_KEYS,
+                               keys=(RefKeys, FidKeys, FidRefKeys),
                                check=lambda ecfg: _check_inception(ecfg, 2, "fid", "inception"))
 def fid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception")
@@ -258,7 +271,7 @@ def fid(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("sfid", "sFID: Fréchet distance of Inception mixed_6/conv[..., :7] features, 7x17x17 = 2023-d "
                                "(Nash et al. 2021, as the ADM evaluator; needs weights)",
-                               keys=REF_KEYS + FID_KEYS + FID_REF_KEYS,
+                               keys=(RefKeys, FidKeys, FidRefKeys),
                                check=lambda ecfg: _check_inception(ecfg, 2, "sfid", "inception_spatial"))
 def sfid(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("inception_spatial")
@@ -267,32 +280,35 @@ def sfid(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("inception_score", f"Inception Score over {IS_SPLITS} splits (Salimans et al. 2016; softmax of "
                                "the FID Inception's 1008 logits without bias, as the ADM evaluator; needs weights)",
-                               keys=FID_KEYS, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
+                               keys=FidKeys, check=lambda ecfg: _check_inception(ecfg, IS_SPLITS, "inception_score"))
 def inception_score(ev: Evaluation) -> dict:
+    keys = FidKeys.of(ev.ecfg)
     mean, std = score(ev.features("inception_logits", "gen"), IS_SPLITS)
-    real = _cached(("is_real", ev.ecfg.fid_weights, *ev.data_key),
+    real = _cached(("is_real", keys.fid_weights, *ev.data_key),
                    lambda: score(ev.features("inception_logits", "train"), IS_SPLITS)[0])
     return {"inception_score": mean, "inception_score_std": std, "inception_score_real": real}
 
 
 @eval_metric_registry.register("pr_inception", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in Inception pool3 "
                                "space, against eval.fid_ref's images when set (as the ADM evaluator; needs weights)",
-                               keys=REF_KEYS + PR_KEYS + FID_KEYS + FID_REF_KEYS,
+                               keys=(RefKeys, PrKeys, FidKeys, FidRefKeys),
                                check=lambda ecfg: _check_inception(ecfg, ecfg.pr_k + 1, "pr_inception", "images"))
 def pr_inception(ev: Evaluation) -> dict:
     return {f"inception_{k}": v for k, v in ev.pr_pair("inception").items()}
 
 
 def _check_fid(ecfg):
-    find_fid_weights(ecfg.fid_weights)
+    keys = FidKeys.of(ecfg)
+    find_fid_weights(keys.fid_weights)
 
 
 def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
     """Before sampling: enough samples, the weights file, and a reference file that holds what the metric reads."""
+    keys = FidRefKeys.of(ecfg)
     _at_least(at_least, what)(ecfg)
     _check_fid(ecfg)
-    if needs and ecfg.fid_ref:
-        ref = load_reference(ecfg.fid_ref)
+    if needs and keys.fid_ref:
+        ref = load_reference(keys.fid_ref)
         ok = ref.has_images if needs == "images" else ref.can_serve(needs)
         if not ok:
             wanted = {"inception_spatial": "spatial statistics (mu_s, sigma_s) or images (arr_0)",
@@ -319,7 +335,7 @@ def _at_least(k: int, what: str):
 
 
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
-                                keys=LPIPS_KEYS, check=lambda ecfg: _check_lpips(ecfg))
+                                keys=LpipsKeys, check=lambda ecfg: _check_lpips(ecfg))
 def lpips(ev: Evaluation) -> dict:
     e = ev.ecfg
     model = _cached(("lpips_net", e.lpips_net, e.lpips_weights, str(ev.device)),
@@ -335,7 +351,8 @@ def lpips(ev: Evaluation) -> dict:
 
 
 def _check_lpips(ecfg):
-    find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights)
+    keys = LpipsKeys.of(ecfg)
+    find_lpips_files(keys.lpips_net, keys.lpips_weights)
 
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from genlab.config.check import batched_label, is_batched
+from genlab.config.fields import dotted_of
 from genlab.core.errors import GenlabError
 from genlab.core.tables import markdown_table
 from genlab.data import build_dataset
@@ -275,7 +276,7 @@ def _compiled_graphs() -> int:
 
 def _model_label(mcfg) -> str:
     """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
-    patches = "model.patch_size" in {k.dotted for k in model_registry.spec(mcfg.name).keys} | \
+    patches = "model.patch_size" in set(dotted_of(model_registry.spec(mcfg.name).keys)) | \
         set(model_registry.spec(mcfg.name).reads)
     return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if patches else "")
 
@@ -381,10 +382,10 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
                      "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
                      "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer,
                      "graph_step": tcfg.graph_step,
-                     "compile_mode": getattr(tcfg, "compile_mode", "default"), "attention": cfg.model.attention,
-                     "adaln": getattr(cfg.model, "adaln", None), "ce_kernel": getattr(cfg.model, "ce_kernel", None),
-                     "mlp": getattr(cfg.model, "mlp", None), "qkv_kernel": getattr(cfg.model, "qkv_kernel", None),
-                     "final_kernel": getattr(cfg.model, "final_kernel", None)},
+                     "compile_mode": tcfg.compile_mode, "attention": cfg.model.attention,
+                     "adaln": cfg.model.adaln, "ce_kernel": cfg.model.ce_kernel,
+                     "mlp": cfg.model.mlp, "qkv_kernel": cfg.model.qkv_kernel,
+                     "final_kernel": cfg.model.final_kernel},
         "steps": steps, "warmup": warmup_total, "turn_s": turn, "host_syncs_per_step": host_syncs,
         "host_sync_sites": host_sync_sites,
         "profile": prof,

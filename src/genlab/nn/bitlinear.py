@@ -27,13 +27,13 @@ from genlab.config import fields as cf
 NORM_EPS = 1e-5
 NORMS = ("rmsnorm", "none")
 
+
 # declared by the bitlinear converter (nn/convert.py); bitnet_torchao (nn/quantized_training.py) reads it too
-BITLINEAR_KEYS = cf.declare("train",
-    bitlinear_norm=cf.F("rmsnorm", "bitlinear / bitnet_torchao: BitNet's input norm before every converted linear "
-                                   "(rmsnorm: RMSNorm with a learnable gain, in float32, before the int8 absmax); none: "
-                                   "only the blocks' own pre-norms (before qkv and fc1), as runs before it had",
-                        choices=NORMS),
-)
+class BitlinearKeys(cf.Keys, section="train"):
+    bitlinear_norm: str = cf.F("rmsnorm", "bitlinear / bitnet_torchao: BitNet's input norm before every converted linear "
+                                          "(rmsnorm: RMSNorm with a learnable gain, in float32, before the int8 absmax); none: "
+                                          "only the blocks' own pre-norms (before qkv and fc1), as runs before it had",
+                               choices=NORMS)
 
 
 def ternary(w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

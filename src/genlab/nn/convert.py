@@ -14,10 +14,10 @@ import torch.nn as nn
 
 from genlab.config.check import check_converter_combination
 from genlab.core.registry import Registry
-from genlab.nn.bitlinear import BITLINEAR_KEYS, NormedLinear, add_input_norm, to_bitlinear
+from genlab.nn.bitlinear import BitlinearKeys, NormedLinear, add_input_norm, to_bitlinear
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
-from genlab.nn.float8 import FLOAT8_KEYS, SKIP_PARTS, check_float8_device, convert_float8, precompute_scales
+from genlab.nn.float8 import Float8Keys, SKIP_PARTS, check_float8_device, convert_float8, precompute_scales
 
 convert_registry = Registry("convert")
 
@@ -52,7 +52,7 @@ def _float8(recipe):
 for _recipe in ("tensorwise", "rowwise"):
     convert_registry.register(f"float8_{_recipe}", f"torchao Float8Linear for the block linears, {_recipe} scales "
                                                    "(trains on SM89+/H100; emulated when a CPU loads the run)",
-                              keys=FLOAT8_KEYS)(_float8(_recipe))
+                              keys=Float8Keys)(_float8(_recipe))
 convert_registry.register("float8", "alias of float8_tensorwise", reads=("train.float8_min_dim", "train.float8_all_gather"))(_float8("tensorwise"))
 
 
@@ -80,13 +80,13 @@ def _bitlinear(model, device, cfg=None):
 
 convert_registry.register("bitlinear", "BitNet b1.58 BitLinear for the block linears: ternary absmean weights, "
                                        "int8 absmax activations after an input RMSNorm (train.bitlinear_norm), "
-                                       "straight-through gradients", keys=BITLINEAR_KEYS)(
+                                       "straight-through gradients", keys=BitlinearKeys)(
     Converter(_bitlinear, linears=True, prepare=add_bitnet_norms))
 
 
 def converters_of(cfg, precision=None) -> list[str]:
     """train.convert plus what the precision implies (float8_* precision names are aliases), deduplicated."""
-    names = list(getattr(cfg.train, "convert", []) or [])
+    names = list(cfg.train.convert)
     for n in (precision.convert if precision is not None else _precision_convert(cfg)):
         if n not in names and not (n == "float8_tensorwise" and "float8" in names):
             names.append(n)

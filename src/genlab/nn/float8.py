@@ -29,12 +29,11 @@ SKIP_PARTS = ("patch_embed", "t_embed", "y_embed", "tok_emb", "pos_emb", "embed"
 
 
 # declared by the float8 converters (nn/convert.py); the float8_* precision aliases read it too
-FLOAT8_KEYS = cf.declare("train",
-    float8_min_dim=cf.F(0, "float8: convert a block linear only if in_features and out_features are both >= this "
-                           "(0 = every eligible linear); a value that keeps none is an error", ge=0),
-    float8_all_gather=cf.F(False, "float8 tensorwise under train.parallel=fsdp|hsdp: all-gather the sharded weights "
-                                  "in float8 (half the bytes of bf16), scales precomputed after each optimizer step"),
-)
+class Float8Keys(cf.Keys, section="train"):
+    float8_min_dim: int = cf.F(0, "float8: convert a block linear only if in_features and out_features are both >= this "
+                                  "(0 = every eligible linear); a value that keeps none is an error", ge=0)
+    float8_all_gather: bool = cf.F(False, "float8 tensorwise under train.parallel=fsdp|hsdp: all-gather the sharded weights "
+                                          "in float8 (half the bytes of bf16), scales precomputed after each optimizer step")
 
 
 def _import_torchao():

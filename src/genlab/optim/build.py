@@ -34,19 +34,20 @@ DEFAULT_PRECONDITION_EVERY = 10
 
 
 # optim.* keys that come with an optimizer capability (each entry reads those of the capabilities it has)
-PRECONDITION_KEYS = cf.declare("optim",
-    precondition_every=cf.F(0, "shampoo/soap: recompute the preconditioner every this many steps (0 = 10)", ge=0),
-)
-MUON_KEYS = cf.declare("optim",
-    muon_scope=cf.F("hidden", "muon: which matrices Muon updates (hidden: 2-D Linear weights in the blocks without adaLN; "
-                    "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
-                    choices=("hidden", "hidden_adaln", "all_2d")),
-)
-HEAVYBALL_KEYS = cf.declare("optim",
-    heavyball_compile=cf.F("max-autotune-no-cudagraphs", "heavyball optimizers on CUDA: torch.compile mode of their "
-                           "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
-                           choices=("max-autotune-no-cudagraphs", "default", "off")),
-)
+class PreconditionKeys(cf.Keys, section="optim"):
+    precondition_every: int = cf.F(0, "shampoo/soap: recompute the preconditioner every this many steps (0 = 10)", ge=0)
+
+
+class MuonKeys(cf.Keys, section="optim"):
+    muon_scope: str = cf.F("hidden", "muon: which matrices Muon updates (hidden: 2-D Linear weights in the blocks without adaLN; "
+                           "hidden_adaln: with adaLN; all_2d: every ndim>=2 param); the rest use AdamW",
+                           choices=("hidden", "hidden_adaln", "all_2d"))
+
+
+class HeavyballKeys(cf.Keys, section="optim"):
+    heavyball_compile: str = cf.F("max-autotune-no-cudagraphs", "heavyball optimizers on CUDA: torch.compile mode of their "
+                                  "fused step (the library's default autotunes for minutes; off = eager; CPU is always eager)",
+                                  choices=("max-autotune-no-cudagraphs", "default", "off"))
 
 
 def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=False, heavyball=False):
@@ -54,14 +55,14 @@ def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=F
     OptimizerSpec fields): `fsdp` (False: refused with train.parallel=fsdp|hsdp, see tests/unit/optim/test_optim.py),
     `preconditioned` (reads optim.precondition_every), `muon_groups` (gives Muon its own parameter groups: reads
     optim.muon_scope) and `heavyball` (backed by heavyball: reads optim.heavyball_compile)."""
-    keys = (PRECONDITION_KEYS if preconditioned else ()) + (MUON_KEYS if muon_groups else ()) + \
-        (HEAVYBALL_KEYS if heavyball else ())
+    keys = tuple(c for c, on in ((PreconditionKeys, preconditioned), (MuonKeys, muon_groups), (HeavyballKeys, heavyball)) if on)
     return optimizer_registry.register(name, doc, keys=keys, fsdp=fsdp, preconditioned=preconditioned,
                                        muon_groups=muon_groups, heavyball=heavyball)
 
 
 def precondition_every(ocfg) -> int:
-    return ocfg.precondition_every or DEFAULT_PRECONDITION_EVERY
+    keys = PreconditionKeys.of(ocfg)
+    return keys.precondition_every or DEFAULT_PRECONDITION_EVERY
 
 
 def cautious(opt, ocfg, **kw):

@@ -39,26 +39,27 @@ DECAY_SHAPES = {"linear": lambda x: 1 - x, "1-sqrt": lambda x: 1 - math.sqrt(x)}
 
 
 def wsd_decay_start(total: int, ocfg) -> int:
-    return total - int(round(ocfg.decay_frac * total))
+    keys = WsdKeys.of(ocfg)
+    return total - int(round(keys.decay_frac * total))
 
 
-WSD_KEYS = cf.declare("optim",
-    decay_frac=cf.F(0.2, "wsd: fraction of the steps in the final decay", gt=0, le=1),
-    decay_shape=cf.F("1-sqrt", "wsd: shape of the final decay (Hägele et al. 2024)", choices=("linear", "1-sqrt")),
-)
+class WsdKeys(cf.Keys, section="optim"):
+    decay_frac: float = cf.F(0.2, "wsd: fraction of the steps in the final decay", gt=0, le=1)
+    decay_shape: str = cf.F("1-sqrt", "wsd: shape of the final decay (Hägele et al. 2024)", choices=("linear", "1-sqrt"))
 
 
 @lr_schedule_registry.register("wsd", "warmup-stable-decay (Hägele et al. 2024): linear warmup, constant lr, then the last "
                                       "optim.decay_frac of the steps decay to min_lr_ratio * lr (optim.decay_shape)",
-                               keys=WSD_KEYS)
+                               keys=WsdKeys)
 def wsd(step, total, ocfg):
+    keys = WsdKeys.of(ocfg)
     if step < ocfg.warmup_steps:
         return _warmup(step, ocfg)
     start = wsd_decay_start(total, ocfg)
     if step < start:
         return 1.0
     progress = min(1.0, (step - start) / max(1, total - start))
-    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[ocfg.decay_shape](progress)
+    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[keys.decay_shape](progress)
 
 
 def warmup_limit(total: int, ocfg) -> int:

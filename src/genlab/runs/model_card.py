@@ -48,7 +48,7 @@ def metrics_rows(summary: dict) -> list[tuple[str, str]]:
 
 
 def _dataset(cfg, spec: dict) -> str:
-    name = cfg.data.name + (f" ({cfg.data.path})" if getattr(cfg.data, "path", "") else "")
+    name = cfg.data.name + (f" ({cfg.data.path})" if cfg.data.path else "")
     shape = ", ".join(f"{k} {spec[k]}" for k in ("kind", "image_size", "channels", "num_classes", "vocab_size",
                                                "num_samples") if spec.get(k) not in (None, ""))
     return f"{name}: {shape}" if shape else name

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from genlab.config.tree import Config, apply_overrides, from_dict, validate
+from genlab.config.fields import dotted_of
 from genlab.core.errors import GenlabError
 from genlab.core.registry import all_registries
 from genlab.runtime import dcp
@@ -135,7 +136,7 @@ def _reads_bitlinear_norm(convert) -> bool:
     names = [convert] if isinstance(convert, str) else list(convert)
     converters = all_registries()["convert"]  # by name: the converters live on the nn floor above
     return any(n in converters and "train.bitlinear_norm" in
-               [k.dotted for k in converters.spec(n).keys] + list(converters.spec(n).reads) for n in names)
+               dotted_of(converters.spec(n).keys) + tuple(converters.spec(n).reads) for n in names)
 
 
 def _first(e: BaseException) -> str:

@@ -186,8 +186,8 @@ def _shard(model, info, tcfg, device, hybrid):
         raise GenlabError(f"train.parallel={tcfg.parallel} needs a model that exposes .blocks")
     mesh = build_mesh(info, tcfg, device, hybrid)
     model._genlab_mesh = mesh
-    return _fully_shard_model(model, mesh, _mp_policy(tcfg), keep_last=getattr(tcfg, "fsdp_keep_last", 0),
-                              prefetch=getattr(tcfg, "fsdp_prefetch", 0))
+    return _fully_shard_model(model, mesh, _mp_policy(tcfg), keep_last=tcfg.fsdp_keep_last,
+                              prefetch=tcfg.fsdp_prefetch)
 
 
 @parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)", sharded=True)

@@ -150,14 +150,13 @@ def ac_full(model, tcfg):
     return _wrap_blocks(model, lambda i: True)
 
 
-AC_EVERY_KEYS = cf.declare("train",
-    ac_every=cf.F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1),
-)
+class AcEveryKeys(cf.Keys, section="train"):
+    ac_every: int = cf.F(2, "activation_checkpointing=every_k: recompute every k-th block; =segments: the number of segments", ge=1)
 
 
-@ac_registry.register("every_k", "recompute every train.ac_every-th block", keys=AC_EVERY_KEYS)
+@ac_registry.register("every_k", "recompute every train.ac_every-th block", keys=AcEveryKeys)
 def ac_every_k(model, tcfg):
-    k = max(1, tcfg.ac_every)
+    k = max(1, AcEveryKeys.of(tcfg).ac_every)
     return _wrap_blocks(model, lambda i: i % k == 0)
 
 
@@ -181,7 +180,7 @@ for _name, _doc in (("default", "torch.compile's default: inductor kernels, no C
 
 
 def _mode(tcfg):
-    return compile_mode_registry.get(getattr(tcfg, "compile_mode", "default"))
+    return compile_mode_registry.get(tcfg.compile_mode)
 
 
 def guard_module_hooks():
@@ -236,7 +235,7 @@ def compile_extra(module, tcfg):
 # -- compiled autograd, compiled optimizer step, recompile counting -------------------------------
 def backward_context(tcfg):
     """Around loss.backward(): compiled autograd traces the whole backward graph (one graph, fusable)."""
-    if not getattr(tcfg, "compiled_autograd", False):
+    if not tcfg.compiled_autograd:
         return contextlib.nullcontext()
     from torch._dynamo import compiled_autograd
     enable = getattr(compiled_autograd, "_enable", None) or compiled_autograd.enable

@@ -28,7 +28,7 @@ def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=
     batch is decoded to pixels here, before `post`, so every front end sees images."""
     if per_step is None:
         per_step = "callback" in inspect.signature(method.sample).parameters
-    steps = steps or getattr(method.mcfg, "sample_steps", 1)
+    steps = steps or method.mcfg.sample_steps
     n_batches = -(-len(labels) // batch)
     out = []
     with progress.Task(f"{desc} {len(labels)} images", total=steps * n_batches if per_step else len(labels),

@@ -24,13 +24,20 @@ class SamplerSpec(Spec):
 sampler_registry = Registry("sampler", SamplerSpec)
 step_schedule_registry = Registry("step_schedule")
 
+
 # -- step schedules: the grid 0 = t_0 < t_1 < ... < t_N = 1 ----------------------------------------
-SHIFTED_KEYS = cf.declare("method",
-    sample_shift=cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0),
-)
-SDE_KEYS = cf.declare("method",
-    sde_noise=cf.F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0),
-)
+class ShiftedKeys(cf.Keys, section="method"):
+    sample_shift: float = cf.F(3.0, "flow, step_schedule=shifted: shift s of the grid t/(s(1-t)+t)", gt=0)
+
+
+# declared here, with lq_map; the linear_quadratic timestep sampler (families/image_flow/timesteps.py) owns them
+class LqKeys(cf.Keys, section="method"):
+    lq_threshold: float = cf.F(0.025, "flow, linear_quadratic (sampler or step schedule): t reached by the linear part (Mochi)", gt=0, lt=1)
+    lq_linear_frac: float = cf.F(0.5, "flow, linear_quadratic: fraction of the steps (draws) in the linear part (Mochi)", gt=0, lt=1)
+
+
+class SdeKeys(cf.Keys, section="method"):
+    sde_noise: float = cf.F(1.0, "flow, euler_maruyama: eta of the diffusion g(t)^2 = 2 eta (1-t) (0 = the ODE)", ge=0)
 
 
 # -- time maps shared by the step schedules here and the training-time samplers (families/image_flow/timesteps.py) --
@@ -60,18 +67,17 @@ def uniform_grid(steps, cfg=None):
 
 @step_schedule_registry.register("shifted", "uniform grid through SD3's shift t/(s(1-t)+t), s = method.sample_shift "
                                             "(> 1: more steps near the noise; Esser et al. 2024)",
-    keys=SHIFTED_KEYS)
+    keys=ShiftedKeys)
 def shifted_grid(steps, cfg=None):
-    return shift_time(torch.linspace(0.0, 1.0, steps + 1), getattr(cfg, "sample_shift", 3.0) if cfg is not None else 3.0)
+    return shift_time(torch.linspace(0.0, 1.0, steps + 1), ShiftedKeys.of_or_defaults(cfg).sample_shift)
 
 
 @step_schedule_registry.register("linear_quadratic", "Mochi 1's grid: linear to method.lq_threshold over the first "
                                                      "method.lq_linear_frac of the steps, then quadratic (Genmo 2024)",
-    reads=("method.lq_threshold", "method.lq_linear_frac"))
+    reads=LqKeys.dotted())
 def linear_quadratic_grid(steps, cfg=None):
-    th = getattr(cfg, "lq_threshold", 0.025) if cfg is not None else 0.025
-    fr = getattr(cfg, "lq_linear_frac", 0.5) if cfg is not None else 0.5
-    return lq_map(torch.linspace(0.0, 1.0, steps + 1), th, fr)
+    k = LqKeys.of_or_defaults(cfg)
+    return lq_map(torch.linspace(0.0, 1.0, steps + 1), k.lq_threshold, k.lq_linear_frac)
 
 
 def time_grid(steps: int, device=None, schedule: str = "uniform", cfg=None) -> torch.Tensor:
@@ -144,7 +150,7 @@ def sample_midpoint(velocity, x, ts, callback=None, extra_args=None):
 # -- SDE sampler ----------------------------------------------------------------------------------
 @sampler_registry.register("euler_maruyama", "Euler-Maruyama on the flow's marginal-preserving SDE dx = [v - eta (x - t v)] dt "
                                              "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)",
-                           keys=SDE_KEYS)
+                           keys=SdeKeys)
 @torch.no_grad()
 def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise: float = 1.0, extra_args=None):
     """For x_t = (1-t) z + t x1 the velocity is v = E[x1 - z | x_t], and E[z | x_t] = x_t - t v, so the score is

@@ -77,7 +77,7 @@ def check_seeds_config(cfg) -> None:
             refuse(f"train.{key}={getattr(t, key)}")
     if t.precision == "fp16" or t.precision.startswith("float8"):
         refuse(f"train.precision={t.precision}")
-    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # custom ops without a vmap rule
+    if cfg.model.qkv_kernel != "plain":  # custom ops without a vmap rule
         refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
     if t.resume:
         refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")

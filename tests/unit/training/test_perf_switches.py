@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from conftest import stop_after, tiny_config
 
+from genlab.config.tree import TrainConfig
 from genlab.core.errors import GenlabError
 from genlab.families.image_flow.dit import DiT, DiTSpec
 from genlab.runtime.parallel import _mesh_dims, clip_grads
@@ -38,7 +39,7 @@ def grads_of(model):
 @pytest.mark.parametrize("mode", ["full", "every_k", "selective"])
 def test_activation_checkpointing_gives_the_same_gradients_as_none(mode):
     ref = grads_of(tiny_dit())
-    model = apply_switches(tiny_dit(), SimpleNamespace(activation_checkpointing=mode, ac_every=2))
+    model = apply_switches(tiny_dit(), TrainConfig(activation_checkpointing=mode, ac_every=2))
     got = grads_of(model)
     assert got.keys() == ref.keys()
     for k in ref:
@@ -47,13 +48,13 @@ def test_activation_checkpointing_gives_the_same_gradients_as_none(mode):
 
 def test_activation_checkpointing_keeps_state_dict_keys():
     plain = tiny_dit()
-    ckpt = apply_switches(tiny_dit(), SimpleNamespace(activation_checkpointing="full", ac_every=2))
+    ckpt = apply_switches(tiny_dit(), TrainConfig(activation_checkpointing="full", ac_every=2))
     assert list(ckpt.state_dict()) == list(plain.state_dict())
     assert all(getattr(b, "_genlab_checkpointed", False) for b in ckpt.blocks)
 
 
 def test_every_k_checkpoints_every_kth_block():
-    m = apply_switches(tiny_dit(depth=5), SimpleNamespace(activation_checkpointing="every_k", ac_every=2))
+    m = apply_switches(tiny_dit(depth=5), TrainConfig(activation_checkpointing="every_k", ac_every=2))
     assert [getattr(b, "_genlab_checkpointed", False) for b in m.blocks] == [True, False, True, False, True]
 
 

@@ -42,16 +42,16 @@ from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
 
-AE_METHOD_KEYS = cf.declare("method",
-    kl_weight=cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
-                         "read with model.bottleneck=kl)", ge=0),
-    gan_weight=cf.F(0.0, "autoencoder: weight of the PatchGAN generator term (0 = no discriminator; LDM: 0.5 with "
-                         "the adaptive weight)", ge=0),
-    gan_start=cf.F(0, "autoencoder: optimizer steps before the discriminator and its term start", ge=0),
-    gan_adaptive=cf.F(True, "autoencoder: VQGAN's adaptive GAN weight (gradient-norm ratio at the decoder's last "
-                            "layer) times method.gan_weight; false = method.gan_weight alone"),
-    gan_lr=cf.F(0.0, "autoencoder: discriminator learning rate (0 = optim.lr)", ge=0),
-)
+
+class AeMethodKeys(cf.Keys, section="method"):
+    kl_weight: float = cf.F(1e-6, "autoencoder: weight of KL(q(z|x) || N(0, I)) next to the per-pixel L1 (SD's VAEs: 1e-6; "
+                                  "read with model.bottleneck=kl)", ge=0)
+    gan_weight: float = cf.F(0.0, "autoencoder: weight of the PatchGAN generator term (0 = no discriminator; LDM: 0.5 with "
+                                  "the adaptive weight)", ge=0)
+    gan_start: int = cf.F(0, "autoencoder: optimizer steps before the discriminator and its term start", ge=0)
+    gan_adaptive: bool = cf.F(True, "autoencoder: VQGAN's adaptive GAN weight (gradient-norm ratio at the decoder's last "
+                                    "layer) times method.gan_weight; false = method.gan_weight alone")
+    gan_lr: float = cf.F(0.0, "autoencoder: discriminator learning rate (0 = optim.lr)", ge=0)
 
 
 def kl_to_standard_normal(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -134,17 +134,20 @@ class Autoencoder(Method):
     render = render  # originals above reconstructions (autoencoder/render.py)
 
     def __init__(self, cfg, data_spec):
+        keys = AeMethodKeys.of(cfg.method)
         self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
-        self.gan = cfg.method.gan_weight > 0
+        self.gan = keys.gan_weight > 0
         self._data = None
 
     def extra_modules(self):
+        keys = AeMethodKeys.of(self.mcfg)
         if not self.gan:
             return {}
         disc = PatchDiscriminator(self.spec["channels"], layers=disc_layers(self.spec["image_size"]))
-        return {"disc": Extra(disc, trainable=True, optimizer="disc", lr=self.mcfg.gan_lr or None)}
+        return {"disc": Extra(disc, trainable=True, optimizer="disc", lr=keys.gan_lr or None)}
 
     def loss(self, model, batch, ctx):
+        keys = AeMethodKeys.of(self.mcfg)
         x = batch["image"]
         base = unwrap(model)
         noise = None
@@ -156,17 +159,17 @@ class Autoencoder(Method):
         loss, metrics = rec_loss, {"rec_l1": rec_loss.detach()}
         if logvar is not None:
             kl = kl_to_standard_normal(mean.float(), logvar.float()).mean() / x[0].numel()
-            loss = loss + self.mcfg.kl_weight * kl
+            loss = loss + keys.kl_weight * kl
             metrics["kl"] = kl.detach()
-        if not self.gan or ctx.step < self.mcfg.gan_start:
+        if not self.gan or ctx.step < keys.gan_start:
             return loss, metrics
         # one discriminator forward for both losses (spectral norm updates its vectors on each training forward);
         # the trainer back-propagates d_loss into the discriminator only, so fake need not be detached
         fake, real = ctx.extras["disc"](torch.cat([rec, x])).chunk(2)
         g_loss = -fake.mean()
         d_loss = 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())
-        w = self.mcfg.gan_weight
-        if self.mcfg.gan_adaptive:
+        w = keys.gan_weight
+        if keys.gan_adaptive:
             w = w * adaptive_weight(rec_loss, g_loss, base.decoder.last_layer)
         metrics.update(g_loss=g_loss.detach(), d_loss=d_loss.detach(), gan_w=torch.as_tensor(w).detach())
         return {"model": loss + w * g_loss, "disc": d_loss}, metrics
@@ -209,4 +212,4 @@ def read_stats(run_dir) -> dict | None:
 
 method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
                                         "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
-                         keys=AE_METHOD_KEYS, reads=("eval.val_path",))(Autoencoder)
+                         keys=AeMethodKeys, reads=("eval.val_path",))(Autoencoder)

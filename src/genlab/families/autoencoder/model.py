@@ -26,13 +26,15 @@ from genlab.families.models import ModelExample, model_registry
 
 LOGVAR_RANGE = (-30.0, 20.0)  # LDM's clamp of the posterior log-variance
 
-AE_KEYS = cf.declare("model",
-    channel_mult=cf.F((1.0, 2.0, 2.0), "autoencoder_kl: width multiple of each resolution level (of model.dim); the "
-                                       "image side shrinks by 2^(levels - 1)", ge=1),
-    latent_channels=cf.F(4, "autoencoder_kl: channels of the latent (SD: 4)", ge=1),
-    bottleneck=cf.F("kl", "autoencoder_kl: kl = diagonal-Gaussian posterior (+ KL term), plain = deterministic latent",
-                    choices=("kl", "plain")),
-)
+
+class AeKeys(cf.Keys, section="model"):
+    channel_mult: tuple[float, ...] = cf.F((1.0, 2.0, 2.0), "autoencoder_kl: width multiple of each resolution level (of model.dim); the "
+                                                            "image side shrinks by 2^(levels - 1)", ge=1)
+    latent_channels: int = cf.F(4, "autoencoder_kl: channels of the latent (SD: 4)", ge=1)
+    bottleneck: str = cf.F("kl", "autoencoder_kl: kl = diagonal-Gaussian posterior (+ KL term), plain = deterministic latent",
+                           choices=("kl", "plain"))
+
+
 # model.size -> (base width model.dim, ResNet blocks per level model.depth, heads of the mid attention)
 AE_SIZES = {"tiny": (32, 1, 1), "small": (64, 2, 1), "sd": (128, 2, 1)}
 
@@ -202,7 +204,8 @@ class AutoencoderKL(nn.Module):
 
 
 def channel_mult(cfg_model) -> tuple[int, ...]:
-    mult = tuple(cfg_model.channel_mult)
+    keys = AeKeys.of(cfg_model)
+    mult = tuple(keys.channel_mult)
     if not mult or any(m != int(m) for m in mult):
         raise GenlabError(f"model.channel_mult must be whole numbers >= 1 (e.g. 1,2,2), got {mult}")
     return tuple(int(m) for m in mult)
@@ -241,11 +244,12 @@ def example() -> ModelExample:
 
 @model_registry.register("autoencoder_kl", "SD-VAE-style conv autoencoder (ResNet blocks, GroupNorm, SiLU, mid "
                                            "attention), kl or plain bottleneck, factor 2^(levels-1): "
-                                           "method.name=autoencoder", keys=AE_KEYS, family="autoencoder",
+                                           "method.name=autoencoder", keys=AeKeys, family="autoencoder",
                          sizes=AE_SIZES, example=example(), check=check_autoencoder_model)
 def build_autoencoder_kl(cfg_model, data_spec) -> AutoencoderKL:
+    keys = AeKeys.of(cfg_model)
     mult = channel_mult(cfg_model)
     check_image_size(data_spec["image_size"], mult)
     dim, depth, heads = sizes_of(cfg_model)
     return AutoencoderKL(data_spec["channels"], data_spec["image_size"], dim, mult, depth, heads,
-                         cfg_model.latent_channels, cfg_model.bottleneck)
+                         keys.latent_channels, keys.bottleneck)

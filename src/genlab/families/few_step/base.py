@@ -20,12 +20,16 @@ from genlab.nn.bitlinear import InputRMSNorm
 from genlab.nn.conditions import ConditionSet
 from genlab.runtime import checkpoint as ckpt
 
-TEACHER_KEYS = cf.declare("method",
-    teacher=cf.F("", "few-step distillation: the flow teacher (a run folder, checkpoint or exported model.safetensors "
-                     "of a flow or REPA run on the same data)", free="a run folder, checkpoint or .safetensors path"),
-    teacher_cfg_scale=cf.F(0.0, "few-step distillation: guidance scale of the teacher's velocity (0 = the teacher "
-                                "run's own eval.cfg_scale)", ge=0),
-)
+
+# method.teacher alone: for the methods that never use the teacher's own guidance scale (method.teacher_cfg_scale)
+class TeacherPathKeys(cf.Keys, section="method"):
+    teacher: str = cf.F("", "few-step distillation: the flow teacher (a run folder, checkpoint or exported model.safetensors "
+                            "of a flow or REPA run on the same data)", free="a run folder, checkpoint or .safetensors path")
+
+
+class TeacherKeys(TeacherPathKeys):
+    teacher_cfg_scale: float = cf.F(0.0, "few-step distillation: guidance scale of the teacher's velocity (0 = the teacher "
+                                         "run's own eval.cfg_scale)", ge=0)
 
 
 def teacher_state(path: str) -> dict:
@@ -96,17 +100,19 @@ class FewStepFlow(FlowMatching):
         self._teacher_state = None
 
     def _teacher(self) -> dict:
+        keys = TeacherPathKeys.of(self.mcfg)
         if self._teacher_state is None:
-            path = self.mcfg.teacher
+            path = keys.teacher
             state = teacher_state(path)
             self.teacher_cfg = check_teacher(state, self.spec, path)
             self._teacher_state = state
         return self._teacher_state
 
     def init_weights(self, model) -> None:
+        keys = TeacherPathKeys.of(self.mcfg)
         if self.init_from_teacher:
             st = self._teacher()
-            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"], self.mcfg.teacher)
+            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"], keys.teacher)
 
     def extra_modules(self):
         extras = dict(super().extra_modules())
@@ -122,7 +128,8 @@ class FewStepFlow(FlowMatching):
 
     @property
     def teacher_guidance(self) -> float:
-        return self.mcfg.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
+        keys = TeacherKeys.of(self.mcfg)
+        return keys.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
 
     def teacher_velocity(self, teacher, y):
         """The teacher's guided velocity field v(x, t) for labels y (one batched forward with CFG)."""
@@ -135,10 +142,6 @@ FEW_STEP_KEYS = FLOW_KEYS
 # -- what the consistency methods (LCM, ECT, LADD) share: f(x, t) = x + (1 - t) v(x, t), the data estimate of the
 # velocity network, the identity at t = 1 for any weights, so Song et al. 2023's boundary condition holds by
 # construction (no c_skip/c_out schedule); the `consistency` sampler computes it at every step -------------------
-# method.teacher alone: these methods never use the teacher's own guidance scale (method.teacher_cfg_scale)
-TEACHER_PATH = tuple(k for k in TEACHER_KEYS if k.name == "teacher")
-
-
 def consistency_fn(net, x, t, y, **cond):
     """f(x, t) = x + (1 - t) v(x, t, y, **cond); t a [B] tensor."""
     return x + (1 - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype) * net(x, t, y, **cond)

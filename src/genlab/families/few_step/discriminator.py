@@ -42,19 +42,19 @@ from genlab.runtime.parallel import unwrap
 COLLAPSE_RATIO = 0.5  # a student batch with under half the real batch's spread counts as a collapsed step
 T_FREQ = 64  # sinusoidal features of the re-noising time in each head's condition
 
-DISC_KEYS = cf.declare("method",
-    tdisc_blocks=cf.F("", "pcm, ladd: teacher blocks (1-based, comma-separated) whose output tokens feed a "
-                         "discriminator head (empty = 4 spread over the depth, the last included)",
-                     free="comma-separated block numbers in 1..depth, or empty"),
-    tdisc_hidden=cf.F(128, "pcm, ladd: width of each discriminator head", ge=1),
-    tdisc_lr=cf.F(0.0, "pcm, ladd: learning rate of the discriminator heads' own optimizer (0 = optim.lr)", ge=0),
-    tdisc_betas=cf.F((0.0, 0.99), "pcm, ladd: Adam betas of the discriminator heads' own optimizer (GAN practice: "
-                                  "beta1 = 0, so the critic follows the moving student without momentum)", ge=0, lt=1),
-    tdisc_t_mean=cf.F(-1.0, "pcm, ladd: re-noising time t' = t_end - w (1 - s), s = sigmoid(N(mean, std)) (w: 1 for "
-                           "ladd, one phase for pcm); < 0 shifts it toward noise (LADD: m=1, s=1 with t=1 noise)",
-                     ge=-10, le=10),
-    tdisc_t_std=cf.F(1.0, "pcm, ladd: standard deviation of logit(s) of the re-noising time", gt=0),
-)
+
+class DiscKeys(cf.Keys, section="method"):
+    tdisc_blocks: str = cf.F("", "pcm, ladd: teacher blocks (1-based, comma-separated) whose output tokens feed a "
+                                "discriminator head (empty = 4 spread over the depth, the last included)",
+                            free="comma-separated block numbers in 1..depth, or empty")
+    tdisc_hidden: int = cf.F(128, "pcm, ladd: width of each discriminator head", ge=1)
+    tdisc_lr: float = cf.F(0.0, "pcm, ladd: learning rate of the discriminator heads' own optimizer (0 = optim.lr)", ge=0)
+    tdisc_betas: tuple[float, ...] = cf.F((0.0, 0.99), "pcm, ladd: Adam betas of the discriminator heads' own optimizer (GAN practice: "
+                                                       "beta1 = 0, so the critic follows the moving student without momentum)", ge=0, lt=1)
+    tdisc_t_mean: float = cf.F(-1.0, "pcm, ladd: re-noising time t' = t_end - w (1 - s), s = sigmoid(N(mean, std)) (w: 1 for "
+                                    "ladd, one phase for pcm); < 0 shifts it toward noise (LADD: m=1, s=1 with t=1 noise)",
+                              ge=-10, le=10)
+    tdisc_t_std: float = cf.F(1.0, "pcm, ladd: standard deviation of logit(s) of the re-noising time", gt=0)
 
 
 def parse_blocks(text: str, depth: int) -> tuple[int, ...]:
@@ -73,12 +73,13 @@ def parse_blocks(text: str, depth: int) -> tuple[int, ...]:
 
 def check_disc_config(cfg) -> None:
     """Before any work: the backbone's blocks output tokens, and method.tdisc_blocks parses."""
+    keys = DiscKeys.of(cfg.method)
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method {cfg.method.name}'s discriminator reads the tokens a block outputs; model "
                           f"{cfg.model.name} has no such blocks (genlab list: model.dit)")
-    parse_blocks(cfg.method.tdisc_blocks, dit_size(cfg.model)[1])
-    if len(cfg.method.tdisc_betas) != 2:
-        raise GenlabError(f"method.tdisc_betas must hold two numbers, got {list(cfg.method.tdisc_betas)}")
+    parse_blocks(keys.tdisc_blocks, dit_size(cfg.model)[1])
+    if len(keys.tdisc_betas) != 2:
+        raise GenlabError(f"method.tdisc_betas must hold two numbers, got {list(keys.tdisc_betas)}")
 
 
 class TokenHead(nn.Module):
@@ -149,19 +150,22 @@ class FeatureTap:
 
 
 def build_heads(teacher: nn.Module, mcfg, num_classes: int) -> TeacherHeads:
+    keys = DiscKeys.of(mcfg)
     base = unwrap(teacher)
-    return TeacherHeads(base.spec.dim, mcfg.tdisc_hidden, num_classes, parse_blocks(mcfg.tdisc_blocks, len(base.blocks)),
+    return TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
                         base.num_tokens)
 
 
 def disc_extra(heads: TeacherHeads, mcfg) -> Extra:
     """The heads as a trainable extra with their own optimizer "disc" (method.tdisc_lr, method.tdisc_betas)."""
-    return Extra(heads, trainable=True, optimizer="disc", lr=mcfg.tdisc_lr or None, betas=tuple(mcfg.tdisc_betas))
+    keys = DiscKeys.of(mcfg)
+    return Extra(heads, trainable=True, optimizer="disc", lr=keys.tdisc_lr or None, betas=tuple(keys.tdisc_betas))
 
 
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
     """t' = t_end - width (1 - s), s = sigmoid(N(tdisc_t_mean, tdisc_t_std)): within `width` below t_end, toward noise."""
-    s = torch.sigmoid(mcfg.tdisc_t_mean + mcfg.tdisc_t_std * torch.randn(t_end.shape, generator=generator,
+    keys = DiscKeys.of(mcfg)
+    s = torch.sigmoid(keys.tdisc_t_mean + keys.tdisc_t_std * torch.randn(t_end.shape, generator=generator,
                                                                        device=t_end.device))
     return t_end - width * (1 - s)
 

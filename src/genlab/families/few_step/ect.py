@@ -29,18 +29,18 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-ECT_KEYS = cf.declare("method",
-    ect_stages=cf.F(8, "ect: stages of the gap schedule over train.steps; the gap shrinks by ect_q at each (official "
-                       "CIFAR-10 run: 8, halving every 250 of 2000 ticks)", ge=1),
-    ect_q=cf.F(2.0, "ect: q, the gap's shrink factor per stage (official CIFAR-10: 2; ImageNet 64: 4)", gt=1),
-    ect_k=cf.F(8.0, "ect: k of the gap's adjustment n(σ) = 1 + k sigmoid(-b σ) (official 8)", ge=0),
-    ect_b=cf.F(1.0, "ect: b of the gap's adjustment n(σ) = 1 + k sigmoid(-b σ) (official 1)", ge=0),
-    ect_huber_c=cf.F(0.0, "ect: c of the pseudo-Huber distance per pixel (official code 0: the L2 norm, here the RMS)",
-                     ge=0),
-)
+
+class EctKeys(cf.Keys, section="method"):
+    ect_stages: int = cf.F(8, "ect: stages of the gap schedule over train.steps; the gap shrinks by ect_q at each (official "
+                              "CIFAR-10 run: 8, halving every 250 of 2000 ticks)", ge=1)
+    ect_q: float = cf.F(2.0, "ect: q, the gap's shrink factor per stage (official CIFAR-10: 2; ImageNet 64: 4)", gt=1)
+    ect_k: float = cf.F(8.0, "ect: k of the gap's adjustment n(σ) = 1 + k sigmoid(-b σ) (official 8)", ge=0)
+    ect_b: float = cf.F(1.0, "ect: b of the gap's adjustment n(σ) = 1 + k sigmoid(-b σ) (official 1)", ge=0)
+    ect_huber_c: float = cf.F(0.0, "ect: c of the pseudo-Huber distance per pixel (official code 0: the L2 norm, here the RMS)",
+                              ge=0)
 
 
 def ect_stage(step: int, total_steps: int, stages: int) -> int:
@@ -61,7 +61,7 @@ class EasyConsistencyTuning(FewStepFlow):
     init_from_teacher = True
 
     def loss(self, model, batch, ctx):
-        m, g, data, y = self.mcfg, ctx.generator, batch["image"], batch["label"]
+        m, g, data, y = EctKeys.of(self.mcfg), ctx.generator, batch["image"], batch["label"]
         B, dev = data.shape[0], data.device
         t = self.draw_t(B, g, dev, ctx.step)
         stage = ect_stage(ctx.step, ctx.total_steps, m.ect_stages)
@@ -80,4 +80,4 @@ class EasyConsistencyTuning(FewStepFlow):
 method_registry.register("ect", "Easy Consistency Tuning (Geng et al. 2024): consistency training from the flow "
                                 "teacher's weights (method.teacher), shrinking step gap, no EMA target; 1-2 step "
                                 "sampling with sampler=consistency",
-                         keys=FEW_STEP_KEYS + TEACHER_PATH + ECT_KEYS)(EasyConsistencyTuning)
+                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, EctKeys))(EasyConsistencyTuning)

@@ -87,7 +87,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     sampler = sampler or (m.sampler if m.sampler in ode_samplers() else "heun")
     steps = steps or tcfg.eval.sample_steps
     scale = tcfg.eval.cfg_scale if cfg_scale is None else cfg_scale
-    interval = parse_interval(getattr(m, "cfg_interval", "0,1"))
+    interval = parse_interval(m.cfg_interval)
     spec = state["data_spec"]
     k, C, S = spec.get("num_classes", 0), spec["channels"], spec["image_size"]
     classes = spec.get("classes") or [str(i) for i in range(k)]

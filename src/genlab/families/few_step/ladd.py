@@ -35,24 +35,20 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow, consistency_fn
-from genlab.families.few_step.discriminator import DISC_KEYS, add_discriminator, check_disc_config, renoise, renoise_time
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn
+from genlab.families.few_step.discriminator import DiscKeys, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 
-LADD_KEYS = cf.declare("method",
-    ladd_student_steps=cf.F(4, "ladd: the student's times t = i/n, i = 0..n-1 (paper: 4, pure noise included)", ge=1),
-    ladd_noise_share=cf.F(0.7, "ladd: share of each batch at pure noise t = 0 (paper: 0.7; the rest is uniform over "
-                               "the other student times, 0.1 each at 4 steps as the paper)", ge=0, le=1),
-    ladd_warmup_steps=cf.F(0, "ladd: first steps in which the student trains only at its less noisy half of times, "
-                              "i/n with i >= n/2 (paper: 500 steps at its two least noisy of 4; 0 = none)", ge=0),
-    ladd_regression_weight=cf.F(0.0, "ladd: weight of the regression term mean (x^1(z, 0) - image)^2 on the "
-                                     "pure-noise samples, z the teacher pair's noise (needs data.name=pairs; 0 = "
-                                     "adversarial only, as the paper)", ge=0),
-)
 
-
-# the teacher judges through its features only: its guidance scale (method.teacher_cfg_scale) is not read
-TEACHER_ONLY = tuple(k for k in TEACHER_KEYS if k.name == "teacher")
+class LaddKeys(cf.Keys, section="method"):
+    ladd_student_steps: int = cf.F(4, "ladd: the student's times t = i/n, i = 0..n-1 (paper: 4, pure noise included)", ge=1)
+    ladd_noise_share: float = cf.F(0.7, "ladd: share of each batch at pure noise t = 0 (paper: 0.7; the rest is uniform over "
+                                        "the other student times, 0.1 each at 4 steps as the paper)", ge=0, le=1)
+    ladd_warmup_steps: int = cf.F(0, "ladd: first steps in which the student trains only at its less noisy half of times, "
+                                     "i/n with i >= n/2 (paper: 500 steps at its two least noisy of 4; 0 = none)", ge=0)
+    ladd_regression_weight: float = cf.F(0.0, "ladd: weight of the regression term mean (x^1(z, 0) - image)^2 on the "
+                                              "pure-noise samples, z the teacher pair's noise (needs data.name=pairs; 0 = "
+                                              "adversarial only, as the paper)", ge=0)
 
 
 def student_times(n_times: int, B: int, noise_share: float, generator, device, warmup: bool = False) -> torch.Tensor:
@@ -77,8 +73,9 @@ class LADD(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
+        self.keys = LaddKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
         self.adversary = None
-        if self.mcfg.ladd_regression_weight > 0:  # the regression target is the teacher's image for the pair's noise
+        if self.keys.ladd_regression_weight > 0:  # the regression target is the teacher's image for the pair's noise
             self.batch_keys = (*self.batch_keys, "noise")
 
     def extra_modules(self):
@@ -88,8 +85,8 @@ class LADD(FewStepFlow):
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]
-        B, dev, m = data.shape[0], data.device, self.mcfg
-        t = student_times(m.ladd_student_steps, B, m.ladd_noise_share, g, dev, warmup=ctx.step < m.ladd_warmup_steps)
+        B, dev, m, k = data.shape[0], data.device, self.mcfg, self.keys
+        t = student_times(k.ladd_student_steps, B, k.ladd_noise_share, g, dev, warmup=ctx.step < k.ladd_warmup_steps)
         pure = t == 0
         z = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
         if "noise" in batch:  # teacher pairs: pure noise is the pair's own, whose teacher image is `data`
@@ -102,10 +99,10 @@ class LADD(FewStepFlow):
         real_t = renoise(data, one, t_adv, torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype))
         adv, d_loss, metrics = self.adversary(ctx.extras["teacher"], ctx.extras["disc"], fake_t, real_t, t_adv, y, x1, data)
         model_loss = adv
-        if m.ladd_regression_weight > 0:  # over the pure-noise samples only (see the module's docstring)
+        if k.ladd_regression_weight > 0:  # over the pure-noise samples only (see the module's docstring)
             per = (x1.float() - data.float()).square().flatten(1).mean(1)
             reg = (per * pure).sum() / pure.sum().clamp_min(1)
-            model_loss = model_loss + m.ladd_regression_weight * reg
+            model_loss = model_loss + k.ladd_regression_weight * reg
             metrics["loss_regression"] = reg.detach()
         return {"model": model_loss, "disc": d_loss}, metrics
 
@@ -113,7 +110,7 @@ class LADD(FewStepFlow):
 def check_ladd_config(cfg):
     check_flow_config(cfg)
     check_disc_config(cfg)
-    m = cfg.method
+    m = LaddKeys.of(cfg)
     if m.ladd_regression_weight > 0 and m.ladd_noise_share == 0 and m.ladd_student_steps > 1:
         raise GenlabError("method.ladd_regression_weight acts on the pure-noise samples, and method.ladd_noise_share=0 "
                           "leaves none; raise the share or set the weight to 0")
@@ -122,4 +119,4 @@ def check_ladd_config(cfg):
 method_registry.register("ladd", "latent adversarial diffusion distillation (Sauer et al. 2024) from method.teacher: "
                                  "the student's data prediction re-noised toward noise, judged by heads on the frozen "
                                  "teacher's features (hinge); sampler=consistency at 1-4 steps",
-                         keys=FEW_STEP_KEYS + TEACHER_ONLY + LADD_KEYS + DISC_KEYS)(LADD)
+                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, LaddKeys, DiscKeys))(LADD)

@@ -30,24 +30,24 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_PATH, FewStepFlow, consistency_fn, pseudo_huber
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
 from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
 
-LCM_KEYS = cf.declare("method",
-    lcm_timesteps=cf.F(50, "lcm: N, intervals of the uniform grid t_n = n/N of the teacher's solver (LCM: 50 DDIM steps)",
-                       ge=2),
-    lcm_skip=cf.F(1, "lcm: k, grid intervals of one teacher solver step t_n -> t_{n+k} (LCM: 20 of 1000 DDPM steps = "
-                     "1 interval of its 50-step grid)", ge=1),
-    lcm_solver=cf.F("euler", "lcm: the teacher's solver step (euler = DDIM on the flow path, as LCM; heun: two teacher "
-                             "calls, second order)", choices=("euler", "heun")),
-    lcm_w_min=cf.F(1.0, "lcm: smallest guidance scale w drawn in training (genlab's CFG scale, 1 = none; LCM's "
-                        "omega in [2, 14] is w in [3, 15], made for Stable Diffusion)", ge=1),
-    lcm_w_max=cf.F(3.0, "lcm: largest guidance scale w drawn in training; the student sees w / lcm_w_max", gt=0),
-    lcm_guidance=cf.F(1.2, "lcm: guidance scale w fed to the student when sampling (within [lcm_w_min, lcm_w_max]; "
-                           "default: the teacher recipe's eval.cfg_scale)", ge=1),
-    lcm_huber_c=cf.F(0.001, "lcm: c of the pseudo-Huber loss per pixel (LCM code: 0.001, applied per element there)",
-                     ge=0),
-)
+
+class LcmKeys(cf.Keys, section="method"):
+    lcm_timesteps: int = cf.F(50, "lcm: N, intervals of the uniform grid t_n = n/N of the teacher's solver (LCM: 50 DDIM steps)",
+                              ge=2)
+    lcm_skip: int = cf.F(1, "lcm: k, grid intervals of one teacher solver step t_n -> t_{n+k} (LCM: 20 of 1000 DDPM steps = "
+                            "1 interval of its 50-step grid)", ge=1)
+    lcm_solver: str = cf.F("euler", "lcm: the teacher's solver step (euler = DDIM on the flow path, as LCM; heun: two teacher "
+                                    "calls, second order)", choices=("euler", "heun"))
+    lcm_w_min: float = cf.F(1.0, "lcm: smallest guidance scale w drawn in training (genlab's CFG scale, 1 = none; LCM's "
+                                 "omega in [2, 14] is w in [3, 15], made for Stable Diffusion)", ge=1)
+    lcm_w_max: float = cf.F(3.0, "lcm: largest guidance scale w drawn in training; the student sees w / lcm_w_max", gt=0)
+    lcm_guidance: float = cf.F(1.2, "lcm: guidance scale w fed to the student when sampling (within [lcm_w_min, lcm_w_max]; "
+                                    "default: the teacher recipe's eval.cfg_scale)", ge=1)
+    lcm_huber_c: float = cf.F(0.001, "lcm: c of the pseudo-Huber loss per pixel (LCM code: 0.001, applied per element there)",
+                              ge=0)
 
 
 def guided_velocity(teacher, x, t, y, w, null_class: int):
@@ -87,10 +87,11 @@ class LatentConsistency(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
+        self.keys = LcmKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
         check_guidance(self.mcfg)  # again here: `genlab eval|sample` may change method.lcm_guidance on a trained run
 
     def loss(self, model, batch, ctx):
-        m, g, data, y = self.mcfg, ctx.generator, batch["image"], batch["label"]
+        m, g, data, y = self.keys, ctx.generator, batch["image"], batch["label"]
         B, dev = data.shape[0], data.device
         N, k = m.lcm_timesteps, m.lcm_skip
         n = torch.randint(0, N - k + 1, (B,), generator=g, device=dev)
@@ -109,14 +110,15 @@ class LatentConsistency(FewStepFlow):
         return pseudo_huber(pred, target, m.lcm_huber_c).mean(), {}
 
     def sample_conditions(self, n, device):
-        return {"w": torch.full((n,), self.mcfg.lcm_guidance / self.mcfg.lcm_w_max, device=device)}
+        return {"w": torch.full((n,), self.keys.lcm_guidance / self.keys.lcm_w_max, device=device)}
 
 
 def check_lcm_config(cfg):
     check_flow_config(cfg)
     m = cfg.method
-    if m.lcm_skip >= m.lcm_timesteps:
-        raise GenlabError(f"method.lcm_skip ({m.lcm_skip}) must be below method.lcm_timesteps ({m.lcm_timesteps})")
+    keys = LcmKeys.of(m)
+    if keys.lcm_skip >= keys.lcm_timesteps:
+        raise GenlabError(f"method.lcm_skip ({keys.lcm_skip}) must be below method.lcm_timesteps ({keys.lcm_timesteps})")
     check_guidance(m)
 
 
@@ -131,4 +133,4 @@ def check_guidance(m):
 method_registry.register("lcm", "consistency distillation, LCM-style (Luo et al. 2023): a skipping-step solver on the "
                                 "flow teacher (method.teacher), EMA target, guidance scale w as the student's input; "
                                 "1-8 step sampling with sampler=consistency",
-                         keys=FEW_STEP_KEYS + TEACHER_PATH + LCM_KEYS)(LatentConsistency)
+                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, LcmKeys))(LatentConsistency)

@@ -41,18 +41,19 @@ from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
 
-MEANFLOW_KEYS = cf.declare("method",
-    meanflow_share=cf.F(0.25, "meanflow: share of each batch with a step d = s - t > 0 and the JVP target; the rest "
-                              "has d = 0, plain flow matching (paper's best on ImageNet: 25%)", ge=0, le=1),
-    meanflow_norm_p=cf.F(1.0, "meanflow: power p of the adaptive loss weight 1 / (||u - target||^2 + c)^p, without "
-                              "gradient (paper 1; 0 = the plain summed squared error)", ge=0),
-    meanflow_norm_c=cf.F(1e-3, "meanflow: c of the adaptive loss weight (paper 1e-3)", gt=0),
-    meanflow_embed_scale=cf.F(1.0, "meanflow: the model's sinusoidal embedders see this times t and d (1: SiT's convention, "
-                                   "on which the MeanFlow code builds; genlab's flow uses 1000, DiT's); du/dt carries the "
-                                   "embedding's derivative, and at 1000 the JVP target diverged on digits", gt=0, le=1000),
-    meanflow_omega=cf.F(1.0, "meanflow: guidance scale baked into the target, v~ = w v + (1 - w) u(x_t, t, 0 | null) "
-                             "(paper sec. 4.2; 1 = off); sample with cfg_scale 1", gt=0),
-)
+
+class MeanflowKeys(cf.Keys, section="method"):
+    meanflow_share: float = cf.F(0.25, "meanflow: share of each batch with a step d = s - t > 0 and the JVP target; the rest "
+                                       "has d = 0, plain flow matching (paper's best on ImageNet: 25%)", ge=0, le=1)
+    meanflow_norm_p: float = cf.F(1.0, "meanflow: power p of the adaptive loss weight 1 / (||u - target||^2 + c)^p, without "
+                                       "gradient (paper 1; 0 = the plain summed squared error)", ge=0)
+    meanflow_norm_c: float = cf.F(1e-3, "meanflow: c of the adaptive loss weight (paper 1e-3)", gt=0)
+    meanflow_embed_scale: float = cf.F(1.0, "meanflow: the model's sinusoidal embedders see this times t and d (1: SiT's convention, "
+                                            "on which the MeanFlow code builds; genlab's flow uses 1000, DiT's); du/dt carries the "
+                                            "embedding's derivative, and at 1000 the JVP target diverged on digits", gt=0, le=1000)
+    meanflow_omega: float = cf.F(1.0, "meanflow: guidance scale baked into the target, v~ = w v + (1 - w) u(x_t, t, 0 | null) "
+                                      "(paper sec. 4.2; 1 = off); sample with cfg_scale 1", gt=0)
+
 
 _NOTED = set()
 
@@ -76,7 +77,7 @@ def check_meanflow_config(cfg):
     if cfg.train.parallel in ("fsdp", "hsdp"):
         raise GenlabError(f"meanflow's JVP target runs on the unwrapped model; train.parallel={cfg.train.parallel} "
                           "shards it: use ddp")
-    if getattr(cfg.model, "qkv_kernel", "plain") != "plain":  # its custom ops have no forward-mode AD rule
+    if cfg.model.qkv_kernel != "plain":  # its custom ops have no forward-mode AD rule
         raise GenlabError(f"meanflow's JVP target needs forward-mode AD through the model; model.qkv_kernel="
                           f"{cfg.model.qkv_kernel} has none: use model.qkv_kernel=plain")
 
@@ -98,13 +99,14 @@ class MeanFlow(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        self.k = self.mcfg.meanflow_embed_scale / 1000.0  # the embedders compute sin(1000 * value * freq)
+        self.keys = MeanflowKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
+        self.k = self.keys.meanflow_embed_scale / 1000.0  # the embedders compute sin(1000 * value * freq)
 
     def draw_times(self, B, generator, device, step=None):
         """Start times t and steps d = s - t: the smaller and larger of two draws; d = 0 after the first share."""
         a, b = self.draw_t(B, generator, device, step), self.draw_t(B, generator, device, step)
         t, s = torch.minimum(a, b), torch.maximum(a, b)
-        n = int(round(B * self.mcfg.meanflow_share))
+        n = int(round(B * self.keys.meanflow_share))
         d = torch.cat([(s - t)[:n], torch.zeros(B - n, device=device, dtype=t.dtype)])
         return t, d, n
 
@@ -125,7 +127,7 @@ class MeanFlow(FewStepFlow):
             target = self.target(unwrap(model), x_t, t, d, y, (data - noise).float(), n_jvp)
         u = model(x_t, t * self.k, y, d=d * self.k)
         sq = (u.float() - target).square().flatten(1).sum(1)
-        w = (sq.detach() + self.mcfg.meanflow_norm_c).pow(-self.mcfg.meanflow_norm_p)
+        w = (sq.detach() + self.keys.meanflow_norm_c).pow(-self.keys.meanflow_norm_p)
         per = sq.detach() / x_t[0].numel()  # the mean squared error per pixel, comparable with flow's loss
         metrics = {"mse": per.mean()}
         if 0 < n_jvp < len(per):
@@ -138,7 +140,7 @@ class MeanFlow(FewStepFlow):
         work = torch.promote_types(x_t.dtype, torch.float32)  # float32 at least (float64 in the tests)
         with torch.autocast(x_t.device.type, enabled=False):
             x_t, t, d, v = x_t.to(work), t.to(work), d.to(work), v.to(work)
-            if self.mcfg.meanflow_omega != 1.0:
+            if self.keys.meanflow_omega != 1.0:
                 v = self.guided_velocity(u_net, x_t, t, y, v)
             if n == 0:
                 return v
@@ -162,7 +164,7 @@ class MeanFlow(FewStepFlow):
         """v~ = omega v + (1 - omega) u(x_t, t, 0 | null) for labelled samples, v for the null class (paper eq. 20)."""
         null = unwrap(net).null_class
         v_null = net(x_t, t, torch.full_like(y, null), torch.zeros_like(t)).to(v.dtype)
-        om = self.mcfg.meanflow_omega
+        om = self.keys.meanflow_omega
         keep = (y == null).view(-1, *([1] * (v.ndim - 1)))
         return torch.where(keep, v, om * v + (1 - om) * v_null)
 
@@ -199,4 +201,4 @@ def note_fallback(names):
 method_registry.register("meanflow", "MeanFlow (Geng et al. 2025), from scratch: the network predicts the average "
                                      "velocity over a step d, trained on the MeanFlow identity with a JVP target; "
                                      "1- and 2-step sampling with sampler=flow_map",
-                         keys=FEW_STEP_KEYS + MEANFLOW_KEYS, defaults={"method.sampler": "flow_map"})(MeanFlow)
+                         keys=(*FEW_STEP_KEYS, MeanflowKeys), defaults={"method.sampler": "flow_map"})(MeanFlow)

@@ -28,18 +28,18 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow
-from genlab.families.few_step.discriminator import DISC_KEYS, add_discriminator, check_disc_config, renoise, renoise_time
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherKeys
+from genlab.families.few_step.discriminator import DiscKeys, add_discriminator, check_disc_config, renoise, renoise_time
 from genlab.families.image_flow.flow import check_flow_config, interpolate
 
-PCM_KEYS = cf.declare("method",
-    pcm_phases=cf.F(4, "pcm: phases k of the trajectory, edges j/k (paper: 4, or 2 with the adversarial loss); "
-                       "sample with sampler=euler at sample_steps=k", ge=1),
-    pcm_solver_steps=cf.F(50, "pcm: teacher ODE grid N: training times i/N and one teacher Euler step of 1/N "
-                              "(official 50)", ge=1),
-    pcm_adv_weight=cf.F(0.0, "pcm: weight of the adversarial consistency loss (0 = off; official 0.1), a "
-                             "discriminator on the teacher's features (method.tdisc_*)", ge=0),
-)
+
+class PcmKeys(cf.Keys, section="method"):
+    pcm_phases: int = cf.F(4, "pcm: phases k of the trajectory, edges j/k (paper: 4, or 2 with the adversarial loss); "
+                              "sample with sampler=euler at sample_steps=k", ge=1)
+    pcm_solver_steps: int = cf.F(50, "pcm: teacher ODE grid N: training times i/N and one teacher Euler step of 1/N "
+                                     "(official 50)", ge=1)
+    pcm_adv_weight: float = cf.F(0.0, "pcm: weight of the adversarial consistency loss (0 = off; official 0.1), a "
+                                      "discriminator on the teacher's features (method.tdisc_*)", ge=0)
 
 
 def phase_edges(k: int) -> torch.Tensor:
@@ -75,8 +75,9 @@ class PCM(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        self.k, self.n = self.mcfg.pcm_phases, self.mcfg.pcm_solver_steps
-        self.adv_weight = self.mcfg.pcm_adv_weight
+        self.keys = PcmKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
+        self.k, self.n = self.keys.pcm_phases, self.keys.pcm_solver_steps
+        self.adv_weight = self.keys.pcm_adv_weight
         self.adversary = None
 
     def extra_modules(self):
@@ -110,16 +111,17 @@ class PCM(FewStepFlow):
 
 
 def check_pcm_config(cfg):
+    keys = PcmKeys.of(cfg.method)
     check_flow_config(cfg)
-    m = cfg.method
+    m = PcmKeys.of(cfg)
     if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
         raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
                           f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
-    if cfg.method.pcm_adv_weight > 0:
+    if keys.pcm_adv_weight > 0:
         check_disc_config(cfg)
 
 
 method_registry.register("pcm", "phased consistency distillation (Wang et al. 2024) from method.teacher: k phases, "
                                 "f(x,t) = x + (e_end - t) v, EMA target after one guided teacher Euler step; optional "
                                 "adversarial loss on teacher features; sampler=euler at k steps",
-                         keys=FEW_STEP_KEYS + TEACHER_KEYS + PCM_KEYS + DISC_KEYS)(PCM)
+                         keys=(*FEW_STEP_KEYS, TeacherKeys, PcmKeys, DiscKeys))(PCM)

@@ -19,16 +19,16 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherKeys
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-PERFLOW_KEYS = cf.declare("method",
-    perflow_windows=cf.F(4, "perflow: time windows K, edges j/K (sample with sampler=euler at K steps; paper and "
-                            "official 4)", ge=1),
-    perflow_solver=cf.F("euler", "perflow: the teacher's ODE solver across a window (official: DDIM, an Euler step "
-                                 "on this path)", choices=("euler", "heun")),
-    perflow_solver_steps=cf.F(8, "perflow: solver steps per window (official 8)", ge=1),
-)
+
+class PerflowKeys(cf.Keys, section="method"):
+    perflow_windows: int = cf.F(4, "perflow: time windows K, edges j/K (sample with sampler=euler at K steps; paper and "
+                                   "official 4)", ge=1)
+    perflow_solver: str = cf.F("euler", "perflow: the teacher's ODE solver across a window (official: DDIM, an Euler step "
+                                        "on this path)", choices=("euler", "heun"))
+    perflow_solver_steps: int = cf.F(8, "perflow: solver steps per window (official 8)", ge=1)
 
 
 def window_edges(k: int) -> torch.Tensor:
@@ -61,7 +61,8 @@ class PeRFlow(FewStepFlow):
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]
-        B, dev, K = data.shape[0], data.device, self.mcfg.perflow_windows
+        keys = PerflowKeys.of(self.mcfg)
+        B, dev, K = data.shape[0], data.device, keys.perflow_windows
         j = torch.randint(0, K, (B,), generator=g, device=dev)
         edges = window_edges(K).to(dev, torch.float32)
         w0, w1 = edges[j], edges[j + 1]
@@ -69,7 +70,7 @@ class PeRFlow(FewStepFlow):
         x_start = interpolate(noise, data, w0)
         with torch.no_grad():
             x_end = solve_window(self.teacher_velocity(ctx.extras["teacher"], y), x_start, w0, w1,
-                                 self.mcfg.perflow_solver_steps, self.mcfg.perflow_solver == "heun")
+                                 keys.perflow_solver_steps, keys.perflow_solver == "heun")
         s = self.draw_t(B, g, dev, ctx.step)
         x_t, target = chord(x_start, x_end, w0, w1, s)
         if self.class_dropout > 0:
@@ -82,4 +83,4 @@ class PeRFlow(FewStepFlow):
 
 method_registry.register("perflow", "PeRFlow (Yan et al. 2024): piecewise reflow in method.perflow_windows windows, "
                                     "pairs made online by the teacher's ODE; sampler=euler at K steps",
-                         keys=FEW_STEP_KEYS + TEACHER_KEYS + PERFLOW_KEYS)(PeRFlow)
+                         keys=(*FEW_STEP_KEYS, TeacherKeys, PerflowKeys))(PeRFlow)

@@ -20,15 +20,16 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, TEACHER_KEYS, FewStepFlow
+from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-REFLOW_KEYS = cf.declare("method",
-    reflow_stage=cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
-                                "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill")),
-)
+
+class ReflowKeys(cf.Keys, section="method"):
+    reflow_stage: str = cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
+                                       "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill"))
+
+
 # reflow reads the teacher's weights only (its start); it makes no teacher forwards, so no teacher guidance scale
-TEACHER_PATH = tuple(k for k in TEACHER_KEYS if k.dotted == "method.teacher")
 
 
 class Reflow(FewStepFlow):
@@ -39,7 +40,7 @@ class Reflow(FewStepFlow):
     def loss(self, model, batch, ctx):
         g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]
         B, dev = data.shape[0], data.device
-        if self.mcfg.reflow_stage == "distill":
+        if ReflowKeys.of(self.mcfg).reflow_stage == "distill":
             t = torch.zeros(B, device=dev)
         else:
             t = self.draw_t(B, g, dev, ctx.step)
@@ -57,4 +58,4 @@ class Reflow(FewStepFlow):
 
 method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
                                    "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
-                         keys=FEW_STEP_KEYS + TEACHER_PATH + REFLOW_KEYS)(Reflow)
+                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)

@@ -24,12 +24,12 @@ from genlab.families.base import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
 from genlab.families.image_flow.flow import interpolate, unwrap
 
-SHORTCUT_KEYS = cf.declare("method",
-    shortcut_min_steps=cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",
-                            ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512)),
-    shortcut_share=cf.F(0.125, "shortcut: share of each batch with self-consistency targets (official 1/8)", gt=0, lt=1),
-    shortcut_clip=cf.F(4.0, "shortcut: self-consistency targets are clipped to [-c, c] (official 4)", gt=0),
-)
+
+class ShortcutKeys(cf.Keys, section="method"):
+    shortcut_min_steps: int = cf.F(128, "shortcut: steps of the smallest step size d_min = 1/N (a power of two; official 128)",
+                                   ge=2, choices=(2, 4, 8, 16, 32, 64, 128, 256, 512))
+    shortcut_share: float = cf.F(0.125, "shortcut: share of each batch with self-consistency targets (official 1/8)", gt=0, lt=1)
+    shortcut_clip: float = cf.F(4.0, "shortcut: self-consistency targets are clipped to [-c, c] (official 4)", gt=0)
 
 
 def two_step_target(target_model, x_t, t, d, y):
@@ -45,12 +45,13 @@ class Shortcut(FewStepFlow):
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        self.levels = int(math.log2(self.mcfg.shortcut_min_steps))
+        self.keys = ShortcutKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
+        self.levels = int(math.log2(self.keys.shortcut_min_steps))
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]
         B, dev = data.shape[0], data.device
-        nb = max(1, int(round(B * self.mcfg.shortcut_share)))
+        nb = max(1, int(round(B * self.keys.shortcut_share)))
         noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
         # self-consistency part: d = 2^-k, t a multiple of 2d with t + 2d <= 1
         k = torch.randint(0, self.levels, (nb,), generator=g, device=dev)
@@ -60,8 +61,8 @@ class Shortcut(FewStepFlow):
         x_b = interpolate(noise[:nb], data[:nb], t_b)
         target_net = ctx.ema if ctx.ema is not None else model
         with torch.no_grad():
-            v_b = two_step_target(target_net, x_b, t_b, d, y[:nb]).float().clamp(-self.mcfg.shortcut_clip,
-                                                                                   self.mcfg.shortcut_clip)
+            v_b = two_step_target(target_net, x_b, t_b, d, y[:nb]).float().clamp(-self.keys.shortcut_clip,
+                                                                                   self.keys.shortcut_clip)
         # flow-matching part at the smallest step
         t_f = self.draw_t(B - nb, g, dev, ctx.step)
         x_f = interpolate(noise[nb:], data[nb:], t_f)
@@ -69,7 +70,7 @@ class Shortcut(FewStepFlow):
         if self.class_dropout > 0:
             drop = torch.rand(B - nb, generator=g, device=dev) < self.class_dropout
             y_f = torch.where(drop, torch.full_like(y_f, unwrap(model).null_class), y_f)
-        d_min = torch.full((B - nb,), 1.0 / self.mcfg.shortcut_min_steps, device=dev)
+        d_min = torch.full((B - nb,), 1.0 / self.keys.shortcut_min_steps, device=dev)
         # one forward over both parts; the 2d-step's size is 2d
         out = model(torch.cat([x_b, x_f]), torch.cat([t_b, t_f]), torch.cat([y[:nb], y_f]), d=torch.cat([2 * d, d_min]))
         target = torch.cat([v_b, (data[nb:] - noise[nb:]).float()])
@@ -80,4 +81,4 @@ class Shortcut(FewStepFlow):
 method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
                                      "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
                                      "with sampler=flow_map",
-                         keys=FEW_STEP_KEYS + SHORTCUT_KEYS, defaults={"method.sampler": "flow_map"})(Shortcut)
+                         keys=(*FEW_STEP_KEYS, ShortcutKeys), defaults={"method.sampler": "flow_map"})(Shortcut)

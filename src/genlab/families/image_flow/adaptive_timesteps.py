@@ -106,19 +106,18 @@ class AdaptiveTimesteps(nn.Module):
             self._pending = (step, self.shared_bin(step, self.probs().to(self.logits.device)), probe, probe_loss(probe))
 
 
-ADAPTIVE_KEYS = cf.declare("method",
-    adaptive_bins=cf.F(16, "flow, adaptive: bins of the learned categorical law of t", ge=2),
-    adaptive_lr=cf.F(0.1, "flow, adaptive: REINFORCE step size on the bin logits", ge=0),
-    adaptive_every=cf.F(10, "flow, adaptive: steps between sampler updates (that step's batch shares one bin)", ge=1),
-    adaptive_mix=cf.F(0.1, "flow, adaptive: weight of the uniform law mixed into the learned one (exploration)", gt=0, le=1),
-    adaptive_entropy=cf.F(1.0, "flow, adaptive: weight of the entropy bonus (a bin's logit settles near its mean "
-                                     "standardised advantage / this)", ge=0),
-)
+class AdaptiveKeys(cf.Keys, section="method"):
+    adaptive_bins: int = cf.F(16, "flow, adaptive: bins of the learned categorical law of t", ge=2)
+    adaptive_lr: float = cf.F(0.1, "flow, adaptive: REINFORCE step size on the bin logits", ge=0)
+    adaptive_every: int = cf.F(10, "flow, adaptive: steps between sampler updates (that step's batch shares one bin)", ge=1)
+    adaptive_mix: float = cf.F(0.1, "flow, adaptive: weight of the uniform law mixed into the learned one (exploration)", gt=0, le=1)
+    adaptive_entropy: float = cf.F(1.0, "flow, adaptive: weight of the entropy bonus (a bin's logit settles near its mean "
+                                              "standardised advantage / this)", ge=0)
 
 
 @timestep_sampler_registry.register("adaptive", "learned categorical law over method.adaptive_bins bins of t, updated online by "
                                                 "REINFORCE on the look-ahead loss reduction (Kim et al. 2025, arXiv:2411.09998)",
-    keys=ADAPTIVE_KEYS)
+    keys=AdaptiveKeys)
 def adaptive(n, generator, device, cfg=None):
     # the draw needs the method's state (flow and repa hold it as an extra module); never called statelessly
     raise GenlabError("method.timestep_sampler=adaptive keeps a learned state: only method.name=flow or repa support it")

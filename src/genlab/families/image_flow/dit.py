@@ -229,42 +229,39 @@ def dit_size(cfg_model) -> tuple[int, int, int]:
 def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:
     """The image-backbone spec of a model config (shared by every image backbone)."""
     dim, depth, heads = dit_size(cfg_model)
+    k = DitKeys.of(cfg_model)
     return DiTSpec(image_size=data_spec["image_size"], channels=data_spec["channels"],
                    num_classes=data_spec["num_classes"], dim=dim, depth=depth, heads=heads,
-                   patch_size=cfg_model.patch_size, mlp_ratio=cfg_model.mlp_ratio,
-                   attention=cfg_model.attention, qk_norm=cfg_model.qk_norm,
-                   qkv_kernel=getattr(cfg_model, "qkv_kernel", "plain"),
-                   adaln=getattr(cfg_model, "adaln", "fused"), residual=getattr(cfg_model, "residual", "fp32"),
-                   mlp=cfg_model.mlp, norm=cfg_model.norm,
-                   pos_emb="sincos2d" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb,
-                   long_skips=getattr(cfg_model, "long_skips", False),
+                   patch_size=k.patch_size, mlp_ratio=cfg_model.mlp_ratio,
+                   attention=cfg_model.attention, qk_norm=k.qk_norm, qkv_kernel=k.qkv_kernel,
+                   adaln=k.adaln, residual=k.residual, mlp=k.mlp, norm=k.norm,
+                   pos_emb="sincos2d" if k.pos_emb == "auto" else k.pos_emb, long_skips=k.long_skips,
                    conditions=tuple(data_spec.get("conditions", {}).items()), **extra)
 
 
 # model.* keys of the DiT family (dit, dit_incontext and mmdit read them through spec_from_config)
-DIT_KEYS = cf.declare("model",
-    patch_size=cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1),
-    qk_norm=cf.F(False, "dit: normalise queries and keys per head"),
-    qkv_kernel=cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
-                             "kernel, plain on CPU)", registry="qkv_kernel"),
-    adaln=cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln"),
-    residual=cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual"),
-    pos_emb=cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model"),
-    norm=cf.F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm"),
-    mlp=cf.F("gelu", "MLP kind", registry="mlp"),
-    long_skips=cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])"),
-)
+class DitKeys(cf.Keys, section="model"):
+    patch_size: int = cf.F(2, "dit: patch side in pixels; must divide the image size", ge=1)
+    qk_norm: bool = cf.F(False, "dit: normalise queries and keys per head")
+    qkv_kernel: str = cf.F("plain", "image backbones, gpt: the QKV split into heads with QK norm and RoPE (triton: one CUDA "
+                                    "kernel, plain on CPU)", registry="qkv_kernel")
+    adaln: str = cf.F("fused", "dit, mmdit: LayerNorm + adaLN modulation implementation", registry="adaln")
+    residual: str = cf.F("fp32", "dit: dtype of the residual stream under autocast", registry="residual")
+    pos_emb: str = cf.F("auto", "position encoding (auto: dit sincos2d, gpt learned; 2-D entries for dit, 1-D for gpt)", free="auto or a registry `position` entry that fits the model")
+    norm: str = cf.F("layernorm", "normalisation layer (dit: layernorm runs through model.adaln)", registry="norm")
+    mlp: str = cf.F("gelu", "MLP kind", registry="mlp")
+    long_skips: bool = cf.F(False, "image backbones: U-ViT long skips, block depth-1-i input = Linear([x, output of block i])")
+
 
 # model.* keys of the plain DiT alone (its subclasses and siblings keep calling the model for the output)
-DIT_FINAL_KEYS = cf.declare("model",
-    final_kernel=cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
-                               "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel"),
-)
+class DitFinalKeys(cf.Keys, section="model"):
+    final_kernel: str = cf.F("plain", "dit, methods flow|repa: final layer + flow loss (triton: projection + squared error in "
+                                      "one CUDA kernel, the velocity never materialised; plain on CPU)", registry="final_kernel")
 
 
 def check_final_kernel(cfg) -> None:
     """A fused final layer + loss needs a method whose loss runs through it (Method.final_loss)."""
-    kernel, method = cfg.model.final_kernel, cfg.method.name
+    kernel, method = DitFinalKeys.of(cfg.model).final_kernel, cfg.method.name
     if kernel != "plain" and not method_registry.get(method).final_loss:
         ok = [n for n, m in method_registry.items() if m.final_loss]
         raise GenlabError(f"model.final_kernel={kernel} fuses the final layer into the flow loss, which method.name="
@@ -287,7 +284,7 @@ IMAGE_BACKBONE = dict(family="image", sizes=DIT_SIZES, grid_rank=2, layer_keys=(
 
 
 @model_registry.register("dit", "DiT with adaLN-Zero, sizes tiny/small/S/B/L/XL, class-conditional with a null class",
-                         keys=DIT_KEYS + DIT_FINAL_KEYS, block_tokens=True, example=image_backbone_example(),
+                         keys=(DitKeys, DitFinalKeys), block_tokens=True, example=image_backbone_example(),
                          check=lambda cfg, dim, heads, depth: check_final_kernel(cfg), **IMAGE_BACKBONE)
 def build_dit(cfg_model, data_spec) -> DiT:
-    return DiT(spec_from_config(cfg_model, data_spec, final_kernel=getattr(cfg_model, "final_kernel", "plain")))
+    return DiT(spec_from_config(cfg_model, data_spec, final_kernel=DitFinalKeys.of(cfg_model).final_kernel))

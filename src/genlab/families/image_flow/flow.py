@@ -15,7 +15,7 @@ from genlab.config import fields as cf
 from genlab.config.check import batched_label, is_batched
 from genlab.core.errors import GenlabError
 from genlab.eval.image_quality import evaluate_class_conditional
-from genlab.eval.metrics import EVAL_IMAGE_KEYS, check_metrics
+from genlab.eval.metrics import EvalImageKeys, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method, method_registry
 from genlab.families.image_flow import render
@@ -95,10 +95,11 @@ class FlowMatching(Method):
         check_flow_config(cfg)
 
     def __init__(self, cfg, data_spec):
+        keys = ClassDropoutKeys.of(cfg.model)
         self.cfg = cfg
         self.mcfg = m = cfg.method
         self.spec = data_spec
-        self.class_dropout = cfg.model.class_dropout
+        self.class_dropout = keys.class_dropout
         self.adaptive = None
         if m.timestep_sampler == "adaptive":
             self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
@@ -111,7 +112,7 @@ class FlowMatching(Method):
         self.cache_blocks = cached_block_plan(cfg)  # sampling only: blocks reusing their last residual (sampling/block_cache.py)
         self.cache_schedule = cache_schedule_plan(cfg)  # sampling only: (period, {evaluation: blocks}) or None
         # model.final_kernel (dit only): the backbone computes the loss from the target (nn/fused_final.py)
-        self.fused_final = getattr(cfg.model, "final_kernel", "plain") != "plain"
+        self.fused_final = cfg.model.final_kernel != "plain"
 
     def extra_modules(self):
         # the adaptive sampler's state is a frozen extra: checkpointed and restored with the run
@@ -160,14 +161,15 @@ class FlowMatching(Method):
 
     def loss_from(self, model, inputs: dict):
         """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
+        keys = FlowMethodKeys.of(self.mcfg)
         if self.fused_final and isinstance(model, torch.nn.Module):
             # the final layer + loss fused in the backbone: no velocity tensor. Batched seeds call this with a
             # functional closure of the model under torch.vmap, where the custom op has no rule: the plain path below
-            weight = None if self.mcfg.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
+            weight = None if keys.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
             return model(inputs["x_t"], inputs["t"], inputs["y"], loss_target=inputs["target"], loss_weight=weight), {}
         v = model(inputs["x_t"], inputs["t"], inputs["y"])
         target = inputs["target"].float()
-        if self.mcfg.loss_weighting == "none":
+        if keys.loss_weighting == "none":
             return F.mse_loss(v.float(), target), {}
         per_sample = (v.float() - target).square().flatten(1).mean(1)
         return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
@@ -178,16 +180,17 @@ class FlowMatching(Method):
                conditions: dict | None = None):
         """Draw samples in [-1, 1] of shape [n, C, H, W]; labels None = unconditional; `conditions`: the model's
         extra named inputs (default: `sample_conditions`). `callback(i, t, x, denoised)` runs after every step."""
+        keys = FlowMethodKeys.of(self.mcfg)
         base = unwrap(model)
         device = device or next(base.parameters()).device
         n = len(labels) if labels is not None else n
         C, S = self.spec["channels"], self.spec["image_size"]
         x = torch.randn((n, C, S, S), generator=generator, device=device)
-        velocity = cfg_velocity(model, labels, base.null_class, self.mcfg.cfg_scale if cfg_scale is None else cfg_scale,
+        velocity = cfg_velocity(model, labels, base.null_class, keys.cfg_scale if cfg_scale is None else cfg_scale,
                                 self.cfg_interval)
-        ts = time_grid(steps or self.mcfg.sample_steps, device=device, schedule=self.mcfg.step_schedule, cfg=self.mcfg)
+        ts = time_grid(steps or keys.sample_steps, device=device, schedule=keys.step_schedule, cfg=self.mcfg)
         extra = self.sample_conditions(n, device) if conditions is None else conditions
-        sampler = sampler or self.mcfg.sampler
+        sampler = sampler or keys.sampler
         with self._block_cache(base, sampler, len(ts) - 1):
             return call_sampler(sampler_registry.get(sampler), velocity, x, ts, callback=callback,
                                 extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
@@ -197,13 +200,14 @@ class FlowMatching(Method):
         """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
         reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
         its evaluations (sampling/block_cache.py). Nothing when both are empty."""
+        keys = FlowMethodKeys.of(self.mcfg)
         if self.cache_schedule:
             self.check_cache_schedule(steps, sampler)
             period, plan = self.cache_schedule
             with cached_blocks(base, [], schedule=plan, period=period):
                 yield
         elif self.cache_blocks:
-            with cached_blocks(base, self.cache_blocks, self.mcfg.cache_every):
+            with cached_blocks(base, self.cache_blocks, keys.cache_every):
                 yield
         else:
             yield
@@ -278,7 +282,8 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
 def cached_block_plan(cfg) -> list[int]:
     """method.cache_blocks as block indices ([] = off), within the model's depth. `auto` is resolved by genlab eval /
     sample from the run's analysis (sample.py), so it never reaches a model being built."""
-    text = str(cfg.method.cache_blocks).strip()
+    keys = FlowMethodKeys.of(cfg.method)
+    text = str(keys.cache_blocks).strip()
     if not text:
         return []
     if text == "auto":
@@ -295,7 +300,8 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
     """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off): at evaluation k of each pass of P
     network evaluations the blocks b reuse their last residual. `auto` is resolved by genlab eval / sample from the
     run's analysis (sample.py), like method.cache_blocks=auto."""
-    text = str(cfg.method.cache_schedule).strip()
+    keys = FlowMethodKeys.of(cfg.method)
+    text = str(keys.cache_schedule).strip()
     if not text:
         return None
     key = "method.cache_schedule"
@@ -303,7 +309,7 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
         raise GenlabError(f"{key}=auto takes the step-aware schedule `genlab analyze RUN --what cache` measured, so it "
                           "is for genlab eval / genlab sample of an analysed run; give a plan here, e.g. "
                           f"{key}=20/2:0,1;4:0")
-    if str(cfg.method.cache_blocks).strip():
+    if str(keys.cache_blocks).strip():
         raise GenlabError(f"method.cache_blocks and {key} are two ways to cache blocks; set one of them")
     depth = dit_size(cfg.model)[1]
     bad = GenlabError(f"{key} must be 'P/k:b,b;k:b' (P network evaluations per sample; at evaluation k, 1 <= k < P, "
@@ -327,13 +333,14 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
 
 def check_flow_config(cfg):
     """Flow options that a field declaration cannot check alone, before any work."""
+    keys = FlowEvalKeys.of(cfg.eval)
     m = cfg.method
     parse_interval(m.cfg_interval)
     cached_block_plan(cfg)
     cache_schedule_plan(cfg)
     samplers = [m.sampler]
-    if cfg.eval.nfe_list:
-        parse_int_list(cfg.eval.nfe_list, "eval.nfe_list")
+    if keys.nfe_list:
+        parse_int_list(keys.nfe_list, "eval.nfe_list")
         samplers += samplers_of(cfg)
     check_sampler_conditions(cfg.method.name, samplers)
     if is_batched(cfg) and m.timestep_sampler == "adaptive":
@@ -348,39 +355,42 @@ def check_flow_config(cfg):
                           f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
 
 
-FLOW_METHOD_KEYS = cf.declare("method",
-    timestep_sampler=cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler"),
-    time_shift=cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
-                               "0 = sqrt(pixels / method.shift_base^2))", ge=0),
-    shift_base=cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1),
-    loss_weighting=cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting"),
-    sampler=cf.F("heun", "flow: ODE/SDE sampler", registry="sampler"),
-    step_schedule=cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule"),
-    cfg_interval=cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
-                                 "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1"),
-    sample_steps=cf.F(20, "flow, mdlm: sampler steps for previews", ge=1),
-    cfg_scale=cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0),
-    cache_blocks=cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
-                          "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
-                          "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices"),
-    cache_every=cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2),
-    cache_schedule=cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
-                            "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
-                            "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
-                        free="empty, auto, or 'P/k:b,b;k:b'"),
-)
-FLOW_EVAL_KEYS = cf.declare("eval",
-    sample_steps=cf.F(20, "flow: sampler steps in evaluation", ge=1),
-    cfg_scale=cf.F(2.0, "flow: guidance scale in evaluation", ge=0),
-    grid_per_class=cf.F(10, "flow: columns of the sample grid", ge=1),
-    metrics=cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric"),
-    nfe_list=cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
-                          "evaluations per sample; empty = off)", free="comma-separated integers >= 1"),
-    samplers=cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler"),
-)
-CLASS_DROPOUT = cf.declare("model",
-    class_dropout=cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1),
-)
-FLOW_KEYS = FLOW_METHOD_KEYS + FLOW_EVAL_KEYS + EVAL_IMAGE_KEYS + CLASS_DROPOUT
+class FlowMethodKeys(cf.Keys, section="method"):
+    timestep_sampler: str = cf.F("logit_normal", "flow: distribution of training times t (t=0 noise, t=1 data)", registry="timestep_sampler")
+    time_shift: float = cf.F(1.0, "flow: SD3 resolution shift of training times, t/(s(1-t)+t) (1 = none, > 1 toward noise; "
+                                        "0 = sqrt(pixels / method.shift_base^2))", ge=0)
+    shift_base: int = cf.F(32, "flow, time_shift=0: side of the base image n of SD3's shift sqrt(m/n)", ge=1)
+    loss_weighting: str = cf.F("none", "flow: per-sample weight w(t) of the velocity loss", registry="loss_weighting")
+    sampler: str = cf.F("heun", "flow: ODE/SDE sampler", registry="sampler")
+    step_schedule: str = cf.F("uniform", "flow: grid of sampler times from noise (0) to data (1)", registry="step_schedule")
+    cfg_interval: str = cf.F("0,1", "flow: guidance only for t in [lo, hi], conditional velocity elsewhere (Kynkaanniemi et al. "
+                                        "2024; their EDM sigma interval (0.28, 5.42] is t = 1/(1+sigma) in [0.16, 0.78))", free="two numbers 'lo,hi' with 0 <= lo < hi <= 1")
+    sample_steps: int = cf.F(20, "flow, mdlm: sampler steps for previews", ge=1)
+    cfg_scale: float = cf.F(2.0, "flow: classifier-free guidance scale for previews (1 = none)", ge=0)
+    cache_blocks: str = cf.F("", "flow, sampling: blocks that reuse their residual contribution between network evaluations "
+                                 "(Learning-to-Cache style, docs/analyze.md; empty = off; genlab eval/sample: auto = the blocks "
+                                 "`genlab analyze RUN --what cache` picked)", free="empty, auto, or comma-separated block indices")
+    cache_every: int = cf.F(2, "flow, with method.cache_blocks: the cached blocks recompute every N network evaluations", ge=2)
+    cache_schedule: str = cf.F("", "flow, sampling: a step-aware cache plan, 'P/k:b,b;k:b' = at network evaluation k of the "
+                                   "P per sample, blocks b reuse their last residual (docs/analyze.md; empty = off; genlab "
+                                   "eval/sample: auto = the schedule `genlab analyze RUN --what cache` measured)",
+                               free="empty, auto, or 'P/k:b,b;k:b'")
+
+
+class FlowEvalKeys(cf.Keys, section="eval"):
+    sample_steps: int = cf.F(20, "flow: sampler steps in evaluation", ge=1)
+    cfg_scale: float = cf.F(2.0, "flow: guidance scale in evaluation", ge=0)
+    grid_per_class: int = cf.F(10, "flow: columns of the sample grid", ge=1)
+    metrics: str = cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric")
+    nfe_list: str = cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
+                                 "evaluations per sample; empty = off)", free="comma-separated integers >= 1")
+    samplers: str = cf.F("", "flow, genlab eval with eval.nfe_list: samplers of the table (empty = method.sampler)", free="comma-separated names of registry `sampler`", lists="sampler")
+
+
+class ClassDropoutKeys(cf.Keys, section="model"):
+    class_dropout: float = cf.F(0.1, "flow: label dropout that trains the null class for CFG", ge=0, le=1)
+
+
+FLOW_KEYS = (FlowMethodKeys, FlowEvalKeys, EvalImageKeys, ClassDropoutKeys)
 method_registry.register("flow", "rectified flow (x_t=(1-t)noise+t*data, v=data-noise), ODE/SDE samplers, CFG",
                          keys=FLOW_KEYS)(FlowMatching)

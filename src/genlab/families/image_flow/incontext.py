@@ -13,7 +13,7 @@ from genlab.nn.mlp import mlp_registry
 from genlab.nn.norm import norm_registry
 from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
-    DIT_KEYS,
+    DitKeys,
     IMAGE_BACKBONE,
     DiTSpec,
     add_image_stem,
@@ -105,16 +105,15 @@ class InContextDiT(nn.Module):
         return f + 2 * N * D * pd
 
 
-INCONTEXT_KEYS = cf.declare("model",
-    ln_placement=cf.F("pre", "dit_incontext: pre-LN (x + f(norm(x))) or post-LN (norm(x + f(x))) blocks", choices=("pre", "post")),
-)
+class IncontextKeys(cf.Keys, section="model"):
+    ln_placement: str = cf.F("pre", "dit_incontext: pre-LN (x + f(norm(x))) or post-LN (norm(x + f(x))) blocks", choices=("pre", "post"))
 
 
 @model_registry.register("dit_incontext", "DiT with in-context conditioning: timestep and class as two extra tokens, "
                                           "no adaLN; pre-LN or post-LN blocks (model.ln_placement)",
-                         keys=INCONTEXT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS if k.name != "adaln"),
+                         keys=IncontextKeys, reads=tuple(k for k in DitKeys.dotted() if k != "model.adaln"),
                          example=image_backbone_example({"ln_placement": ["post"]}), **IMAGE_BACKBONE)
 def build_incontext(cfg_model, data_spec) -> InContextDiT:
-    return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=getattr(cfg_model, "ln_placement", "pre")))
+    return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=IncontextKeys.of(cfg_model).ln_placement))
 
 

@@ -11,9 +11,9 @@ from genlab.core.registry import Registry
 
 loss_weighting_registry = Registry("loss_weighting")
 
-MIN_SNR_KEYS = cf.declare("method",
-    snr_gamma=cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0),
-)
+
+class MinSnrKeys(cf.Keys, section="method"):
+    snr_gamma: float = cf.F(5.0, "flow, min_snr: gamma of Min-SNR-gamma", gt=0)
 
 
 @loss_weighting_registry.register("none", "w = 1: the plain velocity MSE (rectified flow)")
@@ -23,11 +23,11 @@ def no_weighting(t, cfg=None):
 
 @loss_weighting_registry.register("min_snr", "Min-SNR-gamma (Hang et al. 2023) on the data error: w = min(SNR, gamma) "
                                              "(1-t)^2 = min(t^2, gamma (1-t)^2) on the velocity loss (method.snr_gamma)",
-    keys=MIN_SNR_KEYS)
+    keys=MinSnrKeys)
 def min_snr(t, cfg=None):
     # Min-SNR weights the x0 loss by min(SNR, gamma). That one target is kept whatever the network predicts:
     # on the velocity loss it becomes min(SNR, gamma) (1-t)^2, identical to the paper's eps form min(SNR, gamma)/SNR
     # applied to the eps-equivalent loss t^2 |v_hat - v|^2. The paper's v-prediction form min(SNR, gamma)/(SNR+1)
     # is for the variance-preserving v = alpha eps - sigma x, not for this velocity, so it is not used.
-    gamma = getattr(cfg, "snr_gamma", 5.0) if cfg is not None else 5.0
+    gamma = MinSnrKeys.of_or_defaults(cfg).snr_gamma
     return torch.minimum(t * t, gamma * (1 - t) ** 2)

@@ -22,9 +22,9 @@ from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalise
 from genlab.families.models import model_registry
 from genlab.runtime.parallel import unwrap
 
-MAE_KEYS = cf.declare("method",
-    mae_mask_ratio=cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1),
-)
+
+class MaeKeys(cf.Keys, section="method"):
+    mae_mask_ratio: float = cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1)
 
 
 class MAEEncoder(Method):
@@ -36,12 +36,13 @@ class MAEEncoder(Method):
         check_mae_config(cfg)
 
     def __init__(self, cfg, data_spec):
+        keys = MaeKeys.of(cfg.method)
         self.cfg, self.spec = cfg, data_spec
         self.patch = cfg.model.patch_size
         self.tokens = (data_spec["image_size"] // self.patch) ** 2
-        self.keep = kept_tokens(self.tokens, cfg.method.mae_mask_ratio)
+        self.keep = kept_tokens(self.tokens, keys.mae_mask_ratio)
         if self.keep < 1:
-            raise GenlabError(f"method.mae_mask_ratio={cfg.method.mae_mask_ratio} keeps no token of {self.tokens}")
+            raise GenlabError(f"method.mae_mask_ratio={keys.mae_mask_ratio} keeps no token of {self.tokens}")
 
     def loss(self, model, batch, ctx):
         x = batch["image"]
@@ -68,4 +69,4 @@ def check_mae_config(cfg):
 
 method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
                                         "null class; norm-pix loss on the masked patches): an encoder for "
-                                        "method.repa_encoder=run:RUN", keys=MAE_KEYS)(MAEEncoder)
+                                        "method.repa_encoder=run:RUN", keys=MaeKeys)(MAEEncoder)

@@ -55,7 +55,7 @@ class MaskDiTFlow(FlowMatching):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         check_maskdit_config(cfg)
-        m = cfg.method
+        m = MaskditMethodKeys.of(cfg)
         self.patch = cfg.model.patch_size
         self.tokens = (data_spec["image_size"] // self.patch) ** 2
         self.keep = kept_tokens(self.tokens, m.mask_ratio)
@@ -104,15 +104,14 @@ class MaskDiTFlow(FlowMatching):
         return flow, mae
 
 
-MASKDIT_KEYS = cf.declare("method",
-    mask_ratio=cf.F(0.5, "maskdit: share of each sample's patch tokens dropped in the masked stage (keeps "
-                         "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1),
-    mae_weight=cf.F(0.1, "maskdit: weight of the MAE loss on the masked tokens (MaskDiT: 0.1; 0 = off)", ge=0),
-    mae_norm_pix=cf.F(True, "maskdit: MAE target = each masked patch of x_t normalised to zero mean, unit variance "
-                            "(MaskDiT's norm_pix_loss); false = the raw x_t patch"),
-    unmask_steps=cf.F(0, "maskdit: the last N steps train unmasked (all tokens, no MAE loss): MaskDiT's fine-tune",
-                      ge=0),
-)
+class MaskditMethodKeys(cf.Keys, section="method"):
+    mask_ratio: float = cf.F(0.5, "maskdit: share of each sample's patch tokens dropped in the masked stage (keeps "
+                                  "int(N*(1-r)) tokens; MaskDiT: 0.5)", ge=0, lt=1)
+    mae_weight: float = cf.F(0.1, "maskdit: weight of the MAE loss on the masked tokens (MaskDiT: 0.1; 0 = off)", ge=0)
+    mae_norm_pix: bool = cf.F(True, "maskdit: MAE target = each masked patch of x_t normalised to zero mean, unit variance "
+                                    "(MaskDiT's norm_pix_loss); false = the raw x_t patch")
+    unmask_steps: int = cf.F(0, "maskdit: the last N steps train unmasked (all tokens, no MAE loss): MaskDiT's fine-tune",
+                             ge=0)
 
 
 def check_maskdit_config(cfg):
@@ -130,16 +129,17 @@ def check_maskdit_config(cfg):
         raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
                           f"visible tokens no longer form; use another model.mlp")
     m = cfg.method
+    keys = MaskditMethodKeys.of(m)
     if m.timestep_sampler == "adaptive":
         raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
                           "method.timestep_sampler")
-    if m.unmask_steps > cfg.train.steps:
-        raise GenlabError(f"method.unmask_steps ({m.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
-    if not 0 <= m.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
-        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {m.mask_ratio}")
+    if keys.unmask_steps > cfg.train.steps:
+        raise GenlabError(f"method.unmask_steps ({keys.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
+    if not 0 <= keys.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
+        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {keys.mask_ratio}")
 
 
 method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
                                     "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
                                     "mae_weight, unmask_steps)",
-                         keys=MASKDIT_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS))(MaskDiTFlow)
+                         keys=MaskditMethodKeys, reads=cf.dotted_of(FLOW_KEYS))(MaskDiTFlow)

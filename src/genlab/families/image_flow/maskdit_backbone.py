@@ -18,7 +18,7 @@ from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
 from genlab.families.image_flow.dit import (
-    DIT_KEYS,
+    DitKeys,
     IMAGE_BACKBONE,
     DiT,
     DiTBlock,
@@ -94,15 +94,15 @@ class MaskDiT(DiT):
         return f + 2 * Dd * 2 * Dd + 2 * N * Dd * pd                                  # final adaLN + projection
 
 
-MASKDIT_KEYS = cf.declare("model",
-    decoder_depth=cf.F(2, "maskdit: DiT blocks of the decoder, which sees every position (MaskDiT: 8 after DiT-XL's 28)",
-                       ge=1),
-    decoder_dim=cf.F(0, "maskdit: decoder width (0 = model.dim; MaskDiT: 512 after DiT-XL's 1152)", ge=0),
-)
+class MaskditKeys(cf.Keys, section="model"):
+    decoder_depth: int = cf.F(2, "maskdit: DiT blocks of the decoder, which sees every position (MaskDiT: 8 after DiT-XL's 28)",
+                              ge=1)
+    decoder_dim: int = cf.F(0, "maskdit: decoder width (0 = model.dim; MaskDiT: 512 after DiT-XL's 1152)", ge=0)
 
 
 def _check_maskdit(cfg, dim: int, heads: int, depth: int):
-    Dd = cfg.model.decoder_dim or dim
+    keys = MaskditKeys.of(cfg.model)
+    Dd = keys.decoder_dim or dim
     if Dd % heads or Dd % 4:
         raise GenlabError(f"model.decoder_dim ({Dd}) must be a multiple of model.heads ({heads}) and of 4 "
                           f"(the decoder's sin-cos positions)")
@@ -110,10 +110,11 @@ def _check_maskdit(cfg, dim: int, heads: int, depth: int):
 
 @model_registry.register("maskdit", "MaskDiT backbone: DiT encoder over the visible tokens, a small DiT decoder over all "
                                     "positions (mask token for the dropped ones); model.decoder_depth, model.decoder_dim",
-                         keys=MASKDIT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS), check=_check_maskdit,
+                         keys=MaskditKeys, reads=DitKeys.dotted(), check=_check_maskdit,
                          block_tokens=True, masked_tokens=True,
                          example=dataclasses.replace(image_backbone_example({"decoder_dim": [16], "decoder_depth": [1]}),
                                                      idle_params=("mask_token",)),
                          **IMAGE_BACKBONE)
 def build_maskdit(cfg_model, data_spec) -> MaskDiT:
-    return MaskDiT(spec_from_config(cfg_model, data_spec), cfg_model.decoder_depth, cfg_model.decoder_dim)
+    keys = MaskditKeys.of(cfg_model)
+    return MaskDiT(spec_from_config(cfg_model, data_spec), keys.decoder_depth, keys.decoder_dim)

@@ -20,7 +20,7 @@ from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
 from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
-    DIT_KEYS,
+    DitKeys,
     IMAGE_BACKBONE,
     DiT,
     DiTBlock,
@@ -149,23 +149,23 @@ class MMDiT(nn.Module):
         return f + 2 * D * 2 * D + 2 * N * D * pd
 
 
-MMDIT_KEYS = cf.declare("model",
-    dual_blocks=cf.F(0, "mmdit: the first k blocks are dual-stream, the rest DiT blocks over the joint sequence "
-                            "(0 = all dual: SD3's MMDiT)", ge=0),
-)
+class MmditKeys(cf.Keys, section="model"):
+    dual_blocks: int = cf.F(0, "mmdit: the first k blocks are dual-stream, the rest DiT blocks over the joint sequence "
+                                   "(0 = all dual: SD3's MMDiT)", ge=0)
 
 
 def _check_mmdit(cfg, dim: int, heads: int, depth: int):
-    if cfg.model.dual_blocks > depth:
-        raise GenlabError(f"model.dual_blocks ({cfg.model.dual_blocks}) must be at most model.depth ({depth}); "
+    keys = MmditKeys.of(cfg.model)
+    if keys.dual_blocks > depth:
+        raise GenlabError(f"model.dual_blocks ({keys.dual_blocks}) must be at most model.depth ({depth}); "
                           f"0 = all blocks dual-stream")
 
 
 @model_registry.register("mmdit", "MMDiT (SD3): image and conditioning streams with their own weights, joint attention, "
                                   "adaLN from the pooled condition; model.dual_blocks=k: k dual blocks, then DiT blocks",
-                         keys=MMDIT_KEYS, reads=tuple(k.dotted for k in DIT_KEYS), check=_check_mmdit,
+                         keys=MmditKeys, reads=DitKeys.dotted(), check=_check_mmdit,
                          example=image_backbone_example({"dual_blocks": [1]}), **IMAGE_BACKBONE)
 def build_mmdit(cfg_model, data_spec) -> MMDiT:
-    return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=getattr(cfg_model, "dual_blocks", 0)))
+    return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=MmditKeys.of(cfg_model).dual_blocks))
 
 

@@ -65,7 +65,7 @@ class REPA(FlowMatching):
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
         check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
-        m = cfg.method
+        m = RepaKeys.of(cfg)
         dim, depth, _ = dit_size(cfg.model)
         grid = data_spec["image_size"] // cfg.model.patch_size
         self.block, self.weight, self.lr = aligned_block(m.repa_block, depth), m.repa_weight, m.repa_lr or None
@@ -99,36 +99,36 @@ class REPA(FlowMatching):
         return flow + self.weight * align, {**metrics, "flow_loss": flow.detach(), "repa_align": align.detach()}
 
 
-REPA_KEYS = cf.declare("method",
-    repa_weight=cf.F(0.5, "repa: lambda of the alignment term 1 - cos(projector(h_k), encoder(x)) (paper: 0.5)", ge=0),
-    repa_block=cf.F(0, "repa: DiT block (1-based) whose output tokens are aligned (0 = depth // 3; paper: 8 of 28)", ge=0),
-    repa_encoder=cf.F("random", "repa: frozen encoder NAME[:ARG] of registry repa_encoder: random, classifier, "
-                                "run:RUN (e.g. a mae_encoder run), timm:MODEL (+ method.repa_encoder_path)",
-                      free="NAME[:ARG] of registry repa_encoder (genlab list)"),
-    repa_encoder_path=cf.F("", "repa, timm encoder: its weights (.safetensors, or .pt/.pth/.bin loaded weights-only)",
-                           free="a weights file path"),
-    repa_encoder_size=cf.F(0, "repa, timm encoder: input side the images are resized to (0 = the model's pretrained_cfg)",
-                           ge=0),
-    repa_encoder_mean=cf.F("", "repa, timm encoder: input normalisation mean, comma-separated (empty = pretrained_cfg)",
-                           free="comma-separated numbers"),
-    repa_encoder_std=cf.F("", "repa, timm encoder: input normalisation std, comma-separated (empty = pretrained_cfg)",
-                          free="comma-separated numbers"),
-    repa_hidden=cf.F(2048, "repa: width of the trainable 3-layer MLP projector (paper: 2048)", ge=1),
-    repa_lr=cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0),
-)
+class RepaKeys(cf.Keys, section="method"):
+    repa_weight: float = cf.F(0.5, "repa: lambda of the alignment term 1 - cos(projector(h_k), encoder(x)) (paper: 0.5)", ge=0)
+    repa_block: int = cf.F(0, "repa: DiT block (1-based) whose output tokens are aligned (0 = depth // 3; paper: 8 of 28)", ge=0)
+    repa_encoder: str = cf.F("random", "repa: frozen encoder NAME[:ARG] of registry repa_encoder: random, classifier, "
+                                       "run:RUN (e.g. a mae_encoder run), timm:MODEL (+ method.repa_encoder_path)",
+                             free="NAME[:ARG] of registry repa_encoder (genlab list)")
+    repa_encoder_path: str = cf.F("", "repa, timm encoder: its weights (.safetensors, or .pt/.pth/.bin loaded weights-only)",
+                                  free="a weights file path")
+    repa_encoder_size: int = cf.F(0, "repa, timm encoder: input side the images are resized to (0 = the model's pretrained_cfg)",
+                                  ge=0)
+    repa_encoder_mean: str = cf.F("", "repa, timm encoder: input normalisation mean, comma-separated (empty = pretrained_cfg)",
+                                  free="comma-separated numbers")
+    repa_encoder_std: str = cf.F("", "repa, timm encoder: input normalisation std, comma-separated (empty = pretrained_cfg)",
+                                 free="comma-separated numbers")
+    repa_hidden: int = cf.F(2048, "repa: width of the trainable 3-layer MLP projector (paper: 2048)", ge=1)
+    repa_lr: float = cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0)
 
 
 def check_repa_config(cfg):
+    keys = RepaKeys.of(cfg.method)
     check_flow_config(cfg)
     if not model_registry.spec(cfg.model.name).block_tokens:
         raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
                           f"blocks: use a model whose blocks output them (genlab list: model.dit)")
     depth = dit_size(cfg.model)[1]
-    if cfg.method.repa_block > depth:
-        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {cfg.method.repa_block}")
+    if keys.repa_block > depth:
+        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {keys.repa_block}")
     check_encoder(cfg)
 
 
 method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "
                                  "(trainable projector, frozen encoder; method.repa_*)",
-                         keys=REPA_KEYS, reads=tuple(k.dotted for k in FLOW_KEYS))(REPA)
+                         keys=RepaKeys, reads=cf.dotted_of(FLOW_KEYS))(REPA)

@@ -11,35 +11,28 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.registry import Registry
-from genlab.sampling.samplers import lq_map, shift_time  # noqa: F401 (the time maps live with the step schedules)
+from genlab.sampling.samplers import LqKeys, lq_map, shift_time  # noqa: F401 (the time maps and their keys live with the step schedules)
 
 timestep_sampler_registry = Registry("timestep_sampler")
-
-
-def _get(cfg, key, default):
-    return getattr(cfg, key, default) if cfg is not None else default
 
 
 def _u(n, generator, device):
     return torch.rand(n, generator=generator, device=device)
 
 
-LOGIT_NORMAL_KEYS = cf.declare("method",
-    logit_mean=cf.F(0.0, "flow, logit_normal: mean of logit(t)", ge=-10, le=10),
-    logit_std=cf.F(1.0, "flow, logit_normal: standard deviation of logit(t)", gt=0),
-)
-MODE_KEYS = cf.declare("method",
-    mode_scale=cf.F(1.29, "flow, mode: SD3's s of f_mode (0 = uniform; > 0 favours mid t; monotone for -1..2/(pi-2))", ge=-1, le=1.7519),
-)
-LQ_KEYS = cf.declare("method",
-    lq_threshold=cf.F(0.025, "flow, linear_quadratic (sampler or step schedule): t reached by the linear part (Mochi)", gt=0, lt=1),
-    lq_linear_frac=cf.F(0.5, "flow, linear_quadratic: fraction of the steps (draws) in the linear part (Mochi)", gt=0, lt=1),
-)
-SPEED_KEYS = cf.declare("method",
-    speed_tau=cf.F(0.11, "flow, speed: t below which lies SpeeD's convergence area (0.11: the DDPM linear schedule's "
-                               "boundary mapped by SNR)", gt=0, lt=1),
-    speed_k=cf.F(5.0, "flow, speed: density ratio of t >= speed_tau over t < speed_tau (SpeeD code: 2.5/0.5)", gt=0),
-)
+class LogitNormalKeys(cf.Keys, section="method"):
+    logit_mean: float = cf.F(0.0, "flow, logit_normal: mean of logit(t)", ge=-10, le=10)
+    logit_std: float = cf.F(1.0, "flow, logit_normal: standard deviation of logit(t)", gt=0)
+
+
+class ModeKeys(cf.Keys, section="method"):
+    mode_scale: float = cf.F(1.29, "flow, mode: SD3's s of f_mode (0 = uniform; > 0 favours mid t; monotone for -1..2/(pi-2))", ge=-1, le=1.7519)
+
+
+class SpeedKeys(cf.Keys, section="method"):
+    speed_tau: float = cf.F(0.11, "flow, speed: t below which lies SpeeD's convergence area (0.11: the DDPM linear schedule's "
+                                        "boundary mapped by SNR)", gt=0, lt=1)
+    speed_k: float = cf.F(5.0, "flow, speed: density ratio of t >= speed_tau over t < speed_tau (SpeeD code: 2.5/0.5)", gt=0)
 
 
 @timestep_sampler_registry.register("uniform", "t ~ U(0, 1) (rectified flow, Liu et al. 2022)")
@@ -51,10 +44,10 @@ timestep_sampler_registry.register("linear", "alias of uniform")(uniform)
 
 
 @timestep_sampler_registry.register("logit_normal", "t = sigmoid(N(logit_mean, logit_std)) (SD3, Esser et al. 2024)",
-                                    keys=LOGIT_NORMAL_KEYS)
+                                    keys=LogitNormalKeys)
 def logit_normal(n, generator, device, cfg=None):
-    m = _get(cfg, "logit_mean", 0.0)
-    s = _get(cfg, "logit_std", 1.0)
+    m = LogitNormalKeys.of_or_defaults(cfg).logit_mean
+    s = LogitNormalKeys.of_or_defaults(cfg).logit_std
     return torch.sigmoid(m + s * torch.randn(n, generator=generator, device=device))
 
 
@@ -73,25 +66,25 @@ def f_mode(u, s):
 
 @timestep_sampler_registry.register("mode", "mode sampling with heavy tails: t = 1 - f_mode(u; method.mode_scale), "
                                             "density 1/(1+s) at both ends (SD3, Esser et al. 2024, eq. 20)",
-    keys=MODE_KEYS)
+    keys=ModeKeys)
 def mode(n, generator, device, cfg=None):
     # f_mode maps U(0,1) to a law symmetric about 1/2, so flipping the convention changes nothing but readability
-    return (1 - f_mode(_u(n, generator, device), _get(cfg, "mode_scale", 1.29))).clamp(0, 1)
+    return (1 - f_mode(_u(n, generator, device), ModeKeys.of_or_defaults(cfg).mode_scale)).clamp(0, 1)
 
 
 @timestep_sampler_registry.register("linear_quadratic", "Mochi's linear-quadratic step schedule as a training density: "
                                                         "t = lq(u) (method.lq_threshold, method.lq_linear_frac)",
-    keys=LQ_KEYS)
+    keys=LqKeys)
 def linear_quadratic(n, generator, device, cfg=None):
     # Mochi defines a sampling grid; training on t = lq(u), u ~ U(0,1), visits t as often as its sampler does
-    return lq_map(_u(n, generator, device), _get(cfg, "lq_threshold", 0.025), _get(cfg, "lq_linear_frac", 0.5))
+    return lq_map(_u(n, generator, device), LqKeys.of_or_defaults(cfg).lq_threshold, LqKeys.of_or_defaults(cfg).lq_linear_frac)
 
 
 @timestep_sampler_registry.register("speed", "SpeeD asymmetric sampling: density k times higher for t >= tau than in the "
                                              "near-noise convergence area t < tau (Wang et al. 2024; method.speed_tau, speed_k)",
-    keys=SPEED_KEYS)
+    keys=SpeedKeys)
 def speed(n, generator, device, cfg=None):
-    tau, k = _get(cfg, "speed_tau", 0.11), _get(cfg, "speed_k", 5.0)
+    tau, k = SpeedKeys.of_or_defaults(cfg).speed_tau, SpeedKeys.of_or_defaults(cfg).speed_k
     c = 1.0 / (tau + k * (1 - tau))  # p(t) = c on [0, tau), c k on [tau, 1]
     u = _u(n, generator, device)
     return torch.where(u < c * tau, u / c, tau + (u - c * tau) / (c * k)).clamp(0, 1)
@@ -133,9 +126,9 @@ def _logit_normal_pdf(t, m=0.0, s=1.0):
 
 DENSITIES = {
     "uniform": lambda t, cfg=None: torch.ones_like(t),
-    "logit_normal": lambda t, cfg=None: _logit_normal_pdf(t, _get(cfg, "logit_mean", 0.0), _get(cfg, "logit_std", 1.0)),
+    "logit_normal": lambda t, cfg=None: _logit_normal_pdf(t, LogitNormalKeys.of_or_defaults(cfg).logit_mean, LogitNormalKeys.of_or_defaults(cfg).logit_std),
     "cosine": lambda t, cfg=None: 2 / (math.pi * (1 - 2 * t + 2 * t * t)),
-    "mode": lambda t, cfg=None: _mode_pdf(t, _get(cfg, "mode_scale", 1.29)),
-    "linear_quadratic": lambda t, cfg=None: _lq_pdf(t, _get(cfg, "lq_threshold", 0.025), _get(cfg, "lq_linear_frac", 0.5)),
-    "speed": lambda t, cfg=None: _speed_pdf(t, _get(cfg, "speed_tau", 0.11), _get(cfg, "speed_k", 5.0)),
+    "mode": lambda t, cfg=None: _mode_pdf(t, ModeKeys.of_or_defaults(cfg).mode_scale),
+    "linear_quadratic": lambda t, cfg=None: _lq_pdf(t, LqKeys.of_or_defaults(cfg).lq_threshold, LqKeys.of_or_defaults(cfg).lq_linear_frac),
+    "speed": lambda t, cfg=None: _speed_pdf(t, SpeedKeys.of_or_defaults(cfg).speed_tau, SpeedKeys.of_or_defaults(cfg).speed_k),
 }

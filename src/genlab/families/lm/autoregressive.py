@@ -108,10 +108,11 @@ class Autoregressive(Method):
              top_k=None, stats=None):
         """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`); `stats` (a dict) gets
         the settings, for sample_header."""
+        keys = ArKeys.of(self.mcfg)
         base = lm.check_backbone(model, causal=True, method="autoregressive")
         length = length or steps or self.mcfg.sample_len or self.T
         temperature = self.mcfg.temperature if temperature is None else temperature
-        top_k = self.mcfg.top_k if top_k is None else top_k
+        top_k = keys.top_k if top_k is None else top_k
         if lm.INFILL.search(prompt or ""):
             raise GenlabError("[[N]] infilling needs a bidirectional model (method mdlm); autoregressive takes a prefix prompt")
         if stats is not None:
@@ -134,11 +135,10 @@ class Autoregressive(Method):
 
 
 
-AR_KEYS = cf.declare("method",
-    top_k=cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0),
-)
+class ArKeys(cf.Keys, section="method"):
+    top_k: int = cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0)
 
 
 method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
-                         keys=AR_KEYS + lm.TEXT_SAMPLING_KEYS)(Autoregressive)
+                         keys=(ArKeys, lm.TextSamplingKeys))(Autoregressive)
 

@@ -18,11 +18,10 @@ INFILL = re.compile(r"\[\[(\d+)\]\]")  # "[[N]]" in a prompt: N tokens for maske
 
 
 # sampling keys every text method reads (autoregressive, mdlm)
-TEXT_SAMPLING_KEYS = cf.declare("method",
-    temperature=cf.F(1.0, "language models: sampling temperature (0 = greedy)", ge=0),
-    sample_len=cf.F(0, "tokens per text sample (0 = data.seq_len)", ge=0),
-    prompt=cf.F("", "text prompt for previews; mdlm: \"[[N]]\" marks N tokens to infill", free="any text"),
-)
+class TextSamplingKeys(cf.Keys, section="method"):
+    temperature: float = cf.F(1.0, "language models: sampling temperature (0 = greedy)", ge=0)
+    sample_len: int = cf.F(0, "tokens per text sample (0 = data.seq_len)", ge=0)
+    prompt: str = cf.F("", "text prompt for previews; mdlm: \"[[N]]\" marks N tokens to infill", free="any text")
 
 
 def check_token_spec(spec: dict, method: str):

@@ -230,16 +230,17 @@ def gpt_size(cfg_model) -> tuple[int, int, int]:
     return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
 
 
-GPT_KEYS = cf.declare("model",
-    dropout=cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1),
-    vocab_size=cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0),
-    tie_weights=cf.F(True, "gpt: share the embedding with the output head"),
-    causal=cf.F(True, "gpt: causal attention (autoregressive: true; mdlm: false)"),
-    bias=cf.F(False, "gpt: biases in linears and norms"),
-    ce_chunk=cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0),
-    ce_kernel=cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
-                            "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel"),
-)
+class GptKeys(cf.Keys, section="model"):
+    dropout: float = cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1)
+    vocab_size: int = cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0)
+    tie_weights: bool = cf.F(True, "gpt: share the embedding with the output head")
+    causal: bool = cf.F(True, "gpt: causal attention (autoregressive: true; mdlm: false)")
+    bias: bool = cf.F(False, "gpt: biases in linears and norms")
+    ce_chunk: int = cf.F(0, "gpt: > 0 = fused linear + cross-entropy over chunks of this many tokens (no logits kept)", ge=0)
+    ce_kernel: str = cf.F("plain", "gpt: head + cross-entropy kernel of the training loss (cce/liger: CUDA libraries that "
+                                   "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel")
+
+
 GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_contract.py)
     spec={"kind": "tokens", "vocab_size": 11, "seq_len": 12},
     inputs=lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),),
@@ -247,17 +248,19 @@ GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_
 
 
 def check_gpt_loss(cfg_model):
-    if cfg_model.ce_chunk and cfg_model.ce_kernel not in ("plain", "auto"):
-        raise GenlabError(f"model.ce_chunk={cfg_model.ce_chunk} is the plain-torch fused loss; model.ce_kernel="
-                          f"{cfg_model.ce_kernel} is another: set one of them (ce_chunk=0 or ce_kernel=plain)")
+    keys = GptKeys.of(cfg_model)
+    if keys.ce_chunk and keys.ce_kernel not in ("plain", "auto"):
+        raise GenlabError(f"model.ce_chunk={keys.ce_chunk} is the plain-torch fused loss; model.ce_kernel="
+                          f"{keys.ce_kernel} is another: set one of them (ce_chunk=0 or ce_kernel=plain)")
 
 
 @model_registry.register("gpt", "GPT (nanoGPT-style): learned/RoPE positions, LayerNorm/RMSNorm, GELU/SwiGLU, tied head; "
                                 "sizes tiny/small/gpt2/gpt2-medium/gpt2-large/gpt2-xl",
-                         family="gpt", keys=GPT_KEYS, reads=("model.pos_emb", "model.norm", "model.mlp", "model.qkv_kernel"), sizes=GPT_SIZES,
+                         family="gpt", keys=GptKeys, reads=("model.pos_emb", "model.norm", "model.mlp", "model.qkv_kernel"), sizes=GPT_SIZES,
                          grid_rank=1, layer_keys=("attention", "mlp", "norm", "pos_emb"), default_position="learned",
                          example=GPT_EXAMPLE, check=lambda cfg, dim, heads, depth: check_gpt_loss(cfg.model))
 def build_gpt(cfg_model, data_spec) -> GPT:
+    keys = GptKeys.of(cfg_model)
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
     dim, depth, heads = gpt_size(cfg_model)
@@ -269,11 +272,11 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     if pos not in fitting_positions(1):
         raise GenlabError(f"model.pos_emb={pos} does not fit model gpt; valid choices: auto, {', '.join(fitting_positions(1))}")
     check_gpt_loss(cfg_model)
-    vocab = cfg_model.vocab_size or data_spec["vocab_size"]
+    vocab = keys.vocab_size or data_spec["vocab_size"]
     if vocab < data_spec["vocab_size"]:
         raise GenlabError(f"model.vocab_size {vocab} is smaller than the data's vocabulary {data_spec['vocab_size']}")
     return GPT(GPTSpec(vocab_size=vocab, seq_len=data_spec["seq_len"], dim=dim, depth=depth, heads=heads,
                        mlp_ratio=cfg_model.mlp_ratio, pos_emb=pos, norm=cfg_model.norm, mlp=cfg_model.mlp,
-                       tie_weights=cfg_model.tie_weights, causal=cfg_model.causal, bias=cfg_model.bias,
-                       dropout=cfg_model.dropout, attention=cfg_model.attention, ce_chunk=cfg_model.ce_chunk,
-                       ce_kernel=cfg_model.ce_kernel, qkv_kernel=cfg_model.qkv_kernel))
+                       tie_weights=keys.tie_weights, causal=keys.causal, bias=keys.bias,
+                       dropout=keys.dropout, attention=cfg_model.attention, ce_chunk=keys.ce_chunk,
+                       ce_kernel=keys.ce_kernel, qkv_kernel=cfg_model.qkv_kernel))

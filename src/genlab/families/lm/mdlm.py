@@ -183,14 +183,15 @@ class MaskedDiffusion(Method):
         return base
 
     def loss(self, model, batch, ctx):
+        keys = MdlmKeys.of(self.mcfg)
         generator = ctx.generator
         if not self._checked:
             self.mask_id = self._base(model).mask_id
             self._checked = True
         x = batch["x"]
         B, L = x.shape
-        eps = self.mcfg.eps
-        t = eps + (1 - eps) * antithetic_uniform(B, generator, x.device, self.mcfg.antithetic)
+        eps = keys.eps
+        t = eps + (1 - eps) * antithetic_uniform(B, generator, x.device, keys.antithetic)
         t = t.clamp_min(1e-6)
         u_tok = torch.rand(x.shape, generator=generator, device=x.device)
         masked = u_tok < (1 - alpha(t, self.schedule, eps))[:, None]
@@ -264,11 +265,12 @@ class MaskedDiffusion(Method):
              block_len=None, stats=None):
         """Token ids [n, L] from `steps` denoising steps (default method.sample_steps); `stats` (a dict) gets the
         settings and model calls, for sample_header."""
+        keys = MdlmKeys.of(self.mcfg)
         base = self._base(model)
         if length is not None and not 1 <= length <= self.T:
             raise GenlabError(f"sample length must be 1..{self.T} for mdlm (the model's context, data.seq_len: it "
                               f"generates every position at once), got {length}")
-        steps, block_len = steps or self.mcfg.sample_steps, self.mcfg.block_len if block_len is None else block_len
+        steps, block_len = steps or self.mcfg.sample_steps, keys.block_len if block_len is None else block_len
         if stats is not None:
             stats.update(steps=steps, block_len=block_len, schedule=self.schedule, prompt=prompt)
         length = min(length or self.mcfg.sample_len or self.T, self.T)
@@ -325,19 +327,19 @@ def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str, gaps:
     plt.close(fig)
 
 
-MDLM_KEYS = cf.declare("method",
-    noise_schedule=cf.F("loglinear", "mdlm: masking schedule", choices=("loglinear", "cosine")),
-    antithetic=cf.F(True, "mdlm: stratified (antithetic) training times"),
-    eps=cf.F(1e-3, "mdlm: smallest masking time", ge=0, lt=1),
-    block_len=cf.F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0),
-)
-MDLM_EVAL_KEYS = cf.declare("eval",
-    T_list=cf.F("8,32,128,512,1000", "mdlm: step counts T of the bound-vs-T table (plus T=inf)", free="comma-separated integers >= 1"),
-    nelbo_reps=cf.F(2, "mdlm: Monte Carlo draws per validation sequence for the NELBO", ge=1),
-    gen_ppl_model=cf.F("", "mdlm: autoregressive run that scores samples (generative perplexity)", free="a run folder"),
-    gen_samples=cf.F(16, "mdlm: samples scored for the generative perplexity", ge=1),
-)
+class MdlmKeys(cf.Keys, section="method"):
+    noise_schedule: str = cf.F("loglinear", "mdlm: masking schedule", choices=("loglinear", "cosine"))
+    antithetic: bool = cf.F(True, "mdlm: stratified (antithetic) training times")
+    eps: float = cf.F(1e-3, "mdlm: smallest masking time", ge=0, lt=1)
+    block_len: int = cf.F(0, "mdlm sampling: semi-autoregressive blocks of this many tokens (0 = one block)", ge=0)
+
+
+class MdlmEvalKeys(cf.Keys, section="eval"):
+    T_list: str = cf.F("8,32,128,512,1000", "mdlm: step counts T of the bound-vs-T table (plus T=inf)", free="comma-separated integers >= 1")
+    nelbo_reps: int = cf.F(2, "mdlm: Monte Carlo draws per validation sequence for the NELBO", ge=1)
+    gen_ppl_model: str = cf.F("", "mdlm: autoregressive run that scores samples (generative perplexity)", free="a run folder")
+    gen_samples: int = cf.F(16, "mdlm: samples scored for the generative perplexity", ge=1)
 
 
 method_registry.register("mdlm", "masked diffusion LM (MDLM, absorbing state, SUBS): NELBO, bound vs T, ancestral sampler",
-                         keys=MDLM_KEYS + MDLM_EVAL_KEYS + lm.TEXT_SAMPLING_KEYS, reads=("method.sample_steps",))(MaskedDiffusion)
+                         keys=(MdlmKeys, MdlmEvalKeys, lm.TextSamplingKeys), reads=("method.sample_steps",))(MaskedDiffusion)

@@ -323,23 +323,24 @@ class SparseTransformer(nn.Module):
         return s.depth * per_block + 2 * T * D * self.vocab_size
 
 
-SPARSE_KEYS = cf.declare("model",
-    raster=cf.F("channel", "sparse_transformer: byte order, channel-major or pixel-major", choices=("channel", "pixel")),
-    sparse_pattern=cf.F("strided", "sparse_transformer: attention pattern", registry="sparse_pattern"),
-    sparse_mode=cf.F("split", "sparse_transformer: factorization (parts across layers | union in one head | across heads)", registry="sparse_mode"),
-    sparse_stride=cf.F(0, "sparse_transformer: stride / block length l (0 = one image row in the raster order)", ge=0),
-    sparse_summary=cf.F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0),
-    sparse_summary_groups=cf.F(1, "sparse_transformer: fixed pattern: the summary heads attend to this many distinct "
-                                      "sub-blocks of c cells (the paper's section 4.2; groups * c <= l)", ge=1),
-    sparse_backend=cf.F("auto", "sparse_transformer: auto = flex on CUDA, blocked on CPU; flex = FlexAttention block "
-                            "masks; blocked = unmasked SDPA on segments (runs, columns) where a part has them; dense = "
-                            "masked SDPA (the reference)", choices=("auto", "blocked", "flex", "dense")),
-    sparse_block=cf.F(128, "sparse_transformer: FlexAttention block size, the unit of skipped work (32 | 64 | 128; "
-                               "smaller blocks skip more of a thin pattern with smaller tiles and compile with max-autotune)", choices=(32, 64, 128)),
-    sparse_embed=cf.F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
-                          "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)", choices=("auto", "data", "attention")),
-    qk_ratio=cf.F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)", gt=0, le=1),
-)
+class SparseKeys(cf.Keys, section="model"):
+    raster: str = cf.F("channel", "sparse_transformer: byte order, channel-major or pixel-major", choices=("channel", "pixel"))
+    sparse_pattern: str = cf.F("strided", "sparse_transformer: attention pattern", registry="sparse_pattern")
+    sparse_mode: str = cf.F("split", "sparse_transformer: factorization (parts across layers | union in one head | across heads)", registry="sparse_mode")
+    sparse_stride: int = cf.F(0, "sparse_transformer: stride / block length l (0 = one image row in the raster order)", ge=0)
+    sparse_summary: int = cf.F(0, "sparse_transformer: fixed pattern's summary cells c per block (0 = max(1, l // 8))", ge=0)
+    sparse_summary_groups: int = cf.F(1, "sparse_transformer: fixed pattern: the summary heads attend to this many distinct "
+                                             "sub-blocks of c cells (the paper's section 4.2; groups * c <= l)", ge=1)
+    sparse_backend: str = cf.F("auto", "sparse_transformer: auto = flex on CUDA, blocked on CPU; flex = FlexAttention block "
+                                   "masks; blocked = unmasked SDPA on segments (runs, columns) where a part has them; dense = "
+                                   "masked SDPA (the reference)", choices=("auto", "blocked", "flex", "dense"))
+    sparse_block: int = cf.F(128, "sparse_transformer: FlexAttention block size, the unit of skipped work (32 | 64 | 128; "
+                                      "smaller blocks skip more of a thin pattern with smaller tiles and compile with max-autotune)", choices=(32, 64, 128))
+    sparse_embed: str = cf.F("auto", "sparse_transformer: position embedding: data (row+column+channel, images) | attention "
+                                 "(row+column of the stride-wide matrix, the paper's text embedding) | auto (by data)", choices=("auto", "data", "attention"))
+    qk_ratio: float = cf.F(1.0, "sparse_transformer: query/key width relative to model.dim (0.5 = the paper's halved q/k)", gt=0, le=1)
+
+
 SPARSE_EXAMPLE = ModelExample(  # tiny image bytes; its attention comes from model.sparse_*, not the layer registries
     spec={"kind": "image", "image_size": 4, "channels": 1, "num_classes": 1},
     inputs=lambda spec, B, g: (torch.randint(0, 257, (B, spec["image_size"] ** 2 * spec["channels"]), generator=g),),
@@ -347,13 +348,14 @@ SPARSE_EXAMPLE = ModelExample(  # tiny image bytes; its attention comes from mod
 
 
 def _check_sparse(cfg, dim: int, heads: int, depth: int):
-    if cfg.model.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
+    keys = SparseKeys.of(cfg.model)
+    if keys.sparse_embed == "data" and dataset_registry.spec(cfg.data.name).kind == "token":
         raise GenlabError("model.sparse_embed=data needs image data (row, column, channel); on text use attention or auto")
     length = _sequence_length(cfg)
-    if cfg.model.sparse_stride and length is not None and cfg.model.sparse_stride >= length:
-        raise GenlabError(f"model.sparse_stride ({cfg.model.sparse_stride}) must be shorter than the sequence ({length} "
+    if keys.sparse_stride and length is not None and keys.sparse_stride >= length:
+        raise GenlabError(f"model.sparse_stride ({keys.sparse_stride}) must be shorter than the sequence ({length} "
                           f"tokens): one stride would cover it all and the pattern would be dense")
-    if cfg.model.sparse_backend == "flex" and _trains_on_cpu(cfg.train.device):
+    if keys.sparse_backend == "flex" and _trains_on_cpu(cfg.train.device):
         raise GenlabError("model.sparse_backend=flex has no backward pass on the CPU (torch's FlexAttention backward "
                           "is CUDA-only); train with auto or blocked there (sampling runs the forward anywhere)")
 
@@ -369,9 +371,10 @@ def _sequence_length(cfg) -> int | None:
 
 @model_registry.register("sparse_transformer", "Sparse Transformer (Child et al. 2019) over image bytes or text: "
                                                "strided/fixed factorized attention (FlexAttention), data or attention embeddings",
-                         family="sparse_transformer", keys=SPARSE_KEYS, reads=("model.dropout", "model.vocab_size"),
+                         family="sparse_transformer", keys=SparseKeys, reads=("model.dropout", "model.vocab_size"),
                          sizes=SPARSE_SIZES, check=_check_sparse, example=SPARSE_EXAMPLE)
 def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
+    keys = SparseKeys.of(cfg_model)
     kind = data_spec.get("kind")
     if kind not in ("image", "tokens"):
         raise GenlabError(f"model sparse_transformer needs image or token data, got data of kind {kind!r}")
@@ -381,13 +384,13 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
     text = kind == "tokens"
     spec = SparseSpec(image_size=0 if text else data_spec["image_size"], channels=0 if text else data_spec["channels"],
                       vocab=(cfg_model.vocab_size or data_spec["vocab_size"]) if text else 0,
-                      text_len=data_spec["seq_len"] if text else 0, embed=cfg_model.sparse_embed, dim=cfg_model.dim or dim,
-                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=cfg_model.raster,
-                      pattern=cfg_model.sparse_pattern, mode=cfg_model.sparse_mode, stride=cfg_model.sparse_stride,
-                      summary=cfg_model.sparse_summary, summary_groups=cfg_model.sparse_summary_groups,
-                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=cfg_model.qk_ratio,
-                      dropout=cfg_model.dropout, backend=cfg_model.sparse_backend,
-                      block=cfg_model.sparse_block)
+                      text_len=data_spec["seq_len"] if text else 0, embed=keys.sparse_embed, dim=cfg_model.dim or dim,
+                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=keys.raster,
+                      pattern=keys.sparse_pattern, mode=keys.sparse_mode, stride=keys.sparse_stride,
+                      summary=keys.sparse_summary, summary_groups=keys.sparse_summary_groups,
+                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=keys.qk_ratio,
+                      dropout=cfg_model.dropout, backend=keys.sparse_backend,
+                      block=keys.sparse_block)
     return SparseTransformer(spec)
 
 

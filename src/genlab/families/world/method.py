@@ -70,17 +70,19 @@ class WorldModel(Method):
 
     # -- extra modules ------------------------------------------------------------------------------
     def extra_modules(self) -> dict:
-        if self.mcfg.adv_weight <= 0:
+        keys = WorldKeys.of(self.mcfg)
+        if keys.adv_weight <= 0:
             return {}
         return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
-                              lr=self.mcfg.disc_lr)}
+                              lr=keys.disc_lr)}
 
     # -- the denoiser -------------------------------------------------------------------------------
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
+        keys = WorldKeys.of(self.mcfg)
         if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
-            k = self.mcfg.residual_scale
+            k = keys.residual_scale
             loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen)
             return loss, est / k + base
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
@@ -91,17 +93,18 @@ class WorldModel(Method):
         """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
         starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
         caller keeps the RNG outside the graph."""
+        keys = WorldKeys.of(self.mcfg)
         steps = steps or self.mcfg.sample_steps
         level = torch.zeros(context.shape[0], device=context.device)
         if noise is None:
             noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
         ts = self.objective.grid(steps, context.device)
-        x = noise * self.mcfg.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
+        x = noise * keys.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
         net = lambda x, t: model(x, t, context, actions, level)  # the backbone with this frame's conditioning bound
-        x = call_sampler(sampler_registry.get(self.mcfg.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
+        x = call_sampler(sampler_registry.get(keys.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
                          x, ts, generator=generator, noise=self.mcfg.sde_noise)
-        x = (x / self.mcfg.residual_scale + context[:, -1] if self.mcfg.residual else x).clamp(-1, 1)
-        return quantize(x) if self.mcfg.quantize_frames else x
+        x = (x / keys.residual_scale + context[:, -1] if keys.residual else x).clamp(-1, 1)
+        return quantize(x) if keys.quantize_frames else x
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
@@ -118,8 +121,9 @@ class WorldModel(Method):
     # -- training -----------------------------------------------------------------------------------
     def closed_loop_horizon(self, step: int, total: int) -> int:
         """Largest number of frames (1 = teacher forcing) the model may roll out before the trained frame."""
-        start = int(self.mcfg.closed_loop_start * total)
-        if self.H <= 1 or step < start or self.mcfg.closed_loop_start >= 1:
+        keys = WorldKeys.of(self.mcfg)
+        start = int(keys.closed_loop_start * total)
+        if self.H <= 1 or step < start or keys.closed_loop_start >= 1:
             return 1
         frac = (step - start + 1) / max(total - start, 1)
         return max(1, min(self.H, 1 + int(round(frac * (self.H - 1)))))
@@ -131,6 +135,7 @@ class WorldModel(Method):
         return random.Random(self.cfg.train.seed * 100003 + step).randint(1, h_max) if h_max > 1 else 1
 
     def loss(self, model, batch, ctx: StepContext):
+        keys = WorldKeys.of(self.mcfg)
         frames, actions = batch["frames"], batch["actions"]
         gen, L = ctx.generator, self.L
         h = self.choose_horizon(ctx.step, ctx.total_steps)
@@ -141,18 +146,18 @@ class WorldModel(Method):
             context = torch.cat([context, gen_frames], 1)[:, -L:]
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
-        context, level = augment_context(context, gen, self.mcfg.ctx_noise_max)
+        context, level = augment_context(context, gen, keys.ctx_noise_max)
         # residual base = the clean (in closed loop: self-generated) last frame, so zero output copies it and closed-loop
         # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
         # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
-        base = last if self.mcfg.residual else None
+        base = last if keys.residual else None
         loss, est = self.denoise_loss(model, target, context, acts, level, gen, base)
         metrics = {"horizon": h}
-        if "disc" not in ctx.extras or self.mcfg.adv_weight <= 0:
+        if "disc" not in ctx.extras or keys.adv_weight <= 0:
             return loss, metrics
         adv, d_loss, adv_metrics = adversarial_losses(ctx.extras["disc"], est, target, last)
         metrics.update(adv_metrics)
-        return {"model": loss + self.mcfg.adv_weight * adv, "disc": d_loss}, metrics
+        return {"model": loss + keys.adv_weight * adv, "disc": d_loss}, metrics
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
@@ -160,35 +165,36 @@ class WorldModel(Method):
                               data, ctx)
 
 
-WORLD_KEYS = cf.declare("method",
-    objective=cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective"),
-    world_sampler=cf.F("euler", "world: the sampler of every generated frame (a flow sampler: the objectives give a "
-                                "velocity; heun needs flow with prediction v)", registry="sampler"),
-    residual=cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)"),
-    residual_scale=cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0),
-    sample_temperature=cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
-                                        "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
-                                        "rollouts track the real frames best (PSNR)", ge=0),
-    quantize_frames=cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
-                                     "closed-loop contexts)"),
-    ctx_noise_max=cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0),
-    closed_loop_start=cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1),
-    adv_weight=cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0),
-    disc_lr=cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0),
-)
-WORLD_EVAL_KEYS = cf.declare("eval",
-    world_rollouts=cf.F(32, "world: held-out windows per rollout evaluation", ge=1),
-    world_horizons=cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1"),
-)
+class WorldKeys(cf.Keys, section="method"):
+    objective: str = cf.F("flow", "world: how the next-frame denoiser is trained and sampled", registry="world_objective")
+    world_sampler: str = cf.F("euler", "world: the sampler of every generated frame (a flow sampler: the objectives give a "
+                                       "velocity; heun needs flow with prediction v)", registry="sampler")
+    residual: bool = cf.F(True, "world: diffuse target - last context frame (zero output = copy the last frame)")
+    residual_scale: float = cf.F(1.0, "world, residual: the diffused quantity is (target - last frame) * this", gt=0)
+    sample_temperature: float = cf.F(0.0, "world: scale of the starting noise when generating frames (rollouts, play, closed-loop "
+                                                 "contexts); 1 draws samples, 0 the deterministic frame from the noise mean, whose "
+                                                 "rollouts track the real frames best (PSNR)", ge=0)
+    quantize_frames: bool = cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
+                                             "closed-loop contexts)")
+    ctx_noise_max: float = cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0)
+    closed_loop_start: float = cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1)
+    adv_weight: float = cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0)
+    disc_lr: float = cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0)
+
+
+class WorldEvalKeys(cf.Keys, section="eval"):
+    world_rollouts: int = cf.F(32, "world: held-out windows per rollout evaluation", ge=1)
+    world_horizons: str = cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1")
 
 
 def check_world_config(cfg):
+    keys = WorldEvalKeys.of(cfg.eval)
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
-    parse_int_list(cfg.eval.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+    parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
 
 
 method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
                                   "closed-loop fine-tuning, few-step Euler rollouts",
-                         keys=WORLD_KEYS + WORLD_EVAL_KEYS,
+                         keys=(WorldKeys, WorldEvalKeys),
                          reads=("method.timestep_sampler", "method.sample_steps", "eval.sample_steps"))(WorldModel)

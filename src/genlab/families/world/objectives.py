@@ -67,28 +67,29 @@ def v_from_x(x_hat, x_t, t):
     return (x_hat - x_t) / per_sample((1 - t).clamp_min(0.05), x_t)
 
 
-FLOW_OBJECTIVE_KEYS = cf.declare("method",
-    prediction=cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
-                             "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v")),
-)
+class FlowObjectiveKeys(cf.Keys, section="method"):
+    prediction: str = cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
+                                    "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v"))
 
 
 @world_objective_registry.register("flow", "rectified flow; the network predicts the clean frame (x) or the velocity (v)",
-                                   keys=FLOW_OBJECTIVE_KEYS)
+                                   keys=FlowObjectiveKeys)
 class FlowObjective(WorldObjective):
     def loss(self, world, net, target, noise, gen):
+        keys = FlowObjectiveKeys.of(world.mcfg)
         t = world.sample_t(target.shape[0], gen, target.device, world.mcfg)
         x_t = interpolate(noise, target, t)
         out = net(x_t, t)
-        if world.mcfg.prediction == "x":  # the network outputs the clean target; the loss stays on v
+        if keys.prediction == "x":  # the network outputs the clean target; the loss stays on v
             est, v, v_target = out, v_from_x(out, x_t, t), v_from_x(target, x_t, t)
         else:
             est, v, v_target = x_t + per_sample(1 - t, x_t) * out, out, target - noise
         return F.mse_loss(v.float(), v_target.float()), est
 
     def velocity(self, world, net, x, t):
+        keys = FlowObjectiveKeys.of(world.mcfg)
         out = net(x, t)  # with x: an Euler step to t=1 lands exactly on the predicted frame
-        return velocity_to(out, x, t) if world.mcfg.prediction == "x" else out
+        return velocity_to(out, x, t) if keys.prediction == "x" else out
 
 
 # -- edm: D(x; σ) = c_skip·x + c_out·F(c_in·x; c_noise) with x = y + σ·n, F the network; its input and its training

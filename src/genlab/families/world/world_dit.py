@@ -100,9 +100,10 @@ class WorldDiT(nn.Module):
         return f
 
 
-WORLD_DIT_KEYS = cf.declare("model",
-    context_mode=cf.F("channels", "world_dit: context frames stacked on the target's channels, or as extra tokens", choices=("channels", "tokens")),
-)
+class WorldDitKeys(cf.Keys, section="model"):
+    context_mode: str = cf.F("channels", "world_dit: context frames stacked on the target's channels, or as extra tokens", choices=("channels", "tokens"))
+
+
 WORLD_DIT_EXAMPLE = ModelExample(  # a tiny episode spec; it reads model.attention
     spec={"kind": "episodes", "image_size": 8, "channels": 3, "context": 2, "num_actions": 4, "action_dim": 0},
     inputs=lambda spec, B, g: (
@@ -113,13 +114,14 @@ WORLD_DIT_EXAMPLE = ModelExample(  # a tiny episode spec; it reads model.attenti
 
 
 @model_registry.register("world_dit", "next-frame DiT: target patches + L context frames (channels|tokens) + action conditioning",
-                         family="world_dit", keys=WORLD_DIT_KEYS, reads=("model.patch_size", "model.qk_norm", "model.adaln"),
+                         family="world_dit", keys=WorldDitKeys, reads=("model.patch_size", "model.qk_norm", "model.adaln"),
                          sizes=DIT_SIZES, layer_keys=("attention",), example=WORLD_DIT_EXAMPLE)
 def build_world_dit(cfg_model, data_spec) -> WorldDiT:
+    keys = WorldDitKeys.of(cfg_model)
     if data_spec.get("kind") != "episodes":
         raise GenlabError("model.name=world_dit needs episode data (data.name=episodes)")
     dim, depth, heads = dit_size(cfg_model)
     return WorldDiT(data_spec["image_size"], data_spec["channels"], data_spec["context"], data_spec["num_actions"],
                     data_spec["action_dim"], dim, depth, heads, cfg_model.patch_size, cfg_model.mlp_ratio,
-                    cfg_model.context_mode, cfg_model.attention, cfg_model.qk_norm, cfg_model.adaln,
+                    keys.context_mode, cfg_model.attention, cfg_model.qk_norm, cfg_model.adaln,
                     conditions=data_spec.get("conditions"))
