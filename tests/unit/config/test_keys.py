@@ -4,11 +4,13 @@ import dataclasses
 
 import pytest
 
+from conftest import unregister
+
 from genlab.config import fields as cf
 from genlab.config.keys import Config, MethodConfig, OptimConfig, declared_keys, section_class
 from genlab.config.tree import load_config, to_dict
 from genlab.core.errors import GenlabError
-from genlab.core.registry import step_schedule_registry
+from genlab.sampling.samplers import step_schedule_registry
 from genlab.families.few_step.base import TeacherKeys, TeacherPathKeys
 from genlab.families.few_step.shortcut import ShortcutKeys
 from genlab.families.image_flow.timesteps import LogitNormalKeys
@@ -46,7 +48,7 @@ def test_a_key_name_declared_by_two_keys_classes_is_refused():
         with pytest.raises(RuntimeError, match="method.logit_std declared twice"):
             declared_keys()
     finally:
-        step_schedule_registry.unregister("test_twice")
+        unregister(step_schedule_registry, "test_twice")
     assert "method.logit_std" in declared_keys()
 
 
@@ -63,7 +65,7 @@ def test_a_keys_class_registered_at_run_time_joins_its_section():
         with pytest.raises(GenlabError, match="no Late"):
             Late.of(_with_method(before()))
     finally:
-        step_schedule_registry.unregister("test_late")
+        unregister(step_schedule_registry, "test_late")
     assert "late_knob" not in {f.name for f in dataclasses.fields(section_class("method"))}
 
 
