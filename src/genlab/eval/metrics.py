@@ -60,7 +60,6 @@ LPIPS_KEYS = cf.declare("eval",
     lpips_pairs=cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1),
 )
 
-DEFAULT_METRICS = "accuracy,fd,pr"   # the ones that need no downloaded weights
 _CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
 _CACHE_MAX = 32
 
@@ -273,14 +272,10 @@ def pr_inception(ev: Evaluation) -> dict:
     return {f"inception_{k}": v for k, v in ev.pr_pair("inception").items()}
 
 
-def _check_fid(ecfg):
-    find_fid_weights(ecfg.fid_weights)
-
-
 def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
     """Before sampling: enough samples, the weights file, and a reference file that holds what the metric reads."""
     _at_least(at_least, what)(ecfg)
-    _check_fid(ecfg)
+    find_fid_weights(ecfg.fid_weights)
     if needs and ecfg.fid_ref:
         ref = load_reference(ecfg.fid_ref)
         ok = ref.has_images if needs == "images" else ref.can_serve(needs)
@@ -307,7 +302,6 @@ def _at_least(k: int, what: str):
     return check
 
 
-
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
                                 keys=LPIPS_KEYS, check=lambda ecfg: _check_lpips(ecfg))
 def lpips(ev: Evaluation) -> dict:
@@ -326,7 +320,6 @@ def lpips(ev: Evaluation) -> dict:
 
 def _check_lpips(ecfg):
     find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights)
-
 
 
 # -- running them ------------------------------------------------------------------------------
