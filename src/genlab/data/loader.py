@@ -46,6 +46,14 @@ class IndexStream:
         return self.pos / self.n
 
 
+def gather(a, idx: np.ndarray) -> np.ndarray:
+    """a[idx] as a new array, read from a memmap in file order and put back in batch order."""
+    order = np.argsort(idx)
+    out = np.empty((len(idx),) + a.shape[1:], dtype=a.dtype)
+    out[order] = a[idx[order]]
+    return out
+
+
 class StreamPosition:
     """The resumable part every loader shares: a position in `self.stream` (an IndexStream or
     RandomStarts); each rank takes its slice of one global draw, so the order does not depend on the
@@ -64,6 +72,13 @@ class StreamPosition:
     def take_rank_slice(self) -> np.ndarray:
         k = self.stream.take(self.batch_size * self.world)
         return k[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host batch to the device, through pinned memory when self.pin."""
+        return (t.pin_memory() if self.pin else t).to(self.device, non_blocking=True)
+
+    def close(self):
+        pass
 
 
 class Prefetching(StreamPosition):
@@ -122,10 +137,8 @@ class ImageLoader(Prefetching):
 
     # -- host path: worker threads gather from the memmap into (pinned) memory ahead of use ----
     def _gather(self, idx):
-        order = np.argsort(idx)  # read the memmap in file order, then restore batch order
-        imgs = np.empty((len(idx),) + self.data.images.shape[1:], dtype=np.uint8)
-        imgs[order] = self.data.images[idx[order]]
-        out = (torch.from_numpy(imgs), torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))
+        out = (torch.from_numpy(gather(self.data.images, idx)),
+               torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))
         return (out[0].pin_memory(), out[1].pin_memory()) if self.pin else out
 
     def next(self) -> dict:
