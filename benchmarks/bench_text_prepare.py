@@ -24,7 +24,7 @@ from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
 
 
 def make_corpus(folder: Path, mb: int, files: int) -> list[Path]:
-    from genlab.data.corpus import read_corpus
+    from genlab.data.text import read_corpus
     text = read_corpus()
     per_file = mb * 10**6 // files
     paths = []

@@ -54,7 +54,7 @@ def test_wheel_ships_presets_and_sweeps_and_runs_outside_the_source_tree(tmp_pat
     r = subprocess.run([sys.executable, "-m", "genlab", "sweep", "tiny_cpu", "--dry-run"], cwd=work, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "sweep tiny_cpu: preset digits_flow" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, "-c", "from genlab.data.corpus import read_corpus; print(len(read_corpus()))"],
+    r = subprocess.run([sys.executable, "-c", "from genlab.data.text import read_corpus; print(len(read_corpus()))"],
                        cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "39908", r.stderr  # the excerpt's length in characters
 

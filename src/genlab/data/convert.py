@@ -45,7 +45,6 @@ IDX_FILES = {
 }
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-CIFAR10_ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
 CIFAR10_MD5 = {
     "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
     "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,32 +45,39 @@ class ImageData:
         return len(self.images)
 
 
-def write_image_dataset(out_dir, images: np.ndarray, labels: np.ndarray, classes: list, source: str, extra: dict | None = None) -> Path:
-    out = Path(out_dir)
-    if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(f"images must be uint8 [N,H,W,C], got {images.dtype} {images.shape}")
-    labels = np.asarray(labels, dtype=np.int64)
-    if len(labels) != len(images):
-        raise ValueError("images and labels differ in length")
-    if (out / "meta.json").exists():
+@contextmanager
+def atomic_folder(out):
+    """Yield a temporary folder beside `out`; rename it to `out` on success, remove it on any failure."""
+    out = Path(out)
+    if (out / "index.json").exists() or (out / "meta.json").exists():
         raise GenlabError(f"{out} already holds a dataset; remove it or choose another --out")
     tmp = out.with_name(out.name + ".tmp-write")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
+        yield tmp
+        if out.exists():
+            out.rmdir()  # only an empty folder can be here
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_image_dataset(out_dir, images: np.ndarray, labels: np.ndarray, classes: list, source: str, extra: dict | None = None) -> Path:
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ValueError(f"images must be uint8 [N,H,W,C], got {images.dtype} {images.shape}")
+    labels = np.asarray(labels, dtype=np.int64)
+    if len(labels) != len(images):
+        raise ValueError("images and labels differ in length")
+    with atomic_folder(out_dir) as tmp:
         np.save(tmp / "images.npy", images)
         np.save(tmp / "labels.npy", labels)
         meta = {"format": "genlab-images-v1", "source": source, "num_samples": int(len(images)),
                 "shape": list(images.shape[1:]), "classes": list(classes),
                 "sha256": array_checksum(images, labels), **(extra or {})}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            out.rmdir()  # only an empty folder can be here (meta.json checked above)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 def read_image_dataset(path, verify: bool | None = None) -> ImageData:

@@ -25,7 +25,7 @@ from genlab.core.errors import GenlabError
 from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
 from genlab.data.encode import read_source
 from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
 
 FORMAT = "genlab-latents-v1"
 
@@ -125,11 +125,8 @@ class LatentLoader(StreamPosition):
             self.labels = torch.from_numpy(np.array(data.labels, dtype=np.int64)).to(self.device)
 
     def _host(self, k):
-        order = np.argsort(k)  # read the memmap in file order, then restore batch order
-        buf = np.empty((len(k),) + self.flat.shape[1:], dtype=self.flat.dtype)
-        buf[order] = self.flat[k[order]]
-        out = (torch.from_numpy(buf), torch.from_numpy(np.asarray(self.data.labels[k // self.V], dtype=np.int64)))
-        return [(t.pin_memory() if self.pin else t).to(self.device, non_blocking=True) for t in out]
+        out = (torch.from_numpy(gather(self.flat, k)), torch.from_numpy(np.asarray(self.data.labels[k // self.V], dtype=np.int64)))
+        return [self.to_device(t) for t in out]
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -141,9 +138,6 @@ class LatentLoader(StreamPosition):
             x, y = self._host(k)
         self.wait_time += time.perf_counter() - t0
         return {"image": x.float(), "label": y}
-
-    def close(self):
-        pass
 
 
 def no_flip_message(where) -> str:

@@ -46,6 +46,14 @@ class IndexStream:
         return self.pos / self.n
 
 
+def gather(a, idx: np.ndarray) -> np.ndarray:
+    """a[idx] as a new array, read from a memmap in file order and put back in batch order."""
+    order = np.argsort(idx)
+    out = np.empty((len(idx),) + a.shape[1:], dtype=a.dtype)
+    out[order] = a[idx[order]]
+    return out
+
+
 class StreamPosition:
     """The resumable part every loader shares: a position in `self.stream` (an IndexStream or
     RandomStarts); each rank takes its slice of one global draw, so the order does not depend on the
@@ -65,8 +73,51 @@ class StreamPosition:
         k = self.stream.take(self.batch_size * self.world)
         return k[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
 
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host batch to the device, through pinned memory when self.pin."""
+        return (t.pin_memory() if self.pin else t).to(self.device, non_blocking=True)
 
-class ImageLoader(StreamPosition):
+    def close(self):
+        pass
+
+
+class Prefetching(StreamPosition):
+    """StreamPosition with host batches (`self._gather(rank slice)`) gathered in `workers` threads `prefetch` batches
+    ahead of use; batches requested ahead but not yet consumed go back to the stream, so resume is exact."""
+
+    def start_prefetch(self, prefetch: int, workers: int):
+        self.prefetch, self.workers, self._pool, self._futures = prefetch, workers, None, deque()
+
+    def state_dict(self):
+        return {"pos": self.stream.pos - len(self._futures) * self.batch_size * self.world}
+
+    def load_state_dict(self, state):
+        self._drain()
+        super().load_state_dict(state)
+
+    def _drain(self):
+        for f in self._futures:
+            f.result()
+        self.stream.pos -= len(self._futures) * self.batch_size * self.world
+        self._futures.clear()
+
+    def _host_batch(self):
+        if self.prefetch < 1:
+            return self._gather(self.take_rank_slice())
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers)
+        while len(self._futures) < self.prefetch:
+            self._futures.append(self._pool.submit(self._gather, self.take_rank_slice()))
+        return self._futures.popleft().result()
+
+    def close(self):
+        self._drain()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+class ImageLoader(Prefetching):
     """Yields {"image": float [B,C,H,W] in [-1,1], "label": long [B]} on `device`."""
 
     def __init__(self, data, batch_size: int, device, seed: int = 0, rank: int = 0, world: int = 1,
@@ -78,43 +129,17 @@ class ImageLoader(StreamPosition):
         nbytes = data.images.nbytes
         self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
         self.pin = self.device.type == "cuda" and pin_memory != "no"
-        self.prefetch = max(1, prefetch)
+        self.start_prefetch(max(1, prefetch), workers=min(4, max(1, prefetch)))
         self._flip_gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
-        self._pool, self._futures = None, deque()
         if self.resident:
             self.images = torch.from_numpy(np.array(data.images)).to(self.device)  # copy: memmaps are read-only
             self.labels = torch.from_numpy(np.array(data.labels)).to(self.device)
 
-    # -- state --------------------------------------------------------------------------
-    def state_dict(self):
-        # batches requested ahead but not yet consumed go back to the stream
-        return {"pos": self.stream.pos - len(self._futures) * self.batch_size * self.world}
-
-    def load_state_dict(self, state):
-        self._drain()
-        super().load_state_dict(state)
-
     # -- host path: worker threads gather from the memmap into (pinned) memory ahead of use ----
     def _gather(self, idx):
-        order = np.argsort(idx)  # read the memmap in file order, then restore batch order
-        imgs = np.empty((len(idx),) + self.data.images.shape[1:], dtype=np.uint8)
-        imgs[order] = self.data.images[idx[order]]
-        out = (torch.from_numpy(imgs), torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))
+        out = (torch.from_numpy(gather(self.data.images, idx)),
+               torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))
         return (out[0].pin_memory(), out[1].pin_memory()) if self.pin else out
-
-    def _drain(self):
-        for f in self._futures:
-            f.result()
-        self.stream.pos -= len(self._futures) * self.batch_size * self.world
-        self._futures.clear()
-
-    def _host_batch(self):
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(4, self.prefetch))
-        while len(self._futures) < self.prefetch:
-            self._futures.append(self._pool.submit(self._gather, self.take_rank_slice()))
-        imgs, labels = self._futures.popleft().result()
-        return imgs.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -122,19 +147,13 @@ class ImageLoader(StreamPosition):
             idx = torch.from_numpy(self.take_rank_slice()).to(self.device, non_blocking=True)
             imgs, labels = self.images[idx], self.labels[idx]
         else:
-            imgs, labels = self._host_batch()
+            imgs, labels = (t.to(self.device, non_blocking=True) for t in self._host_batch())
         self.wait_time += time.perf_counter() - t0
         x = to_model(imgs)
         if self.hflip:
             flip = (torch.rand(x.shape[0], generator=self._flip_gen) < 0.5).to(self.device)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         return {"image": x, "label": labels}
-
-    def close(self):
-        self._drain()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
 
 
 def build_loader(data, cfg_data, batch_size, device, seed, rank=0, world=1):

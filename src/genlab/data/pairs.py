@@ -27,7 +27,7 @@ import torch
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 
@@ -78,14 +78,7 @@ class PairLoader(StreamPosition):
             self.arrays = [torch.from_numpy(np.array(a)).to(self.device) for a in arrays]
 
     def _host(self, idx):
-        order = np.argsort(idx)  # read the memmaps in file order, then restore batch order
-        out = []
-        for a in (self.data.samples, self.data.labels, self.data.noise):
-            buf = np.empty((len(idx),) + a.shape[1:], dtype=a.dtype)
-            buf[order] = a[idx[order]]
-            t = torch.from_numpy(buf)
-            out.append((t.pin_memory() if self.pin else t).to(self.device, non_blocking=True))
-        return out
+        return [self.to_device(torch.from_numpy(gather(a, idx))) for a in (self.data.samples, self.data.labels, self.data.noise)]
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -97,9 +90,6 @@ class PairLoader(StreamPosition):
             image, label, noise = self._host(k)
         self.wait_time += time.perf_counter() - t0
         return {"image": image, "label": label.long(), "noise": noise}
-
-    def close(self):
-        pass
 
 
 def read_pairs(path, verify: bool | None = None) -> PairData:

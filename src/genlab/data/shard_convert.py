@@ -13,7 +13,8 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.core.progress import Task
-from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
+from genlab.data.formats import atomic_folder
+from genlab.data.shards import save_shard, shard_name, write_index
 from genlab.data.sources import list_source
 
 

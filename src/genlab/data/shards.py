@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,25 +89,6 @@ class ShardData(ImageData):
 
 
 # -- writing ---------------------------------------------------------------------------------------
-@contextmanager
-def atomic_folder(out):
-    """Yield a temporary folder beside `out`; rename it to `out` on success, remove it on any failure."""
-    out = Path(out)
-    if (out / "index.json").exists() or (out / "meta.json").exists():
-        raise GenlabError(f"{out} already holds a dataset; remove it or choose another --out")
-    tmp = out.with_name(out.name + ".tmp-write")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        if out.exists():
-            out.rmdir()  # only an empty folder can be here
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def write_index(folder: Path, shards: list[dict], labels: np.ndarray, classes: list, shape, shard_size: int,
                 source: str, extra: dict | None = None):
     labels = np.asarray(labels, dtype=np.int64)

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,6 @@ import numpy as np
 from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data import text_stream as ts
-from genlab.data.corpus import read_corpus
 from genlab.data.datasets import PathKeys, dataset_registry
 from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.token_loader import TokenLoader
@@ -139,11 +139,17 @@ def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenD
     return TokenData(arrs["train"], arrs["val"], seq_len, meta).check(str(p))
 
 
+def read_corpus() -> str:
+    """The embedded default corpus: the opening ~40 KB of Tiny Shakespeare (Karpathy's char-rnn compilation, public
+    domain), shipped as package data and read as UTF-8 bytes so no newline translation applies."""
+    return files("genlab.data").joinpath("shakespeare_excerpt.txt").read_bytes().decode("utf-8")
+
+
 def embedded_corpus(seq_len: int) -> TokenData:
     corpus = read_corpus()
     tok = build_tokenizer("char", corpus)
     train, val = split_tokens(np.asarray(tok.encode(corpus), dtype=np.uint16))
-    return TokenData(train, val, seq_len, {**tok.meta(), "source": "genlab.data.corpus (Tiny Shakespeare excerpt)"})
+    return TokenData(train, val, seq_len, {**tok.meta(), "source": "genlab.data.text (Tiny Shakespeare excerpt)"})
 
 
 class TokenKeys(Keys, section="data"):

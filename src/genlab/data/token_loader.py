@@ -10,13 +10,11 @@ ones (up to any size: nothing reads the whole file) are gathered from the memmap
 from __future__ import annotations
 
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from genlab.data.loader import IndexStream, StreamPosition
+from genlab.data.loader import IndexStream, Prefetching
 
 PERMUTE_LIMIT = 1 << 24          # window starts above this are drawn iid per batch (a permutation would be too big)
 RESIDENT_LIMIT_BYTES = 1 << 30   # token streams below this (as int32) live on the device when on_device=auto
@@ -43,7 +41,7 @@ def window_starts(n_tokens: int, seq_len: int, seed: int):
     return IndexStream(n, seed) if n <= PERMUTE_LIMIT else RandomStarts(n, seed)
 
 
-class TokenLoader(StreamPosition):
+class TokenLoader(Prefetching):
     """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token.
 
     A stream that is not resident stays a memmap: a batch reads only its B windows (one gather of
@@ -58,40 +56,16 @@ class TokenLoader(StreamPosition):
         self.wait_time = 0.0
         self.resident = on_device == "yes" or (on_device == "auto" and 4 * len(tokens) <= RESIDENT_LIMIT_BYTES)
         self.pin = self.device.type == "cuda" and pin_memory != "no"
-        self.prefetch = prefetch
-        self._pool, self._futures = None, deque()
+        self.start_prefetch(prefetch, workers=1)
         if self.resident:
             self.offsets = torch.arange(seq_len + 1, device=self.device)
             self.dev_tokens = torch.from_numpy(np.asarray(tokens).astype(np.int32)).to(self.device)
         else:
             self.offsets = np.arange(seq_len + 1)
 
-    # batches requested ahead but not yet consumed go back to the stream, so resume is exact
-    def state_dict(self):
-        return {"pos": self.stream.pos - len(self._futures) * self.batch_size * self.world}
-
-    def load_state_dict(self, state):
-        self._drain()
-        super().load_state_dict(state)
-
     def _gather(self, starts: np.ndarray) -> torch.Tensor:
         win = torch.from_numpy(np.asarray(self.tokens[starts[:, None] + self.offsets], dtype=np.int64))
         return win.pin_memory() if self.pin else win
-
-    def _drain(self):
-        for f in self._futures:
-            f.result()
-        self.stream.pos -= len(self._futures) * self.batch_size * self.world
-        self._futures.clear()
-
-    def _host_batch(self) -> torch.Tensor:
-        if self.prefetch < 1:
-            return self._gather(self.take_rank_slice())
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1)
-        while len(self._futures) < self.prefetch:
-            self._futures.append(self._pool.submit(self._gather, self.take_rank_slice()))
-        return self._futures.popleft().result()
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -102,9 +76,3 @@ class TokenLoader(StreamPosition):
             win = self._host_batch().to(self.device, non_blocking=True)
         self.wait_time += time.perf_counter() - t0
         return {"x": win[:, :-1], "y": win[:, 1:]}
-
-    def close(self):
-        self._drain()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None

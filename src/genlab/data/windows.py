@@ -16,7 +16,7 @@ from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, dataset_registry
 from genlab.data.episodes import Episodes, check_action_count, check_actions, read_episodes
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition
+from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
 from genlab.data.pixels import to_model
 
 
@@ -70,18 +70,11 @@ class WindowLoader(StreamPosition):
             u8 = self.frames[idx]
         else:  # host gather from the memmap in file order, then one transfer
             idx_np = self.starts[k][:, None] + np.arange(self.window)
-            flat = idx_np.reshape(-1)
-            order = np.argsort(flat)
-            buf = np.empty((len(flat),) + self.eps.frames.shape[1:], np.uint8)
-            buf[order] = self.eps.frames[flat[order]]
-            u8 = torch.from_numpy(buf.reshape(idx_np.shape + buf.shape[1:]))
-            u8 = (u8.pin_memory() if self.pin else u8).to(self.device, non_blocking=True)
+            buf = gather(self.eps.frames, idx_np.reshape(-1))
+            u8 = self.to_device(torch.from_numpy(buf.reshape(idx_np.shape + buf.shape[1:])))
             idx = torch.from_numpy(idx_np).to(self.device, non_blocking=True)
         self.wait_time += time.perf_counter() - t0
         return {"frames": to_model(u8), "actions": self.actions[idx]}
-
-    def close(self):
-        pass
 
 
 def check_episode_actions(eps: Episodes, where: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from genlab.eval.metrics import image_metrics
-from genlab.sampling.images import generate  # noqa: F401 (lab/analyze/run.py imports it from here)
 
 
 def evaluate_class_conditional(generate_fn, data, ctx) -> dict:

@@ -78,7 +78,6 @@ class LpipsKeys(cf.Keys, section="eval"):
     lpips_pairs: int = cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1)
 
 
-DEFAULT_METRICS = "accuracy,fd,pr"   # the ones that need no downloaded weights
 _CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
 _CACHE_MAX = 32
 
@@ -297,16 +296,11 @@ def pr_inception(ev: Evaluation) -> dict:
     return {f"inception_{k}": v for k, v in ev.pr_pair("inception").items()}
 
 
-def _check_fid(ecfg):
-    keys = FidKeys.of(ecfg)
-    find_fid_weights(keys.fid_weights)
-
-
 def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
     """Before sampling: enough samples, the weights file, and a reference file that holds what the metric reads."""
     keys = FidRefKeys.of(ecfg)
     _at_least(at_least, what)(ecfg)
-    _check_fid(ecfg)
+    find_fid_weights(FidKeys.of(ecfg).fid_weights)
     if needs and keys.fid_ref:
         ref = load_reference(keys.fid_ref)
         ok = ref.has_images if needs == "images" else ref.can_serve(needs)
@@ -333,7 +327,6 @@ def _at_least(k: int, what: str):
     return check
 
 
-
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
                                 keys=LpipsKeys, check=lambda ecfg: _check_lpips(ecfg))
 def lpips(ev: Evaluation) -> dict:
@@ -353,7 +346,6 @@ def lpips(ev: Evaluation) -> dict:
 def _check_lpips(ecfg):
     keys = LpipsKeys.of(ecfg)
     find_lpips_files(keys.lpips_net, keys.lpips_weights)
-
 
 
 # -- running them ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from genlab.core.errors import GenlabError
+from genlab.core.tables import markdown_table
 from genlab.nn.ptq import check_format, quantize_model
 from genlab.runs.load import eval_data, evaluate_model, load_run
 from genlab.runtime import checkpoint as ckpt
@@ -92,14 +93,11 @@ def markdown(result: dict, unit: str) -> str:
     head = ["step", unit, f"{key} float"] + [c for f in formats for c in (f"{key} {f}", f"gap {f}")]
     head += [f"{k} {v}" for k in extra for v in ("float", *formats)]
     lines = [f"Quantization gap of {result['run']} ({key}; gap = quantized - float"
-             f"{', lower is better' if key not in HIGHER_IS_BETTER else ''}; same seeds and noise per checkpoint)", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [str(r["step"]), str(r[unit]), f"{r['float'][key]:.4g}"]
-        cells += [c for f in formats for c in (f"{r[f][key]:.4g}", f"{r[f][key] - r['float'][key]:+.4g}")]
-        cells += [f"{r[v][k]:.4g}" for k in extra for v in ("float", *formats)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+             f"{', lower is better' if key not in HIGHER_IS_BETTER else ''}; same seeds and noise per checkpoint)", ""]
+    cells = [[str(r["step"]), str(r[unit]), f"{r['float'][key]:.4g}"]
+             + [c for f in formats for c in (f"{r[f][key]:.4g}", f"{r[f][key] - r['float'][key]:+.4g}")]
+             + [f"{r[v][k]:.4g}" for k in extra for v in ("float", *formats)] for r in rows]
+    lines += [markdown_table(head, cells), ""]
     for f, t in result["trend"].items():
         if "b_per_decade" in t:
             pw = f"; power law {t['power_c']:.3g}·step^{t['power_k']:.3g}" if "power_k" in t else ""

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from genlab.cli.items import split_config_and_overrides
+from genlab.cli.commands import split_config_and_overrides
 from genlab.core.errors import GenlabError
 
 ORDER = 6

@@ -1,7 +1,7 @@
 """`genlab config [CONFIG] [key=value ...] [--markdown]`: the resolved config, each key with its description."""
 from __future__ import annotations
 
-from genlab.cli.items import split_config_and_overrides
+from genlab.cli.commands import split_config_and_overrides
 
 ORDER = 4
 

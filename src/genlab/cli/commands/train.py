@@ -1,7 +1,7 @@
 """`genlab train [CONFIG] [section.key=value ...] [--resume RUN]` and the run summary it prints."""
 from __future__ import annotations
 
-from genlab.cli.items import split_config_and_overrides
+from genlab.cli.commands import split_config_and_overrides
 from genlab.core.errors import GenlabError
 
 ORDER = 0

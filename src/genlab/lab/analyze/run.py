@@ -12,7 +12,6 @@ from genlab.core.errors import GenlabError
 from genlab.data import build_dataset
 from genlab.data.pixels import to_model
 from genlab.eval.classifier import get_classifier
-from genlab.eval.image_quality import generate
 from genlab.eval.metrics import image_metrics
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.lab.analyze import report
@@ -20,7 +19,7 @@ from genlab.lab.analyze.cka import layer_similarity
 from genlab.runs.load import _run_dir, load_run, sampling_precision
 from genlab.runtime.parallel import unwrap
 from genlab.sampling.block_cache import block_change, cached_blocks, forward_timer, parse_block_list, pick_cacheable, search_cacheable, step_schedule
-from genlab.sampling.images import eval_context
+from genlab.sampling.images import eval_context, generate
 from genlab.sampling.skip import skip_blocks, skip_plans
 
 WHAT = ("cka", "skip", "cache")

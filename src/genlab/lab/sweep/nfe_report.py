@@ -16,7 +16,6 @@ from genlab.core.tables import markdown_table
 from genlab.eval.labelled_grid import stack_pictures
 
 BEST_FD_MAX_NFE = 100
-FILES = ("nfe.md", "fd_vs_nfe.png", "cost_vs_fd.png", "nfe_grid.png")
 
 
 def _doc(run: Path) -> dict | None:
