@@ -153,7 +153,8 @@ def unregister(registry, name: str):
 
 def write_shard_dataset(out, images, labels, classes: list, shard_size: int, source: str) -> Path:
     """uint8 images [N,H,W,C] already in memory written as a shard dataset (data/shards.py's format), atomically."""
-    from genlab.data.shards import atomic_folder, save_shard, shard_name, write_index
+    from genlab.data.formats import atomic_folder
+    from genlab.data.shards import save_shard, shard_name, write_index
     with atomic_folder(out) as tmp:
         shards = [save_shard(tmp / shard_name(i), images[s:s + shard_size])
                   for i, s in enumerate(range(0, len(images), shard_size))]
