@@ -98,8 +98,10 @@ def test_the_times_are_sorted_pairs_and_only_the_share_has_a_step(tmp_path):
     assert ((t >= 0) & (t + d <= 1)).all()
 
 
-def test_meanflow_trains_its_loss_falls_and_samples_in_one_and_two_calls(tmp_path, one_thread, capfd):
+def test_meanflow_trains_its_loss_falls_and_samples_in_one_and_two_calls(tmp_path, one_thread, capfd, monkeypatch):
+    from genlab.families.few_step import meanflow
     from genlab.runtime import checkpoint as ckpt
+    monkeypatch.setattr(meanflow, "_NOTED", set())  # the note is once per process: an earlier test may have printed it
     from genlab.runtime.metrics import read_metrics
     from genlab.training.step import build_model_and_method
     from genlab.training.trainer import Trainer
