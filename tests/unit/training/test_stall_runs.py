@@ -174,3 +174,15 @@ def test_an_mdlm_run_that_escapes_the_plateau_ends_not_stalled(tmp_path, capfd, 
     assert s["status"] == "finished" and s["stalled"] is False and s["stall"]["left_at"] > s["stall"]["since_step"]
     assert "genlab: stalled: training loss" in out and "genlab: no longer stalled: training loss" in out
     assert s["nelbo_loss"] < 0.9 * s["stall"]["baseline"]  # 2.16 vs the unigram entropy 2.62
+
+
+def test_batched_seeds_made_to_stall_each_say_so_by_name(tmp_path, capfd):
+    from tests.conftest import cli_in_process
+    r = cli_in_process(capfd, "train", "digits_flow", *TINY, FROZEN, "optim.warmup_steps=1", "train.steps=4", "log.every=1",
+                       "eval.num_samples=0",
+                       "train.device=cpu", f"train.out_dir={tmp_path}", "train.seeds=3,5", "train.name=c")
+    assert r.returncode == 0, r.stderr
+    for name in ("c-s3", "c-s5"):
+        assert f"genlab: {name}: stalled: training loss" in r.stdout, r.stdout
+        assert '"stalled": true' in (tmp_path / name / "summary.json").read_text()
+    assert r.stdout.count("the run learned nothing") == 2  # the summary of each (cli/commands/train.py)
