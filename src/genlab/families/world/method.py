@@ -23,8 +23,8 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.data.pixels import quantize
-from genlab.eval.nfe import parse_int_list
 from genlab.data.windows import spaced_windows
+from genlab.eval.nfe import parse_int_list
 from genlab.eval.rollouts import evaluate_world, psnr
 from genlab.families.base import Extra, Method, StepContext, method_registry
 from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
