@@ -97,6 +97,9 @@ class LogConfig(Keys, section="log"):
     keep_best: bool = F(False, "also keep checkpoints/best.pt: the lowest validation metric seen")
     sample_every: int = F(0, "steps between sample previews (0 = only at the end)", ge=0)
     eval_every: int = F(0, "steps between evaluations (0 = only at the end)", ge=0)
+    stall_after: float = F(0.25, "stall sentinel: after this share of the steps, a training or eval loss still within "
+                                 "log.stall_margin of a predictor that ignores its input is reported (0 = off)", ge=0, le=1)
+    stall_margin: float = F(0.05, "stall sentinel: relative margin around the trivial level (accuracy: absolute)", ge=0, lt=1)
     wandb: bool = F(False, 'also log to Weights & Biases (pip install "genlab[wandb]"; WANDB_MODE=offline works)')
     wandb_project: str = F("genlab", "W&B project of the run (the W&B run is named after the run folder)", free="a W&B project name")
 

@@ -108,6 +108,13 @@ class TrainStatus:
         else:
             print(line, file=self.stream, flush=True)
 
+    def note(self, line: str):
+        """One line between status lines (printed whether or not the status lines are on)."""
+        if self.bar is not None:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
     def update(self, n: int = 1):
         if self.bar is not None:
             self.bar.update(n)

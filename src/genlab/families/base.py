@@ -14,6 +14,7 @@ from torch import Tensor
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry, Spec
+from genlab.families.baselines import Baseline
 
 
 @dataclass
@@ -94,6 +95,12 @@ class Method:
         """Training FLOPs of one sample in one step (forward + backward); a method whose steps differ in cost (a
         masked stage) gives the run's mean."""
         return 3 * model.flops_per_sample()  # as train.metrics.train_flops_per_sample (imported here: a cycle)
+
+    def trivial_baselines(self, data, generator: torch.Generator) -> list[Baseline]:
+        """The levels of predictors that ignore their input, on this run's data (families/baselines.py): a run still
+        at one after log.stall_after of training learned nothing. Every registered method states its own, or says
+        in a comment why it has none (tests/unit/families/test_baselines.py keeps this)."""
+        return []
 
     def check_eval(self, cfg) -> None:
         """Before training or sampling: evaluation settings that need files (weights) or the data."""

@@ -152,6 +152,9 @@ class SeedRun(Trainer):
     def _optim_state_mib(self) -> float:
         return state_bytes(self.engine.optimizer) / self.engine.n / 2**20
 
+    def _say(self, line: str):
+        super()._say(f"{self.run_dir.name}: {line}")  # the seeds share one console: name the run
+
     def close(self):
         self.summary["batched_seeds"] = self.engine.n if self.engine is not None else None
         super().close()

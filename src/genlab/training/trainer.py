@@ -36,6 +36,7 @@ from genlab.runtime.parallel import all_reduce_mean, full_state_dict, init_distr
 from genlab.runtime.stop import STOP_SIGNALS, StopSignals
 from genlab.runtime.switches import build_precision, compile_counts, lr_value
 from genlab.sampling.images import eval_context
+from genlab.training.stall import StallWatcher
 from genlab.training.step import TrainStep, build_model_and_method, check_model_shapes, ema_update  # noqa: F401 (re-exported)
 
 
@@ -87,6 +88,10 @@ class Trainer:
         self.model = self.base = st.model
         self.method, self.wrapped, self.ema, self.gen = st.method, st.wrapped, st.ema, st.gen
         self.method.check_eval(cfg)  # e.g. FID weights missing: fail before step 1
+        # the stall sentinel's levels (training/stall.py), from the run's data with a generator of their own: the
+        # training's random streams are untouched
+        self.baselines = self.method.trivial_baselines(self.data, torch.Generator().manual_seed(tcfg.seed)) \
+            if cfg.log.stall_after > 0 else []
         self.optimizer, self.scaler, self.flops_per_sample = st.optimizer, st.scaler, st.flops_per_sample
         self.sharded = st.sharded  # FSDP/HSDP: DCP checkpoints, gathered weights for sampling
         torch.manual_seed(tcfg.seed + self.dist.rank)  # per-rank randomness from here on (dropout, augmentation)
@@ -321,6 +326,8 @@ class Trainer:
         self.n_acc, self.t_last = 0, time.perf_counter()
         self.wall0, self.loader.wait_time = self.t_last, 0.0
         self.summary, self.last_record = {"status": "running"}, {}
+        lcfg = self.cfg.log
+        self.stall = StallWatcher(self.baselines, self.cfg.train.steps, lcfg.stall_after, lcfg.stall_margin, self._say)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -359,6 +366,7 @@ class Trainer:
             self._check_finite()
             rec = self._record(extra)
             self.log.write(rec)
+            self.stall.check(self.step, rec)
             self.last_record = rec
             if self.bar is not None:
                 self.bar.log(rec)
@@ -397,6 +405,7 @@ class Trainer:
         eval_s = time.perf_counter() - t_eval
         self.t_last += eval_s  # the next interval's step_time is training only; eval_s lets reports subtract it
         self.log.write({"step": self.step, "eval_s": eval_s, **{f"eval/{k}": v for k, v in ev.items()}})
+        self.stall.check(self.step, ev, "eval")
         self.keep_best(ev)
 
     def finish(self):
@@ -414,6 +423,7 @@ class Trainer:
         ev = self.evaluate()
         if self.dist.is_main and ev:
             self.log.write({"step": self.step, **{f"eval/{k}": v for k, v in ev.items()}})
+        self.stall.check(self.step, ev, "eval")
         self.summary.update(ev)
         self.summary["samples"] = str(grid) if grid else None
         self.keep_best(ev)
@@ -450,6 +460,7 @@ class Trainer:
         # what the time was spent on: a run's cost in device-seconds is wall_time x world (eval/cost.py)
         s["device"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
         s["world"], s["run_dir"] = self.dist.world, str(self.run_dir) if hasattr(self, "run_dir") else None
+        s.update(self.stall.summary())  # stalled: the run's last values are still at a trivial level
         if self.dist.is_main and hasattr(self, "run_dir"):
             write_atomic(self.run_dir / "summary.json", json.dumps(s, indent=2, default=str))
             self.log.close()
@@ -462,6 +473,11 @@ class Trainer:
         if bad:
             raise NonFiniteLoss(f"non-finite weights after step {self.step} ({bad[0]}{' and more' if len(bad) > 1 else ''}); "
                                 f"stopped without saving (last good checkpoint kept). Try a lower optim.lr or optim.grad_clip")
+
+    def _say(self, line: str):
+        """The stall sentinel's console line: through the status bar where there is one, on the main rank only."""
+        if self.dist.is_main:
+            (self.bar.note if self.bar is not None else print)(f"genlab: {line}")
 
     def _announce(self, flops_step: float) -> bool:
         """Print the start line (log.progress=false too); on the CPU, warn when the run's FLOPs mean a long wait.

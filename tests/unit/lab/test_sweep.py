@@ -562,6 +562,21 @@ def test_report_partial_counts_what_unfinished_runs_logged(tmp_path, capfd):
     assert r.returncode == 2 and "--partial goes with `genlab sweep report DIR --partial`" in r.stderr
 
 
+def test_report_marks_the_rows_of_runs_that_stalled(tmp_path):
+    """summary.json's `stalled` (training/stall.py): the report's status says so, results.csv counts the runs."""
+    import csv
+
+    from genlab.lab.sweep.report import write_report
+    d = _race_folder(tmp_path / "s", lambda v: {"status": "finished"})
+    (d / "runs" / "fast-s0" / "summary.json").write_text(json.dumps({"status": "finished", "stalled": True}))
+    (d / "runs" / "base-s0" / "summary.json").write_text(json.dumps({"status": "finished", "stalled": False}))
+    write_report(d)
+    rows = {line.split("|")[1].strip(): line for line in (d / "report.md").read_text().splitlines() if line.startswith("| ")}
+    assert "finished, STALLED" in rows["fast"] and "STALLED" not in rows["base"]
+    with open(d / "results.csv") as f:
+        assert {r["variant"]: r["stalled"] for r in csv.DictReader(f)} == {"base": "0", "fast": "1"}
+
+
 def test_a_run_is_listed_as_running_before_it_starts_so_a_killed_sweep_keeps_it(tmp_path, monkeypatch):
     """A sweep killed outright (SIGKILL: no finally, no status write after the run) used to leave its runs out of
     status.json, so `sweep report --partial` could not show them. Each run is now recorded as running first."""

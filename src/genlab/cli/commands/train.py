@@ -77,6 +77,10 @@ def print_summary(s: dict):
              f"final loss: {fmt(s.get('loss'), '.4f')}  throughput: {fmt(s.get('samples_per_s'), '.1f')} samples/s  "
              f"MFU: {'n/a' if s.get('mfu') is None else format(100 * s['mfu'], '.1f') + '%'}  "
              f"peak mem: {'n/a' if s.get('peak_mem_gib') is None else format(s['peak_mem_gib'], '.2f') + ' GiB'}"]
+    if s.get("stalled"):  # training/stall.py: the run ended at the level of a predictor that ignores its input
+        st = s["stall"]
+        lines.append(f"stalled: {st['metric']} {st['value']:.4g} is still at the {st['what']} ({st['baseline']:.4g}) "
+                     f"since step {st['since_step']}: the run learned nothing")
     if "eval_samples" in s:  # image metrics: every distance beside its real-vs-real floor
         from genlab.eval.metrics import summary_line
         lines.append(summary_line(s))

@@ -38,6 +38,7 @@ from genlab.data.pixels import to_model
 from genlab.eval.real_split import real_split
 from genlab.families.autoencoder import render
 from genlab.families.base import Extra, Method, method_registry
+from genlab.families.baselines import Baseline, mean_image_l1, training_images
 from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
@@ -173,6 +174,11 @@ class Autoencoder(Method):
             w = w * adaptive_weight(rec_loss, g_loss, base.decoder.last_layer)
         metrics.update(g_loss=g_loss.detach(), d_loss=d_loss.detach(), gan_w=torch.as_tensor(w).detach())
         return {"model": loss + w * g_loss, "disc": d_loss}, metrics
+
+    def trivial_baselines(self, data, generator):
+        # rec_l1, in training and in evaluation: an autoencoder that ignores its input reconstructs the mean image
+        return [Baseline("rec_l1", mean_image_l1(training_images(data, generator, self.cfg.data.hflip)),
+                         "L1 of reconstructing the per-pixel mean image")]
 
     # -- evaluation and pictures -----------------------------------------------------------------------------
     def _dataset(self, cfg):

@@ -14,6 +14,7 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import Extra, method_registry
+from genlab.families.baselines import Baseline
 from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
 from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, cfg_velocity, unwrap
 from genlab.nn.bitlinear import InputRMSNorm
@@ -120,6 +121,20 @@ class FewStepFlow(FlowMatching):
             extras["teacher"] = Extra(build_teacher(self._teacher()), trainable=False)
             self._teacher_state = None  # the weights live in the module now
         return extras
+
+    def trivial_baselines(self, data, generator):
+        # a student's loss is a regression toward its own or a teacher's outputs, which a constant model can satisfy
+        # (consistency) or whose mean target needs the teacher: the evaluation side says whether it learned
+        return self.chance_accuracy()
+
+    def chance_accuracy(self) -> list[Baseline]:
+        """Sample accuracy at chance (1 / classes), where the run evaluates it: the samples of a model that ignores
+        its input are one picture whatever the class asked for. The margin is absolute (scale 1)."""
+        metrics = [m.strip() for m in str(self.cfg.eval.metrics).split(",")]
+        k = self.spec.get("num_classes", 0)
+        if "accuracy" not in metrics or self.cfg.eval.num_samples <= 0 or k < 2:
+            return []
+        return [Baseline("sample_accuracy", 1 / k, "chance accuracy (1 / classes)", higher_is_better=True, scale=1.0)]
 
     def evaluate(self, model, data, ctx) -> dict:
         # a student trained on a pairs folder (reflow, LADD) is scored against the teacher's data the folder records,

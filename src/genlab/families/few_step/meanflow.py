@@ -37,8 +37,9 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
+from genlab.families.baselines import Baseline
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
-from genlab.families.image_flow.flow import check_flow_config, interpolate, unwrap
+from genlab.families.image_flow.flow import MEAN_VELOCITY, check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
 
 
@@ -109,6 +110,15 @@ class MeanFlow(FewStepFlow):
         n = int(round(B * self.keys.meanflow_share))
         d = torch.cat([(s - t)[:n], torch.zeros(B - n, device=device, dtype=t.dtype)])
         return t, d, n
+
+    def trivial_baselines(self, data, generator):
+        # the samples with d = 0 are plain flow matching (mse_flow, per pixel, unweighted); the others' targets come
+        # from the model itself, which a constant model meets
+        share = self.mcfg.meanflow_share
+        if share >= 1:
+            return self.chance_accuracy()
+        metric = "mse_flow" if share > 0 else "mse"
+        return [Baseline(metric, self.mean_velocity_loss(data, generator, weighted=False), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]

@@ -16,12 +16,14 @@ pairs folder records it), not with the teacher's samples, so the scores stand be
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
+from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys
-from genlab.families.image_flow.flow import interpolate, unwrap
+from genlab.families.image_flow.flow import MEAN_VELOCITY, WEIGHT_DRAWS, interpolate, unwrap
 
 
 class ReflowKeys(cf.Keys, section="method"):
@@ -36,6 +38,15 @@ class Reflow(FewStepFlow):
     batch_keys = ("image", "label", "noise")
     init_from_teacher = True
     output = "velocity"  # a reflowed model teaches the distill stage
+
+    def trivial_baselines(self, data, generator):
+        # the target is a pair's sample minus its noise (dependent: the teacher made one from the other), so the
+        # mean predictor's loss is E[w] times the per-element variance of that difference, counted on the pairs
+        idx = np.arange(min(len(data), MAX_IMAGES))
+        v = np.asarray(data.samples[idx], dtype=np.float64) - np.asarray(data.noise[idx], dtype=np.float64)
+        t = torch.zeros(1) if self.mcfg.reflow_stage == "distill" else self.draw_t(WEIGHT_DRAWS, generator, "cpu")
+        w = float(self.weight(t.double(), self.mcfg).mean())
+        return [Baseline("loss", w * mean_element_variance(v), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
         g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]

@@ -21,7 +21,9 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
+from genlab.families.baselines import Baseline
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
+from genlab.families.image_flow.flow import MEAN_VELOCITY
 from genlab.families.image_flow.flow import interpolate, unwrap
 
 
@@ -47,6 +49,11 @@ class Shortcut(FewStepFlow):
         super().__init__(cfg, data_spec)
         self.keys = ShortcutKeys.of(cfg)  # this method's own keys, typed (the same object as self.mcfg)
         self.levels = int(math.log2(self.keys.shortcut_min_steps))
+
+    def trivial_baselines(self, data, generator):
+        # a constant model meets the self-consistency targets (its own two half steps); the flow part, logged as
+        # loss_flow (unweighted), is flow matching's
+        return [Baseline("loss_flow", self.mean_velocity_loss(data, generator, weighted=False), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]

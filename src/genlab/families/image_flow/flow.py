@@ -18,6 +18,7 @@ from genlab.eval.image_quality import evaluate_class_conditional
 from genlab.eval.metrics import EvalImageKeys, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method, method_registry
+from genlab.families.baselines import Baseline, flow_mean_predictor, mean_element_variance, training_images
 from genlab.families.image_flow import render
 from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
@@ -80,6 +81,8 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
 # the method keys that act only at sampling time: `genlab eval` / `genlab sample` may change them on a trained run
 FLOW_SAMPLING = ("method.sampler", "method.step_schedule", "method.cfg_interval", "method.sample_steps", "method.cfg_scale",
                  "method.cache_blocks", "method.cache_every", "method.cache_schedule")
+MEAN_VELOCITY = "velocity loss of predicting the mean velocity"
+WEIGHT_DRAWS = 1 << 16  # training times the mean loss weight is estimated over
 
 
 class FlowMatching(Method):
@@ -173,6 +176,18 @@ class FlowMatching(Method):
             return F.mse_loss(v.float(), target), {}
         per_sample = (v.float() - target).square().flatten(1).mean(1)
         return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
+
+    def trivial_baselines(self, data, generator):
+        return [Baseline("loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
+
+    def mean_velocity_loss(self, data, generator, weighted: bool = True) -> float:
+        """The velocity loss of the best constant prediction (a model that sees neither x_t nor t): E[w(t)] times
+        (the data's per-element variance + the noise's 1); E[w] over WEIGHT_DRAWS training times."""
+        var = mean_element_variance(training_images(data, generator, self.cfg.data.hflip))
+        w = 1.0
+        if weighted and self.mcfg.loss_weighting != "none":
+            w = float(self.weight(self.draw_t(WEIGHT_DRAWS, generator, "cpu").double(), self.mcfg).mean())
+        return flow_mean_predictor(var, 1.0, w)
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,

@@ -17,6 +17,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import Method, method_registry
+from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow.dit import patchify
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens, normalised_patches
 from genlab.families.models import model_registry
@@ -55,6 +56,12 @@ class MAEEncoder(Method):
         err = ((pred - normalised_patches(x, self.patch)) ** 2).mean(-1)
         loss = (err * masked).sum() / masked.sum()
         return loss, {"mae_loss": loss.detach()}
+
+    def trivial_baselines(self, data, generator):
+        # the masked tokens are uniform over positions, so the best constant is each position's mean normalised patch
+        x = torch.from_numpy(training_images(data, generator, self.cfg.data.hflip)).float()
+        patches = normalised_patches(x, self.patch).double()
+        return [Baseline("loss", mean_element_variance(patches.numpy()), "MSE of the mean normalised patch")]
 
     def train_flops_per_sample(self, model, total_steps: int) -> int:
         return 3 * unwrap(model).flops_per_sample(self.keep)

@@ -20,9 +20,10 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import Extra
+from genlab.families.baselines import Baseline
 from genlab.families.image_flow.dit import dit_size
 from genlab.families.base import method_registry
-from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, check_flow_config, unwrap
+from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
 from genlab.families.models import model_registry
 
@@ -87,6 +88,10 @@ class REPA(FlowMatching):
             # the hook is seen by compiled code because genlab compiles with hook guards (switches.guard_module_hooks)
             base.blocks[self.block - 1].register_forward_hook(self._keep)
             self._hooked = base
+
+    def trivial_baselines(self, data, generator):
+        # the loss adds the alignment term (a negative cosine): the flow part, logged as flow_loss, is flow's loss
+        return [Baseline("flow_loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
         self._hook(model)

@@ -14,6 +14,7 @@ from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
 from genlab.families.base import Method, method_registry
+from genlab.families.baselines import Baseline, bigram_entropy
 from genlab.families.lm import common as lm
 from genlab.families.lm import render
 
@@ -90,6 +91,13 @@ class Autoregressive(Method):
     def synthetic_batch(self, batch_size, device, generator):
         ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
+
+    def trivial_baselines(self, data, generator):
+        # a next-token model that sees only the previous token: a model that learned no more than bigrams (or that
+        # ignores its input, at the unigram entropy above it) sits at or above this level
+        h = bigram_entropy(data.train)
+        what = "bigram conditional entropy of the training tokens"
+        return [Baseline("loss", h, what), Baseline("val_loss", h, what)]
 
     @torch.no_grad()
     def evaluate(self, model, data, ctx) -> dict:

@@ -28,6 +28,7 @@ from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
 from genlab.families.base import Method, method_registry
+from genlab.families.baselines import Baseline, unigram_entropy
 from genlab.families.build import load_run
 from genlab.families.lm import common as lm
 from genlab.families.lm import render
@@ -204,6 +205,14 @@ class MaskedDiffusion(Method):
     def synthetic_batch(self, batch_size, device, generator):
         ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
+
+    def trivial_baselines(self, data, generator):
+        # a context-blind predictor's best answer at a masked position is the unigram distribution (cross-entropy H);
+        # the weight -alpha'_t / (1 - alpha_t) times the masked share 1 - alpha_t integrates over t to alpha_0 - alpha_1
+        # = 1, so its NELBO is H for either schedule, up to the eps cut ((1 - eps) H loglinear, cos(pi eps / 2) H cosine)
+        h = unigram_entropy(data.train)
+        what = "unigram entropy of the training tokens"
+        return [Baseline("loss", h, what), Baseline("nelbo_loss", h, what)]
 
     # -- evaluation --------------------------------------------------------------------------------
     @torch.no_grad()

@@ -18,6 +18,7 @@ from genlab.data import build_dataset
 from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
 from genlab.families.base import Method, method_registry
+from genlab.families.baselines import Baseline, image_subset, position_byte_entropy
 from genlab.families.models import model_registry
 from genlab.families.sparse import render
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
@@ -82,6 +83,12 @@ class ImageAR(Method):
     def synthetic_batch(self, batch_size, device, generator):
         u8 = torch.randint(0, 256, (batch_size, self.H, self.H, self.C), generator=generator, device=device)
         return {"image": to_model(u8), "label": torch.zeros(batch_size, dtype=torch.long, device=device)}
+
+    def trivial_baselines(self, data, generator):
+        # a byte model that knows each byte's position but none of the bytes before it
+        h = position_byte_entropy(image_subset(data.images, generator))
+        what = "per-position byte entropy of the training images"
+        return [Baseline("loss", h, what), Baseline("val_bits_per_dim", h / LN2, what)]
 
     # -- evaluation -----------------------------------------------------------------------------
     def heldout(self, data, k: int):

@@ -23,10 +23,12 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.data.pixels import quantize
+from genlab.data.windows import spaced_windows
 from genlab.eval.nfe import parse_int_list
-from genlab.eval.rollouts import evaluate_world
+from genlab.eval.rollouts import evaluate_world, psnr
 from genlab.families.base import Extra, Method, StepContext, method_registry
-from genlab.families.image_flow.flow import check_sampler_conditions
+from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
+from genlab.families.image_flow.flow import WEIGHT_DRAWS, check_sampler_conditions
 from genlab.families.image_flow.timesteps import timestep_sampler_registry
 from genlab.families.world import render
 from genlab.families.world.objectives import PatchDiscriminator, adversarial_losses, world_objective_registry
@@ -158,6 +160,35 @@ class WorldModel(Method):
         adv, d_loss, adv_metrics = adversarial_losses(ctx.extras["disc"], est, target, last)
         metrics.update(adv_metrics)
         return {"model": loss + keys.adv_weight * adv, "disc": d_loss}, metrics
+
+    # -- trivial baselines ----------------------------------------------------------------------------
+    def trivial_baselines(self, data, generator):
+        L, out = self.L, []
+        # copy-last on the windows the evaluation's teacher-forced PSNR uses (eval/rollouts.py: tf_copy_last_psnr)
+        frames, _ = spaced_windows(data.val, L + 1, max(self.cfg.eval.world_rollouts, 64), "cpu")
+        if frames is not None:
+            out.append(Baseline("tf_psnr", psnr(frames[:, L - 1], frames[:, L]).mean().item(),
+                                "PSNR of copying the last context frame", higher_is_better=True))
+        if self.mcfg.objective == "flow":  # a regression: the loss of the best constant output, teacher-forced
+            out += self.flow_mean_baseline(data, generator)
+        # edm and l1 (+adv): their losses' constant-output levels depend on the noise level or the noise itself,
+        # with no closed form; the PSNR baseline above covers them
+        return out
+
+    def flow_mean_baseline(self, data, generator) -> list[Baseline]:
+        """The flow objective's loss for a network that outputs the mean of its target: with prediction v,
+        Var(target) + 1 (the noise); with x, E[1 / max(1 - t, 0.05)^2] Var(target) (objectives.py: v_from_x)."""
+        frames, _ = spaced_windows(data.train, self.L + 1, MAX_IMAGES, "cpu")
+        if frames is None:
+            return []
+        target = frames[:, self.L].double()
+        if self.mcfg.residual:
+            target = (target - frames[:, self.L - 1].double()) * self.mcfg.residual_scale
+        var = mean_element_variance(target.numpy())
+        if self.mcfg.prediction == "v":
+            return [Baseline("loss", var + 1.0, "velocity loss of predicting the mean frame")]
+        t = self.sample_t(WEIGHT_DRAWS, generator, "cpu", self.mcfg).double()
+        return [Baseline("loss", float((1 / (1 - t).clamp_min(0.05) ** 2).mean()) * var, "loss of predicting the mean frame")]
 
     # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:

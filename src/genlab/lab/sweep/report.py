@@ -206,6 +206,7 @@ def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
                 agg += f" ({n_ok}/{len(statuses)} seeds finished)"
         logs = [f"logs/{rn}.log" for rn, _ in members if (d / "logs" / f"{rn}.log").exists()]
         row = {"variant": variant, "seeds": len(members), "status": agg, "reason": "; ".join(reasons),
+               "stalled": sum(run_stalled(d / "runs" / rn) for rn, _ in members),
                "reference": members[0][1].get("reference"),
                "runs": [rn for rn, _ in members], "finished_runs": [rn for rn, st in members if st.get("status") == "finished"],
                "logs": logs}
@@ -266,8 +267,18 @@ def unrecorded(rows, cols, wanted) -> str:
             f"{', '.join(cols)}.")
 
 
+def run_stalled(run_dir: Path) -> bool:
+    """The run's summary.json says it ended at the level of a predictor that ignores its input (training/stall.py)."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text()).get("stalled") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _status_text(r) -> str:
-    return r["status"] + (f": {r['reason']}" if r["reason"] else "")
+    n = r.get("stalled") or 0
+    stalled = "" if not n else ", STALLED" + (f" ({n}/{r['seeds']} seeds)" if r["seeds"] > 1 else "")
+    return r["status"] + stalled + (f": {r['reason']}" if r["reason"] else "")
 
 
 def markdown_table(rows, cols) -> str:
@@ -340,7 +351,7 @@ def write_report(d, partial: bool = False) -> Path:
     rows, cols = collect(d, partial)
     settings = _sweep_settings(d)
     with open(d / "results.csv", "w", newline="") as f:
-        keys = ["variant", "seeds", "status", "reason"] + [k for c in cols for k in (c, c + "_std")]
+        keys = ["variant", "seeds", "status", "stalled", "reason"] + [k for c in cols for k in (c, c + "_std")]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)

@@ -1,0 +1,118 @@
+"""Trivial baselines: the loss (or metric) a predictor that ignores its input reaches on a run's own data.
+
+A run whose loss is still at such a level after a share of training learned nothing (issue 55); the trainer's
+stall watcher (training/stall.py) compares the logged values with the baselines a method states
+(`Method.trivial_baselines`). Everything here is a pure function of arrays, counted in float64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MAX_TOKENS = 1 << 24      # tokens counted for the entropies: all of them up to this, else evenly spaced chunks
+TOKEN_CHUNK = 1 << 16
+MAX_IMAGES = 4096         # images the per-pixel statistics are counted over (a random subset beyond)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    metric: str                     # a logged value: "loss" (the training loss of the log line), a loss metric or an eval key
+    value: float                    # in that metric's units
+    what: str                       # a few words: "unigram entropy of the training tokens"
+    higher_is_better: bool = False  # PSNR, accuracy
+    scale: float | None = None      # the stall margin is relative to this (None: |value|); 1 makes it absolute (accuracy)
+
+
+def entropy_nats(counts: np.ndarray) -> float:
+    """Plug-in entropy (nats) of a histogram."""
+    c = np.asarray(counts, dtype=np.float64)
+    p = c[c > 0] / c.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def token_sample(tokens, generator: torch.Generator | None = None) -> np.ndarray:
+    """The tokens the entropies are counted over: all of them, or evenly spaced chunks of a large corpus (a memmap
+    is read only there), so the count stays a few seconds on any corpus."""
+    n = len(tokens)
+    if n <= MAX_TOKENS:
+        return np.asarray(tokens).astype(np.int64)
+    starts = np.linspace(0, n - TOKEN_CHUNK, MAX_TOKENS // TOKEN_CHUNK).astype(np.int64)
+    return np.concatenate([np.asarray(tokens[s:s + TOKEN_CHUNK]) for s in starts]).astype(np.int64)
+
+
+def unigram_entropy(tokens) -> float:
+    """Entropy (nats/token) of the token frequencies: the loss of a predictor that sees no context."""
+    return entropy_nats(np.bincount(token_sample(tokens)))
+
+
+def bigram_entropy(tokens) -> float:
+    """Conditional entropy H(next | previous) in nats/token: the loss of a next-token model that sees only the
+    previous token. Counted over chunks of a large corpus, so pairs across chunk ends are left out."""
+    t = token_sample(tokens)
+    if len(tokens) > MAX_TOKENS:  # pairs within each chunk only
+        chunks = t.reshape(-1, TOKEN_CHUNK)
+        prev, nxt = chunks[:, :-1].reshape(-1), chunks[:, 1:].reshape(-1)
+    else:
+        prev, nxt = t[:-1], t[1:]
+    _, pair_counts = np.unique(prev * (int(t.max()) + 1) + nxt, return_counts=True)
+    # H(prev, next) - H(prev), with H(prev) over the same pairs
+    return entropy_nats(pair_counts) - entropy_nats(np.bincount(prev))
+
+
+def image_subset(images, generator: torch.Generator | None = None) -> np.ndarray:
+    """Up to MAX_IMAGES images of an array [N, ...] (a random subset of a larger one)."""
+    return np.asarray(images[subset_index(len(images), generator)])
+
+
+def position_byte_entropy(images_u8) -> float:
+    """Mean over positions (pixel x channel) of each position's byte entropy, in nats: the loss of an
+    autoregressive byte model that knows where it is but not what came before."""
+    x = np.asarray(images_u8).reshape(len(images_u8), -1)
+    return float(np.mean([entropy_nats(np.bincount(x[:, j], minlength=256)) for j in range(x.shape[1])]))
+
+
+def to_unit(images_u8) -> np.ndarray:
+    """uint8 [N, H, W, C] -> float64 [N, C, H, W] in [-1, 1], as the image loader gives them (data/pixels.py)."""
+    return np.asarray(images_u8, dtype=np.float64).transpose(0, 3, 1, 2) / 127.5 - 1
+
+
+def mean_element_variance(x) -> float:
+    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting every
+    element by its mean over the data."""
+    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    return float(x.var(0).mean())
+
+
+def mean_image_l1(x) -> float:
+    """Mean absolute error of predicting every sample [N, ...] by the per-element mean sample."""
+    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    return float(np.abs(x - x.mean(0)).mean())
+
+
+def flow_mean_predictor(data_variance: float, noise_variance: float = 1.0, mean_weight: float = 1.0) -> float:
+    """The velocity loss E[w(t) |v - c|^2] per element of the best constant c, with v = data - noise and the noise
+    independent of the data and of t: E[w] (Var(data) + Var(noise)), c = E[data] - E[noise]."""
+    return mean_weight * (data_variance + noise_variance)
+
+
+
+def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray:
+    """Sorted indices of up to MAX_IMAGES of n samples (all of them when n is smaller)."""
+    if n <= MAX_IMAGES:
+        return np.arange(n)
+    return torch.randperm(n, generator=generator)[:MAX_IMAGES].sort().values.numpy()
+
+
+def training_images(data, generator: torch.Generator | None = None, hflip: bool = False) -> np.ndarray:
+    """float64 [n, C, H, W]: up to MAX_IMAGES samples of an image dataset in the units its loader yields (pixels in
+    [-1, 1], autoencoder latents, a pairs folder's teacher samples), with their mirror images under data.hflip."""
+    idx = subset_index(len(data), generator)
+    if getattr(data, "latents", None) is not None:  # [N, variants, c, h, w]: variant 0, or all of them under hflip
+        lat = np.asarray(data.latents[idx], dtype=np.float64)
+        return (lat if hflip else lat[:, :1]).reshape(-1, *lat.shape[2:])
+    if getattr(data, "samples", None) is not None:  # teacher pairs: the samples are the loader's "image"
+        return np.asarray(data.samples[idx], dtype=np.float64)
+    x = to_unit(data.images[idx])
+    return np.concatenate([x, x[..., ::-1]]) if hflip else x
