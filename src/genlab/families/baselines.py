@@ -47,20 +47,6 @@ def unigram_entropy(tokens) -> float:
     return entropy_nats(np.bincount(token_sample(tokens)))
 
 
-def bigram_entropy(tokens) -> float:
-    """Conditional entropy H(next | previous) in nats/token: the loss of a next-token model that sees only the
-    previous token. Counted over chunks of a large corpus, so pairs across chunk ends are left out."""
-    t = token_sample(tokens)
-    if len(tokens) > MAX_TOKENS:  # pairs within each chunk only
-        chunks = t.reshape(-1, TOKEN_CHUNK)
-        prev, nxt = chunks[:, :-1].reshape(-1), chunks[:, 1:].reshape(-1)
-    else:
-        prev, nxt = t[:-1], t[1:]
-    _, pair_counts = np.unique(prev * (int(t.max()) + 1) + nxt, return_counts=True)
-    # H(prev, next) - H(prev), with H(prev) over the same pairs
-    return entropy_nats(pair_counts) - entropy_nats(np.bincount(prev))
-
-
 def image_subset(images, generator: torch.Generator | None = None) -> np.ndarray:
     """Up to MAX_IMAGES images of an array [N, ...] (a random subset of a larger one)."""
     return np.asarray(images[subset_index(len(images), generator)])
