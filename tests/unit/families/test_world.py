@@ -350,6 +350,27 @@ def play_server(toy_dir, tmp_path):
     server.server_close()
 
 
+def test_play_generates_under_the_runs_precision(toy_dir, tmp_path, monkeypatch):
+    """A bf16 run plays under bf16 autocast (as `genlab sample` / `eval` sample it), and the frames stay float32."""
+    from genlab.data.windows import spaced_windows
+    from genlab.families.world.play import PlaySession
+    from genlab.runtime.switches import build_precision
+    cfg = world_cfg(tmp_path, toy_dir)
+    data, model, method = build(cfg, toy_dir)
+    frames, actions = spaced_windows(data.val, method.L, 1, torch.device("cpu"))
+    seen, generate = [], method.generate
+
+    def spy(*args):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return generate(*args)
+    monkeypatch.setattr(method, "generate", spy)
+    for name, autocast in (("bf16", True), ("fp32", False)):
+        session = PlaySession(model.eval(), method, frames, actions, precision=build_precision(name, torch.device("cpu")))
+        session.step(0)
+        assert seen[-1][0] is autocast and (not autocast or seen[-1][1] == torch.bfloat16)
+        assert session.context.dtype == torch.float32
+
+
 def test_play_server_answers_key_press_with_new_frame(play_server, tmp_path):
     import io
 

@@ -5,6 +5,7 @@ the frame and the frames per second; held keys choose the action. stdlib http.se
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
@@ -20,6 +21,7 @@ from genlab.data import build_dataset
 from genlab.data.windows import spaced_windows
 from genlab.families.build import load_run
 from genlab.families.world.render import to_u8, write_video
+from genlab.runtime.switches import build_precision
 
 # arrow keys / WASD / space -> the ALE action-name parts they press
 KEY_PARTS = {"ArrowUp": "UP", "w": "UP", "ArrowDown": "DOWN", "s": "DOWN", "ArrowLeft": "LEFT", "a": "LEFT",
@@ -29,8 +31,10 @@ KEY_PARTS = {"ArrowUp": "UP", "w": "UP", "ArrowDown": "DOWN", "s": "DOWN", "Arro
 class PlaySession:
     """The model, the rolling context of L frames and L actions, and the frames generated so far."""
 
-    def __init__(self, model, method, context: torch.Tensor, actions: torch.Tensor, steps=None, seed=0, record=None):
+    def __init__(self, model, method, context: torch.Tensor, actions: torch.Tensor, steps=None, seed=0, record=None,
+                 precision=None):
         self.model, self.method, self.steps = model, method, steps
+        self.precision = precision  # the run's train.precision: a bf16 run generates under bf16 autocast, as it evaluated
         self.context0, self.actions0 = context.clone(), actions.clone()  # [1, L, C, H, W], [1, L(, D)]
         self.gen = torch.Generator(device=context.device).manual_seed(seed)
         self.lock = threading.Lock()
@@ -51,7 +55,8 @@ class PlaySession:
         frames, actions = spaced_windows(data.val, method.L, 1, dev)
         if frames is None:
             raise GenlabError("the held-out episodes are shorter than the context; nothing to start from")
-        return cls(model, method, frames, actions, steps=steps, seed=seed, record=record)
+        return cls(model, method, frames, actions, steps=steps, seed=seed, record=record,
+                   precision=build_precision(cfg.train.precision, torch.device(dev)))
 
     def reset(self):
         with self.lock:
@@ -92,7 +97,8 @@ class PlaySession:
             a = torch.as_tensor(action, device=self.actions.device, dtype=self.actions.dtype).view(1, 1, *self.actions.shape[2:])
             self.actions = torch.cat([self.actions[:, 1:], a], 1)
             t0 = time.perf_counter()
-            nxt = self.method.generate(self.model, self.context, self.actions, self.steps, self.gen)
+            with self.precision.autocast(self.context.device) if self.precision else contextlib.nullcontext():
+                nxt = self.method.generate(self.model, self.context, self.actions, self.steps, self.gen).float()
             img = to_u8(nxt[0])
             self.gen_ms = 1000 * (time.perf_counter() - t0)
             self.context = torch.cat([self.context[:, 1:], nxt[:, None]], 1)
