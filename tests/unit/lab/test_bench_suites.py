@@ -118,6 +118,14 @@ def test_the_tiny_cpu_suite_runs_end_to_end(tmp_path):
     assert "| train_tiny | finished | 2 |" in report and (tmp_path / "out" / "tiny_cpu.tgz").exists()
 
 
+def _stop_signals_at_default():
+    """The sweep starts as from a terminal: SIGINT and SIGTERM unblocked and at their defaults, whatever this test process
+    inherited (a background job ignores SIGINT; the full suite in a loaded CI run once left this test waiting)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def test_a_stopped_suite_still_reports_what_ran(tmp_path):
     """SIGTERM (an outer `timeout`, a scheduler) stops the running stage and its process group; the report keeps the
     finished rows and names the stopped one, and the next call runs it again."""
@@ -126,7 +134,7 @@ def test_a_stopped_suite_still_reports_what_ran(tmp_path):
                             '[[stage]]\nname = "slow"\ncommand = "bash -c \'sleep 120\'"\ntable = "t"\ntimeout = 300\n')
     cmd = f"{shlex.quote(sys.executable)} -m genlab sweep {path} --root {tmp_path / 'sw'}"
     p = subprocess.Popen(shlex.split(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")}, preexec_fn=_stop_signals_at_default)
     log, deadline = tmp_path / "sw" / "s" / "logs" / "slow.log", time.monotonic() + 120
     while not log.exists():
         assert time.monotonic() < deadline and p.poll() is None, p.communicate()[0]
