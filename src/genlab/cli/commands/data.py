@@ -40,11 +40,17 @@ def cmd_generate(args):
 
 
 def cmd_collect(args):
-    from genlab.families.world.collect import collect_atari
-    if args.source != "atari":
-        raise GenlabError(f"unknown collection source '{args.source}'; valid choices: atari")
-    path = collect_atari(args.game, args.frames, args.out, policy=args.policy, size=args.size, channels=args.channels,
-                         workers=args.workers, seed=args.seed, max_episode=args.max_episode)
+    if args.source == "vizdoom":
+        from genlab.families.world.vizdoom import collect_vizdoom
+        path = collect_vizdoom(args.scenario, args.frames, args.out, policy=args.policy or "explorer", actions=args.actions,
+                               size=args.size, channels=args.channels, workers=args.workers, seed=args.seed,
+                               max_episode=args.max_episode, doom_map=args.map, turn=args.turn, skip=args.skip)
+    elif args.source == "atari":
+        from genlab.families.world.collect import collect_atari
+        path = collect_atari(args.game, args.frames, args.out, policy=args.policy or "random", size=args.size,
+                             channels=args.channels, workers=args.workers, seed=args.seed, max_episode=args.max_episode)
+    else:
+        raise GenlabError(f"unknown collection source '{args.source}'; valid choices: atari, vizdoom")
     print(f"wrote {path}")
     return 0
 
@@ -165,11 +171,19 @@ def _add_generate(dsub):
 
 def _add_episode_commands(dsub):
     """The world-model family's episode folders: collect, import, stats."""
-    c = dsub.add_parser("collect", help="collect game frames + actions into an episode folder (gymnasium + ale-py)")
-    c.add_argument("source", help="atari")
-    c.add_argument("--game", default="Pong", help="any ALE game name, e.g. Pong, Breakout, MsPacman")
+    c = dsub.add_parser("collect", help="collect game frames + actions into an episode folder (Atari: gymnasium + ale-py; "
+                        "first-person 3D: vizdoom)")
+    c.add_argument("source", help="atari | vizdoom")
+    c.add_argument("--game", default="Pong", help="atari: any ALE game name, e.g. Pong, Breakout, MsPacman")
+    c.add_argument("--scenario", default="my_way_home", help="vizdoom: a scenario shipped in the wheel, e.g. my_way_home, freedoom2")
+    c.add_argument("--map", default=None, help="vizdoom: the map of the scenario's WAD, e.g. MAP02 (default: the scenario's)")
+    c.add_argument("--actions", default="discrete", help="vizdoom: discrete (11 named actions) | continuous "
+                   "([move, strafe, turn degrees, attack, use] per frame)")
+    c.add_argument("--turn", type=float, default=12.0, help="vizdoom: degrees a turn action turns per frame")
+    c.add_argument("--skip", type=int, default=4, help="vizdoom: game tics per frame (frame skip)")
     c.add_argument("--frames", type=int, default=10000)
-    c.add_argument("--policy", default="random", help="random | sticky (repeats its last action with p=0.8)")
+    c.add_argument("--policy", default=None, help="atari: random (default) | sticky (repeats its last action with p=0.8); "
+                   "vizdoom: explorer (default: held moves, unsticks itself) | random")
     c.add_argument("--size", type=int, default=64, help="frames resized to SIZE x SIZE")
     c.add_argument("--channels", type=int, default=3, help="3 (RGB) or 1 (grey)")
     c.add_argument("--workers", type=int, default=0, help="processes (0 = one per core, up to frames/2000)")
