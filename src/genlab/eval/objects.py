@@ -1,0 +1,78 @@
+"""Where the ball and the paddles are in an Atari frame, found by colour, at any frame size.
+
+A box-resized frame mixes a one-pixel ball with the background, so a pixel is read as background + a * (object
+colour - background): it belongs to the object whose colour direction explains its difference from the background
+(fraction a >= MIN_FRACTION, small residual), and the object's position is the a-weighted centroid of its pixels
+inside its band of rows. Colours and rows are the games' own (ALE v5 RGB frames, rows as fractions of 210).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# game -> background colour and objects: name -> (RGB, (first row, end row) as fractions of the frame height)
+GAMES = {
+    "Pong": {"background": (144, 72, 17),
+             "objects": {"ball": ((236, 236, 236), (34 / 210, 194 / 210)),
+                         "player": ((92, 186, 92), (34 / 210, 194 / 210)),
+                         "opponent": ((213, 130, 74), (34 / 210, 194 / 210))}},
+    "Breakout": {"background": (0, 0, 0),
+                 "objects": {"ball": ((200, 72, 72), (93 / 210, 188 / 210)),  # below the bricks, above the paddle
+                             "paddle": ((200, 72, 72), (189 / 210, 194 / 210))},
+                 # colours that are no tracked object but compete for pixels: the grey walls and the bricks
+                 "others": [(142, 142, 142), (180, 122, 48), (162, 162, 42), (72, 160, 72), (66, 158, 130), (66, 72, 200),
+                            (198, 108, 58)]},
+}
+MIN_FRACTION = 0.2   # a ball box-averaged into a 64x64 cell covers ~30% of it
+MAX_RESIDUAL = 0.25  # of the object's colour distance from the background
+
+
+def object_masses(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
+    """frames uint8 [N, H, W, 3] -> {object: fraction map [N, H, W]} (0 outside its rows or not its colour)."""
+    spec = GAMES[game]
+    bg = np.asarray(spec["background"], np.float32)
+    d = frames.astype(np.float32) - bg
+    H = frames.shape[1]
+    names = list(spec["objects"])
+    colours = [spec["objects"][n][0] for n in names] + spec.get("others", [])
+    us = [np.asarray(c, np.float32) - bg for c in colours]
+    fracs = [d @ u / (u @ u) for u in us]
+    resids = np.stack([np.linalg.norm(d - a[..., None] * u, axis=-1) / np.linalg.norm(u) for a, u in zip(fracs, us)])
+    out = {}
+    for k, name in enumerate(names):
+        r0, r1 = spec["objects"][name][1]
+        # the colour that explains the pixel best claims it (an orange paddle is not a dim ball, a grey wall not a red
+        # ball); objects of one colour share pixels and their rows tell them apart
+        ok = resids[k] <= resids.min(0)
+        m = np.where(ok & (fracs[k] >= MIN_FRACTION) & (resids[k] <= MAX_RESIDUAL), np.minimum(fracs[k], 1.0), 0.0)
+        rows = np.zeros(H, bool)
+        rows[int(np.ceil(r0 * H)):int(np.floor(r1 * H))] = True  # only rows wholly inside the band
+        out[name] = m * rows[None, :, None]
+    return out
+
+
+def object_positions(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
+    """frames uint8 [N, H, W, 3] -> {object: [N, 2] (x, y) centroid in pixels, NaN where the object is not seen}."""
+    res = {}
+    for name, m in object_masses(frames, game).items():
+        total = m.sum((1, 2))
+        ys, xs = np.arange(m.shape[1], dtype=np.float32), np.arange(m.shape[2], dtype=np.float32)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            x = (m.sum(1) * xs).sum(1) / total
+            y = (m.sum(2) * ys).sum(1) / total
+        seen = total >= MIN_FRACTION * 1.5
+        res[name] = np.where(seen[:, None], np.stack([x, y], 1), np.nan)
+    return res
+
+
+def position_errors(real: np.ndarray, generated: np.ndarray, game: str) -> dict[str, dict]:
+    """Per object: the distance (pixels) between its position in real and generated frames [N, H, W, 3], over the
+    frames where the real frame shows it, and the share of those where the generated frame lost it."""
+    pr, pg = object_positions(real, game), object_positions(generated, game)
+    out = {}
+    for name in pr:
+        seen = ~np.isnan(pr[name][:, 0])
+        lost = seen & np.isnan(pg[name][:, 0])
+        err = np.linalg.norm(pr[name] - pg[name], axis=1)
+        out[name] = {"visible": int(seen.sum()), "lost": int(lost.sum()),
+                     "errors": np.where(seen & ~lost, err, np.nan)}
+    return out

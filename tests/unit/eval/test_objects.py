@@ -1,0 +1,61 @@
+"""Ball and paddle positions by colour (issue 53 §2): against the exact-colour centroid of the full-resolution
+frame (the reference), on real Pong and Breakout frames box-resized to 64x64, and on synthetic frames."""
+import numpy as np
+import pytest
+
+from genlab.eval.objects import GAMES, object_positions, position_errors
+
+
+def test_a_blended_ball_is_found_at_its_centroid():
+    bg = np.array(GAMES["Pong"]["background"], np.float32)
+    ball = np.array(GAMES["Pong"]["objects"]["ball"][0], np.float32)
+    f = np.tile(bg, (1, 64, 64, 1))
+    f[0, 30, 20] = bg + 0.5 * (ball - bg)   # half the ball in this pixel, a quarter in each neighbour below/right
+    f[0, 31, 20] = bg + 0.25 * (ball - bg)
+    f[0, 30, 21] = bg + 0.25 * (ball - bg)
+    pos = object_positions(f.round().astype(np.uint8), "Pong")
+    assert np.allclose(pos["ball"][0], [20.25, 30.25], atol=0.02)
+    assert np.isnan(pos["player"][0]).all() and np.isnan(pos["opponent"][0]).all()
+
+
+def test_position_errors_measure_the_shift_and_count_lost_objects():
+    bg = np.array(GAMES["Pong"]["background"], np.uint8)
+    real = np.tile(bg, (3, 64, 64, 1))
+    real[:, 30, 20] = GAMES["Pong"]["objects"]["ball"][0]
+    gen = real.copy()
+    gen[1, 30, 20], gen[1, 33, 24] = bg, GAMES["Pong"]["objects"]["ball"][0]   # moved by (4, 3): 5 px
+    gen[2, 30, 20] = bg                                                        # lost
+    e = position_errors(real, gen, "Pong")["ball"]
+    assert e["visible"] == 3 and e["lost"] == 1
+    assert np.allclose(e["errors"][:2], [0.0, 5.0]) and np.isnan(e["errors"][2])
+
+
+@pytest.mark.parametrize("game", ["Pong", "Breakout"])
+def test_detection_at_64px_matches_the_full_resolution_reference(game):
+    gym = pytest.importorskip("gymnasium")
+    ale_py = pytest.importorskip("ale_py")
+    from genlab.families.world.collect import resize_frame
+    gym.register_envs(ale_py)
+    env = gym.make(f"ALE/{game}-v5", repeat_action_probability=0.0, frameskip=4)
+    obs, _ = env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    full = []
+    for _ in range(300):
+        obs, _, term, trunc, _ = env.step(int(rng.integers(env.action_space.n)))
+        full.append(obs if not (term or trunc) else env.reset()[0])
+    env.close()
+    full = np.stack(full)
+    pos = object_positions(np.stack([resize_frame(f, 64, 3) for f in full]), game)
+    for name, (colour, (r0, r1)) in GAMES[game]["objects"].items():
+        ref = np.full((len(full), 2), np.nan)
+        for i, f in enumerate(full):
+            ys, xs = np.where((f[int(round(r0 * 210)):int(round(r1 * 210))] == colour).all(-1))
+            if len(ys):   # pixel centres mapped to the 64x64 grid
+                ref[i] = [(xs.mean() + 0.5) * 64 / 160 - 0.5, (ys.mean() + round(r0 * 210) + 0.5) * 64 / 210 - 0.5]
+        seen = ~np.isnan(ref[:, 0])
+        assert seen.sum() > 100, f"{name}: too few reference frames"
+        assert not (~seen & ~np.isnan(pos[name][:, 0])).any(), f"{name} found where the frame does not show it"
+        found = seen & ~np.isnan(pos[name][:, 0])
+        assert found.sum() >= 0.97 * seen.sum(), f"{name} missed on {seen.sum() - found.sum()} of {seen.sum()} frames"
+        err = np.linalg.norm(pos[name][found] - ref[found], axis=1)
+        assert err.mean() < 1.0 and np.percentile(err, 95) < 1.5, f"{name}: mean {err.mean():.2f} px"
