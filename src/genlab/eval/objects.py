@@ -65,14 +65,13 @@ def object_positions(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
 
 
 def position_errors(real: np.ndarray, generated: np.ndarray, game: str) -> dict[str, dict]:
-    """Per object: the distance (pixels) between its position in real and generated frames [N, H, W, 3], over the
-    frames where the real frame shows it, and the share of those where the generated frame lost it."""
+    """Per object: the distance (pixels) between its position in real and generated frames [N, H, W, 3] (NaN where
+    the real frame does not show it, inf where the generated frame lost it), and the counts of both."""
     pr, pg = object_positions(real, game), object_positions(generated, game)
     out = {}
     for name in pr:
         seen = ~np.isnan(pr[name][:, 0])
         lost = seen & np.isnan(pg[name][:, 0])
-        err = np.linalg.norm(pr[name] - pg[name], axis=1)
-        out[name] = {"visible": int(seen.sum()), "lost": int(lost.sum()),
-                     "errors": np.where(seen & ~lost, err, np.nan)}
+        err = np.where(lost, np.inf, np.linalg.norm(pr[name] - pg[name], axis=1))
+        out[name] = {"visible": int(seen.sum()), "lost": int(lost.sum()), "errors": np.where(seen, err, np.nan)}
     return out

@@ -5,7 +5,11 @@
 - Fréchet distance of rolled-out frames to the real ones in an in-domain feature space (PCA of
   pooled real held-out frames: no ImageNet network knows Pong);
 - action sensitivity: the same contexts and noise with true vs shuffled actions; a positive margin
-  (true PSNR - shuffled PSNR) means the controls steer the generated frames.
+  (true PSNR - shuffled PSNR) means the controls steer the generated frames;
+- per rollout step: PSNR / SSIM over the pixels that move (where the real frame differs from the real frame before
+  it: whole-frame PSNR rewards a blurred mean on games where most pixels never change), the Fréchet distance of that
+  step's frames (does quality drift with the horizon?), the action margin, and for Atari games that eval/objects.py
+  knows, the position error of the ball and the paddles found by their colours.
 
 It takes a rollout callable, rollout(context [B,L,...], actions [B,L+K-1], generator) -> frames [B,K,...], and
 the context length L: it never sees a method or a model.
@@ -15,12 +19,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from genlab.core.tables import markdown_table
 from genlab.data.windows import spaced_windows
 from genlab.eval.frechet import frechet_distance
+from genlab.eval.objects import GAMES, position_errors
+
+MOVE_TOL = 1.5 * 2 / 255  # a pixel moves when a channel changes by more than 1.5 uint8 levels ([-1, 1] frames)
+OBJECT_STEPS = {8: 2.0, 32: 4.0}  # rollout step -> position error (pixels) a tracked object must stay within
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -29,13 +38,16 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 10 * torch.log10(4.0 / mse.clamp_min(1e-10))
 
 
-def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-sample SSIM (Wang et al. 2004; 11x11 Gaussian, sigma 1.5) of images in [-1, 1]."""
+def ssim_map(a: torch.Tensor, b: torch.Tensor, same: bool = False) -> torch.Tensor:
+    """SSIM map (Wang et al. 2004; 11x11 Gaussian, sigma 1.5) of images [N, C, H, W] in [-1, 1], channels averaged;
+    valid windows only, or `same` size (reflect-padded) to weigh it with a per-pixel mask."""
     C = a.shape[1]
     g = torch.exp(-(torch.arange(11, device=a.device) - 5.0) ** 2 / (2 * 1.5 ** 2))
     g = (g / g.sum())
     w = (g[:, None] * g[None]).expand(C, 1, 11, 11)
     a, b = a.float(), b.float()
+    if same:
+        a, b = F.pad(a, (5, 5, 5, 5), mode="reflect"), F.pad(b, (5, 5, 5, 5), mode="reflect")
     # fp32 even under the eval's bf16 autocast: E[x^2] - mu^2 cancels catastrophically in bf16 (SSIM > 1 seen on GPU)
     with torch.autocast(a.device.type, enabled=False):
         mu_a, mu_b = F.conv2d(a, w, groups=C), F.conv2d(b, w, groups=C)
@@ -44,7 +56,61 @@ def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         s_ab = F.conv2d(a * b, w, groups=C) - mu_a * mu_b
     c1, c2 = (0.01 * 2) ** 2, (0.03 * 2) ** 2  # data range 2
     m = ((2 * mu_a * mu_b + c1) * (2 * s_ab + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (s_aa + s_bb + c2))
-    return m.flatten(1).mean(1)
+    return m.mean(1)
+
+
+def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample SSIM of images in [-1, 1]."""
+    return ssim_map(a, b).flatten(1).mean(1)
+
+
+def moving_mask(real: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """[N, C, H, W] frames -> [N, H, W]: the pixels where the real frame differs from the real frame before it."""
+    return (real.float() - prev.float()).abs().amax(1) > MOVE_TOL
+
+
+def masked_psnr(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sample PSNR over the mask's pixels (all channels); NaN where the mask is empty."""
+    se = (a.float() - b.float()).pow(2).mean(1)
+    n = mask.sum((1, 2))
+    mse = (se * mask).sum((1, 2)) / n.clamp_min(1)
+    return torch.where(n > 0, 10 * torch.log10(4.0 / mse.clamp_min(1e-10)), torch.nan)
+
+
+def masked_ssim(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    n = mask.sum((1, 2))
+    return torch.where(n > 0, (ssim_map(a, b, same=True) * mask).sum((1, 2)) / n.clamp_min(1), torch.nan)
+
+
+def to_uint8(x: torch.Tensor):
+    """[N, C, H, W] in [-1, 1] -> uint8 numpy [N, H, W, C]."""
+    return ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+
+
+def _steps(values: torch.Tensor) -> list:
+    """[N, K] per-window values -> per-step means over the windows where they exist (None where none does)."""
+    m = torch.nanmean(values.float(), 0)
+    return [None if v != v else float(v) for v in m.tolist()]
+
+
+def object_curves(real: torch.Tensor, gen: torch.Tensor, game: str) -> dict:
+    """Per tracked object and step: the median position error and the share of rollouts (of those whose real frame
+    shows the object) within 2 and 4 pixels; a generated frame that lost the object counts as a miss."""
+    N, K = real.shape[:2]
+    errs = position_errors(to_uint8(real.flatten(0, 1)), to_uint8(gen.flatten(0, 1)), game)
+    out = {}
+    for name, e in errs.items():
+        err = e["errors"].reshape(N, K)
+        seen = ~np.isnan(err)  # lost objects are inf: misses at every threshold
+        med, within2, within4 = [], [], []
+        for k in range(K):
+            v = err[seen[:, k], k]
+            med.append(float(np.median(v)) if len(v) else None)
+            within2.append(float((v <= 2).mean()) if len(v) else None)
+            within4.append(float((v <= 4).mean()) if len(v) else None)
+        out[name] = {"median_error": med, "within_2px": within2, "within_4px": within4,
+                     "visible": seen.sum(0).tolist()}
+    return out
 
 
 def pooled(x: torch.Tensor) -> torch.Tensor:
@@ -70,10 +136,33 @@ def _rollout_batched(rollout, L, frames, actions, K, seed, bs):
                       for i in range(0, len(frames), bs)])
 
 
+def moving_curves(real, gen, last, res: dict, H: int) -> dict:
+    """Per-step PSNR/SSIM over the moving pixels of [N, H, ...] rollouts, for the model and copy-last; the horizon's
+    summary goes into res."""
+    N = len(real)
+    prev = torch.cat([last, real[:, :-1]], 1).flatten(0, 1)
+    mask = moving_mask(real.flatten(0, 1), prev)
+    r, g, c = real.flatten(0, 1), gen.flatten(0, 1), last.expand_as(real).flatten(0, 1)
+    out = {"moving_model": _steps(masked_psnr(g, r, mask).view(N, H)), "moving_copy_last": _steps(masked_psnr(c, r, mask).view(N, H)),
+           "moving_ssim_model": _steps(masked_ssim(g, r, mask).view(N, H)),
+           "moving_ssim_copy_last": _steps(masked_ssim(c, r, mask).view(N, H)),
+           "moving_share": mask.float().mean((1, 2)).view(N, H).mean(0).tolist()}
+    pairs = [(m, p) for m, p in zip(out["moving_model"], out["moving_copy_last"]) if m is not None and p is not None]
+    if pairs:
+        res[f"moving_psnr_h{H}"] = float(np.mean([m for m, _ in pairs]))
+        res[f"copy_last_moving_psnr_h{H}"] = float(np.mean([p for _, p in pairs]))
+        res[f"rollout_beats_copy_moving_all_steps_h{H}"] = all(m > p for m, p in pairs)
+    ss = [v for v in out["moving_ssim_model"] if v is not None]
+    if ss:
+        res[f"moving_ssim_h{H}"] = float(np.mean(ss))
+    return out
+
+
 @torch.no_grad()
 def evaluate_world(rollout, L, data, ctx) -> dict:
     ecfg, dev = ctx["eval"], ctx["device"]
     eps, bs = data.val, ecfg.batch_size
+    game = eps.meta.get("game")
     horizons = [int(h) for h in str(ecfg.world_horizons).split(",") if h.strip()]
     res, curves = {}, {}
     frames, actions = spaced_windows(eps, L + 1, max(ecfg.world_rollouts, 64), dev)
@@ -92,19 +181,27 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
         gen = _rollout_batched(rollout, L, frames, actions, H, 1, bs)
         p_model = psnr(gen.flatten(0, 1), real.flatten(0, 1)).view(len(gen), H).mean(0)
         p_copy = psnr(last.expand_as(real).flatten(0, 1), real.flatten(0, 1)).view(len(gen), H).mean(0)
-        curves[H] = {"model": p_model.tolist(), "copy_last": p_copy.tolist()}
         res[f"rollout_psnr_h{H}"] = p_model.mean().item()
         res[f"copy_last_psnr_h{H}"] = p_copy.mean().item()
         res[f"rollout_beats_copy_all_steps_h{H}"] = bool((p_model > p_copy).all().item())
         res[f"frechet_h{H}"] = frechet_in_domain(real, gen)
+        curves[H] = {"model": p_model.tolist(), "copy_last": p_copy.tolist(), **moving_curves(real, gen, last, res, H),
+                     "frechet": [frechet_in_domain(real[:, k], gen[:, k]) for k in range(H)]}
+        if game in GAMES and real.shape[2] == 3:
+            curves[H]["objects"] = object_curves(real, gen, game)
+            for name, c in curves[H]["objects"].items():
+                for step, px in OBJECT_STEPS.items():
+                    if step <= H and c["visible"][step - 1]:
+                        res[f"{name}_within_{px:g}px_step{step}_h{H}"] = c[f"within_{px:g}px"][step - 1]
         if H == min(horizons):
             # shuffled actions: another window's action sequence; same contexts and same noise seeds
             perm = torch.roll(torch.arange(len(actions), device=dev), 1)
-            p_shuf = psnr(_rollout_batched(rollout, L, frames, actions[perm], H, 1, bs).flatten(0, 1),
-                          real.flatten(0, 1)).mean()
+            shuf = _rollout_batched(rollout, L, frames, actions[perm], H, 1, bs)
+            p_shuf = psnr(shuf.flatten(0, 1), real.flatten(0, 1)).view(len(gen), H).mean(0)
             res["action_psnr_true"] = p_model.mean().item()
-            res["action_psnr_shuffled"] = p_shuf.item()
-            res["action_margin_db"] = p_model.mean().item() - p_shuf.item()
+            res["action_psnr_shuffled"] = p_shuf.mean().item()
+            res["action_margin_db"] = p_model.mean().item() - p_shuf.mean().item()
+            curves[H]["action_margin"] = (p_model - p_shuf).tolist()
     run_dir = ctx.get("run_dir")
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -115,10 +212,20 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
 
 def rollout_table(curves: dict, res: dict) -> str:
     lines = []
+    fmt = lambda v, f="{:.2f}": "-" if v is None else f.format(v)  # noqa: E731
     for H, c in curves.items():
-        rows = [[k + 1, f"{m:.2f}", f"{p:.2f}", f"{m - p:+.2f}"] for k, (m, p) in enumerate(zip(c["model"], c["copy_last"]))]
-        lines += [f"### rollout H={H}: per-step PSNR (dB), model vs copy-last-frame", "",
-                  markdown_table(["step", "model", "copy-last", "margin"], rows), ""]
+        objs = c.get("objects", {})
+        head = ["step", "model", "copy-last", "margin", "moving: model", "moving: copy-last", "moving SSIM", "FD"]
+        head += ["action margin"] * ("action_margin" in c) + [f"{n} within 2 / 4 px" for n in objs]
+        rows = []
+        for k, (m, p) in enumerate(zip(c["model"], c["copy_last"])):
+            row = [k + 1, f"{m:.2f}", f"{p:.2f}", f"{m - p:+.2f}", fmt(c["moving_model"][k]), fmt(c["moving_copy_last"][k]),
+                   fmt(c["moving_ssim_model"][k], "{:.3f}"), f"{c['frechet'][k]:.4f}"]
+            row += [f"{c['action_margin'][k]:+.2f}"] * ("action_margin" in c)
+            row += [f"{fmt(o['within_2px'][k], '{:.0%}')} / {fmt(o['within_4px'][k], '{:.0%}')}" for o in objs.values()]
+            rows.append(row)
+        lines += [f"### rollout H={H}: per-step PSNR (dB), model vs copy-last-frame, whole frame and moving pixels", "",
+                  markdown_table(head, rows), ""]
     if "action_margin_db" in res:
         lines.append(f"action sensitivity: true {res['action_psnr_true']:.2f} dB, shuffled "
                      f"{res['action_psnr_shuffled']:.2f} dB, margin {res['action_margin_db']:+.3f} dB")

@@ -25,9 +25,12 @@ def test_position_errors_measure_the_shift_and_count_lost_objects():
     gen = real.copy()
     gen[1, 30, 20], gen[1, 33, 24] = bg, GAMES["Pong"]["objects"]["ball"][0]   # moved by (4, 3): 5 px
     gen[2, 30, 20] = bg                                                        # lost
+    real[0, 40, 40] = gen[0, 40, 40] = GAMES["Pong"]["objects"]["player"][0]   # no paddle in 1, 2: NaN there
     e = position_errors(real, gen, "Pong")["ball"]
     assert e["visible"] == 3 and e["lost"] == 1
-    assert np.allclose(e["errors"][:2], [0.0, 5.0]) and np.isnan(e["errors"][2])
+    assert np.allclose(e["errors"][:2], [0.0, 5.0]) and np.isinf(e["errors"][2])
+    p = position_errors(real, gen, "Pong")["player"]
+    assert p["visible"] == 1 and p["lost"] == 0 and p["errors"][0] == 0 and np.isnan(p["errors"][1:]).all()
 
 
 @pytest.mark.parametrize("game", ["Pong", "Breakout"])

@@ -1,0 +1,107 @@
+"""Per-step world-model metrics (issue 53 §2): PSNR / SSIM over moving pixels against float64 references, and the
+rollout evaluation on a game whose dynamics are known (a Pong ball that moves one pixel a frame), where a perfect
+model and copy-last have known answers."""
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from genlab.data.episodes import Episodes
+from genlab.eval.objects import GAMES
+from genlab.eval.rollouts import evaluate_world, masked_psnr, masked_ssim, moving_mask, ssim, ssim_map
+
+
+def naive_ssim_map(a, b):
+    """float64, one window at a time (Wang et al. 2004, 11x11 Gaussian sigma 1.5, data range 2), channels averaged."""
+    g = np.exp(-(np.arange(11) - 5.0) ** 2 / (2 * 1.5 ** 2))
+    w = np.outer(g, g) / g.sum() ** 2
+    N, C, H, W = a.shape
+    out = np.zeros((N, H - 10, W - 10))
+    c1, c2 = 0.02 ** 2, 0.06 ** 2
+    for n in range(N):
+        for i in range(H - 10):
+            for j in range(W - 10):
+                vals = []
+                for c in range(C):
+                    x, y = a[n, c, i:i + 11, j:j + 11], b[n, c, i:i + 11, j:j + 11]
+                    mx, my = (w * x).sum(), (w * y).sum()
+                    sxx, syy, sxy = (w * x * x).sum() - mx ** 2, (w * y * y).sum() - my ** 2, (w * x * y).sum() - mx * my
+                    vals.append((2 * mx * my + c1) * (2 * sxy + c2) / ((mx ** 2 + my ** 2 + c1) * (sxx + syy + c2)))
+                out[n, i, j] = np.mean(vals)
+    return out
+
+
+def test_ssim_map_and_masked_metrics_match_float64_references():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(2, 3, 16, 16, generator=g) * 2 - 1
+    b = (a + 0.3 * torch.randn(2, 3, 16, 16, generator=g)).clamp(-1, 1)
+    ref = naive_ssim_map(a.double().numpy(), b.double().numpy())
+    assert np.allclose(ssim_map(a, b).numpy(), ref, atol=1e-5)
+    assert np.allclose(ssim(a, b).numpy(), ref.reshape(2, -1).mean(1), atol=1e-5)
+    mask = torch.rand(2, 16, 16, generator=g) > 0.7
+    mask[1] = False
+    se = ((a.double() - b.double()) ** 2).mean(1).numpy()
+    want = 10 * np.log10(4 / se[0][mask[0].numpy()].mean())
+    got = masked_psnr(a, b, mask)
+    assert abs(got[0].item() - want) < 1e-4 and torch.isnan(got[1])
+    full = torch.ones(2, 16, 16, dtype=torch.bool)
+    assert torch.allclose(masked_ssim(a, b, full), ssim_map(a, b, same=True).flatten(1).mean(1))
+    assert torch.isnan(masked_ssim(a, b, mask)[1])
+
+
+def test_moving_mask_marks_changed_pixels_only():
+    prev = torch.zeros(1, 3, 4, 4)
+    real = prev.clone()
+    real[0, 1, 2, 3] = 2 / 255 * 2      # two uint8 levels on one channel: moves
+    real[0, 0, 0, 0] = 1 / 255 * 2      # one level: quantisation noise, not motion
+    m = moving_mask(real, prev)
+    assert m.sum() == 1 and m[0, 2, 3]
+
+
+def pong_episodes(n_eps=4, T=80, size=32):
+    """A Pong background with the ball moving one pixel right per frame (wrapping), paddles still."""
+    bg, ball = GAMES["Pong"]["background"], GAMES["Pong"]["objects"]["ball"][0]
+    frames = np.tile(np.array(bg, np.uint8), (n_eps * T, size, size, 1))
+    for e in range(n_eps):
+        for t in range(T):
+            frames[e * T + t, 16, (3 * e + t) % size] = ball
+            frames[e * T + t, 12:16, size - 3] = GAMES["Pong"]["objects"]["player"][0]
+    starts = np.arange(n_eps) * T
+    return Episodes(frames, np.zeros(n_eps * T, np.int64), np.zeros(n_eps * T, np.float32), np.zeros(n_eps * T, bool),
+                    starts, {"game": "Pong", "num_actions": 6})
+
+
+def rollout_of(model):
+    def rollout(context, actions, generator):
+        K = actions.shape[1] - context.shape[1] + 1
+        last = context[:, -1]
+        if model == "copy":
+            return last[:, None].expand(-1, K, *last.shape[1:]).clone()
+        out = last[:, None].repeat(1, K, 1, 1, 1)
+        for k in range(K):  # the true dynamics: the ball's row shifts right, the rest stays
+            out[:, k, :, 16] = torch.roll(last[:, :, 16], k + 1, dims=-1)
+        return out
+    return rollout
+
+
+def run_eval(model):
+    data = SimpleNamespace(val=pong_episodes())
+    ecfg = SimpleNamespace(batch_size=16, world_horizons="8,16", world_rollouts=16)
+    return evaluate_world(rollout_of(model), 2, data, {"eval": ecfg, "device": torch.device("cpu")})
+
+
+def test_a_perfect_model_beats_copy_last_on_moving_pixels_and_tracks_the_ball():
+    res = run_eval("perfect")
+    assert res["rollout_beats_copy_moving_all_steps_h16"] and res["rollout_beats_copy_all_steps_h16"]
+    assert res["moving_psnr_h16"] > 90 and res["copy_last_moving_psnr_h16"] < 20   # exact vs a missing ball
+    assert res["ball_within_2px_step8_h8"] == 1.0 and res["ball_within_2px_step8_h16"] == 1.0
+    assert res["player_within_2px_step8_h16"] == 1.0
+    assert abs(res["action_margin_db"]) < 1e-6       # the true dynamics ignore the actions
+
+
+def test_copy_last_as_a_model_loses_the_moving_ball():
+    res = run_eval("copy")
+    assert res["moving_psnr_h16"] == res["copy_last_moving_psnr_h16"]
+    assert not res["rollout_beats_copy_moving_all_steps_h16"]
+    assert res["ball_within_2px_step8_h16"] == 0.0     # the ball is 8 px away by step 8
+    assert res["player_within_2px_step8_h16"] == 1.0   # the paddle never moved
