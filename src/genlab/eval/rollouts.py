@@ -221,7 +221,7 @@ def rollout_table(curves: dict, res: dict) -> str:
         for k, (m, p) in enumerate(zip(c["model"], c["copy_last"])):
             row = [k + 1, f"{m:.2f}", f"{p:.2f}", f"{m - p:+.2f}", fmt(c["moving_model"][k]), fmt(c["moving_copy_last"][k]),
                    fmt(c["moving_ssim_model"][k], "{:.3f}"), f"{c['frechet'][k]:.4f}"]
-            row += [f"{c['action_margin'][k]:+.2f}"] * ("action_margin" in c)
+            row += [f"{c['action_margin'][k]:+.2f}"] if "action_margin" in c else []
             row += [f"{fmt(o['within_2px'][k], '{:.0%}')} / {fmt(o['within_4px'][k], '{:.0%}')}" for o in objs.values()]
             rows.append(row)
         lines += [f"### rollout H={H}: per-step PSNR (dB), model vs copy-last-frame, whole frame and moving pixels", "",

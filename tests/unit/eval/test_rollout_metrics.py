@@ -84,10 +84,10 @@ def rollout_of(model):
     return rollout
 
 
-def run_eval(model):
+def run_eval(model, run_dir=None):
     data = SimpleNamespace(val=pong_episodes())
     ecfg = SimpleNamespace(batch_size=16, world_horizons="8,16", world_rollouts=16)
-    return evaluate_world(rollout_of(model), 2, data, {"eval": ecfg, "device": torch.device("cpu")})
+    return evaluate_world(rollout_of(model), 2, data, {"eval": ecfg, "device": torch.device("cpu"), "run_dir": run_dir})
 
 
 def test_a_perfect_model_beats_copy_last_on_moving_pixels_and_tracks_the_ball():
@@ -99,9 +99,12 @@ def test_a_perfect_model_beats_copy_last_on_moving_pixels_and_tracks_the_ball():
     assert abs(res["action_margin_db"]) < 1e-6       # the true dynamics ignore the actions
 
 
-def test_copy_last_as_a_model_loses_the_moving_ball():
-    res = run_eval("copy")
+def test_copy_last_as_a_model_loses_the_moving_ball(tmp_path):
+    res = run_eval("copy", tmp_path)
     assert res["moving_psnr_h16"] == res["copy_last_moving_psnr_h16"]
     assert not res["rollout_beats_copy_moving_all_steps_h16"]
     assert res["ball_within_2px_step8_h16"] == 0.0     # the ball is 8 px away by step 8
     assert res["player_within_2px_step8_h16"] == 1.0   # the paddle never moved
+    table = (tmp_path / "world_eval.md").read_text()   # both horizons; the action margin only in the first
+    assert table.count("### rollout H=") == 2 and table.count("| action margin |") == 1
+    assert "| 8 | " in table and "0% / 0%" in table    # step 8: the ball is never within 2 or 4 px
