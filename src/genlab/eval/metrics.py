@@ -348,29 +348,24 @@ def image_metrics(samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx) -> 
     return res
 
 
+# the console line's part of each metric: (the result key that shows it, its format)
+SUMMARY_PARTS = (
+    ("sample_accuracy", "sample accuracy: {sample_accuracy:.1%} (classifier held-out acc {classifier_val_acc:.1%})"),
+    ("feature_fd", "feature FD {feature_fd:.4g} (real-vs-real floor {feature_fd_floor:.4g})"),
+    ("precision", "precision {precision:.3f} recall {recall:.3f} (real-vs-real {precision_floor:.3f} / {recall_floor:.3f})"),
+    ("fid", "FID {fid:.4g}{_ref} (real-vs-real floor {fid_floor:.4g})"),
+    ("sfid", "sFID {sfid:.4g} (real-vs-real floor {sfid_floor:.4g})"),
+    ("inception_score", "IS {inception_score:.4g} ± {inception_score_std:.2g} (real images {inception_score_real:.4g})"),
+    ("inception_precision", "Inception precision {inception_precision:.3f} recall {inception_recall:.3f} "
+                            "(real-vs-real {inception_precision_floor:.3f} / {inception_recall_floor:.3f})"),
+    ("lpips_diversity", "LPIPS diversity {lpips_diversity:.4f} (real {lpips_diversity_real:.4f})"),
+)
+
+
 def summary_line(res: dict) -> str:
     """One console line; every distance carries its real-vs-real floor."""
-    parts = []
-    if "sample_accuracy" in res:
-        parts.append(f"sample accuracy: {100 * res['sample_accuracy']:.1f}% (classifier held-out acc {100 * res['classifier_val_acc']:.1f}%)")
-    if "feature_fd" in res:
-        parts.append(f"feature FD {res['feature_fd']:.4g} (real-vs-real floor {res['feature_fd_floor']:.4g})")
-    if "precision" in res:
-        parts.append(f"precision {res['precision']:.3f} recall {res['recall']:.3f} "
-                     f"(real-vs-real {res['precision_floor']:.3f} / {res['recall_floor']:.3f})")
     ref = f" vs {res['fid_reference']}" if "fid_reference" in res else ""
-    if "fid" in res:
-        parts.append(f"FID {res['fid']:.4g}{ref} (real-vs-real floor {res['fid_floor']:.4g})")
-    if "sfid" in res:
-        parts.append(f"sFID {res['sfid']:.4g} (real-vs-real floor {res['sfid_floor']:.4g})")
-    if "inception_score" in res:
-        parts.append(f"IS {res['inception_score']:.4g} ± {res['inception_score_std']:.2g} "
-                     f"(real images {res['inception_score_real']:.4g})")
-    if "inception_precision" in res:
-        parts.append(f"Inception precision {res['inception_precision']:.3f} recall {res['inception_recall']:.3f} "
-                     f"(real-vs-real {res['inception_precision_floor']:.3f} / {res['inception_recall_floor']:.3f})")
-    if "lpips_diversity" in res:
-        parts.append(f"LPIPS diversity {res['lpips_diversity']:.4f} (real {res['lpips_diversity_real']:.4f})")
+    parts = [fmt.format(**res, _ref=ref) for key, fmt in SUMMARY_PARTS if key in res]
     floor_n = res.get("floor_samples")
     n_note = f"; floor from {floor_n} train images" if floor_n is not None and floor_n != res.get("eval_samples") else ""
     if "fid_reference" in res and res.get("eval_samples") != PROTOCOL_SAMPLES:
