@@ -201,6 +201,4 @@ def _check_reference(cfg):
                            keys=(PathKeys, ImageKeys), needs_path=True, shape=lambda d: latent_shape(d.path),
                            check=lambda d: _check(d), eval_check=lambda cfg: _check_reference(cfg))
 def latents(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=latents needs data.path (a folder made by `genlab data encode`)")
     return read_latents(cfg_data.path)

@@ -122,6 +122,4 @@ def write_pairs(tmp: Path, images_u8, labels, samples, noise, classes, meta_extr
                                     "(data.path); batches image, label, noise", kind="image",
                            keys=PathKeys, needs_path=True, shape=lambda d: prepared_shape(d.path))
 def pairs(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=pairs needs data.path (a folder made by `genlab data generate pairs`)")
     return read_pairs(cfg_data.path)

@@ -159,6 +159,4 @@ def _check(d):
                            "memory maps, never resident", kind="image", keys=(PathKeys, ImageKeys), needs_path=True,
                            shape=lambda d: shard_shape(d.path), check=_check)
 def shards(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=shards needs data.path (a folder made by `genlab data prepare shards`)")
     return read_shards(cfg_data.path)

@@ -167,8 +167,6 @@ def _check_synthetic_tokens(d):
 @dataset_registry.register("tokens", "train.bin/val.bin written by `genlab data prepare text` (data.path, data.seq_len)",
                            kind="token", keys=(PathKeys, TokenKeys), needs_path=True)
 def tokens(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=tokens needs data.path (a folder made by `genlab data prepare text`)")
     return read_token_dataset(cfg_data.path, cfg_data.seq_len)
 
 

@@ -87,8 +87,6 @@ class EpisodeData:
     """The training split of an episode folder, and its held-out episodes (the last `heldout` fraction)."""
 
     def __init__(self, cfg_data):
-        if not cfg_data.path:
-            raise GenlabError("data.name=episodes needs data.path (a folder made by `genlab data collect` or `import`)")
         eps = read_episodes(cfg_data.path)
         check_episode_actions(eps, f"data.path '{cfg_data.path}'")
         E = len(eps.starts)
