@@ -55,13 +55,10 @@ CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["t
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "frames", "text", "shards")
 
 
-def md5_bytes(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
-
-
 def check_md5(name: str, data: bytes, expected: str, verify: bool):
-    if verify and md5_bytes(data) != expected:
-        raise GenlabError(f"checksum mismatch for {name}: md5 {md5_bytes(data)}, expected {expected} "
+    got = hashlib.md5(data).hexdigest() if verify else expected
+    if got != expected:
+        raise GenlabError(f"checksum mismatch for {name}: md5 {got}, expected {expected} "
                           f"(corrupt or not the official file; --no-verify skips the check)")
 
 
@@ -212,42 +209,6 @@ def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Pa
                                source=f"cifar10 {split} (python pickle batches)", extra={"split": split})
 
 
-# -- a folder of images, one subfolder per class ----------------------------------------------------
-def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
-    from PIL import Image
-    try:
-        with Image.open(path) as im:
-            im = im.convert("L" if channels == 1 else "RGB")
-            if size:
-                w, h = im.size
-                s = min(w, h)  # centre crop to a square, then resize
-                im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
-                im = im.resize((size, size), Image.BICUBIC)
-            a = np.asarray(im, dtype=np.uint8)
-    except OSError as e:
-        raise GenlabError(f"cannot read image {path}: {e}") from None
-    return a[..., None] if a.ndim == 2 else a
-
-
-def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
-    if not src:
-        raise GenlabError("`data prepare imagefolder` needs --src DIR with one subfolder of images per class")
-    root = Path(src)
-    if not root.is_dir():
-        raise GenlabError(f"--src '{root}' is not a folder")
-    if channels not in (1, 3):
-        raise GenlabError(f"--channels must be 1 or 3, got {channels}")
-    files, classes = list_class_folder(root)
-    images = [_load_image(f, size, channels) for f, _ in files]
-    shapes = {a.shape for a in images}
-    if len(shapes) > 1:
-        raise GenlabError(f"images under '{root}' have different sizes {sorted(shapes)[:3]}...; pass --size N to resize")
-    if images[0].shape[0] != images[0].shape[1]:
-        raise GenlabError(f"images are {images[0].shape[1]}x{images[0].shape[0]}, not square; pass --size N to crop and resize")
-    return write_image_dataset(out, np.stack(images), np.array([c for _, c in files]), classes,
-                               source=f"imagefolder {root}", extra={"files": len(files)})
-
-
 # -- image sources: a class folder (one subfolder per class, ImageNet's train layout) or a CSV/JSON file list --------
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -305,6 +266,42 @@ def list_source(src) -> tuple[list, list]:
     if missing:
         raise GenlabError(f"{len(missing)} listed image(s) missing, first: {missing[0]}")
     return files, classes
+
+
+# -- a folder of images, one subfolder per class ----------------------------------------------------
+def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
+    from PIL import Image
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if channels == 1 else "RGB")
+            if size:
+                w, h = im.size
+                s = min(w, h)  # centre crop to a square, then resize
+                im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
+                im = im.resize((size, size), Image.BICUBIC)
+            a = np.asarray(im, dtype=np.uint8)
+    except OSError as e:
+        raise GenlabError(f"cannot read image {path}: {e}") from None
+    return a[..., None] if a.ndim == 2 else a
+
+
+def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
+    if not src:
+        raise GenlabError("`data prepare imagefolder` needs --src DIR with one subfolder of images per class")
+    root = Path(src)
+    if not root.is_dir():
+        raise GenlabError(f"--src '{root}' is not a folder")
+    if channels not in (1, 3):
+        raise GenlabError(f"--channels must be 1 or 3, got {channels}")
+    files, classes = list_class_folder(root)
+    images = [_load_image(f, size, channels) for f, _ in files]
+    shapes = {a.shape for a in images}
+    if len(shapes) > 1:
+        raise GenlabError(f"images under '{root}' have different sizes {sorted(shapes)[:3]}...; pass --size N to resize")
+    if images[0].shape[0] != images[0].shape[1]:
+        raise GenlabError(f"images are {images[0].shape[1]}x{images[0].shape[0]}, not square; pass --size N to crop and resize")
+    return write_image_dataset(out, np.stack(images), np.array([c for _, c in files]), classes,
+                               source=f"imagefolder {root}", extra={"files": len(files)})
 
 
 # -- shards: ADM's resize-and-centre-crop, in parallel; checked before anything is written -------------------------
