@@ -177,7 +177,7 @@ class StackedStep:
     # -- batched variants: each member's lr, weight decay and EMA decay ------------------------------------------
     def _member_hyperparameters(self):
         """Where the members differ in optim.lr / optim.weight_decay, the stacked optimizer steps at lr 1 without
-        weight decay and `_scaled_step` applies each member's (module docstring); else (seeds) it steps as one run."""
+        weight decay and `_scaled_step` applies each member's (docs/performance.md); else (seeds) it steps as one run."""
         ocfgs = [r.cfg.optim for r in self.runs]
         self.scaled = any((o.lr, o.weight_decay) != (ocfgs[0].lr, ocfgs[0].weight_decay) for o in ocfgs)
         emas = [r.cfg.train.ema_decay for r in self.runs]
