@@ -1,8 +1,14 @@
-"""World-model evaluation on held-out episodes: teacher-forced next-frame PSNR / SSIM against copying the last
-context frame; H-step autoregressive rollouts with the true actions (per-step PSNR against copy-last); Fréchet distance
-of rolled-out frames in an in-domain feature space (PCA of pooled real frames: no ImageNet network knows Pong); action
-sensitivity (true minus shuffled actions, same contexts and noise). It takes a rollout callable, rollout(context
-[B,L,...], actions [B,L+K-1], generator) -> frames [B,K,...], and the context length L; never a method or a model.
+"""World-model evaluation on held-out episodes.
+
+- teacher-forced next-frame PSNR / SSIM (real context), against copying the last context frame;
+- autoregressive rollouts of H steps with the true actions: per-step PSNR against copy-last;
+- Fréchet distance of rolled-out frames to the real ones in an in-domain feature space (PCA of
+  pooled real held-out frames: no ImageNet network knows Pong);
+- action sensitivity: the same contexts and noise with true vs shuffled actions; a positive margin
+  (true PSNR - shuffled PSNR) means the controls steer the generated frames.
+
+It takes a rollout callable, rollout(context [B,L,...], actions [B,L+K-1], generator) -> frames [B,K,...], and
+the context length L: it never sees a method or a model.
 """
 from __future__ import annotations
 
@@ -55,8 +61,12 @@ def frechet_in_domain(real: torch.Tensor, fake: torch.Tensor, dims: int = 32) ->
     return float(frechet_distance(((r - mean) @ proj).double().cpu().numpy(), ((f - mean) @ proj).double().cpu().numpy()))
 
 
+def _seeded(device, seed):
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def _rollout_batched(rollout, L, frames, actions, K, seed, bs):
-    return torch.cat([rollout(frames[i:i + bs, :L], actions[i:i + bs, :L + K - 1], torch.Generator(frames.device).manual_seed(seed + i))
+    return torch.cat([rollout(frames[i:i + bs, :L], actions[i:i + bs, :L + K - 1], _seeded(frames.device, seed + i))
                       for i in range(0, len(frames), bs)])
 
 
