@@ -120,7 +120,7 @@ def test_cli_end_to_end_train_sample_eval_resume(tmp_path, capfd):
 
 
 def test_frechet_distance_matches_gaussian_closed_form():
-    from genlab.eval.classifier import frechet_distance
+    from genlab.eval.frechet import frechet_distance
     rng = np.random.default_rng(0)
     d, n = 4, 400_000
     a = rng.standard_normal((d, d))

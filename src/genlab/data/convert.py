@@ -1,13 +1,13 @@
-"""`genlab data prepare`: turn the standard public dataset files into genlab's memory-mapped format.
-
-Every converter reads the files exactly as their maintainers publish them, checks the published md5
-(unless told not to), and hands arrays to `write_image_dataset`, which writes atomically.
-"""
+"""`genlab data prepare`: the standard public dataset files (read as published, md5-checked unless told not to), an
+image class folder or file list (shards), or video frames -> genlab's memory-mapped formats, written atomically."""
 from __future__ import annotations
 
+import csv
 import gzip
 import hashlib
 import io
+import json
+import os
 import pickle
 import shutil
 import tarfile
@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from genlab.core.errors import GenlabError
+from genlab.core.progress import Task
 from genlab.data.datasets import load_digits_uint8
-from genlab.data.formats import write_image_dataset
-from genlab.data.frames import prepare_frames
-from genlab.data.shard_convert import prepare_shards
-from genlab.data.sources import list_class_folder
+from genlab.data.formats import atomic_folder, write_image_dataset
+from genlab.data.shards import save_shard, shard_name, write_index
 from genlab.data.text import prepare_text
 
 # Published md5s (the datasets' own pages; torchvision lists the same).
@@ -56,13 +55,10 @@ CIFAR10_SPLITS = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["t
 KINDS = ("digits", "mnist", "fashion-mnist", "cifar10", "imagefolder", "frames", "text", "shards")
 
 
-def md5_bytes(data: bytes) -> str:
-    return hashlib.md5(data).hexdigest()
-
-
 def check_md5(name: str, data: bytes, expected: str, verify: bool):
-    if verify and md5_bytes(data) != expected:
-        raise GenlabError(f"checksum mismatch for {name}: md5 {md5_bytes(data)}, expected {expected} "
+    got = hashlib.md5(data).hexdigest() if verify else expected
+    if got != expected:
+        raise GenlabError(f"checksum mismatch for {name}: md5 {got}, expected {expected} "
                           f"(corrupt or not the official file; --no-verify skips the check)")
 
 
@@ -213,6 +209,65 @@ def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Pa
                                source=f"cifar10 {split} (python pickle batches)", extra={"split": split})
 
 
+# -- image sources: a class folder (one subfolder per class, ImageNet's train layout) or a CSV/JSON file list --------
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def list_class_folder(root: Path) -> tuple[list, list]:
+    """(file, class index) of every image under root/<class>/ (sorted), and the sorted class names."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+    files = [(f, ci) for ci, c in enumerate(classes) for f in sorted((root / c).rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise GenlabError(f"no images found under '{root}/<class>/' (suffixes: {', '.join(sorted(IMAGE_SUFFIXES))})")
+    return files, classes
+
+
+def list_file(src: Path) -> tuple[list, list]:
+    """(path, label) rows of a .csv (header with `path` and `label` columns) or .json (a list of
+    {"path", "label"} objects); relative paths are relative to the list's folder. Labels that are all
+    integers are class ids (classes "0".."max"); otherwise class names, numbered in sorted order."""
+    try:
+        if src.suffix.lower() == ".json":
+            rows = json.loads(src.read_text())
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                raise GenlabError(f"{src}: expected a JSON list of {{\"path\": ..., \"label\": ...}} objects")
+        else:
+            with open(src, newline="") as f:
+                rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error) as e:
+        raise GenlabError(f"cannot read file list {src}: {e}") from None
+    if not rows:
+        raise GenlabError(f"file list {src} is empty")
+    for i, r in enumerate(rows):
+        if r.get("path") in (None, "") or r.get("label") in (None, ""):
+            raise GenlabError(f"{src}: row {i + 1} needs both 'path' and 'label' (got {sorted(k for k in r if k)})")
+    raw = [str(r["label"]).strip() for r in rows]
+    if all(x.lstrip("-").isdigit() for x in raw):
+        ids = [int(x) for x in raw]
+        if min(ids) < 0:
+            raise GenlabError(f"{src}: integer labels must be >= 0, got {min(ids)}")
+        classes = [str(i) for i in range(max(ids) + 1)]
+    else:
+        classes = sorted(set(raw))
+        number = {c: i for i, c in enumerate(classes)}
+        ids = [number[x] for x in raw]
+    files = [(Path(r["path"]) if Path(r["path"]).is_absolute() else src.parent / r["path"], c) for r, c in zip(rows, ids)]
+    return files, classes
+
+
+def list_source(src) -> tuple[list, list]:
+    if not src:
+        raise GenlabError("`data prepare shards` needs --src: a folder with one subfolder per class, or a .csv/.json file list")
+    p = Path(src)
+    if not p.exists():
+        raise GenlabError(f"--src '{p}' does not exist")
+    files, classes = list_class_folder(p) if p.is_dir() else list_file(p)
+    missing = [str(f) for f, _ in files if not f.is_file()]
+    if missing:
+        raise GenlabError(f"{len(missing)} listed image(s) missing, first: {missing[0]}")
+    return files, classes
+
+
 # -- a folder of images, one subfolder per class ----------------------------------------------------
 def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
     from PIL import Image
@@ -247,6 +302,120 @@ def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
         raise GenlabError(f"images are {images[0].shape[1]}x{images[0].shape[0]}, not square; pass --size N to crop and resize")
     return write_image_dataset(out, np.stack(images), np.array([c for _, c in files]), classes,
                                source=f"imagefolder {root}", extra={"files": len(files)})
+
+
+# -- shards: ADM's resize-and-centre-crop, in parallel; checked before anything is written -------------------------
+def center_crop_arr(im, size: int) -> np.ndarray:
+    """ADM/DiT preprocessing (guided-diffusion's image_datasets.py): while the short side is at least twice
+    `size`, halve the image with a BOX filter (an exact 2x2 mean, so large downscales do not alias); then
+    BICUBIC-resize so the short side is `size`; then take the central size x size crop."""
+    from PIL import Image
+    while min(im.size) >= 2 * size:
+        im = im.resize(tuple(x // 2 for x in im.size), resample=Image.BOX)
+    scale = size / min(im.size)
+    im = im.resize(tuple(round(x * scale) for x in im.size), resample=Image.BICUBIC)
+    a = np.asarray(im)
+    top, left = (a.shape[0] - size) // 2, (a.shape[1] - size) // 2
+    return a[top:top + size, left:left + size]
+
+
+def load_cropped(path, size: int, channels: int) -> np.ndarray:
+    from PIL import Image
+    try:
+        with Image.open(path) as im:
+            a = center_crop_arr(im.convert("L" if channels == 1 else "RGB"), size)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL: SyntaxError = a broken file
+        raise GenlabError(f"cannot read image {path}: {e}") from None
+    return np.ascontiguousarray(a[..., None] if a.ndim == 2 else a)
+
+
+def _convert_shard(job) -> dict:
+    """One pool task: decode, crop and save one shard; returns its index entry."""
+    path, files, size, channels = job
+    return save_shard(Path(path), np.stack([load_cropped(f, size, channels) for f in files]))
+
+
+def _run_pool(jobs, workers: int):
+    """Shards in parallel processes; the first failure cancels the rest. fork where the OS has it: the
+    workers use only PIL and numpy (no torch threads), and spawn would re-import the caller's __main__."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=ctx)
+    try:
+        yield from pool.map(_convert_shard, jobs)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def prepare_shards(src, out, size: int, channels: int = 3, shard_size: int = 1000, workers: int = 0) -> Path:
+    if size < 1:
+        raise GenlabError("`data prepare shards` needs --size N (images are resized and centre-cropped to N x N)")
+    if channels not in (1, 3):
+        raise GenlabError(f"--channels must be 1 or 3, got {channels}")
+    if shard_size < 1:
+        raise GenlabError(f"--shard-size must be >= 1, got {shard_size}")
+    files, classes = list_source(src)
+    workers = workers or os.cpu_count() or 1
+    with atomic_folder(out) as tmp:
+        jobs = [(str(tmp / shard_name(i)), [str(f) for f, _ in files[s:s + shard_size]], size, channels)
+                for i, s in enumerate(range(0, len(files), shard_size))]
+        task = Task(f"prepare shards {Path(out).name}", len(jobs), unit="shards")
+        serial = workers == 1 or len(jobs) == 1
+        shards = []
+        for entry in (map(_convert_shard, jobs) if serial else _run_pool(jobs, min(workers, len(jobs)))):
+            shards.append(entry)
+            task.update(1)
+        write_index(tmp, shards, np.array([c for _, c in files]), classes, (size, size, channels), shard_size,
+                    source=f"{'class folder' if Path(src).is_dir() else 'file list'} {src}",
+                    extra={"preprocess": "adm_center_crop"})
+        task.close()  # on success only: a failure's one-line error stays the last line
+    return Path(out)
+
+
+# -- video frames (frames.npy uint8 [T, H, W, C], e.g. Atari episodes) -> images, for long byte sequences --------
+SPLITS = ("train", "test", "all")
+
+
+def resize_frames(frames: np.ndarray, size: int, channels: int) -> np.ndarray:
+    """uint8 [T, H, W, C] -> uint8 [T, size, size, channels]; box filter (each output pixel is the mean
+    of the input pixels it covers), aspect ratio not kept (Atari's 210x160 squeezes like DQN's 84x84)."""
+    from PIL import Image
+    mode = "L" if channels == 1 else "RGB"
+    out = np.empty((len(frames), size, size, channels), dtype=np.uint8)
+    for i, f in enumerate(frames):
+        im = Image.fromarray(f[..., 0] if f.shape[-1] == 1 else f[..., :3]).convert(mode)
+        a = np.asarray(im.resize((size, size), Image.BOX))
+        out[i] = a[..., None] if channels == 1 else a
+    return out
+
+
+def prepare_frames(src, out, size: int, channels: int, split: str) -> Path:
+    """Every */frames.npy under --src (one episode each, sorted by path). Split by episode: test = the
+    last max(1, n // 10) episodes, train = the others, all = every episode. Label = episode index."""
+    if not src or not Path(src).is_dir():
+        raise GenlabError(f"`data prepare frames` needs --src DIR holding episode folders with frames.npy; got {src!r}")
+    if split not in SPLITS:
+        raise GenlabError(f"unknown --split '{split}' for frames; valid: {', '.join(SPLITS)}")
+    if size < 1 or channels not in (1, 3):
+        raise GenlabError(f"frames needs --size >= 1 (e.g. 32 or 64) and --channels 1 or 3; got {size}, {channels}")
+    files = sorted(Path(src).rglob("frames.npy"))
+    if not files:
+        raise GenlabError(f"no frames.npy found under '{src}'")
+    n_test = max(1, len(files) // 10)
+    if split != "all" and len(files) < 2:
+        raise GenlabError(f"one episode under '{src}' cannot be split into train and test; use --split all")
+    chosen = {"train": files[:len(files) - n_test], "test": files[len(files) - n_test:], "all": files}[split]
+    images, labels = [], []
+    for i, f in enumerate(chosen):
+        frames = np.load(f, mmap_mode="r")
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] not in (1, 3, 4):
+            raise GenlabError(f"{f}: expected uint8 [T, H, W, C], got {frames.dtype} {frames.shape}")
+        images.append(resize_frames(np.asarray(frames), size, channels))
+        labels.append(np.full(len(frames), i, dtype=np.int64))
+    names = [str(f.parent.relative_to(src)) for f in chosen]
+    return write_image_dataset(out, np.concatenate(images), np.concatenate(labels), names,
+                               source=f"frames {src} ({split}, {len(chosen)} episodes)", extra={"split": split, "size": size})
 
 
 def prepare_digits(out) -> Path:

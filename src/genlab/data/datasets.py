@@ -110,8 +110,6 @@ def digits(cfg_data):
 @dataset_registry.register("images", "a folder written by `genlab data prepare` (data.path)", kind="image",
                            keys=(PathKeys, ImageKeys), needs_path=True, shape=lambda d: prepared_shape(d.path))
 def images(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=images needs data.path (a folder made by `genlab data prepare`)")
     return read_image_dataset(cfg_data.path)
 
 

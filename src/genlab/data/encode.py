@@ -1,19 +1,7 @@
 """`genlab data encode DATASET --vae SPEC --out DIR`: autoencoder latents of a prepared image set, computed once (the
-fast-DiT approach: the frozen encoder never runs during training).
-
-DIR holds
-- latents.npy float16|float32 [N, V, c, h, w], memory-mapped; V = 2 stores encode(flip(x)) beside encode(x), so a
-  horizontal flip during training picks a stored variant and stays exact (a flip of the latent is not the latent
-  of the flipped image); V = 1 with --no-flip;
-- labels.npy int64 [N], the source's labels;
-- meta.json: the codec's describe() (what decodes samples), the source folder with its content hash (what evaluation
-  compares decoded samples with), N, V, dtype, the measured latent mean/std, and the encode cost.
-
-Atomic and resumable: the work happens in DIR.partial, which holds `job.json` (the settings) and `done.npy` (one byte
-per chunk of --batch-size images, set after the chunk's latents are flushed). Re-running the same command continues
-with the chunks not yet done; the folder is renamed to DIR only when every chunk is. Under torchrun each rank encodes
-a disjoint block of the chunks still to do (`rank_chunks`) into the same preallocated memmap: rank 0 creates the
-folder, all ranks encode, rank 0 finalises.
+fast-DiT approach: the frozen encoder never runs during training). DIR holds latents.npy [N, V, c, h, w] (V = 2 adds
+encode(flip(x)), so flip augmentation stays exact), labels.npy and meta.json; the work happens in DIR.partial, resumable
+chunk by chunk (done.npy) and shared out across torchrun ranks (docs/latents.md: the format and its guarantees).
 """
 from __future__ import annotations
 
@@ -28,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
@@ -67,15 +56,6 @@ def rank_chunks(todo, rank: int, world: int) -> list[int]:
     return [int(c) for c in np.array_split(np.asarray(list(todo), dtype=np.int64), world)[rank]]
 
 
-def _dist():
-    """(rank, world, barrier) under torchrun; (0, 1, no-op) otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return 0, 1, lambda: None
-    import torch.distributed as dist
-    return int(os.environ["RANK"]), world, dist.barrier
-
-
 def _check_out(out: Path, force: bool):
     """A finished latents folder is replaced only with --force; any other folder with files never (--force must not
     delete a prepared image set named by mistake)."""
@@ -91,21 +71,13 @@ def _check_out(out: Path, force: bool):
         raise GenlabError(f"{out} exists and is not a latents folder; choose another --out")
 
 
-def encode_precision(name: str, dev: torch.device):
-    """The encoder's arithmetic: one of train.precision's plain entries (the float8 ones convert trained linears, and
-    `auto` would make the stored latents depend on the device), i.e. its autocast dtype and TF32 switches. fp32 is
-    IEEE float32, convolutions too (torch's default lets cuDNN use TF32)."""
-    return build_precision(name, dev)
-
-
 def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = True, device="auto",
                    dtype: str = "float16", force: bool = False, stop_after: int | None = None,
                    precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> Path:
-    """Encode the prepared image set `source` with the autoencoder `vae` into `out` (see the module docstring).
-    `precision`: the encoder's arithmetic (encode_precision). `channels_last`: the encoder's weights and inputs in
-    NHWC memory layout (the layout tensor-core convolutions prefer; same function, other kernels). `compile`:
-    torch.compile the encoder. `stop_after`: return after this many chunks of this call, leaving `out`.partial to
-    resume (tests)."""
+    """Encode the prepared image set `source` with the autoencoder `vae` into `out`. `precision`: a plain
+    train.precision entry (float8 converts trained linears; `auto` would tie the latents to the device); fp32 is IEEE,
+    convolutions too. `channels_last`: NHWC weights and inputs (other kernels, same function). `stop_after`: return
+    after this many chunks, leaving `out`.partial to resume (tests)."""
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
     if precision not in PRECISIONS:
@@ -118,8 +90,9 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     data = read_source(source)
     info, dev = init_distributed(device) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else \
         (DistInfo(), resolve_device(device, key="--device"))
-    rank, world, barrier = _dist()
-    prec = encode_precision(precision, dev)
+    rank, world = info.rank, info.world
+    barrier = dist.barrier if info.enabled else (lambda: None)
+    prec = build_precision(precision, dev)
     codec, encode = (_compiled_encoder if compile else _encoder)(vae, str(dev), channels_last)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     N, H, W, C = data.images.shape
@@ -217,7 +190,6 @@ def _gather_cost(encoded, seconds, info, dev):
     """All ranks' images and the slowest rank's time (the wall time of the whole encode)."""
     if not info.enabled:
         return encoded, seconds
-    import torch.distributed as dist
     t = torch.tensor([float(encoded), seconds], dtype=torch.float64, device=dev)
     n, s = t[:1].clone(), t[1:].clone()
     dist.all_reduce(n)

@@ -1,14 +1,6 @@
-"""The episode format: one folder of memory-mapped arrays that holds many episodes back to back.
-
-    frames.npy          uint8 [T, H, W, C]
-    actions.npy         int64 [T] (discrete) or float32 [T, D] (continuous, e.g. 6-DoF)
-    rewards.npy         float32 [T]
-    terminations.npy    bool [T]   (true on the last frame of an episode that ended in the game)
-    episode_starts.npy  int64 [E]  (index of each episode's first frame, ascending, starts with 0)
-    meta.json           sizes, action kind and meanings, source
-
-Alignment convention: actions[t] is taken after observing frames[t], and frames[t+1] is its result.
-The action on an episode's last frame predicts nothing and is never a training input.
+"""The episode format: one folder of memory-mapped arrays holding many episodes back to back (frames, actions,
+rewards, terminations, episode_starts, meta.json; docs/world.md). Alignment: actions[t] is taken after observing
+frames[t] and frames[t+1] is its result; the action on an episode's last frame is never a training input.
 """
 from __future__ import annotations
 
@@ -52,8 +44,7 @@ class Episodes:
     def action_dim(self) -> int:
         return 0 if self.discrete else int(self.actions.shape[1])
 
-    def episode_ids(self) -> np.ndarray:
-        """Episode index of every frame."""
+    def episode_ids(self) -> np.ndarray:  # the episode index of every frame
         return np.searchsorted(self.starts, np.arange(len(self.frames)), side="right") - 1
 
     def select(self, episodes) -> "Episodes":
@@ -81,8 +72,7 @@ def check_out_folder(out, flag: str = "--out") -> Path:
 
 
 def write_episodes(out, frames, actions, rewards=None, terminations=None, starts=None, meta=None) -> Path:
-    """Validate everything, then write into a temporary sibling folder renamed to `out` at the end: a failure
-    leaves nothing behind."""
+    """Validate everything, then write a temporary sibling folder renamed to `out`: a failure leaves nothing behind."""
     out = check_out_folder(out)
     frames = np.asarray(frames)
     T = len(frames)

@@ -1,15 +1,8 @@
-"""Latent datasets (data.name=latents, data.path=DIR written by `genlab data encode`, data/encode.py).
-
-Image methods train on the latents as if they were images of shape [c, h, w]: the data spec says so, plus `codec`
-(the autoencoder's describe(), stored with every checkpoint) and `pixel_shape`, so previews, `genlab sample` and
-evaluation decode samples with `load_autoencoder(spec["codec"]["spec"])` without the latents folder (sampling.py).
-Evaluation compares the decoded samples with the SOURCE dataset's pixels (`LatentData.pixel_reference`).
-
-No extra normalisation: the codec's scale/shift (SD's scaling_factor) already maps latents to roughly unit variance,
-and meta.json records the measured mean/std to check that.
-
-Flip augmentation (data.hflip=true) picks the stored plain or flipped variant of each draw from (seed, epoch, position
-in the epoch), like the sample order itself, so the loader's one-integer state resumes both exactly.
+"""Latent datasets (data.name=latents, data.path=DIR written by `genlab data encode`). Image methods train on latents
+as images [c, h, w]; the spec adds `codec` (stored with every checkpoint) and `pixel_shape`, so samples decode without
+this folder, and evaluation compares them with the source pixels (`pixel_reference`). No extra normalisation: the
+codec's scale/shift already gives roughly unit variance (meta.json records the measured mean/std). data.hflip picks
+the stored flipped variant per draw from (seed, epoch, position), so the loader's one-integer state resumes it exactly.
 """
 from __future__ import annotations
 
@@ -23,11 +16,9 @@ import torch
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
-from genlab.data.encode import read_source
+from genlab.data.encode import FORMAT, read_source
 from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum
 from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
-
-FORMAT = "genlab-latents-v1"
 
 
 @dataclass
@@ -58,9 +49,8 @@ class LatentData:
     def pixel_reference(self):
         """The source image set these latents were encoded from (meta.json source): what evaluation compares decoded
         samples with. A one-line GenlabError when it is gone or changed."""
-        if getattr(self, "_reference", None) is not None:  # read once per process (each evaluation asks)
-            return self._reference
-        self._reference = read_reference(self.meta)
+        if getattr(self, "_reference", None) is None:  # read once per process (each evaluation asks)
+            self._reference = read_reference(self.meta)
         return self._reference
 
 
@@ -124,10 +114,6 @@ class LatentLoader(StreamPosition):
             self.latents = torch.from_numpy(np.array(self.flat)).to(self.device)
             self.labels = torch.from_numpy(np.array(data.labels, dtype=np.int64)).to(self.device)
 
-    def _host(self, k):
-        out = (torch.from_numpy(gather(self.flat, k)), torch.from_numpy(np.asarray(self.data.labels[k // self.V], dtype=np.int64)))
-        return [self.to_device(t) for t in out]
-
     def next(self) -> dict:
         t0 = time.perf_counter()
         k = self.take_rank_slice()
@@ -135,7 +121,8 @@ class LatentLoader(StreamPosition):
             idx = torch.from_numpy(k).to(self.device, non_blocking=True)
             x, y = self.latents[idx], self.labels[idx // self.V]
         else:
-            x, y = self._host(k)
+            x = self.to_device(torch.from_numpy(gather(self.flat, k)))
+            y = self.to_device(torch.from_numpy(np.asarray(self.data.labels[k // self.V], dtype=np.int64)))
         self.wait_time += time.perf_counter() - t0
         return {"image": x.float(), "label": y}
 
@@ -159,9 +146,8 @@ def read_latents(path, verify: bool | None = None) -> LatentData:
                           f"meta.json says {meta.get('dtype')}{want}")
     if verify is None:
         verify = latents.nbytes < VERIFY_LIMIT_BYTES
-    if verify:
-        if array_checksum(latents, np.asarray(labels)) != meta.get("sha256"):
-            raise GenlabError(f"latents at '{p}' are corrupt: checksum mismatch with meta.json")
+    if verify and array_checksum(latents, np.asarray(labels)) != meta.get("sha256"):
+        raise GenlabError(f"latents at '{p}' are corrupt: checksum mismatch with meta.json")
     return LatentData(latents=latents, labels=labels, classes=meta.get("classes", []), meta={**meta, "path": str(p)})
 
 
@@ -215,6 +201,4 @@ def _check_reference(cfg):
                            keys=(PathKeys, ImageKeys), needs_path=True, shape=lambda d: latent_shape(d.path),
                            check=lambda d: _check(d), eval_check=lambda cfg: _check_reference(cfg))
 def latents(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=latents needs data.path (a folder made by `genlab data encode`)")
     return read_latents(cfg_data.path)

@@ -1,9 +1,6 @@
-"""Batch loaders: seeded, resumable, rank-sharded, with normalisation done on the device.
-
-The sample stream is the concatenation of per-epoch permutations (seeded by (seed, epoch)), so
-every epoch visits every sample exactly once and batches never need to be dropped. A global batch
-takes the next `batch * world` indices of the stream; rank r takes its slice. The whole state is
-one integer (`pos`), which makes exact resume trivial.
+"""Batch loaders: seeded, resumable, rank-sharded, normalised on the device. The sample stream concatenates per-epoch
+permutations seeded by (seed, epoch), so every epoch visits every sample once and no batch is dropped; a global batch
+takes the next `batch * world` indices and rank r its slice. The whole state is one integer (`pos`): exact resume.
 """
 from __future__ import annotations
 
@@ -55,9 +52,8 @@ def gather(a, idx: np.ndarray) -> np.ndarray:
 
 
 class StreamPosition:
-    """The resumable part every loader shares: a position in `self.stream` (an IndexStream or
-    RandomStarts); each rank takes its slice of one global draw, so the order does not depend on the
-    number of ranks."""
+    """The resumable part every loader shares: a position in `self.stream` (IndexStream or RandomStarts); each rank
+    takes its slice of one global draw, so the order does not depend on the number of ranks."""
 
     def state_dict(self):
         return {"pos": self.stream.pos}
@@ -126,8 +122,7 @@ class ImageLoader(Prefetching):
         self.rank, self.world, self.hflip = rank, world, hflip
         self.stream = IndexStream(len(data), seed)
         self.wait_time = 0.0
-        nbytes = data.images.nbytes
-        self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
+        self.resident = on_device == "yes" or (on_device == "auto" and data.images.nbytes <= RESIDENT_LIMIT_BYTES)
         self.pin = self.device.type == "cuda" and pin_memory != "no"
         self.start_prefetch(max(1, prefetch), workers=min(4, max(1, prefetch)))
         self._flip_gen = torch.Generator(device="cpu").manual_seed(seed + 7919)

@@ -1,17 +1,8 @@
-"""Teacher pairs: (noise, image, label) triples drawn by a flow model's ODE sampler (`genlab data generate pairs`),
-the data of reflow (families/few_step/reflow.py).
-
-A pairs folder is a prepared image folder (data/formats.py: images.npy uint8 [N, H, W, C], labels.npy, meta.json),
-so `data.name=images` reads it too (e.g. adversarial distillation on teacher samples), plus
-- samples.npy float32 [N, C, H, W]: the sampler's output exactly as the model returned it (not clamped, not rounded);
-- noise.npy   float32 [N, C, H, W]: the noise each sample started from;
-and meta.json's "pairs" entry (what drew them and what that cost). Why two copies of the images: reflow's target is
-the straight line between the stored noise and the sampler's endpoint, so the pairs keep the endpoint exactly
-(rounding to 256 levels moves it by up to 1/255 and clamping more); the image stack outside them (the loader's
-resident copy, the evaluation's real split and feature classifier) reads uint8 images, which images.npy keeps.
-
-`data.name=pairs` yields batches {"image": the float samples, "label", "noise"}. Its evaluation reference is the
-teacher's own data (meta.json "pairs.teacher_data"), not the teacher's samples: see PairData.reference.
+"""Teacher pairs (`genlab data generate pairs`), the data of reflow: a prepared image folder (so `data.name=images`
+reads it too) plus samples.npy and noise.npy, float32 [N, C, H, W]: each sampler endpoint exactly as the model returned
+it and the noise it started from (reflow's target is the straight line between them, which rounding or clamping to
+uint8 would move). `data.name=pairs` yields {"image": the float samples, "label", "noise"}; its evaluation reference
+is the teacher's own data (PairData.reference). Format: docs/data.md.
 """
 from __future__ import annotations
 
@@ -73,12 +64,9 @@ class PairLoader(StreamPosition):
         nbytes = data.samples.nbytes + data.noise.nbytes
         self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
         self.pin = self.device.type == "cuda" and pin_memory != "no"
-        arrays = (data.samples, data.labels, data.noise)
+        self.arrays = (data.samples, data.labels, data.noise)
         if self.resident:  # copies: memmaps are read-only
-            self.arrays = [torch.from_numpy(np.array(a)).to(self.device) for a in arrays]
-
-    def _host(self, idx):
-        return [self.to_device(torch.from_numpy(gather(a, idx))) for a in (self.data.samples, self.data.labels, self.data.noise)]
+            self.arrays = [torch.from_numpy(np.array(a)).to(self.device) for a in self.arrays]
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -87,7 +75,7 @@ class PairLoader(StreamPosition):
             idx = torch.from_numpy(k).to(self.device, non_blocking=True)
             image, label, noise = (a[idx] for a in self.arrays)
         else:
-            image, label, noise = self._host(k)
+            image, label, noise = [self.to_device(torch.from_numpy(gather(a, k))) for a in self.arrays]
         self.wait_time += time.perf_counter() - t0
         return {"image": image, "label": label.long(), "noise": noise}
 
@@ -134,6 +122,4 @@ def write_pairs(tmp: Path, images_u8, labels, samples, noise, classes, meta_extr
                                     "(data.path); batches image, label, noise", kind="image",
                            keys=PathKeys, needs_path=True, shape=lambda d: prepared_shape(d.path))
 def pairs(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=pairs needs data.path (a folder made by `genlab data generate pairs`)")
     return read_pairs(cfg_data.path)

@@ -1,15 +1,8 @@
-"""Sharded image format and its dataset (data.name=shards): image sets too large for one array.
-
-A folder holds `images-00000.npy`, `images-00001.npy`, ... (uint8 [n, H, W, C], every shard `shard_size`
-samples but the last), one `labels.npy` (int64 [N]) and `index.json` (written last: shard files, counts,
-sha256s, classes, source). Every file is a plain `.npy` read with `allow_pickle=False` and memory-mapped,
-so loading never runs code and never reads a whole shard into memory.
-
-Why not webdataset / MosaicML streaming / HF datasets: those are built for sequential reads of tar or
-parquet shards from object storage, which forces shard-order + shuffle-buffer sampling and a resume that
-must replay or checkpoint the buffer. Local `.npy` shards are random-access, so the loader keeps genlab's
-one sample order for every dataset (a seeded permutation per epoch over all N samples, rank r taking its
-slice of each global batch) and its one-integer exact resume, with no extra dependency.
+"""Sharded image format and its dataset (data.name=shards) for image sets too large for one array: images-NNNNN.npy
+shards (uint8 [n, H, W, C]), labels.npy and index.json (written last), all plain .npy memory-mapped with
+allow_pickle=False (docs/data.md). Why not webdataset / MosaicML streaming / HF datasets: their sequential tar/parquet
+reads force shard-order + shuffle-buffer sampling and a buffer to replay on resume; random-access local shards keep
+genlab's one sample order (a seeded permutation per epoch) and its one-integer exact resume, with no dependency.
 """
 from __future__ import annotations
 
@@ -164,8 +157,6 @@ def _check(d):
 
 @dataset_registry.register("shards", "image shards written by `genlab data prepare shards` (data.path); streamed from "
                            "memory maps, never resident", kind="image", keys=(PathKeys, ImageKeys), needs_path=True,
-                           shape=lambda d: shard_shape(d.path), check=lambda d: _check(d))
+                           shape=lambda d: shard_shape(d.path), check=_check)
 def shards(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=shards needs data.path (a folder made by `genlab data prepare shards`)")
     return read_shards(cfg_data.path)

@@ -81,10 +81,8 @@ def _read_hf(name: str) -> tuple[list[str], str]:
 
 def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: int = 1,
                  chunk_chars: int = CHUNK_CHARS, force: bool = False) -> Path:
-    """Tokenize text files / a folder / glob patterns (one continuous text, files joined by "\\n"), .jsonl
-    documents or a Hugging Face dataset's text column into a token dataset, streaming (text_stream):
-    memory holds a few `chunk_chars` work items per worker, never the corpus; workers=0: one per core for gpt2,
-    else 1."""
+    """Text files / folders / globs, .jsonl documents or a Hugging Face dataset's text column -> a token dataset,
+    streaming (text_stream.py); workers=0: one per core for gpt2, else 1."""
     if tokenizer not in TOKENIZERS:
         raise GenlabError(f"unknown tokenizer '{tokenizer}'; valid: {', '.join(TOKENIZERS)}")
     if out is None:
@@ -169,8 +167,6 @@ def _check_synthetic_tokens(d):
 @dataset_registry.register("tokens", "train.bin/val.bin written by `genlab data prepare text` (data.path, data.seq_len)",
                            kind="token", keys=(PathKeys, TokenKeys), needs_path=True)
 def tokens(cfg_data):
-    if not cfg_data.path:
-        raise GenlabError("data.name=tokens needs data.path (a folder made by `genlab data prepare text`)")
     return read_token_dataset(cfg_data.path, cfg_data.seq_len)
 
 
@@ -182,9 +178,7 @@ def text(cfg_data):
 
 @dataset_registry.register("synthetic_tokens", "uniform random tokens of data.vocab_size, data.size sequences (benchmarks)",
                            kind="token", keys=(TokenKeys, VocabKeys), reads=("data.size",), check=_check_synthetic_tokens)
-def synthetic_tokens(cfg_data):
-    if cfg_data.vocab_size < 2:
-        raise GenlabError("data.name=synthetic_tokens needs data.vocab_size >= 2")
+def synthetic_tokens(cfg_data):  # data.vocab_size >= 2: _check_synthetic_tokens
     rng = np.random.default_rng(0)
     n = cfg_data.size * (cfg_data.seq_len + 1)
     ids = rng.integers(0, cfg_data.vocab_size, size=n + n // 9 + cfg_data.seq_len + 2).astype(token_dtype(cfg_data.vocab_size))

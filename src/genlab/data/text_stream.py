@@ -1,12 +1,7 @@
-"""Streaming preparation of token datasets larger than memory (`genlab data prepare text`).
-
-The source (text files concatenated with "\\n", as the in-memory converter always did, or documents: .jsonl
-lines / a Hugging Face column, each followed by the tokenizer's boundary) is read in blocks, cut into work
-items of about `chunk_chars` characters at points where tokenizing the pieces gives exactly the tokens of the
-whole text, tokenized in worker processes (results consumed in order, so the output is the same for any
-number of workers), and appended to one token file with an incremental SHA-256. The split is the in-memory
-rule unchanged (first 90 % of the token stream train, the rest val): at the end the tail is copied to val.bin
-and the file truncated to train.bin. Memory stays at a few work items per worker, whatever the corpus size.
+"""Streaming preparation of token datasets larger than memory (`genlab data prepare text`): the source (text files
+joined by "\n", or documents each followed by the tokenizer's boundary) is cut into work items at points where
+tokenizing the pieces gives exactly the whole text's tokens, tokenized in worker processes consumed in order (the
+output does not depend on the worker count) and appended to one hashed token file; the tail (10 %) becomes val.bin.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Random-window loader for flat token streams (nanoGPT style): each sample is seq_len+1 consecutive
-tokens starting at a random offset, split into inputs x and next-token targets y.
-
-Window starts come from `IndexStream` (a seeded permutation per epoch, so every start is visited once
-per epoch) when the stream is small enough to permute, else from a per-batch seeded draw. Either way
-the state is one integer and a global batch is drawn for all ranks, then sliced per rank: exact
-resume and rank sharding. Small streams live on the device and windows are gathered there; larger
-ones (up to any size: nothing reads the whole file) are gathered from the memmap ahead of use.
+"""Random-window loader for flat token streams (nanoGPT style): each sample is seq_len+1 consecutive tokens from a
+random start, split into inputs x and next-token targets y. Starts come from IndexStream (every start once per epoch)
+or, for streams too large to permute, a per-batch seeded draw: either way one integer of state and exact resume.
 """
 from __future__ import annotations
 
@@ -42,11 +37,8 @@ def window_starts(n_tokens: int, seq_len: int, seed: int):
 
 
 class TokenLoader(Prefetching):
-    """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token.
-
-    A stream that is not resident stays a memmap: a batch reads only its B windows (one gather of
-    B x (T+1) tokens, never the whole file), in a background thread `prefetch` batches ahead, so the
-    read overlaps the previous step."""
+    """Yields {"x": long [B, T], "y": long [B, T]} on `device`, y = x shifted by one token. Small streams live on the
+    device; others stay a memmap, a batch reading only its B windows in a background thread ahead of use."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, device, seed: int = 0, rank: int = 0,
                  world: int = 1, on_device: str = "auto", pin_memory: str = "auto", prefetch: int = 2):

@@ -1,8 +1,5 @@
-"""Tokenizers for text data: char (the corpus' own alphabet), byte (UTF-8, 256) and gpt2 (BPE via tiktoken).
-
-Each has `encode(str) -> list[int]`, `decode(ids) -> str`, `vocab_size` and `meta()`; `from_meta`
-rebuilds the same tokenizer from a dataset's meta.json so samples decode without the source text.
-"""
+"""Tokenizers for text data: char (the corpus' own alphabet), byte (UTF-8, 256) and gpt2 (BPE via tiktoken), each
+with encode, decode, vocab_size and meta(); `from_meta` rebuilds one from a dataset's meta.json (no source text)."""
 from __future__ import annotations
 
 import os
@@ -129,8 +126,4 @@ def from_meta(meta: dict):
     name = meta.get("tokenizer")
     if name == "char":
         return CharTokenizer(meta["itos"])
-    if name == "byte":
-        return ByteTokenizer()
-    if name == "gpt2":
-        return GPT2Tokenizer()
-    return None
+    return build_tokenizer(name) if name in TOKENIZERS else None

@@ -1,9 +1,5 @@
-"""Training windows: L context frames + the frames that follow, never crossing an episode boundary.
-
-A window starting at frame s covers frames s .. s+W-1 (W = context + horizon) and the actions taken
-on them. Valid starts are those whose whole window lies inside one episode. The uint8 frames live on
-the device when they fit, and a batch is one index gather there (no host copy, no per-frame loop).
-"""
+"""Training windows: W = context + horizon frames (and their actions) inside one episode. The uint8 frames live on
+the device when they fit, and a batch is one index gather there (no host copy, no per-frame loop)."""
 from __future__ import annotations
 
 import functools
@@ -91,8 +87,6 @@ class EpisodeData:
     """The training split of an episode folder, and its held-out episodes (the last `heldout` fraction)."""
 
     def __init__(self, cfg_data):
-        if not cfg_data.path:
-            raise GenlabError("data.name=episodes needs data.path (a folder made by `genlab data collect` or `import`)")
         eps = read_episodes(cfg_data.path)
         check_episode_actions(eps, f"data.path '{cfg_data.path}'")
         E = len(eps.starts)

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from genlab.core import progress
 from genlab.data.pixels import to_model
-from genlab.eval.frechet import frechet_distance  # noqa: F401  (its old home; callers import it from here)
 
 
 def cache_dir() -> Path:
@@ -41,41 +40,37 @@ def train_classifier(images_u8: np.ndarray, labels: np.ndarray, num_classes: int
     """Train on 90% of the data, report accuracy on the held-out 10%. Always in fp32: the trainer's final
     evaluation runs under bf16 autocast, and this small net trained under it stays at chance accuracy."""
     with torch.autocast(torch.device(device).type, enabled=False):
-        return _train_classifier(images_u8, labels, num_classes, epochs, device, seed, batch_size)
-
-
-def _train_classifier(images_u8, labels, num_classes, epochs, device, seed, batch_size):
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    n = len(images_u8)
-    perm = torch.randperm(n, generator=g).numpy()
-    n_val = max(1, n // 10)
-    val, tr = perm[:n_val], perm[n_val:]
-    # copies: a prepared dataset is a read-only memmap, and torch warns on a tensor over a non-writable array
-    x = to_model(torch.from_numpy(np.array(images_u8))).to(device)
-    y = torch.from_numpy(np.array(labels, dtype=np.int64)).to(device)
-    net = SmallConvNet(x.shape[1], num_classes).to(device)
-    # scale the epoch count down for large datasets so the classifier costs about the same
-    epochs = max(2, min(epochs, int(epochs * 20000 / max(len(tr), 1))))
-    steps = epochs * max(1, len(tr) // batch_size)
-    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
-    tr_t = torch.from_numpy(tr).to(device)
-    for step in progress.track(range(steps), "eval: training the feature classifier (cached afterwards)", unit="step"):
-        idx = tr_t[torch.randint(len(tr), (batch_size,), generator=g).to(device)]
-        xb = x[idx]
-        shift = torch.randint(-1, 2, (2,), generator=g).tolist()  # small translations regularise
-        xb = torch.roll(xb, shifts=shift, dims=(2, 3))
-        loss = F.cross_entropy(net(xb), y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-    net.eval()
-    with torch.no_grad():
-        val_t = torch.from_numpy(val).to(device)
-        acc = (predict(net, x[val_t]).argmax(-1) == y[val_t]).float().mean().item()
-    return net, acc
+        g = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        n = len(images_u8)
+        perm = torch.randperm(n, generator=g).numpy()
+        n_val = max(1, n // 10)
+        val, tr = perm[:n_val], perm[n_val:]
+        # copies: a prepared dataset is a read-only memmap, and torch warns on a tensor over a non-writable array
+        x = to_model(torch.from_numpy(np.array(images_u8))).to(device)
+        y = torch.from_numpy(np.array(labels, dtype=np.int64)).to(device)
+        net = SmallConvNet(x.shape[1], num_classes).to(device)
+        # scale the epoch count down for large datasets so the classifier costs about the same
+        epochs = max(2, min(epochs, int(epochs * 20000 / max(len(tr), 1))))
+        steps = epochs * max(1, len(tr) // batch_size)
+        opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
+        tr_t = torch.from_numpy(tr).to(device)
+        for step in progress.track(range(steps), "eval: training the feature classifier (cached afterwards)", unit="step"):
+            idx = tr_t[torch.randint(len(tr), (batch_size,), generator=g).to(device)]
+            xb = x[idx]
+            shift = torch.randint(-1, 2, (2,), generator=g).tolist()  # small translations regularise
+            xb = torch.roll(xb, shifts=shift, dims=(2, 3))
+            loss = F.cross_entropy(net(xb), y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+        net.eval()
+        with torch.no_grad():
+            val_t = torch.from_numpy(val).to(device)
+            acc = (predict(net, x[val_t]).argmax(-1) == y[val_t]).float().mean().item()
+        return net, acc
 
 
 @torch.no_grad()

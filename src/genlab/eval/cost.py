@@ -1,14 +1,8 @@
-"""What a run cost to make, in device-seconds, with everything it was made from: its own training, the datasets a
-teacher generated for it, and its teacher's training (followed through method.teacher, so a student of a student
-counts both). `genlab eval ... eval.nfe_list=...` writes this beside the quality table (eval_nfe.json "cost").
-
-- training: the wall-clock of the training loop to its last step (metrics.jsonl, a resumed run's processes
-  summed, compilation included, the final sampling and evaluation not; summary.json's wall_time where there is no
-  log) x the processes it ran on (summary.json "world") / the seeds trained with it in one batched process
-  (summary.json "batched_seeds", train.seeds), on summary.json's "device";
-- generated data: any folder the run's config names whose meta.json holds "seconds" (what `genlab data generate`
-  writes: the generation's wall-clock, with optional "device" and "world"), counted once per run;
-- the teacher: the run that method.teacher names (a run folder, a checkpoint in it, or its model.safetensors).
+"""What a run cost to make, in device-seconds, with everything it was made from (eval_nfe.json "cost"):
+- training: the training loop's wall-clock to its last step (metrics.jsonl, a resume's processes summed; else
+  summary.json's wall_time) x its processes ("world") / the seeds batched with it ("batched_seeds");
+- generated data: any folder the config names whose meta.json holds "seconds" (`genlab data generate`), once per chain;
+- the teacher: the run method.teacher names, followed recursively (a student of a student counts both).
 """
 from __future__ import annotations
 
@@ -40,10 +34,6 @@ def training_seconds(run_dir: Path) -> float | None:
     if recs and recs[-1].get("wall_time") is not None:
         return float(recs[-1]["wall_time"])
     return _read_json(run_dir / "summary.json").get("wall_time")
-
-
-def _config(run_dir: Path) -> dict:
-    return load_toml(run_dir / "config.toml")
 
 
 def _generation_record(meta: dict) -> dict:
@@ -86,7 +76,7 @@ def run_cost(run_dir, _seen=None, _data_seen=None) -> dict:
     summary = _read_json(run_dir / "summary.json")
     secs = training_seconds(run_dir)
     world = int(summary.get("world", 1) or 1)
-    cfg = _config(run_dir)
+    cfg = load_toml(run_dir / "config.toml")
     data = generated_data(cfg, data_seen)
     share = world / int(summary.get("batched_seeds") or 1)  # N batched seeds shared the device's time
     own = (secs or 0.0) * share + sum(d["gpu_seconds"] for d in data)

@@ -1,14 +1,9 @@
-"""The Inception-v3 network of FID (Heusel et al. 2017): the 2015-12-05 TensorFlow graph as ported to
-PyTorch by pytorch-fid, written here without torchvision. Module and parameter names follow
-torchvision's Inception3 (Conv2d_1a_3x3.conv.weight, Mixed_5b.branch1x1.bn.running_mean, ...), so the
-published file pt_inception-2015-12-05-6726825d.pth loads strictly. Differences from torchvision's
-ImageNet Inception that the TF graph has: average pools exclude the zero padding
-(count_include_pad=False), the last block pools with max instead of average, and 1008 classes.
-Outputs (FIDInceptionV3.outputs, one pass): pool3, the 2048-d global average of Mixed_7c (FID, precision/recall);
-spatial, the first 7 channels of TF's mixed_6/conv (Mixed_6d's 1x1 branch, 17x17) flattened in TF's NHWC order
-to 2023 dims (sFID, Nash et al. 2021, as the ADM evaluator takes it); logits, pool3 @ fc.weight^T over the 1008
-classes without the bias, the matmul the ADM evaluator and torch-fidelity ('logits_unbiased') feed the
-Inception Score's softmax."""
+"""The Inception-v3 network of FID (Heusel et al. 2017): the 2015-12-05 TensorFlow graph as pytorch-fid ports it,
+without torchvision. Module and parameter names are torchvision's Inception3 (Conv2d_1a_3x3.conv.weight, ...), so the
+published pt_inception-2015-12-05-6726825d.pth loads strictly. The TF graph's differences from torchvision's net:
+average pools exclude the padding, the last block max-pools, 1008 classes. Outputs (one pass, docs/fid.md): pool3
+(2048-d: FID, precision/recall); spatial (the first 7 channels of mixed_6/conv in TF's NHWC order, 2023-d: sFID as the
+ADM evaluator); logits (pool3 @ fc.weight^T without the bias: the Inception Score's, as ADM and torch-fidelity)."""
 from __future__ import annotations
 
 import numpy as np
@@ -184,13 +179,9 @@ class FIDInceptionV3(nn.Module):
 
 
 def preprocess(images: torch.Tensor) -> torch.Tensor:
-    """uint8 [B, H, W, C] (C = 1 or 3) -> float [B, 3, 299, 299] in [-1, 1], as pytorch-fid feeds the
-    network: RGB in [0, 1] (grey replicated to three channels, like PIL's convert("RGB")), bilinear
-    resize to 299 (align_corners=False), then 2x - 1.
-
-    Float images are taken as model outputs, [B, C, H, W] in [-1, 1], and rounded to uint8 pixels first
-    (data.pixels.to_pixels), as the ADM evaluator reads samples saved as uint8: the same pixels give the same
-    features either way. A float batch outside [-1, 1] (pixels in [0, 255], say) is refused."""
+    """uint8 [B, H, W, C] (C = 1 or 3) -> float [B, 3, 299, 299] in [-1, 1] as pytorch-fid feeds the network (grey
+    replicated to RGB, bilinear resize to 299, 2x - 1). Float [B, C, H, W] model outputs in [-1, 1] are rounded to
+    uint8 pixels first, as the ADM evaluator reads saved samples; a float batch outside [-1, 1] is refused."""
     if images.dtype.is_floating_point:
         lo, hi = float(images.min()), float(images.max())
         if lo < -1.001 or hi > 1.001:  # a little slack for a sampler's overshoot, which to_pixels clamps

@@ -1,12 +1,7 @@
-"""LPIPS (Zhang et al. 2018, "The Unreasonable Effectiveness of Deep Features as a Perceptual Metric"),
-version 0.1, written here without torchvision or the lpips package:
-
-    d(x, y) = sum_l mean_hw  w_l . (f̂_l(x) - f̂_l(y))^2,   f̂ = f / ||f||_channels
-
-with f_l the ReLU outputs of five layers of an ImageNet AlexNet or VGG-16 and w_l >= 0 learned per
-channel. The feature network is an nn.Sequential `features` whose indices match torchvision's
-alexnet()/vgg16() `features.*` keys, and the linear layers are `lin0..lin4` with `model.1.weight`
-as in the lpips package's weights files (alex.pth / vgg.pth), so both published files load strictly."""
+"""LPIPS v0.1 (Zhang et al. 2018) without torchvision or the lpips package: d(x, y) = sum_l mean_hw w_l .
+(f̂_l(x) - f̂_l(y))^2, f̂ = f / ||f||_channels, f_l the ReLU outputs of five layers of an ImageNet AlexNet or VGG-16.
+Module names (`features.*` as torchvision's, `lin0..lin4` with `model.1.weight` as the lpips package's alex.pth /
+vgg.pth) match the published files, so both load strictly."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,21 +27,13 @@ MIN_SIZE = 64  # smaller images are upsampled first: AlexNet's stride-4 stem and
 
 def _features(net: str) -> nn.Sequential:
     layers, cin = [], 3
-    if net == "alex":
-        for spec in ALEX:
-            if spec == "M":
-                layers.append(nn.MaxPool2d(3, 2))
-            else:
-                out, k, s, p = spec
-                layers += [nn.Conv2d(cin, out, k, stride=s, padding=p), nn.ReLU()]
-                cin = out
-    else:
-        for spec in VGG16:
-            if spec == "M":
-                layers.append(nn.MaxPool2d(2, 2))
-            else:
-                layers += [nn.Conv2d(cin, spec, 3, padding=1), nn.ReLU()]
-                cin = spec
+    for spec in ALEX if net == "alex" else [s if s == "M" else (s, 3, 1, 1) for s in VGG16]:
+        if spec == "M":
+            layers.append(nn.MaxPool2d(3, 2) if net == "alex" else nn.MaxPool2d(2, 2))
+        else:
+            out, k, s, p = spec
+            layers += [nn.Conv2d(cin, out, k, stride=s, padding=p), nn.ReLU()]
+            cin = out
     return nn.Sequential(*layers)
 
 
@@ -121,12 +108,8 @@ def same_class_pairs(labels: np.ndarray, n_pairs: int, seed: int = 0) -> tuple[n
     groups = [g for g in groups if len(g) >= 2]
     if not groups:
         raise GenlabError("LPIPS diversity needs at least two samples of one class (raise eval.num_samples)")
-    i, j = [], []
-    for p in range(n_pairs):
-        a, b = rng.choice(groups[p % len(groups)], 2, replace=False)
-        i.append(a)
-        j.append(b)
-    return np.array(i), np.array(j)
+    pairs = [rng.choice(groups[p % len(groups)], 2, replace=False) for p in range(n_pairs)]
+    return np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
 
 
 def find_lpips_files(net: str, explicit: str = ""):

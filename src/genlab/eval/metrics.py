@@ -1,13 +1,11 @@
-"""Image-sample metrics, selected by eval.metrics (registry `eval_metric`), run by `genlab eval` and
-periodically during training. Every distance compares the generated samples with the held-out real
-images (real_split.py) and reports the real-vs-real floor beside it: the same distance between
-training images and the held-out set at the same sample count. The Inception-space metrics (fid, sfid,
-pr_inception) compare with eval.fid_ref instead when it is set: precomputed reference statistics, the
-standard protocol of ADM / DiT papers (ref_stats.py, docs/fid.md)."""
+"""Image-sample metrics (eval.metrics, registry `eval_metric`). Every distance compares the samples with the held-out
+real images (real_split.py) beside its real-vs-real floor (train images vs held-out at the same count); the Inception
+metrics (fid, sfid, pr_inception) compare with eval.fid_ref instead when set: the ADM / DiT protocol (docs/fid.md)."""
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -107,7 +105,6 @@ def _file_key(path: str):
     """A file's identity for the caches: a rewritten reference file is another reference."""
     if not path:
         return None
-    from pathlib import Path
     p = Path(path).expanduser()
     st = p.stat() if p.is_file() else None
     return (str(p.resolve()), st.st_size, st.st_mtime_ns) if st else (str(p),)
@@ -162,12 +159,12 @@ class Evaluation:
         of the Inception network gives all three)."""
         if space in INCEPTION_SPACES:
             return self._inception_outputs(which)[INCEPTION_SPACES[space]]
-        if which == "gen":
-            if space == "classifier":
-                return self.gen_logits_features()[1]
+        if space != "classifier":
             raise ValueError(space)
+        if which == "gen":
+            return self.gen_logits_features()[1]
         images = self.split.held_out if which == "ref" else self.split.train
-        return _cached((space, which, self._space_key(space), *self.data_key), lambda: self._extract(space, images))
+        return _cached((space, which, self._space_key(space), *self.data_key), lambda: self._classify(images)[1])
 
     def _inception_outputs(self, which: str) -> dict:
         if which == "gen":
@@ -208,11 +205,6 @@ class Evaluation:
             return (sum(float(v.double().sum()) for v in net.state_dict().values()),)
         return (keys.fid_weights,)
 
-    def _extract(self, space, images_u8):
-        if space == "classifier":
-            return self._classify(images_u8)[1]
-        raise ValueError(space)
-
     def inception(self):
         keys = FidKeys.of(self.ecfg)
         return _cached(("inception_net", keys.fid_weights, str(self.device)),
@@ -246,7 +238,7 @@ def accuracy(ev: Evaluation) -> dict:
 
 
 @eval_metric_registry.register("fd", "Fréchet distance in the in-project classifier's feature space + real-vs-real floor",
-                               keys=RefKeys, check=lambda ecfg: _at_least(2, "fd")(ecfg))  # a covariance needs two samples
+                               keys=RefKeys, check=lambda ecfg: _at_least(ecfg, 2, "fd"))  # a covariance needs two samples
 def fd(ev: Evaluation) -> dict:
     v, floor = ev.fd_pair("classifier")
     return {"feature_fd": v, "feature_fd_floor": floor, "classifier_val_acc": ev.classifier()[1]}
@@ -254,7 +246,7 @@ def fd(ev: Evaluation) -> dict:
 
 @eval_metric_registry.register("pr", "precision/recall, k-NN manifolds (Kynkäänniemi et al. 2019) in the classifier's feature space",
                                keys=(RefKeys, PrKeys),  # the k-th neighbour of a point among the others
-                               check=lambda ecfg: _at_least(ecfg.pr_k + 1, "pr")(ecfg))
+                               check=lambda ecfg: _at_least(ecfg, ecfg.pr_k + 1, "pr"))
 def pr(ev: Evaluation) -> dict:
     return ev.pr_pair("classifier")
 
@@ -299,7 +291,7 @@ def pr_inception(ev: Evaluation) -> dict:
 def _check_inception(ecfg, at_least: int, what: str, needs: str | None = None):
     """Before sampling: enough samples, the weights file, and a reference file that holds what the metric reads."""
     keys = FidRefKeys.of(ecfg)
-    _at_least(at_least, what)(ecfg)
+    _at_least(ecfg, at_least, what)
     find_fid_weights(FidKeys.of(ecfg).fid_weights)
     if needs and keys.fid_ref:
         ref = load_reference(keys.fid_ref)
@@ -320,15 +312,13 @@ def protocol_metrics(fid_ref: str) -> str:
     return ",".join(n for n in names if n)
 
 
-def _at_least(k: int, what: str):
-    def check(ecfg):
-        if ecfg.num_samples < k:
-            raise GenlabError(f"eval.metrics={what} needs eval.num_samples >= {k}, got {ecfg.num_samples}")
-    return check
+def _at_least(ecfg, k: int, what: str):
+    if ecfg.num_samples < k:
+        raise GenlabError(f"eval.metrics={what} needs eval.num_samples >= {k}, got {ecfg.num_samples}")
 
 
 @eval_metric_registry.register("lpips", "LPIPS diversity: mean LPIPS between same-class samples (Zhang et al. 2018; needs weights)",
-                                keys=LpipsKeys, check=lambda ecfg: _check_lpips(ecfg))
+                                keys=LpipsKeys, check=lambda ecfg: find_lpips_files(ecfg.lpips_net, ecfg.lpips_weights))
 def lpips(ev: Evaluation) -> dict:
     e = ev.ecfg
     model = _cached(("lpips_net", e.lpips_net, e.lpips_weights, str(ev.device)),
@@ -341,11 +331,6 @@ def lpips(ev: Evaluation) -> dict:
         return float(lpips_pairs(model, ev.split.held_out[a], ev.split.held_out[b], e.batch_size, ev.device).mean())
     return {"lpips_diversity": gen,
             "lpips_diversity_real": _cached(("lpips_real", e.lpips_net, e.lpips_pairs, *ev.data_key), real)}
-
-
-def _check_lpips(ecfg):
-    keys = LpipsKeys.of(ecfg)
-    find_lpips_files(keys.lpips_net, keys.lpips_weights)
 
 
 # -- running them ------------------------------------------------------------------------------
@@ -363,29 +348,24 @@ def image_metrics(samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx) -> 
     return res
 
 
+# the console line's part of each metric: (the result key that shows it, its format)
+SUMMARY_PARTS = (
+    ("sample_accuracy", "sample accuracy: {sample_accuracy:.1%} (classifier held-out acc {classifier_val_acc:.1%})"),
+    ("feature_fd", "feature FD {feature_fd:.4g} (real-vs-real floor {feature_fd_floor:.4g})"),
+    ("precision", "precision {precision:.3f} recall {recall:.3f} (real-vs-real {precision_floor:.3f} / {recall_floor:.3f})"),
+    ("fid", "FID {fid:.4g}{_ref} (real-vs-real floor {fid_floor:.4g})"),
+    ("sfid", "sFID {sfid:.4g} (real-vs-real floor {sfid_floor:.4g})"),
+    ("inception_score", "IS {inception_score:.4g} ± {inception_score_std:.2g} (real images {inception_score_real:.4g})"),
+    ("inception_precision", "Inception precision {inception_precision:.3f} recall {inception_recall:.3f} "
+                            "(real-vs-real {inception_precision_floor:.3f} / {inception_recall_floor:.3f})"),
+    ("lpips_diversity", "LPIPS diversity {lpips_diversity:.4f} (real {lpips_diversity_real:.4f})"),
+)
+
+
 def summary_line(res: dict) -> str:
     """One console line; every distance carries its real-vs-real floor."""
-    parts = []
-    if "sample_accuracy" in res:
-        parts.append(f"sample accuracy: {100 * res['sample_accuracy']:.1f}% (classifier held-out acc {100 * res['classifier_val_acc']:.1f}%)")
-    if "feature_fd" in res:
-        parts.append(f"feature FD {res['feature_fd']:.4g} (real-vs-real floor {res['feature_fd_floor']:.4g})")
-    if "precision" in res:
-        parts.append(f"precision {res['precision']:.3f} recall {res['recall']:.3f} "
-                     f"(real-vs-real {res['precision_floor']:.3f} / {res['recall_floor']:.3f})")
     ref = f" vs {res['fid_reference']}" if "fid_reference" in res else ""
-    if "fid" in res:
-        parts.append(f"FID {res['fid']:.4g}{ref} (real-vs-real floor {res['fid_floor']:.4g})")
-    if "sfid" in res:
-        parts.append(f"sFID {res['sfid']:.4g} (real-vs-real floor {res['sfid_floor']:.4g})")
-    if "inception_score" in res:
-        parts.append(f"IS {res['inception_score']:.4g} ± {res['inception_score_std']:.2g} "
-                     f"(real images {res['inception_score_real']:.4g})")
-    if "inception_precision" in res:
-        parts.append(f"Inception precision {res['inception_precision']:.3f} recall {res['inception_recall']:.3f} "
-                     f"(real-vs-real {res['inception_precision_floor']:.3f} / {res['inception_recall_floor']:.3f})")
-    if "lpips_diversity" in res:
-        parts.append(f"LPIPS diversity {res['lpips_diversity']:.4f} (real {res['lpips_diversity_real']:.4f})")
+    parts = [fmt.format(**res, _ref=ref) for key, fmt in SUMMARY_PARTS if key in res]
     floor_n = res.get("floor_samples")
     n_note = f"; floor from {floor_n} train images" if floor_n is not None and floor_n != res.get("eval_samples") else ""
     if "fid_reference" in res and res.get("eval_samples") != PROTOCOL_SAMPLES:

@@ -1,13 +1,7 @@
-"""Sample quality against the sampler's cost: the run's own evaluation (a callable of the evaluation context) at each
-(sampler, NFE) pair of eval.samplers x eval.nfe_list (`genlab eval RUN eval.nfe_list=4,8,16,32`).
-
-NFE counts velocity evaluations per sample: steps * the sampler's nfe_per_step (an NFE that the sampler
-cannot hit exactly is rounded down to whole steps, and the row states the NFE it ran). With guidance
-each evaluation is one forward of a doubled batch (outside method.cfg_interval, a single one).
-
-It writes, in the run folder: eval_nfe.md (the table; above it the real-vs-real floors, which are the same in
-every row, and the run's cost from eval/cost.py), eval_nfe.json ({"rows", "cost", "cfg_scale", "step"}) and
-eval_nfe.png (one row of samples per (sampler, NFE): fixed classes and starting noise, the same in every run).
+"""Sample quality against the sampler's cost: the run's own evaluation at each (sampler, NFE) of eval.samplers x
+eval.nfe_list (`genlab eval RUN eval.nfe_list=4,8,16,32`). NFE = steps x the sampler's nfe_per_step (rounded down to
+whole steps; the row states the NFE it ran; with guidance one evaluation is a doubled batch). Writes eval_nfe.md (the
+table, the real-vs-real floors and the cost above it), eval_nfe.json and eval_nfe.png (fixed classes and noise).
 """
 from __future__ import annotations
 
@@ -26,7 +20,7 @@ def parse_int_list(text: str, key: str) -> list[int]:
     try:
         out = [int(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise GenlabError(f"{key} must be comma-separated integers >= 1 (e.g. 4,8,16,32), got {text!r}") from None
+        out = []
     if not out or min(out) < 1:
         raise GenlabError(f"{key} must be comma-separated integers >= 1 (e.g. 4,8,16,32), got {text!r}")
     return out

@@ -1,13 +1,6 @@
-"""The real images that generated samples are compared with, and the real-vs-real floor.
-
-'Held-out' means, per dataset:
-- eval.val_path set (e.g. MNIST/Fashion-MNIST/CIFAR-10 prepared with `--split test`): that folder, the
-  dataset's own test split, never seen in training;
-- otherwise (digits, synthetic, a prepared folder without eval.val_path): a fixed half of the training
-  images (seed 0). It is disjoint from the train subset below, so the floor is a real-vs-real distance
-  between independent draws, but the generator did train on it.
-The train subset is `n` training images (n = number of generated samples) disjoint from the held-out
-set: FD(train subset, held-out) is the distance a perfect generator would score at that sample count."""
+"""The real images that generated samples are compared with, and the real-vs-real floor (docs/evaluation.md).
+Held-out: eval.val_path's images (the dataset's test split), else a fixed half of the training images (seed 0). The
+train subset, n training images disjoint from it, gives the floor: FD(train subset, held-out) at that sample count."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,12 +1,7 @@
-"""Reference statistics files of the standard FID protocol (eval.fid_ref), read and written.
-
-Two layouts are read, both .npz (numpy's zip of .npy arrays), with allow_pickle=False: loading never runs code.
-- ADM / guided-diffusion reference batch (VIRTUAL_imagenet256_labeled.npz style): `arr_0` uint8 images
-  [N, H, W, 3], and/or precomputed `mu`, `sigma` (pool3, 2048-d) and `mu_s`, `sigma_s` (spatial, 2023-d). As in
-  the ADM evaluator (read_statistics), stored statistics win over statistics of arr_0; arr_0 serves
-  precision/recall (and the statistics a file lacks).
-- clean-fid / torch-fidelity / pytorch-fid statistics: `mu`, `sigma` (pool3) only.
-`genlab data ref-stats` writes the ADM layout (+ a `genlab_meta` JSON string that the evaluator ignores)."""
+"""Reference statistics files of the standard FID protocol (eval.fid_ref), read (allow_pickle=False) and written:
+the ADM reference batch (`arr_0` uint8 images and/or `mu`, `sigma`, `mu_s`, `sigma_s`; stored statistics win over
+arr_0's, as in the ADM evaluator) or clean-fid / torch-fidelity / pytorch-fid `mu`, `sigma` (docs/fid.md).
+`genlab data ref-stats` writes the ADM layout plus a `genlab_meta` JSON string the evaluator ignores."""
 from __future__ import annotations
 
 import json

@@ -1,10 +1,7 @@
-"""Sharded checkpoints for FSDP2/HSDP runs with torch.distributed.checkpoint (DCP), and safetensors export.
-
-A DCP checkpoint is a folder `checkpoints/step_N.dcp/`: every rank writes its own shards of the model,
-optimizer and EMA (keyed by parameter name, so it can be loaded on any number of ranks), and rank 0 adds
-`meta.pt` with the rest of the trainer state (step, loader position, RNGs, config). It is written to a
-temporary folder and renamed, like the single-file checkpoints.
-"""
+"""Sharded checkpoints of FSDP2/HSDP runs with torch.distributed.checkpoint (DCP), and safetensors export. A DCP
+checkpoint is a folder `checkpoints/step_N.dcp/` (written to a temporary folder, then renamed): every rank's shards of
+model, optimizer and EMA keyed by parameter name (loadable on any number of ranks), and rank 0's `meta.pt` with the
+rest of the trainer state. Loading never unpickles anything but plain data (`read_metadata`, `_SafeBytes`)."""
 from __future__ import annotations
 
 import json
@@ -99,12 +96,6 @@ _METADATA_CLASSES = {
 }
 
 
-def _allowed(module: str, name: str) -> bool:
-    if name in _METADATA_CLASSES.get(module, ()):
-        return True
-    return module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))
-
-
 def read_metadata(path) -> object:
     """A DCP folder's `.metadata`, unpickled by a loader that admits only the classes DCP's metadata holds:
     a crafted file is refused in one line with nothing in it run; an empty or cut file is one line too."""
@@ -115,7 +106,8 @@ def read_metadata(path) -> object:
 
     class Restricted(pickle.Unpickler):
         def find_class(self, module, name):
-            if not _allowed(module, name):
+            torch_ok = module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))
+            if not (torch_ok or name in _METADATA_CLASSES.get(module, ())):
                 raise GenlabError(f"refused to load '{p}': it asks for {module}.{name}, which DCP metadata never holds; "
                                   f"nothing in it was run. Only load checkpoints you trust; share exported model.safetensors")
             return super().find_class(module, name)
@@ -132,30 +124,20 @@ def read_metadata(path) -> object:
     return md
 
 
-def _reader_class():
+def SafeReader(path):  # noqa: N802  (a class built on first use: torch.distributed.checkpoint loads lazily)
+    """A FileSystemReader of the DCP folder `path` that gives DCP the `.metadata` checked here first (DCP's own plain
+    pickle.load runs any payload, and a refusal raised inside its load is logged with a traceback per attempt)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
+    checked = read_metadata(path)
 
     class Reader(FileSystemReader):
-        """FileSystemReader that gives DCP the metadata `read_metadata` checked before the load began (its own
-        plain pickle.load runs any payload, and a refusal raised inside DCP's load is logged there with a traceback
-        per attempt before it comes back as our one line)."""
-        def __init__(self, path, checked):
-            super().__init__(path)
-            self.checked = checked
-
         def read_metadata(self, *args, **kwargs):
-            md = self.checked
-            if getattr(md, "storage_meta", None) is None:
-                md.storage_meta = StorageMeta()
-            md.storage_meta.load_id = self.load_id
-            return md
-    return Reader
-
-
-def SafeReader(path):  # noqa: N802  (a class built on first use: torch.distributed.checkpoint loads lazily)
-    """A reader of the DCP folder `path` whose `.metadata` is read and checked here, before DCP sees the folder."""
-    return _reader_class()(str(path), read_metadata(path))
+            if getattr(checked, "storage_meta", None) is None:
+                checked.storage_meta = StorageMeta()
+            checked.storage_meta.load_id = self.load_id
+            return checked
+    return Reader(str(path))
 
 
 class _SafeBytes:
@@ -195,8 +177,7 @@ def load_dcp_optimizer(path, model, optimizer) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-    osd = get_optimizer_state_dict(model, optimizer)
-    state = {"optim": osd}
+    state = {"optim": get_optimizer_state_dict(model, optimizer)}
 
     class Planner(_SafeBytes, DefaultLoadPlanner):
         pass

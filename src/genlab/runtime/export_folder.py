@@ -1,13 +1,7 @@
-"""The export folder's format and its loader (the writer: genlab/runs/export.py, `genlab export RUN --out DIR`).
-
-    DIR/config.toml        the run's full resolved config (TOML; `genlab train DIR/config.toml` retrains it)
-    DIR/model.safetensors  the sampling weights (EMA unless --no-ema); tied tensors stored once, re-tied on load
-    DIR/genlab.json        what loading needs beyond the config: format version, data spec, step, which weights,
-                           the sha256 of model.safetensors
-    DIR/README.md          the model card (runs/model_card.py)
-
-Loading reads JSON, TOML and safetensors only: nothing in the folder is unpickled or run (a stray .pt file is
-never opened).
+"""The export folder's format and its loader (the writer: runs/export.py, `genlab export RUN --out DIR`): config.toml,
+model.safetensors (tied tensors stored once, re-tied on load), genlab.json (format version, data spec, step, which
+weights, the weights' sha256) and the model card README.md; docs/export.md. Loading reads JSON, TOML and safetensors
+only: nothing in the folder is unpickled or run.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Throughput, MFU and memory accounting, and the run's metric sinks (JSONL, TensorBoard, Weights & Biases)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -39,9 +40,7 @@ def train_flops_per_sample(model) -> int:
 
 
 def peak_memory_gib(device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return None
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def start_wandb(run_dir: Path, project: str, config: dict | None):
@@ -66,11 +65,9 @@ class MetricsLog:
         self.wandb = start_wandb(run_dir, wandb_project, config) if enabled and wandb_project else None
         self.tb = None
         if enabled and tensorboard:
-            try:
+            with contextlib.suppress(ImportError):
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(Path(run_dir) / "tb"))
-            except ImportError:
-                self.tb = None
         self._f = open(self.path, "a") if enabled else None
 
     def write(self, record: dict):

@@ -65,19 +65,16 @@ def init_distributed(device_name: str) -> tuple[DistInfo, torch.device]:
 
 
 def leave_distributed(info: DistInfo) -> None:
-    """Leave the process group after a finished run: every rank meets at a barrier, then the group is destroyed.
-    Exiting with a live gloo group races its background threads at interpreter teardown (an intermittent
-    'terminate called without an active exception' abort on one rank after the run had finished)."""
+    """After a finished run: a barrier, then the group is destroyed (exiting with a live gloo group races its threads at
+    interpreter teardown: an intermittent 'terminate called without an active exception' abort)."""
     if info.enabled and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
 def exit_rank(code: int = 0) -> None:
-    """End a torchrun rank without interpreter teardown (flush, then os._exit). Even after leave_distributed,
-    gloo's and the rendezvous store's C++ threads intermittently abort a rank at teardown ('terminate called
-    without an active exception', SIGABRT) after its work is done and saved (seen in CI on both the CLI and
-    the test workers). Call it only when every file the rank writes is closed."""
+    """End a torchrun rank with os._exit after a flush: even after leave_distributed, gloo's and the rendezvous store's
+    threads intermittently SIGABRT a rank at teardown (seen in CI). Only once every file the rank writes is closed."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -133,27 +130,13 @@ def _mesh_dims(info, tcfg, hybrid: bool) -> tuple[int, int]:
     return r, sh
 
 
-def build_mesh(info, tcfg, device, hybrid: bool):
-    """1-D ('shard',) mesh for FSDP, 2-D ('replicate', 'shard') for HSDP."""
-    from torch.distributed.device_mesh import init_device_mesh
-    r, sh = _mesh_dims(info, tcfg, hybrid)
-    if hybrid:
-        return init_device_mesh(device.type, (r, sh), mesh_dim_names=("replicate", "shard"))
-    return init_device_mesh(device.type, (sh,), mesh_dim_names=("shard",))
-
-
 def _fully_shard_model(model, mesh, mp_policy=None, keep_last: int = 0, prefetch: int = 0):
-    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root.
-
-    keep_last: the last blocks keep their gathered parameters after the forward (reshard_after_forward=False),
-    since their backward comes right after it: saves one all-gather each for their memory.
-    prefetch: explicit prefetch, in blocks: block i's forward issues the all-gathers of blocks i+1..i+k and its
-    backward those of blocks i-1..i-k, instead of waiting for each block's own hook (FSDP2's implicit order).
-    """
+    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root. keep_last: the last
+    blocks keep their gathered parameters after the forward (their backward comes right after: one all-gather saved
+    each, for memory). prefetch: block i's forward issues the all-gathers of blocks i+1..i+k and its backward those
+    of i-1..i-k, instead of FSDP2's implicit order."""
     from torch.distributed.fsdp import fully_shard
-    kw = {"mesh": mesh}
-    if mp_policy is not None:
-        kw["mp_policy"] = mp_policy
+    kw = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     blocks = list(model.blocks)
     for i, block in enumerate(blocks):
         fully_shard(block, reshard_after_forward=i < len(blocks) - max(0, keep_last), **kw)
@@ -169,14 +152,6 @@ def _fully_shard_model(model, mesh, mp_policy=None, keep_last: int = 0, prefetch
     return model
 
 
-def _mp_policy(tcfg):
-    """bf16 params for compute (fp32 master weights and reduce) when the run is bf16 on a GPU."""
-    if tcfg.precision not in ("bf16", "auto") or not torch.cuda.is_available() or tcfg.device == "cpu":
-        return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-
 def _shard(model, info, tcfg, device, hybrid):
     if not info.enabled:
         if hybrid or tcfg.shard not in (0, 1) or tcfg.replicate not in (0, 1):
@@ -184,10 +159,16 @@ def _shard(model, info, tcfg, device, hybrid):
         return model
     if not hasattr(model, "blocks"):
         raise GenlabError(f"train.parallel={tcfg.parallel} needs a model that exposes .blocks")
-    mesh = build_mesh(info, tcfg, device, hybrid)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    r, sh = _mesh_dims(info, tcfg, hybrid)  # a 1-D ('shard',) mesh for FSDP, 2-D ('replicate', 'shard') for HSDP
+    mesh = init_device_mesh(device.type, (r, sh) if hybrid else (sh,),
+                            mesh_dim_names=("replicate", "shard") if hybrid else ("shard",))
     model._genlab_mesh = mesh
-    return _fully_shard_model(model, mesh, _mp_policy(tcfg), keep_last=tcfg.fsdp_keep_last,
-                              prefetch=tcfg.fsdp_prefetch)
+    # a bf16 run on a GPU computes with bf16 params (fp32 master weights and reduce)
+    bf16 = tcfg.precision in ("bf16", "auto") and torch.cuda.is_available() and tcfg.device != "cpu"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    return _fully_shard_model(model, mesh, mp, keep_last=tcfg.fsdp_keep_last, prefetch=tcfg.fsdp_prefetch)
 
 
 @parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)", sharded=True)
@@ -218,19 +199,9 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
-def _shard_groups(t):
-    """Process groups over which a DTensor's local pieces must be summed (its Shard mesh dims)."""
-    from torch.distributed.tensor.placement_types import Shard
-    mesh = t.device_mesh
-    return [mesh.get_group(i) for i, pl in enumerate(t.placements) if isinstance(pl, Shard)]
-
-
 def grad_norm(params) -> torch.Tensor:
-    """Global L2 norm of the gradients as a plain tensor (no host sync).
-
-    DTensor (FSDP2/HSDP) gradients are reduced on their local shards: one foreach norm, one all-reduce of a
-    scalar per sharded mesh dim, instead of DTensor dispatch per tensor.
-    """
+    """Global L2 norm of the gradients as a plain tensor (no host sync). DTensor (FSDP2/HSDP) gradients are reduced on
+    their local shards: one foreach norm, one all-reduce of a scalar per Shard mesh dim, not DTensor dispatch per tensor."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
@@ -238,8 +209,10 @@ def grad_norm(params) -> torch.Tensor:
         return torch.nn.utils.get_total_norm(grads)
     norms = torch._foreach_norm([local(g) for g in grads])
     sq = torch.stack([n.float() for n in norms]).square().sum()
-    for group in _shard_groups(grads[0]):
-        dist.all_reduce(sq, group=group)
+    from torch.distributed.tensor.placement_types import Shard
+    for i, pl in enumerate(grads[0].placements):
+        if isinstance(pl, Shard):
+            dist.all_reduce(sq, group=grads[0].device_mesh.get_group(i))
     return sq.sqrt()
 
 
@@ -251,13 +224,9 @@ def fusable_grad_scale(optimizer) -> bool:
 
 
 def clip_grads(params, max_norm: float, optimizer=None) -> torch.Tensor:
-    """Global-norm clipping that works on plain, DDP and FSDP2/HSDP (DTensor) parameters; returns the norm.
-
-    Same rule as torch.nn.utils.clip_grad_norm_ (grads *= min(1, max_norm / (norm + 1e-6))). With `optimizer`
-    given and `fusable_grad_scale(optimizer)`, the factor goes to the fused AdamW kernel as `grad_scale`
-    (grads / (1 / factor)) and the gradients are not rewritten here; the caller must step that optimizer next
-    (with no GradScaler of its own: fp16 runs keep the plain path). No host sync either way.
-    """
+    """Global-norm clipping of plain, DDP and FSDP2/HSDP (DTensor) parameters, torch.nn.utils.clip_grad_norm_'s rule;
+    returns the norm, no host sync. With a `fusable_grad_scale` optimizer the factor goes to its fused kernel as
+    `grad_scale` instead of rewriting the gradients: the caller must step it next, with no GradScaler of its own."""
     params = [p for p in params if p.grad is not None]
     norm = grad_norm(params)
     if optimizer is not None:
@@ -303,11 +272,8 @@ def _restore_sync(model):
 
 
 def wrap_extra(module, info, device):
-    """A method's trainable extra module: replicated with DDP whenever several processes run (also under FSDP,
-    where the model is sharded: extras are small auxiliary modules)."""
-    if not info.enabled:
-        return module
-    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+    """A method's trainable extra module: DDP whenever several processes run, also under FSDP (extras are small)."""
+    return par_ddp(module, info, None, device)
 
 
 def wrap_parallel(model, info, tcfg, device):
@@ -316,10 +282,6 @@ def wrap_parallel(model, info, tcfg, device):
 
 def unwrap(model):
     """The underlying backbone of a DDP/compiled wrapper."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif hasattr(model, "module") and not hasattr(model, "blocks"):
-            model = model.module
-        else:
-            return model
+    while hasattr(model, "_orig_mod") or (hasattr(model, "module") and not hasattr(model, "blocks")):
+        model = model._orig_mod if hasattr(model, "_orig_mod") else model.module
+    return model

@@ -1,12 +1,8 @@
-"""Activation memory, measured: the bytes autograd saves for backward in one step, and what FP8 storage of them
-would save (COAT, Xi et al. 2024, stores activations in float8 e4m3 with per-group scales; no library does so for
-genlab's blocks, so the saving is counted, not run).
-
-Every tensor the forward saves passes torch.autograd.graph.saved_tensors_hooks' pack hook. Each distinct storage is
-counted once, at its full size (a view of qkv is the whole qkv buffer; a tensor saved by two ops is stored once),
-so the sum is the memory backward holds. Storages of parameters are excluded: they live anyway. Tensors that are
-parameter-sized but not parameters (autocast's bf16 weight copies) are in the sum; `fit_per_sample` separates them
-from what grows with the batch.
+"""Activation memory, measured: the bytes autograd saves for backward in one step, and what FP8 storage of them would
+save (COAT, Xi et al. 2024: float8 e4m3 with per-group scales; counted, not run). Every tensor the forward saves passes
+saved_tensors_hooks' pack hook; each distinct storage counts once at full size (a view of qkv is the whole qkv buffer),
+so the sum is what backward holds. Parameter storages are excluded (they live anyway); parameter-sized non-parameters
+(autocast's bf16 weight copies) are in, and `fit_per_sample` separates them from what grows with the batch.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Speed switches chosen by name: precision, compile, activation checkpointing.
-
-Each is a small function so the sweep can ablate it with one override.
-"""
+"""Speed switches chosen by name (one override each, for sweeps): precision, compile, activation checkpointing; the
+compiled optimizer + EMA update and LR setting without recompiles or host syncs."""
 from __future__ import annotations
 
 import contextlib
@@ -100,12 +98,8 @@ def build_precision(name: str, device: torch.device) -> Precision:
 
 # -- activation checkpointing -------------------------------------------------------------------
 def checkpoint_block(block: nn.Module, context_fn=None) -> nn.Module:
-    """Recompute `block` in the backward pass instead of storing its activations.
-
-    The block's forward is replaced on the instance, so the module tree and the state-dict keys stay
-    those of the plain model (checkpoints load into any AC mode) and torch.compile / fully_shard
-    applied afterwards see the block itself.
-    """
+    """Recompute `block` in the backward pass instead of storing its activations. Its forward is replaced on the
+    instance: the state-dict keys stay the plain model's and a later torch.compile / fully_shard sees the block itself."""
     inner = block.forward
     extra = {"context_fn": context_fn} if context_fn is not None else {}
 
@@ -184,9 +178,8 @@ def _mode(tcfg):
 
 
 def guard_module_hooks():
-    """Compiled code is shared by every instance of a module class and, by default, does not check forward hooks:
-    a model compiled after another of its class would silently skip its own hooks (REPA's feature tap). Guarding
-    the hook dicts costs a dict check per call; set before each compile so every compiled entry carries the guard."""
+    """Compiled code is shared by every instance of a module class and by default does not guard forward hooks: a model
+    compiled after another of its class would silently skip its own (REPA's feature tap). Set before each compile."""
     import torch._dynamo
     torch._dynamo.config.skip_nnmodule_hook_guards = False
 
@@ -214,8 +207,7 @@ def compile_blocks(model, tcfg):
 
 
 def apply_switches(model, tcfg):
-    model = ac_registry.get(tcfg.activation_checkpointing)(model, tcfg)
-    return model
+    return ac_registry.get(tcfg.activation_checkpointing)(model, tcfg)
 
 
 def compile_model_by_name(model, tcfg):
@@ -230,8 +222,6 @@ def compile_extra(module, tcfg):
     return torch.compile(module, mode=_mode(tcfg))
 
 
-
-
 # -- compiled autograd, compiled optimizer step, recompile counting -------------------------------
 def backward_context(tcfg):
     """Around loss.backward(): compiled autograd traces the whole backward graph (one graph, fusable)."""
@@ -242,19 +232,11 @@ def backward_context(tcfg):
     return enable(torch.compile(dynamic=False))
 
 
-COMPILABLE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
-
-
 def compile_optimizer_step(optimizer, device):
-    """Rebuild a torch optimizer for a compiled step and compile its `step`.
-
-    The LR lives in a 0-d tensor per group, updated in place by `set_lr`: a Python float would be a
-    guarded constant and every schedule change would recompile. Fused kernels are opaque to dynamo,
-    so the compiled step uses the single-tensor path that inductor fuses itself. On CUDA the step counts live on the
-    device too (capturable): otherwise Adam's step size, a tensor LR over a CPU step count, is read back with .item()
-    wherever the step runs outside a graph (a host sync per step, measured in session 20).
-    """
-    if type(optimizer) not in COMPILABLE_OPTIMIZERS:
+    """Rebuild a torch optimizer for a compiled `step`: the LR a 0-d tensor per group filled by `set_lr` (a float would
+    be a guarded constant: every schedule change would recompile); the single-tensor path, which inductor fuses (fused
+    kernels are opaque to dynamo); on CUDA capturable step counts (else Adam reads a CPU step count back every step)."""
+    if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
         raise GenlabError(f"train.compile_optimizer=true works with torch's adamw, adam and sgd; "
                           f"{type(optimizer).__module__}.{type(optimizer).__name__} cannot (heavyball compiles its own step)")
     groups = []
@@ -269,30 +251,25 @@ def compile_optimizer_step(optimizer, device):
 
 
 def update_mode(tcfg):
-    """The torch.compile mode of the optimizer + EMA update: the run's mode without CUDA graphs. A CUDA-graphed update
-    reads the gradients that the model's backward graph wrote into its graph pool, and cudagraph trees start a new
-    generation for the update's graph, so those gradients count as overwritten and the first step fails
-    (measured on an H200 in session 22; pytorch/pytorch#160281, open). Fused inductor kernels need no graph."""
+    """The torch.compile mode of the optimizer + EMA update: the run's mode without CUDA graphs (cudagraph trees count
+    the gradients of the backward's graph pool as overwritten and the first step fails: pytorch/pytorch#160281)."""
     mode = _mode(tcfg)
     return {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
 
 
 @torch.no_grad()
 def ema_update_device_weight(ema: list, params: list, weight: torch.Tensor) -> None:
-    """ema += w * (p - ema) with w a 0-d device tensor (compiled and graphed updates: the decay warm-up reaches them
-    without a recompile or a re-capture). Foreach lerp has no tensor-weight overload: where it ran eagerly its 0-d
-    weight was read back to the host (the sync measured in session 21)."""
+    """ema += w * (p - ema), w a 0-d device tensor: the decay warm-up needs no recompile or re-capture (foreach lerp has
+    no tensor-weight overload: eagerly it reads the weight back to the host)."""
     diff = torch._foreach_sub(params, ema)
     torch._foreach_mul_(diff, weight)
     torch._foreach_add_(ema, diff)
 
 
 class CompiledUpdate:
-    """The optimizer steps and the EMA update as one compiled function (`train.compile_optimizer=true`): a few fused
-    inductor kernels instead of the eager per-tensor launches, compiled in `update_mode` (no CUDA graphs: see there).
-    The EMA weight 1 - decay lives in a 0-d tensor like the LR, so a decay warm-up does not recompile. Only for runs
-    without a GradScaler (its step reads found-inf on the host) and without after-step hooks (they sit between the
-    two)."""
+    """The optimizer steps and the EMA update (weight 1 - decay in a 0-d tensor) as one function compiled in
+    `update_mode` (`train.compile_optimizer=true`); not for runs with a GradScaler (it reads found-inf on the host)
+    or after-step hooks (they sit between the two)."""
 
     def __init__(self, optimizers, ema_params, params, tcfg, device):
         self.optimizers = list(optimizers)
@@ -319,8 +296,7 @@ class CompiledUpdate:
 
 
 def set_lr(optimizer, lr: float):
-    """Set the LR of every group (times its `lr_scale`, set for extras with their own LR); tensor LRs are filled in
-    place (no recompiles, no host sync)."""
+    """Set the LR of every group (times its `lr_scale`: extras with their own LR); tensor LRs are filled in place."""
     for g in optimizer.param_groups:
         v = lr * g.get("lr_scale", 1.0)
         if torch.is_tensor(g["lr"]):

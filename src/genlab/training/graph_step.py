@@ -1,17 +1,9 @@
-"""`train.graph_step`: the whole training step — forward, backward, clipping, optimizer and EMA — captured once as
-one CUDA graph and replayed every step, so a launch-bound small model costs one graph launch per step.
-
-torch.compile's own CUDA graphs (`train.compile_mode=reduce-overhead`) cover the forward and backward only: an
-optimizer + EMA update compiled in that mode after them fails at the first step (cudagraph trees count the gradients
-as overwritten outputs, pytorch/pytorch#160281). This capture sits outside torch.compile: the model may be compiled
-(default mode: inductor's Triton kernels are capturable), and the step is recorded with `torch.cuda.graph` after a
-few eager steps have compiled it and created the optimizer state (PyTorch's "whole network capture" recipe).
-
-Only what changes per step lives outside the graph: the batch is copied into static tensors, the LR and the EMA weight
-are 0-d device tensors filled before each replay. Everything else inside the graph is fixed at capture, so a method
-opts in (Method.graph_step) only if its loss is the same computation every step: no Python that reads the step
-number, no host-side randomness, no reads back to the host (a read back fails the capture loudly; a frozen Python
-value would not — hence the opt-in).
+"""`train.graph_step`: the whole training step (forward, backward, clip, optimizer, EMA) captured once as one CUDA graph
+and replayed, so a launch-bound small model costs one launch per step. torch.compile's reduce-overhead graphs cannot
+take the optimizer + EMA (pytorch/pytorch#160281), so this capture sits outside torch.compile, after a few eager steps
+(PyTorch's "whole network capture" recipe). Only the batch (copied into static tensors), the LR and the EMA weight
+(0-d device tensors) change per replay; everything else is frozen at capture, hence the opt-in Method.graph_step: a
+loss that is the same computation every step (no step-dependent Python, host randomness or reads back to the host).
 """
 from __future__ import annotations
 
@@ -26,8 +18,6 @@ from genlab.runtime.switches import ema_update_device_weight, set_lr
 
 WARMUP_STEPS = 3  # eager steps before the capture: compile, autograd's and the optimizer's lazy state, cuBLAS handles
 
-
-# what train.graph_step (the whole step as one CUDA graph, training/graph_step.py) supports
 GRAPH_STEP_OPTIMIZERS = ("adamw", "adam")  # torch Adam(W): capturable, device step counts, tensor LR in the fused kernel
 GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says graph_step (flow or repa, without "
                         f"the adaptive sampler), optim.name={'|'.join(GRAPH_STEP_OPTIMIZERS)} without optim.caution, "
@@ -91,15 +81,11 @@ class GraphedStep:
         if list(ts.optimizers) != ["model"]:
             raise GenlabError(f"train.graph_step=true needs one optimizer; method {ts.cfg.method.name} "
                               f"has {', '.join(ts.optimizers)}")
-        self.ts = ts
-        self.opt = ts.optimizers["model"]
-        self.params = ts.params["model"]
+        self.ts, self.opt, self.params = ts, ts.optimizers["model"], ts.params["model"]
         self.ema = None if ts.ema is None else list(ts.ema.parameters())
         self.ema_src = None if ts.ema is None else list(ts.model.parameters())
         self.ema_weight = torch.zeros((), device=ts.device)
-        self.graph = None
-        self.static_batch = None
-        self.static_out = None
+        self.graph = self.static_batch = self.static_out = None
         self.eager_steps = 0
         self._side = None  # the warm-up's side stream (CUDA)
 
@@ -127,9 +113,7 @@ class GraphedStep:
             out = self._body(batch, ctx)
             self.opt.zero_grad(set_to_none=True)
             return out
-        if self._side is None:
-            self._side = torch.cuda.Stream(dev)
-        side = self._side
+        side = self._side = self._side or torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             out = self._body(batch, ctx)

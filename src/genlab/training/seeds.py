@@ -1,25 +1,9 @@
-"""Batched seeds (`train.seeds=0,1,2`): N runs of one config that differ only in train.seed, trained in one process
-as one batched computation. A small model leaves a GPU launch-bound; N seeds in one step cost about the launches
-of one.
-
-`SeedsTrainer` is the runner: it drives its members through the trainer's one loop (trainer.train_loop) around one
-stacked Step. Each member is a full `SeedRun` (a Trainer): its own run folder NAME-s<seed> with the config a single run
-with that seed would save, its own init, data order, RNG, noise and timestep draws, logs, evaluations, checkpoints and
-summary. Only the optimizer step is shared: `StackedStep` stacks the N models' parameters along a leading seed dimension (the runs'
-own parameters become views of them), draws every seed's random inputs outside torch.vmap from that seed's own
-generator and loader, runs the method's deterministic `loss_from` vmapped over the seeds, and takes one optimizer
-step on the stacked tensors. The optimizers allowed are elementwise (Adam, AdamW, SGD), so one step on the stack is
-N separate steps; gradient-norm clipping is per seed. A seed's checkpoint is a single run's checkpoint:
-`genlab train --resume NAME-s1` continues it alone, `--resume NAME-s0 --resume NAME-s1 ...` continues them batched.
-
-Batched variants (`train.lrs`, `train.weight_decays`, `train.ema_decays`, crossed with the seeds): members that also
-differ in optim.lr, optim.weight_decay or train.ema_decay. Each is again a full single run (folder
-NAME-lr=<v>-s<seed>, its config at that lr). The update of Adam, AdamW and SGD is linear in the lr once the weight
-decay is taken out of it, so the stacked optimizer steps at lr 1 without weight decay, and each member's slice becomes
-p_old * (1 - lr_i(t) * wd_i) + lr_i(t) * (p_step - p_old) (AdamW: torch's decoupled decay, applied to p_old before the
-update as torch does), or with wd_i * p_old added to the gradient first (Adam, SGD: torch's L2 decay). lr_i(t) is the
-member's own schedule; p_step - p_old is the update at lr 1 (order 1 in size, so recovering it by the subtraction
-loses nothing that matters once scaled by lr_i). The EMA decays per member.
+"""Batched seeds and variants (`train.seeds`, `train.lrs`, `train.weight_decays`, `train.ema_decays`): N members of
+one config, each a full single run in its own folder (NAME[-lr=<v>...]-s<seed>), trained in one process around one
+stacked Step: the members' parameters are stacked along dim 0, each seed's random inputs are drawn from its own
+generator and loader outside torch.vmap, the method's deterministic `loss_from` is vmapped and one elementwise optimizer
+(Adam, AdamW, SGD) step serves all. Members differing in lr / weight decay step at lr 1 and are rescaled per member
+(`_scaled_step`); the derivation and its limits are in docs/performance.md (Batched seeds, Batched variants).
 """
 from __future__ import annotations
 
@@ -81,10 +65,6 @@ def check_seeds_config(cfg) -> None:
         refuse(f"model.qkv_kernel={cfg.model.qkv_kernel}")
     if t.resume:
         refuse("train.resume (give each member's run: genlab train --resume NAME-s0 --resume NAME-s1 ...)")
-
-
-# one step on the stacked tensors equals N separate steps only for an elementwise update
-ELEMENTWISE_OPTIMIZERS = (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD)
 
 
 def seed_configs(cfg: Config) -> list[Config]:
@@ -184,7 +164,7 @@ class StackedStep:
                         p.data = self.ema[j][i]
         self.params = dict(self.stacked.named_parameters())
         self.optimizer = build_optimizer(self.stacked, self.cfg.optim)
-        if type(self.optimizer) not in ELEMENTWISE_OPTIMIZERS:
+        if type(self.optimizer) not in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):  # elementwise updates only
             raise GenlabError(f"{batched_label(self.cfg)} needs an elementwise optimizer; optim.name={self.cfg.optim.name} "
                               f"built {type(self.optimizer).__name__}; supported: {SUPPORTED}")
         self.load_state_dict([r.optimizer.state_dict() for r in runs])
@@ -197,7 +177,7 @@ class StackedStep:
     # -- batched variants: each member's lr, weight decay and EMA decay ------------------------------------------
     def _member_hyperparameters(self):
         """Where the members differ in optim.lr / optim.weight_decay, the stacked optimizer steps at lr 1 without
-        weight decay and `_scaled_step` applies each member's (module docstring); else (seeds) it steps as one run."""
+        weight decay and `_scaled_step` applies each member's (docs/performance.md); else (seeds) it steps as one run."""
         ocfgs = [r.cfg.optim for r in self.runs]
         self.scaled = any((o.lr, o.weight_decay) != (ocfgs[0].lr, ocfgs[0].weight_decay) for o in ocfgs)
         emas = [r.cfg.train.ema_decay for r in self.runs]
@@ -214,10 +194,7 @@ class StackedStep:
         self.wd = [torch.tensor([r.optimizer.param_groups[j]["weight_decay"] for r in self.runs], dtype=torch.float32,
                                 device=self.device) for j in range(len(groups))]
         self.old = {p: torch.empty_like(p) for g in groups for p in g["params"]}
-        self._neutral_groups()
-
-    def _neutral_groups(self):
-        for g in self.optimizer.param_groups:
+        for g in groups:
             g["lr"], g["weight_decay"] = 1.0, 0.0
 
     @torch.no_grad()
@@ -251,14 +228,11 @@ class StackedStep:
             torch._foreach_add_(params, olds)
 
     # -- optimizer state: N single-run state dicts <-> one stacked one ------------------------------------------
-    def _ordered_params(self):
-        return [p for g in self.optimizer.param_groups for p in g["params"]]
-
     def load_state_dict(self, sds: list) -> None:
         """The members' optimizer states (their single runs' resumed ones), stacked."""
         if not sds[0]["state"]:
             return
-        params = self._ordered_params()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
         state = {idx: {k: v if k == "step" else torch.stack([sd["state"][idx][k] for sd in sds])
                        for k, v in s0.items()} for idx, s0 in sds[0]["state"].items()}
         if len(state) != len(params):
@@ -271,16 +245,13 @@ class StackedStep:
         """Member i's weights, EMA and optimizer state, exactly as its single run's step would give them."""
         r = self.runs[member]
         clone = lambda sd: {k: v.clone() for k, v in sd.items()}  # noqa: E731 (views: torch.save would write the stack)
+        state = {idx: {k: v.clone() if k == "step" and torch.is_tensor(v) else v if k == "step" else v[member].clone()
+                       for k, v in s.items()} for idx, s in self.optimizer.state_dict()["state"].items()}
+        # the groups' lr and weight decay as the member's own optimizer holds them (the stacked one may step at lr 1)
+        optimizer = {"state": state, "param_groups": copy.deepcopy(r.optimizer.state_dict()["param_groups"])}
         return {"model": clone(r.base.state_dict()), "ema": clone(r.ema.state_dict()) if r.ema is not None else None,
-                "optimizer": self._optimizer_state(member)}
+                "optimizer": optimizer}
 
-    def _optimizer_state(self, i: int) -> dict:
-        """Seed i's optimizer state dict, exactly as its single run's optimizer would give it ("step" is shared)."""
-        sd = self.optimizer.state_dict()
-        state = {idx: {k: v.clone() if k == "step" and torch.is_tensor(v) else v if k == "step" else v[i].clone()
-                       for k, v in s.items()} for idx, s in sd["state"].items()}
-        # the groups' lr and weight decay as seed i's own optimizer holds them (the stacked one may step at lr 1)
-        return {"state": state, "param_groups": copy.deepcopy(self.runs[i].optimizer.state_dict()["param_groups"])}
 
     # -- the step -----------------------------------------------------------------------------------------------
     def _losses(self, inputs: dict, compiled: bool = True):
@@ -427,9 +398,7 @@ class SeedsTrainer:
             r.stop_requested = True
 
     def fit(self) -> list[dict]:
-        """Every member through the one loop (trainer.train_loop), the stacked step serving all; their summaries in
-        member order. A member that fails ends alone (its summary says why, the others go on); its error is raised
-        once every member has ended."""
+        """Every member through trainer.train_loop around the stacked step; their summaries in member order."""
         self.setup()
         with stop_handlers(self._on_signal):
             return train_loop(self.runs, self._step)
@@ -460,14 +429,9 @@ def _check_same_config(cfgs: list, paths: list) -> None:
                               f"(only {', '.join(MEMBER_KEYS)} may)")
     if len({c.train.ema_decay == 0 for c in cfgs}) > 1:
         raise GenlabError(f"cannot resume runs with and without an EMA (train.ema_decay=0) batched ({', '.join(map(str, paths))})")
-    members = [tuple(_get(c, k) for k in MEMBER_KEYS) for c in cfgs]
+    members = [tuple(getattr(getattr(c, k.split(".")[0]), k.split(".")[1]) for k in MEMBER_KEYS) for c in cfgs]
     if len(set(members)) != len(members):
         raise GenlabError(f"cannot resume runs with the same {', '.join(MEMBER_KEYS)} batched ({', '.join(map(str, paths))})")
-
-
-def _get(cfg, dotted: str):
-    sec, key = dotted.split(".")
-    return getattr(getattr(cfg, sec), key)
 
 
 def train(cfg: Config | str | None = None, resume: str | None = None):

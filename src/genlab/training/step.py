@@ -1,11 +1,6 @@
-"""The training step: one protocol (`Step`), its eager and compiled strategy (`TrainStep`), built one way for the
-trainer and for `genlab bench`.
-
-`TrainStep` owns the model, the method's extra modules, the optimizers, the loss scaler and the EMA; a call is one
-optimizer step (forward, per-optimizer backward, clip, optimizer, EMA). What `genlab bench` times is therefore exactly
-what trains. The other strategies: graphed (graph_step.py, run by TrainStep under train.graph_step) and stacked
-(seeds.py: N members' step at once). Each is an entry of train_step_registry with its own config checks.
-"""
+"""The training step: the `Step` protocol and its eager/compiled strategy `TrainStep` (model, extras, optimizers, loss
+scaler, EMA; a call is one optimizer step), built one way for the trainer and `genlab bench`, so bench times exactly what
+trains. The graphed (graph_step.py) and stacked (seeds.py) strategies are the other train_step_registry entries."""
 from __future__ import annotations
 
 import contextlib
@@ -58,12 +53,6 @@ def init_weights_from(model, source: str) -> None:
 def ema_update(ema_params, params, decay: float):
     # under FSDP both lists are DTensors sharded alike: the EMA of the local shards is the EMA's shard
     torch._foreach_lerp_([local(p) for p in ema_params], [local(p) for p in params], 1.0 - decay)
-
-
-def extra_flops_per_sample(extras) -> int:
-    """Extras that count their FLOPs: trainable ones forward + backward (3x), frozen ones forward only."""
-    return sum((3 if e.trainable else 1) * e.module.flops_per_sample() for e in extras.values()
-               if hasattr(e.module, "flops_per_sample"))
 
 
 class Step(Protocol):
@@ -143,7 +132,9 @@ class TrainStep:
             self.extra_modules[name] = m
             w = wrap_extra(m, self.dist, self.device) if e.trainable else m
             self.extras_wrapped[name] = compile_extra(w, tcfg)
-        self.flops_per_sample += extra_flops_per_sample(self.extras)
+        # extras that count their FLOPs: trainable ones forward + backward (3x), frozen ones forward only
+        self.flops_per_sample += sum((3 if e.trainable else 1) * e.module.flops_per_sample() for e in self.extras.values()
+                                     if hasattr(e.module, "flops_per_sample"))
 
     def _build_optimizers(self):
         ocfg, tcfg = self.cfg.optim, self.cfg.train
@@ -242,9 +233,9 @@ class TrainStep:
 
     def _ema_decay(self, step: int) -> float | None:
         tcfg = self.cfg.train
-        if self.ema is None:
-            return None
-        return min(tcfg.ema_decay, (1 + step) / (10 + step)) if tcfg.ema_warmup else tcfg.ema_decay
+        if self.ema is None or not tcfg.ema_warmup:
+            return None if self.ema is None else tcfg.ema_decay
+        return min(tcfg.ema_decay, (1 + step) / (10 + step))
 
     def __call__(self, step: int, next_batch, mark=None):
         """One optimizer step. next_batch() gives each micro-batch; mark(name) times phases (bench).

@@ -105,8 +105,7 @@ class Trainer:
                               f"({tcfg.grad_accum} x {self.dist.world})")
         self.loader = build_loader(self.data, cfg.data, self.micro_batch, self.device, tcfg.seed,
                                    rank=self.dist.rank, world=self.dist.world)
-        self.step = 0
-        self.nonfinite_skipped = 0
+        self.step = self.nonfinite_skipped = 0
         if resume_state is not None:
             self._restore(resume_state)
         self._make_run_dir(resume_state)
@@ -207,16 +206,14 @@ class Trainer:
         self.nonfinite_skipped += skipped
         return loss, gnorm, bad, extra
 
-    def _compile_stats(self) -> dict:
-        """Graphs dynamo compiled, and recompiles = graphs added after the first step (guard failures)."""
+    def _compile_stats(self) -> dict:  # recompiles: graphs added after the first step (guard failures)
         t = self.cfg.train
         if t.compile == "off" and not (t.compile_optimizer or t.compiled_autograd):
             return {}
         g = compile_counts()["graphs"]
         return {"compiled_graphs": g, "recompiles": g - self._graphs_first}
 
-    def _optim_state_mib(self) -> float:
-        """MiB of every optimizer's state tensors on this rank (metadata only: no sync)."""
+    def _optim_state_mib(self) -> float:  # every optimizer's state on this rank (metadata only: no sync)
         return sum(state_bytes(o) for o in self.steps.optimizers.values()) / 2**20
 
     def _check_finite(self):
@@ -244,8 +241,7 @@ class Trainer:
     def _gathered(self) -> dict:
         """The sampling weights of a sharded run, unsharded on the CPU; gathered once per step, since the export and
         the final samples both need them (a 4B model's gather takes tens of seconds)."""
-        cached = getattr(self, "_full", None)
-        if cached is None or cached[0] != self.step:
+        if getattr(self, "_full", None) is None or self._full[0] != self.step:
             self._full = (self.step, full_state_dict(self.ema if self.ema is not None else self.base))
         return self._full[1]
 
@@ -286,9 +282,8 @@ class Trainer:
         self.stop_requested = True
 
     def setup(self):
-        """Everything before the first step; an unexpected exception here is one line (GenlabError) and,
-        since the run folder is made last, leaves nothing behind (nor holds its lock). GENLAB_DEBUG=1 keeps the
-        traceback."""
+        """Everything before the first step; an unexpected exception is one line (GENLAB_DEBUG=1: the traceback) and
+        leaves nothing behind (the run folder is made last) nor holds its lock."""
         try:
             self._setup()
         except (GenlabError, KeyboardInterrupt):
@@ -474,8 +469,7 @@ class Trainer:
             raise NonFiniteLoss(f"non-finite weights after step {self.step} ({bad[0]}{' and more' if len(bad) > 1 else ''}); "
                                 f"stopped without saving (last good checkpoint kept). Try a lower optim.lr or optim.grad_clip")
 
-    def _say(self, line: str):
-        """The stall sentinel's console line: through the status bar where there is one, on the main rank only."""
+    def _say(self, line: str):  # the stall sentinel's line: through the status bar where there is one, main rank only
         if self.dist.is_main:
             (self.bar.note if self.bar is not None else print)(f"genlab: {line}")
 

@@ -14,7 +14,7 @@ from PIL import Image
 from genlab.core.errors import GenlabError
 from genlab.data import build_loader
 from genlab.data.convert import prepare
-from genlab.data.shard_convert import center_crop_arr
+from genlab.data.convert import center_crop_arr
 from genlab.data.shards import ShardData, read_shards
 from genlab.runtime.metrics import read_metrics
 
