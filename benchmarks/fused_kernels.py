@@ -1,31 +1,20 @@
-"""Each fused kernel of issue 37 against its plain-PyTorch composition, forward + backward, on the GPU.
+"""Each fused kernel of issue 37 against its plain-PyTorch composition, forward + backward, on the GPU: the plain
+composition eager and under torch.compile (what the presets run), the fused kernel eager (custom ops: the same kernel
+under compile). CUDA events, median over --reps after warm-up, random cotangents; peak memory above the inputs.
+Shapes: DiT-B/2 (256 tokens of width 768) and DiT-XL/2 (1152) at batch --batch, bf16 autocast over a float32
+residual; GPT-2 124M's head (768 -> 50304 rows, 50257 real) over --gpt-batch x 1024 tokens.
 
     python benchmarks/fused_kernels.py [--batch 256 --gpt-batch 32 --reps 30]     (CUDA; prints a markdown table)
-
-Shapes: DiT-B/2 at 32x32x4 latents (256 tokens of width 768) and DiT-XL/2 (width 1152), batch --batch, bf16 autocast
-with a float32 residual stream (the presets' defaults); GPT-2 124M's head (768 -> 50304 rows, 50257 real) over
---gpt-batch x 1024 tokens. Rows: adaLN (LayerNorm + modulation), gated residual + adaLN, gated residual, the
-head + cross-entropy, the SwiGLU activation (width 2048 = 2/3 of 4 x 768) over both token counts, and the QKV
-split into heads with QK RMSNorm and RoPE (DiT-B/2 tokens, GPT-2 tokens with RoPE only, 16,384 tokens at head width 16),
-and the DiT-B/2 final layer + flow loss (model.final_kernel); each plain composition eager and under torch.compile (what the presets run), each fused
-kernel eager (custom ops: the same kernel under compile). Times: CUDA events, median over --reps after warm-up,
-one forward + backward with random cotangents; peak memory above the inputs. Libraries that are not installed are
-reported as such.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
+from common import cuda_timed as timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cuda_timing import cuda_timed as timed  # noqa: E402
-
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.core.tables import markdown_table
 
 
 def fwd_bwd(f, inputs, cot=None):
@@ -38,6 +27,13 @@ def fwd_bwd(f, inputs, cot=None):
         for t in inputs:
             t.grad = None
     return run
+
+
+def row(op, kernel, plain, fused, inputs, cot, reps) -> dict:
+    """The plain composition eager and compiled, and the fused kernel (None: its library is not installed)."""
+    return {"op": op, "kernel": kernel, "eager": timed(fwd_bwd(plain, inputs, cot), reps),
+            "compiled": timed(fwd_bwd(torch.compile(plain), inputs, cot), reps),
+            "fused": None if fused is None else timed(fwd_bwd(fused, inputs, cot), reps)}
 
 
 def adaln_rows(B, N, D, reps):
@@ -64,14 +60,8 @@ def adaln_rows(B, N, D, reps):
     rows = []
     for name, (inp, plain, fused) in ops.items():
         out = ac(plain)(*inp)
-        outs = out if isinstance(out, tuple) else (out,)
-        cot = [torch.randn_like(o) for o in outs]
-        r = {"op": f"{name} [{B}x{N}x{D}]"}
-        r["eager"] = timed(fwd_bwd(ac(plain), inp, cot), reps)
-        r["compiled"] = timed(fwd_bwd(torch.compile(ac(plain)), inp, cot), reps)
-        r["fused"] = timed(fwd_bwd(ac(fused), inp, cot), reps)
-        r["kernel"] = "genlab Triton (model.adaln=triton)"
-        rows.append(r)
+        cot = [torch.randn_like(o) for o in (out if isinstance(out, tuple) else (out,))]
+        rows.append(row(f"{name} [{B}x{N}x{D}]", "genlab Triton (model.adaln=triton)", ac(plain), ac(fused), inp, cot, reps))
     return rows
 
 
@@ -90,15 +80,9 @@ def ce_rows(B, T, reps):
                 return kernel(head, h, y, None, vocab)
         return run
     inp = (h, head.weight)
-    r = {"op": f"head + CE [{B * T}x{D} -> {V}]"}
-    r["eager"] = timed(fwd_bwd(loss_of(fused_ce.plain_ce), inp), reps)
-    r["compiled"] = timed(fwd_bwd(torch.compile(loss_of(fused_ce.plain_ce)), inp), reps)
-    rows = []
-    for name, ok, fn in (("cce", fused_ce.HAS_CCE, fused_ce.cce_ce), ("liger", fused_ce.HAS_LIGER, fused_ce.liger_ce)):
-        row = dict(r, kernel=f"{name} (model.ce_kernel={name})")
-        row["fused"] = timed(fwd_bwd(loss_of(fn), inp), reps) if ok else None
-        rows.append(row)
-    return rows
+    plain = row(f"head + CE [{B * T}x{D} -> {V}]", "", loss_of(fused_ce.plain_ce), None, inp, None, reps)
+    return [dict(plain, kernel=f"{name} (model.ce_kernel={name})", fused=timed(fwd_bwd(loss_of(fn), inp), reps) if ok else None)
+            for name, ok, fn in (("cce", fused_ce.HAS_CCE, fused_ce.cce_ce), ("liger", fused_ce.HAS_LIGER, fused_ce.liger_ce))]
 
 
 def swiglu_rows(M, H, reps):
@@ -107,11 +91,8 @@ def swiglu_rows(M, H, reps):
     h = torch.randn(M, 2 * H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
     h = h.bfloat16().requires_grad_()
     cot = [torch.randn(M, H, device="cuda").bfloat16()]
-    r = {"op": f"SwiGLU silu(a)*b [{M}x{2 * H}]", "kernel": "liger (model.mlp=swiglu_liger)"}
-    r["eager"] = timed(fwd_bwd(fused_mlp.swiglu_plain, (h,), cot), reps)
-    r["compiled"] = timed(fwd_bwd(torch.compile(fused_mlp.swiglu_plain), (h,), cot), reps)
-    r["fused"] = timed(fwd_bwd(fused_mlp.swiglu_liger, (h,), cot), reps) if fused_mlp.HAS_LIGER else None
-    return [r]
+    return [row(f"SwiGLU silu(a)*b [{M}x{2 * H}]", "liger (model.mlp=swiglu_liger)", fused_mlp.swiglu_plain,
+                fused_mlp.swiglu_liger if fused_mlp.HAS_LIGER else None, (h,), cot, reps)]
 
 
 def qkv_rows(B, N, H, hd, reps, qk_norm=True, rope=True):
@@ -128,11 +109,8 @@ def qkv_rows(B, N, H, hd, reps, qk_norm=True, rope=True):
     def split(fn):
         return lambda h: fn(h, H, *norms, table)
     parts = "+".join(p for p, on in (("QK-norm", qk_norm), ("RoPE", rope)) if on) or "split only"
-    r = {"op": f"QKV split + {parts} [{B}x{N}x{3 * H * hd}, {H} heads]", "kernel": "genlab Triton (model.qkv_kernel=triton)"}
-    r["eager"] = timed(fwd_bwd(split(split_plain), (h,), cot), reps)
-    r["compiled"] = timed(fwd_bwd(torch.compile(split(split_plain)), (h,), cot), reps)
-    r["fused"] = timed(fwd_bwd(split(fused_qkv.split_triton), (h,), cot), reps)
-    return [r]
+    return [row(f"QKV split + {parts} [{B}x{N}x{3 * H * hd}, {H} heads]", "genlab Triton (model.qkv_kernel=triton)",
+                split(split_plain), split(fused_qkv.split_triton), (h,), cot, reps)]
 
 
 def final_rows(B, N, D, P, reps):
@@ -158,12 +136,8 @@ def final_rows(B, N, D, P, reps):
     def fused(h, c):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return fused_final.triton_final_loss(final, h, c, patchify(target, 2), None)
-    inp = (h, c)
-    r = {"op": f"final layer + flow loss [{B}x{N}x{D} -> {P}]", "kernel": "genlab Triton (model.final_kernel=triton)"}
-    r["eager"] = timed(fwd_bwd(plain, inp), reps)
-    r["compiled"] = timed(fwd_bwd(torch.compile(plain), inp), reps)
-    r["fused"] = timed(fwd_bwd(fused, inp), reps)
-    return [r]
+    return [row(f"final layer + flow loss [{B}x{N}x{D} -> {P}]", "genlab Triton (model.final_kernel=triton)", plain, fused,
+                (h, c), None, reps)]
 
 
 def fmt(t):

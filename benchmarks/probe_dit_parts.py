@@ -1,29 +1,22 @@
 """Floors and parts of one DiT training step on the GPU (issue 5): what the matmuls alone cost, which SDPA
 kernel is fastest at DiT's shape, what the optimizer phase costs by piece, LayerNorm+adaLN fused or not.
+Timings: CUDA events, median of 20 after warm-up, random inputs.
 
     python benchmarks/probe_dit_parts.py [--size B --batch 256]      (CUDA; prints markdown tables)
-
-Timings: CUDA events, median of repeats after warm-up, random inputs.
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import cuda_timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cuda_timing import cuda_timed  # noqa: E402
-
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.core.tables import markdown_table
 
 
-def bench(fn, reps=20, warmup=5):
-    return cuda_timed(fn, reps, warmup)[0]
+def bench(fn):
+    return cuda_timed(fn)[0]
 
 
 def gemm_floor(D, depth, tokens, hidden, dev):
@@ -48,16 +41,8 @@ def sdpa_variants(B, H, N, Dh, dev):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     out = []
     qkv = torch.randn(B, N, 3, H, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    for layout in ("packed-permute", "contiguous"):
-        if layout == "packed-permute":
-            def inputs():
-                q, k, v = qkv.permute(2, 0, 3, 1, 4)
-                return q, k, v
-        else:
-            qc = [torch.randn(B, H, N, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
-
-            def inputs():
-                return qc
+    qc = [torch.randn(B, H, N, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    for layout, inputs in (("packed-permute", lambda: qkv.permute(2, 0, 3, 1, 4)), ("contiguous", lambda: qc)):
         for be in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
             def step():
                 q, k, v = inputs()
@@ -89,29 +74,23 @@ def optimizer_variants(model, dev):
             for p, g in zip(params, grads):
                 p.grad = g.clone()
 
-        def old():
+        def full_step(clip):
             set_grads()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            ema_update(ema, params, 1e-4)
-
-        def new():
-            set_grads()
-            clip_grads(params, 1.0, opt)
+            clip()
             opt.step()
             opt.zero_grad(set_to_none=True)
             ema_update(ema, params, 1e-4)
         base = bench(set_grads)
         tag = "fused" if fused else "foreach"
-        res.append((f"AdamW {tag}: clip_grad_norm_ + step + EMA lerp", bench(old) - base))
-        res.append((f"AdamW {tag}: genlab clip_grads(fold into fused) + step + EMA", bench(new) - base))
+        res.append((f"AdamW {tag}: clip_grad_norm_ + step + EMA lerp",
+                    bench(lambda: full_step(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0))) - base))
+        res.append((f"AdamW {tag}: genlab clip_grads(fold into fused) + step + EMA",
+                    bench(lambda: full_step(lambda: clip_grads(params, 1.0, opt))) - base))
         res.append((f"AdamW {tag}: step only", bench(lambda: (set_grads(), opt.step())) - base))
         res.append((f"AdamW {tag}: clip_grad_norm_ only", bench(lambda: (set_grads(), torch.nn.utils.clip_grad_norm_(params, 1.0))) - base))
         res.append(("EMA foreach_lerp_ only", bench(lambda: ema_update(ema, params, 1e-4))))
         opt.grad_scale = None
-    n = sum(p.numel() for p in params)
-    return res, n
+    return res, sum(p.numel() for p in params)
 
 
 def norm_variants(tokens_b, N, D, dev):
