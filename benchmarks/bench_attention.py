@@ -103,7 +103,7 @@ def run_shape(shape, variants, rate, lines):
         try:
             got, t_f, t_fb = fwd_and_bwd(attn, q, k, v, do, bench)
             if not ref:  # the first row (sdpa flash) is the reference
-                ref += got
+                ref.extend(got)
             rows.append((label, t_f, t_fb, fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_fb / 1e9,
                          max(rel(a, b) for a, b in zip(got, ref))))
         except Exception as e:  # noqa: BLE001 - a backend that does not support the shape is a row, not a crash

@@ -1,30 +1,19 @@
 """The same `genlab bench` under two source trees, side by side on one machine: a restructure must not cost speed.
+Each measurement is its own cold process (PYTHONPATH=<tree>) and the trees alternate (old, new, old, new, ...), so
+drift in clocks or temperature hits both; one row per (bench, tree): img/s of every repeat, the best, the best
+relative to the first tree.
 
     python benchmarks/compare_trees.py --tree new=src --tree old=.baseline/src \
         --bench "bench_dit_b2" --bench "mnist_flow train.graph_step=true" --repeats 2
-
-Each measurement is its own cold process (PYTHONPATH=<tree>), the trees alternate (old, new, old, new, ...) so drift
-in clocks or temperature hits both; prints one row per (bench, tree): img/s of every repeat, the best, and the best
-relative to the first tree.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 
+from common import genlab_bench, genlab_env
 
-def bench_once(tree: str, items: list[str], steps: int, warmup: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-        cmd = [sys.executable, "-m", "genlab", "bench", *items, "--steps", str(steps), "--warmup", str(warmup), "--json", f.name]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"{tree}: {' '.join(items)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
-        return json.load(open(f.name))
+from genlab.core.tables import markdown_row, markdown_table
 
 
 def main() -> int:
@@ -36,22 +25,24 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=10)
     a = p.parse_args()
     trees = [t.split("=", 1) for t in a.tree]
-    rows = ["| bench | tree | device | img/s (each cold process) | best | vs " + trees[0][0] + " |", "| --- | --- | --- | --- | ---: | ---: |"]
+    head = ["bench", "tree", "device", "img/s (each cold process)", "best", f"vs {trees[0][0]}"]
+    print(markdown_table(head, [], "llllrr"), flush=True)
+    rows = []
     for b in a.bench:
-        items = b.split()
         got = {name: [] for name, _ in trees}
-        dev = ""
         for _ in range(a.repeats):
             for name, path in trees:
-                res = bench_once(path, items, a.steps, a.warmup)
+                res = genlab_bench(b.split(), a.steps, a.warmup, env=genlab_env(os.path.abspath(path)))
+                if "error" in res:
+                    raise SystemExit(f"{path}: {b} failed:\n{res['output']}")
                 got[name].append(res["samples_per_s"])
-                dev = res["device"]
         ref = max(got[trees[0][0]])
         for name, _ in trees:
             vals = got[name]
-            rows.append(f"| `{b}` | {name} | {dev} | {' / '.join(f'{v:,.0f}' for v in vals)} | {max(vals):,.0f} | {max(vals) / ref:.3f} |")
-        print("\n".join(rows[-len(trees):]), flush=True)
-    print("\n".join(rows))
+            rows.append([f"`{b}`", name, res["device"], " / ".join(f"{v:,.0f}" for v in vals), f"{max(vals):,.0f}",
+                         f"{max(vals) / ref:.3f}"])
+            print(markdown_row(rows[-1]), flush=True)
+    print(markdown_table(head, rows, "llllrr"))
     return 0
 
 
