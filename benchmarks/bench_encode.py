@@ -1,13 +1,10 @@
 """How fast does `genlab data encode` run the SD-VAE encoder? Issue 35's target: >= 1,000 256x256 images/s per H100.
 
-A diffusers AutoencoderKL with Stable Diffusion 1.x's VAE config (the `vae/config.json` of SD 1.x: 4 levels of
-128, 256, 512, 512 channels, 2 ResNet blocks each, 32 groups, 4 latent channels, scaling 0.18215; factor 8, so
-256x256x3 -> 32x32x4) and random weights (the speed does not depend on them) is saved as a `diffusers:DIR` folder.
-N images (random, or --source: a prepared set resized to --size) are written as a prepared image set, and each
-setting runs genlab's own encode (`genlab.data.encode.encode_dataset`, what `genlab data encode` calls) after a
-warm-up encode of a few batches. img/s is the figure genlab records in meta.json's `encode` cost: source images
-per second, each encoded once per flip variant. `err` is the largest |latent - fp32 latent| of the same images over
-the latents' std (the stored float16 alone gives ~1e-3).
+A diffusers AutoencoderKL with SD 1.x's VAE config (`SD_VAE`; factor 8: 256x256x3 -> 32x32x4) and random weights (the
+speed does not depend on them) encodes N images (random, or --source resized to --size) with genlab's own encode
+(`encode_dataset`, what `genlab data encode` calls) after a warm-up of a few batches. img/s is meta.json's `encode`
+cost: source images per second, each encoded once per flip variant. `err` is the largest |latent - fp32 latent| of the
+same images over the latents' std (the stored float16 alone gives ~1e-3).
 
     python benchmarks/bench_encode.py --device cuda --precision fp32,tf32,bf16 --flip both
     python benchmarks/bench_encode.py --device cpu --n 8 --size 64 --batch-size 4 --small     # a check on a CPU
@@ -15,23 +12,20 @@ the latents' std (the stored float16 alone gives ~1e-3).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+from common import device_name
+from image_sets import resize_uint8
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from upsample_images import resize_uint8  # noqa: E402
-
-from genlab.core.tables import markdown_table  # noqa: E402
-from genlab.data.encode import encode_dataset  # noqa: E402
-from genlab.data.formats import read_image_dataset, write_image_dataset  # noqa: E402
+from genlab.core.tables import markdown_table
+from genlab.data.encode import encode_dataset
+from genlab.data.formats import read_image_dataset, write_image_dataset
 
 # Stable Diffusion 1.x's VAE (CompVis/stable-diffusion-v1-4 vae/config.json; SD 2.x's is the same)
 SD_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
@@ -90,33 +84,27 @@ def main(argv=None):
         images = write_images(work / "images", a.n, a.size, a.source)
         warm = write_images(work / "warm", a.warmup * a.batch_size, a.size, None)
         reference = {}
-        for flip in flips:
-            for mode in modes:
-                for prec in precisions:
-                    opts = MODES[mode]
-                    encode_dataset(warm, vae, work / "warm_lat", batch_size=a.batch_size, flip=flip, device=a.device,
-                                   precision=prec, force=True, **opts)
-                    out = encode_dataset(images, vae, work / f"lat_{prec}_{flip}_{mode}", batch_size=a.batch_size,
-                                         flip=flip, device=a.device, precision=prec, **opts)
-                    meta = json.loads((out / "meta.json").read_text())
-                    lat = np.load(out / "latents.npy").astype(np.float32)
-                    if prec == "fp32" and mode == "plain":
-                        reference[flip] = lat
-                    err = (float(np.abs(lat - reference[flip]).max() / meta["latent_std"]) if flip in reference else None)
-                    cost = meta["encode"]
-                    rows.append({"precision": prec, "mode": mode, "variants": cost["variants"],
-                                 "batch_size": cost["batch_size"], "images": cost["images"], "seconds": cost["seconds"],
-                                 "images_per_s": cost["images_per_s"],
-                                 "encodes_per_s": round(cost["images_per_s"] * cost["variants"], 1),
-                                 "device": cost["device"], "latent_shape": meta["shape"], "err_vs_fp32": err})
-                    shutil.rmtree(out)
+        for flip, mode, prec in itertools.product(flips, modes, precisions):
+            opts = MODES[mode]
+            encode_dataset(warm, vae, work / "warm_lat", batch_size=a.batch_size, flip=flip, device=a.device,
+                           precision=prec, force=True, **opts)
+            out = encode_dataset(images, vae, work / f"lat_{prec}_{flip}_{mode}", batch_size=a.batch_size,
+                                 flip=flip, device=a.device, precision=prec, **opts)
+            meta = json.loads((out / "meta.json").read_text())
+            lat = np.load(out / "latents.npy").astype(np.float32)
+            if prec == "fp32" and mode == "plain":
+                reference[flip] = lat
+            err = (float(np.abs(lat - reference[flip]).max() / meta["latent_std"]) if flip in reference else None)
+            cost = meta["encode"]
+            rows.append({"precision": prec, "mode": mode, **{k: cost[k] for k in ("variants", "batch_size", "images", "seconds",
+                         "images_per_s", "device")}, "encodes_per_s": round(cost["images_per_s"] * cost["variants"], 1),
+                         "latent_shape": meta["shape"], "err_vs_fp32": err})
+            shutil.rmtree(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    dev = torch.device(a.device)
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     cfg = "small VAE (--small)" if a.small else "SD 1.x VAE (random weights)"
     print(f"genlab data encode, {cfg}, {a.size}x{a.size}x3 -> latents {rows[0]['latent_shape']}, {a.n} images "
-          f"({a.source or 'random pixels'}), {name}, torch {torch.__version__}\n")
+          f"({a.source or 'random pixels'}), {device_name(a.device)}, torch {torch.__version__}\n")
     print(markdown_table(["precision", "mode", "flip variants", "batch", "img/s", "encoder passes/s", "s", "err vs fp32"],
                          [[r["precision"], r["mode"], r["variants"], r["batch_size"], f"{r['images_per_s']:.1f}",
                            f"{r['encodes_per_s']:.1f}", f"{r['seconds']:.2f}",
