@@ -15,25 +15,28 @@ SeedsTrainer holding all N seeds. Aggregate img/s = N x batch x steps / seconds.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+import torch
+from common import sync
 
-import torch  # noqa: E402
-
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.core.tables import markdown_table
 
 MNIST_SHAPE = ["data.name=synthetic", "data.path=", "data.image_size=28", "data.channels=1", "data.num_classes=10",
                "data.size=8192"]
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def timed_steps(step, warmup, steps, device) -> float:
+    """Seconds of the calls step(warmup) .. step(warmup + steps - 1), after the untimed step(0) .. step(warmup - 1)."""
+    for i in range(warmup):
+        step(i)
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    sync(device)
+    return time.perf_counter() - t0
 
 
 def sequential(cfg_for, members, warmup, steps) -> float:
@@ -43,13 +46,7 @@ def sequential(cfg_for, members, warmup, steps) -> float:
     for m in members:
         tr = Trainer(cfg_for(*m))
         tr.setup()
-        for i in range(warmup + steps):
-            if i == warmup:
-                _sync(tr.device)
-                t0 = time.perf_counter()
-            tr.steps(i, tr.loader.next)
-        _sync(tr.device)
-        total += time.perf_counter() - t0
+        total += timed_steps(lambda i, tr=tr: tr.steps(i, tr.loader.next), warmup, steps, tr.device)
         tr.log.close()
         del tr
     return total
@@ -59,14 +56,7 @@ def batched(cfg, warmup, steps) -> float:
     from genlab.training.seeds import SeedsTrainer
     st = SeedsTrainer(cfg)
     st.setup()
-    dev = st.runs[0].device
-    for i in range(warmup + steps):
-        if i == warmup:
-            _sync(dev)
-            t0 = time.perf_counter()
-        st.engine(i)
-    _sync(dev)
-    secs = time.perf_counter() - t0
+    secs = timed_steps(st.engine, warmup, steps, st.runs[0].device)
     for r in st.runs:
         r.log.close()
     return secs
