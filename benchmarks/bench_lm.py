@@ -1,43 +1,34 @@
-"""GPT-2 124M training throughput variants in one process (dynamo reset between them), plus an optional
-CUDA kernel profile of one variant: the language-model issue's speed benchmark.
+"""GPT-2 124M training throughput variants in one process (dynamo reset between them), plus an optional CUDA kernel
+profile of one variant: the language-model issue's speed benchmark. Each variant is `genlab bench gpt2_124m` (vocab
+50304, context 1024, bf16, compile, fused AdamW) with the overrides and the temporary change (`hook`) of VARIANTS.
+Rows are printed as they finish and written to DIR/bench_lm.md and DIR/bench_lm.json.
 
     python benchmarks/bench_lm.py --out DIR [--profile new_b16] [--only a,b] [--budget 380]
     python benchmarks/bench_lm.py --quick            # CPU smoke run at tiny size
-
-Variants (all `genlab bench gpt2_124m` shape: vocab 50304, context 1024, bf16, compile, fused AdamW):
-  old_loss_b16  the loss computed outside the compiled model (the code before this change), batch 16
-  new_b16/32/48/64 the loss inside the compiled model (head + cross-entropy fused), batch 16 / 32 / 48
-  chunk_b16     fused linear + cross-entropy over 4096-token chunks (model.ce_chunk=4096)
-  cudnn_b16 / flash_b16   SDPA restricted to the cuDNN / flash attention backend (torch 2.11 picks cuDNN on H100)
-  cudagraphs_b32          train.compile_mode=reduce-overhead (CUDA graphs)
-  autotune_b16/b32        train.compile_mode=max-autotune-no-cudagraphs
-Rows are printed as they finish and written to DIR/bench_lm.md and DIR/bench_lm.json.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import torch
+from common import REPO  # noqa: F401 - puts src/ on sys.path
 
-import torch  # noqa: E402
-
-from genlab.config.tree import load_config  # noqa: E402
-from genlab.lab.bench import BenchStep, format_table, run_bench  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.lab.bench import BenchStep, format_table, run_bench
 
 VARIANTS = {
-    "old_loss_b16": (["train.batch_size=16"], "old_loss"),
-    "new_b16": (["train.batch_size=16"], None),
+    "old_loss_b16": (["train.batch_size=16"], "old_loss"),  # the loss outside the compiled model (the code before)
+    "new_b16": (["train.batch_size=16"], None),  # the loss inside the compiled model: head + cross-entropy fused
     "new_b32": (["train.batch_size=32"], None),
     "new_b48": (["train.batch_size=48"], None),
-    "chunk_b16": (["train.batch_size=16", "model.ce_chunk=4096"], None),
+    "chunk_b16": (["train.batch_size=16", "model.ce_chunk=4096"], None),  # fused linear + CE over 4096-token chunks
     "new_b64": (["train.batch_size=64"], None),
-    "cudnn_b16": (["train.batch_size=16"], "cudnn"),
+    "cudnn_b16": (["train.batch_size=16"], "cudnn"),  # SDPA restricted to one backend (torch 2.11 picks cuDNN on H100)
     "flash_b16": (["train.batch_size=16"], "flash"),
     "cudagraphs_b32": (["train.batch_size=32", "train.compile_mode=reduce-overhead"], None),
     "autotune_b16": (["train.batch_size=16", "train.compile_mode=max-autotune-no-cudagraphs"], None),
@@ -132,11 +123,10 @@ def main():
               f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_mem_gib'] or 0:.2f} GiB, "
               f"recompiles {r['recompiles']}, {r['wall_s']:.0f} s", flush=True)
         (out / "bench_lm.json").write_text(json.dumps(res, indent=2, default=str))
-    table = format_table(rows) if rows else "(no rows)"
-    labels = "\n".join(f"- row {i + 1}: {r['variant']}" for i, r in enumerate(rows))
-    (out / "bench_lm.md").write_text(table + "\n\n" + labels + "\n")
     (out / "bench_lm.json").write_text(json.dumps(res, indent=2, default=str))
-    print(table + "\n" + labels)
+    labels = "\n".join(f"- row {i + 1}: {r['variant']}" for i, r in enumerate(rows))
+    (out / "bench_lm.md").write_text((format_table(rows) if rows else "(no rows)") + "\n\n" + labels + "\n")
+    print((out / "bench_lm.md").read_text())
 
 
 if __name__ == "__main__":
