@@ -14,39 +14,26 @@ import time
 
 import numpy as np
 import torch
+from common import sync, wall_ms
 
 from genlab.core.tables import markdown_table
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.loader import ImageLoader
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(loader, device, steps, work_ms):
     """Batches/s of `loader` while the device runs `work_ms` of matmuls per step (a model stand-in)."""
     a = torch.randn(2048, 2048, device=device)
-    per = None
-    if work_ms > 0:  # calibrate how many matmuls make up work_ms
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(5):
-            a @ a
-        sync(device)
-        per = max(1, int(work_ms / 1e3 / ((time.perf_counter() - t) / 5)))
+    per = max(1, int(work_ms / wall_ms(lambda: a @ a, 5, 0, device))) if work_ms > 0 else 0  # matmuls in work_ms
     for _ in range(3):
         loader.next()
     sync(device)
     loader.wait_time = 0.0
     t0 = time.perf_counter()
     for _ in range(steps):
-        b = loader.next()
-        b["image"].sum()
-        if per:
-            for _ in range(per):
-                a @ a
+        loader.next()["image"].sum()
+        for _ in range(per):
+            a @ a
     sync(device)
     dt = time.perf_counter() - t0
     return steps / dt, loader.wait_time / dt

@@ -18,26 +18,16 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from common import REPO  # noqa: F401 - puts src/ on sys.path
 
-from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+from genlab.core.tables import markdown_row, markdown_table
 
 
-def make_corpus(folder: Path, mb: int, files: int) -> list[Path]:
+def make_corpus(folder: Path, mb: int, files: int):
     from genlab.data.text import read_corpus
-    text = read_corpus()
-    per_file = mb * 10**6 // files
-    paths = []
+    text, per_file = read_corpus(), mb * 10**6 // files
     for i in range(files):
-        p = folder / f"part{i:03d}.txt"
-        with open(p, "w", encoding="utf-8") as f:
-            written = 0
-            while written < per_file:
-                piece = text[: per_file - written]
-                f.write(piece)
-                written += len(piece)
-        paths.append(p)
-    return paths
+        (folder / f"part{i:03d}.txt").write_text((text * (per_file // len(text) + 1))[:per_file], encoding="utf-8")
 
 
 def vm_hwm_mb() -> float:
