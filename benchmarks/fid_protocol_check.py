@@ -1,25 +1,16 @@
 """A check of the whole FID pipeline against published real-vs-real figures (docs/fid.md, "Checking the pipeline").
 
-Needs the published Inception weights (a download: pt_inception-2015-12-05-6726825d.pth) and two prepared image
-datasets (`genlab data prepare KIND --split train|test`). It computes, with genlab's own code path (inception.py,
-ref_stats.py, frechet.py, inception_score.py):
-- FID and sFID of the train split against the test split (the statistics of each streamed as `genlab data ref-stats`
-  writes them),
-- the Inception Score of the train split (10 consecutive splits, genlab's rule; and torch-fidelity's rule: shuffled
-  with seed 2020),
-- the same FID with two deliberate input mistakes (nearest-neighbour resize; pixels fed in [0, 1] instead of
-  [-1, 1]), so one sees how far such a mistake moves the figure,
-and compares with the published figures below when the datasets are CIFAR-10 (`--expect cifar10`).
+Needs the published Inception weights (pt_inception-2015-12-05-6726825d.pth, a download) and two prepared image sets
+(`genlab data prepare KIND --split train|test`). With genlab's own code path (inception.py, ref_stats.py, frechet.py,
+inception_score.py) it computes FID and sFID of the train split against the test split (statistics streamed as
+`genlab data ref-stats` writes them), the Inception Score of the train split (10 consecutive splits, genlab's rule, and
+torch-fidelity's: shuffled with seed 2020), and the same FID with two deliberate input mistakes (nearest-neighbour
+resize; pixels in [0, 1] instead of [-1, 1]) to show how far such a mistake moves it; `--expect cifar10` compares with
+PUBLISHED (sources in docs/fid.md): torch-fidelity resizes like TensorFlow 1 and normalises (x - 128) / 128 where
+genlab follows pytorch-fid (half-pixel bilinear, x / 127.5 - 1), so the IS may differ a little.
 
     PYTHONPATH=src python benchmarks/fid_protocol_check.py --weights ~/pt_inception-2015-12-05-6726825d.pth \\
         --train data/cifar10_train --test data/cifar10_test --expect cifar10
-
-Published real-data figures (sources in docs/fid.md):
-- Inception Score of the CIFAR-10 training split: 11.23678 (std 0.0951) -- torch-fidelity's README
-  (`fidelity --isc --input1 cifar10-train`). torch-fidelity resizes like TensorFlow 1 and normalises (x - 128) / 128;
-  genlab follows pytorch-fid (half-pixel bilinear, x / 127.5 - 1), so a small difference is expected.
-- FID of the CIFAR-10 training split (50,000) against the test split (10,000): about 3.1 -- a user's figure in
-  NVlabs/stylegan2-ada issue 53, not a maintainer's; taken as a sanity range, not an exact target.
 """
 from __future__ import annotations
 
@@ -37,6 +28,8 @@ from genlab.eval.inception import INPUT_SIZE, inception_outputs, load_fid_incept
 from genlab.eval.inception_score import inception_score
 from genlab.eval.ref_stats import _Moments
 
+# figure -> (value, tolerance, source). The IS is torch-fidelity's README (`fidelity --isc --input1 cifar10-train`:
+# 11.23678, std 0.0951); the FID (about 3.1) a user's figure, not a maintainer's: a sanity range, not an exact target
 PUBLISHED = {"cifar10": {"is_train": (11.23678, 0.25, "torch-fidelity README, CIFAR-10 train IS"),
                          "fid_train_test": (3.1, 0.5, "NVlabs/stylegan2-ada#53 (user figure), FID train 50k vs test 10k")}}
 
