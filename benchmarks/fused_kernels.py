@@ -5,6 +5,10 @@ Shapes: DiT-B/2 (256 tokens of width 768) and DiT-XL/2 (1152) at batch --batch, 
 residual; GPT-2 124M's head (768 -> 50304 rows, 50257 real) over --gpt-batch x 1024 tokens.
 
     python benchmarks/fused_kernels.py [--batch 256 --gpt-batch 32 --reps 30]     (CUDA; prints a markdown table)
+--dit-parts: floors and parts of one DiT training step (issue 5): what the matmuls alone cost, which SDPA kernel is
+fastest at DiT's shape, what the optimizer phase costs by piece, LayerNorm+adaLN fused or not (median of 20).
+
+    python benchmarks/fused_kernels.py --dit-parts [--size B --batch 256]
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import argparse
 import sys
 
 import torch
+import torch.nn.functional as F
 from common import cuda_timed as timed
 
 from genlab.core.tables import markdown_table
@@ -140,6 +145,124 @@ def final_rows(B, N, D, P, reps):
                 (h, c), None, reps)]
 
 
+def median_ms(fn):
+    return timed(fn)[0]
+
+
+def gemm_floor(D, depth, tokens, hidden, dev):
+    """Every Linear GEMM of one training step (fwd Y=XW^T, bwd dX=dY W and dW=dY^T X), bf16, cuBLAS."""
+    rows = []
+    total_ms, total_flop = 0.0, 0.0
+    for name, k, n in (("qkv", D, 3 * D), ("proj", D, D), ("fc1", D, hidden), ("fc2", hidden, D)):
+        x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
+        f = median_ms(lambda: x @ w.t())
+        bx = median_ms(lambda: dy @ w)
+        bw = median_ms(lambda: dy.t() @ x)
+        flop = 2 * tokens * k * n
+        rows.append((name, tokens, k, n, f, bx, bw, 3 * flop / (f + bx + bw) / 1e9))
+        total_ms += (f + bx + bw) * depth
+        total_flop += 3 * flop * depth
+    return rows, total_ms, total_flop
+
+
+def sdpa_variants(B, H, N, Dh, dev):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    out = []
+    qkv = torch.randn(B, N, 3, H, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    qc = [torch.randn(B, H, N, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    for layout, inputs in (("packed-permute", lambda: qkv.permute(2, 0, 3, 1, 4)), ("contiguous", lambda: qc)):
+        for be in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
+            def step():
+                q, k, v = inputs()
+                with sdpa_kernel(getattr(SDPBackend, be)):
+                    o = F.scaled_dot_product_attention(q, k, v)
+                o.backward(torch.ones_like(o))
+            try:
+                ms = median_ms(step)
+                flop = 3 * 4 * B * H * N * N * Dh  # fwd 2 matmuls x (1 fwd + 2 bwd)
+                out.append((layout, be, ms, flop / ms / 1e9))
+            except Exception as e:  # noqa: BLE001
+                out.append((layout, be, float("nan"), str(e).splitlines()[0][:60]))
+    return out
+
+
+def optimizer_variants(model, dev):
+    from genlab.runtime.parallel import clip_grads
+    from genlab.training.trainer import ema_update
+    params = [p for p in model.parameters()]
+    ema = [p.detach().clone() for p in params]
+    res = []
+    for fused in (True, False):
+        opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.0},
+                                 {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                                lr=1e-4, fused=fused or None, foreach=None if fused else True)
+        grads = [torch.randn_like(p) for p in params]
+
+        def set_grads():
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+
+        def full_step(clip):
+            set_grads()
+            clip()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            ema_update(ema, params, 1e-4)
+        base = median_ms(set_grads)
+        tag = "fused" if fused else "foreach"
+        res.append((f"AdamW {tag}: clip_grad_norm_ + step + EMA lerp",
+                    median_ms(lambda: full_step(lambda: torch.nn.utils.clip_grad_norm_(params, 1.0))) - base))
+        res.append((f"AdamW {tag}: genlab clip_grads(fold into fused) + step + EMA",
+                    median_ms(lambda: full_step(lambda: clip_grads(params, 1.0, opt))) - base))
+        res.append((f"AdamW {tag}: step only", median_ms(lambda: (set_grads(), opt.step())) - base))
+        res.append((f"AdamW {tag}: clip_grad_norm_ only", median_ms(lambda: (set_grads(), torch.nn.utils.clip_grad_norm_(params, 1.0))) - base))
+        res.append(("EMA foreach_lerp_ only", median_ms(lambda: ema_update(ema, params, 1e-4))))
+        opt.grad_scale = None
+    return res, sum(p.numel() for p in params)
+
+
+def norm_variants(tokens_b, N, D, dev):
+    from genlab.nn.norm import norm_modulate_fused, norm_modulate_unfused
+    x = torch.randn(tokens_b, N, D, device=dev, requires_grad=True)
+    sh = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    sc = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    out = []
+    for name, fn in (("unfused", norm_modulate_unfused), ("fused", norm_modulate_fused)):
+        for comp in (False, True):
+            f = torch.compile(fn) if comp else fn
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = f(x, sh, sc, 1e-6)
+                y.backward(torch.ones_like(y))
+            out.append((name, "compiled" if comp else "eager", median_ms(step)))
+    return out
+
+
+def dit_parts(a):
+    from genlab.families.image_flow.dit import DIT_SIZES, DiT, DiTSpec
+    dev = torch.device("cuda")
+    D, depth, H = DIT_SIZES[a.size]
+    N = 256
+    tokens = a.batch * N
+    print(f"## DiT-{a.size}/2 batch {a.batch} parts on {torch.cuda.get_device_name()} (torch {torch.__version__})\n")
+    rows, ms, flop = gemm_floor(D, depth, tokens, 4 * D, dev)
+    print(markdown_table(["GEMM", "M", "K", "N", "fwd ms", "bwd dX ms", "bwd dW ms", "TFLOP/s"],
+                         [[*r[:4], f"{r[4]:.3f}", f"{r[5]:.3f}", f"{r[6]:.3f}", f"{r[7]:.0f}"] for r in rows]))
+    print(f"\nall block GEMMs of one step ({depth} blocks): {ms:.1f} ms, {flop / ms / 1e9:.0f} TFLOP/s\n")
+    print(markdown_table(["SDPA layout", "backend", "fwd+bwd ms (one layer)", "TFLOP/s"],
+                         [[r[0], r[1], f"{r[2]:.3f}", r[3] if isinstance(r[3], str) else format(r[3], ".0f")]
+                          for r in sdpa_variants(a.batch, H, N, D // H, dev)]))
+    model = DiT(DiTSpec(32, 4, 1000, D, depth, H)).to(dev)
+    res, n = optimizer_variants(model, dev)
+    print(f"\noptimizer phase, {n / 1e6:.1f}M fp32 params (floor: fused AdamW 28 B/param + EMA 12 B/param + clip 4-12 B/param)\n")
+    print(markdown_table(["piece", "ms"], [[name, f"{t:.3f}"] for name, t in res]))
+    print("\n" + markdown_table(["LayerNorm+adaLN (fwd+bwd, fp32 residual in, bf16 autocast)", "mode", "ms (one call)"],
+                                [[r[0], r[1], f"{r[2]:.3f}"] for r in norm_variants(a.batch, N, D, dev)]))
+
+
 def fmt(t):
     return "not installed" if t is None else f"{t[0]:.2f} ms ({t[1]:.2f} GiB)"
 
@@ -149,9 +272,13 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--gpt-batch", type=int, default=32)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--dit-parts", action="store_true", help="the parts of one DiT training step instead")
+    ap.add_argument("--size", default="B", help="--dit-parts: the DiT size")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("fused_kernels.py needs a CUDA GPU")
+    if a.dit_parts:
+        return dit_parts(a)
     rows = adaln_rows(a.batch, 256, 768, a.reps) + adaln_rows(a.batch // 2, 256, 1152, a.reps) + ce_rows(a.gpt_batch, 1024, a.reps)
     # SwiGLU widths (2/3 of 4 x dim): DiT-B/2 tokens, GPT-2 124M tokens
     rows += swiglu_rows(a.batch * 256, 2048, a.reps) + swiglu_rows(a.gpt_batch * 1024, 2048, a.reps)
