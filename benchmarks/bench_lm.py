@@ -19,7 +19,7 @@ import torch
 from common import REPO  # noqa: F401 - puts src/ on sys.path
 
 from genlab.config.tree import load_config
-from genlab.lab.bench import BenchStep, format_table, run_bench
+from genlab.lab.bench import BenchStep, format_table, profile_steps, run_bench
 
 VARIANTS = {
     "old_loss_b16": (["train.batch_size=16"], "old_loss"),  # the loss outside the compiled model (the code before)
@@ -64,20 +64,13 @@ def hook(name):
 
 
 def profile(cfg, out: Path, steps=3):
-    """Top CUDA kernels of a few steps after warm-up, as a text table."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
+    """GPU time by kernel category and the top kernels of a few steps after warm-up (`genlab bench --profile`'s
+    summary): out/profile.md, profile.json and trace.json.gz."""
     b = BenchStep(cfg)
     for _ in range(12):
         b.step()
-    torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        for _ in range(steps):
-            b.step()
-        torch.cuda.synchronize()
-    table = p.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
-    (out / "profile.txt").write_text(table)
-    print(table[:6000], flush=True)
+    profile_steps(b, steps, out)
+    print((out / "profile.md").read_text()[:6000], flush=True)
 
 
 def main():
