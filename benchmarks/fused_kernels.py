@@ -34,6 +34,14 @@ def fwd_bwd(f, inputs, cot=None):
     return run
 
 
+def bf16(f):
+    """f under bf16 autocast (the presets' precision)."""
+    def run(*a):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return f(*a)
+    return run
+
+
 def row(op, kernel, plain, fused, inputs, cot, reps) -> dict:
     """The plain composition eager and compiled, and the fused kernel (None: its library is not installed)."""
     return {"op": op, "kernel": kernel, "eager": timed(fwd_bwd(plain, inputs, cot), reps),
@@ -49,12 +57,6 @@ def adaln_rows(B, N, D, reps):
     y = torch.randn(B, N, D, device="cuda", generator=g).bfloat16().requires_grad_()        # a matmul's output
     gate, sh, sc = (torch.randn(B, D, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(3))
     eps = 1e-6
-
-    def ac(f):
-        def run(*a):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return f(*a)
-        return run
     ops = {
         "LN + modulate": ((x, sh, sc), lambda x, sh, sc: norm_modulate_fused(x, sh, sc, eps),
                           lambda x, sh, sc: FA.norm_modulate_triton(x, sh, sc, eps)),
@@ -64,9 +66,9 @@ def adaln_rows(B, N, D, reps):
     }
     rows = []
     for name, (inp, plain, fused) in ops.items():
-        out = ac(plain)(*inp)
+        out = bf16(plain)(*inp)
         cot = [torch.randn_like(o) for o in (out if isinstance(out, tuple) else (out,))]
-        rows.append(row(f"{name} [{B}x{N}x{D}]", "genlab Triton (model.adaln=triton)", ac(plain), ac(fused), inp, cot, reps))
+        rows.append(row(f"{name} [{B}x{N}x{D}]", "genlab Triton (model.adaln=triton)", bf16(plain), bf16(fused), inp, cot, reps))
     return rows
 
 
@@ -80,10 +82,7 @@ def ce_rows(B, T, reps):
     y = torch.randint(0, vocab, (B * T,), device="cuda", generator=g)
 
     def loss_of(kernel):
-        def run(h, W):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return kernel(head, h, y, None, vocab)
-        return run
+        return bf16(lambda h, W: kernel(head, h, y, None, vocab))
     inp = (h, head.weight)
     plain = row(f"head + CE [{B * T}x{D} -> {V}]", "", loss_of(fused_ce.plain_ce), None, inp, None, reps)
     return [dict(plain, kernel=f"{name} (model.ce_kernel={name})", fused=timed(fwd_bwd(loss_of(fn), inp), reps) if ok else None)
@@ -132,15 +131,8 @@ def final_rows(B, N, D, P, reps):
     h = torch.randn(B, N, D, device="cuda").requires_grad_()
     c = torch.randn(B, D, device="cuda").requires_grad_()
     target = torch.randn(B, C, side, side, device="cuda")
-
-    def plain(h, c):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            v = depatchify(final(h, c), 2, C, side, side)
-            return torch.nn.functional.mse_loss(v.float(), target)
-
-    def fused(h, c):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            return fused_final.triton_final_loss(final, h, c, patchify(target, 2), None)
+    plain = bf16(lambda h, c: F.mse_loss(depatchify(final(h, c), 2, C, side, side).float(), target))
+    fused = bf16(lambda h, c: fused_final.triton_final_loss(final, h, c, patchify(target, 2), None))
     return [row(f"final layer + flow loss [{B}x{N}x{D} -> {P}]", "genlab Triton (model.final_kernel=triton)", plain, fused,
                 (h, c), None, reps)]
 
@@ -231,11 +223,10 @@ def norm_variants(tokens_b, N, D, dev):
     out = []
     for name, fn in (("unfused", norm_modulate_unfused), ("fused", norm_modulate_fused)):
         for comp in (False, True):
-            f = torch.compile(fn) if comp else fn
+            f = bf16(torch.compile(fn) if comp else fn)
 
             def step():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    y = f(x, sh, sc, 1e-6)
+                y = f(x, sh, sc, 1e-6)
                 y.backward(torch.ones_like(y))
             out.append((name, "compiled" if comp else "eager", median_ms(step)))
     return out

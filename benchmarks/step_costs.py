@@ -1,7 +1,8 @@
-"""Training memory facts measured on the CPU (issue 33; the bytes do not depend on the device).
+"""What a training step costs, measured on the CPU (issues 18 and 33; the bytes do not depend on the device).
 
-    PYTHONPATH=src python benchmarks/memory.py activations bench_dit_b2 --batches 2 4 --scale-to 256
-    PYTHONPATH=src python benchmarks/memory.py optim-state --preset mnist_flow model.size=B model.patch_size=2
+    PYTHONPATH=src python benchmarks/step_costs.py activations bench_dit_b2 --batches 2 4 --scale-to 256
+    PYTHONPATH=src python benchmarks/step_costs.py optim-state --preset mnist_flow model.size=B model.patch_size=2
+    PYTHONPATH=src python benchmarks/step_costs.py shampoo [--device cuda --layers 48]   # default: CPU, 24 x Linear(768)
 
 `activations`: the bytes autograd saves for backward in one training step (genlab.runtime.saved_tensors) and what
 COAT-style FP8 storage of them would save, at two small batches, fitted as fixed + per-sample x batch and scaled to
@@ -9,16 +10,21 @@ COAT-style FP8 storage of them would save, at two small batches, fitted as fixed
 less, so this is the eager upper bound), in the config's precision (bf16 autocast on the CPU keeps the same ops in
 fp32 as on CUDA except where their autocast lists differ). `optim-state`: the state of every AdamW storage format
 after one step, measured by walking optimizer.state (genlab.optim.state.state_bytes, the `optim_state_mib` metric).
+`shampoo`: where Shampoo's step time goes (2.0 s a step at DiT-B/2 width on an H100, against 0.07-0.36 s for the other
+optimizers): genlab's `shampoo` entry on a stack of Linear layers, plain steps against one step that recomputes the
+preconditioners (every optim.precondition_every steps), the latter profiled.
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 
 import torch
-from common import REPO  # noqa: F401 - puts src/ on sys.path
+from common import wall_ms
 
-from genlab.config.tree import load_config
+from genlab.config.tree import OptimConfig, load_config
 from genlab.core.tables import markdown_row, markdown_table
 from genlab.lab.bench import BenchStep
 from genlab.optim.build import build_optimizer
@@ -74,10 +80,38 @@ def optim_state(a):
         del opt
 
 
+def shampoo(a):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(a.width, a.width) for _ in range(a.layers)]).to(a.device)
+    # precondition_every 0 = every 10 steps, the first at step 10
+    opt = build_optimizer(model, OptimConfig(name="shampoo", lr=3e-4))
+    x = torch.randn(64, a.width, device=a.device)
+
+    def step():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    for _ in range(10):  # steps 1-10 (step 10 computes the first preconditioners)
+        step()
+    plain = sorted(wall_ms(step, 1, 0, a.device) / 1e3 for _ in range(9))  # steps 11-19
+    prof = cProfile.Profile()
+    recompute = wall_ms(lambda: prof.runcall(step), 1, 0, a.device) / 1e3  # step 20: recomputes the inverse roots
+    stats = pstats.Stats(prof)
+    rows = {f"{k[0].rsplit('/', 1)[-1]}:{k[2]}": v[3] for k, v in stats.stats.items()}  # cumulative seconds
+    print(markdown_table(["step", f"seconds ({a.layers} x Linear({a.width}, {a.width}), {a.device})"],
+                         [["plain step (median of 9)", f"{plain[4]:.3f}"],
+                          ["step that recomputes the preconditioners", f"{recompute:.3f}"]]))
+    inside = [n for n in sorted(rows, key=rows.get, reverse=True) if any(w in n for w in (
+        "compute_pre_conditioners", "compute_power_schur_newton", "matrix_power", "power_iteration", "preconditioned_grad",
+        "add_statistics"))]
+    print("\n" + markdown_table(["inside the recomputing step", "cumulative s", "share"],
+                                [[n, f"{rows[n]:.3f}", f"{rows[n] / recompute:.0%}"] for n in inside], "lrr"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    act, opt = sub.add_parser("activations"), sub.add_parser("optim-state")
+    act, opt, sham = sub.add_parser("activations"), sub.add_parser("optim-state"), sub.add_parser("shampoo")
     act.add_argument("preset")
     act.add_argument("--batches", type=int, nargs=2, default=[2, 4])
     act.add_argument("--scale-to", type=int, default=256)
@@ -86,8 +120,11 @@ def main():
     opt.add_argument("--optims", default=",".join(OPTIMIZERS))
     for p in (act, opt):
         p.add_argument("overrides", nargs="*")
+    sham.add_argument("--device", default="cpu")
+    sham.add_argument("--layers", type=int, default=24)
+    sham.add_argument("--width", type=int, default=768)
     a = ap.parse_args()
-    (activations if a.what == "activations" else optim_state)(a)
+    {"activations": activations, "optim-state": optim_state, "shampoo": shampoo}[a.what](a)
 
 
 if __name__ == "__main__":
