@@ -9,15 +9,23 @@ residual; GPT-2 124M's head (768 -> 50304 rows, 50257 real) over --gpt-batch x 1
 fastest at DiT's shape, what the optimizer phase costs by piece, LayerNorm+adaLN fused or not (median of 20).
 
     python benchmarks/fused_kernels.py --dit-parts [--size B --batch 256]
+
+--float8-mlp W: float8 against bf16 on a compiled MLP stack of width W (`--recipe bf16|tensorwise|rowwise`, --tokens
+32768, --layers 4), one configuration per process (dynamo's recompile limit); prints one JSON line: fwd+bwd ms and
+achieved TFLOP/s (6 x tokens x params of the linears per step).
+
+    python benchmarks/fused_kernels.py --float8-mlp 2048 --recipe rowwise
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import torch
 import torch.nn.functional as F
 from common import cuda_timed as timed
+from common import wall_ms
 
 from genlab.core.tables import markdown_table
 
@@ -254,6 +262,32 @@ def dit_parts(a):
                                 [[r[0], r[1], f"{r[2]:.3f}"] for r in norm_variants(a.batch, N, D, dev)]))
 
 
+def float8_mlp(a):
+    from genlab.nn.float8 import check_float8_device, convert_float8, count_float8
+    dev, w = torch.device("cuda"), a.float8_mlp
+    blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(w), torch.nn.Linear(w, 4 * w), torch.nn.GELU(),
+                                                     torch.nn.Linear(4 * w, w)) for _ in range(a.layers)).to(dev)
+    if a.recipe != "bf16":
+        check_float8_device(dev)
+        convert_float8(blocks, a.recipe)
+        assert count_float8(blocks) == 2 * a.layers
+
+    @torch.compile
+    def model(x):
+        for b in blocks:
+            x = x + b(x)
+        return x
+    x = torch.randn(a.tokens, w, device=dev, requires_grad=True)
+    opt = torch.optim.AdamW(blocks.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        bf16(model)(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    ms = wall_ms(step, a.steps, warmup=5, device=dev)
+    print(json.dumps({"width": w, "recipe": a.recipe, "step_ms": ms, "tflops": 6 * a.tokens * a.layers * 8 * w ** 2 / ms / 1e9}))
+
+
 def fmt(t):
     return "not installed" if t is None else f"{t[0]:.2f} ms ({t[1]:.2f} GiB)"
 
@@ -265,11 +299,16 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--dit-parts", action="store_true", help="the parts of one DiT training step instead")
     ap.add_argument("--size", default="B", help="--dit-parts: the DiT size")
+    ap.add_argument("--float8-mlp", type=int, metavar="WIDTH", help="float8 vs bf16 on a compiled MLP stack of this width")
+    ap.add_argument("--recipe", default="bf16", help="--float8-mlp: bf16, tensorwise or rowwise")
+    ap.add_argument("--tokens", type=int, default=32768, help="--float8-mlp")
+    ap.add_argument("--layers", type=int, default=4, help="--float8-mlp")
+    ap.add_argument("--steps", type=int, default=20, help="--float8-mlp: timed steps")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("fused_kernels.py needs a CUDA GPU")
-    if a.dit_parts:
-        return dit_parts(a)
+    if a.dit_parts or a.float8_mlp:
+        return dit_parts(a) if a.dit_parts else float8_mlp(a)
     rows = adaln_rows(a.batch, 256, 768, a.reps) + adaln_rows(a.batch // 2, 256, 1152, a.reps) + ce_rows(a.gpt_batch, 1024, a.reps)
     # SwiGLU widths (2/3 of 4 x dim): DiT-B/2 tokens, GPT-2 124M tokens
     rows += swiglu_rows(a.batch * 256, 2048, a.reps) + swiglu_rows(a.gpt_batch * 1024, 2048, a.reps)
