@@ -21,7 +21,10 @@ import time
 import torch
 from common import sync
 
+from genlab.config.tree import load_config
 from genlab.core.tables import markdown_table
+from genlab.training.seeds import SeedsTrainer
+from genlab.training.trainer import Trainer
 
 MNIST_SHAPE = ["data.name=synthetic", "data.path=", "data.image_size=28", "data.channels=1", "data.num_classes=10",
                "data.size=8192"]
@@ -41,7 +44,6 @@ def timed_steps(step, warmup, steps, device) -> float:
 
 def sequential(cfg_for, members, warmup, steps) -> float:
     """Seconds of `steps` training steps of each member's single run, summed."""
-    from genlab.training.trainer import Trainer
     total = 0.0
     for m in members:
         tr = Trainer(cfg_for(*m))
@@ -53,7 +55,6 @@ def sequential(cfg_for, members, warmup, steps) -> float:
 
 
 def batched(cfg, warmup, steps) -> float:
-    from genlab.training.seeds import SeedsTrainer
     st = SeedsTrainer(cfg)
     st.setup()
     secs = timed_steps(st.engine, warmup, steps, st.runs[0].device)
@@ -77,7 +78,6 @@ def main(argv=None):
                          "against the single runs as the preset ships them)")
     ap.add_argument("overrides", nargs="*", help="config overrides for both sides (section.key=value)")
     a = ap.parse_args(argv)
-    from genlab.config.tree import load_config
     seeds = list(range(a.seeds))
     with tempfile.TemporaryDirectory() as tmp:
         base = [*(MNIST_SHAPE if a.synthetic else []), *a.overrides, f"train.device={a.device}", f"train.out_dir={tmp}",

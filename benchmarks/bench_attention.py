@@ -29,6 +29,10 @@ import torch.nn.functional as F
 from common import error_cell, genlab_bench, report, wall_ms
 
 from genlab.core.tables import markdown_row, markdown_table
+from genlab.nn import triton_attention
+from genlab.nn.attention import sigmoid_attention_flex, sigmoid_attention_plain
+from genlab.nn.triton_attention import flash_attention
+from genlab.nn.triton_sigmoid import sigmoid_attention_triton
 
 SHAPES = {"long": (4, 16, 16384, 16), "d64": (4, 16, 4096, 64)}
 DEFAULT_VARIANTS = "0/split,1/split,2/split,3/split,1/atomic,2/atomic,3/atomic"  # all autotuned
@@ -92,7 +96,6 @@ def fwd_and_bwd(attn, q, k, v, do, time_ms):
 def run_shape(shape, variants, rate, lines):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from genlab.nn.triton_attention import flash_attention
     B, H, N, D = shape
     fwd_flops = 4 * N * N * D * B * H
     q, k, v, do = qkv_views(B, N, H, D, "cuda")
@@ -120,8 +123,7 @@ def run_shape(shape, variants, rate, lines):
         measure(f"triton {var}", lambda q, k, v: flash_attention(q, k, v))
     for key in ("GENLAB_TRITON_ATTN_TUNE", "GENLAB_TRITON_ATTN_ROWSUM"):
         os.environ.pop(key, None)
-    from genlab.nn import triton_attention as T
-    K = T._kernels()
+    K = triton_attention._kernels()
     for name in ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):  # what the autotuner picked, per key
         for key, cfg in getattr(getattr(K, name + "_tuned"), "cache", {}).items():
             if key[0] == N:
@@ -143,8 +145,6 @@ SIGMOID_TOKENS = (256, 258, 1024, 4096)
 
 def run_sigmoid(tokens, heads, head_dim, total, lines):
     """fwd and fwd+bwd ms of softmax SDPA and of sigmoid attention's paths; errors vs an fp32 plain reference."""
-    from genlab.nn.attention import sigmoid_attention_flex, sigmoid_attention_plain
-    from genlab.nn.triton_sigmoid import sigmoid_attention_triton
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     time_ms = (lambda fn: bench(fn, warmup=10, rep=100)) if cuda else (lambda fn: wall_ms(fn, 3))
@@ -219,7 +219,6 @@ def main():
         return report(lines, args.out)
     if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
         set_variant(args.once + "/fixed")
-        from genlab.nn.triton_attention import flash_attention
         B, H, N, D = SHAPES["long"]
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         for _ in range(2):

@@ -26,7 +26,11 @@ from pathlib import Path
 import torch
 from common import genlab_bench, genlab_env, wall_ms
 
+from genlab.config.tree import load_config
 from genlab.core.tables import markdown_row, markdown_table
+from genlab.lab.bench import run_bench
+from genlab.lab.match import matched_overrides, reference_params
+from genlab.nn.attention_spec import attention_registry
 
 BACKBONES = {"dit": [], "long_skips": ["model.long_skips=true"], "incontext_pre": ["model.name=dit_incontext"],
              "incontext_post": ["model.name=dit_incontext", "model.ln_placement=post"], "mmdit": ["model.name=mmdit"],
@@ -46,15 +50,11 @@ def shape_overrides(tokens: int, patch: int = 2) -> tuple[list, dict]:
 
 def matched(overrides: list, spec: dict) -> list:
     """Width / MLP width giving this variant DiT-B/2's parameter count at this data shape."""
-    from genlab.config.tree import load_config
-    from genlab.lab.match import matched_overrides, reference_params
     cfg = load_config("bench_dit_b2", overrides)
     return matched_overrides(cfg.model, spec, reference_params(cfg.model, spec))
 
 
 def bench_in_process(overrides, steps, warmup):
-    from genlab.config.tree import load_config
-    from genlab.lab.bench import run_bench
     try:
         return run_bench(load_config("bench_dit_b2", overrides), steps=steps, warmup=warmup)
     except Exception as e:  # noqa: BLE001 - one failed row (e.g. flex backward on CPU) must not stop the table
@@ -71,7 +71,6 @@ def bench_subprocess(overrides, steps, warmup, turn_lock=None, parallel=1):
 
 def attention_ms(name, n, batch, heads, head_dim, device, dtype, reps):
     """Forward + backward of one attention call (ms), q/k/v [batch, heads, n, head_dim]."""
-    from genlab.nn.attention_spec import attention_registry
     entry = attention_registry.get(name)
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, generator=g).requires_grad_()

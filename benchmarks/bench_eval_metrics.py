@@ -29,8 +29,9 @@ from genlab.config.tree import load_config
 from genlab.core.tables import markdown_row, markdown_table
 from genlab.data.formats import read_image_dataset
 from genlab.eval.frechet import frechet_from_stats
-from genlab.eval.inception import INPUT_SIZE, inception_outputs, load_fid_inception
+from genlab.eval.inception import INPUT_SIZE, FIDInceptionV3, inception_features, inception_outputs, load_fid_inception
 from genlab.eval.inception_score import inception_score
+from genlab.eval.lpips import LPIPS, lpips_pairs
 from genlab.eval.metrics import image_metrics
 from genlab.eval.ref_stats import _Moments
 
@@ -118,8 +119,6 @@ def floors(data, val, ns, device):
 
 
 def throughput(device, side, channels):
-    from genlab.eval.inception import FIDInceptionV3, inception_features
-    from genlab.eval.lpips import LPIPS, lpips_pairs
     imgs = torch.randint(0, 256, (1000, side, side, channels), dtype=torch.uint8)
     print(markdown_table(["network", "images", "img/s"], [], "lll"))
     nets = [("FID Inception-v3 (299 px)", FIDInceptionV3().to(device).eval(), lambda m: inception_features(m, imgs, 200, device))]

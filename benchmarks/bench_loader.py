@@ -30,6 +30,8 @@ from common import sync, wall_ms
 from genlab.core.tables import markdown_row, markdown_table
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.loader import ImageLoader
+from genlab.data.text import prepare_text, read_corpus, read_token_dataset
+from genlab.data.token_loader import TokenLoader
 
 
 def measure(loader, device, steps, work_ms):
@@ -80,7 +82,6 @@ def vm_hwm_mb() -> float:
 
 
 def prepare_once(src: str, out: str, tokenizer: str, workers: int) -> dict:
-    from genlab.data.text import prepare_text
     t0 = time.perf_counter()
     prepare_text(src=[str(p) for p in sorted(Path(src).glob("*.txt"))], out=out, tokenizer=tokenizer, workers=workers)
     dt = time.perf_counter() - t0
@@ -91,8 +92,6 @@ def prepare_once(src: str, out: str, tokenizer: str, workers: int) -> dict:
 
 def token_batch_ms(out: str, seq_len: int, batch: int, steps: int = 200) -> float:
     """Mean host time of one batch from the memmap (on_device=no), prefetch on: what a step would wait."""
-    from genlab.data.text import read_token_dataset
-    from genlab.data.token_loader import TokenLoader
     loader = TokenLoader(read_token_dataset(out, seq_len, verify=False).train, seq_len, batch, "cpu", on_device="no")
     for _ in range(5):
         loader.next()
@@ -104,7 +103,6 @@ def token_batch_ms(out: str, seq_len: int, batch: int, steps: int = 200) -> floa
 
 
 def text(args):
-    from genlab.data.text import read_corpus
     corpus, per_file = read_corpus(), args.mb * 10**6 // args.files
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"

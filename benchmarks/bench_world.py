@@ -24,21 +24,22 @@ from pathlib import Path
 import torch
 from common import device_name, error_cell, sync
 
+from genlab.config.tree import load_config
 from genlab.core.tables import markdown_row, markdown_table
+from genlab.data import build_dataset
+from genlab.families.build import build_model_and_method
+from genlab.runs.load import load_run
+from genlab.runtime.parallel import resolve_device
 
 
 def build(args):
-    from genlab.training.trainer import build_model_and_method
     if args.run:
-        from genlab.runs.load import load_run
         cfg, model, method, dev, state = load_run(args.run, args.device)
         return model, method, dev, state["data_spec"]
-    from genlab.config.tree import load_config
     cfg = load_config(args.preset, args.overrides)
     spec = {"kind": "episodes", "image_size": 64, "channels": 3, "num_actions": 6, "action_dim": 0,
             "context": cfg.data.context_frames, "horizon": cfg.data.horizon, "action_meanings": None, "num_classes": 0}
     model, method = build_model_and_method(cfg, spec)
-    from genlab.runtime.parallel import resolve_device
     dev = resolve_device(args.device)
     return model.to(dev).eval(), method, dev, spec
 
@@ -57,8 +58,6 @@ def timed(fn, device, seconds):
 
 
 def sampling_table(args):
-    from genlab.data import build_dataset
-    from genlab.runs.load import load_run
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)

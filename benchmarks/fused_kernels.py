@@ -26,8 +26,18 @@ import torch
 import torch.nn.functional as F
 from common import cuda_timed as timed
 from common import wall_ms
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from genlab.core.tables import markdown_table
+from genlab.families.image_flow.dit import DIT_SIZES, DiT, DiTSpec, FinalLayer, depatchify, patchify
+from genlab.nn import fused_adaln as FA
+from genlab.nn import fused_ce, fused_final, fused_mlp, fused_qkv
+from genlab.nn.attention import split_plain
+from genlab.nn.float8 import check_float8_device, convert_float8, count_float8
+from genlab.nn.norm import norm_modulate_fused, norm_modulate_unfused
+from genlab.nn.positions import rope_cache
+from genlab.runtime.parallel import clip_grads
+from genlab.training.step import ema_update
 
 
 def fwd_bwd(f, inputs, cot=None):
@@ -58,8 +68,6 @@ def row(op, kernel, plain, fused, inputs, cot, reps) -> dict:
 
 
 def adaln_rows(B, N, D, reps):
-    from genlab.nn import fused_adaln as FA
-    from genlab.nn.norm import norm_modulate_fused
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(B, N, D, device="cuda", generator=g).requires_grad_()                   # fp32 residual
     y = torch.randn(B, N, D, device="cuda", generator=g).bfloat16().requires_grad_()        # a matmul's output
@@ -81,7 +89,6 @@ def adaln_rows(B, N, D, reps):
 
 
 def ce_rows(B, T, reps):
-    from genlab.nn import fused_ce
     D, V, vocab = 768, 50304, 50257
     g = torch.Generator(device="cuda").manual_seed(0)
     head = torch.nn.Linear(D, V, bias=False).cuda()
@@ -99,7 +106,6 @@ def ce_rows(B, T, reps):
 
 def swiglu_rows(M, H, reps):
     """silu(a) * b over fc1's packed [M, 2H] bf16 output (the SwiGLU activation, model.mlp=swiglu_liger)."""
-    from genlab.nn import fused_mlp
     h = torch.randn(M, 2 * H, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
     h = h.bfloat16().requires_grad_()
     cot = [torch.randn(M, H, device="cuda").bfloat16()]
@@ -110,9 +116,6 @@ def swiglu_rows(M, H, reps):
 def qkv_rows(B, N, H, hd, reps, qk_norm=True, rope=True):
     """The QKV projection's output [B, N, 3*H*hd] (bf16) -> q, k, v [B, H, N, hd] with QK RMSNorm and RoPE
     (model.qkv_kernel=triton); the plain split is what Attention.heads_qkv runs with qkv_kernel=plain."""
-    from genlab.nn import fused_qkv
-    from genlab.nn.attention import split_plain
-    from genlab.nn.positions import rope_cache
     h = torch.randn(B, N, 3 * H * hd, device="cuda").bfloat16().requires_grad_()
     norms = [torch.nn.RMSNorm(hd).cuda() if qk_norm else torch.nn.Identity() for _ in range(2)]
     table = tuple(t.cuda() for t in rope_cache(N, hd)) if rope else None
@@ -129,8 +132,6 @@ def final_rows(B, N, D, P, reps):
     """DiT's final layer (adaLN norm + modulation, projection D -> P) + the flow loss against a [B, C, H, W] target:
     the plain path (the projection, depatchify, float32 MSE) and model.final_kernel=triton (patchified target, one
     custom op); bf16 autocast, float32 tokens (the residual stream)."""
-    from genlab.families.image_flow.dit import FinalLayer, depatchify, patchify
-    from genlab.nn import fused_final
     torch.manual_seed(0)
     final = FinalLayer(D, P).cuda()
     for p in final.parameters():
@@ -168,7 +169,6 @@ def gemm_floor(D, depth, tokens, hidden, dev):
 
 
 def sdpa_variants(B, H, N, Dh, dev):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     out = []
     qkv = torch.randn(B, N, 3, H, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True)
     qc = [torch.randn(B, H, N, Dh, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
@@ -189,8 +189,6 @@ def sdpa_variants(B, H, N, Dh, dev):
 
 
 def optimizer_variants(model, dev):
-    from genlab.runtime.parallel import clip_grads
-    from genlab.training.trainer import ema_update
     params = [p for p in model.parameters()]
     ema = [p.detach().clone() for p in params]
     res = []
@@ -224,7 +222,6 @@ def optimizer_variants(model, dev):
 
 
 def norm_variants(tokens_b, N, D, dev):
-    from genlab.nn.norm import norm_modulate_fused, norm_modulate_unfused
     x = torch.randn(tokens_b, N, D, device=dev, requires_grad=True)
     sh = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
     sc = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -241,7 +238,6 @@ def norm_variants(tokens_b, N, D, dev):
 
 
 def dit_parts(a):
-    from genlab.families.image_flow.dit import DIT_SIZES, DiT, DiTSpec
     dev = torch.device("cuda")
     D, depth, H = DIT_SIZES[a.size]
     N = 256
@@ -263,7 +259,6 @@ def dit_parts(a):
 
 
 def float8_mlp(a):
-    from genlab.nn.float8 import check_float8_device, convert_float8, count_float8
     dev, w = torch.device("cuda"), a.float8_mlp
     blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(w), torch.nn.Linear(w, 4 * w), torch.nn.GELU(),
                                                      torch.nn.Linear(4 * w, w)) for _ in range(a.layers)).to(dev)

@@ -26,11 +26,11 @@ from common import wall_ms
 
 from genlab.config.tree import OptimConfig, load_config
 from genlab.core.tables import markdown_row, markdown_table
+from genlab.families.build import build_model_and_method
 from genlab.lab.bench import BenchStep
 from genlab.optim.build import build_optimizer
 from genlab.optim.state import state_bytes
 from genlab.runtime.saved_tensors import FP8_GROUP, at_batch, fit_per_sample, measure_saved
-from genlab.training.step import build_model_and_method
 
 MIB = 2 ** 20
 OPTIMIZERS = ["adamw", "adamw8bit", "adamw4bit", "adamw_fp8", "adamw_coat"]
