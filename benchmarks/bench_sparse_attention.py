@@ -6,10 +6,8 @@ forms: flash-style SDPA on runs / columns / run pairs, no n x n mask; fixed/summ
 CPU).
 
     python benchmarks/bench_sparse_attention.py                      # CUDA: 3,072 and 12,288 tokens
-    python benchmarks/bench_sparse_attention.py --out table.md
     python benchmarks/bench_sparse_attention.py --tiny               # CPU check: small n, forward only, fp32
     python benchmarks/bench_sparse_attention.py --blocks 128,64 --batch 32   # block sizes; a less launch-bound batch
-    python benchmarks/bench_sparse_attention.py --backends blocked           # only the segment forms
     python benchmarks/bench_sparse_attention.py --train-step [--batch 8 --iters 5 --threads 2]   # CPU: 784 tokens
 
 `split` runs each part on half the heads (one layer's full cost); `interleaved` is the mean of the layers that use each
