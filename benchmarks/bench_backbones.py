@@ -18,6 +18,7 @@ compile together and take turns on the GPU for warm-up and timing (`genlab bench
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -113,23 +114,19 @@ def main():
         wanted = None if args.rows is None else set(args.rows.split(","))
         if wanted and (bad := sorted(w for w in wanted if len(w.split(":")) != 3)):
             raise SystemExit(f"--rows takes backbone:attention:tokens items; got {bad}")
-        for n in tokens:
+        for n, bb, att in itertools.product(tokens, args.backbones.split(","), args.attention.split(",")):
             shape, spec = shape_overrides(n)
+            if wanted is not None and f"{bb}:{att}:{n}" not in wanted:
+                continue
             batch = 4 if quick else max(1, TOKENS_PER_BATCH // n)
-            for bb in args.backbones.split(","):
-                for att in args.attention.split(","):
-                    if wanted is not None and f"{bb}:{att}:{n}" not in wanted:
-                        continue
-                    half = 2 if quick else 6  # depth 4 (tiny) or 12 (B)
-                    ov = shape + [o.format(half=half) for o in BACKBONES[bb]]
-                    ov += [f"model.attention={att}", f"train.batch_size={batch}"]
-                    ov += QUICK if quick else [f"train.compile={args.compile}"]
-                    try:
-                        ov += [] if args.no_match or quick else matched(ov, spec)
-                    except Exception as e:  # noqa: BLE001
-                        rows.append(((bb, att, n, batch), None, f"match failed: {e}"))
-                        continue
-                    rows.append(((bb, att, n, batch), ov, None))
+            ov = shape + [o.format(half=2 if quick else 6) for o in BACKBONES[bb]]  # of depth 4 (tiny) or 12 (B)
+            ov += [f"model.attention={att}", f"train.batch_size={batch}", *(QUICK if quick else [f"train.compile={args.compile}"])]
+            try:
+                ov += [] if args.no_match or quick else matched(ov, spec)
+            except Exception as e:  # noqa: BLE001
+                rows.append(((bb, att, n, batch), None, f"match failed: {e}"))
+                continue
+            rows.append(((bb, att, n, batch), ov, None))
         in_process = quick or args.compile == "off"
         lock = None if in_process or args.parallel < 2 else Path(tempfile.mkdtemp()) / "gpu.lock"
 
