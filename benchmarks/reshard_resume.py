@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 
 import torch
-from common import REPO, genlab_env
+from common import REPO, genlab_env, report
+from safetensors.torch import load_file
 
 from genlab.core.tables import markdown_table
+from genlab.runtime.dcp import load_dcp_full
 
 DEFAULT = ["gpt2_124m", "train.precision=fp32", "train.compile=off", "train.batch_size=32", "data.size=4096",
            "optim.warmup_steps=2"]
@@ -109,9 +111,6 @@ def main(argv=None) -> int:
                      "max_abs": max(diffs), "max_rel": max(d / abs(ref[s]) for d, s in zip(diffs, steps)),
                      "losses": [got[s] for s in steps]})
     # one consolidated file from the sharded checkpoint, equal to its full weights
-    from safetensors.torch import load_file
-
-    from genlab.runtime.dcp import load_dcp_full
     exp = runs / "export"
     secs = _genlab(["export", str(written), "--out", str(exp), "--no-ema"], 1, gpus, out / "export.log")
     full = load_dcp_full(sorted((written / "checkpoints").glob("step_*.dcp"))[-1])["model"]
@@ -133,8 +132,7 @@ def main(argv=None) -> int:
     md += ["", f"`genlab export` of the {a.world}-process run: model.safetensors, {export['tensors']} tensors, "
            f"{export['bytes'] / 2**20:.1f} MiB, max abs diff to the DCP checkpoint's weights {worst:.1e} "
            f"(not in the file, tied on load: {', '.join(export['missing_in_file']) or 'none'}), {secs:.0f} s"]
-    (out / "reshard.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    report(md, out / "reshard.md")
     return 0
 
 
