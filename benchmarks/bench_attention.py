@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from common import error_cell, genlab_bench, report, wall_ms
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from genlab.core.tables import markdown_row, markdown_table
 from genlab.nn import triton_attention
@@ -94,8 +95,6 @@ def fwd_and_bwd(attn, q, k, v, do, time_ms):
 
 
 def run_shape(shape, variants, rate, lines):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     B, H, N, D = shape
     fwd_flops = 4 * N * N * D * B * H
     q, k, v, do = qkv_views(B, N, H, D, "cuda")
@@ -128,8 +127,7 @@ def run_shape(shape, variants, rate, lines):
         for key, cfg in getattr(getattr(K, name + "_tuned"), "cache", {}).items():
             if key[0] == N:
                 print(f"tuned {name} {key[:6]}: {cfg}", flush=True)
-    exps = B * H * N * N
-    t_floor = exps / rate * 1e3
+    t_floor = B * H * N * N / rate * 1e3  # ms of the forward's exponentials
     rows.append(("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, fwd_flops / t_floor / 1e9,
                  3.5 * fwd_flops / (2 * t_floor) / 1e9, ""))
     cells = [[label, "n/a", "n/a", "n/a", "n/a", err] if tf is None else

@@ -18,11 +18,10 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from common import device_name, error_cell, sync
+from common import device_name, error_cell, wall_ms
 
 from genlab.config.tree import load_config
 from genlab.core.tables import markdown_row, markdown_table
@@ -42,19 +41,6 @@ def build(args):
     model, method = build_model_and_method(cfg, spec)
     dev = resolve_device(args.device)
     return model.to(dev).eval(), method, dev, spec
-
-
-def timed(fn, device, seconds):
-    """Seconds per call over as many calls as fit in `seconds`, after 3 warm-up calls (compile / graph capture)."""
-    for _ in range(3):
-        fn()
-    sync(device)
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        fn()
-        n += 1
-    sync(device)
-    return (time.perf_counter() - t0) / n
 
 
 def sampling_table(args):
@@ -119,7 +105,8 @@ def main():
             try:
                 fn = gen if v == "eager" else torch.compile(gen, mode="reduce-overhead" if v == "cudagraphs" else "default")
                 with torch.no_grad():
-                    dt = timed(lambda: fn(ctx, acts, noise), dev, args.seconds)
+                    # as many calls as fit in --seconds, after 3 warm-up calls (compile / graph capture)
+                    dt = wall_ms(lambda: fn(ctx, acts, noise), 0, 3, dev, args.seconds) / 1e3
                 rows.append((b, v, dt * 1e3, b / dt))
             except Exception as e:  # noqa: BLE001  (a variant that fails here is reported, not fatal)
                 rows.append((b, v, float("nan"), f"failed: {error_cell(e)}"))

@@ -26,16 +26,18 @@ def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else "CPU"
 
 
-def wall_ms(fn, reps: int, warmup: int = 1, device=None) -> float:
-    """Mean wall-clock ms per call of `reps` calls after `warmup` untimed ones, synchronised around the timed loop."""
+def wall_ms(fn, reps: int, warmup: int = 1, device=None, seconds: float = 0.0) -> float:
+    """Mean wall-clock ms per call of `reps` calls (at least; as many as fit in `seconds` when given) after `warmup`
+    untimed ones, synchronised around the timed loop."""
     for _ in range(warmup):
         fn()
     sync(device)
-    t0 = time.perf_counter()
-    for _ in range(reps):
+    n, t0 = 0, time.perf_counter()
+    while n < reps or time.perf_counter() - t0 < seconds:
         fn()
+        n += 1
     sync(device)
-    return 1e3 * (time.perf_counter() - t0) / reps
+    return 1e3 * (time.perf_counter() - t0) / n
 
 
 def cuda_timed(fn, reps: int = 20, warmup: int = 5) -> tuple[float, float]:
