@@ -14,11 +14,15 @@ import json
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
+import torch.nn.functional as F
 from common import REPO  # noqa: F401 - puts src/ on sys.path
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from genlab.config.tree import load_config
+from genlab.families.lm.autoregressive import Autoregressive
 from genlab.lab.bench import BenchStep, format_table, profile_steps, run_bench
 
 VARIANTS = {
@@ -37,30 +41,19 @@ VARIANTS = {
 QUICK = ["model.size=tiny", "data.seq_len=64", "train.device=cpu", "train.precision=fp32", "train.compile=off"]
 
 
-@contextlib.contextmanager
+def old_loss(self, model, batch, generator):
+    """Autoregressive.loss before the head and cross-entropy moved inside the compiled model."""
+    self._check(model)
+    return F.cross_entropy(model(batch["x"]).flatten(0, 1), batch["y"].flatten()), {}
+
+
 def hook(name):
-    """Temporary changes a variant needs: the old loss path, or one SDPA backend."""
+    """The temporary change a variant needs: the old loss path, or one SDPA backend."""
     if name == "old_loss":
-        import torch.nn.functional as F
-
-        from genlab.families.lm.autoregressive import Autoregressive
-        new = Autoregressive.loss
-
-        def old(self, model, batch, generator):
-            self._check(model)
-            logits = model(batch["x"])
-            return F.cross_entropy(logits.flatten(0, 1), batch["y"].flatten()), {}
-        Autoregressive.loss = old
-        try:
-            yield
-        finally:
-            Autoregressive.loss = new
-    elif name in ("cudnn", "flash"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION]):
-            yield
-    else:
-        yield
+        return mock.patch.object(Autoregressive, "loss", old_loss)
+    if name in ("cudnn", "flash"):
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION])
+    return contextlib.nullcontext()
 
 
 def profile(cfg, out: Path, steps=3):
