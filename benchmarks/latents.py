@@ -159,7 +159,6 @@ def encode_speed(a):
         Path(a.json).write_text(json.dumps(rows, indent=1))
 
 
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
