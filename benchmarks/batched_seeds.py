@@ -15,58 +15,49 @@ SeedsTrainer holding all N seeds. Aggregate img/s = N x batch x steps / seconds.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+import torch
+from common import sync
 
-import torch  # noqa: E402
-
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.core.tables import markdown_table
+from genlab.training.seeds import SeedsTrainer
+from genlab.training.trainer import Trainer
 
 MNIST_SHAPE = ["data.name=synthetic", "data.path=", "data.image_size=28", "data.channels=1", "data.num_classes=10",
                "data.size=8192"]
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def timed_steps(step, warmup, steps, device) -> float:
+    """Seconds of the calls step(warmup) .. step(warmup + steps - 1), after the untimed step(0) .. step(warmup - 1)."""
+    for i in range(warmup):
+        step(i)
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    sync(device)
+    return time.perf_counter() - t0
 
 
 def sequential(cfg_for, members, warmup, steps) -> float:
     """Seconds of `steps` training steps of each member's single run, summed."""
-    from genlab.training.trainer import Trainer
     total = 0.0
     for m in members:
         tr = Trainer(cfg_for(*m))
         tr.setup()
-        for i in range(warmup + steps):
-            if i == warmup:
-                _sync(tr.device)
-                t0 = time.perf_counter()
-            tr.steps(i, tr.loader.next)
-        _sync(tr.device)
-        total += time.perf_counter() - t0
+        total += timed_steps(lambda i, tr=tr: tr.steps(i, tr.loader.next), warmup, steps, tr.device)
         tr.log.close()
         del tr
     return total
 
 
 def batched(cfg, warmup, steps) -> float:
-    from genlab.training.seeds import SeedsTrainer
     st = SeedsTrainer(cfg)
     st.setup()
-    dev = st.runs[0].device
-    for i in range(warmup + steps):
-        if i == warmup:
-            _sync(dev)
-            t0 = time.perf_counter()
-        st.engine(i)
-    _sync(dev)
-    secs = time.perf_counter() - t0
+    secs = timed_steps(st.engine, warmup, steps, st.runs[0].device)
     for r in st.runs:
         r.log.close()
     return secs
@@ -87,7 +78,6 @@ def main(argv=None):
                          "against the single runs as the preset ships them)")
     ap.add_argument("overrides", nargs="*", help="config overrides for both sides (section.key=value)")
     a = ap.parse_args(argv)
-    from genlab.config.tree import load_config
     seeds = list(range(a.seeds))
     with tempfile.TemporaryDirectory() as tmp:
         base = [*(MNIST_SHAPE if a.synthetic else []), *a.overrides, f"train.device={a.device}", f"train.out_dir={tmp}",

@@ -20,20 +20,20 @@ its Triton kernel (src/genlab/nn/triton_sigmoid.py), FlexAttention and plain tor
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+import torch
+import torch.nn.functional as F
+from common import error_cell, genlab_bench, report, wall_ms
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+from genlab.core.tables import markdown_row, markdown_table
+from genlab.nn import triton_attention
+from genlab.nn.attention import sigmoid_attention_flex, sigmoid_attention_plain
+from genlab.nn.triton_attention import flash_attention
+from genlab.nn.triton_sigmoid import sigmoid_attention_triton
 
 SHAPES = {"long": (4, 16, 16384, 16), "d64": (4, 16, 4096, 64)}
 DEFAULT_VARIANTS = "0/split,1/split,2/split,3/split,1/atomic,2/atomic,3/atomic"  # all autotuned
@@ -79,33 +79,37 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def run_shape(shape, variants, rate, lines):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def qkv_views(B, N, H, D, device):
+    """q, k, v [B, H, N, D] as Attention produces them (views of one fused qkv projection), and a cotangent."""
+    g = torch.Generator(device=device).manual_seed(0)
+    qkv = torch.randn(B, N, 3, H, D, device=device, generator=g, dtype=torch.bfloat16)
+    q, k, v = (t.requires_grad_(True) for t in qkv.permute(2, 0, 3, 1, 4).detach().unbind(0))
+    return q, k, v, torch.randn(B, H, N, D, device=device, generator=g, dtype=torch.bfloat16)
 
-    from genlab.nn.triton_attention import flash_attention
+
+def fwd_and_bwd(attn, q, k, v, do, time_ms):
+    """[out, dq, dk, dv] of one call, then its forward and forward + backward ms."""
+    out = attn(q, k, v)
+    got = [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
+    return got, time_ms(lambda: attn(q, k, v)), time_ms(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do))
+
+
+def run_shape(shape, variants, rate, lines):
     B, H, N, D = shape
     fwd_flops = 4 * N * N * D * B * H
-    g = torch.Generator(device="cuda").manual_seed(0)
-    # the layout Attention produces: views of one fused qkv projection
-    qkv = torch.randn(B, N, 3, H, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    q, k, v = (t.requires_grad_(True) for t in qkv.permute(2, 0, 3, 1, 4).detach().unbind(0))
-    do = torch.randn(B, H, N, D, device="cuda", generator=g, dtype=torch.bfloat16)
-    ref = None
+    q, k, v, do = qkv_views(B, N, H, D, "cuda")
+    ref = []
     rows = []
 
     def measure(label, attn):
-        nonlocal ref
         try:
-            out = attn(q, k, v)
-            got = [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
-            if ref is None:
-                ref = got
-            err = max(rel(a, b) for a, b in zip(got, ref))
-            t_f = bench(lambda: attn(q, k, v))
-            t_fb = bench(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do))
-            rows.append((label, t_f, t_fb, fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_fb / 1e9, err))
+            got, t_f, t_fb = fwd_and_bwd(attn, q, k, v, do, bench)
+            if not ref:  # the first row (sdpa flash) is the reference
+                ref.extend(got)
+            rows.append((label, t_f, t_fb, fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_fb / 1e9,
+                         max(rel(a, b) for a, b in zip(got, ref))))
         except Exception as e:  # noqa: BLE001 - a backend that does not support the shape is a row, not a crash
-            rows.append((label, None, None, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+            rows.append((label, None, None, None, None, error_cell(e)))
         print(rows[-1], flush=True)
 
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
@@ -118,14 +122,12 @@ def run_shape(shape, variants, rate, lines):
         measure(f"triton {var}", lambda q, k, v: flash_attention(q, k, v))
     for key in ("GENLAB_TRITON_ATTN_TUNE", "GENLAB_TRITON_ATTN_ROWSUM"):
         os.environ.pop(key, None)
-    from genlab.nn import triton_attention as T
-    K = T._kernels()
+    K = triton_attention._kernels()
     for name in ("_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"):  # what the autotuner picked, per key
         for key, cfg in getattr(getattr(K, name + "_tuned"), "cache", {}).items():
             if key[0] == N:
                 print(f"tuned {name} {key[:6]}: {cfg}", flush=True)
-    exps = B * H * N * N
-    t_floor = exps / rate * 1e3
+    t_floor = B * H * N * N / rate * 1e3  # ms of the forward's exponentials
     rows.append(("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, fwd_flops / t_floor / 1e9,
                  3.5 * fwd_flops / (2 * t_floor) / 1e9, ""))
     cells = [[label, "n/a", "n/a", "n/a", "n/a", err] if tf is None else
@@ -139,23 +141,11 @@ def run_shape(shape, variants, rate, lines):
 SIGMOID_TOKENS = (256, 258, 1024, 4096)
 
 
-def _time_ms(fn, cuda):
-    if cuda:
-        return bench(fn, warmup=10, rep=100)
-    import time
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        fn()
-    return (time.perf_counter() - t0) / 3 * 1e3
-
-
 def run_sigmoid(tokens, heads, head_dim, total, lines):
     """fwd and fwd+bwd ms of softmax SDPA and of sigmoid attention's paths; errors vs an fp32 plain reference."""
-    from genlab.nn.attention import sigmoid_attention_flex, sigmoid_attention_plain
-    from genlab.nn.triton_sigmoid import sigmoid_attention_triton
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
+    time_ms = (lambda fn: bench(fn, warmup=10, rep=100)) if cuda else (lambda fn: wall_ms(fn, 3))
     backends = [("sdpa (softmax)", lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
                 ("sigmoid triton", sigmoid_attention_triton),
                 ("sigmoid flex", sigmoid_attention_flex),
@@ -165,10 +155,7 @@ def run_sigmoid(tokens, heads, head_dim, total, lines):
                               "rel. err vs fp32 plain (out, dq, dk, dv)"], [], "rrlrrrl")]
     for n in tokens:
         B = max(1, total // n)
-        g = torch.Generator(device=dev).manual_seed(0)
-        qkv = torch.randn(B, n, 3, heads, head_dim, device=dev, generator=g, dtype=torch.bfloat16)
-        q, k, v = (t.requires_grad_(True) for t in qkv.permute(2, 0, 3, 1, 4).detach().unbind(0))
-        do = torch.randn(B, heads, n, head_dim, device=dev, generator=g, dtype=torch.bfloat16)
+        q, k, v, do = qkv_views(B, n, heads, head_dim, dev)
         r = min(B, 2)  # the reference on the first samples only (fp32 n x n weights)
         q32, k32, v32 = (t[:r].detach().float().requires_grad_(True) for t in (q, k, v))
         ref = sigmoid_attention_plain(q32, k32, v32)
@@ -176,19 +163,13 @@ def run_sigmoid(tokens, heads, head_dim, total, lines):
         t_sdpa = None
         for label, attn in backends:
             try:
-                out = attn(q, k, v)
-                got = [out.detach(), *torch.autograd.grad(out, (q, k, v), do)]
-                err = "n/a" if label.startswith("sdpa") else \
-                    ", ".join(f"{rel(a[:r], b):.1e}" for a, b in zip(got, ref))
-                del out, got
-                t_f = _time_ms(lambda: attn(q, k, v), cuda)
-                t_fb = _time_ms(lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do), cuda)
+                got, t_f, t_fb = fwd_and_bwd(attn, q, k, v, do, time_ms)
+                err = "n/a" if label.startswith("sdpa") else ", ".join(f"{rel(a[:r], b):.1e}" for a, b in zip(got, ref))
                 t_sdpa = t_fb if label.startswith("sdpa") else t_sdpa
                 ratio = f"{t_fb / t_sdpa:.2f}x" if t_sdpa else "n/a"
                 lines.append(markdown_row([n, B, label, f"{t_f:.3f}", f"{t_fb:.3f}", ratio, err]))
             except Exception as e:  # noqa: BLE001 - a path that cannot run here (no CUDA, OOM) is a row, not a crash
-                lines.append(markdown_row([n, B, label, "n/a", "n/a", "n/a",
-                                           f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"]))
+                lines.append(markdown_row([n, B, label, "n/a", "n/a", "n/a", error_cell(e)]))
             print(lines[-1], flush=True)
             if cuda:
                 torch.cuda.empty_cache()
@@ -200,23 +181,11 @@ def run_e2e(steps, warmup, attentions, profile_dir, lines, heads=(16,)):
     cells = []
     for h in heads:
         for att in attentions:
-            row = [f"{256 // h} ({h})", att]
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "r.json"
-                env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-                cmd = [sys.executable, "-m", "genlab", "bench", "bench_longseq", f"model.heads={h}",
-                       f"model.attention={att}", "--steps", str(steps), "--warmup", str(warmup), "--json", str(out)]
-                if profile_dir and att != "sdpa":
-                    cmd += ["--profile", str(Path(profile_dir) / f"profile_{att}_h{h}")]
-                r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                print(r.stdout[-4000:], r.stderr[-2000:], flush=True)
-                if r.returncode != 0 or not out.exists():
-                    cells.append(row + [f"failed: {(r.stderr.strip().splitlines() or ['?'])[-1][:120]}", "", "", "", ""])
-                    continue
-                res = json.loads(out.read_text())
-            cells.append(row + [f"{res['samples_per_s']:.2f}", f"{res['step_ms']:.1f}",
-                                f"{res['fwd_ms']:.1f} / {res['bwd_ms']:.1f} / {res['opt_ms']:.1f}", f"{100 * res['mfu']:.1f}%",
-                                f"{res['peak_mem_gib']:.2f}"])
+            prof = ["--profile", str(Path(profile_dir) / f"profile_{att}_h{h}")] if profile_dir and att != "sdpa" else []
+            res = genlab_bench(["bench_longseq", f"model.heads={h}", f"model.attention={att}"], steps, warmup, *prof, echo=True)
+            cells.append([f"{256 // h} ({h})", att, *([f"failed: {res['error'][:120]}", "", "", "", ""] if "error" in res else [
+                f"{res['samples_per_s']:.2f}", f"{res['step_ms']:.1f}", f"{res['fwd_ms']:.1f} / {res['bwd_ms']:.1f} / {res['opt_ms']:.1f}",
+                f"{100 * res['mfu']:.1f}%", f"{res['peak_mem_gib']:.2f}"])])
     lines += ["\n    genlab bench bench_longseq model.heads=H model.attention=X\n",
               markdown_table(["head dim (heads)", "attention", "img/s", "step ms", "fwd / bwd / opt ms", "MFU",
                               "peak mem GiB"], cells)]
@@ -240,20 +209,14 @@ def main():
     p.add_argument("--quick", action="store_true", help="--sigmoid at tiny shapes (smoke test; runs on CPU)")
     args = p.parse_args()
     if args.sigmoid:
-        lines = [f"device: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}, "
-                 f"torch {torch.__version__}"]
+        lines = ["", f"device: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}, torch {torch.__version__}"]
         if args.quick:
             run_sigmoid((64, 66), 2, 64, 256, lines)
         else:
             run_sigmoid([int(t) for t in args.tokens.split(",")], 12, 64, 65536, lines)
-        text = "\n".join(lines)
-        print("\n" + text)
-        if args.out:
-            Path(args.out).write_text(text + "\n")
-        return
+        return report(lines, args.out)
     if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
         set_variant(args.once + "/fixed")
-        from genlab.nn.triton_attention import flash_attention
         B, H, N, D = SHAPES["long"]
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         for _ in range(2):
@@ -276,10 +239,7 @@ def main():
     if args.e2e:
         run_e2e(args.steps, args.warmup, args.e2e_attention.split(","), args.profile_dir, lines,
                 [int(h) for h in args.e2e_heads.split(",")])
-    text = "\n".join(lines)
-    print("\n" + text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    report(["", *lines], args.out)
 
 
 if __name__ == "__main__":

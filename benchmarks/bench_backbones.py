@@ -18,19 +18,20 @@ compile together and take turns on the GPU for warm-up and timing (`genlab bench
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+import torch
+from common import genlab_bench, genlab_env, wall_ms
 
-from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.core.tables import markdown_row, markdown_table
+from genlab.lab.bench import run_bench
+from genlab.lab.match import matched_overrides, reference_params
+from genlab.nn.attention_spec import attention_registry
 
 BACKBONES = {"dit": [], "long_skips": ["model.long_skips=true"], "incontext_pre": ["model.name=dit_incontext"],
              "incontext_post": ["model.name=dit_incontext", "model.ln_placement=post"], "mmdit": ["model.name=mmdit"],
@@ -50,15 +51,11 @@ def shape_overrides(tokens: int, patch: int = 2) -> tuple[list, dict]:
 
 def matched(overrides: list, spec: dict) -> list:
     """Width / MLP width giving this variant DiT-B/2's parameter count at this data shape."""
-    from genlab.config.tree import load_config
-    from genlab.lab.match import matched_overrides, reference_params
     cfg = load_config("bench_dit_b2", overrides)
     return matched_overrides(cfg.model, spec, reference_params(cfg.model, spec))
 
 
 def bench_in_process(overrides, steps, warmup):
-    from genlab.config.tree import load_config
-    from genlab.lab.bench import run_bench
     try:
         return run_bench(load_config("bench_dit_b2", overrides), steps=steps, warmup=warmup)
     except Exception as e:  # noqa: BLE001 - one failed row (e.g. flex backward on CPU) must not stop the table
@@ -66,57 +63,21 @@ def bench_in_process(overrides, steps, warmup):
 
 
 def bench_subprocess(overrides, steps, warmup, turn_lock=None, parallel=1):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "r.json"
-        env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        if turn_lock and "TORCHINDUCTOR_COMPILE_THREADS" not in env:  # several compiles share the host's cores
-            env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 2) // max(1, parallel)))
-        cmd = [sys.executable, "-m", "genlab", "bench", "bench_dit_b2", *overrides, "--steps", str(steps),
-               "--warmup", str(warmup), "--json", str(out)] + (["--turn-lock", str(turn_lock)] if turn_lock else [])
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0 or not out.exists():
-            lines = [x for x in r.stderr.strip().splitlines() if x.strip()] or ["failed"]
-            return {"error": lines[-1][:160]}
-        return json.loads(out.read_text())
+    env = genlab_env()
+    if turn_lock and "TORCHINDUCTOR_COMPILE_THREADS" not in env:  # several compiles share the host's cores
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 2) // max(1, parallel)))
+    return genlab_bench(["bench_dit_b2", *overrides], steps, warmup, *(["--turn-lock", str(turn_lock)] if turn_lock else []),
+                        env=env)
 
 
-def attention_time(name, n, batch, heads, head_dim, device, dtype, reps):
+def attention_ms(name, n, batch, heads, head_dim, device, dtype, reps):
     """Forward + backward of one attention call (ms), q/k/v [batch, heads, n, head_dim]."""
-    import torch
-
-    from genlab.nn.attention_spec import attention_registry
     entry = attention_registry.get(name)
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=dtype, generator=g).requires_grad_()
                for _ in range(3))
     fn = entry(head_dim, heads, 0).to(device=device, dtype=dtype) if isinstance(entry, type) else entry
-
-    def once():
-        fn(q, k, v).float().sum().backward()
-    for _ in range(2):
-        once()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        once()
-    sync()
-    return 1e3 * (time.perf_counter() - t0) / reps
-
-
-def crossover(token_list, heads, head_dim, device, dtype, reps, tokens_per_batch):
-    rows = []
-    for n in token_list:
-        b = max(1, tokens_per_batch // n)
-        soft = attention_time("sdpa", n, b, heads, head_dim, device, dtype, reps)
-        lin = attention_time("linear", n, b, heads, head_dim, device, dtype, reps)
-        rows.append((n, b, soft, lin))
-    first = next((n for n, _, s, lin in rows if lin < s), None)
-    return rows, first
-
-
-def fmt(v, spec):
-    return "n/a" if v is None else format(v, spec)
+    return wall_ms(lambda: fn(q, k, v).float().sum().backward(), reps, warmup=2, device=device)
 
 
 def main():
@@ -138,7 +99,6 @@ def main():
                    help="only these rows of the grid, as backbone:attention:tokens,... (re-measure failed rows)")
     p.add_argument("--out", default=None, help="also write the markdown to this file")
     args = p.parse_args()
-    import torch
     quick = args.quick or not torch.cuda.is_available()
     lines = []
 
@@ -154,23 +114,19 @@ def main():
         wanted = None if args.rows is None else set(args.rows.split(","))
         if wanted and (bad := sorted(w for w in wanted if len(w.split(":")) != 3)):
             raise SystemExit(f"--rows takes backbone:attention:tokens items; got {bad}")
-        for n in tokens:
+        for n, bb, att in itertools.product(tokens, args.backbones.split(","), args.attention.split(",")):
             shape, spec = shape_overrides(n)
+            if wanted is not None and f"{bb}:{att}:{n}" not in wanted:
+                continue
             batch = 4 if quick else max(1, TOKENS_PER_BATCH // n)
-            for bb in args.backbones.split(","):
-                for att in args.attention.split(","):
-                    if wanted is not None and f"{bb}:{att}:{n}" not in wanted:
-                        continue
-                    half = 2 if quick else 6  # depth 4 (tiny) or 12 (B)
-                    ov = shape + [o.format(half=half) for o in BACKBONES[bb]]
-                    ov += [f"model.attention={att}", f"train.batch_size={batch}"]
-                    ov += QUICK if quick else [f"train.compile={args.compile}"]
-                    try:
-                        ov += [] if args.no_match or quick else matched(ov, spec)
-                    except Exception as e:  # noqa: BLE001
-                        rows.append(((bb, att, n, batch), None, f"match failed: {e}"))
-                        continue
-                    rows.append(((bb, att, n, batch), ov, None))
+            ov = shape + [o.format(half=2 if quick else 6) for o in BACKBONES[bb]]  # of depth 4 (tiny) or 12 (B)
+            ov += [f"model.attention={att}", f"train.batch_size={batch}", *(QUICK if quick else [f"train.compile={args.compile}"])]
+            try:
+                ov += [] if args.no_match or quick else matched(ov, spec)
+            except Exception as e:  # noqa: BLE001
+                rows.append(((bb, att, n, batch), None, f"match failed: {e}"))
+                continue
+            rows.append(((bb, att, n, batch), ov, None))
         in_process = quick or args.compile == "off"
         lock = None if in_process or args.parallel < 2 else Path(tempfile.mkdtemp()) / "gpu.lock"
 
@@ -182,7 +138,7 @@ def main():
                 return bench_in_process(ov, 2 if quick else args.steps, 1 if quick else args.warmup)
             return bench_subprocess(ov, args.steps, args.warmup, lock, args.parallel)
 
-        def report(row, r):
+        def show(row, r):
             (bb, att, n, batch), ov, _ = row
             dim = next((o.split("=")[1] for o in ov or [] if o.startswith("model.dim=")), "tiny" if quick else "B")
             if "error" in r:
@@ -190,7 +146,7 @@ def main():
                 return
             mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
             emit(markdown_row([bb, att, n, batch, dim, f"{r['samples_per_s']:.1f}", f"{r['step_ms']:.1f}", mfu,
-                               fmt(r.get("peak_mem_gib"), ".2f")]))
+                               "n/a" if r.get("peak_mem_gib") is None else f"{r['peak_mem_gib']:.2f}"]))
         retry = []
         with ThreadPoolExecutor(1 if in_process else max(1, args.parallel)) as pool:
             futures = {pool.submit(one, row): row for row in rows}
@@ -201,17 +157,18 @@ def main():
                     print(f"# {row[0][:3]} failed while packed ({r['error'][:80]}); retried alone after the others",
                           flush=True)
                     continue
-                report(row, r)
+                show(row, r)
         for row in retry:
-            report(row, bench_subprocess(row[1], args.steps, args.warmup))
+            show(row, bench_subprocess(row[1], args.steps, args.warmup))
         emit()
     if not args.no_crossover:
-        dev = torch.device("cpu" if quick else "cuda")
-        dtype = torch.float32 if quick else torch.bfloat16
+        dev, dtype = (torch.device("cpu"), torch.float32) if quick else (torch.device("cuda"), torch.bfloat16)
         heads, hd = (2, 16) if quick else (12, 64)
         toks = [16, 64, 256] if quick else [int(x) for x in args.crossover_tokens.split(",")]
         per_batch = 1024 if quick else TOKENS_PER_BATCH
-        rows, first = crossover(toks, heads, hd, dev, dtype, 3 if quick else 20, per_batch)
+        rows = [(n, b, *(attention_ms(att, n, b, heads, hd, dev, dtype, 3 if quick else 20) for att in ("sdpa", "linear")))
+                for n in toks for b in [max(1, per_batch // n)]]
+        first = next((n for n, _, s, lin in rows if lin < s), None)
         emit(f"Attention kernels alone, forward + backward, {heads} heads x {hd}, {dtype}, {per_batch} tokens per batch:")
         emit()
         emit(markdown_table(["tokens", "batch", "sdpa ms", "linear ms", "linear / sdpa"],

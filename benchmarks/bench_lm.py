@@ -1,43 +1,38 @@
-"""GPT-2 124M training throughput variants in one process (dynamo reset between them), plus an optional
-CUDA kernel profile of one variant: the language-model issue's speed benchmark.
+"""GPT-2 124M training throughput variants in one process (dynamo reset between them), plus an optional CUDA kernel
+profile of one variant: the language-model issue's speed benchmark. Each variant is `genlab bench gpt2_124m` (vocab
+50304, context 1024, bf16, compile, fused AdamW) with the overrides and the temporary change (`hook`) of VARIANTS.
+Rows are printed as they finish and written to DIR/bench_lm.md and DIR/bench_lm.json.
 
     python benchmarks/bench_lm.py --out DIR [--profile new_b16] [--only a,b] [--budget 380]
     python benchmarks/bench_lm.py --quick            # CPU smoke run at tiny size
-
-Variants (all `genlab bench gpt2_124m` shape: vocab 50304, context 1024, bf16, compile, fused AdamW):
-  old_loss_b16  the loss computed outside the compiled model (the code before this change), batch 16
-  new_b16/32/48/64 the loss inside the compiled model (head + cross-entropy fused), batch 16 / 32 / 48
-  chunk_b16     fused linear + cross-entropy over 4096-token chunks (model.ce_chunk=4096)
-  cudnn_b16 / flash_b16   SDPA restricted to the cuDNN / flash attention backend (torch 2.11 picks cuDNN on H100)
-  cudagraphs_b32          train.compile_mode=reduce-overhead (CUDA graphs)
-  autotune_b16/b32        train.compile_mode=max-autotune-no-cudagraphs
-Rows are printed as they finish and written to DIR/bench_lm.md and DIR/bench_lm.json.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import torch
+import torch.nn.functional as F
+from common import REPO  # noqa: F401 - puts src/ on sys.path
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import torch  # noqa: E402
-
-from genlab.config.tree import load_config  # noqa: E402
-from genlab.lab.bench import BenchStep, format_table, run_bench  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.families.lm.autoregressive import Autoregressive
+from genlab.lab.bench import BenchStep, format_table, profile_steps, run_bench
 
 VARIANTS = {
-    "old_loss_b16": (["train.batch_size=16"], "old_loss"),
-    "new_b16": (["train.batch_size=16"], None),
+    "old_loss_b16": (["train.batch_size=16"], "old_loss"),  # the loss outside the compiled model (the code before)
+    "new_b16": (["train.batch_size=16"], None),  # the loss inside the compiled model: head + cross-entropy fused
     "new_b32": (["train.batch_size=32"], None),
     "new_b48": (["train.batch_size=48"], None),
-    "chunk_b16": (["train.batch_size=16", "model.ce_chunk=4096"], None),
+    "chunk_b16": (["train.batch_size=16", "model.ce_chunk=4096"], None),  # fused linear + CE over 4096-token chunks
     "new_b64": (["train.batch_size=64"], None),
-    "cudnn_b16": (["train.batch_size=16"], "cudnn"),
+    "cudnn_b16": (["train.batch_size=16"], "cudnn"),  # SDPA restricted to one backend (torch 2.11 picks cuDNN on H100)
     "flash_b16": (["train.batch_size=16"], "flash"),
     "cudagraphs_b32": (["train.batch_size=32", "train.compile_mode=reduce-overhead"], None),
     "autotune_b16": (["train.batch_size=16", "train.compile_mode=max-autotune-no-cudagraphs"], None),
@@ -46,47 +41,29 @@ VARIANTS = {
 QUICK = ["model.size=tiny", "data.seq_len=64", "train.device=cpu", "train.precision=fp32", "train.compile=off"]
 
 
-@contextlib.contextmanager
+def old_loss(self, model, batch, generator):
+    """Autoregressive.loss before the head and cross-entropy moved inside the compiled model."""
+    self._check(model)
+    return F.cross_entropy(model(batch["x"]).flatten(0, 1), batch["y"].flatten()), {}
+
+
 def hook(name):
-    """Temporary changes a variant needs: the old loss path, or one SDPA backend."""
+    """The temporary change a variant needs: the old loss path, or one SDPA backend."""
     if name == "old_loss":
-        import torch.nn.functional as F
-
-        from genlab.families.lm.autoregressive import Autoregressive
-        new = Autoregressive.loss
-
-        def old(self, model, batch, generator):
-            self._check(model)
-            logits = model(batch["x"])
-            return F.cross_entropy(logits.flatten(0, 1), batch["y"].flatten()), {}
-        Autoregressive.loss = old
-        try:
-            yield
-        finally:
-            Autoregressive.loss = new
-    elif name in ("cudnn", "flash"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION]):
-            yield
-    else:
-        yield
+        return mock.patch.object(Autoregressive, "loss", old_loss)
+    if name in ("cudnn", "flash"):
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION if name == "cudnn" else SDPBackend.FLASH_ATTENTION])
+    return contextlib.nullcontext()
 
 
 def profile(cfg, out: Path, steps=3):
-    """Top CUDA kernels of a few steps after warm-up, as a text table."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof
+    """GPU time by kernel category and the top kernels of a few steps after warm-up (`genlab bench --profile`'s
+    summary): out/profile.md, profile.json and trace.json.gz."""
     b = BenchStep(cfg)
     for _ in range(12):
         b.step()
-    torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        for _ in range(steps):
-            b.step()
-        torch.cuda.synchronize()
-    table = p.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
-    (out / "profile.txt").write_text(table)
-    print(table[:6000], flush=True)
+    profile_steps(b, steps, out)
+    print((out / "profile.md").read_text()[:6000], flush=True)
 
 
 def main():
@@ -132,11 +109,10 @@ def main():
               f"MFU {100 * (r['mfu'] or 0):.1f}%, peak {r['peak_mem_gib'] or 0:.2f} GiB, "
               f"recompiles {r['recompiles']}, {r['wall_s']:.0f} s", flush=True)
         (out / "bench_lm.json").write_text(json.dumps(res, indent=2, default=str))
-    table = format_table(rows) if rows else "(no rows)"
-    labels = "\n".join(f"- row {i + 1}: {r['variant']}" for i, r in enumerate(rows))
-    (out / "bench_lm.md").write_text(table + "\n\n" + labels + "\n")
     (out / "bench_lm.json").write_text(json.dumps(res, indent=2, default=str))
-    print(table + "\n" + labels)
+    labels = "\n".join(f"- row {i + 1}: {r['variant']}" for i, r in enumerate(rows))
+    (out / "bench_lm.md").write_text((format_table(rows) if rows else "(no rows)") + "\n\n" + labels + "\n")
+    print((out / "bench_lm.md").read_text())
 
 
 if __name__ == "__main__":

@@ -1,36 +1,32 @@
-"""Sparse Transformer attention (issue 16): one layer's attention, forward + backward, bf16, dense causal
-(SDPA flash) vs the factorized strided / fixed patterns, with peak memory and block density. Backends:
-`flex` (FlexAttention, compiled, in the block-sparse layouts, permutations included in the time) and
-`blocked` (the segment forms: flash on runs / columns / run pairs; fixed/summary still FlexAttention).
+"""Sparse Transformer attention (issue 16): one layer's attention, forward + backward, bf16, dense causal (SDPA flash)
+vs the factorized strided / fixed patterns, with peak memory and block density; or (--train-step) a small model's
+training step on the CPU, backend `dense` (masked SDPA over all n x n scores) vs `blocked`. Backends: `flex`
+(FlexAttention, compiled, in the block-sparse layouts, permutations included in the time) and `blocked` (the segment
+forms: flash-style SDPA on runs / columns / run pairs, no n x n mask; fixed/summary stays FlexAttention, or masked on a
+CPU).
 
     python benchmarks/bench_sparse_attention.py                      # CUDA: 3,072 and 12,288 tokens
-    python benchmarks/bench_sparse_attention.py --out table.md
     python benchmarks/bench_sparse_attention.py --tiny               # CPU check: small n, forward only, fp32
     python benchmarks/bench_sparse_attention.py --blocks 128,64 --batch 32   # block sizes; a less launch-bound batch
-    python benchmarks/bench_sparse_attention.py --backends blocked           # only the segment forms
+    python benchmarks/bench_sparse_attention.py --train-step [--batch 8 --iters 5 --threads 2]   # CPU: 784 tokens
 
-`split` runs each part on half the heads (one layer's full cost); `interleaved` is the mean of the
-layers that use each part on all heads; `merged` is the union in one head. `position-wise` rows are the
-strided column mask without the layout (the trap: every causal block is visited). `parts kernel ms` gives
-each head group's (split) or layer's (interleaved) own kernel time. Density is the FlexAttention block mask's even for
-`blocked` rows (the work it skips is the same: whole segments).
-Targets: >= 1.5x dense at 3,072 and >= 3x at 12,288 (the paper: 3.7x for strided at 12,288).
+`split` runs each part on half the heads (one layer's full cost); `interleaved` is the mean of the layers that use each
+part on all heads; `merged` is the union in one head. `position-wise` rows are the strided column mask without the
+layout (the trap: every causal block is visited). `parts kernel ms` gives each head group's (split) or layer's
+(interleaved) own kernel time. Density is the FlexAttention block mask's even for `blocked` rows (the work it skips is
+the same: whole segments). Targets: >= 1.5x dense at 3,072 and >= 3x at 12,288 (the paper: 3.7x for strided at 12,288).
 """
 from __future__ import annotations
 
 import argparse
-import sys
-import time
+import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import torch
+from common import wall_ms
 
-import warnings  # noqa: E402
-
-import torch  # noqa: E402
-
-from genlab.core.tables import markdown_row, markdown_table  # noqa: E402
-from genlab.nn.sparse_attention import FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend, block_density, causal_block_density, layer_groups  # noqa: E402
+from genlab.core.tables import markdown_row, markdown_table
+from genlab.nn.sparse_attention import FLEX_BLOCK, FLEX_BLOCKS, MaskCache, Part, attend, block_density, causal_block_density, layer_groups
 
 # name -> (n, batch, heads, head_dim, strided l, fixed l, summary c): CIFAR-10's 3,072 bytes and 64x64x3;
 # strided l ~ sqrt(n) rounded to a power of two, fixed l = 128 and c = 16 (the paper's text settings)
@@ -85,10 +81,7 @@ def measure(fn, device, iters, warmup):
         kernel_us = sum(getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
                         for e in prof.key_averages())
         return wall, mem, kernel_us / 1e3 / iters
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - t0) / iters * 1e3, float("nan"), float("nan")
+    return wall_ms(fn, iters, warmup=0), float("nan"), float("nan")
 
 
 def fmt(x, spec):
@@ -145,6 +138,27 @@ def bench_case(name, shape, device, backward, iters, warmup, block=FLEX_BLOCK, b
     return rows
 
 
+def train_step_table(batch, iters, threads):
+    """One training step (forward + backward) of a small Sparse Transformer on MNIST-sized byte sequences (28x28x1 =
+    784 tokens) on the CPU, `dense` against `blocked` (what model.sparse_backend=auto picks on a CPU)."""
+    from genlab.families.sparse.sparse_transformer import SparseSpec, SparseTransformer
+    if threads:
+        torch.set_num_threads(threads)
+    print(f"Sparse Transformer training step on CPU ({torch.get_num_threads()} threads), 784 tokens, dim 128, depth 4, "
+          f"4 heads, batch {batch}, fp32, mean of {iters}\n")
+    print(markdown_table(["pattern", "mode", "dense ms", "blocked ms", "speedup"], [], "llrrr"))
+    for pattern, mode in BLOCKED_ROWS:
+        torch.manual_seed(0)
+        model = SparseTransformer(SparseSpec(image_size=28, channels=1, dim=128, depth=4, heads=4, pattern=pattern, mode=mode))
+        idx = torch.randint(0, 257, (batch, model.spec.seq_len))
+
+        def step(backend):
+            model.zero_grad(set_to_none=True)
+            model(idx, backend=backend).float().mean().backward()
+        dense, blocked = (wall_ms(lambda: step(b), iters) for b in ("dense", "blocked"))
+        print(markdown_row([pattern, mode, f"{dense:.0f}", f"{blocked:.0f}", f"{dense / blocked:.2f}x"]), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU check: small n, forward only, fp32")
@@ -154,10 +168,14 @@ def main():
     ap.add_argument("--backends", default=",".join(BACKENDS), help=f"comma list of {', '.join(BACKENDS)}")
     ap.add_argument("--modes", default="split,interleaved,merged", help="comma list of the factorization modes to time "
                     "(the dense reference row always runs)")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=None, help="timed calls (default: 20; --train-step: 5)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default=None, help="also write the table to this markdown file")
+    ap.add_argument("--train-step", action="store_true", help="a small model's CPU training step, dense vs blocked")
+    ap.add_argument("--threads", type=int, default=0, help="--train-step: torch threads (0 = torch's default)")
     a = ap.parse_args()
+    if a.train_step:
+        return train_step_table(a.batch or 8, a.iters or 5, a.threads)
     blocks = [int(b) for b in a.blocks.split(",") if b]
     if bad := [b for b in blocks if b not in FLEX_BLOCKS]:
         raise SystemExit(f"--blocks: {bad} not in {FLEX_BLOCKS}")
@@ -180,7 +198,7 @@ def main():
     rows = []
     for name, shape in cases.items():
         for block in blocks:
-            rows += bench_case(name, shape, device, backward=cuda, iters=a.iters if cuda else 2,
+            rows += bench_case(name, shape, device, backward=cuda, iters=a.iters or 20 if cuda else 2,
                                warmup=a.warmup if cuda else 1, block=block, batch=a.batch, backends=backends,
                                modes=a.modes.split(","))
     if a.out:

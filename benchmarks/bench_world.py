@@ -1,54 +1,68 @@
-"""World-model generation speed: next frames per second at 64x64 with 3 sampling steps (issue 15).
-
-One "frame" = one full next-frame generation (sample_steps model evaluations). Rows: batch 1 (eager,
-torch.compile, torch.compile mode=reduce-overhead = CUDA graphs) and batched (many environments
-imagined in parallel). Prints one markdown table.
+"""World model (issue 15): generation speed, next frames per second at 64x64 with 3 sampling steps, or (--sampling) a
+trained run's rollouts under sampling settings.
 
     python benchmarks/bench_world.py                         # the pong_world model, random weights, CUDA if present
     python benchmarks/bench_world.py --run runs/pong-world   # a trained run (what play uses)
     python benchmarks/bench_world.py --device cpu --quick    # CPU figures (batch 1 and 64)
+    python benchmarks/bench_world.py --run runs/pong-world --sampling --rollouts 64 --variants 0:q,1:n,0.5:q
+
+Speed: one "frame" = one full next-frame generation (sample_steps model evaluations); rows at batch 1 (eager,
+torch.compile, torch.compile mode=reduce-overhead = CUDA graphs) and batched (many environments imagined at once).
+--sampling: the same held-out windows evaluated with each (method.sample_temperature, method.quantize_frames) pair;
+rollout PSNR at the longest horizon against copy-last, the per-step margin range, whether the model wins at every
+step, the in-domain Fréchet distance and the action-sensitivity margin.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import torch
+from common import device_name, error_cell, wall_ms
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.core.tables import markdown_row, markdown_table
+from genlab.data import build_dataset
+from genlab.families.build import build_model_and_method
+from genlab.runs.load import load_run
+from genlab.runtime.parallel import resolve_device
 
 
 def build(args):
-    from genlab.training.trainer import build_model_and_method
     if args.run:
-        from genlab.runs.load import load_run
         cfg, model, method, dev, state = load_run(args.run, args.device)
         return model, method, dev, state["data_spec"]
-    from genlab.config.tree import load_config
     cfg = load_config(args.preset, args.overrides)
     spec = {"kind": "episodes", "image_size": 64, "channels": 3, "num_actions": 6, "action_dim": 0,
             "context": cfg.data.context_frames, "horizon": cfg.data.horizon, "action_meanings": None, "num_classes": 0}
     model, method = build_model_and_method(cfg, spec)
-    from genlab.runtime.parallel import resolve_device
     dev = resolve_device(args.device)
     return model.to(dev).eval(), method, dev, spec
 
 
-def timed(fn, inputs, device, seconds):
-    for _ in range(3):  # warm-up (and compile / graph capture)
-        fn(*inputs)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        fn(*inputs)
-        n += 1
-    sync()
-    return (time.perf_counter() - t0) / n
+def sampling_table(args):
+    cfg, model, method, dev, _ = load_run(args.run, args.device)
+    cfg.eval.world_rollouts = args.rollouts
+    data = build_dataset(cfg.data)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in args.variants.split(","):
+            temp, q = v.split(":")
+            method.mcfg.sample_temperature, method.mcfg.quantize_frames = float(temp), q == "q"
+            res = method.evaluate(model, data, {"eval": cfg.eval, "device": dev, "run_dir": tmp})
+            curves = json.loads((Path(tmp) / "world_eval.json").read_text())["curves"]
+            H = max(curves, key=int)
+            margin = [m - c for m, c in zip(curves[H]["model"], curves[H]["copy_last"])]
+            rows.append([f"{float(temp):g}", "yes" if q == "q" else "no", f"{res[f'rollout_psnr_h{H}']:.2f} dB",
+                         f"{res[f'copy_last_psnr_h{H}']:.2f} dB", f"{min(margin):+.2f} … {max(margin):+.2f} dB",
+                         "yes" if min(margin) > 0 else "no", f"{res[f'frechet_h{H}']:.3f}", f"{res['action_margin_db']:+.2f} dB"])
+            print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
+    print(f"rollouts: {args.rollouts} held-out windows, horizon {H}, {method.mcfg.sample_steps} sampling steps\n")
+    print(markdown_table(["temperature", "quantised", "rollout PSNR (mean)", "copy-last", "margin per step",
+                          "beats copy-last at every step", "FD", "action margin"], rows, "rlrrllrr"))
 
 
 def main():
@@ -60,8 +74,14 @@ def main():
     ap.add_argument("--batches", default="1,256,4096")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--quick", action="store_true", help="CPU: batch 1 and 64, eager only")
+    ap.add_argument("--sampling", action="store_true", help="the run's rollouts under each of --variants")
+    ap.add_argument("--rollouts", type=int, default=64, help="--sampling: held-out windows per horizon (eval.world_rollouts)")
+    ap.add_argument("--variants", default="1:n,1:q,0:n,0:q",
+                    help="--sampling: comma-separated TEMPERATURE:q|n (q = generated frames quantised to uint8 levels)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.sampling:
+        return sampling_table(args)
     model, method, dev, spec = build(args)
     cuda = dev.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -72,7 +92,7 @@ def main():
     rows = []
     for b in batches:
         ctx = torch.rand(b, L, C, S, S, device=dev) * 2 - 1
-        acts = (torch.randint(0, max(spec["num_actions"], 1), (b, L), device=dev))
+        acts = torch.randint(0, max(spec["num_actions"], 1), (b, L), device=dev)
         noise = torch.randn(b, C, S, S, device=dev)
 
         def gen(ctx, acts, noise):
@@ -80,20 +100,20 @@ def main():
                 return method.generate(model, ctx, acts, args.steps, noise=noise)
 
         for v in variants:
-            if v != "eager" and b > 1 and v == "cudagraphs" and b > 4096:
+            if v == "cudagraphs" and b > 4096:
                 continue
             try:
                 fn = gen if v == "eager" else torch.compile(gen, mode="reduce-overhead" if v == "cudagraphs" else "default")
                 with torch.no_grad():
-                    dt = timed(fn, (ctx, acts, noise), dev, args.seconds)
+                    # as many calls as fit in --seconds, after 3 warm-up calls (compile / graph capture)
+                    dt = wall_ms(lambda: fn(ctx, acts, noise), 0, 3, dev, args.seconds) / 1e3
                 rows.append((b, v, dt * 1e3, b / dt))
             except Exception as e:  # noqa: BLE001  (a variant that fails here is reported, not fatal)
-                rows.append((b, v, float("nan"), f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+                rows.append((b, v, float("nan"), f"failed: {error_cell(e)}"))
             if cuda:
                 torch.cuda.empty_cache()
-    name = torch.cuda.get_device_name(dev) if cuda else "CPU"
     print(f"### world-model generation speed: {S}x{S}x{C}, {L} context frames, {args.steps} Euler steps, "
-          f"{params / 1e6:.1f}M params, {'bf16' if cuda else 'fp32'}, {name}\n")
+          f"{params / 1e6:.1f}M params, {'bf16' if cuda else 'fp32'}, {device_name(dev)}\n")
     print(markdown_table(["batch", "variant", "ms / batch", "frames / s"],
                          [[b, v, f"{ms:.2f}", fps if isinstance(fps, str) else format(fps, ",.0f")] for b, v, ms, fps in rows]))
 

@@ -1,29 +1,29 @@
-"""Every GPU test, split over the visible GPUs (one pytest process per GPU), with a result per test even when a limit
-stops a stream: each stream runs `pytest -v` and its lines are read as they come, so a killed stream still reports
-what it finished and which tests it never reached.
+"""Every GPU test, split over the visible GPUs (one pytest process per GPU, items k, k + n, ...), with a result per test
+even when a limit stops a stream: each stream runs `pytest -v` and its lines are read as they come.
 
     python benchmarks/gpu_tests.py                        # -m gpu over tests/, one stream per visible GPU
     python benchmarks/gpu_tests.py --limit 280 --per-test 150 -- tests/integration/test_gpu.py -k graph_step
     python benchmarks/gpu_tests.py --streams 2 --marker "" -- tests/test_foo.py   # CPU: two plain processes
 
-Prints a markdown table (stream, reached, passed, failed, skipped, stopped in) and the failed / not-reached ids, and
-writes the same to --out. Exit 0 only when every selected test ran and none failed. Runs with PYTHONPATH=src, as the
-suites do; the stream's pytest uses `python -m pytest` of this interpreter.
+Prints (and writes to --out) a markdown table (stream, reached, passed, failed, skipped, stopped in) and the failed /
+not-reached ids; exit 0 only when every selected test ran and none failed. Streams run `python -m pytest` of this
+interpreter with PYTHONPATH=src, as the suites do.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+import torch
+from common import REPO, genlab_env
 
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.core.tables import markdown_table
 
 OUTCOME = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
 
@@ -39,14 +39,6 @@ def collect(marker: str, args: list[str], env: dict) -> list[str]:
     if r.returncode not in (0, 5) or (not ids and r.returncode != 5):
         sys.exit(f"gpu_tests.py: collection failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
     return ids
-
-
-def visible_gpus() -> int:
-    try:
-        import torch
-        return torch.cuda.device_count()
-    except ImportError:
-        return 0
 
 
 def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, env: dict, limit: float,
@@ -91,7 +83,6 @@ pytest_collection_modifyitems.trylast = True  # pluggy reads the attribute set b
 
 def _stop(proc):
     """SIGTERM to the stream's process group (pytest stops at once), SIGKILL if it is still there 10 s later."""
-    import signal
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
@@ -129,10 +120,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.streams < 0 or args.limit <= 0:
         p.error("--streams must be >= 0 and --limit > 0")
-    path = os.pathsep.join([str(REPO / "src"), str(REPO / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    env = genlab_env(PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO / "benchmarks")])  # this module as the streams' plugin
     ids = collect(args.marker, args.pytest_args, env)
-    gpus = visible_gpus()
+    gpus = torch.cuda.device_count()
     n = max(1, min(args.streams or gpus or 1, len(ids) or 1))
     logs = Path(args.out).parent if args.out else Path(os.environ.get("TMPDIR", "/tmp"))
     logs.mkdir(parents=True, exist_ok=True)

@@ -13,21 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import torch
+from common import REPO  # noqa: F401 - puts src/ on sys.path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-from genlab.config.tree import load_config  # noqa: E402
-from genlab.data import build_dataset, build_loader  # noqa: E402
-from genlab.families.lm.mdlm import alpha, antithetic_uniform  # noqa: E402
-from genlab.runtime.parallel import init_distributed  # noqa: E402
-from genlab.runtime.switches import build_precision  # noqa: E402
-from genlab.training.step import TrainStep  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.core.tables import markdown_table
+from genlab.data import build_dataset, build_loader
+from genlab.families.lm.mdlm import alpha, antithetic_uniform
+from genlab.runtime.parallel import init_distributed
+from genlab.runtime.switches import build_precision
+from genlab.training.step import TrainStep
 
 
 def group_of(name: str) -> str:
@@ -121,9 +119,8 @@ def main():
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rows = [probe(a.preset, int(s), a.steps, a.overrides, a.out, a.label) for s in a.seeds.split(",")]
-    print("| label | seed | loss (last 100 steps) | first step < 3.0 | s |\n| --- | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['label']} | {r['seed']} | {r['final_loss_last100']} | {r['first_step_below_3']} | {r['seconds']} |")
+    print(markdown_table(["label", "seed", "loss (last 100 steps)", "first step < 3.0", "s"], [[r["label"], r["seed"],
+          r["final_loss_last100"], r["first_step_below_3"], r["seconds"]] for r in rows], "lrrrr"))
 
 
 if __name__ == "__main__":

@@ -18,36 +18,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "src"))
+import torch
+from common import REPO, genlab_env, report
+from safetensors.torch import load_file
 
-from genlab.core.tables import markdown_table  # noqa: E402
+from genlab.core.tables import markdown_table
+from genlab.runtime.dcp import load_dcp_full
 
 DEFAULT = ["gpt2_124m", "train.precision=fp32", "train.compile=off", "train.batch_size=32", "data.size=4096",
            "optim.warmup_steps=2"]
 
 
-def _env(world: int, gpus: int) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(world))
-    return env
-
-
 def _genlab(args: list[str], world: int, gpus: int, log: Path) -> float:
     head = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 else [])
+    env = genlab_env(**({"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(world))} if gpus else {}))
     t0 = time.time()
     with open(log, "w") as f:
-        rc = subprocess.run(head + ["-m", "genlab", *args], env=_env(world, gpus), stdout=f, stderr=subprocess.STDOUT,
-                            cwd=REPO).returncode
+        rc = subprocess.run(head + ["-m", "genlab", *args], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
     if rc != 0:
         sys.exit(f"reshard_resume: `genlab {' '.join(args[:2])}` on {world} process(es) failed (exit {rc}); see {log}")
     return time.time() - t0
@@ -83,7 +76,6 @@ def main(argv=None) -> int:
     p.add_argument("--runs", default=None, help="run folders and the export (default OUT/runs): checkpoints are large")
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU (a check of the code path, tiny models)")
     a = p.parse_args(argv)
-    import torch
     gpus = 0 if a.cpu else torch.cuda.device_count()
     worlds = [int(w) for w in a.resume_on.split(",") if w.strip()]
     if gpus and max([a.world] + worlds) > gpus:
@@ -119,9 +111,6 @@ def main(argv=None) -> int:
                      "max_abs": max(diffs), "max_rel": max(d / abs(ref[s]) for d, s in zip(diffs, steps)),
                      "losses": [got[s] for s in steps]})
     # one consolidated file from the sharded checkpoint, equal to its full weights
-    from safetensors.torch import load_file
-
-    from genlab.runtime.dcp import load_dcp_full
     exp = runs / "export"
     secs = _genlab(["export", str(written), "--out", str(exp), "--no-ema"], 1, gpus, out / "export.log")
     full = load_dcp_full(sorted((written / "checkpoints").glob("step_*.dcp"))[-1])["model"]
@@ -143,8 +132,7 @@ def main(argv=None) -> int:
     md += ["", f"`genlab export` of the {a.world}-process run: model.safetensors, {export['tensors']} tensors, "
            f"{export['bytes'] / 2**20:.1f} MiB, max abs diff to the DCP checkpoint's weights {worst:.1e} "
            f"(not in the file, tied on load: {', '.join(export['missing_in_file']) or 'none'}), {secs:.0f} s"]
-    (out / "reshard.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    report(md, out / "reshard.md")
     return 0
 
 

@@ -1,14 +1,11 @@
-"""Run a benchmark suite (benchmarks/suites/NAME.toml, a sweep file of stages) with the sweep engine.
+"""Run a benchmark suite (benchmarks/suites/NAME.toml, a sweep file of stages) with the sweep engine: `genlab sweep FILE
+KEY=VALUE ... [--only ...] [any genlab sweep option]` in the repository root, after installing the wheels in $WHEELS
+(default wheels/; a device machine has no package index). benchmarks/README.md says more.
 
     python benchmarks/run.py --list                           # the suites, one line each
     python benchmarks/run.py --suite perf --dry-run           # its stages and their commands (checks need its GPUs)
     python benchmarks/run.py --suite perf --out out           # run it; out/perf.md (the report), out/perf.tgz
     python benchmarks/run.py --suite sparse --only quality --set STEPS=500 --set ARGS="model.heads=8"
-
-is `genlab sweep benchmarks/suites/NAME.toml KEY=VALUE ... [--only ...] [any genlab sweep option]` in the repository
-root, after installing the wheels in $WHEELS (default wheels/): a device machine has no package index. `--out DIR`
-also copies the report to DIR/NAME.md and packs the sweep folder without checkpoints as DIR/NAME.tgz (such a
-machine returns few files).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The encode-speed benchmark (benchmarks/bench_encode.py) and `genlab data encode --precision`: reduced-precision
+"""The encode-speed benchmark (benchmarks/latents.py encode) and `genlab data encode --precision`: reduced-precision
 autocast runs the same SD-VAE-layout diffusers model (a narrow one here) and stays within its rounding error of
 float32; the benchmark runs genlab's own encode on a CPU at tiny sizes and prints one row per setting."""
 from __future__ import annotations
@@ -15,14 +15,14 @@ from genlab.data.encode import encode_dataset
 
 pytest.importorskip("diffusers")
 sys.path.insert(0, str(REPO / "benchmarks"))
-import bench_encode  # noqa: E402
+import latents  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def vae_and_images(tmp_path_factory):
     work = tmp_path_factory.mktemp("enc")
-    vae = bench_encode.save_vae(work / "vae", bench_encode.SMALL)
-    return f"diffusers:{vae}", bench_encode.write_images(work / "images", 6, 32, None)
+    vae = latents.save_vae(work / "vae", latents.SMALL)
+    return f"diffusers:{vae}", latents.write_images(work / "images", 6, 32, None)
 
 
 def test_bf16_encode_is_the_fp32_encode_within_bf16_rounding(vae_and_images, tmp_path):
@@ -41,7 +41,7 @@ def test_bf16_encode_is_the_fp32_encode_within_bf16_rounding(vae_and_images, tmp
 
 def test_the_benchmark_prints_one_row_per_precision_and_flip_setting(tmp_path, capsys):
     torch.manual_seed(0)
-    bench_encode.main(["--device", "cpu", "--n", "4", "--size", "32", "--batch-size", "2", "--small", "--warmup", "1",
+    latents.main(["encode", "--device", "cpu", "--n", "4", "--size", "32", "--batch-size", "2", "--small", "--warmup", "1",
                        "--precision", "fp32,bf16", "--json", str(tmp_path / "rows.json")])
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [(r["precision"], r["variants"]) for r in rows] == [("fp32", 2), ("bf16", 2), ("fp32", 1), ("bf16", 1)]
