@@ -1,36 +1,6 @@
-"""Sweep files: parse and validate a sweep TOML into a Sweep (a list of variants, each a set of overrides).
-
-    name = "lr"                      # folder name under sweeps/
-    description = "..."              # free text, shown in the report
-    steps = 200                      # sets train.steps for every variant
-    seeds = [0, 1]                   # every variant runs once per seed; the report shows mean ± std
-    batched_seeds = true             # a variant's seeds train in one process, batched (train.seeds; flow, one process)
-    batched_variants = true          # and variants that differ only in grid axes over optim.lr, optim.weight_decay or
-                                     # train.ema_decay, with all their seeds (train.lrs, ...; implies batched_seeds)
-    launcher = "gpu"                 # cpu | gpu | per_gpu | torchrun
-    nproc = 2                        # processes per variant for launcher=torchrun
-    timeout = 900                    # seconds per variant
-    loss_at = [100, 200]             # extra "loss at step" columns
-    loss_at_time = [30, 60]          # extra "loss at training wall-clock seconds" columns
-    metrics = ["final_loss", "samples_per_s", "mfu"]   # report columns (default: all found)
-    max_time = 540                   # the default of --max-time: no run or stage starts after it
-    env = { NCCL_NVLS_ENABLE = "0" } # the environment of every process
-
-    [base]
-    preset = "bench_dit_b2"
-    overrides = ["train.compile=off"]
-
-    [[axis]] ...                     # see genlab.lab.sweep.expand: key+values, zip, variants, type="constant_params",
-                                     # type="matched_params" (variants at a reference DiT's parameter count)
-    [[stage]] ...                    # runs and commands before the variants, eval = [...], reference, [params]:
-                                     # genlab.lab.sweep.stages; [tables.NAME] of stage rows: genlab.lab.sweep.tables
-
-On the command line, `genlab sweep NAME key=value ...` shrinks or moves a sweep without editing its file: a sweep key
-(steps=20, launcher=cpu, seeds=0,1, nproc, timeout) replaces the file's, a name of its [params] (STEPS=5) sets that
-parameter, a config key (model.dim=64, data.path=...) is set last on every run and run stage (not on a key the
-variants differ in).
-
-Everything, including every variant's full config, is checked before anything runs.
+"""Sweep files: parse and validate a sweep TOML (its keys: docs/sweeps.md) into a Sweep of variants, each a set of
+overrides. `genlab sweep NAME key=value ...` replaces a sweep key (CLI_KEYS), sets a [params] name, or sets a config
+key last on every run and run stage. Everything, every variant's full config included, is checked before anything runs.
 """
 from __future__ import annotations
 
