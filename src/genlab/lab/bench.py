@@ -150,13 +150,8 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.device.type == "cuda" else [])
-    _sync(b.device)
     with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            b.step()
-        _sync(b.device)
-        wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+        wall_ms = 1e3 * _time_steps(b, steps, 1)
     kernels = {}
     spans = {"comm": [], "compute": []}  # kernel [start, end] in us: how much communication compute hides
     if b.device.type == "cuda":
@@ -265,11 +260,10 @@ def count_host_syncs(b: "BenchStep") -> tuple[int | None, list[str]]:
     return len(sites), sites
 
 
-
 def _model_label(mcfg) -> str:
     """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
-    patches = "model.patch_size" in set(dotted_of(model_registry.spec(mcfg.name).keys)) | \
-        set(model_registry.spec(mcfg.name).reads)
+    spec = model_registry.spec(mcfg.name)
+    patches = "model.patch_size" in set(dotted_of(spec.keys)) | set(spec.reads)
     return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if patches else "")
 
 
