@@ -283,10 +283,18 @@ def _settings(raw: dict, path: Path, overrides: list[str]) -> Sweep:
                  max_time=None if max_time is None else float(max_time))
 
 
+def _run_config(sw: Sweep, preset: str, ovs: list[str], where: str):
+    """A run's full config as the runner will start it (placeholders stand for paths under sweeps/<name>)."""
+    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
+    try:
+        return load_config(preset, on_cpu + [resolve(o, Path("sweeps") / sw.name, sw.stage_map) for o in ovs])
+    except GenlabError as e:
+        raise GenlabError(f"{sw.path}: {where}: {e}") from None
+
+
 def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
     """Every run stage's full config, checked; a run after a command stage may read what that command makes."""
-    src, nominal = str(sw.path), Path("sweeps") / sw.name  # placeholders stand for paths under it while checked
-    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
+    src, nominal = str(sw.path), Path("sweeps") / sw.name
     made = False
     for st in sw.stages:
         made |= not st.is_run
@@ -294,11 +302,8 @@ def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
             continue
         _check_overrides(st.overrides, f"stage '{st.name}'", src, RESERVED[:3])  # one run: it may pick its seed
         st.overrides = st.overrides + cli
-        try:
-            cfg = load_config(st.preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in st.overrides])
-            sw.configs[st.name] = (cfg, made or _reads_stage(st.overrides))
-        except GenlabError as e:
-            raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
+        sw.configs[st.name] = (_run_config(sw, st.preset, st.overrides, f"stage '{st.name}'"),
+                               made or _reads_stage(st.overrides))
         st.eval = sweep_eval + st.eval
         if st.eval:
             _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
@@ -307,7 +312,6 @@ def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
 def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli: list[str], sweep_eval: list[str]):
     """The axes crossed into variants x seeds, each variant's full config checked."""
     src, nominal, known = str(sw.path), Path("sweeps") / sw.name, [s.name for s in sw.stages]
-    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
     entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
     target, first = raw.get("fd_target"), [e[0] for e in entries[0]]
     names = [target] if isinstance(target, str) else [*target, *target.values()] if isinstance(target, dict) else [target]
@@ -336,12 +340,8 @@ def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli
             batch_ov += [f"train.{n}={v}" for n, v in batch["values"].items()]
             if member_name(batch["template"], batch["values"]) != label:  # a value whose text is not folder-safe
                 batch = None
-        ov = ov + cli
-        try:  # the variant's full config must be valid before anything runs (batched: as its seeds will run)
-            cfg = load_config(preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
-            sw.configs[label] = (cfg, _reads_stage(common + ov))
-        except GenlabError as e:
-            raise GenlabError(f"{src}: variant '{label}': {e}") from None
+        ov = ov + cli  # batched: checked as its seeds will run
+        sw.configs[label] = (_run_config(sw, preset, common + ov + batch_ov, f"variant '{label}'"), _reads_stage(common + ov))
         ev = sweep_eval + extra["eval"]
         if ev:
             _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)
