@@ -299,9 +299,7 @@ def _plots(d: Path, rows) -> list[str]:
             pts = [(x.get(xkey), x["loss"]) for x in recs if x.get(xkey) is not None and x["loss"] > 0]
             if pts:
                 ax.plot(*zip(*pts), label=name)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss (first finished seed)")
-        ax.set_yscale("log")
+        ax.set(xlabel=xlabel, ylabel="training loss (first finished seed)", yscale="log")
         if curves:
             ax.legend(fontsize=7)
         save(fig, fname)
