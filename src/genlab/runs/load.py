@@ -2,6 +2,7 @@
 (and the sweeps that run it), the quantization gap and the API (api.py); loading is families/build.py's load_run."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -111,7 +112,6 @@ def evaluate_model(cfg, model, method, dev, data, run_dir, state=None, nfe_table
     with sampling_precision(cfg, dev).autocast(dev):
         res = method.evaluate(model, data, ctx)
         if nfe_table:
-            import sys
             res["nfe_table"] = nfe_rows(lambda c: method.evaluate(model, data, c), ctx, cfg)
             res["cost"] = cost_summary(run_dir)
             res["nfe_grid"] = str(nfe_grid(lambda c: method.pixels(model, c), method.spec.get("num_classes", 0), ctx, cfg,

@@ -56,4 +56,3 @@ def add_parser(sub):
                                                           "(default: int8,nf4)")
     a.add_argument("--adaln", action="store_true", help="quant-gap: quantize the blocks' adaLN linears too")
     a.set_defaults(fn=cmd_analyze)
-    return a

@@ -168,4 +168,3 @@ def add_parser(sub):
     r.add_argument("--batch", type=int, default=100, help="images per Inception forward")
     r.add_argument("--device", default="auto")
     r.set_defaults(fn=cmd_ref_stats)
-    return d

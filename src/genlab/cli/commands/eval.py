@@ -33,4 +33,3 @@ def add_parser(sub):
                         "pr_inception, lpips (need weights); same as eval.metrics=LIST (with eval.fid_ref=FILE and no "
                         "LIST: the standard protocol's metrics that FILE supports)")
     e.set_defaults(fn=cmd_eval)
-    return e

@@ -46,4 +46,3 @@ def add_parser(sub):
     p.add_argument("--no-ema", action="store_true", help="export the raw weights instead of the EMA")
     p.add_argument("--force", action="store_true", help="replace --out (a folder only when it is a genlab export)")
     p.set_defaults(fn=cmd_export)
-    return p

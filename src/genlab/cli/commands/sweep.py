@@ -117,4 +117,3 @@ def add_parser(sub):
     p.add_argument("--partial", action="store_true",
                    help="with `report`: count unfinished runs (timeouts, stops) with what they logged, marked partial")
     p.set_defaults(fn=cmd_sweep)
-    return p

@@ -474,7 +474,7 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
     for v in sw.variants:
         st = status.get(v.run_name, {}).get("status")
         run = d / "runs" / v.run_name
-        if st != "finished" and _summary_status(run) == "finished" and (d / "runs" / v.run_name / "metrics.jsonl").exists():
+        if st != "finished" and _summary_status(run) == "finished" and (run / "metrics.jsonl").exists():
             status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
                                   "overrides": v.overrides}
