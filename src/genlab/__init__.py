@@ -1,10 +1,10 @@
 """genlab: a fast, hackable PyTorch lab for training generative transformers.
 
     import genlab
-    cfg = genlab.load_config("digits_flow", {"train.steps": 200})
-    summary = genlab.train(cfg)
-    run = genlab.load_run(summary["run_dir"])
-    images = run.sample(n=16)
+    cfg = genlab.load_config("digits_flow", {"train.steps": 200})   # or a list ["train.steps=200"]
+    summary = genlab.train(cfg)                                      # the same loop as `genlab train`
+    run = genlab.load_run(summary["run_dir"])                        # run folder, checkpoint or exported folder
+    images = run.sample(n=16, class_id=3)                            # [16, C, H, W] in [-1, 1]
 
 The API lives in genlab.runs.api and is imported on first use, so `import genlab` stays light (no torch).
 """

@@ -65,7 +65,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("genlab: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001
+    except BaseException as e:  # BaseException: torch's CheckpointException does not derive from Exception
+        if isinstance(e, (SystemExit, GeneratorExit)):
+            raise
         from genlab.training.trainer import NonFiniteLoss
         if isinstance(e, NonFiniteLoss):
             print(f"genlab: diverged: {e}", file=sys.stderr)
@@ -76,11 +78,6 @@ def main(argv=None) -> int:
             print(f"genlab: failed: {one_line(e)}", file=sys.stderr)
             return 1
         # a bug or an unreadable input outside the trainer's setup: one line, the traceback on request
-        print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
-        return 2
-    except BaseException as e:  # e.g. torch's CheckpointException, which does not derive from Exception
-        if isinstance(e, (SystemExit, GeneratorExit)) or debug():
-            raise
         print(f"genlab: error: {one_line(e)} (GENLAB_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 2
 

@@ -1,8 +1,6 @@
-"""Config validation, derived from what the components declare: declared ranges, the keys the selected components
-read, and the constraints model, data and method put on each other (their kinds, families and checks; a method's are
-attributes of its class, reached through the registry by name: families sit above this floor).
-Everything here runs before any file is written or any model is built, and every failure is one GenlabError line
-that names the offending key."""
+"""Config validation, derived from what the components declare: ranges, the keys the selected components read, and
+what model, data and method require of each other (a method's capabilities are reached through the registry by name).
+It runs before any file is written or model built; every failure is one GenlabError line naming the key."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,17 +1,7 @@
-"""Config field metadata: every key declares a one-line description and its valid values next to its
-default, so `validate`, `genlab config` and docs/config.md all read the same declaration.
-
-    class ShiftKeys(Keys, section="method"):
-        time_shift: float = F(1.0, "SD3 shift of training times", ge=0)
-        sampler: str = F("heun", "ODE/SDE sampler", registry="sampler")
-
-A component lists its Keys classes in its registry spec (`keys=ShiftKeys`) and reads them typed
-(`ShiftKeys.of(cfg).time_shift`); which components read a key is what decides whether setting it is valid
-(config_check.read_keys).
-
-Exactly one kind of declaration is required besides the doc (a test checks every field):
-numeric bounds (ge/gt/le/lt), `choices`, `registry` (a genlab registry name), `free` (what an open
-string holds, e.g. "a file path"), or a bool type (true/false needs nothing more).
+"""Config field metadata: every key declares a one-line description and its valid values next to its default
+(`F(1.0, "SD3 shift of training times", ge=0)` in a Keys class; docs/architecture.md: Config), so validation,
+`genlab config` and docs/config.md read the same declaration. Besides the doc a key declares one of: numeric bounds
+(ge/gt/le/lt), `choices`, `registry` (a registry name), `free` (what an open string holds) or a bool type.
 """
 from __future__ import annotations
 
@@ -24,11 +14,8 @@ from genlab.core.registry import all_registries
 
 def F(default, doc: str, *, ge=None, gt=None, le=None, lt=None, choices=None, registry: str | None = None,
       free: str | None = None, type: type | None = None, lists: str | None = None):
-    """A dataclass field with its description and valid values.
-
-    registry: the value names an entry of that registry (its keys are then read too); lists: the value is a
-    comma-separated list of that registry's entries; type: the key's type when the default does not say it.
-    """
+    """A dataclass field with its description and valid values. registry: the value names an entry of that registry
+    (its keys are then read too); lists: a comma-separated list of its entries; type: when the default does not say."""
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": tuple(choices) if choices else None,
             "registry": registry, "free": free, "lists": lists,
             "type": type or _type_of(default)}
@@ -70,14 +57,9 @@ K = TypeVar("K", bound="Keys")
 
 @dataclass_transform(field_specifiers=(F,))
 class Keys:
-    """A dataclass of config keys, owned by the component that reads them:
-
-        class ShortcutKeys(Keys, section="method"):
-            shortcut_min_steps: int = F(128, "...", ge=1)
-
-    User-facing names stay `section.name`; each config section is one object whose class is composed from the
-    section's core class and every registered Keys class of that section (config/keys.py), so `of(cfg)` is that
-    object itself, typed as this class. Subclasses are dataclasses (no decorator needed)."""
+    """A dataclass of config keys (`class ShortcutKeys(Keys, section="method")`), owned by the component that reads
+    them. A config section's class is composed from every Keys class of that section (config/keys.py), so `of(cfg)`
+    is the section object itself, typed as this class. Subclasses are dataclasses (no decorator needed)."""
     section: ClassVar[str]
 
     def __init_subclass__(cls, section: str | None = None, **kw):
@@ -170,13 +152,11 @@ def describe_range(f: dataclasses.Field, typ, names: bool = True) -> str:
         return " | ".join(str(c) for c in m["choices"])
     if m.get("registry"):
         return f"registry `{m['registry']}`" + (_registry_names(m["registry"]) if names else " (`genlab list`)")
-    parts = []
     lo = (">= " + _num(m["ge"])) if m.get("ge") is not None else ("> " + _num(m["gt"])) if m.get("gt") is not None else None
     hi = ("<= " + _num(m["le"])) if m.get("le") is not None else ("< " + _num(m["lt"])) if m.get("lt") is not None else None
     parts = [p for p in (lo, hi) if p]
     if parts:
-        each = "each " if typ is tuple else ""
-        return each + ", ".join(parts)
+        return ("each " if typ is tuple else "") + ", ".join(parts)
     return m.get("free") or ""
 
 

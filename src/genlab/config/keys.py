@@ -120,8 +120,7 @@ RETIRED: dict[str, object] = {}
 
 def declared_keys() -> dict[str, tuple]:
     """dotted key -> (Key, owners): the core keys (owner "core") and every key a registered component declares in
-    its spec's `keys`. A key is declared by one Keys class (listed by every entry that owns it).
-    Computed once per registry state (validation asks several times per config)."""
+    its spec's `keys`; computed once per registry state."""
     return _composed()["keys"]
 
 

@@ -4,6 +4,7 @@ A config fully determines a run. Unknown keys and wrong types fail before any wo
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -29,60 +30,32 @@ def __getattr__(name):  # DataConfig, ModelConfig, ...: the composed section cla
 
 
 def _coerce(value: Any, typ, where: str):
-    """Check/convert a TOML or CLI value to the declared field type."""
-    origin = get_origin(typ)
+    """Check/convert a TOML or CLI value to the declared field type (CLI values arrive as text)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if typ is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif typ is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif typ is list:  # a list of names: TOML array, JSON text or comma-separated text
+    elif typ in (int, float) and (isinstance(value, str) or number and (typ is float or isinstance(value, int))):
+        with contextlib.suppress(ValueError):
+            return typ(value)
+    elif typ is str and (isinstance(value, str) or number):
+        return str(value)
+    elif typ is list or typ is tuple or get_origin(typ) is tuple:  # TOML array, JSON text or comma-separated text
         if isinstance(value, str):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError:
                 value = [v.strip() for v in value.strip("()[]").split(",") if v.strip()]
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return list(value)
-    elif typ is tuple or origin is tuple:
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                value = [v for v in value.strip("()[]").split(",") if v.strip()]
-        if isinstance(value, (list, tuple)):
-            try:
+        if typ is list and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return list(value)  # a list of names
+        if typ is not list and isinstance(value, (list, tuple)):
+            with contextlib.suppress(TypeError, ValueError):
                 return tuple(float(v) for v in value)
-            except (TypeError, ValueError):
-                pass
     name = getattr(typ, "__name__", str(typ))
     raise GenlabError(f"config key '{where}' expects {name}, got {value!r}")
 
-
-def _section_types(section_cls) -> dict:
-    """key -> the type its declaration says (F's metadata: what values are coerced to)."""
-    return {f.name: meta_of(f)["type"] for f in dataclasses.fields(section_cls)}
 
 
 def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
@@ -97,7 +70,7 @@ def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
         if not isinstance(val, dict):
             raise GenlabError(f"config section '{key}' in {source} must be a table")
         section = getattr(cfg, key)
-        types = _section_types(type(section))
+        types = {f.name: meta_of(f)["type"] for f in dataclasses.fields(section)}  # what values are coerced to
         for k, v in val.items():
             if f"{key}.{k}" in RETIRED and k not in types:
                 if v != RETIRED[f"{key}.{k}"]:
@@ -210,20 +183,11 @@ def _chosen_components(cfg: Config, read) -> list[tuple[str, str, str, dict]]:
     return out
 
 
-def validate(cfg: Config) -> None:
-    """Every field against its declared range/choices/registry, options the chosen components do not
-    read, then the constraints model, data and method impose on each other: before anything is built."""
-    check_config(cfg)
+validate = check_config  # ranges, unread options, then what model, data and method impose: before anything is built
 
 
 def to_dict(cfg: Config) -> dict:
-    d = dataclasses.asdict(cfg)
-    for sec in d.values():
-        if isinstance(sec, dict):
-            for k, v in sec.items():
-                if isinstance(v, tuple):
-                    sec[k] = list(v)
-    return d
+    return dataclasses.asdict(cfg, dict_factory=lambda kv: {k: list(v) if isinstance(v, tuple) else v for k, v in kv})
 
 
 def from_dict(d: dict) -> Config:

@@ -1,14 +1,13 @@
-"""`genlab bench CONFIG [overrides]`: training-step speed on synthetic data of the config's shape.
-
-No data loading, no logging: the model, method, precision, checkpointing, parallel wrapping, compile and
-optimizer are built exactly as the trainer builds them, and the step does what the trainer's step does
-(autocast forward, loss, scaled backward, clip, optimizer, EMA). The headline step time has no host
-syncs inside the timed loop; a second, synchronised pass splits it into forward / backward / optimizer.
+"""`genlab bench CONFIG [overrides]`: training-step speed on synthetic data of the config's shape, no data loading or
+logging. The step is the trainer's own (training/step.py), built as the trainer builds it; the headline step time has
+no host syncs inside the timed loop; a second, synchronised pass splits it into forward / backward / optimizer.
 """
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -147,21 +146,12 @@ def communication_overlap(comm: list[tuple[float, float]], compute: list[tuple[f
 def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     """torch.profiler over `steps` training steps: GPU time per kernel category and the top kernels,
     written to out_dir/profile.md (+ profile.json, trace.json.gz); returns the summary."""
-    import gzip
-    import shutil
-    from pathlib import Path
-
     from torch.profiler import ProfilerActivity, profile
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.device.type == "cuda" else [])
-    _sync(b.device)
     with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            b.step()
-        _sync(b.device)
-        wall_ms = 1e3 * (time.perf_counter() - t0) / steps
+        wall_ms = 1e3 * _time_steps(b, steps, 1)
     kernels = {}
     spans = {"comm": [], "compute": []}  # kernel [start, end] in us: how much communication compute hides
     if b.device.type == "cuda":
@@ -270,14 +260,10 @@ def count_host_syncs(b: "BenchStep") -> tuple[int | None, list[str]]:
     return len(sites), sites
 
 
-def _compiled_graphs() -> int:
-    return compile_counts()["graphs"]
-
-
 def _model_label(mcfg) -> str:
     """dit-B/2 (size/patch) for image models; gpt-gpt2 for token models, which have no patch."""
-    patches = "model.patch_size" in set(dotted_of(model_registry.spec(mcfg.name).keys)) | \
-        set(model_registry.spec(mcfg.name).reads)
+    spec = model_registry.spec(mcfg.name)
+    patches = "model.patch_size" in set(dotted_of(spec.keys)) | set(spec.reads)
     return f"{mcfg.name}-{mcfg.size}" + (f"/{mcfg.patch_size}" if patches else "")
 
 
@@ -341,7 +327,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
     def measure():
         for _ in range(warmup):
             b.step()
-        graphs = _compiled_graphs()
+        graphs = compile_counts()["graphs"]
         _sync(dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
@@ -368,27 +354,21 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
     peak = peak_flops(dev)
     flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
     seq = b.spec.get("seq_len")
-    samples_per_s = tcfg.batch_size / step_s
+    samples_per_s, graphs = tcfg.batch_size / step_s, compile_counts()["graphs"]
     return {
         "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * seq if seq else None,
         "step_ms": 1e3 * step_s, "fwd_ms": split.get("fwd"), "bwd_ms": split.get("bwd"), "opt_ms": split.get("opt"),
         "mfu": flops_step / step_s / peak if peak else None, "flops_per_step": flops_step * b.dist.world,
         "peak_mem_gib": peak_mem,
-        "recompiles": max(0, _compiled_graphs() - graphs_after_warmup), "graphs": _compiled_graphs(),
+        "recompiles": max(0, graphs - graphs_after_warmup), "graphs": graphs,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "world": b.dist.world,
-        "switches": {"model": _model_label(cfg.model), "batch": tcfg.batch_size,
-                     "precision": b.precision.name, "compile": tcfg.compile,
-                     "activation_checkpointing": tcfg.activation_checkpointing, "parallel": tcfg.parallel,
-                     "grad_accum": tcfg.grad_accum, "optimizer": cfg.optim.name,
-                     "compiled_autograd": tcfg.compiled_autograd, "compile_optimizer": tcfg.compile_optimizer,
-                     "graph_step": tcfg.graph_step,
-                     "compile_mode": tcfg.compile_mode, "attention": cfg.model.attention,
-                     "adaln": cfg.model.adaln, "ce_kernel": cfg.model.ce_kernel,
-                     "mlp": cfg.model.mlp, "qkv_kernel": cfg.model.qkv_kernel,
-                     "final_kernel": cfg.model.final_kernel},
+        "switches": {"model": _model_label(cfg.model), "batch": tcfg.batch_size, "precision": b.precision.name,
+                     **{k: getattr(tcfg, k) for k in ("compile", "activation_checkpointing", "parallel", "grad_accum")},
+                     "optimizer": cfg.optim.name,
+                     **{k: getattr(tcfg, k) for k in ("compiled_autograd", "compile_optimizer", "graph_step", "compile_mode")},
+                     **{k: getattr(cfg.model, k) for k in ("attention", "adaln", "ce_kernel", "mlp", "qkv_kernel", "final_kernel")}},
         "steps": steps, "warmup": warmup_total, "turn_s": turn, "host_syncs_per_step": host_syncs,
-        "host_sync_sites": host_sync_sites,
-        "profile": prof,
+        "host_sync_sites": host_sync_sites, "profile": prof,
     }
 
 

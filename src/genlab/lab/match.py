@@ -1,15 +1,8 @@
 """Parameter matching: the widths that give a backbone a reference model's parameter count, so architectures,
-attention kernels and depths are compared at equal size. Counts are exact: each candidate is built on the meta
-device (no memory, no init cost), and among neighbouring head counts the one closest to the target wins.
-
-Two questions are answered:
-- `match_params`: at the config's depth and head width, which width (and, to close the last gap, which MLP
-  width) has the target count? The number of heads moves in steps of one (a width step of one head width),
-  then model.mlp_ratio moves the MLP width until the count is within `tol` of the target (the MLP is about 2/3
-  of a block's weights, so it can absorb the remainder of a head-width step: at DiT-S/B widths a few percent of
-  mlp_ratio). Used by the sweeps' `matched_params` axis and benchmarks/bench_backbones.py.
-- `constant_param_dims`: for each of several depths, which width of a DiT has the count of a reference depth and
-  width (the sweeps' `constant_params` axis, trading depth for width).
+attention kernels and depths are compared at equal size. Counts are exact (each candidate built on the meta device).
+`match_params` (the sweeps' `matched_params` axis, benchmarks/bench_backbones.py) moves the head count, then
+model.mlp_ratio to close the last gap (the MLP is about 2/3 of a block's weights); `constant_param_dims` (the
+`constant_params` axis) trades depth for width.
 """
 from __future__ import annotations
 
@@ -97,14 +90,10 @@ def matched_overrides(cfg_model, data_spec: dict, target: int, tol: float = 0.02
 
 def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, model=None,
                         spec: dict | None = None):
-    """For each depth, the width (a multiple of head_dim, heads = width / head_dim) whose DiT has the
-    parameter count closest to the reference (ref_depth, ref_dim). Returns [(depth, dim, heads, rel_error)].
-
-    `model` is a ModelConfig whose other fields (patch size, MLP ratio, qk-norm, ...) are kept, though the
-    backbone counted is always a DiT (default DiT-B); `spec` the data shape (default LATENT_SPEC).
-    Block parameters grow as depth * dim^2 (12 dim^2 for attention + MLP, 6 dim^2 for adaLN), so
-    dim ~ ref_dim * sqrt(ref_depth / depth) is the start; neighbouring multiples are compared by exact count.
-    """
+    """[(depth, dim, heads, rel_error)]: for each depth, the width (a multiple of head_dim) whose DiT has the parameter
+    count closest to the reference (ref_depth, ref_dim). `model`: a ModelConfig whose other fields are kept (the
+    backbone counted is always a DiT; default DiT-B); `spec`: the data shape (default LATENT_SPEC). Block parameters
+    grow as depth * dim^2, so dim ~ ref_dim * sqrt(ref_depth / depth) is the start."""
     base = dataclasses.replace(model if model is not None else ModelConfig(size="B"), name="dit")
     spec = spec or LATENT_SPEC
 

@@ -1,12 +1,5 @@
-"""The public Python API, for notebooks and scripts (re-exported by `import genlab`):
-
-    cfg = genlab.load_config("digits_flow", ["train.steps=200"])   # or a dict {"train.steps": 200}
-    summary = genlab.train(cfg)                                      # the same loop as `genlab train`
-    run = genlab.load_run(summary["run_dir"])                        # run folder, checkpoint or exported folder
-    images = run.sample(n=16, class_id=3)                            # [16, C, H, W] in [-1, 1]
-
-Everything here is a thin layer over the CLI's code paths (config.load_config, the trainer, runs/load.py).
-"""
+"""The public Python API, re-exported by `import genlab` (its docstring shows the use): a thin layer over the CLI's
+code paths (config.load_config, the trainer, runs/load.py)."""
 from __future__ import annotations
 
 from pathlib import Path

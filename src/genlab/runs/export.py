@@ -1,6 +1,5 @@
-"""`genlab export RUN --out DIR`: a run written as a self-describing folder others load and the Hugging Face Hub
-hosts as it is (format and loader: runtime/export_folder.py). The folder is written as DIR.partial and renamed, so a
-crash never leaves half an export at DIR."""
+"""`genlab export RUN --out DIR`: a run as a self-describing folder others load and the Hugging Face Hub hosts as it
+is (format and loader: runtime/export_folder.py), written as DIR.partial and renamed: a crash never leaves half of it."""
 from __future__ import annotations
 
 import json
@@ -57,13 +56,7 @@ def _source_dir(run) -> Path | None:
 
 
 def read_summary(run) -> dict:
-    d = _source_dir(run)
-    if d is None:
-        return {}
-    try:
-        s = json.loads((d / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+    s = ckpt.read_summary(_source_dir(run)) if _source_dir(run) is not None else {}
     return s if isinstance(s, dict) else {}
 
 

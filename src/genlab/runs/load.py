@@ -1,8 +1,8 @@
-"""Sampling and evaluation of a finished run or checkpoint: the one entry of each for `genlab sample`, `genlab eval`,
-the sweep harness (it runs `genlab eval`), the quantization gap and the Python API (api.py); loading is
-families/build.py's load_run."""
+"""Sampling and evaluation of a finished run or checkpoint: the one entry of each for `genlab sample`, `genlab eval`
+(and the sweeps that run it), the quantization gap and the API (api.py); loading is families/build.py's load_run."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -29,13 +29,10 @@ def sampling_precision(cfg, device):
 
 def check_sample_args(n, steps=None, cfg_scale=None, temperature=None, top_k=None, sampler=None, length=None):
     """The sample command's numbers, before a checkpoint is opened or a file written."""
-    for flag, v, ok, want in (("--n", n, n is not None and n >= 1, ">= 1"), ("--steps", steps, steps is None or steps >= 1, ">= 1"),
-                              ("--length", length, length is None or length >= 1, ">= 1"),
-                              ("--cfg", cfg_scale, cfg_scale is None or cfg_scale >= 0, ">= 0"),
-                              ("--temperature", temperature, temperature is None or temperature >= 0, ">= 0"),
-                              ("--top-k", top_k, top_k is None or top_k >= 0, ">= 0")):
-        if not ok:
-            raise GenlabError(f"{flag} must be {want}, got {v}")
+    for flag, v, lo in (("--n", n, 1), ("--steps", steps, 1), ("--length", length, 1), ("--cfg", cfg_scale, 0),
+                        ("--temperature", temperature, 0), ("--top-k", top_k, 0)):
+        if (v is None and flag == "--n") or (v is not None and v < lo):  # None: the run's own setting (--n has none)
+            raise GenlabError(f"{flag} must be >= {lo}, got {v}")
     if sampler is not None:
         all_registries()["sampler"].get(sampler)
 
@@ -115,7 +112,6 @@ def evaluate_model(cfg, model, method, dev, data, run_dir, state=None, nfe_table
     with sampling_precision(cfg, dev).autocast(dev):
         res = method.evaluate(model, data, ctx)
         if nfe_table:
-            import sys
             res["nfe_table"] = nfe_rows(lambda c: method.evaluate(model, data, c), ctx, cfg)
             res["cost"] = cost_summary(run_dir)
             res["nfe_grid"] = str(nfe_grid(lambda c: method.pixels(model, c), method.spec.get("num_classes", 0), ctx, cfg,

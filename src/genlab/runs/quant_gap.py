@@ -80,11 +80,9 @@ def quant_gap(run, formats=("int8", "nf4"), overrides=(), device="auto", adaln=F
     fits = {f: trend([r["step"] for r in rows], [r[f][key] - r["float"][key] for r in rows]) for f in formats}
     result = {"run": str(run), "metric": key, "formats": list(formats), "rows": rows, "trend": fits}
     (out_dir / "quant_gap.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result, unit)
-    md = out_dir / "quant_gap.md"
+    table, md = markdown(result, unit), out_dir / "quant_gap.md"
     md.write_text(table)
-    png = plot(result, out_dir / "quant_gap.png")
-    return {**result, "table": table, "markdown": str(md), "plot": str(png)}
+    return {**result, "table": table, "markdown": str(md), "plot": str(plot(result, out_dir / "quant_gap.png"))}
 
 
 def markdown(result: dict, unit: str) -> str:
@@ -123,10 +121,8 @@ def plot(result: dict, path: Path) -> Path:
             ax.plot(xs, t["a"] + t["b_per_decade"] * np.log10(xs), "-", color=line.get_color(), alpha=0.7,
                     label=f"{f} fit {t['b_per_decade']:+.3g}/decade")
     ax.axhline(0, color="gray", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("training step")
-    ax.set_ylabel(f"{key}: quantized - float")
-    ax.set_title("quantization gap vs training length")
+    ax.set(xscale="log", xlabel="training step", ylabel=f"{key}: quantized - float",
+           title="quantization gap vs training length")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -3,12 +3,21 @@
 `genlab analyze compare RUN RUN ...`: several runs' analyses side by side (genlab/lab/analyze/compare.py)."""
 from __future__ import annotations
 
+from genlab.core.errors import GenlabError
+
 ORDER = 2.5  # after eval
 
 
 def cmd_analyze(args):
     if args.run == "quant-gap":
-        return _quant_gap(args)
+        from genlab.runs.quant_gap import quant_gap
+        if not args.overrides:
+            raise GenlabError("genlab analyze quant-gap RUN [eval.*=...]: give the run folder")
+        res = quant_gap(args.overrides[0], formats=[f for f in args.formats.split(",") if f], overrides=args.overrides[1:],
+                        device=args.device, adaln=args.adaln)
+        print(res["table"])
+        print(f"wrote {res['markdown']} and {res['plot']}")
+        return 0
     if args.run == "compare":
         from genlab.lab.analyze.compare import compare
         res = compare(args.overrides, args.out or "analysis_compare")
@@ -22,18 +31,6 @@ def cmd_analyze(args):
     print(f"wrote {res['out']}/analysis.md (and the plots beside it)")
     return 0
 
-
-def _quant_gap(args):
-    from genlab.core.errors import GenlabError
-    from genlab.runs.quant_gap import quant_gap
-    if not args.overrides:
-        raise GenlabError("genlab analyze quant-gap RUN [eval.*=...]: give the run folder")
-    run, overrides = args.overrides[0], args.overrides[1:]
-    res = quant_gap(run, formats=[f for f in args.formats.split(",") if f], overrides=overrides, device=args.device,
-                    adaln=args.adaln)
-    print(res["table"])
-    print(f"wrote {res['markdown']} and {res['plot']}")
-    return 0
 
 
 def add_parser(sub):
@@ -59,4 +56,3 @@ def add_parser(sub):
                                                           "(default: int8,nf4)")
     a.add_argument("--adaln", action="store_true", help="quant-gap: quantize the blocks' adaLN linears too")
     a.set_defaults(fn=cmd_analyze)
-    return a

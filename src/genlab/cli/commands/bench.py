@@ -48,4 +48,3 @@ def add_parser(sub):
                    help="share one GPU with other bench processes given the same FILE: compile at the same time, take "
                         "turns to time (benchmarks/bench_backbones.py --parallel)")
     p.set_defaults(fn=cmd_bench)
-    return p

@@ -22,4 +22,3 @@ def add_parser(sub):
     c.add_argument("items", nargs="*", help="a preset name or .toml path, then dotted overrides")
     c.add_argument("--markdown", action="store_true", help="the reference of every key as Markdown (docs/config.md)")
     c.set_defaults(fn=cmd_config)
-    return c

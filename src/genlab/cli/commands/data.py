@@ -84,30 +84,6 @@ def cmd_ref_stats(args):
 def add_parser(sub):
     d = sub.add_parser("data", help="dataset tools")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
-    _add_prepare(dsub)
-    _add_encode(dsub)
-    _add_generate(dsub)
-    _add_episode_commands(dsub)
-    _add_ref_stats(dsub)
-    return d
-
-
-def _add_ref_stats(dsub):
-    r = dsub.add_parser("ref-stats", help="FID reference statistics of an image dataset (ADM .npz layout: mu, sigma, "
-                                          "mu_s, sigma_s, arr_0) for eval.fid_ref")
-    r.add_argument("dataset", help="a folder made by `genlab data prepare` (uint8 images, 1 or 3 channels)")
-    r.add_argument("--out", required=True, help="the .npz to write (must not exist)")
-    r.add_argument("--fid-weights", dest="fid_weights", default="",
-                   help="pt_inception-2015-12-05-6726825d.pth or its folder (default: $GENLAB_FID_WEIGHTS, then torch hub)")
-    r.add_argument("--images", type=int, default=10000,
-                   help="images stored as arr_0 for precision/recall (a fixed random subset; ADM stores 10,000; 0 = none)")
-    r.add_argument("--limit", type=int, default=0, help="statistics of the first LIMIT images only (0 = all)")
-    r.add_argument("--batch", type=int, default=100, help="images per Inception forward")
-    r.add_argument("--device", default="auto")
-    r.set_defaults(fn=cmd_ref_stats)
-
-
-def _add_prepare(dsub):
     prep = dsub.add_parser("prepare", help="convert public files into genlab's memory-mapped format")
     prep.add_argument("kind", help="digits | mnist | fashion-mnist | cifar10 | imagefolder | frames | text | shards")
     prep.add_argument("--src", default=None, nargs="+",
@@ -128,9 +104,6 @@ def _add_prepare(dsub):
     prep.add_argument("--tokenizer", default="char", help="text: char | byte | gpt2")
     prep.add_argument("--hf", default=None, help="text: a Hugging Face dataset name (needs internet)")
     prep.set_defaults(fn=cmd_prepare)
-
-
-def _add_encode(dsub):
     e = dsub.add_parser("encode", help="precompute autoencoder latents of a prepared image set (data.name=latents); "
                                        "resumable, one or many GPUs (torchrun)")
     e.add_argument("dataset", help="a folder written by `genlab data prepare` (image array or shards)")
@@ -149,9 +122,6 @@ def _add_encode(dsub):
     e.add_argument("--compile", action="store_true", help="torch.compile the encoder (one compile per batch shape)")
     e.add_argument("--force", action="store_true", help="replace a finished OUT or an unfinished OUT.partial")
     e.set_defaults(fn=cmd_encode)
-
-
-def _add_generate(dsub):
     g = dsub.add_parser("generate", help="draw (noise, image, label) pairs with a trained flow run's ODE sampler "
                                          "(reflow's data)")
     g.add_argument("kind", help="pairs")
@@ -167,10 +137,6 @@ def _add_generate(dsub):
     g.add_argument("--seed", type=int, default=0, help="seed of the noise and the label order")
     g.add_argument("--device", default="auto")
     g.set_defaults(fn=cmd_generate)
-
-
-def _add_episode_commands(dsub):
-    """The world-model family's episode folders: collect, import, stats."""
     c = dsub.add_parser("collect", help="collect game frames + actions into an episode folder (Atari: gymnasium + ale-py; "
                         "first-person 3D: vizdoom)")
     c.add_argument("source", help="atari | vizdoom")
@@ -204,3 +170,15 @@ def _add_episode_commands(dsub):
     s.add_argument("--sheet", default=None, help="contact sheet PNG (default DIR/contact_sheet.png)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stats)
+    r = dsub.add_parser("ref-stats", help="FID reference statistics of an image dataset (ADM .npz layout: mu, sigma, "
+                                          "mu_s, sigma_s, arr_0) for eval.fid_ref")
+    r.add_argument("dataset", help="a folder made by `genlab data prepare` (uint8 images, 1 or 3 channels)")
+    r.add_argument("--out", required=True, help="the .npz to write (must not exist)")
+    r.add_argument("--fid-weights", dest="fid_weights", default="",
+                   help="pt_inception-2015-12-05-6726825d.pth or its folder (default: $GENLAB_FID_WEIGHTS, then torch hub)")
+    r.add_argument("--images", type=int, default=10000,
+                   help="images stored as arr_0 for precision/recall (a fixed random subset; ADM stores 10,000; 0 = none)")
+    r.add_argument("--limit", type=int, default=0, help="statistics of the first LIMIT images only (0 = all)")
+    r.add_argument("--batch", type=int, default=100, help="images per Inception forward")
+    r.add_argument("--device", default="auto")
+    r.set_defaults(fn=cmd_ref_stats)

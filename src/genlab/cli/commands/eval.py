@@ -4,6 +4,7 @@ sfid, inception_score, pr_inception; docs/fid.md)."""
 from __future__ import annotations
 
 import json
+import sys
 
 ORDER = 2
 
@@ -13,8 +14,6 @@ def cmd_eval(args):
     metrics = [f"eval.metrics={args.metrics}"] if args.metrics is not None else []
     ref = [o.split("=", 1)[1] for o in args.overrides if o.strip().startswith("eval.fid_ref=")]
     if ref and ref[-1] and not metrics and not any(o.strip().startswith("eval.metrics=") for o in args.overrides):
-        import sys
-
         from genlab.eval.metrics import protocol_metrics
         metrics = [f"eval.metrics={protocol_metrics(ref[-1])}"]
         print(f"eval.fid_ref without eval.metrics: scoring {metrics[0]}", file=sys.stderr)
@@ -34,4 +33,3 @@ def add_parser(sub):
                         "pr_inception, lpips (need weights); same as eval.metrics=LIST (with eval.fid_ref=FILE and no "
                         "LIST: the standard protocol's metrics that FILE supports)")
     e.set_defaults(fn=cmd_eval)
-    return e

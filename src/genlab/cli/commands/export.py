@@ -2,6 +2,7 @@
 genlab.json; see runtime/export_folder.py). `--out FILE.safetensors`: the consolidated weights as one file."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from genlab.core.errors import GenlabError
@@ -11,14 +12,12 @@ ORDER = 8
 
 def cmd_export(args):
     out = Path(args.out)
-    weights = "raw" if args.no_ema else "EMA"
     if out.suffix != ".safetensors":
         from genlab.runs.export import check_out, export_folder
         check_out(out, args.force)  # before any work: an existing folder needs --force
         export_folder(args.run, out, ema=not args.no_ema, force=args.force)
-        import json
-        meta = json.loads((out / "genlab.json").read_text())
-        tied = "" if not _tied(out) else f", {_tied(out)} tied tensor(s) stored once"
+        meta, n = json.loads((out / "genlab.json").read_text()), _tied(out)
+        tied = f", {n} tied tensor(s) stored once" if n else ""
         print(f"wrote {out}/ (step {meta['step']}, {'EMA' if meta['weights'] == 'ema' else 'raw'} weights{tied}): "
               f"config.toml, model.safetensors, genlab.json, README.md; upload with `hf upload USER/NAME {out} .`")
         return 0
@@ -28,15 +27,12 @@ def cmd_export(args):
     from genlab.runtime.dcp import export_safetensors
     state, _ = exported_state(args.run, ema=not args.no_ema)
     path = export_safetensors(state, out, ema=not args.no_ema)
-    if state.get("ema") is None:
-        weights = "raw"
+    weights = "raw" if args.no_ema or state.get("ema") is None else "EMA"
     print(f"wrote {path} (step {state.get('step', 0)}, {weights} weights)")
     return 0
 
 
 def _tied(out: Path) -> int:
-    import json
-
     from safetensors import safe_open
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         return len(json.loads((f.metadata() or {}).get("genlab_tied", "{}")))
@@ -50,4 +46,3 @@ def add_parser(sub):
     p.add_argument("--no-ema", action="store_true", help="export the raw weights instead of the EMA")
     p.add_argument("--force", action="store_true", help="replace --out (a folder only when it is a genlab export)")
     p.set_defaults(fn=cmd_export)
-    return p

@@ -39,4 +39,3 @@ def _first_comment(path) -> str:
 def add_parser(sub):
     lst = sub.add_parser("list", help="print every registry and its entries, the presets and the shipped sweeps")
     lst.set_defaults(fn=cmd_list)
-    return lst

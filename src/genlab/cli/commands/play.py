@@ -21,4 +21,3 @@ def add_parser(sub):
                    help="scale of the starting noise: 0 the deterministic frame, 1 a sample (default: method.sample_temperature)")
     p.add_argument("--record", default=None, help="write the session as a video (GIF + MP4) to this path on exit")
     p.set_defaults(fn=cmd_play)
-    return p

@@ -30,4 +30,3 @@ def add_parser(sub):
     p.add_argument("--adaln", action="store_true", help="quantize the blocks' adaLN modulation linears too")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the quantized run will run")
     p.set_defaults(fn=cmd_quantize)
-    return p

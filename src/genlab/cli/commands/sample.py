@@ -65,4 +65,3 @@ def add_parser(sub):
     s.add_argument("--complete", action="store_true", help="image_ar: complete held-out images from their top half")
     s.add_argument("--attention", default=None, metavar="ROW,COL", help="image_ar: attention maps of the pixel ROW,COL")
     s.set_defaults(fn=cmd_sample)
-    return s

@@ -12,9 +12,6 @@ from genlab.core.errors import GenlabError
 ORDER = 7
 
 
-def _is_sweep_dir(d: Path) -> bool:
-    return (d / "status.json").is_file()
-
 
 def cmd_report(items, args):
     if len(items) != 2:
@@ -22,11 +19,10 @@ def cmd_report(items, args):
     from genlab.lab.sweep.report import compare, write_report
     d = Path(items[1])
     for x in [d] + ([Path(args.compare)] if args.compare else []):
-        if not _is_sweep_dir(x):
+        if not (x / "status.json").is_file():
             raise GenlabError(f"'{x}' is not a sweep folder (no status.json)")
     if args.compare:
-        text = compare(d, args.compare)
-        print(text)
+        print(compare(d, args.compare))
         return 0
     print(write_report(d, partial=args.partial).read_text())
     print(f"report: {d / 'report.html'}")
@@ -121,4 +117,3 @@ def add_parser(sub):
     p.add_argument("--partial", action="store_true",
                    help="with `report`: count unfinished runs (timeouts, stops) with what they logged, marked partial")
     p.set_defaults(fn=cmd_sweep)
-    return p

@@ -99,4 +99,3 @@ def add_parser(sub):
                    help="run folder or checkpoint to continue from; repeated: seed or variant runs of one config "
                         "(train.seeds, train.lrs, ...), continued batched")
     t.set_defaults(fn=cmd_train)
-    return t

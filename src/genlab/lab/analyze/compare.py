@@ -1,10 +1,6 @@
 """`genlab analyze compare RUN RUN ...`: several runs' layer analyses side by side (one recipe at several sizes or
-depths: do larger models group their layers more and tolerate middle-layer skips better?).
-
-It reads what `genlab analyze RUN` wrote (RUN/analysis/analysis.json, or an --out folder, or the file itself) and
-writes into --out (default ./analysis_compare): compare.md (one row per run), compare.json, and one figure per noise
-level that every run has, with the runs' CKA heat maps in a row on one colour scale. Nothing is recomputed, so it is
-instant and runs anywhere.
+depths), read from what `genlab analyze RUN` wrote (nothing is recomputed): compare.md, compare.json and one row of
+CKA heat maps per noise level that every run has, written into --out (default ./analysis_compare).
 """
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from pathlib import Path
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.lab.analyze.report import _plt, _table, adjacent_mean
+from genlab.lab.analyze.report import _plt, _table, adjacent_mean, heatmap
 
 SKIP_OK = 1.5  # "a skip the model tolerates": FD within 1.5x the unskipped model's
 
@@ -65,15 +61,11 @@ def _label(s: dict) -> str:
 def heatmap_row(analyses: list[dict], t: str, out: Path) -> Path:
     """The runs' CKA maps at noise level t in one row, one colour scale (0..1)."""
     plt = _plt()
-    from matplotlib.ticker import MaxNLocator
     n = len(analyses)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 0.8, 3.6), squeeze=False)
     for ax, res in zip(axes[0], analyses):
-        im = ax.imshow(torch.tensor(res["cka"]["by_t"][t]).numpy(), vmin=0, vmax=1, cmap="magma", origin="lower")
+        im = heatmap(ax, torch.tensor(res["cka"]["by_t"][t]))
         ax.set_title(_label(summarize(res)), fontsize=8)
-        ax.set_xlabel("block")
-        for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("block")
     fig.suptitle(f"linear CKA of block outputs, t = {t} (0 noise, 1 data)", fontsize=9)
     fig.colorbar(im, ax=list(axes[0]), shrink=0.85)

@@ -20,17 +20,23 @@ def adjacent_mean(m: torch.Tensor) -> float:
     return float(torch.diagonal(m, 1).mean()) if len(m) > 1 else float("nan")
 
 
+def heatmap(ax, m):
+    """A CKA matrix on one colour scale (0..1), block indices on both axes (never 0.5 steps)."""
+    from matplotlib.ticker import MaxNLocator
+    im = ax.imshow(m.numpy(), vmin=0, vmax=1, cmap="magma", origin="lower")
+    ax.set_xlabel("block")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
+    return im
+
+
 def cka_heatmaps(sims: dict, out: Path) -> list[Path]:
     plt = _plt()
     paths = []
     for t, m in sims.items():
         fig, ax = plt.subplots(figsize=(4.8, 4.2))
-        im = ax.imshow(m.numpy(), vmin=0, vmax=1, cmap="magma", origin="lower")
-        ax.set_xlabel("block")
+        im = heatmap(ax, m)
         ax.set_ylabel("block")
-        from matplotlib.ticker import MaxNLocator
-        for axis in (ax.xaxis, ax.yaxis):  # block indices only, never 0.5 steps
-            axis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"linear CKA of block outputs, t = {t:g} (0 noise, 1 data)", fontsize=8)
         fig.colorbar(im, ax=ax)
         fig.tight_layout()
@@ -48,8 +54,7 @@ def skip_plot(rows: list[dict], out: Path) -> Path:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.3 * len(rows) + 1.6), sharey=True)
     a.barh(names, [r["fd_ratio"] for r in rows], color="tab:blue")
     a.axvline(1.0, color="k", lw=0.8)
-    a.set_xlabel("feature FD / FD of the unskipped model")
-    a.set_xscale("log")
+    a.set(xlabel="feature FD / FD of the unskipped model", xscale="log")
     b.barh(names, [100 * r["sample_accuracy"] for r in rows], color="tab:green")
     b.set_xlabel("sample accuracy %")
     a.invert_yaxis()

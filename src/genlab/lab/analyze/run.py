@@ -9,6 +9,7 @@ import torch
 
 from genlab.data.datasets import check_data_on_disk
 from genlab.core.errors import GenlabError
+from genlab.core.files import write_atomic
 from genlab.data import build_dataset
 from genlab.data.pixels import to_model
 from genlab.eval.classifier import get_classifier
@@ -125,9 +126,7 @@ def _save(out: Path, res: dict) -> None:
     """analysis.json and analysis.md as they stand, each replaced whole (a write to a temporary file, then a rename),
     so an analysis stopped by a time limit keeps every finished part and never leaves a half-written file."""
     for name, text in (("analysis.json", json.dumps(res, indent=1)), ("analysis.md", report.markdown(res))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(out / name)
+        write_atomic(out / name, text)
 
 
 def _warm_up_and_pick(sampler, base, blocks, output_probe=False):
@@ -198,8 +197,7 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
         data = data.reference()
     res = {"run": str(run), "step": state["step"], "model": cfg.model.name, "depth": len(base.blocks),
            "method": cfg.method.name, "eval_samples": cfg.eval.num_samples, "sample_steps": cfg.eval.sample_steps,
-           "sampler": cfg.method.sampler,
-           "cfg_scale": cfg.eval.cfg_scale, "device": str(dev), "complete": False}
+           "sampler": cfg.method.sampler, "cfg_scale": cfg.eval.cfg_scale, "device": str(dev), "complete": False}
     if "cka" in what:
         images, labels = _real_batch(data, min(batch, len(data)), dev)
         gen = torch.Generator(device=dev).manual_seed(cfg.train.seed + 12345)

@@ -6,6 +6,7 @@ part of each key and its value, joined by '-'; a run adds the seed suffix `-s<se
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -71,11 +72,8 @@ def _zip(ax, i, src):
     lengths = {len(v) for v in z.values()}
     if len(lengths) != 1:
         raise GenlabError(f"{src}: axis {i} (zip) lists have different lengths {sorted(lengths)}")
-    out = []
-    for j in range(lengths.pop()):
-        out.append(("-".join(f"{_short(k)}={value_text(v[j])}" for k, v in z.items()),
-                    [f"{k}={value_text(v[j])}" for k, v in z.items()], 1, {}))
-    return out
+    return [("-".join(f"{_short(k)}={value_text(v[j])}" for k, v in z.items()),
+             [f"{k}={value_text(v[j])}" for k, v in z.items()], 1, {}) for j in range(lengths.pop())]
 
 
 def _named(ax, i, src):
@@ -100,8 +98,6 @@ def _named(ax, i, src):
 def _matched_params(ax, i, src, shape):
     """Named variants, each given the width (and MLP width) whose parameter count matches a plain DiT of the base
     config's size (genlab.lab.match), at the data shape `data = { image_size, channels, num_classes }`."""
-    import copy
-
     data, base = ax.get("data"), shape.get("cfg")
     if not isinstance(data, dict) or set(data) != {"image_size", "channels", "num_classes"}:
         raise GenlabError(f"{src}: axis {i} (matched_params) needs data = {{ image_size = S, channels = C, num_classes = K }}")
@@ -154,14 +150,9 @@ def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[
     kinds = [k for k in ("values", "zip", "variants", "type") if k in ax]
     if len(kinds) != 1:
         raise GenlabError(f"{src}: axis {i} must have exactly one of key+values, zip, variants or type = \"constant_params\"")
-    kind = kinds[0]
-    if kind == "values":
-        return _grid(ax, i, src)
-    if kind == "zip":
-        return _zip(ax, i, src)
-    if kind == "variants":
-        return _named(ax, i, src)
-    return _constant_params(ax, i, src, shape or {})
+    if kinds[0] == "type":
+        return _constant_params(ax, i, src, shape or {})
+    return {"values": _grid, "zip": _zip, "variants": _named}[kinds[0]](ax, i, src)
 
 
 def combine(entries: list[list[tuple]]) -> list[tuple[str, list, int, dict]]:

@@ -50,10 +50,7 @@ def nfe_rows(d: Path, rows: list[dict]) -> tuple[list[dict], dict]:
     for name, (row, doc) in docs.items():
         cost, ref = doc.get("cost") or {}, refs.get(row.get("reference"), {})
         secs = cost.get("gpu_seconds")
-        if ref.get("gpu_seconds"):
-            pct = None if secs is None else 100 * secs / ref["gpu_seconds"]
-        else:
-            pct = cost.get("pct_of_teacher")
+        pct = cost.get("pct_of_teacher") if not ref.get("gpu_seconds") else None if secs is None else 100 * secs / ref["gpu_seconds"]
         best = (ref.get("best") or {}).get("feature_fd")
         for r in doc["rows"]:
             fd = r.get("feature_fd")
@@ -101,6 +98,13 @@ def plots(d: Path, out: list[dict], refs: dict) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    def save(fig, ax, name):
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(d / name, dpi=110)
+        plt.close(fig)
+        return name
     series: dict = {}
     for r in out:
         if r["feature_fd"] is not None:
@@ -115,11 +119,7 @@ def plots(d: Path, out: list[dict], refs: dict) -> list[str]:
     if floors:
         ax.axhline(min(floors), ls=":", c="gray", lw=0.8, label="real-vs-real floor")
     ax.set(xscale="log", yscale="log", xlabel="NFE (network evaluations per sample)", ylabel="feature FD")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(d / "fd_vs_nfe.png", dpi=110)
-    plt.close(fig)
-
+    first = save(fig, ax, "fd_vs_nfe.png")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     few = sorted({r["nfe"] for r in out if r["nfe"] <= 8})
     for nfe, marker in zip(few, "osD^v<>p*h"):
@@ -134,11 +134,7 @@ def plots(d: Path, out: list[dict], refs: dict) -> list[str]:
             ax.scatter([ref["gpu_seconds"]], [ref["best"]["feature_fd"]], marker="*", s=120, label=f"{ref['name']} best")
     ax.set(xscale="log", yscale="log", xlabel="cost: device-seconds on top of the teacher (reference: its training)",
            ylabel="feature FD")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(d / "cost_vs_fd.png", dpi=110)
-    plt.close(fig)
-    return ["fd_vs_nfe.png", "cost_vs_fd.png"]
+    return [first, save(fig, ax, "cost_vs_fd.png")]
 
 
 def stacked_grid(d: Path, rows: list[dict]) -> str | None:
@@ -159,6 +155,5 @@ def write_nfe_report(d: Path, rows: list[dict]) -> tuple[str, list[str]]:
     md = markdown(out, refs)
     (d / "nfe.md").write_text(md)
     (d / "nfe.json").write_text(json.dumps({"references": refs, "rows": out}, indent=2, default=str))
-    pics = plots(d, out, refs)
     grid = stacked_grid(d, rows)
-    return md, pics + ([grid] if grid else [])
+    return md, plots(d, out, refs) + ([grid] if grid else [])

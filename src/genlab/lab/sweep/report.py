@@ -1,10 +1,8 @@
 """Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids).
 
-Every number of a row comes from that run's own files (metrics.jsonl, config.toml). Throughput, MFU and
-data-wait are averaged over the logged intervals after the first of each process (which holds compilation
-and warm-up); peak memory is the maximum; wall time is the training wall-clock to the last step
-(compilation included, the final sampling/eval not); eval metrics are the run's last. Seeds of a variant
-are combined as mean ± std (sample standard deviation).
+Every number comes from the run's own files (metrics.jsonl, config.toml). Throughput, MFU and data-wait average the
+logged intervals after each process's first (compilation, warm-up); peak memory is the maximum; wall time is the
+training wall-clock to the last step; eval metrics are the run's last. Seeds combine as mean ± sample std.
 """
 from __future__ import annotations
 
@@ -66,10 +64,8 @@ def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
         for k in ("samples_per_s", "tokens_per_s", "mfu", "data_wait_frac", "step_time"):
             vals = [r[k] for r in steady if r.get(k) is not None]
             row[k] = sum(vals) / len(vals) if vals else None
-        mems = [r["peak_mem_gib"] for r in train if r.get("peak_mem_gib") is not None]
-        row["peak_mem_gib"] = max(mems) if mems else None
-        states = [r["optim_state_mib"] for r in train if r.get("optim_state_mib") is not None]
-        row["optim_state_mib"] = max(states) if states else None
+        for k in ("peak_mem_gib", "optim_state_mib"):
+            row[k] = max((r[k] for r in train if r.get(k) is not None), default=None)
         row["wall_time"] = train[-1].get("wall_time")
         for s in loss_at:
             at = [r for r in train if r["step"] <= s]
@@ -160,11 +156,7 @@ def _mean_std(vals):
 
 
 def _sweep_settings(d: Path) -> dict:
-    p = d / "sweep.toml"
-    if not p.exists():
-        return {}
-    import tomllib
-    return tomllib.loads(p.read_text())
+    return load_toml(d / "sweep.toml") if (d / "sweep.toml").exists() else {}
 
 
 def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
@@ -293,6 +285,12 @@ def _plots(d: Path, rows) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     files = []
+
+    def save(fig, fname):
+        fig.tight_layout()
+        fig.savefig(d / fname, dpi=110)
+        plt.close(fig)
+        files.append(fname)
     curves = {r["variant"]: train_records(read_metrics(d / "runs" / r["finished_runs"][0]))
               for r in rows if r["finished_runs"]}
     for xkey, fname, xlabel in (("step", "loss_vs_step.png", "step"), ("wall_time", "loss_vs_time.png", "wall-clock s")):
@@ -301,15 +299,10 @@ def _plots(d: Path, rows) -> list[str]:
             pts = [(x.get(xkey), x["loss"]) for x in recs if x.get(xkey) is not None and x["loss"] > 0]
             if pts:
                 ax.plot(*zip(*pts), label=name)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("training loss (first finished seed)")
-        ax.set_yscale("log")
+        ax.set(xlabel=xlabel, ylabel="training loss (first finished seed)", yscale="log")
         if curves:
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(d / fname, dpi=110)
-        plt.close(fig)
-        files.append(fname)
+        save(fig, fname)
     tput = "tokens_per_s" if any(r.get("tokens_per_s") for r in rows) else "samples_per_s"
     bars = [(tput, "throughput.png", HEADERS[tput])]
     if has_memory(rows):
@@ -325,10 +318,7 @@ def _plots(d: Path, rows) -> list[str]:
                 color=["tab:blue" if r["status"] == "finished" else "tab:red" for r in rows])
         ax.set_xlabel(label + ("" if any(vals) else " (not measured on this device)") + "   red: not finished")
         ax.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(d / fname, dpi=110)
-        plt.close(fig)
-        files.append(fname)
+        save(fig, fname)
     return files
 
 
@@ -351,8 +341,8 @@ def write_report(d, partial: bool = False) -> Path:
     rows, cols = collect(d, partial)
     settings = _sweep_settings(d)
     with open(d / "results.csv", "w", newline="") as f:
-        keys = ["variant", "seeds", "status", "stalled", "reason"] + [k for c in cols for k in (c, c + "_std")]
-        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=["variant", "seeds", "status", "stalled", "reason"]
+                           + [k for c in cols for k in (c, c + "_std")], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     shown = shown_columns(rows, cols, settings.get("metrics", ()))
@@ -417,8 +407,7 @@ def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") 
 
 def compare(d1, d2) -> str:
     """Two sweeps side by side: rows matched by variant name, columns A | B | B/A (rows of only one side kept)."""
-    r1, c1 = collect(Path(d1))
-    r2, c2 = collect(Path(d2))
+    (r1, c1), (r2, c2) = collect(Path(d1)), collect(Path(d2))
     cols = [c for c in c1 if c in c2] or [c for c in COLUMNS if c in c1 or c in c2]
     by1, by2 = {r["variant"]: r for r in r1}, {r["variant"]: r for r in r2}
     names = list(by1) + [n for n in by2 if n not in by1]

@@ -1,16 +1,14 @@
-"""Run every variant of a sweep as its own `genlab train` process; record what happened to each.
-
-State lives in sweeps/<name>/status.json (written atomically after every run), so re-running a sweep
-skips finished runs, resumes interrupted ones from their last checkpoint (`genlab train --resume`) and
-never loses a finished result. A crash, an out-of-memory error, a timeout or a non-finite loss becomes
-a failed row with its reason and log; the remaining variants still run. Run states:
-finished | failed | skipped (needs more GPUs than visible, or chosen with --gpus) | interrupted | not_run (time budget used up);
-a re-run does the interrupted and not_run ones, and the failed and skipped ones with --retry-failed.
+"""Run every variant of a sweep as its own `genlab train` process; record what happened to each in
+sweeps/<name>/status.json (rewritten atomically after every run). Run states: finished | failed (crash, OOM, timeout,
+non-finite loss: a reason and a log) | skipped (needs more GPUs than visible or chosen) | interrupted | not_run (time
+budget used up); a re-run resumes the interrupted and not_run ones, and the failed and skipped with --retry-failed.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
+import itertools
 import json
 import os
 import re
@@ -25,7 +23,7 @@ from pathlib import Path
 
 from genlab.config.check import VARIANT_KEYS
 from genlab.core.errors import GenlabError
-from genlab.core.files import held
+from genlab.core.files import held, write_atomic
 from genlab.data.datasets import check_data_on_disk
 from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
@@ -49,9 +47,7 @@ def sweep_lock(d: Path):
 
 
 def save_status(d: Path, status: dict):
-    tmp = d / "status.json.tmp"
-    tmp.write_text(json.dumps(status, indent=2))
-    os.replace(tmp, d / "status.json")
+    write_atomic(d / "status.json", json.dumps(status, indent=2))
 
 
 def visible_gpus() -> int:
@@ -100,8 +96,13 @@ def check_runs(sw: Sweep, root="sweeps") -> None:
     names = [s.name for s in sw.stages if s.is_run] + list(dict.fromkeys(v.name for v in sw.variants))
     for name in names:
         cfg, reads_stage = sw.configs[name]
+        device = cfg.train.device
         try:
-            _check_device(cfg.train.device, sw.launcher, gpus)
+            if device.startswith("cuda") and sw.launcher == "cpu":
+                raise GenlabError(f"train.device={device} does not go with launcher = \"cpu\" (every run on the CPU); "
+                                  "give launcher=gpu, or leave train.device at auto")
+            if device.startswith("cuda") and gpus == 0:
+                raise GenlabError(f"train.device={device} but no CUDA device is visible; valid here: auto, cpu")
             _check_build(cfg, sw.launcher, gpus)
             if not reads_stage:  # a stage's output is made by the sweep itself
                 check_data_on_disk(cfg)
@@ -109,13 +110,6 @@ def check_runs(sw: Sweep, root="sweeps") -> None:
             raise GenlabError(f"{sw.path}: {'stage' if name in sw.stage_map else 'variant'} '{name}': {e}") from None
     _check_same_overrides(sw, sweep_dir(sw, root))
 
-
-def _check_device(device: str, launcher: str, gpus: int) -> None:
-    if device.startswith("cuda") and launcher == "cpu":
-        raise GenlabError(f"train.device={device} does not go with launcher = \"cpu\" (every run on the CPU); "
-                          "give launcher=gpu, or leave train.device at auto")
-    if device.startswith("cuda") and gpus == 0:
-        raise GenlabError(f"train.device={device} but no CUDA device is visible; valid here: auto, cpu")
 
 
 def _check_build(cfg, launcher: str, gpus: int) -> None:
@@ -158,15 +152,17 @@ def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
     return f"crashed (exit {rc}): {err[:200]}"
 
 
+def _train_args(sw: Sweep, preset: str | None, ovs: list[str], runs: Path, name: str) -> list[str]:
+    """`genlab train` of a fresh run (or batched runs) named `name` under `runs`."""
+    return ["-m", "genlab", "train", preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={name}",
+            "log.progress=false"] + (["train.device=cpu"] if sw.launcher == "cpu" else [])
+
+
 def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
-    train = ["-m", "genlab", "train"]
     if resume:
-        args = train + ["--resume", str(runs / v.run_name)]
+        args = ["-m", "genlab", "train", "--resume", str(runs / v.run_name)]
     else:
-        ovs = [resolve(o, runs.parent, sw.stage_map) for o in v.overrides]
-        args = train + [v.preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={v.run_name}", "log.progress=false"]
-        if sw.launcher == "cpu":
-            args.append("train.device=cpu")
+        args = _train_args(sw, v.preset, [resolve(o, runs.parent, sw.stage_map) for o in v.overrides], runs, v.run_name)
     if v.nproc > 1 or sw.launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={v.nproc}", *args]
     return [sys.executable, *args]
@@ -204,6 +200,15 @@ def _env(sw: Sweep, gpus: list[int] | None = None) -> dict:
         ours = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ours[i] if ours else str(i) for i in gpus)
     return env
+
+
+def _interruptible(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int | None, bool]:
+    """A training process: (exit code or None, whether the sweep was stopped); Ctrl-C is passed on to the run, whose
+    trainer saves a checkpoint and exits as "interrupted"."""
+    try:
+        return _genlab(cmd, log, env, timeout)[0], False
+    except KeyboardInterrupt:
+        return None, True
 
 
 def _genlab(cmd: list[str], log: Path, env: dict, timeout: float, out: Path | None = None) -> tuple[int | None, float]:
@@ -294,13 +299,8 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None, t
         if log.exists():
             log.rename(log.with_suffix(".log.prev"))
         shutil.rmtree(run)
-    cmd = _command(sw, v, runs, resume)
     t0, timeout = time.time(), timeout or sw.timeout
-    rc, interrupted = None, False
-    try:
-        rc, _ = _genlab(cmd, log, {**_env(sw, gpus), **(env or {})}, timeout)
-    except KeyboardInterrupt:  # passed on to the run: the trainer saves a checkpoint and exits as "interrupted"
-        interrupted = True
+    rc, interrupted = _interruptible(_command(sw, v, runs, resume), log, {**_env(sw, gpus), **(env or {})}, timeout)
     return {**_outcome(run, log, rc, interrupted, t0, timeout, resume), **({"gpus": list(gpus)} if gpus else {})}
 
 
@@ -326,15 +326,10 @@ def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float,
     return rec
 
 
-def _last_checkpoint(run: Path) -> str | None:
-    ckpts = sorted((run / "checkpoints").glob("step_*")) if (run / "checkpoints").exists() else []
-    return ckpts[-1].name if ckpts else None
-
 
 def _members(vs: list[Variant]) -> dict | None:
     """batched_variants: the train.* lists whose cross product with the seeds is exactly the runs `vs` (in order of
     first appearance), or None when they are not such a product (e.g. some of a grid's runs already finished)."""
-    import itertools
     keys = list(vs[0].batch["values"])
     lists = {k: list(dict.fromkeys(v.batch["values"][k] for v in vs)) for k in keys}
     seeds = list(dict.fromkeys(v.seed for v in vs))
@@ -356,13 +351,12 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
     variants = len({v.name for v in vs})
     log = d / "logs" / (f"{vs[0].name}-seeds.log" if variants == 1 and not lists else f"{vs[0].name}-batch{variants}.log")
     log.parent.mkdir(parents=True, exist_ok=True)
-    last = [_last_checkpoint(runs / v.run_name) for v in vs]
+    last = [max((p.name for p in (runs / v.run_name / "checkpoints").glob("step_*")), default=None) for v in vs]
     resume = all(last) and len(set(last)) == 1
     if any(last) and not resume:
         return None
-    train = [sys.executable, "-m", "genlab", "train"]
     if resume:
-        cmd = train + [a for v in vs for a in ("--resume", str(runs / v.run_name))]
+        cmd = [sys.executable, "-m", "genlab", "train", *(a for v in vs for a in ("--resume", str(runs / v.run_name)))]
     else:
         for v in vs:  # started but never checkpointed: start over
             if (runs / v.run_name).exists():
@@ -370,20 +364,11 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
         batched_keys = {VARIANT_KEYS[n][0] for n in lists}
         ovs = [resolve(o, d, sw.stage_map) for o in vs[0].overrides
                if not o.startswith("train.seed=") and o.split("=", 1)[0].strip() not in batched_keys]
-        seeds = list(dict.fromkeys(v.seed for v in vs))
-        cmd = train + [vs[0].preset or sw.preset, *ovs, "train.seeds=" + ",".join(map(str, seeds)),
-                       *(f"train.{n}={','.join(values)}" for n, values in lists.items()),
-                       f"train.out_dir={runs}", f"train.name={vs[0].batch['template'] if lists else vs[0].name}",
-                       "log.progress=false"]
-        if sw.launcher == "cpu":
-            cmd.append("train.device=cpu")
-    t0 = time.time()
-    rc, interrupted = None, False
-    timeout = sw.timeout * len(vs)  # the work of len(vs) runs, in one process
-    try:
-        rc, _ = _genlab(cmd, log, _env(sw, gpus), timeout)
-    except KeyboardInterrupt:
-        interrupted = True
+        ovs += ["train.seeds=" + ",".join(map(str, dict.fromkeys(v.seed for v in vs))),
+                *(f"train.{n}={','.join(values)}" for n, values in lists.items())]
+        cmd = [sys.executable, *_train_args(sw, vs[0].preset, ovs, runs, vs[0].batch["template"] if lists else vs[0].name)]
+    t0, timeout = time.time(), sw.timeout * len(vs)  # the work of len(vs) runs, in one process
+    rc, interrupted = _interruptible(cmd, log, _env(sw, gpus), timeout)
     return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs),
              **({"gpus": list(gpus)} if gpus else {})} for v in vs]
 
@@ -425,11 +410,9 @@ class _Progress:
                 pass
 
     def say(self, msg: str):
-        if not self.enabled:
-            return
-        if self.bar is not None:
+        if self.enabled and self.bar is not None:
             self.bar.write(msg)
-        else:
+        elif self.enabled:
             print(msg, flush=True)
 
     def finished(self, v: Variant, rec: dict):
@@ -450,13 +433,7 @@ class _Progress:
 
 def stage_groups(stages: list[Stage]) -> list[list[Stage]]:
     """Stages in order, those next to each other with one (non-empty) group together: they run at the same time."""
-    out: list[list[Stage]] = []
-    for st in stages:
-        if out and st.group and out[-1][0].group == st.group:
-            out[-1].append(st)
-        else:
-            out.append([st])
-    return out
+    return [list(g) for _, g in itertools.groupby(stages, lambda st: st.group or id(st))]
 
 
 def _pass_interrupt(wait, stop: threading.Event):
@@ -466,10 +443,8 @@ def _pass_interrupt(wait, stop: threading.Event):
     except KeyboardInterrupt:
         stop.set()
         for p in list(_ACTIVE):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
 
 
 def header() -> str:
@@ -499,7 +474,7 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
     for v in sw.variants:
         st = status.get(v.run_name, {}).get("status")
         run = d / "runs" / v.run_name
-        if st != "finished" and _summary_status(run) == "finished" and (d / "runs" / v.run_name / "metrics.jsonl").exists():
+        if st != "finished" and _summary_status(run) == "finished" and (run / "metrics.jsonl").exists():
             status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
                                   "overrides": v.overrides}
@@ -553,8 +528,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
             kept = {k: old[k] for k in ("eval", "eval_seconds") if k in old and rec.get("status") == old.get("status") == "finished"}
             status[v.run_name] = {**kept, **rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides,
                                   **({"reference": v.reference} if v.reference else {})}
-            ordered = {k: status[k] for k in order if k in status}
-            ordered.update({k: x for k, x in status.items() if k not in ordered})
+            ordered = {**{k: status[k] for k in order if k in status}, **status}  # sweep-file order, the rest after
             status.clear()
             status.update(ordered)
             save_status(d, status)

@@ -1,36 +1,6 @@
-"""Sweep files: parse and validate a sweep TOML into a Sweep (a list of variants, each a set of overrides).
-
-    name = "lr"                      # folder name under sweeps/
-    description = "..."              # free text, shown in the report
-    steps = 200                      # sets train.steps for every variant
-    seeds = [0, 1]                   # every variant runs once per seed; the report shows mean ± std
-    batched_seeds = true             # a variant's seeds train in one process, batched (train.seeds; flow, one process)
-    batched_variants = true          # and variants that differ only in grid axes over optim.lr, optim.weight_decay or
-                                     # train.ema_decay, with all their seeds (train.lrs, ...; implies batched_seeds)
-    launcher = "gpu"                 # cpu | gpu | per_gpu | torchrun
-    nproc = 2                        # processes per variant for launcher=torchrun
-    timeout = 900                    # seconds per variant
-    loss_at = [100, 200]             # extra "loss at step" columns
-    loss_at_time = [30, 60]          # extra "loss at training wall-clock seconds" columns
-    metrics = ["final_loss", "samples_per_s", "mfu"]   # report columns (default: all found)
-    max_time = 540                   # the default of --max-time: no run or stage starts after it
-    env = { NCCL_NVLS_ENABLE = "0" } # the environment of every process
-
-    [base]
-    preset = "bench_dit_b2"
-    overrides = ["train.compile=off"]
-
-    [[axis]] ...                     # see genlab.lab.sweep.expand: key+values, zip, variants, type="constant_params",
-                                     # type="matched_params" (variants at a reference DiT's parameter count)
-    [[stage]] ...                    # runs and commands before the variants, eval = [...], reference, [params]:
-                                     # genlab.lab.sweep.stages; [tables.NAME] of stage rows: genlab.lab.sweep.tables
-
-On the command line, `genlab sweep NAME key=value ...` shrinks or moves a sweep without editing its file: a sweep key
-(steps=20, launcher=cpu, seeds=0,1, nproc, timeout) replaces the file's, a name of its [params] (STEPS=5) sets that
-parameter, a config key (model.dim=64, data.path=...) is set last on every run and run stage (not on a key the
-variants differ in).
-
-Everything, including every variant's full config, is checked before anything runs.
+"""Sweep files: parse and validate a sweep TOML (its keys: docs/sweeps.md) into a Sweep of variants, each a set of
+overrides. `genlab sweep NAME key=value ...` replaces a sweep key (CLI_KEYS), sets a [params] name, or sets a config
+key last on every run and run stage. Everything, every variant's full config included, is checked before anything runs.
 """
 from __future__ import annotations
 
@@ -313,10 +283,18 @@ def _settings(raw: dict, path: Path, overrides: list[str]) -> Sweep:
                  max_time=None if max_time is None else float(max_time))
 
 
+def _run_config(sw: Sweep, preset: str, ovs: list[str], where: str):
+    """A run's full config as the runner will start it (placeholders stand for paths under sweeps/<name>)."""
+    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
+    try:
+        return load_config(preset, on_cpu + [resolve(o, Path("sweeps") / sw.name, sw.stage_map) for o in ovs])
+    except GenlabError as e:
+        raise GenlabError(f"{sw.path}: {where}: {e}") from None
+
+
 def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
     """Every run stage's full config, checked; a run after a command stage may read what that command makes."""
-    src, nominal = str(sw.path), Path("sweeps") / sw.name  # placeholders stand for paths under it while checked
-    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
+    src, nominal = str(sw.path), Path("sweeps") / sw.name
     made = False
     for st in sw.stages:
         made |= not st.is_run
@@ -324,11 +302,8 @@ def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
             continue
         _check_overrides(st.overrides, f"stage '{st.name}'", src, RESERVED[:3])  # one run: it may pick its seed
         st.overrides = st.overrides + cli
-        try:
-            cfg = load_config(st.preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in st.overrides])
-            sw.configs[st.name] = (cfg, made or _reads_stage(st.overrides))
-        except GenlabError as e:
-            raise GenlabError(f"{src}: stage '{st.name}': {e}") from None
+        sw.configs[st.name] = (_run_config(sw, st.preset, st.overrides, f"stage '{st.name}'"),
+                               made or _reads_stage(st.overrides))
         st.eval = sweep_eval + st.eval
         if st.eval:
             _check_eval(st.eval, st.preset, st.overrides, f"stage '{st.name}'", src, sw.stages, nominal)
@@ -337,7 +312,6 @@ def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
 def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli: list[str], sweep_eval: list[str]):
     """The axes crossed into variants x seeds, each variant's full config checked."""
     src, nominal, known = str(sw.path), Path("sweeps") / sw.name, [s.name for s in sw.stages]
-    on_cpu = ["train.device=cpu"] if sw.launcher == "cpu" else []
     entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
     target, first = raw.get("fd_target"), [e[0] for e in entries[0]]
     names = [target] if isinstance(target, str) else [*target, *target.values()] if isinstance(target, dict) else [target]
@@ -366,12 +340,8 @@ def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli
             batch_ov += [f"train.{n}={v}" for n, v in batch["values"].items()]
             if member_name(batch["template"], batch["values"]) != label:  # a value whose text is not folder-safe
                 batch = None
-        ov = ov + cli
-        try:  # the variant's full config must be valid before anything runs (batched: as its seeds will run)
-            cfg = load_config(preset, on_cpu + [resolve(o, nominal, sw.stage_map) for o in common + ov] + batch_ov)
-            sw.configs[label] = (cfg, _reads_stage(common + ov))
-        except GenlabError as e:
-            raise GenlabError(f"{src}: variant '{label}': {e}") from None
+        ov = ov + cli  # batched: checked as its seeds will run
+        sw.configs[label] = (_run_config(sw, preset, common + ov + batch_ov, f"variant '{label}'"), _reads_stage(common + ov))
         ev = sweep_eval + extra["eval"]
         if ev:
             _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)

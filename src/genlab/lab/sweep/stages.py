@@ -1,38 +1,7 @@
-"""What a sweep does besides its variants: [[stage]] entries that run first, in order, and an evaluation after
-each run. A sweep of stages alone is a benchmark suite (benchmarks/suites/*.toml).
-
-    eval = ["eval.nfe_list=1,2,4,8"]            # after each run finishes: `genlab eval RUN <these>` (a named
-                                                # variant or a stage adds its own with eval = [...])
-    reference = "teacher"                       # the run the report's ratios divide by (a stage or a variant;
-                                                # a named variant or a run stage may name its own)
-    [params]                                    # {STEPS} anywhere in the file; `genlab sweep NAME STEPS=5` sets it
-    STEPS = "20"
-
-    [[stage]]                                   # a run, trained like a variant (one run, no seed suffix)
-    name = "teacher"
-    preset = "mnist_flow_fast"
-    overrides = ["train.steps=3700"]            # an item that is one {PARAM} becomes its words
-    nproc = 2                                   # torchrun processes (a run or a genlab command)
-
-    [[stage]]                                   # a command; {out} is its own output folder
-    name = "pairs"
-    command = "data generate pairs {stage:teacher} --out {out} --n 60000"   # `genlab ...` (the word genlab optional),
-                                                # `python ...` (this interpreter) or `bash -c '...'`
-    timeout = 120                               # seconds (default: the sweep's timeout), cut to what --max-time leaves
-    table = "speed"                             # its row goes to [tables.speed] of the report (tables.py)
-    matrix = { mode = ["model", "blocks"] }     # one stage per value: {mode} in its name and fields ("a;b": a list)
-    when = "{PROBE}"                            # left out unless this expands to a value other than "", 0 or false
-    creates = "data/mnist/meta.json"            # finished at once when this path exists
-    group = "single"                            # stages next to each other with one group run at the same time
-    env = { CUDA_VISIBLE_DEVICES = "0" }        # (the sweep's own env = {...} goes to every process)
-    part = "dit"                                # `--only dit` picks every stage of this part
-    optional = true                             # run only when --only names it
-
-A stage's output is `{stage:NAME}` in later stages, variants' overrides and eval overrides: a run stage's run folder
-(sweeps/<sweep>/runs/NAME), a command stage's {out} (sweeps/<sweep>/stages/NAME). `{left}` in a command is the
-seconds --max-time leaves ("inf" without one). `{NAME}`, `{NAME?TEXT}` (TEXT when NAME is set) and
-`{NAME=VALUE?TEXT}` of a parameter or matrix value are filled when the file is read. A placeholder that names no earlier
-stage is an error before anything runs; a stage whose stage failed is not run (failed: stage X failed).
+"""A sweep's [[stage]] entries (runs and commands that run first, in order), its [params] and placeholders; the
+format is docs/sweeps.md (a sweep of stages alone is a benchmark suite, benchmarks/suites/*.toml). `{stage:NAME}` is
+a run stage's run folder (sweeps/<sweep>/runs/NAME) or a command stage's {out} (sweeps/<sweep>/stages/NAME); `{NAME}`,
+`{NAME?TEXT}` and `{NAME=VALUE?TEXT}` of a parameter or matrix value are filled when the file is read.
 """
 from __future__ import annotations
 
