@@ -40,13 +40,10 @@ def _float8(recipe):
         all_gather = bool(cfg is not None and cfg.train.float8_all_gather and not emulate and trained)
         return convert_float8(model, recipe, emulate=emulate, min_dim=min_dim, all_gather=all_gather)
 
-    def check(device):
-        check_float8_device(device)
-
     def after_step(model, cfg):
         if cfg.train.float8_all_gather:
             precompute_scales(model)
-    return Converter(apply, check, after_step, linears=True)
+    return Converter(apply, check_float8_device, after_step, linears=True)
 
 
 for _recipe in ("tensorwise", "rowwise"):

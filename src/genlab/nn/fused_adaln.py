@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from genlab.nn.kernels import compute_dtype
-from genlab.nn.norm import adaln_registry, norm_modulate_fused
+from genlab.nn.norm import adaln_registry, add_norm_modulate, norm_modulate_fused
+from genlab.nn.norm import gated_add as gated_add_plain
 from genlab.nn.triton_attention import HAS_TRITON, _cdiv, interpreting, require_kernels  # no triton import
 
 MAX_D = 8192   # one row in registers
@@ -144,13 +145,7 @@ def _res_dtype(x, y, g):
     return torch.promote_types(x.dtype, torch.promote_types(y.dtype, g.dtype))
 
 
-def gated_add_plain(x, y, gate):
-    return x + gate[:, None] * y
-
-
-def add_norm_modulate_plain(x, y, gate, shift, scale, eps):
-    r = gated_add_plain(x, y, gate)
-    return r, norm_modulate_fused(r, shift, scale, eps)
+add_norm_modulate_plain = add_norm_modulate(norm_modulate_fused)
 
 
 def norm_modulate_triton(x, shift, scale, eps):
