@@ -64,12 +64,11 @@ def _sdpa_with(backend_name, half_only: bool = False):
 
 
 # a JVP runs them as plain sdpa (their own sdpa_kernel context would override the math kernel's)
-attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("FLASH_ATTENTION", half_only=True))
-attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("CUDNN_ATTENTION", half_only=True))
-attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)",
-                            forward_ad=False, jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("EFFICIENT_ATTENTION"))
+for _name, _kernel, _what, _half in (("sdpa_flash", "FLASH_ATTENTION", "the flash kernel", True),
+                                     ("sdpa_cudnn", "CUDNN_ATTENTION", "cuDNN attention", True),
+                                     ("sdpa_efficient", "EFFICIENT_ATTENTION", "the memory-efficient kernel", False)):
+    attention_registry.register(_name, f"SDPA forced to {_what} on CUDA (plain sdpa on CPU)", forward_ad=False,
+                                jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with(_kernel, _half))
 
 
 @attention_registry.register("sdpa_contiguous", "SDPA on contiguous copies of q/k/v instead of strided views of the fused QKV output",
@@ -307,47 +306,41 @@ def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int, causal
     return heads * (fn or spec.flops or softmax_flops)(n, m, head_dim)
 
 
+def _layers(model: nn.Module):
+    """(layer, its entry's spec) of every attention layer of `model` that runs a kernel."""
+    return [(m, attention_registry.spec(m.backend)) for m in model.modules() if isinstance(m, Attention) and m.attend is not None]
+
+
+@contextlib.contextmanager
+def _swapped(model: nn.Module, fallback_of):
+    """Inside, each attention layer runs fallback_of(its spec) where that is not None; yields how many do."""
+    swapped = [(m, m.attend, fallback_of(spec)) for m, spec in _layers(model) if fallback_of(spec) is not None]
+    for m, _, fallback in swapped:
+        m.attend = fallback
+    try:
+        yield len(swapped)
+    finally:
+        for m, attend, _ in swapped:
+            m.attend = attend
+
+
 @contextlib.contextmanager
 def forward_ad_attention(model: nn.Module):
     """Inside, every attention layer of `model` computes the same function in ops that have forward-mode AD (a JVP:
     MeanFlow's target): an entry without it runs its spec's `jvp_fallback` instead, and SDPA is held to its math
     kernel. Yields the sorted names of the entries that fell back (empty: all ran as they are)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    swapped, fell_back = [], set()
-    for m in model.modules():
-        if isinstance(m, Attention) and m.attend is not None:
-            spec = attention_registry.spec(m.backend)
-            if not spec.forward_ad:
-                fell_back.add(m.backend)
-                if spec.jvp_fallback is not None:
-                    swapped.append((m, m.attend))
-                    m.attend = spec.jvp_fallback
-    try:
-        with sdpa_kernel(SDPBackend.MATH):
-            yield sorted(fell_back)
-    finally:
-        for m, attend in swapped:
-            m.attend = attend
+    fell_back = sorted({m.backend for m, spec in _layers(model) if not spec.forward_ad})
+    with _swapped(model, lambda spec: None if spec.forward_ad else spec.jvp_fallback), sdpa_kernel(SDPBackend.MATH):
+        yield fell_back
 
 
-@contextlib.contextmanager
 def plain_softmax_attention(model: nn.Module):
     """Inside, every attention layer of `model` whose entry declares a `vmap_fallback` runs it (for softmax entries
     `math_attention`: the same function in plain torch ops, softmax in float32 under autocast). For transforms that
-    no fused kernel supports in some setting, e.g. torch.vmap of a bf16 model on CUDA (batched seeds). Yields the
-    number of layers swapped."""
-    swapped = []
-    for m in model.modules():
-        if isinstance(m, Attention) and m.attend is not None:
-            fallback = attention_registry.spec(m.backend).vmap_fallback
-            if fallback is not None:
-                swapped.append((m, m.attend))
-                m.attend = fallback
-    try:
-        yield len(swapped)
-    finally:
-        for m, attend in swapped:
-            m.attend = attend
+    no fused kernel supports in some setting, e.g. torch.vmap of a bf16 model on CUDA (batched seeds). A context
+    that yields the number of layers swapped."""
+    return _swapped(model, lambda spec: spec.vmap_fallback)
 
 
 def attention_choices(device: torch.device) -> list:
