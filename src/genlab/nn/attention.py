@@ -193,8 +193,7 @@ def linear_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float 
 
 class DifferentialAttention(nn.Module):
     """Differential attention (Ye et al. 2024): (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v with q, k split in
-    halves per head, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init, then a per-head RMSNorm times
-    (1 - lambda_init). An attention entry that owns parameters: Attention builds it with (head_dim, heads, layer)."""
+    halves per head, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init, then a per-head RMSNorm times (1 - lambda_init)."""
 
     def __init__(self, head_dim: int, heads: int, layer: int = 0):
         super().__init__()
@@ -250,16 +249,15 @@ def split_plain(h, heads: int, q_norm, k_norm, rope=None):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default.
-    `layer` (0-based depth) is passed to attention entries that own parameters and depend on depth (differential).
-    kernel=False builds only the projections: a stream of a joint (MMDiT) block whose tokens are attended by
-    another stream's kernel, so a parameterised kernel (differential's lambda) exists once per block."""
+    """Multi-head self-attention with one fused QKV projection; causality is a call argument, never a default.
+    `layer` (0-based) goes to entries that own parameters (differential). kernel=False builds only the projections:
+    a stream of a joint (MMDiT) block attended by another stream's kernel, so differential's lambda exists once."""
 
     def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True,
                  attn_dropout: float = 0.0, layer: int = 0, kernel: bool = True, qkv_kernel: str = "plain"):
         super().__init__()
-        self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
-        self.backend = backend            # forward_ad_attention looks up its spec
+        self.attn_dropout = attn_dropout  # on the attention probabilities (nanoGPT's attn_dropout)
+        self.backend = backend
         assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
@@ -267,11 +265,11 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         entry = attention_registry.get(backend)
-        # an entry that is a module class owns parameters (e.g. differential's lambda): one instance per layer
-        is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
         check = attention_registry.spec(backend).check
         if check is not None:  # e.g. triton: GenlabError before training
             check(dim // heads)
+        # an entry that is a module class owns parameters (differential's lambda): one instance per layer
+        is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
         self.attend = None if not kernel else entry(dim // heads, heads, layer) if is_module else entry
         self.split = qkv_kernel_registry.get(qkv_kernel)  # the projection's output -> q, k, v (model.qkv_kernel)
 
@@ -345,10 +343,9 @@ def plain_softmax_attention(model: nn.Module):
 
 def attention_choices(device: torch.device) -> list:
     """(name, model -> context) for the attention kernels a batched-seeds step (training/seeds.py) may use, in order
-    of preference. On CUDA, vmap folds the seed axis into SDPA's batch, and with a bf16 DiT on an H100 (torch 2.11) every SDPA kernel
-    failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
-    available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
-    (plain_softmax_attention above): the same function, softmax in float32."""
+    of preference. vmap folds the seed axis into SDPA's batch, where with a bf16 DiT on an H100 (torch 2.11) every
+    SDPA kernel failed (efficient: "LSE is not correctly aligned", flash: "no available kernel", math: the half
+    softmax backward); last comes `plain_softmax_attention`, softmax in float32."""
     if device.type != "cuda":
         return [("default", lambda model: contextlib.nullcontext())]
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -46,10 +46,9 @@ FLEX_BLOCKS = (32, 64, 128)  # smaller blocks skip more of a thin pattern but ru
 
 @dataclass(frozen=True)
 class Part:
-    """One factor of a pattern: a causal predicate on original positions and the layouts that make it
-    block-sparse. `q_order(n)` / `kv_order(n)` return permutations of range(n) (None = identity).
-    `segments(q, k, v, scale)`, where a part has one, computes it exactly with SDPA on reshaped segments
-    (the `blocked` backend)."""
+    """One factor of a pattern: a causal predicate on original positions, the layouts that make it block-sparse
+    (`q_order(n)` / `kv_order(n)`: permutations of range(n), None = identity) and, where it has one, its `blocked`
+    form `segments(q, k, v, scale)` (SDPA on reshaped segments)."""
     name: str
     allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     q_order: Callable[[int], torch.Tensor] | None = None
@@ -323,10 +322,9 @@ def flex_kernel_options(block: int) -> dict | None:
 
 
 def flex(q, k, v, block_mask, scale):
-    """flex_attention, compiled on CUDA (eager flex materialises the scores and is for tests).
-    Blocks under 128 compile on their own with max-autotune: inductor (2.11-2.13) keeps only backward tile
-    configurations that divide the block mask, and its single default one on sm90 (64 x 128) divides only
-    128, so without the autotune list the backward has no kernel at all (pytorch issue 176025)."""
+    """flex_attention, compiled on CUDA (eager flex materialises the scores: tests only). Blocks under 128 compile on
+    their own with max-autotune: inductor (2.11-2.13) keeps only backward tiles that divide the block mask, and its
+    one default on sm90 (64 x 128) divides only 128, so the backward would have no kernel (pytorch issue 176025)."""
     from torch.nn.attention.flex_attention import flex_attention
     block = block_mask.BLOCK_SIZE[0]
     if q.device.type != "cuda":
