@@ -81,10 +81,9 @@ def plan_summary(plan) -> str:
 
 def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim: int = 0,
                    all_gather: bool = False) -> nn.Module:
-    """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model, with the decision per
-    linear in `model.float8_plan`. `emulate`: float8 arithmetic in plain torch ops (a CPU loading a float8-trained
-    run to sample it). `all_gather`: the weights become torchao's float8-castable tensors, which FSDP2 all-gathers
-    in float8 (tensorwise only; the scales then come from `precompute_scales` after each optimizer step)."""
+    """Swap eligible nn.Linear modules for torchao Float8Linear in place (plan in `model.float8_plan`). `emulate`: plain
+    torch ops (a CPU sampling a float8 run). `all_gather`: FSDP2 all-gathers the weights in float8 (tensorwise only;
+    scales from `precompute_scales` after each optimizer step)."""
     if recipe not in RECIPES:
         raise GenlabError(f"unknown float8 recipe '{recipe}'; valid: {', '.join(RECIPES)}")
     plan = float8_plan(model, min_dim)

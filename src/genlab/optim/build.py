@@ -61,8 +61,7 @@ def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=F
 
 
 def precondition_every(ocfg) -> int:
-    keys = PreconditionKeys.of(ocfg)
-    return keys.precondition_every or DEFAULT_PRECONDITION_EVERY
+    return PreconditionKeys.of(ocfg).precondition_every or DEFAULT_PRECONDITION_EVERY
 
 
 def cautious(opt, ocfg, **kw):

@@ -92,12 +92,10 @@ def param_step(p32, g, m_q, v_q, step, lr, *, beta1, beta2, eps, wd, group, targ
 
 
 class CoatAdamW(torch.optim.Optimizer):
-    """AdamW with both moments in E4M3 after dynamic range expansion, per group of `group_size` elements.
-
-    State per parameter: step, exp_avg / exp_avg_sq (float8 codes, flat), and per group exp_avg_scale, exp_avg_k,
-    exp_avg_centre (and the same for exp_avg_sq), float32. Parameters may be float32 or bf16 (updated in float32).
-    `compiled` (default: on CUDA) runs `param_step` through torch.compile with a symbolic length, one graph for every
-    parameter: eager, each parameter's update is ~40 small kernels."""
+    """AdamW with both moments in E4M3 after dynamic range expansion, per group of `group_size` elements. State per
+    parameter: step, exp_avg / exp_avg_sq (flat float8 codes) and per group their _scale, _k, _centre (float32).
+    `compiled` (default: on SM89+ CUDA) runs `param_step` through torch.compile with a symbolic length, one graph for
+    every parameter (eager: ~40 small kernels per parameter)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, group_size: int = GROUP,
                  target_range: float = NORMAL_RANGE, compiled: bool | None = None):

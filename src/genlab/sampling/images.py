@@ -20,12 +20,9 @@ def eval_context(cfg, device, run_dir, **extra) -> dict:
 
 def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
                   batch=256, desc="sampling", post=None, per_step: bool | None = None) -> torch.Tensor:
-    """Images in [-1, 1], [n, C, H, W], drawn by `method.sample` in batches of `batch` labels; progress per sampler
-    step where the method's sample() takes a callback (flow's ODE/SDE samplers), else per image. `post` maps each
-    batch (e.g. to uint8 pixels on the CPU, so thousands of evaluation samples never sit on the device as floats);
-    per_step=False counts images even where steps could be counted (evaluation: one line per phase in images).
-    A method trained on autoencoder latents (its data spec names a `codec`, data/latents.py) samples latents; each
-    batch is decoded to pixels here, before `post`, so every front end sees images."""
+    """Images in [-1, 1], [n, C, H, W], drawn by `method.sample` in batches of `batch` labels (latents decoded here,
+    before `post`). Progress per sampler step where sample() takes a callback, else (or per_step=False) per image.
+    `post` maps each batch (e.g. to uint8 pixels on the CPU, so evaluation samples never sit on the device)."""
     if per_step is None:
         per_step = "callback" in inspect.signature(method.sample).parameters
     steps = steps or method.mcfg.sample_steps
