@@ -158,19 +158,15 @@ def _backward(do, q, k, v, o, lse, causal: bool):
     B, H, N, D = q.shape
     q, k, v, o, do = _prep(q), _prep(k), _prep(v), _prep(o), _prep(do)
     delta = torch.empty(B * H, N, dtype=torch.float32, device=q.device)
-    pre_block = 128
-    _launch_pre = _kernels()._attn_bwd_preprocess
-    _launch_pre[(_cdiv(N, pre_block), B * H)](o, do, delta, *_s(o), *_s(do), H, N, HEAD_DIM=D,
-                                                             BLOCK=pre_block)
+    _kernels()._attn_bwd_preprocess[(_cdiv(N, 128), B * H)](o, do, delta, *_s(o), *_s(do), H, N, HEAD_DIM=D, BLOCK=128)
     dk = _new_bnhd(B, H, N, D, k.dtype, k.device)
     dv = _new_bnhd(B, H, N, D, v.dtype, v.device)
     sm_scale = D ** -0.5
     exp_mode = _exp_mode()
     atomic = _bwd_mode() == "atomic"
-    if atomic:
-        dq_acc = torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device).permute(0, 2, 1, 3)
-    else:
-        dq_acc = _new_bnhd(B, H, N, D, q.dtype, q.device)
+    # atomic: dQ partials add into an fp32 [B, N, H, D] buffer; split: the dQ kernel writes the result
+    dq_acc = (torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device).permute(0, 2, 1, 3) if atomic
+              else _new_bnhd(B, H, N, D, q.dtype, q.device))
     args = (q, k, v, do, dq_acc, dk, dv, lse, delta, sm_scale, *_s(q), *_s(k), *_s(v), *_s(do), *_s(dq_acc),
             *_s(dk), H, N)
     meta = dict(HEAD_DIM=D, CAUSAL=causal, EXP_MODE=exp_mode, ATOMIC_DQ=atomic)

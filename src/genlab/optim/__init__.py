@@ -4,4 +4,4 @@ CUDA extension). Every entry takes the same parameter groups (groups.py) and hon
 own cautious update where it has a faithful one, else caution.py); each registers with `optimizer_entry` (build.py)."""
 
 # the modules that register components (core.registry.load_entries imports this package: explicit imports, no scan)
-from genlab.optim import coat, heavyball_optimizers, lowbit, pytorch_optimizer_library, schedules, torch_optimizers  # noqa: F401,E402
+from genlab.optim import build, coat, heavyball_optimizers, lowbit, pytorch_optimizer_library, schedules  # noqa: F401,E402

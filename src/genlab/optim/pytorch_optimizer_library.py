@@ -1,4 +1,4 @@
-"""Entries backed by the pytorch-optimizer library (not torch's own: torch_optimizers.py): MARS and ADOPT, with the
+"""Entries backed by the pytorch-optimizer library (not torch's own: build.py): MARS and ADOPT, with the
 library's own `cautious`, and ScalableShampoo (Gupta et al. 2018; Anil et al. 2020), grafted and block-partitioned,
 with a state_dict of tensors only so genlab's checkpoints can hold it (caution: genlab's wrapper)."""
 from __future__ import annotations
