@@ -2,6 +2,7 @@
 `genlab sample`, `genlab eval` and the Python API."""
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -49,18 +50,15 @@ def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor
                          desc=desc, post=lambda x: to_pixels(x).cpu(), per_step=False)
 
 
-_CODECS: dict = {}  # (codec spec, device) -> the frozen decoder, built once per process
+@functools.cache  # the frozen decoder, built once per process
+def _codec(spec: str, device: str):
+    return load_autoencoder(spec, torch.device(device))
 
 
 def codec_of(spec: dict, device):
     """The autoencoder a latent data spec records (None for pixel data), on `device`."""
     desc = spec.get("codec") if isinstance(spec, dict) else None
-    if not desc:
-        return None
-    key = (desc["spec"], str(device))
-    if key not in _CODECS:
-        _CODECS[key] = load_autoencoder(desc["spec"], device)
-    return _CODECS[key]
+    return _codec(desc["spec"], str(device)) if desc else None
 
 
 def decode_latents(method, x: torch.Tensor) -> torch.Tensor:
