@@ -4,7 +4,6 @@ them (fused QKV projection, qk-norm, RoPE, output projection), `attention_flops`
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import sys
 
@@ -80,6 +79,9 @@ def sdpa_contiguous_attention(q, k, v, causal: bool = False, mask=None, dropout_
     return sdpa_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, mask=mask, dropout_p=dropout_p)
 
 
+_BLOCK_MASKS = {}
+
+
 @attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)",
                              cpu_backward=False,  # torch implements FlexAttention's backward for CUDA only
                              forward_ad=False, jvp_fallback=sdpa_attention)
@@ -92,17 +94,23 @@ def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return run(q, k, v, block_mask=block_mask)
 
 
-@functools.cache  # once per shape: creating a block mask costs more than the attention
 def _causal_block_mask(n: int, m: int, device):
     """FlexAttention block mask for causal attention of n queries over m keys (queries are the last n positions)."""
     from torch.nn.attention.flex_attention import create_block_mask
-    return create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=device)
+    key = (n, m, str(device))
+    if key not in _BLOCK_MASKS:  # built once per shape: creating a block mask costs more than the attention
+        _BLOCK_MASKS[key] = create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=device)
+    return _BLOCK_MASKS[key]
 
 
-@functools.cache
+_FLEX = []
+
+
 def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention as flex
-    return torch.compile(flex, dynamic=False)
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention as flex
+        _FLEX.append(torch.compile(flex, dynamic=False))
+    return _FLEX[0]
 
 
 def sigmoid_attention_plain(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
