@@ -1,9 +1,6 @@
-"""Files a run writes: atomic writes, and one process at a time in a folder.
-
-One process at a time in a folder that a process writes over minutes (a run being trained, a sweep being run): an
-exclusive, non-blocking flock on FOLDER/.lock. The kernel drops it when the process ends, however it ends, so a
-killed process never blocks the next one (which then resumes its work). Where flock is missing (Windows, a
-filesystem without it) the folder is unguarded, as before."""
+"""Files a run writes: atomic writes, and one process at a time in a folder (a run, a sweep): an exclusive,
+non-blocking flock on FOLDER/.lock, which the kernel drops however the process ends. Without flock (Windows, some
+filesystems) the folder is unguarded."""
 from __future__ import annotations
 
 import contextlib

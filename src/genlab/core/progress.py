@@ -1,10 +1,6 @@
-"""Console progress for training, evaluation and sampling (tqdm).
-
-On a terminal: a tqdm bar. Otherwise (CI, `nohup`, a sweep's log file): plain lines, never a
-carriage-return bar, so a log reads top to bottom. Training prints a start line, one status line every
-`log.every` steps either way, and the CLI its summary; `log.progress=false` (sweeps, tests) silences the
-status lines, bars and eval/sampling progress, never the start line or the summary.
-"""
+"""Console progress for training, evaluation and sampling: a tqdm bar on a terminal, else plain lines (a log reads
+top to bottom). `log.progress=false` silences status lines, bars and eval/sampling progress, never the start line
+or the summary."""
 from __future__ import annotations
 
 import contextlib
@@ -104,9 +100,7 @@ class TrainStatus:
         line = status_line(rec, self.total, eta)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{rec['loss']:.4f}", sps=f"{rec.get('samples_per_s') or 0:.0f}")
-            self.bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
+        self.note(line)
 
     def note(self, line: str):
         """One line between status lines (printed whether or not the status lines are on)."""

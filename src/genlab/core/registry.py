@@ -1,16 +1,9 @@
-"""Name -> spec registries, so every interchangeable part is chosen by a config string.
+"""Name -> spec registries, so every interchangeable part is chosen by a config string (docs/architecture.md:
+the Registry seam). An entry registers next to its code with a typed spec: builder, one-line doc, the config keys
+it owns (`keys`) or reads (`reads`) and its capabilities as spec fields (a misspelt one is a TypeError at import).
 
-A registry lives with its component (`attention_registry` in nn/attention_spec.py, `dataset_registry` in
-data/datasets.py, ...), its spec class beside it. An entry is registered next to its code with a typed spec: its
-builder, a one-line doc, the config keys it reads (`keys`: its typed `config.fields.Keys` classes; `reads`: keys
-another component declares) and its capabilities as fields of the registry's spec class (a method's: attributes of
-its class). A misspelt capability is a TypeError at import, and config validation, `genlab config` and
-docs/config.md are derived from the specs.
-
-Registration without an import cycle: this module imports nothing of genlab but its errors. A lookup imports the
-registering modules on first use (`load_entries`): each component package's __init__ imports its own registering
-modules, and load_entries imports those packages by name. Code on a floor below a registry's home reaches it the
-same way, by name: `all_registries()[kind]`.
+No import cycle: this module imports nothing of genlab but its errors; a lookup imports the registering modules on
+first use (`load_entries`, by package name), and a lower floor reaches a registry by name: `all_registries()[kind]`.
 """
 from __future__ import annotations
 
@@ -120,7 +113,7 @@ class Registry:
             return fn
         return wrap
 
-    def _find(self, name: str) -> Spec:
+    def spec(self, name: str) -> Spec:
         if name not in self._specs:
             load_entries()
         if name not in self._specs:
@@ -130,10 +123,7 @@ class Registry:
 
     def get(self, name: str):
         """The registered builder (function, class or value)."""
-        return self._find(name).builder
-
-    def spec(self, name: str) -> Spec:
-        return self._find(name)
+        return self.spec(name).builder
 
     def doc(self, name: str) -> str:
         load_entries()

@@ -64,12 +64,11 @@ def _sdpa_with(backend_name, half_only: bool = False):
 
 
 # a JVP runs them as plain sdpa (their own sdpa_kernel context would override the math kernel's)
-attention_registry.register("sdpa_flash", "SDPA forced to the flash kernel on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("FLASH_ATTENTION", half_only=True))
-attention_registry.register("sdpa_cudnn", "SDPA forced to cuDNN attention on CUDA (plain sdpa on CPU)", forward_ad=False,
-                            jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("CUDNN_ATTENTION", half_only=True))
-attention_registry.register("sdpa_efficient", "SDPA forced to the memory-efficient kernel on CUDA (plain sdpa on CPU)",
-                            forward_ad=False, jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with("EFFICIENT_ATTENTION"))
+for _name, _kernel, _what, _half in (("sdpa_flash", "FLASH_ATTENTION", "the flash kernel", True),
+                                     ("sdpa_cudnn", "CUDNN_ATTENTION", "cuDNN attention", True),
+                                     ("sdpa_efficient", "EFFICIENT_ATTENTION", "the memory-efficient kernel", False)):
+    attention_registry.register(_name, f"SDPA forced to {_what} on CUDA (plain sdpa on CPU)", forward_ad=False,
+                                jvp_fallback=sdpa_attention, vmap_fallback=math_attention)(_sdpa_with(_kernel, _half))
 
 
 @attention_registry.register("sdpa_contiguous", "SDPA on contiguous copies of q/k/v instead of strided views of the fused QKV output",
@@ -194,8 +193,7 @@ def linear_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float 
 
 class DifferentialAttention(nn.Module):
     """Differential attention (Ye et al. 2024): (softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v with q, k split in
-    halves per head, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init, then a per-head RMSNorm times
-    (1 - lambda_init). An attention entry that owns parameters: Attention builds it with (head_dim, heads, layer)."""
+    halves per head, lambda = exp(lq1.lk1) - exp(lq2.lk2) + lambda_init, then a per-head RMSNorm times (1 - lambda_init)."""
 
     def __init__(self, head_dim: int, heads: int, layer: int = 0):
         super().__init__()
@@ -251,16 +249,15 @@ def split_plain(h, heads: int, q_norm, k_norm, rope=None):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection. Causality is a call argument, never a default.
-    `layer` (0-based depth) is passed to attention entries that own parameters and depend on depth (differential).
-    kernel=False builds only the projections: a stream of a joint (MMDiT) block whose tokens are attended by
-    another stream's kernel, so a parameterised kernel (differential's lambda) exists once per block."""
+    """Multi-head self-attention with one fused QKV projection; causality is a call argument, never a default.
+    `layer` (0-based) goes to entries that own parameters (differential). kernel=False builds only the projections:
+    a stream of a joint (MMDiT) block attended by another stream's kernel, so differential's lambda exists once."""
 
     def __init__(self, dim: int, heads: int, backend: str = "sdpa", qk_norm: bool = False, bias: bool = True,
                  attn_dropout: float = 0.0, layer: int = 0, kernel: bool = True, qkv_kernel: str = "plain"):
         super().__init__()
-        self.attn_dropout = attn_dropout  # dropout on the attention probabilities (nanoGPT's attn_dropout)
-        self.backend = backend            # forward_ad_attention looks up its spec
+        self.attn_dropout = attn_dropout  # on the attention probabilities (nanoGPT's attn_dropout)
+        self.backend = backend
         assert dim % heads == 0, f"dim {dim} not divisible by heads {heads}"
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
@@ -268,11 +265,11 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         entry = attention_registry.get(backend)
-        # an entry that is a module class owns parameters (e.g. differential's lambda): one instance per layer
-        is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
         check = attention_registry.spec(backend).check
         if check is not None:  # e.g. triton: GenlabError before training
             check(dim // heads)
+        # an entry that is a module class owns parameters (differential's lambda): one instance per layer
+        is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
         self.attend = None if not kernel else entry(dim // heads, heads, layer) if is_module else entry
         self.split = qkv_kernel_registry.get(qkv_kernel)  # the projection's output -> q, k, v (model.qkv_kernel)
 
@@ -307,55 +304,48 @@ def attention_flops(name: str, n: int, m: int, heads: int, head_dim: int, causal
     return heads * (fn or spec.flops or softmax_flops)(n, m, head_dim)
 
 
+def _layers(model: nn.Module):
+    """(layer, its entry's spec) of every attention layer of `model` that runs a kernel."""
+    return [(m, attention_registry.spec(m.backend)) for m in model.modules() if isinstance(m, Attention) and m.attend is not None]
+
+
+@contextlib.contextmanager
+def _swapped(model: nn.Module, fallback_of):
+    """Inside, each attention layer runs fallback_of(its spec) where that is not None; yields how many do."""
+    swapped = [(m, m.attend, fallback_of(spec)) for m, spec in _layers(model) if fallback_of(spec) is not None]
+    for m, _, fallback in swapped:
+        m.attend = fallback
+    try:
+        yield len(swapped)
+    finally:
+        for m, attend, _ in swapped:
+            m.attend = attend
+
+
 @contextlib.contextmanager
 def forward_ad_attention(model: nn.Module):
     """Inside, every attention layer of `model` computes the same function in ops that have forward-mode AD (a JVP:
     MeanFlow's target): an entry without it runs its spec's `jvp_fallback` instead, and SDPA is held to its math
     kernel. Yields the sorted names of the entries that fell back (empty: all ran as they are)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    swapped, fell_back = [], set()
-    for m in model.modules():
-        if isinstance(m, Attention) and m.attend is not None:
-            spec = attention_registry.spec(m.backend)
-            if not spec.forward_ad:
-                fell_back.add(m.backend)
-                if spec.jvp_fallback is not None:
-                    swapped.append((m, m.attend))
-                    m.attend = spec.jvp_fallback
-    try:
-        with sdpa_kernel(SDPBackend.MATH):
-            yield sorted(fell_back)
-    finally:
-        for m, attend in swapped:
-            m.attend = attend
+    fell_back = sorted({m.backend for m, spec in _layers(model) if not spec.forward_ad})
+    with _swapped(model, lambda spec: None if spec.forward_ad else spec.jvp_fallback), sdpa_kernel(SDPBackend.MATH):
+        yield fell_back
 
 
-@contextlib.contextmanager
 def plain_softmax_attention(model: nn.Module):
     """Inside, every attention layer of `model` whose entry declares a `vmap_fallback` runs it (for softmax entries
     `math_attention`: the same function in plain torch ops, softmax in float32 under autocast). For transforms that
-    no fused kernel supports in some setting, e.g. torch.vmap of a bf16 model on CUDA (batched seeds). Yields the
-    number of layers swapped."""
-    swapped = []
-    for m in model.modules():
-        if isinstance(m, Attention) and m.attend is not None:
-            fallback = attention_registry.spec(m.backend).vmap_fallback
-            if fallback is not None:
-                swapped.append((m, m.attend))
-                m.attend = fallback
-    try:
-        yield len(swapped)
-    finally:
-        for m, attend in swapped:
-            m.attend = attend
+    no fused kernel supports in some setting, e.g. torch.vmap of a bf16 model on CUDA (batched seeds). A context
+    that yields the number of layers swapped."""
+    return _swapped(model, lambda spec: spec.vmap_fallback)
 
 
 def attention_choices(device: torch.device) -> list:
     """(name, model -> context) for the attention kernels a batched-seeds step (training/seeds.py) may use, in order
-    of preference. On CUDA, vmap folds the seed axis into SDPA's batch, and with a bf16 DiT on an H100 (torch 2.11) every SDPA kernel
-    failed there: memory-efficient on its log-sum-exp strides ("LSE is not correctly aligned"), flash with "no
-    available kernel", math in the half-precision softmax backward. Last comes attention in plain torch ops
-    (plain_softmax_attention above): the same function, softmax in float32."""
+    of preference. vmap folds the seed axis into SDPA's batch, where with a bf16 DiT on an H100 (torch 2.11) every
+    SDPA kernel failed (efficient: "LSE is not correctly aligned", flash: "no available kernel", math: the half
+    softmax backward); last comes `plain_softmax_attention`, softmax in float32."""
     if device.type != "cuda":
         return [("default", lambda model: contextlib.nullcontext())]
     from torch.nn.attention import SDPBackend, sdpa_kernel

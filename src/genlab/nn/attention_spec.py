@@ -16,13 +16,13 @@ class AttentionSpec(Spec):
     check: Callable | None = None          # check(head_dim): GenlabError at build time where it cannot run
     head_multiple: int = 1                 # the head width must be a multiple of this (checked with the config)
     # forward-mode AD (a JVP: MeanFlow's target) through the entry as it runs in training: plain torch ops have it,
-    # fused kernels (SDPA's flash/cuDNN/efficient, flex, Triton) do not; models/attention.forward_ad_attention
+    # fused kernels (SDPA's flash/cuDNN/efficient, flex, Triton) do not; attention.forward_ad_attention
     # then holds SDPA to its math kernel and runs `jvp_fallback` in the entry's place (the same function in ops
     # that have it; None = the entry itself, whose SDPA calls the math kernel then serves)
     forward_ad: bool = True
     jvp_fallback: Callable | None = None
     # the same function in ops that run under torch.vmap where the entry's kernels do not (SDPA's, for a bf16 model
-    # on CUDA: batched seeds); models/attention.plain_softmax_attention swaps it in
+    # on CUDA: batched seeds); attention.plain_softmax_attention swaps it in
     vmap_fallback: Callable | None = None
 
 

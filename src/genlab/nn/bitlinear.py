@@ -1,20 +1,15 @@
 """BitLinear of BitNet b1.58 (Ma et al. 2024, arXiv:2402.17764): ternary weights, 8-bit activations.
 
-Weights: W_q = clip(round(W / s), -1, 1) * s with s = mean|W| (absmean, one scale per matrix).
-Activations: absmax per token to int8, x_q = clip(round(x * 127 / max|x|), -128, 127) * max|x| / 127.
-Both quantisers pass gradients straight through (STE: d x_q / d x = 1), so the full-precision master
-weights are what the optimizer updates. Parameter names are those of nn.Linear, so a checkpoint loads
-into the plain and the converted model alike.
+Weights: W_q = clip(round(W / s), -1, 1) * s with s = mean|W| (absmean, one scale per matrix). Activations: absmax
+per token to int8, x_q = clip(round(x * 127 / max|x|), -128, 127) * max|x| / 127. Both pass gradients straight through
+(STE), so the optimizer updates the full-precision weights; parameter names are nn.Linear's.
 
-Input norm (`train.bitlinear_norm=rmsnorm`, the default): BitNet normalises the input of every BitLinear before the
-activation absmax, y = W_q Quant(Norm(x)) — a LayerNorm in BitNet (Wang et al. 2023, arXiv:2310.11453, Sec. 2.1, after
-SubLN), an RMSNorm as the first line of BitLinear.forward in b1.58's "Training Tips, Code and FAQ" (microsoft/unilm,
-2024). genlab follows the FAQ: one RMSNorm per converted linear (qkv, proj, fc1, fc2 ...), with a learnable gain
-initialised to 1 (as LLaMA-style RMSNorm and the sub-norms of the released b1.58 2B4T model, arXiv:2504.12285),
-eps 1e-5. The blocks' own pre-norms sit only before qkv and fc1, so without it proj and fc2 quantise unnormalised
-activations. The norm is added when the model is built (`add_input_norm`, so checkpoints load into it) as `<linear>.norm`;
-it computes in float32 (at least) and returns the input's dtype, so the quantiser after it sees the dtype it saw
-without it. `none` keeps the earlier behaviour (no norm; the session-18/19 rows of docs/benchmarks.md).
+Input norm (`train.bitlinear_norm=rmsnorm`, the default): y = W_q Quant(Norm(x)), an RMSNorm as the first line of
+BitLinear.forward in b1.58's "Training Tips, Code and FAQ" (microsoft/unilm, 2024; a LayerNorm in BitNet, Wang et al.
+2023, arXiv:2310.11453, Sec. 2.1): one per converted linear, learnable gain initialised to 1 (as the sub-norms of
+b1.58 2B4T, arXiv:2504.12285), eps 1e-5, in float32, returning the input's dtype. The blocks' own pre-norms sit only
+before qkv and fc1, so without it proj and fc2 quantise unnormalised activations. It is added when the model is built
+(`add_input_norm`, so checkpoints load into it) as `<linear>.norm`. `none`: no norm (the earlier runs).
 """
 from __future__ import annotations
 

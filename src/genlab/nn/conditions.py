@@ -1,11 +1,6 @@
-"""Named conditions of the image and frame backbones, each embedded by a registered embedder.
-
-A method that conditions the model on something new (a step size, a second time, a guidance scale) declares it
-in `Method.conditions()` as {name: embedder}; the backbone builds one embedder per name and takes the value as a
-keyword input, `model(x_t, t, y, d=...)`, so no backbone is edited for a new condition. Every image backbone
-combines its conditions the same way (`ConditionSet`): DiT and MMDiT sum the embeddings into the adaLN vector,
-the in-context DiT prepends them as tokens.
-"""
+"""Named conditions of the image and frame backbones, each embedded by a registered embedder: a method declares
+a new one (a step size, a guidance scale) in `Method.conditions` as {name: embedder} and the backbone takes it as a
+keyword input, `model(x_t, t, y, d=...)`, with no backbone edited (`ConditionSet`; docs/architecture.md)."""
 from __future__ import annotations
 
 import torch
@@ -13,24 +8,18 @@ import torch.nn as nn
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry
-from genlab.nn.embeddings import TimestepEmbedder
+from genlab.nn.embeddings import TimestepEmbedder, embed_flops
 
 condition_registry = Registry("condition")
 
 
-@condition_registry.register("scalar", "a real number per sample in [0, 1] (a time, a step size, a guidance "
-                                       "weight mapped to [0, 1]): sinusoidal features of 1000·v, then an MLP")
-def scalar_embedder(dim: int) -> nn.Module:
-    return TimestepEmbedder(dim)
+condition_registry.register("scalar", "a real number per sample in [0, 1] (a time, a step size, a guidance "
+                                      "weight mapped to [0, 1]): sinusoidal features of 1000·v, then an MLP")(TimestepEmbedder)
 
 
 @condition_registry.register("log2_scalar", "a positive real per sample embedded by its log2 (a step size 2^-k: the "
                                             "shortcut models' step index), sinusoidal features, then an MLP")
-def log2_embedder(dim: int) -> nn.Module:
-    return _Log2(dim)
-
-
-class _Log2(nn.Module):
+class Log2Embedder(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.inner = TimestepEmbedder(dim)
@@ -75,4 +64,4 @@ class ConditionSet(nn.Module):
 
     def flops(self, dim: int) -> int:
         """Forward FLOPs of the embedders' MLPs for one sample (the sin-cos features are not matmuls)."""
-        return sum(2 * (m.freq_dim * dim + dim * dim) for m in self.modules() if isinstance(m, TimestepEmbedder))
+        return sum(embed_flops(m, dim) for m in self.modules() if isinstance(m, TimestepEmbedder))

@@ -1,9 +1,6 @@
-"""Model converters (`train.convert = ["float8"]`): functions that swap modules of a built model before it is
-wrapped, and again whenever `sample`/`eval`/`export` load the run, so a run trained converted samples converted.
-
-A converter that adds parameters of its own (BitNet's input norms) adds them in `prepare`, when the model is built
-(`prepare_converters`, called by build_model_and_method and build_teacher): weights are loaded before `apply` runs
-(resume, init_from, sample, the EMA copy), so parameters made in `apply` would miss their saved values."""
+"""Model converters (`train.convert = ["float8"]`): swap modules of a built model before it is wrapped, and again
+whenever `sample`/`eval`/`export` load the run. Parameters of a converter's own (BitNet's input norms) are added in
+`prepare`, when the model is built: weights load before `apply` runs, so parameters made there would miss them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,13 +37,10 @@ def _float8(recipe):
         all_gather = bool(cfg is not None and cfg.train.float8_all_gather and not emulate and trained)
         return convert_float8(model, recipe, emulate=emulate, min_dim=min_dim, all_gather=all_gather)
 
-    def check(device):
-        check_float8_device(device)
-
     def after_step(model, cfg):
         if cfg.train.float8_all_gather:
             precompute_scales(model)
-    return Converter(apply, check, after_step, linears=True)
+    return Converter(apply, check_float8_device, after_step, linears=True)
 
 
 for _recipe in ("tensorwise", "rowwise"):

@@ -9,7 +9,6 @@ import torch.nn as nn
 
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal embedding of a float timestep per sample (Vaswani et al.; as in DiT)."""
     half = dim // 2
     work = torch.promote_types(t.dtype, torch.float32)  # float32 at least; float64 stays (finite-difference tests)
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=work) / half)
@@ -27,7 +26,6 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, t):
         return self.mlp(timestep_embedding(t * 1000.0, self.freq_dim).to(self.mlp[0].weight.dtype))
-
 
 
 def embed_flops(t_embed: TimestepEmbedder, dim: int) -> int:

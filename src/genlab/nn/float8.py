@@ -1,16 +1,11 @@
-"""Float8 linear layers for training through torchao (tensorwise or rowwise scaling).
+"""Float8 linear layers for training through torchao (tensorwise or rowwise scaling), for the blocks' token-wise
+matmuls only: float8 GEMMs need both dims divisible by 16, and the per-sample layers (adaLN, embeddings, the final
+projection) gain nothing but casting overhead and lose accuracy at the output.
 
-Only the token-wise matmuls of the blocks are converted: float8 GEMMs need both weight dims divisible
-by 16, and the small per-sample layers (adaLN modulation, timestep/class embeddings, the final
-projection) gain nothing but casting overhead and hurt accuracy at the output.
-
-Size filter (`train.float8_min_dim`): a small GEMM pays more for the dynamic scaling casts than its float8 matmul
-saves, so a linear is converted only if in_features and out_features are both >= the threshold. 0 (the default)
-keeps every eligible linear, as torchtitan does unless `auto_filter_small_kn` is listed in its float8 filter_fqns;
-that flag applies torchao's `_auto_filter_for_recipe` (torchao/float8/float8_linear_utils.py, thresholds from H100
-microbenchmarks, weight [N, K] = [out, in]): tensorwise skips a linear with K <= 4096 and N <= 1024; rowwise
-skips N <= 2048, K <= 1024, or N <= 4096 with K <= 2048. genlab's threshold is one number to sweep on the GPU;
-the decision per linear is kept on the model (`model.float8_plan`) and reported when training starts.
+`train.float8_min_dim`: a small GEMM pays more for the scaling casts than float8 saves, so a linear converts only
+if both dims are >= it. 0 keeps every eligible linear, as torchtitan does without `auto_filter_small_kn` (torchao's
+`_auto_filter_for_recipe`, H100 thresholds on weight [N, K]: tensorwise skips K <= 4096 and N <= 1024; rowwise
+N <= 2048, K <= 1024, or N <= 4096 with K <= 2048). The decision per linear is `model.float8_plan`.
 """
 from __future__ import annotations
 
@@ -86,10 +81,9 @@ def plan_summary(plan) -> str:
 
 def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim: int = 0,
                    all_gather: bool = False) -> nn.Module:
-    """Swap eligible nn.Linear modules for torchao Float8Linear in place; returns the model, with the decision per
-    linear in `model.float8_plan`. `emulate`: float8 arithmetic in plain torch ops (a CPU loading a float8-trained
-    run to sample it). `all_gather`: the weights become torchao's float8-castable tensors, which FSDP2 all-gathers
-    in float8 (tensorwise only; the scales then come from `precompute_scales` after each optimizer step)."""
+    """Swap eligible nn.Linear modules for torchao Float8Linear in place (plan in `model.float8_plan`). `emulate`: plain
+    torch ops (a CPU sampling a float8 run). `all_gather`: FSDP2 all-gathers the weights in float8 (tensorwise only;
+    scales from `precompute_scales` after each optimizer step)."""
     if recipe not in RECIPES:
         raise GenlabError(f"unknown float8 recipe '{recipe}'; valid: {', '.join(RECIPES)}")
     plan = float8_plan(model, min_dim)
@@ -115,7 +109,6 @@ def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim
 
 
 def count_float8(model: nn.Module) -> int:
-    """Number of Float8Linear modules (for logs and tests)."""
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
 
 

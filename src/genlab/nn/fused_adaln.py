@@ -1,40 +1,28 @@
 """adaLN in Triton (`model.adaln=triton`): LayerNorm (no affine) + modulation, and the gated residuals around it.
-
 A DiT block (adaLN-Zero, Peebles & Xie 2023) runs, per token row of width D and per-sample vectors:
 
     h1 = LN(x) * (1 + scale1) + shift1                  -> attention
     x  = x + gate1 * attn;  h2 = LN(x) * (1 + scale2) + shift2   -> MLP     (one kernel: `add_norm_modulate`)
     x  = x + gate2 * mlp                                                    (one kernel: `gated_add`)
 
-Each is one pass over the rows (eager PyTorch runs 4-7 kernels, each reading and writing [B, N, D]); the
-statistics are float32, the modulated output is cast once to the autocast dtype (what the next matmul reads), the
-residual keeps its dtype (float32, or bf16 with model.residual=compute). Backward, per row with xhat = (x - mean)
-* rstd and dxhat = dh * (1 + scale): dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dr,
-dy = dx * gate; the per-sample sums d shift = sum dh, d scale = sum dh * xhat, d gate = sum dx * y are reduced per
-tile of rows in the kernel and over tiles on the host. liger-kernel has LayerNorm and a *modulated RMSNorm* but no
-modulated LayerNorm and no gated residual, hence these kernels.
-
-The ops are torch.library custom ops (fake implementations and autograd attached), so torch.compile keeps the
-block in one graph around them. CPU tensors (and inputs the kernel does not take) run the plain composition,
-`norm_modulate_fused` and `x + gate * y`, so a model built with this entry samples anywhere; the kernels module,
-and with it triton, is imported on the first CUDA call only.
+Each is one pass over the rows (eager: 4-7 kernels); float32 statistics, the modulated output cast once to the
+autocast dtype, the residual keeps its dtype. Backward, per row with xhat = (x - mean) * rstd and
+dxhat = dh * (1 + scale): dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dr, dy = dx * gate; the
+per-sample sums (d shift, d scale, d gate) are reduced per tile in the kernel and over tiles on the host.
+liger-kernel has no modulated LayerNorm and no gated residual, hence these kernels. CPU tensors (and inputs the
+kernel does not take) run `norm_modulate_fused` and `x + gate * y`; triton is imported on the first CUDA call.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from genlab.nn.norm import adaln_registry, norm_modulate_fused
-from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
+from genlab.nn.kernels import compute_dtype
+from genlab.nn.norm import adaln_registry, add_norm_modulate, norm_modulate_fused
+from genlab.nn.norm import gated_add as gated_add_plain
+from genlab.nn.triton_attention import HAS_TRITON, _cdiv, interpreting, require_kernels  # no triton import
 
 MAX_D = 8192   # one row in registers
 ROWS = 16      # rows per program: the per-sample vectors are loaded once per 16 rows
-
-
-# found without importing it (a constant to torch.compile); the kernels import it inside the custom ops, which
-# torch.compile does not trace
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _kernels():
@@ -47,17 +35,9 @@ def supports(x: torch.Tensor) -> bool:
             and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-
-
 def _launch_meta(D: int) -> dict:
     block = 1 << (D - 1).bit_length()
     return {"BLOCK_D": block, "ROWS": ROWS, **({} if interpreting() else {"num_warps": 8 if block >= 2048 else 4})}
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _vec(v):
@@ -74,7 +54,7 @@ def _forward(x, y, g, sh, sc, eps: float, out_dtype: torch.dtype, res_dtype: tor
     mean = torch.empty(B * N if has_norm else 0, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     if B * N:
-        K._fused_fwd[(triton_cdiv(N, ROWS), B)](x, y if has_res else x, g if has_res else x, sh if has_norm else x,
+        K._fused_fwd[(_cdiv(N, ROWS), B)](x, y if has_res else x, g if has_res else x, sh if has_norm else x,
                                                 sc if has_norm else x, r if has_res else x, h if has_norm else x,
                                                 mean, rstd, N, D, eps, HAS_RES=has_res, HAS_NORM=has_norm,
                                                 **_launch_meta(D))
@@ -85,7 +65,7 @@ def _backward(xn, y, g, sc, mean, rstd, dr, dh, dx_dtype: torch.dtype):
     K = _kernels()
     B, N, D = xn.shape
     has_res, has_norm, has_dr = y is not None, dh is not None, dr is not None
-    tiles = triton_cdiv(N, ROWS)
+    tiles = _cdiv(N, ROWS)
     dx = torch.empty(xn.shape, dtype=dx_dtype, device=xn.device)
     dy = torch.empty_like(y) if has_res else dx.new_empty(0)
     parts = {k: torch.empty((B, tiles, D) if on else (0,), dtype=torch.float32, device=xn.device)
@@ -165,26 +145,20 @@ def _res_dtype(x, y, g):
     return torch.promote_types(x.dtype, torch.promote_types(y.dtype, g.dtype))
 
 
-def gated_add_plain(x, y, gate):
-    return x + gate[:, None] * y
-
-
-def add_norm_modulate_plain(x, y, gate, shift, scale, eps):
-    r = gated_add_plain(x, y, gate)
-    return r, norm_modulate_fused(r, shift, scale, eps)
+add_norm_modulate_plain = add_norm_modulate(norm_modulate_fused)
 
 
 def norm_modulate_triton(x, shift, scale, eps):
     if not supports(x):
         return norm_modulate_fused(x, shift, scale, eps)
-    return _fwd_op(x, None, None, shift, scale, eps, _compute_dtype(x), x.dtype)[1]
+    return _fwd_op(x, None, None, shift, scale, eps, compute_dtype(x), x.dtype)[1]
 
 
 def add_norm_modulate_triton(x, y, gate, shift, scale, eps):
     """(x + gate[:, None] * y, LN(that) * (1 + scale[:, None]) + shift[:, None]) in one pass."""
     if not (supports(x) and y.shape == x.shape):
         return add_norm_modulate_plain(x, y, gate, shift, scale, eps)
-    r, h, _, _ = _fwd_op(x, y, gate, shift, scale, eps, _compute_dtype(x), _res_dtype(x, y, gate))
+    r, h, _, _ = _fwd_op(x, y, gate, shift, scale, eps, compute_dtype(x), _res_dtype(x, y, gate))
     return r, h
 
 

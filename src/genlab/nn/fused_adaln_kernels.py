@@ -1,13 +1,9 @@
-"""Triton kernels of the fused adaLN ops (see ``fused_adaln.py`` for the math and the host side).
+"""Triton kernels of the fused adaLN ops (see ``fused_adaln.py``); imported lazily, on the first CUDA use.
 
-Imported lazily, on the first use on a CUDA tensor, so that `import genlab` and the CPU path never import triton.
-
-Layout: the token rows of ``[B, N, D]`` tensors, contiguous, D <= BLOCK_D (one row in registers); the per-sample
-vectors (gate, shift, scale) are ``[B, D]`` contiguous. Program ids: axis 0 = a tile of ROWS rows of one sample,
-axis 1 = the sample. Each program loads its sample's vectors once and loops over its rows; the backward writes
-its partial sums over its rows (d gate, d shift, d scale) to ``[B, tiles, D]`` float32 buffers that the host sums.
-All arithmetic is float32; the residual is rounded to its storage dtype before the statistics, as the plain path
-normalises the stored residual.
+Token rows of ``[B, N, D]`` tensors, contiguous, D <= BLOCK_D (one row in registers); per-sample vectors (gate, shift,
+scale) ``[B, D]``. Program (tile of ROWS rows, sample): the vectors are loaded once; the backward writes partial sums
+over its rows to ``[B, tiles, D]`` float32 buffers that the host sums. Float32 arithmetic; the residual is rounded to
+its storage dtype before the statistics, as the plain path normalises the stored residual.
 """
 import triton
 import triton.language as tl

@@ -1,24 +1,17 @@
 """The GPT head + cross-entropy (registry `ce_kernel`, `model.ce_kernel`): sum_i w_i * CE(h_i @ W[:vocab]^T, y_i).
 
-* `plain`: the head's logits [N, vocab] (bf16 under autocast), then F.cross_entropy in float32; under torch.compile
-  the upcast fuses into the loss kernels, but the logits are still written and read (3.3 GB at GPT-2 124M, batch 32).
-* `cce`: Cut Cross-Entropy (Wijmans et al. 2024, arXiv:2411.09009; Apple's `cut-cross-entropy` wheel): the forward
-  computes log-sum-exp blockwise in SRAM, the backward recomputes the logit blocks for d/dh and d/dW: no logits in
-  memory at all, one extra head matmul. Its backward accumulates d/dW over token blocks in the input dtype (bf16):
-  a relative error of ~sqrt(tokens / block) bf16 ulps where cuBLAS rounds once (tests/unit/nn/test_fused_kernels.py bounds it). Called below the library's `linear_cross_entropy`: no `valids` (its
-  `nonzero()` is a host sync; every target counts here) and no gradient filtering (`filter_eps=None`: the filter
-  drops softmax entries below 2^-12, i.e. every non-target entry of a near-uniform softmax at initialisation, so
-  exact gradients). Needs bf16/fp16 autocast (its backward takes no float32 inputs).
+* `plain`: the head's logits [N, vocab], then F.cross_entropy in float32 (the logits are written and read: 3.3 GB
+  at GPT-2 124M, batch 32).
+* `cce`: Cut Cross-Entropy (Wijmans et al. 2024, arXiv:2411.09009; Apple's `cut-cross-entropy`): blockwise
+  log-sum-exp, logit blocks recomputed in the backward: no logits in memory, one extra head matmul. Its d/dW
+  accumulates in bf16 (~sqrt(tokens / block) ulps; tests/unit/nn/test_fused_kernels.py bounds it). Called below
+  `linear_cross_entropy`: no `valids` (its `nonzero()` is a host sync) and `filter_eps=None` (the filter drops every
+  non-target entry of a near-uniform softmax at initialisation). Needs bf16/fp16 autocast.
 * `liger`: liger-kernel's fused linear cross-entropy (Hsu et al. 2024, arXiv:2410.10989): logits in chunks, d/dh and
-  d/dW formed in the forward (one custom op; the incoming gradient scales them). Its forward syncs with the host
-  once (`.item()` of the target count); per-token weighted losses (mdlm) take the plain path. Kept as the second
-  library for comparison and for float32 runs.
+  d/dW formed in the forward; one host sync per step; per-token weights (mdlm) take the plain path.
 * `auto`: cce on CUDA under bf16/fp16 when installed, else liger when installed, else plain.
 
-CPU tensors always take the plain path (a run trained on the GPU samples and evaluates anywhere); config
-validation refuses an explicit cce/liger for CPU training. Both libraries are imported on the first CUDA call
-only, so the CPU path never imports them (nor triton through them). Evaluation and sampling call the model
-without targets and get logits from the head as before. The matmuls run in the autocast dtype, like the head.
+CPU tensors always take the plain path; both libraries are imported on the first CUDA call only.
 """
 from __future__ import annotations
 
@@ -28,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from genlab.core.registry import Registry
-from genlab.nn.kernels import KernelSpec
+from genlab.nn.kernels import KernelSpec, compute_dtype
 
 ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 
@@ -36,10 +29,6 @@ ce_kernel_registry = Registry("ce_kernel", KernelSpec)
 # which torch.compile does not trace, on the first CUDA call
 HAS_CCE = importlib.util.find_spec("cut_cross_entropy") is not None
 HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
-
-
-def _compute_dtype(h: torch.Tensor) -> torch.dtype:
-    return torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
 
 
 def _reduce(nll: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
@@ -100,7 +89,7 @@ _cce_fwd.register_autograd(_cce_backward, setup_context=_cce_setup)
 
 
 def _cce_runs(h) -> bool:
-    return HAS_CCE and h.is_cuda and _compute_dtype(h) in (torch.float16, torch.bfloat16)
+    return HAS_CCE and h.is_cuda and compute_dtype(h) in (torch.float16, torch.bfloat16)
 
 
 @ce_kernel_registry.register("cce", "Cut Cross-Entropy (cut-cross-entropy wheel; CUDA, bf16/fp16): no logits in memory, "
@@ -108,7 +97,7 @@ def _cce_runs(h) -> bool:
 def cce_ce(head, h, y, weights, vocab: int) -> torch.Tensor:
     if not _cce_runs(h):
         return plain_ce(head, h, y, weights, vocab)
-    dt = _compute_dtype(h)
+    dt = compute_dtype(h)
     with torch.autocast(h.device.type, enabled=False):
         nll, _ = _cce_fwd(h.to(dt).contiguous(), head.weight[:vocab].to(dt), y.contiguous())
         return _reduce(nll, weights)
@@ -150,7 +139,7 @@ _liger_fwd.register_autograd(_liger_backward, setup_context=_liger_setup)
 def liger_ce(head, h, y, weights, vocab: int) -> torch.Tensor:
     if not (HAS_LIGER and h.is_cuda) or weights is not None:  # per-token weights (mdlm): liger has none
         return plain_ce(head, h, y, weights, vocab)
-    dt = _compute_dtype(h)
+    dt = compute_dtype(h)
     with torch.autocast(h.device.type, enabled=False):
         return _liger_fwd(h.to(dt).contiguous(), head.weight[:vocab].to(dt), y.contiguous(), torch.is_grad_enabled())[0]
 

@@ -1,43 +1,27 @@
-"""The DiT's final layer + the flow loss (registry `final_kernel`, `model.final_kernel`; issue 37).
+"""The DiT's final layer + the flow loss in one op (registry `final_kernel`, `model.final_kernel`; issue 37).
 
-Flow matching (families/image_flow/flow.py) trains v = DiT(x_t, t, y) against target = data - noise with
-loss = mean_b w_b * mean_{C,H,W} (v_b - target_b)^2 (w = 1, or method.loss_weighting's w(t)). The DiT ends with
-FinalLayer: out = Linear(LN(h) * (1 + scale) + shift) [B, N, P] (P = p*p*C: 16 for a /2 model on 4-channel latents),
-then depatchify to [B, C, H, W]; the method upcasts v, subtracts, squares and reduces. The prediction is written,
-copied by the depatchify, upcast, and its gradient makes the same trip back.
-
-* `plain` (default): that path, unchanged (the flow method calls the model for v, then its MSE).
+Flow matching trains v = DiT(x_t, t, y) against target = data - noise with loss = mean_b w_b * mean (v_b - target_b)^2.
+* `plain` (default): FinalLayer out = Linear(LN(h) * (1 + scale) + shift) [B, N, P], depatchified, then the MSE.
 * `triton`: the flow method hands the target to the model (`DiT.forward(..., loss_target=, loss_weight=)`), which
-  patchifies the target once (no gradient flows to it) instead of depatchifying the prediction, runs the norm +
-  modulation through the model's `adaln` entry (the Triton kernel with adaln=triton), then the projection and the
-  squared error in one custom op: a Triton kernel reads each modulated token row once, forms its P outputs in
-  registers (float32 accumulation), writes diff = out - target (float32 [B, N, P]) and per-sample sums of diff^2;
-  the prediction is never stored. d loss / d out = 2 * dsse_b * diff with dsse_b = w_b / (B * N * P) (liger-style:
-  the forward leaves the gradient up to that per-sample factor), so the backward is that scale, two matmuls
-  (d h = G W, d W = G^T h) and d bias = sum G, in the compute dtype like autocast's linear backward. The loss is
-  float32 (float64 for a float64 model), as on the plain path.
+  patchifies the target instead of depatchifying the prediction; one kernel forms each token row's P outputs in
+  registers (float32), writes diff = out - target (float32 [B, N, P]) and per-sample sums of diff^2, never the
+  prediction. d loss / d out = 2 * dsse_b * diff with dsse_b = w_b / (B * N * P) (liger-style), so the backward is
+  that scale and two matmuls in the compute dtype, like autocast's linear backward.
 
-Other devices and inputs the kernel does not take (float64, P > MAX_P) run the same op with a plain-torch body (the
-linear, then the difference, at least in float32) and the same autograd rule, so the rule is tested on CPU against
-`plain` in float64; the kernels module, and with it triton, is imported on the first CUDA call only. The op has no
-vmap rule: batched seeds (train.seeds) call `loss_from` with a functional closure of the model, which takes the
-plain path (families/image_flow/flow.py).
+Other devices and inputs (float64, P > MAX_P) run the same op with a plain-torch body and the same autograd rule
+(tested on CPU against `plain` in float64). No vmap rule: batched seeds take the plain path.
 """
 from __future__ import annotations
-
-import importlib.util
 
 import torch
 import torch.nn.functional as F
 
 from genlab.core.registry import Registry
-from genlab.nn.kernels import KernelSpec
-from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
+from genlab.nn.kernels import KernelSpec, compute_dtype
+from genlab.nn.triton_attention import HAS_TRITON, interpreting, require_kernels  # no triton import
 
 final_kernel_registry = Registry("final_kernel", KernelSpec)
 
-# found without importing it (a constant to torch.compile); the kernel imports it inside the custom op
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 MAX_P = 256      # outputs per token held in registers (p * p * C)
 BLOCK_K = 64     # slice of D per tl.dot
 
@@ -51,10 +35,6 @@ def supports(h: torch.Tensor, target: torch.Tensor) -> bool:
     ok = (torch.float32, torch.bfloat16, torch.float16)
     return (HAS_TRITON and (h.is_cuda or interpreting()) and h.dim() == 3 and 0 < target.shape[-1] <= MAX_P
             and h.dtype in ok and target.dtype in ok)
-
-
-def _compute_dtype(h: torch.Tensor) -> torch.dtype:
-    return torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
 
 
 def _acc_dtype(h: torch.Tensor) -> torch.dtype:
@@ -143,7 +123,7 @@ def plain_final_loss(final, h, c, target, weight):
 def triton_final_loss(final, h, c, target, weight):
     shift, scale = final.ada(c).chunk(2, dim=-1)
     hm = final.norm_modulate(h, shift, scale, final.eps)
-    dt = _compute_dtype(hm)
+    dt = compute_dtype(hm)
     lin = final.linear
     with torch.autocast(hm.device.type, enabled=False):
         sse, _ = _sse_op(hm.to(dt), lin.weight.to(dt), lin.bias, target)

@@ -1,12 +1,8 @@
-"""Triton kernel of the fused final layer + flow loss (see ``fused_final.py`` for the math and the host side).
+"""Triton kernel of the fused final layer + flow loss (see ``fused_final.py``); imported lazily, on the first CUDA use.
 
-Imported lazily, on the first use on a CUDA tensor, so that `import genlab` and the CPU path never import triton.
-
-Layout: the modulated tokens H ``[B * N, D]``, the projection W ``[P, D]`` and bias ``[P]``, the patchified target T
-``[B * N, P]``, all contiguous. One program per tile of BLOCK_N token rows of one sample (program id = sample * TILES
-+ tile): out = H W^T + bias accumulated in float32 over D in BLOCK_K slices (tl.dot; P is small, 16-64, padded to
-BLOCK_P >= 16), then diff = out - T is written (float32, the gradient of the loss up to a per-sample factor) and the
-tile's sum of diff^2 goes to PART[sample, tile], summed over tiles on the host. The prediction is never stored.
+H ``[B * N, D]``, W ``[P, D]``, bias ``[P]``, target T ``[B * N, P]``, contiguous. One program per tile of BLOCK_N rows
+of one sample (pid = sample * TILES + tile): out = H W^T + bias in float32 (P padded to BLOCK_P >= 16), diff = out - T
+written, the tile's sum of diff^2 to PART[sample, tile] (summed on the host).
 """
 import triton
 import triton.language as tl

@@ -1,19 +1,11 @@
-"""SwiGLU with liger-kernel's fused SiLU * mul (`model.mlp=swiglu_liger`, issue 37).
+"""SwiGLU with liger-kernel's fused SiLU * mul (`model.mlp=swiglu_liger`, issue 37): the same module and parameters
+as `model.mlp=swiglu`; liger's `swiglu_fused_gate_up_forward` reads each half of fc1's packed [.., 2H] output once
+(eager reads it twice and writes an intermediate) and rounds silu(a) to the input dtype before the product, as
+eager does under autocast. Liger, not our own Triton: it is maintained, tested, and its gate-up variant reads
+genlab's packed layout (gate first) without copies. Plain GELU has no liger kernel; inductor fuses it.
 
-The same module and parameters as `model.mlp=swiglu` (a checkpoint moves between the two freely); only the
-activation differs: eager PyTorch reads fc1's packed [.., 2H] output twice (silu, then the product) and writes
-an intermediate, liger's `swiglu_fused_gate_up_forward` reads each half once and writes the [.., H] product (its
-backward recomputes silu from the saved fc1 output and writes the packed gradient, no concatenation). The kernel
-rounds silu(a) to the input dtype before the product, as eager does under autocast.
-
-Why liger and not our own Triton: it is maintained, tested against PyTorch, and its gate-up variant reads
-genlab's packed layout (gate first) without the copies that `chunk` would force. Plain GELU has no liger kernel
-(liger has the GEGLU product only), so `gelu` stays as it is; inductor fuses bias + GELU under torch.compile.
-
-The kernels are two torch.library custom ops (torch.compile keeps one graph around them; liger's
-autograd.Function would be traced into). CPU tensors run the plain composition `silu(a) * b`, and liger (with
-triton) is imported inside the ops, on the first CUDA call only; config validation refuses this entry for CPU
-training, or where liger is missing on a CUDA machine (registry.KernelSpec).
+Custom ops (liger's autograd.Function would be traced into by torch.compile); CPU tensors run `silu(a) * b`, and
+liger is imported on the first CUDA call.
 """
 from __future__ import annotations
 

@@ -1,30 +1,20 @@
-"""The QKV split in Triton (`model.qkv_kernel=triton`, issue 37): the QKV projection's output -> q, k, v.
+"""The QKV split in Triton (`model.qkv_kernel=triton`, issue 37): the projection's output h [B, N, 3 * H * HD]
+-> q, k, v [B, H, N, HD], with RMSNorm per head of q and k (model.qk_norm) and RoPE, in one pass (eagerly ~10
+kernels): each token row is read once, q, k, v written once, contiguous. float32 arithmetic, one rounding at the
+store. Backward per head, xhat = x * rstd: dy = R^T dout, d weight = sum dy * xhat (per token in the kernel, over
+tokens on the host), dx = rstd * (dy * w - xhat * mean(dy * w * xhat)); only h is saved.
 
-Attention.heads_qkv turns the projection's output h [B, N, 3 * H * HD] into q, k, v [B, H, N, HD]: a view and a
-permute, then (model.qk_norm) RMSNorm per head of q and k with learned weights, then (pos_emb rope/rope2d) the
-rotation of channel pairs (2j, 2j+1) by the position's angles. Eagerly that is ~10 kernels over q and k, and the
-attention kernel copies the permuted views; here it is one pass: each token row is read once and q, k, v are
-written once, contiguous in the attention layout. float32 arithmetic, one rounding to h's dtype at the store (the
-plain path rounds after the norm and after each rope product in bf16). Backward, per head with xhat = x * rstd:
-dy = R^T dout (the rotation's transpose), d weight = sum dy * xhat (per token in the kernel, over tokens on the
-host), dx = rstd * (dy * w - xhat * mean(dy * w * xhat)); it reads the saved h again, so only h is saved.
-
-The ops are torch.library custom ops (fake implementations and autograd attached): torch.compile keeps the block
-in one graph around them. CPU tensors and inputs the kernel does not take (an odd head width, float64) run the
-plain composition (`split_plain` in attention.py), so a model built with this entry runs anywhere; the kernels
-module, and with it triton, is imported on the first CUDA call only. No vmap or forward-mode AD rule: batched
-seeds (train.seeds) and MeanFlow's JVP need qkv_kernel=plain.
+Custom ops, so torch.compile keeps the block in one graph. CPU tensors and inputs the kernel does not take (odd
+head width, float64) run `split_plain`; triton is imported on the first CUDA call. No vmap or forward-mode AD
+rule: batched seeds (train.seeds) and MeanFlow's JVP need qkv_kernel=plain.
 """
 from __future__ import annotations
-
-import importlib.util
 
 import torch
 
 from genlab.nn.attention import qkv_kernel_registry, split_plain
-from genlab.nn.triton_attention import interpreting, require_kernels  # no triton import
+from genlab.nn.triton_attention import HAS_TRITON, interpreting, require_kernels  # no triton import
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None  # a constant to torch.compile
 MAX_HD = 256
 
 

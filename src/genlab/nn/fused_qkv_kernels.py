@@ -1,12 +1,8 @@
-"""Triton kernels of the fused QKV split (see ``fused_qkv.py`` for the math and the host side).
+"""Triton kernels of the fused QKV split (see ``fused_qkv.py``); imported lazily, on the first CUDA use.
 
-Imported lazily, on the first use on a CUDA tensor (or under the interpreter), so the CPU path never imports triton.
-
-Layout: X is the QKV projection's output ``[B, N, 3, H, HD]`` contiguous (one token row of 3 * H * HD); Q, K, V
-are ``[B, H, N, HD]`` contiguous. One program per token: it loads the token's q and k heads as ``[H, HD / 2]``
-tiles of even and odd channels (RoPE turns the pairs (2j, 2j+1)), normalises each head (RMSNorm, float32),
-rotates, and stores; v is copied. The backward reads the saved X again (recomputing the statistics), so nothing
-but X is saved; it writes dX and per-token partial sums of d weight (float32, ``[2, B * N, HD]``) that the host sums.
+X ``[B, N, 3, H, HD]`` contiguous, Q, K, V ``[B, H, N, HD]`` contiguous. One program per token: q and k heads as
+``[H, HD / 2]`` tiles of even and odd channels (RoPE turns the pairs (2j, 2j+1)), RMSNorm in float32, rotate, store;
+v is copied. The backward reads the saved X again and writes dX and per-token partial d weight (``[2, B * N, HD]``).
 """
 import triton
 import triton.language as tl

@@ -30,3 +30,8 @@ class KernelSpec(Spec):
             ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
             raise GenlabError(f"{key}={name} needs the '{self.package}' package (not installed); "
                               f"valid choices: {', '.join(ok)}")
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on x runs in: autocast's where it is on, else x's."""
+    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype

@@ -34,17 +34,12 @@ class TokenGrid(NamedTuple):
 
 
 class Mlp(nn.Module):
-    """Two-layer MLP; SwiGLU (Shazeer 2020) packs its gate and value into fc1."""
+    """Two-layer MLP, kind gelu or swiglu; SwiGLU (Shazeer 2020) packs its gate and value into fc1."""
 
     def __init__(self, dim: int, hidden: int, kind: str = "gelu", bias: bool = True):
         super().__init__()
         self.kind = kind
-        if kind == "swiglu":
-            self.fc1 = nn.Linear(dim, 2 * hidden, bias=bias)
-        elif kind == "gelu":
-            self.fc1 = nn.Linear(dim, hidden, bias=bias)
-        else:
-            raise ValueError(f"unknown mlp '{kind}'; valid: gelu, swiglu")
+        self.fc1 = nn.Linear(dim, 2 * hidden if kind == "swiglu" else hidden, bias=bias)
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
 
     def forward(self, x, grid: TokenGrid | None = None):  # grid: unused (Mix-FFN reads it)

@@ -10,12 +10,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.core.registry import Registry
-from genlab.nn.kernels import KernelSpec
+from genlab.nn.kernels import KernelSpec, compute_dtype
 
 
 @dataclass(frozen=True, kw_only=True)
 class AdalnSpec(KernelSpec):
-    # fused forms of the two residual steps around it in a DiT block (models/norm.residual_ops_by); None = plain
+    # fused forms of the two residual steps around it in a DiT block (residual_ops_by); None = plain
     add_norm: Callable | None = None       # (x, y, gate, shift, scale, eps) -> (x + gate*y, norm_modulate(that))
     gated_add: Callable | None = None      # (x, y, gate) -> x + gate*y
 
@@ -49,7 +49,7 @@ def norm_modulate_unfused(x, shift, scale, eps):
 def norm_modulate_fused(x, shift, scale, eps):
     """Same function as `unfused`; the statistics and the modulation are computed in fp32 (at least) and the result is
     cast once to the autocast dtype (what the next matmul would cast it to), so nothing fp32 is written."""
-    out_dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    out_dtype = compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         cdt = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 when the model is fp64
         xf, shift, scale = x.to(cdt), shift.to(cdt)[:, None], scale.to(cdt)[:, None]

@@ -1,7 +1,6 @@
 """Position entries (registry `position`): `(dim, heads, grid) -> module`, grid = (T,) for sequences or (H, W) for
-patch grids. A module adds its table to the tokens (`forward(h, offset)`) and/or hands rotary tables to attention
-(`rope(offset)`); `axes` says which grid ranks an entry serves, so each model offers only the fitting ones.
-The tables themselves (sin-cos, rotary angles) and `apply_rope` are here too: attention and the world backbone use them."""
+patch grids; a module adds its table to the tokens (`forward(h, offset)`) and/or hands rotary tables to attention
+(`rope(offset)`), and `axes` says which grid ranks it serves. The sin-cos and rotary tables and `apply_rope` too."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -119,19 +118,14 @@ def rope_2d(grid: tuple, head_dim: int, base: float = 10000.0):
     return torch.cos(ang), torch.sin(ang)
 
 
-def _entry(cls):
-    def build(dim: int, heads: int, grid: tuple):
-        return cls(dim, heads, tuple(grid))
-    return build
-
-
-position_registry.register("learned", "a trained table, one row per position", axes=(1, 2))(_entry(LearnedPosition))
+# entries: the module classes themselves, built with (dim, heads, grid)
+position_registry.register("learned", "a trained table, one row per position", axes=(1, 2))(LearnedPosition)
 position_registry.register("sincos2d", "fixed 2-D sin-cos table over the patch grid (DiT)", axes=(2,),
-                           dim_multiple=4)(_entry(SinCos2d))
+                           dim_multiple=4)(SinCos2d)
 position_registry.register("rope", "rotary embedding of the sequence position (queries and keys)", axes=(1,),
-                           head_multiple=2)(_entry(Rotary))
+                           head_multiple=2)(Rotary)
 position_registry.register("rope2d", "axial 2-D rotary embedding over the patch grid (row and column)", axes=(2,),
-                           head_multiple=4)(_entry(Rotary))
+                           head_multiple=4)(Rotary)
 
 
 def check_position_fits(name: str, model: str, rank: int):

@@ -1,13 +1,9 @@
 """Post-training weight quantization of a backbone's block linears with torchao (`genlab quantize --to NAME`).
 
-Only plain nn.Linear layers inside the blocks are quantized: they hold nearly all the weights. Embeddings
-(patch, token, timestep, class), norms, the adaLN modulation linears and the output layer stay in float: they
-are a few percent of the weights but every token or sample goes through them, and an error in a timestep
-embedding or an adaLN scale/shift moves whole activations (the layers QLoRA and LLM.int8 also keep in high
-precision). The names are float8's skip list (nn/float8.py), so training and post-training agree.
-
-A quantization is recorded as {format, layers} and re-applied when a run is loaded: quantizing the same float
-weights with the same format is deterministic, so nothing but tensors and strings is ever stored.
+Only plain nn.Linear layers inside the blocks (nearly all the weights): embeddings, norms, adaLN modulation and the
+output layer stay float, as QLoRA and LLM.int8 keep them, since an error there moves whole activations (float8's skip
+list, nn/float8.py). A quantization is recorded as {format, layers} and re-applied at load: quantizing the same
+weights with the same format is deterministic, so nothing but tensors and strings is stored.
 """
 from __future__ import annotations
 

@@ -1,27 +1,18 @@
 """torchao's quantized-training prototypes as converters (`train.convert = ["bitnet_torchao"]` / `["int8_mixed"]`),
-on the block linears genlab's own BitLinear converts (train/convert.bitlinear_filter), so the two BitNets compare
-side by side.
+on the block linears genlab's own BitLinear converts (convert.bitlinear_filter), so the two BitNets compare side by side.
 
-- bitnet_torchao: `torchao.prototype.quantized_training.bitnet_training()` — BitNet b1.58 (arXiv:2402.17764) with
-  absmean ternary weights and per-row absmax int8 activations, an int8 matmul forward (torch._int_mm off CUDA, a
-  Triton kernel on it) and straight-through gradients computed from the quantised operands.
-- int8_mixed: `int8_mixed_precision_training()` — weights and activations dynamically quantised to int8 (row-wise
-  scales) for the forward and both backward matmuls; the master weights stay in their dtype (Jetfire-like).
+- bitnet_torchao: `bitnet_training()`: BitNet b1.58 (arXiv:2402.17764), absmean ternary weights, per-row absmax int8
+  activations, an int8 matmul forward (torch._int_mm off CUDA, Triton on it), straight-through gradients. Each weight
+  becomes torchao's tensor subclass; a state-dict hook hands back its plain tensor (checkpoints hold only tensors).
+  BitNet's input RMSNorm (`train.bitlinear_norm`) is genlab's (nn/bitlinear.py: a NormedLinear whose weight torchao
+  then swaps), so the state-dict names match genlab's BitLinear.
+- int8_mixed: `int8_mixed_precision_training()`: weights and activations dynamically int8 (row-wise) in the forward
+  and both backward matmuls, master weights in their dtype (Jetfire-like). The module-swap form: in torchao 0.18 the
+  subclass form registers F.linear in the aten-op table, where it never arrives, so it trains unquantised (its output
+  equals the plain linear's to 6e-7). Under autocast torchao's swap casts nothing (a bf16 input met a float32 bias and
+  the backward's int8 matmul failed on the H100), so genlab's swapped class casts the operands to the autocast dtype.
 
-bitnet_torchao swaps each weight for torchao's tensor subclass; a state-dict hook hands back its plain tensor, so
-checkpoints hold only tensors (safe_load) and load into a plain or a converted model alike (loading copies into the
-subclass in place). int8_mixed uses torchao's module swap: in torchao 0.18 its tensor-subclass form registers
-F.linear in the aten-op table, where F.linear never arrives, so the subclass silently trains unquantised (measured:
-its output equals the plain linear's to 6e-7; tests/unit/nn/test_quantized_training.py checks the int8 formula).
-Input RMSNorm (`train.bitlinear_norm`, read by both BitNet converters): torchao leaves BitNet's norm to the user, so
-bitnet_torchao gets the same one as genlab's BitLinear (nn/bitlinear.py): when the model is built, each block linear
-becomes a NormedLinear — still an nn.Linear, with its norm at `<linear>.norm` and forward F.linear(norm(x), W, b) — whose
-weight torchao then swaps for its subclass, untouched. The state-dict names match genlab's BitLinear, so the two
-converters differ only in their kernels. With `none` the linears stay plain, as before.
-Both run on the CPU (torch._int_mm), so no device check is needed.
-Under autocast, torchao's module-swap forward casts nothing: a bf16 input met a float32 bias, so the output came out
-float32 and the backward's int8 matmul failed on mixed scale dtypes (seen on the H100, session 19). genlab's swapped
-class casts input, weight and bias to the autocast dtype first, as torchao's subclass path does.
+Both run on the CPU (torch._int_mm): no device check.
 """
 from __future__ import annotations
 
@@ -83,15 +74,9 @@ def convert_quantized_training(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
-def _check(name):
-    def check(device):
-        _torchao_config(name)
-    return check
-
-
 def _entry(name, prepare=None):
-    return Converter(lambda model, device, cfg=None: convert_quantized_training(model, name), _check(name),
-                     linears=True, prepare=prepare)
+    return Converter(lambda model, device, cfg=None: convert_quantized_training(model, name),
+                     lambda device: _torchao_config(name), linears=True, prepare=prepare)
 
 
 convert_registry.register("bitnet_torchao", "torchao's bitnet_training prototype (BitNet b1.58: ternary weights, "

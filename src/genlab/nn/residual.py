@@ -2,9 +2,8 @@
 input tensor to the dtype the stream is kept in."""
 from __future__ import annotations
 
-import torch
-
 from genlab.core.registry import Registry
+from genlab.nn.kernels import compute_dtype
 
 residual_registry = Registry("residual")
 
@@ -14,7 +13,5 @@ def residual_fp32(x):
     return x.dtype
 
 
-@residual_registry.register("compute", "residual stream in the autocast dtype (bf16): half the bytes of every "
-                                      "residual add, LayerNorm read and residual gradient; LayerNorm stats stay fp32")
-def residual_compute(x):
-    return torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+residual_registry.register("compute", "residual stream in the autocast dtype (bf16): half the bytes of every "
+                                     "residual add, LayerNorm read and residual gradient; LayerNorm stats stay fp32")(compute_dtype)

@@ -1,39 +1,29 @@
 """Factorized sparse attention patterns (Child et al. 2019, "Generating Long Sequences with Sparse
 Transformers", section 4) as FlexAttention block masks, with a dense masked reference.
 
-A pattern is a list of *parts* (the paper's A^(1), A^(2)); each part is a causal mask over positions,
-written once as a vectorised predicate `allowed(i, j)` on original positions (query i, key j):
+A pattern is a list of *parts* (the paper's A^(1), A^(2)), each a causal predicate `allowed(i, j)` on original
+positions (query i, key j):
 
   dense    A_i      = {j <= i}
   strided  A^(1)_i  = {t, ..., i}, t = max(0, i - l)          (the previous l positions)
            A^(2)_i  = {j <= i : (i - j) mod l = 0}              (every l-th position: "the column")
   fixed    A^(1)_i  = {j <= i : floor(j / l) = floor(i / l)}    (the own block of l)
            A^(2)_i  = {j <= i : j mod l in {l - c, ..., l - 1}} (the last c "summary" cells of every block)
-                      and i itself: without it the queries before the first summary would see nothing
-                      (an empty softmax) in a head that holds only this part
-  fixed with g summary groups (section 4.2: heads attending to distinct sub-blocks of length c did better
-  than heads sharing one): A^(2) becomes g parts, part s with the cells {l - (s+1)c, ..., l - sc - 1};
-  the summary heads are divided among them. Each part records which factor it belongs to (`factor`).
+                      and i itself, so no head that holds only this part has an empty softmax
+  fixed with g summary groups (section 4.2): A^(2) becomes g parts, part s with the cells {l - (s+1)c, ..., l - sc - 1}.
 
-A *factorization mode* (section 4.3) assigns the factors to layers and heads: `interleaved` (layer r uses
-factor r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors);
-a factor with several parts (summary groups) divides its heads among them.
+A *factorization mode* (section 4.3) assigns the factors to layers and heads: `interleaved` (layer r uses factor
+r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors).
 
-Layouts (section 5.3, "attention with a stride can be computed by transposing the matrix and computing
-a local window"): FlexAttention skips 128x128 blocks that are entirely masked, so a position-wise
-strided mask, which touches every block, does causal-dense work. Each part therefore carries a query
-and a key order; the sequence is permuted into that order before the kernel and the output permuted
-back. The strided column part runs column-major (each column becomes one contiguous causal segment),
-and fixed parts put the summary keys first (the summaries of all earlier blocks become one contiguous
-prefix). The mask itself is still evaluated on original positions, so the result does not depend on
-the layout; only the number of blocks visited does (`block_density`).
+Layouts (section 5.3): FlexAttention skips only 128x128 blocks that are entirely masked, so each part carries a
+query and a key order the sequence is permuted into before the kernel: the strided column runs column-major,
+fixed parts put the summary keys first. The mask is still evaluated on original positions, so only the number
+of blocks visited depends on the layout (`block_density`).
 
-Backends: `dense` (masked SDPA over all n x n scores: the reference), `flex` (FlexAttention block masks in
-the layouts above) and `blocked`: the parts that are causal attention inside equal segments run as
-SDPA on those segments, stacked into the batch (flash, unmasked, for two of the three). fixed/block is
-causal inside each run of l positions; strided/column is causal down each column of the n/l x l matrix
-(the paper's transpose); strided/local is each run of l attending to itself and the previous run (one
-small [l, 2l] mask). The others (fixed/summary, merged unions) fall back to flex on CUDA, dense on CPU.
+Backends: `dense` (masked SDPA: the reference), `flex` (block masks in the layouts above) and `blocked`: parts
+that are causal attention inside equal segments (fixed/block, strided/column: the paper's transpose,
+strided/local: one [l, 2l] mask) run as SDPA on those segments stacked into the batch; the others fall back to
+flex on CUDA, dense on CPU.
 """
 from __future__ import annotations
 
@@ -56,10 +46,9 @@ FLEX_BLOCKS = (32, 64, 128)  # smaller blocks skip more of a thin pattern but ru
 
 @dataclass(frozen=True)
 class Part:
-    """One factor of a pattern: a causal predicate on original positions and the layouts that make it
-    block-sparse. `q_order(n)` / `kv_order(n)` return permutations of range(n) (None = identity).
-    `segments(q, k, v, scale)`, where a part has one, computes it exactly with SDPA on reshaped segments
-    (the `blocked` backend)."""
+    """One factor of a pattern: a causal predicate on original positions, the layouts that make it block-sparse
+    (`q_order(n)` / `kv_order(n)`: permutations of range(n), None = identity) and, where it has one, its `blocked`
+    form `segments(q, k, v, scale)` (SDPA on reshaped segments)."""
     name: str
     allowed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     q_order: Callable[[int], torch.Tensor] | None = None
@@ -160,7 +149,13 @@ def local_segments(l: int):
     return run
 
 
-def strided_parts(l: int, c: int) -> list[Part]:
+@sparse_pattern_registry.register("dense", "causal dense attention (every earlier position)")
+def dense_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
+    return [Part("dense", causal)]
+
+
+@sparse_pattern_registry.register("strided", "previous l positions + every l-th position (images; stride l ~ sqrt(n))")
+def strided_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
     return [Part("strided/local", lambda i, j: (j <= i) & (i - j <= l), segments=local_segments(l)),
             Part("strided/column", lambda i, j: (j <= i) & ((i - j) % l == 0), column_major(l), column_major(l),
                  column_segments(l), factor=1)]
@@ -173,31 +168,13 @@ def summary_part(l: int, c: int, group: int) -> Part:
                 summaries_first(l, c, group * c), factor=1)
 
 
-def fixed_parts(l: int, c: int, groups: int = 1) -> list[Part]:
+@sparse_pattern_registry.register("fixed", "own block of l + the last c cells of every earlier block (text); "
+                                           "model.sparse_summary_groups > 1: heads on distinct sub-blocks of c")
+def fixed_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
     return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l), segments=block_causal_segments(l))] + \
         [summary_part(l, c, g) for g in range(groups)]
 
 
-@sparse_pattern_registry.register("dense", "causal dense attention (every earlier position)")
-def dense_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
-    return [Part("dense", causal)]
-
-
-@sparse_pattern_registry.register("strided", "previous l positions + every l-th position (images; stride l ~ sqrt(n))")
-def strided_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
-    return strided_parts(l, c)
-
-
-@sparse_pattern_registry.register("fixed", "own block of l + the last c cells of every earlier block (text); "
-                                           "model.sparse_summary_groups > 1: heads on distinct sub-blocks of c")
-def fixed_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
-    return fixed_parts(l, c, groups)
-
-
-def merged_layout(pattern: str, l: int, c: int, groups: int = 1):
-    # the union of the fixed parts is block-sparse with (all groups') summaries first; the strided union is not
-    # block-sparse in any single order (its two parts want different orders)
-    return summaries_first(l, c * groups) if pattern == "fixed" else None
 
 
 def union(parts: list[Part], kv_order=None) -> Part:
@@ -249,7 +226,9 @@ def layer_groups(pattern: str, mode: str, l: int, c: int, depth: int, heads: int
     parts = sparse_pattern_registry.get(pattern)(l, c, groups)
     factors = [[p for p in parts if p.factor == f] for f in sorted({p.factor for p in parts})]
     mode_fn = sparse_mode_registry.get(mode)
-    merged = union(parts, merged_layout(pattern, l, c, groups))
+    # the union of the fixed parts is block-sparse with (all groups') summaries first; the strided union is not
+    # block-sparse in any single order (its two parts want different orders)
+    merged = union(parts, summaries_first(l, c * groups) if pattern == "fixed" else None)
     return [mode_fn(factors, merged, r, heads) for r in range(depth)]
 
 
@@ -343,10 +322,9 @@ def flex_kernel_options(block: int) -> dict | None:
 
 
 def flex(q, k, v, block_mask, scale):
-    """flex_attention, compiled on CUDA (eager flex materialises the scores and is for tests).
-    Blocks under 128 compile on their own with max-autotune: inductor (2.11-2.13) keeps only backward tile
-    configurations that divide the block mask, and its single default one on sm90 (64 x 128) divides only
-    128, so without the autotune list the backward has no kernel at all (pytorch issue 176025)."""
+    """flex_attention, compiled on CUDA (eager flex materialises the scores: tests only). Blocks under 128 compile on
+    their own with max-autotune: inductor (2.11-2.13) keeps only backward tiles that divide the block mask, and its
+    one default on sm90 (64 x 128) divides only 128, so the backward would have no kernel (pytorch issue 176025)."""
     from torch.nn.attention.flex_attention import flex_attention
     block = block_mask.BLOCK_SIZE[0]
     if q.device.type != "cuda":

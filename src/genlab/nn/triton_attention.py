@@ -1,38 +1,29 @@
-"""Flash attention in Triton for small head dims (16/32/64), tuned for long sequences at head dim 16.
-
-Registered as attention backend ``triton`` (``model.attention=triton``). Inputs q, k, v: bf16/fp16
-``[B, H, N, D]`` (any strides with a unit last stride, e.g. the views of a fused QKV projection),
-scale ``D**-0.5``, bidirectional or causal, no mask/dropout.
+"""Flash attention in Triton for small head dims (16/32/64/128), tuned for long sequences at head dim 16:
+``model.attention=triton``. q, k, v: bf16/fp16 ``[B, H, N, D]`` (any strides with a unit last stride, e.g. the
+views of a fused QKV projection), scale ``D**-0.5``, bidirectional or causal, no mask/dropout.
 
 Algorithm (Dao et al. 2022/2023, written from the papers' formulas):
 
-* forward: per query block, online softmax over key blocks in base 2: the score tile
-  ``S = Q K^T`` (fp32 accumulate) enters ``exp2(S * c - m)`` with ``c = D**-0.5 * log2(e)``, so the
-  scale and the change of base are one FMA per score; ``m`` is the running row max (already scaled).
-  The kernel saves ``lse2 = m + log2(l)`` per row (log2 units) for the backward.
-* backward: ``delta = rowsum(dO * O)`` (a preprocess kernel), then ``P = exp2(S c - lse2)``,
-  ``dV = P^T dO``, ``dP = dO V^T``, ``dS = P (dP - delta)``, ``dK = scale dS^T Q``, ``dQ = scale dS K``.
-  Two variants: ``split`` (a dK/dV kernel over key blocks and a dQ kernel over query blocks, which
-  recomputes P once more) and ``atomic`` (one kernel over key blocks that adds each dQ partial into
-  an fp32 buffer with atomics: one exp per score instead of two, at the price of atomic traffic).
+* forward: online softmax in base 2 per query block: ``exp2(S * c - m)`` with ``c = D**-0.5 * log2(e)`` (the
+  scale and the change of base are one FMA per score); saves ``lse2 = m + log2(l)`` per row for the backward.
+* backward: ``delta = rowsum(dO * O)``, ``P = exp2(S c - lse2)``, ``dV = P^T dO``, ``dP = dO V^T``,
+  ``dS = P (dP - delta)``, ``dK = scale dS^T Q``, ``dQ = scale dS K``. ``split``: a dK/dV kernel and a dQ kernel
+  (P recomputed once more); ``atomic``: one kernel that adds each dQ partial into an fp32 buffer (one exp per
+  score instead of two, at the price of atomic traffic).
 
-At head dim 16 the matmuls are tiny and the time goes to the exponentials (the MUFU unit does
-16 ex2/clk/SM on Hopper, 8x below the FMA pipe). ``EXP_MODE`` picks how the exp2 is computed:
+At head dim 16 the time goes to the exponentials (MUFU: 16 ex2/clk/SM on Hopper, 8x below the FMA pipe).
+``EXP_MODE``: 0 ``tl.math.exp2`` (portable, the interpreter runs it), 1 ``ex2.approx.ftz.f32`` inline PTX,
+2 / 3: 1 of every 4 / 8 exps as a degree-3 polynomial on the FMA pipe (Cody-Waite split
+``2^x = 2^floor(x) * p(frac(x))``, the FlashAttention-4 trick), the rest on MUFU.
 
-* 0: ``tl.math.exp2`` (what Triton emits; portable, the interpreter runs it),
-* 1: ``ex2.approx.ftz.f32`` inline PTX (one MUFU op, no denormal fix-up),
-* 2: 3 of every 4 exps on MUFU and 1 as a degree-3 polynomial on the FMA pipe (Cody-Waite split
-  ``2^x = 2^floor(x) * p(frac(x))``, the FlashAttention-4 trick) to go under the MUFU floor,
-* 3: the same with 1 of every 8 on the FMA pipe.
-
-Environment knobs (for benchmarking): ``GENLAB_TRITON_ATTN_EXP`` (0-3, default 2 on CUDA),
-``GENLAB_TRITON_ATTN_BWD`` (atomic (default)/split), ``GENLAB_TRITON_ATTN_TUNE=0`` (no autotuning: first config),
-``GENLAB_TRITON_ATTN_ROWSUM`` (fadd: softmax row sums on the FMA pipe; mma: by the tensor cores, as an
-extra ones-column of V).
+Environment knobs (benchmarking): ``GENLAB_TRITON_ATTN_EXP`` (0-3, default 2), ``GENLAB_TRITON_ATTN_BWD``
+(atomic (default)/split), ``GENLAB_TRITON_ATTN_TUNE=0`` (first config, no autotuning),
+``GENLAB_TRITON_ATTN_ROWSUM`` (fadd: row sums on the FMA pipe; mma: by the tensor cores, a ones-column of V).
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 import torch
@@ -41,6 +32,8 @@ from genlab.core.errors import GenlabError
 from genlab.nn.attention_spec import attention_registry
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+# found without importing it (a constant to torch.compile); the fused kernels import it inside their custom ops
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 LOG2E = 1.4426950408889634
 
 
@@ -165,19 +158,15 @@ def _backward(do, q, k, v, o, lse, causal: bool):
     B, H, N, D = q.shape
     q, k, v, o, do = _prep(q), _prep(k), _prep(v), _prep(o), _prep(do)
     delta = torch.empty(B * H, N, dtype=torch.float32, device=q.device)
-    pre_block = 128
-    _launch_pre = _kernels()._attn_bwd_preprocess
-    _launch_pre[(_cdiv(N, pre_block), B * H)](o, do, delta, *_s(o), *_s(do), H, N, HEAD_DIM=D,
-                                                             BLOCK=pre_block)
+    _kernels()._attn_bwd_preprocess[(_cdiv(N, 128), B * H)](o, do, delta, *_s(o), *_s(do), H, N, HEAD_DIM=D, BLOCK=128)
     dk = _new_bnhd(B, H, N, D, k.dtype, k.device)
     dv = _new_bnhd(B, H, N, D, v.dtype, v.device)
     sm_scale = D ** -0.5
     exp_mode = _exp_mode()
     atomic = _bwd_mode() == "atomic"
-    if atomic:
-        dq_acc = torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device).permute(0, 2, 1, 3)
-    else:
-        dq_acc = _new_bnhd(B, H, N, D, q.dtype, q.device)
+    # atomic: dQ partials add into an fp32 [B, N, H, D] buffer; split: the dQ kernel writes the result
+    dq_acc = (torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device).permute(0, 2, 1, 3) if atomic
+              else _new_bnhd(B, H, N, D, q.dtype, q.device))
     args = (q, k, v, do, dq_acc, dk, dv, lse, delta, sm_scale, *_s(q), *_s(k), *_s(v), *_s(do), *_s(dq_acc),
             *_s(dk), H, N)
     meta = dict(HEAD_DIM=D, CAUSAL=causal, EXP_MODE=exp_mode, ATOMIC_DQ=atomic)

@@ -1,7 +1,4 @@
-"""Triton kernels of the ``triton`` attention backend (see ``triton_attention.py`` for the algorithm).
-
-Imported lazily, on the first use of the backend, so that `import genlab` never imports triton.
-"""
+"""Triton kernels of the ``triton`` attention backend (see ``triton_attention.py``); imported lazily, on first use."""
 import triton
 import triton.language as tl
 

@@ -1,22 +1,16 @@
-"""Sigmoid attention in Triton (the CUDA path of ``model.attention=sigmoid``).
+"""Sigmoid attention in Triton (the CUDA path of ``model.attention=sigmoid``), written from the formulas:
+``out_i = sum_j sigmoid(q_i.k_j / sqrt(D) - log M) v_j`` (Ramapuram et al. 2024), M keys, optionally causal
+(query i sees keys j <= i + M - N), no normalisation.
 
-``out_i = sum_j sigmoid(q_i.k_j / sqrt(D) - log M) v_j`` (Ramapuram et al. 2024), M = number of keys,
-optionally causal (query i sees keys j <= i + M - N), no normalisation. Written from the formulas:
+* forward: ``P = 1 / (1 + 2^-(S c + b'))``, ``c = log2(e) / sqrt(D)``, ``b' = -log2(e) log M`` (one exp2 per score;
+  the reciprocal by Newton steps, ``_sigmoid`` in the kernels), ``O += P V``: no running max, no row sum, and
+  nothing saved for the backward but q, k, v.
+* backward (P recomputed): ``dV = P^T dO``, ``dS = (dO V^T) P (1 - P)``, ``dQ = dS K / sqrt(D)``,
+  ``dK = dS^T Q / sqrt(D)``; a dK/dV kernel over key blocks and a dQ kernel over query blocks, no atomics.
 
-* forward, per query block: for each key block ``S = Q K^T`` (fp32 accumulate),
-  ``P = 1 / (1 + 2^-(S c + b'))`` with ``c = log2(e) / sqrt(D)`` and ``b' = -log2(e) log M`` (one exp2 per
-  score on the MUFU unit; the reciprocal by Newton steps on the FMA pipe, see ``_sigmoid`` in the kernels),
-  ``O += P V``. Unlike softmax there is no running max, no row sum and no rescaling,
-  and nothing is saved for the backward but q, k, v.
-* backward (P recomputed per block): ``dV = P^T dO``, ``dP = dO V^T``, ``dS = dP P (1 - P)``,
-  ``dQ = dS K / sqrt(D)``, ``dK = dS^T Q / sqrt(D)``; one kernel for dK/dV (over key blocks, looping over
-  query blocks) and one for dQ (over query blocks, looping over key blocks), no atomics.
-
-Inputs: q ``[B, H, N, D]``, k and v ``[B, H, M, D]``, D in 32/64/128, fp16/bf16/fp32 (same dtype), any
-strides (a non-unit last stride costs a copy). fp32 inputs multiply in full fp32 unless
-``torch.backends.cuda.matmul.allow_tf32`` is set. ``GENLAB_TRITON_SIGMOID_RCP=div`` (for benchmarking) divides
-instead of the Newton reciprocal. `sigmoid_attention_triton` is a torch.library custom op with
-a fake implementation and autograd attached, so torch.compile keeps the surrounding block in one graph.
+q ``[B, H, N, D]``, k, v ``[B, H, M, D]``, D in 32/64/128, fp16/bf16/fp32 of one dtype (fp32 multiplies in
+full fp32 unless ``torch.backends.cuda.matmul.allow_tf32``). ``GENLAB_TRITON_SIGMOID_RCP=div`` (benchmarking)
+divides instead of the Newton reciprocal.
 """
 from __future__ import annotations
 

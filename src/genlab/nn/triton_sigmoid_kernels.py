@@ -1,14 +1,9 @@
-"""Triton kernels of sigmoid attention (see ``triton_sigmoid.py`` for the math and the host side).
+"""Triton kernels of sigmoid attention (see ``triton_sigmoid.py``); imported lazily, on first use.
 
-Imported lazily, on the first use, so that `import genlab` never imports triton.
-
-Layout: q ``[B, H, N, D]``, k and v ``[B, H, M, D]``, unit stride over D, (batch, head, token) strides passed
-in. Program ids: axis 0 = the block of rows this program owns (query rows for the forward and dQ, key rows
-for dK/dV), axis 1 = batch * heads. Sigmoid weights need no running max and no row sum, so each key block
-is independent: ``p = sigmoid(s * scale + bias)`` is one exp2 and a reciprocal per score (`_sigmoid`).
-
-Boundaries: rows past N or M are loaded as zeros, and zero v / dO rows make their terms vanish, so only the
-causal mask (query i sees keys j <= i + M - N) needs ``p = 0`` explicitly; blocks that lie wholly below the
+q ``[B, H, N, D]``, k, v ``[B, H, M, D]``, unit stride over D. Program ids: axis 0 = the block of rows a program owns
+(query rows for the forward and dQ, key rows for dK/dV), axis 1 = batch * heads. Sigmoid weights need no running max
+and no row sum, so each key block is independent. Rows past N or M load as zeros and zero v / dO rows make their
+terms vanish, so only the causal mask (query i sees keys j <= i + M - N) needs ``p = 0``; blocks wholly below the
 diagonal run without it (``MASK=False``).
 """
 import triton

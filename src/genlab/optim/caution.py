@@ -1,17 +1,12 @@
-"""Caution (Liang et al. 2024, "Cautious Optimizers: Improving Training with One Line of Code") for any
-optimizer whose library does not implement it.
-
-With the base optimizer's step written p <- p - lr*u (plus decoupled decay), the cautious step keeps only the
-coordinates where u agrees with the gradient (u*g > 0) and rescales the kept ones by numel / max(kept, 1) per
-tensor (1 / mean(mask), clamped; the same rule as heavyball's caution):
+"""Caution (Liang et al. 2024, "Cautious Optimizers: Improving Training with One Line of Code") for any optimizer
+whose library does not implement it. With the base step p <- p - lr*u (plus decoupled decay), keep the coordinates
+where u*g > 0 and rescale per tensor (heavyball's rule):
 
     p <- p*(1 - lr*wd) - lr * (u * mask) * numel / max(sum(mask), 1)
 
-`Cautious` wraps an optimizer without knowing its rule: it lets the base step, reads -lr*u back as the change
-of each parameter (with the decoupled decay factor removed where the base applies one, `decay_factor`), and
-re-applies the masked, rescaled change. Its state, param groups and state_dict are the base's, so checkpoints
-and resume are those of the base. Under FSDP2 the mask counts are summed over the shards, so each tensor's
-scale is that of the whole tensor.
+`Cautious` lets the base step, reads -lr*u back as each parameter's change (the decay factor removed,
+`decay_factor`) and re-applies it masked and rescaled; state and state_dict are the base's. Under FSDP2 the mask
+counts are summed over the shards.
 """
 from __future__ import annotations
 

@@ -1,31 +1,21 @@
 """COAT's FP8 optimizer states (Xi et al. 2024, "COAT: Compressing Optimizer states and Activation for
-Memory-Efficient FP8 Training", arXiv 2410.19313): AdamW whose first and second moments are stored in
-float8 e4m3 per group of 128 elements, after the paper's dynamic range expansion.
+Memory-Efficient FP8 Training", arXiv 2410.19313): AdamW whose moments are stored in float8 e4m3 per group of 128
+elements after the paper's dynamic range expansion.
 
-Dynamic range expansion, per group X of a moment: E4M3 represents magnitudes over a fixed ratio R_E4M3, while a
-group of optimizer state spans R_X = max|X| / min|X| (min over the non-zero elements), usually far less, so plain
-absmax scaling wastes most of E4M3's exponents. The paper expands each element with f(x) = sign(x) |x|^k, k chosen
-per group so that R_X^k fills R_E4M3 (k = log R_E4M3 / log R_X), quantises f(x)/s to E4M3 (s scales the group's
-max to 448) and inverts on read: x = sign(q) (|q| s)^(1/k).
+A group X spans R_X = max|X| / min|X| (non-zero min), usually far less than E4M3's range R, so plain absmax scaling
+wastes most exponents. The paper expands f(x) = sign(x) |x|^k with k = log R / log R_X, quantises f(x)/s to E4M3
+(s scales the group's max to 448) and inverts on read: x = sign(q) (|q| s)^(1/k).
 
-Form followed: the official code's (NVlabs/COAT, coat/optimizer/kernels/fp8_adamw_expand_cuda_kernel.cu), which
-fixes what the formula leaves open: each group is first divided by its geometric centre c = sqrt(max·min) (so
-the expanded values straddle 1 and stay in float32 range for any k), k is floored to a multiple of 1/16 (so
-R_X^k never exceeds the target), and a group keeps three float32 numbers: s, k and c. The package `fp8-coat`
-(PyPI) needs its CUDA extension `qoptim_cuda` and Triton, so it does not run on a CPU; this module is plain torch
-and runs anywhere float8 casts do. One deliberate difference: the official kernel targets R = 448²/2, which puts a
-group's smallest magnitudes into E4M3's subnormals (relative error up to ~1/4 there); genlab's default target is
-E4M3's normal range R = 448 / 2^-6 = 28672, so every stored element keeps E4M3's relative error (below).
-`target_range=OFFICIAL_RANGE` gives the official constant.
+Form followed: the official code (NVlabs/COAT, coat/optimizer/kernels/fp8_adamw_expand_cuda_kernel.cu): each group is
+first divided by its geometric centre c = sqrt(max·min) (float32 range for any k), k is floored to a multiple of 1/16
+and a group keeps s, k and c. Plain torch here (the `fp8-coat` package needs its CUDA extension). One deliberate
+difference: the official target R = 448²/2 puts a group's smallest magnitudes into E4M3's subnormals (relative error
+up to ~1/4); genlab's default is E4M3's normal range R = 448 / 2^-6 = 28672 (`target_range=OFFICIAL_RANGE` gives theirs).
 
-Error bound. Round-to-nearest E4M3 (3 mantissa bits) of a value in its normal range has relative error at most
-u = 2^-4. In the expanded domain q = (|x|/c)^k / s, so the read-back value is x̂ = x (q̂/q)^(1/k) with
-|q̂/q - 1| <= u, hence per element
+Error bound: E4M3 rounding of a normal value has relative error at most u = 2^-4, and x̂ = x (q̂/q)^(1/k), so
     |x̂/x - 1| <= (1 - u)^(-1/k) - 1          (≈ u/k for k >= 1; larger than u where k < 1, i.e. R_X > R)
-plus float32 rounding of the power and the scale (~1e-6 relative). Zeros are stored exactly.
-
-The update is torch AdamW's (decoupled weight decay p *= 1 - lr·wd, then p -= lr·m̂/(sqrt(v̂)+eps)) computed in
-float32 from the decoded moments, as in the official kernel; only the stored moments are FP8.
+plus float32 rounding (~1e-6 relative). Zeros are stored exactly. The update is torch AdamW's, in float32 from the
+decoded moments, as in the official kernel.
 """
 from __future__ import annotations
 
@@ -102,12 +92,10 @@ def param_step(p32, g, m_q, v_q, step, lr, *, beta1, beta2, eps, wd, group, targ
 
 
 class CoatAdamW(torch.optim.Optimizer):
-    """AdamW with both moments in E4M3 after dynamic range expansion, per group of `group_size` elements.
-
-    State per parameter: step, exp_avg / exp_avg_sq (float8 codes, flat), and per group exp_avg_scale, exp_avg_k,
-    exp_avg_centre (and the same for exp_avg_sq), float32. Parameters may be float32 or bf16 (updated in float32).
-    `compiled` (default: on CUDA) runs `param_step` through torch.compile with a symbolic length, one graph for every
-    parameter: eager, each parameter's update is ~40 small kernels."""
+    """AdamW with both moments in E4M3 after dynamic range expansion, per group of `group_size` elements. State per
+    parameter: step, exp_avg / exp_avg_sq (flat float8 codes) and per group their _scale, _k, _centre (float32).
+    `compiled` (default: on SM89+ CUDA) runs `param_step` through torch.compile with a symbolic length, one graph for
+    every parameter (eager: ~40 small kernels per parameter)."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, group_size: int = GROUP,
                  target_range: float = NORMAL_RANGE, compiled: bool | None = None):

@@ -1,18 +1,13 @@
 """One parameter-group policy for every optimizer.
 
-Weight decay: only the weights of Linear/Conv layers decay. Norm gains, biases, embedding tables,
-position tables, learned tokens and scalars do not (2-D embedding and position tables are excluded by
-their module type, not by ndim). A weight tied to an embedding (GPT's head) counts as the embedding.
+Weight decay: only Linear/Conv weights decay (by module type, not ndim: 2-D embedding and position tables do not);
+a weight tied to an embedding (GPT's head) counts as the embedding.
 
-Muon-style optimizers (Jordan et al. 2024) take the 2-D hidden matrices and AdamW the rest
-(`optim.muon_scope`):
-  hidden        Linear weights inside the backbone's `blocks`, adaLN modulations excluded (default)
-  hidden_adaln  the same with the adaLN modulation matrices
-  all_2d        every parameter with ndim >= 2 (heavyball MuonAdamW's own rule: embeddings and head too)
-Embeddings, the output head, the patch embedding and the timestep MLP are input/output maps, not hidden
-layers. adaLN modulations are zero-initialised (adaLN-Zero) and fed by a conditioning vector of few
-distinct values, so their gradient is low-rank; orthogonalising it spreads a unit-RMS step over directions
-the gradient never saw and breaks the identity-at-init of every block, so by default AdamW keeps them.
+Muon (Jordan et al. 2024) takes the hidden matrices, AdamW the rest (`optim.muon_scope`): `hidden` = Linear weights
+inside the backbone's `blocks` without adaLN modulations (default), `hidden_adaln` with them, `all_2d` every
+ndim >= 2 parameter (heavyball MuonAdamW's rule). adaLN modulations are zero-initialised and fed few distinct
+conditioning values, so their gradient is low-rank; orthogonalising it spreads a unit-RMS step over directions the
+gradient never saw and breaks each block's identity at init, so by default AdamW keeps them.
 """
 from __future__ import annotations
 

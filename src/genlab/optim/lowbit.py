@@ -1,12 +1,9 @@
-"""torchao's low-bit AdamW: moments stored blockwise in 8 bits (dynamic-tree quantisation, Dettmers et al. 2022,
-blocks of 256), 4 bits (Li et al. 2023, "Memory Efficient Optimizers with 4-bit States", blocks of 128) or float8
-e4m3 (blocks of 256), decoded to float32 for each update. Tensors under 4096 elements keep float32 moments (the
-bitsandbytes rule torchao follows). torchao compiles each parameter's update with torch.compile (a C++ compiler on
-the CPU, Triton on CUDA); the optimizers run on both.
+"""torchao's low-bit AdamW: moments blockwise in 8 bits (Dettmers et al. 2022), 4 bits (Li et al. 2023) or float8
+e4m3, decoded to float32 for each update (tensors under 4096 elements keep float32 moments); CPU and CUDA.
 
-Checkpoints: torchao keeps the moments as tensor subclasses (OptimState8bit, ...). genlab checkpoints hold plain
-tensors only (train/checkpoint.safe_load), so the state_dict stores each subclass as its inner tensors and
-attributes and loading rebuilds it, from a fixed table of the three classes (nothing named by the file is imported).
+torchao keeps the moments as tensor subclasses, genlab checkpoints plain tensors only (runtime/checkpoint.safe_load):
+the state_dict stores each subclass as its inner tensors and attributes, and loading rebuilds it from a fixed table
+of the three classes (nothing named by the file is imported).
 """
 from __future__ import annotations
 

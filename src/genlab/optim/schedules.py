@@ -39,8 +39,7 @@ DECAY_SHAPES = {"linear": lambda x: 1 - x, "1-sqrt": lambda x: 1 - math.sqrt(x)}
 
 
 def wsd_decay_start(total: int, ocfg) -> int:
-    keys = WsdKeys.of(ocfg)
-    return total - int(round(keys.decay_frac * total))
+    return total - int(round(WsdKeys.of(ocfg).decay_frac * total))
 
 
 class WsdKeys(cf.Keys, section="optim"):
@@ -52,14 +51,13 @@ class WsdKeys(cf.Keys, section="optim"):
                                       "optim.decay_frac of the steps decay to min_lr_ratio * lr (optim.decay_shape)",
                                keys=WsdKeys)
 def wsd(step, total, ocfg):
-    keys = WsdKeys.of(ocfg)
     if step < ocfg.warmup_steps:
         return _warmup(step, ocfg)
     start = wsd_decay_start(total, ocfg)
     if step < start:
         return 1.0
     progress = min(1.0, (step - start) / max(1, total - start))
-    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[keys.decay_shape](progress)
+    return ocfg.min_lr_ratio + (1 - ocfg.min_lr_ratio) * DECAY_SHAPES[WsdKeys.of(ocfg).decay_shape](progress)
 
 
 def warmup_limit(total: int, ocfg) -> int:

@@ -1,10 +1,8 @@
-"""A cached-block sampler in the spirit of Learning-to-Cache (Ma et al. 2024, arXiv:2406.01733), simple version:
-a block marked safe computes its residual contribution r = block(h) - h on one network evaluation and reuses it,
-h + r, on the next `every - 1` evaluations, instead of learning a router. Safe blocks are those whose contribution
-changes least between consecutive evaluations of a sampling pass (`block_change`) and keep the FD within a tolerance
-when cached (`search_cacheable`), or a list the user gives. The step-aware variant (`step_schedule`) picks
-(evaluation, block) pairs from the same measurement, as L2C's router is per timestep; it is read off one measured
-pass, not trained.
+"""A cached-block sampler in the spirit of Learning-to-Cache (Ma et al. 2024, arXiv:2406.01733), without a learned
+router: a safe block computes its residual r = block(h) - h on one network evaluation and reuses h + r on the next
+`every - 1`. Safe blocks change least between evaluations (`block_change`) and keep FD within a tolerance
+(`search_cacheable`), or the user lists them; `step_schedule` picks (evaluation, block) pairs, as L2C's per-timestep
+router does, read off one measured pass.
 """
 from __future__ import annotations
 
@@ -33,10 +31,9 @@ def _on_calls(model, fn):
 
 
 class BlockChange(dict):
-    """{block: mean relative change of its residual contribution between consecutive network evaluations}, and per
-    evaluation: `at[(k, block)]` the change from evaluation k - 1 to k of the pass (k counted from the pass's first
-    evaluation, `evaluations` of them per pass). With the output probe, `output_at[(k, block)]`: the relative change
-    of the model's output at evaluation k when that block alone reuses its residual from evaluation k - 1."""
+    """{block: mean relative change of its residual between consecutive evaluations}; `at[(k, block)]` the change from
+    evaluation k - 1 to k of the pass (`evaluations` per pass); with the output probe, `output_at[(k, block)]` the
+    relative change of the model's output at k when that block alone reuses its residual from k - 1."""
 
     def __init__(self):
         super().__init__()
@@ -53,11 +50,9 @@ class BlockChange(dict):
 
 @contextmanager
 def block_change(model, output_probe: bool = False):
-    """Yields a BlockChange, ||r_k - r_(k-1)|| / ||r_(k-1)|| per block, filled while the model samples inside the
-    context (one sampling pass: the evaluation index k runs from the pass's first evaluation). `output_probe`: after
-    each evaluation the model runs once more per block with that block reusing its previous residual, and the
-    relative change of the output is recorded (what one reuse costs after the later blocks, `depth` extra forwards
-    per evaluation)."""
+    """Yields a BlockChange, ||r_k - r_(k-1)|| / ||r_(k-1)|| per block, filled while the model samples one pass inside
+    the context. `output_probe`: after each evaluation the model runs once more per block with that block reusing
+    its previous residual (what one reuse costs after the later blocks; `depth` extra forwards per evaluation)."""
     prev: dict[int, tuple] = {}
     last: dict[int, tuple] = {}  # the residuals of the previous evaluation, for the probe
     sums: dict[int, list[float]] = {}
@@ -121,13 +116,11 @@ def block_change(model, output_probe: bool = False):
 
 
 def step_schedule(change: BlockChange, share: float, depth: int) -> dict[int, frozenset[int]]:
-    """A step-aware plan in the spirit of Learning-to-Cache's per-timestep router, read off one measured pass instead
-    of learned: `share` of the pass's block evaluations reuse, picked greedily by the drift they add. Block i reused
-    at evaluation k serves the residual of its last computed evaluation c, off by about the sum of its changes
-    c+1..k (the triangle inequality), so a pair's cost is that drift, plus the same amount again for each reuse right
-    after it in the block's run (their residual now comes from c too). Reusing one block at every evaluation because
-    its single-step change is small is thereby priced as what it is: an ever staler residual.
-    {k: blocks that reuse their last residual at evaluation k}; evaluation 0 always computes."""
+    """{k: blocks that reuse their last residual at evaluation k} (evaluation 0 always computes): `share` of the pass's
+    block evaluations, picked greedily by the drift they add. Block i reused at k serves the residual of its last
+    computed evaluation c, off by about the sum of its changes c+1..k (triangle inequality), so a pair costs that
+    drift, plus as much again for each reuse right after it in the block's run: an ever staler residual is priced
+    as such, not by its single-step change."""
     import heapq
     e = change.evaluations
     n = int(round(share * e * depth))
@@ -187,10 +180,9 @@ def pick_cacheable(change: dict[int, float], k: int) -> list[int]:
 
 
 def search_cacheable(change: dict[int, float], tol: float, score) -> tuple[list[int], list[dict]]:
-    """The blocks that are safe to cache, by measurement: in order of least change (ties: the lower index), a block
-    joins the set when sampling with the set plus it keeps FD within `tol` x the unskipped FD; one that does not is
-    left out and the walk goes on (a later, cheaper block may still join). `score(blocks)` samples with those blocks
-    cached and returns its metrics with `fd_ratio`: one scored pass per block. Returns the set and the trail."""
+    """(the blocks safe to cache, the trail): in order of least change (ties: lower index), a block joins when the set
+    plus it keeps FD within `tol` x the uncached FD, else the walk goes on; `score(blocks)` samples with those blocks
+    cached and returns its metrics with `fd_ratio` (one scored pass per block)."""
     kept, trail = [], []
     for i in sorted(change, key=lambda i: (change[i], i)):
         trial = sorted(kept + [i])
@@ -206,11 +198,10 @@ def search_cacheable(change: dict[int, float], tol: float, score) -> tuple[list[
 @contextmanager
 def cached_blocks(model, indices, every: int = 2, schedule: dict[int, frozenset[int]] | None = None,
                   period: int = 0):
-    """Within the context the blocks at `indices` recompute on every `every`-th network evaluation and reuse their
-    last residual contribution in between (a batch of another shape, e.g. CFG outside its interval, recomputes).
-    With a `schedule` ({k: blocks}, see step_schedule) instead, block i reuses at evaluation k of each pass of
-    `period` evaluations exactly when i is in schedule[k]. Yields counters {"computed", "reused"} of the wrapped
-    blocks. The weights are untouched; on exit the blocks are as before."""
+    """Inside, the blocks at `indices` recompute on every `every`-th network evaluation and reuse their last residual
+    in between (a batch of another shape, e.g. CFG outside its interval, recomputes); with a `schedule` ({k: blocks},
+    step_schedule) block i reuses at evaluation k of each `period` exactly when i is in schedule[k]. Yields counters
+    {"computed", "reused"}; on exit the blocks are as before."""
     state = {"call": -1, "computed": 0, "reused": 0}
     saved: dict[int, tuple] = {}
     if schedule is not None:
@@ -225,7 +216,6 @@ def cached_blocks(model, indices, every: int = 2, schedule: dict[int, frozenset[
         return state["call"] % every != 0
 
     def wrap(i, run, n):
-
         def forward(*args, **kw):
             inputs = args[:n]
             r = saved.get(i)

@@ -2,6 +2,7 @@
 `genlab sample`, `genlab eval` and the Python API."""
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -20,12 +21,9 @@ def eval_context(cfg, device, run_dir, **extra) -> dict:
 
 def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
                   batch=256, desc="sampling", post=None, per_step: bool | None = None) -> torch.Tensor:
-    """Images in [-1, 1], [n, C, H, W], drawn by `method.sample` in batches of `batch` labels; progress per sampler
-    step where the method's sample() takes a callback (flow's ODE/SDE samplers), else per image. `post` maps each
-    batch (e.g. to uint8 pixels on the CPU, so thousands of evaluation samples never sit on the device as floats);
-    per_step=False counts images even where steps could be counted (evaluation: one line per phase in images).
-    A method trained on autoencoder latents (its data spec names a `codec`, data/latents.py) samples latents; each
-    batch is decoded to pixels here, before `post`, so every front end sees images."""
+    """Images in [-1, 1], [n, C, H, W], drawn by `method.sample` in batches of `batch` labels (latents decoded here,
+    before `post`). Progress per sampler step where sample() takes a callback, else (or per_step=False) per image.
+    `post` maps each batch (e.g. to uint8 pixels on the CPU, so evaluation samples never sit on the device)."""
     if per_step is None:
         per_step = "callback" in inspect.signature(method.sample).parameters
     steps = steps or method.mcfg.sample_steps
@@ -52,18 +50,15 @@ def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor
                          desc=desc, post=lambda x: to_pixels(x).cpu(), per_step=False)
 
 
-_CODECS: dict = {}  # (codec spec, device) -> the frozen decoder, built once per process
+@functools.cache  # the frozen decoder, built once per process
+def _codec(spec: str, device: str):
+    return load_autoencoder(spec, torch.device(device))
 
 
 def codec_of(spec: dict, device):
     """The autoencoder a latent data spec records (None for pixel data), on `device`."""
     desc = spec.get("codec") if isinstance(spec, dict) else None
-    if not desc:
-        return None
-    key = (desc["spec"], str(device))
-    if key not in _CODECS:
-        _CODECS[key] = load_autoencoder(desc["spec"], device)
-    return _CODECS[key]
+    return _codec(desc["spec"], str(device)) if desc else None
 
 
 def decode_latents(method, x: torch.Tensor) -> torch.Tensor:

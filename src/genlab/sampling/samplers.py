@@ -1,10 +1,8 @@
 """Samplers for flow matching as small pure functions of a velocity field, and their step schedules.
 
-`velocity(x, t, **extra_args) -> v` where t is a [B] tensor; the path runs from t=0 (noise) to t=1 (data);
-`extra_args` (conditioning: classes, a step size, ...) pass through to the model untouched, as in k-diffusion.
-`callback(i, t, x, denoised)` is called after every step (pictures, progress) with the data estimate
-x_t + (1 - t) v of the step's start point. the registry spec's `nfe_per_step` is the
-number of velocity evaluations per step (the NFE of a run is steps * nfe_per_step).
+`velocity(x, t, **extra_args) -> v` with t a [B] tensor, from t=0 (noise) to t=1 (data); `extra_args` (classes, a
+step size, ...) pass to the model untouched, as in k-diffusion. `callback(i, t, x, denoised)` follows every step with
+the data estimate x_t + (1 - t) v of the step's start point. NFE of a run = steps * the spec's `nfe_per_step`.
 """
 import inspect
 from dataclasses import dataclass
@@ -174,10 +172,10 @@ def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise:
 
 
 # -- few-step samplers: one network call per step -------------------------------------------------------
-# flow_map: the model, given the step size d = t_{i+1} - t_i as its `d` input, returns the average velocity over
-# the step, so x_{i+1} = x_i + d * u(x_i, t_i, d) (shortcut models, MeanFlow); exact for any N when u is exact.
-# consistency: the data estimate x1 = x + (1 - t) v (the flow parametrisation of a consistency function, identity
-# at t = 1) is re-noised with fresh noise, x_{i+1} = (1 - t_{i+1}) z + t_{i+1} x1 (Song et al. 2023, Alg. 1).
+# flow_map: the model, given the step size d as its `d` input, returns the average velocity over the step:
+# x_{i+1} = x_i + d * u(x_i, t_i, d) (shortcut models, MeanFlow), exact for any N when u is exact.
+# consistency: the data estimate x1 = x + (1 - t) v is re-noised, x_{i+1} = (1 - t_{i+1}) z + t_{i+1} x1
+# (Song et al. 2023, Alg. 1).
 @sampler_registry.register("flow_map", "x + d * u(x, t, d): one call per step of size d (the model is trained with the "
                                        "step size as its input `d`: shortcut, MeanFlow)", condition="d")
 @torch.no_grad()

@@ -3,8 +3,9 @@
 Every entry builds a `LatentCodec`: `encode` maps images in [-1, 1] [B, C, H, W] to *normalised* latents
 z = (raw - shift) * scale [B, c, H/f, W/f] (the convention of the SD/SDXL/SD3 VAEs' scaling_factor and
 shift_factor, so a diffusion model sees roughly unit-variance inputs); `decode` inverts it back to [-1, 1].
-Entries live in the modules of this package and register themselves; `describe()` is what a latent dataset
-stores to rebuild the same codec for decoding.
+`describe()` is what a latent dataset stores to rebuild the same codec for decoding. `unshuffle:F` (here) is the
+lossless, weight-free codec that folds each F x F pixel patch into channels: a reference point for latent runs and
+the exact inverse the latent pipeline's tests check against.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry, Spec, spec_with_arg
@@ -68,25 +70,44 @@ class LatentCodec(nn.Module):
                 "factor": self.factor, "scale": self.scale, "shift": self.shift}
 
 
-def parse_spec(value: str) -> tuple[str, str]:
-    """'diffusers:/models/sd-vae' -> ('diffusers', '/models/sd-vae'); 'unshuffle:2' -> ('unshuffle', '2')."""
-    name, _, arg = str(value).partition(":")
-    return name, arg
-
-
-def check_autoencoder(value: str) -> None:
-    """A one-line GenlabError, before any work, when `value` names no registered autoencoder or lacks its file."""
+def check_autoencoder(value: str) -> tuple[str, AutoencoderSpec]:
+    """(ARG, spec) of 'NAME[:ARG]'; a one-line GenlabError, before any work, for an unknown name or a missing file."""
     _, arg, spec = spec_with_arg(autoencoder_registry, value, "autoencoder")
     if spec.check is not None:
         spec.check(arg)
+    return arg, spec
 
 
 def load_autoencoder(value: str, device="cpu") -> LatentCodec:
     """Build the frozen codec named by `value` (eval mode, no grads) on `device`."""
-    check_autoencoder(value)
-    name, arg = parse_spec(value)
-    codec = autoencoder_registry.get(name)(arg, device)
-    return codec.to(device).eval().requires_grad_(False)
+    arg, spec = check_autoencoder(value)
+    return spec.builder(arg, device).to(device).eval().requires_grad_(False)
+
+
+class Unshuffle(LatentCodec):
+    def encode_raw(self, x):
+        return F.pixel_unshuffle(x, self.factor)
+
+    def decode_raw(self, z):
+        return F.pixel_shuffle(z, self.factor)
+
+    def latent_shape(self, c, h, w):  # any channel count folds (channels = 0 in its description)
+        _, h2, w2 = LatentCodec.latent_shape(self, self.channels, h, w)
+        return c * self.factor ** 2, h2, w2
+
+
+def _factor(arg: str) -> int:
+    if not arg.isdigit() or int(arg) < 1:
+        raise GenlabError(f"autoencoder unshuffle:F needs a positive integer factor F, got '{arg}'")
+    return int(arg)
+
+
+@autoencoder_registry.register("unshuffle", "fold F x F pixel patches into channels (lossless, no weights)",
+                               arg="F", check=_factor)
+def build_unshuffle(arg, device):
+    f = _factor(arg)
+    return Unshuffle(f"unshuffle:{f}", channels=0, latent_channels=0, factor=f)
+
 
 # the modules that register components (core.registry.load_entries imports this package: explicit imports, no scan)
-from genlab.nn.autoencoders import diffusers_vae, unshuffle  # noqa: F401,E402
+from genlab.nn.autoencoders import diffusers_vae  # noqa: F401,E402

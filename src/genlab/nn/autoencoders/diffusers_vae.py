@@ -1,17 +1,12 @@
-"""`diffusers:PATH`: a diffusers `AutoencoderKL` (the SD 1.x/2.x, SDXL and SD3/FLUX-style VAEs, and any other
-checkpoint of that class) from a local folder as `save_pretrained` writes it: config.json +
-diffusion_pytorch_model.safetensors. Nothing is downloaded, and loading never runs code: the weights must be
-safetensors; a folder with only pickled weights (.bin, .ckpt, .pt) is refused (convert it once with
-`AutoencoderKL.from_pretrained(path).save_pretrained(path, safe_serialization=True)` where you trust it).
+"""`diffusers:PATH`: a diffusers `AutoencoderKL` (SD 1.x/2.x, SDXL, SD3/FLUX-style VAEs) from a local folder as
+`save_pretrained` writes it: config.json + diffusion_pytorch_model.safetensors. Nothing is downloaded and loading
+runs no code: pickled weights (.bin, .ckpt, .pt) are refused (convert them once with `AutoencoderKL.from_pretrained(
+path).save_pretrained(path, safe_serialization=True)` where you trust them). scale = config.scaling_factor, shift =
+config.shift_factor (0 when absent), so z = (mean - shift) * scale as SD3/FLUX pipelines do.
 
-Normalisation: scale = config.scaling_factor, shift = config.shift_factor (0 when the config has none, as in the
-SD/SDXL VAEs), so z = (mean - shift) * scale as SD3/FLUX pipelines do.
-
-encode returns the posterior *mean*, not a sample. These VAEs are trained with a KL weight of ~1e-6, so the
-posterior std is small next to the spread of the latents and a sample is the mean plus a little noise; the mean
-makes `genlab data encode` deterministic, exactly resumable and the same on every rank. (DiT's training script
-samples the posterior at every step; a precomputing pipeline can sample once or store mean and std to sample per
-epoch. A codec that needs the std can read it from `posterior(x)`.)
+encode returns the posterior *mean*, not a sample: with a KL weight of ~1e-6 the posterior std is small next to the
+latents' spread, and the mean makes `genlab data encode` deterministic, resumable and the same on every rank (DiT
+samples the posterior every step; a codec that needs the std reads it from `posterior(x)`).
 """
 from __future__ import annotations
 
