@@ -45,8 +45,8 @@ def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, 
                per_test: int | None, log: Path) -> dict:
     """pytest -v over the selection's items k, k + n, ... (this module as a plugin picks them: the same items as
     `ids`) on one GPU, stopped (SIGTERM, then SIGKILL) at `limit` seconds; outcomes read per line."""
-    # unbuffered: a pipe makes the stream's stdout block-buffered, and a stream stopped by the limit then reported
-    # nothing at all (four H200 streams, 2026-11-28: empty logs after 460 s)
+    # unbuffered: to a pipe, Python block-buffers stdout, so a stream stopped by the limit can lose its last lines
+    # (three H200 streams on 2026-11-28 left empty logs after 460 s; buffering or a hang in collection, not known)
     env = dict(env, GENLAB_TEST_STREAM=f"{k}/{n}", PYTHONUNBUFFERED="1",
                **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
     timeout = ["--timeout", str(per_test)] if per_test else []
