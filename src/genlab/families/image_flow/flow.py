@@ -137,14 +137,16 @@ class FlowMatching(Method):
 
     def noised(self, model, data, y, generator, step):
         """(t, noise, x_t, labels with class dropout) for one batch, drawn in this order from `generator`."""
-        B = data.shape[0]
-        t = self.draw_t(B, generator, data.device, step)
+        t = self.draw_t(data.shape[0], generator, data.device, step)
         noise = torch.randn(data.shape, generator=generator, device=data.device, dtype=data.dtype)
-        x_t = interpolate(noise, data, t)
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=generator, device=data.device) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
-        return t, noise, x_t, y
+        return t, noise, interpolate(noise, data, t), self.drop_labels(model, y, generator)
+
+    def drop_labels(self, model, y, generator):
+        """Labels dropped to the null class at model.class_dropout (what trains the unconditional velocity of CFG)."""
+        if self.class_dropout <= 0:
+            return y
+        drop = torch.rand(len(y), generator=generator, device=y.device) < self.class_dropout
+        return torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
 
     def loss(self, model, batch, ctx):
         generator = ctx.generator
