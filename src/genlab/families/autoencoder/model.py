@@ -1,15 +1,8 @@
 """A convolutional image autoencoder in the style of the Stable Diffusion VAE (Rombach et al. 2022, LDM's
-`AutoencoderKL`): ResNet blocks with GroupNorm and SiLU, one strided-conv downsampling per resolution level,
-a mid block with single-head self-attention, and a bottleneck of `model.latent_channels` channels at 1 / 2^k of
-the image side (k = len(model.channel_mult) - 1). The decoder mirrors it with nearest-neighbour upsampling.
-
-Bottleneck `kl`: the encoder gives the mean and log-variance of a diagonal Gaussian posterior q(z|x) (LDM's
-DiagonalGaussianDistribution, log-variance clamped to [-30, 20]); training decodes a sample, encoding for
-diffusion reads the mean. `plain`: a deterministic latent (no KL term).
-
-Widths: model.dim is the base width (level i has dim * channel_mult[i] channels), model.depth the ResNet blocks
-per level (the decoder has one more, as SD's). SD's VAE is model.size=sd (128, 2 blocks) with
-model.channel_mult=1,2,4,4 (factor 8). Trained by `method.name=autoencoder` (families/autoencoder/method.py).
+`AutoencoderKL`): GroupNorm/SiLU ResNet blocks, one strided-conv downsampling per level, a single-head attention mid
+block, `model.latent_channels` at 1 / 2^(len(channel_mult) - 1) of the side; the decoder mirrors it (one more block
+per level, as SD's). Bottleneck `kl`: a diagonal Gaussian posterior (log-variance clamped to [-30, 20], as LDM's);
+`plain`: a deterministic latent. SD's VAE is model.size=sd with model.channel_mult=1,2,4,4.
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748).
-
-The backbone maps (noisy image, t, class) -> an image-shaped output. It knows nothing of noise
-schedules: the method decides what goes in and what the output means.
+"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748), and the stem, blocks and
+spec the other image backbones share. It maps (noisy image, t, class) -> an image-shaped output; the method says what
+they mean.
 """
 from __future__ import annotations
 

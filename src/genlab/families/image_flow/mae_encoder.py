@@ -1,14 +1,8 @@
-"""A small masked autoencoder of the dataset's own images (He et al. 2021, arXiv:2111.06377), trained by
-`genlab train mnist_mae_encoder`, for REPA to align to (`method.repa_encoder=run:RUN`).
-
-The backbone is the MaskDiT model (families/image_flow/maskdit_backbone.py), which already is MAE's asymmetric encoder-decoder: the encoder
-blocks see a random `1 - method.mae_mask_ratio` share of the patch tokens, the decoder every position with the dropped
-ones as a learned mask token. Its time and class inputs are held constant (t = 1, the clean image; the null class), so
-it is a plain MAE. The loss is MAE's norm-pix reconstruction of the masked patches:
+"""A small masked autoencoder of the dataset's images (He et al. 2021, arXiv:2111.06377) for REPA to align to
+(`method.repa_encoder=run:RUN`). The backbone is MaskDiT's, already MAE's asymmetric encoder-decoder, with t = 1 and
+the null class held constant; the loss is MAE's norm-pix reconstruction of the masked patches:
 
     loss = mean over masked patches p of |decoder(x)_p - norm(x_p)|^2,   norm: per patch zero mean, unit variance
-
-REPA reads the encoder's last block (repa_encoders.RunEncoder) on all tokens, as MAE's features are read.
 """
 from __future__ import annotations
 

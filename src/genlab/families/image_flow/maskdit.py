@@ -1,16 +1,12 @@
 """MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305).
 
-Each training sample keeps K = int(N * (1 - mask_ratio)) of its N patch tokens (the paper's `len_keep`), drawn
-uniformly without replacement; the backbone's encoder sees only those (families/image_flow/maskdit_backbone.py), its decoder every
-position, the dropped ones as a learned mask token. With V the visible and M the masked patches of a sample:
+Each sample keeps K = int(N * (1 - mask_ratio)) tokens (the paper's `len_keep`) for the encoder; with V the visible
+and M the masked patches:
 
     loss = mean_V |v_theta(x_t)_p - (data - noise)_p|^2  +  mae_weight * mean_M |v_theta(x_t)_p - norm(x_t)_p|^2
 
-The first term is genlab's flow-matching loss restricted to the visible patches; the second is MAE's
-reconstruction of the masked patches of the model's *input*, the noisy image x_t, each patch normalised to zero
-mean and unit variance (the official code's `mae_loss(..., norm_pix_loss=True)` on y + n). The last
-`method.unmask_steps` steps are the paper's unmasked fine-tune: every token, MAE term off, i.e. plain flow
-matching. Sampling, evaluation and checkpoints are flow matching's: the model sees every token there.
+the second term reconstructing the model's noisy *input* (the official `mae_loss(..., norm_pix_loss=True)` on y + n).
+The last `method.unmask_steps` are the paper's unmasked fine-tune (plain flow matching, as sampling is).
 """
 from __future__ import annotations
 

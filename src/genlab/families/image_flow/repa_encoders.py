@@ -1,16 +1,6 @@
-"""The frozen encoders REPA aligns to, chosen by `method.repa_encoder=NAME[:ARG]` (registry `repa_encoder`).
-
-Each maps clean images in [-1, 1] [B, C, H, W] to features on the DiT's patch grid [B, grid^2, D]:
-
-    random        a frozen randomly initialised conv net (tests, ablations; no pretraining)
-    classifier    the in-project feature CNN of eval/classifier.py, trained on the dataset and cached
-    run:RUN       the last block's tokens of a trained genlab run's model at t = 1 (clean data), null class: the
-                  masked autoencoder of `genlab train mnist_mae_encoder` (families/image_flow/mae_encoder.py), or any DiT run
-    timm:MODEL    a timm model with weights from method.repa_encoder_path (.safetensors, or .pt/.pth/.bin read with
-                  weights_only: loading runs no code); ViT patch tokens without the prefix (class/register) tokens
-
-Features on another grid than the DiT's are average-pooled (or bilinearly upsampled) onto it; the paper instead
-resizes the input so the encoder's grid equals the DiT's (DINOv2-B/14 at 224 px: 16 x 16, SiT-XL/2 at 256 px).
+"""The frozen encoders REPA aligns to (`method.repa_encoder=NAME[:ARG]`, registry `repa_encoder`): clean images in
+[-1, 1] -> features on the DiT's patch grid [B, grid^2, D] (random, classifier, run:RUN, timm:MODEL; docs/image_flow.md).
+Another grid is pooled (or upsampled) onto the DiT's; the paper resizes the input instead.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019):
-next-byte cross-entropy, bits per dimension on held-out images, whole-image sampling, completion of
-partly given images (their pictures and the attention pictures: render.py).
-
-Batches come from the image loader (float [-1, 1], exactly u8 / 127.5 - 1), so the bytes are recovered
-by rounding. bits/dim = mean NLL over every byte of every image / ln 2; a uniform model scores 8.
+"""Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019): next-byte
+cross-entropy, bits/dim (a uniform model scores 8), sampling and completion. Batches are float [-1, 1], exactly
+u8 / 127.5 - 1, so the bytes are recovered by rounding.
 """
 from __future__ import annotations
 

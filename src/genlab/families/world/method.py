@@ -1,18 +1,10 @@
-"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399).
+"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399); docs/world.md.
 
-A batch is a window of frames [B, L+H, C, H, W] and the actions taken on them. The model denoises
-frame j given frames j-L..j-1 and actions j-L..j-1 (actions[t] leads from frame t to t+1).
-
-- objective: an entry of the `world_objective` registry chosen by method.objective: `flow` (rectified flow),
-  `edm` (Karras et al. 2022 preconditioning, DIAMOND's choice) or `l1` (one-step regression from noise, the
-  users' GAN setting); method.adv_weight > 0 adds the adversarial term of a patch discriminator to any of them.
-- residual: the diffused quantity is the target minus the clean last context frame, so with prediction x
-  (flow's default) an output of zero is exactly the last frame, whatever the noise.
-- context noise augmentation: the context frames get Gaussian noise of a random level that the model is
-  told, so at rollout time it tolerates its own imperfect frames.
-- schedule: teacher-forced until `closed_loop_start` of training, then closed-loop: the context of the
-  trained frame contains up to h-1 frames the model generated itself (no gradient through them), with h
-  drawn up to a maximum that grows linearly to data.horizon by the end of training.
+A batch is a window of frames [B, L+H, C, H, W] and actions (actions[t] leads from frame t to t+1); frame j is
+denoised from frames and actions j-L..j-1 by a `world_objective` (objectives.py). The diffused quantity is the
+target minus the last context frame (an output of zero at x prediction is exactly the last frame); the context gets
+noise of a level the model is told (robust rollouts); after `closed_loop_start` the context holds up to h-1 frames
+the model generated itself, h growing linearly to data.horizon.
 """
 from __future__ import annotations
 
