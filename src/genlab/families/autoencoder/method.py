@@ -170,7 +170,6 @@ class Autoencoder(Method):
         return [Baseline("rec_l1", mean_image_l1(training_images(data, generator, self.cfg.data.hflip)),
                          "L1 of reconstructing the per-pixel mean image")]
 
-    # -- evaluation and pictures -----------------------------------------------------------------------------
     def _dataset(self, cfg):
         if self._data is None:
             self._data = build_dataset(cfg.data)

@@ -204,11 +204,6 @@ def channel_mult(cfg_model) -> tuple[int, ...]:
     return tuple(int(m) for m in mult)
 
 
-def sizes_of(cfg_model) -> tuple[int, int, int]:
-    dim, depth, heads = AE_SIZES.get(cfg_model.size, AE_SIZES["tiny"])
-    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
-
-
 def check_image_size(side: int, mult) -> None:
     f = 2 ** (len(mult) - 1)
     if side % f:
@@ -227,22 +222,22 @@ def check_autoencoder_model(cfg, dim, heads, depth):
         check_image_size(shape["image_size"], mult)
 
 
-def example() -> ModelExample:
-    return ModelExample(
-        spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
-        inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),),
-        output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
-        option_cases={"bottleneck": ["plain"], "channel_mult": [(1.0, 2.0)]})
+AE_EXAMPLE = ModelExample(
+    spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
+    inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),),
+    output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
+    option_cases={"bottleneck": ["plain"], "channel_mult": [(1.0, 2.0)]})
 
 
 @model_registry.register("autoencoder_kl", "SD-VAE-style conv autoencoder (ResNet blocks, GroupNorm, SiLU, mid "
                                            "attention), kl or plain bottleneck, factor 2^(levels-1): "
                                            "method.name=autoencoder", keys=AeKeys, family="autoencoder",
-                         sizes=AE_SIZES, example=example(), check=check_autoencoder_model)
+                         sizes=AE_SIZES, example=AE_EXAMPLE, check=check_autoencoder_model)
 def build_autoencoder_kl(cfg_model, data_spec) -> AutoencoderKL:
     keys = AeKeys.of(cfg_model)
     mult = channel_mult(cfg_model)
     check_image_size(data_spec["image_size"], mult)
-    dim, depth, heads = sizes_of(cfg_model)
+    dim, depth, heads = AE_SIZES.get(cfg_model.size, AE_SIZES["tiny"])
+    dim, depth, heads = cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
     return AutoencoderKL(data_spec["channels"], data_spec["image_size"], dim, mult, depth, heads,
                          keys.latent_channels, keys.bottleneck)

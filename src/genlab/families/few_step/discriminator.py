@@ -140,19 +140,6 @@ class FeatureTap:
         return feats
 
 
-def build_heads(teacher: nn.Module, mcfg, num_classes: int) -> TeacherHeads:
-    keys = DiscKeys.of(mcfg)
-    base = unwrap(teacher)
-    return TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
-                        base.num_tokens)
-
-
-def disc_extra(heads: TeacherHeads, mcfg) -> Extra:
-    """The heads as a trainable extra with their own optimizer "disc" (method.tdisc_lr, method.tdisc_betas)."""
-    keys = DiscKeys.of(mcfg)
-    return Extra(heads, trainable=True, optimizer="disc", lr=keys.tdisc_lr or None, betas=tuple(keys.tdisc_betas))
-
-
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
     """t' = t_end - width (1 - s), s = sigmoid(N(tdisc_t_mean, tdisc_t_std)): within `width` below t_end, toward noise."""
     keys = DiscKeys.of(mcfg)
@@ -208,8 +195,10 @@ class Adversary:
 
 
 def add_discriminator(extras: dict, mcfg, num_classes: int) -> Adversary:
-    """Heads on the frozen teacher's features as the trainable extra "disc" (pcm's adversarial option, ladd); returns
-    the Adversary that scores with them."""
-    heads = build_heads(extras["teacher"].module, mcfg, num_classes)
-    extras["disc"] = disc_extra(heads, mcfg)
+    """Heads on the frozen teacher's features as the trainable extra "disc" with its own optimizer (method.tdisc_lr,
+    tdisc_betas; pcm's adversarial option, ladd); returns the Adversary that scores with them."""
+    keys, base = DiscKeys.of(mcfg), unwrap(extras["teacher"].module)
+    heads = TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
+                         base.num_tokens)
+    extras["disc"] = Extra(heads, trainable=True, optimizer="disc", lr=keys.tdisc_lr or None, betas=tuple(keys.tdisc_betas))
     return Adversary(heads.blocks)

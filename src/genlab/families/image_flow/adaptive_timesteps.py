@@ -56,7 +56,6 @@ class AdaptiveTimesteps(nn.Module):
         g = torch.Generator(device=p.device).manual_seed(self.seed * 1_000_003 + step)
         return torch.multinomial(p, 1, generator=g)[0]
 
-    # -- the REINFORCE update -------------------------------------------------------------------------
     def reinforce(self, b: torch.Tensor, reward: torch.Tensor):
         """logits += lr * (A * d log p(b) / d logits + entropy * dH / d logits), with A the reward standardised
         by running statistics and H the entropy of softmax(logits)."""

@@ -189,20 +189,21 @@ class DiT(nn.Module):
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = combine(embed_conditions(self, t, y, conditions))
-        h = self.run_blocks(h, c, self.pos.rope(), TokenGrid(0, self.grid, self.grid))
+        h = self.run_blocks(h, c, rope=self.pos.rope(), grid=TokenGrid(0, self.grid, self.grid))
         if loss_target is not None:  # the target goes to the patch layout (no gradient), not the output to the image's
             return final_kernel_registry.get(s.final_kernel)(self.final, h, c, patchify(loss_target, s.patch_size),
                                                              loss_weight)
         out = self.final(h, c)
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
-    def run_blocks(self, h, c, rope, grid):
-        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only."""
+    def run_blocks(self, h, *c, rope=None, grid=None):
+        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only, the in-context
+        DiT with no condition vector `c`."""
         saved = {}
         for i, block in enumerate(self.blocks):
             if i in self.skips.source:
                 h = self.skips.merge(i, h, saved.pop(self.skips.source[i]))
-            h = block(h, c, rope=rope, grid=grid)
+            h = block(h, *c, rope=rope, grid=grid)
             if i in self.skips.sources:
                 saved[i] = h
         return h

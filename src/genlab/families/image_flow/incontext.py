@@ -15,6 +15,7 @@ from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
     DitKeys,
     IMAGE_BACKBONE,
+    DiT,
     DiTSpec,
     add_image_stem,
     depatchify,
@@ -68,16 +69,8 @@ class InContextDiT(nn.Module):
         self.final_norm = nn.Identity() if s.ln_placement == "post" else norm_registry.get(s.norm)(s.dim, eps=1e-6)
         self.head = nn.Linear(s.dim, p * p * s.channels)
         self.residual_dtype = residual_registry.get(s.residual)
-        for name, m in self.named_modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-        nn.init.normal_(self.y_embed.weight, std=0.02)
-        for m in self.t_embed.mlp:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.02)
+        DiT._init_weights(self)
         nn.init.zeros_(self.head.weight)  # zero velocity at init, as DiT's zero-initialised final layer
-        self.skips.reset_parameters()
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
         s = self.spec
@@ -86,13 +79,7 @@ class InContextDiT(nn.Module):
         k = cond.shape[1]
         h = torch.cat([cond, h], dim=1)
         rope, grid = prefix_rope(self.pos.rope(), k), TokenGrid(k, self.grid, self.grid)
-        saved = {}
-        for i, block in enumerate(self.blocks):
-            if i in self.skips.source:
-                h = self.skips.merge(i, h, saved.pop(self.skips.source[i]))
-            h = block(h, rope=rope, grid=grid)
-            if i in self.skips.sources:
-                saved[i] = h
+        h = DiT.run_blocks(self, h, rope=rope, grid=grid)
         out = self.head(self.final_norm(h[:, k:]))
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 

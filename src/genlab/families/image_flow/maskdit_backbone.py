@@ -62,7 +62,7 @@ class MaskDiT(DiT):
                                   "per-sample tables: use sincos2d or learned")
             h = h.gather(1, keep.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
             grid = None  # the visible tokens are no longer a grid (a grid MLP is refused by the method's check)
-        h = self.run_blocks(h, c, rope, grid)
+        h = self.run_blocks(h, c, rope=rope, grid=grid)
         h = self.decoder_in(h, c).to(self.residual_dtype(x_t))  # the decoder's residual stream in the encoder's dtype
         if keep is not None:
             full = self.mask_token.to(h.dtype).expand(h.shape[0], self.num_tokens, -1)

@@ -38,12 +38,6 @@ repa_encoder_registry = Registry("repa_encoder", RepaEncoderSpec)
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
-def parse_encoder(value: str) -> tuple[str, str]:
-    """'timm:vit_small_patch14_dinov2' -> ('timm', 'vit_small_patch14_dinov2'); 'classifier' -> ('classifier', '')."""
-    name, _, arg = str(value).partition(":")
-    return name, arg
-
-
 def check_encoder(cfg) -> None:
     """method.repa_encoder names a registered encoder, with the argument and files it needs: one line, before work."""
     _, arg, spec = spec_with_arg(repa_encoder_registry, cfg.method.repa_encoder, "method.repa_encoder")
@@ -52,7 +46,7 @@ def check_encoder(cfg) -> None:
 
 
 def build_encoder(cfg, data_spec, grid: int) -> nn.Module:
-    name, arg = parse_encoder(cfg.method.repa_encoder)
+    name, _, arg = str(cfg.method.repa_encoder).partition(":")  # 'timm:vit_small_patch14_dinov2', 'classifier'
     return repa_encoder_registry.get(name)(arg, cfg, data_spec, grid)
 
 
@@ -99,15 +93,10 @@ class ConvEncoder(_Frozen):
         return to_grid(self.features(x), self.grid)
 
 
-def conv_features(channels: int) -> nn.Sequential:
-    """The convolutional trunk of eval/classifier.SmallConvNet (strides 1, 2, 2; 128 channels out)."""
-    return SmallConvNet(channels, 2).features[:6]
-
-
 @repa_encoder_registry.register("random", "a frozen randomly initialised conv net (no pretraining: tests, ablations)")
 def build_random(arg, cfg, spec, grid):
-    # initialised from the seeded global RNG, then frozen
-    return ConvEncoder(conv_features(spec["channels"]), spec["channels"], spec["image_size"], grid)
+    # SmallConvNet's trunk (strides 1, 2, 2; 128 channels out), initialised from the seeded global RNG, then frozen
+    return ConvEncoder(SmallConvNet(spec["channels"], 2).features[:6], spec["channels"], spec["image_size"], grid)
 
 
 @repa_encoder_registry.register("classifier", "the in-project feature CNN (eval/classifier.py), trained on the "

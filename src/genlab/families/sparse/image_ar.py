@@ -87,7 +87,6 @@ class ImageAR(Method):
         what = "per-position byte entropy of the training images"
         return [Baseline("loss", h, what), Baseline("val_bits_per_dim", h / LN2, what)]
 
-    # -- evaluation -----------------------------------------------------------------------------
     def heldout(self, data, k: int):
         """uint8 [k, H, W, C] held-out images (eval.val_path) and where they came from."""
         if self.cfg.eval.val_path:
@@ -119,7 +118,6 @@ class ImageAR(Method):
         bpd = self.bits_per_dim(model, torch.from_numpy(imgs).to(device), batch=max(1, min(ecfg.batch_size, 64)))
         return {"val_bits_per_dim": bpd, "val_images": len(imgs), "val_source": source}
 
-    # -- generation -------------------------------------------------------------------------------
     def sample_images(self, model, n, generator, device, temperature=None):
         t = self.mcfg.temperature if temperature is None else temperature
         return self.image(sample_seq(model, n, self.T, device, temperature=t, generator=generator))

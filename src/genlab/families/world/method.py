@@ -49,8 +49,6 @@ class WorldModel(Method):
 
     def __init__(self, cfg, spec):
         m = cfg.method
-        if m.sample_steps < 1:
-            raise GenlabError("method.sample_steps must be >= 1")
         if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
             raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
                               f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
@@ -62,7 +60,6 @@ class WorldModel(Method):
         self.objective = world_objective_registry.get(self.mcfg.objective)()
         self.sample_t = timestep_sampler_registry.get(self.mcfg.timestep_sampler)
 
-    # -- extra modules ------------------------------------------------------------------------------
     def extra_modules(self) -> dict:
         keys = WorldKeys.of(self.mcfg)
         if keys.adv_weight <= 0:
@@ -70,7 +67,6 @@ class WorldModel(Method):
         return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
                               lr=keys.disc_lr)}
 
-    # -- the denoiser -------------------------------------------------------------------------------
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
@@ -112,7 +108,6 @@ class WorldModel(Method):
             frames.append(self.generate(model, torch.stack(frames[-L:], 1), actions[:, k:k + L], steps, generator))
         return torch.stack(frames[L:], 1)
 
-    # -- training -----------------------------------------------------------------------------------
     def closed_loop_horizon(self, step: int, total: int) -> int:
         """Largest number of frames (1 = teacher forcing) the model may roll out before the trained frame."""
         keys = WorldKeys.of(self.mcfg)
@@ -153,7 +148,6 @@ class WorldModel(Method):
         metrics.update(adv_metrics)
         return {"model": loss + keys.adv_weight * adv, "disc": d_loss}, metrics
 
-    # -- trivial baselines ----------------------------------------------------------------------------
     def trivial_baselines(self, data, generator):
         L, out = self.L, []
         # copy-last on the windows the evaluation's teacher-forced PSNR uses (eval/rollouts.py: tf_copy_last_psnr)
@@ -182,7 +176,6 @@ class WorldModel(Method):
         t = self.sample_t(WEIGHT_DRAWS, generator, "cpu", self.mcfg).double()
         return [Baseline("loss", float((1 / (1 - t).clamp_min(0.05) ** 2).mean()) * var, "loss of predicting the mean frame")]
 
-    # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
         return evaluate_world(lambda context, actions, gen: self.rollout(model, context, actions, generator=gen), self.L,
                               data, ctx)

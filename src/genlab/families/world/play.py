@@ -86,7 +86,7 @@ class PlaySession:
         for k, part in KEY_PARTS.items():
             if part in self.meanings or not self.discrete:
                 names.setdefault(part, []).append("Space" if k == " " else k)
-        return {p: ks for p, ks in names.items()}
+        return names
 
     @torch.no_grad()
     def step(self, action) -> np.ndarray:
