@@ -21,13 +21,11 @@ from genlab.config.check import _trains_on_cpu
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import dataset_registry
 from genlab.families.models import ModelExample, model_registry
-from genlab.nn.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
+from genlab.nn.sparse_attention import MaskCache, attend, layer_groups
 from genlab.runtime.switches import ac_registry
 
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")
-SPARSE_BACKENDS = ("auto", "blocked", "flex", "dense")
-EMBEDDINGS = ("auto", "data", "attention")
 # name -> (dim, depth, heads)
 SPARSE_SIZES = {"tiny": (64, 2, 2), "small": (256, 8, 4), "base": (512, 16, 8), "cifar": (256, 128, 2)}
 
@@ -171,18 +169,11 @@ class SparseTransformer(nn.Module):
     def __init__(self, spec: SparseSpec):
         super().__init__()
         s = self.spec = spec
-        if s.order not in RASTER_ORDERS:
-            raise GenlabError(f"model.raster must be one of {', '.join(RASTER_ORDERS)}; got {s.order!r}")
-        if s.backend not in SPARSE_BACKENDS:
-            raise GenlabError(f"model.sparse_backend must be one of {', '.join(SPARSE_BACKENDS)}; got {s.backend!r}")
-        if s.embed not in EMBEDDINGS:
-            raise GenlabError(f"model.sparse_embed must be one of {', '.join(EMBEDDINGS)}; got {s.embed!r}")
+        # raster, sparse_backend, sparse_embed and sparse_block are checked by their fields' choices
         if s.is_text and s.embedding == "data":
             raise GenlabError("model.sparse_embed=data needs image data (rows, columns, channels); text: attention or auto")
         self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads, s.summary_groups)
         self.parts = list({p.name: p for g in self.groups for _, p in g}.values())
-        if s.block not in FLEX_BLOCKS:
-            raise GenlabError(f"model.sparse_block must be one of {', '.join(map(str, FLEX_BLOCKS))}; got {s.block}")
         self.masks = MaskCache(block=s.block)
         self.vocab_size = s.vocab or 256         # real output classes (bytes, or the text vocabulary)
         self.n_vocab = s.vocab or 257            # input ids: images add the start token
