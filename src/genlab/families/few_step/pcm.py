@@ -101,13 +101,12 @@ class PCM(FewStepFlow):
 
 
 def check_pcm_config(cfg):
-    keys = PcmKeys.of(cfg.method)
     check_flow_config(cfg)
     m = PcmKeys.of(cfg)
     if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
         raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
                           f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
-    if keys.pcm_adv_weight > 0:
+    if m.pcm_adv_weight > 0:
         check_disc_config(cfg)
 
 

@@ -23,9 +23,6 @@ class ReflowKeys(cf.Keys, section="method"):
                                        "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill"))
 
 
-# reflow reads the teacher's weights only (its start); it makes no teacher forwards, so no teacher guidance scale
-
-
 class Reflow(FewStepFlow):
     batch_keys = ("image", "label", "noise")
     init_from_teacher = True
@@ -43,10 +40,8 @@ class Reflow(FewStepFlow):
     def loss(self, model, batch, ctx):
         g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]
         B, dev = data.shape[0], data.device
-        if ReflowKeys.of(self.mcfg).reflow_stage == "distill":
-            t = torch.zeros(B, device=dev)
-        else:
-            t = self.draw_t(B, g, dev, ctx.step)
+        distill = ReflowKeys.of(self.mcfg).reflow_stage == "distill"
+        t = torch.zeros(B, device=dev) if distill else self.draw_t(B, g, dev, ctx.step)
         x_t = interpolate(noise, data, t)  # at t = 0 the pair's noise itself
         y = self.drop_labels(model, y, g)
         per = (model(x_t, t, y).float() - (data - noise).float()).square().flatten(1).mean(1)
@@ -59,4 +54,4 @@ class Reflow(FewStepFlow):
 
 method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
                                    "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
-                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)
+                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)  # no teacher forwards: no guidance key

@@ -24,11 +24,6 @@ from genlab.runtime.parallel import unwrap
 LN2 = math.log(2.0)
 
 
-def to_bytes(x: torch.Tensor) -> torch.Tensor:
-    """float [B, C, H, W] in [-1, 1] -> long [B, H, W, C] in 0..255."""
-    return to_pixels(x).long()
-
-
 @torch.no_grad()
 def sample_seq(model, n: int, T: int, device, given=None, given_mask=None, temperature: float = 1.0,
                generator=None) -> torch.Tensor:
@@ -74,7 +69,7 @@ class ImageAR(Method):
         return seq_to_image(seq, self.H, self.H, self.C, self.order)
 
     def loss(self, model, batch, ctx):
-        y = self.seq(to_bytes(batch["image"]))
+        y = self.seq(to_pixels(batch["image"]).long())  # float [-1, 1] -> the bytes, long [B, H, W, C]
         return model(shift_in(y), targets=y), {}
 
     def synthetic_batch(self, batch_size, device, generator):
@@ -130,9 +125,7 @@ class ImageAR(Method):
     def sample(self, model, labels=None, n=None, steps=None, cfg_scale=None, sampler=None, generator=None, device=None):
         """Unconditional whole images in [-1, 1], float [n, C, H, W] (the image-method contract; labels only
         give n, the model has no classes)."""
-        n = len(labels) if labels is not None else n
-        device = device or next(unwrap(model).parameters()).device
-        return to_model(self.sample_images(model, n, generator, device))
+        return self.draw(model, len(labels) if labels is not None else n, generator=generator, device=device)
 
     def complete(self, model, u8: torch.Tensor, k: int, generator, device, temperature=None):
         """Completions of images u8 [m, H, W, C] given their top half: long [m, k, H, W, C]."""
