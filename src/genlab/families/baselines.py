@@ -80,7 +80,6 @@ def flow_mean_predictor(data_variance: float, noise_variance: float = 1.0, mean_
     return mean_weight * (data_variance + noise_variance)
 
 
-
 def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray:
     """Sorted indices of up to MAX_IMAGES of n samples (all of them when n is smaller)."""
     if n <= MAX_IMAGES:

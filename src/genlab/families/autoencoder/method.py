@@ -121,7 +121,6 @@ class Autoencoder(Method):
     batch_keys = ("image",)
     best_metric = "rec_l1"
     data_kinds, model_families = ("image",), ("autoencoder",)
-    sample_options = ()
     render = render  # originals above reconstructions (autoencoder/render.py)
 
     def __init__(self, cfg, data_spec):
@@ -183,17 +182,13 @@ class Autoencoder(Method):
         x, rec, z = reconstruct(model, images, ecfg.batch_size, ctx["device"])
         res = {**reconstruction_metrics(x, rec), **latent_stats(z)}
         if ctx.get("run_dir") is not None:
-            write_stats(ctx["run_dir"], {**res, "images": len(images), "source": source})
+            write_atomic(Path(ctx["run_dir"]) / STATS_FILE, json.dumps({**res, "images": len(images), "source": source}, indent=2))
         return res
 
     def reconstructions(self, model, n, device):
         """n held-out originals and their reconstructions (render.py draws them)."""
         x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._dataset(self.cfg), n)[0], 256, device)
         return x, rec
-
-
-def write_stats(run_dir, stats: dict) -> None:
-    write_atomic(Path(run_dir) / STATS_FILE, json.dumps(stats, indent=2))
 
 
 def read_stats(run_dir) -> dict | None:

@@ -97,9 +97,8 @@ class FewStepFlow(FlowMatching):
         self._teacher_state = None
 
     def _teacher(self) -> dict:
-        keys = TeacherPathKeys.of(self.mcfg)
         if self._teacher_state is None:
-            path = keys.teacher
+            path = TeacherPathKeys.of(self.mcfg).teacher
             state = teacher_state(path)
             self.teacher_cfg = check_teacher(state, self.spec, path)
             self._teacher_state = state

@@ -98,11 +98,9 @@ class FlowMatching(Method):
         check_flow_config(cfg)
 
     def __init__(self, cfg, data_spec):
-        keys = ClassDropoutKeys.of(cfg.model)
-        self.cfg = cfg
+        self.cfg, self.spec = cfg, data_spec
         self.mcfg = m = cfg.method
-        self.spec = data_spec
-        self.class_dropout = keys.class_dropout
+        self.class_dropout = ClassDropoutKeys.of(cfg.model).class_dropout
         self.adaptive = None
         if m.timestep_sampler == "adaptive":
             self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
