@@ -24,11 +24,10 @@ from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_T
 from genlab.families.image_flow.dit import dit_size
 from genlab.families.image_flow.loss_weighting import loss_weighting_registry
 from genlab.families.image_flow.timesteps import resolve_shift, shift_time, timestep_sampler_registry
-from genlab.sampling.samplers import sampler_registry
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
 from genlab.sampling.images import generate, sample_images
-from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
+from genlab.sampling.samplers import call_sampler, nfe_per_step, sampler_registry, time_grid
 
 
 def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,6 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.nn.mlp import mlp_registry
 from genlab.nn.norm import norm_registry
 from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
@@ -27,7 +26,7 @@ from genlab.families.image_flow.dit import (
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.embeddings import embed_flops
-from genlab.nn.mlp import TokenGrid
+from genlab.nn.mlp import TokenGrid, mlp_registry
 
 PLACEMENTS = ("pre", "post")
 COND_TOKENS = 2  # timestep, class

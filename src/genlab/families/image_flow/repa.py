@@ -14,10 +14,9 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.base import Extra
+from genlab.families.base import Extra, method_registry
 from genlab.families.baselines import Baseline
 from genlab.families.image_flow.dit import dit_size
-from genlab.families.base import method_registry
 from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
 from genlab.families.models import model_registry
