@@ -1,8 +1,5 @@
 """What every method is: a loss over a batch dict, the batch keys it reads, the extra modules it owns, and how it
-generates; writing samples to files is its family's render module (families/<family>/render.py).
-
-The trainer runs whatever a method declares (devices, freezing, parallel wrapping, compile, optimizers,
-checkpoints, FLOPs), so a new family is one module and never an `if` in the trainer.
+generates (files: its family's render.py). The trainer runs whatever a method declares, never an `if` per family.
 """
 from __future__ import annotations
 

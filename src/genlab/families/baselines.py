@@ -1,8 +1,5 @@
-"""Trivial baselines: the loss (or metric) a predictor that ignores its input reaches on a run's own data.
-
-A run whose loss is still at such a level after a share of training learned nothing (issue 55); the trainer's
-stall watcher (training/stall.py) compares the logged values with the baselines a method states
-(`Method.trivial_baselines`). Everything here is a pure function of arrays, counted in float64.
+"""Trivial baselines: the loss (or metric) a predictor that ignores its input reaches on a run's own data, which the
+stall watcher (training/stall.py) compares the logged values with. Pure functions of arrays, in float64.
 """
 from __future__ import annotations
 
@@ -81,7 +78,6 @@ def flow_mean_predictor(data_variance: float, noise_variance: float = 1.0, mean_
     """The velocity loss E[w(t) |v - c|^2] per element of the best constant c, with v = data - noise and the noise
     independent of the data and of t: E[w] (Var(data) + Var(noise)), c = E[data] - E[noise]."""
     return mean_weight * (data_variance + noise_variance)
-
 
 
 def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray:

@@ -1,7 +1,5 @@
-"""Building a model and its method from a config, and loading a trained one from its checkpoint.
-
-The one run loader: `genlab sample`, `genlab eval`, `genlab play`, the API (runs/), and the families that read
-another run (a teacher, an autoencoder run, the model that scores generated text) all call load_run.
+"""Building a model and its method from a config, and load_run: the one run loader (genlab sample/eval/play, the API,
+and the families that read another run: a teacher, an autoencoder run, the model that scores generated text).
 """
 from __future__ import annotations
 

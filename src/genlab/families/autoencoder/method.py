@@ -1,24 +1,14 @@
 """Training an image autoencoder for latent diffusion (`genlab train mnist_autoencoder`; model autoencoder_kl).
 
-The objective is LDM's `LPIPSWithDiscriminator` (Rombach et al. 2022) without the perceptual term, which would
-need downloaded VGG weights:
+LDM's `LPIPSWithDiscriminator` (Rombach et al. 2022) without the perceptual term (it needs downloaded VGG weights):
 
     loss = |x - D(z)|_1 + kl_weight * KL(q(z|x) || N(0, I)) + w * (-logits of the discriminator on D(z))
 
-z is a posterior sample (the kl bottleneck) or the latent itself (plain). LDM sums both terms over each image's
-elements; both are divided here by the image's element count (C*H*W), so the loss reads as a per-pixel L1 and
-kl_weight keeps LDM's meaning (SD's VAEs: 1e-6).
-
-The GAN term is optional (method.gan_weight > 0): a PatchGAN discriminator (Isola et al. 2017; spectral norm in
-place of BatchNorm, for stability at small batches), trained with its own optimizer on the hinge loss from step
-method.gan_start on (LDM starts it late, once reconstructions are good). Its weight is VQGAN's adaptive one (Esser
-et al. 2021, eq. 7): w = gan_weight * |grad_L L_rec| / (|grad_L L_gan| + 1e-4), both gradients at the decoder's
-last layer L, clamped to [0, 1e4]; method.gan_adaptive=false makes w = gan_weight.
-
-Evaluation encodes held-out images to the posterior mean and decodes them: L1 (on [-1, 1]) and PSNR (on [0, 1],
-per image, averaged) of the reconstructions, and the mean and std of the latent values, which are also written
-to RUN/latent_stats.json: the `run:RUN` codec (families/autoencoder/run_autoencoder.py) scales latents by 1 / std, the way
-SD's scaling_factor was chosen. Previews and `genlab sample` show held-out originals above their reconstructions.
+both terms divided by C*H*W (LDM sums them), so kl_weight keeps LDM's meaning. The optional GAN term (gan_weight > 0)
+is a PatchGAN (Isola et al. 2017; spectral norm in place of BatchNorm for small batches) from step gan_start, with
+VQGAN's adaptive weight (Esser et al. 2021, eq. 7): w = gan_weight |grad_L L_rec| / (|grad_L L_gan| + 1e-4) at the
+decoder's last layer L, clamped to [0, 1e4]. Evaluation writes the latent mean/std to RUN/latent_stats.json, which
+the `run:RUN` codec scales by (SD's scaling_factor).
 """
 from __future__ import annotations
 
@@ -131,7 +121,6 @@ class Autoencoder(Method):
     batch_keys = ("image",)
     best_metric = "rec_l1"
     data_kinds, model_families = ("image",), ("autoencoder",)
-    sample_options = ()
     render = render  # originals above reconstructions (autoencoder/render.py)
 
     def __init__(self, cfg, data_spec):
@@ -180,7 +169,6 @@ class Autoencoder(Method):
         return [Baseline("rec_l1", mean_image_l1(training_images(data, generator, self.cfg.data.hflip)),
                          "L1 of reconstructing the per-pixel mean image")]
 
-    # -- evaluation and pictures -----------------------------------------------------------------------------
     def _dataset(self, cfg):
         if self._data is None:
             self._data = build_dataset(cfg.data)
@@ -194,17 +182,13 @@ class Autoencoder(Method):
         x, rec, z = reconstruct(model, images, ecfg.batch_size, ctx["device"])
         res = {**reconstruction_metrics(x, rec), **latent_stats(z)}
         if ctx.get("run_dir") is not None:
-            write_stats(ctx["run_dir"], {**res, "images": len(images), "source": source})
+            write_atomic(Path(ctx["run_dir"]) / STATS_FILE, json.dumps({**res, "images": len(images), "source": source}, indent=2))
         return res
 
     def reconstructions(self, model, n, device):
         """n held-out originals and their reconstructions (render.py draws them)."""
         x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._dataset(self.cfg), n)[0], 256, device)
         return x, rec
-
-
-def write_stats(run_dir, stats: dict) -> None:
-    write_atomic(Path(run_dir) / STATS_FILE, json.dumps(stats, indent=2))
 
 
 def read_stats(run_dir) -> dict | None:

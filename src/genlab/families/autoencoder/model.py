@@ -1,15 +1,8 @@
 """A convolutional image autoencoder in the style of the Stable Diffusion VAE (Rombach et al. 2022, LDM's
-`AutoencoderKL`): ResNet blocks with GroupNorm and SiLU, one strided-conv downsampling per resolution level,
-a mid block with single-head self-attention, and a bottleneck of `model.latent_channels` channels at 1 / 2^k of
-the image side (k = len(model.channel_mult) - 1). The decoder mirrors it with nearest-neighbour upsampling.
-
-Bottleneck `kl`: the encoder gives the mean and log-variance of a diagonal Gaussian posterior q(z|x) (LDM's
-DiagonalGaussianDistribution, log-variance clamped to [-30, 20]); training decodes a sample, encoding for
-diffusion reads the mean. `plain`: a deterministic latent (no KL term).
-
-Widths: model.dim is the base width (level i has dim * channel_mult[i] channels), model.depth the ResNet blocks
-per level (the decoder has one more, as SD's). SD's VAE is model.size=sd (128, 2 blocks) with
-model.channel_mult=1,2,4,4 (factor 8). Trained by `method.name=autoencoder` (families/autoencoder/method.py).
+`AutoencoderKL`): GroupNorm/SiLU ResNet blocks, one strided-conv downsampling per level, a single-head attention mid
+block, `model.latent_channels` at 1 / 2^(len(channel_mult) - 1) of the side; the decoder mirrors it (one more block
+per level, as SD's). Bottleneck `kl`: a diagonal Gaussian posterior (log-variance clamped to [-30, 20], as LDM's);
+`plain`: a deterministic latent. SD's VAE is model.size=sd with model.channel_mult=1,2,4,4.
 """
 from __future__ import annotations
 
@@ -211,11 +204,6 @@ def channel_mult(cfg_model) -> tuple[int, ...]:
     return tuple(int(m) for m in mult)
 
 
-def sizes_of(cfg_model) -> tuple[int, int, int]:
-    dim, depth, heads = AE_SIZES.get(cfg_model.size, AE_SIZES["tiny"])
-    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
-
-
 def check_image_size(side: int, mult) -> None:
     f = 2 ** (len(mult) - 1)
     if side % f:
@@ -234,22 +222,22 @@ def check_autoencoder_model(cfg, dim, heads, depth):
         check_image_size(shape["image_size"], mult)
 
 
-def example() -> ModelExample:
-    return ModelExample(
-        spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
-        inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),),
-        output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
-        option_cases={"bottleneck": ["plain"], "channel_mult": [(1.0, 2.0)]})
+AE_EXAMPLE = ModelExample(
+    spec={"kind": "image", "image_size": 8, "channels": 3, "num_classes": 5},
+    inputs=lambda spec, B, g: (torch.randn(B, spec["channels"], spec["image_size"], spec["image_size"], generator=g),),
+    output_shape=lambda spec, B: (B, spec["channels"], spec["image_size"], spec["image_size"]),
+    option_cases={"bottleneck": ["plain"], "channel_mult": [(1.0, 2.0)]})
 
 
 @model_registry.register("autoencoder_kl", "SD-VAE-style conv autoencoder (ResNet blocks, GroupNorm, SiLU, mid "
                                            "attention), kl or plain bottleneck, factor 2^(levels-1): "
                                            "method.name=autoencoder", keys=AeKeys, family="autoencoder",
-                         sizes=AE_SIZES, example=example(), check=check_autoencoder_model)
+                         sizes=AE_SIZES, example=AE_EXAMPLE, check=check_autoencoder_model)
 def build_autoencoder_kl(cfg_model, data_spec) -> AutoencoderKL:
     keys = AeKeys.of(cfg_model)
     mult = channel_mult(cfg_model)
     check_image_size(data_spec["image_size"], mult)
-    dim, depth, heads = sizes_of(cfg_model)
+    dim, depth, heads = AE_SIZES.get(cfg_model.size, AE_SIZES["tiny"])
+    dim, depth, heads = cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
     return AutoencoderKL(data_spec["channels"], data_spec["image_size"], dim, mult, depth, heads,
                          keys.latent_channels, keys.bottleneck)

@@ -1,10 +1,6 @@
-"""`run:RUN`: an autoencoder that genlab trained (`genlab train mnist_autoencoder`; model autoencoder_kl, method
-autoencoder), from its run folder or a checkpoint file, loaded the safe way every run is (weights_only / safetensors:
-loading runs no code), EMA weights where the run kept them.
-
-Normalisation from the latent statistics its evaluation measured on held-out images (RUN/latent_stats.json):
-scale = 1 / std and shift = mean, so the diffusion model sees zero-mean, unit-variance latents (SD chose its
-scaling_factor as 1 / std the same way; SD3/FLUX added the shift). encode reads the posterior mean.
+"""`run:RUN`: an autoencoder that genlab trained (method autoencoder), loaded like every run (no code runs), EMA weights
+where kept. scale = 1 / std and shift = mean of the latents its evaluation measured (RUN/latent_stats.json), so the
+diffusion model sees unit-variance latents (SD's scaling_factor; SD3/FLUX added the shift); encode reads the mean.
 """
 from __future__ import annotations
 

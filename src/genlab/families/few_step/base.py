@@ -1,10 +1,6 @@
-"""What the few-step methods share: the flow teacher (`method.teacher=RUN`), the student initialised from it, and
-the sampling conventions of the family.
-
-A teacher is any run whose method predicts a velocity (Method.output == "velocity": flow, REPA) on data of the
-same shape and classes, with no extra model inputs of its own. It is checked when the trainer builds the method's
-extras, before the run folder exists, and is a frozen extra from then on: moved, compiled with the model and
-saved in the student's checkpoints (so sampling or evaluating the student never needs the teacher run; resuming reads it again).
+"""What the few-step methods share: the flow teacher (`method.teacher=RUN`), the student initialised from it, and the
+consistency function. A teacher is any plain velocity predictor on the same data (docs/few_step.md), checked before
+the run folder exists, then a frozen extra saved in the student's checkpoints.
 """
 from __future__ import annotations
 
@@ -101,9 +97,8 @@ class FewStepFlow(FlowMatching):
         self._teacher_state = None
 
     def _teacher(self) -> dict:
-        keys = TeacherPathKeys.of(self.mcfg)
         if self._teacher_state is None:
-            path = keys.teacher
+            path = TeacherPathKeys.of(self.mcfg).teacher
             state = teacher_state(path)
             self.teacher_cfg = check_teacher(state, self.spec, path)
             self._teacher_state = state

@@ -1,26 +1,17 @@
 """A discriminator on the frozen teacher's token features at re-noised inputs, shared by LADD (Sauer et al. 2024)
 and PCM's adversarial consistency loss (Wang et al. 2024).
 
-A sample x (the student's output, or a real one) at time t_end (1 for data, a phase end for PCM) is re-noised to a
-time t' <= t_end, shifted toward noise (`renoise_time`, `renoise`); the frozen teacher DiT runs on x_{t'} with the
-sample's class, and forward hooks on a few of its blocks (method.tdisc_blocks) take their output tokens [B, N, D].
-A small trainable head per block maps the tokens to one logit per token (LayerNorm, linear, a residual 1-D
-convolution over the token sequence, then a linear output plus the projection <c, h> of the condition; Miyato & Koyama
-2018), with spectral norm on its layers. The condition c = embed(y) + mlp(sinusoidal(t')) holds the class and the
-re-noising time t': LADD's heads are conditioned on the noise level (and, there, the pooled text embedding), so that
-each noise level gets its own decision boundary; the teacher's features carry t' only implicitly. The hinge losses over every token of every head:
+A sample at t_end (1 for data, a phase end for PCM) is re-noised to t' <= t_end; forward hooks on the teacher's
+method.tdisc_blocks take their tokens [B, N, D], and one spectral-normed head per block (LayerNorm, linear, residual
+1-D conv, linear output + the projection <c, h>; Miyato & Koyama 2018) gives a logit per token. c = embed(y) +
+mlp(sinusoidal(t')): LADD conditions its heads on the noise level. Hinge losses over every token of every head:
 
     D:  mean relu(1 - D(real)) + mean relu(1 + D(fake))        G:  -mean D(fake)
 
-The generator term reaches the student through the teacher (whose parameters are frozen: only the input carries a
-gradient). The heads are an Extra with their own optimizer "disc"; the trainer back-propagates each loss of
-{"model": ..., "disc": ...} into its own optimizer's parameters only, so the heads learn from the D loss alone and
-the student from the G term alone, from one teacher pass over [fake; real] and one head pass.
-
-Guards and signals: a non-finite G or D term becomes 0 (world/objectives.finite_or_zero) and is counted; the
-student batch's diversity (per-pixel standard deviation over the batch, averaged) relative to the real batch's,
-and the discriminator's accuracy on real and fake, are logged every step; the counters `adv_nonfinite` and
-`adv_collapsed` (steps with a diversity ratio below COLLAPSE_RATIO) are buffers of the heads, so they survive resume.
+The heads are an Extra with their own optimizer "disc"; the trainer back-propagates each loss into its own
+optimizer's parameters, so one teacher pass over [fake; real] serves both. A non-finite term becomes 0 and is
+counted; the counters `adv_nonfinite` and `adv_collapsed` (diversity ratio below COLLAPSE_RATIO) are buffers of the
+heads, so they survive resume.
 """
 from __future__ import annotations
 
@@ -149,19 +140,6 @@ class FeatureTap:
         return feats
 
 
-def build_heads(teacher: nn.Module, mcfg, num_classes: int) -> TeacherHeads:
-    keys = DiscKeys.of(mcfg)
-    base = unwrap(teacher)
-    return TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
-                        base.num_tokens)
-
-
-def disc_extra(heads: TeacherHeads, mcfg) -> Extra:
-    """The heads as a trainable extra with their own optimizer "disc" (method.tdisc_lr, method.tdisc_betas)."""
-    keys = DiscKeys.of(mcfg)
-    return Extra(heads, trainable=True, optimizer="disc", lr=keys.tdisc_lr or None, betas=tuple(keys.tdisc_betas))
-
-
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
     """t' = t_end - width (1 - s), s = sigmoid(N(tdisc_t_mean, tdisc_t_std)): within `width` below t_end, toward noise."""
     keys = DiscKeys.of(mcfg)
@@ -217,8 +195,10 @@ class Adversary:
 
 
 def add_discriminator(extras: dict, mcfg, num_classes: int) -> Adversary:
-    """Heads on the frozen teacher's features as the trainable extra "disc" (pcm's adversarial option, ladd); returns
-    the Adversary that scores with them."""
-    heads = build_heads(extras["teacher"].module, mcfg, num_classes)
-    extras["disc"] = disc_extra(heads, mcfg)
+    """Heads on the frozen teacher's features as the trainable extra "disc" with its own optimizer (method.tdisc_lr,
+    tdisc_betas; pcm's adversarial option, ladd); returns the Adversary that scores with them."""
+    keys, base = DiscKeys.of(mcfg), unwrap(extras["teacher"].module)
+    heads = TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
+                         base.num_tokens)
+    extras["disc"] = Extra(heads, trainable=True, optimizer="disc", lr=keys.tdisc_lr or None, betas=tuple(keys.tdisc_betas))
     return Adversary(heads.blocks)

@@ -1,27 +1,12 @@
 """Easy Consistency Tuning (Geng et al. 2024, "Consistency Models Made Easy"): consistency training started from a
 flow teacher's weights (method.teacher), which it never calls.
 
-Time: ECT works in EDM's noise level σ, x_σ = x + σ z (data in [-1, 1], σ_data 0.5, as genlab's). genlab's
-x_t = (1 - t) z + t x is t · x_σ at σ = (1 - t) / t, i.e. t = 1 / (1 + σ): the same point of the same trajectory,
-rescaled; t = 1 is σ = 0 (the data), t -> 0 is σ -> ∞. The consistency function is the flow parametrisation
-f(x, t) = x + (1 - t) v_θ(x, t) (base.py), the identity at t = 1.
-
-One training step, per sample:
-- t from the flow family's sampler (method.timestep_sampler, method.time_shift). ECT's ln σ ~ N(P_mean, P_std) is
-  exactly logit_normal in genlab's t with logit_mean = -P_mean, logit_std = P_std (logit t = -ln σ); the preset
-  sets ECT's (-1.1, 2.0) that way, so no second sampler is needed;
-- r (closer to the data): σ_r = σ (1 - n(σ) / q^j), n(σ) = 1 + k sigmoid(-b σ), clamped at 0 (ECT's sigmoid
-  mapping, q = method.ect_q, k = method.ect_k, b = method.ect_b); j = stage + 1 with stage = ⌊step S / train.steps⌋
-  in 0..S-1, S = method.ect_stages: the paper's ⌈i / d⌉ with d = train.steps / S and i counted from 1, as in the
-  official code. The gap σ - σ_r shrinks by q at every stage (to 1/q^S of σ n(σ) in the last one: dt -> 0), and
-  genlab's r = 1 / (1 + σ_r) lies in (t, 1];
-- the same noise z for x_t and x_r; loss d(f_θ(x_t, t), sg f_θ(x_r, r)) / (σ - σ_r): ECT's weighting 1/(t - r) in
-  σ units, with no EMA target (the stop-gradient of the same network), d the pseudo-Huber distance
-  (method.ect_huber_c; the official code's c = 0 is the L2 norm, here the RMS per sample). At r = 1 the target is
-  the data itself, since f(x, 1) = x.
-Labels are dropped at model.class_dropout as in the teacher's training, so the null class stays a consistency model
-too. genlab's EMA (train.ema_decay) only smooths the weights that sample and are evaluated, as ECT's ema_beta.
-Samples: sampler `consistency`; ECT's recipe samples in 2 steps.
+ECT works in EDM's σ; genlab's x_t is t · x_σ at σ = (1 - t) / t (t = 1 / (1 + σ)), the same trajectory rescaled.
+ECT's ln σ ~ N(P_mean, P_std) is logit_normal in t with logit_mean = -P_mean (the preset), so t comes from the flow
+family's timestep sampler. r (closer to the data): σ_r = σ (1 - n(σ) / q^j), n(σ) = 1 + k sigmoid(-b σ), clamped at 0,
+j = stage + 1, stage = ⌊step S / train.steps⌋ (S = method.ect_stages; the official ⌈i / d⌉). Same noise for x_t and
+x_r; loss d(f_θ(x_t, t), sg f_θ(x_r, r)) / (σ - σ_r), d pseudo-Huber (method.ect_huber_c; c = 0 is the RMS), no EMA
+target. f(x, 1) = x, so at r = 1 the target is the data. Labels drop at model.class_dropout as in the teacher's run.
 """
 from __future__ import annotations
 
@@ -30,7 +15,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
-from genlab.families.image_flow.flow import interpolate, unwrap
+from genlab.families.image_flow.flow import interpolate
 
 
 class EctKeys(cf.Keys, section="method"):
@@ -67,9 +52,7 @@ class EasyConsistencyTuning(FewStepFlow):
         stage = ect_stage(ctx.step, ctx.total_steps, m.ect_stages)
         r, gap = ect_r(t, stage, m.ect_q, m.ect_k, m.ect_b)
         noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        y = self.drop_labels(model, y, g)
         with torch.no_grad():
             target = consistency_fn(model, interpolate(noise, data, r), r, y)
         pred = consistency_fn(model, interpolate(noise, data, t), t, y)

@@ -1,32 +1,16 @@
 """Latent Adversarial Diffusion Distillation (Sauer et al. 2024, "Fast High-Resolution Image Synthesis with Latent
-Adversarial Diffusion Distillation"), from a flow teacher.
+Adversarial Diffusion Distillation"), from a flow teacher; docs/few_step.md has the recipe and departures.
 
-genlab's time convention (t=0 noise, t=1 data; the paper writes t=1 for noise). The student starts as the teacher
-and is a data predictor at a few student times t_i = i/n, i = 0..n-1 (method.ladd_student_steps; the paper's
-four times 1, 0.75, 0.5, 0.25 are 0, 0.25, 0.5, 0.75 here, pure noise included):
+In genlab's time (t=0 noise; the paper's times 1, .75, .5, .25 are 0, .25, .5, .75 here) the student, started as
+the teacher, predicts data at its times t_i = i/n (method.ladd_student_steps):
 
     x_t = (1-t) noise + t image,     x^1 = x_t + (1 - t) v_theta(x_t, t)
 
-The paper samples pure noise more often than the other times (method.ladd_noise_share of the batch, 0.7 as the
-paper; the rest uniform over the others), after a warm-up at the less noisy times (method.ladd_warmup_steps). x^1 is
-re-noised to t' = sigmoid(N(tdisc_t_mean, tdisc_t_std)) (the paper's logit-normal shifted toward noise, m = 1 with
-t=1 noise, is mean -1 here), the real image is re-noised the same way with its own noise, and heads on the frozen
-teacher's features, conditioned on the class and t', judge both (discriminator.py: hinge losses, the generator
-gradient through the frozen teacher). LADD trains on teacher-generated images: point data.path at the dataset of
-`genlab data generate pairs RUN` (real images work too, and make it a GAN fine-tune against the data).
-
-Optional regression term (method.ladd_regression_weight, default 0 as in the paper; DMD's regression loss, Yin et al.
-2024): on teacher pairs (data.name=pairs, batches with "noise") the pure-noise samples start from the pair's own noise
-z, so the target is the teacher's image for exactly that noise, mean (x^1(z, 0) - image)^2 over those samples. That
-anchors the student's noise -> image map to the teacher's, which covers the teacher's modes. Samples at t > 0 start
-from fresh noise, as the sampler's re-noising does, and get no regression term: with a fresh noise the best guess of
-the image is the posterior mean, a blur. Paired with fresh noise the term would pull every sample toward the mean of
-its class (a collapse), so a regression weight needs the pairs' noise (a one-line batch-key error otherwise).
-
-Sampling: the `consistency` sampler at 1-4 steps (its uniform grid i/n is the student times for n = the student
-steps, or a subset of them for its divisors). Guards: a non-finite adversarial term is zeroed and counted
-(adv_nonfinite), steps whose student batch has under half the real batch's spread are counted (adv_collapsed);
-report both with the batch size (docs/few_step.md).
+x^1 and the image are re-noised (each with its own noise) to t' = sigmoid(N(tdisc_t_mean, tdisc_t_std)) and judged
+by heads on the frozen teacher's features (discriminator.py, hinge losses). The optional regression term
+(method.ladd_regression_weight; DMD, Yin et al. 2024) needs teacher pairs: only a pure-noise sample started from the
+pair's own noise z has the teacher's image as target; paired with fresh noise the best guess is the class mean, a
+pull toward collapse, so t > 0 samples get no regression term.
 """
 from __future__ import annotations
 

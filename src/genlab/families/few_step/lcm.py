@@ -1,27 +1,11 @@
 """Consistency distillation, LCM-style (Luo et al. 2023, "Latent Consistency Models"), from a flow teacher.
 
-genlab's time runs the other way from the paper's (t = 0 noise, t = 1 data), and the consistency function is the
-flow parametrisation f(x, t, w) = x + (1 - t) v_θ(x, t, w) (base.py): the identity at t = 1.
-
-One training step, per sample:
-- a grid t_n = n / N, N = method.lcm_timesteps, and a skip k = method.lcm_skip grid intervals; n uniform in
-  0..N-k, s = t_{n+k} (the point k intervals closer to the data);
-- x_{t_n} = (1 - t_n) z + t_n x from the data x and noise z;
-- a guidance scale w ~ U[method.lcm_w_min, method.lcm_w_max] (genlab's CFG scale: v_u + w (v_c - v_u), 1 = none;
-  LCM's ω is w - 1);
-- one step of the teacher's guided ODE from t_n to s (method.lcm_solver: euler, which is DDIM on this path, as in
-  LCM; or heun), with w per sample, the conditional and unconditional halves in one forward of the doubled batch;
-- target f_θ⁻(x̂_s, s, w), θ⁻ the EMA of the student (train.ema_decay; LCM: 0.95). genlab's EMA is also the
-  model that samples and is evaluated, as LCM's target network is its released model. With train.ema_decay = 0 the
-  target is the student itself without gradient;
-- loss: pseudo-Huber(f_θ(x_{t_n}, t_n, w), target) with c = method.lcm_huber_c.
-The student takes w as the condition `w` (embedded as w / lcm_w_max in [0, 1]); at sampling it is
-method.lcm_guidance, with cfg_scale = 1 (the teacher's guidance is baked in). Samples: sampler `consistency`.
-
-Grid: the paper's skipping step is k = 20 of 1000 DDPM steps, i.e. one interval of its 50-step DDIM grid; the
-defaults N = 50, k = 1 are that, and N = 50 is also the teacher recipe's own sampler grid (mnist_flow_fast: 50
-uniform steps), so one solver step is one step the teacher is used to. A larger k reaches the noise end in fewer
-hops (N/k) at a larger solver error per hop.
+genlab's time (t = 0 noise); f(x, t, w) = x + (1 - t) v_θ(x, t, w) (base.py). Per sample: t_n = n/N
+(N = method.lcm_timesteps), s = t_{n+k} (k = method.lcm_skip), w ~ U[lcm_w_min, lcm_w_max] (genlab's CFG scale;
+LCM's ω is w - 1), one guided teacher step t_n -> s (method.lcm_solver: euler = DDIM on this path, or heun), target
+f_θ⁻(x̂_s, s, w) with θ⁻ the EMA (train.ema_decay; the student itself without gradient at 0), loss
+pseudo-Huber(f_θ(x_{t_n}, t_n, w), target). The student takes w / lcm_w_max as condition `w`; sampling feeds
+method.lcm_guidance at cfg_scale 1. The defaults N = 50, k = 1 are the paper's skip of 20 of 1000 DDPM steps.
 """
 from __future__ import annotations
 
@@ -99,9 +83,7 @@ class LatentConsistency(FewStepFlow):
         w = m.lcm_w_min + (m.lcm_w_max - m.lcm_w_min) * torch.rand(B, generator=g, device=dev)
         noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
         null = unwrap(model).null_class
-        if self.class_dropout > 0:  # a dropped label: the unguided, unconditional trajectory (v_c = v_u)
-            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, null), y)
+        y = self.drop_labels(model, y, g)  # a dropped label: the unguided, unconditional trajectory (v_c = v_u)
         x_t = interpolate(noise, data, t)
         with torch.no_grad():
             target = lcm_target(ctx.extras["teacher"], ctx.ema if ctx.ema is not None else model, x_t, t, s, y, w,

@@ -1,31 +1,15 @@
 """MeanFlow (Geng, Deng, Bai, Kolter, He 2025, "Mean Flows for One-step Generative Modeling"), trained from scratch.
 
-Time convention. The paper has noise at t=1 and steps back, z_r = z_t - (t - r) u(z_t, r, t). genlab has noise at
-t=0 and data at 1 (x_t = (1-t) noise + t data, v = data - noise), so a step goes forward from its start time t to its
-end time s = t + d, and the network is conditioned on (t, d) with d = s - t >= 0 (the model input `d`):
-    x_s = x_t + d u(x_t, t, d),   d u(x_t, t, d) = integral_t^s v(x_tau, tau) dtau   (the average velocity).
-The paper's (t, r) are genlab's (1 - t, 1 - s), its t - r is d, and its u and v are minus genlab's.
-
-The MeanFlow identity in genlab's time. Hold the end time s fixed and move the start t along the trajectory
-(dx_t/dt = v; d = s - t changes with it). Differentiating d u = integral_t^s v in t gives -u + d du/dt = -v, so
+genlab's time (noise at t=0): a step goes from t to s = t + d, the model input `d` = s - t >= 0,
+    x_s = x_t + d u(x_t, t, d),   d u(x_t, t, d) = integral_t^s v(x_tau, tau) dtau.
+The paper's (t, r) are genlab's (1 - t, 1 - s), its u and v minus genlab's. Holding s fixed and differentiating in t:
     u = v + d du/dt,   du/dt = v . grad_x u + d_t u - d_d u,
-the Jacobian-vector product of u(x, t, d) with the tangent (dx, dt, dd) = (v, 1, -1). Substituting the paper's
-variables gives its u = v - (t - r) du/dt term by term. The network regresses onto sg(v + d du/dt), du/dt being
-the network's own (torch.func.jvp, in fp32, without gradient); at d = 0 the target is v: plain flow matching.
+a JVP with tangent (v, 1, -1) (torch.func.jvp, fp32, no gradient); the target is sg(v + d du/dt), v at d = 0.
 
-Each batch (the paper's sampler): t and s are the smaller and larger of two draws of the flow family's
-method.timestep_sampler (the preset: logit-normal with logit_mean 0.4, std 1, the paper's (-0.4, 1.0) in its
-time); all but method.meanflow_share of the batch get s = t (d = 0). Only that share needs the JVP, so it runs on
-those samples alone (the official code runs it on the whole batch, where d = 0 makes it vanish). The loss is
-w ||u - target||^2 (summed over pixels) with the adaptive weight w = sg(1 / (||.||^2 + c)^p). Labels are dropped
-to the null class with model.class_dropout; method.meanflow_omega > 1 bakes guidance into the target (the paper's
-v~ = omega v + (1 - omega) u(x_t, t, 0 | null), used for v everywhere, for the labelled samples), so the model
-samples with cfg_scale 1. Samples: sampler flow_map, 1 or 2 steps.
-
-Parallel and compiled training. The prediction runs through the wrapped model (DDP, torch.compile) with gradients,
-so DDP all-reduces them as usual; the target's JVP runs on the unwrapped module under no_grad (a JVP through the
-DDP wrapper or a compiled graph is not what either supports, and no gradient has to flow through it). Attention
-entries without forward-mode AD fall back inside the JVP (models/attention.forward_ad_attention), with a note.
+Only method.meanflow_share of the batch has d > 0, so the JVP runs on those alone (the official code: the whole
+batch). Loss w ||u - target||^2 with w = sg(1 / (||.||^2 + c)^p); method.meanflow_omega > 1 bakes guidance into
+the target (the paper's v~). The prediction runs through the wrapped model (DDP, compile); the JVP runs on the
+unwrapped module under no_grad, which neither wrapper supports differentiating through. docs/few_step.md: details.
 """
 from __future__ import annotations
 
@@ -125,9 +109,7 @@ class MeanFlow(FewStepFlow):
         B, dev = data.shape[0], data.device
         t, d, n = self.draw_times(B, g, dev, ctx.step)
         noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        y = self.drop_labels(model, y, g)
         return self.loss_at(model, data, noise, t, d, y, n)
 
     def loss_at(self, model, data, noise, t, d, y, n_jvp):

@@ -1,25 +1,15 @@
 """Phased Consistency Models (Wang et al. 2024, "Phased Consistency Models"), distilled from a flow teacher.
 
-genlab's time convention (t=0 noise, t=1 data; the paper and its code write sigma = 1 - t, noise at 1). The
-trajectory is cut into k phases (method.pcm_phases) at uniform edges e_j = j/k, so the plain `euler` sampler at
-sample_steps = k lands on the edges. Within phase [e_j, e_{j+1}] the consistency function maps x_t to the phase end,
+genlab's time (t=0 noise; the paper's sigma = 1 - t). k phases (method.pcm_phases) at edges e_j = j/k, so `euler` at
+k steps lands on the edges. Within phase [e_j, e_{j+1}]:
 
-    f(x, t) = x + (e_{j+1} - t) v_theta(x, t)          (the identity at t = e_{j+1})
-
-which is exactly one Euler step of the sampler from a phase start. Consistency distillation within the phase: t on
-the grid i/N (N = method.pcm_solver_steps, the official 50 Euler steps), x_t = (1-t) noise + t data, one teacher
-Euler step with the teacher's guided velocity to t' = min(t + 1/N, e_{j+1}):
-
+    f(x, t) = x + (e_{j+1} - t) v_theta(x, t)          (the identity at t = e_{j+1}: one Euler step)
     x^_{t'} = x_t + (t' - t) v_teacher(x_t, t),        target = f_EMA(x^_{t'}, t')  (x^_{t'} itself when t' = e_{j+1})
 
-loss = mean (f_theta(x_t, t) - target)^2. The target network is the EMA (train.ema_decay > 0; LCM's lineage); the
-official code uses the online weights without gradient instead, which is what ema_decay = 0 gives here.
-
-Adversarial consistency loss (method.pcm_adv_weight > 0; the paper uses it with k = 2): the student's phase-end
-prediction (fake) and the target (real) are re-noised from the phase end e_{j+1} to a t' within one phase below
-it (discriminator.renoise_time; official: uniform in that window, here its logit-normal shape shifted toward
-noise) and judged by heads on the frozen teacher's features (discriminator.py; hinge losses). The official code
-alternates discriminator and generator steps; here both update every step, each loss into its own optimizer.
+with t on the grid i/N (method.pcm_solver_steps) and t' = min(t + 1/N, e_{j+1}); loss mean (f_theta - target)^2.
+The official code's target is the online weights without gradient (train.ema_decay = 0 here). The optional
+adversarial loss (method.pcm_adv_weight) re-noises both to one phase below the end (discriminator.py); both
+networks update every step where the official code alternates.
 """
 from __future__ import annotations
 
@@ -111,13 +101,12 @@ class PCM(FewStepFlow):
 
 
 def check_pcm_config(cfg):
-    keys = PcmKeys.of(cfg.method)
     check_flow_config(cfg)
     m = PcmKeys.of(cfg)
     if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
         raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
                           f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
-    if keys.pcm_adv_weight > 0:
+    if m.pcm_adv_weight > 0:
         check_disc_config(cfg)
 
 

@@ -1,17 +1,10 @@
 """PeRFlow, piecewise rectified flow (Yan, Liu, Tan, Shi, Xu, Feng 2024): reflow within K time windows, with the
-pairs made online from the teacher instead of a stored dataset.
+pairs made online from the teacher.
 
-Windows: edges w_j = j / K (0 = w_0 < ... < w_K = 1), so the `euler` sampler at K steps steps exactly from edge
-to edge. A training sample picks a window j, builds its start point on the forward path from its data and fresh
-noise, x_{w_j} = (1 - w_j) noise + w_j data, and solves the teacher's guided ODE (method.perflow_solver, Euler or
-Heun, method.perflow_solver_steps steps, no gradient) across the window to x_{w_{j+1}}. The student learns the
-straight chord between the two: at t = w_j + s (w_{j+1} - w_j) (s from method.timestep_sampler; the paper's is
-uniform), x_t = x_{w_j} + s (x_{w_{j+1}} - x_{w_j}) and the target velocity is
-(x_{w_{j+1}} - x_{w_j}) / (w_{j+1} - w_j). Initialised from the teacher; sample with sampler=euler at K steps.
-Time convention: the paper and its Stable Diffusion code run time from noise at t = 1 to data at t = 0 (windows
-numbered from the noise end); here t = 0 is noise, so window j spans [j/K, (j+1)/K].
-Paper vs official code: both use K = 4 windows; the official training script solves each window with 8 DDIM
-steps (on this straight path a DDIM step is an Euler step), our default; the presets trade steps for Heun's order.
+Windows w_j = j / K (t = 0 noise: the paper numbers them from the noise end at t = 1). A sample starts at
+x_{w_j} = (1 - w_j) noise + w_j data, solves the teacher's guided ODE across the window without gradient
+(method.perflow_solver, perflow_solver_steps; the official 8 DDIM steps are Euler steps here) and learns the chord:
+x_t = x_{w_j} + s (x_{w_{j+1}} - x_{w_j}), target (x_{w_{j+1}} - x_{w_j}) / (w_{j+1} - w_j). Sample with euler at K.
 """
 from __future__ import annotations
 
@@ -20,7 +13,7 @@ import torch
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherKeys
-from genlab.families.image_flow.flow import interpolate, unwrap
+from genlab.families.image_flow.flow import interpolate
 
 
 class PerflowKeys(cf.Keys, section="method"):
@@ -73,9 +66,7 @@ class PeRFlow(FewStepFlow):
                                  keys.perflow_solver_steps, keys.perflow_solver == "heun")
         s = self.draw_t(B, g, dev, ctx.step)
         x_t, target = chord(x_start, x_end, w0, w1, s)
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        y = self.drop_labels(model, y, g)
         t = w0 + s * (w1 - w0)
         per = (model(x_t, t, y).float() - target.float()).square().flatten(1).mean(1)
         return (self.weight(t.float(), self.mcfg) * per).mean(), {}

@@ -1,18 +1,10 @@
-"""Reflow (Liu, Gong, Liu 2022, "Flow Straight and Fast"): 2-rectified flow on the teacher's pairs, and its
-one-step distillation. The baseline of the few-step family.
+"""Reflow (Liu, Gong, Liu 2022, "Flow Straight and Fast"): 2-rectified flow on the teacher's pairs (Z0 noise, Z1
+its ODE solution; `genlab data generate pairs RUN`), and its one-step distillation.
 
-The data are pairs (Z0 noise, Z1 = the teacher's ODE solution from Z0, label) drawn once by
-`genlab data generate pairs RUN` (data.name=pairs; their cost is in the folder's meta.json).
-- method.reflow_stage=reflow: flow matching on the coupling, x_t = (1-t) Z0 + t Z1 from the same pair, target
-  velocity Z1 - Z0; the student starts from the teacher (method.teacher). The new flow's paths are straighter, so
-  it needs fewer Euler steps.
-- method.reflow_stage=distill: only t = 0, loss ||Z0 + v(Z0, 0) - Z1||^2 (= ||v(Z0, 0) - (Z1 - Z0)||^2), so one
-  Euler step from the noise lands on the pair's image; the student starts from a reflow run (method.teacher) and
-  the paper distills on pairs that run draws (`genlab data generate pairs runs/<reflow run>`). Sample with
-  sampler=euler at 1 step. The paper's LPIPS distillation loss (their best one-step CIFAR-10 figure) is out of
-  scope here: it needs pretrained VGG features; this is their L2 variant.
-Time convention: the paper's too (t=0 noise, t=1 data). Evaluation compares samples with the teacher's data (the
-pairs folder records it), not with the teacher's samples, so the scores stand beside the teacher's.
+- method.reflow_stage=reflow: flow matching on the coupling, x_t = (1-t) Z0 + t Z1, target Z1 - Z0.
+- method.reflow_stage=distill: t = 0 only, loss ||Z0 + v(Z0, 0) - Z1||^2 (the paper's L2 variant; its LPIPS loss
+  needs pretrained VGG features). Sample with euler at 1 step.
+Scored against the teacher's data the pairs folder records, not the teacher's samples.
 """
 from __future__ import annotations
 
@@ -23,15 +15,12 @@ from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys
-from genlab.families.image_flow.flow import MEAN_VELOCITY, WEIGHT_DRAWS, interpolate, unwrap
+from genlab.families.image_flow.flow import MEAN_VELOCITY, WEIGHT_DRAWS, interpolate
 
 
 class ReflowKeys(cf.Keys, section="method"):
     reflow_stage: str = cf.F("reflow", "reflow: 'reflow' = 2-rectified flow on the pairs (all t), 'distill' = one-step "
                                        "distillation of a reflow run (t = 0 only)", choices=("reflow", "distill"))
-
-
-# reflow reads the teacher's weights only (its start); it makes no teacher forwards, so no teacher guidance scale
 
 
 class Reflow(FewStepFlow):
@@ -51,14 +40,10 @@ class Reflow(FewStepFlow):
     def loss(self, model, batch, ctx):
         g, data, noise, y = ctx.generator, batch["image"], batch["noise"], batch["label"]
         B, dev = data.shape[0], data.device
-        if ReflowKeys.of(self.mcfg).reflow_stage == "distill":
-            t = torch.zeros(B, device=dev)
-        else:
-            t = self.draw_t(B, g, dev, ctx.step)
+        distill = ReflowKeys.of(self.mcfg).reflow_stage == "distill"
+        t = torch.zeros(B, device=dev) if distill else self.draw_t(B, g, dev, ctx.step)
         x_t = interpolate(noise, data, t)  # at t = 0 the pair's noise itself
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=g, device=dev) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
+        y = self.drop_labels(model, y, g)
         per = (model(x_t, t, y).float() - (data - noise).float()).square().flatten(1).mean(1)
         return (self.weight(t.float(), self.mcfg) * per).mean(), {}
 
@@ -69,4 +54,4 @@ class Reflow(FewStepFlow):
 
 method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
                                    "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
-                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)
+                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)  # no teacher forwards: no guidance key

@@ -1,17 +1,10 @@
 """Shortcut models (Frans, Hafner, Levine, Abbeel 2024, "One Step Diffusion via Shortcut Models").
 
-The network s(x_t, t, d) also takes the step size d and returns the average velocity of a step of that size, so
-x_{t+d} = x_t + d * s(x_t, t, d) (sampler `flow_map`). Two kinds of targets in every batch:
-- flow matching at the smallest step d_min = 1 / method.shortcut_min_steps (2^-K): target v = data - noise;
-- self-consistency on a share (method.shortcut_share, 1/8 in the official code) of the batch: d = 2^-k, k uniform in
-  0..K-1, t on the grid of multiples of 2d; the target of one 2d-step is the mean of two d-steps of the target network
-  (the EMA when train.ema_decay > 0, as the official bootstrap_ema=1; else the model itself without gradient),
-  clipped to [-4, 4] as in the official code.
-The step size enters the backbone through the generic conditions as its log2 (embedder `log2_scalar`), like the
-official code's integer index log2(1/d).
-Paper vs official code: the paper writes the flow part at d = 0; the official code uses d = d_min, which we follow
-(a finite log2). Its flow part draws t uniformly on the 128-step grid; here it is the flow family's
-method.timestep_sampler (the teacher recipe's logit-normal with shift), the bootstrap part keeps the grid.
+s(x_t, t, d) is the average velocity of a step of size d: x_{t+d} = x_t + d s (sampler `flow_map`). Each batch mixes
+flow matching at d_min = 1 / method.shortcut_min_steps (the official code's d_min, not the paper's d = 0: a finite
+log2) with self-consistency on method.shortcut_share: d = 2^-k, t on multiples of 2d, target the mean of two
+d-steps of the EMA (the model without gradient at ema_decay 0), clipped to [-4, 4]. d enters as its log2
+(`log2_scalar`). The flow part draws t from method.timestep_sampler (the official code: uniform on its grid).
 """
 from __future__ import annotations
 
@@ -23,8 +16,7 @@ from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.baselines import Baseline
 from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
-from genlab.families.image_flow.flow import MEAN_VELOCITY
-from genlab.families.image_flow.flow import interpolate, unwrap
+from genlab.families.image_flow.flow import MEAN_VELOCITY, interpolate
 
 
 class ShortcutKeys(cf.Keys, section="method"):
@@ -73,10 +65,7 @@ class Shortcut(FewStepFlow):
         # flow-matching part at the smallest step
         t_f = self.draw_t(B - nb, g, dev, ctx.step)
         x_f = interpolate(noise[nb:], data[nb:], t_f)
-        y_f = y[nb:]
-        if self.class_dropout > 0:
-            drop = torch.rand(B - nb, generator=g, device=dev) < self.class_dropout
-            y_f = torch.where(drop, torch.full_like(y_f, unwrap(model).null_class), y_f)
+        y_f = self.drop_labels(model, y[nb:], g)
         d_min = torch.full((B - nb,), 1.0 / self.keys.shortcut_min_steps, device=dev)
         # one forward over both parts; the 2d-step's size is 2d
         out = model(torch.cat([x_b, x_f]), torch.cat([t_b, t_f]), torch.cat([y[:nb], y_f]), d=torch.cat([2 * d, d_min]))

@@ -7,7 +7,6 @@ from genlab.families.image_flow import (  # noqa: F401,E402
     flow,
     incontext,
     loss_weighting,
-    mae_encoder,
     maskdit,
     maskdit_backbone,
     mmdit,

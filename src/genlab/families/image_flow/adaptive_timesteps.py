@@ -1,23 +1,11 @@
-"""Adaptive non-uniform timestep sampling, after Kim et al. 2025 (arXiv:2411.09998, CVPR 2025).
+"""Adaptive non-uniform timestep sampling, after Kim et al. 2025 (arXiv:2411.09998, CVPR 2025), made small.
 
-The paper learns a timestep policy online with REINFORCE: the reward of training on time t is how much
-that update lowers the diffusion loss on a few look-ahead times (their Delta_k^t), with an entropy term
-against collapse. genlab keeps the idea and makes it small:
-
-- the policy is a categorical distribution over `bins` equal-width bins of t (logits in a buffer),
-  mixed with `mix` of the uniform law so every bin keeps being tried, plus the paper's entropy bonus
-  (weight `entropy`) against collapse onto a bin by reward noise (the paper's policy: a Beta network of
-  x0); t is uniform inside its bin (a piecewise-constant density);
-- every `every` steps the whole batch (every rank alike) trains on ONE bin b drawn from the policy, so
-  the batch-level reward belongs to one action (the paper draws t per sample from x0's own policy);
-- the reward is Delta = L_probe(before the update) - L_probe(after), with L_probe the plain velocity MSE
-  on a fixed probe (PROBE_SAMPLES images of that batch at PROBE_TIMES random times each, same noise
-  before and after), all-reduced over ranks; the advantage is Delta minus a running mean, over a running
-  std, and the logits take one step lr * (A * grad log p(b) + entropy * grad H(softmax(logits))). At
-  equilibrium a bin's logit sits about (its mean advantage) / entropy above the others.
-
-The state (logits, reward statistics) is a buffer of a frozen extra module, so checkpoints carry it and
-resume continues it. Two no-grad forwards of PROBE_SAMPLES * PROBE_TIMES samples every `every` steps; no host sync.
+The paper's REINFORCE policy over t (a Beta network of x0) becomes a categorical over `bins` equal bins (uniform
+inside, mixed with `mix` of the uniform law, plus the paper's entropy bonus). Every `every` steps the whole batch
+trains on ONE drawn bin b, so the batch's reward belongs to one action: Delta = L_probe(before) - L_probe(after), the
+plain velocity MSE on a fixed probe (PROBE_SAMPLES images x PROBE_TIMES times, same noise), all-reduced over ranks;
+the logits step lr * (A grad log p(b) + entropy grad H) with A the normalised advantage. The state is a buffer of a
+frozen extra (checkpointed); no host sync.
 """
 from __future__ import annotations
 
@@ -68,7 +56,6 @@ class AdaptiveTimesteps(nn.Module):
         g = torch.Generator(device=p.device).manual_seed(self.seed * 1_000_003 + step)
         return torch.multinomial(p, 1, generator=g)[0]
 
-    # -- the REINFORCE update -------------------------------------------------------------------------
     def reinforce(self, b: torch.Tensor, reward: torch.Tensor):
         """logits += lr * (A * d log p(b) / d logits + entropy * dH / d logits), with A the reward standardised
         by running statistics and H the entropy of softmax(logits)."""

@@ -1,7 +1,6 @@
-"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748).
-
-The backbone maps (noisy image, t, class) -> an image-shaped output. It knows nothing of noise
-schedules: the method decides what goes in and what the output means.
+"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748), and the stem, blocks and
+spec the other image backbones share. It maps (noisy image, t, class) -> an image-shaped output; the method says what
+they mean.
 """
 from __future__ import annotations
 
@@ -76,12 +75,10 @@ def depatchify(x: torch.Tensor, p: int, C: int, H: int, W: int) -> torch.Tensor:
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init.
-
-    Also one stream of an MMDiT joint block (families/image_flow/mmdit.py): `pre` (modulate, project to q/k/v) and `post`
-    (gated attention output, gated MLP) around a joint attention; kernel=False leaves the attention kernel to the
-    other stream, pre_only=True (SD3's last context block, whose output is discarded) keeps only `pre`, grid=False
-    tells an MLP that needs a patch grid (Mix-FFN) that this stream's tokens never have one."""
+    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init. Also one stream of an MMDiT joint
+    block (mmdit.py): `pre` (modulate, q/k/v) and `post` (gated attention output and MLP) around a joint attention;
+    kernel=False leaves the attention kernel to the other stream, pre_only=True (SD3's last context block) keeps only
+    `pre`, grid=False: this stream's tokens have no patch grid (for Mix-FFN)."""
 
     eps = 1e-6
 
@@ -181,29 +178,28 @@ class DiT(nn.Module):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
                 loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
-        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional);
-        conditions: the extra named conditions the model was built with (spec.conditions).
-
-        With loss_target [B, C, H, W] (the flow method, model.final_kernel != plain): the scalar (float32; float64 for
-        a float64 model) mean_b w_b * mean((out_b - loss_target_b)^2) instead of the output (w = loss_weight [B], default 1), through
-        the `final_kernel` entry, which never forms the image-shaped output (nn/fused_final.py)."""
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional); conditions:
+        those the model was built with. With loss_target (flow, model.final_kernel != plain): the float32 (float64 for a
+        float64 model) mean_b w_b mean((out_b - loss_target_b)^2) instead, w = loss_weight [B] (default 1), through the
+        `final_kernel` entry, which never forms the output (nn/fused_final.py)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = combine(embed_conditions(self, t, y, conditions))
-        h = self.run_blocks(h, c, self.pos.rope(), TokenGrid(0, self.grid, self.grid))
+        h = self.run_blocks(h, c, rope=self.pos.rope(), grid=TokenGrid(0, self.grid, self.grid))
         if loss_target is not None:  # the target goes to the patch layout (no gradient), not the output to the image's
             return final_kernel_registry.get(s.final_kernel)(self.final, h, c, patchify(loss_target, s.patch_size),
                                                              loss_weight)
         out = self.final(h, c)
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
-    def run_blocks(self, h, c, rope, grid):
-        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only."""
+    def run_blocks(self, h, *c, rope=None, grid=None):
+        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only, the in-context
+        DiT with no condition vector `c`."""
         saved = {}
         for i, block in enumerate(self.blocks):
             if i in self.skips.source:
                 h = self.skips.merge(i, h, saved.pop(self.skips.source[i]))
-            h = block(h, c, rope=rope, grid=grid)
+            h = block(h, *c, rope=rope, grid=grid)
             if i in self.skips.sources:
                 saved[i] = h
         return h

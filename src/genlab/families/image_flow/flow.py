@@ -24,11 +24,10 @@ from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_T
 from genlab.families.image_flow.dit import dit_size
 from genlab.families.image_flow.loss_weighting import loss_weighting_registry
 from genlab.families.image_flow.timesteps import resolve_shift, shift_time, timestep_sampler_registry
-from genlab.sampling.samplers import sampler_registry
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
 from genlab.sampling.images import generate, sample_images
-from genlab.sampling.samplers import call_sampler, nfe_per_step, time_grid
+from genlab.sampling.samplers import call_sampler, nfe_per_step, sampler_registry, time_grid
 
 
 def interpolate(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -98,11 +97,9 @@ class FlowMatching(Method):
         check_flow_config(cfg)
 
     def __init__(self, cfg, data_spec):
-        keys = ClassDropoutKeys.of(cfg.model)
-        self.cfg = cfg
+        self.cfg, self.spec = cfg, data_spec
         self.mcfg = m = cfg.method
-        self.spec = data_spec
-        self.class_dropout = keys.class_dropout
+        self.class_dropout = ClassDropoutKeys.of(cfg.model).class_dropout
         self.adaptive = None
         if m.timestep_sampler == "adaptive":
             self.adaptive = AdaptiveTimesteps(m.adaptive_bins, m.adaptive_lr, m.adaptive_every, m.adaptive_mix,
@@ -137,14 +134,16 @@ class FlowMatching(Method):
 
     def noised(self, model, data, y, generator, step):
         """(t, noise, x_t, labels with class dropout) for one batch, drawn in this order from `generator`."""
-        B = data.shape[0]
-        t = self.draw_t(B, generator, data.device, step)
+        t = self.draw_t(data.shape[0], generator, data.device, step)
         noise = torch.randn(data.shape, generator=generator, device=data.device, dtype=data.dtype)
-        x_t = interpolate(noise, data, t)
-        if self.class_dropout > 0:
-            drop = torch.rand(B, generator=generator, device=data.device) < self.class_dropout
-            y = torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
-        return t, noise, x_t, y
+        return t, noise, interpolate(noise, data, t), self.drop_labels(model, y, generator)
+
+    def drop_labels(self, model, y, generator):
+        """Labels dropped to the null class at model.class_dropout (what trains the unconditional velocity of CFG)."""
+        if self.class_dropout <= 0:
+            return y
+        drop = torch.rand(len(y), generator=generator, device=y.device) < self.class_dropout
+        return torch.where(drop, torch.full_like(y, unwrap(model).null_class), y)
 
     def loss(self, model, batch, ctx):
         generator = ctx.generator

@@ -9,12 +9,12 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.nn.mlp import mlp_registry
 from genlab.nn.norm import norm_registry
 from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
     DitKeys,
     IMAGE_BACKBONE,
+    DiT,
     DiTSpec,
     add_image_stem,
     depatchify,
@@ -26,7 +26,7 @@ from genlab.families.image_flow.dit import (
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.embeddings import embed_flops
-from genlab.nn.mlp import TokenGrid
+from genlab.nn.mlp import TokenGrid, mlp_registry
 
 PLACEMENTS = ("pre", "post")
 COND_TOKENS = 2  # timestep, class
@@ -68,16 +68,8 @@ class InContextDiT(nn.Module):
         self.final_norm = nn.Identity() if s.ln_placement == "post" else norm_registry.get(s.norm)(s.dim, eps=1e-6)
         self.head = nn.Linear(s.dim, p * p * s.channels)
         self.residual_dtype = residual_registry.get(s.residual)
-        for name, m in self.named_modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-        nn.init.normal_(self.y_embed.weight, std=0.02)
-        for m in self.t_embed.mlp:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.02)
+        DiT._init_weights(self)
         nn.init.zeros_(self.head.weight)  # zero velocity at init, as DiT's zero-initialised final layer
-        self.skips.reset_parameters()
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
         s = self.spec
@@ -86,13 +78,7 @@ class InContextDiT(nn.Module):
         k = cond.shape[1]
         h = torch.cat([cond, h], dim=1)
         rope, grid = prefix_rope(self.pos.rope(), k), TokenGrid(k, self.grid, self.grid)
-        saved = {}
-        for i, block in enumerate(self.blocks):
-            if i in self.skips.source:
-                h = self.skips.merge(i, h, saved.pop(self.skips.source[i]))
-            h = block(h, rope=rope, grid=grid)
-            if i in self.skips.sources:
-                saved[i] = h
+        h = DiT.run_blocks(self, h, rope=rope, grid=grid)
         out = self.head(self.final_norm(h[:, k:]))
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 

@@ -1,16 +1,16 @@
 """MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305).
 
-Each training sample keeps K = int(N * (1 - mask_ratio)) of its N patch tokens (the paper's `len_keep`), drawn
-uniformly without replacement; the backbone's encoder sees only those (families/image_flow/maskdit_backbone.py), its decoder every
-position, the dropped ones as a learned mask token. With V the visible and M the masked patches of a sample:
+Each sample keeps K = int(N * (1 - mask_ratio)) tokens (the paper's `len_keep`) for the encoder; with V the visible
+and M the masked patches:
 
     loss = mean_V |v_theta(x_t)_p - (data - noise)_p|^2  +  mae_weight * mean_M |v_theta(x_t)_p - norm(x_t)_p|^2
 
-The first term is genlab's flow-matching loss restricted to the visible patches; the second is MAE's
-reconstruction of the masked patches of the model's *input*, the noisy image x_t, each patch normalised to zero
-mean and unit variance (the official code's `mae_loss(..., norm_pix_loss=True)` on y + n). The last
-`method.unmask_steps` steps are the paper's unmasked fine-tune: every token, MAE term off, i.e. plain flow
-matching. Sampling, evaluation and checkpoints are flow matching's: the model sees every token there.
+the second term reconstructing the model's noisy *input* (the official `mae_loss(..., norm_pix_loss=True)` on y + n).
+The last `method.unmask_steps` are the paper's unmasked fine-tune (plain flow matching, as sampling is).
+
+`mae_encoder`: the same backbone as a plain MAE (He et al. 2021, arXiv:2111.06377) of the dataset's images, t = 1 and
+the null class held constant, for REPA to align to (`method.repa_encoder=run:RUN`); its loss is MAE's norm-pix
+reconstruction of the masked patches, mean over masked p of |decoder(x)_p - norm(x_p)|^2.
 """
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.baselines import Baseline
+from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow.dit import patchify
 from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, FlowMatching, check_flow_config
 from genlab.families.models import model_registry
 from genlab.nn.mlp import mlp_registry
-from genlab.families.base import method_registry
+from genlab.families.base import Method, method_registry
+from genlab.runtime.parallel import unwrap
 
 
 def kept_tokens(tokens: int, mask_ratio: float) -> int:
@@ -149,3 +150,58 @@ method_registry.register("maskdit", "flow matching on a random share of the patc
                                     "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
                                     "mae_weight, unmask_steps)",
                          keys=MaskditMethodKeys, reads=cf.dotted_of(FLOW_KEYS))(MaskDiTFlow)
+
+
+class MaeKeys(cf.Keys, section="method"):
+    mae_mask_ratio: float = cf.F(0.75, "mae_encoder: share of patch tokens the encoder does not see (MAE: 0.75)", gt=0, lt=1)
+
+
+class MAEEncoder(Method):
+    batch_keys = ("image",)
+    data_kinds, model_families = ("image",), ("image",)
+
+    @staticmethod
+    def check_config(cfg):
+        check_mae_config(cfg)
+
+    def __init__(self, cfg, data_spec):
+        keys = MaeKeys.of(cfg.method)
+        self.cfg, self.spec = cfg, data_spec
+        self.patch = cfg.model.patch_size
+        self.tokens = (data_spec["image_size"] // self.patch) ** 2
+        self.keep = kept_tokens(self.tokens, keys.mae_mask_ratio)
+        if self.keep < 1:
+            raise GenlabError(f"method.mae_mask_ratio={keys.mae_mask_ratio} keeps no token of {self.tokens}")
+
+    def loss(self, model, batch, ctx):
+        x = batch["image"]
+        B = x.shape[0]
+        keep = draw_keep(B, self.tokens, self.keep, ctx.generator, x.device)
+        t = torch.ones(B, device=x.device, dtype=x.dtype)
+        y = torch.full((B,), unwrap(model).null_class, device=x.device, dtype=torch.long)
+        pred = patchify(model(x, t, y, keep=keep), self.patch).float()
+        masked = torch.ones(B, self.tokens, device=x.device).scatter(1, keep, 0.0)  # 1 on the tokens the encoder missed
+        err = ((pred - normalised_patches(x, self.patch)) ** 2).mean(-1)
+        loss = (err * masked).sum() / masked.sum()
+        return loss, {"mae_loss": loss.detach()}
+
+    def trivial_baselines(self, data, generator):
+        # the masked tokens are uniform over positions, so the best constant is each position's mean normalised patch
+        x = torch.from_numpy(training_images(data, generator, self.cfg.data.hflip)).float()
+        patches = normalised_patches(x, self.patch).double()
+        return [Baseline("loss", mean_element_variance(patches.numpy()), "MSE of the mean normalised patch")]
+
+    def train_flops_per_sample(self, model, total_steps: int) -> int:
+        return 3 * unwrap(model).flops_per_sample(self.keep)
+
+
+def check_mae_config(cfg):
+    if not model_registry.spec(cfg.model.name).masked_tokens:
+        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+        raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
+                          f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
+
+
+method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
+                                        "null class; norm-pix loss on the masked patches): an encoder for "
+                                        "method.repa_encoder=run:RUN", keys=MaeKeys)(MAEEncoder)

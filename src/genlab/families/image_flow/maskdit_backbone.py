@@ -1,11 +1,6 @@
-"""MaskDiT's backbone: a DiT encoder that can run on a subset of the patch tokens, then a small DiT decoder over
-every position (Zheng et al. 2023, "Fast Training of Diffusion Models with Masked Transformers", arXiv:2306.09305).
-
-forward(x_t, t, y, keep=None): with `keep` [B, K] (the visible token indices of each sample) the encoder blocks see
-only those K tokens, each with its own position embedding; the decoder scatters them back onto the grid, fills the
-other positions with a learned mask token, adds its own fixed sin-cos positions and runs `decoder_depth` blocks of
-width `decoder_dim` over all N positions. keep=None (sampling, the unmasked fine-tune, any other method) is the
-whole grid through encoder and decoder: the model is then a DiT with `decoder_depth` more, narrower blocks.
+"""MaskDiT's backbone (Zheng et al. 2023, arXiv:2306.09305): a DiT encoder over the visible tokens `keep` [B, K], then
+a small DiT decoder (`decoder_depth` blocks of `decoder_dim`) over every position, a learned mask token at the dropped
+ones. keep=None runs the whole grid (sampling, other methods).
 """
 from __future__ import annotations
 
@@ -67,7 +62,7 @@ class MaskDiT(DiT):
                                   "per-sample tables: use sincos2d or learned")
             h = h.gather(1, keep.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
             grid = None  # the visible tokens are no longer a grid (a grid MLP is refused by the method's check)
-        h = self.run_blocks(h, c, rope, grid)
+        h = self.run_blocks(h, c, rope=rope, grid=grid)
         h = self.decoder_in(h, c).to(self.residual_dtype(x_t))  # the decoder's residual stream in the encoder's dtype
         if keep is not None:
             full = self.mask_token.to(h.dtype).expand(h.shape[0], self.num_tokens, -1)

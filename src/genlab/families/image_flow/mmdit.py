@@ -1,14 +1,9 @@
 """MMDiT (Esser et al. 2024, SD3, arXiv:2403.03206) and the DiT + MMDiT hybrid.
 
-Two token streams, image patches and conditioning tokens, each with its own weights (adaLN modulation, norms,
-q/k/v and output projections, MLP: a DiTBlock per stream), meet in one attention over their concatenation.
-Both streams are modulated by the pooled condition c = t embedding + class embedding, as SD3 modulates by
-t + pooled text. The conditioning tokens are the class and timestep embeddings, or, with context_dim > 0, a
-given sequence of condition embeddings (text-like) projected to the model width.
-
-With model.dual_blocks = k (0 < k < depth) the first k blocks are dual-stream and the rest are DiT blocks over
-the joint sequence [conditioning, patches] with shared weights (the single-stream half of Flux; Flux's single
-blocks run attention and MLP in parallel from one fused projection, these run them in sequence as DiT does).
+Image and conditioning tokens (class and timestep, or a projected `context` sequence) each have their own DiTBlock
+weights and meet in one attention; both are modulated by c = t + class embedding (SD3: t + pooled text). With
+model.dual_blocks = k the rest are DiT blocks over [conditioning, patches] (Flux's single-stream half, run in
+sequence as DiT's rather than Flux's parallel attention + MLP).
 """
 from __future__ import annotations
 

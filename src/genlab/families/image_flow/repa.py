@@ -1,15 +1,10 @@
 """REPA: representation alignment (Yu et al. 2024, arXiv:2410.06940).
 
-Flow matching plus an alignment term: the DiT's tokens after block k, mapped by a trainable MLP projector,
-should point the way a frozen image encoder's features of the clean image point, patch by patch:
-
     loss = flow loss + lambda * (1 - mean_n cos(projector(h_k[n]), encoder(x)[n]))
 
-The projector is a trainable extra (a param group of the model's optimizer), the encoder a frozen one, chosen by
-method.repa_encoder from registry repa_encoder (families/image_flow/repa_encoders.py: random, classifier, run:RUN, timm:MODEL).
-Defaults follow the paper: k = a third of the depth, a 3-layer SiLU MLP of width 2048, lambda 0.5. Sampling and
-evaluation are flow matching's. The step can be one CUDA graph (train.graph_step): the hook, the encoder pass and the
-projector add kernels and read nothing back to the host.
+h_k the DiT's tokens after block k, the projector a trainable extra, the encoder a frozen one (method.repa_encoder,
+repa_encoders.py). Defaults are the paper's: k = depth / 3, a 3-layer SiLU MLP of width 2048, lambda 0.5. Reads
+nothing back to the host, so the step can be one CUDA graph.
 """
 from __future__ import annotations
 
@@ -19,10 +14,9 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.base import Extra
+from genlab.families.base import Extra, method_registry
 from genlab.families.baselines import Baseline
 from genlab.families.image_flow.dit import dit_size
-from genlab.families.base import method_registry
 from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
 from genlab.families.models import model_registry

@@ -1,16 +1,6 @@
-"""The frozen encoders REPA aligns to, chosen by `method.repa_encoder=NAME[:ARG]` (registry `repa_encoder`).
-
-Each maps clean images in [-1, 1] [B, C, H, W] to features on the DiT's patch grid [B, grid^2, D]:
-
-    random        a frozen randomly initialised conv net (tests, ablations; no pretraining)
-    classifier    the in-project feature CNN of eval/classifier.py, trained on the dataset and cached
-    run:RUN       the last block's tokens of a trained genlab run's model at t = 1 (clean data), null class: the
-                  masked autoencoder of `genlab train mnist_mae_encoder` (families/image_flow/mae_encoder.py), or any DiT run
-    timm:MODEL    a timm model with weights from method.repa_encoder_path (.safetensors, or .pt/.pth/.bin read with
-                  weights_only: loading runs no code); ViT patch tokens without the prefix (class/register) tokens
-
-Features on another grid than the DiT's are average-pooled (or bilinearly upsampled) onto it; the paper instead
-resizes the input so the encoder's grid equals the DiT's (DINOv2-B/14 at 224 px: 16 x 16, SiT-XL/2 at 256 px).
+"""The frozen encoders REPA aligns to (`method.repa_encoder=NAME[:ARG]`, registry `repa_encoder`): clean images in
+[-1, 1] -> features on the DiT's patch grid [B, grid^2, D] (random, classifier, run:RUN, timm:MODEL; docs/image_flow.md).
+Another grid is pooled (or upsampled) onto the DiT's; the paper resizes the input instead.
 """
 from __future__ import annotations
 
@@ -48,12 +38,6 @@ repa_encoder_registry = Registry("repa_encoder", RepaEncoderSpec)
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
 
-def parse_encoder(value: str) -> tuple[str, str]:
-    """'timm:vit_small_patch14_dinov2' -> ('timm', 'vit_small_patch14_dinov2'); 'classifier' -> ('classifier', '')."""
-    name, _, arg = str(value).partition(":")
-    return name, arg
-
-
 def check_encoder(cfg) -> None:
     """method.repa_encoder names a registered encoder, with the argument and files it needs: one line, before work."""
     _, arg, spec = spec_with_arg(repa_encoder_registry, cfg.method.repa_encoder, "method.repa_encoder")
@@ -62,7 +46,7 @@ def check_encoder(cfg) -> None:
 
 
 def build_encoder(cfg, data_spec, grid: int) -> nn.Module:
-    name, arg = parse_encoder(cfg.method.repa_encoder)
+    name, _, arg = str(cfg.method.repa_encoder).partition(":")  # 'timm:vit_small_patch14_dinov2', 'classifier'
     return repa_encoder_registry.get(name)(arg, cfg, data_spec, grid)
 
 
@@ -109,15 +93,10 @@ class ConvEncoder(_Frozen):
         return to_grid(self.features(x), self.grid)
 
 
-def conv_features(channels: int) -> nn.Sequential:
-    """The convolutional trunk of eval/classifier.SmallConvNet (strides 1, 2, 2; 128 channels out)."""
-    return SmallConvNet(channels, 2).features[:6]
-
-
 @repa_encoder_registry.register("random", "a frozen randomly initialised conv net (no pretraining: tests, ablations)")
 def build_random(arg, cfg, spec, grid):
-    # initialised from the seeded global RNG, then frozen
-    return ConvEncoder(conv_features(spec["channels"]), spec["channels"], spec["image_size"], grid)
+    # SmallConvNet's trunk (strides 1, 2, 2; 128 channels out), initialised from the seeded global RNG, then frozen
+    return ConvEncoder(SmallConvNet(spec["channels"], 2).features[:6], spec["channels"], spec["image_size"], grid)
 
 
 @repa_encoder_registry.register("classifier", "the in-project feature CNN (eval/classifier.py), trained on the "

@@ -1,9 +1,6 @@
-"""Training-time samplers of t in [0, 1] for flow matching (t=0 noise, t=1 data).
-
-Every entry is `fn(n, generator, device, cfg) -> t [n]` and draws by inverse transform of one uniform
-per sample, so its density is a closed form (`DENSITIES`, used by docs/timesteps.png and the tests).
-Papers write many of these in the opposite convention (SD3: t=0 data, t=1 noise); each entry is
-stated here in genlab's convention. The adaptive sampler keeps state and lives in adaptive_timesteps.py.
+"""Training-time samplers of t in [0, 1] for flow matching (t=0 noise, t=1 data; papers in SD3's opposite convention
+are translated). Each `fn(n, generator, device, cfg) -> t [n]` inverts one uniform per sample, so its density is a
+closed form (`DENSITIES`, for docs/timesteps.png and the tests). The adaptive one: adaptive_timesteps.py.
 """
 import math
 

@@ -143,7 +143,6 @@ class Autoregressive(Method):
             return 0
 
 
-
 class ArKeys(cf.Keys, section="method"):
     top_k: int = cf.F(0, "autoregressive sampling: keep the k most likely tokens (0 = all)", ge=0)
 

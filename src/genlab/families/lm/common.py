@@ -17,7 +17,6 @@ LN2 = math.log(2.0)
 INFILL = re.compile(r"\[\[(\d+)\]\]")  # "[[N]]" in a prompt: N tokens for masked diffusion to fill in
 
 
-# sampling keys every text method reads (autoregressive, mdlm)
 class TextSamplingKeys(cf.Keys, section="method"):
     temperature: float = cf.F(1.0, "language models: sampling temperature (0 = greedy)", ge=0)
     sample_len: int = cf.F(0, "tokens per text sample (0 = data.seq_len)", ge=0)
@@ -37,10 +36,6 @@ def check_backbone(model, causal: bool, method: str):
         want = "true" if causal else "false"
         raise GenlabError(f"method {method} needs a {'causal' if causal else 'bidirectional'} backbone: set model.causal={want}")
     return base
-
-
-def tokenizer_of(spec: dict):
-    return from_meta(spec)
 
 
 def val_windows(data, seq_len: int, max_seqs: int) -> torch.Tensor:
@@ -68,14 +63,14 @@ def per_token_metrics(prefix: str, nats: float, spec: dict) -> dict:
 
 
 def encode_prompt(spec: dict, text: str) -> list[int]:
-    tok = tokenizer_of(spec)
+    tok = from_meta(spec)
     if tok is None:
         raise GenlabError("this dataset has no tokenizer (synthetic tokens): prompts are not available")
     return tok.encode(text)
 
 
 def decode(spec: dict, ids) -> str:
-    tok = tokenizer_of(spec)
+    tok = from_meta(spec)
     ids = [int(i) for i in ids]
     return tok.decode(ids) if tok is not None else " ".join(map(str, ids))
 

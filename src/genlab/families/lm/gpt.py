@@ -1,20 +1,10 @@
 """GPT: a decoder-style transformer over token ids (Radford et al. 2019; Karpathy's nanoGPT).
 
-Token embedding + learned or rotary positions, pre-norm blocks (LayerNorm or RMSNorm, GELU or
-SwiGLU MLP), a final norm and a linear head, optionally tied to the embedding. `causal` is fixed at
-build time: autoregressive methods need True, masked diffusion needs False, and each method refuses
-the wrong kind. The embedding has `n_vocab` rows: the data vocabulary plus at least one spare id,
-rounded up to a multiple of 64 (50257 -> 50304, the padding nanoGPT uses for fast matmuls). The first
-spare id, `mask_id == vocab_size`, is the [MASK] token of masked diffusion; the logits cover all
-`n_vocab` rows and the methods ignore the spare ones.
-
-`model(idx)` returns logits; `model(idx, targets, weights)` returns the training loss
-sum_i weights_i * CE(logits_i, targets_i) instead, so that under torch.compile the head and the
-cross-entropy are one graph (bf16 logits, the float32 upcast fused into the loss kernels, nothing
-[B, T, V]-sized in float32 ever written). `ce_chunk > 0` goes further: a fused linear + cross-entropy
-that never keeps logits at all (gradients formed chunk by chunk in the forward; useful in eager mode
-and for big vocabularies at long context). `ce_kernel` picks a library kernel for the same loss on CUDA
-(cut-cross-entropy, liger-kernel: nn/fused_ce.py); the plain path everywhere else.
+`causal` is fixed at build time (autoregressive: True, masked diffusion: False). The embedding has `n_vocab` rows:
+the vocabulary plus a spare id, rounded up to 64 (nanoGPT's 50257 -> 50304); the first spare, `mask_id ==
+vocab_size`, is masked diffusion's [MASK]. `model(idx, targets, weights)` returns the loss sum_i w_i CE_i instead of
+logits, so under torch.compile head and cross-entropy are one graph (no float32 [B, T, V] written); `ce_chunk > 0`
+never keeps logits (LinearCrossEntropy); `ce_kernel` picks a CUDA library kernel (nn/fused_ce.py).
 """
 from __future__ import annotations
 
@@ -78,18 +68,14 @@ class GPTSpec:
         return mlp_registry.spec(self.mlp).hidden_of(int(self.dim * self.mlp_ratio))
 
 
-def make_norm(kind: str, dim: int, bias: bool) -> nn.Module:
-    return norm_registry.get(kind)(dim, bias=bias)
-
-
 class Block(nn.Module):
     def __init__(self, s: GPTSpec, layer: int = 0):
         super().__init__()
         self.causal = s.causal
-        self.norm1 = make_norm(s.norm, s.dim, s.bias)
+        self.norm1 = norm_registry.get(s.norm)(s.dim, bias=s.bias)
         self.attn = Attention(s.dim, s.heads, backend=s.attention, bias=s.bias, attn_dropout=s.dropout,
                               layer=layer, qkv_kernel=s.qkv_kernel)
-        self.norm2 = make_norm(s.norm, s.dim, s.bias)
+        self.norm2 = norm_registry.get(s.norm)(s.dim, bias=s.bias)
         self.mlp = mlp_registry.get(s.mlp)(s.dim, int(s.dim * s.mlp_ratio), bias=s.bias)
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
 
@@ -108,7 +94,7 @@ class GPT(nn.Module):
         self.pos_emb = build_position(s.pos_emb, s.dim, s.heads, (s.seq_len,), "gpt")
         self.drop = nn.Dropout(s.dropout) if s.dropout > 0 else nn.Identity()
         self.blocks = nn.ModuleList(Block(s, layer=i) for i in range(s.depth))
-        self.norm = make_norm(s.norm, s.dim, s.bias)
+        self.norm = norm_registry.get(s.norm)(s.dim, bias=s.bias)
         self.head = nn.Linear(s.dim, s.n_vocab, bias=False)
         self._init_weights()
         if s.tie_weights:
@@ -125,10 +111,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, weights: torch.Tensor | None = None,
                 vocab: int | None = None) -> torch.Tensor:
-        """idx: long [B, T] (T <= seq_len) -> logits [B, T, n_vocab].
-
-        With targets [B, T]: the float32 scalar sum(weights * cross-entropy) over the first `vocab` logits
-        (default all n_vocab rows; weights default 1 / (B * T), i.e. the mean)."""
+        """idx: long [B, T] -> logits [B, T, n_vocab]; with targets [B, T]: the float32 sum(weights * CE) over the
+        first `vocab` logits (default all; weights default 1 / (B * T), the mean)."""
         T = idx.shape[1]
         if T > self.spec.seq_len:
             raise ValueError(f"sequence of {T} tokens is longer than the model's {self.spec.seq_len} positions")
@@ -147,9 +131,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
-        """Causal forward with a key/value cache, for sampling: idx [B, t] continues the sequence whose keys
-        and values `cache` holds (a list, one (k, v) per block, extended in place; empty to start with a
-        prompt of t tokens, else t == 1). Returns the logits of the last position [B, n_vocab]."""
+        """Causal forward with a key/value cache (a list, one (k, v) per block, extended in place): idx [B, t] (a
+        prompt when the cache is empty, else t == 1) -> the last position's logits [B, n_vocab]."""
         if not self.causal:
             raise GenlabError("a key/value cache needs a causal model")
         B, t = idx.shape
@@ -175,9 +158,8 @@ class GPT(nn.Module):
         return self.head(self.norm(h[:, -1]))
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs of one sequence (2 per multiply-add): every Linear and the attention kernel's
-        matmuls (softmax: both over the full T x T score matrix, as torch.utils.flop_counter and nanoGPT's MFU
-        count it; other entries by their own formula, attention.attention_flops)."""
+        """Forward matmul FLOPs of one sequence: every Linear and the attention matmuls over the full T x T score
+        matrix (as torch.utils.flop_counter and nanoGPT's MFU count it; other entries: attention_flops)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
         mlp = 2 * T * D * H * mlp_registry.spec(s.mlp).matrices
@@ -187,9 +169,8 @@ class GPT(nn.Module):
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """sum_i w_i * CE(h_i @ W[:vocab]^T, y_i) in chunks of `chunk` rows, with d/dh and d/dW formed in the
-    forward: no [N, vocab] logits or probabilities outlive a chunk (Liger's fused linear cross-entropy,
-    in plain torch). Under autocast the matmuls run in the autocast dtype with float32 softmax."""
+    """sum_i w_i * CE(h_i @ W[:vocab]^T, y_i) in chunks of `chunk` rows, d/dh and d/dW formed in the forward: no
+    logits outlive a chunk (Liger's fused linear cross-entropy in plain torch; autocast matmuls, float32 softmax)."""
 
     @staticmethod
     def forward(ctx, h, W, y, w, vocab: int, chunk: int):
@@ -241,7 +222,7 @@ class GptKeys(cf.Keys, section="model"):
                                    "never materialise the logits; auto: the fastest installed, plain on CPU)", registry="ce_kernel")
 
 
-GPT_EXAMPLE = ModelExample(  # the contract test's instance (tests/unit/nn/test_contract.py)
+GPT_EXAMPLE = ModelExample(
     spec={"kind": "tokens", "vocab_size": 11, "seq_len": 12},
     inputs=lambda spec, B, g: (torch.randint(0, spec["vocab_size"], (B, spec["seq_len"]), generator=g),),
     output_shape=lambda spec, B: (B, spec["seq_len"], padded_vocab(spec["vocab_size"])))

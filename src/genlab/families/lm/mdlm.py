@@ -1,20 +1,13 @@
 """Masked diffusion language model (MDLM; Sahoo et al. 2024, arXiv:2406.07524), absorbing state.
 
-Forward process: each token independently stays clean with probability alpha_t and is otherwise
-replaced by [MASK] (id `model.mask_id`); alpha_0 = 1, alpha_1 = 0 (all masked). SUBS parameterisation:
-the denoiser never predicts [MASK] (its logit and the padding ids are dropped) and unmasked tokens carry
-over, so only masked positions cost anything. The backbone is time-independent (MDLM's default).
+Each token stays clean with probability alpha_t, else becomes [MASK] (`model.mask_id`); alpha_0 = 1, alpha_1 = 0.
+SUBS: the denoiser never predicts [MASK] and unmasked tokens carry over. The backbone ignores t (MDLM's default).
 
   continuous NELBO  = E_t [ -alpha'_t / (1 - alpha_t) * sum_{masked l} -log p(x_l | z_t) ]       (MDLM eq. 10)
   T-step NELBO      = sum_i E [ (alpha_s - alpha_t) / (1 - alpha_t) * sum_{masked l} -log p(x_l | z_t) ],
                       t = i/T, s = (i-1)/T                                                         (MDLM eq. 8)
-With alpha_0 = 1 and alpha_1 = 0 the reconstruction and prior terms vanish, both are true bounds on
--log p(x), the T-step one is >= the continuous one and falls towards it as T grows.
-
-Training samples t antithetically (one stratified draw per batch row) in [method.eps, 1]: the weight
-is ~1/t near 0, and MDLM's cut (sampling_eps) trades a tiny bias (about eps of the loss) for variance.
-Evaluation integrates over all of (0, 1] and uses the same random numbers for every T (common random
-numbers) so the bound-vs-T table shows the effect of T, not Monte Carlo noise.
+Both bound -log p(x); the T-step one is >= the continuous one. Training draws t antithetically in [method.eps, 1]
+(MDLM's sampling_eps: the weight is ~1/t near 0); evaluation covers (0, 1] with common random numbers for every T.
 """
 from __future__ import annotations
 
@@ -34,7 +27,7 @@ from genlab.families.lm import common as lm
 from genlab.families.lm import render
 from genlab.families.lm.autoregressive import score_nats
 
-SCHEDULES = ("loglinear", "cosine")
+SCHEDULES = ("loglinear", "cosine")  # method.noise_schedule
 
 
 def alpha(t: torch.Tensor, schedule: str, eps: float = 0.0) -> torch.Tensor:
@@ -85,9 +78,8 @@ def nelbo_estimates(model, x, T_list, schedule, vocab, mask_id, generator, antit
 
 
 def bound_stats(draws: torch.Tensor, reps: int) -> tuple[float, float]:
-    """Mean and standard error of a bound from its Monte Carlo draws, reps passes over n sequences [reps * n]
-    (pass-major). A sequence's draws are averaged first, so the standard error is std / sqrt(n) over independent
-    sequences (the draws of one sequence share its own deviation); NaN for one sequence."""
+    """Mean and standard error of a bound from draws [reps * n] (pass-major): each sequence's draws are averaged
+    first, so the standard error is over the n independent sequences (NaN for one)."""
     v = draws.view(reps, -1).mean(0)
     return v.mean().item(), (v.std() / math.sqrt(len(v))).item() if len(v) > 1 else float("nan")
 
@@ -117,11 +109,9 @@ def parse_template(spec: dict, prompt: str, length: int, mask_id: int) -> list[i
 @torch.no_grad()
 def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: int, mask_id: int, generator=None,
                      temperature: float = 1.0, block_len: int = 0, stats: dict | None = None) -> torch.Tensor:
-    """MDLM's ancestral sampler (SUBS): from t=1 to 0 in `steps` steps, each masked position is revealed with
-    probability (alpha_s - alpha_t)/(1 - alpha_t) as a draw from p(x | z_t); revealed tokens never change.
-    The backbone ignores t, so when a step reveals nothing the next step reuses the cached logits.
-    block_len > 0: semi-autoregressive, blocks of that many positions are generated left to right,
-    `steps` steps each; later blocks stay masked meanwhile."""
+    """MDLM's ancestral sampler (SUBS): t from 1 to 0 in `steps` steps, each masked position revealed with probability
+    (alpha_s - alpha_t)/(1 - alpha_t) from p(x | z_t); logits are reused while nothing is revealed (the backbone
+    ignores t). block_len > 0: semi-autoregressive blocks, left to right, `steps` steps each."""
     L = z.shape[1]
     todo = z == mask_id
     blocks = [(0, L)] if block_len <= 0 else [(a, min(a + block_len, L)) for a in range(0, L, block_len)]
@@ -169,11 +159,7 @@ class MaskedDiffusion(Method):
 
     def __init__(self, cfg, data_spec):
         lm.check_token_spec(data_spec, "mdlm")
-        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
-        if self.mcfg.noise_schedule not in SCHEDULES:
-            raise GenlabError(f"method.noise_schedule must be one of {', '.join(SCHEDULES)}; got {self.mcfg.noise_schedule!r}")
-        if not 0 <= self.mcfg.eps < 1:
-            raise GenlabError(f"method.eps must be in [0, 1), got {self.mcfg.eps}")
+        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec  # noise_schedule and eps: checked by their fields
         self.schedule, self.V, self.T = self.mcfg.noise_schedule, data_spec["vocab_size"], data_spec["seq_len"]
         self._checked = False
 
@@ -184,16 +170,14 @@ class MaskedDiffusion(Method):
         return base
 
     def loss(self, model, batch, ctx):
-        keys = MdlmKeys.of(self.mcfg)
-        generator = ctx.generator
+        keys, generator = MdlmKeys.of(self.mcfg), ctx.generator
         if not self._checked:
             self.mask_id = self._base(model).mask_id
             self._checked = True
         x = batch["x"]
         B, L = x.shape
         eps = keys.eps
-        t = eps + (1 - eps) * antithetic_uniform(B, generator, x.device, keys.antithetic)
-        t = t.clamp_min(1e-6)
+        t = (eps + (1 - eps) * antithetic_uniform(B, generator, x.device, keys.antithetic)).clamp_min(1e-6)
         u_tok = torch.rand(x.shape, generator=generator, device=x.device)
         masked = u_tok < (1 - alpha(t, self.schedule, eps))[:, None]
         z = torch.where(masked, torch.full_like(x, self.mask_id), x)
@@ -214,7 +198,6 @@ class MaskedDiffusion(Method):
         what = "unigram entropy of the training tokens"
         return [Baseline("loss", h, what), Baseline("nelbo_loss", h, what)]
 
-    # -- evaluation --------------------------------------------------------------------------------
     @torch.no_grad()
     def bounds(self, model, data, ctx) -> tuple[dict, dict, int]:
         """{T: (mean NELBO in nats/token, its standard error)} for T in eval.T_list and T=inf, {T: the same of the
@@ -269,7 +252,6 @@ class MaskedDiffusion(Method):
         return {"gen_ppl": math.exp(min(nats, 50.0)), "gen_nats_per_token": nats, "gen_unigram_entropy": lm.unigram_entropy(z),
                 "gen_samples": n, "gen_steps": self.mcfg.sample_steps}
 
-    # -- sampling ----------------------------------------------------------------------------------
     def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
              block_len=None, stats=None):
         """Token ids [n, L] from `steps` denoising steps (default method.sample_steps); `stats` (a dict) gets the
@@ -293,9 +275,8 @@ class MaskedDiffusion(Method):
 
 
 def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str, gaps: dict | None = None):
-    """bound_vs_T.md / .csv / .png: the NELBO (bits/token) as a function of the number of steps T, each ± its standard
-    error; gaps {T: (mean, stderr)}: the T-step bound minus the continuous one from the same draws (common random
-    numbers), known far more precisely than either bound, so the table shows whether T matters beyond the noise."""
+    """bound_vs_T.md / .csv / .png: the NELBO (bits/token) vs the steps T, ± its standard error; gaps {T: (mean,
+    stderr)}: the T-step bound minus the continuous one from the same draws, far more precise than either bound."""
     run_dir.mkdir(parents=True, exist_ok=True)
     unit = "bits/char" if spec.get("tokenizer") == "char" else "bits/token"
     gaps = gaps or {}

@@ -1,9 +1,6 @@
-"""Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019):
-next-byte cross-entropy, bits per dimension on held-out images, whole-image sampling, completion of
-partly given images (their pictures and the attention pictures: render.py).
-
-Batches come from the image loader (float [-1, 1], exactly u8 / 127.5 - 1), so the bytes are recovered
-by rounding. bits/dim = mean NLL over every byte of every image / ln 2; a uniform model scores 8.
+"""Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019): next-byte
+cross-entropy, bits/dim (a uniform model scores 8), sampling and completion. Batches are float [-1, 1], exactly
+u8 / 127.5 - 1, so the bytes are recovered by rounding.
 """
 from __future__ import annotations
 
@@ -25,11 +22,6 @@ from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_t
 from genlab.runtime.parallel import unwrap
 
 LN2 = math.log(2.0)
-
-
-def to_bytes(x: torch.Tensor) -> torch.Tensor:
-    """float [B, C, H, W] in [-1, 1] -> long [B, H, W, C] in 0..255."""
-    return to_pixels(x).long()
 
 
 @torch.no_grad()
@@ -77,7 +69,7 @@ class ImageAR(Method):
         return seq_to_image(seq, self.H, self.H, self.C, self.order)
 
     def loss(self, model, batch, ctx):
-        y = self.seq(to_bytes(batch["image"]))
+        y = self.seq(to_pixels(batch["image"]).long())  # float [-1, 1] -> the bytes, long [B, H, W, C]
         return model(shift_in(y), targets=y), {}
 
     def synthetic_batch(self, batch_size, device, generator):
@@ -90,7 +82,6 @@ class ImageAR(Method):
         what = "per-position byte entropy of the training images"
         return [Baseline("loss", h, what), Baseline("val_bits_per_dim", h / LN2, what)]
 
-    # -- evaluation -----------------------------------------------------------------------------
     def heldout(self, data, k: int):
         """uint8 [k, H, W, C] held-out images (eval.val_path) and where they came from."""
         if self.cfg.eval.val_path:
@@ -122,7 +113,6 @@ class ImageAR(Method):
         bpd = self.bits_per_dim(model, torch.from_numpy(imgs).to(device), batch=max(1, min(ecfg.batch_size, 64)))
         return {"val_bits_per_dim": bpd, "val_images": len(imgs), "val_source": source}
 
-    # -- generation -------------------------------------------------------------------------------
     def sample_images(self, model, n, generator, device, temperature=None):
         t = self.mcfg.temperature if temperature is None else temperature
         return self.image(sample_seq(model, n, self.T, device, temperature=t, generator=generator))
@@ -135,9 +125,7 @@ class ImageAR(Method):
     def sample(self, model, labels=None, n=None, steps=None, cfg_scale=None, sampler=None, generator=None, device=None):
         """Unconditional whole images in [-1, 1], float [n, C, H, W] (the image-method contract; labels only
         give n, the model has no classes)."""
-        n = len(labels) if labels is not None else n
-        device = device or next(unwrap(model).parameters()).device
-        return to_model(self.sample_images(model, n, generator, device))
+        return self.draw(model, len(labels) if labels is not None else n, generator=generator, device=device)
 
     def complete(self, model, u8: torch.Tensor, k: int, generator, device, temperature=None):
         """Completions of images u8 [m, H, W, C] given their top half: long [m, k, H, W, C]."""

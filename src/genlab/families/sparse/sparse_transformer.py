@@ -1,21 +1,10 @@
 """Sparse Transformer (Child et al. 2019) over image bytes or text tokens.
 
-An image uint8 [H, W, C] is a sequence of n = H*W*C bytes in channel-major (all of channel 0 row by
-row, then channel 1, ...) or pixel-major (pixel by pixel, channels interleaved) raster order. The
-input at position t is byte t-1 (a start token, id 256, at t = 0) and position t predicts byte t.
-Its data embedding (section 7.1) is the sum of learned row, column and channel embeddings of the
-byte being predicted, added to the token embedding. Text (or images, with `embed="attention"`) uses the
-paper's attention embeddings instead: position t sits at row t // l and column t % l of a matrix whose
-width is the stride l, and learned row and column embeddings are summed (n_emb = 2). A text model
-reads the data's tokens directly (no start token: the autoregressive method shifts the window).
-
-Blocks are pre-activation residual (section 5.2): H = X + drop(attn(norm(X))), X' = H + drop(ff(norm(H))),
-dropout only at the end of each residual branch; ff = W2 GELU(W1 x + b1) + b2 of width 4d (or 2d,
-the half-size network of section 7.1); queries and keys may be narrower than values (qk_ratio 0.5).
-Initialisation of section 6: token embeddings N(0, 0.125/sqrt(d)), data embeddings
-N(0, 0.125/sqrt(d * n_emb)), weights N(0, 0.125/sqrt(d_in)), biases 0, output logits 0; the residual
-outputs (attention output projection, W2) scaled by 1/sqrt(2N) for N layers. With zero output
-logits a fresh model is exactly uniform over the 256 bytes (8 bits/dim).
+An image uint8 [H, W, C] is n = H*W*C bytes in channel-major or pixel-major raster order; position t reads byte t-1
+(START at t = 0) and predicts byte t. Embeddings: `data` (section 7.1: row + column + channel of the predicted byte)
+or `attention` (row t // l and column t % l of the stride-l matrix; text). Pre-activation blocks (section 5.2),
+dropout at the end of each residual branch, q/k width qk_ratio. Initialisation of section 6 (0.125/sqrt(fan-in),
+residual outputs / sqrt(2N), zero output logits: a fresh model is uniform, 8 bits/dim).
 """
 from __future__ import annotations
 
@@ -32,13 +21,11 @@ from genlab.config.check import _trains_on_cpu
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import dataset_registry
 from genlab.families.models import ModelExample, model_registry
-from genlab.nn.sparse_attention import FLEX_BLOCKS, MaskCache, attend, layer_groups
+from genlab.nn.sparse_attention import MaskCache, attend, layer_groups
 from genlab.runtime.switches import ac_registry
 
 START = 256           # id of the start token (after the 256 byte values)
 RASTER_ORDERS = ("channel", "pixel")
-SPARSE_BACKENDS = ("auto", "blocked", "flex", "dense")
-EMBEDDINGS = ("auto", "data", "attention")
 # name -> (dim, depth, heads)
 SPARSE_SIZES = {"tiny": (64, 2, 2), "small": (256, 8, 4), "base": (512, 16, 8), "cifar": (256, 128, 2)}
 
@@ -182,18 +169,11 @@ class SparseTransformer(nn.Module):
     def __init__(self, spec: SparseSpec):
         super().__init__()
         s = self.spec = spec
-        if s.order not in RASTER_ORDERS:
-            raise GenlabError(f"model.raster must be one of {', '.join(RASTER_ORDERS)}; got {s.order!r}")
-        if s.backend not in SPARSE_BACKENDS:
-            raise GenlabError(f"model.sparse_backend must be one of {', '.join(SPARSE_BACKENDS)}; got {s.backend!r}")
-        if s.embed not in EMBEDDINGS:
-            raise GenlabError(f"model.sparse_embed must be one of {', '.join(EMBEDDINGS)}; got {s.embed!r}")
+        # raster, sparse_backend, sparse_embed and sparse_block are checked by their fields' choices
         if s.is_text and s.embedding == "data":
             raise GenlabError("model.sparse_embed=data needs image data (rows, columns, channels); text: attention or auto")
         self.groups = layer_groups(s.pattern, s.mode, s.l, s.c, s.depth, s.heads, s.summary_groups)
         self.parts = list({p.name: p for g in self.groups for _, p in g}.values())
-        if s.block not in FLEX_BLOCKS:
-            raise GenlabError(f"model.sparse_block must be one of {', '.join(map(str, FLEX_BLOCKS))}; got {s.block}")
         self.masks = MaskCache(block=s.block)
         self.vocab_size = s.vocab or 256         # real output classes (bytes, or the text vocabulary)
         self.n_vocab = s.vocab or 257            # input ids: images add the start token

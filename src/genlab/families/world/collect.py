@@ -1,9 +1,6 @@
-"""Collect game frames with gymnasium + ale-py (the ROMs ship inside the ale-py wheel: works offline).
-
-Workers run independent environments in parallel processes; each returns whole episodes, which are
-concatenated into one episode folder (genlab.data.episodes). Sticky actions of ALE v5 are turned off
-in the emulator so that a frame is a function of the past frames and the recorded action; the
-`sticky` policy instead repeats its own previous action (longer, more varied paddle/ship motion).
+"""Collect game frames with gymnasium + ale-py (ROMs ship in the wheel: works offline) in parallel worker processes,
+into one episode folder (genlab.data.episodes). ALE v5's sticky actions are off, so a frame is a function of the past
+frames and the recorded action; the `sticky` policy repeats its own previous action instead.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399).
+"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399); docs/world.md.
 
-A batch is a window of frames [B, L+H, C, H, W] and the actions taken on them. The model denoises
-frame j given frames j-L..j-1 and actions j-L..j-1 (actions[t] leads from frame t to t+1).
-
-- objective: an entry of the `world_objective` registry chosen by method.objective: `flow` (rectified flow),
-  `edm` (Karras et al. 2022 preconditioning, DIAMOND's choice) or `l1` (one-step regression from noise, the
-  users' GAN setting); method.adv_weight > 0 adds the adversarial term of a patch discriminator to any of them.
-- residual: the diffused quantity is the target minus the clean last context frame, so with prediction x
-  (flow's default) an output of zero is exactly the last frame, whatever the noise.
-- context noise augmentation: the context frames get Gaussian noise of a random level that the model is
-  told, so at rollout time it tolerates its own imperfect frames.
-- schedule: teacher-forced until `closed_loop_start` of training, then closed-loop: the context of the
-  trained frame contains up to h-1 frames the model generated itself (no gradient through them), with h
-  drawn up to a maximum that grows linearly to data.horizon by the end of training.
+A batch is a window of frames [B, L+H, C, H, W] and actions (actions[t] leads from frame t to t+1); frame j is
+denoised from frames and actions j-L..j-1 by a `world_objective` (objectives.py). The diffused quantity is the
+target minus the last context frame (an output of zero at x prediction is exactly the last frame); the context gets
+noise of a level the model is told (robust rollouts); after `closed_loop_start` the context holds up to h-1 frames
+the model generated itself, h growing linearly to data.horizon.
 """
 from __future__ import annotations
 
@@ -57,8 +49,6 @@ class WorldModel(Method):
 
     def __init__(self, cfg, spec):
         m = cfg.method
-        if m.sample_steps < 1:
-            raise GenlabError("method.sample_steps must be >= 1")
         if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
             raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
                               f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
@@ -70,7 +60,6 @@ class WorldModel(Method):
         self.objective = world_objective_registry.get(self.mcfg.objective)()
         self.sample_t = timestep_sampler_registry.get(self.mcfg.timestep_sampler)
 
-    # -- extra modules ------------------------------------------------------------------------------
     def extra_modules(self) -> dict:
         keys = WorldKeys.of(self.mcfg)
         if keys.adv_weight <= 0:
@@ -78,7 +67,6 @@ class WorldModel(Method):
         return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
                               lr=keys.disc_lr)}
 
-    # -- the denoiser -------------------------------------------------------------------------------
     def denoise_loss(self, model, target, context, actions, level, gen, base=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
@@ -120,7 +108,6 @@ class WorldModel(Method):
             frames.append(self.generate(model, torch.stack(frames[-L:], 1), actions[:, k:k + L], steps, generator))
         return torch.stack(frames[L:], 1)
 
-    # -- training -----------------------------------------------------------------------------------
     def closed_loop_horizon(self, step: int, total: int) -> int:
         """Largest number of frames (1 = teacher forcing) the model may roll out before the trained frame."""
         keys = WorldKeys.of(self.mcfg)
@@ -161,7 +148,6 @@ class WorldModel(Method):
         metrics.update(adv_metrics)
         return {"model": loss + keys.adv_weight * adv, "disc": d_loss}, metrics
 
-    # -- trivial baselines ----------------------------------------------------------------------------
     def trivial_baselines(self, data, generator):
         L, out = self.L, []
         # copy-last on the windows the evaluation's teacher-forced PSNR uses (eval/rollouts.py: tf_copy_last_psnr)
@@ -190,7 +176,6 @@ class WorldModel(Method):
         t = self.sample_t(WEIGHT_DRAWS, generator, "cpu", self.mcfg).double()
         return [Baseline("loss", float((1 / (1 - t).clamp_min(0.05) ** 2).mean()) * var, "loss of predicting the mean frame")]
 
-    # -- evaluation -----------------------------------------------------------------------------------
     def evaluate(self, model, data, ctx) -> dict:
         return evaluate_world(lambda context, actions, gen: self.rollout(model, context, actions, generator=gen), self.L,
                               data, ctx)

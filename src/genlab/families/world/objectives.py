@@ -1,18 +1,13 @@
-"""The world objectives (method.objective, the `world_objective` registry): how the next-frame denoiser is trained,
-and the flow velocity and time grid a registered sampler (sampling/samplers.py, method.world_sampler) generates a
-frame with. An objective sees the backbone as `net(x, t)`, the frame's conditioning (context frames, actions,
-context-noise level) already bound, so it knows nothing of worlds.
+"""The world objectives (method.objective, registry `world_objective`): how the next-frame denoiser `net(x, t)` (its
+conditioning bound) is trained, and the flow velocity and time grid a registered sampler generates a frame with.
 
-- flow: rectified flow, x_t = (1-t)·noise + t·data, v = data - noise. With method.prediction=x (default) the network
-  outputs the clean frame and the loss stays on the derived velocity; the last Euler step (to t=1) then lands exactly
-  on the predicted frame. With v the clean frame is x_t + (1-t)·v, so the network has to reproduce and cancel the
-  sampling noise itself; what it misses stays in the static background, compounds over a rollout and loses to copy-last.
-- edm: EDM preconditioning (Karras et al. 2022, table 1) with DIAMOND's noise levels (Alonso et al. 2024), sampled
-  over the Karras sigma schedule in flow time: x_t = t x_sigma with t = 1 / (1 + sigma) is the flow path (1-t) noise +
-  t data, and an Euler step in t on it is exactly EDM's Euler step in sigma, so every flow sampler serves it.
-- l1: one-step regression from noise, frame = noise + net(noise, 0) (one Euler step from t=0 to 1), with an L1 loss;
-  the users' GAN setting once method.adv_weight > 0 adds the patch discriminator's term (the end of this file) to
-  whichever objective trains the denoiser.
+- flow: rectified flow. method.prediction=x (default): the network outputs the clean frame, the loss stays on the
+  derived velocity, and the last Euler step lands on the prediction; with v the network must reproduce and cancel
+  the sampling noise itself, and what it misses compounds over a rollout.
+- edm: EDM preconditioning (Karras et al. 2022, table 1) at DIAMOND's noise levels; x_t = t x_sigma with
+  t = 1 / (1 + sigma) is the flow path, and an Euler step in t is EDM's in sigma, so every flow sampler serves it.
+- l1: frame = noise + net(noise, 0) with an L1 loss; with method.adv_weight > 0 the patch discriminator (end of this
+  file) adds its term to any objective.
 """
 from __future__ import annotations
 

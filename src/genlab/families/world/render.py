@@ -67,10 +67,9 @@ def write_video(frames: list[np.ndarray], path, fps: int = 8, log=print) -> list
         log(f"skipped {mp4.name}: MP4 needs imageio and imageio-ffmpeg (pip install imageio imageio-ffmpeg)")
         return written
     h, w = frames[0].shape[:2]
-    even = [np.pad(f, ((0, h % 2), (0, w % 2), (0, 0))) for f in frames]  # H.264 wants even sizes
     with imageio.get_writer(mp4, fps=fps, codec="libx264", macro_block_size=1, pixelformat="yuv420p") as wr:
-        for f in even:
-            wr.append_data(f)
+        for f in frames:
+            wr.append_data(np.pad(f, ((0, h % 2), (0, w % 2), (0, 0))))  # H.264 wants even sizes
     written.append(mp4)
     return written
 

@@ -1,9 +1,6 @@
-"""Next-frame DiT: denoises the target frame's patches, conditioned on L past frames and actions.
-
-Context frames enter either stacked on the target's channels (one token per patch position, cheapest),
-or as their own tokens with a frame embedding (attention across time; L+1 times the tokens). Actions
-are embedded per context slot, projected and added to the adaLN conditioning together with the
-diffusion time and the context noise level (DIAMOND, Alonso et al. 2024, arXiv:2405.12399).
+"""Next-frame DiT (DIAMOND, Alonso et al. 2024, arXiv:2405.12399): the target frame's patches, with L context frames
+stacked on its channels (cheapest) or as tokens with a frame embedding; actions, diffusion time and context noise
+level go into the adaLN conditioning.
 """
 from __future__ import annotations
 
