@@ -18,6 +18,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.data.episodes import check_out_folder, write_episodes
+from genlab.families.world.collect import resize_frame
 
 # name -> (move, strafe, turn direction, attack, use); turn is scaled by --turn degrees per step
 ACTIONS = {"noop": (0, 0, 0, 0, 0), "forward": (1, 0, 0, 0, 0), "back": (-1, 0, 0, 0, 0),
@@ -99,7 +100,6 @@ class Explorer:
 
 def _worker(args):
     scenario, doom_map, frames, policy, kind, size, channels, turn, skip, seed, max_episode = args
-    from genlab.families.world.collect import resize_frame
     game = _make_game(scenario, doom_map, seed)
     rng = np.random.default_rng(seed)
     explorer = Explorer(rng, turn, kind == "continuous")
