@@ -22,7 +22,7 @@ def doom_dir(tmp_path_factory):
 def test_collection_writes_aligned_frames_and_actions(doom_dir):
     """Replaying the recorded actions in a fresh game with the worker's seed reproduces every recorded next frame."""
     from genlab.families.world.collect import resize_frame
-    from genlab.families.world.vizdoom import ACTIONS, NAMES, _make_game, buttons
+    from genlab.families.world.vizdoom import ACTIONS, NAMES, _make_game, buttons, close_game
     eps = read_episodes(doom_dir)
     assert eps.frames.shape == (240, 32, 32, 3) and eps.frames.dtype == np.uint8
     assert eps.discrete and eps.num_actions == len(NAMES) and eps.meta["action_meanings"] == NAMES
@@ -36,18 +36,18 @@ def test_collection_writes_aligned_frames_and_actions(doom_dir):
         game.make_action(buttons(vec, 4), 4)
         assert np.array_equal(resize_frame(game.get_state().screen_buffer, 32, 3), eps.frames[t + 1]), \
             f"frame {t + 1} is not the result of action {t}"
-    game.close()
+    close_game(game)
 
 
 def test_a_turn_action_turns_the_view_by_its_degrees():
-    from genlab.families.world.vizdoom import _make_game, buttons
+    from genlab.families.world.vizdoom import _make_game, buttons, close_game
     assert buttons([1, -1, 12.0, 0, 1], 4) == [1.0, 0.0, 1.0, 0.0, 3.0, 0.0, 1.0]
     game = _make_game("my_way_home", None, 1)
     game.new_episode()
     a0 = game.get_state().game_variables[2]
     game.make_action(buttons([0, 0, 12.0, 0, 0], 4), 4)
     a1 = game.get_state().game_variables[2]
-    game.close()
+    close_game(game)
     assert abs(((a0 - a1) % 360) - 12.0) < 0.5  # a positive delta turns right: the angle falls by 12 degrees
 
 

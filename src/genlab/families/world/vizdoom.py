@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import tempfile
 import time
 
 import numpy as np
@@ -39,6 +40,15 @@ def scenarios() -> list[str]:
     return sorted(f[:-4] for f in os.listdir(vizdoom.scenarios_path) if f.endswith(".cfg"))
 
 
+def close_game(game) -> None:
+    """Close a game and remove the empty `_vizdoom` folder the engine makes in the working directory."""
+    game.close()
+    try:
+        os.rmdir("_vizdoom")
+    except OSError:  # not there, not empty, or someone else's
+        pass
+
+
 def _make_game(scenario: str, doom_map: str | None, seed: int):
     try:
         import vizdoom as vzd
@@ -47,6 +57,7 @@ def _make_game(scenario: str, doom_map: str | None, seed: int):
     if scenario not in scenarios():
         raise GenlabError(f"unknown ViZDoom scenario '{scenario}'; valid choices: {', '.join(scenarios())}")
     g = vzd.DoomGame()
+    g.set_doom_config_path(os.path.join(tempfile.gettempdir(), "genlab_vizdoom.ini"))  # not _vizdoom.ini in the cwd
     g.load_config(os.path.join(vzd.scenarios_path, f"{scenario}.cfg"))
     g.set_window_visible(False)
     g.set_sound_enabled(False)
@@ -126,7 +137,7 @@ def _worker(args):
             t_ep = 0
             starts.append(len(out_f))
             explorer.plan, explorer.recent = [], []
-    game.close()
+    close_game(game)
     if starts[-1] == len(out_f) - 1 and len(starts) > 1:  # a game that ended one frame short: drop the lone frame
         for lst in (out_f, out_a, out_r, out_t, pos):
             lst.pop()
@@ -162,7 +173,7 @@ def collect_vizdoom(scenario: str, frames: int, out, policy: str = "explorer", a
     if frames < 2 or size < 8 or max_episode < 2 or workers < 0 or skip < 1:
         raise GenlabError("need --frames >= 2, --size >= 8, --max-episode >= 2, --workers >= 0 and --skip >= 1")
     check_out_folder(out)
-    _make_game(scenario, doom_map, seed).close()  # a bad scenario or map fails here, before any worker starts
+    close_game(_make_game(scenario, doom_map, seed))  # a bad scenario or map fails here, before any worker starts
     workers = min(workers or min(os.cpu_count() or 1, max(1, frames // 2000)), frames // 2)
     per = [frames // workers + (i < frames % workers) for i in range(workers)]
     jobs = [(scenario, doom_map, n, policy, actions, size, channels, turn, skip, seed * 1009 + i, max_episode)
