@@ -23,7 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from genlab.core.errors import GenlabError
 from genlab.core.tables import markdown_table
+from genlab.data.episodes import read_episodes
 from genlab.data.windows import spaced_windows
 from genlab.eval.frechet import frechet_distance
 from genlab.eval.objects import GAMES, position_errors
@@ -158,10 +160,24 @@ def moving_curves(real, gen, last, res: dict, H: int) -> dict:
     return out
 
 
+def other_episodes(path: str, like):
+    """eval.world_episodes: another episode folder, checked against the run's held-out episodes before any rollout."""
+    eps = read_episodes(path)
+    if eps.frames.shape[1:] != like.frames.shape[1:]:
+        raise GenlabError(f"eval.world_episodes '{path}' has frames {list(eps.frames.shape[1:])}, the run was trained on "
+                          f"{list(like.frames.shape[1:])}")
+    if eps.discrete != like.discrete or (eps.discrete and eps.num_actions > like.num_actions) or eps.action_dim != like.action_dim:
+        kind = lambda e: f"{e.num_actions} discrete actions" if e.discrete else f"{e.action_dim}-dim action vectors"  # noqa: E731
+        raise GenlabError(f"eval.world_episodes '{path}' has {kind(eps)}, the run's model takes {kind(like)}")
+    return eps
+
+
 @torch.no_grad()
 def evaluate_world(rollout, L, data, ctx) -> dict:
     ecfg, dev = ctx["eval"], ctx["device"]
     eps, bs = data.val, ecfg.batch_size
+    if ecfg.world_episodes:
+        eps = other_episodes(ecfg.world_episodes, data.val)
     game = eps.meta.get("game")
     horizons = [int(h) for h in str(ecfg.world_horizons).split(",") if h.strip()]
     res, curves = {}, {}

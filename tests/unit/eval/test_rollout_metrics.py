@@ -4,9 +4,11 @@ model and copy-last have known answers."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
-from genlab.data.episodes import Episodes
+from genlab.core.errors import GenlabError
+from genlab.data.episodes import Episodes, write_episodes
 from genlab.eval.objects import GAMES
 from genlab.eval.rollouts import evaluate_world, masked_psnr, masked_ssim, moving_mask, ssim, ssim_map
 
@@ -84,9 +86,9 @@ def rollout_of(model):
     return rollout
 
 
-def run_eval(model, run_dir=None):
+def run_eval(model, run_dir=None, episodes=""):
     data = SimpleNamespace(val=pong_episodes())
-    ecfg = SimpleNamespace(batch_size=16, world_horizons="8,16", world_rollouts=16)
+    ecfg = SimpleNamespace(batch_size=16, world_horizons="8,16", world_rollouts=16, world_episodes=episodes)
     return evaluate_world(rollout_of(model), 2, data, {"eval": ecfg, "device": torch.device("cpu"), "run_dir": run_dir})
 
 
@@ -108,3 +110,18 @@ def test_copy_last_as_a_model_loses_the_moving_ball(tmp_path):
     table = (tmp_path / "world_eval.md").read_text()   # both horizons; the action margin only in the first
     assert table.count("### rollout H=") == 2 and table.count("| action margin |") == 1
     assert "| 8 | " in table and "0% / 0%" in table    # step 8: the ball is never within 2 or 4 px
+
+
+def test_eval_world_episodes_scores_another_folder_and_refuses_a_mismatched_one(tmp_path):
+    still = pong_episodes()
+    frames = np.asarray(still.frames).copy()
+    frames[:, 16] = GAMES["Pong"]["background"]   # no ball: nothing moves in the other folder
+    write_episodes(tmp_path / "other", frames, still.actions, starts=still.starts, meta={"game": "Pong", "num_actions": 6})
+    res = run_eval("copy", episodes=str(tmp_path / "other"))
+    assert res["rollout_psnr_h16"] == res["copy_last_psnr_h16"] and "moving_psnr_h16" not in res  # no moving pixels
+    write_episodes(tmp_path / "small", frames[:, :16, :16], still.actions, starts=still.starts, meta={"num_actions": 6})
+    with pytest.raises(GenlabError, match=r"eval.world_episodes '.*small' has frames \[16, 16, 3\], the run was trained on \[32, 32, 3\]"):
+        run_eval("copy", episodes=str(tmp_path / "small"))
+    write_episodes(tmp_path / "many", frames, np.full(len(frames), 9), starts=still.starts, meta={"num_actions": 10})
+    with pytest.raises(GenlabError, match="has 10 discrete actions, the run's model takes 6 discrete actions"):
+        run_eval("copy", episodes=str(tmp_path / "many"))

@@ -201,6 +201,8 @@ class WorldKeys(cf.Keys, section="method"):
 class WorldEvalKeys(cf.Keys, section="eval"):
     world_rollouts: int = cf.F(32, "world: held-out windows per rollout evaluation", ge=1)
     world_horizons: str = cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1")
+    world_episodes: str = cf.F("", "world: an episode folder evaluated instead of the run's held-out episodes (seeds or a map "
+                               "never trained on; same frame size and actions)", free="a folder made by genlab data collect|import")
 
 
 def check_world_config(cfg):
