@@ -582,3 +582,23 @@ def test_world_sampler_picks_the_registered_sampler(toy_dir, tmp_path):
     for bad, why in (("heun", "t=1"), ("flow_map", "'d' input")):
         with pytest.raises(GenlabError, match=why):
             build(world_cfg(tmp_path, toy_dir, f"method.world_sampler={bad}"), toy_dir)
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_play_maps_first_person_keys_to_the_vizdoom_actions(discrete):
+    """WASD walks and strafes, arrows turn, W + an arrow walks while turning, space attacks, E uses."""
+    from genlab.families.world.play import FPS_TURN, PlaySession
+    from genlab.families.world.vizdoom import NAMES
+    s = PlaySession.__new__(PlaySession)
+    s.meanings = NAMES if discrete else ["move", "strafe", "turn_degrees", "attack", "use"]
+    s.discrete, s.first_person = discrete, True
+    if discrete:
+        name = lambda keys: NAMES[s.action_for(keys)]  # noqa: E731
+        assert [name([]), name(["w"]), name(["ArrowDown"]), name(["a"]), name(["d"])] == \
+            ["noop", "forward", "back", "strafe_left", "strafe_right"]
+        assert [name(["ArrowLeft"]), name(["w", "ArrowLeft"]), name(["w", "ArrowRight"]), name([" ", "w"]), name(["e"])] == \
+            ["turn_left", "forward_left", "forward_right", "attack", "use"]
+        assert set(s.keymap()) == set(NAMES) - {"noop", "forward_left", "forward_right"}
+    else:
+        assert s.action_for(["w", "a", "ArrowRight", " "]).tolist() == [1, -1, FPS_TURN, 1, 0]
+        assert s.action_for(["s", "e", "ArrowLeft"]).tolist() == [-1, 0, -FPS_TURN, 0, 1]

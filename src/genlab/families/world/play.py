@@ -24,6 +24,12 @@ from genlab.runtime.switches import build_precision
 # arrow keys / WASD / space -> the ALE action-name parts they press
 KEY_PARTS = {"ArrowUp": "UP", "w": "UP", "ArrowDown": "DOWN", "s": "DOWN", "ArrowLeft": "LEFT", "a": "LEFT",
              "ArrowRight": "RIGHT", "d": "RIGHT", " ": "FIRE"}
+# a first-person game (genlab data collect vizdoom): W/S or up/down walk, A/D strafe, left/right turn, space attacks,
+# E uses; continuous runs get [move, strafe, turn degrees, attack, use] with the collection's default turn
+FPS_KEYS = {"w": "forward", "ArrowUp": "forward", "s": "back", "ArrowDown": "back", "a": "strafe_left",
+            "d": "strafe_right", "ArrowLeft": "turn_left", "ArrowRight": "turn_right", " ": "attack", "e": "use"}
+FPS_PRIORITY = ("attack", "use", "forward", "back", "strafe_left", "strafe_right", "turn_left", "turn_right")
+FPS_TURN = 12.0
 
 
 class PlaySession:
@@ -38,6 +44,7 @@ class PlaySession:
         self.lock = threading.Lock()
         self.meanings = method.spec.get("action_meanings") or [str(i) for i in range(method.spec["num_actions"])]
         self.discrete = method.spec["num_actions"] > 0
+        self.first_person = "strafe_left" in self.meanings or self.meanings[:2] == ["move", "strafe"]
         self.record, self.recorded = record, []
         self.gen_ms = 0.0
         self.reset()
@@ -61,8 +68,22 @@ class PlaySession:
             self.context, self.actions, self.frame_no = self.context0.clone(), self.actions0.clone(), 0
             self.recorded = []
 
+    def fps_action(self, keys: list[str]):
+        held = {FPS_KEYS[k] for k in keys if k in FPS_KEYS}
+        if not self.discrete:
+            return np.array([("forward" in held) - ("back" in held), ("strafe_right" in held) - ("strafe_left" in held),
+                             FPS_TURN * (("turn_right" in held) - ("turn_left" in held)), "attack" in held, "use" in held],
+                            np.float32)
+        for turn in ("turn_left", "turn_right"):  # walking while turning is one action
+            if {"forward", turn} <= held and "forward_" + turn[5:] in self.meanings:
+                return self.meanings.index("forward_" + turn[5:])
+        name = next((a for a in FPS_PRIORITY if a in held), "noop")
+        return self.meanings.index(name) if name in self.meanings else 0
+
     def action_for(self, keys: list[str]):
         """Held keys -> an action index (discrete: the ALE meaning made of the pressed parts) or vector."""
+        if self.first_person:
+            return self.fps_action(keys)
         parts = {KEY_PARTS[k] for k in keys if k in KEY_PARTS}
         if not self.discrete:
             D = self.actions.shape[-1]
@@ -83,6 +104,10 @@ class PlaySession:
 
     def keymap(self) -> dict:
         names = {}
+        if self.first_person:
+            for k, action in FPS_KEYS.items():
+                names.setdefault(action, []).append("Space" if k == " " else k)
+            return names
         for k, part in KEY_PARTS.items():
             if part in self.meanings or not self.discrete:
                 names.setdefault(part, []).append("Space" if k == " " else k)
