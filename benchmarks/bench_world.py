@@ -5,12 +5,15 @@ trained run's rollouts under sampling settings.
     python benchmarks/bench_world.py --run runs/pong-world   # a trained run (what play uses)
     python benchmarks/bench_world.py --device cpu --quick    # CPU figures (batch 1 and 64)
     python benchmarks/bench_world.py --run runs/pong-world --sampling --rollouts 64 --variants 0:q,1:n,0.5:q
+    python benchmarks/bench_world.py --collect atari,vizdoom --workers 1,2 --frames 4000   # collection frames/s
 
 Speed: one "frame" = one full next-frame generation (sample_steps model evaluations); rows at batch 1 (eager,
 torch.compile, torch.compile mode=reduce-overhead = CUDA graphs) and batched (many environments imagined at once).
 --sampling: the same held-out windows evaluated with each (method.sample_temperature, method.quantize_frames) pair;
 rollout PSNR at the longest horizon against copy-last, the per-step margin range, whether the model wins at every
 step, the in-domain Fréchet distance and the action-sensitivity margin.
+--collect: `genlab data collect` (Pong with the sticky policy, ViZDoom my_way_home with the explorer) at each worker
+count, 64x64: frames/s including process start-up and the episode folder's write, and frames/s per worker (core).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -65,6 +69,23 @@ def sampling_table(args):
                           "beats copy-last at every step", "FD", "action margin"], rows, "rlrrllrr"))
 
 
+def collect_table(args):
+    from genlab.families.world.collect import collect_atari
+    from genlab.families.world.vizdoom import collect_vizdoom
+    runs = {"atari": lambda n, w, out: collect_atari("Pong", n, out, policy="sticky", workers=w, log=lambda *_: None),
+            "vizdoom": lambda n, w, out: collect_vizdoom("my_way_home", n, out, workers=w, log=lambda *_: None)}
+    rows = []
+    for source in args.collect.split(","):
+        for w in map(int, args.workers.split(",")):
+            with tempfile.TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                runs[source](args.frames, w, Path(tmp) / "ep")
+                dt = time.perf_counter() - t0
+            rows.append([source, w, args.frames, f"{dt:.1f}", f"{args.frames / dt:,.0f}", f"{args.frames / dt / w:,.0f}"])
+            print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
+    print(markdown_table(["source", "workers", "frames", "seconds", "frames / s", "frames / s per worker"], rows, "lrrrrr"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", default=None)
@@ -78,8 +99,13 @@ def main():
     ap.add_argument("--rollouts", type=int, default=64, help="--sampling: held-out windows per horizon (eval.world_rollouts)")
     ap.add_argument("--variants", default="1:n,1:q,0:n,0:q",
                     help="--sampling: comma-separated TEMPERATURE:q|n (q = generated frames quantised to uint8 levels)")
+    ap.add_argument("--collect", default=None, help="comma-separated sources (atari, vizdoom): time collection instead")
+    ap.add_argument("--workers", default="1,2", help="--collect: comma-separated worker counts")
+    ap.add_argument("--frames", type=int, default=4000, help="--collect: frames per collection")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.collect:
+        return collect_table(args)
     if args.sampling:
         return sampling_table(args)
     model, method, dev, spec = build(args)
