@@ -75,6 +75,23 @@ def _worker(args):
             meanings)
 
 
+def run_workers(worker, frames: int, workers: int, seed: int, job):
+    """Split `frames` over `workers` processes (0 = one per core, up to frames/2000), each seeded seed * 1009 + i and
+    given job(n_frames, seed); returns their parts (whole episodes; p[0] frames, p[4] episode starts) and the
+    episode starts of the concatenation."""
+    workers = workers or min(os.cpu_count() or 1, max(1, frames // 2000))
+    workers = min(workers, frames // 2)  # every worker's share is >= 2 frames: no one-frame episode
+    per = [frames // workers + (i < frames % workers) for i in range(workers)]
+    jobs = [job(n, seed * 1009 + i) for i, n in enumerate(per) if n > 0]
+    if len(jobs) == 1:
+        parts = [worker(jobs[0])]
+    else:
+        with mp.get_context("spawn").Pool(len(jobs)) as pool:
+            parts = pool.map(worker, jobs)
+    offs = np.cumsum([0] + [len(p[0]) for p in parts])
+    return parts, np.concatenate([p[4] + o for p, o in zip(parts, offs)])
+
+
 def collect_atari(game: str, frames: int, out, policy: str = "random", size: int = 64, channels: int = 3,
                   workers: int = 0, seed: int = 0, max_episode: int = 1000, stick: float = 0.8, log=print):
     if policy not in POLICIES:
@@ -89,23 +106,14 @@ def collect_atari(game: str, frames: int, out, policy: str = "random", size: int
         raise GenlabError(f"--workers must be >= 0 (0 = one per core), got {workers}")
     check_out_folder(out)  # before the minutes of collection, not after
     _make_env(game).close()  # fail on a bad name before spawning workers
-    workers = workers or min(os.cpu_count() or 1, max(1, frames // 2000))
-    workers = min(workers, frames // 2)  # every worker's share is >= 2 frames: no one-frame episode
-    per = [frames // workers + (i < frames % workers) for i in range(workers)]
-    jobs = [(game, n, policy, size, channels, seed * 1009 + i, max_episode, stick) for i, n in enumerate(per) if n > 0]
     t0 = time.perf_counter()
-    if len(jobs) == 1:
-        parts = [_worker(jobs[0])]
-    else:
-        with mp.get_context("spawn").Pool(len(jobs)) as pool:
-            parts = pool.map(_worker, jobs)
-    offs = np.cumsum([0] + [len(p[0]) for p in parts])
-    starts = np.concatenate([p[4] + o for p, o in zip(parts, offs)])
+    parts, starts = run_workers(_worker, frames, workers, seed,
+                                lambda n, s: (game, n, policy, size, channels, s, max_episode, stick))
     meta = {"source": f"ale-py {game} v5 (frameskip 4, no sticky actions)", "game": game, "policy": policy,
             "num_actions": len(parts[0][5]), "action_meanings": parts[0][5], "seed": seed}
     path = write_episodes(out, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                           np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), starts, meta)
     dt = time.perf_counter() - t0
-    log(f"collected {frames} frames of {game} ({len(starts)} episodes) in {dt:.1f} s with {len(jobs)} worker(s): "
+    log(f"collected {frames} frames of {game} ({len(starts)} episodes) in {dt:.1f} s with {len(parts)} worker(s): "
         f"{frames / dt:.0f} frames/s")
     return path

@@ -10,7 +10,6 @@ look around) for a few steps, and when its position stops changing while it walk
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import tempfile
 import time
@@ -19,7 +18,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.data.episodes import check_out_folder, write_episodes
-from genlab.families.world.collect import resize_frame
+from genlab.families.world.collect import resize_frame, run_workers
 
 # name -> (move, strafe, turn direction, attack, use); turn is scaled by --turn degrees per step
 ACTIONS = {"noop": (0, 0, 0, 0, 0), "forward": (1, 0, 0, 0, 0), "back": (-1, 0, 0, 0, 0),
@@ -174,18 +173,9 @@ def collect_vizdoom(scenario: str, frames: int, out, policy: str = "explorer", a
         raise GenlabError("need --frames >= 2, --size >= 8, --max-episode >= 2, --workers >= 0 and --skip >= 1")
     check_out_folder(out)
     close_game(_make_game(scenario, doom_map, seed))  # a bad scenario or map fails here, before any worker starts
-    workers = min(workers or min(os.cpu_count() or 1, max(1, frames // 2000)), frames // 2)
-    per = [frames // workers + (i < frames % workers) for i in range(workers)]
-    jobs = [(scenario, doom_map, n, policy, actions, size, channels, turn, skip, seed * 1009 + i, max_episode)
-            for i, n in enumerate(per) if n > 0]
     t0 = time.perf_counter()
-    if len(jobs) == 1:
-        parts = [_worker(jobs[0])]
-    else:
-        with mp.get_context("spawn").Pool(len(jobs)) as pool:
-            parts = pool.map(_worker, jobs)
-    offs = np.cumsum([0] + [len(p[0]) for p in parts])
-    starts = np.concatenate([p[4] + o for p, o in zip(parts, offs)])
+    parts, starts = run_workers(_worker, frames, workers, seed, lambda n, s: (scenario, doom_map, n, policy, actions, size,
+                                                                             channels, turn, skip, s, max_episode))
     acts, pos = np.concatenate([p[1] for p in parts]), np.concatenate([p[5] for p in parts])
     meta = {"source": f"vizdoom {scenario}{f' map {doom_map}' if doom_map else ''} (frame skip {skip}, 160x120 resized)",
             "game": "vizdoom", "scenario": scenario, "map": doom_map, "policy": policy, "seed": seed, "turn_degrees": turn,
@@ -199,5 +189,5 @@ def collect_vizdoom(scenario: str, frames: int, out, policy: str = "explorer", a
     dt = time.perf_counter() - t0
     cov = meta["coverage"]
     log(f"collected {sum(len(p[0]) for p in parts)} frames of vizdoom {scenario} ({len(starts)} episodes) in {dt:.1f} s "
-        f"with {len(jobs)} worker(s): {frames / dt:.0f} frames/s; {cov['cells_visited']} cells of {CELL:.0f} units visited")
+        f"with {len(parts)} worker(s): {frames / dt:.0f} frames/s; {cov['cells_visited']} cells of {CELL:.0f} units visited")
     return path
