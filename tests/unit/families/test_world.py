@@ -602,3 +602,10 @@ def test_play_maps_first_person_keys_to_the_vizdoom_actions(discrete):
     else:
         assert s.action_for(["w", "a", "ArrowRight", " "]).tolist() == [1, -1, FPS_TURN, 1, 0]
         assert s.action_for(["s", "e", "ArrowLeft"]).tolist() == [-1, 0, -FPS_TURN, 0, 1]
+
+
+def test_a_wrong_eval_world_episodes_folder_is_refused_before_training(toy_dir, tmp_path):
+    from genlab.families.world.method import check_world_config
+    with pytest.raises(GenlabError, match="has no meta.json: not an episode folder"):  # loading the config checks it
+        world_cfg(tmp_path, toy_dir, f"eval.world_episodes={tmp_path / 'nowhere'}")
+    check_world_config(world_cfg(tmp_path, toy_dir, f"eval.world_episodes={toy_dir}"))  # a real folder passes

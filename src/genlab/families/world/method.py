@@ -14,6 +14,7 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
+from genlab.data.episodes import read_episodes
 from genlab.data.pixels import quantize
 from genlab.data.windows import spaced_windows
 from genlab.eval.nfe import parse_int_list
@@ -210,6 +211,8 @@ def check_world_config(cfg):
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
     parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+    if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
+        read_episodes(keys.world_episodes)
 
 
 method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "
