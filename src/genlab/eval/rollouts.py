@@ -203,6 +203,9 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
         res[f"frechet_h{H}"] = frechet_in_domain(real, gen)
         curves[H] = {"model": p_model.tolist(), "copy_last": p_copy.tolist(), **moving_curves(real, gen, last, res, H),
                      "frechet": [frechet_in_domain(real[:, k], gen[:, k]) for k in range(H)]}
+        if H >= 64:  # drift: the last 32 steps' frame FD over the first 32's (a collapse grows it)
+            res[f"frechet_last32_over_first32_h{H}"] = float(np.mean(curves[H]["frechet"][-32:]) /
+                                                             max(np.mean(curves[H]["frechet"][:32]), 1e-12))
         if game in GAMES and real.shape[2] == 3:
             curves[H]["objects"] = object_curves(real, gen, game)
             for name, c in curves[H]["objects"].items():
@@ -218,12 +221,25 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
             res["action_psnr_shuffled"] = p_shuf.mean().item()
             res["action_margin_db"] = p_model.mean().item() - p_shuf.mean().item()
             curves[H]["action_margin"] = (p_model - p_shuf).tolist()
+            if H >= 2:  # does the action move the view from the second generated frame on?
+                res["action_margin_min_from_step2_db"] = min(curves[H]["action_margin"][1:])
+    res["world_gain_db"] = world_gain_db(res)
     run_dir = ctx.get("run_dir")
-    if run_dir is not None:
+    if run_dir is not None:  # another folder's scores go beside the run's own: world_eval_<folder>.md
+        name = "world_eval" + (f"_{Path(ecfg.world_episodes).name}" if ecfg.world_episodes else "")
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "world_eval.json").write_text(json.dumps({"metrics": res, "curves": curves}, indent=2))
-        (Path(run_dir) / "world_eval.md").write_text(rollout_table(curves, res))
+        (Path(run_dir) / f"{name}.json").write_text(json.dumps({"metrics": res, "curves": curves}, indent=2))
+        (Path(run_dir) / f"{name}.md").write_text(rollout_table(curves, res))
     return res
+
+
+def world_gain_db(res: dict) -> float:
+    """What a model gained over copying the last frame, in dB: the larger of its teacher-forced PSNR gain and its action
+    margin (the stall sentinel's world metric). Either alone misleads: on Breakout copy-last is ~63 dB one step ahead
+    (only ball and paddle move) and a model that follows the controls (+9 dB action margin) sits 1-2 dB under it;
+    a model that ignores the actions can still beat copy-last by extrapolating the motion in its context."""
+    gain = res["tf_psnr"] - res["tf_copy_last_psnr"]
+    return float(max(gain, res["action_margin_db"]) if "action_margin_db" in res else gain)
 
 
 def rollout_table(curves: dict, res: dict) -> str:

@@ -10,7 +10,7 @@ import torch
 from genlab.core.errors import GenlabError
 from genlab.data.episodes import Episodes, write_episodes
 from genlab.eval.objects import GAMES
-from genlab.eval.rollouts import evaluate_world, masked_psnr, masked_ssim, moving_mask, ssim, ssim_map
+from genlab.eval.rollouts import evaluate_world, masked_psnr, masked_ssim, moving_mask, ssim, ssim_map, world_gain_db
 
 
 def naive_ssim_map(a, b):
@@ -99,6 +99,8 @@ def test_a_perfect_model_beats_copy_last_on_moving_pixels_and_tracks_the_ball():
     assert res["ball_within_2px_step8_h8"] == 1.0 and res["ball_within_2px_step8_h16"] == 1.0
     assert res["player_within_2px_step8_h16"] == 1.0
     assert abs(res["action_margin_db"]) < 1e-6       # the true dynamics ignore the actions
+    assert res["world_gain_db"] == pytest.approx(res["tf_psnr"] - res["tf_copy_last_psnr"]) and res["world_gain_db"] > 50
+    assert abs(res["action_margin_min_from_step2_db"]) < 1e-6
 
 
 def test_copy_last_as_a_model_loses_the_moving_ball(tmp_path):
@@ -110,6 +112,23 @@ def test_copy_last_as_a_model_loses_the_moving_ball(tmp_path):
     table = (tmp_path / "world_eval.md").read_text()   # both horizons; the action margin only in the first
     assert table.count("### rollout H=") == 2 and table.count("| action margin |") == 1
     assert "| 8 | " in table and "0% / 0%" in table    # step 8: the ball is never within 2 or 4 px
+    assert res["world_gain_db"] == 0.0                 # copy-last gains nothing over itself: the stall level
+
+
+def test_world_gain_is_the_larger_of_the_teacher_forced_gain_and_the_action_margin():
+    # Breakout, 2026-11-28 (seed 0): 1.9 dB under copy-last one step ahead, yet +9.5 dB of action margin: it learned
+    assert world_gain_db({"tf_psnr": 61.14, "tf_copy_last_psnr": 63.21, "action_margin_db": 9.47}) == pytest.approx(9.47)
+    # ViZDoom on random actions: under copy-last and blind to the actions: nothing learned
+    assert world_gain_db({"tf_psnr": 27.68, "tf_copy_last_psnr": 28.96, "action_margin_db": -0.03}) == pytest.approx(-0.03)
+    assert world_gain_db({"tf_psnr": 26.0, "tf_copy_last_psnr": 24.0}) == pytest.approx(2.0)  # no rollout horizon
+
+
+def test_long_rollouts_report_drift_of_the_frame_fd(tmp_path):
+    data = SimpleNamespace(val=pong_episodes(T=100))
+    ecfg = SimpleNamespace(batch_size=16, world_horizons="64", world_rollouts=8, world_episodes="")
+    res = evaluate_world(rollout_of("copy"), 2, data, {"eval": ecfg, "device": torch.device("cpu"), "run_dir": None})
+    # the last 32 steps' FD over the first 32's, from the per-step curve (a collapse grows it)
+    assert res["frechet_last32_over_first32_h64"] > 0
 
 
 def test_eval_world_episodes_scores_another_folder_and_refuses_a_mismatched_one(tmp_path):
@@ -117,7 +136,8 @@ def test_eval_world_episodes_scores_another_folder_and_refuses_a_mismatched_one(
     frames = np.asarray(still.frames).copy()
     frames[:, 16] = GAMES["Pong"]["background"]   # no ball: nothing moves in the other folder
     write_episodes(tmp_path / "other", frames, still.actions, starts=still.starts, meta={"game": "Pong", "num_actions": 6})
-    res = run_eval("copy", episodes=str(tmp_path / "other"))
+    res = run_eval("copy", tmp_path / "run", episodes=str(tmp_path / "other"))
+    assert (tmp_path / "run" / "world_eval_other.md").exists() and not (tmp_path / "run" / "world_eval.md").exists()
     assert res["rollout_psnr_h16"] == res["copy_last_psnr_h16"] and "moving_psnr_h16" not in res  # no moving pixels
     write_episodes(tmp_path / "small", frames[:, :16, :16], still.actions, starts=still.starts, meta={"num_actions": 6})
     with pytest.raises(GenlabError, match=r"eval.world_episodes '.*small' has frames \[16, 16, 3\], the run was trained on \[32, 32, 3\]"):

@@ -31,7 +31,7 @@ def assert_stalled(s, out: str, metric: str):
     assert s["status"] == "finished" and s["stalled"] is True, s
     st = s["stall"]
     assert st["metric"] == metric and "left_at" not in st
-    assert st["value"] >= st["baseline"] * 0.95 or metric in ("tf_psnr", "sample_accuracy")
+    assert st["value"] >= st["baseline"] * 0.95 or metric in ("world_gain_db", "sample_accuracy")
     lines = [x for x in out.splitlines() if x.startswith("genlab: stalled: ")]
     assert len(lines) >= 1 and f"({st['baseline']:.4g})" in "".join(lines), out
 
@@ -102,7 +102,8 @@ def test_a_world_model_made_to_stall_is_at_copy_last(tmp_path, capfd, episodes):
     assert_stalled(s, out, "loss")
     # the zero-initialised output is the last frame (residual): the evaluation's PSNR is the copy-last baseline's
     assert s["tf_psnr"] == pytest.approx(s["tf_copy_last_psnr"], abs=1e-3)
-    assert "stalled: eval tf_psnr" in out and f"({s['tf_copy_last_psnr']:.4g})" in out
+    assert s["world_gain_db"] == pytest.approx(max(0.0, s["action_margin_db"]), abs=1e-3) and s["world_gain_db"] < 0.5
+    assert "stalled: eval world_gain_db" in out and "gained over copying the last context frame" in out
 
 
 def test_students_made_to_stall_say_so(tmp_path, capfd, flow_teacher, pairs_dir, monkeypatch):
