@@ -604,6 +604,82 @@ def test_play_maps_first_person_keys_to_the_vizdoom_actions(discrete):
         assert s.action_for(["s", "e", "ArrowLeft"]).tolist() == [-1, 0, -FPS_TURN, 0, 1]
 
 
+@pytest.mark.parametrize("discrete", [True, False])
+def test_play_turns_with_the_mouse(discrete):
+    """The page sends the mouse's horizontal pixels since the last frame: a discrete run turns past a dead zone (with W:
+    walks while turning; a held arrow wins), a continuous one turns in proportion, clipped to three key turns."""
+    from genlab.families.world.play import FPS_TURN, MOUSE_DEADZONE_PX, MOUSE_DEGREES_PER_PX, PlaySession
+    from genlab.families.world.vizdoom import NAMES
+    s = PlaySession.__new__(PlaySession)
+    s.meanings = NAMES if discrete else ["move", "strafe", "turn_degrees", "attack", "use"]
+    s.discrete, s.first_person = discrete, True
+    if discrete:
+        name = lambda keys, dx: NAMES[s.action_for(keys, dx)]  # noqa: E731
+        assert [name([], -20), name([], 20), name([], MOUSE_DEADZONE_PX - 1), name(["w"], -20), name(["ArrowRight"], -20)] == \
+            ["turn_left", "turn_right", "noop", "forward_left", "turn_right"]
+    else:
+        assert s.action_for([], 30)[2] == pytest.approx(30 * MOUSE_DEGREES_PER_PX)
+        assert s.action_for(["ArrowLeft"], 30)[2] == pytest.approx(-FPS_TURN + 30 * MOUSE_DEGREES_PER_PX)
+        assert s.action_for([], 1e6)[2] == 3 * FPS_TURN and s.action_for([], -1e6)[2] == -3 * FPS_TURN
+
+
+@pytest.fixture
+def fps_play_server(tmp_path):
+    """A first-person toy run (the ViZDoom action names): the play page's keys and mouse reach the model."""
+    from genlab.data.windows import spaced_windows
+    from genlab.families.world.play import PlaySession, make_server
+    from genlab.families.world.vizdoom import NAMES
+    frames, _, starts = toy_game()
+    actions = np.random.default_rng(0).integers(0, len(NAMES), len(frames))
+    folder = write_episodes(tmp_path / "fps", frames, actions, starts=starts,
+                            meta={"num_actions": len(NAMES), "action_meanings": NAMES, "game": "vizdoom"})
+    data, model, method = build(world_cfg(tmp_path, folder), folder)
+    context, acts = spaced_windows(data.val, method.L, 1, torch.device("cpu"))
+    session = PlaySession(model.eval(), method, context, acts)
+    server = make_server(session, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", session
+    server.shutdown()
+    server.server_close()
+
+
+def test_first_person_play_page_in_real_browser(fps_play_server, tmp_path):
+    browser = _chrome()
+    if browser is None:
+        pytest.skip("no headless Chromium + chromedriver + selenium")
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    url, session = fps_play_server
+    info = json.loads(urllib.request.urlopen(url + "/info").read())
+    assert info["mouse_turn"] is True and info["keys"]["forward"] == ["w", "ArrowUp"]
+    try:
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 30)
+        act = lambda: browser.find_element(By.ID, "act").text  # noqa: E731
+        wait.until(lambda b: int(b.find_element(By.ID, "n").text or 0) >= 3)
+        assert act() == "noop"
+        ActionChains(browser).key_down("w").perform()
+        wait.until(lambda b: act() == "forward")
+        ActionChains(browser).key_up("w").key_down("a").perform()
+        wait.until(lambda b: act() == "strafe_left")
+        ActionChains(browser).key_up("a").perform()
+        frame = browser.find_element(By.ID, "frame")
+        # drag across the view to the right, then to the left: the frames made during the drag turn that way
+        for step, turn in ((6, "turn_right"), (-6, "turn_left")):
+            session.taken.clear()
+            chain = ActionChains(browser).move_to_element(frame).click_and_hold()
+            for _ in range(30):
+                chain = chain.move_by_offset(step, 0).pause(0.03)
+            chain.release().perform()
+            assert turn in session.taken and "turn_" + ("left" if step > 0 else "right") not in session.taken
+        wait.until(lambda b: act() == "noop")  # the mouse stopped: no turn
+        assert "mouse" in browser.find_element(By.ID, "help").text
+        browser.save_screenshot(str(tmp_path / "fps_play.png"))
+    finally:
+        browser.quit()
+
+
 def test_a_wrong_eval_world_episodes_folder_is_refused_before_training(toy_dir, tmp_path):
     from genlab.families.world.method import check_world_config
     with pytest.raises(GenlabError, match="has no meta.json: not an episode folder"):  # loading the config checks it
