@@ -57,6 +57,7 @@ class Trainer:
             raise GenlabError(f"{batched_label(cfg)} trains several runs in one process: use genlab.train(cfg) or "
                               "`genlab train`, or genlab.training.seeds.SeedsTrainer")
         self.cfg = cfg
+        self.t_created = time.perf_counter()  # first_step_s counts from here: data, model, compile and the first step
         self.resume_from = resume or cfg.train.resume or None
         self.stop_requested = False
         self.signals = StopSignals()
@@ -335,6 +336,9 @@ class Trainer:
         self.step += 1
         if getattr(self, "_graphs_first", None) is None:  # the first step compiles everything
             self._graphs_first = compile_counts()["graphs"]
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.summary["first_step_s"] = time.perf_counter() - self.t_created  # the cold start a user waits through
         self.acc["loss"] += loss
         self.acc["gnorm"] += gnorm.float()
         self._bad_acc |= bad
