@@ -22,6 +22,11 @@ GAMES = {
                  "others": [(142, 142, 142), (180, 122, 48), (162, 162, 42), (72, 160, 72), (66, 158, 130), (66, 72, 200),
                             (198, 108, 58)]},
 }
+# Breakout's six rows of 18 bricks (rows 57-93 of 210, columns 8-152 of 160 between the grey walls; a brick is 6 rows by 8
+# columns): what the ball removes
+BRICKS = {"Breakout": {"rows": (57 / 210, 93 / 210), "cols": (8 / 160, 152 / 160), "brick": (6 / 210, 8 / 160),
+                       "colours": [(200, 72, 72), (198, 108, 58), (180, 122, 48), (162, 162, 42), (72, 160, 72),
+                                   (66, 72, 200)]}}
 MIN_FRACTION = 0.2   # a ball box-averaged into a 64x64 cell covers ~30% of it
 MAX_RESIDUAL = 0.25  # of the object's colour distance from the background
 
@@ -75,3 +80,31 @@ def position_errors(real: np.ndarray, generated: np.ndarray, game: str) -> dict[
         err = np.where(lost, np.inf, np.linalg.norm(pr[name] - pg[name], axis=1))
         out[name] = {"visible": int(seen.sum()), "lost": int(lost.sum()), "errors": np.where(seen, err, np.nan)}
     return out
+
+
+def brick_mass(frames: np.ndarray, game: str) -> np.ndarray:
+    """frames uint8 [N, H, W, 3] -> [N]: the bricks left, in bricks. Each pixel is weighed by the RGB weights that map
+    every brick colour to ~1 (least squares: within 7%); being linear, the band's sum is the same after a box resize,
+    which only averages pixels, so a partly lit cell counts its share of a brick."""
+    spec = BRICKS[game]
+    H, W = frames.shape[1:3]
+    (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
+    weights = np.linalg.lstsq(np.asarray(spec["colours"], np.float64), np.ones(len(spec["colours"])), rcond=None)[0]
+    band = frames[:, int(round(r0 * H)):int(round(r1 * H)), int(round(c0 * W)):int(round(c1 * W))]
+    one = spec["brick"][0] * H * spec["brick"][1] * W
+    return (band.astype(np.float64) @ weights).sum((1, 2)) / one
+
+
+def bricks_removed(last: np.ndarray, real: np.ndarray, generated: np.ndarray, game: str) -> dict:
+    """Rollouts from context frame `last` [N, H, W, 3] against real and generated frames [N, K, H, W, 3]: per step, of the
+    rollouts where the real ball has removed at least one brick by then, the share whose generated frames removed at
+    least half as many; and of those where it removed none, the share whose generated frames removed one (a phantom)."""
+    N, K = real.shape[:2]
+    m0 = brick_mass(last, game)[:, None]
+    gone_real = m0 - brick_mass(real.reshape(N * K, *real.shape[2:]), game).reshape(N, K)
+    gone_gen = m0 - brick_mass(generated.reshape(N * K, *generated.shape[2:]), game).reshape(N, K)
+    hit, none = gone_real >= 1.0, gone_real < 0.5
+    kept = [float((gone_gen[hit[:, k], k] >= 0.5 * gone_real[hit[:, k], k]).mean()) if hit[:, k].any() else None
+            for k in range(K)]
+    phantom = [float((gone_gen[none[:, k], k] >= 1.0).mean()) if none[:, k].any() else None for k in range(K)]
+    return {"removed_share": kept, "phantom_share": phantom, "rollouts_with_removal": hit.sum(0).tolist()}

@@ -28,7 +28,7 @@ from genlab.core.tables import markdown_table
 from genlab.data.episodes import read_episodes
 from genlab.data.windows import spaced_windows
 from genlab.eval.frechet import frechet_distance
-from genlab.eval.objects import GAMES, position_errors
+from genlab.eval.objects import BRICKS, GAMES, bricks_removed, position_errors
 
 MOVE_TOL = 1.5 * 2 / 255  # a pixel moves when a channel changes by more than 1.5 uint8 levels ([-1, 1] frames)
 OBJECT_STEPS = {8: 2.0, 32: 4.0}  # rollout step -> position error (pixels) a tracked object must stay within
@@ -206,6 +206,14 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
         if H >= 64:  # drift: the last 32 steps' frame FD over the first 32's (a collapse grows it)
             res[f"frechet_last32_over_first32_h{H}"] = float(np.mean(curves[H]["frechet"][-32:]) /
                                                              max(np.mean(curves[H]["frechet"][:32]), 1e-12))
+        if game in BRICKS and real.shape[2] == 3:  # do the bricks the real ball removes go in the rollout too?
+            u8 = lambda x: to_uint8(x.flatten(0, 1)).reshape(*x.shape[:2], *x.shape[3:], x.shape[2])  # noqa: E731
+            b = curves[H]["bricks"] = bricks_removed(to_uint8(last[:, 0]), u8(real), u8(gen), game)
+            if b["removed_share"][-1] is not None:
+                res[f"bricks_removed_share_h{H}"] = b["removed_share"][-1]
+                res[f"bricks_rollouts_with_removal_h{H}"] = b["rollouts_with_removal"][-1]
+            if b["phantom_share"][-1] is not None:
+                res[f"bricks_phantom_share_h{H}"] = b["phantom_share"][-1]
         if game in GAMES and real.shape[2] == 3:
             curves[H]["objects"] = object_curves(real, gen, game)
             for name, c in curves[H]["objects"].items():

@@ -1,9 +1,13 @@
 """Ball and paddle positions by colour (issue 53 §2): against the exact-colour centroid of the full-resolution
 frame (the reference), on real Pong and Breakout frames box-resized to 64x64, and on synthetic frames."""
+import itertools
+
 import numpy as np
 import pytest
 
-from genlab.eval.objects import GAMES, object_positions, position_errors
+from PIL import Image
+
+from genlab.eval.objects import GAMES, brick_mass, bricks_removed, object_positions, position_errors
 
 
 def test_a_blended_ball_is_found_at_its_centroid():
@@ -62,3 +66,37 @@ def test_detection_at_64px_matches_the_full_resolution_reference(game):
         assert found.sum() >= 0.97 * seen.sum(), f"{name} missed on {seen.sum() - found.sum()} of {seen.sum()} frames"
         err = np.linalg.norm(pos[name][found] - ref[found], axis=1)
         assert err.mean() < 1.0 and np.percentile(err, 95) < 1.5, f"{name}: mean {err.mean():.2f} px"
+
+
+def breakout_wall(removed=()) -> np.ndarray:
+    """A full-resolution Breakout frame (210x160): black, grey side walls, six rows of 18 bricks; `removed` (row, col)
+    bricks are gone."""
+    colours = [(200, 72, 72), (198, 108, 58), (180, 122, 48), (162, 162, 42), (72, 160, 72), (66, 72, 200)]
+    f = np.zeros((210, 160, 3), np.uint8)
+    f[32:196, :8] = f[32:196, 152:] = 142
+    for r, c in itertools.product(range(6), range(18)):
+        if (r, c) not in removed:
+            f[57 + 6 * r:63 + 6 * r, 8 + 8 * c:16 + 8 * c] = colours[r]
+    return f
+
+
+def box64(f: np.ndarray) -> np.ndarray:
+    return np.asarray(Image.fromarray(f).resize((64, 64), Image.BOX))
+
+
+def test_brick_mass_counts_the_bricks_at_64x64():
+    full, three_gone = box64(breakout_wall()), box64(breakout_wall({(0, 3), (2, 9), (5, 17)}))
+    m = brick_mass(np.stack([full, three_gone]), "Breakout")
+    assert m[0] == pytest.approx(108, rel=0.05)          # 6 x 18 bricks, the walls not counted
+    assert m[0] - m[1] == pytest.approx(3, abs=0.3)      # three bricks, whatever their colour
+
+
+def test_bricks_removed_by_the_real_ball_and_by_the_rollout():
+    full, gone = box64(breakout_wall()), box64(breakout_wall({(1, 4), (1, 5)}))
+    last = np.stack([full] * 3)
+    real = np.stack([np.stack([full, gone]), np.stack([full, gone]), np.stack([full, full])])     # [3 rollouts, 2 steps]
+    gen = np.stack([np.stack([full, gone]), np.stack([full, full]), np.stack([gone, gone])])
+    b = bricks_removed(last, real, gen, "Breakout")
+    assert b["rollouts_with_removal"] == [0, 2]
+    assert b["removed_share"] == [None, 0.5]            # rollout 0 removed them too, rollout 1 kept them
+    assert b["phantom_share"] == [1 / 3, 1.0]           # rollout 2 removed bricks the real ball never hit

@@ -145,3 +145,18 @@ def test_eval_world_episodes_scores_another_folder_and_refuses_a_mismatched_one(
     write_episodes(tmp_path / "many", frames, np.full(len(frames), 9), starts=still.starts, meta={"num_actions": 10})
     with pytest.raises(GenlabError, match="has 10 discrete actions, the run's model takes 6 discrete actions"):
         run_eval("copy", episodes=str(tmp_path / "many"))
+
+
+def test_breakout_rollouts_report_the_bricks_the_real_ball_removed():
+    """Copy-last never removes a brick: of the rollouts where the real frames lose two bricks, none keeps up."""
+    from test_objects import box64, breakout_wall
+    full, gone = box64(breakout_wall()), box64(breakout_wall({(1, 4), (1, 5)}))
+    T = 40
+    frames = np.stack([full if t % T < 12 else gone for t in range(2 * T)])
+    eps = Episodes(frames, np.zeros(2 * T, np.int64), np.zeros(2 * T, np.float32), np.zeros(2 * T, bool),
+                   np.array([0, T]), {"game": "Breakout", "num_actions": 4})
+    ecfg = SimpleNamespace(batch_size=16, world_horizons="16", world_rollouts=8, world_episodes="")
+    res = evaluate_world(rollout_of("copy"), 2, SimpleNamespace(val=eps), {"eval": ecfg, "device": torch.device("cpu"),
+                                                                            "run_dir": None})
+    assert res["bricks_rollouts_with_removal_h16"] >= 2 and res["bricks_removed_share_h16"] == 0.0
+    assert res.get("bricks_phantom_share_h16", 0.0) == 0.0

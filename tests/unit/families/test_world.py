@@ -685,3 +685,20 @@ def test_a_wrong_eval_world_episodes_folder_is_refused_before_training(toy_dir, 
     with pytest.raises(GenlabError, match="has no meta.json: not an episode folder"):  # loading the config checks it
         world_cfg(tmp_path, toy_dir, f"eval.world_episodes={tmp_path / 'nowhere'}")
     check_world_config(world_cfg(tmp_path, toy_dir, f"eval.world_episodes={toy_dir}"))  # a real folder passes
+
+
+def test_flow_loss_in_x_space_is_the_plain_frame_error_and_its_mean_predictor_level(toy_dir, tmp_path):
+    """method.loss_space=x: the loss is ||x_hat - x||^2 at every t (no 1 / (1 - t)^2 weight); its stall level is the
+    residual target's variance (the loss of predicting its mean), computed here by brute force; v with x is refused."""
+    data, _, method = build(world_cfg(tmp_path, toy_dir, "method.loss_space=x"), toy_dir)
+    target = torch.randn(6, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    const = torch.full_like(target, 0.25)
+    loss, est = method.objective.loss(method, lambda x, t: const, target, torch.randn_like(target), torch.Generator())
+    assert loss.item() == pytest.approx(((const - target) ** 2).mean().item(), rel=1e-6) and torch.equal(est, const)
+    from genlab.data.windows import spaced_windows
+    frames, _ = spaced_windows(data.train, method.L + 1, 10 ** 6, "cpu")
+    res = (frames[:, method.L] - frames[:, method.L - 1]).double()
+    level = next(b for b in method.trivial_baselines(data, torch.Generator()) if b.metric == "loss").value
+    assert level == pytest.approx(((res - res.mean(0)) ** 2).mean().item(), rel=1e-6)
+    with pytest.raises(GenlabError, match="loss_space=x .* needs method.prediction=x"):
+        build(world_cfg(tmp_path, toy_dir, "method.loss_space=x", "method.prediction=v"), toy_dir)

@@ -53,6 +53,9 @@ class WorldModel(Method):
         if m.world_sampler == "heun" and (m.objective, m.prediction) != ("flow", "v"):  # its 2nd call is at t=1
             raise GenlabError(f"method.world_sampler=heun evaluates the model at t=1, where objective {m.objective} has no "
                               f"velocity (a predicted frame); use euler, midpoint, euler_maruyama or consistency")
+        if m.objective == "flow" and (m.prediction, m.loss_space) == ("v", "x"):
+            raise GenlabError("method.loss_space=x measures the loss on the predicted frame: it needs method.prediction=x "
+                              "(with prediction v the loss is on v; use loss_space=v)")
         check_sampler_conditions("world", [m.world_sampler])  # a step-size sampler needs a model trained with it
         if spec.get("kind") != "episodes":
             raise GenlabError("method.name=world needs episode data (data.name=episodes)")
@@ -164,7 +167,8 @@ class WorldModel(Method):
 
     def flow_mean_baseline(self, data, generator) -> list[Baseline]:
         """The flow objective's loss for a network that outputs the mean of its target: with prediction v,
-        Var(target) + 1 (the noise); with x, E[1 / max(1 - t, 0.05)^2] Var(target) (objectives.py: v_from_x)."""
+        Var(target) + 1 (the noise); with x, E[1 / max(1 - t, 0.05)^2] Var(target) (objectives.py: v_from_x), or
+        Var(target) with method.loss_space=x."""
         frames, _ = spaced_windows(data.train, self.L + 1, MAX_IMAGES, "cpu")
         if frames is None:
             return []
@@ -174,6 +178,8 @@ class WorldModel(Method):
         var = mean_element_variance(target.numpy())
         if self.mcfg.prediction == "v":
             return [Baseline("loss", var + 1.0, "velocity loss of predicting the mean frame")]
+        if self.mcfg.loss_space == "x":
+            return [Baseline("loss", var, "loss of predicting the mean frame")]
         t = self.sample_t(WEIGHT_DRAWS, generator, "cpu", self.mcfg).double()
         return [Baseline("loss", float((1 / (1 - t).clamp_min(0.05) ** 2).mean()) * var, "loss of predicting the mean frame")]
 

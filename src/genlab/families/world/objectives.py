@@ -65,6 +65,9 @@ def v_from_x(x_hat, x_t, t):
 class FlowObjectiveKeys(cf.Keys, section="method"):
     prediction: str = cf.F("x", "world, flow: the network outputs the clean frame (x; v is derived, the loss stays on v) or "
                                     "v = data - noise (v: the net must cancel the noise itself, which leaks into static pixels)", choices=("x", "v"))
+    loss_space: str = cf.F("v", "world, flow: where the loss is measured: v (||x_hat - x||^2 / (1 - t)^2: the nearly clean "
+                                "times weigh most) or x (||x_hat - x||^2: every time alike, so the noisy times, where only the "
+                                "context and the actions say what comes next, weigh as much; prediction x only)", choices=("v", "x"))
 
 
 @world_objective_registry.register("flow", "rectified flow; the network predicts the clean frame (x) or the velocity (v)",
@@ -75,6 +78,8 @@ class FlowObjective(WorldObjective):
         t = world.sample_t(target.shape[0], gen, target.device, world.mcfg)
         x_t = interpolate(noise, target, t)
         out = net(x_t, t)
+        if keys.prediction == "x" and keys.loss_space == "x":
+            return F.mse_loss(out.float(), target.float()), out
         if keys.prediction == "x":  # the network outputs the clean target; the loss stays on v
             est, v, v_target = out, v_from_x(out, x_t, t), v_from_x(target, x_t, t)
         else:
