@@ -18,7 +18,7 @@ from genlab.data.episodes import read_episodes
 from genlab.data.pixels import quantize
 from genlab.data.windows import spaced_windows
 from genlab.eval.nfe import parse_int_list
-from genlab.eval.rollouts import evaluate_world, psnr
+from genlab.eval.rollouts import evaluate_world
 from genlab.families.base import Extra, Method, StepContext, method_registry
 from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
 from genlab.families.image_flow.flow import WEIGHT_DRAWS, check_sampler_conditions
