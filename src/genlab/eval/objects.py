@@ -18,6 +18,8 @@ GAMES = {
     "Breakout": {"background": (0, 0, 0),
                  "objects": {"ball": ((200, 72, 72), (93 / 210, 188 / 210)),  # below the bricks, above the paddle
                              "paddle": ((200, 72, 72), (189 / 210, 194 / 210))},
+                 # the playfield between the side walls, whose lower ends are painted in the paddle's red
+                 "cols": (8 / 160, 152 / 160),
                  # colours that are no tracked object but compete for pixels: the grey walls and the bricks
                  "others": [(142, 142, 142), (180, 122, 48), (162, 162, 42), (72, 160, 72), (66, 158, 130), (66, 72, 200),
                             (198, 108, 58)]},
@@ -51,7 +53,10 @@ def object_masses(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
         m = np.where(ok & (fracs[k] >= MIN_FRACTION) & (resids[k] <= MAX_RESIDUAL), np.minimum(fracs[k], 1.0), 0.0)
         rows = np.zeros(H, bool)
         rows[int(np.ceil(r0 * H)):int(np.floor(r1 * H))] = True  # only rows wholly inside the band
-        out[name] = m * rows[None, :, None]
+        c0, c1 = spec.get("cols", (0.0, 1.0))
+        cols = np.zeros(frames.shape[2], bool)
+        cols[int(np.ceil(c0 * frames.shape[2])):int(np.floor(c1 * frames.shape[2]))] = True
+        out[name] = m * rows[None, :, None] * cols[None, None, :]
     return out
 
 

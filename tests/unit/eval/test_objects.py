@@ -55,10 +55,11 @@ def test_detection_at_64px_matches_the_full_resolution_reference(game):
     pos = object_positions(np.stack([resize_frame(f, 64, 3) for f in full]), game)
     for name, (colour, (r0, r1)) in GAMES[game]["objects"].items():
         ref = np.full((len(full), 2), np.nan)
+        c0, c1 = (round(c * 160) for c in GAMES[game].get("cols", (0, 1)))  # Breakout: between the walls
         for i, f in enumerate(full):
-            ys, xs = np.where((f[int(round(r0 * 210)):int(round(r1 * 210))] == colour).all(-1))
+            ys, xs = np.where((f[int(round(r0 * 210)):int(round(r1 * 210)), c0:c1] == colour).all(-1))
             if len(ys):   # pixel centres mapped to the 64x64 grid
-                ref[i] = [(xs.mean() + 0.5) * 64 / 160 - 0.5, (ys.mean() + round(r0 * 210) + 0.5) * 64 / 210 - 0.5]
+                ref[i] = [(xs.mean() + c0 + 0.5) * 64 / 160 - 0.5, (ys.mean() + round(r0 * 210) + 0.5) * 64 / 210 - 0.5]
         seen = ~np.isnan(ref[:, 0])
         assert seen.sum() > 100, f"{name}: too few reference frames"
         assert not (~seen & ~np.isnan(pos[name][:, 0])).any(), f"{name} found where the frame does not show it"

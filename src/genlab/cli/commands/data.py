@@ -48,7 +48,8 @@ def cmd_collect(args):
     elif args.source == "atari":
         from genlab.families.world.collect import collect_atari
         path = collect_atari(args.game, args.frames, args.out, policy=args.policy or "random", size=args.size,
-                             channels=args.channels, workers=args.workers, seed=args.seed, max_episode=args.max_episode)
+                             channels=args.channels, workers=args.workers, seed=args.seed, max_episode=args.max_episode,
+                             explore=args.explore)
     else:
         raise GenlabError(f"unknown collection source '{args.source}'; valid choices: atari, vizdoom")
     print(f"wrote {path}")
@@ -148,8 +149,10 @@ def add_parser(sub):
     c.add_argument("--turn", type=float, default=12.0, help="vizdoom: degrees a turn action turns per frame")
     c.add_argument("--skip", type=int, default=4, help="vizdoom: game tics per frame (frame skip)")
     c.add_argument("--frames", type=int, default=10000)
-    c.add_argument("--policy", default=None, help="atari: random (default) | sticky (repeats its last action with p=0.8); "
+    c.add_argument("--policy", default=None, help="atari: random (default) | sticky (repeats its last action with p=0.8) | "
+                   "tracker (Pong, Breakout: moves its paddle toward the ball, with sticky random stretches); "
                    "vizdoom: explorer (default: held moves, unsticks itself) | random")
+    c.add_argument("--explore", type=float, default=0.25, help="atari tracker: share of frames in sticky random stretches")
     c.add_argument("--size", type=int, default=64, help="frames resized to SIZE x SIZE")
     c.add_argument("--channels", type=int, default=3, help="3 (RGB) or 1 (grey)")
     c.add_argument("--workers", type=int, default=0, help="processes (0 = one per core, up to frames/2000)")

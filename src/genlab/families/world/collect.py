@@ -1,6 +1,9 @@
 """Collect game frames with gymnasium + ale-py (ROMs ship in the wheel: works offline) in parallel worker processes,
 into one episode folder (genlab.data.episodes). ALE v5's sticky actions are off, so a frame is a function of the past
-frames and the recorded action; the `sticky` policy repeats its own previous action instead.
+frames and the recorded action; the `sticky` policy repeats its own previous action instead. The `tracker` policy plays
+Pong and Breakout: it finds the ball and its paddle by colour (eval/objects.py) and moves toward the ball, with a
+sticky random action a share `--explore` of the time, so the data holds the rallies, hits and broken bricks that
+random play rarely reaches and still covers every action.
 """
 from __future__ import annotations
 
@@ -13,7 +16,25 @@ import numpy as np
 from genlab.core.errors import GenlabError
 from genlab.data.episodes import check_out_folder, write_episodes
 
-POLICIES = ("random", "sticky")
+POLICIES = ("random", "sticky", "tracker")
+# tracker: the paddle each game moves, the axis it moves on, and the actions that move it down / up that axis
+TRACKED = {"Pong": ("player", 1, {"less": "RIGHT", "more": "LEFT"}),      # Pong's RIGHT moves the paddle up
+           "Breakout": ("paddle", 0, {"less": "LEFT", "more": "RIGHT"})}
+TRACK_DEADBAND = 3.0  # pixels (full resolution) within which the paddle waits
+
+
+def tracker_action(obs: np.ndarray, game: str, meanings: list[str]) -> int:
+    """Move the paddle toward the ball (full-resolution frame); FIRE when no ball is in play (a new serve)."""
+    from genlab.eval.objects import object_positions
+    paddle, axis, moves = TRACKED[game]
+    pos = object_positions(obs[None], game)
+    ball, own = pos["ball"][0], pos[paddle][0]
+    if np.isnan(ball[0]) or np.isnan(own[0]):
+        return meanings.index("FIRE")
+    d = ball[axis] - own[axis]
+    if abs(d) <= TRACK_DEADBAND:
+        return meanings.index("NOOP")
+    return meanings.index(moves["more" if d > 0 else "less"])
 
 
 def _make_env(game: str):
@@ -41,16 +62,22 @@ def resize_frame(obs: np.ndarray, size: int, channels: int) -> np.ndarray:
 
 
 def _worker(args):
-    game, frames, policy, size, channels, seed, max_episode, stick = args
+    game, frames, policy, size, channels, seed, max_episode, stick, explore = args
     env = _make_env(game)
     rng = np.random.default_rng(seed)
     n_act = env.action_space.n
+    meanings = env.unwrapped.get_action_meanings()
+    exploring = False
     out_f, out_a, out_r, out_t, starts = [], [], [], [], []
     obs, _ = env.reset(seed=seed)
     t_ep, action = 0, 0
     starts.append(0)
     while len(out_f) < frames:
-        if policy == "random" or rng.random() > stick:
+        if policy == "tracker":  # explore in held stretches (mean 1 / (1 - stick) frames), else track the ball
+            exploring = rng.random() < (stick if exploring else explore * (1 - stick) / max(1 - explore, 1e-9))
+            action = (action if rng.random() < stick else int(rng.integers(n_act))) if exploring else \
+                tracker_action(obs, game, meanings)
+        elif policy == "random" or rng.random() > stick:
             action = int(rng.integers(n_act))
         out_f.append(resize_frame(obs, size, channels))
         out_a.append(action)
@@ -69,7 +96,6 @@ def _worker(args):
             obs, _ = env.reset()
             t_ep = 0
             starts.append(len(out_f))
-    meanings = env.unwrapped.get_action_meanings()
     env.close()
     return (np.stack(out_f), np.asarray(out_a), np.asarray(out_r, np.float32), np.asarray(out_t), np.asarray(starts),
             meanings)
@@ -93,9 +119,14 @@ def run_workers(worker, frames: int, workers: int, seed: int, job):
 
 
 def collect_atari(game: str, frames: int, out, policy: str = "random", size: int = 64, channels: int = 3,
-                  workers: int = 0, seed: int = 0, max_episode: int = 1000, stick: float = 0.8, log=print):
+                  workers: int = 0, seed: int = 0, max_episode: int = 1000, stick: float = 0.8, explore: float = 0.25,
+                  log=print):
     if policy not in POLICIES:
         raise GenlabError(f"unknown policy '{policy}'; valid choices: {', '.join(POLICIES)}")
+    if policy == "tracker" and game not in TRACKED:
+        raise GenlabError(f"the tracker policy plays {', '.join(TRACKED)}, not '{game}'; valid choices for {game}: random, sticky")
+    if not 0 <= explore < 1:
+        raise GenlabError(f"--explore must be in [0, 1) (the tracker's share of random actions), got {explore}")
     if channels not in (1, 3):
         raise GenlabError(f"--channels must be 1 (grey) or 3 (RGB), got {channels}")
     if frames < 2 or size < 8:
@@ -108,8 +139,9 @@ def collect_atari(game: str, frames: int, out, policy: str = "random", size: int
     _make_env(game).close()  # fail on a bad name before spawning workers
     t0 = time.perf_counter()
     parts, starts = run_workers(_worker, frames, workers, seed,
-                                lambda n, s: (game, n, policy, size, channels, s, max_episode, stick))
+                                lambda n, s: (game, n, policy, size, channels, s, max_episode, stick, explore))
     meta = {"source": f"ale-py {game} v5 (frameskip 4, no sticky actions)", "game": game, "policy": policy,
+            **({"explore": explore} if policy == "tracker" else {}),
             "num_actions": len(parts[0][5]), "action_meanings": parts[0][5], "seed": seed}
     path = write_episodes(out, np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                           np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), starts, meta)
