@@ -123,6 +123,7 @@ def test_world_gain_is_the_larger_of_the_teacher_forced_gain_and_the_action_marg
     assert world_gain_db({"tf_psnr": 26.0, "tf_copy_last_psnr": 24.0}) == pytest.approx(2.0)  # no rollout horizon
 
 
+@pytest.mark.slow  # a 64-step evaluation with a Frechet distance per step: ~10 s
 def test_long_rollouts_report_drift_of_the_frame_fd(tmp_path):
     data = SimpleNamespace(val=pong_episodes(T=100))
     ecfg = SimpleNamespace(batch_size=16, world_horizons="64", world_rollouts=8, world_episodes="")

@@ -129,6 +129,7 @@ def test_tracker_moves_the_paddle_toward_the_ball():
     assert act("Breakout", (100, 150), (100, 191), brk) == "NOOP" and act("Breakout", None, (100, 191), brk) == "FIRE"
 
 
+@pytest.mark.slow  # two Atari collections: ~30 s on 2 cores
 def test_the_tracker_plays_breakout_better_than_sticky_random(tmp_path):
     """Same frames, same seed: the tracker's data holds several times the broken bricks of sticky random play (4,000
     frames on 2026-11-28: 91 against 23), and every action still occurs."""
@@ -685,6 +686,7 @@ def fps_play_server(tmp_path):
     server.server_close()
 
 
+@pytest.mark.slow  # a real browser and two drags: ~20 s
 def test_first_person_play_page_in_real_browser(fps_play_server, tmp_path):
     browser = _chrome()
     if browser is None:

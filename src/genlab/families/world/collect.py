@@ -15,6 +15,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.data.episodes import check_out_folder, write_episodes
+from genlab.eval.objects import object_positions
 
 POLICIES = ("random", "sticky", "tracker")
 # tracker: the paddle each game moves, the axis it moves on, and the actions that move it down / up that axis
@@ -25,7 +26,6 @@ TRACK_DEADBAND = 3.0  # pixels (full resolution) within which the paddle waits
 
 def tracker_action(obs: np.ndarray, game: str, meanings: list[str]) -> int:
     """Move the paddle toward the ball (full-resolution frame); FIRE when no ball is in play (a new serve)."""
-    from genlab.eval.objects import object_positions
     paddle, axis, moves = TRACKED[game]
     pos = object_positions(obs[None], game)
     ball, own = pos["ball"][0], pos[paddle][0]
