@@ -123,9 +123,11 @@ def test_world_gain_is_the_larger_of_the_teacher_forced_gain_and_the_action_marg
     assert world_gain_db({"tf_psnr": 26.0, "tf_copy_last_psnr": 24.0}) == pytest.approx(2.0)  # no rollout horizon
 
 
-@pytest.mark.slow  # a 64-step evaluation with a Frechet distance per step: ~10 s
 def test_long_rollouts_report_drift_of_the_frame_fd(tmp_path):
-    data = SimpleNamespace(val=pong_episodes(T=100))
+    frames = np.random.default_rng(0).integers(0, 256, (140, 16, 16, 3), dtype=np.uint8)  # small frames: a cheap FD
+    eps = Episodes(frames, np.zeros(140, np.int64), np.zeros(140, np.float32), np.zeros(140, bool), np.array([0, 70]),
+                   {"num_actions": 2})
+    data = SimpleNamespace(val=eps)
     ecfg = SimpleNamespace(batch_size=16, world_horizons="64", world_rollouts=8, world_episodes="")
     res = evaluate_world(rollout_of("copy"), 2, data, {"eval": ecfg, "device": torch.device("cpu"), "run_dir": None})
     # the last 32 steps' FD over the first 32's, from the per-step curve (a collapse grows it)
