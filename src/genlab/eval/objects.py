@@ -29,6 +29,9 @@ GAMES = {
 BRICKS = {"Breakout": {"rows": (57 / 210, 93 / 210), "cols": (8 / 160, 152 / 160), "brick": (6 / 210, 8 / 160),
                        "colours": [(200, 72, 72), (198, 108, 58), (180, 122, 48), (162, 162, 42), (72, 160, 72),
                                    (66, 72, 200)]}}
+# per game, the RGB weights that map every brick colour to ~1 (least squares: within 7%)
+BRICK_WEIGHTS = {g: np.linalg.lstsq(np.asarray(b["colours"], np.float64), np.ones(len(b["colours"])), rcond=None)[0]
+                 for g, b in BRICKS.items()}
 MIN_FRACTION = 0.2   # a ball box-averaged into a 64x64 cell covers ~30% of it
 MAX_RESIDUAL = 0.25  # of the object's colour distance from the background
 
@@ -94,10 +97,9 @@ def brick_mass(frames: np.ndarray, game: str) -> np.ndarray:
     spec = BRICKS[game]
     H, W = frames.shape[1:3]
     (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
-    weights = np.linalg.lstsq(np.asarray(spec["colours"], np.float64), np.ones(len(spec["colours"])), rcond=None)[0]
     band = frames[:, int(round(r0 * H)):int(round(r1 * H)), int(round(c0 * W)):int(round(c1 * W))]
     one = spec["brick"][0] * H * spec["brick"][1] * W
-    return (band.astype(np.float64) @ weights).sum((1, 2)) / one
+    return (band.astype(np.float64) @ BRICK_WEIGHTS[game]).sum((1, 2)) / one
 
 
 def bricks_removed(last: np.ndarray, real: np.ndarray, generated: np.ndarray, game: str) -> dict:
