@@ -333,6 +333,84 @@ def test_sample_temperature_scales_the_starting_noise(toy_dir, tmp_path):
         assert torch.equal(outs[0], outs[1]) == (temp == 0)
 
 
+# -- action guidance (classifier-free guidance on the actions) -------------------------------------------------
+def test_dropped_actions_leave_no_trace_in_the_prediction(toy_dir, tmp_path):
+    """action_keep=0 is the null action: the output no longer depends on the actions; action_keep=1 is the plain model."""
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow")
+    _, model, method = build(cfg, toy_dir)
+    torch.manual_seed(0)
+    for p in model.parameters():  # adaLN-zero starts blind to the conditioning: give every path weight
+        torch.nn.init.normal_(p, std=0.2)
+    B, L = 4, method.L
+    x, t, lvl = torch.randn(B, 3, 16, 16), torch.rand(B), torch.rand(B)
+    ctx = torch.randn(B, L, 3, 16, 16)
+    a1, a2 = torch.zeros(B, L, dtype=torch.long), torch.full((B, L), 2)
+    keep = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    plain1, plain2 = model(x, t, ctx, a1, lvl), model(x, t, ctx, a2, lvl)
+    out1, out2 = model(x, t, ctx, a1, lvl, action_keep=keep), model(x, t, ctx, a2, lvl, action_keep=keep)
+    assert (plain1 - plain2).abs().amax() > 1e-2                     # the actions matter to this model
+    torch.testing.assert_close(out1[keep == 1], plain1[keep == 1])    # kept: the plain model
+    torch.testing.assert_close(out1[keep == 0], out2[keep == 0])      # dropped: the same whatever the actions
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_action_guidance_equals_two_separate_predictions_combined(toy_dir, tmp_path, steps):
+    """generate() with method.action_guidance=w batches the action and null predictions in one forward; the reference
+    runs them as two calls and combines null + w (cond - null) by hand in float64."""
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow", "method.action_dropout=0.1", "method.action_guidance=3",
+                    "method.quantize_frames=false", "method.sample_temperature=1")
+    _, model, method = build(cfg, toy_dir)
+    torch.manual_seed(1)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    model = model.double()
+    B, L = 3, method.L
+    ctx = torch.rand(B, L, 3, 16, 16, dtype=torch.float64) * 2 - 1
+    acts = torch.randint(0, 3, (B, L))
+    noise = torch.randn(B, 3, 16, 16, dtype=torch.float64)
+    guided = method.generate(model, ctx, acts, steps, noise=noise)
+
+    class HandGuided(torch.nn.Module):  # the unbatched reference: two calls of the real model
+        def forward(self, x, t, context, actions, level):
+            cond = model(x, t, context, actions, level)
+            null = model(x, t, context, actions, level, action_keep=torch.zeros(x.shape[0], dtype=x.dtype))
+            return null + 3.0 * (cond - null)
+    method.mcfg.action_guidance = 1.0
+    reference = method.generate(HandGuided(), ctx, acts, steps, noise=noise)
+    plain = method.generate(model, ctx, acts, steps, noise=noise)
+    torch.testing.assert_close(guided, reference, rtol=1e-10, atol=1e-10)
+    assert (guided - plain).abs().amax() > 1e-3  # guidance changed the frame
+
+
+def test_action_dropout_drops_that_share_of_training_samples(toy_dir, tmp_path):
+    from genlab.families.base import StepContext
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.action_dropout=0.25", "method.closed_loop_start=1.0")
+    _, _, method = build(cfg, toy_dir)
+    seen = []
+
+    class KeepSpy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, x_t, t, context, actions, level, action_keep=None):
+            seen.append(action_keep)
+            return torch.zeros_like(x_t) + 0 * self.w
+    B, L = 4000, method.L
+    ctx = StepContext(step=0, total_steps=10, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
+                      precision="fp32", ema=None, extras={})
+    frames = torch.zeros(B, L + method.H, 3, 4, 4)
+    method.loss(KeepSpy(), {"frames": frames, "actions": torch.zeros(B, L + method.H, dtype=torch.long)}, ctx)
+    keep = seen[-1]
+    assert set(keep.unique().tolist()) == {0.0, 1.0}
+    assert abs(float(1 - keep.mean()) - 0.25) < 0.03  # 4,000 draws: 4 standard deviations of the share
+
+
+def test_action_guidance_without_dropout_is_refused(toy_dir, tmp_path):
+    with pytest.raises(GenlabError, match="action_dropout"):
+        build(world_cfg(tmp_path, toy_dir, "method.action_guidance=2"), toy_dir)
+
+
 def test_rollout_uses_only_context_and_actions(toy_dir, tmp_path):
     cfg = world_cfg(tmp_path, toy_dir, "method.objective=flow")
     _, model, method = build(cfg, toy_dir)

@@ -36,6 +36,22 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
     return context + level.view(B, 1, 1, 1, 1).to(context.dtype) * noise, level
 
 
+def action_guided(model, context, actions, level, guidance: float):
+    """net(x, t) for one frame's conditioning: the plain model, or with guidance w != 1 the null-action prediction
+    pushed w times the way the actions move it (classifier-free guidance, Ho & Salimans 2022, on the actions), both
+    halves in one batched forward."""
+    if guidance == 1:
+        return lambda x, t: model(x, t, context, actions, level)
+    B = context.shape[0]
+    keep = torch.cat([torch.ones(B, device=context.device), torch.zeros(B, device=context.device)])
+    two = lambda v: torch.cat([v, v])
+
+    def net(x, t):
+        cond, null = model(two(x), two(t), two(context), two(actions), two(level), action_keep=keep).chunk(2)
+        return null + guidance * (cond - null)
+    return net
+
+
 class WorldModel(Method):
     interactive = True  # `genlab play`: frames from live controls
     render = render  # rollout videos (world/render.py)
@@ -71,16 +87,18 @@ class WorldModel(Method):
         return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
                               lr=keys.disc_lr)}
 
-    def denoise_loss(self, model, target, context, actions, level, gen, base=None):
+    def denoise_loss(self, model, target, context, actions, level, gen, base=None, keep=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
         keys = WorldKeys.of(self.mcfg)
         if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
             k = keys.residual_scale
-            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen)
+            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen, keep=keep)
             return loss, est / k + base
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
-        return self.objective.loss(self, lambda x, t: model(x, t, context, actions, level), target, noise, gen)
+        net = (lambda x, t: model(x, t, context, actions, level)) if keep is None else \
+            (lambda x, t: model(x, t, context, actions, level, action_keep=keep))
+        return self.objective.loss(self, net, target, noise, gen)
 
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
@@ -94,7 +112,7 @@ class WorldModel(Method):
             noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
         ts = self.objective.grid(steps, context.device)
         x = noise * keys.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
-        net = lambda x, t: model(x, t, context, actions, level)  # the backbone with this frame's conditioning bound
+        net = action_guided(model, context, actions, level, keys.action_guidance)  # this frame's conditioning bound
         x = call_sampler(sampler_registry.get(keys.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
                          x, ts, generator=generator, noise=self.mcfg.sde_noise)
         x = (x / keys.residual_scale + context[:, -1] if keys.residual else x).clamp(-1, 1)
@@ -144,7 +162,10 @@ class WorldModel(Method):
         # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
         # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
         base = last if keys.residual else None
-        loss, est = self.denoise_loss(model, target, context, acts, level, gen, base)
+        keep = None
+        if keys.action_dropout > 0:  # the null action's samples: what action guidance extrapolates away from
+            keep = (torch.rand(target.shape[0], generator=gen, device=target.device) >= keys.action_dropout).float()
+        loss, est = self.denoise_loss(model, target, context, acts, level, gen, base, keep)
         metrics = {"horizon": h}
         if "disc" not in ctx.extras or keys.adv_weight <= 0:
             return loss, metrics
@@ -201,6 +222,10 @@ class WorldKeys(cf.Keys, section="method"):
                                              "closed-loop contexts)")
     ctx_noise_max: float = cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0)
     closed_loop_start: float = cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1)
+    action_dropout: float = cf.F(0.0, "world: share of training samples whose actions are dropped (the null action), so "
+                                      "method.action_guidance has an action-free prediction to push away from", ge=0, lt=1)
+    action_guidance: float = cf.F(1.0, "world: classifier-free guidance on the actions when generating frames: "
+                                       "null + w (actions - null); 1 = off; needs method.action_dropout > 0", ge=0)
     adv_weight: float = cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0)
     disc_lr: float = cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0)
 
@@ -217,6 +242,10 @@ def check_world_config(cfg):
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
     parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+    world = WorldKeys.of(cfg.method)
+    if world.action_guidance != 1 and world.action_dropout <= 0:  # the null action was never trained
+        raise GenlabError(f"method.action_guidance={world.action_guidance} needs method.action_dropout > 0 (e.g. 0.1): "
+                          "guidance pushes away from the null-action prediction, which only dropout trains")
     if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
         read_episodes(keys.world_episodes)
 

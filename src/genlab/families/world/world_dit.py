@@ -59,9 +59,10 @@ class WorldDiT(nn.Module):
         if self.frame_embed is not None:
             nn.init.normal_(self.frame_embed, std=0.02)
 
-    def forward(self, x_t, t, context, actions, ctx_noise, **conditions):
+    def forward(self, x_t, t, context, actions, ctx_noise, action_keep=None, **conditions):
         """x_t [B,C,H,W] noisy target; t [B] in [0,1]; context [B,L,C,H,W]; actions [B,L] (long) or [B,L,D];
-        ctx_noise [B] noise level of the context in [0,1]. Returns [B,C,H,W]."""
+        ctx_noise [B] noise level of the context in [0,1]; action_keep [B] (optional) 1 keeps a sample's actions, 0
+        drops them (the null action of action guidance: no action term in the conditioning). Returns [B,C,H,W]."""
         B, L = context.shape[:2]
         p = self.p
         if self.context_mode == "channels":
@@ -72,7 +73,10 @@ class WorldDiT(nn.Module):
             ctx = ctx + self.pos_embed[:, None] + self.frame_embed[None, :, None]
             h = torch.cat([tgt, ctx.flatten(1, 2)], 1)
         a = self.action_embed(actions if self.num_actions else actions.to(self.action_embed.weight.dtype))
-        c = combine([self.t_embed(t) + self.noise_embed(ctx_noise) + self.action_proj(a.flatten(1)),
+        act = self.action_proj(a.flatten(1))
+        if action_keep is not None:
+            act = act * action_keep.to(act.dtype)[:, None]
+        c = combine([self.t_embed(t) + self.noise_embed(ctx_noise) + act,
                  *self.cond_embed(t.shape[0], **conditions)])
         for block in self.blocks:
             h = block(h, c)
