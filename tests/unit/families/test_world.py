@@ -333,6 +333,30 @@ def test_sample_temperature_scales_the_starting_noise(toy_dir, tmp_path):
         assert torch.equal(outs[0], outs[1]) == (temp == 0)
 
 
+def test_sample_context_noise_noises_the_context_and_tells_the_model(toy_dir, tmp_path):
+    """method.sample_ctx_noise=s: the model sees the context plus Gaussian noise of std s and is told level s; the
+    residual base stays the clean last frame; 0 leaves the context untouched."""
+    cfg = world_cfg(tmp_path, toy_dir, "method.objective=l1", "method.ctx_noise_max=0.5", "method.quantize_frames=false")
+    _, _, method = build(cfg, toy_dir)
+    B, L = 64, method.L
+    context = torch.full((B, L, 3, 16, 16), 0.25)
+    acts = torch.zeros(B, L, dtype=torch.long)
+    for s in (0.0, 0.3):
+        method.mcfg.sample_ctx_noise = s
+        spy = Spy(lambda x, c: torch.zeros_like(x))  # residual l1 at temperature 0: the frame is the clean last one
+        out = method.generate(spy, context, acts, 1, torch.Generator().manual_seed(0))
+        call = spy.calls[-1]
+        assert torch.equal(call["level"], torch.full((B,), s))
+        seen = call["context"] - 0.25
+        assert torch.allclose(seen.flatten(1).std(1), torch.full((B,), s), atol=0.02)  # 3,072 values a sample
+        assert torch.equal(out, context[:, -1])
+
+
+def test_sample_context_noise_above_the_trained_range_is_refused(toy_dir, tmp_path):
+    with pytest.raises(GenlabError, match="ctx_noise_max"):
+        build(world_cfg(tmp_path, toy_dir, "method.ctx_noise_max=0.2", "method.sample_ctx_noise=0.3"), toy_dir)
+
+
 # -- action guidance (classifier-free guidance on the actions) -------------------------------------------------
 def test_dropped_actions_leave_no_trace_in_the_prediction(toy_dir, tmp_path):
     """action_keep=0 is the null action: the output no longer depends on the actions; action_keep=1 is the plain model."""

@@ -107,15 +107,19 @@ class WorldModel(Method):
         caller keeps the RNG outside the graph."""
         keys = WorldKeys.of(self.mcfg)
         steps = steps or self.mcfg.sample_steps
-        level = torch.zeros(context.shape[0], device=context.device)
+        last = context[:, -1]  # the residual's base stays the clean frame
+        level = torch.full((context.shape[0],), keys.sample_ctx_noise, device=context.device)
+        if keys.sample_ctx_noise > 0:  # the context noised as in training, and the model told its level
+            context = context + keys.sample_ctx_noise * torch.randn(context.shape, generator=generator,
+                                                                    device=context.device, dtype=context.dtype)
         if noise is None:
-            noise = torch.randn(context[:, -1].shape, generator=generator, device=context.device, dtype=context.dtype)
+            noise = torch.randn(last.shape, generator=generator, device=context.device, dtype=context.dtype)
         ts = self.objective.grid(steps, context.device)
         x = noise * keys.sample_temperature * (1 - ts[0])  # temperature 0: the frame from the noise mean (best PSNR)
         net = action_guided(model, context, actions, level, keys.action_guidance)  # this frame's conditioning bound
         x = call_sampler(sampler_registry.get(keys.world_sampler), lambda x, t: self.objective.velocity(self, net, x, t),
                          x, ts, generator=generator, noise=self.mcfg.sde_noise)
-        x = (x / keys.residual_scale + context[:, -1] if keys.residual else x).clamp(-1, 1)
+        x = (x / keys.residual_scale + last if keys.residual else x).clamp(-1, 1)
         return quantize(x) if keys.quantize_frames else x
 
     @torch.no_grad()
@@ -221,6 +225,10 @@ class WorldKeys(cf.Keys, section="method"):
     quantize_frames: bool = cf.F(True, "world: round generated frames to the 256 uint8 levels of real frames (rollouts, "
                                              "closed-loop contexts)")
     ctx_noise_max: float = cf.F(0.7, "world: context frames get Gaussian noise of level U(0, this), told to the model", ge=0)
+    sample_ctx_noise: float = cf.F(0.0, "world: noise level given to the context when generating frames (rollouts, play): "
+                                        "noised as in training and the model told so, so it discounts the details its own "
+                                        "earlier frames got wrong (Diffusion Forcing, Chen et al. 2024); at most "
+                                        "method.ctx_noise_max", ge=0)
     closed_loop_start: float = cf.F(0.5, "world: fraction of training after which own rollouts fill the context (1 = never)", ge=0, le=1)
     action_dropout: float = cf.F(0.0, "world: share of training samples whose actions are dropped (the null action), so "
                                       "method.action_guidance has an action-free prediction to push away from", ge=0, lt=1)
@@ -243,6 +251,9 @@ def check_world_config(cfg):
         raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
     parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
     world = WorldKeys.of(cfg.method)
+    if world.sample_ctx_noise > world.ctx_noise_max:  # a level the model never saw in training
+        raise GenlabError(f"method.sample_ctx_noise={world.sample_ctx_noise} is above method.ctx_noise_max="
+                          f"{world.ctx_noise_max}, the largest context noise level trained; choose 0..{world.ctx_noise_max}")
     if world.action_guidance != 1 and world.action_dropout <= 0:  # the null action was never trained
         raise GenlabError(f"method.action_guidance={world.action_guidance} needs method.action_dropout > 0 (e.g. 0.1): "
                           "guidance pushes away from the null-action prediction, which only dropout trains")
