@@ -37,7 +37,7 @@ def test_e_after(x):
 def test_streams_report_each_outcome_and_what_a_stopped_stream_never_reached(tmp_path):
     (tmp_path / "test_fake_device.py").write_text(FAKE)
     out = tmp_path / "out" / "t.md"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "2", "--marker", "", "--limit", "20", "--out", str(out),
+    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "2", "--marker", "", "--limit", "12", "--out", str(out),
                         "--", str(tmp_path / "test_fake_device.py")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr  # one failed, two not reached
     text = out.read_text()
