@@ -11,7 +11,7 @@ trained run's rollouts under sampling settings.
 Speed: one "frame" = one full next-frame generation (sample_steps model evaluations); rows at batch 1 (eager,
 torch.compile, torch.compile mode=reduce-overhead = CUDA graphs) and batched (many environments imagined at once).
 --sampling: the same held-out windows evaluated with each (method.sample_temperature, method.quantize_frames[,
-method.action_guidance]) variant;
+method.action_guidance[, method.sample_ctx_noise]]) variant;
 rollout PSNR at the longest horizon against copy-last, the per-step margin range, whether the model wins at every
 step, the in-domain Fréchet distance and the action-sensitivity margin.
 --collect: `genlab data collect` (Pong with the sticky policy, ViZDoom my_way_home with the explorer) at each worker
@@ -54,29 +54,33 @@ def sampling_table(args):
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)
     rows = []
-    variants = [(v.split(":") + ["1"])[:3] for v in args.variants.split(",")]
-    if any(float(g) != 1 for *_, g in variants) and not method.mcfg.action_dropout > 0:
+    variants = [(v.split(":") + ["1", "0"][len(v.split(":")) - 2:])[:4] for v in args.variants.split(",")]
+    if any(float(g) != 1 for _, _, g, _ in variants) and not method.mcfg.action_dropout > 0:
         print(f"error: action guidance needs a run trained with method.action_dropout > 0; {args.run} has "
               f"{method.mcfg.action_dropout}", file=sys.stderr)
         return 2
+    if any(float(n) > method.mcfg.ctx_noise_max for *_, n in variants):
+        print(f"error: a context noise above the run's method.ctx_noise_max={method.mcfg.ctx_noise_max} was never "
+              "trained", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
-        for temp, q, guidance in variants:
+        for temp, q, guidance, ctx_noise in variants:
             method.mcfg.sample_temperature, method.mcfg.quantize_frames = float(temp), q == "q"
-            method.mcfg.action_guidance = float(guidance)
+            method.mcfg.action_guidance, method.mcfg.sample_ctx_noise = float(guidance), float(ctx_noise)
             res = method.evaluate(model, data, {"eval": cfg.eval, "device": dev, "run_dir": tmp})
             curves = json.loads((Path(tmp) / "world_eval.json").read_text())["curves"]
             H = max(curves, key=int)
             margin = [m - c for m, c in zip(curves[H]["model"], curves[H]["copy_last"])]
-            rows.append([f"{float(temp):g}", "yes" if q == "q" else "no", f"{float(guidance):g}",
+            rows.append([f"{float(temp):g}", "yes" if q == "q" else "no", f"{float(guidance):g}", f"{float(ctx_noise):g}",
                          f"{res['tf_psnr']:.2f} dB", f"{res[f'rollout_psnr_h{H}']:.2f} dB",
                          f"{res[f'copy_last_psnr_h{H}']:.2f} dB", f"{min(margin):+.2f} … {max(margin):+.2f} dB",
                          "yes" if min(margin) > 0 else "no", f"{res[f'frechet_h{H}']:.3f}", f"{res['action_margin_db']:+.2f} dB",
                          f"{res.get('action_margin_min_from_step2_db', float('nan')):+.2f} dB"])
             print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
     print(f"rollouts: {args.rollouts} held-out windows, horizon {H}, {method.mcfg.sample_steps} sampling steps\n")
-    print(markdown_table(["temperature", "quantised", "action guidance", "teacher-forced PSNR", "rollout PSNR (mean)",
-                          "copy-last", "margin per step", "beats copy-last at every step", "FD", "action margin",
-                          "min action margin from step 2"], rows, "rlrrrrllrrr"))
+    print(markdown_table(["temperature", "quantised", "action guidance", "context noise", "teacher-forced PSNR",
+                          "rollout PSNR (mean)", "copy-last", "margin per step", "beats copy-last at every step", "FD",
+                          "action margin", "min action margin from step 2"], rows, "rlrrrrrllrrr"))
 
 
 def collect_table(args):
@@ -108,8 +112,9 @@ def main():
     ap.add_argument("--sampling", action="store_true", help="the run's rollouts under each of --variants")
     ap.add_argument("--rollouts", type=int, default=64, help="--sampling: held-out windows per horizon (eval.world_rollouts)")
     ap.add_argument("--variants", default="1:n,1:q,0:n,0:q",
-                    help="--sampling: comma-separated TEMPERATURE:q|n[:GUIDANCE] (q = generated frames quantised to uint8 "
-                         "levels; GUIDANCE = method.action_guidance, 1 by default: a run trained with method.action_dropout)")
+                    help="--sampling: comma-separated TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE]] (q = generated frames "
+                         "quantised to uint8 levels; GUIDANCE = method.action_guidance, 1 by default: a run trained with "
+                         "method.action_dropout; CONTEXT_NOISE = method.sample_ctx_noise, 0 by default)")
     ap.add_argument("--collect", default=None, help="comma-separated sources (atari, vizdoom): time collection instead")
     ap.add_argument("--workers", default="1,2", help="--collect: comma-separated worker counts")
     ap.add_argument("--frames", type=int, default=4000, help="--collect: frames per collection")
