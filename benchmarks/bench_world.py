@@ -49,12 +49,21 @@ def build(args):
     return model.to(dev).eval(), method, dev, spec
 
 
+def parse_variant(text: str) -> tuple[str, str, str, str]:
+    """TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE]] -> the four fields, guidance 1 and context noise 0 when left out."""
+    fields = text.split(":")
+    if not 2 <= len(fields) <= 4 or fields[1] not in ("q", "n"):
+        print(f"error: --variants entry '{text}' is not TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE]]", file=sys.stderr)
+        sys.exit(2)
+    return tuple(fields + ["1", "0"][len(fields) - 2:])
+
+
 def sampling_table(args):
+    variants = [parse_variant(v) for v in args.variants.split(",")]  # a bad entry stops before the run loads
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)
     rows = []
-    variants = [(v.split(":") + ["1", "0"][len(v.split(":")) - 2:])[:4] for v in args.variants.split(",")]
     if any(float(g) != 1 for _, _, g, _ in variants) and not method.mcfg.action_dropout > 0:
         print(f"error: action guidance needs a run trained with method.action_dropout > 0; {args.run} has "
               f"{method.mcfg.action_dropout}", file=sys.stderr)
