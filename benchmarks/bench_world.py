@@ -30,9 +30,11 @@ import torch
 from common import device_name, error_cell, wall_ms
 
 from genlab.config.tree import load_config
+from genlab.core.errors import GenlabError
 from genlab.core.tables import markdown_row, markdown_table
 from genlab.data import build_dataset
 from genlab.families.build import build_model_and_method
+from genlab.families.world.method import check_world_config
 from genlab.runs.load import load_run
 from genlab.runtime.parallel import resolve_device
 
@@ -58,24 +60,27 @@ def parse_variant(text: str) -> tuple[str, str, str, str]:
     return tuple(fields + ["1", "0"][len(fields) - 2:])
 
 
+def apply_variant(mcfg, temp: str, q: str, guidance: str, ctx_noise: str) -> None:
+    mcfg.sample_temperature, mcfg.quantize_frames = float(temp), q == "q"
+    mcfg.action_guidance, mcfg.sample_ctx_noise = float(guidance), float(ctx_noise)
+
+
 def sampling_table(args):
     variants = [parse_variant(v) for v in args.variants.split(",")]  # a bad entry stops before the run loads
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)
     rows = []
-    if any(float(g) != 1 for _, _, g, _ in variants) and not method.mcfg.action_dropout > 0:
-        print(f"error: action guidance needs a run trained with method.action_dropout > 0; {args.run} has "
-              f"{method.mcfg.action_dropout}", file=sys.stderr)
-        return 2
-    if any(float(n) > method.mcfg.ctx_noise_max for *_, n in variants):
-        print(f"error: a context noise above the run's method.ctx_noise_max={method.mcfg.ctx_noise_max} was never "
-              "trained", file=sys.stderr)
-        return 2
+    for variant in variants:  # every variant passes the world method's own checks before any is scored
+        try:
+            apply_variant(method.mcfg, *variant)
+            check_world_config(cfg)
+        except GenlabError as e:
+            print(f"error: --variants {':'.join(variant)}: {e}", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory() as tmp:
         for temp, q, guidance, ctx_noise in variants:
-            method.mcfg.sample_temperature, method.mcfg.quantize_frames = float(temp), q == "q"
-            method.mcfg.action_guidance, method.mcfg.sample_ctx_noise = float(guidance), float(ctx_noise)
+            apply_variant(method.mcfg, temp, q, guidance, ctx_noise)
             res = method.evaluate(model, data, {"eval": cfg.eval, "device": dev, "run_dir": tmp})
             curves = json.loads((Path(tmp) / "world_eval.json").read_text())["curves"]
             H = max(curves, key=int)

@@ -96,9 +96,8 @@ class WorldModel(Method):
             loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen, keep=keep)
             return loss, est / k + base
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
-        net = (lambda x, t: model(x, t, context, actions, level)) if keep is None else \
-            (lambda x, t: model(x, t, context, actions, level, action_keep=keep))
-        return self.objective.loss(self, net, target, noise, gen)
+        extra = {} if keep is None else {"action_keep": keep}  # a backbone without action dropout needs no such input
+        return self.objective.loss(self, lambda x, t: model(x, t, context, actions, level, **extra), target, noise, gen)
 
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
