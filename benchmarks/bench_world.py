@@ -6,12 +6,13 @@ trained run's rollouts under sampling settings.
     python benchmarks/bench_world.py --device cpu --quick    # CPU figures (batch 1 and 64)
     python benchmarks/bench_world.py --run runs/pong-world --sampling --rollouts 64 --variants 0:q,1:n,0.5:q
     python benchmarks/bench_world.py --run runs/doom --sampling --variants 0:q,0:q:2,0:q:4   # action guidance
+    python benchmarks/bench_world.py --run runs/doom --sampling --variants 0:q,0:q:1:0.1,0:q:1:0:8   # ctx noise, 8 steps
     python benchmarks/bench_world.py --collect atari,vizdoom --workers 1,2 --frames 4000   # collection frames/s
 
 Speed: one "frame" = one full next-frame generation (sample_steps model evaluations); rows at batch 1 (eager,
 torch.compile, torch.compile mode=reduce-overhead = CUDA graphs) and batched (many environments imagined at once).
 --sampling: the same held-out windows evaluated with each (method.sample_temperature, method.quantize_frames[,
-method.action_guidance[, method.sample_ctx_noise]]) variant;
+method.action_guidance[, method.sample_ctx_noise[, method.sample_steps]]]) variant;
 rollout PSNR at the longest horizon against copy-last, the per-step margin range, whether the model wins at every
 step, the in-domain Fréchet distance and the action-sensitivity margin.
 --collect: `genlab data collect` (Pong with the sticky policy, ViZDoom my_way_home with the explorer) at each worker
@@ -51,18 +52,22 @@ def build(args):
     return model.to(dev).eval(), method, dev, spec
 
 
-def parse_variant(text: str) -> tuple[str, str, str, str]:
-    """TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE]] -> the four fields, guidance 1 and context noise 0 when left out."""
+VARIANT = "TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE[:STEPS]]]"
+
+
+def parse_variant(text: str) -> tuple[str, ...]:
+    """VARIANT -> its five fields: guidance 1, context noise 0 and steps 0 (the run's own) when left out."""
     fields = text.split(":")
-    if not 2 <= len(fields) <= 4 or fields[1] not in ("q", "n"):
-        print(f"error: --variants entry '{text}' is not TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE]]", file=sys.stderr)
+    if not 2 <= len(fields) <= 5 or fields[1] not in ("q", "n") or not (len(fields) < 5 or fields[4].isdigit()):
+        print(f"error: --variants entry '{text}' is not {VARIANT}", file=sys.stderr)
         sys.exit(2)
-    return tuple(fields + ["1", "0"][len(fields) - 2:])
+    return tuple(fields + ["1", "0", "0"][len(fields) - 2:])
 
 
-def apply_variant(mcfg, temp: str, q: str, guidance: str, ctx_noise: str) -> None:
+def apply_variant(mcfg, own_steps: int, temp: str, q: str, guidance: str, ctx_noise: str, steps: str) -> None:
     mcfg.sample_temperature, mcfg.quantize_frames = float(temp), q == "q"
     mcfg.action_guidance, mcfg.sample_ctx_noise = float(guidance), float(ctx_noise)
+    mcfg.sample_steps = int(steps) or own_steps
 
 
 def sampling_table(args):
@@ -70,31 +75,35 @@ def sampling_table(args):
     cfg, model, method, dev, _ = load_run(args.run, args.device)
     cfg.eval.world_rollouts = args.rollouts
     data = build_dataset(cfg.data)
-    rows = []
+    rows, own_steps = [], method.mcfg.sample_steps
     for variant in variants:  # every variant passes the world method's own checks before any is scored
         try:
-            apply_variant(method.mcfg, *variant)
+            apply_variant(method.mcfg, own_steps, *variant)
             check_world_config(cfg)
         except GenlabError as e:
             print(f"error: --variants {':'.join(variant)}: {e}", file=sys.stderr)
             return 2
     with tempfile.TemporaryDirectory() as tmp:
-        for temp, q, guidance, ctx_noise in variants:
-            apply_variant(method.mcfg, temp, q, guidance, ctx_noise)
+        for variant in variants:
+            apply_variant(method.mcfg, own_steps, *variant)
+            temp, q, guidance, ctx_noise, _ = variant
             res = method.evaluate(model, data, {"eval": cfg.eval, "device": dev, "run_dir": tmp})
             curves = json.loads((Path(tmp) / "world_eval.json").read_text())["curves"]
             H = max(curves, key=int)
             margin = [m - c for m, c in zip(curves[H]["model"], curves[H]["copy_last"])]
+            drift = res.get(f"frechet_last32_over_first32_h{H}", float("nan"))  # horizons of 64 and more
             rows.append([f"{float(temp):g}", "yes" if q == "q" else "no", f"{float(guidance):g}", f"{float(ctx_noise):g}",
+                         str(method.mcfg.sample_steps),
                          f"{res['tf_psnr']:.2f} dB", f"{res[f'rollout_psnr_h{H}']:.2f} dB",
                          f"{res[f'copy_last_psnr_h{H}']:.2f} dB", f"{min(margin):+.2f} … {max(margin):+.2f} dB",
-                         "yes" if min(margin) > 0 else "no", f"{res[f'frechet_h{H}']:.3f}", f"{res['action_margin_db']:+.2f} dB",
+                         "yes" if min(margin) > 0 else "no", f"{res[f'frechet_h{H}']:.3f}", f"{drift:.2f}", f"{res['action_margin_db']:+.2f} dB",
                          f"{res.get('action_margin_min_from_step2_db', float('nan')):+.2f} dB"])
             print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
-    print(f"rollouts: {args.rollouts} held-out windows, horizon {H}, {method.mcfg.sample_steps} sampling steps\n")
-    print(markdown_table(["temperature", "quantised", "action guidance", "context noise", "teacher-forced PSNR",
-                          "rollout PSNR (mean)", "copy-last", "margin per step", "beats copy-last at every step", "FD",
-                          "action margin", "min action margin from step 2"], rows, "rlrrrrrllrrr"))
+    print(f"rollouts: {args.rollouts} held-out windows, horizon {H}; the run's own sampling steps: {own_steps}\n")
+    print(markdown_table(["temperature", "quantised", "action guidance", "context noise", "sampling steps",
+                          "teacher-forced PSNR", "rollout PSNR (mean)", "copy-last", "margin per step",
+                          "beats copy-last at every step", "FD", "FD last 32 / first 32", "action margin",
+                          "min action margin from step 2"], rows, "rlrrrrrrllrrrr"))
 
 
 def collect_table(args):
@@ -126,9 +135,10 @@ def main():
     ap.add_argument("--sampling", action="store_true", help="the run's rollouts under each of --variants")
     ap.add_argument("--rollouts", type=int, default=64, help="--sampling: held-out windows per horizon (eval.world_rollouts)")
     ap.add_argument("--variants", default="1:n,1:q,0:n,0:q",
-                    help="--sampling: comma-separated TEMPERATURE:q|n[:GUIDANCE[:CONTEXT_NOISE]] (q = generated frames "
-                         "quantised to uint8 levels; GUIDANCE = method.action_guidance, 1 by default: a run trained with "
-                         "method.action_dropout; CONTEXT_NOISE = method.sample_ctx_noise, 0 by default)")
+                    help=f"--sampling: comma-separated {VARIANT} (q = generated frames quantised to uint8 levels; "
+                         "GUIDANCE = method.action_guidance, 1 by default: a run trained with method.action_dropout; "
+                         "CONTEXT_NOISE = method.sample_ctx_noise, 0 by default; STEPS = method.sample_steps, the "
+                         "run's own by default)")
     ap.add_argument("--collect", default=None, help="comma-separated sources (atari, vizdoom): time collection instead")
     ap.add_argument("--workers", default="1,2", help="--collect: comma-separated worker counts")
     ap.add_argument("--frames", type=int, default=4000, help="--collect: frames per collection")
