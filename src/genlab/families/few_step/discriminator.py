@@ -1,17 +1,6 @@
-"""A discriminator on the frozen teacher's token features at re-noised inputs, shared by LADD (Sauer et al. 2024)
-and PCM's adversarial consistency loss (Wang et al. 2024).
-
-A sample at t_end (1 for data, a phase end for PCM) is re-noised to t' <= t_end; forward hooks on the teacher's
-method.tdisc_blocks take their tokens [B, N, D], and one spectral-normed head per block (LayerNorm, linear, residual
-1-D conv, linear output + the projection <c, h>; Miyato & Koyama 2018) gives a logit per token. c = embed(y) +
-mlp(sinusoidal(t')): LADD conditions its heads on the noise level. Hinge losses over every token of every head:
-
-    D:  mean relu(1 - D(real)) + mean relu(1 + D(fake))        G:  -mean D(fake)
-
-The heads are an Extra with their own optimizer "disc"; the trainer back-propagates each loss into its own
-optimizer's parameters, so one teacher pass over [fake; real] serves both. A non-finite term becomes 0 and is
-counted; the counters `adv_nonfinite` and `adv_collapsed` (diversity ratio below COLLAPSE_RATIO) are buffers of the
-heads, so they survive resume.
+"""A discriminator on the frozen teacher's token features at re-noised inputs, shared by LADD and PCM's adversarial
+loss (docs/few_step.md): spectral-normed heads on method.tdisc_blocks, hinge losses, one teacher pass over
+[fake; real]. Its guard counters (adv_nonfinite, adv_collapsed) are buffers of the heads, so they survive resume.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """`genlab data generate pairs RUN`: a velocity-predicting run draws N (noise, image, label) triples with a
-deterministic ODE sampler, stored as a pairs folder (data/pairs.py), with what the drawing cost.
-
-Every check runs before the model is moved or a file written; the folder is written under a temporary name beside
---out and renamed at the end, so an interrupted run leaves nothing at --out.
+deterministic ODE sampler into a pairs folder (data/pairs.py). Every check runs before any work; the folder is
+written under a temporary name and renamed at the end, so an interrupted run leaves nothing at --out.
 """
 from __future__ import annotations
 

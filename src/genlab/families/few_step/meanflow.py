@@ -1,15 +1,6 @@
-"""MeanFlow (Geng, Deng, Bai, Kolter, He 2025, "Mean Flows for One-step Generative Modeling"), trained from scratch.
-
-genlab's time (noise at t=0): a step goes from t to s = t + d, the model input `d` = s - t >= 0,
-    x_s = x_t + d u(x_t, t, d),   d u(x_t, t, d) = integral_t^s v(x_tau, tau) dtau.
-The paper's (t, r) are genlab's (1 - t, 1 - s), its u and v minus genlab's. Holding s fixed and differentiating in t:
-    u = v + d du/dt,   du/dt = v . grad_x u + d_t u - d_d u,
-a JVP with tangent (v, 1, -1) (torch.func.jvp, fp32, no gradient); the target is sg(v + d du/dt), v at d = 0.
-
-Only method.meanflow_share of the batch has d > 0, so the JVP runs on those alone (the official code: the whole
-batch). Loss w ||u - target||^2 with w = sg(1 / (||.||^2 + c)^p); method.meanflow_omega > 1 bakes guidance into
-the target (the paper's v~). The prediction runs through the wrapped model (DDP, compile); the JVP runs on the
-unwrapped module under no_grad, which neither wrapper supports differentiating through. docs/few_step.md: details.
+"""MeanFlow (Geng et al. 2025, "Mean Flows for One-step Generative Modeling"), trained from scratch; docs/few_step.md
+has the maths. The paper's (t, r) are genlab's (1 - t, 1 - s = t + d), its u and v minus genlab's. The target
+sg(v + d du/dt) is a JVP on the unwrapped module under no_grad (neither DDP nor compile differentiates through it).
 """
 from __future__ import annotations
 
@@ -22,8 +13,8 @@ from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
 from genlab.families.baselines import Baseline
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
-from genlab.families.image_flow.flow import MEAN_VELOCITY, check_flow_config, interpolate, unwrap
+from genlab.families.few_step.base import FewStepFlow
+from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
 
 
@@ -193,4 +184,4 @@ def note_fallback(names):
 method_registry.register("meanflow", "MeanFlow (Geng et al. 2025), from scratch: the network predicts the average "
                                      "velocity over a step d, trained on the MeanFlow identity with a JVP target; "
                                      "1- and 2-step sampling with sampler=flow_map",
-                         keys=(*FEW_STEP_KEYS, MeanflowKeys), defaults={"method.sampler": "flow_map"})(MeanFlow)
+                         keys=(*FLOW_KEYS, MeanflowKeys), defaults={"method.sampler": "flow_map"})(MeanFlow)
