@@ -1,11 +1,6 @@
-"""Adaptive non-uniform timestep sampling, after Kim et al. 2025 (arXiv:2411.09998, CVPR 2025), made small.
-
-The paper's REINFORCE policy over t (a Beta network of x0) becomes a categorical over `bins` equal bins (uniform
-inside, mixed with `mix` of the uniform law, plus the paper's entropy bonus). Every `every` steps the whole batch
-trains on ONE drawn bin b, so the batch's reward belongs to one action: Delta = L_probe(before) - L_probe(after), the
-plain velocity MSE on a fixed probe (PROBE_SAMPLES images x PROBE_TIMES times, same noise), all-reduced over ranks;
-the logits step lr * (A grad log p(b) + entropy grad H) with A the normalised advantage. The state is a buffer of a
-frozen extra (checkpointed); no host sync.
+"""Adaptive non-uniform timestep sampling, after Kim et al. 2025 (arXiv:2411.09998), made small (docs/image_flow.md):
+a categorical over equal bins, trained by REINFORCE on the probe loss's drop after a step on one drawn bin. Its
+state is a buffer of a frozen extra (checkpointed); no host sync.
 """
 from __future__ import annotations
 

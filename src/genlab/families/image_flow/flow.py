@@ -1,8 +1,5 @@
-"""Rectified flow / flow matching (Liu et al. 2022; Lipman et al. 2022; minRF).
-
-Path: x_t = (1 - t) * noise + t * data, t=0 is noise and t=1 is data; the model predicts the
-velocity v = data - noise. `interpolate` is the only place x_t is built, and `loss` only ever
-calls the model on its output, so the clean image cannot reach the model by mistake.
+"""Rectified flow / flow matching (Liu et al. 2022; Lipman et al. 2022; minRF): x_t = (1 - t) noise + t data, the model
+predicts v = data - noise. `interpolate` is the only place x_t is built, so the clean image cannot reach the model.
 """
 from __future__ import annotations
 
@@ -84,6 +81,30 @@ MEAN_VELOCITY = "velocity loss of predicting the mean velocity"
 WEIGHT_DRAWS = 1 << 16  # training times the mean loss weight is estimated over
 
 
+def check_flow_config(cfg):
+    """Flow options that a field declaration cannot check alone, before any work."""
+    keys = FlowEvalKeys.of(cfg.eval)
+    m = cfg.method
+    parse_interval(m.cfg_interval)
+    cached_block_plan(cfg)
+    cache_schedule_plan(cfg)
+    samplers = [m.sampler]
+    if keys.nfe_list:
+        parse_int_list(keys.nfe_list, "eval.nfe_list")
+        samplers += samplers_of(cfg)
+    check_sampler_conditions(cfg.method.name, samplers)
+    if is_batched(cfg) and m.timestep_sampler == "adaptive":
+        raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
+                          "a per-run extra module); pick another timestep sampler or train the runs one by one")
+    if cfg.train.graph_step and m.timestep_sampler == "adaptive":
+        raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
+                          "density from the host every few steps, which a captured step would freeze); pick another "
+                          "timestep sampler or drop train.graph_step")
+    if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
+        raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
+                          f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
+
+
 class FlowMatching(Method):
     batch_keys = ("image", "label")
     render = render  # the family's pictures (image_flow/render.py)
@@ -92,9 +113,7 @@ class FlowMatching(Method):
     model_families, sampling_keys, output = ("image",), FLOW_SAMPLING, "velocity"
     batched_seeds = final_loss = graph_step = True
 
-    @staticmethod
-    def check_config(cfg):
-        check_flow_config(cfg)
+    check_config = staticmethod(check_flow_config)
 
     def __init__(self, cfg, data_spec):
         self.cfg, self.spec = cfg, data_spec
@@ -343,30 +362,6 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
     if min(min(b) for b in plan.values()) < 0 or top >= depth:
         raise GenlabError(f"{key}={text}: block {top} out of range; this model has blocks 0..{depth - 1}")
     return period, dict(sorted(plan.items()))
-
-
-def check_flow_config(cfg):
-    """Flow options that a field declaration cannot check alone, before any work."""
-    keys = FlowEvalKeys.of(cfg.eval)
-    m = cfg.method
-    parse_interval(m.cfg_interval)
-    cached_block_plan(cfg)
-    cache_schedule_plan(cfg)
-    samplers = [m.sampler]
-    if keys.nfe_list:
-        parse_int_list(keys.nfe_list, "eval.nfe_list")
-        samplers += samplers_of(cfg)
-    check_sampler_conditions(cfg.method.name, samplers)
-    if is_batched(cfg) and m.timestep_sampler == "adaptive":
-        raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
-                          "a per-run extra module); pick another timestep sampler or train the runs one by one")
-    if cfg.train.graph_step and m.timestep_sampler == "adaptive":
-        raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
-                          "density from the host every few steps, which a captured step would freeze); pick another "
-                          "timestep sampler or drop train.graph_step")
-    if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
-        raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
-                          f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
 
 
 class FlowMethodKeys(cf.Keys, section="method"):

@@ -1,8 +1,5 @@
-"""Per-sample weights w(t) of the flow-matching velocity loss: loss = mean_i w(t_i) |v_i - (data_i - noise_i)|^2.
-
-genlab's path x_t = (1-t) noise + t data has SNR(t) = t^2 / (1-t)^2. With x_hat = x_t + (1-t) v_hat the velocity
-error is the data error over (1-t): |v_hat - v|^2 = |x_hat - x|^2 / (1-t)^2, and the noise error is t times it:
-|eps_hat - eps|^2 = t^2 |v_hat - v|^2.
+"""Per-sample weights w(t) of the flow-matching velocity loss, mean_i w(t_i) |v_i - (data_i - noise_i)|^2
+(docs/image_flow.md: with SNR(t) = t^2 / (1-t)^2 the velocity error is the data error over (1-t)).
 """
 import torch
 

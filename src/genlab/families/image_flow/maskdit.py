@@ -1,16 +1,6 @@
-"""MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305).
-
-Each sample keeps K = int(N * (1 - mask_ratio)) tokens (the paper's `len_keep`) for the encoder; with V the visible
-and M the masked patches:
-
-    loss = mean_V |v_theta(x_t)_p - (data - noise)_p|^2  +  mae_weight * mean_M |v_theta(x_t)_p - norm(x_t)_p|^2
-
-the second term reconstructing the model's noisy *input* (the official `mae_loss(..., norm_pix_loss=True)` on y + n).
-The last `method.unmask_steps` are the paper's unmasked fine-tune (plain flow matching, as sampling is).
-
-`mae_encoder`: the same backbone as a plain MAE (He et al. 2021, arXiv:2111.06377) of the dataset's images, t = 1 and
-the null class held constant, for REPA to align to (`method.repa_encoder=run:RUN`); its loss is MAE's norm-pix
-reconstruction of the masked patches, mean over masked p of |decoder(x)_p - norm(x_p)|^2.
+"""MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305), plus its MAE
+term and unmasked fine-tune; and `mae_encoder`, the same backbone as a plain MAE for REPA to align to. The losses
+and the paper's choices: docs/image_flow.md.
 """
 from __future__ import annotations
 
@@ -52,11 +42,32 @@ def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 class MaskDiTFlow(FlowMatching):
     @staticmethod
     def check_config(cfg):
-        check_maskdit_config(cfg)
+        check_flow_config(cfg)
+        mspec = model_registry.spec(cfg.model.name)
+        if not mspec.masked_tokens:
+            fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+            raise GenlabError(f"method.name=maskdit drops tokens inside the backbone; model {cfg.model.name} cannot: use "
+                              f"model.name={'|'.join(fits)}")
+        pos = mspec.default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
+        if pos.startswith("rope"):
+            raise GenlabError(f"method.name=maskdit needs additive positions (model.pos_emb=sincos2d|learned); "
+                              f"model.pos_emb={pos} rotates by position inside attention")
+        if mlp_registry.spec(cfg.model.mlp).needs_grid:
+            raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
+                              f"visible tokens no longer form; use another model.mlp")
+        m = cfg.method
+        keys = MaskditMethodKeys.of(m)
+        if m.timestep_sampler == "adaptive":
+            raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
+                              "method.timestep_sampler")
+        if keys.unmask_steps > cfg.train.steps:
+            raise GenlabError(f"method.unmask_steps ({keys.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
+        if not 0 <= keys.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
+            raise GenlabError(f"method.mask_ratio must be in [0, 1), got {keys.mask_ratio}")
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        check_maskdit_config(cfg)
+        MaskDiTFlow.check_config(cfg)
         m = MaskditMethodKeys.of(cfg)
         self.patch = cfg.model.patch_size
         self.tokens = (data_spec["image_size"] // self.patch) ** 2
@@ -121,31 +132,6 @@ class MaskditMethodKeys(cf.Keys, section="method"):
                              ge=0)
 
 
-def check_maskdit_config(cfg):
-    check_flow_config(cfg)
-    mspec = model_registry.spec(cfg.model.name)
-    if not mspec.masked_tokens:
-        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
-        raise GenlabError(f"method.name=maskdit drops tokens inside the backbone; model {cfg.model.name} cannot: use "
-                          f"model.name={'|'.join(fits)}")
-    pos = mspec.default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
-    if pos.startswith("rope"):
-        raise GenlabError(f"method.name=maskdit needs additive positions (model.pos_emb=sincos2d|learned); "
-                          f"model.pos_emb={pos} rotates by position inside attention")
-    if mlp_registry.spec(cfg.model.mlp).needs_grid:
-        raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
-                          f"visible tokens no longer form; use another model.mlp")
-    m = cfg.method
-    keys = MaskditMethodKeys.of(m)
-    if m.timestep_sampler == "adaptive":
-        raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
-                          "method.timestep_sampler")
-    if keys.unmask_steps > cfg.train.steps:
-        raise GenlabError(f"method.unmask_steps ({keys.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
-    if not 0 <= keys.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
-        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {keys.mask_ratio}")
-
-
 method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
                                     "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
                                     "mae_weight, unmask_steps)",
@@ -162,7 +148,10 @@ class MAEEncoder(Method):
 
     @staticmethod
     def check_config(cfg):
-        check_mae_config(cfg)
+        if not model_registry.spec(cfg.model.name).masked_tokens:
+            fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+            raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
+                              f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
 
     def __init__(self, cfg, data_spec):
         keys = MaeKeys.of(cfg.method)
@@ -193,13 +182,6 @@ class MAEEncoder(Method):
 
     def train_flops_per_sample(self, model, total_steps: int) -> int:
         return 3 * unwrap(model).flops_per_sample(self.keep)
-
-
-def check_mae_config(cfg):
-    if not model_registry.spec(cfg.model.name).masked_tokens:
-        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
-        raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
-                          f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
 
 
 method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "
