@@ -1,14 +1,6 @@
-"""Training an image autoencoder for latent diffusion (`genlab train mnist_autoencoder`; model autoencoder_kl).
-
-LDM's `LPIPSWithDiscriminator` (Rombach et al. 2022) without the perceptual term (it needs downloaded VGG weights):
-
-    loss = |x - D(z)|_1 + kl_weight * KL(q(z|x) || N(0, I)) + w * (-logits of the discriminator on D(z))
-
-both terms divided by C*H*W (LDM sums them), so kl_weight keeps LDM's meaning. The optional GAN term (gan_weight > 0)
-is a PatchGAN (Isola et al. 2017; spectral norm in place of BatchNorm for small batches) from step gan_start, with
-VQGAN's adaptive weight (Esser et al. 2021, eq. 7): w = gan_weight |grad_L L_rec| / (|grad_L L_gan| + 1e-4) at the
-decoder's last layer L, clamped to [0, 1e4]. Evaluation writes the latent mean/std to RUN/latent_stats.json, which
-the `run:RUN` codec scales by (SD's scaling_factor).
+"""Training an image autoencoder for latent diffusion (`genlab train mnist_autoencoder`; model autoencoder_kl): LDM's
+`LPIPSWithDiscriminator` without the perceptual term, with an optional PatchGAN under VQGAN's adaptive weight
+(docs/latents.md). Evaluation writes the latent mean/std to RUN/latent_stats.json, which the `run:RUN` codec reads.
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """A convolutional image autoencoder in the style of the Stable Diffusion VAE (Rombach et al. 2022, LDM's
-`AutoencoderKL`): GroupNorm/SiLU ResNet blocks, one strided-conv downsampling per level, a single-head attention mid
-block, `model.latent_channels` at 1 / 2^(len(channel_mult) - 1) of the side; the decoder mirrors it (one more block
-per level, as SD's). Bottleneck `kl`: a diagonal Gaussian posterior (log-variance clamped to [-30, 20], as LDM's);
-`plain`: a deterministic latent. SD's VAE is model.size=sd with model.channel_mult=1,2,4,4.
+`AutoencoderKL`; docs/latents.md): bottleneck `kl` (a diagonal Gaussian) or `plain`. SD's VAE is model.size=sd with
+model.channel_mult=1,2,4,4.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective).
-
-Training uses the logits over all `n_vocab` rows like nanoGPT (the padding ids never occur as targets
-and are quickly pushed down), with the loss computed inside the model call (`model(x, targets=y)`) so that
-a compiled model fuses the head with the cross-entropy; evaluation normalises over the real vocabulary only, so val_loss is an
-exact log-likelihood in nats/token.
+"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective; docs/lm.md).
+Training's loss runs inside the model call so a compiled model fuses head and cross-entropy; evaluation normalises
+over the real vocabulary only, so val_loss is an exact log-likelihood in nats/token.
 """
 from __future__ import annotations
 
@@ -149,4 +146,3 @@ class ArKeys(cf.Keys, section="method"):
 
 method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
                          keys=(ArKeys, lm.TextSamplingKeys))(Autoregressive)
-

@@ -1,10 +1,6 @@
-"""GPT: a decoder-style transformer over token ids (Radford et al. 2019; Karpathy's nanoGPT).
-
-`causal` is fixed at build time (autoregressive: True, masked diffusion: False). The embedding has `n_vocab` rows:
-the vocabulary plus a spare id, rounded up to 64 (nanoGPT's 50257 -> 50304); the first spare, `mask_id ==
-vocab_size`, is masked diffusion's [MASK]. `model(idx, targets, weights)` returns the loss sum_i w_i CE_i instead of
-logits, so under torch.compile head and cross-entropy are one graph (no float32 [B, T, V] written); `ce_chunk > 0`
-never keeps logits (LinearCrossEntropy); `ce_kernel` picks a CUDA library kernel (nn/fused_ce.py).
+"""GPT: a decoder-style transformer over token ids (Radford et al. 2019; Karpathy's nanoGPT); docs/lm.md. `causal` is
+fixed at build time; the first spare id `mask_id == vocab_size` is masked diffusion's [MASK]. `model(idx, targets,
+weights)` returns the loss instead of logits, so under torch.compile head and cross-entropy are one graph.
 """
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Masked diffusion language model (MDLM; Sahoo et al. 2024, arXiv:2406.07524), absorbing state.
-
-Each token stays clean with probability alpha_t, else becomes [MASK] (`model.mask_id`); alpha_0 = 1, alpha_1 = 0.
-SUBS: the denoiser never predicts [MASK] and unmasked tokens carry over. The backbone ignores t (MDLM's default).
-
-  continuous NELBO  = E_t [ -alpha'_t / (1 - alpha_t) * sum_{masked l} -log p(x_l | z_t) ]       (MDLM eq. 10)
-  T-step NELBO      = sum_i E [ (alpha_s - alpha_t) / (1 - alpha_t) * sum_{masked l} -log p(x_l | z_t) ],
-                      t = i/T, s = (i-1)/T                                                         (MDLM eq. 8)
-Both bound -log p(x); the T-step one is >= the continuous one. Training draws t antithetically in [method.eps, 1]
-(MDLM's sampling_eps: the weight is ~1/t near 0); evaluation covers (0, 1] with common random numbers for every T.
+"""Masked diffusion language model (MDLM; Sahoo et al. 2024, arXiv:2406.07524), absorbing state with SUBS; the
+continuous and T-step NELBOs (MDLM eqs. 10 and 8) and the sampler: docs/lm.md. The backbone ignores t.
 """
 from __future__ import annotations
 

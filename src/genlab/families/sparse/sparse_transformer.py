@@ -1,10 +1,5 @@
-"""Sparse Transformer (Child et al. 2019) over image bytes or text tokens.
-
-An image uint8 [H, W, C] is n = H*W*C bytes in channel-major or pixel-major raster order; position t reads byte t-1
-(START at t = 0) and predicts byte t. Embeddings: `data` (section 7.1: row + column + channel of the predicted byte)
-or `attention` (row t // l and column t % l of the stride-l matrix; text). Pre-activation blocks (section 5.2),
-dropout at the end of each residual branch, q/k width qk_ratio. Initialisation of section 6 (0.125/sqrt(fan-in),
-residual outputs / sqrt(2N), zero output logits: a fresh model is uniform, 8 bits/dim).
+"""Sparse Transformer (Child et al. 2019) over image bytes or text tokens; docs/sparse.md. Position t reads byte t-1
+(START at t = 0) and predicts byte t; the section 6 initialisation makes a fresh model uniform (8 bits/dim).
 """
 from __future__ import annotations
 

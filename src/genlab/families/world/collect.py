@@ -1,9 +1,6 @@
-"""Collect game frames with gymnasium + ale-py (ROMs ship in the wheel: works offline) in parallel worker processes,
-into one episode folder (genlab.data.episodes). ALE v5's sticky actions are off, so a frame is a function of the past
-frames and the recorded action; the `sticky` policy repeats its own previous action instead. The `tracker` policy plays
-Pong and Breakout: it finds the ball and its paddle by colour (eval/objects.py) and moves toward the ball, with a
-sticky random action a share `--explore` of the time, so the data holds the rallies, hits and broken bricks that
-random play rarely reaches and still covers every action.
+"""Collect game frames with gymnasium + ale-py (ROMs ship in the wheel) in parallel worker processes, into one episode
+folder (genlab.data.episodes); the policies: docs/world.md. Sticky actions are off, so a frame is a function of the
+past frames and the recorded action.
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399); docs/world.md.
-
-A batch is a window of frames [B, L+H, C, H, W] and actions (actions[t] leads from frame t to t+1); frame j is
-denoised from frames and actions j-L..j-1 by a `world_objective` (objectives.py). The diffused quantity is the
-target minus the last context frame (an output of zero at x prediction is exactly the last frame); the context gets
-noise of a level the model is told (robust rollouts); after `closed_loop_start` the context holds up to h-1 frames
-the model generated itself, h growing linearly to data.horizon.
+"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399); docs/world.md. The diffused
+quantity is the target minus the last context frame (an output of zero at x prediction is exactly the last frame).
 """
 from __future__ import annotations
 
@@ -52,6 +47,22 @@ def action_guided(model, context, actions, level, guidance: float):
     return net
 
 
+def check_world_config(cfg):
+    keys = WorldEvalKeys.of(cfg.eval)
+    if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
+        raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
+    parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+    world = WorldKeys.of(cfg.method)
+    if world.sample_ctx_noise > world.ctx_noise_max:  # a level the model never saw in training
+        raise GenlabError(f"method.sample_ctx_noise={world.sample_ctx_noise} is above method.ctx_noise_max="
+                          f"{world.ctx_noise_max}, the largest context noise level trained; choose 0..{world.ctx_noise_max}")
+    if world.action_guidance != 1 and world.action_dropout <= 0:  # the null action was never trained
+        raise GenlabError(f"method.action_guidance={world.action_guidance} needs method.action_dropout > 0 (e.g. 0.1): "
+                          "guidance pushes away from the null-action prediction, which only dropout trains")
+    if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
+        read_episodes(keys.world_episodes)
+
+
 class WorldModel(Method):
     interactive = True  # `genlab play`: frames from live controls
     render = render  # rollout videos (world/render.py)
@@ -60,9 +71,7 @@ class WorldModel(Method):
     data_kinds, model_families = ("episodes",), ("world_dit",)
     sampling_keys = ("method.sample_steps", "method.world_sampler", "method.sample_temperature", "method.quantize_frames")
 
-    @staticmethod
-    def check_config(cfg):
-        check_world_config(cfg)
+    check_config = staticmethod(check_world_config)
 
     def __init__(self, cfg, spec):
         m = cfg.method
@@ -242,22 +251,6 @@ class WorldEvalKeys(cf.Keys, section="eval"):
     world_horizons: str = cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1")
     world_episodes: str = cf.F("", "world: an episode folder evaluated instead of the run's held-out episodes (seeds or a map "
                                "never trained on; same frame size and actions)", free="a folder made by genlab data collect|import")
-
-
-def check_world_config(cfg):
-    keys = WorldEvalKeys.of(cfg.eval)
-    if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
-        raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
-    parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
-    world = WorldKeys.of(cfg.method)
-    if world.sample_ctx_noise > world.ctx_noise_max:  # a level the model never saw in training
-        raise GenlabError(f"method.sample_ctx_noise={world.sample_ctx_noise} is above method.ctx_noise_max="
-                          f"{world.ctx_noise_max}, the largest context noise level trained; choose 0..{world.ctx_noise_max}")
-    if world.action_guidance != 1 and world.action_dropout <= 0:  # the null action was never trained
-        raise GenlabError(f"method.action_guidance={world.action_guidance} needs method.action_dropout > 0 (e.g. 0.1): "
-                          "guidance pushes away from the null-action prediction, which only dropout trains")
-    if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
-        read_episodes(keys.world_episodes)
 
 
 method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "

@@ -1,13 +1,6 @@
-"""The world objectives (method.objective, registry `world_objective`): how the next-frame denoiser `net(x, t)` (its
-conditioning bound) is trained, and the flow velocity and time grid a registered sampler generates a frame with.
-
-- flow: rectified flow. method.prediction=x (default): the network outputs the clean frame, the loss stays on the
-  derived velocity, and the last Euler step lands on the prediction; with v the network must reproduce and cancel
-  the sampling noise itself, and what it misses compounds over a rollout.
-- edm: EDM preconditioning (Karras et al. 2022, table 1) at DIAMOND's noise levels; x_t = t x_sigma with
-  t = 1 / (1 + sigma) is the flow path, and an Euler step in t is EDM's in sigma, so every flow sampler serves it.
-- l1: frame = noise + net(noise, 0) with an L1 loss; with method.adv_weight > 0 the patch discriminator (end of this
-  file) adds its term to any objective.
+"""The world objectives (method.objective, registry `world_objective`; docs/world.md): how the next-frame denoiser
+`net(x, t)` is trained, and the flow velocity and time grid a registered sampler generates a frame with. EDM's
+x_sigma is the flow path rescaled (t = 1 / (1 + sigma)), so every flow sampler serves it.
 """
 from __future__ import annotations
 
