@@ -46,14 +46,9 @@ def check_model_shapes(model, state: dict, source: str, verb: str = "resume from
         raise GenlabError(f"cannot {verb} {source}: {what_module} differs from the checkpoint ({what})")
 
 
-def sampling_keys(cfg) -> list[str]:
-    """The method keys a trained run may change at sampling time (they change no weights)."""
-    return sampling_keys_of(cfg.method.name)
-
-
 def check_eval_overrides(cfg, overrides) -> None:
     """The weights fix the model, data and method: only evaluation and sampling settings may change."""
-    allowed = sampling_keys(cfg)
+    allowed = sampling_keys_of(cfg.method.name)
     for o in overrides:
         key = o.strip().split("=", 1)[0]
         if not (key.startswith("eval.") or key in allowed):
