@@ -56,11 +56,6 @@ def position_byte_entropy(images_u8) -> float:
     return float(np.mean([entropy_nats(np.bincount(x[:, j], minlength=256)) for j in range(x.shape[1])]))
 
 
-def to_unit(images_u8) -> np.ndarray:
-    """uint8 [N, H, W, C] -> float64 [N, C, H, W] in [-1, 1], as the image loader gives them (data/pixels.py)."""
-    return np.asarray(images_u8, dtype=np.float64).transpose(0, 3, 1, 2) / 127.5 - 1
-
-
 def mean_element_variance(x) -> float:
     """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting every
     element by its mean over the data."""
@@ -72,12 +67,6 @@ def mean_image_l1(x) -> float:
     """Mean absolute error of predicting every sample [N, ...] by the per-element mean sample."""
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     return float(np.abs(x - x.mean(0)).mean())
-
-
-def flow_mean_predictor(data_variance: float, noise_variance: float = 1.0, mean_weight: float = 1.0) -> float:
-    """The velocity loss E[w(t) |v - c|^2] per element of the best constant c, with v = data - noise and the noise
-    independent of the data and of t: E[w] (Var(data) + Var(noise)), c = E[data] - E[noise]."""
-    return mean_weight * (data_variance + noise_variance)
 
 
 def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray:
@@ -96,5 +85,5 @@ def training_images(data, generator: torch.Generator | None = None, hflip: bool 
         return (lat if hflip else lat[:, :1]).reshape(-1, *lat.shape[2:])
     if getattr(data, "samples", None) is not None:  # teacher pairs: the samples are the loader's "image"
         return np.asarray(data.samples[idx], dtype=np.float64)
-    x = to_unit(data.images[idx])
+    x = np.asarray(data.images[idx], dtype=np.float64).transpose(0, 3, 1, 2) / 127.5 - 1  # as data/pixels.py loads them
     return np.concatenate([x, x[..., ::-1]]) if hflip else x

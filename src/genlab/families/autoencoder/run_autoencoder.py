@@ -14,14 +14,9 @@ from genlab.nn.autoencoders import LatentCodec, autoencoder_registry
 from genlab.runtime.checkpoint import resolve_checkpoint
 
 
-def _stats_dirs(arg: str) -> list[Path]:
-    """Where latent_stats.json may be: the run folder, or next to / above a checkpoint or exported file."""
-    p = Path(arg).expanduser()
-    return [p] if p.is_dir() and p.suffix != ".dcp" else [p.parent, p.parent.parent]
-
-
 def find_stats(arg: str) -> dict:
-    for d in _stats_dirs(arg):
+    p = Path(arg).expanduser()  # the run folder, or a checkpoint or exported file in it or one below
+    for d in [p] if p.is_dir() and p.suffix != ".dcp" else [p.parent, p.parent.parent]:
         s = read_stats(d)
         if s is not None:
             return s

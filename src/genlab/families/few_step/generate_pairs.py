@@ -61,13 +61,6 @@ def load_velocity_run(run: str):
     return state, cfg
 
 
-def balanced_labels(n: int, k: int, generator) -> torch.Tensor:
-    """n labels, each class equally often (to within one), in a seeded random order; zeros without classes."""
-    if k == 0:
-        return torch.zeros(n, dtype=torch.long)
-    return (torch.arange(n) % k)[torch.randperm(n, generator=generator)]
-
-
 def device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
@@ -94,7 +87,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     fn = sampler_registry.get(sampler)
     ts = time_grid(steps, device=dev, schedule=m.step_schedule, cfg=m)
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same pairs on any device
-    labels = balanced_labels(n, k, gen)
+    labels = (torch.arange(n) % k)[torch.randperm(n, generator=gen)] if k else torch.zeros(n, dtype=torch.long)  # balanced
 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

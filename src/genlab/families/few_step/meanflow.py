@@ -40,11 +40,6 @@ def mean_velocity_jvp(fn, x, t, d, v):
     return torch.func.jvp(fn, (x, t, d), (v, torch.ones_like(t), -torch.ones_like(d)))
 
 
-def meanflow_target(v, d, du_dt):
-    """u = v + d du/dt: the average velocity over [t, t + d] implied by the velocity and u's derivative in t."""
-    return v + d.view(-1, *([1] * (v.ndim - 1))) * du_dt
-
-
 def check_meanflow_config(cfg):
     check_flow_config(cfg)
     if cfg.method.timestep_sampler == "adaptive":
@@ -130,7 +125,7 @@ class MeanFlow(FewStepFlow):
             with forward_ad_attention(net) as fell_back:
                 note_fallback(fell_back)
                 _, du = self.jvp_of(u_net, x_t.is_cuda)(x_t[:n], t[:n], d[:n], v[:n], y[:n])
-            return torch.cat([meanflow_target(v[:n], d[:n], du), v[n:]])
+            return torch.cat([v[:n] + d[:n].view(-1, *([1] * (v.ndim - 1))) * du, v[n:]])  # u = v + d du/dt
 
     def jvp_of(self, u_net, cuda: bool):
         """(u, du/dt) of u_net at given points; compiled on a GPU when the model is (eager, the fp32 JVP took ~4/5 of

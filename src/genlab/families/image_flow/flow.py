@@ -15,7 +15,7 @@ from genlab.eval.image_quality import evaluate_class_conditional
 from genlab.eval.metrics import EvalImageKeys, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method, method_registry
-from genlab.families.baselines import Baseline, flow_mean_predictor, mean_element_variance, training_images
+from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow import render
 from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
@@ -43,16 +43,9 @@ def parse_interval(text: str, key: str = "method.cfg_interval") -> tuple[float, 
     return lo, hi
 
 
-def _twice(v):
-    """A condition for the doubled CFG batch: per-sample tensors repeat, scalars stay."""
-    return torch.cat([v, v]) if torch.is_tensor(v) and v.ndim > 0 else v
-
-
 def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0)):
-    """Velocity field with classifier-free guidance: v_u + s * (v_c - v_u), both in one batch. Guidance acts
-    only for t in `interval` (Kynkaanniemi et al. 2024, "guidance in a limited interval"); elsewhere the
-    conditional velocity alone, at one forward instead of two. Extra conditions (`**cond`, the sampler's
-    extra_args) pass through to the model; only the class is dropped for the unconditional half."""
+    """Velocity field with classifier-free guidance, v_u + s (v_c - v_u) in one batch, only for t in `interval`
+    (Kynkaanniemi et al. 2024; the conditional velocity alone elsewhere); extra conditions pass through."""
     if y is None:
         return lambda x, t, **cond: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long),
                                           **cond)
@@ -67,7 +60,8 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
             if not bool(inside.any()):  # one host sync per sampler step, outside the training loop
                 return model(x, t, y, **cond)
         y_null = torch.full_like(y, null_class)
-        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **{k: _twice(c) for k, c in cond.items()})
+        twice = {k: torch.cat([c, c]) if torch.is_tensor(c) and c.ndim > 0 else c for k, c in cond.items()}  # scalars stay
+        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **twice)
         v_c, v_u = v.chunk(2)
         guided = v_u + scale * (v_c - v_u)
         return torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c) if limited else guided
@@ -205,7 +199,7 @@ class FlowMatching(Method):
         w = 1.0
         if weighted and self.mcfg.loss_weighting != "none":
             w = float(self.weight(self.draw_t(WEIGHT_DRAWS, generator, "cpu").double(), self.mcfg).mean())
-        return flow_mean_predictor(var, 1.0, w)
+        return w * (var + 1.0)
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
@@ -230,9 +224,7 @@ class FlowMatching(Method):
 
     @contextlib.contextmanager
     def _block_cache(self, base, sampler: str, steps: int):
-        """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
-        reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
-        its evaluations (sampling/block_cache.py). Nothing when both are empty."""
+        """method.cache_blocks or method.cache_schedule around one sampling call (sampling/block_cache.py)."""
         keys = FlowMethodKeys.of(self.mcfg)
         if self.cache_schedule:
             self.check_cache_schedule(steps, sampler)
@@ -295,9 +287,8 @@ class FlowMatching(Method):
 
 
 def check_sampler_conditions(method_name: str, samplers) -> None:
-    """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it;
-    and a model built with such a condition (one some sampler sets: the sampler owns it, the method's sampling does
-    not pass it) needs a sampler that feeds it, or every network call misses that input."""
+    """A sampler that feeds the model a condition (a step size) needs a model built with it, and a model built
+    with such a condition needs a sampler that feeds it."""
     have = method_registry.get(method_name).conditions or {}
     owned = {s.condition for _, s in sampler_registry.specs() if s.condition} & set(have)
     fits = [n for n, s in sampler_registry.specs() if (not s.condition or s.condition in have)
@@ -330,9 +321,8 @@ def cached_block_plan(cfg) -> list[int]:
 
 
 def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
-    """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off): at evaluation k of each pass of P
-    network evaluations the blocks b reuse their last residual. `auto` is resolved by genlab eval / sample from the
-    run's analysis (sample.py), like method.cache_blocks=auto."""
+    """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off; docs/analyze.md); `auto` is resolved
+    from the run's analysis before a model is built."""
     keys = FlowMethodKeys.of(cfg.method)
     text = str(keys.cache_schedule).strip()
     if not text:

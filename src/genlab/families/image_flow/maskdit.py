@@ -35,10 +35,6 @@ def normalised_patches(x: torch.Tensor, p: int) -> torch.Tensor:
     return (t - t.mean(-1, keepdim=True)) / (t.var(-1, keepdim=True) + 1e-6).sqrt()
 
 
-def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-
-
 class MaskDiTFlow(FlowMatching):
     @staticmethod
     def check_config(cfg):
@@ -112,7 +108,7 @@ class MaskDiTFlow(FlowMatching):
         (every sample has the same counts, so this is also the mean over all visible / masked patches)."""
         p = self.patch
         err = (patchify(v.float(), p) - patchify((data - noise).float(), p)).square().mean(-1)  # [B, N]
-        per_sample = gather_tokens(err.unsqueeze(-1), keep).squeeze(-1).mean(1)
+        per_sample = err.gather(1, keep).mean(1)
         flow = per_sample.mean() if self.mcfg.loss_weighting == "none" else \
             (self.weight(t.float(), self.mcfg) * per_sample).mean()
         visible = torch.zeros_like(err, dtype=torch.bool).scatter_(1, keep, True)
