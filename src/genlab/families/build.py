@@ -57,10 +57,8 @@ def check_eval_overrides(cfg, overrides) -> None:
 
 
 def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
-    """method.cache_blocks=auto: the blocks `genlab analyze RUN --what cache` picked for this run (its
-    analysis/analysis.json): those whose cache kept the FD within its tolerance (or the half that changes least).
-    method.cache_schedule=auto: the step-aware schedule that analysis measured (a plan for its sampler's number of
-    network evaluations per sample; sampling with another number is refused when it starts, flow.py)."""
+    """method.cache_blocks=auto and method.cache_schedule=auto as what `genlab analyze RUN --what cache` found for
+    this run (its analysis/analysis.json; docs/analyze.md)."""
     out = []
     for o in overrides:
         key, _, value = o.partition("=")

@@ -138,9 +138,8 @@ def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
 
 
 def renoise(x: torch.Tensor, t_end: torch.Tensor, t_new: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The flow path's transition from time t_end to t_new <= t_end: x_{t_new} = (t_new/t_end) x + s noise, with
-    s^2 = (1-t_new)^2 - (t_new (1-t_end) / t_end)^2, so a sample of the path's marginal at t_end lands on its marginal
-    at t_new (t_end = 1: x_{t'} = t' x + (1-t') noise)."""
+    """The flow path's transition from t_end to t_new <= t_end, (t_new/t_end) x + s noise: a sample of the path's
+    marginal at t_end lands on its marginal at t_new (t_end = 1: t' x + (1-t') noise)."""
     shape = (-1, *([1] * (x.ndim - 1)))
     a = (t_new / t_end).view(shape)
     s = ((1 - t_new) ** 2 - (t_new * (1 - t_end) / t_end) ** 2).clamp_min(0).sqrt().view(shape)

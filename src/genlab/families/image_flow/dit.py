@@ -75,10 +75,8 @@ def depatchify(x: torch.Tensor, p: int, C: int, H: int, W: int) -> torch.Tensor:
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init. Also one stream of an MMDiT joint
-    block (mmdit.py): `pre` (modulate, q/k/v) and `post` (gated attention output and MLP) around a joint attention;
-    kernel=False leaves the attention kernel to the other stream, pre_only=True (SD3's last context block) keeps only
-    `pre`, grid=False: this stream's tokens have no patch grid (for Mix-FFN)."""
+    """Pre-norm transformer block with adaLN-Zero conditioning (identity at init); its `pre` and `post` halves are
+    one stream of an MMDiT joint block (mmdit.py), pre_only=True SD3's last context block."""
 
     eps = 1e-6
 
@@ -178,10 +176,8 @@ class DiT(nn.Module):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
                 loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
-        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional); conditions:
-        those the model was built with. With loss_target (flow, model.final_kernel != plain): the float32 (float64 for a
-        float64 model) mean_b w_b mean((out_b - loss_target_b)^2) instead, w = loss_weight [B] (default 1), through the
-        `final_kernel` entry, which never forms the output (nn/fused_final.py)."""
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional). With
+        loss_target: the weighted flow loss through the `final_kernel` entry instead (nn/fused_final.py)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = combine(embed_conditions(self, t, y, conditions))

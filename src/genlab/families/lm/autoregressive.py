@@ -19,11 +19,8 @@ from genlab.families.lm import render
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len: int, temperature: float = 1.0,
              top_k: int = 0, generator=None, kv_cache: bool = True) -> torch.Tensor:
-    """Append `new_tokens` sampled tokens to idx [B, t0].
-
-    With kv_cache (GPT backbones) each new token costs one position's forward pass; once the cache holds
-    seq_len positions it restarts from the last seq_len // 2 tokens (so the context then varies between
-    seq_len / 2 and seq_len tokens). Without it every step re-runs the last seq_len tokens (nanoGPT)."""
+    """Append `new_tokens` sampled tokens to idx [B, t0]. A full key/value cache restarts from the last seq_len // 2
+    tokens; without one every step re-runs the last seq_len tokens (nanoGPT)."""
     base = lm.unwrap(model)
     cache = [] if kv_cache and hasattr(base, "decode") else None
     for _ in progress.track(range(new_tokens), f"sampling {idx.shape[0]} x {new_tokens} tokens", unit="tok"):
@@ -90,9 +87,7 @@ class Autoregressive(Method):
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
 
     def trivial_baselines(self, data, generator):
-        # a model that ignores its context predicts the unigram distribution. Not the bigram level: a small model on
-        # its way to learning sits above that for a while (text_ar still did at 25% of its steps), so it is no sign
-        # of a run that learned nothing
+        # a context-blind model predicts the unigram distribution (not the bigram level: learning runs sit above it)
         h = unigram_entropy(data.train)
         what = "unigram entropy of the training tokens"
         return [Baseline("loss", h, what), Baseline("val_loss", h, what)]

@@ -101,9 +101,8 @@ def parse_template(spec: dict, prompt: str, length: int, mask_id: int) -> list[i
 @torch.no_grad()
 def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: int, mask_id: int, generator=None,
                      temperature: float = 1.0, block_len: int = 0, stats: dict | None = None) -> torch.Tensor:
-    """MDLM's ancestral sampler (SUBS): t from 1 to 0 in `steps` steps, each masked position revealed with probability
-    (alpha_s - alpha_t)/(1 - alpha_t) from p(x | z_t); logits are reused while nothing is revealed (the backbone
-    ignores t). block_len > 0: semi-autoregressive blocks, left to right, `steps` steps each."""
+    """MDLM's ancestral sampler (SUBS, docs/lm.md): t from 1 to 0 in `steps` steps, logits reused while nothing is
+    revealed; block_len > 0: semi-autoregressive blocks, left to right, `steps` steps each."""
     L = z.shape[1]
     todo = z == mask_id
     blocks = [(0, L)] if block_len <= 0 else [(a, min(a + block_len, L)) for a in range(0, L, block_len)]
@@ -183,9 +182,8 @@ class MaskedDiffusion(Method):
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
 
     def trivial_baselines(self, data, generator):
-        # a context-blind predictor's best answer at a masked position is the unigram distribution (cross-entropy H);
-        # the weight -alpha'_t / (1 - alpha_t) times the masked share 1 - alpha_t integrates over t to alpha_0 - alpha_1
-        # = 1, so its NELBO is H for either schedule, up to the eps cut ((1 - eps) H loglinear, cos(pi eps / 2) H cosine)
+        # a context-blind predictor's NELBO is the unigram entropy H for either schedule (the weight times the masked
+        # share integrates to 1), up to the eps cut
         h = unigram_entropy(data.train)
         what = "unigram entropy of the training tokens"
         return [Baseline("loss", h, what), Baseline("nelbo_loss", h, what)]

@@ -251,9 +251,8 @@ class SparseTransformer(nn.Module):
 
     @torch.no_grad()
     def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
-        """New tokens with a key/value cache (a list, one (k, v) per block, extended in place): idx [B, t]
-        at positions len(cache k) ... + t - 1 (t = 1 per step; a prompt at once). Returns the logits
-        [B, vocab_size] of the last position."""
+        """Logits [B, vocab_size] of the last of new tokens idx [B, t], with a key/value cache (one (k, v) per block,
+        extended in place)."""
         pos = cache[0][0].shape[2] if cache else 0
         t = idx.shape[1]
         h = self.embed(idx, start=pos)

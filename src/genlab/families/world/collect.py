@@ -99,9 +99,8 @@ def _worker(args):
 
 
 def run_workers(worker, frames: int, workers: int, seed: int, job):
-    """Split `frames` over `workers` processes (0 = one per core, up to frames/2000), each seeded seed * 1009 + i and
-    given job(n_frames, seed); returns their parts (whole episodes; p[0] frames, p[4] episode starts) and the
-    episode starts of the concatenation."""
+    """Split `frames` over `workers` processes (0 = one per core, up to frames/2000); returns their parts (whole
+    episodes) and the episode starts of the concatenation."""
     workers = workers or min(os.cpu_count() or 1, max(1, frames // 2000))
     workers = min(workers, frames // 2)  # every worker's share is >= 2 frames: no one-frame episode
     per = [frames // workers + (i < frames % workers) for i in range(workers)]

@@ -32,9 +32,8 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
 
 
 def action_guided(model, context, actions, level, guidance: float):
-    """net(x, t) for one frame's conditioning: the plain model, or with guidance w != 1 the null-action prediction
-    pushed w times the way the actions move it (classifier-free guidance, Ho & Salimans 2022, on the actions), both
-    halves in one batched forward."""
+    """net(x, t) for one frame's conditioning: the plain model, or classifier-free guidance on the actions (w != 1),
+    both halves in one batched forward."""
     if guidance == 1:
         return lambda x, t: model(x, t, context, actions, level)
     B = context.shape[0]
@@ -110,9 +109,8 @@ class WorldModel(Method):
 
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
-        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
-        starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
-        caller keeps the RNG outside the graph."""
+        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; a given `noise` keeps a
+        compiled / CUDA-graphed caller's RNG outside the graph."""
         keys = WorldKeys.of(self.mcfg)
         steps = steps or self.mcfg.sample_steps
         last = context[:, -1]  # the residual's base stays the clean frame
@@ -132,9 +130,8 @@ class WorldModel(Method):
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
-        """Autoregressive rollout: frames [B,K,C,H,W] from real context [B,L,...] and actions [B,L+K-1].
-
-        Generated frames are fed back as context; future ground truth is never an input here."""
+        """Autoregressive rollout: frames [B,K,C,H,W] from real context [B,L,...] and actions [B,L+K-1]; generated
+        frames are fed back as context, future ground truth never."""
         L = self.L
         K = actions.shape[1] - L + 1
         frames = list(context.unbind(1))
@@ -170,9 +167,7 @@ class WorldModel(Method):
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
         context, level = augment_context(context, gen, keys.ctx_noise_max)
-        # residual base = the clean (in closed loop: self-generated) last frame, so zero output copies it and closed-loop
-        # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
-        # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
+        # residual base = the clean last frame (the noised one measured 4 dB worse one-step PSNR on 32x32 Pong)
         base = last if keys.residual else None
         keep = None
         if keys.action_dropout > 0:  # the null action's samples: what action guidance extrapolates away from
