@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
+from genlab.eval.nfe import parse_int_list
 from genlab.families.base import Method, method_registry
 from genlab.families.baselines import Baseline, unigram_entropy
 from genlab.families.build import load_run
@@ -76,16 +77,6 @@ def bound_stats(draws: torch.Tensor, reps: int) -> tuple[float, float]:
     return v.mean().item(), (v.std() / math.sqrt(len(v))).item() if len(v) > 1 else float("nan")
 
 
-def parse_T_list(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in str(text).replace(" ", "").split(",") if v]
-    except ValueError:
-        raise GenlabError(f"eval.T_list must be comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise GenlabError(f"eval.T_list needs integers >= 1, got {text!r}")
-    return sorted(set(vals))
-
-
 def parse_template(spec: dict, prompt: str, length: int, mask_id: int) -> list[int]:
     """Prompt text with "[[N]]" holes -> ids of `length`, mask_id where the model generates."""
     ids, pos = [], 0
@@ -141,7 +132,7 @@ class MaskedDiffusion(Method):
 
     @staticmethod
     def check_config(cfg):
-        parse_T_list(cfg.eval.T_list)
+        parse_int_list(cfg.eval.T_list, "eval.T_list")
     render = render  # the samples file (lm/render.py)
     sample_header = ("mdlm samples: {steps} steps, {model_calls} model calls per batch, block_len {block_len}, "
                      "schedule {schedule}, prompt {prompt!r}")
@@ -194,7 +185,7 @@ class MaskedDiffusion(Method):
         T-step bound minus the continuous one} (paired: the draws are common to every T), and the tokens scored."""
         ecfg, device = ctx["eval"], ctx["device"]
         base = self._base(model)
-        T_list = parse_T_list(ecfg.T_list)
+        T_list = sorted(set(parse_int_list(ecfg.T_list, "eval.T_list")))
         wins = lm.val_windows(data, self.T, ecfg.num_samples)[:, :-1].to(device)
         bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
         per_seq = {T: [] for T in [math.inf, *T_list]}
