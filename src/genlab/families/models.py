@@ -90,3 +90,11 @@ class ModelSpec(Spec):
 
 
 model_registry = Registry("model", ModelSpec)
+
+
+def model_size(cfg_model, sizes: dict, model: str) -> tuple[int, int, int]:
+    """(dim, depth, heads) of model.size, each replaced by model.dim|depth|heads where set."""
+    if cfg_model.size not in sizes:
+        raise GenlabError(f"unknown {model} size '{cfg_model.size}'; valid: {', '.join(sizes)}")
+    dim, depth, heads = sizes[cfg_model.size]
+    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads

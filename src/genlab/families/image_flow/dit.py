@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.models import ModelExample, model_registry
+from genlab.families.models import ModelExample, model_registry, model_size
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops
 from genlab.nn.conditions import ConditionSet, combine
@@ -212,10 +212,7 @@ class DiT(nn.Module):
 
 
 def dit_size(cfg_model) -> tuple[int, int, int]:
-    if cfg_model.size not in DIT_SIZES:
-        raise GenlabError(f"unknown DiT size '{cfg_model.size}'; valid: {', '.join(DIT_SIZES)}")
-    dim, depth, heads = DIT_SIZES[cfg_model.size]
-    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
+    return model_size(cfg_model, DIT_SIZES, "DiT")
 
 
 def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:

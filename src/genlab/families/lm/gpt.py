@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.models import ModelExample, model_registry
+from genlab.families.models import ModelExample, model_registry, model_size
 from genlab.nn.attention import Attention, attention_flops
 from genlab.nn.fused_ce import ce_kernel_registry
 from genlab.nn.mlp import mlp_registry
@@ -200,13 +200,6 @@ class LinearCrossEntropy(torch.autograd.Function):
         return (gh * grad).to(h_dtype), gW_full, None, None, None, None
 
 
-def gpt_size(cfg_model) -> tuple[int, int, int]:
-    if cfg_model.size not in GPT_SIZES:
-        raise GenlabError(f"unknown GPT size '{cfg_model.size}'; valid: {', '.join(GPT_SIZES)}")
-    dim, depth, heads = GPT_SIZES[cfg_model.size]
-    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
-
-
 class GptKeys(cf.Keys, section="model"):
     dropout: float = cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1)
     vocab_size: int = cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0)
@@ -240,7 +233,7 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     keys = GptKeys.of(cfg_model)
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
-    dim, depth, heads = gpt_size(cfg_model)
+    dim, depth, heads = model_size(cfg_model, GPT_SIZES, "GPT")
     pos = "learned" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb
     if dim % heads or (pos == "rope" and (dim // heads) % 2):
         raise GenlabError(f"model.dim {dim} must split into {heads} heads (of even width for RoPE)")

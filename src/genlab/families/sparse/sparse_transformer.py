@@ -15,7 +15,7 @@ from genlab.config import fields as cf
 from genlab.config.check import _trains_on_cpu
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import dataset_registry
-from genlab.families.models import ModelExample, model_registry
+from genlab.families.models import ModelExample, model_registry, model_size
 from genlab.nn.sparse_attention import MaskCache, attend, layer_groups
 from genlab.runtime.switches import ac_registry
 
@@ -352,19 +352,15 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
     kind = data_spec.get("kind")
     if kind not in ("image", "tokens"):
         raise GenlabError(f"model sparse_transformer needs image or token data, got data of kind {kind!r}")
-    if cfg_model.size not in SPARSE_SIZES:
-        raise GenlabError(f"unknown sparse_transformer size '{cfg_model.size}'; valid: {', '.join(SPARSE_SIZES)}")
-    dim, depth, heads = SPARSE_SIZES[cfg_model.size]
+    dim, depth, heads = model_size(cfg_model, SPARSE_SIZES, "sparse_transformer")
     text = kind == "tokens"
     spec = SparseSpec(image_size=0 if text else data_spec["image_size"], channels=0 if text else data_spec["channels"],
                       vocab=(cfg_model.vocab_size or data_spec["vocab_size"]) if text else 0,
-                      text_len=data_spec["seq_len"] if text else 0, embed=keys.sparse_embed, dim=cfg_model.dim or dim,
-                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=keys.raster,
-                      pattern=keys.sparse_pattern, mode=keys.sparse_mode, stride=keys.sparse_stride,
-                      summary=keys.sparse_summary, summary_groups=keys.sparse_summary_groups,
-                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=keys.qk_ratio,
-                      dropout=cfg_model.dropout, backend=keys.sparse_backend,
-                      block=keys.sparse_block)
+                      text_len=data_spec["seq_len"] if text else 0, embed=keys.sparse_embed, dim=dim, depth=depth,
+                      heads=heads, order=keys.raster, pattern=keys.sparse_pattern, mode=keys.sparse_mode,
+                      stride=keys.sparse_stride, summary=keys.sparse_summary, summary_groups=keys.sparse_summary_groups,
+                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=keys.qk_ratio, dropout=cfg_model.dropout,
+                      backend=keys.sparse_backend, block=keys.sparse_block)
     return SparseTransformer(spec)
 
 
