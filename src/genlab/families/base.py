@@ -87,8 +87,7 @@ class Method:
         raise NotImplementedError
 
     def train_flops_per_sample(self, model, total_steps: int) -> int:
-        """Training FLOPs of one sample in one step (forward + backward); a method whose steps differ in cost (a
-        masked stage) gives the run's mean."""
+        """Training FLOPs of one sample in one step (forward + backward; steps that differ in cost: the run's mean)."""
         return 3 * model.flops_per_sample()  # as train.metrics.train_flops_per_sample (imported here: a cycle)
 
     def trivial_baselines(self, data, generator: torch.Generator) -> list[Baseline]:

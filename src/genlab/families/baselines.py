@@ -30,8 +30,7 @@ def entropy_nats(counts: np.ndarray) -> float:
 
 
 def token_sample(tokens, generator: torch.Generator | None = None) -> np.ndarray:
-    """The tokens the entropies are counted over: all of them, or evenly spaced chunks of a large corpus (a memmap
-    is read only there), so the count stays a few seconds on any corpus."""
+    """The tokens the entropies are counted over: all of them, or evenly spaced chunks of a large corpus."""
     n = len(tokens)
     if n <= MAX_TOKENS:
         return np.asarray(tokens).astype(np.int64)
@@ -57,8 +56,7 @@ def position_byte_entropy(images_u8) -> float:
 
 
 def mean_element_variance(x) -> float:
-    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting every
-    element by its mean over the data."""
+    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting the mean."""
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     return float(x.var(0).mean())
 

@@ -22,8 +22,7 @@ from genlab.families.base import method_registry
 
 
 def build_model_and_method(cfg, spec: dict):
-    """The backbone (built with the extra conditions the method declares, and the converters' own modules: BitNet's
-    input norms) and the method."""
+    """The backbone (with the method's extra conditions and the converters' own modules) and the method."""
     method_class = method_registry.get(cfg.method.name)
     if method_class.conditions:
         spec = {**spec, "conditions": dict(method_class.conditions)}
@@ -100,8 +99,7 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
 
 
 def model_from_state(state: dict, where: str, device="auto", ema=True, overrides=()):
-    """load_run's work on a checkpoint state already in memory; a quantized run's record (genlab quantize) is
-    re-applied to its float weights."""
+    """load_run's work on a checkpoint state in memory (a quantized run's record re-applied to its float weights)."""
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{where}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)

@@ -78,8 +78,7 @@ def adaptive_weight(rec_loss, gan_loss, last_layer) -> torch.Tensor:
 
 @torch.no_grad()
 def reconstruct(model, images_u8, batch: int, device):
-    """Held-out uint8 [N, H, W, C] -> (originals, reconstructions from the posterior mean, latents), float [-1, 1]
-    on the CPU, in batches."""
+    """Held-out uint8 [N, H, W, C] -> (originals, posterior-mean reconstructions, latents), float [-1, 1] on the CPU."""
     base = unwrap(model)
     xs, recs, zs = [], [], []
     for i in range(0, len(images_u8), batch):
@@ -145,8 +144,7 @@ class Autoencoder(Method):
             metrics["kl"] = kl.detach()
         if not self.gan or ctx.step < keys.gan_start:
             return loss, metrics
-        # one discriminator forward for both losses (spectral norm updates its vectors on each training forward);
-        # the trainer back-propagates d_loss into the discriminator only, so fake need not be detached
+        # one discriminator forward for both losses (the trainer back-propagates d_loss into the discriminator only)
         fake, real = ctx.extras["disc"](torch.cat([rec, x])).chunk(2)
         g_loss = -fake.mean()
         d_loss = 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())

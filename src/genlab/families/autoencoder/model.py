@@ -180,8 +180,7 @@ class AutoencoderKL(nn.Module):
         return (rec, mean, logvar) if return_posterior else rec
 
     def flops_per_sample(self) -> int:
-        """Forward FLOPs (encode + decode) of one image, counted by torch.utils.flop_counter on a meta-device copy
-        (no arithmetic runs, so an SD-size model costs nothing to count)."""
+        """Forward FLOPs (encode + decode) of one image, counted by torch.utils.flop_counter on a meta-device copy."""
         if self._flops is None:
             from torch.utils.flop_counter import FlopCounterMode
             with torch.device("meta"):

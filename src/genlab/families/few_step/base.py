@@ -112,8 +112,7 @@ class FewStepFlow(FlowMatching):
         return extras
 
     def trivial_baselines(self, data, generator):
-        # a student's loss is a regression toward its own or a teacher's outputs, which a constant model can satisfy
-        # (consistency) or whose mean target needs the teacher: the evaluation side says whether it learned
+        # a constant model can meet a student's regression targets: the evaluation side says whether it learned
         return self.chance_accuracy()
 
     def chance_accuracy(self) -> list[Baseline]:
@@ -125,8 +124,7 @@ class FewStepFlow(FlowMatching):
         return [Baseline("sample_accuracy", 1 / k, "chance accuracy (1 / classes)", higher_is_better=True, scale=1.0)]
 
     def evaluate(self, model, data, ctx) -> dict:
-        # a student trained on a pairs folder (reflow, LADD) is scored against the teacher's data the folder records,
-        # like the teacher itself, not against the teacher's samples
+        # a student trained on a pairs folder is scored against the teacher's data, not the teacher's samples
         return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
 
     @property

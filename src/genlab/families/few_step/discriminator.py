@@ -63,8 +63,7 @@ def check_disc_config(cfg) -> None:
 
 
 class TokenHead(nn.Module):
-    """Tokens [B, N, D] of one teacher block -> one logit per token [B, N], conditioned on the class and the
-    re-noising time t' [B] by projection."""
+    """Tokens [B, N, D] of one teacher block -> a logit per token [B, N], projection-conditioned on class and t'."""
 
     def __init__(self, dim: int, hidden: int, num_classes: int):
         super().__init__()
@@ -104,8 +103,7 @@ class TeacherHeads(nn.Module):
 
 
 class FeatureTap:
-    """Forward hooks on the teacher's blocks: their output tokens, in block order, during a gradient-enabled pass
-    (the teacher's guided velocities for targets run without gradient and are not kept)."""
+    """Forward hooks on the teacher's blocks: their output tokens, in block order, of gradient-enabled passes only."""
 
     def __init__(self, blocks: tuple[int, ...]):
         self.blocks, self.kept, self._hooked = blocks, [], None
@@ -183,8 +181,7 @@ class Adversary:
 
 
 def add_discriminator(extras: dict, mcfg, num_classes: int) -> Adversary:
-    """Heads on the frozen teacher's features as the trainable extra "disc" with its own optimizer (method.tdisc_lr,
-    tdisc_betas; pcm's adversarial option, ladd); returns the Adversary that scores with them."""
+    """Heads on the teacher's features as the trainable extra "disc" (own optimizer); returns the Adversary."""
     keys, base = DiscKeys.of(mcfg), unwrap(extras["teacher"].module)
     heads = TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
                          base.num_tokens)

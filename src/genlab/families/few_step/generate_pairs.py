@@ -27,8 +27,7 @@ from genlab.families.base import method_registry
 
 
 def ode_samplers() -> list[str]:
-    """The deterministic samplers: those that draw no noise of their own (no `generator` argument) and feed the
-    model no input of their own (a plain flow run has none)."""
+    """The deterministic samplers: no noise of their own (no `generator` argument), no model input of their own."""
     return [n for n, s in sampler_registry.specs()
             if "generator" not in inspect.signature(s.builder).parameters and not s.condition]
 

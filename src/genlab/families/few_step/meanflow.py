@@ -35,8 +35,7 @@ _NOTED = set()
 
 
 def mean_velocity_jvp(fn, x, t, d, v):
-    """(u, du/dt) of the average velocity u = fn(x, t, d) moved along the trajectory with the end time t + d fixed:
-    the JVP with the tangent (dx, dt, dd) = (v, 1, -1)."""
+    """(u, du/dt) of u = fn(x, t, d) with the end time t + d fixed: the JVP with tangent (v, 1, -1)."""
     return torch.func.jvp(fn, (x, t, d), (v, torch.ones_like(t), -torch.ones_like(d)))
 
 
@@ -82,8 +81,7 @@ class MeanFlow(FewStepFlow):
         return t, d, n
 
     def trivial_baselines(self, data, generator):
-        # the samples with d = 0 are plain flow matching (mse_flow, per pixel, unweighted); the others' targets come
-        # from the model itself, which a constant model meets
+        # the d = 0 samples are plain flow matching (mse_flow); a constant model meets the others' own targets
         share = self.mcfg.meanflow_share
         if share >= 1:
             return self.chance_accuracy()
@@ -151,8 +149,7 @@ class MeanFlow(FewStepFlow):
 
 
 def _eager_if_uncompilable(compiled, eager):
-    """The compiled JVP; if compiling it fails (a backend dynamo cannot trace under forward-mode AD), the eager one
-    from then on, with a one-line note: slower, same numbers."""
+    """The compiled JVP, or from its first failure to compile on, the eager one (a one-line note: same numbers)."""
     state = {"fn": compiled}
 
     def call(*args):

@@ -24,8 +24,7 @@ class Reflow(FewStepFlow):
     output = "velocity"  # a reflowed model teaches the distill stage
 
     def trivial_baselines(self, data, generator):
-        # the target is a pair's sample minus its noise (dependent: the teacher made one from the other), so the
-        # mean predictor's loss is E[w] times the per-element variance of that difference, counted on the pairs
+        # E[w] times the variance of sample - noise, counted on the pairs (the teacher made one from the other)
         idx = np.arange(min(len(data), MAX_IMAGES))
         v = np.asarray(data.samples[idx], dtype=np.float64) - np.asarray(data.noise[idx], dtype=np.float64)
         t = torch.zeros(1) if self.mcfg.reflow_stage == "distill" else self.draw_t(WEIGHT_DRAWS, generator, "cpu")

@@ -38,8 +38,7 @@ class Shortcut(FewStepFlow):
         self.levels = int(math.log2(self.keys.shortcut_min_steps))
 
     def trivial_baselines(self, data, generator):
-        # a constant model meets the self-consistency targets (its own two half steps); the flow part, logged as
-        # loss_flow (unweighted), is flow matching's
+        # a constant model meets the self-consistency targets; the flow part (loss_flow, unweighted) is flow's
         return [Baseline("loss_flow", self.mean_velocity_loss(data, generator, weighted=False), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):

@@ -73,8 +73,7 @@ class AdaptiveTimesteps(nn.Module):
         self.updates.add_(1)
 
     def step_probe(self, step: int, probe_loss, make_probe):
-        """Called once per loss() before the training forward. `probe_loss(probe) -> scalar` evaluates the
-        model on stored probe inputs (no grad); `make_probe() -> probe` builds a fresh probe from the batch."""
+        """Once per loss() before the training forward: probe_loss(probe) -> scalar, make_probe() -> a fresh probe."""
         if self._pending is not None and step > self._pending[0]:
             _, b, probe, before = self._pending
             self._pending = None

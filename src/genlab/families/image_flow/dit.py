@@ -189,8 +189,7 @@ class DiT(nn.Module):
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def run_blocks(self, h, *c, rope=None, grid=None):
-        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only, the in-context
-        DiT with no condition vector `c`."""
+        """The block stack with its long skips (MaskDiT: on the visible tokens; the in-context DiT: without `c`)."""
         saved = {}
         for i, block in enumerate(self.blocks):
             if i in self.skips.source:

@@ -178,8 +178,7 @@ class FlowMatching(Method):
         """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
         keys = FlowMethodKeys.of(self.mcfg)
         if self.fused_final and isinstance(model, torch.nn.Module):
-            # the final layer + loss fused in the backbone: no velocity tensor. Batched seeds call this with a
-            # functional closure of the model under torch.vmap, where the custom op has no rule: the plain path below
+            # the final layer + loss fused in the backbone (not under torch.vmap's functional closure: no rule there)
             weight = None if keys.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
             return model(inputs["x_t"], inputs["t"], inputs["y"], loss_target=inputs["target"], loss_weight=weight), {}
         v = model(inputs["x_t"], inputs["t"], inputs["y"])
@@ -238,8 +237,7 @@ class FlowMatching(Method):
             yield
 
     def check_cache_schedule(self, steps: int, sampler: str) -> None:
-        """A cache plan is indexed by network evaluation: on another count per sample it would reuse at the wrong
-        times, so sampling with one is refused."""
+        """A cache plan is indexed by network evaluation: another count per sample is refused."""
         period, per_step = self.cache_schedule[0], nfe_per_step(sampler)
         nfe = steps * per_step
         if nfe != period:
@@ -304,8 +302,7 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
 
 
 def cached_block_plan(cfg) -> list[int]:
-    """method.cache_blocks as block indices ([] = off), within the model's depth. `auto` is resolved by genlab eval /
-    sample from the run's analysis (sample.py), so it never reaches a model being built."""
+    """method.cache_blocks as block indices ([] = off) within the model's depth (`auto` is resolved before)."""
     keys = FlowMethodKeys.of(cfg.method)
     text = str(keys.cache_blocks).strip()
     if not text:

@@ -74,8 +74,7 @@ class MaskDiTFlow(FlowMatching):
         self.mae_weight, self.unmask_steps, self.norm_pix = m.mae_weight, m.unmask_steps, m.mae_norm_pix
 
     def trivial_baselines(self, data, generator):
-        # the total adds the MAE term in the masked stage; the flow part (flow_loss, on random visible patches) has
-        # flow's mean-predictor loss in expectation
+        # the flow part (flow_loss, on random visible patches) has flow's mean-predictor loss in expectation
         return [Baseline("flow_loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def masked_at(self, step: int, total_steps: int) -> bool:

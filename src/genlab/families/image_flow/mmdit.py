@@ -121,8 +121,7 @@ class MMDiT(nn.Module):
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self, context_len: int = 2) -> int:
-        """Forward FLOPs as torch.utils.flop_counter counts them (see DiT.flops_per_sample), for context_len
-        conditioning tokens (2: class and timestep)."""
+        """Forward FLOPs as DiT.flops_per_sample counts them, for context_len conditioning tokens."""
         s, N, D, L = self.spec, self.num_tokens, self.spec.dim, context_len
         pd = s.patch_size ** 2 * s.channels
         f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)

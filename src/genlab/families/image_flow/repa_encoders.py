@@ -110,8 +110,7 @@ def build_classifier(arg, cfg, spec, grid):
 
 # -- a genlab run ------------------------------------------------------------------------------------------------
 class RunEncoder(_Frozen):
-    """A trained genlab image model read at t = 1 (the clean image, flow matching's data end) with the null class:
-    the output tokens of its last (encoder) block."""
+    """A trained genlab image model's last-block tokens at t = 1 (the clean image) with the null class."""
 
     def __init__(self, model: nn.Module, channels: int, image_size: int, grid: int, dim: int):
         super().__init__()

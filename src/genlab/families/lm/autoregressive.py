@@ -107,8 +107,7 @@ class Autoregressive(Method):
 
     def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
              top_k=None, stats=None):
-        """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`); `stats` (a dict) gets
-        the settings, for sample_header."""
+        """Token ids [n, L]: `length` (or `steps`) new tokens; `stats` (a dict) gets the settings for sample_header."""
         keys = ArKeys.of(self.mcfg)
         base = lm.check_backbone(model, causal=True, method="autoregressive")
         length = length or steps or self.mcfg.sample_len or self.T

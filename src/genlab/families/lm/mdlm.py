@@ -173,8 +173,7 @@ class MaskedDiffusion(Method):
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
 
     def trivial_baselines(self, data, generator):
-        # a context-blind predictor's NELBO is the unigram entropy H for either schedule (the weight times the masked
-        # share integrates to 1), up to the eps cut
+        # a context-blind predictor's NELBO is the unigram entropy for either schedule, up to the eps cut
         h = unigram_entropy(data.train)
         what = "unigram entropy of the training tokens"
         return [Baseline("loss", h, what), Baseline("nelbo_loss", h, what)]
@@ -235,8 +234,7 @@ class MaskedDiffusion(Method):
 
     def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
              block_len=None, stats=None):
-        """Token ids [n, L] from `steps` denoising steps (default method.sample_steps); `stats` (a dict) gets the
-        settings and model calls, for sample_header."""
+        """Token ids [n, L] from `steps` denoising steps; `stats` (a dict) gets settings and model calls."""
         keys = MdlmKeys.of(self.mcfg)
         base = self._base(model)
         if length is not None and not 1 <= length <= self.T:

@@ -123,8 +123,7 @@ class ImageAR(Method):
 
     @torch.no_grad()
     def sample(self, model, labels=None, n=None, steps=None, cfg_scale=None, sampler=None, generator=None, device=None):
-        """Unconditional whole images in [-1, 1], float [n, C, H, W] (the image-method contract; labels only
-        give n, the model has no classes)."""
+        """Unconditional whole images in [-1, 1], float [n, C, H, W]; labels only give n."""
         return self.draw(model, len(labels) if labels is not None else n, generator=generator, device=device)
 
     def complete(self, model, u8: torch.Tensor, k: int, generator, device, temperature=None):

@@ -182,15 +182,13 @@ class WorldModel(Method):
 
     def trivial_baselines(self, data, generator):
         L, out = self.L, []
-        # copying the last context frame gains 0 dB over itself, teacher-forced or from the actions (eval/rollouts.py:
-        # world_gain_db); the level's room is absolute: 10 dB x log.stall_margin (0.5 dB at the default 5%)
+        # copying the last context frame gains 0 dB (eval/rollouts.py: world_gain_db); an absolute 10 dB scale
         if spaced_windows(data.val, L + 1, 1, "cpu")[0] is not None:
             out.append(Baseline("world_gain_db", 0.0, "0 dB gained over copying the last context frame (teacher-forced "
                                 "PSNR or action margin)", higher_is_better=True, scale=10.0))
         if self.mcfg.objective == "flow":  # a regression: the loss of the best constant output, teacher-forced
             out += self.flow_mean_baseline(data, generator)
-        # edm and l1 (+adv): their losses' constant-output levels depend on the noise level or the noise itself,
-        # with no closed form; the PSNR baseline above covers them
+        # edm and l1 (+adv) have no closed-form constant-output level; the PSNR baseline covers them
         return out
 
     def flow_mean_baseline(self, data, generator) -> list[Baseline]:

@@ -21,12 +21,10 @@ Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class WorldObjective:
-    """Base of every entry of `world_objective_registry`. `world` is the WorldModel: an objective may read its
-    config (world.mcfg) and its timestep sampler (world.sample_t)."""
+    """Base of every `world_objective` entry; `world` (the WorldModel) lends its mcfg and sample_t."""
 
     def loss(self, world, net: Net, target: torch.Tensor, noise: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, one-step estimate of the clean target) for a batch of targets [B, C, H, W] and the Gaussian
-        noise drawn for them."""
+        """(loss, one-step estimate of the clean target) for targets [B, C, H, W] and their Gaussian noise."""
         raise NotImplementedError
 
     def grid(self, steps: int, device) -> torch.Tensor:
