@@ -1,6 +1,5 @@
-"""Training an image autoencoder for latent diffusion (`genlab train mnist_autoencoder`; model autoencoder_kl): LDM's
-`LPIPSWithDiscriminator` without the perceptual term, with an optional PatchGAN under VQGAN's adaptive weight
-(docs/latents.md). Evaluation writes the latent mean/std to RUN/latent_stats.json, which the `run:RUN` codec reads.
+"""Training an image autoencoder for latent diffusion (model autoencoder_kl): LDM's loss without the perceptual term,
+an optional PatchGAN under VQGAN's adaptive weight (docs/latents.md); evaluation writes RUN/latent_stats.json.
 """
 from __future__ import annotations
 

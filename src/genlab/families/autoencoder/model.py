@@ -1,6 +1,5 @@
-"""A convolutional image autoencoder in the style of the Stable Diffusion VAE (Rombach et al. 2022, LDM's
-`AutoencoderKL`; docs/latents.md): bottleneck `kl` (a diagonal Gaussian) or `plain`. SD's VAE is model.size=sd with
-model.channel_mult=1,2,4,4.
+"""A convolutional image autoencoder in the style of the Stable Diffusion VAE (LDM's `AutoencoderKL`; docs/latents.md):
+bottleneck `kl` (a diagonal Gaussian) or `plain`. SD's VAE is model.size=sd with model.channel_mult=1,2,4,4.
 """
 from __future__ import annotations
 

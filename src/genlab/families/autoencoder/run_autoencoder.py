@@ -1,6 +1,5 @@
-"""`run:RUN`: an autoencoder that genlab trained (method autoencoder), loaded like every run (no code runs), EMA weights
-where kept. scale = 1 / std and shift = mean of the latents its evaluation measured (RUN/latent_stats.json), so the
-diffusion model sees unit-variance latents (SD's scaling_factor; SD3/FLUX added the shift); encode reads the mean.
+"""`run:RUN`: an autoencoder that genlab trained, loaded like every run (EMA weights where kept), scaled by the latent
+std and shifted by the mean its evaluation measured (RUN/latent_stats.json; docs/latents.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A discriminator on the frozen teacher's token features at re-noised inputs, shared by LADD and PCM's adversarial
-loss (docs/few_step.md): spectral-normed heads on method.tdisc_blocks, hinge losses, one teacher pass over
-[fake; real]. Its guard counters (adv_nonfinite, adv_collapsed) are buffers of the heads, so they survive resume.
+"""A discriminator on the frozen teacher's token features at re-noised inputs, for LADD and PCM (docs/few_step.md); its
+guard counters (adv_nonfinite, adv_collapsed) are buffers of the heads, so they survive resume.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""`genlab data generate pairs RUN`: a velocity-predicting run draws N (noise, image, label) triples with a
-deterministic ODE sampler into a pairs folder (data/pairs.py). Every check runs before any work; the folder is
-written under a temporary name and renamed at the end, so an interrupted run leaves nothing at --out.
+"""`genlab data generate pairs RUN`: a velocity run's (noise, image, label) triples from a deterministic ODE sampler, in a
+pairs folder (data/pairs.py) written under a temporary name and renamed at the end, after every check.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Latent Adversarial Diffusion Distillation (Sauer et al. 2024) from a flow teacher; docs/few_step.md has the recipe
-and departures. The regression term needs teacher pairs and acts on pure-noise samples only: paired with fresh noise
-its best guess is the class mean, a pull toward collapse.
+"""Latent Adversarial Diffusion Distillation (Sauer et al. 2024) from a flow teacher (docs/few_step.md). The regression
+term acts on pure-noise samples only: paired with fresh noise its best guess is the class mean, a pull to collapse.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""MeanFlow (Geng et al. 2025, "Mean Flows for One-step Generative Modeling"), trained from scratch; docs/few_step.md
-has the maths. The paper's (t, r) are genlab's (1 - t, 1 - s = t + d), its u and v minus genlab's. The target
-sg(v + d du/dt) is a JVP on the unwrapped module under no_grad (neither DDP nor compile differentiates through it).
+"""MeanFlow (Geng et al. 2025), trained from scratch; docs/few_step.md has the maths (the paper's (t, r) are genlab's
+(1 - t, 1 - s)). The JVP target runs on the unwrapped module under no_grad: no wrapper differentiates through it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Phased Consistency Models (Wang et al. 2024), distilled from a flow teacher; docs/few_step.md has the maths.
-
-Within phase [e_j, e_{j+1}]: f(x, t) = x + (e_{j+1} - t) v_theta(x, t), the identity at the phase end, so `euler`
-at k steps lands on the edges; target f_EMA after one guided teacher Euler step.
+"""Phased Consistency Models (Wang et al. 2024), distilled from a flow teacher; docs/few_step.md has the maths. Within a
+phase f(x, t) = x + (e_end - t) v(x, t), the identity at the phase end, so `euler` at k steps lands on the edges.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Adaptive non-uniform timestep sampling, after Kim et al. 2025 (arXiv:2411.09998), made small (docs/image_flow.md):
-a categorical over equal bins, trained by REINFORCE on the probe loss's drop after a step on one drawn bin. Its
-state is a buffer of a frozen extra (checkpointed); no host sync.
+"""Adaptive non-uniform timestep sampling after Kim et al. 2025, made small (docs/image_flow.md): a categorical over
+bins, trained by REINFORCE on a probe loss; its state is a frozen extra's buffer (checkpointed), no host sync.
 """
 from __future__ import annotations
 

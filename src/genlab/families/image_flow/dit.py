@@ -1,6 +1,5 @@
-"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748), and the stem, blocks and
-spec the other image backbones share. It maps (noisy image, t, class) -> an image-shaped output; the method says what
-they mean.
+"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023), and the stem, blocks and spec the other image
+backbones share: (noisy image, t, class) -> an image-shaped output whose meaning the method gives.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305), plus its MAE
-term and unmasked fine-tune; and `mae_encoder`, the same backbone as a plain MAE for REPA to align to. The losses
-and the paper's choices: docs/image_flow.md.
+"""MaskDiT (Zheng et al. 2023): flow matching on a random subset of the patch tokens, its MAE term and unmasked fine-tune;
+and `mae_encoder`, the same backbone as a plain MAE for REPA to align to (docs/image_flow.md).
 """
 from __future__ import annotations
 

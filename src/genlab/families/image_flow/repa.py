@@ -1,6 +1,5 @@
-"""REPA: representation alignment (Yu et al. 2024, arXiv:2410.06940), docs/image_flow.md: the flow loss plus lambda
-times the cosine distance of a projection of block k's tokens to a frozen encoder's features (repa_encoders.py).
-Reads nothing back to the host, so the step can be one CUDA graph.
+"""REPA: representation alignment (Yu et al. 2024, docs/image_flow.md): the flow loss plus a projection of block k's
+tokens aligned to a frozen encoder (repa_encoders.py). No host reads, so the step can be one CUDA graph.
 """
 from __future__ import annotations
 

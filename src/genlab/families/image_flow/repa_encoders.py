@@ -1,6 +1,5 @@
-"""The frozen encoders REPA aligns to (`method.repa_encoder=NAME[:ARG]`, registry `repa_encoder`): clean images in
-[-1, 1] -> features on the DiT's patch grid [B, grid^2, D] (random, classifier, run:RUN, timm:MODEL; docs/image_flow.md).
-Another grid is pooled (or upsampled) onto the DiT's; the paper resizes the input instead.
+"""The frozen encoders REPA aligns to (registry `repa_encoder`; docs/image_flow.md): clean images in [-1, 1] -> features
+[B, grid^2, D], another grid pooled (or upsampled) onto the DiT's where the paper resizes the input.
 """
 from __future__ import annotations
 

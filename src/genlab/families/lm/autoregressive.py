@@ -1,6 +1,5 @@
-"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective; docs/lm.md).
-Training's loss runs inside the model call so a compiled model fuses head and cross-entropy; evaluation normalises
-over the real vocabulary only, so val_loss is an exact log-likelihood in nats/token.
+"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective; docs/lm.md); the
+loss runs inside the model call (fused under compile), evaluation normalises over the real vocabulary only.
 """
 from __future__ import annotations
 

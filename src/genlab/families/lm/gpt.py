@@ -1,6 +1,5 @@
-"""GPT: a decoder-style transformer over token ids (Radford et al. 2019; Karpathy's nanoGPT); docs/lm.md. `causal` is
-fixed at build time; the first spare id `mask_id == vocab_size` is masked diffusion's [MASK]. `model(idx, targets,
-weights)` returns the loss instead of logits, so under torch.compile head and cross-entropy are one graph.
+"""GPT: a decoder-style transformer over token ids (nanoGPT; docs/lm.md). The first spare id `mask_id == vocab_size` is
+masked diffusion's [MASK]; with targets the model returns the loss, so compile fuses head and cross-entropy.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019): next-byte
-cross-entropy, bits/dim (a uniform model scores 8), sampling and completion. Batches are float [-1, 1], exactly
-u8 / 127.5 - 1, so the bytes are recovered by rounding.
+"""Autoregressive image modelling over bytes (the Sparse Transformer's objective): next-byte cross-entropy, bits/dim,
+sampling and completion. Batches are float [-1, 1], exactly u8 / 127.5 - 1, so rounding recovers the bytes.
 """
 from __future__ import annotations
 

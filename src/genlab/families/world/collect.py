@@ -1,6 +1,5 @@
-"""Collect game frames with gymnasium + ale-py (ROMs ship in the wheel) in parallel worker processes, into one episode
-folder (genlab.data.episodes); the policies: docs/world.md. Sticky actions are off, so a frame is a function of the
-past frames and the recorded action.
+"""Collect game frames with gymnasium + ale-py in parallel worker processes into one episode folder (policies:
+docs/world.md). Sticky actions are off, so a frame is a function of the past frames and the recorded action.
 """
 from __future__ import annotations
 

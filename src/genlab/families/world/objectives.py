@@ -1,6 +1,5 @@
-"""The world objectives (method.objective, registry `world_objective`; docs/world.md): how the next-frame denoiser
-`net(x, t)` is trained, and the flow velocity and time grid a registered sampler generates a frame with. EDM's
-x_sigma is the flow path rescaled (t = 1 / (1 + sigma)), so every flow sampler serves it.
+"""The world objectives (method.objective, registry `world_objective`; docs/world.md): how the next-frame denoiser is
+trained, and the flow velocity and time grid it samples with (EDM's x_sigma is the flow path rescaled).
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Next-frame DiT (DIAMOND, Alonso et al. 2024, arXiv:2405.12399): the target frame's patches, with L context frames
-stacked on its channels (cheapest) or as tokens with a frame embedding; actions, diffusion time and context noise
-level go into the adaLN conditioning.
+"""Next-frame DiT (DIAMOND, Alonso et al. 2024): the target frame's patches with L context frames on its channels or as
+tokens; actions, diffusion time and context noise level go into the adaLN conditioning.
 """
 from __future__ import annotations
 
