@@ -49,8 +49,7 @@ def image_subset(images, generator: torch.Generator | None = None) -> np.ndarray
 
 
 def position_byte_entropy(images_u8) -> float:
-    """Mean over positions (pixel x channel) of each position's byte entropy, in nats: the loss of an
-    autoregressive byte model that knows where it is but not what came before."""
+    """Mean over positions of each position's byte entropy (nats): a byte model that knows only where it is."""
     x = np.asarray(images_u8).reshape(len(images_u8), -1)
     return float(np.mean([entropy_nats(np.bincount(x[:, j], minlength=256)) for j in range(x.shape[1])]))
 
@@ -75,8 +74,7 @@ def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray
 
 
 def training_images(data, generator: torch.Generator | None = None, hflip: bool = False) -> np.ndarray:
-    """float64 [n, C, H, W]: up to MAX_IMAGES samples of an image dataset in the units its loader yields (pixels in
-    [-1, 1], autoencoder latents, a pairs folder's teacher samples), with their mirror images under data.hflip."""
+    """float64 [n, C, H, W]: up to MAX_IMAGES samples in the units the loader yields, mirrored too under data.hflip."""
     idx = subset_index(len(data), generator)
     if getattr(data, "latents", None) is not None:  # [N, variants, c, h, w]: variant 0, or all of them under hflip
         lat = np.asarray(data.latents[idx], dtype=np.float64)

@@ -16,8 +16,7 @@ from genlab.nn.positions import position_registry
 
 @dataclass(frozen=True)
 class ModelExample:
-    """What the contract test (tests/unit/nn/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
-    and extra option values to cover beyond each layer registry's entries."""
+    """What the contract test (tests/unit/nn/test_contract.py) builds a model from."""
     spec: dict
     inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments
     output_shape: Callable        # output_shape(spec, batch) -> tuple
@@ -69,8 +68,7 @@ class ModelSpec(Spec):
                 raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
 
     def _check_layers(self, m, dim: int, heads: int, registry):
-        """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
-        needs a patch grid, an attention or position entry's head-width and width multiples."""
+        """Layer choices that cannot work with this model's shape or token layout, from the entries' specs."""
         hd = dim // heads
         if "mlp" in self.layer_keys and mlp_registry.spec(m.mlp).needs_grid and self.grid_rank != 2:
             grids = [n for n, s in registry.specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]

@@ -92,8 +92,7 @@ def out_head(ch: int, cout: int) -> nn.Sequential:
 
 
 def resnet_stages(cin: int, widths: list[int], depth: int, resample) -> tuple[nn.Sequential, int]:
-    """`depth` ResnetBlocks per width, `resample(width)` between stages (not after the last); returns the stack and
-    its output width. One Sequential, so the checkpoint keys are `down.N` / `up.N` as before."""
+    """(`depth` ResnetBlocks per width with `resample` between, as one Sequential: keys down.N / up.N; its width)."""
     layers = []
     for i, w in enumerate(widths):
         for _ in range(depth):
@@ -171,8 +170,7 @@ class AutoencoderKL(nn.Module):
         return self.latent_channels, h // self.factor, w // self.factor
 
     def forward(self, x, noise=None, return_posterior: bool = False):
-        """Reconstruction of x: from z = mean + std * noise when noise is given (kl training), else from the mean.
-        return_posterior: (reconstruction, mean, log-variance) for the method's KL term."""
+        """Reconstruction of x from mean + std * noise (noise given) or the mean; return_posterior: with mean, logvar."""
         mean, logvar = self.posterior(x)
         z = mean if noise is None or logvar is None else mean + torch.exp(0.5 * logvar) * noise.to(mean.dtype)
         rec = self.decode(z)

@@ -144,7 +144,6 @@ def consistency_fn(net, x, t, y, **cond):
 
 
 def pseudo_huber(a, b, c: float):
-    """Per sample sqrt(|a - b|^2 + c^2) - c (Song & Dhariwal 2023), |.|^2 the mean square over the sample's values
-    so that c is per value whatever the image size; c = 0 is the RMS error (ECT's default)."""
+    """Per sample sqrt(ms(a - b) + c^2) - c (Song & Dhariwal 2023), ms the mean square (c per value; 0: the RMS)."""
     ms = (a.float() - b.float()).square().flatten(1).mean(1)
     return (ms + c * c).clamp_min(1e-20).sqrt() - c

@@ -129,8 +129,7 @@ class FinalLayer(nn.Module):
 
 
 def add_image_stem(model: nn.Module, s) -> None:
-    """The input side every image backbone shares: the patch grid, patch embedding, positions, timestep and
-    class embeddings. Set as attributes of `model`, so the state-dict keys are the same in every backbone."""
+    """The input side every image backbone shares, as attributes of `model` (the same state-dict keys in each)."""
     p = s.patch_size
     if s.image_size % p:
         raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
@@ -199,8 +198,7 @@ class DiT(nn.Module):
         return h
 
     def flops_per_sample(self) -> int:
-        """Forward FLOPs (2 per multiply-add) of one sample, counted like torch.utils.flop_counter: every Linear,
-        the attention kernel's matmuls (each entry's own formula: attention.attention_flops) and Mix-FFN's conv."""
+        """Forward FLOPs (2 per multiply-add) of one sample, as torch.utils.flop_counter counts (attention_flops)."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
         pd = s.patch_size ** 2 * s.channels
         f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)  # patch embed, condition MLPs

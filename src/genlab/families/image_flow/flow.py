@@ -192,8 +192,7 @@ class FlowMatching(Method):
         return [Baseline("loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def mean_velocity_loss(self, data, generator, weighted: bool = True) -> float:
-        """The velocity loss of the best constant prediction (a model that sees neither x_t nor t): E[w(t)] times
-        (the data's per-element variance + the noise's 1); E[w] over WEIGHT_DRAWS training times."""
+        """The velocity loss of the best constant prediction, E[w(t)] (Var(data) + 1), E[w] over WEIGHT_DRAWS times."""
         var = mean_element_variance(training_images(data, generator, self.cfg.data.hflip))
         w = 1.0
         if weighted and self.mcfg.loss_weighting != "none":
@@ -252,8 +251,7 @@ class FlowMatching(Method):
         return {}
 
     def check_eval(self, cfg) -> None:
-        """Before training or sampling: eval.metrics valid and their weights files present; a cache schedule fits
-        the evaluation's sampler and steps (and no NFE table, which samples at several)."""
+        """Before training or sampling: eval.metrics (and their weights), and a cache schedule that fits the eval."""
         if self.cache_schedule and cfg.eval.num_samples > 0:
             if str(cfg.eval.nfe_list).strip():
                 raise GenlabError("eval.nfe_list samples at several NFEs and method.cache_schedule is a plan for one; "

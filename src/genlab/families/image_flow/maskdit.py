@@ -22,8 +22,7 @@ def kept_tokens(tokens: int, mask_ratio: float) -> int:
 
 
 def draw_keep(batch: int, tokens: int, keep: int, generator, device) -> torch.Tensor:
-    """[B, keep] sorted indices of a uniform random subset of `keep` of `tokens` positions per sample (MAE's argsort
-    of uniform noise: no host sync, exactly `keep` per row)."""
+    """[B, keep] sorted indices of a uniform random subset per sample (MAE's argsort of noise: no host sync)."""
     noise = torch.rand(batch, tokens, generator=generator, device=device)
     return noise.argsort(dim=1)[:, :keep].sort(dim=1).values
 
@@ -102,8 +101,7 @@ class MaskDiTFlow(FlowMatching):
                        "visible": torch.full((), self.keep / self.tokens, device=flow.device)}  # a fill, no host copy
 
     def masked_losses(self, v, data, noise, x_t, t, keep):
-        """(flow loss on the visible patches, MAE loss on the masked ones), each a per-sample mean then a batch mean
-        (every sample has the same counts, so this is also the mean over all visible / masked patches)."""
+        """(flow loss on the visible patches, MAE loss on the masked ones), per-sample means, then the batch mean."""
         p = self.patch
         err = (patchify(v.float(), p) - patchify((data - noise).float(), p)).square().mean(-1)  # [B, N]
         per_sample = err.gather(1, keep).mean(1)

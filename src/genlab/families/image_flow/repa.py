@@ -34,8 +34,7 @@ class Projector(nn.Module):
 
 
 def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """REPA's patch-wise term, 1 - mean over samples and patches of cos(projected, target) (the paper's -cos
-    shifted by 1, the same gradient): 0 when every projected token points the encoder's way."""
+    """REPA's term 1 - mean cos(projected, target) over samples and patches (the paper's -cos shifted by 1)."""
     return 1 - F.cosine_similarity(projected.float(), target.float(), dim=-1).mean()
 
 

@@ -190,8 +190,7 @@ def import_timm():
 
 
 class TimmEncoder(_Frozen):
-    """A timm model's patch features: images to [0, 1], channels repeated to the model's, resized to its input size,
-    normalised by its mean/std, forward_features, prefix tokens dropped, onto the DiT's grid."""
+    """A timm model's forward_features (inputs fit to its channels, size and normalisation) on the DiT's grid."""
 
     def __init__(self, net: nn.Module, channels: int, image_size: int, grid: int, size: int, mean, std):
         super().__init__()

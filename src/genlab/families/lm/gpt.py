@@ -153,8 +153,7 @@ class GPT(nn.Module):
         return self.head(self.norm(h[:, -1]))
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs of one sequence: every Linear and the attention matmuls over the full T x T score
-        matrix (as torch.utils.flop_counter and nanoGPT's MFU count it; other entries: attention_flops)."""
+        """Forward matmul FLOPs of one sequence, attention over the full T x T scores (as nanoGPT's MFU counts)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
         mlp = 2 * T * D * H * mlp_registry.spec(s.mlp).matrices

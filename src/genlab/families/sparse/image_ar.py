@@ -26,8 +26,7 @@ LN2 = math.log(2.0)
 @torch.no_grad()
 def sample_seq(model, n: int, T: int, device, given=None, given_mask=None, temperature: float = 1.0,
                generator=None) -> torch.Tensor:
-    """Sample n sequences of T bytes left to right with a key/value cache. Where given_mask [n, T] is
-    True the byte is taken from given [n, T] instead of sampled (completion keeps it exactly)."""
+    """n sequences of T bytes sampled left to right with a key/value cache; given_mask keeps the bytes of `given`."""
     base = unwrap(model)
     out = torch.zeros(n, T, dtype=torch.long, device=device)
     cache, tok = [], torch.full((n, 1), START, dtype=torch.long, device=device)

@@ -289,8 +289,7 @@ class SparseTransformer(nn.Module):
         return torch.stack(rows)
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs of one sequence, attention counted over the full causal-dense T x T score
-        matrix (the convention of gpt.py, so MFU is comparable across patterns)."""
+        """Forward matmul FLOPs of one sequence, attention over the full T x T scores (gpt.py's, for comparable MFU)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         qk, H = int(D * s.qk_ratio), int(D * s.mlp_ratio)
         per_block = 2 * T * D * (2 * qk + 2 * D) + 2 * T * T * (qk + D) + 2 * 2 * T * D * H

@@ -149,8 +149,7 @@ class WorldModel(Method):
         return max(1, min(self.H, 1 + int(round(frac * (self.H - 1)))))
 
     def choose_horizon(self, step: int, total: int) -> int:
-        """This step's horizon, uniform in 1..max: teacher-forced examples stay in the mix. A per-step Python
-        RNG keeps it a host int (no device sync) and reproducible on resume."""
+        """This step's horizon, uniform in 1..max, from a per-step Python RNG (a host int, reproducible on resume)."""
         h_max = self.closed_loop_horizon(step, total)
         return random.Random(self.cfg.train.seed * 100003 + step).randint(1, h_max) if h_max > 1 else 1
 

@@ -141,8 +141,7 @@ class L1Objective(WorldObjective):
 # -- the adversarial term (method.adv_weight > 0): a patch discriminator on (frame, last context frame) and the
 # non-saturating GAN losses (softplus), added to whichever objective trains the denoiser --------------------------
 class PatchDiscriminator(nn.Module):
-    """Small PatchGAN (Isola et al. 2017) on (frame, last context frame); spectral norm keeps it Lipschitz,
-    which is what stops the NaN blow-ups of an unconstrained discriminator."""
+    """Small PatchGAN (Isola et al. 2017) on (frame, last context frame); spectral norm stops its NaN blow-ups."""
 
     def __init__(self, channels: int, width: int = 32):
         super().__init__()
@@ -163,10 +162,8 @@ def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
 
 
 def adversarial_losses(disc: nn.Module, est: torch.Tensor, target: torch.Tensor, last: torch.Tensor):
-    """(generator term, discriminator loss, metrics) for the estimated and the real frame, both conditioned on the
-    clean last context frame. The discriminator loss is for the trainer to apply to the discriminator only."""
-    # one discriminator forward for both losses: spectral norm updates its power-iteration vector in place
-    # on every training forward, which would invalidate the graph of an earlier call
+    """(generator term, discriminator loss, metrics) of the estimated and the real frame, on the clean last frame."""
+    # one discriminator forward for both losses: spectral norm's in-place update would invalidate an earlier graph
     fake, real = disc(torch.cat([est, target]), torch.cat([last, last])).chunk(2)
     adv = finite_or_zero(F.softplus(-fake).mean())
     d_loss = F.softplus(-real).mean() + F.softplus(fake).mean()
