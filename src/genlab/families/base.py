@@ -77,9 +77,7 @@ class Method:
         the trainer back-propagates each loss only into its optimizer's parameters, in dict order."""
         raise NotImplementedError
 
-    # Batched seeds (train.seeds, training/seeds.py; batched_seeds = True) need the loss in two parts, with
-    # loss(model, batch, ctx) == loss_from(model, loss_inputs(model, batch, ctx)): every random draw happens in
-    # loss_inputs, from ctx.generator, outside torch.vmap; loss_from is deterministic and runs vmapped over the seeds.
+    # batched seeds (docs/performance.md): loss == loss_from(model, loss_inputs(...)), the draws outside torch.vmap
     def loss_inputs(self, model, batch: dict, ctx: StepContext) -> dict[str, Tensor]:
         """The tensors one loss draws (noise, times, masks), each with the batch as its leading dimension or a scalar."""
         raise NotImplementedError
@@ -89,14 +87,12 @@ class Method:
         raise NotImplementedError
 
     def train_flops_per_sample(self, model, total_steps: int) -> int:
-        """Training FLOPs of one sample in one step (forward + backward); a method whose steps differ in cost (a
-        masked stage) gives the run's mean."""
+        """Training FLOPs of one sample in one step (forward + backward; steps that differ in cost: the run's mean)."""
         return 3 * model.flops_per_sample()  # as train.metrics.train_flops_per_sample (imported here: a cycle)
 
     def trivial_baselines(self, data, generator: torch.Generator) -> list[Baseline]:
-        """The levels of predictors that ignore their input, on this run's data (families/baselines.py): a run still
-        at one after log.stall_after of training learned nothing. Every registered method states its own, or says
-        in a comment why it has none (tests/unit/families/test_baselines.py keeps this)."""
+        """The levels of predictors that ignore their input (families/baselines.py), for the stall watcher; a method
+        without any says why in a comment (tests/unit/families/test_baselines.py)."""
         return []
 
     def check_eval(self, cfg) -> None:

@@ -30,8 +30,7 @@ def entropy_nats(counts: np.ndarray) -> float:
 
 
 def token_sample(tokens, generator: torch.Generator | None = None) -> np.ndarray:
-    """The tokens the entropies are counted over: all of them, or evenly spaced chunks of a large corpus (a memmap
-    is read only there), so the count stays a few seconds on any corpus."""
+    """The tokens the entropies are counted over: all of them, or evenly spaced chunks of a large corpus."""
     n = len(tokens)
     if n <= MAX_TOKENS:
         return np.asarray(tokens).astype(np.int64)
@@ -50,20 +49,13 @@ def image_subset(images, generator: torch.Generator | None = None) -> np.ndarray
 
 
 def position_byte_entropy(images_u8) -> float:
-    """Mean over positions (pixel x channel) of each position's byte entropy, in nats: the loss of an
-    autoregressive byte model that knows where it is but not what came before."""
+    """Mean over positions of each position's byte entropy (nats): a byte model that knows only where it is."""
     x = np.asarray(images_u8).reshape(len(images_u8), -1)
     return float(np.mean([entropy_nats(np.bincount(x[:, j], minlength=256)) for j in range(x.shape[1])]))
 
 
-def to_unit(images_u8) -> np.ndarray:
-    """uint8 [N, H, W, C] -> float64 [N, C, H, W] in [-1, 1], as the image loader gives them (data/pixels.py)."""
-    return np.asarray(images_u8, dtype=np.float64).transpose(0, 3, 1, 2) / 127.5 - 1
-
-
 def mean_element_variance(x) -> float:
-    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting every
-    element by its mean over the data."""
+    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting the mean."""
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
     return float(x.var(0).mean())
 
@@ -74,12 +66,6 @@ def mean_image_l1(x) -> float:
     return float(np.abs(x - x.mean(0)).mean())
 
 
-def flow_mean_predictor(data_variance: float, noise_variance: float = 1.0, mean_weight: float = 1.0) -> float:
-    """The velocity loss E[w(t) |v - c|^2] per element of the best constant c, with v = data - noise and the noise
-    independent of the data and of t: E[w] (Var(data) + Var(noise)), c = E[data] - E[noise]."""
-    return mean_weight * (data_variance + noise_variance)
-
-
 def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray:
     """Sorted indices of up to MAX_IMAGES of n samples (all of them when n is smaller)."""
     if n <= MAX_IMAGES:
@@ -88,13 +74,12 @@ def subset_index(n: int, generator: torch.Generator | None = None) -> np.ndarray
 
 
 def training_images(data, generator: torch.Generator | None = None, hflip: bool = False) -> np.ndarray:
-    """float64 [n, C, H, W]: up to MAX_IMAGES samples of an image dataset in the units its loader yields (pixels in
-    [-1, 1], autoencoder latents, a pairs folder's teacher samples), with their mirror images under data.hflip."""
+    """float64 [n, C, H, W]: up to MAX_IMAGES samples in the units the loader yields, mirrored too under data.hflip."""
     idx = subset_index(len(data), generator)
     if getattr(data, "latents", None) is not None:  # [N, variants, c, h, w]: variant 0, or all of them under hflip
         lat = np.asarray(data.latents[idx], dtype=np.float64)
         return (lat if hflip else lat[:, :1]).reshape(-1, *lat.shape[2:])
     if getattr(data, "samples", None) is not None:  # teacher pairs: the samples are the loader's "image"
         return np.asarray(data.samples[idx], dtype=np.float64)
-    x = to_unit(data.images[idx])
+    x = np.asarray(data.images[idx], dtype=np.float64).transpose(0, 3, 1, 2) / 127.5 - 1  # as data/pixels.py loads them
     return np.concatenate([x, x[..., ::-1]]) if hflip else x

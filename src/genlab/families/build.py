@@ -22,8 +22,7 @@ from genlab.families.base import method_registry
 
 
 def build_model_and_method(cfg, spec: dict):
-    """The backbone (built with the extra conditions the method declares, and the converters' own modules: BitNet's
-    input norms) and the method."""
+    """The backbone (with the method's extra conditions and the converters' own modules) and the method."""
     method_class = method_registry.get(cfg.method.name)
     if method_class.conditions:
         spec = {**spec, "conditions": dict(method_class.conditions)}
@@ -46,14 +45,9 @@ def check_model_shapes(model, state: dict, source: str, verb: str = "resume from
         raise GenlabError(f"cannot {verb} {source}: {what_module} differs from the checkpoint ({what})")
 
 
-def sampling_keys(cfg) -> list[str]:
-    """The method keys a trained run may change at sampling time (they change no weights)."""
-    return sampling_keys_of(cfg.method.name)
-
-
 def check_eval_overrides(cfg, overrides) -> None:
     """The weights fix the model, data and method: only evaluation and sampling settings may change."""
-    allowed = sampling_keys(cfg)
+    allowed = sampling_keys_of(cfg.method.name)
     for o in overrides:
         key = o.strip().split("=", 1)[0]
         if not (key.startswith("eval.") or key in allowed):
@@ -62,10 +56,8 @@ def check_eval_overrides(cfg, overrides) -> None:
 
 
 def cache_blocks_from_analysis(overrides: list[str], where: str) -> list[str]:
-    """method.cache_blocks=auto: the blocks `genlab analyze RUN --what cache` picked for this run (its
-    analysis/analysis.json): those whose cache kept the FD within its tolerance (or the half that changes least).
-    method.cache_schedule=auto: the step-aware schedule that analysis measured (a plan for its sampler's number of
-    network evaluations per sample; sampling with another number is refused when it starts, flow.py)."""
+    """method.cache_blocks=auto and method.cache_schedule=auto as what `genlab analyze RUN --what cache` found for
+    this run (its analysis/analysis.json; docs/analyze.md)."""
     out = []
     for o in overrides:
         key, _, value = o.partition("=")
@@ -107,8 +99,7 @@ def load_run(run_or_ckpt, device="auto", ema=True, overrides=()):
 
 
 def model_from_state(state: dict, where: str, device="auto", ema=True, overrides=()):
-    """load_run's work on a checkpoint state already in memory; a quantized run's record (genlab quantize) is
-    re-applied to its float weights."""
+    """load_run's work on a checkpoint state in memory (a quantized run's record re-applied to its float weights)."""
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{where}' is not a genlab checkpoint (no data spec)")
     cfg = ckpt.config_of(state)

@@ -16,8 +16,7 @@ from genlab.nn.positions import position_registry
 
 @dataclass(frozen=True)
 class ModelExample:
-    """What the contract test (tests/unit/nn/test_contract.py) builds a model from: a tiny data spec, inputs, the output shape,
-    and extra option values to cover beyond each layer registry's entries."""
+    """What the contract test (tests/unit/nn/test_contract.py) builds a model from."""
     spec: dict
     inputs: Callable              # inputs(spec, batch, generator) -> tuple of forward arguments
     output_shape: Callable        # output_shape(spec, batch) -> tuple
@@ -69,8 +68,7 @@ class ModelSpec(Spec):
                 raise GenlabError(f"model.patch_size ({m.patch_size}) must divide the image size ({side}) of data.name={cfg.data.name}")
 
     def _check_layers(self, m, dim: int, heads: int, registry):
-        """Layer choices that cannot work with this model's shape or token layout, from the entries' specs: an MLP that
-        needs a patch grid, an attention or position entry's head-width and width multiples."""
+        """Layer choices that cannot work with this model's shape or token layout, from the entries' specs."""
         hd = dim // heads
         if "mlp" in self.layer_keys and mlp_registry.spec(m.mlp).needs_grid and self.grid_rank != 2:
             grids = [n for n, s in registry.specs() if s.grid_rank == 2 and "mlp" in s.layer_keys]
@@ -90,3 +88,11 @@ class ModelSpec(Spec):
 
 
 model_registry = Registry("model", ModelSpec)
+
+
+def model_size(cfg_model, sizes: dict, model: str) -> tuple[int, int, int]:
+    """(dim, depth, heads) of model.size, each replaced by model.dim|depth|heads where set."""
+    if cfg_model.size not in sizes:
+        raise GenlabError(f"unknown {model} size '{cfg_model.size}'; valid: {', '.join(sizes)}")
+    dim, depth, heads = sizes[cfg_model.size]
+    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads

@@ -14,7 +14,7 @@ from genlab.core.registry import all_registries
 from genlab.data import build_dataset
 from genlab.eval.cost import cost_summary
 from genlab.eval.nfe import nfe_grid, nfe_rows, parse_int_list, samplers_of, write_table
-from genlab.families.build import _run_dir, check_eval_overrides, load_run, model_from_state, sampling_keys  # noqa: F401 (the front ends' loader)
+from genlab.families.build import _run_dir, check_eval_overrides, load_run, model_from_state  # noqa: F401 (the front ends' loader)
 from genlab.families.image_flow.flow import check_sampler_conditions
 from genlab.runtime.switches import build_precision
 from genlab.sampling.images import eval_context

@@ -189,11 +189,12 @@ def test_eval_reports_quality_vs_nfe(tmp_path):
 def test_eval_may_vary_sampling_keys_but_not_training_ones():
     from genlab.config.tree import load_config
     from genlab.core.errors import GenlabError
-    from genlab.runs.load import check_eval_overrides, sampling_keys
+    from genlab.config.check import sampling_keys_of
+    from genlab.runs.load import check_eval_overrides
     cfg = load_config("digits_flow")
     check_eval_overrides(cfg, ["eval.num_samples=10", "method.cfg_interval=0.3,1", "method.sampler=midpoint",
                                "method.sde_noise=0.5", "method.sample_shift=2"])
-    keys = sampling_keys(cfg)
+    keys = sampling_keys_of(cfg.method.name)
     assert "method.cfg_interval" in keys and "method.sde_noise" in keys and "method.timestep_sampler" not in keys
     for bad in ("method.timestep_sampler=uniform", "model.dim=8", "method.name=mdlm"):
         with pytest.raises(GenlabError, match="not allowed here"):

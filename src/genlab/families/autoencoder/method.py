@@ -1,14 +1,5 @@
-"""Training an image autoencoder for latent diffusion (`genlab train mnist_autoencoder`; model autoencoder_kl).
-
-LDM's `LPIPSWithDiscriminator` (Rombach et al. 2022) without the perceptual term (it needs downloaded VGG weights):
-
-    loss = |x - D(z)|_1 + kl_weight * KL(q(z|x) || N(0, I)) + w * (-logits of the discriminator on D(z))
-
-both terms divided by C*H*W (LDM sums them), so kl_weight keeps LDM's meaning. The optional GAN term (gan_weight > 0)
-is a PatchGAN (Isola et al. 2017; spectral norm in place of BatchNorm for small batches) from step gan_start, with
-VQGAN's adaptive weight (Esser et al. 2021, eq. 7): w = gan_weight |grad_L L_rec| / (|grad_L L_gan| + 1e-4) at the
-decoder's last layer L, clamped to [0, 1e4]. Evaluation writes the latent mean/std to RUN/latent_stats.json, which
-the `run:RUN` codec scales by (SD's scaling_factor).
+"""Training an image autoencoder for latent diffusion (model autoencoder_kl): LDM's loss without the perceptual term,
+an optional PatchGAN under VQGAN's adaptive weight (docs/latents.md); evaluation writes RUN/latent_stats.json.
 """
 from __future__ import annotations
 
@@ -86,8 +77,7 @@ def adaptive_weight(rec_loss, gan_loss, last_layer) -> torch.Tensor:
 
 @torch.no_grad()
 def reconstruct(model, images_u8, batch: int, device):
-    """Held-out uint8 [N, H, W, C] -> (originals, reconstructions from the posterior mean, latents), float [-1, 1]
-    on the CPU, in batches."""
+    """Held-out uint8 [N, H, W, C] -> (originals, posterior-mean reconstructions, latents), float [-1, 1] on the CPU."""
     base = unwrap(model)
     xs, recs, zs = [], [], []
     for i in range(0, len(images_u8), batch):
@@ -153,8 +143,7 @@ class Autoencoder(Method):
             metrics["kl"] = kl.detach()
         if not self.gan or ctx.step < keys.gan_start:
             return loss, metrics
-        # one discriminator forward for both losses (spectral norm updates its vectors on each training forward);
-        # the trainer back-propagates d_loss into the discriminator only, so fake need not be detached
+        # one discriminator forward for both losses (the trainer back-propagates d_loss into the discriminator only)
         fake, real = ctx.extras["disc"](torch.cat([rec, x])).chunk(2)
         g_loss = -fake.mean()
         d_loss = 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())

@@ -1,8 +1,5 @@
-"""A convolutional image autoencoder in the style of the Stable Diffusion VAE (Rombach et al. 2022, LDM's
-`AutoencoderKL`): GroupNorm/SiLU ResNet blocks, one strided-conv downsampling per level, a single-head attention mid
-block, `model.latent_channels` at 1 / 2^(len(channel_mult) - 1) of the side; the decoder mirrors it (one more block
-per level, as SD's). Bottleneck `kl`: a diagonal Gaussian posterior (log-variance clamped to [-30, 20], as LDM's);
-`plain`: a deterministic latent. SD's VAE is model.size=sd with model.channel_mult=1,2,4,4.
+"""A convolutional image autoencoder in the style of the Stable Diffusion VAE (LDM's `AutoencoderKL`; docs/latents.md):
+bottleneck `kl` (a diagonal Gaussian) or `plain`. SD's VAE is model.size=sd with model.channel_mult=1,2,4,4.
 """
 from __future__ import annotations
 
@@ -95,8 +92,7 @@ def out_head(ch: int, cout: int) -> nn.Sequential:
 
 
 def resnet_stages(cin: int, widths: list[int], depth: int, resample) -> tuple[nn.Sequential, int]:
-    """`depth` ResnetBlocks per width, `resample(width)` between stages (not after the last); returns the stack and
-    its output width. One Sequential, so the checkpoint keys are `down.N` / `up.N` as before."""
+    """(`depth` ResnetBlocks per width with `resample` between, as one Sequential: keys down.N / up.N; its width)."""
     layers = []
     for i, w in enumerate(widths):
         for _ in range(depth):
@@ -174,16 +170,14 @@ class AutoencoderKL(nn.Module):
         return self.latent_channels, h // self.factor, w // self.factor
 
     def forward(self, x, noise=None, return_posterior: bool = False):
-        """Reconstruction of x: from z = mean + std * noise when noise is given (kl training), else from the mean.
-        return_posterior: (reconstruction, mean, log-variance) for the method's KL term."""
+        """Reconstruction of x from mean + std * noise (noise given) or the mean; return_posterior: with mean, logvar."""
         mean, logvar = self.posterior(x)
         z = mean if noise is None or logvar is None else mean + torch.exp(0.5 * logvar) * noise.to(mean.dtype)
         rec = self.decode(z)
         return (rec, mean, logvar) if return_posterior else rec
 
     def flops_per_sample(self) -> int:
-        """Forward FLOPs (encode + decode) of one image, counted by torch.utils.flop_counter on a meta-device copy
-        (no arithmetic runs, so an SD-size model costs nothing to count)."""
+        """Forward FLOPs (encode + decode) of one image, counted by torch.utils.flop_counter on a meta-device copy."""
         if self._flops is None:
             from torch.utils.flop_counter import FlopCounterMode
             with torch.device("meta"):

@@ -1,6 +1,5 @@
-"""`run:RUN`: an autoencoder that genlab trained (method autoencoder), loaded like every run (no code runs), EMA weights
-where kept. scale = 1 / std and shift = mean of the latents its evaluation measured (RUN/latent_stats.json), so the
-diffusion model sees unit-variance latents (SD's scaling_factor; SD3/FLUX added the shift); encode reads the mean.
+"""`run:RUN`: an autoencoder that genlab trained, loaded like every run (EMA weights where kept), scaled by the latent
+std and shifted by the mean its evaluation measured (RUN/latent_stats.json; docs/latents.md).
 """
 from __future__ import annotations
 
@@ -14,14 +13,9 @@ from genlab.nn.autoencoders import LatentCodec, autoencoder_registry
 from genlab.runtime.checkpoint import resolve_checkpoint
 
 
-def _stats_dirs(arg: str) -> list[Path]:
-    """Where latent_stats.json may be: the run folder, or next to / above a checkpoint or exported file."""
-    p = Path(arg).expanduser()
-    return [p] if p.is_dir() and p.suffix != ".dcp" else [p.parent, p.parent.parent]
-
-
 def find_stats(arg: str) -> dict:
-    for d in _stats_dirs(arg):
+    p = Path(arg).expanduser()  # the run folder, or a checkpoint or exported file in it or one below
+    for d in [p] if p.is_dir() and p.suffix != ".dcp" else [p.parent, p.parent.parent]:
         s = read_stats(d)
         if s is not None:
             return s

@@ -1,6 +1,5 @@
-"""What the few-step methods share: the flow teacher (`method.teacher=RUN`), the student initialised from it, and the
-consistency function. A teacher is any plain velocity predictor on the same data (docs/few_step.md), checked before
-the run folder exists, then a frozen extra saved in the student's checkpoints.
+"""What the few-step methods share: the flow teacher (`method.teacher=RUN`, docs/few_step.md), the student initialised
+from it, and the consistency function.
 """
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from genlab.core.errors import GenlabError
 from genlab.families.base import Extra, method_registry
 from genlab.families.baselines import Baseline
 from genlab.families.build import build_teacher  # noqa: F401 (re-exported)
-from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, cfg_velocity, unwrap
+from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, unwrap
 from genlab.nn.bitlinear import InputRMSNorm
 from genlab.nn.conditions import ConditionSet
 from genlab.runtime import checkpoint as ckpt
@@ -56,10 +55,8 @@ def check_teacher(state: dict, spec: dict, path: str):
 
 
 def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> None:
-    """The teacher's weights into the student. Only the student's own condition embedders (ConditionSet) may be
-    missing; their last layer starts at zero, so the student computes exactly the teacher's function at step 0. A
-    BitNet student's input norms (train.bitlinear_norm) may be missing too: a float teacher has none; they start at
-    gain 1."""
+    """The teacher's weights into the student; only its condition embedders (last layer zeroed: the teacher's function
+    at step 0) and BitNet input norms (gain 1: a float teacher has none) may be missing."""
     sets = {name: m for name, m in model.named_modules() if isinstance(m, ConditionSet)}
     norms = [name for name, m in model.named_modules() if isinstance(m, InputRMSNorm)]
     own = model.state_dict()
@@ -83,10 +80,7 @@ def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> N
 
 
 class FewStepFlow(FlowMatching):
-    """Flow matching's data, labels, sampling entry points and evaluation, with an optional teacher.
-
-    Subclasses set `uses_teacher` and `init_from_teacher`, and implement `loss`; they sample through
-    FlowMatching.sample with their preset's sampler (flow_map, consistency or euler on a few-step grid)."""
+    """Flow matching's data, sampling and evaluation with an optional teacher; subclasses implement `loss`."""
 
     uses_teacher = False       # loads method.teacher as the frozen extra "teacher"
     init_from_teacher = False  # a fresh student starts from the teacher's weights
@@ -118,13 +112,11 @@ class FewStepFlow(FlowMatching):
         return extras
 
     def trivial_baselines(self, data, generator):
-        # a student's loss is a regression toward its own or a teacher's outputs, which a constant model can satisfy
-        # (consistency) or whose mean target needs the teacher: the evaluation side says whether it learned
+        # a constant model can meet a student's regression targets: the evaluation side says whether it learned
         return self.chance_accuracy()
 
     def chance_accuracy(self) -> list[Baseline]:
-        """Sample accuracy at chance (1 / classes), where the run evaluates it: the samples of a model that ignores
-        its input are one picture whatever the class asked for. The margin is absolute (scale 1)."""
+        """Sample accuracy at chance (1 / classes), where the run evaluates it (an absolute margin)."""
         metrics = [m.strip() for m in str(self.cfg.eval.metrics).split(",")]
         k = self.spec.get("num_classes", 0)
         if "accuracy" not in metrics or self.cfg.eval.num_samples <= 0 or k < 2:
@@ -132,8 +124,7 @@ class FewStepFlow(FlowMatching):
         return [Baseline("sample_accuracy", 1 / k, "chance accuracy (1 / classes)", higher_is_better=True, scale=1.0)]
 
     def evaluate(self, model, data, ctx) -> dict:
-        # a student trained on a pairs folder (reflow, LADD) is scored against the teacher's data the folder records,
-        # like the teacher itself, not against the teacher's samples
+        # a student trained on a pairs folder is scored against the teacher's data, not the teacher's samples
         return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
 
     @property
@@ -146,19 +137,13 @@ class FewStepFlow(FlowMatching):
         return cfg_velocity(teacher, y, unwrap(teacher).null_class, self.teacher_guidance)
 
 
-FEW_STEP_KEYS = FLOW_KEYS
-
-
-# -- what the consistency methods (LCM, ECT, LADD) share: f(x, t) = x + (1 - t) v(x, t), the data estimate of the
-# velocity network, the identity at t = 1 for any weights, so Song et al. 2023's boundary condition holds by
-# construction (no c_skip/c_out schedule); the `consistency` sampler computes it at every step -------------------
+# -- the consistency methods' f: the identity at t = 1 for any weights (no c_skip/c_out schedule) -----------------
 def consistency_fn(net, x, t, y, **cond):
     """f(x, t) = x + (1 - t) v(x, t, y, **cond); t a [B] tensor."""
     return x + (1 - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype) * net(x, t, y, **cond)
 
 
 def pseudo_huber(a, b, c: float):
-    """Per sample sqrt(|a - b|^2 + c^2) - c (Song & Dhariwal 2023), |.|^2 the mean square over the sample's values
-    so that c is per value whatever the image size; c = 0 is the RMS error (ECT's default)."""
+    """Per sample sqrt(ms(a - b) + c^2) - c (Song & Dhariwal 2023), ms the mean square (c per value; 0: the RMS)."""
     ms = (a.float() - b.float()).square().flatten(1).mean(1)
     return (ms + c * c).clamp_min(1e-20).sqrt() - c

@@ -1,17 +1,5 @@
-"""A discriminator on the frozen teacher's token features at re-noised inputs, shared by LADD (Sauer et al. 2024)
-and PCM's adversarial consistency loss (Wang et al. 2024).
-
-A sample at t_end (1 for data, a phase end for PCM) is re-noised to t' <= t_end; forward hooks on the teacher's
-method.tdisc_blocks take their tokens [B, N, D], and one spectral-normed head per block (LayerNorm, linear, residual
-1-D conv, linear output + the projection <c, h>; Miyato & Koyama 2018) gives a logit per token. c = embed(y) +
-mlp(sinusoidal(t')): LADD conditions its heads on the noise level. Hinge losses over every token of every head:
-
-    D:  mean relu(1 - D(real)) + mean relu(1 + D(fake))        G:  -mean D(fake)
-
-The heads are an Extra with their own optimizer "disc"; the trainer back-propagates each loss into its own
-optimizer's parameters, so one teacher pass over [fake; real] serves both. A non-finite term becomes 0 and is
-counted; the counters `adv_nonfinite` and `adv_collapsed` (diversity ratio below COLLAPSE_RATIO) are buffers of the
-heads, so they survive resume.
+"""A discriminator on the frozen teacher's token features at re-noised inputs, for LADD and PCM (docs/few_step.md); its
+guard counters (adv_nonfinite, adv_collapsed) are buffers of the heads, so they survive resume.
 """
 from __future__ import annotations
 
@@ -74,8 +62,7 @@ def check_disc_config(cfg) -> None:
 
 
 class TokenHead(nn.Module):
-    """Tokens [B, N, D] of one teacher block -> one logit per token [B, N], conditioned on the class and the
-    re-noising time t' [B] by projection."""
+    """Tokens [B, N, D] of one teacher block -> a logit per token [B, N], projection-conditioned on class and t'."""
 
     def __init__(self, dim: int, hidden: int, num_classes: int):
         super().__init__()
@@ -115,8 +102,7 @@ class TeacherHeads(nn.Module):
 
 
 class FeatureTap:
-    """Forward hooks on the teacher's blocks: their output tokens, in block order, during a gradient-enabled pass
-    (the teacher's guided velocities for targets run without gradient and are not kept)."""
+    """Forward hooks on the teacher's blocks: their output tokens, in block order, of gradient-enabled passes only."""
 
     def __init__(self, blocks: tuple[int, ...]):
         self.blocks, self.kept, self._hooked = blocks, [], None
@@ -149,9 +135,8 @@ def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:
 
 
 def renoise(x: torch.Tensor, t_end: torch.Tensor, t_new: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The flow path's transition from time t_end to t_new <= t_end: x_{t_new} = (t_new/t_end) x + s noise, with
-    s^2 = (1-t_new)^2 - (t_new (1-t_end) / t_end)^2, so a sample of the path's marginal at t_end lands on its marginal
-    at t_new (t_end = 1: x_{t'} = t' x + (1-t') noise)."""
+    """The flow path's transition from t_end to t_new <= t_end, (t_new/t_end) x + s noise: a sample of the path's
+    marginal at t_end lands on its marginal at t_new (t_end = 1: t' x + (1-t') noise)."""
     shape = (-1, *([1] * (x.ndim - 1)))
     a = (t_new / t_end).view(shape)
     s = ((1 - t_new) ** 2 - (t_new * (1 - t_end) / t_end) ** 2).clamp_min(0).sqrt().view(shape)
@@ -195,8 +180,7 @@ class Adversary:
 
 
 def add_discriminator(extras: dict, mcfg, num_classes: int) -> Adversary:
-    """Heads on the frozen teacher's features as the trainable extra "disc" with its own optimizer (method.tdisc_lr,
-    tdisc_betas; pcm's adversarial option, ladd); returns the Adversary that scores with them."""
+    """Heads on the teacher's features as the trainable extra "disc" (own optimizer); returns the Adversary."""
     keys, base = DiscKeys.of(mcfg), unwrap(extras["teacher"].module)
     heads = TeacherHeads(base.spec.dim, keys.tdisc_hidden, num_classes, parse_blocks(keys.tdisc_blocks, len(base.blocks)),
                          base.num_tokens)

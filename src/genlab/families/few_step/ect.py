@@ -1,12 +1,5 @@
-"""Easy Consistency Tuning (Geng et al. 2024, "Consistency Models Made Easy"): consistency training started from a
-flow teacher's weights (method.teacher), which it never calls.
-
-ECT works in EDM's σ; genlab's x_t is t · x_σ at σ = (1 - t) / t (t = 1 / (1 + σ)), the same trajectory rescaled.
-ECT's ln σ ~ N(P_mean, P_std) is logit_normal in t with logit_mean = -P_mean (the preset), so t comes from the flow
-family's timestep sampler. r (closer to the data): σ_r = σ (1 - n(σ) / q^j), n(σ) = 1 + k sigmoid(-b σ), clamped at 0,
-j = stage + 1, stage = ⌊step S / train.steps⌋ (S = method.ect_stages; the official ⌈i / d⌉). Same noise for x_t and
-x_r; loss d(f_θ(x_t, t), sg f_θ(x_r, r)) / (σ - σ_r), d pseudo-Huber (method.ect_huber_c; c = 0 is the RMS), no EMA
-target. f(x, 1) = x, so at r = 1 the target is the data. Labels drop at model.class_dropout as in the teacher's run.
+"""Easy Consistency Tuning (Geng et al. 2024): consistency training started from a flow teacher's weights
+(method.teacher), which it never calls; docs/few_step.md has the maths (EDM's σ = (1 - t) / t in genlab's time).
 """
 from __future__ import annotations
 
@@ -14,8 +7,8 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
-from genlab.families.image_flow.flow import interpolate
+from genlab.families.few_step.base import FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
+from genlab.families.image_flow.flow import FLOW_KEYS, interpolate
 
 
 class EctKeys(cf.Keys, section="method"):
@@ -63,4 +56,4 @@ class EasyConsistencyTuning(FewStepFlow):
 method_registry.register("ect", "Easy Consistency Tuning (Geng et al. 2024): consistency training from the flow "
                                 "teacher's weights (method.teacher), shrinking step gap, no EMA target; 1-2 step "
                                 "sampling with sampler=consistency",
-                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, EctKeys))(EasyConsistencyTuning)
+                         keys=(*FLOW_KEYS, TeacherPathKeys, EctKeys))(EasyConsistencyTuning)

@@ -1,8 +1,5 @@
-"""`genlab data generate pairs RUN`: a velocity-predicting run draws N (noise, image, label) triples with a
-deterministic ODE sampler, stored as a pairs folder (data/pairs.py), with what the drawing cost.
-
-Every check runs before the model is moved or a file written; the folder is written under a temporary name beside
---out and renamed at the end, so an interrupted run leaves nothing at --out.
+"""`genlab data generate pairs RUN`: a velocity run's (noise, image, label) triples from a deterministic ODE sampler, in a
+pairs folder (data/pairs.py) written under a temporary name and renamed at the end, after every check.
 """
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ from genlab.families.base import method_registry
 
 
 def ode_samplers() -> list[str]:
-    """The deterministic samplers: those that draw no noise of their own (no `generator` argument) and feed the
-    model no input of their own (a plain flow run has none)."""
+    """The deterministic samplers: no noise of their own (no `generator` argument), no model input of their own."""
     return [n for n, s in sampler_registry.specs()
             if "generator" not in inspect.signature(s.builder).parameters and not s.condition]
 
@@ -63,13 +59,6 @@ def load_velocity_run(run: str):
     return state, cfg
 
 
-def balanced_labels(n: int, k: int, generator) -> torch.Tensor:
-    """n labels, each class equally often (to within one), in a seeded random order; zeros without classes."""
-    if k == 0:
-        return torch.zeros(n, dtype=torch.long)
-    return (torch.arange(n) % k)[torch.randperm(n, generator=generator)]
-
-
 def device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
@@ -96,7 +85,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     fn = sampler_registry.get(sampler)
     ts = time_grid(steps, device=dev, schedule=m.step_schedule, cfg=m)
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same pairs on any device
-    labels = balanced_labels(n, k, gen)
+    labels = (torch.arange(n) % k)[torch.randperm(n, generator=gen)] if k else torch.zeros(n, dtype=torch.long)  # balanced
 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

@@ -1,16 +1,5 @@
-"""Latent Adversarial Diffusion Distillation (Sauer et al. 2024, "Fast High-Resolution Image Synthesis with Latent
-Adversarial Diffusion Distillation"), from a flow teacher; docs/few_step.md has the recipe and departures.
-
-In genlab's time (t=0 noise; the paper's times 1, .75, .5, .25 are 0, .25, .5, .75 here) the student, started as
-the teacher, predicts data at its times t_i = i/n (method.ladd_student_steps):
-
-    x_t = (1-t) noise + t image,     x^1 = x_t + (1 - t) v_theta(x_t, t)
-
-x^1 and the image are re-noised (each with its own noise) to t' = sigmoid(N(tdisc_t_mean, tdisc_t_std)) and judged
-by heads on the frozen teacher's features (discriminator.py, hinge losses). The optional regression term
-(method.ladd_regression_weight; DMD, Yin et al. 2024) needs teacher pairs: only a pure-noise sample started from the
-pair's own noise z has the teacher's image as target; paired with fresh noise the best guess is the class mean, a
-pull toward collapse, so t > 0 samples get no regression term.
+"""Latent Adversarial Diffusion Distillation (Sauer et al. 2024) from a flow teacher (docs/few_step.md). The regression
+term acts on pure-noise samples only: paired with fresh noise its best guess is the class mean, a pull to collapse.
 """
 from __future__ import annotations
 
@@ -19,9 +8,9 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn
+from genlab.families.few_step.base import FewStepFlow, TeacherPathKeys, consistency_fn
 from genlab.families.few_step.discriminator import DiscKeys, add_discriminator, check_disc_config, renoise, renoise_time
-from genlab.families.image_flow.flow import check_flow_config, interpolate
+from genlab.families.image_flow.flow import FLOW_KEYS, check_flow_config, interpolate
 
 
 class LaddKeys(cf.Keys, section="method"):
@@ -53,7 +42,12 @@ class LADD(FewStepFlow):
 
     @staticmethod
     def check_config(cfg):
-        check_ladd_config(cfg)
+        check_flow_config(cfg)
+        check_disc_config(cfg)
+        m = LaddKeys.of(cfg)
+        if m.ladd_regression_weight > 0 and m.ladd_noise_share == 0 and m.ladd_student_steps > 1:
+            raise GenlabError("method.ladd_regression_weight acts on the pure-noise samples, and method.ladd_noise_share=0 "
+                              "leaves none; raise the share or set the weight to 0")
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -91,16 +85,7 @@ class LADD(FewStepFlow):
         return {"model": model_loss, "disc": d_loss}, metrics
 
 
-def check_ladd_config(cfg):
-    check_flow_config(cfg)
-    check_disc_config(cfg)
-    m = LaddKeys.of(cfg)
-    if m.ladd_regression_weight > 0 and m.ladd_noise_share == 0 and m.ladd_student_steps > 1:
-        raise GenlabError("method.ladd_regression_weight acts on the pure-noise samples, and method.ladd_noise_share=0 "
-                          "leaves none; raise the share or set the weight to 0")
-
-
 method_registry.register("ladd", "latent adversarial diffusion distillation (Sauer et al. 2024) from method.teacher: "
                                  "the student's data prediction re-noised toward noise, judged by heads on the frozen "
                                  "teacher's features (hinge); sampler=consistency at 1-4 steps",
-                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, LaddKeys, DiscKeys))(LADD)
+                         keys=(*FLOW_KEYS, TeacherPathKeys, LaddKeys, DiscKeys))(LADD)

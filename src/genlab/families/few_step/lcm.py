@@ -1,11 +1,5 @@
-"""Consistency distillation, LCM-style (Luo et al. 2023, "Latent Consistency Models"), from a flow teacher.
-
-genlab's time (t = 0 noise); f(x, t, w) = x + (1 - t) v_θ(x, t, w) (base.py). Per sample: t_n = n/N
-(N = method.lcm_timesteps), s = t_{n+k} (k = method.lcm_skip), w ~ U[lcm_w_min, lcm_w_max] (genlab's CFG scale;
-LCM's ω is w - 1), one guided teacher step t_n -> s (method.lcm_solver: euler = DDIM on this path, or heun), target
-f_θ⁻(x̂_s, s, w) with θ⁻ the EMA (train.ema_decay; the student itself without gradient at 0), loss
-pseudo-Huber(f_θ(x_{t_n}, t_n, w), target). The student takes w / lcm_w_max as condition `w`; sampling feeds
-method.lcm_guidance at cfg_scale 1. The defaults N = 50, k = 1 are the paper's skip of 20 of 1000 DDPM steps.
+"""Consistency distillation, LCM-style (Luo et al. 2023), from a flow teacher; docs/few_step.md has the maths. The
+student takes the guidance scale as condition `w` (w / lcm_w_max); LCM's ω is genlab's w - 1.
 """
 from __future__ import annotations
 
@@ -14,8 +8,8 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
-from genlab.families.image_flow.flow import FLOW_SAMPLING, check_flow_config, interpolate, unwrap
+from genlab.families.few_step.base import FewStepFlow, TeacherPathKeys, consistency_fn, pseudo_huber
+from genlab.families.image_flow.flow import FLOW_KEYS, FLOW_SAMPLING, check_flow_config, interpolate, unwrap
 
 
 class LcmKeys(cf.Keys, section="method"):
@@ -67,7 +61,12 @@ class LatentConsistency(FewStepFlow):
 
     @staticmethod
     def check_config(cfg):
-        check_lcm_config(cfg)
+        check_flow_config(cfg)
+        m = cfg.method
+        keys = LcmKeys.of(m)
+        if keys.lcm_skip >= keys.lcm_timesteps:
+            raise GenlabError(f"method.lcm_skip ({keys.lcm_skip}) must be below method.lcm_timesteps ({keys.lcm_timesteps})")
+        check_guidance(m)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -95,15 +94,6 @@ class LatentConsistency(FewStepFlow):
         return {"w": torch.full((n,), self.keys.lcm_guidance / self.keys.lcm_w_max, device=device)}
 
 
-def check_lcm_config(cfg):
-    check_flow_config(cfg)
-    m = cfg.method
-    keys = LcmKeys.of(m)
-    if keys.lcm_skip >= keys.lcm_timesteps:
-        raise GenlabError(f"method.lcm_skip ({keys.lcm_skip}) must be below method.lcm_timesteps ({keys.lcm_timesteps})")
-    check_guidance(m)
-
-
 def check_guidance(m):
     if m.lcm_w_min > m.lcm_w_max:
         raise GenlabError(f"method.lcm_w_min ({m.lcm_w_min}) must not exceed method.lcm_w_max ({m.lcm_w_max})")
@@ -115,4 +105,4 @@ def check_guidance(m):
 method_registry.register("lcm", "consistency distillation, LCM-style (Luo et al. 2023): a skipping-step solver on the "
                                 "flow teacher (method.teacher), EMA target, guidance scale w as the student's input; "
                                 "1-8 step sampling with sampler=consistency",
-                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, LcmKeys))(LatentConsistency)
+                         keys=(*FLOW_KEYS, TeacherPathKeys, LcmKeys))(LatentConsistency)

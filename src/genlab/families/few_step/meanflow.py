@@ -1,15 +1,5 @@
-"""MeanFlow (Geng, Deng, Bai, Kolter, He 2025, "Mean Flows for One-step Generative Modeling"), trained from scratch.
-
-genlab's time (noise at t=0): a step goes from t to s = t + d, the model input `d` = s - t >= 0,
-    x_s = x_t + d u(x_t, t, d),   d u(x_t, t, d) = integral_t^s v(x_tau, tau) dtau.
-The paper's (t, r) are genlab's (1 - t, 1 - s), its u and v minus genlab's. Holding s fixed and differentiating in t:
-    u = v + d du/dt,   du/dt = v . grad_x u + d_t u - d_d u,
-a JVP with tangent (v, 1, -1) (torch.func.jvp, fp32, no gradient); the target is sg(v + d du/dt), v at d = 0.
-
-Only method.meanflow_share of the batch has d > 0, so the JVP runs on those alone (the official code: the whole
-batch). Loss w ||u - target||^2 with w = sg(1 / (||.||^2 + c)^p); method.meanflow_omega > 1 bakes guidance into
-the target (the paper's v~). The prediction runs through the wrapped model (DDP, compile); the JVP runs on the
-unwrapped module under no_grad, which neither wrapper supports differentiating through. docs/few_step.md: details.
+"""MeanFlow (Geng et al. 2025), trained from scratch; docs/few_step.md has the maths (the paper's (t, r) are genlab's
+(1 - t, 1 - s)). The JVP target runs on the unwrapped module under no_grad: no wrapper differentiates through it.
 """
 from __future__ import annotations
 
@@ -22,8 +12,8 @@ from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
 from genlab.families.baselines import Baseline
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
-from genlab.families.image_flow.flow import MEAN_VELOCITY, check_flow_config, interpolate, unwrap
+from genlab.families.few_step.base import FewStepFlow
+from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, check_flow_config, interpolate, unwrap
 from genlab.nn.attention import forward_ad_attention
 
 
@@ -44,14 +34,8 @@ _NOTED = set()
 
 
 def mean_velocity_jvp(fn, x, t, d, v):
-    """(u, du/dt) of the average velocity u = fn(x, t, d) moved along the trajectory with the end time t + d fixed:
-    the JVP with the tangent (dx, dt, dd) = (v, 1, -1)."""
+    """(u, du/dt) of u = fn(x, t, d) with the end time t + d fixed: the JVP with tangent (v, 1, -1)."""
     return torch.func.jvp(fn, (x, t, d), (v, torch.ones_like(t), -torch.ones_like(d)))
-
-
-def meanflow_target(v, d, du_dt):
-    """u = v + d du/dt: the average velocity over [t, t + d] implied by the velocity and u's derivative in t."""
-    return v + d.view(-1, *([1] * (v.ndim - 1))) * du_dt
 
 
 def check_meanflow_config(cfg):
@@ -96,8 +80,7 @@ class MeanFlow(FewStepFlow):
         return t, d, n
 
     def trivial_baselines(self, data, generator):
-        # the samples with d = 0 are plain flow matching (mse_flow, per pixel, unweighted); the others' targets come
-        # from the model itself, which a constant model meets
+        # the d = 0 samples are plain flow matching (mse_flow); a constant model meets the others' own targets
         share = self.mcfg.meanflow_share
         if share >= 1:
             return self.chance_accuracy()
@@ -139,11 +122,10 @@ class MeanFlow(FewStepFlow):
             with forward_ad_attention(net) as fell_back:
                 note_fallback(fell_back)
                 _, du = self.jvp_of(u_net, x_t.is_cuda)(x_t[:n], t[:n], d[:n], v[:n], y[:n])
-            return torch.cat([meanflow_target(v[:n], d[:n], du), v[n:]])
+            return torch.cat([v[:n] + d[:n].view(-1, *([1] * (v.ndim - 1))) * du, v[n:]])  # u = v + d du/dt
 
     def jvp_of(self, u_net, cuda: bool):
-        """(u, du/dt) of u_net at given points; compiled on a GPU when the model is (eager, the fp32 JVP took ~4/5 of
-        the step time on an H100: 3.8k vs 18k samples/s for plain flow matching at DiT-S/4)."""
+        """(u, du/dt) of u_net at given points; compiled on a GPU when the model is (eager: ~4/5 of an H100 step)."""
         def jvp(x, t, d, v, y):
             return mean_velocity_jvp(lambda a, b, c: u_net(a, b, y, c).to(x.dtype), x, t, d, v)
         if not (cuda and self.cfg.train.compile != "off"):
@@ -165,8 +147,7 @@ class MeanFlow(FewStepFlow):
 
 
 def _eager_if_uncompilable(compiled, eager):
-    """The compiled JVP; if compiling it fails (a backend dynamo cannot trace under forward-mode AD), the eager one
-    from then on, with a one-line note: slower, same numbers."""
+    """The compiled JVP, or from its first failure to compile on, the eager one (a one-line note: same numbers)."""
     state = {"fn": compiled}
 
     def call(*args):
@@ -193,4 +174,4 @@ def note_fallback(names):
 method_registry.register("meanflow", "MeanFlow (Geng et al. 2025), from scratch: the network predicts the average "
                                      "velocity over a step d, trained on the MeanFlow identity with a JVP target; "
                                      "1- and 2-step sampling with sampler=flow_map",
-                         keys=(*FEW_STEP_KEYS, MeanflowKeys), defaults={"method.sampler": "flow_map"})(MeanFlow)
+                         keys=(*FLOW_KEYS, MeanflowKeys), defaults={"method.sampler": "flow_map"})(MeanFlow)

@@ -1,15 +1,5 @@
-"""Phased Consistency Models (Wang et al. 2024, "Phased Consistency Models"), distilled from a flow teacher.
-
-genlab's time (t=0 noise; the paper's sigma = 1 - t). k phases (method.pcm_phases) at edges e_j = j/k, so `euler` at
-k steps lands on the edges. Within phase [e_j, e_{j+1}]:
-
-    f(x, t) = x + (e_{j+1} - t) v_theta(x, t)          (the identity at t = e_{j+1}: one Euler step)
-    x^_{t'} = x_t + (t' - t) v_teacher(x_t, t),        target = f_EMA(x^_{t'}, t')  (x^_{t'} itself when t' = e_{j+1})
-
-with t on the grid i/N (method.pcm_solver_steps) and t' = min(t + 1/N, e_{j+1}); loss mean (f_theta - target)^2.
-The official code's target is the online weights without gradient (train.ema_decay = 0 here). The optional
-adversarial loss (method.pcm_adv_weight) re-noises both to one phase below the end (discriminator.py); both
-networks update every step where the official code alternates.
+"""Phased Consistency Models (Wang et al. 2024), distilled from a flow teacher; docs/few_step.md has the maths. Within a
+phase f(x, t) = x + (e_end - t) v(x, t), the identity at the phase end, so `euler` at k steps lands on the edges.
 """
 from __future__ import annotations
 
@@ -18,9 +8,9 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherKeys
+from genlab.families.few_step.base import FewStepFlow, TeacherKeys
 from genlab.families.few_step.discriminator import DiscKeys, add_discriminator, check_disc_config, renoise, renoise_time
-from genlab.families.image_flow.flow import check_flow_config, interpolate
+from genlab.families.image_flow.flow import FLOW_KEYS, check_flow_config, interpolate
 
 
 class PcmKeys(cf.Keys, section="method"):
@@ -30,11 +20,6 @@ class PcmKeys(cf.Keys, section="method"):
                                      "(official 50)", ge=1)
     pcm_adv_weight: float = cf.F(0.0, "pcm: weight of the adversarial consistency loss (0 = off; official 0.1), a "
                                       "discriminator on the teacher's features (method.tdisc_*)", ge=0)
-
-
-def phase_edges(k: int) -> torch.Tensor:
-    """e_0 = 0 < e_1 < ... < e_k = 1, uniform."""
-    return torch.linspace(0.0, 1.0, k + 1)
 
 
 def phase_end(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -61,7 +46,13 @@ class PCM(FewStepFlow):
 
     @staticmethod
     def check_config(cfg):
-        check_pcm_config(cfg)
+        check_flow_config(cfg)
+        m = PcmKeys.of(cfg)
+        if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
+            raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
+                              f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
+        if m.pcm_adv_weight > 0:
+            check_disc_config(cfg)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
@@ -100,17 +91,7 @@ class PCM(FewStepFlow):
         return {"model": cm + self.adv_weight * adv, "disc": d_loss}, {"loss_consistency": cm.detach(), **metrics}
 
 
-def check_pcm_config(cfg):
-    check_flow_config(cfg)
-    m = PcmKeys.of(cfg)
-    if m.pcm_phases > m.pcm_solver_steps:  # a phase without a time of the grid i/N would never be trained
-        raise GenlabError(f"method.pcm_phases ({m.pcm_phases}) must not exceed method.pcm_solver_steps "
-                          f"({m.pcm_solver_steps}): every phase needs a training time on the grid i/N")
-    if m.pcm_adv_weight > 0:
-        check_disc_config(cfg)
-
-
 method_registry.register("pcm", "phased consistency distillation (Wang et al. 2024) from method.teacher: k phases, "
                                 "f(x,t) = x + (e_end - t) v, EMA target after one guided teacher Euler step; optional "
                                 "adversarial loss on teacher features; sampler=euler at k steps",
-                         keys=(*FEW_STEP_KEYS, TeacherKeys, PcmKeys, DiscKeys))(PCM)
+                         keys=(*FLOW_KEYS, TeacherKeys, PcmKeys, DiscKeys))(PCM)

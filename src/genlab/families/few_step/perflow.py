@@ -1,10 +1,5 @@
-"""PeRFlow, piecewise rectified flow (Yan, Liu, Tan, Shi, Xu, Feng 2024): reflow within K time windows, with the
-pairs made online from the teacher.
-
-Windows w_j = j / K (t = 0 noise: the paper numbers them from the noise end at t = 1). A sample starts at
-x_{w_j} = (1 - w_j) noise + w_j data, solves the teacher's guided ODE across the window without gradient
-(method.perflow_solver, perflow_solver_steps; the official 8 DDIM steps are Euler steps here) and learns the chord:
-x_t = x_{w_j} + s (x_{w_{j+1}} - x_{w_j}), target (x_{w_{j+1}} - x_{w_j}) / (w_{j+1} - w_j). Sample with euler at K.
+"""PeRFlow, piecewise rectified flow (Yan et al. 2024): reflow within K time windows, with the pairs made online from
+the teacher's guided ODE (docs/few_step.md). Sample with euler at K steps.
 """
 from __future__ import annotations
 
@@ -12,8 +7,8 @@ import torch
 
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherKeys
-from genlab.families.image_flow.flow import interpolate
+from genlab.families.few_step.base import FewStepFlow, TeacherKeys
+from genlab.families.image_flow.flow import FLOW_KEYS, interpolate
 
 
 class PerflowKeys(cf.Keys, section="method"):
@@ -74,4 +69,4 @@ class PeRFlow(FewStepFlow):
 
 method_registry.register("perflow", "PeRFlow (Yan et al. 2024): piecewise reflow in method.perflow_windows windows, "
                                     "pairs made online by the teacher's ODE; sampler=euler at K steps",
-                         keys=(*FEW_STEP_KEYS, TeacherKeys, PerflowKeys))(PeRFlow)
+                         keys=(*FLOW_KEYS, TeacherKeys, PerflowKeys))(PeRFlow)

@@ -1,10 +1,5 @@
-"""Reflow (Liu, Gong, Liu 2022, "Flow Straight and Fast"): 2-rectified flow on the teacher's pairs (Z0 noise, Z1
-its ODE solution; `genlab data generate pairs RUN`), and its one-step distillation.
-
-- method.reflow_stage=reflow: flow matching on the coupling, x_t = (1-t) Z0 + t Z1, target Z1 - Z0.
-- method.reflow_stage=distill: t = 0 only, loss ||Z0 + v(Z0, 0) - Z1||^2 (the paper's L2 variant; its LPIPS loss
-  needs pretrained VGG features). Sample with euler at 1 step.
-Scored against the teacher's data the pairs folder records, not the teacher's samples.
+"""Reflow (Liu, Gong, Liu 2022): 2-rectified flow on the teacher's pairs (`genlab data generate pairs RUN`), and its
+one-step distillation at t = 0 (docs/few_step.md). Scored against the teacher's data, not the teacher's samples.
 """
 from __future__ import annotations
 
@@ -14,8 +9,8 @@ import torch
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow, TeacherPathKeys
-from genlab.families.image_flow.flow import MEAN_VELOCITY, WEIGHT_DRAWS, interpolate
+from genlab.families.few_step.base import FewStepFlow, TeacherPathKeys
+from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, WEIGHT_DRAWS, interpolate
 
 
 class ReflowKeys(cf.Keys, section="method"):
@@ -29,8 +24,7 @@ class Reflow(FewStepFlow):
     output = "velocity"  # a reflowed model teaches the distill stage
 
     def trivial_baselines(self, data, generator):
-        # the target is a pair's sample minus its noise (dependent: the teacher made one from the other), so the
-        # mean predictor's loss is E[w] times the per-element variance of that difference, counted on the pairs
+        # E[w] times the variance of sample - noise, counted on the pairs (the teacher made one from the other)
         idx = np.arange(min(len(data), MAX_IMAGES))
         v = np.asarray(data.samples[idx], dtype=np.float64) - np.asarray(data.noise[idx], dtype=np.float64)
         t = torch.zeros(1) if self.mcfg.reflow_stage == "distill" else self.draw_t(WEIGHT_DRAWS, generator, "cpu")
@@ -54,4 +48,4 @@ class Reflow(FewStepFlow):
 
 method_registry.register("reflow", "reflow (Liu et al. 2022): 2-rectified flow on teacher pairs (data.name=pairs), "
                                    "then one-step distillation at t = 0 (method.reflow_stage=distill); Euler sampling",
-                         keys=(*FEW_STEP_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)  # no teacher forwards: no guidance key
+                         keys=(*FLOW_KEYS, TeacherPathKeys, ReflowKeys))(Reflow)  # no teacher forwards: no guidance key

@@ -1,10 +1,5 @@
-"""Shortcut models (Frans, Hafner, Levine, Abbeel 2024, "One Step Diffusion via Shortcut Models").
-
-s(x_t, t, d) is the average velocity of a step of size d: x_{t+d} = x_t + d s (sampler `flow_map`). Each batch mixes
-flow matching at d_min = 1 / method.shortcut_min_steps (the official code's d_min, not the paper's d = 0: a finite
-log2) with self-consistency on method.shortcut_share: d = 2^-k, t on multiples of 2d, target the mean of two
-d-steps of the EMA (the model without gradient at ema_decay 0), clipped to [-4, 4]. d enters as its log2
-(`log2_scalar`). The flow part draws t from method.timestep_sampler (the official code: uniform on its grid).
+"""Shortcut models (Frans et al. 2024): the average velocity of a step of size d (docs/few_step.md). d_min is the
+official code's 1 / method.shortcut_min_steps, not the paper's d = 0, so d can enter as its log2.
 """
 from __future__ import annotations
 
@@ -15,8 +10,8 @@ import torch
 from genlab.config import fields as cf
 from genlab.families.base import method_registry
 from genlab.families.baselines import Baseline
-from genlab.families.few_step.base import FEW_STEP_KEYS, FewStepFlow
-from genlab.families.image_flow.flow import MEAN_VELOCITY, interpolate
+from genlab.families.few_step.base import FewStepFlow
+from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, interpolate
 
 
 class ShortcutKeys(cf.Keys, section="method"):
@@ -43,8 +38,7 @@ class Shortcut(FewStepFlow):
         self.levels = int(math.log2(self.keys.shortcut_min_steps))
 
     def trivial_baselines(self, data, generator):
-        # a constant model meets the self-consistency targets (its own two half steps); the flow part, logged as
-        # loss_flow (unweighted), is flow matching's
+        # a constant model meets the self-consistency targets; the flow part (loss_flow, unweighted) is flow's
         return [Baseline("loss_flow", self.mean_velocity_loss(data, generator, weighted=False), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
@@ -77,4 +71,4 @@ class Shortcut(FewStepFlow):
 method_registry.register("shortcut", "shortcut model (Frans et al. 2024): velocity conditioned on the step size d, "
                                      "self-consistency targets from two half steps of the EMA; 1/2/4/8-step sampling "
                                      "with sampler=flow_map",
-                         keys=(*FEW_STEP_KEYS, ShortcutKeys), defaults={"method.sampler": "flow_map"})(Shortcut)
+                         keys=(*FLOW_KEYS, ShortcutKeys), defaults={"method.sampler": "flow_map"})(Shortcut)

@@ -1,11 +1,5 @@
-"""Adaptive non-uniform timestep sampling, after Kim et al. 2025 (arXiv:2411.09998, CVPR 2025), made small.
-
-The paper's REINFORCE policy over t (a Beta network of x0) becomes a categorical over `bins` equal bins (uniform
-inside, mixed with `mix` of the uniform law, plus the paper's entropy bonus). Every `every` steps the whole batch
-trains on ONE drawn bin b, so the batch's reward belongs to one action: Delta = L_probe(before) - L_probe(after), the
-plain velocity MSE on a fixed probe (PROBE_SAMPLES images x PROBE_TIMES times, same noise), all-reduced over ranks;
-the logits step lr * (A grad log p(b) + entropy grad H) with A the normalised advantage. The state is a buffer of a
-frozen extra (checkpointed); no host sync.
+"""Adaptive non-uniform timestep sampling after Kim et al. 2025, made small (docs/image_flow.md): a categorical over
+bins, trained by REINFORCE on a probe loss; its state is a frozen extra's buffer (checkpointed), no host sync.
 """
 from __future__ import annotations
 
@@ -78,8 +72,7 @@ class AdaptiveTimesteps(nn.Module):
         self.updates.add_(1)
 
     def step_probe(self, step: int, probe_loss, make_probe):
-        """Called once per loss() before the training forward. `probe_loss(probe) -> scalar` evaluates the
-        model on stored probe inputs (no grad); `make_probe() -> probe` builds a fresh probe from the batch."""
+        """Once per loss() before the training forward: probe_loss(probe) -> scalar, make_probe() -> a fresh probe."""
         if self._pending is not None and step > self._pending[0]:
             _, b, probe, before = self._pending
             self._pending = None

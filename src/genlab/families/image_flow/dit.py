@@ -1,6 +1,5 @@
-"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023, arXiv:2212.09748), and the stem, blocks and
-spec the other image backbones share. It maps (noisy image, t, class) -> an image-shaped output; the method says what
-they mean.
+"""DiT: a diffusion transformer over image patches (Peebles & Xie 2023), and the stem, blocks and spec the other image
+backbones share: (noisy image, t, class) -> an image-shaped output whose meaning the method gives.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import torch.nn as nn
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.models import ModelExample, model_registry
+from genlab.families.models import ModelExample, model_registry, model_size
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops
 from genlab.nn.conditions import ConditionSet, combine
@@ -75,10 +74,8 @@ def depatchify(x: torch.Tensor, p: int, C: int, H: int, W: int) -> torch.Tensor:
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm transformer block with adaLN-Zero conditioning: identity at init. Also one stream of an MMDiT joint
-    block (mmdit.py): `pre` (modulate, q/k/v) and `post` (gated attention output and MLP) around a joint attention;
-    kernel=False leaves the attention kernel to the other stream, pre_only=True (SD3's last context block) keeps only
-    `pre`, grid=False: this stream's tokens have no patch grid (for Mix-FFN)."""
+    """Pre-norm transformer block with adaLN-Zero conditioning (identity at init); its `pre` and `post` halves are
+    one stream of an MMDiT joint block (mmdit.py), pre_only=True SD3's last context block."""
 
     eps = 1e-6
 
@@ -132,8 +129,7 @@ class FinalLayer(nn.Module):
 
 
 def add_image_stem(model: nn.Module, s) -> None:
-    """The input side every image backbone shares: the patch grid, patch embedding, positions, timestep and
-    class embeddings. Set as attributes of `model`, so the state-dict keys are the same in every backbone."""
+    """The input side every image backbone shares, as attributes of `model` (the same state-dict keys in each)."""
     p = s.patch_size
     if s.image_size % p:
         raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
@@ -178,10 +174,8 @@ class DiT(nn.Module):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
                 loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
-        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional); conditions:
-        those the model was built with. With loss_target (flow, model.final_kernel != plain): the float32 (float64 for a
-        float64 model) mean_b w_b mean((out_b - loss_target_b)^2) instead, w = loss_weight [B] (default 1), through the
-        `final_kernel` entry, which never forms the output (nn/fused_final.py)."""
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional). With
+        loss_target: the weighted flow loss through the `final_kernel` entry instead (nn/fused_final.py)."""
         s = self.spec
         h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         c = combine(embed_conditions(self, t, y, conditions))
@@ -193,8 +187,7 @@ class DiT(nn.Module):
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def run_blocks(self, h, *c, rope=None, grid=None):
-        """The block stack with its long skips (model.skips); MaskDiT runs it on the visible tokens only, the in-context
-        DiT with no condition vector `c`."""
+        """The block stack with its long skips (MaskDiT: on the visible tokens; the in-context DiT: without `c`)."""
         saved = {}
         for i, block in enumerate(self.blocks):
             if i in self.skips.source:
@@ -205,8 +198,7 @@ class DiT(nn.Module):
         return h
 
     def flops_per_sample(self) -> int:
-        """Forward FLOPs (2 per multiply-add) of one sample, counted like torch.utils.flop_counter: every Linear,
-        the attention kernel's matmuls (each entry's own formula: attention.attention_flops) and Mix-FFN's conv."""
+        """Forward FLOPs (2 per multiply-add) of one sample, as torch.utils.flop_counter counts (attention_flops)."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
         pd = s.patch_size ** 2 * s.channels
         f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)  # patch embed, condition MLPs
@@ -216,10 +208,7 @@ class DiT(nn.Module):
 
 
 def dit_size(cfg_model) -> tuple[int, int, int]:
-    if cfg_model.size not in DIT_SIZES:
-        raise GenlabError(f"unknown DiT size '{cfg_model.size}'; valid: {', '.join(DIT_SIZES)}")
-    dim, depth, heads = DIT_SIZES[cfg_model.size]
-    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
+    return model_size(cfg_model, DIT_SIZES, "DiT")
 
 
 def spec_from_config(cfg_model, data_spec, **extra) -> DiTSpec:

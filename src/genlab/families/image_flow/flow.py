@@ -1,8 +1,5 @@
-"""Rectified flow / flow matching (Liu et al. 2022; Lipman et al. 2022; minRF).
-
-Path: x_t = (1 - t) * noise + t * data, t=0 is noise and t=1 is data; the model predicts the
-velocity v = data - noise. `interpolate` is the only place x_t is built, and `loss` only ever
-calls the model on its output, so the clean image cannot reach the model by mistake.
+"""Rectified flow / flow matching (Liu et al. 2022; Lipman et al. 2022; minRF): x_t = (1 - t) noise + t data, the model
+predicts v = data - noise. `interpolate` is the only place x_t is built, so the clean image cannot reach the model.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from genlab.eval.image_quality import evaluate_class_conditional
 from genlab.eval.metrics import EvalImageKeys, check_metrics
 from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method, method_registry
-from genlab.families.baselines import Baseline, flow_mean_predictor, mean_element_variance, training_images
+from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow import render
 from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
@@ -46,16 +43,9 @@ def parse_interval(text: str, key: str = "method.cfg_interval") -> tuple[float, 
     return lo, hi
 
 
-def _twice(v):
-    """A condition for the doubled CFG batch: per-sample tensors repeat, scalars stay."""
-    return torch.cat([v, v]) if torch.is_tensor(v) and v.ndim > 0 else v
-
-
 def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0)):
-    """Velocity field with classifier-free guidance: v_u + s * (v_c - v_u), both in one batch. Guidance acts
-    only for t in `interval` (Kynkaanniemi et al. 2024, "guidance in a limited interval"); elsewhere the
-    conditional velocity alone, at one forward instead of two. Extra conditions (`**cond`, the sampler's
-    extra_args) pass through to the model; only the class is dropped for the unconditional half."""
+    """Velocity field with classifier-free guidance, v_u + s (v_c - v_u) in one batch, only for t in `interval`
+    (Kynkaanniemi et al. 2024; the conditional velocity alone elsewhere); extra conditions pass through."""
     if y is None:
         return lambda x, t, **cond: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long),
                                           **cond)
@@ -70,7 +60,8 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
             if not bool(inside.any()):  # one host sync per sampler step, outside the training loop
                 return model(x, t, y, **cond)
         y_null = torch.full_like(y, null_class)
-        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **{k: _twice(c) for k, c in cond.items()})
+        twice = {k: torch.cat([c, c]) if torch.is_tensor(c) and c.ndim > 0 else c for k, c in cond.items()}  # scalars stay
+        v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **twice)
         v_c, v_u = v.chunk(2)
         guided = v_u + scale * (v_c - v_u)
         return torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c) if limited else guided
@@ -84,6 +75,30 @@ MEAN_VELOCITY = "velocity loss of predicting the mean velocity"
 WEIGHT_DRAWS = 1 << 16  # training times the mean loss weight is estimated over
 
 
+def check_flow_config(cfg):
+    """Flow options that a field declaration cannot check alone, before any work."""
+    keys = FlowEvalKeys.of(cfg.eval)
+    m = cfg.method
+    parse_interval(m.cfg_interval)
+    cached_block_plan(cfg)
+    cache_schedule_plan(cfg)
+    samplers = [m.sampler]
+    if keys.nfe_list:
+        parse_int_list(keys.nfe_list, "eval.nfe_list")
+        samplers += samplers_of(cfg)
+    check_sampler_conditions(cfg.method.name, samplers)
+    if is_batched(cfg) and m.timestep_sampler == "adaptive":
+        raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
+                          "a per-run extra module); pick another timestep sampler or train the runs one by one")
+    if cfg.train.graph_step and m.timestep_sampler == "adaptive":
+        raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
+                          "density from the host every few steps, which a captured step would freeze); pick another "
+                          "timestep sampler or drop train.graph_step")
+    if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
+        raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
+                          f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
+
+
 class FlowMatching(Method):
     batch_keys = ("image", "label")
     render = render  # the family's pictures (image_flow/render.py)
@@ -92,9 +107,7 @@ class FlowMatching(Method):
     model_families, sampling_keys, output = ("image",), FLOW_SAMPLING, "velocity"
     batched_seeds = final_loss = graph_step = True
 
-    @staticmethod
-    def check_config(cfg):
-        check_flow_config(cfg)
+    check_config = staticmethod(check_flow_config)
 
     def __init__(self, cfg, data_spec):
         self.cfg, self.spec = cfg, data_spec
@@ -165,8 +178,7 @@ class FlowMatching(Method):
         """The loss given the draws: deterministic, so train.seeds can run it under torch.vmap."""
         keys = FlowMethodKeys.of(self.mcfg)
         if self.fused_final and isinstance(model, torch.nn.Module):
-            # the final layer + loss fused in the backbone: no velocity tensor. Batched seeds call this with a
-            # functional closure of the model under torch.vmap, where the custom op has no rule: the plain path below
+            # the final layer + loss fused in the backbone (not under torch.vmap's functional closure: no rule there)
             weight = None if keys.loss_weighting == "none" else self.weight(inputs["t"].float(), self.mcfg)
             return model(inputs["x_t"], inputs["t"], inputs["y"], loss_target=inputs["target"], loss_weight=weight), {}
         v = model(inputs["x_t"], inputs["t"], inputs["y"])
@@ -180,13 +192,12 @@ class FlowMatching(Method):
         return [Baseline("loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def mean_velocity_loss(self, data, generator, weighted: bool = True) -> float:
-        """The velocity loss of the best constant prediction (a model that sees neither x_t nor t): E[w(t)] times
-        (the data's per-element variance + the noise's 1); E[w] over WEIGHT_DRAWS training times."""
+        """The velocity loss of the best constant prediction, E[w(t)] (Var(data) + 1), E[w] over WEIGHT_DRAWS times."""
         var = mean_element_variance(training_images(data, generator, self.cfg.data.hflip))
         w = 1.0
         if weighted and self.mcfg.loss_weighting != "none":
             w = float(self.weight(self.draw_t(WEIGHT_DRAWS, generator, "cpu").double(), self.mcfg).mean())
-        return flow_mean_predictor(var, 1.0, w)
+        return w * (var + 1.0)
 
     @torch.no_grad()
     def sample(self, model, labels: torch.Tensor | None, n: int | None = None, steps: int | None = None,
@@ -211,9 +222,7 @@ class FlowMatching(Method):
 
     @contextlib.contextmanager
     def _block_cache(self, base, sampler: str, steps: int):
-        """method.cache_blocks: those blocks recompute every method.cache_every-th network evaluation of this call and
-        reuse their last residual contribution in between; method.cache_schedule: the blocks its plan names reuse at
-        its evaluations (sampling/block_cache.py). Nothing when both are empty."""
+        """method.cache_blocks or method.cache_schedule around one sampling call (sampling/block_cache.py)."""
         keys = FlowMethodKeys.of(self.mcfg)
         if self.cache_schedule:
             self.check_cache_schedule(steps, sampler)
@@ -227,8 +236,7 @@ class FlowMatching(Method):
             yield
 
     def check_cache_schedule(self, steps: int, sampler: str) -> None:
-        """A cache plan is indexed by network evaluation: on another count per sample it would reuse at the wrong
-        times, so sampling with one is refused."""
+        """A cache plan is indexed by network evaluation: another count per sample is refused."""
         period, per_step = self.cache_schedule[0], nfe_per_step(sampler)
         nfe = steps * per_step
         if nfe != period:
@@ -243,8 +251,7 @@ class FlowMatching(Method):
         return {}
 
     def check_eval(self, cfg) -> None:
-        """Before training or sampling: eval.metrics valid and their weights files present; a cache schedule fits
-        the evaluation's sampler and steps (and no NFE table, which samples at several)."""
+        """Before training or sampling: eval.metrics (and their weights), and a cache schedule that fits the eval."""
         if self.cache_schedule and cfg.eval.num_samples > 0:
             if str(cfg.eval.nfe_list).strip():
                 raise GenlabError("eval.nfe_list samples at several NFEs and method.cache_schedule is a plan for one; "
@@ -276,9 +283,8 @@ class FlowMatching(Method):
 
 
 def check_sampler_conditions(method_name: str, samplers) -> None:
-    """A sampler that feeds the model a condition itself (a few-step sampler's step size) needs a model built with it;
-    and a model built with such a condition (one some sampler sets: the sampler owns it, the method's sampling does
-    not pass it) needs a sampler that feeds it, or every network call misses that input."""
+    """A sampler that feeds the model a condition (a step size) needs a model built with it, and a model built
+    with such a condition needs a sampler that feeds it."""
     have = method_registry.get(method_name).conditions or {}
     owned = {s.condition for _, s in sampler_registry.specs() if s.condition} & set(have)
     fits = [n for n, s in sampler_registry.specs() if (not s.condition or s.condition in have)
@@ -294,8 +300,7 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
 
 
 def cached_block_plan(cfg) -> list[int]:
-    """method.cache_blocks as block indices ([] = off), within the model's depth. `auto` is resolved by genlab eval /
-    sample from the run's analysis (sample.py), so it never reaches a model being built."""
+    """method.cache_blocks as block indices ([] = off) within the model's depth (`auto` is resolved before)."""
     keys = FlowMethodKeys.of(cfg.method)
     text = str(keys.cache_blocks).strip()
     if not text:
@@ -311,9 +316,8 @@ def cached_block_plan(cfg) -> list[int]:
 
 
 def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
-    """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off): at evaluation k of each pass of P
-    network evaluations the blocks b reuse their last residual. `auto` is resolved by genlab eval / sample from the
-    run's analysis (sample.py), like method.cache_blocks=auto."""
+    """method.cache_schedule 'P/k:b,b;k:b' as (P, {k: blocks}) (None = off; docs/analyze.md); `auto` is resolved
+    from the run's analysis before a model is built."""
     keys = FlowMethodKeys.of(cfg.method)
     text = str(keys.cache_schedule).strip()
     if not text:
@@ -343,30 +347,6 @@ def cache_schedule_plan(cfg) -> tuple[int, dict[int, frozenset[int]]] | None:
     if min(min(b) for b in plan.values()) < 0 or top >= depth:
         raise GenlabError(f"{key}={text}: block {top} out of range; this model has blocks 0..{depth - 1}")
     return period, dict(sorted(plan.items()))
-
-
-def check_flow_config(cfg):
-    """Flow options that a field declaration cannot check alone, before any work."""
-    keys = FlowEvalKeys.of(cfg.eval)
-    m = cfg.method
-    parse_interval(m.cfg_interval)
-    cached_block_plan(cfg)
-    cache_schedule_plan(cfg)
-    samplers = [m.sampler]
-    if keys.nfe_list:
-        parse_int_list(keys.nfe_list, "eval.nfe_list")
-        samplers += samplers_of(cfg)
-    check_sampler_conditions(cfg.method.name, samplers)
-    if is_batched(cfg) and m.timestep_sampler == "adaptive":
-        raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
-                          "a per-run extra module); pick another timestep sampler or train the runs one by one")
-    if cfg.train.graph_step and m.timestep_sampler == "adaptive":
-        raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
-                          "density from the host every few steps, which a captured step would freeze); pick another "
-                          "timestep sampler or drop train.graph_step")
-    if m.lq_threshold >= m.lq_linear_frac and ("linear_quadratic" in (m.timestep_sampler, m.step_schedule)):
-        raise GenlabError(f"method.lq_threshold ({m.lq_threshold}) must be below method.lq_linear_frac "
-                          f"({m.lq_linear_frac}): the quadratic part must rise from it to t=1")
 
 
 class FlowMethodKeys(cf.Keys, section="method"):

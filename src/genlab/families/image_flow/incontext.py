@@ -101,5 +101,3 @@ class IncontextKeys(cf.Keys, section="model"):
                          example=image_backbone_example({"ln_placement": ["post"]}), **IMAGE_BACKBONE)
 def build_incontext(cfg_model, data_spec) -> InContextDiT:
     return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=IncontextKeys.of(cfg_model).ln_placement))
-
-

@@ -1,8 +1,5 @@
-"""Per-sample weights w(t) of the flow-matching velocity loss: loss = mean_i w(t_i) |v_i - (data_i - noise_i)|^2.
-
-genlab's path x_t = (1-t) noise + t data has SNR(t) = t^2 / (1-t)^2. With x_hat = x_t + (1-t) v_hat the velocity
-error is the data error over (1-t): |v_hat - v|^2 = |x_hat - x|^2 / (1-t)^2, and the noise error is t times it:
-|eps_hat - eps|^2 = t^2 |v_hat - v|^2.
+"""Per-sample weights w(t) of the flow-matching velocity loss, mean_i w(t_i) |v_i - (data_i - noise_i)|^2
+(docs/image_flow.md: with SNR(t) = t^2 / (1-t)^2 the velocity error is the data error over (1-t)).
 """
 import torch
 
@@ -25,9 +22,6 @@ def no_weighting(t, cfg=None):
                                              "(1-t)^2 = min(t^2, gamma (1-t)^2) on the velocity loss (method.snr_gamma)",
     keys=MinSnrKeys)
 def min_snr(t, cfg=None):
-    # Min-SNR weights the x0 loss by min(SNR, gamma). That one target is kept whatever the network predicts:
-    # on the velocity loss it becomes min(SNR, gamma) (1-t)^2, identical to the paper's eps form min(SNR, gamma)/SNR
-    # applied to the eps-equivalent loss t^2 |v_hat - v|^2. The paper's v-prediction form min(SNR, gamma)/(SNR+1)
-    # is for the variance-preserving v = alpha eps - sigma x, not for this velocity, so it is not used.
+    # min(SNR, gamma) on the x0 loss, moved to the velocity loss; why not the paper's v form: docs/image_flow.md
     gamma = MinSnrKeys.of_or_defaults(cfg).snr_gamma
     return torch.minimum(t * t, gamma * (1 - t) ** 2)

@@ -1,16 +1,5 @@
-"""MaskDiT: flow matching on a random subset of the patch tokens (Zheng et al. 2023, arXiv:2306.09305).
-
-Each sample keeps K = int(N * (1 - mask_ratio)) tokens (the paper's `len_keep`) for the encoder; with V the visible
-and M the masked patches:
-
-    loss = mean_V |v_theta(x_t)_p - (data - noise)_p|^2  +  mae_weight * mean_M |v_theta(x_t)_p - norm(x_t)_p|^2
-
-the second term reconstructing the model's noisy *input* (the official `mae_loss(..., norm_pix_loss=True)` on y + n).
-The last `method.unmask_steps` are the paper's unmasked fine-tune (plain flow matching, as sampling is).
-
-`mae_encoder`: the same backbone as a plain MAE (He et al. 2021, arXiv:2111.06377) of the dataset's images, t = 1 and
-the null class held constant, for REPA to align to (`method.repa_encoder=run:RUN`); its loss is MAE's norm-pix
-reconstruction of the masked patches, mean over masked p of |decoder(x)_p - norm(x_p)|^2.
+"""MaskDiT (Zheng et al. 2023): flow matching on a random subset of the patch tokens, its MAE term and unmasked fine-tune;
+and `mae_encoder`, the same backbone as a plain MAE for REPA to align to (docs/image_flow.md).
 """
 from __future__ import annotations
 
@@ -33,8 +22,7 @@ def kept_tokens(tokens: int, mask_ratio: float) -> int:
 
 
 def draw_keep(batch: int, tokens: int, keep: int, generator, device) -> torch.Tensor:
-    """[B, keep] sorted indices of a uniform random subset of `keep` of `tokens` positions per sample (MAE's argsort
-    of uniform noise: no host sync, exactly `keep` per row)."""
+    """[B, keep] sorted indices of a uniform random subset per sample (MAE's argsort of noise: no host sync)."""
     noise = torch.rand(batch, tokens, generator=generator, device=device)
     return noise.argsort(dim=1)[:, :keep].sort(dim=1).values
 
@@ -45,18 +33,35 @@ def normalised_patches(x: torch.Tensor, p: int) -> torch.Tensor:
     return (t - t.mean(-1, keepdim=True)) / (t.var(-1, keepdim=True) + 1e-6).sqrt()
 
 
-def gather_tokens(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-
-
 class MaskDiTFlow(FlowMatching):
     @staticmethod
     def check_config(cfg):
-        check_maskdit_config(cfg)
+        check_flow_config(cfg)
+        mspec = model_registry.spec(cfg.model.name)
+        if not mspec.masked_tokens:
+            fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+            raise GenlabError(f"method.name=maskdit drops tokens inside the backbone; model {cfg.model.name} cannot: use "
+                              f"model.name={'|'.join(fits)}")
+        pos = mspec.default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
+        if pos.startswith("rope"):
+            raise GenlabError(f"method.name=maskdit needs additive positions (model.pos_emb=sincos2d|learned); "
+                              f"model.pos_emb={pos} rotates by position inside attention")
+        if mlp_registry.spec(cfg.model.mlp).needs_grid:
+            raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
+                              f"visible tokens no longer form; use another model.mlp")
+        m = cfg.method
+        keys = MaskditMethodKeys.of(m)
+        if m.timestep_sampler == "adaptive":
+            raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
+                              "method.timestep_sampler")
+        if keys.unmask_steps > cfg.train.steps:
+            raise GenlabError(f"method.unmask_steps ({keys.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
+        if not 0 <= keys.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
+            raise GenlabError(f"method.mask_ratio must be in [0, 1), got {keys.mask_ratio}")
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        check_maskdit_config(cfg)
+        MaskDiTFlow.check_config(cfg)
         m = MaskditMethodKeys.of(cfg)
         self.patch = cfg.model.patch_size
         self.tokens = (data_spec["image_size"] // self.patch) ** 2
@@ -67,8 +72,7 @@ class MaskDiTFlow(FlowMatching):
         self.mae_weight, self.unmask_steps, self.norm_pix = m.mae_weight, m.unmask_steps, m.mae_norm_pix
 
     def trivial_baselines(self, data, generator):
-        # the total adds the MAE term in the masked stage; the flow part (flow_loss, on random visible patches) has
-        # flow's mean-predictor loss in expectation
+        # the flow part (flow_loss, on random visible patches) has flow's mean-predictor loss in expectation
         return [Baseline("flow_loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def masked_at(self, step: int, total_steps: int) -> bool:
@@ -97,11 +101,10 @@ class MaskDiTFlow(FlowMatching):
                        "visible": torch.full((), self.keep / self.tokens, device=flow.device)}  # a fill, no host copy
 
     def masked_losses(self, v, data, noise, x_t, t, keep):
-        """(flow loss on the visible patches, MAE loss on the masked ones), each a per-sample mean then a batch mean
-        (every sample has the same counts, so this is also the mean over all visible / masked patches)."""
+        """(flow loss on the visible patches, MAE loss on the masked ones), per-sample means, then the batch mean."""
         p = self.patch
         err = (patchify(v.float(), p) - patchify((data - noise).float(), p)).square().mean(-1)  # [B, N]
-        per_sample = gather_tokens(err.unsqueeze(-1), keep).squeeze(-1).mean(1)
+        per_sample = err.gather(1, keep).mean(1)
         flow = per_sample.mean() if self.mcfg.loss_weighting == "none" else \
             (self.weight(t.float(), self.mcfg) * per_sample).mean()
         visible = torch.zeros_like(err, dtype=torch.bool).scatter_(1, keep, True)
@@ -121,31 +124,6 @@ class MaskditMethodKeys(cf.Keys, section="method"):
                              ge=0)
 
 
-def check_maskdit_config(cfg):
-    check_flow_config(cfg)
-    mspec = model_registry.spec(cfg.model.name)
-    if not mspec.masked_tokens:
-        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
-        raise GenlabError(f"method.name=maskdit drops tokens inside the backbone; model {cfg.model.name} cannot: use "
-                          f"model.name={'|'.join(fits)}")
-    pos = mspec.default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
-    if pos.startswith("rope"):
-        raise GenlabError(f"method.name=maskdit needs additive positions (model.pos_emb=sincos2d|learned); "
-                          f"model.pos_emb={pos} rotates by position inside attention")
-    if mlp_registry.spec(cfg.model.mlp).needs_grid:
-        raise GenlabError(f"method.name=maskdit: model.mlp={cfg.model.mlp} convolves over the patch grid, which the "
-                          f"visible tokens no longer form; use another model.mlp")
-    m = cfg.method
-    keys = MaskditMethodKeys.of(m)
-    if m.timestep_sampler == "adaptive":
-        raise GenlabError("method.name=maskdit does not run the adaptive sampler's probe; choose another "
-                          "method.timestep_sampler")
-    if keys.unmask_steps > cfg.train.steps:
-        raise GenlabError(f"method.unmask_steps ({keys.unmask_steps}) must be at most train.steps ({cfg.train.steps})")
-    if not 0 <= keys.mask_ratio < 1:  # also declared; a method built outside load_config checks it here
-        raise GenlabError(f"method.mask_ratio must be in [0, 1), got {keys.mask_ratio}")
-
-
 method_registry.register("maskdit", "flow matching on a random share of the patch tokens (MaskDiT: encoder on the "
                                     "visible tokens, decoder on all, MAE loss on the masked; method.mask_ratio, "
                                     "mae_weight, unmask_steps)",
@@ -162,7 +140,10 @@ class MAEEncoder(Method):
 
     @staticmethod
     def check_config(cfg):
-        check_mae_config(cfg)
+        if not model_registry.spec(cfg.model.name).masked_tokens:
+            fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+            raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
+                              f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
 
     def __init__(self, cfg, data_spec):
         keys = MaeKeys.of(cfg.method)
@@ -193,13 +174,6 @@ class MAEEncoder(Method):
 
     def train_flops_per_sample(self, model, total_steps: int) -> int:
         return 3 * unwrap(model).flops_per_sample(self.keep)
-
-
-def check_mae_config(cfg):
-    if not model_registry.spec(cfg.model.name).masked_tokens:
-        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
-        raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
-                          f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
 
 
 method_registry.register("mae_encoder", "a masked autoencoder of the dataset's images (MaskDiT backbone at t=1, "

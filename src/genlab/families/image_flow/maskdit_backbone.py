@@ -1,6 +1,5 @@
-"""MaskDiT's backbone (Zheng et al. 2023, arXiv:2306.09305): a DiT encoder over the visible tokens `keep` [B, K], then
-a small DiT decoder (`decoder_depth` blocks of `decoder_dim`) over every position, a learned mask token at the dropped
-ones. keep=None runs the whole grid (sampling, other methods).
+"""MaskDiT's backbone: a DiT encoder over the visible tokens `keep` [B, K], then a small DiT decoder over every position
+with a learned mask token at the dropped ones; keep=None runs the whole grid (sampling, other methods).
 """
 from __future__ import annotations
 

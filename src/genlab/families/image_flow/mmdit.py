@@ -1,9 +1,5 @@
-"""MMDiT (Esser et al. 2024, SD3, arXiv:2403.03206) and the DiT + MMDiT hybrid.
-
-Image and conditioning tokens (class and timestep, or a projected `context` sequence) each have their own DiTBlock
-weights and meet in one attention; both are modulated by c = t + class embedding (SD3: t + pooled text). With
-model.dual_blocks = k the rest are DiT blocks over [conditioning, patches] (Flux's single-stream half, run in
-sequence as DiT's rather than Flux's parallel attention + MLP).
+"""MMDiT (Esser et al. 2024, SD3, arXiv:2403.03206) and the DiT + MMDiT hybrid (model.dual_blocks; docs/backbones.md):
+image and conditioning tokens keep their own block weights and meet in one attention.
 """
 from __future__ import annotations
 
@@ -125,8 +121,7 @@ class MMDiT(nn.Module):
         return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self, context_len: int = 2) -> int:
-        """Forward FLOPs as torch.utils.flop_counter counts them (see DiT.flops_per_sample), for context_len
-        conditioning tokens (2: class and timestep)."""
+        """Forward FLOPs as DiT.flops_per_sample counts them, for context_len conditioning tokens."""
         s, N, D, L = self.spec, self.num_tokens, self.spec.dim, context_len
         pd = s.patch_size ** 2 * s.channels
         f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
@@ -162,5 +157,3 @@ def _check_mmdit(cfg, dim: int, heads: int, depth: int):
                          example=image_backbone_example({"dual_blocks": [1]}), **IMAGE_BACKBONE)
 def build_mmdit(cfg_model, data_spec) -> MMDiT:
     return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=MmditKeys.of(cfg_model).dual_blocks))
-
-

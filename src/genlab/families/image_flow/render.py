@@ -29,9 +29,8 @@ def save_grid(images_u8: torch.Tensor, rows: int, cols: int, path, upscale: int 
 
 
 def grid_columns(n: int, k: int, class_id=None) -> int:
-    """Columns of a grid of n samples whose labels cycle over k classes: a multiple of k (or n < k), so that each
-    column holds one class whatever n is (--n 64 of 10 classes: 10 wide, the last row short); square for one
-    class or more than 16 (no layout lines those up)."""
+    """Columns of a grid of n samples cycling over k classes: a multiple of k, so each column holds one class
+    (square for one class or more than 16)."""
     if class_id is not None or not 2 <= k <= 16:
         return int(n ** 0.5 + 0.999)
     return min(n, k * max(1, int(n ** 0.5) // k))

@@ -1,10 +1,5 @@
-"""REPA: representation alignment (Yu et al. 2024, arXiv:2410.06940).
-
-    loss = flow loss + lambda * (1 - mean_n cos(projector(h_k[n]), encoder(x)[n]))
-
-h_k the DiT's tokens after block k, the projector a trainable extra, the encoder a frozen one (method.repa_encoder,
-repa_encoders.py). Defaults are the paper's: k = depth / 3, a 3-layer SiLU MLP of width 2048, lambda 0.5. Reads
-nothing back to the host, so the step can be one CUDA graph.
+"""REPA: representation alignment (Yu et al. 2024, docs/image_flow.md): the flow loss plus a projection of block k's
+tokens aligned to a frozen encoder (repa_encoders.py). No host reads, so the step can be one CUDA graph.
 """
 from __future__ import annotations
 
@@ -39,8 +34,7 @@ class Projector(nn.Module):
 
 
 def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """REPA's patch-wise term, 1 - mean over samples and patches of cos(projected, target) (the paper's -cos
-    shifted by 1, the same gradient): 0 when every projected token points the encoder's way."""
+    """REPA's term 1 - mean cos(projected, target) over samples and patches (the paper's -cos shifted by 1)."""
     return 1 - F.cosine_similarity(projected.float(), target.float(), dim=-1).mean()
 
 
@@ -55,11 +49,19 @@ class REPA(FlowMatching):
 
     @staticmethod
     def check_config(cfg):
-        check_repa_config(cfg)
+        keys = RepaKeys.of(cfg.method)
+        check_flow_config(cfg)
+        if not model_registry.spec(cfg.model.name).block_tokens:
+            raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
+                              f"blocks: use a model whose blocks output them (genlab list: model.dit)")
+        depth = dit_size(cfg.model)[1]
+        if keys.repa_block > depth:
+            raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {keys.repa_block}")
+        check_encoder(cfg)
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)
-        check_repa_config(cfg)  # also for methods built outside the CLI (tests, the API)
+        REPA.check_config(cfg)  # also for methods built outside the CLI (tests, the API)
         m = RepaKeys.of(cfg)
         dim, depth, _ = dit_size(cfg.model)
         grid = data_spec["image_size"] // cfg.model.patch_size
@@ -114,18 +116,6 @@ class RepaKeys(cf.Keys, section="method"):
                                  free="comma-separated numbers")
     repa_hidden: int = cf.F(2048, "repa: width of the trainable 3-layer MLP projector (paper: 2048)", ge=1)
     repa_lr: float = cf.F(0.0, "repa: projector learning rate (0 = optim.lr)", ge=0)
-
-
-def check_repa_config(cfg):
-    keys = RepaKeys.of(cfg.method)
-    check_flow_config(cfg)
-    if not model_registry.spec(cfg.model.name).block_tokens:
-        raise GenlabError(f"method.name=repa aligns the patch tokens a block outputs; model {cfg.model.name} has no such "
-                          f"blocks: use a model whose blocks output them (genlab list: model.dit)")
-    depth = dit_size(cfg.model)[1]
-    if keys.repa_block > depth:
-        raise GenlabError(f"method.repa_block must be in 1..{depth} (the model depth; 0 = a third), got {keys.repa_block}")
-    check_encoder(cfg)
 
 
 method_registry.register("repa", "flow matching + REPA alignment of a DiT block to frozen encoder features "

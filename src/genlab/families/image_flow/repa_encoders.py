@@ -1,6 +1,5 @@
-"""The frozen encoders REPA aligns to (`method.repa_encoder=NAME[:ARG]`, registry `repa_encoder`): clean images in
-[-1, 1] -> features on the DiT's patch grid [B, grid^2, D] (random, classifier, run:RUN, timm:MODEL; docs/image_flow.md).
-Another grid is pooled (or upsampled) onto the DiT's; the paper resizes the input instead.
+"""The frozen encoders REPA aligns to (registry `repa_encoder`; docs/image_flow.md): clean images in [-1, 1] -> features
+[B, grid^2, D], another grid pooled (or upsampled) onto the DiT's where the paper resizes the input.
 """
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def build_classifier(arg, cfg, spec, grid):
 
 # -- a genlab run ------------------------------------------------------------------------------------------------
 class RunEncoder(_Frozen):
-    """A trained genlab image model read at t = 1 (the clean image, flow matching's data end) with the null class:
-    the output tokens of its last (encoder) block."""
+    """A trained genlab image model's last-block tokens at t = 1 (the clean image) with the null class."""
 
     def __init__(self, model: nn.Module, channels: int, image_size: int, grid: int, dim: int):
         super().__init__()
@@ -192,8 +190,7 @@ def import_timm():
 
 
 class TimmEncoder(_Frozen):
-    """A timm model's patch features: images to [0, 1], channels repeated to the model's, resized to its input size,
-    normalised by its mean/std, forward_features, prefix tokens dropped, onto the DiT's grid."""
+    """A timm model's forward_features (inputs fit to its channels, size and normalisation) on the DiT's grid."""
 
     def __init__(self, net: nn.Module, channels: int, image_size: int, grid: int, size: int, mean, std):
         super().__init__()

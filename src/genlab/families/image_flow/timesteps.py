@@ -1,6 +1,5 @@
-"""Training-time samplers of t in [0, 1] for flow matching (t=0 noise, t=1 data; papers in SD3's opposite convention
-are translated). Each `fn(n, generator, device, cfg) -> t [n]` inverts one uniform per sample, so its density is a
-closed form (`DENSITIES`, for docs/timesteps.png and the tests). The adaptive one: adaptive_timesteps.py.
+"""Training-time samplers of t in [0, 1] for flow matching (t=0 noise, t=1 data): each inverts one uniform per sample,
+so its density is a closed form (`DENSITIES`, for docs/timesteps.png and the tests); adaptive: adaptive_timesteps.py.
 """
 import math
 

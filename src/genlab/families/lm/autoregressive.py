@@ -1,9 +1,5 @@
-"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective).
-
-Training uses the logits over all `n_vocab` rows like nanoGPT (the padding ids never occur as targets
-and are quickly pushed down), with the loss computed inside the model call (`model(x, targets=y)`) so that
-a compiled model fuses the head with the cross-entropy; evaluation normalises over the real vocabulary only, so val_loss is an
-exact log-likelihood in nats/token.
+"""Autoregressive language modelling: next-token cross-entropy on a causal GPT (nanoGPT's objective; docs/lm.md); the
+loss runs inside the model call (fused under compile), evaluation normalises over the real vocabulary only.
 """
 from __future__ import annotations
 
@@ -22,11 +18,8 @@ from genlab.families.lm import render
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len: int, temperature: float = 1.0,
              top_k: int = 0, generator=None, kv_cache: bool = True) -> torch.Tensor:
-    """Append `new_tokens` sampled tokens to idx [B, t0].
-
-    With kv_cache (GPT backbones) each new token costs one position's forward pass; once the cache holds
-    seq_len positions it restarts from the last seq_len // 2 tokens (so the context then varies between
-    seq_len / 2 and seq_len tokens). Without it every step re-runs the last seq_len tokens (nanoGPT)."""
+    """Append `new_tokens` sampled tokens to idx [B, t0]. A full key/value cache restarts from the last seq_len // 2
+    tokens; without one every step re-runs the last seq_len tokens (nanoGPT)."""
     base = lm.unwrap(model)
     cache = [] if kv_cache and hasattr(base, "decode") else None
     for _ in progress.track(range(new_tokens), f"sampling {idx.shape[0]} x {new_tokens} tokens", unit="tok"):
@@ -93,9 +86,7 @@ class Autoregressive(Method):
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
 
     def trivial_baselines(self, data, generator):
-        # a model that ignores its context predicts the unigram distribution. Not the bigram level: a small model on
-        # its way to learning sits above that for a while (text_ar still did at 25% of its steps), so it is no sign
-        # of a run that learned nothing
+        # a context-blind model predicts the unigram distribution (not the bigram level: learning runs sit above it)
         h = unigram_entropy(data.train)
         what = "unigram entropy of the training tokens"
         return [Baseline("loss", h, what), Baseline("val_loss", h, what)]
@@ -115,8 +106,7 @@ class Autoregressive(Method):
 
     def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
              top_k=None, stats=None):
-        """Token ids [n, L]: `length` new tokens (steps means the same, as in `genlab sample`); `stats` (a dict) gets
-        the settings, for sample_header."""
+        """Token ids [n, L]: `length` (or `steps`) new tokens; `stats` (a dict) gets the settings for sample_header."""
         keys = ArKeys.of(self.mcfg)
         base = lm.check_backbone(model, causal=True, method="autoregressive")
         length = length or steps or self.mcfg.sample_len or self.T
@@ -149,4 +139,3 @@ class ArKeys(cf.Keys, section="method"):
 
 method_registry.register("autoregressive", "next-token cross-entropy on a causal GPT or Sparse Transformer; val loss/bpc/ppl; top-k sampling",
                          keys=(ArKeys, lm.TextSamplingKeys))(Autoregressive)
-

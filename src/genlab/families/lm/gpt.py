@@ -1,10 +1,5 @@
-"""GPT: a decoder-style transformer over token ids (Radford et al. 2019; Karpathy's nanoGPT).
-
-`causal` is fixed at build time (autoregressive: True, masked diffusion: False). The embedding has `n_vocab` rows:
-the vocabulary plus a spare id, rounded up to 64 (nanoGPT's 50257 -> 50304); the first spare, `mask_id ==
-vocab_size`, is masked diffusion's [MASK]. `model(idx, targets, weights)` returns the loss sum_i w_i CE_i instead of
-logits, so under torch.compile head and cross-entropy are one graph (no float32 [B, T, V] written); `ce_chunk > 0`
-never keeps logits (LinearCrossEntropy); `ce_kernel` picks a CUDA library kernel (nn/fused_ce.py).
+"""GPT: a decoder-style transformer over token ids (nanoGPT; docs/lm.md). The first spare id `mask_id == vocab_size` is
+masked diffusion's [MASK]; with targets the model returns the loss, so compile fuses head and cross-entropy.
 """
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ import torch.nn.functional as F
 
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
-from genlab.families.models import ModelExample, model_registry
+from genlab.families.models import ModelExample, model_registry, model_size
 from genlab.nn.attention import Attention, attention_flops
 from genlab.nn.fused_ce import ce_kernel_registry
 from genlab.nn.mlp import mlp_registry
@@ -158,8 +153,7 @@ class GPT(nn.Module):
         return self.head(self.norm(h[:, -1]))
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs of one sequence: every Linear and the attention matmuls over the full T x T score
-        matrix (as torch.utils.flop_counter and nanoGPT's MFU count it; other entries: attention_flops)."""
+        """Forward matmul FLOPs of one sequence, attention over the full T x T scores (as nanoGPT's MFU counts)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         H = s.mlp_hidden
         mlp = 2 * T * D * H * mlp_registry.spec(s.mlp).matrices
@@ -204,13 +198,6 @@ class LinearCrossEntropy(torch.autograd.Function):
         return (gh * grad).to(h_dtype), gW_full, None, None, None, None
 
 
-def gpt_size(cfg_model) -> tuple[int, int, int]:
-    if cfg_model.size not in GPT_SIZES:
-        raise GenlabError(f"unknown GPT size '{cfg_model.size}'; valid: {', '.join(GPT_SIZES)}")
-    dim, depth, heads = GPT_SIZES[cfg_model.size]
-    return cfg_model.dim or dim, cfg_model.depth or depth, cfg_model.heads or heads
-
-
 class GptKeys(cf.Keys, section="model"):
     dropout: float = cf.F(0.0, "gpt: dropout after attention, MLP and embedding", ge=0, lt=1)
     vocab_size: int = cf.F(0, "gpt: embedding rows (0 = from the dataset)", ge=0)
@@ -244,7 +231,7 @@ def build_gpt(cfg_model, data_spec) -> GPT:
     keys = GptKeys.of(cfg_model)
     if data_spec.get("kind") != "tokens":
         raise GenlabError(f"model gpt needs token data (a text/tokens dataset), got data of kind {data_spec.get('kind')!r}")
-    dim, depth, heads = gpt_size(cfg_model)
+    dim, depth, heads = model_size(cfg_model, GPT_SIZES, "GPT")
     pos = "learned" if cfg_model.pos_emb == "auto" else cfg_model.pos_emb
     if dim % heads or (pos == "rope" and (dim // heads) % 2):
         raise GenlabError(f"model.dim {dim} must split into {heads} heads (of even width for RoPE)")

@@ -1,13 +1,5 @@
-"""Masked diffusion language model (MDLM; Sahoo et al. 2024, arXiv:2406.07524), absorbing state.
-
-Each token stays clean with probability alpha_t, else becomes [MASK] (`model.mask_id`); alpha_0 = 1, alpha_1 = 0.
-SUBS: the denoiser never predicts [MASK] and unmasked tokens carry over. The backbone ignores t (MDLM's default).
-
-  continuous NELBO  = E_t [ -alpha'_t / (1 - alpha_t) * sum_{masked l} -log p(x_l | z_t) ]       (MDLM eq. 10)
-  T-step NELBO      = sum_i E [ (alpha_s - alpha_t) / (1 - alpha_t) * sum_{masked l} -log p(x_l | z_t) ],
-                      t = i/T, s = (i-1)/T                                                         (MDLM eq. 8)
-Both bound -log p(x); the T-step one is >= the continuous one. Training draws t antithetically in [method.eps, 1]
-(MDLM's sampling_eps: the weight is ~1/t near 0); evaluation covers (0, 1] with common random numbers for every T.
+"""Masked diffusion language model (MDLM; Sahoo et al. 2024, arXiv:2406.07524), absorbing state with SUBS; the
+continuous and T-step NELBOs (MDLM eqs. 10 and 8) and the sampler: docs/lm.md. The backbone ignores t.
 """
 from __future__ import annotations
 
@@ -20,6 +12,7 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
+from genlab.eval.nfe import parse_int_list
 from genlab.families.base import Method, method_registry
 from genlab.families.baselines import Baseline, unigram_entropy
 from genlab.families.build import load_run
@@ -84,16 +77,6 @@ def bound_stats(draws: torch.Tensor, reps: int) -> tuple[float, float]:
     return v.mean().item(), (v.std() / math.sqrt(len(v))).item() if len(v) > 1 else float("nan")
 
 
-def parse_T_list(text: str) -> list[int]:
-    try:
-        vals = [int(v) for v in str(text).replace(" ", "").split(",") if v]
-    except ValueError:
-        raise GenlabError(f"eval.T_list must be comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise GenlabError(f"eval.T_list needs integers >= 1, got {text!r}")
-    return sorted(set(vals))
-
-
 def parse_template(spec: dict, prompt: str, length: int, mask_id: int) -> list[int]:
     """Prompt text with "[[N]]" holes -> ids of `length`, mask_id where the model generates."""
     ids, pos = [], 0
@@ -109,9 +92,8 @@ def parse_template(spec: dict, prompt: str, length: int, mask_id: int) -> list[i
 @torch.no_grad()
 def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: int, mask_id: int, generator=None,
                      temperature: float = 1.0, block_len: int = 0, stats: dict | None = None) -> torch.Tensor:
-    """MDLM's ancestral sampler (SUBS): t from 1 to 0 in `steps` steps, each masked position revealed with probability
-    (alpha_s - alpha_t)/(1 - alpha_t) from p(x | z_t); logits are reused while nothing is revealed (the backbone
-    ignores t). block_len > 0: semi-autoregressive blocks, left to right, `steps` steps each."""
+    """MDLM's ancestral sampler (SUBS, docs/lm.md): t from 1 to 0 in `steps` steps, logits reused while nothing is
+    revealed; block_len > 0: semi-autoregressive blocks, left to right, `steps` steps each."""
     L = z.shape[1]
     todo = z == mask_id
     blocks = [(0, L)] if block_len <= 0 else [(a, min(a + block_len, L)) for a in range(0, L, block_len)]
@@ -150,7 +132,7 @@ class MaskedDiffusion(Method):
 
     @staticmethod
     def check_config(cfg):
-        parse_T_list(cfg.eval.T_list)
+        parse_int_list(cfg.eval.T_list, "eval.T_list")
     render = render  # the samples file (lm/render.py)
     sample_header = ("mdlm samples: {steps} steps, {model_calls} model calls per batch, block_len {block_len}, "
                      "schedule {schedule}, prompt {prompt!r}")
@@ -191,9 +173,7 @@ class MaskedDiffusion(Method):
         return {"x": ids[:, :-1], "y": ids[:, 1:]}
 
     def trivial_baselines(self, data, generator):
-        # a context-blind predictor's best answer at a masked position is the unigram distribution (cross-entropy H);
-        # the weight -alpha'_t / (1 - alpha_t) times the masked share 1 - alpha_t integrates over t to alpha_0 - alpha_1
-        # = 1, so its NELBO is H for either schedule, up to the eps cut ((1 - eps) H loglinear, cos(pi eps / 2) H cosine)
+        # a context-blind predictor's NELBO is the unigram entropy for either schedule, up to the eps cut
         h = unigram_entropy(data.train)
         what = "unigram entropy of the training tokens"
         return [Baseline("loss", h, what), Baseline("nelbo_loss", h, what)]
@@ -204,7 +184,7 @@ class MaskedDiffusion(Method):
         T-step bound minus the continuous one} (paired: the draws are common to every T), and the tokens scored."""
         ecfg, device = ctx["eval"], ctx["device"]
         base = self._base(model)
-        T_list = parse_T_list(ecfg.T_list)
+        T_list = sorted(set(parse_int_list(ecfg.T_list, "eval.T_list")))
         wins = lm.val_windows(data, self.T, ecfg.num_samples)[:, :-1].to(device)
         bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
         per_seq = {T: [] for T in [math.inf, *T_list]}
@@ -254,8 +234,7 @@ class MaskedDiffusion(Method):
 
     def draw(self, model, n, *, steps=None, generator=None, device=None, prompt="", temperature=None, length=None,
              block_len=None, stats=None):
-        """Token ids [n, L] from `steps` denoising steps (default method.sample_steps); `stats` (a dict) gets the
-        settings and model calls, for sample_header."""
+        """Token ids [n, L] from `steps` denoising steps; `stats` (a dict) gets settings and model calls."""
         keys = MdlmKeys.of(self.mcfg)
         base = self._base(model)
         if length is not None and not 1 <= length <= self.T:

@@ -1,6 +1,5 @@
-"""Autoregressive image modelling over bytes (the Sparse Transformer's objective, Child et al. 2019): next-byte
-cross-entropy, bits/dim (a uniform model scores 8), sampling and completion. Batches are float [-1, 1], exactly
-u8 / 127.5 - 1, so the bytes are recovered by rounding.
+"""Autoregressive image modelling over bytes (the Sparse Transformer's objective): next-byte cross-entropy, bits/dim,
+sampling and completion. Batches are float [-1, 1], exactly u8 / 127.5 - 1, so rounding recovers the bytes.
 """
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ LN2 = math.log(2.0)
 @torch.no_grad()
 def sample_seq(model, n: int, T: int, device, given=None, given_mask=None, temperature: float = 1.0,
                generator=None) -> torch.Tensor:
-    """Sample n sequences of T bytes left to right with a key/value cache. Where given_mask [n, T] is
-    True the byte is taken from given [n, T] instead of sampled (completion keeps it exactly)."""
+    """n sequences of T bytes sampled left to right with a key/value cache; given_mask keeps the bytes of `given`."""
     base = unwrap(model)
     out = torch.zeros(n, T, dtype=torch.long, device=device)
     cache, tok = [], torch.full((n, 1), START, dtype=torch.long, device=device)
@@ -123,8 +121,7 @@ class ImageAR(Method):
 
     @torch.no_grad()
     def sample(self, model, labels=None, n=None, steps=None, cfg_scale=None, sampler=None, generator=None, device=None):
-        """Unconditional whole images in [-1, 1], float [n, C, H, W] (the image-method contract; labels only
-        give n, the model has no classes)."""
+        """Unconditional whole images in [-1, 1], float [n, C, H, W]; labels only give n."""
         return self.draw(model, len(labels) if labels is not None else n, generator=generator, device=device)
 
     def complete(self, model, u8: torch.Tensor, k: int, generator, device, temperature=None):

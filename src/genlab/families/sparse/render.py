@@ -61,8 +61,7 @@ def pattern_picture(method, model, path, pixel=None):
 
 
 def attention_picture(method, model, path, pixel, data=None, device=None):
-    """From a checkpoint: attention of the pixel's last byte over the image, rows = layers,
-    columns = the image itself then one map per head (summed over channels)."""
+    """Attention of the pixel's last byte over the image: a row per layer, the image then a map per head."""
     base = unwrap(model)
     r, c = pixel
     if not (0 <= r < method.H and 0 <= c < method.H):

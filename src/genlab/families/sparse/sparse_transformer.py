@@ -1,10 +1,5 @@
-"""Sparse Transformer (Child et al. 2019) over image bytes or text tokens.
-
-An image uint8 [H, W, C] is n = H*W*C bytes in channel-major or pixel-major raster order; position t reads byte t-1
-(START at t = 0) and predicts byte t. Embeddings: `data` (section 7.1: row + column + channel of the predicted byte)
-or `attention` (row t // l and column t % l of the stride-l matrix; text). Pre-activation blocks (section 5.2),
-dropout at the end of each residual branch, q/k width qk_ratio. Initialisation of section 6 (0.125/sqrt(fan-in),
-residual outputs / sqrt(2N), zero output logits: a fresh model is uniform, 8 bits/dim).
+"""Sparse Transformer (Child et al. 2019) over image bytes or text tokens; docs/sparse.md. Position t reads byte t-1
+(START at t = 0) and predicts byte t; the section 6 initialisation makes a fresh model uniform (8 bits/dim).
 """
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ from genlab.config import fields as cf
 from genlab.config.check import _trains_on_cpu
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import dataset_registry
-from genlab.families.models import ModelExample, model_registry
+from genlab.families.models import ModelExample, model_registry, model_size
 from genlab.nn.sparse_attention import MaskCache, attend, layer_groups
 from genlab.runtime.switches import ac_registry
 
@@ -256,9 +251,8 @@ class SparseTransformer(nn.Module):
 
     @torch.no_grad()
     def decode(self, idx: torch.Tensor, cache: list) -> torch.Tensor:
-        """New tokens with a key/value cache (a list, one (k, v) per block, extended in place): idx [B, t]
-        at positions len(cache k) ... + t - 1 (t = 1 per step; a prompt at once). Returns the logits
-        [B, vocab_size] of the last position."""
+        """Logits [B, vocab_size] of the last of new tokens idx [B, t], with a key/value cache (one (k, v) per block,
+        extended in place)."""
         pos = cache[0][0].shape[2] if cache else 0
         t = idx.shape[1]
         h = self.embed(idx, start=pos)
@@ -295,8 +289,7 @@ class SparseTransformer(nn.Module):
         return torch.stack(rows)
 
     def flops_per_sample(self, seq_len: int | None = None) -> int:
-        """Forward matmul FLOPs of one sequence, attention counted over the full causal-dense T x T score
-        matrix (the convention of gpt.py, so MFU is comparable across patterns)."""
+        """Forward matmul FLOPs of one sequence, attention over the full T x T scores (gpt.py's, for comparable MFU)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
         qk, H = int(D * s.qk_ratio), int(D * s.mlp_ratio)
         per_block = 2 * T * D * (2 * qk + 2 * D) + 2 * T * T * (qk + D) + 2 * 2 * T * D * H
@@ -358,19 +351,15 @@ def build_sparse_transformer(cfg_model, data_spec) -> SparseTransformer:
     kind = data_spec.get("kind")
     if kind not in ("image", "tokens"):
         raise GenlabError(f"model sparse_transformer needs image or token data, got data of kind {kind!r}")
-    if cfg_model.size not in SPARSE_SIZES:
-        raise GenlabError(f"unknown sparse_transformer size '{cfg_model.size}'; valid: {', '.join(SPARSE_SIZES)}")
-    dim, depth, heads = SPARSE_SIZES[cfg_model.size]
+    dim, depth, heads = model_size(cfg_model, SPARSE_SIZES, "sparse_transformer")
     text = kind == "tokens"
     spec = SparseSpec(image_size=0 if text else data_spec["image_size"], channels=0 if text else data_spec["channels"],
                       vocab=(cfg_model.vocab_size or data_spec["vocab_size"]) if text else 0,
-                      text_len=data_spec["seq_len"] if text else 0, embed=keys.sparse_embed, dim=cfg_model.dim or dim,
-                      depth=cfg_model.depth or depth, heads=cfg_model.heads or heads, order=keys.raster,
-                      pattern=keys.sparse_pattern, mode=keys.sparse_mode, stride=keys.sparse_stride,
-                      summary=keys.sparse_summary, summary_groups=keys.sparse_summary_groups,
-                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=keys.qk_ratio,
-                      dropout=cfg_model.dropout, backend=keys.sparse_backend,
-                      block=keys.sparse_block)
+                      text_len=data_spec["seq_len"] if text else 0, embed=keys.sparse_embed, dim=dim, depth=depth,
+                      heads=heads, order=keys.raster, pattern=keys.sparse_pattern, mode=keys.sparse_mode,
+                      stride=keys.sparse_stride, summary=keys.sparse_summary, summary_groups=keys.sparse_summary_groups,
+                      mlp_ratio=cfg_model.mlp_ratio, qk_ratio=keys.qk_ratio, dropout=cfg_model.dropout,
+                      backend=keys.sparse_backend, block=keys.sparse_block)
     return SparseTransformer(spec)
 
 

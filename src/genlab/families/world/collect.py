@@ -1,9 +1,5 @@
-"""Collect game frames with gymnasium + ale-py (ROMs ship in the wheel: works offline) in parallel worker processes,
-into one episode folder (genlab.data.episodes). ALE v5's sticky actions are off, so a frame is a function of the past
-frames and the recorded action; the `sticky` policy repeats its own previous action instead. The `tracker` policy plays
-Pong and Breakout: it finds the ball and its paddle by colour (eval/objects.py) and moves toward the ball, with a
-sticky random action a share `--explore` of the time, so the data holds the rallies, hits and broken bricks that
-random play rarely reaches and still covers every action.
+"""Collect game frames with gymnasium + ale-py in parallel worker processes into one episode folder (policies:
+docs/world.md). Sticky actions are off, so a frame is a function of the past frames and the recorded action.
 """
 from __future__ import annotations
 
@@ -102,9 +98,8 @@ def _worker(args):
 
 
 def run_workers(worker, frames: int, workers: int, seed: int, job):
-    """Split `frames` over `workers` processes (0 = one per core, up to frames/2000), each seeded seed * 1009 + i and
-    given job(n_frames, seed); returns their parts (whole episodes; p[0] frames, p[4] episode starts) and the
-    episode starts of the concatenation."""
+    """Split `frames` over `workers` processes (0 = one per core, up to frames/2000); returns their parts (whole
+    episodes) and the episode starts of the concatenation."""
     workers = workers or min(os.cpu_count() or 1, max(1, frames // 2000))
     workers = min(workers, frames // 2)  # every worker's share is >= 2 frames: no one-frame episode
     per = [frames // workers + (i < frames % workers) for i in range(workers)]

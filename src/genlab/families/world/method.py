@@ -1,10 +1,5 @@
-"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399); docs/world.md.
-
-A batch is a window of frames [B, L+H, C, H, W] and actions (actions[t] leads from frame t to t+1); frame j is
-denoised from frames and actions j-L..j-1 by a `world_objective` (objectives.py). The diffused quantity is the
-target minus the last context frame (an output of zero at x prediction is exactly the last frame); the context gets
-noise of a level the model is told (robust rollouts); after `closed_loop_start` the context holds up to h-1 frames
-the model generated itself, h growing linearly to data.horizon.
+"""Action-conditioned next-frame diffusion (DIAMOND, Alonso et al. 2024, arXiv:2405.12399); docs/world.md. The diffused
+quantity is the target minus the last context frame (an output of zero at x prediction is exactly the last frame).
 """
 from __future__ import annotations
 
@@ -37,9 +32,8 @@ def augment_context(context: torch.Tensor, generator, max_level: float):
 
 
 def action_guided(model, context, actions, level, guidance: float):
-    """net(x, t) for one frame's conditioning: the plain model, or with guidance w != 1 the null-action prediction
-    pushed w times the way the actions move it (classifier-free guidance, Ho & Salimans 2022, on the actions), both
-    halves in one batched forward."""
+    """net(x, t) for one frame's conditioning: the plain model, or classifier-free guidance on the actions (w != 1),
+    both halves in one batched forward."""
     if guidance == 1:
         return lambda x, t: model(x, t, context, actions, level)
     B = context.shape[0]
@@ -52,6 +46,22 @@ def action_guided(model, context, actions, level, guidance: float):
     return net
 
 
+def check_world_config(cfg):
+    keys = WorldEvalKeys.of(cfg.eval)
+    if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
+        raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
+    parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
+    world = WorldKeys.of(cfg.method)
+    if world.sample_ctx_noise > world.ctx_noise_max:  # a level the model never saw in training
+        raise GenlabError(f"method.sample_ctx_noise={world.sample_ctx_noise} is above method.ctx_noise_max="
+                          f"{world.ctx_noise_max}, the largest context noise level trained; choose 0..{world.ctx_noise_max}")
+    if world.action_guidance != 1 and world.action_dropout <= 0:  # the null action was never trained
+        raise GenlabError(f"method.action_guidance={world.action_guidance} needs method.action_dropout > 0 (e.g. 0.1): "
+                          "guidance pushes away from the null-action prediction, which only dropout trains")
+    if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
+        read_episodes(keys.world_episodes)
+
+
 class WorldModel(Method):
     interactive = True  # `genlab play`: frames from live controls
     render = render  # rollout videos (world/render.py)
@@ -60,9 +70,7 @@ class WorldModel(Method):
     data_kinds, model_families = ("episodes",), ("world_dit",)
     sampling_keys = ("method.sample_steps", "method.world_sampler", "method.sample_temperature", "method.quantize_frames")
 
-    @staticmethod
-    def check_config(cfg):
-        check_world_config(cfg)
+    check_config = staticmethod(check_world_config)
 
     def __init__(self, cfg, spec):
         m = cfg.method
@@ -101,9 +109,8 @@ class WorldModel(Method):
 
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
-        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; `noise` (the
-        starting sample, before method.sample_temperature scales it) may be given, so a compiled / CUDA-graphed
-        caller keeps the RNG outside the graph."""
+        """One next frame [B,C,H,W] in [-1, 1] from context [B,L,C,H,W] and actions [B,L]; a given `noise` keeps a
+        compiled / CUDA-graphed caller's RNG outside the graph."""
         keys = WorldKeys.of(self.mcfg)
         steps = steps or self.mcfg.sample_steps
         last = context[:, -1]  # the residual's base stays the clean frame
@@ -123,9 +130,8 @@ class WorldModel(Method):
 
     @torch.no_grad()
     def rollout(self, model, context, actions, steps=None, generator=None):
-        """Autoregressive rollout: frames [B,K,C,H,W] from real context [B,L,...] and actions [B,L+K-1].
-
-        Generated frames are fed back as context; future ground truth is never an input here."""
+        """Autoregressive rollout: frames [B,K,C,H,W] from real context [B,L,...] and actions [B,L+K-1]; generated
+        frames are fed back as context, future ground truth never."""
         L = self.L
         K = actions.shape[1] - L + 1
         frames = list(context.unbind(1))
@@ -143,8 +149,7 @@ class WorldModel(Method):
         return max(1, min(self.H, 1 + int(round(frac * (self.H - 1)))))
 
     def choose_horizon(self, step: int, total: int) -> int:
-        """This step's horizon, uniform in 1..max: teacher-forced examples stay in the mix. A per-step Python
-        RNG keeps it a host int (no device sync) and reproducible on resume."""
+        """This step's horizon, uniform in 1..max, from a per-step Python RNG (a host int, reproducible on resume)."""
         h_max = self.closed_loop_horizon(step, total)
         return random.Random(self.cfg.train.seed * 100003 + step).randint(1, h_max) if h_max > 1 else 1
 
@@ -161,9 +166,7 @@ class WorldModel(Method):
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
         context, level = augment_context(context, gen, keys.ctx_noise_max)
-        # residual base = the clean (in closed loop: self-generated) last frame, so zero output copies it and closed-loop
-        # steps teach the model to correct its own artifacts. Basing on the noised frame was tried on 32x32 Pong
-        # (tiny model, 1000 CPU steps): 4 dB worse one-step PSNR, slower drift; the clean base is the default.
+        # residual base = the clean last frame (the noised one measured 4 dB worse one-step PSNR on 32x32 Pong)
         base = last if keys.residual else None
         keep = None
         if keys.action_dropout > 0:  # the null action's samples: what action guidance extrapolates away from
@@ -178,15 +181,13 @@ class WorldModel(Method):
 
     def trivial_baselines(self, data, generator):
         L, out = self.L, []
-        # copying the last context frame gains 0 dB over itself, teacher-forced or from the actions (eval/rollouts.py:
-        # world_gain_db); the level's room is absolute: 10 dB x log.stall_margin (0.5 dB at the default 5%)
+        # copying the last context frame gains 0 dB (eval/rollouts.py: world_gain_db); an absolute 10 dB scale
         if spaced_windows(data.val, L + 1, 1, "cpu")[0] is not None:
             out.append(Baseline("world_gain_db", 0.0, "0 dB gained over copying the last context frame (teacher-forced "
                                 "PSNR or action margin)", higher_is_better=True, scale=10.0))
         if self.mcfg.objective == "flow":  # a regression: the loss of the best constant output, teacher-forced
             out += self.flow_mean_baseline(data, generator)
-        # edm and l1 (+adv): their losses' constant-output levels depend on the noise level or the noise itself,
-        # with no closed form; the PSNR baseline above covers them
+        # edm and l1 (+adv) have no closed-form constant-output level; the PSNR baseline covers them
         return out
 
     def flow_mean_baseline(self, data, generator) -> list[Baseline]:
@@ -242,22 +243,6 @@ class WorldEvalKeys(cf.Keys, section="eval"):
     world_horizons: str = cf.F("16,32", "world: rollout lengths evaluated (per-step PSNR vs copy-last)", free="comma-separated integers >= 1")
     world_episodes: str = cf.F("", "world: an episode folder evaluated instead of the run's held-out episodes (seeds or a map "
                                "never trained on; same frame size and actions)", free="a folder made by genlab data collect|import")
-
-
-def check_world_config(cfg):
-    keys = WorldEvalKeys.of(cfg.eval)
-    if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
-        raise GenlabError("method.timestep_sampler=adaptive is supported by method.name=flow or repa, not world")
-    parse_int_list(keys.world_horizons, "eval.world_horizons")  # before training, not at the final evaluation
-    world = WorldKeys.of(cfg.method)
-    if world.sample_ctx_noise > world.ctx_noise_max:  # a level the model never saw in training
-        raise GenlabError(f"method.sample_ctx_noise={world.sample_ctx_noise} is above method.ctx_noise_max="
-                          f"{world.ctx_noise_max}, the largest context noise level trained; choose 0..{world.ctx_noise_max}")
-    if world.action_guidance != 1 and world.action_dropout <= 0:  # the null action was never trained
-        raise GenlabError(f"method.action_guidance={world.action_guidance} needs method.action_dropout > 0 (e.g. 0.1): "
-                          "guidance pushes away from the null-action prediction, which only dropout trains")
-    if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
-        read_episodes(keys.world_episodes)
 
 
 method_registry.register("world", "action-conditioned next-frame diffusion (flow|edm|l1[+adv]), noise-augmented context, "

@@ -1,13 +1,5 @@
-"""The world objectives (method.objective, registry `world_objective`): how the next-frame denoiser `net(x, t)` (its
-conditioning bound) is trained, and the flow velocity and time grid a registered sampler generates a frame with.
-
-- flow: rectified flow. method.prediction=x (default): the network outputs the clean frame, the loss stays on the
-  derived velocity, and the last Euler step lands on the prediction; with v the network must reproduce and cancel
-  the sampling noise itself, and what it misses compounds over a rollout.
-- edm: EDM preconditioning (Karras et al. 2022, table 1) at DIAMOND's noise levels; x_t = t x_sigma with
-  t = 1 / (1 + sigma) is the flow path, and an Euler step in t is EDM's in sigma, so every flow sampler serves it.
-- l1: frame = noise + net(noise, 0) with an L1 loss; with method.adv_weight > 0 the patch discriminator (end of this
-  file) adds its term to any objective.
+"""The world objectives (method.objective, registry `world_objective`; docs/world.md): how the next-frame denoiser is
+trained, and the flow velocity and time grid it samples with (EDM's x_sigma is the flow path rescaled).
 """
 from __future__ import annotations
 
@@ -28,12 +20,10 @@ Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class WorldObjective:
-    """Base of every entry of `world_objective_registry`. `world` is the WorldModel: an objective may read its
-    config (world.mcfg) and its timestep sampler (world.sample_t)."""
+    """Base of every `world_objective` entry; `world` (the WorldModel) lends its mcfg and sample_t."""
 
     def loss(self, world, net: Net, target: torch.Tensor, noise: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, one-step estimate of the clean target) for a batch of targets [B, C, H, W] and the Gaussian
-        noise drawn for them."""
+        """(loss, one-step estimate of the clean target) for targets [B, C, H, W] and their Gaussian noise."""
         raise NotImplementedError
 
     def grid(self, steps: int, device) -> torch.Tensor:
@@ -151,8 +141,7 @@ class L1Objective(WorldObjective):
 # -- the adversarial term (method.adv_weight > 0): a patch discriminator on (frame, last context frame) and the
 # non-saturating GAN losses (softplus), added to whichever objective trains the denoiser --------------------------
 class PatchDiscriminator(nn.Module):
-    """Small PatchGAN (Isola et al. 2017) on (frame, last context frame); spectral norm keeps it Lipschitz,
-    which is what stops the NaN blow-ups of an unconstrained discriminator."""
+    """Small PatchGAN (Isola et al. 2017) on (frame, last context frame); spectral norm stops its NaN blow-ups."""
 
     def __init__(self, channels: int, width: int = 32):
         super().__init__()
@@ -173,10 +162,8 @@ def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
 
 
 def adversarial_losses(disc: nn.Module, est: torch.Tensor, target: torch.Tensor, last: torch.Tensor):
-    """(generator term, discriminator loss, metrics) for the estimated and the real frame, both conditioned on the
-    clean last context frame. The discriminator loss is for the trainer to apply to the discriminator only."""
-    # one discriminator forward for both losses: spectral norm updates its power-iteration vector in place
-    # on every training forward, which would invalidate the graph of an earlier call
+    """(generator term, discriminator loss, metrics) of the estimated and the real frame, on the clean last frame."""
+    # one discriminator forward for both losses: spectral norm's in-place update would invalidate an earlier graph
     fake, real = disc(torch.cat([est, target]), torch.cat([last, last])).chunk(2)
     adv = finite_or_zero(F.softplus(-fake).mean())
     d_loss = F.softplus(-real).mean() + F.softplus(fake).mean()

@@ -90,8 +90,7 @@ class PlaySession:
         return self.meanings.index(name) if name in self.meanings else 0
 
     def action_for(self, keys: list[str], dx: float = 0.0):
-        """Held keys (and, first-person, the mouse's horizontal move dx in pixels) -> an action index (discrete: the
-        ALE meaning made of the pressed parts) or vector."""
+        """Held keys (first person: and the mouse's move dx) -> an action index (the ALE meaning of the parts) or vector."""
         if self.first_person:
             return self.fps_action(keys, dx)
         parts = {KEY_PARTS[k] for k in keys if k in KEY_PARTS}

@@ -76,8 +76,7 @@ def write_video(frames: list[np.ndarray], path, fps: int = 8, log=print) -> list
 
 @torch.no_grad()
 def rollout_video(method, model, path, device, generator=None, horizon=16, n=4, steps=None):
-    """Roll out the run's method from n held-out windows of its episodes and write the video at `path`; the horizon
-    halves until the episodes are long enough. Returns the GIF path or None."""
+    """The rollout video of n held-out windows at `path` (the horizon halved to fit the episodes): the GIF or None."""
     eps, L = build_dataset(method.cfg.data).val, method.L
     frames, actions = None, None
     while horizon >= 1 and frames is None:

@@ -13,9 +13,8 @@ IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 # -- alignment: does action t explain the change from frame t to t+1? ------------------------------
 def motion_features(eps: Episodes, limit: int = 20000, strips: int = 8):
-    """Per-frame object positions that survive translation: the row centroid of the foreground in each of
-    `strips` vertical strips and the column centroid in each horizontal band (foreground = distance to the
-    median frame). Frame-to-frame changes of these say where things moved (a paddle, a ship, the camera)."""
+    """Per-frame object positions: foreground (distance to the median frame) centroids in `strips` vertical strips
+    and horizontal bands; their changes say where things moved (a paddle, a ship, the camera)."""
     T = min(len(eps.frames), limit)
     g = np.asarray(eps.frames[:T]).astype(np.float32).mean(-1)
     bg = np.median(g[np.linspace(0, T - 1, min(T, 500)).astype(np.int64)], 0)
@@ -61,11 +60,8 @@ def _gain(with_x, without_x) -> float:
 
 
 def lateness(X, d, ep, max_lag: int = 2) -> dict:
-    """Do later rows of the action file explain a change that earlier rows do not? The change d_t into frame t+1
-    is fit on rows t-max_lag .. t (those taken before it) and on those plus rows t+1 .. t+max_lag. Under the
-    convention the later rows add nothing, even when actions repeat (a sticky policy, a held key: row t+1 is then
-    mostly a copy of row t, which the fit already has); a late file's row t+j holds the action that caused d_t.
-    Returns the gain of all later rows, of each later row alone, and a chance level (later rows shuffled)."""
+    """What rows t+1 .. t+max_lag add to rows t-max_lag .. t in explaining the change d_t into frame t+1 (docs/world.md):
+    the gain of all later rows, of each later row alone, and a chance level (later rows shuffled)."""
     T = len(d)
     t = np.arange(max_lag, T - max_lag)
     t = t[np.all([ep[t + j] == ep[t] for j in range(-max_lag, max_lag + 2)], 0)] if len(t) else t
@@ -84,12 +80,8 @@ def lateness(X, d, ep, max_lag: int = 2) -> dict:
 
 
 def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dict:
-    """Held-out R^2 of the motion d_{t+k} = m[t+k+1] - m[t+k] explained by action t, for lags k in
-    [-max_lag, max_lag]. Under the convention (frame t+1 follows action t) the response starts at k = 0
-    (momentum may carry it to k = 1); a response only from k >= 1 on means the file is early. Lateness (action t
-    'explains' a change before it was taken) is judged by what later rows add to the earlier ones (`lateness`),
-    not by the R^2 at k < 0: repeated actions (genlab's own sticky collection) make action t resemble action
-    t-1, so it 'explains' the change t-1 caused as well, in a file that is aligned."""
+    """Held-out R^2 of the motion d_{t+k} explained by action t, for lags k in [-max_lag, max_lag]: a response only
+    from k >= 1 on means the file is early; lateness is judged by `lateness`, not by k < 0 (docs/world.md)."""
     m, ep = motion_features(eps)
     T = len(m)
     d = m[1:] - m[:-1]

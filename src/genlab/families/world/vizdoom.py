@@ -1,12 +1,5 @@
-"""Collect first-person 3D frames with ViZDoom (`pip install vizdoom`: the Freedoom maps and the standard scenarios
-ship inside the wheel, and it renders headless on the CPU).
-
-Every scenario gets the same controls, so one model's actions mean the same on every map: move forward/back,
-strafe left/right, turn (a continuous delta in degrees), attack, use. `--actions discrete` records one of the
-ACTIONS below per frame; `--actions continuous` records the float vector [move, strafe, turn degrees, attack, use].
-The `explorer` policy plays the way a person exploring does: it holds one intent (walk, walk and turn, strafe,
-look around) for a few steps, and when its position stops changing while it walks it backs off, presses use
-(doors) and turns away. Positions are read from the game, so meta.json records how much of the map was covered.
+"""Collect first-person 3D frames with ViZDoom (`pip install vizdoom`: maps ship in the wheel, renders headless on the
+CPU), docs/world.md. Every scenario gets the same controls, so one model's actions mean the same on every map.
 """
 from __future__ import annotations
 

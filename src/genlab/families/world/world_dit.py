@@ -1,6 +1,5 @@
-"""Next-frame DiT (DIAMOND, Alonso et al. 2024, arXiv:2405.12399): the target frame's patches, with L context frames
-stacked on its channels (cheapest) or as tokens with a frame embedding; actions, diffusion time and context noise
-level go into the adaLN conditioning.
+"""Next-frame DiT (DIAMOND, Alonso et al. 2024): the target frame's patches with L context frames on its channels or as
+tokens; actions, diffusion time and context noise level go into the adaLN conditioning.
 """
 from __future__ import annotations
 
@@ -60,9 +59,8 @@ class WorldDiT(nn.Module):
             nn.init.normal_(self.frame_embed, std=0.02)
 
     def forward(self, x_t, t, context, actions, ctx_noise, action_keep=None, **conditions):
-        """x_t [B,C,H,W] noisy target; t [B] in [0,1]; context [B,L,C,H,W]; actions [B,L] (long) or [B,L,D];
-        ctx_noise [B] noise level of the context in [0,1]; action_keep [B] (optional) 1 keeps a sample's actions, 0
-        drops them (the null action of action guidance: no action term in the conditioning). Returns [B,C,H,W]."""
+        """x_t [B,C,H,W] noisy target; t [B]; context [B,L,C,H,W]; actions [B,L] or [B,L,D]; ctx_noise [B]; action_keep
+        [B] (optional): 0 drops a sample's actions (the null action). Returns [B,C,H,W]."""
         B, L = context.shape[:2]
         p = self.p
         if self.context_mode == "channels":
