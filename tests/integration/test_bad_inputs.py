@@ -287,6 +287,7 @@ def test_there_are_at_least_40_cases():
     assert len(CASES) >= 76 + 40  # 76 before issue 30, at least 40 more for the commands and families added since
 
 
+@pytest.mark.slow  # a CLI subprocess; the in-process cases and test_cli's real-process exit 2 stay fast
 def test_subprocess_gives_one_line_and_exit_2(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     r = subprocess.run([sys.executable, "-m", "genlab", "train", "text_ar", "method.name=flow", f"train.out_dir={tmp_path}"],

@@ -45,6 +45,7 @@ def test_old_run_evaluates_to_its_recorded_numbers(old_run):
     assert got["classifier_val_acc"] == pytest.approx(recorded["classifier_val_acc"], abs=0.02)
 
 
+@pytest.mark.slow  # trains in a subprocess; the old run's sampling and eval stay in the fast subset
 def test_old_run_resumes_and_extends(old_run):
     r = run_cli("train", "--resume", str(old_run), "train.steps=12", "eval.num_samples=20")
     assert r.returncode == 0, r.stderr[-2000:]

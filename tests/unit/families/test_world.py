@@ -557,6 +557,7 @@ def _chrome():
         return None
 
 
+@pytest.mark.slow  # a headless Chromium; test_play_server_answers_key_press_with_new_frame is the fast check
 def test_play_page_in_real_browser(play_server, tmp_path):
     browser = _chrome()
     if browser is None:

@@ -126,6 +126,7 @@ def _stop_signals_at_default():
         signal.signal(s, signal.SIG_DFL)
 
 
+@pytest.mark.slow  # a `genlab sweep` subprocess stopped by SIGTERM
 def test_a_stopped_suite_still_reports_what_ran(tmp_path):
     """SIGTERM (an outer `timeout`, a scheduler) stops the running stage and its process group; the report keeps the
     finished rows and names the stopped one, and the next call runs it again."""

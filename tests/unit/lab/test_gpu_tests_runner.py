@@ -53,6 +53,7 @@ def test_streams_report_each_outcome_and_what_a_stopped_stream_never_reached(tmp
     assert "test_a_pass PASSED" in (out.parent / "gpu_tests_stream0.log").read_text()
 
 
+@pytest.mark.slow  # two pytest streams in subprocesses (~6 s on 2 cores)
 def test_a_selection_that_runs_whole_and_passes_exits_0(tmp_path):
     (tmp_path / "test_ok.py").write_text("import pytest\n\ndef test_one():\n    pass\n\n"
                                           "@pytest.mark.skip(reason='x')\ndef test_two():\n    pass\n")

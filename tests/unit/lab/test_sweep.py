@@ -95,6 +95,7 @@ def test_sweep_runs_records_failure_reports_and_skips_finished(tmp_path, capfd):
     assert cells["lr=0.001"][head.index("final loss B")] == "" and cells["lr=0.001"][-1] == "absent"
 
 
+@pytest.mark.slow  # trains, then the sweep resumes it in a subprocess
 def test_interrupted_variant_resumes(tmp_path):
     from genlab.lab.sweep.runner import run_sweep
     p = _write_sweep(tmp_path, BASE.replace('name = "failing"', 'name = "resume"') + '\n[[axis]]\nkey = "optim.lr"\nvalues = [1e-3]\n')

@@ -278,6 +278,7 @@ def test_triton_final_kernel_is_refused_for_methods_that_call_the_model_for_its_
         load_config("digits_flow", ["model.name=mmdit", "model.final_kernel=triton", "train.device=cuda"])
 
 
+@pytest.mark.slow  # a subprocess; test_fused_kernels' CPU import check stays fast
 def test_cpu_loss_with_triton_final_kernel_imports_no_triton_kernels():
     """A DiT built for the fused loss, run on CPU tensors (forward and backward), leaves the kernels module unimported."""
     code = """

@@ -38,6 +38,7 @@ def test_fused_adaln_equals_unfused_in_float64(compiled):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow  # an inductor compile (~3 s on 2 cores); eager and aot_eager are checked fast above
 def test_fused_adaln_compiled_path_is_the_same_function():
     """The expression inductor fuses (var_mean/rsqrt) against F.layer_norm, float64, through inductor."""
     x, sh, sc = _inputs()

@@ -93,6 +93,7 @@ def _interpreter_main():
     print("OK")
 
 
+@pytest.mark.slow  # the Triton interpreter
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_triton_attention_interpreter_matches_float64_reference():
     run_under_interpreter(__file__)

@@ -88,6 +88,7 @@ def test_reference_trains(reference):
     assert reference["losses"][-1] < reference["losses"][0]
 
 
+@pytest.mark.slow  # torchrun: the 2-rank and 1-rank launches of the module's fixtures (~10 s)
 @pytest.mark.parametrize("mode,accum", [("ddp", 1), ("ddp", 2), ("fsdp", 2)])
 def test_two_ranks_match_one_process(two_ranks, reference, mode, accum):
     got = two_ranks[0][f"{mode}-{accum}"]
@@ -95,6 +96,7 @@ def test_two_ranks_match_one_process(two_ranks, reference, mode, accum):
     assert_same_run(got, reference)
 
 
+@pytest.mark.slow  # the 2-rank torchrun fixture
 def test_fsdp_with_fused_adamw_prefetch_and_unsharded_last_block_matches_one_process(two_ranks, reference):
     """The FSDP2 speed switches change no numbers: fused AdamW on DTensor shards, explicit prefetch, last block
     kept unsharded after the forward (and the clip on local shards with one all-reduce)."""
@@ -103,11 +105,13 @@ def test_fsdp_with_fused_adamw_prefetch_and_unsharded_last_block_matches_one_pro
     torch.testing.assert_close(torch.tensor(got["gnorms"]), torch.tensor(reference["gnorms"]), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # the worker launches of the module's fixtures
 def test_fused_adamw_single_process_matches_foreach(one_process, reference):
     got = one_process["fused"]
     assert_same_run(got, reference)
 
 
+@pytest.mark.slow  # the 2-rank torchrun fixture
 def test_fsdp_matches_and_dcp_checkpoint_resumes_on_one_rank(two_ranks, one_process, reference):
     got, ck = two_ranks[0]["fsdp-ckpt"], two_ranks[1]
     assert got["mesh"] == [2]

@@ -119,6 +119,7 @@ def test_payload_dcp_metadata_is_refused_unexecuted_by_every_command(dcp_run, tm
     assert not (tmp_path / "new").exists() or not any((tmp_path / "new").iterdir())
 
 
+@pytest.mark.slow  # a CLI subprocess; the in-process refusal by every command stays fast
 def test_payload_dcp_metadata_refusal_is_the_only_stderr_line_of_the_command(dcp_run, tmp_path):
     """In a real process: .metadata is checked before DCP sees the folder, so DCP's logger (silent under pytest's log
     capture) prints no traceback of a refused read before the one-line error."""

@@ -290,6 +290,7 @@ def test_export_writes_safetensors_that_sample_loads_and_refuses_bad_out(tmp_pat
     assert s.returncode == 0 and (tmp_path / "g.png").exists(), s.stderr[-2000:]
 
 
+@pytest.mark.slow  # three runs and an inductor compile; the update's eager checks stay fast
 def test_compiled_update_of_optimizer_and_ema_matches_the_eager_step(tmp_path, one_thread):
     """train.compile_optimizer=true runs the optimizer step and the EMA update as one compiled function (a CUDA graph
     under reduce-overhead on a GPU). Its weights and EMA after a few steps equal the eager path's (the same seed and
