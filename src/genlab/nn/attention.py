@@ -235,7 +235,6 @@ attention_registry.register("differential", "Differential Transformer attention 
                             forward_ad=False)(DifferentialAttention)  # its two SDPA calls: the math kernel in a JVP
 
 
-
 @qkv_kernel_registry.register("plain", "view and permute into heads, then RMSNorm (model.qk_norm) and RoPE of q and k "
                                       "as separate ops (fused by inductor under torch.compile)")
 def split_plain(h, heads: int, q_norm, k_norm, rope=None):

@@ -13,17 +13,8 @@ positions (query i, key j):
   fixed with g summary groups (section 4.2): A^(2) becomes g parts, part s with the cells {l - (s+1)c, ..., l - sc - 1}.
 
 A *factorization mode* (section 4.3) assigns the factors to layers and heads: `interleaved` (layer r uses factor
-r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors).
-
-Layouts (section 5.3): FlexAttention skips only 128x128 blocks that are entirely masked, so each part carries a
-query and a key order the sequence is permuted into before the kernel: the strided column runs column-major,
-fixed parts put the summary keys first. The mask is still evaluated on original positions, so only the number
-of blocks visited depends on the layout (`block_density`).
-
-Backends: `dense` (masked SDPA: the reference), `flex` (block masks in the layouts above) and `blocked`: parts
-that are causal attention inside equal segments (fixed/block, strided/column: the paper's transpose,
-strided/local: one [l, 2l] mask) run as SDPA on those segments stacked into the batch; the others fall back to
-flex on CUDA, dense on CPU.
+r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors). The layouts
+(section 5.3) and the dense / flex / blocked backends: docs/sparse.md.
 """
 from __future__ import annotations
 
@@ -173,8 +164,6 @@ def summary_part(l: int, c: int, group: int) -> Part:
 def fixed_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
     return [Part("fixed/block", lambda i, j: (j <= i) & (i // l == j // l), segments=block_causal_segments(l))] + \
         [summary_part(l, c, g) for g in range(groups)]
-
-
 
 
 def union(parts: list[Part], kv_order=None) -> Part:
