@@ -20,6 +20,7 @@ from genlab.families.models import model_registry
 from genlab.lab.match import param_count as count
 from genlab.lab.sweep.nfe_report import write_nfe_report
 from genlab.lab.sweep.tables import render
+from genlab.runtime.checkpoint import read_summary
 from genlab.runtime.metrics import read_metrics, train_records
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
@@ -261,10 +262,8 @@ def unrecorded(rows, cols, wanted) -> str:
 
 def run_stalled(run_dir: Path) -> bool:
     """The run's summary.json says it ended at the level of a predictor that ignores its input (training/stall.py)."""
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text()).get("stalled") is True
-    except (OSError, ValueError, AttributeError):
-        return False
+    summary = read_summary(run_dir)
+    return isinstance(summary, dict) and summary.get("stalled") is True
 
 
 def _status_text(r) -> str:

@@ -29,6 +29,7 @@ from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
 from genlab.lab.sweep.stages import Stage, resolve, stage_output
 from genlab.nn.convert import check_converters, converters_of
+from genlab.runtime.checkpoint import read_summary
 from genlab.runtime.switches import precision_registry
 
 REPO_SRC = Path(__file__).resolve().parents[3]
@@ -111,7 +112,6 @@ def check_runs(sw: Sweep, root="sweeps") -> None:
     _check_same_overrides(sw, sweep_dir(sw, root))
 
 
-
 def _check_build(cfg, launcher: str, gpus: int) -> None:
     """The trainer's device checks before it builds a model (float8 precision needs an H100-class GPU)."""
     import torch
@@ -130,21 +130,13 @@ def _check_same_overrides(sw: Sweep, d: Path) -> None:
                           f"[{' '.join(sw.cli) or 'none'}]; give those, or another --root")
 
 
-def _summary_status(run: Path) -> str | None:
-    p = run / "summary.json"
-    try:
-        return json.loads(p.read_text()).get("status") if p.exists() else None
-    except json.JSONDecodeError:
-        return None
-
-
 def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
     """One line: why a run failed, from its exit code, summary and log."""
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     if "out of memory" in text.lower():
         return "oom: " + next((x for x in reversed(lines) if "out of memory" in x.lower()), "")[:200]
-    if rc == 3 or "genlab: diverged" in text or (run is not None and _summary_status(run) == "diverged"):
+    if rc == 3 or "genlab: diverged" in text or (run is not None and read_summary(run).get("status") == "diverged"):
         return "diverged: " + next((x for x in reversed(lines) if "diverged" in x or "non-finite" in x), "non-finite loss")[:200]
     if rc == 2:
         return "bad config: " + (lines[-1] if lines else "")[:200]
@@ -308,7 +300,7 @@ def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float,
              batched: bool = False) -> dict:
     """One run's record from its process's exit code and its own summary.json."""
     rec = {"log": str(log), "run_dir": str(run), "seconds": time.time() - t0, "resumed": resume}
-    st = _summary_status(run)
+    st = read_summary(run).get("status")
     if interrupted or (rc == 0 and st == "interrupted"):
         rec.update(status="interrupted", reason="interrupted; re-run the sweep to resume")
     elif rc is None and st == "finished" and (run / "summary.json").stat().st_mtime >= t0:
@@ -324,7 +316,6 @@ def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float,
     if interrupted:
         rec["_stop"] = True
     return rec
-
 
 
 def _members(vs: list[Variant]) -> dict | None:
@@ -379,7 +370,7 @@ def _stage_done(st: Stage, d: Path, status: dict) -> bool:
         return False
     if not st.is_run:
         return stage_output(d, st).exists() or not any("{out}" in w for w in st.command)
-    return stage_output(d, st).exists() and _summary_status(stage_output(d, st)) == "finished"
+    return stage_output(d, st).exists() and read_summary(stage_output(d, st)).get("status") == "finished"
 
 
 def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
@@ -474,7 +465,7 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
     for v in sw.variants:
         st = status.get(v.run_name, {}).get("status")
         run = d / "runs" / v.run_name
-        if st != "finished" and _summary_status(run) == "finished" and (run / "metrics.jsonl").exists():
+        if st != "finished" and read_summary(run).get("status") == "finished" and (run / "metrics.jsonl").exists():
             status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
                                   "overrides": v.overrides}
