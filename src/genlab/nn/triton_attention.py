@@ -90,8 +90,7 @@ def check_available(head_dim: int | None = None, device: torch.device | str | No
                           f"got {head_dim}; valid choices for this model: {others}")
 
 
-# ----------------------------------------------------------------------------------------------
-# host side
+# -- host side -----------------------------------------------------------------------------------------------------
 _INTERP_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32}
 
 

@@ -50,8 +50,7 @@ def _load_rows_t(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
     return x
 
 
-# ------------------------------------------------------------------------------------------
-# forward: O = sigmoid(Q K^T scale + bias) V, one program per (query block, batch*head)
+# -- forward: O = sigmoid(Q K^T scale + bias) V, one program per (query block, batch*head) -------------------------
 @triton.jit
 def _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, M_KV, causal_off, scale2, bias2,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN_N: tl.constexpr,
@@ -107,8 +106,7 @@ def _sigmoid_fwd(Q, K, V, O, scale2, bias2,
         tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
 
 
-# ------------------------------------------------------------------------------------------
-# backward, dK and dV: one program per (key block, batch*head), looping over query blocks.
+# -- backward, dK and dV: one program per (key block, batch*head), looping over query blocks. ----------------------
 # Transposed tiles (keys on rows): sT = K Q^T, dV += pT dO, dpT = V dO^T, dsT = dpT pT (1 - pT), dK += dsT Q.
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, lo, hi, N_Q, causal_off, scale2, bias2,
@@ -172,8 +170,7 @@ def _sigmoid_bwd_dkdv(Q, K, V, DO, DK, DV, scale, scale2, bias2,
         tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < M_KV)
 
 
-# ------------------------------------------------------------------------------------------
-# backward, dQ: one program per (query block, batch*head), looping over key blocks (same ranges as the forward).
+# -- backward, dQ: one program per (query block, batch*head), looping over key blocks (same ranges as the forward). ---
 # dp = dO V^T, ds = dp p (1 - p), dQ += ds K.
 @triton.jit
 def _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, M_KV, causal_off, scale2, bias2,
