@@ -205,13 +205,12 @@ def _attn_bwd_dkdv(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, sm_scale,
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
                                  stride_dn, stride_dqn, offs_n, lo, mid, 0, N_CTX, qk_scale, sm_scale,
                                  HEAD_DIM, BLOCK_M, True, CAUSAL, EXP_MODE, ATOMIC_DQ)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
-                                 stride_dn, stride_dqn, offs_n, mid, N_CTX, 0, N_CTX, qk_scale, sm_scale,
-                                 HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
+        rot = 0
     else:
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
-                                 stride_dn, stride_dqn, offs_n, 0, N_CTX, pid_n, N_CTX, qk_scale, sm_scale,
-                                 HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
+        mid, rot = 0, pid_n
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
+                             stride_dn, stride_dqn, offs_n, mid, N_CTX, rot, N_CTX, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
     g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
     tl.store(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=col_ok)
