@@ -1,8 +1,6 @@
-"""Parameter matching: the widths that give a backbone a reference model's parameter count, so architectures,
-attention kernels and depths are compared at equal size. Counts are exact (each candidate built on the meta device).
-`match_params` (the sweeps' `matched_params` axis, benchmarks/bench_backbones.py) moves the head count, then
-model.mlp_ratio to close the last gap (the MLP is about 2/3 of a block's weights); `constant_param_dims` (the
-`constant_params` axis) trades depth for width.
+"""Parameter matching: the widths that give a backbone a reference model's parameter count (exact: each candidate built
+on the meta device), so architectures, attention kernels and depths compare at equal size (docs/sweeps.md).
+`match_params` moves the head count, then model.mlp_ratio; `constant_param_dims` trades depth for width.
 """
 from __future__ import annotations
 

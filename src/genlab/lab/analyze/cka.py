@@ -1,11 +1,6 @@
-"""Linear CKA between the blocks of an image backbone (Kornblith et al. 2019, "Similarity of Neural Network
-Representations Revisited", arXiv:1905.00414).
-
-For centred feature matrices X [n, d1] and Y [n, d2] (rows: the same n examples),
-    CKA(X, Y) = ||Yᵀ X||_F² / (||Xᵀ X||_F · ||Yᵀ Y||_F),
-the normalised HSIC of the linear kernels K = X Xᵀ and L = Y Yᵀ, computed in the feature space (d x d) instead of
-the example space (n x n). It is 1 for X with itself and invariant to orthogonal transforms and isotropic scaling
-of either side. Here a block's representation is its output tokens on the patch grid, one row per (sample, token).
+"""Linear CKA between the blocks of an image backbone (Kornblith et al. 2019, arXiv:1905.00414), computed in the
+feature space (d x d) instead of the example space (n x n); the formula and its properties: docs/analyze.md. Here a
+block's representation is its output tokens on the patch grid, one row per (sample, token).
 """
 from __future__ import annotations
 
