@@ -1,7 +1,5 @@
 """Run every variant of a sweep as its own `genlab train` process; record what happened to each in
-sweeps/<name>/status.json (rewritten atomically after every run). Run states: finished | failed (crash, OOM, timeout,
-non-finite loss: a reason and a log) | skipped (needs more GPUs than visible or chosen) | interrupted | not_run (time
-budget used up); a re-run resumes the interrupted and not_run ones, and the failed and skipped with --retry-failed.
+sweeps/<name>/status.json (rewritten atomically after every run). Run states and resuming: docs/sweeps.md.
 """
 from __future__ import annotations
 
@@ -330,11 +328,9 @@ def _members(vs: list[Variant]) -> dict | None:
 
 
 def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None = None) -> list[dict] | None:
-    """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process
-    (batched_seeds = true), or with batched_variants several variants' runs that differ only in batchable grid axes
-    (train.lrs=..., the name template of Variant.batch): the same run folders and records as one process per run.
-    Runs whose folders are at different points (some checkpointed, some not), or a set of variants that is not a grid,
-    cannot run batched: None, and the caller runs them one by one."""
+    """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process, or with
+    batched_variants the runs of several variants that differ only in batchable grid axes (docs/sweeps.md); None when
+    they cannot run batched (folders at different points, not a grid): the caller runs them one by one."""
     runs = d / "runs"
     lists = _members(vs) if vs[0].batch is not None else {}
     if lists is None:
@@ -478,13 +474,9 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
 
 def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True,
               max_time: float | None = None, jobs_per_gpu: int = 1, gpus: list[int] | None = None) -> Path:
-    """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
-    the rest are recorded as not_run and a later call does them. `jobs_per_gpu` > 1 packs that many
-    single-process runs onto each GPU at once (small models leave a GPU mostly idle); their step times
-    are then shared-GPU times, and each run's record says so. A packed run that runs out of memory is run
-    again alone once the others are done (its record keeps the first failure in `retried_alone_after`).
-    `gpus` (from choose_gpus; None: all visible) are the GPUs it may use: the per-GPU pool has these, single runs
-    otherwise go on the first, a multi-process run on its first nproc; each record names its `gpus`."""
+    """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long (the rest are
+    not_run); `jobs_per_gpu` > 1 packs single-process runs onto each GPU; `gpus` (choose_gpus; None: all visible) are
+    the GPUs it may use. How runs are placed and retried: docs/sweeps.md."""
     d = sweep_dir(sw, root)
     d.mkdir(parents=True, exist_ok=True)
     with sweep_lock(d):
