@@ -112,10 +112,6 @@ def apply_converters(model: nn.Module, names, device, cfg=None) -> nn.Module:
     return model
 
 
-def count_converted(model: nn.Module, cls_name: str) -> int:
-    return sum(type(m).__name__ == cls_name for m in model.modules())
-
-
 def after_step_hooks(names) -> list:
     """The converters' work after each optimizer step (float8 all-gather scales), in train.convert order."""
     return [h for h in (convert_registry.get(n).after_step for n in names) if h is not None]

@@ -53,11 +53,6 @@ def skip_reason(module: nn.Module, name: str, min_dim: int = 0) -> str:
     return ""
 
 
-def float8_filter(module: nn.Module, name: str, min_dim: int = 0) -> bool:
-    """True for the Linear layers worth converting: inside a block, both dims divisible by 16 and >= min_dim."""
-    return isinstance(module, nn.Linear) and not skip_reason(module, name, min_dim)
-
-
 def float8_plan(model: nn.Module, min_dim: int = 0) -> list[tuple[str, int, int, str]]:
     """(name, in_features, out_features, why skipped or "") for every nn.Linear of the model, in module order."""
     return [(name, m.in_features, m.out_features, skip_reason(m, name, min_dim))

@@ -16,16 +16,6 @@ def centred(x: torch.Tensor) -> torch.Tensor:
     return x - x.mean(0, keepdim=True)
 
 
-def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
-    """CKA of [n, d1] and [n, d2] feature matrices, in float64 (a bf16 run's features are widened first)."""
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"CKA needs the same rows on both sides, got {x.shape[0]} and {y.shape[0]}")
-    x, y = centred(x), centred(y)
-    cross = (y.T @ x).square().sum()
-    norm = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
-    return float(cross / norm) if float(norm) > 0 else float("nan")  # a constant representation has no CKA
-
-
 def cka_matrix(feats: list[torch.Tensor]) -> torch.Tensor:
     """[L, L] float64 CKA of every pair of [n, d] representations (symmetric, ones on the diagonal)."""
     xs = [centred(f) for f in feats]
