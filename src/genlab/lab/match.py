@@ -89,9 +89,7 @@ def matched_overrides(cfg_model, data_spec: dict, target: int, tol: float = 0.02
 def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, model=None,
                         spec: dict | None = None):
     """[(depth, dim, heads, rel_error)]: for each depth, the width (a multiple of head_dim) whose DiT has the parameter
-    count closest to the reference (ref_depth, ref_dim). `model`: a ModelConfig whose other fields are kept (the
-    backbone counted is always a DiT; default DiT-B); `spec`: the data shape (default LATENT_SPEC). Block parameters
-    grow as depth * dim^2, so dim ~ ref_dim * sqrt(ref_depth / depth) is the start."""
+    count closest to the reference (ref_depth, ref_dim); `model` (default DiT-B) and `spec` (default LATENT_SPEC)."""
     base = dataclasses.replace(model if model is not None else ModelConfig(size="B"), name="dit")
     spec = spec or LATENT_SPEC
 
@@ -101,7 +99,7 @@ def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_di
     target = count(ref_depth, ref_dim, max(1, ref_dim // head_dim))
     out = []
     for d in depths:
-        guess = max(1, round(ref_dim * (ref_depth / d) ** 0.5 / head_dim))
+        guess = max(1, round(ref_dim * (ref_depth / d) ** 0.5 / head_dim))  # block weights grow as depth * dim^2
         heads, n = _nearest_heads(lambda h: count(d, h * head_dim, h), guess, 2, target)
         out.append((d, heads * head_dim, heads, (n - target) / target))
     return out

@@ -281,8 +281,7 @@ def flex_kernel_options(block: int) -> dict | None:
 
 def flex(q, k, v, block_mask, scale):
     """flex_attention, compiled on CUDA (eager flex materialises the scores: tests only). Blocks under 128 compile on
-    their own with max-autotune: inductor (2.11-2.13) keeps only backward tiles that divide the block mask, and its
-    one default on sm90 (64 x 128) divides only 128, so the backward would have no kernel (pytorch issue 176025)."""
+    their own with max-autotune (a graph break inside a compiled model; why: docs/sparse.md, pytorch issue 176025)."""
     from torch.nn.attention.flex_attention import flex_attention
     block = block_mask.BLOCK_SIZE[0]
     if q.device.type != "cuda":
