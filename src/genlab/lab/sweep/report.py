@@ -1,8 +1,5 @@
-"""Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids).
-
-Every number comes from the run's own files (metrics.jsonl, config.toml). Throughput, MFU and data-wait average the
-logged intervals after each process's first (compilation, warm-up); peak memory is the maximum; wall time is the
-training wall-clock to the last step; eval metrics are the run's last. Seeds combine as mean ± sample std.
+"""Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids). Every number
+comes from the run's own files (metrics.jsonl, config.toml); how each column is aggregated: docs/sweeps.md.
 """
 from __future__ import annotations
 
