@@ -1,6 +1,5 @@
-"""`genlab bench CONFIG [overrides]`: training-step speed on synthetic data of the config's shape, no data loading or
-logging. The step is the trainer's own (training/step.py), built as the trainer builds it; the headline step time has
-no host syncs inside the timed loop; a second, synchronised pass splits it into forward / backward / optimizer.
+"""`genlab bench CONFIG [overrides]`: training-step speed on synthetic data of the config's shape with the trainer's
+own step (training/step.py); what it measures and reports: docs/performance.md ("genlab bench").
 """
 from __future__ import annotations
 
@@ -212,9 +211,8 @@ def _frame_name(fs) -> str:
 
 
 def sync_site(stack) -> str:
-    """'dir/file:line' of the Python line that made CUDA wait (C++ warnings are attributed to the calling Python
-    frame), and, when that line is inside a library, '<- ' the innermost genlab line that called it: a bare
-    'cuda/__init__.py:1270' does not say which of genlab's calls to fix."""
+    """'dir/file:line' of the Python line that made CUDA wait, and, when that line is inside a library, '<- ' the
+    innermost genlab line that called it (docs/performance.md)."""
     here = _frame_name(stack[-1])
     ours = [fs for fs in stack if "/genlab/" in fs.filename.replace("\\", "/") and not fs.filename.endswith("bench.py")]
     if ours and ours[-1] is not stack[-1]:

@@ -1,8 +1,6 @@
-"""Parameter matching: the widths that give a backbone a reference model's parameter count, so architectures,
-attention kernels and depths are compared at equal size. Counts are exact (each candidate built on the meta device).
-`match_params` (the sweeps' `matched_params` axis, benchmarks/bench_backbones.py) moves the head count, then
-model.mlp_ratio to close the last gap (the MLP is about 2/3 of a block's weights); `constant_param_dims` (the
-`constant_params` axis) trades depth for width.
+"""Parameter matching: the widths that give a backbone a reference model's parameter count (exact: each candidate built
+on the meta device), so architectures, attention kernels and depths compare at equal size (docs/sweeps.md).
+`match_params` moves the head count, then model.mlp_ratio; `constant_param_dims` trades depth for width.
 """
 from __future__ import annotations
 
@@ -91,9 +89,7 @@ def matched_overrides(cfg_model, data_spec: dict, target: int, tol: float = 0.02
 def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_dim: int = 64, model=None,
                         spec: dict | None = None):
     """[(depth, dim, heads, rel_error)]: for each depth, the width (a multiple of head_dim) whose DiT has the parameter
-    count closest to the reference (ref_depth, ref_dim). `model`: a ModelConfig whose other fields are kept (the
-    backbone counted is always a DiT; default DiT-B); `spec`: the data shape (default LATENT_SPEC). Block parameters
-    grow as depth * dim^2, so dim ~ ref_dim * sqrt(ref_depth / depth) is the start."""
+    count closest to the reference (ref_depth, ref_dim); `model` (default DiT-B) and `spec` (default LATENT_SPEC)."""
     base = dataclasses.replace(model if model is not None else ModelConfig(size="B"), name="dit")
     spec = spec or LATENT_SPEC
 
@@ -103,7 +99,7 @@ def constant_param_dims(ref_depth: int, ref_dim: int, depths: list[int], head_di
     target = count(ref_depth, ref_dim, max(1, ref_dim // head_dim))
     out = []
     for d in depths:
-        guess = max(1, round(ref_dim * (ref_depth / d) ** 0.5 / head_dim))
+        guess = max(1, round(ref_dim * (ref_depth / d) ** 0.5 / head_dim))  # block weights grow as depth * dim^2
         heads, n = _nearest_heads(lambda h: count(d, h * head_dim, h), guess, 2, target)
         out.append((d, heads * head_dim, heads, (n - target) / target))
     return out

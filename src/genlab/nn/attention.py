@@ -235,7 +235,6 @@ attention_registry.register("differential", "Differential Transformer attention 
                             forward_ad=False)(DifferentialAttention)  # its two SDPA calls: the math kernel in a JVP
 
 
-
 @qkv_kernel_registry.register("plain", "view and permute into heads, then RMSNorm (model.qk_norm) and RoPE of q and k "
                                       "as separate ops (fused by inductor under torch.compile)")
 def split_plain(h, heads: int, q_norm, k_norm, rope=None):
@@ -334,18 +333,14 @@ def forward_ad_attention(model: nn.Module):
 
 
 def plain_softmax_attention(model: nn.Module):
-    """Inside, every attention layer of `model` whose entry declares a `vmap_fallback` runs it (for softmax entries
-    `math_attention`: the same function in plain torch ops, softmax in float32 under autocast). For transforms that
-    no fused kernel supports in some setting, e.g. torch.vmap of a bf16 model on CUDA (batched seeds). A context
-    that yields the number of layers swapped."""
+    """Inside, every attention layer of `model` whose entry declares a `vmap_fallback` runs it (softmax entries:
+    `math_attention`, float32 softmax under autocast), e.g. for torch.vmap of a bf16 model on CUDA; yields how many."""
     return _swapped(model, lambda spec: spec.vmap_fallback)
 
 
 def attention_choices(device: torch.device) -> list:
     """(name, model -> context) for the attention kernels a batched-seeds step (training/seeds.py) may use, in order
-    of preference. vmap folds the seed axis into SDPA's batch, where with a bf16 DiT on an H100 (torch 2.11) every
-    SDPA kernel failed (efficient: "LSE is not correctly aligned", flash: "no available kernel", math: the half
-    softmax backward); last comes `plain_softmax_attention`, softmax in float32."""
+    of preference; why no SDPA kernel may run under vmap: docs/performance.md ("Batched seeds")."""
     if device.type != "cuda":
         return [("default", lambda model: contextlib.nullcontext())]
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -10,10 +10,8 @@ from genlab.nn.mlp import mlp_flops
 
 
 class LongSkips(nn.Module):
-    """U-ViT long skips (Bao et al. 2023, arXiv:2209.12152): block depth-1-i gets Linear([x, output of block i]) as its
-    input, for i < (depth - 1) // 2; the middle block(s) stay unpaired, as U-ViT's mid block. The projections start as
-    [I | 0], so at init the backbone is the one without skips (U-ViT: default Linear init). `receivers` limits the
-    receiving blocks (MMDiT's context stream exists in dual blocks only)."""
+    """U-ViT long skips (Bao et al. 2023; docs/backbones.md): block depth-1-i gets Linear([x, output of block i]) for
+    i < (depth - 1) // 2, starting as [I | 0]. `receivers` limits the receiving blocks (MMDiT's dual blocks)."""
 
     def __init__(self, dim: int, depth: int, enabled: bool = True, receivers=None):
         super().__init__()

@@ -1,15 +1,8 @@
-"""BitLinear of BitNet b1.58 (Ma et al. 2024, arXiv:2402.17764): ternary weights, 8-bit activations.
-
-Weights: W_q = clip(round(W / s), -1, 1) * s with s = mean|W| (absmean, one scale per matrix). Activations: absmax
-per token to int8, x_q = clip(round(x * 127 / max|x|), -128, 127) * max|x| / 127. Both pass gradients straight through
-(STE), so the optimizer updates the full-precision weights; parameter names are nn.Linear's.
-
-Input norm (`train.bitlinear_norm=rmsnorm`, the default): y = W_q Quant(Norm(x)), an RMSNorm as the first line of
-BitLinear.forward in b1.58's "Training Tips, Code and FAQ" (microsoft/unilm, 2024; a LayerNorm in BitNet, Wang et al.
-2023, arXiv:2310.11453, Sec. 2.1): one per converted linear, learnable gain initialised to 1 (as the sub-norms of
-b1.58 2B4T, arXiv:2504.12285), eps 1e-5, in float32, returning the input's dtype. The blocks' own pre-norms sit only
-before qkv and fc1, so without it proj and fc2 quantise unnormalised activations. It is added when the model is built
-(`add_input_norm`, so checkpoints load into it) as `<linear>.norm`. `none`: no norm (the earlier runs).
+"""BitLinear of BitNet b1.58 (Ma et al. 2024, arXiv:2402.17764): ternary absmean weights (one scale per matrix),
+int8 absmax activations per token, both with straight-through gradients; parameter names are nn.Linear's. The input
+RMSNorm of `train.bitlinear_norm=rmsnorm` (b1.58's "Training Tips, Code and FAQ"; docs/precision.md) is added when the
+model is built (`add_input_norm`, so checkpoints load into it) as `<linear>.norm`: the blocks' own pre-norms sit only
+before qkv and fc1, so without it proj and fc2 quantise unnormalised activations.
 """
 from __future__ import annotations
 

@@ -80,19 +80,15 @@ convert_registry.register("bitlinear", "BitNet b1.58 BitLinear for the block lin
 
 def converters_of(cfg, precision=None) -> list[str]:
     """train.convert plus what the precision implies (float8_* precision names are aliases), deduplicated."""
-    names = list(cfg.train.convert)
-    for n in (precision.convert if precision is not None else _precision_convert(cfg)):
+    names, p = list(cfg.train.convert), cfg.train.precision
+    implied = (p,) if p.startswith("float8_") and p in convert_registry else ()
+    for n in (precision.convert if precision is not None else implied):
         if n not in names and not (n == "float8_tensorwise" and "float8" in names):
             names.append(n)
     for n in names:
         convert_registry.get(n)
     check_converter_combination(names)  # also checked with the config, before any work
     return names
-
-
-def _precision_convert(cfg) -> tuple:
-    p = cfg.train.precision
-    return (p,) if p.startswith("float8_") and p in convert_registry else ()
 
 
 def prepare_converters(model: nn.Module, cfg, names=None) -> nn.Module:
@@ -114,10 +110,6 @@ def apply_converters(model: nn.Module, names, device, cfg=None) -> nn.Module:
     for n in names:
         model = convert_registry.get(n).apply(model, torch.device(device), cfg)
     return model
-
-
-def count_converted(model: nn.Module, cls_name: str) -> int:
-    return sum(type(m).__name__ == cls_name for m in model.modules())
 
 
 def after_step_hooks(names) -> list:

@@ -1,11 +1,7 @@
 """Float8 linear layers for training through torchao (tensorwise or rowwise scaling), for the blocks' token-wise
-matmuls only: float8 GEMMs need both dims divisible by 16, and the per-sample layers (adaLN, embeddings, the final
-projection) gain nothing but casting overhead and lose accuracy at the output.
-
-`train.float8_min_dim`: a small GEMM pays more for the scaling casts than float8 saves, so a linear converts only
-if both dims are >= it. 0 keeps every eligible linear, as torchtitan does without `auto_filter_small_kn` (torchao's
-`_auto_filter_for_recipe`, H100 thresholds on weight [N, K]: tensorwise skips K <= 4096 and N <= 1024; rowwise
-N <= 2048, K <= 1024, or N <= 4096 with K <= 2048). The decision per linear is `model.float8_plan`.
+matmuls only: float8 GEMMs need both dims divisible by 16, and the per-sample layers gain nothing but casting
+overhead. The size filter `train.float8_min_dim` and torchao's thresholds: docs/precision.md; the decision per
+linear is `model.float8_plan`.
 """
 from __future__ import annotations
 
@@ -55,11 +51,6 @@ def skip_reason(module: nn.Module, name: str, min_dim: int = 0) -> str:
     if min(module.in_features, module.out_features) < min_dim:
         return f"below train.float8_min_dim={min_dim}"
     return ""
-
-
-def float8_filter(module: nn.Module, name: str, min_dim: int = 0) -> bool:
-    """True for the Linear layers worth converting: inside a block, both dims divisible by 16 and >= min_dim."""
-    return isinstance(module, nn.Linear) and not skip_reason(module, name, min_dim)
 
 
 def float8_plan(model: nn.Module, min_dim: int = 0) -> list[tuple[str, int, int, str]]:

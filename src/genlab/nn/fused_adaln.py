@@ -1,18 +1,17 @@
-"""adaLN in Triton (`model.adaln=triton`): LayerNorm (no affine) + modulation, and the gated residuals around it.
-A DiT block (adaLN-Zero, Peebles & Xie 2023) runs, per token row of width D and per-sample vectors:
+"""adaLN in Triton (`model.adaln=triton`, docs/performance.md): LayerNorm (no affine) + modulation, and the gated
+residuals around it. A DiT block (adaLN-Zero) runs, per token row of width D and per-sample vectors:
 
     h1 = LN(x) * (1 + scale1) + shift1                  -> attention
     x  = x + gate1 * attn;  h2 = LN(x) * (1 + scale2) + shift2   -> MLP     (one kernel: `add_norm_modulate`)
     x  = x + gate2 * mlp                                                    (one kernel: `gated_add`)
 
-Each is one pass over the rows (eager: 4-7 kernels); float32 statistics, the modulated output cast once to the
-autocast dtype, the residual keeps its dtype. Backward, per row with xhat = (x - mean) * rstd and
-dxhat = dh * (1 + scale): dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dr, dy = dx * gate; the
-per-sample sums (d shift, d scale, d gate) are reduced per tile in the kernel and over tiles on the host.
-liger-kernel has no modulated LayerNorm and no gated residual, hence these kernels. CPU tensors (and inputs the
+Backward, per row with xhat = (x - mean) * rstd and dxhat = dh * (1 + scale):
+dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dr, dy = dx * gate. CPU tensors (and inputs the
 kernel does not take) run `norm_modulate_fused` and `x + gate * y`; triton is imported on the first CUDA call.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -23,10 +22,7 @@ from genlab.nn.triton_attention import HAS_TRITON, _cdiv, interpreting, require_
 
 MAX_D = 8192   # one row in registers
 ROWS = 16      # rows per program: the per-sample vectors are loaded once per 16 rows
-
-
-def _kernels():
-    return require_kernels("fused_adaln_kernels", "model.adaln=triton", "fused, unfused")
+_kernels = functools.partial(require_kernels, "fused_adaln_kernels", "model.adaln=triton", "fused, unfused")
 
 
 def supports(x: torch.Tensor) -> bool:

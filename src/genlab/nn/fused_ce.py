@@ -1,17 +1,7 @@
 """The GPT head + cross-entropy (registry `ce_kernel`, `model.ce_kernel`): sum_i w_i * CE(h_i @ W[:vocab]^T, y_i).
-
-* `plain`: the head's logits [N, vocab], then F.cross_entropy in float32 (the logits are written and read: 3.3 GB
-  at GPT-2 124M, batch 32).
-* `cce`: Cut Cross-Entropy (Wijmans et al. 2024, arXiv:2411.09009; Apple's `cut-cross-entropy`): blockwise
-  log-sum-exp, logit blocks recomputed in the backward: no logits in memory, one extra head matmul. Its d/dW
-  accumulates in bf16 (~sqrt(tokens / block) ulps; tests/unit/nn/test_fused_kernels.py bounds it). Called below
-  `linear_cross_entropy`: no `valids` (its `nonzero()` is a host sync) and `filter_eps=None` (the filter drops every
-  non-target entry of a near-uniform softmax at initialisation). Needs bf16/fp16 autocast.
-* `liger`: liger-kernel's fused linear cross-entropy (Hsu et al. 2024, arXiv:2410.10989): logits in chunks, d/dh and
-  d/dW formed in the forward; one host sync per step; per-token weights (mdlm) take the plain path.
-* `auto`: cce on CUDA under bf16/fp16 when installed, else liger when installed, else plain.
-
-CPU tensors always take the plain path; both libraries are imported on the first CUDA call only.
+`plain`, `cce` (Cut Cross-Entropy, called without `valids` and gradient filtering: no host sync, exact gradients),
+`liger` and `auto`; what each costs and why: docs/performance.md ("Fused kernels"). CPU tensors always take the plain
+path; both libraries are imported on the first CUDA call only.
 """
 from __future__ import annotations
 

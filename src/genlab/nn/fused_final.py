@@ -1,17 +1,13 @@
-"""The DiT's final layer + the flow loss in one op (registry `final_kernel`, `model.final_kernel`; issue 37).
+"""The DiT's final layer + the flow loss in one op (registry `final_kernel`, `model.final_kernel`; docs/performance.md).
 
-Flow matching trains v = DiT(x_t, t, y) against target = data - noise with loss = mean_b w_b * mean (v_b - target_b)^2.
-* `plain` (default): FinalLayer out = Linear(LN(h) * (1 + scale) + shift) [B, N, P], depatchified, then the MSE.
-* `triton`: the flow method hands the target to the model (`DiT.forward(..., loss_target=, loss_weight=)`), which
-  patchifies the target instead of depatchifying the prediction; one kernel forms each token row's P outputs in
-  registers (float32), writes diff = out - target (float32 [B, N, P]) and per-sample sums of diff^2, never the
-  prediction. d loss / d out = 2 * dsse_b * diff with dsse_b = w_b / (B * N * P) (liger-style), so the backward is
-  that scale and two matmuls in the compute dtype, like autocast's linear backward.
-
-Other devices and inputs (float64, P > MAX_P) run the same op with a plain-torch body and the same autograd rule
-(tested on CPU against `plain` in float64). No vmap rule: batched seeds take the plain path.
+`triton`: the model patchifies the target; one kernel forms each token row's P outputs in float32, writes
+diff = out - target and per-sample sums of diff^2, never the prediction. d loss / d out = 2 * dsse_b * diff with
+dsse_b = w_b / (B * N * P), so the backward is that scale and two matmuls in the compute dtype. Other devices and
+inputs (float64, P > MAX_P) run the same op with a plain-torch body and the same autograd rule.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +20,7 @@ final_kernel_registry = Registry("final_kernel", KernelSpec)
 
 MAX_P = 256      # outputs per token held in registers (p * p * C)
 BLOCK_K = 64     # slice of D per tl.dot
-
-
-def _kernels():
-    return require_kernels("fused_final_kernels", "model.final_kernel=triton", "plain")
+_kernels = functools.partial(require_kernels, "fused_final_kernels", "model.final_kernel=triton", "plain")
 
 
 def supports(h: torch.Tensor, target: torch.Tensor) -> bool:

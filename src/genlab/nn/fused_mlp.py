@@ -1,11 +1,6 @@
-"""SwiGLU with liger-kernel's fused SiLU * mul (`model.mlp=swiglu_liger`, issue 37): the same module and parameters
-as `model.mlp=swiglu`; liger's `swiglu_fused_gate_up_forward` reads each half of fc1's packed [.., 2H] output once
-(eager reads it twice and writes an intermediate) and rounds silu(a) to the input dtype before the product, as
-eager does under autocast. Liger, not our own Triton: it is maintained, tested, and its gate-up variant reads
-genlab's packed layout (gate first) without copies. Plain GELU has no liger kernel; inductor fuses it.
-
-Custom ops (liger's autograd.Function would be traced into by torch.compile); CPU tensors run `silu(a) * b`, and
-liger is imported on the first CUDA call.
+"""SwiGLU with liger-kernel's fused SiLU * mul (`model.mlp=swiglu_liger`, docs/performance.md): the same module and
+parameters as `model.mlp=swiglu`. Custom ops (liger's autograd.Function would be traced into by torch.compile); CPU
+tensors run `silu(a) * b`, and liger is imported on the first CUDA call.
 """
 from __future__ import annotations
 

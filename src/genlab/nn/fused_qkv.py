@@ -1,14 +1,11 @@
-"""The QKV split in Triton (`model.qkv_kernel=triton`, issue 37): the projection's output h [B, N, 3 * H * HD]
--> q, k, v [B, H, N, HD], with RMSNorm per head of q and k (model.qk_norm) and RoPE, in one pass (eagerly ~10
-kernels): each token row is read once, q, k, v written once, contiguous. float32 arithmetic, one rounding at the
-store. Backward per head, xhat = x * rstd: dy = R^T dout, d weight = sum dy * xhat (per token in the kernel, over
-tokens on the host), dx = rstd * (dy * w - xhat * mean(dy * w * xhat)); only h is saved.
-
-Custom ops, so torch.compile keeps the block in one graph. CPU tensors and inputs the kernel does not take (odd
-head width, float64) run `split_plain`; triton is imported on the first CUDA call. No vmap or forward-mode AD
-rule: batched seeds (train.seeds) and MeanFlow's JVP need qkv_kernel=plain.
+"""The QKV split in Triton (`model.qkv_kernel=triton`, docs/performance.md): h [B, N, 3 * H * HD] -> q, k, v
+[B, H, N, HD], with RMSNorm per head of q and k and RoPE, in one pass. Backward per head, xhat = x * rstd:
+dy = R^T dout, d weight = sum dy * xhat, dx = rstd * (dy * w - xhat * mean(dy * w * xhat)); only h is saved.
+CPU tensors and inputs the kernel does not take (odd head width, float64) run `split_plain`.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -16,10 +13,7 @@ from genlab.nn.attention import qkv_kernel_registry, split_plain
 from genlab.nn.triton_attention import HAS_TRITON, interpreting, require_kernels  # no triton import
 
 MAX_HD = 256
-
-
-def _kernels():
-    return require_kernels("fused_qkv_kernels", "model.qkv_kernel=triton", "plain")
+_kernels = functools.partial(require_kernels, "fused_qkv_kernels", "model.qkv_kernel=triton", "plain")
 
 
 def supports(h: torch.Tensor, heads: int) -> bool:

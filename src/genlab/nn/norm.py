@@ -1,5 +1,6 @@
 """Normalisation layers (registry `norm`) and LayerNorm + adaLN modulation, y = LN(x) * (1 + scale) + shift
-(registry `adaln`), with `norm_modulate_by` choosing between them for a block."""
+(registry `adaln`), with `norm_modulate_by` choosing between them for a block; the dtype an image backbone's residual
+stream is kept in under autocast (registry `residual`: input tensor -> dtype)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ class AdalnSpec(KernelSpec):
 
 adaln_registry = Registry("adaln", AdalnSpec)
 norm_registry = Registry("norm")
+residual_registry = Registry("residual")
 
 
 # norm entries: (dim, bias, affine, eps) -> module; affine=False for adaLN, which brings its own scale and shift
@@ -86,3 +88,12 @@ def norm_modulate_by(norm: str, adaln: str, dim: int, eps: float):
         return adaln_registry.get(adaln)
     module = norm_registry.get(norm)(dim, affine=False, eps=eps)
     return lambda x, shift, scale, eps: modulate(module(x), shift, scale)
+
+
+@residual_registry.register("fp32", "residual stream in the input dtype (fp32 under bf16 autocast, as in the DiT reference)")
+def residual_fp32(x):
+    return x.dtype
+
+
+residual_registry.register("compute", "residual stream in the autocast dtype (bf16): half the bytes of every "
+                                     "residual add, LayerNorm read and residual gradient; LayerNorm stats stay fp32")(compute_dtype)

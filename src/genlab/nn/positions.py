@@ -71,18 +71,15 @@ class LearnedPosition(nn.Module):
         return None
 
 
-class SinCos2d(nn.Module):
-    """Fixed 2-D sin-cos table (MAE / DiT), not saved (it is a function of the grid)."""
+class SinCos2d(LearnedPosition):
+    """Fixed 2-D sin-cos table (MAE / DiT), not saved (it is a function of the grid); no rotary tables either."""
 
     def __init__(self, dim: int, heads: int, grid: tuple):
-        super().__init__()
+        nn.Module.__init__(self)
         self.register_buffer("table", torch.from_numpy(sincos_2d(dim, *grid)), persistent=False)
 
     def forward(self, h, offset: int = 0):
         return h + self.table[offset:offset + h.shape[1]].to(h.dtype)
-
-    def rope(self, offset: int = 0):
-        return None
 
 
 class Rotary(nn.Module):

@@ -126,21 +126,14 @@ ptq_registry.register("fp8", "float8 e4m3 weights and dynamically scaled float8 
 
 
 # -- selection, application, memory ---------------------------------------------------------------------------
-def get_format(name: str) -> Format:
-    return ptq_registry.get(name)
-
-
-def runnable_here(device) -> list[str]:
-    return [n for n, f in ptq_registry.items() if f.needs(torch.device(device)) is None]
-
-
 def check_format(name: str, device, what: str | None = None) -> Format:
     """The format exists and this device can run it; else one line naming the formats that run here."""
-    fmt = get_format(name)
+    fmt = ptq_registry.get(name)
     why = fmt.needs(torch.device(device))
     if why:
+        here = [n for n, f in ptq_registry.items() if f.needs(torch.device(device)) is None]
         raise GenlabError(f"{what or f'--to {name}'}: {why}; on {torch.device(device).type} use one of: "
-                          f"{', '.join(runnable_here(device))}")
+                          f"{', '.join(here)}")
     return fmt
 
 

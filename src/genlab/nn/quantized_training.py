@@ -1,17 +1,8 @@
-"""torchao's quantized-training prototypes as converters (`train.convert = ["bitnet_torchao"]` / `["int8_mixed"]`),
-on the block linears genlab's own BitLinear converts (convert.bitlinear_filter), so the two BitNets compare side by side.
-
-- bitnet_torchao: `bitnet_training()`: BitNet b1.58 (arXiv:2402.17764), absmean ternary weights, per-row absmax int8
-  activations, an int8 matmul forward (torch._int_mm off CUDA, Triton on it), straight-through gradients. Each weight
-  becomes torchao's tensor subclass; a state-dict hook hands back its plain tensor (checkpoints hold only tensors).
-  BitNet's input RMSNorm (`train.bitlinear_norm`) is genlab's (nn/bitlinear.py: a NormedLinear whose weight torchao
-  then swaps), so the state-dict names match genlab's BitLinear.
-- int8_mixed: `int8_mixed_precision_training()`: weights and activations dynamically int8 (row-wise) in the forward
-  and both backward matmuls, master weights in their dtype (Jetfire-like). The module-swap form: in torchao 0.18 the
-  subclass form registers F.linear in the aten-op table, where it never arrives, so it trains unquantised (its output
-  equals the plain linear's to 6e-7). Under autocast torchao's swap casts nothing (a bf16 input met a float32 bias and
-  the backward's int8 matmul failed on the H100), so genlab's swapped class casts the operands to the autocast dtype.
-
+"""torchao's quantized-training prototypes as converters (`train.convert = ["bitnet_torchao"]` / `["int8_mixed"]`,
+docs/precision.md), on the block linears genlab's own BitLinear converts, so the two BitNets compare side by side.
+bitnet_torchao keeps genlab's input RMSNorm (a NormedLinear whose weight torchao swaps); a state-dict hook hands back
+plain tensors. int8_mixed is the module-swap form: torchao 0.18's subclass form never sees F.linear (it trains
+unquantised), and its swap casts nothing under autocast, so genlab's swapped class casts to the autocast dtype.
 Both run on the CPU (torch._int_mm): no device check.
 """
 from __future__ import annotations

@@ -13,17 +13,8 @@ positions (query i, key j):
   fixed with g summary groups (section 4.2): A^(2) becomes g parts, part s with the cells {l - (s+1)c, ..., l - sc - 1}.
 
 A *factorization mode* (section 4.3) assigns the factors to layers and heads: `interleaved` (layer r uses factor
-r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors).
-
-Layouts (section 5.3): FlexAttention skips only 128x128 blocks that are entirely masked, so each part carries a
-query and a key order the sequence is permuted into before the kernel: the strided column runs column-major,
-fixed parts put the summary keys first. The mask is still evaluated on original positions, so only the number
-of blocks visited depends on the layout (`block_density`).
-
-Backends: `dense` (masked SDPA: the reference), `flex` (block masks in the layouts above) and `blocked`: parts
-that are causal attention inside equal segments (fixed/block, strided/column: the paper's transpose,
-strided/local: one [l, 2l] mask) run as SDPA on those segments stacked into the batch; the others fall back to
-flex on CUDA, dense on CPU.
+r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors). The layouts
+(section 5.3) and the dense / flex / blocked backends: docs/sparse.md.
 """
 from __future__ import annotations
 
@@ -175,8 +166,6 @@ def fixed_pattern(l: int, c: int, groups: int = 1) -> list[Part]:
         [summary_part(l, c, g) for g in range(groups)]
 
 
-
-
 def union(parts: list[Part], kv_order=None) -> Part:
     if len(parts) == 1:
         return parts[0]
@@ -230,37 +219,6 @@ def layer_groups(pattern: str, mode: str, l: int, c: int, depth: int, heads: int
     # block-sparse in any single order (its two parts want different orders)
     merged = union(parts, summaries_first(l, c * groups) if pattern == "fixed" else None)
     return [mode_fn(factors, merged, r, heads) for r in range(depth)]
-
-
-# -- brute force from the paper's set definitions (tests and pictures) ---------------------------
-def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int, groups: int = 1) -> list[set]:
-    """A_i for every i, built literally from the definitions above with Python sets and loops.
-    part None = the union of the parts (merged); dense has one part; fixed has 1 + groups."""
-    def strided(i):
-        a1 = set(range(max(0, i - l), i + 1))
-        a2 = {j for j in range(i + 1) if (i - j) % l == 0}
-        return [a1, a2]
-
-    def fixed(i):
-        a1 = {j for j in range(i + 1) if j // l == i // l}
-        subs = [set(range(l - (g + 1) * c, l - g * c)) for g in range(groups)]
-        return [a1] + [{j for j in range(i + 1) if j % l in sub} | {i} for sub in subs]
-
-    def dense(i):
-        return [set(range(i + 1))]
-    fn = {"strided": strided, "fixed": fixed, "dense": dense}[pattern]
-    out = []
-    for i in range(n):
-        sets = fn(i)
-        out.append(set().union(*sets) if part is None else sets[part])
-    return out
-
-
-def reference_mask(pattern: str, part: int | None, n: int, l: int, c: int, groups: int = 1) -> torch.Tensor:
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i, s in enumerate(reference_sets(pattern, part, n, l, c, groups)):
-        m[i, sorted(s)] = True
-    return m
 
 
 # -- kernels -------------------------------------------------------------------------------------
@@ -323,8 +281,7 @@ def flex_kernel_options(block: int) -> dict | None:
 
 def flex(q, k, v, block_mask, scale):
     """flex_attention, compiled on CUDA (eager flex materialises the scores: tests only). Blocks under 128 compile on
-    their own with max-autotune: inductor (2.11-2.13) keeps only backward tiles that divide the block mask, and its
-    one default on sm90 (64 x 128) divides only 128, so the backward would have no kernel (pytorch issue 176025)."""
+    their own with max-autotune (a graph break inside a compiled model; why: docs/sparse.md, pytorch issue 176025)."""
     from torch.nn.attention.flex_attention import flex_attention
     block = block_mask.BLOCK_SIZE[0]
     if q.device.type != "cuda":

@@ -1,24 +1,12 @@
-"""Flash attention in Triton for small head dims (16/32/64/128), tuned for long sequences at head dim 16:
-``model.attention=triton``. q, k, v: bf16/fp16 ``[B, H, N, D]`` (any strides with a unit last stride, e.g. the
-views of a fused QKV projection), scale ``D**-0.5``, bidirectional or causal, no mask/dropout.
-
-Algorithm (Dao et al. 2022/2023, written from the papers' formulas):
-
-* forward: online softmax in base 2 per query block: ``exp2(S * c - m)`` with ``c = D**-0.5 * log2(e)`` (the
-  scale and the change of base are one FMA per score); saves ``lse2 = m + log2(l)`` per row for the backward.
-* backward: ``delta = rowsum(dO * O)``, ``P = exp2(S c - lse2)``, ``dV = P^T dO``, ``dP = dO V^T``,
-  ``dS = P (dP - delta)``, ``dK = scale dS^T Q``, ``dQ = scale dS K``. ``split``: a dK/dV kernel and a dQ kernel
-  (P recomputed once more); ``atomic``: one kernel that adds each dQ partial into an fp32 buffer (one exp per
-  score instead of two, at the price of atomic traffic).
-
-At head dim 16 the time goes to the exponentials (MUFU: 16 ex2/clk/SM on Hopper, 8x below the FMA pipe).
-``EXP_MODE``: 0 ``tl.math.exp2`` (portable, the interpreter runs it), 1 ``ex2.approx.ftz.f32`` inline PTX,
-2 / 3: 1 of every 4 / 8 exps as a degree-3 polynomial on the FMA pipe (Cody-Waite split
-``2^x = 2^floor(x) * p(frac(x))``, the FlashAttention-4 trick), the rest on MUFU.
-
-Environment knobs (benchmarking): ``GENLAB_TRITON_ATTN_EXP`` (0-3, default 2), ``GENLAB_TRITON_ATTN_BWD``
-(atomic (default)/split), ``GENLAB_TRITON_ATTN_TUNE=0`` (first config, no autotuning),
-``GENLAB_TRITON_ATTN_ROWSUM`` (fadd: row sums on the FMA pipe; mma: by the tensor cores, a ones-column of V).
+"""Flash attention in Triton for small head dims (16/32/64/128), `model.attention=triton` (docs/performance.md,
+"Head-dim-16 attention"): bf16/fp16 ``[B, H, N, D]`` (any strides with a unit last stride), scale ``D**-0.5``,
+bidirectional or causal, no mask/dropout. Forward: base-2 online softmax ``exp2(S * c - m)``, c = ``D**-0.5 * log2(e)``
+(one FMA per score), saving ``lse2 = m + log2(l)``; backward: ``delta = rowsum(dO * O)``, ``P = exp2(S c - lse2)``,
+``dS = P (dP - delta)``, a dK/dV kernel plus dQ by fp32 atomics (``atomic``) or by its own kernel (``split``).
+Benchmarking knobs: ``GENLAB_TRITON_ATTN_EXP`` (0 ``tl.math.exp2``, the interpreter's; 1 ``ex2.approx.ftz``; 2 / 3
+(default 2): 1 of every 4 / 8 exps as a degree-3 polynomial on the FMA pipe), ``GENLAB_TRITON_ATTN_BWD``
+(atomic | split), ``GENLAB_TRITON_ATTN_TUNE=0`` (first config, no autotuning), ``GENLAB_TRITON_ATTN_ROWSUM``
+(fadd | mma: row sums by the tensor cores, a ones-column of V).
 """
 from __future__ import annotations
 
@@ -90,8 +78,7 @@ def check_available(head_dim: int | None = None, device: torch.device | str | No
                           f"got {head_dim}; valid choices for this model: {others}")
 
 
-# ----------------------------------------------------------------------------------------------
-# host side
+# -- host side -----------------------------------------------------------------------------------------------------
 _INTERP_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32}
 
 

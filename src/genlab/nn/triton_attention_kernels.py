@@ -3,71 +3,32 @@ import triton
 import triton.language as tl
 
 
-# ------------------------------------------------------------------------------------------
-# exp2 variants
+# -- exp2 variants -------------------------------------------------------------------------------------------------
 @triton.jit
 def _ex2_ftz(x):
     return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
                                      is_pure=True, pack=1)
 
-@triton.jit
-def _ex2_mixed(x):
-    # 4 elements per asm block: 3 on the MUFU unit, the 4th as a polynomial on the FMA pipe.
-    # poly: 2^f ~ 1 + f (c1 + f (c2 + f c3)) on [0, 1), max rel. error ~9e-5 (bf16 P rounds at 2e-3)
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .f32 xc, t, fl, fr, p;
-        .reg .b32 ti, pi;
-        ex2.approx.ftz.f32 $0, $4;
-        ex2.approx.ftz.f32 $1, $5;
-        ex2.approx.ftz.f32 $2, $6;
-        max.ftz.f32 xc, $7, 0fC2FC0000;
-        add.rm.ftz.f32 t, xc, 0f4B400000;
-        sub.ftz.f32 fl, t, 0f4B400000;
-        sub.ftz.f32 fr, xc, fl;
-        fma.rn.ftz.f32 p, fr, 0f3D9DF09D, 0f3E6906A4;
-        fma.rn.ftz.f32 p, p, fr, 0f3F31F519;
-        fma.rn.ftz.f32 p, p, fr, 0f3F800000;
-        mov.b32 ti, t;
-        shl.b32 ti, ti, 23;
-        mov.b32 pi, p;
-        add.s32 pi, pi, ti;
-        mov.b32 $3, pi;
-        }
-        """,
-        "=f,=f,=f,=f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=4)
+
+def _mixed_asm(n: int):
+    """PTX for n elements per asm block: n - 1 exps on the MUFU unit, the last as a polynomial on the FMA pipe,
+    2^f ~ 1 + f (c1 + f (c2 + f c3)) on [0, 1), max rel. error ~9e-5 (bf16 P rounds at 2e-3); and its constraints."""
+    mufu = [f"ex2.approx.ftz.f32 ${i}, ${n + i};" for i in range(n - 1)]
+    poly = [f"max.ftz.f32 xc, ${2 * n - 1}, 0fC2FC0000;", "add.rm.ftz.f32 t, xc, 0f4B400000;",
+            "sub.ftz.f32 fl, t, 0f4B400000;", "sub.ftz.f32 fr, xc, fl;", "fma.rn.ftz.f32 p, fr, 0f3D9DF09D, 0f3E6906A4;",
+            "fma.rn.ftz.f32 p, p, fr, 0f3F31F519;", "fma.rn.ftz.f32 p, p, fr, 0f3F800000;", "mov.b32 ti, t;",
+            "shl.b32 ti, ti, 23;", "mov.b32 pi, p;", "add.s32 pi, pi, ti;", f"mov.b32 ${n - 1}, pi;"]
+    asm = "\n".join(["{", ".reg .f32 xc, t, fl, fr, p;", ".reg .b32 ti, pi;", *mufu, *poly, "}"])
+    return tl.constexpr(asm), tl.constexpr(",".join(["=f"] * n + ["f"] * n))
+
+
+_MIXED4_ASM, _MIXED4_IO = _mixed_asm(4)  # 1 of every 4 exps on the FMA pipe
+_MIXED8_ASM, _MIXED8_IO = _mixed_asm(8)  # 1 of every 8
+
 
 @triton.jit
-def _ex2_mixed8(x):
-    # 8 elements per asm block: 7 on MUFU, 1 polynomial (same polynomial as _ex2_mixed)
-    return tl.inline_asm_elementwise(
-        """
-        {
-        .reg .f32 xc, t, fl, fr, p;
-        .reg .b32 ti, pi;
-        ex2.approx.ftz.f32 $0, $8;
-        ex2.approx.ftz.f32 $1, $9;
-        ex2.approx.ftz.f32 $2, $10;
-        ex2.approx.ftz.f32 $3, $11;
-        ex2.approx.ftz.f32 $4, $12;
-        ex2.approx.ftz.f32 $5, $13;
-        ex2.approx.ftz.f32 $6, $14;
-        max.ftz.f32 xc, $15, 0fC2FC0000;
-        add.rm.ftz.f32 t, xc, 0f4B400000;
-        sub.ftz.f32 fl, t, 0f4B400000;
-        sub.ftz.f32 fr, xc, fl;
-        fma.rn.ftz.f32 p, fr, 0f3D9DF09D, 0f3E6906A4;
-        fma.rn.ftz.f32 p, p, fr, 0f3F31F519;
-        fma.rn.ftz.f32 p, p, fr, 0f3F800000;
-        mov.b32 ti, t;
-        shl.b32 ti, ti, 23;
-        mov.b32 pi, p;
-        add.s32 pi, pi, ti;
-        mov.b32 $7, pi;
-        }
-        """,
-        "=f,=f,=f,=f,=f,=f,=f,=f,f,f,f,f,f,f,f,f", [x], dtype=tl.float32, is_pure=True, pack=8)
+def _ex2_mixed(x, ASM: tl.constexpr, IO: tl.constexpr, PACK: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, IO, [x], dtype=tl.float32, is_pure=True, pack=PACK)
 
 
 @triton.jit
@@ -75,15 +36,14 @@ def _exp2(x, EXP_MODE: tl.constexpr):
     if EXP_MODE == 1:
         y = _ex2_ftz(x)
     elif EXP_MODE == 2:
-        y = _ex2_mixed(x)
+        y = _ex2_mixed(x, _MIXED4_ASM, _MIXED4_IO, 4)
     elif EXP_MODE == 3:
-        y = _ex2_mixed8(x)
+        y = _ex2_mixed(x, _MIXED8_ASM, _MIXED8_IO, 8)
     else:
         y = tl.math.exp2(x)
     return y
 
-# ------------------------------------------------------------------------------------------
-# forward
+# -- forward -------------------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -162,8 +122,7 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale,
     tl.store(o_base + offs_m[:, None] * stride_on + offs_d[None, :], acc.to(O.dtype.element_ty),
              mask=row_ok[:, None])
 
-# ------------------------------------------------------------------------------------------
-# backward
+# -- backward ------------------------------------------------------------------------------------------------------
 @triton.jit
 def _attn_bwd_preprocess(O, DO, DELTA, stride_oz, stride_oh, stride_on, stride_dz, stride_dh, stride_dn,
                          H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
@@ -246,13 +205,12 @@ def _attn_bwd_dkdv(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, sm_scale,
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
                                  stride_dn, stride_dqn, offs_n, lo, mid, 0, N_CTX, qk_scale, sm_scale,
                                  HEAD_DIM, BLOCK_M, True, CAUSAL, EXP_MODE, ATOMIC_DQ)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
-                                 stride_dn, stride_dqn, offs_n, mid, N_CTX, 0, N_CTX, qk_scale, sm_scale,
-                                 HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
+        rot = 0
     else:
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
-                                 stride_dn, stride_dqn, offs_n, 0, N_CTX, pid_n, N_CTX, qk_scale, sm_scale,
-                                 HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
+        mid, rot = 0, pid_n
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
+                             stride_dn, stride_dqn, offs_n, mid, N_CTX, rot, N_CTX, qk_scale, sm_scale,
+                             HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
     g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
     tl.store(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=col_ok)
@@ -323,8 +281,7 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, sm_scale,
     tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
-# ------------------------------------------------------------------------------------------
-# autotuned versions (the raw kernels above run with a fixed config under the interpreter)
+# -- autotuned versions (the raw kernels above run with a fixed config under the interpreter) ----------------------
 def _cfgs(specs):
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st) for m, n, w, st in specs]
 

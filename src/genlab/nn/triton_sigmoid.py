@@ -1,16 +1,10 @@
-"""Sigmoid attention in Triton (the CUDA path of ``model.attention=sigmoid``), written from the formulas:
+"""Sigmoid attention in Triton (the CUDA path of ``model.attention=sigmoid``; docs/backbones.md):
 ``out_i = sum_j sigmoid(q_i.k_j / sqrt(D) - log M) v_j`` (Ramapuram et al. 2024), M keys, optionally causal
-(query i sees keys j <= i + M - N), no normalisation.
-
-* forward: ``P = 1 / (1 + 2^-(S c + b'))``, ``c = log2(e) / sqrt(D)``, ``b' = -log2(e) log M`` (one exp2 per score;
-  the reciprocal by Newton steps, ``_sigmoid`` in the kernels), ``O += P V``: no running max, no row sum, and
-  nothing saved for the backward but q, k, v.
-* backward (P recomputed): ``dV = P^T dO``, ``dS = (dO V^T) P (1 - P)``, ``dQ = dS K / sqrt(D)``,
-  ``dK = dS^T Q / sqrt(D)``; a dK/dV kernel over key blocks and a dQ kernel over query blocks, no atomics.
-
-q ``[B, H, N, D]``, k, v ``[B, H, M, D]``, D in 32/64/128, fp16/bf16/fp32 of one dtype (fp32 multiplies in
-full fp32 unless ``torch.backends.cuda.matmul.allow_tf32``). ``GENLAB_TRITON_SIGMOID_RCP=div`` (benchmarking)
-divides instead of the Newton reciprocal.
+(query i sees keys j <= i + M - N), no normalisation. Forward ``P = 1 / (1 + 2^-(S c + b'))``, ``O += P V``: no
+running max, no row sum, nothing saved but q, k, v. Backward (P recomputed): ``dV = P^T dO``,
+``dS = (dO V^T) P (1 - P)``, ``dQ = dS K / sqrt(D)``, ``dK = dS^T Q / sqrt(D)``, no atomics. q ``[B, H, N, D]``,
+k, v ``[B, H, M, D]``, D in 32/64/128, fp16/bf16/fp32 of one dtype. ``GENLAB_TRITON_SIGMOID_RCP=div``
+(benchmarking) divides instead of the Newton reciprocal.
 """
 from __future__ import annotations
 

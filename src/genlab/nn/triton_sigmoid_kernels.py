@@ -50,8 +50,7 @@ def _load_rows_t(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
     return x
 
 
-# ------------------------------------------------------------------------------------------
-# forward: O = sigmoid(Q K^T scale + bias) V, one program per (query block, batch*head)
+# -- forward: O = sigmoid(Q K^T scale + bias) V, one program per (query block, batch*head) -------------------------
 @triton.jit
 def _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, M_KV, causal_off, scale2, bias2,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EVEN_N: tl.constexpr,
@@ -87,19 +86,15 @@ def _sigmoid_fwd(Q, K, V, O, scale2, bias2,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     causal_off = M_KV - N_Q
     n_full = (M_KV // BLOCK_N) * BLOCK_N  # key blocks with no row past M
+    mid, hi = n_full, M_KV  # non-causal: full key blocks, then the one past M with its rows masked
     if CAUSAL:
         # keys < first_row + off + 1 are seen by every row of this block: those blocks need no mask
         mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, n_full)
         hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
-        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
-                         scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
-        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
-                         scale2, bias2, HEAD_DIM, BLOCK_N, True, EVEN_N, PRECISION, RCP_ITERS)
-    else:
-        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, n_full, M_KV, causal_off,
-                         scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
-        acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, n_full, M_KV, M_KV, causal_off,
-                         scale2, bias2, HEAD_DIM, BLOCK_N, False, False, PRECISION, RCP_ITERS)
+    acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
+                     scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
+    acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
+                     scale2, bias2, HEAD_DIM, BLOCK_N, CAUSAL, EVEN_N and CAUSAL, PRECISION, RCP_ITERS)
     o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
     if EVEN_M:
         tl.store(o_ptrs, acc.to(O.dtype.element_ty))
@@ -107,8 +102,7 @@ def _sigmoid_fwd(Q, K, V, O, scale2, bias2,
         tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
 
 
-# ------------------------------------------------------------------------------------------
-# backward, dK and dV: one program per (key block, batch*head), looping over query blocks.
+# -- backward, dK and dV: one program per (key block, batch*head), looping over query blocks. ----------------------
 # Transposed tiles (keys on rows): sT = K Q^T, dV += pT dO, dpT = V dO^T, dsT = dpT pT (1 - pT), dK += dsT Q.
 @triton.jit
 def _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, lo, hi, N_Q, causal_off, scale2, bias2,
@@ -158,11 +152,10 @@ def _sigmoid_bwd_dkdv(Q, K, V, DO, DK, DV, scale, scale2, bias2,
         mid = tl.maximum(mid, lo)
         dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, lo, mid, N_Q, causal_off,
                              scale2, bias2, HEAD_DIM, BLOCK_M, True, EVEN_M, PRECISION, RCP_ITERS)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, mid, N_Q, N_Q, causal_off,
-                             scale2, bias2, HEAD_DIM, BLOCK_M, False, EVEN_M, PRECISION, RCP_ITERS)
     else:
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, 0, N_Q, N_Q, causal_off,
-                             scale2, bias2, HEAD_DIM, BLOCK_M, False, EVEN_M, PRECISION, RCP_ITERS)
+        mid = 0
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, mid, N_Q, N_Q, causal_off,
+                         scale2, bias2, HEAD_DIM, BLOCK_M, False, EVEN_M, PRECISION, RCP_ITERS)
     g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
     if EVEN_N:
         tl.store(DK + g_off, (dk * scale).to(DK.dtype.element_ty))
@@ -172,8 +165,7 @@ def _sigmoid_bwd_dkdv(Q, K, V, DO, DK, DV, scale, scale2, bias2,
         tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < M_KV)
 
 
-# ------------------------------------------------------------------------------------------
-# backward, dQ: one program per (query block, batch*head), looping over key blocks (same ranges as the forward).
+# -- backward, dQ: one program per (query block, batch*head), looping over key blocks (same ranges as the forward). ---
 # dp = dO V^T, ds = dp p (1 - p), dQ += ds K.
 @triton.jit
 def _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, M_KV, causal_off, scale2, bias2,
@@ -214,18 +206,14 @@ def _sigmoid_bwd_dq(Q, K, V, DO, DQ, scale, scale2, bias2,
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     causal_off = M_KV - N_Q
     n_full = (M_KV // BLOCK_N) * BLOCK_N
+    mid, hi = n_full, M_KV
     if CAUSAL:
         mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, n_full)
         hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
-        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
-                       scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
-        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
-                       scale2, bias2, HEAD_DIM, BLOCK_N, True, EVEN_N, PRECISION, RCP_ITERS)
-    else:
-        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, 0, n_full, M_KV, causal_off,
-                       scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
-        dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, n_full, M_KV, M_KV, causal_off,
-                       scale2, bias2, HEAD_DIM, BLOCK_N, False, False, PRECISION, RCP_ITERS)
+    dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
+                   scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
+    dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
+                   scale2, bias2, HEAD_DIM, BLOCK_N, CAUSAL, EVEN_N and CAUSAL, PRECISION, RCP_ITERS)
     g_ptrs = DQ + off_z * stride_gz + off_h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :]
     if EVEN_M:
         tl.store(g_ptrs, (dq * scale).to(DQ.dtype.element_ty))

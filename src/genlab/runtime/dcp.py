@@ -1,7 +1,5 @@
-"""Sharded checkpoints of FSDP2/HSDP runs with torch.distributed.checkpoint (DCP), and safetensors export. A DCP
-checkpoint is a folder `checkpoints/step_N.dcp/` (written to a temporary folder, then renamed): every rank's shards of
-model, optimizer and EMA keyed by parameter name (loadable on any number of ranks), and rank 0's `meta.pt` with the
-rest of the trainer state. Loading never unpickles anything but plain data (`read_metadata`, `_SafeBytes`)."""
+"""Sharded checkpoints of FSDP2/HSDP runs with torch.distributed.checkpoint (DCP; docs/performance.md), and
+safetensors export. Loading never unpickles anything but plain data (`read_metadata`, `_SafeBytes`)."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,5 @@
-"""The export folder's format and its loader (the writer: runs/export.py, `genlab export RUN --out DIR`): config.toml,
-model.safetensors (tied tensors stored once, re-tied on load), genlab.json (format version, data spec, step, which
-weights, the weights' sha256) and the model card README.md; docs/export.md. Loading reads JSON, TOML and safetensors
-only: nothing in the folder is unpickled or run.
+"""The export folder's format and its loader (the writer: runs/export.py, `genlab export RUN --out DIR`; the format:
+docs/export.md). Loading reads JSON, TOML and safetensors only: nothing in the folder is unpickled or run.
 """
 from __future__ import annotations
 

@@ -131,10 +131,8 @@ def _mesh_dims(info, tcfg, hybrid: bool) -> tuple[int, int]:
 
 
 def _fully_shard_model(model, mesh, mp_policy=None, keep_last: int = 0, prefetch: int = 0):
-    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root. keep_last: the last
-    blocks keep their gathered parameters after the forward (their backward comes right after: one all-gather saved
-    each, for memory). prefetch: block i's forward issues the all-gathers of blocks i+1..i+k and its backward those
-    of i-1..i-k, instead of FSDP2's implicit order."""
+    """fully_shard each block (its all-gather overlaps the previous block's compute), then the root; keep_last and
+    prefetch: train.fsdp_keep_last and train.fsdp_prefetch (docs/performance.md)."""
     from torch.distributed.fsdp import fully_shard
     kw = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
     blocks = list(model.blocks)

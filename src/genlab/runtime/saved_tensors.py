@@ -1,8 +1,6 @@
 """Activation memory, measured: the bytes autograd saves for backward in one step, and what FP8 storage of them would
-save (COAT, Xi et al. 2024: float8 e4m3 with per-group scales; counted, not run). Every tensor the forward saves passes
-saved_tensors_hooks' pack hook; each distinct storage counts once at full size (a view of qkv is the whole qkv buffer),
-so the sum is what backward holds. Parameter storages are excluded (they live anyway); parameter-sized non-parameters
-(autocast's bf16 weight copies) are in, and `fit_per_sample` separates them from what grows with the batch.
+save (COAT; counted, not run; docs/precision.md). Each distinct storage counts once at full size (a view of qkv is the
+whole qkv buffer); parameter storages are excluded, parameter-sized copies (autocast's bf16 weights) are in.
 """
 from __future__ import annotations
 

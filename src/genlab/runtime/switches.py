@@ -233,9 +233,8 @@ def backward_context(tcfg):
 
 
 def compile_optimizer_step(optimizer, device):
-    """Rebuild a torch optimizer for a compiled `step`: the LR a 0-d tensor per group filled by `set_lr` (a float would
-    be a guarded constant: every schedule change would recompile); the single-tensor path, which inductor fuses (fused
-    kernels are opaque to dynamo); on CUDA capturable step counts (else Adam reads a CPU step count back every step)."""
+    """Rebuild a torch optimizer for a compiled `step` (train.compile_optimizer, docs/performance.md): the LR a 0-d
+    tensor per group (a float would recompile at every schedule change), the single-tensor path, capturable on CUDA."""
     if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
         raise GenlabError(f"train.compile_optimizer=true works with torch's adamw, adam and sgd; "
                           f"{type(optimizer).__module__}.{type(optimizer).__name__} cannot (heavyball compiles its own step)")
@@ -268,8 +267,7 @@ def ema_update_device_weight(ema: list, params: list, weight: torch.Tensor) -> N
 
 class CompiledUpdate:
     """The optimizer steps and the EMA update (weight 1 - decay in a 0-d tensor) as one function compiled in
-    `update_mode` (`train.compile_optimizer=true`); not for runs with a GradScaler (it reads found-inf on the host)
-    or after-step hooks (they sit between the two)."""
+    `update_mode` (`train.compile_optimizer=true`); not with a GradScaler or after-step hooks."""
 
     def __init__(self, optimizers, ema_params, params, tcfg, device):
         self.optimizers = list(optimizers)

@@ -17,11 +17,41 @@ from genlab.nn.sparse_attention import (
     density_report,
     layer_groups,
     make_block_mask,
-    reference_mask,
     sparse_pattern_registry,
 )
 
 PATTERNS = ("dense", "strided", "fixed")
+
+
+# -- brute force from the paper's set definitions (genlab.nn.sparse_attention's docstring) --------------------
+def reference_sets(pattern: str, part: int | None, n: int, l: int, c: int, groups: int = 1) -> list[set]:
+    """A_i for every i, built literally from the definitions above with Python sets and loops.
+    part None = the union of the parts (merged); dense has one part; fixed has 1 + groups."""
+    def strided(i):
+        a1 = set(range(max(0, i - l), i + 1))
+        a2 = {j for j in range(i + 1) if (i - j) % l == 0}
+        return [a1, a2]
+
+    def fixed(i):
+        a1 = {j for j in range(i + 1) if j // l == i // l}
+        subs = [set(range(l - (g + 1) * c, l - g * c)) for g in range(groups)]
+        return [a1] + [{j for j in range(i + 1) if j % l in sub} | {i} for sub in subs]
+
+    def dense(i):
+        return [set(range(i + 1))]
+    fn = {"strided": strided, "fixed": fixed, "dense": dense}[pattern]
+    out = []
+    for i in range(n):
+        sets = fn(i)
+        out.append(set().union(*sets) if part is None else sets[part])
+    return out
+
+
+def reference_mask(pattern: str, part: int | None, n: int, l: int, c: int, groups: int = 1) -> torch.Tensor:
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i, s in enumerate(reference_sets(pattern, part, n, l, c, groups)):
+        m[i, sorted(s)] = True
+    return m
 
 
 def tiny(pattern="strided", mode="split", size=4, channels=2, dim=32, depth=2, heads=2, **kw):

@@ -8,9 +8,19 @@ import pytest
 import torch
 from conftest import TINY, cli_in_process
 
-from genlab.lab.analyze.cka import cka_matrix, layer_similarity, linear_cka
+from genlab.lab.analyze.cka import centred, cka_matrix, layer_similarity
 from genlab.sampling.block_cache import cached_blocks
 from genlab.sampling.skip import skip_blocks, skip_plans
+
+def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
+    """The pairwise reference of cka_matrix: CKA of [n, d1] and [n, d2] feature matrices, in float64 (a bf16 run's features are widened first)."""
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"CKA needs the same rows on both sides, got {x.shape[0]} and {y.shape[0]}")
+    x, y = centred(x), centred(y)
+    cross = (y.T @ x).square().sum()
+    norm = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
+    return float(cross / norm) if float(norm) > 0 else float("nan")  # a constant representation has no CKA
+
 
 SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
 

@@ -48,10 +48,10 @@ def _nf4_reference(w):
 
 
 def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bound():
-    from genlab.nn.ptq import get_format
+    from genlab.nn.ptq import ptq_registry
     w = _weights(256, 128)
     m = _linear(w)
-    get_format("nf4").apply(m, torch.device("cpu"))
+    ptq_registry.get("nf4").apply(m, torch.device("cpu"))
     q = m.weight
     ref_codes, near_tie, half_gap, bound = _nf4_reference(w)
     packed = q.quantized_data
@@ -64,10 +64,10 @@ def test_nf4_codes_match_a_float64_reference_and_error_is_within_the_codebook_bo
 
 
 def test_int8_weight_only_round_trip_is_within_half_a_scale_per_element():
-    from genlab.nn.ptq import get_format
+    from genlab.nn.ptq import ptq_registry
     w = _weights(96, 64, seed=1)
     m = _linear(w)
-    get_format("int8").apply(m, torch.device("cpu"))
+    ptq_registry.get("int8").apply(m, torch.device("cpu"))
     q = m.weight
     scale = q.scale.double().reshape(-1, 1)
     # symmetric per-row scale: the row's absmax spread over 255 steps
@@ -197,7 +197,7 @@ def test_trend_recovers_a_linear_in_log_gap():
 
 def _check_block_linear_close_to_float(fmt, dev):
     """A block linear quantized to `fmt` on `dev` gives outputs within its format's per-output rounding bound."""
-    from genlab.nn.ptq import check_format, get_format
+    from genlab.nn.ptq import check_format, ptq_registry
     try:
         check_format(fmt, dev)
     except Exception as e:  # fp8 below SM89
@@ -207,7 +207,7 @@ def _check_block_linear_close_to_float(fmt, dev):
     x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1)).to(dev)
     with torch.no_grad():
         ref = m(x)
-        get_format(fmt).apply(m, dev)
+        ptq_registry.get(fmt).apply(m, dev)
         y = m(x)
     assert y.dtype == torch.float32
     err, bound = (y - ref).abs(), _rounding_bound(fmt, x, w, m.bias.float(), ref)

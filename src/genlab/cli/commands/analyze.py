@@ -32,7 +32,6 @@ def cmd_analyze(args):
     return 0
 
 
-
 def add_parser(sub):
     a = sub.add_parser("analyze", help="what the layers of an image flow run learn: CKA heat maps, layer skipping, "
                                        "a cached-block sampler (docs/analyze.md)")

@@ -12,7 +12,6 @@ from genlab.core.errors import GenlabError
 ORDER = 7
 
 
-
 def cmd_report(items, args):
     if len(items) != 2:
         raise GenlabError("usage: genlab sweep report DIR [--compare DIR2]")

@@ -17,9 +17,8 @@ from genlab.nn.conditions import ConditionSet, combine
 from genlab.nn.embeddings import TimestepEmbedder, embed_flops
 from genlab.nn.fused_final import final_kernel_registry
 from genlab.nn.mlp import TokenGrid, mlp_registry
-from genlab.nn.norm import norm_modulate_by, residual_ops_by
+from genlab.nn.norm import norm_modulate_by, residual_ops_by, residual_registry
 from genlab.nn.positions import build_position
-from genlab.nn.residual import residual_registry
 from genlab.families.base import method_registry
 
 # name -> (dim, depth, heads); S/B/L/XL as in the DiT paper, tiny/small extras for CPU work.

@@ -9,8 +9,7 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.nn.norm import norm_registry
-from genlab.nn.residual import residual_registry
+from genlab.nn.norm import norm_registry, residual_registry
 from genlab.families.image_flow.dit import (
     DitKeys,
     IMAGE_BACKBONE,

@@ -9,7 +9,6 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.nn.residual import residual_registry
 from genlab.families.image_flow.dit import (
     DitKeys,
     IMAGE_BACKBONE,
@@ -29,6 +28,7 @@ from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.conditions import combine
 from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
+from genlab.nn.norm import residual_registry
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
 

@@ -1,11 +1,6 @@
-"""Linear CKA between the blocks of an image backbone (Kornblith et al. 2019, "Similarity of Neural Network
-Representations Revisited", arXiv:1905.00414).
-
-For centred feature matrices X [n, d1] and Y [n, d2] (rows: the same n examples),
-    CKA(X, Y) = ||Yᵀ X||_F² / (||Xᵀ X||_F · ||Yᵀ Y||_F),
-the normalised HSIC of the linear kernels K = X Xᵀ and L = Y Yᵀ, computed in the feature space (d x d) instead of
-the example space (n x n). It is 1 for X with itself and invariant to orthogonal transforms and isotropic scaling
-of either side. Here a block's representation is its output tokens on the patch grid, one row per (sample, token).
+"""Linear CKA between the blocks of an image backbone (Kornblith et al. 2019, arXiv:1905.00414), computed in the
+feature space (d x d) instead of the example space (n x n); the formula and its properties: docs/analyze.md. Here a
+block's representation is its output tokens on the patch grid, one row per (sample, token).
 """
 from __future__ import annotations
 
@@ -19,16 +14,6 @@ from genlab.families.image_flow.flow import interpolate
 def centred(x: torch.Tensor) -> torch.Tensor:
     x = x.double()
     return x - x.mean(0, keepdim=True)
-
-
-def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
-    """CKA of [n, d1] and [n, d2] feature matrices, in float64 (a bf16 run's features are widened first)."""
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"CKA needs the same rows on both sides, got {x.shape[0]} and {y.shape[0]}")
-    x, y = centred(x), centred(y)
-    cross = (y.T @ x).square().sum()
-    norm = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
-    return float(cross / norm) if float(norm) > 0 else float("nan")  # a constant representation has no CKA
 
 
 def cka_matrix(feats: list[torch.Tensor]) -> torch.Tensor:

@@ -130,9 +130,8 @@ def _save(out: Path, res: dict) -> None:
 
 
 def _warm_up_and_pick(sampler, base, blocks, output_probe=False):
-    """One sampling pass before the timed baseline (it pays the one-off costs); it also measures how much each block's
-    contribution changes between evaluations (per evaluation, for the step-aware schedule); with --cache-blocks half
-    it picks the half that changes least on average (auto searches later, against the unskipped FD)."""
+    """The warm-up sampling pass before the timed baseline, measuring each block's change between evaluations; with
+    --cache-blocks half it also picks the half that changes least (docs/analyze.md)."""
     depth = len(base.blocks)
     with block_change(base, output_probe) as ch:
         sampler.draw("analyze: warm-up", sampler.labels[:sampler.cfg.eval.batch_size])

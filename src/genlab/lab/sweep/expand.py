@@ -1,8 +1,5 @@
 """Axes -> variants: a grid (crossed keys), zipped keys, named variants, constant-parameter sizes, named variants
-matched in parameters to a reference DiT; x seeds.
-
-Variant names are stable and readable (`compile=model`, `depth=6-dim=1088`, `lr=0.001-ema`): the last
-part of each key and its value, joined by '-'; a run adds the seed suffix `-s<seed>`.
+matched in parameters to a reference DiT; x seeds. Variant names (`depth=6-dim=1088`, `-s<seed>`): docs/sweeps.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The quality-vs-NFE part of a sweep report, for sweeps whose runs were evaluated with `eval.nfe_list` (each run's
-eval_nfe.json, written by `genlab eval`): one table method x (sampler, NFE) with the run's cost, two plots and the
-runs' sample grids stacked into one picture.
-
-Ratios divide by each run's `reference` run (the sweep's, a named variant's or a stage's own; e.g. the teacher): FD / the reference's best FD at <= 100 NFE (any of
-its samplers), and cost as % of the reference's training. Cost = device-seconds of the run on top of its root teacher
-(its own training + the data generated for it + intermediate teachers; eval/cost.py); a run without a teacher
-(the reference itself, a model trained from scratch) costs its own training. First finished seed of each variant.
+eval_nfe.json): one table method x (sampler, NFE) with the run's cost and its ratios to the run's `reference`, two
+plots and the runs' sample grids stacked into one picture (docs/sweeps.md). First finished seed of each variant.
 """
 from __future__ import annotations
 

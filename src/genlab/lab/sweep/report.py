@@ -1,8 +1,5 @@
-"""Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids).
-
-Every number comes from the run's own files (metrics.jsonl, config.toml). Throughput, MFU and data-wait average the
-logged intervals after each process's first (compilation, warm-up); peak memory is the maximum; wall time is the
-training wall-clock to the last step; eval metrics are the run's last. Seeds combine as mean ± sample std.
+"""Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids). Every number
+comes from the run's own files (metrics.jsonl, config.toml); how each column is aggregated: docs/sweeps.md.
 """
 from __future__ import annotations
 
@@ -20,6 +17,7 @@ from genlab.families.models import model_registry
 from genlab.lab.match import param_count as count
 from genlab.lab.sweep.nfe_report import write_nfe_report
 from genlab.lab.sweep.tables import render
+from genlab.runtime.checkpoint import read_summary
 from genlab.runtime.metrics import read_metrics, train_records
 
 COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "step_time", "peak_mem_gib", "optim_state_mib",
@@ -261,10 +259,8 @@ def unrecorded(rows, cols, wanted) -> str:
 
 def run_stalled(run_dir: Path) -> bool:
     """The run's summary.json says it ended at the level of a predictor that ignores its input (training/stall.py)."""
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text()).get("stalled") is True
-    except (OSError, ValueError, AttributeError):
-        return False
+    summary = read_summary(run_dir)
+    return isinstance(summary, dict) and summary.get("stalled") is True
 
 
 def _status_text(r) -> str:

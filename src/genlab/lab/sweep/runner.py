@@ -1,7 +1,5 @@
 """Run every variant of a sweep as its own `genlab train` process; record what happened to each in
-sweeps/<name>/status.json (rewritten atomically after every run). Run states: finished | failed (crash, OOM, timeout,
-non-finite loss: a reason and a log) | skipped (needs more GPUs than visible or chosen) | interrupted | not_run (time
-budget used up); a re-run resumes the interrupted and not_run ones, and the failed and skipped with --retry-failed.
+sweeps/<name>/status.json (rewritten atomically after every run). Run states and resuming: docs/sweeps.md.
 """
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
 from genlab.lab.sweep.stages import Stage, resolve, stage_output
 from genlab.nn.convert import check_converters, converters_of
+from genlab.runtime.checkpoint import read_summary
 from genlab.runtime.switches import precision_registry
 
 REPO_SRC = Path(__file__).resolve().parents[3]
@@ -111,7 +110,6 @@ def check_runs(sw: Sweep, root="sweeps") -> None:
     _check_same_overrides(sw, sweep_dir(sw, root))
 
 
-
 def _check_build(cfg, launcher: str, gpus: int) -> None:
     """The trainer's device checks before it builds a model (float8 precision needs an H100-class GPU)."""
     import torch
@@ -130,21 +128,13 @@ def _check_same_overrides(sw: Sweep, d: Path) -> None:
                           f"[{' '.join(sw.cli) or 'none'}]; give those, or another --root")
 
 
-def _summary_status(run: Path) -> str | None:
-    p = run / "summary.json"
-    try:
-        return json.loads(p.read_text()).get("status") if p.exists() else None
-    except json.JSONDecodeError:
-        return None
-
-
 def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
     """One line: why a run failed, from its exit code, summary and log."""
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     if "out of memory" in text.lower():
         return "oom: " + next((x for x in reversed(lines) if "out of memory" in x.lower()), "")[:200]
-    if rc == 3 or "genlab: diverged" in text or (run is not None and _summary_status(run) == "diverged"):
+    if rc == 3 or "genlab: diverged" in text or (run is not None and read_summary(run).get("status") == "diverged"):
         return "diverged: " + next((x for x in reversed(lines) if "diverged" in x or "non-finite" in x), "non-finite loss")[:200]
     if rc == 2:
         return "bad config: " + (lines[-1] if lines else "")[:200]
@@ -308,7 +298,7 @@ def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float,
              batched: bool = False) -> dict:
     """One run's record from its process's exit code and its own summary.json."""
     rec = {"log": str(log), "run_dir": str(run), "seconds": time.time() - t0, "resumed": resume}
-    st = _summary_status(run)
+    st = read_summary(run).get("status")
     if interrupted or (rc == 0 and st == "interrupted"):
         rec.update(status="interrupted", reason="interrupted; re-run the sweep to resume")
     elif rc is None and st == "finished" and (run / "summary.json").stat().st_mtime >= t0:
@@ -326,7 +316,6 @@ def _outcome(run: Path, log: Path, rc: int | None, interrupted: bool, t0: float,
     return rec
 
 
-
 def _members(vs: list[Variant]) -> dict | None:
     """batched_variants: the train.* lists whose cross product with the seeds is exactly the runs `vs` (in order of
     first appearance), or None when they are not such a product (e.g. some of a grid's runs already finished)."""
@@ -339,11 +328,9 @@ def _members(vs: list[Variant]) -> dict | None:
 
 
 def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None = None) -> list[dict] | None:
-    """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process
-    (batched_seeds = true), or with batched_variants several variants' runs that differ only in batchable grid axes
-    (train.lrs=..., the name template of Variant.batch): the same run folders and records as one process per run.
-    Runs whose folders are at different points (some checkpointed, some not), or a set of variants that is not a grid,
-    cannot run batched: None, and the caller runs them one by one."""
+    """A variant's seeds (`vs`, all still to do) as one batched `genlab train ... train.seeds=...` process, or with
+    batched_variants the runs of several variants that differ only in batchable grid axes (docs/sweeps.md); None when
+    they cannot run batched (folders at different points, not a grid): the caller runs them one by one."""
     runs = d / "runs"
     lists = _members(vs) if vs[0].batch is not None else {}
     if lists is None:
@@ -379,7 +366,7 @@ def _stage_done(st: Stage, d: Path, status: dict) -> bool:
         return False
     if not st.is_run:
         return stage_output(d, st).exists() or not any("{out}" in w for w in st.command)
-    return stage_output(d, st).exists() and _summary_status(stage_output(d, st)) == "finished"
+    return stage_output(d, st).exists() and read_summary(stage_output(d, st)).get("status") == "finished"
 
 
 def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
@@ -474,7 +461,7 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
     for v in sw.variants:
         st = status.get(v.run_name, {}).get("status")
         run = d / "runs" / v.run_name
-        if st != "finished" and _summary_status(run) == "finished" and (run / "metrics.jsonl").exists():
+        if st != "finished" and read_summary(run).get("status") == "finished" and (run / "metrics.jsonl").exists():
             status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
                                   "overrides": v.overrides}
@@ -487,13 +474,9 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
 
 def run_sweep(sw: Sweep, root="sweeps", retry_failed: bool = False, progress: bool = True,
               max_time: float | None = None, jobs_per_gpu: int = 1, gpus: list[int] | None = None) -> Path:
-    """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long;
-    the rest are recorded as not_run and a later call does them. `jobs_per_gpu` > 1 packs that many
-    single-process runs onto each GPU at once (small models leave a GPU mostly idle); their step times
-    are then shared-GPU times, and each run's record says so. A packed run that runs out of memory is run
-    again alone once the others are done (its record keeps the first failure in `retried_alone_after`).
-    `gpus` (from choose_gpus; None: all visible) are the GPUs it may use: the per-GPU pool has these, single runs
-    otherwise go on the first, a multi-process run on its first nproc; each record names its `gpus`."""
+    """Run what is left of a sweep, then write its report. `max_time` (s): start no run after this long (the rest are
+    not_run); `jobs_per_gpu` > 1 packs single-process runs onto each GPU; `gpus` (choose_gpus; None: all visible) are
+    the GPUs it may use. How runs are placed and retried: docs/sweeps.md."""
     d = sweep_dir(sw, root)
     d.mkdir(parents=True, exist_ok=True)
     with sweep_lock(d):

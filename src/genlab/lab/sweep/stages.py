@@ -1,7 +1,5 @@
-"""A sweep's [[stage]] entries (runs and commands that run first, in order), its [params] and placeholders; the
-format is docs/sweeps.md (a sweep of stages alone is a benchmark suite, benchmarks/suites/*.toml). `{stage:NAME}` is
-a run stage's run folder (sweeps/<sweep>/runs/NAME) or a command stage's {out} (sweeps/<sweep>/stages/NAME); `{NAME}`,
-`{NAME?TEXT}` and `{NAME=VALUE?TEXT}` of a parameter or matrix value are filled when the file is read.
+"""A sweep's [[stage]] entries (runs and commands that run first, in order), its [params] and placeholders
+(`{stage:NAME}`, `{NAME}`, `{NAME?TEXT}`, `{NAME=VALUE?TEXT}`); the format is docs/sweeps.md.
 """
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
 """A sweep's tables of stage rows (the benchmark suites' tables): each [tables.NAME] of the sweep file is one table
-of the report, its rows the stages that name it (`table = "NAME"`), in sweep order.
-
-    [tables.dist]
-    title = "DDP and FSDP2 on two GPUs against one"
-    columns = ["name", "bench", {key = "world", label = "GPUs"},
-               {label = "vs 2 x single", ratio = "samples_per_s", baseline = { name = "d1" }, per = "world", pct = true}]
-    append = ["{stage:d1}/prof/profile.md"]      # files whose text follows the table
-
-A stage's row is what it measured, with its `name` and `status`: a run stage's summary.json (and its metrics.jsonl
-for `curve` columns); a command stage's JSON (`genlab bench` writes logs/NAME.json; otherwise the JSON object its
-output ends with). A column is "bench" (the columns `genlab bench` prints), a key, or {key, label, fmt, scale, pct,
-curve, ratio, baseline, match, per, invert}: a key is looked up in the row, dotted for nesting, failing that as the
-last part of a nested key (eval's "eval/feature_fd" for feature_fd); `curve = "eval/val_loss"` lists that metric by
-step; a ratio column divides a key by the same key of the baseline row (the first whose fields equal `baseline` and
-whose `match` fields equal this row's; `invert` divides the other way, `per` again by a field of the row). Without
-`columns` a table is the text its stages printed (`keep = "table"`: only markdown table lines; `tail = N`: the last N
-lines); `format = "loss_windows"`: each run's mean training loss per 50-step window against the first run's.
+of the report, its rows the stages that name it, in sweep order; columns, ratios and curves: docs/sweeps.md.
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Image autoencoders for latent diffusion, chosen by a string NAME[:ARG] (registry `autoencoder`).
-
-Every entry builds a `LatentCodec`: `encode` maps images in [-1, 1] [B, C, H, W] to *normalised* latents
-z = (raw - shift) * scale [B, c, H/f, W/f] (the convention of the SD/SDXL/SD3 VAEs' scaling_factor and
-shift_factor, so a diffusion model sees roughly unit-variance inputs); `decode` inverts it back to [-1, 1].
-`describe()` is what a latent dataset stores to rebuild the same codec for decoding. `unshuffle:F` (here) is the
-lossless, weight-free codec that folds each F x F pixel patch into channels: a reference point for latent runs and
-the exact inverse the latent pipeline's tests check against.
+"""Image autoencoders for latent diffusion, chosen by a string NAME[:ARG] (registry `autoencoder`): each builds a
+`LatentCodec` whose `encode` maps images in [-1, 1] to normalised latents z = (raw - shift) * scale and `decode`
+inverts it (docs/latents.md). `unshuffle:F` (here) is the lossless, weight-free codec: the tests' exact reference.
 """
 from __future__ import annotations
 

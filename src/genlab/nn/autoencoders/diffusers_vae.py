@@ -1,12 +1,6 @@
-"""`diffusers:PATH`: a diffusers `AutoencoderKL` (SD 1.x/2.x, SDXL, SD3/FLUX-style VAEs) from a local folder as
-`save_pretrained` writes it: config.json + diffusion_pytorch_model.safetensors. Nothing is downloaded and loading
-runs no code: pickled weights (.bin, .ckpt, .pt) are refused (convert them once with `AutoencoderKL.from_pretrained(
-path).save_pretrained(path, safe_serialization=True)` where you trust them). scale = config.scaling_factor, shift =
-config.shift_factor (0 when absent), so z = (mean - shift) * scale as SD3/FLUX pipelines do.
-
-encode returns the posterior *mean*, not a sample: with a KL weight of ~1e-6 the posterior std is small next to the
-latents' spread, and the mean makes `genlab data encode` deterministic, resumable and the same on every rank (DiT
-samples the posterior every step; a codec that needs the std reads it from `posterior(x)`).
+"""`diffusers:PATH`: a diffusers `AutoencoderKL` from a local `save_pretrained` folder (config.json +
+diffusion_pytorch_model.safetensors; docs/latents.md). Nothing is downloaded and loading runs no code: pickled weights
+are refused. z = (mean - shift_factor) * scaling_factor as SD3/FLUX pipelines do; encode returns the posterior mean.
 """
 from __future__ import annotations
 
