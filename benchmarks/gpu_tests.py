@@ -84,6 +84,13 @@ def pytest_collection_modifyitems(config, items):
 pytest_collection_modifyitems.trylast = True  # pluggy reads the attribute set by @pytest.hookimpl(trylast=True)
 
 
+def pytest_runtest_logreport(report):
+    """As the plugin: a failure's traceback printed when it happens, so a stream stopped by its limit keeps it (pytest
+    prints them only in the final summary)."""
+    if report.failed:
+        print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n---", flush=True)
+
+
 def _stop(proc):
     """SIGTERM to the stream's process group (pytest stops at once), SIGKILL if it is still there 10 s later."""
     try:
