@@ -51,6 +51,9 @@ def test_streams_report_each_outcome_and_what_a_stopped_stream_never_reached(tmp
     assert listed == ["- failed: test_fake_device.py::test_b_fail", "- not reached: test_fake_device.py::test_d_slow",
                       "- not reached: test_fake_device.py::test_e_after[r]"], text
     assert "test_a_pass PASSED" in (out.parent / "gpu_tests_stream0.log").read_text()
+    # stream 1 was stopped before pytest's summary: the failure's traceback was printed when it happened
+    assert re.search(r"test_b_fail \(call\) failed:\n.*assert 1 == 2", (out.parent / "gpu_tests_stream1.log").read_text(),
+                     re.S)
 
 
 @pytest.mark.slow  # two pytest streams in subprocesses (~6 s on 2 cores)
