@@ -372,6 +372,3 @@ def select(sw: Sweep, only: list[str]) -> Sweep:
     used |= needs(sw.stages, [f"{{stage:{n}}}" for n in used])
     sw.stages = [st for st in sw.stages if st.name in used]
     return sw
-
-
-__all__ = ["Sweep", "Variant", "load_sweep", "select", "LAUNCHERS"]
