@@ -7,13 +7,9 @@ real-vs-real figures (docs/fid.md, "Checking the pipeline").
     PYTHONPATH=src python benchmarks/bench_eval_metrics.py --fid-protocol ~/pt_inception-2015-12-05-6726825d.pth \\
         --data data/cifar10_train --val data/cifar10_test --expect cifar10
 
---fid-protocol needs the published Inception weights (a download). With genlab's own code path (inception.py,
-ref_stats.py, frechet.py, inception_score.py) it computes FID and sFID of --data against --val (statistics streamed as
-`genlab data ref-stats` writes them), the Inception Score of --data (10 consecutive splits, genlab's rule, and
-torch-fidelity's: shuffled with seed 2020), and the same FID with two deliberate input mistakes (nearest-neighbour
-resize; pixels in [0, 1] instead of [-1, 1]) to show how far such a mistake moves it; `--expect cifar10` compares with
-PUBLISHED (sources in docs/fid.md): torch-fidelity resizes like TensorFlow 1 and normalises (x - 128) / 128 where
-genlab follows pytorch-fid (half-pixel bilinear, x / 127.5 - 1), so the IS may differ a little.
+--fid-protocol needs the published Inception weights (a download); what it computes through genlab's own code path
+(FID, sFID, the Inception Score two ways, FID with two deliberate input mistakes) and the PUBLISHED figures it is
+compared with (`--expect cifar10`): docs/fid.md, "Checking the pipeline".
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ import torch
 from common import REPO, genlab_env
 
 from genlab.core.tables import markdown_table
+from genlab.lab.sweep.runner import _stop
 
 OUTCOME = re.compile(r"^(\S+::\S.*?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
 
@@ -56,7 +57,7 @@ def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, 
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
-        timer = threading.Timer(limit, lambda: _stop(proc))
+        timer = threading.Timer(limit, lambda: _stop(proc, signal.SIGTERM, 10))  # pytest stops at once
         timer.start()
         try:
             for line in proc.stdout:
@@ -89,17 +90,6 @@ def pytest_runtest_logreport(report):
     prints them only in the final summary)."""
     if report.failed:
         print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n---", flush=True)
-
-
-def _stop(proc):
-    """SIGTERM to the stream's process group (pytest stops at once), SIGKILL if it is still there 10 s later."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def report(results: list[dict]) -> tuple[str, bool]:

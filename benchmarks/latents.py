@@ -6,16 +6,10 @@ another one without a download.
     python benchmarks/latents.py upsample data/fashion-mnist data/fashion128 --size 128
     python benchmarks/latents.py jpeg-folder data/fashion-mnist data/fashion_jpg --size 288 --n 20000
 
-`encode`: how fast does genlab run the SD-VAE encoder (issue 35's target: >= 1,000 256x256 images/s per H100)? A
-diffusers AutoencoderKL with SD 1.x's VAE config (`SD_VAE`; factor 8: 256x256x3 -> 32x32x4) and random weights (the
-speed does not depend on them) encodes N images (random, or --source resized to --size) with genlab's own encode
-(`encode_dataset`, what `genlab data encode` calls) after a warm-up of a few batches. img/s is meta.json's `encode`
-cost: source images per second, each encoded once per flip variant. `err` is the largest |latent - fp32 latent| of the
-same images over the latents' std (the stored float16 alone gives ~1e-3). `upsample`: resized to SIZE x SIZE (bicubic,
-rounded to uint8) as a new prepared set, the real images of a small set at a resolution where an autoencoder has
-something to compress (Fashion-MNIST 28 -> 128: 32x32x4 latents at factor 4; `genlab data prepare` resizes only when it
-decodes image files). `jpeg-folder`: an ImageNet-style class folder of RGB JPEG files (`OUT/<class>/<i>.jpg`) at SIZE x
-SIZE, so the file-decoding path (`genlab data prepare shards`, then `data.name=shards`) is measured on real files.
+`encode` (SD 1.x's VAE config, random weights, through genlab's own `encode_dataset`; img/s and `err` as in
+docs/latents.md, "GPU benchmark suite") and `upsample` (bicubic, as a new prepared set): docs/latents.md. `jpeg-folder`:
+an ImageNet-style class folder of RGB JPEG files (`OUT/<class>/<i>.jpg`) at SIZE x SIZE, so the file-decoding path
+(`genlab data prepare shards`, then `data.name=shards`) is measured on real files.
 """
 from __future__ import annotations
 

@@ -110,11 +110,6 @@ def _event_device_us(e) -> float:
     return 0.0
 
 
-def _is_annotation(name: str) -> bool:
-    """GPU-side ranges of record_function / optimizer annotations, which are not kernels."""
-    return name.startswith(("Optimizer.", "ProfilerStep", "## ")) or "#" in name.split("(")[0]
-
-
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted, disjoint cover of the intervals."""
     out: list[list[float]] = []
@@ -155,7 +150,9 @@ def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
     spans = {"comm": [], "compute": []}  # kernel [start, end] in us: how much communication compute hides
     if b.device.type == "cuda":
         for e in prof.events():  # device-side events: one per kernel launch
-            if str(getattr(e, "device_type", "")).endswith("CUDA") and not _is_annotation(e.name):
+            # not the GPU-side ranges of record_function / optimizer annotations, which are not kernels
+            annotation = e.name.startswith(("Optimizer.", "ProfilerStep", "## ")) or "#" in e.name.split("(")[0]
+            if str(getattr(e, "device_type", "")).endswith("CUDA") and not annotation:
                 tr = getattr(e, "time_range", None)
                 us = tr.elapsed_us() if tr is not None else _event_device_us(e)
                 k = kernels.setdefault(e.name, [0.0, 0])

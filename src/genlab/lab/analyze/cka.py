@@ -29,13 +29,6 @@ def cka_matrix(feats: list[torch.Tensor]) -> torch.Tensor:
     return m
 
 
-def image_tokens(out, num_tokens: int) -> torch.Tensor:
-    """A block's output on the patch grid: an MMDiT dual block returns (image, context) streams; blocks over a joint
-    sequence (MMDiT single-stream, in-context DiT) put the conditioning tokens first, so the grid is the tail."""
-    h = out[0] if isinstance(out, tuple) else out
-    return h[:, -num_tokens:]
-
-
 @contextmanager
 def block_outputs(model):
     """Collects every block's grid tokens as [batch * tokens, dim] while the model runs (forward hooks; the blocks'
@@ -44,7 +37,9 @@ def block_outputs(model):
 
     def hook(i):
         def save(_mod, _inp, out):
-            h = image_tokens(out, model.num_tokens)
+            # the grid tokens: an MMDiT dual block returns (image, context) streams; blocks over a joint sequence
+            # (MMDiT single-stream, in-context DiT) put the conditioning tokens first, so the grid is the tail
+            h = (out[0] if isinstance(out, tuple) else out)[:, -model.num_tokens:]
             feats[i] = h.reshape(-1, h.shape[-1]).detach()
         return save
     handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(model.blocks)]

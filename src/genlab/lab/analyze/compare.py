@@ -54,10 +54,6 @@ def summarize(res: dict) -> dict:
     return out
 
 
-def _label(s: dict) -> str:
-    return f"{Path(s['run']).name} ({s['depth']} blocks)"
-
-
 def heatmap_row(analyses: list[dict], t: str, out: Path) -> Path:
     """The runs' CKA maps at noise level t in one row, one colour scale (0..1)."""
     plt = _plt()
@@ -65,7 +61,8 @@ def heatmap_row(analyses: list[dict], t: str, out: Path) -> Path:
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n + 0.8, 3.6), squeeze=False)
     for ax, res in zip(axes[0], analyses):
         im = heatmap(ax, torch.tensor(res["cka"]["by_t"][t]))
-        ax.set_title(_label(summarize(res)), fontsize=8)
+        s = summarize(res)
+        ax.set_title(f"{Path(s['run']).name} ({s['depth']} blocks)", fontsize=8)
     axes[0][0].set_ylabel("block")
     fig.suptitle(f"linear CKA of block outputs, t = {t} (0 noise, 1 data)", fontsize=9)
     fig.colorbar(im, ax=list(axes[0]), shrink=0.85)

@@ -66,15 +66,6 @@ def check_args(what, batch, t, cache_blocks, cache_every, cache_tol=1.1):
     return parse_what(what), parse_ts(t), blocks
 
 
-def _check_run(cfg, method, model, cache_blocks):
-    if not isinstance(method, FlowMatching) or not hasattr(model, "blocks") or not hasattr(model, "num_tokens"):
-        raise GenlabError(f"genlab analyze needs an image flow-matching run (x_t = (1 - t) noise + t data, a backbone "
-                          f"with blocks); this run is method {cfg.method.name}, model {cfg.model.name}")
-    depth = len(model.blocks)
-    if isinstance(cache_blocks, list) and max(cache_blocks) >= depth:
-        raise GenlabError(f"--cache-blocks {max(cache_blocks)} out of range; this model has blocks 0..{depth - 1}")
-
-
 def _real_batch(data, n, device, seed=0):
     """n real images and labels, a fixed draw (seed 0) so analyses of two runs of one dataset see the same batch."""
     import numpy as np
@@ -180,7 +171,11 @@ def analyze_run(run, what="cka,skip,cache", batch=64, t="0.1,0.5,0.9", device="a
     what, ts, blocks = check_args(what, batch, t, cache_blocks, cache_every, cache_tol)
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     base = unwrap(model)
-    _check_run(cfg, method, base, blocks)
+    if not isinstance(method, FlowMatching) or not hasattr(base, "blocks") or not hasattr(base, "num_tokens"):
+        raise GenlabError(f"genlab analyze needs an image flow-matching run (x_t = (1 - t) noise + t data, a backbone "
+                          f"with blocks); this run is method {cfg.method.name}, model {cfg.model.name}")
+    if isinstance(blocks, list) and max(blocks) >= len(base.blocks):
+        raise GenlabError(f"--cache-blocks {max(blocks)} out of range; this model has blocks 0..{len(base.blocks) - 1}")
     method.cache_blocks = []  # every variant against the plain sampler, whatever the run's method.cache_blocks
     sampling = [w for w in what if w != "cka"]
     if sampling:

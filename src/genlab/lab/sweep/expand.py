@@ -168,12 +168,6 @@ def combine(entries: list[list[tuple]]) -> list[tuple[str, list, int, dict]]:
     return out
 
 
-def with_seeds(name: str, overrides: list, nproc: int, seeds: list, preset=None, eval_overrides=(), reference=None,
-               batch=None) -> list[Variant]:
-    return [Variant(name, overrides + [f"train.seed={s}"], s, nproc, preset, list(eval_overrides), reference=reference,
-                    batch=batch) for s in seeds]
-
-
 def batch_templates(axes: list, entries: list[list[tuple]], batchable: dict) -> list[dict | None]:
     """batched_variants: for each combination (combine's order), the name template and values of its entries from
     grid axes (key + values) over a batchable key (`batchable`: config key -> train list key, e.g. optim.lr -> lrs),

@@ -22,16 +22,12 @@ def _doc(run: Path) -> dict | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("rows"), list) else None
 
 
-def best_fd(doc: dict) -> dict | None:
-    rows = [r for r in doc["rows"] if r.get("feature_fd") is not None and r["nfe"] <= BEST_FD_MAX_NFE]
-    return min(rows, key=lambda r: r["feature_fd"]) if rows else None
-
-
 def _reference(name: str, docs: dict) -> dict:
     ref = {"name": name}
     if name in docs:
         rdoc = docs[name][1]
-        ref.update(best=best_fd(rdoc), gpu_seconds=(rdoc.get("cost") or {}).get("gpu_seconds"),
+        rows = [r for r in rdoc["rows"] if r.get("feature_fd") is not None and r["nfe"] <= BEST_FD_MAX_NFE]
+        ref.update(best=min(rows, key=lambda r: r["feature_fd"], default=None), gpu_seconds=(rdoc.get("cost") or {}).get("gpu_seconds"),
                    device=(rdoc.get("cost") or {}).get("device"))
     return ref
 
@@ -132,16 +128,6 @@ def plots(d: Path, out: list[dict], refs: dict) -> list[str]:
     return [first, save(fig, ax, "cost_vs_fd.png")]
 
 
-def stacked_grid(d: Path, rows: list[dict]) -> str | None:
-    """nfe_grid.png: every run's eval_nfe.png under its variant name (the same classes and noise in each)."""
-    items = [(r["variant"], d / "runs" / r["finished_runs"][0] / "eval_nfe.png") for r in rows if r["finished_runs"]]
-    items = [(n, p) for n, p in items if p.is_file()]
-    if not items:
-        return None
-    stack_pictures(items, d / "nfe_grid.png")
-    return "nfe_grid.png"
-
-
 def write_nfe_report(d: Path, rows: list[dict]) -> tuple[str, list[str]]:
     """(the markdown section, the picture files) — empty when no run has an eval_nfe.json."""
     out, refs = nfe_rows(d, rows)
@@ -150,5 +136,9 @@ def write_nfe_report(d: Path, rows: list[dict]) -> tuple[str, list[str]]:
     md = markdown(out, refs)
     (d / "nfe.md").write_text(md)
     (d / "nfe.json").write_text(json.dumps({"references": refs, "rows": out}, indent=2, default=str))
-    grid = stacked_grid(d, rows)
-    return md, plots(d, out, refs) + ([grid] if grid else [])
+    # nfe_grid.png: every run's eval_nfe.png under its variant name (the same classes and noise in each)
+    items = [(r["variant"], d / "runs" / r["finished_runs"][0] / "eval_nfe.png") for r in rows if r["finished_runs"]]
+    items = [(n, p) for n, p in items if p.is_file()]
+    if items:
+        stack_pictures(items, d / "nfe_grid.png")
+    return md, plots(d, out, refs) + (["nfe_grid.png"] if items else [])

@@ -24,23 +24,17 @@ COLUMNS = ["params_m", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "st
            "wall_time", "data_wait_frac"]
 
 
-def _image_spec(cfg) -> dict | None:
-    """The data shape of an image run, known without loading its data (synthetic, digits, a prepared folder)."""
-    shape_of = dataset_registry.spec(cfg.data.name).shape
-    shape = shape_of(cfg.data) if shape_of is not None else None
-    return {k: shape[k] for k in ("kind", "image_size", "channels", "num_classes")} if shape else None
-
-
 def param_count(run_dir: Path) -> int | None:
     """Parameters of an image-backbone run (dit, dit_incontext, mmdit), from its saved config (meta device, no
-    weights read)."""
+    weights read); its data shape is known without loading its data (synthetic, digits, a prepared folder)."""
     p = Path(run_dir) / "config.toml"
     if not p.exists():
         return None
     try:
         cfg = from_dict(load_toml(p))
-        spec = _image_spec(cfg) if model_registry.spec(cfg.model.name).family == "image" else None
-        return None if spec is None else count(cfg.model, spec)
+        shape_of = dataset_registry.spec(cfg.data.name).shape if model_registry.spec(cfg.model.name).family == "image" else None
+        shape = shape_of(cfg.data) if shape_of is not None else None
+        return count(cfg.model, {k: shape[k] for k in ("kind", "image_size", "channels", "num_classes")}) if shape else None
     except Exception:  # noqa: BLE001 - a column we cannot fill stays empty
         return None
 
@@ -70,7 +64,7 @@ def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
             row[f"loss@{s}"] = at[-1]["loss"] if at else None
         for s in loss_at_time:
             at = [r for r in train if r.get("wall_time") is not None and r["wall_time"] <= s]
-            row[f"loss@{_num(s)}s"] = at[-1]["loss"] if at and train[-1]["wall_time"] >= s else None
+            row[f"loss@{int(s) if float(s).is_integer() else s}s"] = at[-1]["loss"] if at and train[-1]["wall_time"] >= s else None
     for r in recs:
         for k, v in r.items():
             if k.startswith("eval/") and isinstance(v, (int, float)):
@@ -79,11 +73,6 @@ def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
 
 
 FD_KEY = "eval/feature_fd"  # what eval metric `fd` records (genlab.eval.metrics); fd_target races on it
-
-
-def final_fd(recs) -> float | None:
-    fds = [r[FD_KEY] for r in recs if isinstance(r.get(FD_KEY), (int, float))]
-    return fds[-1] if fds else None
 
 
 def time_to_fd(recs, target: float) -> tuple[int | None, float | None]:
@@ -125,7 +114,7 @@ def race_to_fd(d: Path, members, settings, status: dict, partial: bool = False) 
         ref_done = (status.get(ref) or {}).get("status") == "finished"
         if ref and ref_done and _reads(d, run_name, st, partial) and (d / "runs" / ref / "metrics.jsonl").exists():
             ref_recs, recs = read_metrics(d / "runs" / ref), read_metrics(d / "runs" / run_name)
-            goal = final_fd(ref_recs)
+            goal = next((r[FD_KEY] for r in reversed(ref_recs) if isinstance(r.get(FD_KEY), (int, float))), None)
             if goal is not None:
                 step, secs = time_to_fd(recs, goal)
                 _, ref_secs = time_to_fd(ref_recs, goal)
@@ -138,10 +127,6 @@ def race_to_fd(d: Path, members, settings, status: dict, partial: bool = False) 
 
 def _reads(d: Path, run_name: str, st: dict, partial: bool) -> bool:
     return st.get("status") == "finished" or (partial and (d / "runs" / run_name / "metrics.jsonl").exists())
-
-
-def _num(s) -> str:
-    return str(int(s)) if float(s).is_integer() else str(s)
 
 
 def _mean_std(vals):

@@ -418,11 +418,6 @@ class _Progress:
             self.bar.close()
 
 
-def stage_groups(stages: list[Stage]) -> list[list[Stage]]:
-    """Stages in order, those next to each other with one (non-empty) group together: they run at the same time."""
-    return [list(g) for _, g in itertools.groupby(stages, lambda st: st.group or id(st))]
-
-
 def _pass_interrupt(wait, stop: threading.Event):
     """wait(); Ctrl-C reaches only us (the runs have their own sessions): pass it on, so that they checkpoint."""
     try:
@@ -566,7 +561,8 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
 
     try:
         failed = set()  # stages that did not finish: what needs them is not run
-        for group in stage_groups(sw.stages):
+        # stages in order, those next to each other with one (non-empty) group together: they run at the same time
+        for group in [list(g) for _, g in itertools.groupby(sw.stages, lambda st: st.group or id(st))]:
             if len(group) == 1:
                 one_stage(group[0])
             else:

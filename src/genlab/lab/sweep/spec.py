@@ -13,7 +13,7 @@ from genlab.config.fields import did_you_mean
 from genlab.config.tree import SWEEP_DIR, load_config, load_toml
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import dataset_registry
-from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name, with_seeds
+from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name
 from genlab.lab.sweep.stages import RESERVED as RESERVED_NAMES
 from genlab.lab.sweep.stages import VALUE, check_placeholders, expand_all, needs, parse_stages, references, resolve
 from genlab.lab.sweep.tables import check_tables
@@ -346,8 +346,8 @@ def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli
         if ev:
             _check_eval(ev, preset, common + ov, f"variant '{label}'", src, sw.stages, nominal)
         nproc = max(nproc, sw.nproc if sw.launcher == "torchrun" else 1)
-        sw.variants.extend(with_seeds(label, common + ov, nproc, sw.seeds, extra["preset"], ev,
-                                      extra["reference"] or raw.get("reference"), batch))
+        sw.variants.extend(Variant(label, common + ov + [f"train.seed={s}"], s, nproc, extra["preset"], list(ev),
+                                   reference=extra["reference"] or raw.get("reference"), batch=batch) for s in sw.seeds)
 
 
 def select(sw: Sweep, only: list[str]) -> Sweep:
@@ -372,6 +372,3 @@ def select(sw: Sweep, only: list[str]) -> Sweep:
     used |= needs(sw.stages, [f"{{stage:{n}}}" for n in used])
     sw.stages = [st for st in sw.stages if st.name in used]
     return sw
-
-
-__all__ = ["Sweep", "Variant", "load_sweep", "select", "LAUNCHERS"]

@@ -88,9 +88,8 @@ def references(text: str) -> list[str]:
     return [m.group(2) for m in PLACEHOLDER.finditer(text) if m.group(1) == "stage"]
 
 
-def check_placeholders(texts, known: list[str], where: str, src: str, out_ok: bool = False) -> set:
-    """Every placeholder is {stage:NAME} of an earlier stage (or {out}, {left} in a command); returns the names."""
-    used = set()
+def check_placeholders(texts, known: list[str], where: str, src: str, out_ok: bool = False) -> None:
+    """Every placeholder is {stage:NAME} of an earlier stage (or {out}, {left} in a command)."""
     valid = "{stage:NAME}" + (", {out}, {left}" if out_ok else "") + ", or a name of the file's [params]"
     for text in map(str, texts):
         bad = [m.group(0) for m in VALUE.finditer(text) if not (out_ok and m.group(0) in ("{out}", "{left}"))]
@@ -101,8 +100,6 @@ def check_placeholders(texts, known: list[str], where: str, src: str, out_ok: bo
             if arg not in known:
                 raise GenlabError(f"{src}: {where}: {{stage:{arg}}} names no earlier stage; "
                                   f"stages before it: {', '.join(known) or 'none'}")
-            used.add(arg)
-    return used
 
 
 def resolve(text: str, d: Path, stages: dict, out: Path | None = None, left: float | None = None) -> str:
