@@ -8,7 +8,7 @@ import pkgutil
 import sys
 
 from genlab.cli import commands
-from genlab.core.errors import GenlabError
+from genlab.core.errors import GenlabError, RunFailed, debug, machine_failure, one_line
 
 
 def version() -> str:
@@ -23,17 +23,13 @@ def version() -> str:
         return genlab.__version__
 
 
-def command_modules():
-    """Every module of genlab.cli.commands, in the order `genlab --help` lists them (each module's ORDER)."""
-    mods = [importlib.import_module(f"{commands.__name__}.{m.name}") for m in pkgutil.iter_modules(commands.__path__)]
-    return sorted(mods, key=lambda mod: mod.ORDER)
-
-
 def build_parser():
     p = argparse.ArgumentParser(prog="genlab", description="train and compare generative transformers")
     p.add_argument("--version", action="version", version=f"genlab {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for mod in command_modules():
+    # every module of genlab.cli.commands, in the order `genlab --help` lists them (each module's ORDER)
+    mods = [importlib.import_module(f"{commands.__name__}.{m.name}") for m in pkgutil.iter_modules(commands.__path__)]
+    for mod in sorted(mods, key=lambda mod: mod.ORDER):
         mod.add_parser(sub)
     return p
 
@@ -53,7 +49,6 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from genlab.core.errors import RunFailed, debug, machine_failure, one_line
     try:
         return args.fn(args)
     except RunFailed as e:

@@ -8,7 +8,7 @@ import re
 import string
 
 from genlab.config.fields import check_value, dotted_of, meta_of
-from genlab.config.keys import declared_keys, sections
+from genlab.config.keys import declared_keys, readers, sections
 from genlab.core.errors import GenlabError
 from genlab.core.registry import REGISTRIES, all_registries
 
@@ -103,10 +103,7 @@ def read_keys(cfg) -> dict[str, str]:
 
 def _why_unused(cfg, dotted: str, declared: dict, read: dict) -> str:
     """'not read by method 'flow' (method.name=flow); read by method 'mdlm'': the selector that decides, the owners."""
-    owners = [o for o in declared[dotted][1] if o != "core"]
-    readers = {f"{kind} '{name}'" for kind, reg in REGISTRIES.items() for name, spec in reg.specs()
-               if dotted in spec.reads}
-    everyone = sorted(set(owners) | readers)
+    everyone = sorted(set(readers()[dotted]))
     kinds = {o.split(" ")[0] for o in everyone}
     for kind in kinds:  # a selector of that registry that this config reads names the entry chosen instead
         for sel, (k, _) in declared.items():

@@ -8,9 +8,8 @@ import sys
 import tomli_w
 
 from genlab.config.fields import describe_range, meta_of
-from genlab.config.keys import declared_keys, sections
+from genlab.config.keys import readers, sections
 from genlab.config.tree import Config, to_dict
-from genlab.core.registry import all_registries
 from genlab.core.tables import markdown_table
 
 
@@ -44,16 +43,6 @@ def _inline(value) -> str:
 
 def _md(text) -> str:
     return str(text).replace("|", "\\|")
-
-
-def readers() -> dict[str, list[str]]:
-    """dotted key -> the components that read it (empty for the core keys every run reads)."""
-    out = {dotted: [o for o in owners if o != "core"] for dotted, (_, owners) in declared_keys().items()}
-    for kind, reg in all_registries().items():
-        for name, spec in reg.specs():
-            for dotted in spec.reads:
-                out[dotted].append(f"{kind} '{name}'")
-    return out
 
 
 def _read_by(names: list[str]) -> str:

@@ -133,11 +133,6 @@ def meta_of(f: dataclasses.Field) -> dict:
     return dict(f.metadata) if f.metadata else {}
 
 
-def declares_range(f: dataclasses.Field, typ) -> bool:
-    m = meta_of(f)
-    return typ is bool or any(m.get(k) is not None for k in ("ge", "gt", "le", "lt", "choices", "registry", "free"))
-
-
 def _num(x) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 

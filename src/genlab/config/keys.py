@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from genlab.config.fields import F, Keys, declared_by, key_classes, lineage
+from genlab.config.fields import F, Keys, key_classes, lineage
 from genlab.core import registry
 from genlab.core.registry import all_registries
 
@@ -112,7 +112,6 @@ class EvalConfig(Keys, section="eval"):
 CORES: dict[str, type[Keys]] = {c.section: c for c in (DataConfig, ModelConfig, MethodConfig, OptimConfig, TrainConfig,
                                                        LogConfig, EvalConfig)}
 SECTIONS = tuple(CORES)
-CORE_KEYS = declared_by(tuple(CORES.values()))
 
 # Keys that existed once and were removed: a saved run config that holds one at its old default still loads.
 RETIRED: dict[str, object] = {}
@@ -122,6 +121,16 @@ def declared_keys() -> dict[str, tuple]:
     """dotted key -> (Key, owners): the core keys (owner "core") and every key a registered component declares in
     its spec's `keys`; computed once per registry state."""
     return _composed()["keys"]
+
+
+def readers() -> dict[str, list[str]]:
+    """dotted key -> the components that read it (empty for the core keys every run reads)."""
+    out = {dotted: [o for o in owners if o != "core"] for dotted, (_, owners) in declared_keys().items()}
+    for kind, reg in all_registries().items():
+        for name, spec in reg.specs():
+            for dotted in spec.reads:
+                out[dotted].append(f"{kind} '{name}'")
+    return out
 
 
 _state: dict = {}

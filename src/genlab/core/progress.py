@@ -49,11 +49,6 @@ def fmt_duration(s: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
-def start_line(run_dir, step: int, total: int, batch_size: int, device: str) -> str:
-    """`run: runs/x  steps: 0 -> 800  batch: 64  device: cpu`: printed before step 1, whatever log.progress says."""
-    return f"run: {run_dir}  steps: {step} -> {total}  batch: {batch_size}  device: {device}"
-
-
 def cpu_slow_warning(flops_per_step: float, steps_left: int, threads: int) -> str | None:
     """A one-line warning when a CPU run's optimistic time estimate exceeds CPU_WARN_AFTER_S (e.g. a GPU preset on a
     laptop), else None."""
@@ -84,15 +79,12 @@ def status_line(rec: dict, total: int, eta_s: float | None) -> str:
 class TrainStatus:
     """The training console: a status line per logged step, plus a tqdm bar on a terminal."""
 
-    def __init__(self, total: int, initial: int, desc: str, on: bool = True, stream=None):
-        self.total, self.on = total, on
-        self.stream = stream or sys.stdout
-        self.bar = _tqdm(total=total, initial=initial, desc=desc, leave=True) if on and _is_tty(sys.stderr) else None
+    def __init__(self, total: int, initial: int, desc: str):
+        self.total, self.stream = total, sys.stdout
+        self.bar = _tqdm(total=total, initial=initial, desc=desc, leave=True) if _is_tty(sys.stderr) else None
         self.t0, self.step0 = time.perf_counter(), initial
 
     def log(self, rec: dict):
-        if not self.on:
-            return
         done = rec["step"] - self.step0
         elapsed = time.perf_counter() - self.t0
         # mean speed since this process started (the first step's compile time is included, so early ETAs run high)

@@ -43,20 +43,13 @@ def exported_state(run, ema: bool = True):
     return {**state, key: dict(model.state_dict())}, model
 
 
-def _source_dir(run) -> Path | None:
-    """The run folder behind RUN (a run folder, or one of its checkpoints), where summary.json lives."""
-    p = Path(run)
-    if p.is_dir() and (p / "summary.json").exists():
-        return p
-    if p.parent.name == "checkpoints" and (p.parent.parent / "summary.json").exists():
-        return p.parent.parent
-    if p.is_file() and (p.parent / "summary.json").exists():  # an FSDP run's consolidated model.safetensors
-        return p.parent
-    return None
-
-
 def read_summary(run) -> dict:
-    s = ckpt.read_summary(_source_dir(run)) if _source_dir(run) is not None else {}
+    """The summary.json of the run folder behind RUN: a run folder, one of its checkpoints, or the consolidated
+    model.safetensors of an FSDP run (beside its summary); {} where there is none."""
+    p = Path(run)
+    dirs = [p] * p.is_dir() + [p.parent.parent] * (p.parent.name == "checkpoints") + [p.parent] * p.is_file()
+    d = next((d for d in dirs if (d / "summary.json").exists()), None)
+    s = ckpt.read_summary(d) if d is not None else {}
     return s if isinstance(s, dict) else {}
 
 

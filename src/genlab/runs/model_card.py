@@ -43,10 +43,6 @@ def _metric(v) -> str | None:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
-def metrics_rows(summary: dict) -> list[tuple[str, str]]:
-    return [(k, m) for k, v in summary.items() if k not in SKIP_METRICS and (m := _metric(v)) is not None]
-
-
 def _dataset(cfg, spec: dict) -> str:
     name = cfg.data.name + (f" ({cfg.data.path})" if cfg.data.path else "")
     shape = ", ".join(f"{k} {spec[k]}" for k in ("kind", "image_size", "channels", "num_classes", "vocab_size",
@@ -60,7 +56,7 @@ def model_card(cfg, meta: dict, summary: dict, name: str) -> str:
     tags = ["genlab", cfg.method.name, cfg.model.name] + ([FAMILY_TAG[spec["kind"]]] if spec.get("kind") in FAMILY_TAG else [])
     front = ["---", "library_name: genlab", "tags:", *(f"- {json.dumps(t)}" for t in dict.fromkeys(tags)), "---"]
     command, overrides = train_command(cfg)
-    rows = metrics_rows(summary)
+    rows = [(k, m) for k, v in summary.items() if k not in SKIP_METRICS and (m := _metric(v)) is not None]
     final = summary.get("step")
     weights = "EMA" if meta["weights"] == "ema" else "raw (no EMA)"
     lines = [*front, "", f"# {name}", "",

@@ -24,11 +24,6 @@ def source_dir(run_or_ckpt) -> Path:
     return p.parent.parent if p.parent.name == "checkpoints" else p.parent
 
 
-def default_out(run_or_ckpt, fmt: str) -> Path:
-    src = source_dir(run_or_ckpt)
-    return src.parent / f"{src.name}_{fmt}"
-
-
 def pick_weights(state: dict, weights: str | None) -> tuple[dict, str]:
     """The EMA by default (what sample/eval use), the raw weights on request; an explicit ema without one is refused."""
     if weights not in (None, "ema", "model"):
@@ -44,7 +39,7 @@ def quantize_run(run, fmt: str, out=None, weights: str | None = None, device="cp
     """Quantize a run's weights into a new folder (never over an existing one); returns the record."""
     dev = resolve_device(device, key="--device")
     check_format(fmt, dev)  # an unknown format or one this device cannot run: before anything is read
-    out = Path(out) if out else default_out(run, fmt)
+    out = Path(out) if out else (src := source_dir(run)).parent / f"{src.name}_{fmt}"  # default: RUN_FORMAT beside RUN
     if out.exists():
         raise GenlabError(f"'{out}' exists; choose another --out (a quantized run is never written over)")
     state = ckpt.load_checkpoint(run)

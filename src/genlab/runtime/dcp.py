@@ -62,10 +62,8 @@ def load_dcp_full(path) -> dict:
 
     class Planner(_SafeBytes, _EmptyStateDictLoadPlanner):
         pass
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "no process group, loading in a single process" is the intent
-        _dcp_call(path, lambda: _load_state_dict(state_dict=full, storage_reader=reader, no_dist=True,
-                                                 planner=Planner(keys=keys)))
+    _dcp_call(path, lambda: _load_state_dict(state_dict=full, storage_reader=reader, no_dist=True,
+                                             planner=Planner(keys=keys)))
     return {**meta, "model": full["model"], "ema": full.get("ema"), "optimizer": None, "dcp_path": str(path)}
 
 
@@ -155,10 +153,13 @@ class _SafeBytes:
 
 
 def _dcp_call(path, fn):
-    """DCP's CheckpointException derives from BaseException (the CLI's one-line handler misses it): one line here."""
+    """DCP's CheckpointException derives from BaseException (the CLI's one-line handler misses it): one line here.
+    Its warnings are silenced ("no process group, loading in a single process" is the intent)."""
     from torch.distributed.checkpoint.api import CheckpointException
     try:
-        return fn()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn()
     except GenlabError:
         raise
     except CheckpointException as e:
@@ -180,9 +181,7 @@ def load_dcp_optimizer(path, model, optimizer) -> None:
     class Planner(_SafeBytes, DefaultLoadPlanner):
         pass
     reader = SafeReader(path)  # .metadata is checked here, before DCP reads anything
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _dcp_call(path, lambda: dcp.load(state, storage_reader=reader, planner=Planner()))
+    _dcp_call(path, lambda: dcp.load(state, storage_reader=reader, planner=Planner()))
     set_optimizer_state_dict(model, optimizer, state["optim"])
 
 

@@ -34,11 +34,6 @@ def peak_flops(device: torch.device) -> float | None:
     return None
 
 
-def train_flops_per_sample(model) -> int:
-    """Forward + backward = 3x the forward matmul FLOPs (attention included)."""
-    return 3 * model.flops_per_sample()
-
-
 def peak_memory_gib(device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -169,14 +170,9 @@ def _shard(model, info, tcfg, device, hybrid):
     return _fully_shard_model(model, mesh, mp, keep_last=tcfg.fsdp_keep_last, prefetch=tcfg.fsdp_prefetch)
 
 
-@parallel_registry.register("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)", sharded=True)
-def par_fsdp(model, info, tcfg, device):
-    return _shard(model, info, tcfg, device, hybrid=False)
-
-
-@parallel_registry.register("hsdp", "FSDP2 on a 2-D mesh: replicate (train.replicate) x shard (train.shard)", sharded=True)
-def par_hsdp(model, info, tcfg, device):
-    return _shard(model, info, tcfg, device, hybrid=True)
+for _name, _doc, _hybrid in (("fsdp", "FSDP2 fully_shard per block then root over all ranks (1-D mesh)", False),
+                             ("hsdp", "FSDP2 on a 2-D mesh: replicate (train.replicate) x shard (train.shard)", True)):
+    parallel_registry.register(_name, _doc, sharded=True)(functools.partial(_shard, hybrid=_hybrid))
 
 
 def is_sharded(model) -> bool:
@@ -267,11 +263,6 @@ def _restore_sync(model):
         yield
     finally:
         model.set_requires_gradient_sync(True)
-
-
-def wrap_extra(module, info, device):
-    """A method's trainable extra module: DDP whenever several processes run, also under FSDP (extras are small)."""
-    return par_ddp(module, info, None, device)
 
 
 def wrap_parallel(model, info, tcfg, device):

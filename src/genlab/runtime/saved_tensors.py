@@ -32,9 +32,6 @@ class Saved:
             out += n + 4 * math.ceil(n / group) if dt.is_floating_point and dt.itemsize > 1 else b
         return out
 
-    def fp8_saving(self, group: int = FP8_GROUP) -> int:
-        return self.total - self.fp8_bytes(group)
-
 
 def measure_saved(fn: Callable[[], object], params: Iterable[torch.Tensor] = ()) -> Saved:
     """Run fn (a forward and backward, e.g. one training step) and count what its forward saves for backward."""

@@ -39,29 +39,21 @@ class Precision:
         return torch.autocast(device.type, dtype=self.autocast_dtype, cache_enabled=cache)
 
 
+# name -> (doc, the Precision's fields)
+_PRECISIONS = {
+    "fp32": ("full float32 (matmuls in IEEE fp32)", {}),
+    "tf32": ("float32 weights, TF32 tensor-core matmuls (CUDA)", {"tf32": True}),
+    "bf16": ("bf16 autocast, fp32 master weights and optimizer state", {"autocast_dtype": torch.bfloat16}),
+    "fp16": ("fp16 autocast with dynamic loss scaling (skips overflowing steps)",
+             {"autocast_dtype": torch.float16, "loss_scaling": True}),
+}
+for _name, (_doc, _kw) in _PRECISIONS.items():
+    precision_registry.register(_name, _doc)(lambda device, _name=_name, _kw=_kw: Precision(_name, **_kw))
+
+
 @precision_registry.register("auto", "bf16 autocast on CUDA, fp32 on CPU")
 def _auto(device):
-    return _bf16(device) if device.type == "cuda" else _fp32(device)
-
-
-@precision_registry.register("fp32", "full float32 (matmuls in IEEE fp32)")
-def _fp32(device):
-    return Precision("fp32")
-
-
-@precision_registry.register("tf32", "float32 weights, TF32 tensor-core matmuls (CUDA)")
-def _tf32(device):
-    return Precision("tf32", tf32=True)
-
-
-@precision_registry.register("bf16", "bf16 autocast, fp32 master weights and optimizer state")
-def _bf16(device):
-    return Precision("bf16", autocast_dtype=torch.bfloat16)
-
-
-@precision_registry.register("fp16", "fp16 autocast with dynamic loss scaling (skips overflowing steps)")
-def _fp16(device):
-    return Precision("fp16", autocast_dtype=torch.float16, loss_scaling=True)
+    return precision_registry.get("bf16" if device.type == "cuda" else "fp32")(device)
 
 
 def check_float8_gpu(device: torch.device) -> None:
@@ -83,10 +75,9 @@ def _float8(recipe):
     return build
 
 
-precision_registry.register("float8_tensorwise", "bf16 + train.convert=[\"float8_tensorwise\"] (torchao float8 linears, SM89+/H100)",
-                            reads=("train.float8_min_dim",))(_float8("tensorwise"))
-precision_registry.register("float8_rowwise", "bf16 + train.convert=[\"float8_rowwise\"] (torchao float8 linears, SM89+/H100)",
-                            reads=("train.float8_min_dim",))(_float8("rowwise"))
+for _recipe in ("tensorwise", "rowwise"):
+    precision_registry.register(f"float8_{_recipe}", f"bf16 + train.convert=[\"float8_{_recipe}\"] (torchao float8 "
+                                "linears, SM89+/H100)", reads=("train.float8_min_dim",))(_float8(_recipe))
 
 
 def build_precision(name: str, device: torch.device) -> Precision:
@@ -216,10 +207,7 @@ def compile_model_by_name(model, tcfg):
 
 def compile_extra(module, tcfg):
     """A method's extra module is compiled whole whenever the model is compiled at all (extras have no blocks)."""
-    if tcfg.compile == "off":
-        return module
-    guard_module_hooks()
-    return torch.compile(module, mode=_mode(tcfg))
+    return module if tcfg.compile == "off" else compile_model(module, tcfg)
 
 
 # -- compiled autograd, compiled optimizer step, recompile counting -------------------------------

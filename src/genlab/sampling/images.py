@@ -55,13 +55,9 @@ def _codec(spec: str, device: str):
     return load_autoencoder(spec, torch.device(device))
 
 
-def codec_of(spec: dict, device):
-    """The autoencoder a latent data spec records (None for pixel data), on `device`."""
-    desc = spec.get("codec") if isinstance(spec, dict) else None
-    return _codec(desc["spec"], str(device)) if desc else None
-
-
 def decode_latents(method, x: torch.Tensor) -> torch.Tensor:
-    """Samples of a latent method decoded to images in [-1, 1] [n, C, H, W]; pixel samples unchanged."""
-    codec = codec_of(getattr(method, "spec", None), x.device)
-    return x if codec is None else codec.decode(x.float())
+    """Samples of a latent method (its data spec records the autoencoder) decoded to images in [-1, 1] [n, C, H, W];
+    pixel samples unchanged."""
+    spec = getattr(method, "spec", None)
+    desc = spec.get("codec") if isinstance(spec, dict) else None
+    return _codec(desc["spec"], str(x.device)).decode(x.float()) if desc else x

@@ -252,7 +252,6 @@ class StackedStep:
         return {"model": clone(r.base.state_dict()), "ema": clone(r.ema.state_dict()) if r.ema is not None else None,
                 "optimizer": optimizer}
 
-
     # -- the step -----------------------------------------------------------------------------------------------
     def _losses(self, inputs: dict, compiled: bool = True):
         model, method = self.model, self.method
@@ -389,7 +388,6 @@ class SeedsTrainer:
         self.engine = StackedStep(self.runs)
         for i, r in enumerate(self.runs):
             r.engine, r.index = self.engine, i
-        for r in self.runs:
             r.make_run_dir()
 
     def _on_signal(self, signum, frame):

@@ -29,10 +29,6 @@ class StallWatcher:
         self.start, self.total, self.margin, self.say = after * total_steps, total_steps, margin, say
         self.stalls = {}  # metric -> {metric, value, baseline, what, since_step[, left_at]}
 
-    @property
-    def active(self) -> bool:
-        return bool(self.baselines)
-
     def check(self, step: int, values: dict, source: str = "training") -> None:
         if step < self.start:
             return
@@ -57,7 +53,7 @@ class StallWatcher:
     def summary(self) -> dict:
         """{} when nothing was watched; else `stalled` (a value still at its level) and `stall`: the record of the
         metric still stalled, or of the first one that fired."""
-        if not self.active:
+        if not self.baselines:
             return {}
         if not self.stalls:
             return {"stalled": False}

@@ -19,7 +19,7 @@ from genlab.optim.build import build_optimizer
 from genlab.optim.schedules import lr_at
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.dcp import load_dcp_optimizer
-from genlab.runtime.parallel import clip_grads, is_sharded, local, no_sync, shard_like, wrap_extra, wrap_parallel
+from genlab.runtime.parallel import clip_grads, is_sharded, local, no_sync, par_ddp, shard_like, wrap_parallel
 from genlab.runtime.stop import start_compile_workers
 from genlab.runtime.switches import (
     CompiledUpdate,
@@ -130,7 +130,8 @@ class TrainStep:
             else:
                 m.requires_grad_(False).eval()
             self.extra_modules[name] = m
-            w = wrap_extra(m, self.dist, self.device) if e.trainable else m
+            # a trainable extra: DDP whenever several processes run, also under FSDP (extras are small)
+            w = par_ddp(m, self.dist, None, self.device) if e.trainable else m
             self.extras_wrapped[name] = compile_extra(w, tcfg)
         # extras that count their FLOPs: trainable ones forward + backward (3x), frozen ones forward only
         self.flops_per_sample += sum((3 if e.trainable else 1) * e.module.flops_per_sample() for e in self.extras.values()

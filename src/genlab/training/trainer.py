@@ -139,14 +139,12 @@ class Trainer:
         made = self.dist.is_main and resume_state is None and not self.run_dir.exists()
         try:
             if self.dist.is_main:
-                warnings = config_warnings(cfg)  # printed before training and kept with the run's config
-                for w in warnings:
-                    print(f"genlab: warning: {w}", file=sys.stderr)
-                for n in self.notes:
-                    print(f"genlab: note: {n}", file=sys.stderr)
+                # printed before training and kept with the run's config
+                said = [("warning", w) for w in config_warnings(cfg)] + [("note", n) for n in self.notes]
+                for kind, line in said:
+                    print(f"genlab: {kind}: {line}", file=sys.stderr)
                 # rendered before the folder exists (tomli_w missing once left an empty run that blocked the next)
-                text = "".join(f"# warning: {w}\n" for w in warnings) + "".join(f"# note: {n}\n" for n in self.notes) \
-                    + dumps_toml(run_config_dict(cfg))
+                text = "".join(f"# {kind}: {line}\n" for kind, line in said) + dumps_toml(run_config_dict(cfg))
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 (self.run_dir / "samples").mkdir(exist_ok=True)
                 try:  # "x": exactly one of two `genlab train` started with one name at once gets the folder
@@ -483,7 +481,8 @@ class Trainer:
         if not self.dist.is_main:
             return False
         dev = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
-        print(progress.start_line(self.run_dir, self.step, self.cfg.train.steps, self.cfg.train.batch_size, dev), flush=True)
+        print(f"run: {self.run_dir}  steps: {self.step} -> {self.cfg.train.steps}  batch: {self.cfg.train.batch_size}  "
+              f"device: {dev}", flush=True)
         plan = getattr(self.base, "float8_plan", None)
         if plan is not None:  # the float8 size filter's decision per linear: one line here, every layer in the run folder
             print(f"genlab: {plan_summary(plan)}", flush=True)

@@ -5,7 +5,7 @@ from typing import get_type_hints
 import pytest
 import tomllib
 
-from genlab.config.fields import declares_range, meta_of
+from genlab.config.fields import meta_of
 from genlab.config.keys import sections
 from genlab.config.tree import Config, dumps_toml, from_dict, load_config, to_dict
 from genlab.core.errors import GenlabError
@@ -18,6 +18,11 @@ def all_fields():
             yield sec, f, hints[f.name]
 
 
+def declares_range(f: dataclasses.Field, typ) -> bool:
+    m = meta_of(f)
+    return typ is bool or any(m.get(k) is not None for k in ("ge", "gt", "le", "lt", "choices", "registry", "free"))
+
+
 def test_every_field_has_a_description_and_declared_values():
     """Fails for a field written `name: type = default  # comment`: use F(default, "doc", ge=/choices=/registry=/free=)."""
     bad = [f"{sec}.{f.name}" for sec, f, typ in all_fields()
@@ -28,8 +33,9 @@ def test_every_field_has_a_description_and_declared_values():
 def test_every_key_is_read_by_some_component_or_every_run():
     """No key that nothing reads: each is a core key or listed by a registered component (keys or reads)."""
     from genlab.config.doc import readers
-    from genlab.config.keys import CORE_KEYS
-    core = {k.dotted for k in CORE_KEYS}
+    from genlab.config.fields import declared_by
+    from genlab.config.keys import CORES
+    core = {k.dotted for k in declared_by(tuple(CORES.values()))}
     orphans = [k for k, who in readers().items() if not who and k not in core]
     assert not orphans, orphans
     every = {f"{sec}.{f.name}" for sec, f, _ in all_fields()}

@@ -44,7 +44,7 @@ def test_saved_bytes_match_the_hand_count_in_fp32():
     # FP8: one byte per element plus a 4-byte scale per group of 128 (ceil over each dtype's element count)
     n = B * (A + H + H + C)
     assert s.fp8_bytes() == n + 4 * -(-n // 128)
-    assert s.fp8_saving(group=n) == 3 * n - 4
+    assert s.total - s.fp8_bytes(group=n) == 3 * n - 4
 
 
 def test_bf16_autocast_saves_bf16_activations_and_weight_copies():

@@ -223,10 +223,9 @@ def test_bench_on_cpu_returns_sane_numbers(tmp_path):
     # each phase was timed (a ratio of phase times to step time would be a timing test: it failed on a loaded machine)
     assert all(r[k] > 0 for k in ("fwd_ms", "bwd_ms", "opt_ms"))
     from genlab.lab.bench import data_spec_for
-    from genlab.runtime.metrics import train_flops_per_sample
     from genlab.training.trainer import build_model_and_method
     model, _ = build_model_and_method(cfg, data_spec_for(cfg))
-    assert r["flops_per_step"] == train_flops_per_sample(model) * 8
+    assert r["flops_per_step"] == 3 * model.flops_per_sample() * 8  # forward + backward = 3x the forward's FLOPs
     assert r["switches"]["parallel"] == cfg.train.parallel
     table = format_table([r])
     assert table.count("\n") == 2 and "| samples/s |" in table
