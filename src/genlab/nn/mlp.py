@@ -113,4 +113,3 @@ def mlp_flops(name: str, n: int, dim: int, hidden: int, grid_tokens: int = 0) ->
     spec = mlp_registry.spec(name)
     h = spec.hidden_of(hidden)
     return 2 * spec.matrices * n * dim * h + (spec.grid_flops(grid_tokens, h) if spec.grid_flops else 0)
-

@@ -14,7 +14,6 @@ from genlab.core.errors import GenlabError
 from genlab.nn.convert import Converter, add_bitnet_norms, bitlinear_filter, convert_registry
 
 SUBCLASSES = ("BitNetTrainingLinearWeight",)
-KINDS = ("BitNetTrainingLinearWeight", "AutocastInt8MixedLinear")  # what count_quantized_training counts
 
 
 def _plain_weights(module, state_dict, prefix, local_metadata):
@@ -77,14 +76,3 @@ convert_registry.register("bitnet_torchao", "torchao's bitnet_training prototype
 convert_registry.register("int8_mixed", "torchao's int8_mixed_precision_training prototype: dynamic int8 weights "
                                         "and activations in forward and backward matmuls of the block linears")(
     _entry("int8_mixed"))
-
-
-def count_quantized_training(model: nn.Module) -> dict[str, int]:
-    """How many linears each torchao form converts: weight subclasses (bitnet) and swapped modules (int8_mixed)."""
-    out: dict[str, int] = {}
-    for m in model.modules():
-        for kind in (type(m).__name__, type(getattr(m, "weight", None)).__name__):
-            if kind in KINDS:
-                out[kind] = out.get(kind, 0) + 1
-    return out
-

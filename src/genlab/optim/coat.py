@@ -31,7 +31,6 @@ from genlab.optim.state import keep_saved_dtypes
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
-U_E4M3 = 2.0 ** -4                       # unit roundoff of 3 mantissa bits
 NORMAL_RANGE = E4M3_MAX / 2.0 ** -6      # 28672: max / smallest normal of E4M3
 OFFICIAL_RANGE = E4M3_MAX ** 2 / 2       # the official kernel's target (448^2 / 2)
 GROUP = 128                              # the paper's and the official kernel's group size
@@ -72,11 +71,6 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, k: torch.Tensor, centre
     y = q.abs() * scale[:, None]
     x = torch.sign(q) * y ** (1.0 / k[:, None]) * centre[:, None]
     return x.reshape(-1)[: codes.numel()].view(shape)
-
-
-def relative_error_bound(k: torch.Tensor, u: float = U_E4M3) -> torch.Tensor:
-    """Per-group bound on |x̂/x - 1| of a read-back element (module docstring), float32 slack excluded."""
-    return (1.0 - u) ** (-1.0 / k.double()) - 1.0
 
 
 def param_step(p32, g, m_q, v_q, step, lr, *, beta1, beta2, eps, wd, group, target_range):

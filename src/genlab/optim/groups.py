@@ -15,7 +15,6 @@ import math
 
 import torch.nn as nn
 
-MUON_SCOPES = ("hidden", "hidden_adaln", "all_2d")
 ADALN_PARTS = ("ada", "adaln", "adaln_modulation", "modulation")  # module names of adaLN modulation layers
 MATMUL_TYPES = (nn.Linear, nn.modules.conv._ConvNd)
 
@@ -83,5 +82,3 @@ def param_groups(model: nn.Module, weight_decay: float, muon_scope: str | None =
     groups = [{"params": ps, "weight_decay": weight_decay, "muon": True, "lr_scale": s} for s, ps in muon.items()]
     groups += [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
-
-

@@ -16,6 +16,16 @@ NAMES = ["bitnet_torchao", "int8_mixed"]
 SUBCLASS = {"bitnet_torchao": "BitNetTrainingLinearWeight", "int8_mixed": "AutocastInt8MixedLinear"}
 
 
+def count_quantized_training(model: nn.Module) -> dict[str, int]:
+    """How many linears each torchao form converts: weight subclasses (bitnet) and swapped modules (int8_mixed)."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        for kind in (type(m).__name__, type(getattr(m, "weight", None)).__name__):
+            if kind in SUBCLASS.values():
+                out[kind] = out.get(kind, 0) + 1
+    return out
+
+
 def _tiny_dit():
     from genlab.families.image_flow.dit import DiT, DiTSpec
     return DiT(DiTSpec(image_size=8, channels=1, num_classes=10, dim=32, depth=2, heads=2))
@@ -105,7 +115,6 @@ def test_int8_mixed_under_autocast_keeps_the_autocast_dtype_and_matches_the_cast
 @pytest.mark.parametrize("name", NAMES)
 def test_converter_wraps_the_block_linears_only_and_keeps_a_plain_state_dict(name):
     from genlab.nn.convert import apply_converters
-    from genlab.nn.quantized_training import count_quantized_training
     m = _tiny_dit()
     before = {k: v.clone() for k, v in m.state_dict().items()}
     apply_converters(m, [name], "cpu")
@@ -150,7 +159,6 @@ def test_converter_resumes_exactly_through_genlabs_checkpoint(tmp_path, name):
 
 @pytest.mark.slow
 def test_a_run_trained_with_bitnet_torchao_samples_converted(tmp_path):
-    from genlab.nn.quantized_training import count_quantized_training
     from genlab.runs.load import load_run, sample_to_file
     from genlab.training.trainer import Trainer
     Trainer(tiny_config(tmp_path, "train.convert=bitnet_torchao", "train.name=bit", "train.steps=3", "log.every=1",
