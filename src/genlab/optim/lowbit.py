@@ -68,19 +68,9 @@ def build_lowbit(model, ocfg, cls_name):
     return cautious(plain_state_dict(opt), ocfg, decay_factor=adamw_decay_factor)
 
 
-@optimizer_entry("adamw8bit", "torchao AdamW8bit: moments in 8-bit dynamic-tree codes per 256 (Dettmers et al. 2022); "
-                              "caution: wrapper", fsdp=False)
-def adamw8bit(model, ocfg):
-    return build_lowbit(model, ocfg, "AdamW8bit")
-
-
-@optimizer_entry("adamw4bit", "torchao AdamW4bit: moments in 4-bit codes per 128 (Li et al. 2023); caution: wrapper",
-                 fsdp=False)
-def adamw4bit(model, ocfg):
-    return build_lowbit(model, ocfg, "AdamW4bit")
-
-
-@optimizer_entry("adamw_fp8", "torchao AdamWFp8: moments in float8 e4m3 with an absmax scale per 256; caution: wrapper",
-                 fsdp=False)
-def adamw_fp8(model, ocfg):
-    return build_lowbit(model, ocfg, "AdamWFp8")
+for _name, _cls, _doc in (
+        ("adamw8bit", "AdamW8bit", "moments in 8-bit dynamic-tree codes per 256 (Dettmers et al. 2022)"),
+        ("adamw4bit", "AdamW4bit", "moments in 4-bit codes per 128 (Li et al. 2023)"),
+        ("adamw_fp8", "AdamWFp8", "moments in float8 e4m3 with an absmax scale per 256")):
+    optimizer_entry(_name, f"torchao {_cls}: {_doc}; caution: wrapper", fsdp=False)(
+        lambda model, ocfg, cls_name=_cls: build_lowbit(model, ocfg, cls_name))
