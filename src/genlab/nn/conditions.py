@@ -30,11 +30,9 @@ class Log2Embedder(nn.Module):
 
 
 def combine(embeddings: list[torch.Tensor]) -> torch.Tensor:
-    """The adaLN vector: the embeddings added in order (no `sum()`, whose start value 0 costs an extra kernel)."""
-    c = embeddings[0]
-    for e in embeddings[1:]:
-        c = c + e
-    return c
+    """The adaLN vector: the embeddings added in order, starting from the first (a start value 0 would cost an extra
+    kernel)."""
+    return sum(embeddings[1:], embeddings[0])
 
 
 class ConditionSet(nn.Module):

@@ -1,9 +1,6 @@
-"""The DiT's final layer + the flow loss in one op (registry `final_kernel`, `model.final_kernel`; docs/performance.md).
-
-`triton`: the model patchifies the target; one kernel forms each token row's P outputs in float32, writes
-diff = out - target and per-sample sums of diff^2, never the prediction. d loss / d out = 2 * dsse_b * diff with
-dsse_b = w_b / (B * N * P), so the backward is that scale and two matmuls in the compute dtype. Other devices and
-inputs (float64, P > MAX_P) run the same op with a plain-torch body and the same autograd rule.
+"""The DiT's final layer + the flow loss in one op (registry `final_kernel`, `model.final_kernel`; what `triton` does:
+docs/performance.md). d loss / d out = 2 * dsse_b * diff with dsse_b = w_b / (B * N * P), so the backward is that
+scale and two matmuls in the compute dtype; other devices and inputs (float64, P > MAX_P) run the op's plain-torch body.
 """
 from __future__ import annotations
 
