@@ -152,6 +152,23 @@ def test_graph_step_replays_the_eager_step(tmp_path, compile_, method):
             torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=f"{part}.{k}")
 
 
+def test_auto_graph_step_trains_through_evaluations_like_the_plain_step(tmp_path):
+    """train.graph_step=auto (the default) on the GPU: the run is captured, evaluations and previews between replays
+    (eval mode, EMA sampling, no_grad) leave the graph's parameters in place, and the losses follow the plain run."""
+    from genlab.training.trainer import Trainer
+    common = ("train.device=cuda", "train.precision=fp32", "train.steps=30", "log.every=1", "log.eval_every=10",
+              "log.sample_every=10", "eval.num_samples=50", "optim.warmup_steps=8")
+    runs = {}
+    for name, extra in (("plain", ("train.graph_step=false",)), ("auto", ())):
+        t = Trainer(tiny_config(tmp_path, *common, f"train.name={name}", *extra))
+        s = t.fit()
+        assert s["status"] == "finished" and (t.steps.graphed is not None) == (name == "auto")
+        runs[name] = [json.loads(x)["loss"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+                      if '"loss"' in x]
+    assert t.steps.graphed.graph is not None and 'graph_step = "true"' in (tmp_path / "auto" / "config.toml").read_text()
+    assert len(runs["auto"]) == 30 and runs["auto"] == pytest.approx(runs["plain"], rel=1e-4)
+
+
 def test_bench_of_a_graph_step_run_has_no_host_syncs():
     from genlab.config.tree import load_config
     from genlab.lab.bench import run_bench

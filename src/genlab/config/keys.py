@@ -64,8 +64,10 @@ class TrainConfig(Keys, section="train"):
     compiled_autograd: bool = F(False, "trace the backward with compiled autograd (use with compile=model|blocks)")
     compile_optimizer: bool = F(False, "torch.compile the optimizer step and the EMA update as one function (train.compile_mode "
                                              "without CUDA graphs; torch adamw/adam/sgd; LR kept in a tensor)")
-    graph_step: bool = F(False, "capture the whole step (forward, backward, clip, optimizer, EMA) as one CUDA graph after "
-                                "3 eager steps and replay it (one CUDA device; methods that declare graph_step)")
+    graph_step: str = F("auto", "capture the whole step (forward, backward, clip, optimizer, EMA) as one CUDA graph after "
+                        "3 eager steps and replay it (one CUDA device; methods that declare graph_step); auto: on wherever "
+                        "the run supports it on a CUDA device, else the plain step with a one-line note saying why",
+                        choices=("auto", "true", "false"))
     seed: int = F(0, "seed of data order, init and noise", ge=0)
     seeds: str = F("", "train these seeds in one process as one batched computation (torch.vmap over stacked weights), "
                    "each in its own run folder NAME-s<seed> (empty = one run of train.seed; docs/performance.md: Batched seeds)",

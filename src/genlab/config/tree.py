@@ -42,6 +42,8 @@ def _coerce(value: Any, typ, where: str):
             return typ(value)
     elif typ is str and (isinstance(value, str) or number):
         return str(value)
+    elif typ is str and isinstance(value, bool):  # a key that grew from a bool (train.graph_step): old configs load
+        return str(value).lower()
     elif typ is list or typ is tuple or get_origin(typ) is tuple:  # TOML array, JSON text or comma-separated text
         if isinstance(value, str):
             try:

@@ -7,6 +7,7 @@ import contextlib
 import gzip
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class BenchStep:
         if self.micro < 1:
             raise GenlabError(f"train.batch_size {tcfg.batch_size} is smaller than grad_accum x world size")
         self.train_step = TrainStep(cfg, self.spec, self.dist, self.device, self.precision)
+        if self.train_step.graph_note and self.dist.is_main:  # the step `genlab train` would take, said the same way
+            print(f"genlab: note: {self.train_step.graph_note}", file=sys.stderr)
         self.model, self.method, self.ema = self.train_step.model, self.train_step.method, self.train_step.ema
         self.flops_per_sample = self.train_step.flops_per_sample
         gen = torch.Generator(device=self.device).manual_seed(tcfg.seed)
@@ -383,7 +386,7 @@ def bench_cells(r: dict) -> list[str]:
     comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
     if s.get("compile_mode", "default") != "default" and s["compile"] != "off":
         comp += f" ({s['compile_mode']})"
-    comp += " + step graph" if s.get("graph_step") else ""
+    comp += " + step graph" if s.get("graph_step") in (True, "true") else ""  # a bool in results of older trees
     return [s["model"], s["batch"], s["precision"], comp, s["activation_checkpointing"], s["parallel"],
             _fmt(r.get("samples_per_s"), ".0f"), _fmt(r.get("tokens_per_s"), ".0f"), _fmt(r.get("step_ms"), ".1f"), split,
             mfu, _fmt(r.get("peak_mem_gib"), ".2f")]

@@ -29,7 +29,7 @@ GRAPH_STEP_SUPPORTED = ("one CUDA device, a method whose registry spec says grap
 def check_graph_step_config(cfg) -> None:
     """What a captured step supports, checked with the rest of the config (one line, exit 2, before any work)."""
     t = cfg.train
-    if not t.graph_step:
+    if t.graph_step != "true":
         return
 
     def refuse(what):
@@ -55,6 +55,29 @@ def check_graph_step_config(cfg) -> None:
         refuse(f"train.precision={t.precision} (a model converter)")
     if is_batched(cfg):
         refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
+
+
+def resolve_auto(cfg, world: int) -> str | None:
+    """train.graph_step=auto becomes true or false for this run (kept so in its config.toml, so a resume replays the
+    same step): true wherever the captured step supports the config on one CUDA device; otherwise false, with the
+    one-line note saying why (None on the CPU, where CUDA graphs do not exist and nothing is said)."""
+    t = cfg.train
+    if t.graph_step != "auto":
+        return None
+    t.graph_step = "false"
+    if config_check._trains_on_cpu(t.device):
+        return None
+    if world > 1:
+        return f"train.graph_step=auto: the plain step ({world} processes; the captured step runs on one device)"
+    t.graph_step = "true"
+    try:  # the step's own checks and the method's (e.g. flow's adaptive timestep sampler)
+        check_graph_step_config(cfg)
+        method_registry.get(cfg.method.name).check_config(cfg)
+    except GenlabError as e:
+        t.graph_step = "false"
+        why = str(e).split("; supported:")[0].removeprefix("train.graph_step=true ")
+        return f"train.graph_step=auto: the plain step ({why})"
+    return "train.graph_step=auto: the whole step runs as one CUDA graph (train.graph_step=false for the plain step)"
 
 
 def make_capturable(optimizer, device) -> None:

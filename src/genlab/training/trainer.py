@@ -86,6 +86,8 @@ class Trainer:
         # model, method, extras, converters, EMA, wrapping, compile, optimizers: built as `genlab bench` builds them
         self.steps = TrainStep(cfg, self.spec, self.dist, self.device, self.precision, resume_state, str(self.resume_from))
         st = self.steps
+        if st.graph_note:  # train.graph_step=auto's decision: printed and kept in config.toml with the other notes
+            self.notes = [*self.notes, st.graph_note]
         self.model = self.base = st.model
         self.method, self.wrapped, self.ema, self.gen = st.method, st.wrapped, st.ema, st.gen
         self.method.check_eval(cfg)  # e.g. FID weights missing: fail before step 1

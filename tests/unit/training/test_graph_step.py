@@ -58,7 +58,7 @@ def test_graph_steps_warm_up_equals_the_plain_step(tmp_path, one_thread, method)
     plain = Trainer(tiny_config(tmp_path, *common, "train.name=plain"))
     plain.fit()
     cfg = tiny_config(tmp_path, *common, "train.name=graphed")
-    cfg.train.graph_step = True  # past the CUDA-only check: only the warm-up runs, which is eager
+    cfg.train.graph_step = "true"  # past the CUDA-only check: only the warm-up runs, which is eager
     graphed = Trainer(cfg)
     graphed.fit()
     g = graphed.steps.graphed
@@ -87,3 +87,70 @@ def test_make_capturable_puts_lr_and_step_counts_on_the_device_after_a_resume():
     g = opt.param_groups[0]
     assert torch.is_tensor(g["lr"]) and g["lr"].item() == pytest.approx(1e-3) and g["capturable"] is True
     assert opt.state[w]["step"].dtype == torch.float32
+
+
+# -- train.graph_step=auto (the default): decided per run, kept in config.toml ---------------------------------------
+@pytest.mark.parametrize("overrides,graph,said", [
+    ([], "true", "the whole step runs as one CUDA graph"),
+    (["optim.name=sgd"], "false", "the plain step (does not support optim.name=sgd)"),
+    (["method.timestep_sampler=adaptive"], "false", "does not support method.timestep_sampler=adaptive"),
+    (["method.name=maskdit", "model.name=maskdit"], "false", "does not support method maskdit"),
+    (["train.seeds=0,1"], "false", "batched seeds"),
+])
+def test_auto_takes_the_graph_wherever_the_run_supports_it(tmp_path, monkeypatch, overrides, graph, said):
+    """As if on a CUDA machine: auto becomes true, or false with one line naming what the capture cannot hold (the
+    same check as train.graph_step=true, which would refuse these configs before any work)."""
+    import genlab.config.check as cc
+    from genlab.training.graph_step import resolve_auto
+    monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
+    cfg = tiny_config(tmp_path, *overrides)
+    assert cfg.train.graph_step == "auto"  # the default
+    note = resolve_auto(cfg, world=1)
+    assert cfg.train.graph_step == graph and note.startswith("train.graph_step=auto: ") and said in note, note
+    assert "\n" not in note and "supported:" not in note
+
+
+def test_auto_is_the_plain_step_on_several_processes_and_silent_on_the_cpu(tmp_path, monkeypatch):
+    import genlab.config.check as cc
+    from genlab.training.graph_step import resolve_auto
+    cfg = tiny_config(tmp_path, "train.device=cpu")
+    assert resolve_auto(cfg, world=1) is None and cfg.train.graph_step == "false"
+    monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
+    cfg = tiny_config(tmp_path)
+    assert "2 processes" in resolve_auto(cfg, world=2) and cfg.train.graph_step == "false"
+    cfg = tiny_config(tmp_path, "train.graph_step=false")  # an explicit choice is never changed or commented
+    assert resolve_auto(cfg, world=1) is None and cfg.train.graph_step == "false"
+
+
+def test_a_run_keeps_autos_decision_and_its_note_in_its_config(tmp_path, monkeypatch, one_thread, capfd):
+    """The trainer prints the decision and writes it into config.toml (so --resume replays the same step); on a
+    pretend-CUDA machine the GraphedStep is built (its eager warm-up steps run here, on the CPU)."""
+    import genlab.config.check as cc
+    from genlab.config.tree import load_config
+    from genlab.training.trainer import Trainer
+    plain = Trainer(tiny_config(tmp_path, "train.steps=2", "eval.num_samples=0", "train.name=cpu"))
+    plain.fit()
+    assert plain.steps.graphed is None and "graph_step" not in capfd.readouterr().err
+    text = (tmp_path / "cpu" / "config.toml").read_text()
+    assert 'graph_step = "false"' in text and "# note" not in text
+    monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
+    t = Trainer(tiny_config(tmp_path, f"train.steps={WARMUP_STEPS}", "eval.num_samples=0", "train.name=auto"))
+    t.fit()
+    assert t.steps.graphed is not None and t.steps.graphed.eager_steps == WARMUP_STEPS
+    assert "genlab: note: train.graph_step=auto: the whole step runs as one CUDA graph" in capfd.readouterr().err
+    text = (tmp_path / "auto" / "config.toml").read_text()
+    assert text.startswith("# note: train.graph_step=auto: the whole step") and 'graph_step = "true"' in text
+    assert load_config(str(tmp_path / "auto" / "config.toml")).train.graph_step == "true"
+
+
+def test_graph_step_keeps_loading_the_bool_of_older_configs(tmp_path):
+    """Runs saved before auto hold `graph_step = false` (a TOML bool): they load, sample and resume as before."""
+    from genlab.config.tree import load_config
+    from genlab.config.tree import Config, apply_dict
+    for value, want in ((True, "true"), (False, "false")):  # a TOML bool, as tomllib reads it
+        assert apply_dict(Config(), {"train": {"graph_step": value}}).train.graph_step == want
+    p = tmp_path / "old.toml"
+    p.write_text('preset = "digits_flow"\n[train]\ngraph_step = false\n')
+    assert load_config(str(p)).train.graph_step == "false"
+    with pytest.raises(GenlabError, match=r"train.graph_step.*auto.*true.*false"):
+        tiny_config(tmp_path, "train.graph_step=maybe")

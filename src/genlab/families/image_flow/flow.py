@@ -90,7 +90,7 @@ def check_flow_config(cfg):
     if is_batched(cfg) and m.timestep_sampler == "adaptive":
         raise GenlabError(f"{batched_label(cfg)} does not support method.timestep_sampler=adaptive (its sampler state is "
                           "a per-run extra module); pick another timestep sampler or train the runs one by one")
-    if cfg.train.graph_step and m.timestep_sampler == "adaptive":
+    if cfg.train.graph_step == "true" and m.timestep_sampler == "adaptive":
         raise GenlabError("train.graph_step=true does not support method.timestep_sampler=adaptive (it updates its "
                           "density from the host every few steps, which a captured step would freeze); pick another "
                           "timestep sampler or drop train.graph_step")
