@@ -43,11 +43,6 @@ def unigram_entropy(tokens) -> float:
     return entropy_nats(np.bincount(token_sample(tokens)))
 
 
-def image_subset(images, generator: torch.Generator | None = None) -> np.ndarray:
-    """Up to MAX_IMAGES images of an array [N, ...] (a random subset of a larger one)."""
-    return np.asarray(images[subset_index(len(images), generator)])
-
-
 def position_byte_entropy(images_u8) -> float:
     """Mean over positions of each position's byte entropy (nats): a byte model that knows only where it is."""
     x = np.asarray(images_u8).reshape(len(images_u8), -1)

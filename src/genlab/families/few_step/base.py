@@ -82,8 +82,8 @@ def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> N
 class FewStepFlow(FlowMatching):
     """Flow matching's data, sampling and evaluation with an optional teacher; subclasses implement `loss`."""
 
-    uses_teacher = False       # loads method.teacher as the frozen extra "teacher"
-    init_from_teacher = False  # a fresh student starts from the teacher's weights
+    uses_teacher = False      # loads method.teacher as the frozen extra "teacher"
+    init_from_teacher = True  # a fresh student starts from the teacher's weights (trained from scratch: False)
     data_kinds, output = ("image",), ""  # pixels only; what it predicts is no plain velocity (reflow's is)
 
     def __init__(self, cfg, data_spec):
@@ -127,14 +127,10 @@ class FewStepFlow(FlowMatching):
         # a student trained on a pairs folder is scored against the teacher's data, not the teacher's samples
         return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
 
-    @property
-    def teacher_guidance(self) -> float:
-        keys = TeacherKeys.of(self.mcfg)
-        return keys.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
-
     def teacher_velocity(self, teacher, y):
         """The teacher's guided velocity field v(x, t) for labels y (one batched forward with CFG)."""
-        return cfg_velocity(teacher, y, unwrap(teacher).null_class, self.teacher_guidance)
+        scale = TeacherKeys.of(self.mcfg).teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
+        return cfg_velocity(teacher, y, unwrap(teacher).null_class, scale)
 
 
 # -- the consistency methods' f: the identity at t = 1 for any weights (no c_skip/c_out schedule) -----------------

@@ -55,7 +55,6 @@ def lcm_target(teacher, target_net, x_t, t, s, y, w, w_max: float, null_class: i
 
 class LatentConsistency(FewStepFlow):
     uses_teacher = True
-    init_from_teacher = True
     conditions = {"w": "scalar"}
     sampling_keys = FLOW_SAMPLING + ("method.lcm_guidance",)
 

@@ -42,7 +42,6 @@ def pcm_target(teacher_v, target_v, x_t, t, t_next, end):
 
 class PCM(FewStepFlow):
     uses_teacher = True
-    init_from_teacher = True
 
     @staticmethod
     def check_config(cfg):
