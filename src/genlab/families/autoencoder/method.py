@@ -158,11 +158,6 @@ class Autoencoder(Method):
         return [Baseline("rec_l1", mean_image_l1(training_images(data, generator, self.cfg.data.hflip)),
                          "L1 of reconstructing the per-pixel mean image")]
 
-    def _dataset(self, cfg):
-        if self._data is None:
-            self._data = build_dataset(cfg.data)
-        return self._data
-
     def evaluate(self, model, data, ctx) -> dict:
         ecfg = ctx["eval"]
         if ecfg.num_samples <= 0:
@@ -176,7 +171,9 @@ class Autoencoder(Method):
 
     def reconstructions(self, model, n, device):
         """n held-out originals and their reconstructions (render.py draws them)."""
-        x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._dataset(self.cfg), n)[0], 256, device)
+        if self._data is None:
+            self._data = build_dataset(self.cfg.data)
+        x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._data, n)[0], 256, device)
         return x, rec
 
 

@@ -68,13 +68,10 @@ class Autoregressive(lm.TokenMethod):
         self.V, self.T = data_spec["vocab_size"], data_spec["seq_len"]
         self._checked = False
 
-    def _check(self, model):
+    def loss(self, model, batch, ctx):
         if not self._checked:
             lm.check_backbone(model, causal=True, method="autoregressive")
             self._checked = True
-
-    def loss(self, model, batch, ctx):
-        self._check(model)
         # the model computes the loss itself: under torch.compile the head and the cross-entropy fuse
         return model(batch["x"], targets=batch["y"]), {}
 
