@@ -133,9 +133,9 @@ class FewStepFlow(FlowMatching):
         return cfg_velocity(teacher, y, unwrap(teacher).null_class, scale)
 
 
-# -- the consistency methods' f: the identity at t = 1 for any weights (no c_skip/c_out schedule) -----------------
 def consistency_fn(net, x, t, y, **cond):
-    """f(x, t) = x + (1 - t) v(x, t, y, **cond); t a [B] tensor."""
+    """The consistency methods' f(x, t) = x + (1 - t) v(x, t, y, **cond), t [B]: the identity at t = 1 for any weights
+    (no c_skip/c_out schedule)."""
     return x + (1 - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype) * net(x, t, y, **cond)
 
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.nn.norm import norm_registry, residual_registry
+from genlab.nn.norm import norm_registry
 from genlab.families.image_flow import dit
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
@@ -46,7 +46,6 @@ class InContextDiT(nn.Module):
     def __init__(self, spec: dit.DiTSpec):
         super().__init__()
         s, p = spec, spec.patch_size
-        self.spec = s
         dit.add_image_stem(self, s)
         self.blocks = nn.ModuleList(PlainBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.mlp, s.norm,
                                                s.ln_placement, layer=i, qkv_kernel=s.qkv_kernel)
@@ -55,7 +54,6 @@ class InContextDiT(nn.Module):
         # post-LN blocks end normalised; pre-LN needs the final norm (GPT-2)
         self.final_norm = nn.Identity() if s.ln_placement == "post" else norm_registry.get(s.norm)(s.dim, eps=1e-6)
         self.head = nn.Linear(s.dim, p * p * s.channels)
-        self.residual_dtype = residual_registry.get(s.residual)
         dit.DiT._init_weights(self)
         nn.init.zeros_(self.head.weight)  # zero velocity at init, as DiT's zero-initialised final layer
 

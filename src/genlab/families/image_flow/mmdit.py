@@ -15,7 +15,6 @@ from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.conditions import combine
 from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
-from genlab.nn.norm import residual_registry
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
 
@@ -47,7 +46,6 @@ class MMDiT(nn.Module):
     def __init__(self, spec: dit.DiTSpec):
         super().__init__()
         s, p = spec, spec.patch_size
-        self.spec = s
         if not 0 <= s.dual_blocks <= s.depth:
             raise GenlabError(f"model.dual_blocks ({s.dual_blocks}) must be between 0 and model.depth ({s.depth})")
         self.dual = s.dual_blocks or s.depth
@@ -61,7 +59,6 @@ class MMDiT(nn.Module):
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)                               # image / joint tokens
         self.ctx_skips = LongSkips(s.dim, s.depth, s.long_skips, receivers=range(self.dual))  # context, dual blocks
         self.final = dit.FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
-        self.residual_dtype = residual_registry.get(s.residual)
         dit.DiT._init_weights(self)
         self.ctx_skips.reset_parameters()
 
