@@ -38,22 +38,6 @@ def teacher_state(path: str) -> dict:
         raise GenlabError(f"method.teacher: {e}") from None
 
 
-def check_teacher(state: dict, spec: dict, path: str):
-    """The teacher run's config, or a one-line error when it cannot teach a student of data `spec`."""
-    tcfg = ckpt.config_of(state)
-    teacher = method_registry.get(tcfg.method.name)
-    if teacher.output != "velocity" or teacher.conditions:
-        fits = [n for n, m in method_registry.items() if m.output == "velocity" and not m.conditions]
-        raise GenlabError(f"method.teacher '{path}' was trained by method {tcfg.method.name}, which is not a plain "
-                          f"velocity predictor; a teacher is a run of: {', '.join(fits)}")
-    tdata = state.get("data_spec") or {}
-    for key in ("kind", "channels", "image_size", "num_classes"):
-        if tdata.get(key) != spec.get(key):
-            raise GenlabError(f"method.teacher '{path}' was trained on other data ({key} {tdata.get(key)!r}, "
-                              f"this run's data has {spec.get(key)!r})")
-    return tcfg
-
-
 def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> None:
     """The teacher's weights into the student; only its condition embedders (last layer zeroed: the teacher's function
     at step 0) and BitNet input norms (gain 1: a float teacher has none) may be missing."""
@@ -91,10 +75,21 @@ class FewStepFlow(FlowMatching):
         self._teacher_state = None
 
     def _teacher(self) -> dict:
+        """The teacher run's checkpoint (read once), or a one-line error when it cannot teach this student."""
         if self._teacher_state is None:
             path = TeacherPathKeys.of(self.mcfg).teacher
             state = teacher_state(path)
-            self.teacher_cfg = check_teacher(state, self.spec, path)
+            self.teacher_cfg = tcfg = ckpt.config_of(state)
+            teacher = method_registry.get(tcfg.method.name)
+            if teacher.output != "velocity" or teacher.conditions:
+                fits = [n for n, m in method_registry.items() if m.output == "velocity" and not m.conditions]
+                raise GenlabError(f"method.teacher '{path}' was trained by method {tcfg.method.name}, which is not a "
+                                  f"plain velocity predictor; a teacher is a run of: {', '.join(fits)}")
+            tdata = state.get("data_spec") or {}
+            for key in ("kind", "channels", "image_size", "num_classes"):
+                if tdata.get(key) != self.spec.get(key):
+                    raise GenlabError(f"method.teacher '{path}' was trained on other data ({key} {tdata.get(key)!r}, "
+                                      f"this run's data has {self.spec.get(key)!r})")
             self._teacher_state = state
         return self._teacher_state
 
