@@ -149,7 +149,7 @@ class Autoencoder(Method):
         d_loss = 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())
         w = keys.gan_weight
         if keys.gan_adaptive:
-            w = w * adaptive_weight(rec_loss, g_loss, base.decoder.last_layer)
+            w = w * adaptive_weight(rec_loss, g_loss, base.decoder.out[-1].weight)  # the output conv's weight
         metrics.update(g_loss=g_loss.detach(), d_loss=d_loss.detach(), gan_w=torch.as_tensor(w).detach())
         return {"model": loss + w * g_loss, "disc": d_loss}, metrics
 

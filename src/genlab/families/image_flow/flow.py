@@ -295,8 +295,7 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
 
 def cached_block_plan(cfg) -> list[int]:
     """method.cache_blocks as block indices ([] = off) within the model's depth (`auto` is resolved before)."""
-    keys = FlowMethodKeys.of(cfg.method)
-    text = str(keys.cache_blocks).strip()
+    text = str(FlowMethodKeys.of(cfg.method).cache_blocks).strip()
     if not text:
         return []
     if text == "auto":

@@ -62,22 +62,16 @@ class MMDiT(nn.Module):
         dit.DiT._init_weights(self)
         self.ctx_skips.reset_parameters()
 
-    def context_tokens(self, t_emb, y_emb, context=None):
-        if context is not None:
-            if self.context_embed is None:
-                raise GenlabError("this MMDiT was built without context_dim: it takes class and timestep tokens only")
-            return self.context_embed(context)
-        return torch.stack([y_emb, t_emb], dim=1)
-
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None = None,
                 **conditions):
         """x_t [B, C, H, W], t [B], y [B] class ids (null_class = unconditional); context [B, L, context_dim] optional."""
         s = self.spec
         x = self.pos(self.patch_embed(dit.patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
         embs = dit.embed_conditions(self, t, y, conditions)
-        t_emb, y_emb = embs[0], embs[1]
         c = combine(embs)
-        ctx = self.context_tokens(t_emb, y_emb, context).to(x.dtype)
+        if context is not None and self.context_embed is None:  # ctx: the class and time tokens, or the context's
+            raise GenlabError("this MMDiT was built without context_dim: it takes class and timestep tokens only")
+        ctx = (torch.stack([embs[1], embs[0]], dim=1) if context is None else self.context_embed(context)).to(x.dtype)
         L = ctx.shape[1]
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
         joint_rope, joint_grid = prefix_rope(rope, L), TokenGrid(L, self.grid, self.grid)
