@@ -170,3 +170,11 @@ def patch_everywhere(mp, module, name: str, value):
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("genlab") and mod is not module and getattr(mod, name, None) is original:
             mp.setattr(mod, name, value)
+
+
+def plain_context(generator: torch.Generator, step: int = 0, total_steps: int = 1, precision: str = "fp32",
+                  extras: dict | None = None):
+    """A StepContext outside the trainer: no EMA, the generator's device."""
+    from genlab.families.base import StepContext
+    return StepContext(step=step, total_steps=total_steps, generator=generator, device=torch.device(generator.device),
+                       precision=precision, ema=None, extras=extras or {})

@@ -167,10 +167,3 @@ def check_extras(extras: dict[str, Extra], method_name: str) -> None:
 def as_loss_dict(loss) -> dict[str, Tensor]:
     """A method's loss as {optimizer name: scalar}; a bare scalar belongs to the model's optimizer."""
     return dict(loss) if isinstance(loss, dict) else {"model": loss}
-
-
-def plain_context(generator: torch.Generator, step: int = 0, total_steps: int = 1, precision: str = "fp32",
-                  extras: dict | None = None) -> StepContext:
-    """A StepContext outside the trainer (tests, notebooks): no EMA, the generator's device."""
-    return StepContext(step=step, total_steps=total_steps, generator=generator, device=torch.device(generator.device),
-                       precision=precision, ema=None, extras=extras or {})

@@ -29,23 +29,13 @@ def entropy_nats(counts: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def token_sample(tokens, generator: torch.Generator | None = None) -> np.ndarray:
-    """The tokens the entropies are counted over: all of them, or evenly spaced chunks of a large corpus."""
-    n = len(tokens)
-    if n <= MAX_TOKENS:
-        return np.asarray(tokens).astype(np.int64)
-    starts = np.linspace(0, n - TOKEN_CHUNK, MAX_TOKENS // TOKEN_CHUNK).astype(np.int64)
-    return np.concatenate([np.asarray(tokens[s:s + TOKEN_CHUNK]) for s in starts]).astype(np.int64)
-
-
 def unigram_entropy(tokens) -> float:
-    """Entropy (nats/token) of the token frequencies: the loss of a predictor that sees no context."""
-    return entropy_nats(np.bincount(token_sample(tokens)))
-
-
-def image_subset(images, generator: torch.Generator | None = None) -> np.ndarray:
-    """Up to MAX_IMAGES images of an array [N, ...] (a random subset of a larger one)."""
-    return np.asarray(images[subset_index(len(images), generator)])
+    """Entropy (nats/token) of the token frequencies (all of them, or evenly spaced chunks of a large corpus): the loss
+    of a predictor that sees no context."""
+    if len(tokens) > MAX_TOKENS:
+        starts = np.linspace(0, len(tokens) - TOKEN_CHUNK, MAX_TOKENS // TOKEN_CHUNK).astype(np.int64)
+        tokens = np.concatenate([np.asarray(tokens[s:s + TOKEN_CHUNK]) for s in starts])
+    return entropy_nats(np.bincount(np.asarray(tokens).astype(np.int64)))
 
 
 def position_byte_entropy(images_u8) -> float:

@@ -32,7 +32,6 @@ def build_model_and_method(cfg, spec: dict):
 
 
 def check_model_shapes(model, state: dict, source: str, verb: str = "resume from", what: str = "the model"):
-    what_module = what
     own = model.state_dict()
     diffs = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
     missing = [k for k in own if k not in state] + [k for k in state if k not in own]
@@ -41,8 +40,8 @@ def check_model_shapes(model, state: dict, source: str, verb: str = "resume from
         if missing and missing[0] in own:  # a module may say why a checkpoint lacks it (BitNet's input norm)
             hint = getattr(model.get_submodule(missing[0].rpartition(".")[0]), "missing_hint", None)
             side += f" ({hint})" if hint else ""
-        what = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}, {side}"
-        raise GenlabError(f"cannot {verb} {source}: {what_module} differs from the checkpoint ({what})")
+        detail = f"shape of {diffs[0]}: {tuple(state[diffs[0]].shape)} vs {tuple(own[diffs[0]].shape)}" if diffs else f"parameter {missing[0]}, {side}"
+        raise GenlabError(f"cannot {verb} {source}: {what} differs from the checkpoint ({detail})")
 
 
 def check_eval_overrides(cfg, overrides) -> None:

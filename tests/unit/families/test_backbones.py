@@ -213,7 +213,7 @@ TRAIN_CASES = [("dit", "sdpa", {}), ("incontext_pre", "sigmoid", {}), ("incontex
 @pytest.mark.parametrize("backbone,attention,extra", TRAIN_CASES)
 def test_trains_on_digits(backbone, attention, extra):
     from genlab.data import build_dataset
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     from genlab.training.trainer import build_model_and_method
     opts = {**BACKBONES[backbone], "attention": attention, "dim": 32, "depth": 2, "heads": 2, **extra}
     cfg = load_config("digits_flow", [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in opts.items()])

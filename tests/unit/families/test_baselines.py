@@ -14,7 +14,8 @@ import genlab.families
 from genlab.config.tree import load_config
 from genlab.data.formats import ImageData
 from genlab.families import baselines as bl
-from genlab.families.base import Method, plain_context
+from conftest import plain_context
+from genlab.families.base import Method
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.families.lm import mdlm
 

@@ -75,7 +75,7 @@ def test_discriminator_heads_are_conditioned_on_the_renoising_time_the_teacher_s
     """Each head's projection condition holds the class and the re-noising time t' (LADD's heads are conditioned on the
     noise level): the same tokens judged at another t' get other logits, and the t' the heads get is the one the
     teacher's features were computed at."""
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     from genlab.families.few_step.discriminator import TeacherHeads
     g = torch.Generator().manual_seed(0)
     heads = TeacherHeads(dim=12, hidden=8, num_classes=3, blocks=(1, 2), tokens=5)
@@ -171,7 +171,7 @@ def test_a_fresh_ladd_student_is_the_teachers_ema(tmp_path, flow_teacher):
 
 
 def test_ladd_warm_up_steps_train_the_student_only_at_its_less_noisy_times(tmp_path, flow_teacher, one_thread):
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     model, method, extras, spec = built(tmp_path, flow_teacher, *LADD, "method.ladd_warmup_steps=3")
     seen = []
     model.register_forward_hook(lambda m, args, out: seen.append(args[1].detach()))
@@ -198,7 +198,7 @@ def test_pcm_phase_edges_partition_the_unit_interval_and_the_function_is_the_ide
 
 
 def test_pcm_target_is_one_guided_teacher_step_then_the_emas_phase_function(tmp_path, flow_teacher, one_thread):
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     model, method, extras, spec = built(tmp_path, flow_teacher, *PCM, "method.teacher_cfg_scale=3.0")
     ema = copy.deepcopy(model).requires_grad_(False)
     with torch.no_grad():
@@ -268,7 +268,7 @@ def test_ladd_regression_target_is_the_teachers_image_for_the_pairs_own_noise(tm
     is what the teacher made of exactly that noise; samples at t > 0 start from fresh noise (as the sampler's
     re-noising) and are left out of the term. With fresh noise at t = 0 the term would pull toward the class mean."""
     from genlab.data.pairs import read_pairs
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     model, method, extras, _ = built(tmp_path, flow_teacher, *LADD, "data.name=pairs", f"data.path={pairs_dir}",
                                      "method.ladd_regression_weight=1.0", "method.ladd_noise_share=0.5")
     assert "noise" in method.batch_keys

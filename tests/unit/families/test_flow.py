@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from genlab.config.tree import load_config
-from genlab.families.base import plain_context
+from conftest import plain_context
 from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, interpolate
 from genlab.families.image_flow.timesteps import logit_normal, uniform
 from genlab.sampling.samplers import sample_euler, sample_heun, time_grid

@@ -11,7 +11,7 @@ from conftest import TINY, cli_in_process, straight_and_resumed, tiny_config
 from torch.utils.flop_counter import FlopCounterMode
 
 from genlab.config.tree import load_config
-from genlab.families.base import plain_context
+from conftest import plain_context
 from genlab.families.image_flow.dit import depatchify, patchify
 from genlab.families.image_flow.maskdit import draw_keep, kept_tokens
 from genlab.training.trainer import Trainer

@@ -155,8 +155,7 @@ def test_repa_hook_fires_in_a_compiled_dit_after_another_dit_was_compiled(tmp_pa
     compile_ = torch.compile  # genlab's compile path, with dynamo's eager backend: the guards, not inductor's kernels
     monkeypatch.setattr(torch, "compile", lambda m, **kw: compile_(m, backend="eager"))
     compile_model_by_name(first, cfg.train)(x, t, y)  # compiled without a hook, as another run in the process would
-    method._hook(second)
-    method._hidden.clear()
+    method.tap.hook(second)
     out = compile_model_by_name(second, cfg.train)(x, t, y)
-    assert len(method._hidden) == 1 and out.shape == x.shape
-    assert method._hidden[0].shape[:2] == (2, (spec["image_size"] // cfg.model.patch_size) ** 2)
+    assert len(method.tap.kept) == 1 and out.shape == x.shape
+    assert method.tap.kept[0].shape[:2] == (2, (spec["image_size"] // cfg.model.patch_size) ** 2)

@@ -14,7 +14,7 @@ import torch.nn as nn
 from conftest import patch_everywhere, tiny_config
 
 from genlab.core.errors import GenlabError
-from genlab.families.base import plain_context
+from conftest import plain_context
 from genlab.families.image_flow.repa import aligned_block, alignment_loss
 from genlab.families.image_flow.repa_encoders import load_weights, to_grid
 from genlab.training.step import build_model_and_method

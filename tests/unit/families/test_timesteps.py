@@ -9,7 +9,7 @@ from conftest import tiny_config
 from scipy import integrate, optimize, stats
 
 from genlab.config.tree import load_config
-from genlab.families.base import plain_context
+from conftest import plain_context
 from genlab.families.image_flow.adaptive_timesteps import AdaptiveTimesteps
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.families.image_flow.loss_weighting import min_snr

@@ -57,7 +57,7 @@ def _model(cfg, dtype=torch.float64):
 
 def _inputs(method, model, dtype=torch.float64, B=6):
     """One batch's draws (t, noise, labels with class dropout), as the method makes them."""
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     g = torch.Generator().manual_seed(1)
     S, C = SPEC["image_size"], SPEC["channels"]
     batch = {"image": torch.rand(B, C, S, S, generator=g, dtype=dtype) * 2 - 1,
@@ -216,7 +216,7 @@ def test_repa_trains_through_the_fused_final_loss(tmp_path):
     tokens: the loss, both terms and the gradients of model and projector equal plain's (float32)."""
     from conftest import tiny_config
 
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     from genlab.training.step import build_model_and_method
     digits = {"kind": "image", "channels": 1, "image_size": 8, "num_classes": 10, "batch_keys": ("image", "label")}
     out = {}
@@ -414,7 +414,7 @@ def _compiled_flow_loss(final_kernel, adaln, weighting, device="cuda"):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from genlab.config.tree import load_config
-    from genlab.families.base import plain_context
+    from conftest import plain_context
     from genlab.families.image_flow.flow import FlowMatching
     from genlab.families.models import model_registry
     cfg = load_config("digits_flow", ["model.size=B", "model.depth=2", f"model.adaln={adaln}", "train.device=cuda",

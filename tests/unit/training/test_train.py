@@ -11,7 +11,7 @@ import torch
 from conftest import REPO, TINY, cli_in_process, straight_and_resumed, tiny_config
 
 from genlab.core.errors import GenlabError, RunFailed
-from genlab.families.base import plain_context
+from conftest import plain_context
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.metrics import read_metrics

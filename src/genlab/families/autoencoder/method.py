@@ -149,7 +149,7 @@ class Autoencoder(Method):
         d_loss = 0.5 * (F.relu(1.0 - real).mean() + F.relu(1.0 + fake).mean())
         w = keys.gan_weight
         if keys.gan_adaptive:
-            w = w * adaptive_weight(rec_loss, g_loss, base.decoder.last_layer)
+            w = w * adaptive_weight(rec_loss, g_loss, base.decoder.out[-1].weight)  # the output conv's weight
         metrics.update(g_loss=g_loss.detach(), d_loss=d_loss.detach(), gan_w=torch.as_tensor(w).detach())
         return {"model": loss + w * g_loss, "disc": d_loss}, metrics
 
@@ -157,11 +157,6 @@ class Autoencoder(Method):
         # rec_l1, in training and in evaluation: an autoencoder that ignores its input reconstructs the mean image
         return [Baseline("rec_l1", mean_image_l1(training_images(data, generator, self.cfg.data.hflip)),
                          "L1 of reconstructing the per-pixel mean image")]
-
-    def _dataset(self, cfg):
-        if self._data is None:
-            self._data = build_dataset(cfg.data)
-        return self._data
 
     def evaluate(self, model, data, ctx) -> dict:
         ecfg = ctx["eval"]
@@ -176,7 +171,9 @@ class Autoencoder(Method):
 
     def reconstructions(self, model, n, device):
         """n held-out originals and their reconstructions (render.py draws them)."""
-        x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._dataset(self.cfg), n)[0], 256, device)
+        if self._data is None:
+            self._data = build_dataset(self.cfg.data)
+        x, rec, _ = reconstruct(model, held_out_images(self.cfg, self._data, n)[0], 256, device)
         return x, rec
 
 

@@ -125,11 +125,6 @@ class Decoder(nn.Module):
         self.up, cin = resnet_stages(widths[0], widths, depth + 1, Upsample)
         self.out = out_head(cin, channels)
 
-    @property
-    def last_layer(self) -> torch.Tensor:
-        """The output conv's weight: VQGAN's adaptive GAN weight compares gradient norms here."""
-        return self.out[-1].weight
-
     def forward(self, z):
         return self.out(self.up(self.mid(self.conv_in(z))))
 

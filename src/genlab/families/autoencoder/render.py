@@ -1,5 +1,4 @@
-"""Pictures of the autoencoder family: held-out originals above their reconstructions (the training previews and
-`genlab sample`: an autoencoder draws no new images)."""
+"""Pictures of the autoencoder family: held-out originals above their reconstructions (it draws no new images)."""
 from __future__ import annotations
 
 import torch

@@ -38,22 +38,6 @@ def teacher_state(path: str) -> dict:
         raise GenlabError(f"method.teacher: {e}") from None
 
 
-def check_teacher(state: dict, spec: dict, path: str):
-    """The teacher run's config, or a one-line error when it cannot teach a student of data `spec`."""
-    tcfg = ckpt.config_of(state)
-    teacher = method_registry.get(tcfg.method.name)
-    if teacher.output != "velocity" or teacher.conditions:
-        fits = [n for n, m in method_registry.items() if m.output == "velocity" and not m.conditions]
-        raise GenlabError(f"method.teacher '{path}' was trained by method {tcfg.method.name}, which is not a plain "
-                          f"velocity predictor; a teacher is a run of: {', '.join(fits)}")
-    tdata = state.get("data_spec") or {}
-    for key in ("kind", "channels", "image_size", "num_classes"):
-        if tdata.get(key) != spec.get(key):
-            raise GenlabError(f"method.teacher '{path}' was trained on other data ({key} {tdata.get(key)!r}, "
-                              f"this run's data has {spec.get(key)!r})")
-    return tcfg
-
-
 def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> None:
     """The teacher's weights into the student; only its condition embedders (last layer zeroed: the teacher's function
     at step 0) and BitNet input norms (gain 1: a float teacher has none) may be missing."""
@@ -82,8 +66,8 @@ def load_student_from_teacher(model: nn.Module, weights: dict, source: str) -> N
 class FewStepFlow(FlowMatching):
     """Flow matching's data, sampling and evaluation with an optional teacher; subclasses implement `loss`."""
 
-    uses_teacher = False       # loads method.teacher as the frozen extra "teacher"
-    init_from_teacher = False  # a fresh student starts from the teacher's weights
+    uses_teacher = False      # loads method.teacher as the frozen extra "teacher"
+    init_from_teacher = True  # a fresh student starts from the teacher's weights (trained from scratch: False)
     data_kinds, output = ("image",), ""  # pixels only; what it predicts is no plain velocity (reflow's is)
 
     def __init__(self, cfg, data_spec):
@@ -91,10 +75,21 @@ class FewStepFlow(FlowMatching):
         self._teacher_state = None
 
     def _teacher(self) -> dict:
+        """The teacher run's checkpoint (read once), or a one-line error when it cannot teach this student."""
         if self._teacher_state is None:
             path = TeacherPathKeys.of(self.mcfg).teacher
             state = teacher_state(path)
-            self.teacher_cfg = check_teacher(state, self.spec, path)
+            self.teacher_cfg = tcfg = ckpt.config_of(state)
+            teacher = method_registry.get(tcfg.method.name)
+            if teacher.output != "velocity" or teacher.conditions:
+                fits = [n for n, m in method_registry.items() if m.output == "velocity" and not m.conditions]
+                raise GenlabError(f"method.teacher '{path}' was trained by method {tcfg.method.name}, which is not a "
+                                  f"plain velocity predictor; a teacher is a run of: {', '.join(fits)}")
+            tdata = state.get("data_spec") or {}
+            for key in ("kind", "channels", "image_size", "num_classes"):
+                if tdata.get(key) != self.spec.get(key):
+                    raise GenlabError(f"method.teacher '{path}' was trained on other data ({key} {tdata.get(key)!r}, "
+                                      f"this run's data has {self.spec.get(key)!r})")
             self._teacher_state = state
         return self._teacher_state
 
@@ -127,19 +122,15 @@ class FewStepFlow(FlowMatching):
         # a student trained on a pairs folder is scored against the teacher's data, not the teacher's samples
         return super().evaluate(model, data.reference() if hasattr(data, "reference") else data, ctx)
 
-    @property
-    def teacher_guidance(self) -> float:
-        keys = TeacherKeys.of(self.mcfg)
-        return keys.teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
-
     def teacher_velocity(self, teacher, y):
         """The teacher's guided velocity field v(x, t) for labels y (one batched forward with CFG)."""
-        return cfg_velocity(teacher, y, unwrap(teacher).null_class, self.teacher_guidance)
+        scale = TeacherKeys.of(self.mcfg).teacher_cfg_scale or self.teacher_cfg.eval.cfg_scale
+        return cfg_velocity(teacher, y, unwrap(teacher).null_class, scale)
 
 
-# -- the consistency methods' f: the identity at t = 1 for any weights (no c_skip/c_out schedule) -----------------
 def consistency_fn(net, x, t, y, **cond):
-    """f(x, t) = x + (1 - t) v(x, t, y, **cond); t a [B] tensor."""
+    """The consistency methods' f(x, t) = x + (1 - t) v(x, t, y, **cond), t [B]: the identity at t = 1 for any weights
+    (no c_skip/c_out schedule)."""
     return x + (1 - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype) * net(x, t, y, **cond)
 
 

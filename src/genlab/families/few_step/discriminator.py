@@ -13,6 +13,7 @@ from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import Extra
 from genlab.families.image_flow.dit import dit_size
+from genlab.families.image_flow.repa import FeatureTap
 from genlab.families.models import model_registry
 from genlab.families.world.objectives import finite_or_zero
 from genlab.nn.embeddings import TimestepEmbedder
@@ -99,31 +100,6 @@ class TeacherHeads(nn.Module):
     def flops_per_sample(self) -> int:
         D, H, N = self.dim, self.hidden, self.tokens
         return len(self.heads) * (2 * N * (D * H + 3 * H * H + 2 * H) + 2 * (T_FREQ * H + H * H))
-
-
-class FeatureTap:
-    """Forward hooks on the teacher's blocks: their output tokens, in block order, of gradient-enabled passes only."""
-
-    def __init__(self, blocks: tuple[int, ...]):
-        self.blocks, self.kept, self._hooked = blocks, [], None
-
-    def _keep(self, module, args, out):
-        if torch.is_grad_enabled():
-            self.kept.append(out)
-
-    def __call__(self, teacher, x, t, y) -> list[torch.Tensor]:
-        base = unwrap(teacher)
-        if self._hooked is not base:
-            # compiled code sees the hooks: genlab compiles with hook guards (switches.guard_module_hooks)
-            for b in self.blocks:
-                base.blocks[b - 1].register_forward_hook(self._keep)
-            self._hooked = base
-        self.kept.clear()
-        with torch.enable_grad():
-            teacher(x, t, y)
-        feats = list(self.kept)
-        self.kept.clear()  # the same list object every step: compiled hooks guard on it
-        return feats
 
 
 def renoise_time(t_end: torch.Tensor, width, generator, mcfg) -> torch.Tensor:

@@ -35,9 +35,6 @@ def ect_r(t, stage: int, q: float, k: float, b: float):
 
 
 class EasyConsistencyTuning(FewStepFlow):
-    uses_teacher = False
-    init_from_teacher = True
-
     def loss(self, model, batch, ctx):
         m, g, data, y = EctKeys.of(self.mcfg), ctx.generator, batch["image"], batch["label"]
         B, dev = data.shape[0], data.device

@@ -31,7 +31,14 @@ def ode_samplers() -> list[str]:
             if "generator" not in inspect.signature(s.builder).parameters and not s.condition]
 
 
-def check_pair_args(n, steps, cfg_scale, batch, out, sampler) -> None:
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    import platform
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=256, seed=0, device="auto") -> Path:
     for flag, v, ok, want in (("--n", n, n >= 1, ">= 1"), ("--steps", steps, steps is None or steps >= 1, ">= 1"),
                               ("--cfg-scale", cfg_scale, cfg_scale is None or cfg_scale >= 0, ">= 0"),
                               ("--batch", batch, batch >= 1, ">= 1")):
@@ -43,32 +50,15 @@ def check_pair_args(n, steps, cfg_scale, batch, out, sampler) -> None:
         sampler_registry.get(sampler)  # an unknown name: the valid choices
         raise GenlabError(f"sampler '{sampler}' is not a deterministic ODE sampler, so its samples are no function of "
                           f"their noise; pairs need one of: {', '.join(ode_samplers())}")
-
-
-def load_velocity_run(run: str):
-    """(state, config) of a run whose model predicts a velocity with no extra inputs, else a one-line error."""
-    state = ckpt.load_checkpoint(run)
+    state = ckpt.load_checkpoint(str(run))  # a run whose model predicts a velocity with no extra inputs, on images
     if not isinstance(state.get("data_spec"), dict):
         raise GenlabError(f"'{run}' is not a genlab checkpoint (no data spec)")
-    cfg = ckpt.config_of(state)
-    method = method_registry.get(cfg.method.name)
+    tcfg = ckpt.config_of(state)
+    method = method_registry.get(tcfg.method.name)
     if method.output != "velocity" or method.conditions or state["data_spec"].get("kind") != "image":
         fits = [name for name, m in method_registry.items() if m.output == "velocity" and not m.conditions]
-        raise GenlabError(f"'{run}' was trained by method {cfg.method.name}, which does not predict a velocity on "
+        raise GenlabError(f"'{run}' was trained by method {tcfg.method.name}, which does not predict a velocity on "
                           f"images; pairs come from a run of: {', '.join(fits)}")
-    return state, cfg
-
-
-def device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    import platform
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=256, seed=0, device="auto") -> Path:
-    check_pair_args(n, steps, cfg_scale, batch, out, sampler)
-    state, tcfg = load_velocity_run(str(run))
     if state["data_spec"].get("codec"):  # pairs hold pixels beside the sampler's endpoints: not defined for latents yet
         raise GenlabError(f"'{run}' was trained on autoencoder latents (data.name=latents); teacher pairs come from "
                           f"runs trained on pixels")
@@ -95,9 +85,8 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
         samples = np.lib.format.open_memmap(tmp / "samples.npy", "w+", np.float32, (n, C, S, S))
         noise = np.lib.format.open_memmap(tmp / "noise.npy", "w+", np.float32, (n, C, S, S))
         images = np.empty((n, S, S, C), np.uint8)
-        n_batches = -(-n // batch)
         t0 = time.perf_counter()
-        with progress.Task(f"pairs: {n} images", total=steps * n_batches, unit="step") as task:
+        with progress.Task(f"pairs: {n} images", total=steps * -(-n // batch), unit="step") as task:
             for i in range(0, n, batch):
                 z = torch.randn((min(batch, n - i), C, S, S), generator=gen)
                 y = labels[i:i + len(z)].to(dev) if k else None

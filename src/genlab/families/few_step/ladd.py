@@ -38,7 +38,6 @@ def student_times(n_times: int, B: int, noise_share: float, generator, device, w
 
 class LADD(FewStepFlow):
     uses_teacher = True
-    init_from_teacher = True
 
     @staticmethod
     def check_config(cfg):

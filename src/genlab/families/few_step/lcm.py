@@ -36,26 +36,19 @@ def guided_velocity(teacher, x, t, y, w, null_class: int):
     return v_u + w * (v_c - v_u)
 
 
-def solver_step(teacher, x, t, s, y, w, null_class: int, solver: str = "euler"):
-    """One step of the teacher's guided ODE dx/dt = v from t to s (per-sample tensors)."""
-    h = (s - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype)
-    v1 = guided_velocity(teacher, x, t, y, w, null_class)
-    x_e = x + h * v1
-    if solver == "euler":
-        return x_e
-    v2 = guided_velocity(teacher, x_e, s, y, w, null_class)
-    return x + h * (v1 + v2) / 2
-
-
 def lcm_target(teacher, target_net, x_t, t, s, y, w, w_max: float, null_class: int, solver: str = "euler"):
-    """f_θ⁻(x̂_s, s, w) with x̂_s one teacher solver step from x_t: the consistency distillation target."""
-    x_s = solver_step(teacher, x_t, t, s, y, w, null_class, solver)
+    """f_θ⁻(x̂_s, s, w) with x̂_s one step of the teacher's guided ODE dx/dt = v from t to s (per-sample tensors) from
+    x_t: the consistency distillation target."""
+    h = (s - t).view(-1, *([1] * (x_t.ndim - 1))).to(x_t.dtype)
+    v1 = guided_velocity(teacher, x_t, t, y, w, null_class)
+    x_s = x_t + h * v1
+    if solver == "heun":
+        x_s = x_t + h * (v1 + guided_velocity(teacher, x_s, s, y, w, null_class)) / 2
     return consistency_fn(target_net, x_s, s, y, w=w / w_max)
 
 
 class LatentConsistency(FewStepFlow):
     uses_teacher = True
-    init_from_teacher = True
     conditions = {"w": "scalar"}
     sampling_keys = FLOW_SAMPLING + ("method.lcm_guidance",)
 

@@ -64,6 +64,7 @@ class EmbedScaled(nn.Module):
 
 class MeanFlow(FewStepFlow):
     conditions = {"d": "scalar"}
+    init_from_teacher = False
     check_config = staticmethod(check_meanflow_config)
 
     def __init__(self, cfg, data_spec):

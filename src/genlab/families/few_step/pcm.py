@@ -33,16 +33,8 @@ def phase_function(velocity, x, t, end):
     return x + (end - t).view(-1, *([1] * (x.ndim - 1))).to(x.dtype) * velocity(x, t)
 
 
-def pcm_target(teacher_v, target_v, x_t, t, t_next, end):
-    """One teacher Euler step from t to t_next, then the target network's phase function at t_next."""
-    shape = (-1, *([1] * (x_t.ndim - 1)))
-    x_next = x_t + (t_next - t).view(shape).to(x_t.dtype) * teacher_v(x_t, t)
-    return phase_function(target_v, x_next, t_next, end)
-
-
 class PCM(FewStepFlow):
     uses_teacher = True
-    init_from_teacher = True
 
     @staticmethod
     def check_config(cfg):
@@ -77,9 +69,9 @@ class PCM(FewStepFlow):
         noise = torch.randn(data.shape, generator=g, device=dev, dtype=data.dtype)
         x_t = interpolate(noise, data, t)
         target_net = ctx.ema if ctx.ema is not None else model
-        with torch.no_grad():
-            target = pcm_target(self.teacher_velocity(teacher, y), lambda x, s: target_net(x, s, y), x_t, t, t_next,
-                                end).float()
+        with torch.no_grad():  # one teacher Euler step from t to t_next, then the target network's phase function
+            x_next = x_t + (t_next - t).view(-1, *([1] * (x_t.ndim - 1))).to(x_t.dtype) * self.teacher_velocity(teacher, y)(x_t, t)
+            target = phase_function(lambda x, s: target_net(x, s, y), x_next, t_next, end).float()
         pred = phase_function(lambda x, s: model(x, s, y), x_t, t, end)
         cm = (pred.float() - target).square().mean()
         if self.adversary is None:

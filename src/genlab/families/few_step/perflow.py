@@ -45,7 +45,6 @@ def chord(x_start, x_end, w0, w1, s):
 
 class PeRFlow(FewStepFlow):
     uses_teacher = True
-    init_from_teacher = True
 
     def loss(self, model, batch, ctx):
         g, data, y = ctx.generator, batch["image"], batch["label"]

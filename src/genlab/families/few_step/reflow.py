@@ -20,7 +20,6 @@ class ReflowKeys(cf.Keys, section="method"):
 
 class Reflow(FewStepFlow):
     batch_keys = ("image", "label", "noise")
-    init_from_teacher = True
     output = "velocity"  # a reflowed model teaches the distill stage
 
     def trivial_baselines(self, data, generator):

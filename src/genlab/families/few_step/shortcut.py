@@ -31,6 +31,7 @@ def two_step_target(target_model, x_t, t, d, y):
 
 class Shortcut(FewStepFlow):
     conditions = {"d": "log2_scalar"}
+    init_from_teacher = False
 
     def __init__(self, cfg, data_spec):
         super().__init__(cfg, data_spec)

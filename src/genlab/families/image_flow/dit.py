@@ -132,6 +132,8 @@ def add_image_stem(model: nn.Module, s) -> None:
     p = s.patch_size
     if s.image_size % p:
         raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
+    model.spec = s
+    model.residual_dtype = residual_registry.get(s.residual)
     model.grid = s.image_size // p
     model.num_tokens = model.grid ** 2
     model.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
@@ -149,14 +151,12 @@ def embed_conditions(model, t, y, extra: dict) -> list[torch.Tensor]:
 class DiT(nn.Module):
     def __init__(self, spec: DiTSpec):
         super().__init__()
-        self.spec = spec
         s, p = spec, spec.patch_size
         add_image_stem(self, s)
         self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
                                              layer=i, qkv_kernel=s.qkv_kernel) for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)
         self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
-        self.residual_dtype = residual_registry.get(s.residual)
         self._init_weights()
 
     def _init_weights(self):

@@ -220,20 +220,14 @@ class FlowMatching(Method):
             return call_sampler(sampler_registry.get(sampler), velocity, x, ts, callback=callback,
                                 extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
 
-    @contextlib.contextmanager
     def _block_cache(self, base, sampler: str, steps: int):
         """method.cache_blocks or method.cache_schedule around one sampling call (sampling/block_cache.py)."""
-        keys = FlowMethodKeys.of(self.mcfg)
         if self.cache_schedule:
             self.check_cache_schedule(steps, sampler)
-            period, plan = self.cache_schedule
-            with cached_blocks(base, [], schedule=plan, period=period):
-                yield
-        elif self.cache_blocks:
-            with cached_blocks(base, self.cache_blocks, keys.cache_every):
-                yield
-        else:
-            yield
+            return cached_blocks(base, [], schedule=self.cache_schedule[1], period=self.cache_schedule[0])
+        if self.cache_blocks:
+            return cached_blocks(base, self.cache_blocks, FlowMethodKeys.of(self.mcfg).cache_every)
+        return contextlib.nullcontext()
 
     def check_cache_schedule(self, steps: int, sampler: str) -> None:
         """A cache plan is indexed by network evaluation: another count per sample is refused."""
@@ -301,8 +295,7 @@ def check_sampler_conditions(method_name: str, samplers) -> None:
 
 def cached_block_plan(cfg) -> list[int]:
     """method.cache_blocks as block indices ([] = off) within the model's depth (`auto` is resolved before)."""
-    keys = FlowMethodKeys.of(cfg.method)
-    text = str(keys.cache_blocks).strip()
+    text = str(FlowMethodKeys.of(cfg.method).cache_blocks).strip()
     if not text:
         return []
     if text == "auto":

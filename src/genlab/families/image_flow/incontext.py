@@ -9,19 +9,8 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.nn.norm import norm_registry, residual_registry
-from genlab.families.image_flow.dit import (
-    DitKeys,
-    IMAGE_BACKBONE,
-    DiT,
-    DiTSpec,
-    add_image_stem,
-    depatchify,
-    embed_conditions,
-    image_backbone_example,
-    patchify,
-    spec_from_config,
-)
+from genlab.nn.norm import norm_registry
+from genlab.families.image_flow import dit
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.embeddings import embed_flops
@@ -54,11 +43,10 @@ class PlainBlock(nn.Module):
 
 
 class InContextDiT(nn.Module):
-    def __init__(self, spec: DiTSpec):
+    def __init__(self, spec: dit.DiTSpec):
         super().__init__()
         s, p = spec, spec.patch_size
-        self.spec = s
-        add_image_stem(self, s)
+        dit.add_image_stem(self, s)
         self.blocks = nn.ModuleList(PlainBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.mlp, s.norm,
                                                s.ln_placement, layer=i, qkv_kernel=s.qkv_kernel)
                                     for i in range(s.depth))
@@ -66,20 +54,19 @@ class InContextDiT(nn.Module):
         # post-LN blocks end normalised; pre-LN needs the final norm (GPT-2)
         self.final_norm = nn.Identity() if s.ln_placement == "post" else norm_registry.get(s.norm)(s.dim, eps=1e-6)
         self.head = nn.Linear(s.dim, p * p * s.channels)
-        self.residual_dtype = residual_registry.get(s.residual)
-        DiT._init_weights(self)
+        dit.DiT._init_weights(self)
         nn.init.zeros_(self.head.weight)  # zero velocity at init, as DiT's zero-initialised final layer
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
         s = self.spec
-        h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        cond = torch.stack(embed_conditions(self, t, y, conditions), dim=1).to(h.dtype)  # one token per condition
+        h = self.pos(self.patch_embed(dit.patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
+        cond = torch.stack(dit.embed_conditions(self, t, y, conditions), dim=1).to(h.dtype)  # one token per condition
         k = cond.shape[1]
         h = torch.cat([cond, h], dim=1)
         rope, grid = prefix_rope(self.pos.rope(), k), TokenGrid(k, self.grid, self.grid)
-        h = DiT.run_blocks(self, h, rope=rope, grid=grid)
+        h = dit.DiT.run_blocks(self, h, rope=rope, grid=grid)
         out = self.head(self.final_norm(h[:, k:]))
-        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+        return dit.depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs as torch.utils.flop_counter counts them (see DiT.flops_per_sample): N + 2 tokens per block."""
@@ -96,7 +83,7 @@ class IncontextKeys(cf.Keys, section="model"):
 
 @model_registry.register("dit_incontext", "DiT with in-context conditioning: timestep and class as two extra tokens, "
                                           "no adaLN; pre-LN or post-LN blocks (model.ln_placement)",
-                         keys=IncontextKeys, reads=tuple(k for k in DitKeys.dotted() if k != "model.adaln"),
-                         example=image_backbone_example({"ln_placement": ["post"]}), **IMAGE_BACKBONE)
+                         keys=IncontextKeys, reads=tuple(k for k in dit.DitKeys.dotted() if k != "model.adaln"),
+                         example=dit.image_backbone_example({"ln_placement": ["post"]}), **dit.IMAGE_BACKBONE)
 def build_incontext(cfg_model, data_spec) -> InContextDiT:
-    return InContextDiT(spec_from_config(cfg_model, data_spec, ln_placement=IncontextKeys.of(cfg_model).ln_placement))
+    return InContextDiT(dit.spec_from_config(cfg_model, data_spec, ln_placement=IncontextKeys.of(cfg_model).ln_placement))

@@ -27,6 +27,13 @@ def draw_keep(batch: int, tokens: int, keep: int, generator, device) -> torch.Te
     return noise.argsort(dim=1)[:, :keep].sort(dim=1).values
 
 
+def check_masked_tokens(cfg, method: str) -> None:
+    """The backbone runs its encoder on the visible tokens alone (ModelSpec.masked_tokens)."""
+    if not model_registry.spec(cfg.model.name).masked_tokens:
+        fits = [n for n, s in model_registry.specs() if s.masked_tokens]
+        raise GenlabError(f"method.name={method}; model {cfg.model.name} cannot: use model.name={'|'.join(fits)}")
+
+
 def normalised_patches(x: torch.Tensor, p: int) -> torch.Tensor:
     """MAE's norm_pix target: each patch of x [B, C, H, W] -> [B, N, p*p*C] at zero mean, unit variance."""
     t = patchify(x, p).float()
@@ -37,12 +44,8 @@ class MaskDiTFlow(FlowMatching):
     @staticmethod
     def check_config(cfg):
         check_flow_config(cfg)
-        mspec = model_registry.spec(cfg.model.name)
-        if not mspec.masked_tokens:
-            fits = [n for n, s in model_registry.specs() if s.masked_tokens]
-            raise GenlabError(f"method.name=maskdit drops tokens inside the backbone; model {cfg.model.name} cannot: use "
-                              f"model.name={'|'.join(fits)}")
-        pos = mspec.default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
+        check_masked_tokens(cfg, "maskdit drops tokens inside the backbone")
+        pos = model_registry.spec(cfg.model.name).default_position if cfg.model.pos_emb == "auto" else cfg.model.pos_emb
         if pos.startswith("rope"):
             raise GenlabError(f"method.name=maskdit needs additive positions (model.pos_emb=sincos2d|learned); "
                               f"model.pos_emb={pos} rotates by position inside attention")
@@ -140,10 +143,7 @@ class MAEEncoder(Method):
 
     @staticmethod
     def check_config(cfg):
-        if not model_registry.spec(cfg.model.name).masked_tokens:
-            fits = [n for n, s in model_registry.specs() if s.masked_tokens]
-            raise GenlabError(f"method.name=mae_encoder runs its encoder on the visible tokens only; model "
-                              f"{cfg.model.name} cannot: use model.name={'|'.join(fits)}")
+        check_masked_tokens(cfg, "mae_encoder runs its encoder on the visible tokens only")
 
     def __init__(self, cfg, data_spec):
         keys = MaeKeys.of(cfg.method)

@@ -11,18 +11,7 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.families.image_flow.dit import (
-    DitKeys,
-    IMAGE_BACKBONE,
-    DiT,
-    DiTBlock,
-    FinalLayer,
-    depatchify,
-    embed_conditions,
-    image_backbone_example,
-    patchify,
-    spec_from_config,
-)
+from genlab.families.image_flow import dit
 from genlab.nn.backbone import block_flops
 from genlab.nn.conditions import combine
 from genlab.nn.embeddings import embed_flops
@@ -30,21 +19,21 @@ from genlab.nn.mlp import TokenGrid
 from genlab.nn.positions import build_position
 
 
-class MaskDiT(DiT):
+class MaskDiT(dit.DiT):
     def __init__(self, spec, decoder_depth: int = 2, decoder_dim: int = 0):
         super().__init__(spec)
         s = spec
         Dd = decoder_dim or s.dim
         self.dec = dataclasses.replace(s, dim=Dd, depth=decoder_depth, long_skips=False)
         # MaskDiT's DecoderLayer: adaLN-modulated norm, then a projection to the decoder width
-        self.decoder_in = FinalLayer(s.dim, Dd, s.adaln, s.norm)
+        self.decoder_in = dit.FinalLayer(s.dim, Dd, s.adaln, s.norm)
         self.decoder_cond = nn.Linear(s.dim, Dd) if Dd != s.dim else nn.Identity()  # the adaLN vector at Dd
         self.mask_token = nn.Parameter(torch.zeros(1, 1, Dd))
         self.decoder_pos = build_position("sincos2d", Dd, s.heads, (self.grid, self.grid), "dit")
-        self.decoder_blocks = nn.ModuleList(DiTBlock(Dd, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp,
-                                                     s.norm, layer=s.depth + j, qkv_kernel=s.qkv_kernel)
+        self.decoder_blocks = nn.ModuleList(dit.DiTBlock(Dd, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp,
+                                                         s.norm, layer=s.depth + j, qkv_kernel=s.qkv_kernel)
                                             for j in range(decoder_depth))
-        self.final = FinalLayer(Dd, s.patch_size ** 2 * s.channels, s.adaln, s.norm)
+        self.final = dit.FinalLayer(Dd, s.patch_size ** 2 * s.channels, s.adaln, s.norm)
         self._init_weights()  # again: the decoder's linears as DiT's (xavier; adaLN and the output zero)
         nn.init.normal_(self.mask_token, std=0.02)  # as MAE and MaskDiT
 
@@ -52,8 +41,8 @@ class MaskDiT(DiT):
                 **conditions) -> torch.Tensor:
         """keep: [B, K] long, the visible tokens of each sample (row-major patch indices); None = all tokens."""
         s = self.spec
-        h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        c = combine(embed_conditions(self, t, y, conditions))
+        h = self.pos(self.patch_embed(dit.patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
+        c = combine(dit.embed_conditions(self, t, y, conditions))
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
         if keep is not None:
             if rope is not None:
@@ -74,7 +63,7 @@ class MaskDiT(DiT):
         for block in self.decoder_blocks:
             h = block(h, c_dec, rope=None, grid=grid)
         out = self.final(h, c_dec)
-        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+        return dit.depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self, visible: int | None = None) -> int:
         """Forward FLOPs of one sample with `visible` tokens through the encoder (None = all), counted like DiT's."""
@@ -104,11 +93,11 @@ def _check_maskdit(cfg, dim: int, heads: int, depth: int):
 
 @model_registry.register("maskdit", "MaskDiT backbone: DiT encoder over the visible tokens, a small DiT decoder over all "
                                     "positions (mask token for the dropped ones); model.decoder_depth, model.decoder_dim",
-                         keys=MaskditKeys, reads=DitKeys.dotted(), check=_check_maskdit,
+                         keys=MaskditKeys, reads=dit.DitKeys.dotted(), check=_check_maskdit,
                          block_tokens=True, masked_tokens=True,
-                         example=dataclasses.replace(image_backbone_example({"decoder_dim": [16], "decoder_depth": [1]}),
+                         example=dataclasses.replace(dit.image_backbone_example({"decoder_dim": [16], "decoder_depth": [1]}),
                                                      idle_params=("mask_token",)),
-                         **IMAGE_BACKBONE)
+                         **dit.IMAGE_BACKBONE)
 def build_maskdit(cfg_model, data_spec) -> MaskDiT:
     keys = MaskditKeys.of(cfg_model)
-    return MaskDiT(spec_from_config(cfg_model, data_spec), keys.decoder_depth, keys.decoder_dim)
+    return MaskDiT(dit.spec_from_config(cfg_model, data_spec), keys.decoder_depth, keys.decoder_dim)

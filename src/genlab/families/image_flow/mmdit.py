@@ -9,26 +9,12 @@ import torch.nn as nn
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.models import model_registry
-from genlab.families.image_flow.dit import (
-    DitKeys,
-    IMAGE_BACKBONE,
-    DiT,
-    DiTBlock,
-    DiTSpec,
-    FinalLayer,
-    add_image_stem,
-    depatchify,
-    embed_conditions,
-    image_backbone_example,
-    patchify,
-    spec_from_config,
-)
+from genlab.families.image_flow import dit
 from genlab.nn.attention import attention_flops
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.conditions import combine
 from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
-from genlab.nn.norm import residual_registry
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
 
@@ -39,11 +25,11 @@ class JointBlock(nn.Module):
 
     token_streams = 2  # forward(x, ctx, ...) -> (x, ctx): what layer analysis passes through a skipped block
 
-    def __init__(self, s: DiTSpec, layer: int, last: bool = False):
+    def __init__(self, s: dit.DiTSpec, layer: int, last: bool = False):
         super().__init__()
         args = (s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)
-        self.x = DiTBlock(*args, layer=layer, qkv_kernel=s.qkv_kernel)
-        self.ctx = DiTBlock(*args, layer=layer, kernel=False, pre_only=last, grid=False, qkv_kernel=s.qkv_kernel)
+        self.x = dit.DiTBlock(*args, layer=layer, qkv_kernel=s.qkv_kernel)
+        self.ctx = dit.DiTBlock(*args, layer=layer, kernel=False, pre_only=last, grid=False, qkv_kernel=s.qkv_kernel)
 
     def forward(self, x, ctx, c, rope=None, grid=None):
         qkv_x, mod_x = self.x.pre(x, c, rope)
@@ -57,43 +43,35 @@ class JointBlock(nn.Module):
 
 
 class MMDiT(nn.Module):
-    def __init__(self, spec: DiTSpec):
+    def __init__(self, spec: dit.DiTSpec):
         super().__init__()
         s, p = spec, spec.patch_size
-        self.spec = s
         if not 0 <= s.dual_blocks <= s.depth:
             raise GenlabError(f"model.dual_blocks ({s.dual_blocks}) must be between 0 and model.depth ({s.depth})")
         self.dual = s.dual_blocks or s.depth
-        add_image_stem(self, s)
+        dit.add_image_stem(self, s)
         self.context_embed = nn.Linear(s.context_dim, s.dim) if s.context_dim else None
         self.blocks = nn.ModuleList(
             JointBlock(s, i, last=i == s.depth - 1) if i < self.dual else
-            DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=i,
-                     qkv_kernel=s.qkv_kernel)
+            dit.DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=i,
+                         qkv_kernel=s.qkv_kernel)
             for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)                               # image / joint tokens
         self.ctx_skips = LongSkips(s.dim, s.depth, s.long_skips, receivers=range(self.dual))  # context, dual blocks
-        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
-        self.residual_dtype = residual_registry.get(s.residual)
-        DiT._init_weights(self)
+        self.final = dit.FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
+        dit.DiT._init_weights(self)
         self.ctx_skips.reset_parameters()
-
-    def context_tokens(self, t_emb, y_emb, context=None):
-        if context is not None:
-            if self.context_embed is None:
-                raise GenlabError("this MMDiT was built without context_dim: it takes class and timestep tokens only")
-            return self.context_embed(context)
-        return torch.stack([y_emb, t_emb], dim=1)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None = None,
                 **conditions):
         """x_t [B, C, H, W], t [B], y [B] class ids (null_class = unconditional); context [B, L, context_dim] optional."""
         s = self.spec
-        x = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        embs = embed_conditions(self, t, y, conditions)
-        t_emb, y_emb = embs[0], embs[1]
+        x = self.pos(self.patch_embed(dit.patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
+        embs = dit.embed_conditions(self, t, y, conditions)
         c = combine(embs)
-        ctx = self.context_tokens(t_emb, y_emb, context).to(x.dtype)
+        if context is not None and self.context_embed is None:  # ctx: the class and time tokens, or the context's
+            raise GenlabError("this MMDiT was built without context_dim: it takes class and timestep tokens only")
+        ctx = (torch.stack([embs[1], embs[0]], dim=1) if context is None else self.context_embed(context)).to(x.dtype)
         L = ctx.shape[1]
         rope, grid = self.pos.rope(), TokenGrid(0, self.grid, self.grid)
         joint_rope, joint_grid = prefix_rope(rope, L), TokenGrid(L, self.grid, self.grid)
@@ -118,7 +96,7 @@ class MMDiT(nn.Module):
         if self.dual < s.depth:
             x = h[:, L:]
         out = self.final(x, c)
-        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+        return dit.depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
 
     def flops_per_sample(self, context_len: int = 2) -> int:
         """Forward FLOPs as DiT.flops_per_sample counts them, for context_len conditioning tokens."""
@@ -153,7 +131,7 @@ def _check_mmdit(cfg, dim: int, heads: int, depth: int):
 
 @model_registry.register("mmdit", "MMDiT (SD3): image and conditioning streams with their own weights, joint attention, "
                                   "adaLN from the pooled condition; model.dual_blocks=k: k dual blocks, then DiT blocks",
-                         keys=MmditKeys, reads=DitKeys.dotted(), check=_check_mmdit,
-                         example=image_backbone_example({"dual_blocks": [1]}), **IMAGE_BACKBONE)
+                         keys=MmditKeys, reads=dit.DitKeys.dotted(), check=_check_mmdit,
+                         example=dit.image_backbone_example({"dual_blocks": [1]}), **dit.IMAGE_BACKBONE)
 def build_mmdit(cfg_model, data_spec) -> MMDiT:
-    return MMDiT(spec_from_config(cfg_model, data_spec, dual_blocks=MmditKeys.of(cfg_model).dual_blocks))
+    return MMDiT(dit.spec_from_config(cfg_model, data_spec, dual_blocks=MmditKeys.of(cfg_model).dual_blocks))

@@ -1,5 +1,4 @@
-"""Pictures of the image families (flow, few-step, latent flow; the autoencoder's grid too): `genlab sample`'s PNG
-grid laid out by class, the training preview's row per class, and the grid writer under both."""
+"""Pictures of the image families (flow, few-step, latent flow; the autoencoder's too): PNG grids laid out by class."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -33,6 +33,35 @@ class Projector(nn.Module):
         return 2 * self.tokens * sum(m.in_features * m.out_features for m in self.net if isinstance(m, nn.Linear))
 
 
+class FeatureTap:
+    """Forward hooks on a model's blocks (1-based): their output tokens, in block order, of gradient-enabled passes only."""
+
+    def __init__(self, blocks: tuple[int, ...]):
+        self.blocks, self.kept, self._hooked = blocks, [], None
+
+    def _keep(self, module, args, out):
+        if torch.is_grad_enabled():
+            self.kept.append(out)
+
+    def hook(self, model):
+        """Hooks the blocks of `model` (once per model) and empties `kept`."""
+        base = unwrap(model)
+        if self._hooked is not base:
+            # compiled code sees the hooks: genlab compiles with hook guards (switches.guard_module_hooks)
+            for b in self.blocks:
+                base.blocks[b - 1].register_forward_hook(self._keep)
+            self._hooked = base
+        self.kept.clear()
+
+    def __call__(self, teacher, x, t, y) -> list[torch.Tensor]:
+        self.hook(teacher)
+        with torch.enable_grad():
+            teacher(x, t, y)
+        feats = list(self.kept)
+        self.kept.clear()  # the same list object every step: compiled hooks guard on it
+        return feats
+
+
 def alignment_loss(projected: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """REPA's term 1 - mean cos(projected, target) over samples and patches (the paper's -cos shifted by 1)."""
     return 1 - F.cosine_similarity(projected.float(), target.float(), dim=-1).mean()
@@ -68,32 +97,20 @@ class REPA(FlowMatching):
         self.block, self.weight, self.lr = aligned_block(m.repa_block, depth), m.repa_weight, m.repa_lr or None
         self.encoder = build_encoder(cfg, data_spec, grid)
         self.projector = Projector(dim, m.repa_hidden, self.encoder.out_dim, grid * grid)
-        self._hidden, self._hooked = [], None
+        self.tap = FeatureTap((self.block,))
 
     def extra_modules(self):
         return {**super().extra_modules(), "projector": Extra(self.projector, trainable=True, lr=self.lr),
                 "encoder": Extra(self.encoder, trainable=False)}
-
-    def _keep(self, module, args, out):
-        if torch.is_grad_enabled():  # training forward only: sampling needs no hidden states
-            self._hidden.append(out)
-
-    def _hook(self, model):
-        base = unwrap(model)
-        if self._hooked is not base:
-            # the hook is seen by compiled code because genlab compiles with hook guards (switches.guard_module_hooks)
-            base.blocks[self.block - 1].register_forward_hook(self._keep)
-            self._hooked = base
 
     def trivial_baselines(self, data, generator):
         # the loss adds the alignment term (a negative cosine): the flow part, logged as flow_loss, is flow's loss
         return [Baseline("flow_loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
-        self._hook(model)
-        self._hidden.clear()
+        self.tap.hook(model)
         flow, metrics = super().loss(model, batch, ctx)
-        h = self._hidden.pop()
+        h = self.tap.kept.pop()
         with torch.no_grad():
             target = ctx.extras["encoder"](batch["image"])
         align = alignment_loss(ctx.extras["projector"](h), target)

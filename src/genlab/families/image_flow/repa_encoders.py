@@ -78,7 +78,6 @@ class _Frozen(nn.Module):
         return self._flops
 
 
-# -- the in-project conv nets ------------------------------------------------------------------------------------
 class ConvEncoder(_Frozen):
     """Convolutional features of the clean image pooled onto the DiT's patch grid: [B, C, H, W] -> [B, grid^2, 128]."""
 
@@ -107,7 +106,6 @@ def build_classifier(arg, cfg, spec, grid):
     return ConvEncoder(net.features[:6].cpu(), spec["channels"], spec["image_size"], grid)
 
 
-# -- a genlab run ------------------------------------------------------------------------------------------------
 class RunEncoder(_Frozen):
     """A trained genlab image model's last-block tokens at t = 1 (the clean image) with the null class."""
 
@@ -145,7 +143,6 @@ def build_run(arg, cfg, spec, grid):
     return RunEncoder(build_teacher(state), spec["channels"], spec["image_size"], grid, dit_size(rcfg.model)[0])
 
 
-# -- timm ----------------------------------------------------------------------------------------------------------
 def load_weights(path, what: str) -> dict:
     """A state dict from .safetensors, or from a torch file read with weights_only=True: a file that asks to run code
     (a pickle payload) is refused in one line, unexecuted."""

@@ -42,9 +42,8 @@ timestep_sampler_registry.register("linear", "alias of uniform")(uniform)
 @timestep_sampler_registry.register("logit_normal", "t = sigmoid(N(logit_mean, logit_std)) (SD3, Esser et al. 2024)",
                                     keys=LogitNormalKeys)
 def logit_normal(n, generator, device, cfg=None):
-    m = LogitNormalKeys.of_or_defaults(cfg).logit_mean
-    s = LogitNormalKeys.of_or_defaults(cfg).logit_std
-    return torch.sigmoid(m + s * torch.randn(n, generator=generator, device=device))
+    k = LogitNormalKeys.of_or_defaults(cfg)
+    return torch.sigmoid(k.logit_mean + k.logit_std * torch.randn(n, generator=generator, device=device))
 
 
 @timestep_sampler_registry.register("cosine", "SD3's CosMap: p(t) = 2 / (pi (1 - 2t + 2t^2)), the cosine schedule's "
@@ -92,7 +91,7 @@ def resolve_shift(shift: float, image_size: int, base: int) -> float:
     return shift if shift > 0 else math.sqrt(image_size * image_size / (base * base))
 
 
-# -- closed-form densities on (0, 1), for the docs plot (the tests write their own references) ------
+# closed-form densities on (0, 1), for the docs plot (the tests write their own references)
 def _lq_pdf(t, threshold=0.025, linear_frac=0.5):
     a, tau = linear_frac, threshold
     k = (1 - tau / a) / (1 - a) ** 2

@@ -9,10 +9,8 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
-from genlab.families.base import Method, method_registry
-from genlab.families.baselines import Baseline, unigram_entropy
+from genlab.families.base import method_registry
 from genlab.families.lm import common as lm
-from genlab.families.lm import render
 
 
 @torch.no_grad()
@@ -56,12 +54,11 @@ def score_nats(model, ids: torch.Tensor, vocab_size: int, batch: int = 64) -> to
     return torch.cat(out)
 
 
-class Autoregressive(Method):
+class Autoregressive(lm.TokenMethod):
     sample_options = ("prompt", "temperature", "length", "top_k")
-    render = render  # the samples file (lm/render.py)
     sample_header = "autoregressive samples: {length} tokens, temperature {temperature}, top_k {top_k}, prompt {prompt!r}"
     batch_keys = ("x", "y")
-    data_kinds, model_families, causal = ("token",), ("gpt", "sparse_transformer"), True
+    model_families, causal = ("gpt", "sparse_transformer"), True
     sampling_keys = ("method.temperature", "method.top_k", "method.sample_len", "method.prompt")
     best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
@@ -71,25 +68,12 @@ class Autoregressive(Method):
         self.V, self.T = data_spec["vocab_size"], data_spec["seq_len"]
         self._checked = False
 
-    def _check(self, model):
+    def loss(self, model, batch, ctx):
         if not self._checked:
             lm.check_backbone(model, causal=True, method="autoregressive")
             self._checked = True
-
-    def loss(self, model, batch, ctx):
-        self._check(model)
         # the model computes the loss itself: under torch.compile the head and the cross-entropy fuse
         return model(batch["x"], targets=batch["y"]), {}
-
-    def synthetic_batch(self, batch_size, device, generator):
-        ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
-        return {"x": ids[:, :-1], "y": ids[:, 1:]}
-
-    def trivial_baselines(self, data, generator):
-        # a context-blind model predicts the unigram distribution (not the bigram level: learning runs sit above it)
-        h = unigram_entropy(data.train)
-        what = "unigram entropy of the training tokens"
-        return [Baseline("loss", h, what), Baseline("val_loss", h, what)]
 
     @torch.no_grad()
     def evaluate(self, model, data, ctx) -> dict:
@@ -120,9 +104,6 @@ class Autoregressive(Method):
         idx = torch.tensor([start] * n, dtype=torch.long, device=device)
         out = generate(model, idx, length, self.V, base.spec.seq_len, temperature, top_k, generator)
         return out if prompt else out[:, 1:]
-
-    def decode(self, samples) -> list[str]:
-        return [lm.decode(self.spec, row.tolist()) for row in samples]
 
     def _start_token(self) -> int:
         if self.spec.get("tokenizer") == "gpt2":

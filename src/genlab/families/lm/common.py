@@ -11,6 +11,9 @@ import torch
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.data.tokenizers import from_meta
+from genlab.families import baselines
+from genlab.families.base import Method
+from genlab.families.lm import render
 from genlab.runtime.parallel import unwrap
 
 LN2 = math.log(2.0)
@@ -21,6 +24,27 @@ class TextSamplingKeys(cf.Keys, section="method"):
     temperature: float = cf.F(1.0, "language models: sampling temperature (0 = greedy)", ge=0)
     sample_len: int = cf.F(0, "tokens per text sample (0 = data.seq_len)", ge=0)
     prompt: str = cf.F("", "text prompt for previews; mdlm: \"[[N]]\" marks N tokens to infill", free="any text")
+
+
+class TokenMethod(Method):
+    """What both language-model methods share: token data, random-id batches, the unigram baseline, text output."""
+
+    data_kinds = ("token",)
+    render = render  # the samples file (lm/render.py)
+
+    def synthetic_batch(self, batch_size, device, generator):
+        ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
+        return {"x": ids[:, :-1], "y": ids[:, 1:]}
+
+    def trivial_baselines(self, data, generator):
+        # a context-blind model predicts the unigram distribution (not the bigram level: learning runs sit above it);
+        # MDLM's NELBO of it is the same for either schedule, up to the eps cut
+        h = baselines.unigram_entropy(data.train)
+        what = "unigram entropy of the training tokens"
+        return [baselines.Baseline("loss", h, what), baselines.Baseline(self.best_metric, h, what)]
+
+    def decode(self, samples) -> list[str]:
+        return [decode(self.spec, row.tolist()) for row in samples]
 
 
 def check_token_spec(spec: dict, method: str):

@@ -58,10 +58,6 @@ class GPTSpec:
     def n_vocab(self) -> int:
         return padded_vocab(self.vocab_size)
 
-    @property
-    def mlp_hidden(self) -> int:
-        return mlp_registry.spec(self.mlp).hidden_of(int(self.dim * self.mlp_ratio))
-
 
 class Block(nn.Module):
     def __init__(self, s: GPTSpec, layer: int = 0):
@@ -155,7 +151,7 @@ class GPT(nn.Module):
     def flops_per_sample(self, seq_len: int | None = None) -> int:
         """Forward matmul FLOPs of one sequence, attention over the full T x T scores (as nanoGPT's MFU counts)."""
         s, T, D = self.spec, seq_len or self.spec.seq_len, self.spec.dim
-        H = s.mlp_hidden
+        H = mlp_registry.spec(s.mlp).hidden_of(int(D * s.mlp_ratio))
         mlp = 2 * T * D * H * mlp_registry.spec(s.mlp).matrices
         attn = attention_flops(s.attention, T, T, s.heads, D // s.heads, causal=s.causal)
         per_block = 2 * T * D * 3 * D + 2 * T * D * D + attn + mlp

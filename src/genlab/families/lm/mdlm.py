@@ -13,14 +13,10 @@ from genlab.config import fields as cf
 from genlab.core import progress
 from genlab.core.errors import GenlabError
 from genlab.eval.nfe import parse_int_list
-from genlab.families.base import Method, method_registry
-from genlab.families.baselines import Baseline, unigram_entropy
+from genlab.families.base import method_registry
 from genlab.families.build import load_run
 from genlab.families.lm import common as lm
-from genlab.families.lm import render
 from genlab.families.lm.autoregressive import score_nats
-
-SCHEDULES = ("loglinear", "cosine")  # method.noise_schedule
 
 
 def alpha(t: torch.Tensor, schedule: str, eps: float = 0.0) -> torch.Tensor:
@@ -125,15 +121,14 @@ def ancestral_sample(model, z: torch.Tensor, steps: int, schedule: str, vocab: i
     return z
 
 
-class MaskedDiffusion(Method):
+class MaskedDiffusion(lm.TokenMethod):
     sample_options = ("prompt", "temperature", "length", "block_len")
-    data_kinds, model_families, causal = ("token",), ("gpt",), False
+    model_families, causal = ("gpt",), False
     sampling_keys = ("method.temperature", "method.sample_len", "method.prompt", "method.block_len", "method.sample_steps")
 
     @staticmethod
     def check_config(cfg):
         parse_int_list(cfg.eval.T_list, "eval.T_list")
-    render = render  # the samples file (lm/render.py)
     sample_header = ("mdlm samples: {steps} steps, {model_calls} model calls per batch, block_len {block_len}, "
                      "schedule {schedule}, prompt {prompt!r}")
     batch_keys = ("x",)
@@ -167,16 +162,6 @@ class MaskedDiffusion(Method):
         # the model computes sum(weights * CE) over the real vocabulary (no mass on [MASK] or padding)
         w = masked * (weight(t, self.schedule) / (B * L))[:, None]
         return model(z, targets=x, weights=w, vocab=self.V), {}
-
-    def synthetic_batch(self, batch_size, device, generator):
-        ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
-        return {"x": ids[:, :-1], "y": ids[:, 1:]}
-
-    def trivial_baselines(self, data, generator):
-        # a context-blind predictor's NELBO is the unigram entropy for either schedule, up to the eps cut
-        h = unigram_entropy(data.train)
-        what = "unigram entropy of the training tokens"
-        return [Baseline("loss", h, what), Baseline("nelbo_loss", h, what)]
 
     @torch.no_grad()
     def bounds(self, model, data, ctx) -> tuple[dict, dict, int]:
@@ -248,9 +233,6 @@ class MaskedDiffusion(Method):
         z = torch.tensor([ids] * n, dtype=torch.long, device=device)
         return ancestral_sample(model, z, steps, self.schedule, self.V, base.mask_id, generator,
                                 self.mcfg.temperature if temperature is None else temperature, block_len, stats)
-
-    def decode(self, samples) -> list[str]:
-        return [lm.decode(self.spec, row.tolist()) for row in samples]
 
 
 def write_bound_table(run_dir: Path, res: dict, spec: dict, schedule: str, gaps: dict | None = None):

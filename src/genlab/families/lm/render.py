@@ -1,6 +1,5 @@
-"""Text samples of the language family to files: `genlab sample` and the training previews write n samples of
-method.draw below a header of the settings it drew with; each under a `===== sample i =====` line (common.read_samples
-splits on it)."""
+"""Text samples of the language family: a .txt file, the settings in its header, each sample under a
+`===== sample i =====` line (common.read_samples splits on it)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,7 +14,7 @@ from genlab.data import build_dataset
 from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
 from genlab.families.base import Method, method_registry
-from genlab.families.baselines import Baseline, image_subset, position_byte_entropy
+from genlab.families.baselines import Baseline, position_byte_entropy, subset_index
 from genlab.families.models import model_registry
 from genlab.families.sparse import render
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
@@ -76,7 +76,7 @@ class ImageAR(Method):
 
     def trivial_baselines(self, data, generator):
         # a byte model that knows each byte's position but none of the bytes before it
-        h = position_byte_entropy(image_subset(data.images, generator))
+        h = position_byte_entropy(np.asarray(data.images[subset_index(len(data.images), generator)]))
         what = "per-position byte entropy of the training images"
         return [Baseline("loss", h, what), Baseline("val_bits_per_dim", h / LN2, what)]
 

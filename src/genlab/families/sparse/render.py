@@ -1,5 +1,4 @@
-"""Pictures of the image-bytes family (image_ar): sampled images, top-half completions, and what each head can see
-and attends to, as PNG grids of rows."""
+"""Pictures of the image-bytes family (image_ar): samples, top-half completions, what each head sees and attends to."""
 from __future__ import annotations
 
 import math

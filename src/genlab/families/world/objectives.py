@@ -45,7 +45,6 @@ def velocity_to(x_hat: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.
     return (x_hat - x) / per_sample(1 - t, x)
 
 
-# -- flow ---------------------------------------------------------------------------------------------------------
 def v_from_x(x_hat, x_t, t):
     # v = (x - x_t) / (1 - t) = data - noise; the floor (applied to the target alike) keeps the rare t ~ 1
     # samples from dominating the loss, which is ||x_hat - x||^2 / max(1 - t, 0.05)^2
@@ -82,8 +81,8 @@ class FlowObjective(WorldObjective):
         return velocity_to(out, x, t) if keys.prediction == "x" else out
 
 
-# -- edm: D(x; σ) = c_skip·x + c_out·F(c_in·x; c_noise) with x = y + σ·n, F the network; its input and its training
-# target (y - c_skip·x) / c_out both have unit variance at every σ ----------------------------------------------
+# edm: D(x; σ) = c_skip·x + c_out·F(c_in·x; c_noise) with x = y + σ·n, F the network; its input and its training
+# target (y - c_skip·x) / c_out both have unit variance at every σ
 def preconditioning(sigma: torch.Tensor, sigma_data: float = 0.5):
     """(c_skip, c_out, c_in, c_noise) of table 1, each shaped like `sigma`."""
     s2, sd2 = sigma ** 2, sigma_data ** 2
@@ -124,7 +123,6 @@ class EDMObjective(WorldObjective):
         return velocity_to(den, x, t)
 
 
-# -- l1 -----------------------------------------------------------------------------------------------------------
 @world_objective_registry.register("l1", "one-step regression from noise (L1); with method.adv_weight > 0 a GAN")
 class L1Objective(WorldObjective):
     def loss(self, world, net, target, noise, gen):
@@ -138,8 +136,6 @@ class L1Objective(WorldObjective):
         return net(x, t)
 
 
-# -- the adversarial term (method.adv_weight > 0): a patch discriminator on (frame, last context frame) and the
-# non-saturating GAN losses (softplus), added to whichever objective trains the denoiser --------------------------
 class PatchDiscriminator(nn.Module):
     """Small PatchGAN (Isola et al. 2017) on (frame, last context frame); spectral norm stops its NaN blow-ups."""
 
@@ -162,7 +158,8 @@ def finite_or_zero(x: torch.Tensor) -> torch.Tensor:
 
 
 def adversarial_losses(disc: nn.Module, est: torch.Tensor, target: torch.Tensor, last: torch.Tensor):
-    """(generator term, discriminator loss, metrics) of the estimated and the real frame, on the clean last frame."""
+    """Non-saturating GAN losses (softplus) of the estimated and the real frame, on the clean last frame, added to
+    whichever objective trains the denoiser (method.adv_weight > 0): (generator term, discriminator loss, metrics)."""
     # one discriminator forward for both losses: spectral norm's in-place update would invalidate an earlier graph
     fake, real = disc(torch.cat([est, target]), torch.cat([last, last])).chunk(2)
     adv = finite_or_zero(F.softplus(-fake).mean())

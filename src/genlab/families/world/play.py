@@ -113,13 +113,9 @@ class PlaySession:
 
     def keymap(self) -> dict:
         names = {}
-        if self.first_person:
-            for k, action in FPS_KEYS.items():
-                names.setdefault(action, []).append("Space" if k == " " else k)
-            return names
-        for k, part in KEY_PARTS.items():
-            if part in self.meanings or not self.discrete:
-                names.setdefault(part, []).append("Space" if k == " " else k)
+        keys = FPS_KEYS if self.first_person else {k: p for k, p in KEY_PARTS.items() if p in self.meanings or not self.discrete}
+        for k, action in keys.items():
+            names.setdefault(action, []).append("Space" if k == " " else k)
         return names
 
     @torch.no_grad()

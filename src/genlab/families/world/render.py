@@ -1,5 +1,4 @@
-"""Videos of the world family: rollouts with context | real | generated side by side and the action written on every
-frame, as GIF and MP4 (the training previews, `genlab sample`, `genlab play --record`)."""
+"""Videos of the world family: context | real | generated rollouts with the action on every frame, as GIF and MP4."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,7 +11,6 @@ from genlab.data.episodes import Episodes, check_actions, check_lengths, check_o
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
-# -- alignment: does action t explain the change from frame t to t+1? ------------------------------
 def motion_features(eps: Episodes, limit: int = 20000, strips: int = 8):
     """Per-frame object positions: foreground (distance to the median frame) centroids in `strips` vertical strips
     and horizontal bands; their changes say where things moved (a paddle, a ship, the camera)."""
@@ -124,7 +123,6 @@ def alignment_check(eps: Episodes, max_lag: int = 2, floor: float = 0.05) -> dic
     return {"ok": ok, "best_lag": best, "scores": scores, "late": late, "chance": chance, "message": msg}
 
 
-# -- import -------------------------------------------------------------------------------------------
 def _load_frames(src: Path, size: int):
     from PIL import Image
     if src.suffix == ".npy":
@@ -194,7 +192,6 @@ def import_episodes(frames, actions, out, starts=None, size: int = 0, log=print)
     return {"path": path, **report}
 
 
-# -- stats ----------------------------------------------------------------------------------------------
 def episode_stats(folder, sheet=None, log=print) -> dict:
     eps = read_episodes(folder)
     T, E = len(eps.frames), len(eps.starts)
