@@ -18,7 +18,7 @@ import torch
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
 from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
+from genlab.data.loader import IndexStream, StreamPosition, gather
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 
@@ -57,16 +57,12 @@ class PairLoader(StreamPosition):
     state is the stream position, as for the image loader."""
 
     def __init__(self, data: PairData, batch_size, device, seed=0, rank=0, world=1, on_device="auto", pin_memory="auto"):
-        self.data, self.batch_size, self.device = data, batch_size, torch.device(device)
-        self.rank, self.world = rank, world
-        self.stream = IndexStream(len(data), seed)
-        self.wait_time = 0.0
-        nbytes = data.samples.nbytes + data.noise.nbytes
-        self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.data = data
+        self.setup(IndexStream(len(data), seed), batch_size, device, rank, world, data.samples.nbytes + data.noise.nbytes,
+                   on_device, pin_memory)
         self.arrays = (data.samples, data.labels, data.noise)
-        if self.resident:  # copies: memmaps are read-only
-            self.arrays = [torch.from_numpy(np.array(a)).to(self.device) for a in self.arrays]
+        if self.resident:
+            self.arrays = [self.to_resident(a) for a in self.arrays]
 
     def next(self) -> dict:
         t0 = time.perf_counter()

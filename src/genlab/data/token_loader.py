@@ -42,12 +42,9 @@ class TokenLoader(Prefetching):
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, device, seed: int = 0, rank: int = 0,
                  world: int = 1, on_device: str = "auto", pin_memory: str = "auto", prefetch: int = 2):
-        self.tokens, self.T, self.batch_size = tokens, seq_len, batch_size
-        self.device, self.rank, self.world = torch.device(device), rank, world
-        self.stream = window_starts(len(tokens), seq_len, seed)
-        self.wait_time = 0.0
-        self.resident = on_device == "yes" or (on_device == "auto" and 4 * len(tokens) <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.tokens, self.T = tokens, seq_len
+        self.setup(window_starts(len(tokens), seq_len, seed), batch_size, device, rank, world, 4 * len(tokens), on_device,
+                   pin_memory, limit=RESIDENT_LIMIT_BYTES)
         self.start_prefetch(prefetch, workers=1)
         if self.resident:
             self.offsets = torch.arange(seq_len + 1, device=self.device)

@@ -12,7 +12,7 @@ from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, dataset_registry
 from genlab.data.episodes import Episodes, check_action_count, check_actions, read_episodes
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
+from genlab.data.loader import IndexStream, StreamPosition, gather
 from genlab.data.pixels import to_model
 
 
@@ -41,21 +41,18 @@ class WindowLoader(StreamPosition):
 
     def __init__(self, eps: Episodes, window: int, batch_size: int, device, seed=0, rank=0, world=1,
                  on_device="auto", pin_memory="auto"):
-        self.eps, self.window, self.batch_size = eps, window, batch_size
-        self.device, self.rank, self.world = torch.device(device), rank, world
+        self.eps, self.window = eps, window
         self.starts = valid_starts(eps.starts, len(eps.frames), window)
         if len(self.starts) == 0:
             raise GenlabError(f"no episode is {window} frames long (data.context_frames + data.horizon); "
                               f"shorten them or collect longer episodes")
-        self.stream = IndexStream(len(self.starts), seed)
-        self.wait_time = 0.0
-        self.resident = on_device == "yes" or (on_device == "auto" and eps.frames.nbytes <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.setup(IndexStream(len(self.starts), seed), batch_size, device, rank, world, eps.frames.nbytes, on_device,
+                   pin_memory)
         self.offsets = torch.arange(window, device=self.device)
         self.actions = torch.from_numpy(np.asarray(eps.actions)).to(self.device)
         self.starts_t = torch.from_numpy(self.starts).to(self.device)
         if self.resident:
-            self.frames = torch.from_numpy(np.array(eps.frames)).to(self.device)  # copy: memmaps are read-only
+            self.frames = self.to_resident(eps.frames)
 
     def next(self) -> dict:
         t0 = time.perf_counter()

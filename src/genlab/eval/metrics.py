@@ -134,12 +134,15 @@ class Evaluation:
         # scored in the same feature space even when a weak classifier is not cached
         self._gen = {"classifier": ctx["classifier"]} if ctx.get("classifier") is not None else {}
 
-    # -- feature spaces ---------------------------------------------------------------------
+    def _once(self, key, fn):
+        """fn() computed once per evaluation (features of these samples)."""
+        if key not in self._gen:
+            self._gen[key] = fn()
+        return self._gen[key]
+
     def classifier(self):
         keys = EvalImageKeys.of(self.ecfg)
-        if "classifier" not in self._gen:
-            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=keys.classifier_epochs)
-        return self._gen["classifier"]
+        return self._once("classifier", lambda: get_classifier(self.data, device=self.device, epochs=keys.classifier_epochs))
 
     def _classify(self, images_u8):
         net, _ = self.classifier()
@@ -149,9 +152,7 @@ class Evaluation:
         return logits.float().cpu(), f.double().cpu().numpy()
 
     def gen_logits_features(self):
-        if "clf_gen" not in self._gen:
-            self._gen["clf_gen"] = self._classify(self.samples)
-        return self._gen["clf_gen"]
+        return self._once("clf_gen", lambda: self._classify(self.samples))
 
     def features(self, space: str, which: str) -> np.ndarray:
         """[n, d] float64 features of 'gen', 'ref' (held-out, or eval.fid_ref's images in Inception spaces) or 'train'
@@ -168,9 +169,7 @@ class Evaluation:
 
     def _inception_outputs(self, which: str) -> dict:
         if which == "gen":
-            if "inception" not in self._gen:
-                self._gen["inception"] = self._inception_pass(self.samples)
-            return self._gen["inception"]
+            return self._once("inception", lambda: self._inception_pass(self.samples))
         ref = self.reference()
         if which == "ref" and ref is not None:
             return _cached(("inception", "ref_file", self.ecfg.fid_weights, _file_key(self.ecfg.fid_ref)),
