@@ -1,7 +1,5 @@
-"""`genlab data encode DATASET --vae SPEC --out DIR`: autoencoder latents of a prepared image set, computed once (the
-fast-DiT approach: the frozen encoder never runs during training). DIR holds latents.npy [N, V, c, h, w] (V = 2 adds
-encode(flip(x)), so flip augmentation stays exact), labels.npy and meta.json; the work happens in DIR.partial, resumable
-chunk by chunk (done.npy) and shared out across torchrun ranks (docs/latents.md: the format and its guarantees).
+"""`genlab data encode DATASET --vae SPEC --out DIR`: autoencoder latents of a prepared image set, computed once,
+resumable chunk by chunk in DIR.partial and shared out across torchrun ranks (docs/latents.md: format and guarantees).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Latent datasets (data.name=latents, data.path=DIR written by `genlab data encode`). Image methods train on latents
-as images [c, h, w]; the spec adds `codec` (stored with every checkpoint) and `pixel_shape`, so samples decode without
-this folder, and evaluation compares them with the source pixels (`pixel_reference`). No extra normalisation: the
-codec's scale/shift already gives roughly unit variance (meta.json records the measured mean/std). data.hflip picks
-the stored flipped variant per draw from (seed, epoch, position), so the loader's one-integer state resumes it exactly.
+"""Latent datasets (data.name=latents, a folder written by `genlab data encode`): image methods train on latents as
+images; the spec carries the codec and pixel shape, evaluation compares with the source pixels (docs/latents.md).
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Batch loaders: seeded, resumable, rank-sharded, normalised on the device. The sample stream concatenates per-epoch
-permutations seeded by (seed, epoch), so every epoch visits every sample once and no batch is dropped; a global batch
-takes the next `batch * world` indices and rank r its slice. The whole state is one integer (`pos`): exact resume.
-"""
+"""Batch loaders: seeded, resumable, rank-sharded, normalised on the device; the whole state is one integer (`pos`),
+a position in per-epoch seeded permutations (docs/data.md)."""
 from __future__ import annotations
 
 import time

@@ -1,8 +1,5 @@
-"""Teacher pairs (`genlab data generate pairs`), the data of reflow: a prepared image folder (so `data.name=images`
-reads it too) plus samples.npy and noise.npy, float32 [N, C, H, W]: each sampler endpoint exactly as the model returned
-it and the noise it started from (reflow's target is the straight line between them, which rounding or clamping to
-uint8 would move). `data.name=pairs` yields {"image": the float samples, "label", "noise"}; its evaluation reference
-is the teacher's own data (PairData.reference). Format: docs/data.md.
+"""Teacher pairs (`genlab data generate pairs`), the data of reflow: a prepared image folder plus the float32
+samples.npy and noise.npy, unrounded (docs/data.md); evaluation compares with the teacher's data (PairData.reference).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Sharded image format and its dataset (data.name=shards) for image sets too large for one array: images-NNNNN.npy
-shards (uint8 [n, H, W, C]), labels.npy and index.json (written last), all plain .npy memory-mapped with
-allow_pickle=False (docs/data.md). Why not webdataset / MosaicML streaming / HF datasets: their sequential tar/parquet
-reads force shard-order + shuffle-buffer sampling and a buffer to replay on resume; random-access local shards keep
-genlab's one sample order (a seeded permutation per epoch) and its one-integer exact resume, with no dependency.
+"""Sharded image format and its dataset (data.name=shards) for image sets too large for one array: plain .npy
+shards, labels.npy and index.json, memory-mapped (docs/data.md: the layout, and why not webdataset & co.).
 """
 from __future__ import annotations
 

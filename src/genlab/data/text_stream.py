@@ -1,8 +1,5 @@
-"""Streaming preparation of token datasets larger than memory (`genlab data prepare text`): the source (text files
-joined by "\n", or documents each followed by the tokenizer's boundary) is cut into work items at points where
-tokenizing the pieces gives exactly the whole text's tokens, tokenized in worker processes consumed in order (the
-output does not depend on the worker count) and appended to one hashed token file; the tail (10 %) becomes val.bin.
-"""
+"""Streaming preparation of token datasets larger than memory (`genlab data prepare text`): work items cut where
+tokenizing the pieces gives the whole text's tokens, tokenized in worker processes in order (docs/lm.md)."""
 from __future__ import annotations
 
 import codecs

@@ -15,10 +15,6 @@ from genlab.core import progress
 from genlab.data.pixels import to_model
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("GENLAB_CACHE", Path.home() / ".cache" / "genlab"))
-
-
 class SmallConvNet(nn.Module):
     def __init__(self, channels: int, num_classes: int, feat_dim: int = 128):
         super().__init__()
@@ -93,7 +89,7 @@ def get_classifier(data, device="cpu", epochs: int = 30):
     $GENLAB_CACHE/classifiers/<data sha256[:16]>-e<epochs>.pt, so only a dataset's first evaluation trains it."""
     spec = data.spec
     key = (data.meta.get("sha256") or "nokey")[:16]
-    path = cache_dir() / "classifiers" / f"{key}-e{epochs}.pt"
+    path = Path(os.environ.get("GENLAB_CACHE", Path.home() / ".cache" / "genlab")) / "classifiers" / f"{key}-e{epochs}.pt"
     net = SmallConvNet(spec["channels"], spec["num_classes"])
     if data.meta.get("sha256") and path.exists():
         try:

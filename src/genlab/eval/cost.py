@@ -1,9 +1,5 @@
-"""What a run cost to make, in device-seconds, with everything it was made from (eval_nfe.json "cost"):
-- training: the training loop's wall-clock to its last step (metrics.jsonl, a resume's processes summed; else
-  summary.json's wall_time) x its processes ("world") / the seeds batched with it ("batched_seeds");
-- generated data: any folder the config names whose meta.json holds "seconds" (`genlab data generate`), once per chain;
-- the teacher: the run method.teacher names, followed recursively (a student of a student counts both).
-"""
+"""What a run cost to make, in device-seconds (eval_nfe.json "cost"; docs/few_step.md): its training, the generated
+data it reads (once per chain) and, recursively, its teacher's."""
 from __future__ import annotations
 
 import json

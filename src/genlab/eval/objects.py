@@ -1,10 +1,6 @@
-"""Where the ball and the paddles are in an Atari frame, found by colour, at any frame size.
-
-A box-resized frame mixes a one-pixel ball with the background, so a pixel is read as background + a * (object
-colour - background): it belongs to the object whose colour direction explains its difference from the background
-(fraction a >= MIN_FRACTION, small residual), and the object's position is the a-weighted centroid of its pixels
-inside its band of rows. Colours and rows are the games' own (ALE v5 RGB frames, rows as fractions of 210).
-"""
+"""Where the ball and the paddles are in an Atari frame, found by colour at any frame size: a box-resized pixel is read
+as background + a * (object colour - background), and an object's position is the a-weighted centroid of its pixels
+inside its band of rows (colours and rows: ALE v5 RGB frames, rows as fractions of 210)."""
 from __future__ import annotations
 
 import numpy as np

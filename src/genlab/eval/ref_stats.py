@@ -1,7 +1,5 @@
-"""Reference statistics files of the standard FID protocol (eval.fid_ref), read (allow_pickle=False) and written:
-the ADM reference batch (`arr_0` uint8 images and/or `mu`, `sigma`, `mu_s`, `sigma_s`; stored statistics win over
-arr_0's, as in the ADM evaluator) or clean-fid / torch-fidelity / pytorch-fid `mu`, `sigma` (docs/fid.md).
-`genlab data ref-stats` writes the ADM layout plus a `genlab_meta` JSON string the evaluator ignores."""
+"""Reference statistics files of the standard FID protocol (eval.fid_ref), read (allow_pickle=False) and written by
+`genlab data ref-stats`: ADM reference batches or clean-fid / torch-fidelity / pytorch-fid mu, sigma (docs/fid.md)."""
 from __future__ import annotations
 
 import json
