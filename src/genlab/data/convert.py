@@ -102,8 +102,6 @@ def parse_idx(raw: bytes, name: str) -> np.ndarray:
 
 def prepare_idx(kind: str, src, out, split: str, verify: bool, download_ok: bool) -> Path:
     info = IDX_FILES[kind]
-    if split not in ("train", "test"):
-        raise GenlabError(f"unknown --split '{split}' for {kind}; valid: train, test")
     folder = _src_dir(src, kind, download_ok)
     arrays = []
     for fname, md5 in info[split]:
@@ -183,8 +181,6 @@ def _unpickle(raw: bytes, name: str) -> dict:
 
 
 def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Path:
-    if split not in CIFAR10_SPLITS:
-        raise GenlabError(f"unknown --split '{split}' for cifar10; valid: train, test")
     folder = _src_dir(src, "cifar10", download_ok)
     names = CIFAR10_SPLITS[split] + ["batches.meta"]
     raw = _cifar_members(folder, names, download_ok)
@@ -418,11 +414,6 @@ def prepare_frames(src, out, size: int, channels: int, split: str) -> Path:
                                source=f"frames {src} ({split}, {len(chosen)} episodes)", extra={"split": split, "size": size})
 
 
-def prepare_digits(out) -> Path:
-    d = load_digits_uint8()
-    return write_image_dataset(out, d.images, d.labels, d.classes, source=d.meta["source"])
-
-
 def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool = True, size: int = 0,
             channels: int = 3, split: str = "train", tokenizer: str = "char", hf=None, shard_size: int = 1000,
             workers: int = 0, force: bool = False) -> Path:
@@ -440,8 +431,11 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
         return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf, workers=workers, force=force)
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise GenlabError(f"--out '{out}' already exists and is not empty; choose another --out (nothing is overwritten)")
+    if kind in (*IDX_FILES, "cifar10") and split not in ("train", "test"):
+        raise GenlabError(f"unknown --split '{split}' for {kind}; valid: train, test")
     if kind == "digits":
-        return prepare_digits(out)
+        d = load_digits_uint8()
+        return write_image_dataset(out, d.images, d.labels, d.classes, source=d.meta["source"])
     if kind in IDX_FILES:
         return prepare_idx(kind, src, out, split, verify, download)
     if kind == "cifar10":

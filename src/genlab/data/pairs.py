@@ -3,7 +3,6 @@ samples.npy and noise.npy, unrounded (docs/data.md); evaluation compares with th
 """
 from __future__ import annotations
 
-import json
 import time
 import types
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import torch
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
+from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset, write_image_arrays
 from genlab.data.loader import IndexStream, StreamPosition, gather
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
@@ -98,17 +97,13 @@ def read_pairs(path, verify: bool | None = None) -> PairData:
 def write_pairs(tmp: Path, images_u8, labels, samples, noise, classes, meta_extra: dict) -> None:
     """The arrays of a pairs folder into `tmp` (an empty folder the caller renames into place). samples and noise
     may already be .npy memmaps inside tmp (written while sampling); they are flushed, not copied."""
-    np.save(tmp / "images.npy", images_u8)
-    np.save(tmp / "labels.npy", labels)
     for name, a in (("samples", samples), ("noise", noise)):
         if isinstance(a, np.memmap):
             a.flush()
         else:
             np.save(tmp / f"{name}.npy", a)
-    meta = {"format": "genlab-images-v1", "source": "genlab data generate pairs", "num_samples": int(len(images_u8)),
-            "shape": list(images_u8.shape[1:]), "classes": list(classes), "sha256": array_checksum(images_u8, labels),
-            "pairs": {**meta_extra, "sha256": array_checksum(samples, noise)}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    write_image_arrays(tmp, images_u8, labels, classes, "genlab data generate pairs",
+                       {"pairs": {**meta_extra, "sha256": array_checksum(samples, noise)}})
 
 
 @dataset_registry.register("pairs", "teacher (noise, image, label) triples written by `genlab data generate pairs` "

@@ -15,20 +15,13 @@ PERMUTE_LIMIT = 1 << 24          # window starts above this are drawn iid per ba
 RESIDENT_LIMIT_BYTES = 1 << 30   # token streams below this (as int32) live on the device when on_device=auto
 
 
-class RandomStarts:
-    """IndexStream's interface without a permutation: batch b draws from rng(seed, b)."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.pos = n, seed, 0
+class RandomStarts(IndexStream):
+    """IndexStream without a permutation: the batch at position p draws from rng(seed, p)."""
 
     def take(self, k: int) -> np.ndarray:
         out = np.random.default_rng([self.seed, self.pos]).integers(0, self.n, size=k)
         self.pos += k
         return out
-
-    @property
-    def epoch(self) -> float:
-        return self.pos / self.n
 
 
 def window_starts(n_tokens: int, seq_len: int, seed: int):

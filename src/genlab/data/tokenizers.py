@@ -114,10 +114,8 @@ def build_tokenizer(name: str, text: str | None = None):
         if text is None:
             raise GenlabError("the char tokenizer is fitted on the text; none given")
         return CharTokenizer.fit(text)
-    if name == "byte":
-        return ByteTokenizer()
-    if name == "gpt2":
-        return GPT2Tokenizer()
+    if name in ("byte", "gpt2"):
+        return ByteTokenizer() if name == "byte" else GPT2Tokenizer()
     raise GenlabError(f"unknown tokenizer '{name}'; valid: {', '.join(TOKENIZERS)}")
 
 
