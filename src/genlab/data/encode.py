@@ -70,12 +70,10 @@ def _check_out(out: Path, force: bool):
 
 
 def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = True, device="auto",
-                   dtype: str = "float16", force: bool = False, stop_after: int | None = None,
-                   precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> Path:
+                   dtype: str = "float16", force: bool = False, precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> Path:
     """Encode the prepared image set `source` with the autoencoder `vae` into `out`. `precision`: a plain
     train.precision entry (float8 converts trained linears; `auto` would tie the latents to the device); fp32 is IEEE,
-    convolutions too. `channels_last`: NHWC weights and inputs (other kernels, same function). `stop_after`: return
-    after this many chunks, leaving `out`.partial to resume (tests)."""
+    convolutions too. `channels_last`: NHWC weights and inputs (other kernels, same function)."""
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
     if precision not in PRECISIONS:
@@ -126,9 +124,7 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     total = sum(min(N, (k + 1) * batch_size) - k * batch_size for k in mine)
     with progress.enabled(progress.is_on() and rank == 0), \
             progress.Task(f"encoding {total} of {N} images with {vae}", total=total, unit="img") as task:
-        for i, k in enumerate(mine):
-            if stop_after is not None and i >= stop_after:
-                return tmp
+        for k in mine:
             s, e = k * batch_size, min(N, (k + 1) * batch_size)
             x = to_model(torch.from_numpy(np.array(data.images[s:e])).to(dev))  # a copy: memmaps are read-only
             if V == 2:
