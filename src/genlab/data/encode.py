@@ -70,7 +70,8 @@ def _check_out(out: Path, force: bool):
 
 
 def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = True, device="auto",
-                   dtype: str = "float16", force: bool = False, precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> Path:
+                   dtype: str = "float16", force: bool = False, precision: str = "fp32",
+                   channels_last: bool = False, compile: bool = False) -> Path:
     """Encode the prepared image set `source` with the autoencoder `vae` into `out`. `precision`: a plain
     train.precision entry (float8 converts trained linears; `auto` would tie the latents to the device); fp32 is IEEE,
     convolutions too. `channels_last`: NHWC weights and inputs (other kernels, same function)."""
