@@ -17,7 +17,6 @@ from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data import text_stream as ts
 from genlab.data.datasets import PathKeys, dataset_registry
-from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
 
@@ -61,7 +60,7 @@ class TokenData:
 
 def split_tokens(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The split rule (also text_stream's): the first 90 % of the token stream train, the rest val."""
-    n = int(len(ids) * (1 - VAL_FRACTION))
+    n = int(len(ids) * (1 - ts.VAL_FRACTION))
     return ids[:n], ids[n:]
 
 
@@ -80,7 +79,7 @@ def _read_hf(name: str) -> tuple[list[str], str]:
 
 
 def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: int = 1,
-                 chunk_chars: int = CHUNK_CHARS, force: bool = False) -> Path:
+                 chunk_chars: int = ts.CHUNK_CHARS, force: bool = False) -> Path:
     """Text files / folders / globs, .jsonl documents or a Hugging Face dataset's text column -> a token dataset,
     streaming (text_stream.py); workers=0: one per core for gpt2, else 1."""
     if tokenizer not in TOKENIZERS:
@@ -181,6 +180,6 @@ def text(cfg_data):
 def synthetic_tokens(cfg_data):  # data.vocab_size >= 2: _check_synthetic_tokens
     rng = np.random.default_rng(0)
     n = cfg_data.size * (cfg_data.seq_len + 1)
-    ids = rng.integers(0, cfg_data.vocab_size, size=n + n // 9 + cfg_data.seq_len + 2).astype(token_dtype(cfg_data.vocab_size))
+    ids = rng.integers(0, cfg_data.vocab_size, size=n + n // 9 + cfg_data.seq_len + 2).astype(ts.token_dtype(cfg_data.vocab_size))
     train, val = split_tokens(ids)
     return TokenData(train, val, cfg_data.seq_len, {"vocab_size": cfg_data.vocab_size, "source": "synthetic"}).check("synthetic_tokens")

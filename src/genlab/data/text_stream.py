@@ -90,14 +90,10 @@ def source_items(files: list[Path], kind: str):
     """(text, ends_document, bytes_read) triples. Plain text files form one continuous text joined by "\\n";
     each document is encoded on its own and followed by the boundary."""
     for i, f in enumerate(files):
-        if kind == "docs":
-            for text, n in _read_jsonl(f):
-                yield text, True, n
-        else:
-            if i:
-                yield "\n", False, 0
-            for text, n in _read_text(f):
-                yield text, False, n
+        if i and kind != "docs":
+            yield "\n", False, 0
+        for text, n in (_read_jsonl if kind == "docs" else _read_text)(f):
+            yield text, kind == "docs", n
 
 
 def doc_items(docs):

@@ -37,7 +37,7 @@ def object_masses(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
     spec = GAMES[game]
     bg = np.asarray(spec["background"], np.float32)
     d = frames.astype(np.float32) - bg
-    H = frames.shape[1]
+    H, W = frames.shape[1:3]
     names = list(spec["objects"])
     colours = [spec["objects"][n][0] for n in names] + spec.get("others", [])
     us = [np.asarray(c, np.float32) - bg for c in colours]
@@ -45,17 +45,15 @@ def object_masses(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
     resids = np.stack([np.linalg.norm(d - a[..., None] * u, axis=-1) / np.linalg.norm(u) for a, u in zip(fracs, us)])
     out = {}
     for k, name in enumerate(names):
-        r0, r1 = spec["objects"][name][1]
+        (r0, r1), (c0, c1) = spec["objects"][name][1], spec.get("cols", (0.0, 1.0))
         # the colour that explains the pixel best claims it (an orange paddle is not a dim ball, a grey wall not a red
         # ball); objects of one colour share pixels and their rows tell them apart
         ok = resids[k] <= resids.min(0)
         m = np.where(ok & (fracs[k] >= MIN_FRACTION) & (resids[k] <= MAX_RESIDUAL), np.minimum(fracs[k], 1.0), 0.0)
-        rows = np.zeros(H, bool)
-        rows[int(np.ceil(r0 * H)):int(np.floor(r1 * H))] = True  # only rows wholly inside the band
-        c0, c1 = spec.get("cols", (0.0, 1.0))
-        cols = np.zeros(frames.shape[2], bool)
-        cols[int(np.ceil(c0 * frames.shape[2])):int(np.floor(c1 * frames.shape[2]))] = True
-        out[name] = m * rows[None, :, None] * cols[None, None, :]
+        # only the rows and columns wholly inside the band
+        rows, cols = slice(int(np.ceil(r0 * H)), int(np.floor(r1 * H))), slice(int(np.ceil(c0 * W)), int(np.floor(c1 * W)))
+        out[name] = np.zeros_like(m)
+        out[name][:, rows, cols] = m[:, rows, cols]
     return out
 
 
