@@ -70,22 +70,18 @@ class WindowLoader(StreamPosition):
         return {"frames": to_model(u8), "actions": self.actions[idx]}
 
 
-def check_episode_actions(eps: Episodes, where: str) -> None:
-    """Before a model is built: the actions fit the model that meta.json describes (an id past num_actions
-    would fail inside the action embedding at step 0) and are finite."""
-    check_actions(eps.actions, where)
-    if eps.discrete:
-        if eps.num_actions < 1:
-            raise GenlabError(f"{where}: meta.json gives no num_actions (>= 1) for its discrete actions")
-        check_action_count(eps.actions, eps.num_actions, where)
-
-
 class EpisodeData:
     """The training split of an episode folder, and its held-out episodes (the last `heldout` fraction)."""
 
     def __init__(self, cfg_data):
-        eps = read_episodes(cfg_data.path)
-        check_episode_actions(eps, f"data.path '{cfg_data.path}'")
+        eps, where = read_episodes(cfg_data.path), f"data.path '{cfg_data.path}'"
+        # before a model is built: finite actions, and ids that fit the model meta.json describes (an id past
+        # num_actions would fail inside the action embedding at step 0)
+        check_actions(eps.actions, where)
+        if eps.discrete:
+            if eps.num_actions < 1:
+                raise GenlabError(f"{where}: meta.json gives no num_actions (>= 1) for its discrete actions")
+            check_action_count(eps.actions, eps.num_actions, where)
         E = len(eps.starts)
         n_val = int(round(E * cfg_data.heldout)) if E > 1 else 0
         n_val = min(max(n_val, 1 if cfg_data.heldout > 0 and E > 1 else 0), E - 1)

@@ -71,12 +71,9 @@ def train_classifier(images_u8: np.ndarray, labels: np.ndarray, num_classes: int
 
 @torch.no_grad()
 def predict(net, x, batch=1024, return_features=False):
-    outs, feats = [], []
-    for i in range(0, len(x), batch):
-        logits, f = net(x[i:i + batch], return_features=True)
-        outs.append(logits)
-        feats.append(f)
-    return (torch.cat(outs), torch.cat(feats)) if return_features else torch.cat(outs)
+    outs = [net(x[i:i + batch], return_features=True) for i in range(0, len(x), batch)]
+    logits, feats = (torch.cat(t) for t in zip(*outs))
+    return (logits, feats) if return_features else logits
 
 
 def _learned(num_classes: int) -> float:
