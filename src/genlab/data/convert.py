@@ -86,7 +86,7 @@ def _src_dir(src, kind: str, download_ok: bool) -> Path:
     raise GenlabError(f"`data prepare {kind}` needs --src DIR holding the public files (or --download)")
 
 
-# -- MNIST / Fashion-MNIST: idx files ------------------------------------------------------------
+# MNIST / Fashion-MNIST: idx files
 def parse_idx(raw: bytes, name: str) -> np.ndarray:
     """The idx format: 2 zero bytes, dtype code, ndim, big-endian int32 dims, then the data."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
@@ -123,7 +123,7 @@ def prepare_idx(kind: str, src, out, split: str, verify: bool, download_ok: bool
                                source=f"{kind} {split} (idx files)", extra={"split": split})
 
 
-# -- CIFAR-10: python pickle batches ------------------------------------------------------------
+# CIFAR-10: python pickle batches
 def _cifar_members(folder: Path, names: list[str], download_ok: bool) -> dict[str, bytes]:
     """Read batch files from a folder (extracted or not) or from cifar-10-python.tar.gz in it."""
     out = {}
@@ -205,7 +205,7 @@ def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Pa
                                source=f"cifar10 {split} (python pickle batches)", extra={"split": split})
 
 
-# -- image sources: a class folder (one subfolder per class, ImageNet's train layout) or a CSV/JSON file list --------
+# image sources: a class folder (one subfolder per class, ImageNet's train layout) or a CSV/JSON file list
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -264,7 +264,7 @@ def list_source(src) -> tuple[list, list]:
     return files, classes
 
 
-# -- a folder of images, one subfolder per class ----------------------------------------------------
+# a folder of images, one subfolder per class
 def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
     from PIL import Image
     try:
@@ -300,7 +300,7 @@ def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
                                source=f"imagefolder {root}", extra={"files": len(files)})
 
 
-# -- shards: ADM's resize-and-centre-crop, in parallel; checked before anything is written -------------------------
+# shards: ADM's resize-and-centre-crop, in parallel; checked before anything is written
 def center_crop_arr(im, size: int) -> np.ndarray:
     """ADM/DiT preprocessing (guided-diffusion's image_datasets.py): while the short side is at least twice
     `size`, halve the image with a BOX filter (an exact 2x2 mean, so large downscales do not alias); then
@@ -369,7 +369,7 @@ def prepare_shards(src, out, size: int, channels: int = 3, shard_size: int = 100
     return Path(out)
 
 
-# -- video frames (frames.npy uint8 [T, H, W, C], e.g. Atari episodes) -> images, for long byte sequences --------
+# video frames (frames.npy uint8 [T, H, W, C], e.g. Atari episodes) -> images, for long byte sequences
 SPLITS = ("train", "test", "all")
 
 

@@ -133,7 +133,7 @@ class ImageLoader(Prefetching):
         if self.resident:
             self.images, self.labels = self.to_resident(data.images), self.to_resident(data.labels)
 
-    # -- host path: worker threads gather from the memmap into (pinned) memory ahead of use ----
+    # the host path: worker threads gather from the memmap into (pinned) memory ahead of use
     def _gather(self, idx):
         out = (torch.from_numpy(gather(self.data.images, idx)),
                torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))

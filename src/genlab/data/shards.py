@@ -78,7 +78,6 @@ class ShardData(ImageData):
                            prefetch=cfg_data.prefetch, pin_memory=cfg_data.pin_memory, hflip=cfg_data.hflip)
 
 
-# -- writing ---------------------------------------------------------------------------------------
 def write_index(folder: Path, shards: list[dict], labels: np.ndarray, classes: list, shape, shard_size: int,
                 source: str, extra: dict | None = None):
     labels = np.asarray(labels, dtype=np.int64)
@@ -98,7 +97,6 @@ def save_shard(path: Path, images: np.ndarray) -> dict:
     return {"file": Path(path).name, "count": int(len(images)), "sha256": array_checksum(images)}
 
 
-# -- reading ---------------------------------------------------------------------------------------
 def _index(p: Path) -> dict:
     if not (p / "index.json").exists():
         raise GenlabError(f"no shard dataset at '{p}' (index.json missing); create one with `genlab data prepare shards`")

@@ -32,7 +32,6 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 65536 else np.uint32
 
 
-# -- sources: files, folders, globs ----------------------------------------------------------------
 def list_sources(src) -> tuple[list[Path], str]:
     """The files of --src (one or more files, folders or glob patterns; folders and globs in sorted order),
     and whether they are plain text ("text") or .jsonl documents ("docs"); the two do not mix."""
@@ -103,7 +102,6 @@ def doc_items(docs):
         yield d, True, 0
 
 
-# -- cutting into work items ------------------------------------------------------------------------
 def safe_cut(tokenizer: str, s: str, want: int) -> int:
     """A position p in s, the first at or after `want` else the last before it (0 if none), where
     encode(s[:p]) + encode(rest) == encode(s + rest) for any continuation. char and byte encode character
@@ -113,16 +111,14 @@ def safe_cut(tokenizer: str, s: str, want: int) -> int:
     if tokenizer != "gpt2":
         return min(want, len(s))
     q = s.find("\n", max(1, want), len(s) - 1)
-    while q != -1:
-        if not s[q + 1].isspace():
-            return q
+    while q != -1 and s[q + 1].isspace():
         q = s.find("\n", q + 1, len(s) - 1)
+    if q != -1:
+        return q
     q = s.rfind("\n", 1, min(want, len(s) - 1))
-    while q != -1:
-        if not s[q + 1].isspace():
-            return q
+    while q != -1 and s[q + 1].isspace():
         q = s.rfind("\n", 1, q)
-    return 0
+    return max(q, 0)
 
 
 def work_items(items, tokenizer: str, chunk_chars: int):
@@ -152,7 +148,6 @@ def work_items(items, tokenizer: str, chunk_chars: int):
         yield parts, nbytes
 
 
-# -- tokenizing (in workers) ------------------------------------------------------------------------
 class Encoder:
     """Work item -> token array; the boundary after a document is <|endoftext|> for gpt2, else "\\n\\n"
     (nanoGPT's openwebtext prepare; the in-memory --hf converter did the same)."""
@@ -228,7 +223,6 @@ def encoded_items(chunks, meta: dict, dtype, workers: int):
             yield r.get(), m
 
 
-# -- writing ----------------------------------------------------------------------------------------
 class TokenFile:
     """Appends token arrays to one file, hashing as it goes; keeps a copy of the hash state every
     HASH_CHECKPOINT_BYTES so the hash of any prefix costs at most that much re-reading."""

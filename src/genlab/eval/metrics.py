@@ -255,7 +255,6 @@ class Evaluation:
         return {"precision": p, "recall": r, "precision_floor": pf, "recall_floor": rf}
 
 
-# -- the metrics ------------------------------------------------------------------------------
 @eval_metric_registry.register("accuracy", "sample accuracy: the in-project classifier agrees with the requested class")
 def accuracy(ev: Evaluation) -> dict:
     logits, _ = ev.gen_logits_features()
@@ -359,7 +358,6 @@ def lpips(ev: Evaluation) -> dict:
             "lpips_diversity_real": _cached(("lpips_real", e.lpips_net, e.lpips_pairs, *ev.data_key), real)}
 
 
-# -- running them ------------------------------------------------------------------------------
 def image_metrics(samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx) -> dict:
     """Every metric of eval.metrics on uint8 [n, H, W, C] samples drawn for `labels`."""
     ev = Evaluation(samples_u8, labels, data, ctx)

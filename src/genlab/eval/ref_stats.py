@@ -114,7 +114,6 @@ def load_reference(path) -> Reference:
     return Reference(p, headers)
 
 
-# -- writing ----------------------------------------------------------------------------------
 class _Moments:
     """Mean and unbiased covariance accumulated over batches in float64, about the first batch's mean (a shifted
     sum of squares: no cancellation when the mean is large against the spread)."""
