@@ -126,12 +126,8 @@ def prepare_idx(kind: str, src, out, split: str, verify: bool, download_ok: bool
 # CIFAR-10: python pickle batches
 def _cifar_members(folder: Path, names: list[str], download_ok: bool) -> dict[str, bytes]:
     """Read batch files from a folder (extracted or not) or from cifar-10-python.tar.gz in it."""
-    out = {}
-    for n in names:
-        for cand in (folder / n, folder / "cifar-10-batches-py" / n):
-            if cand.exists():
-                out[n] = cand.read_bytes()
-                break
+    found = {n: next((c for c in (folder / n, folder / "cifar-10-batches-py" / n) if c.exists()), None) for n in names}
+    out = {n: p.read_bytes() for n, p in found.items() if p is not None}
     missing = [n for n in names if n not in out]
     if not missing:
         return out

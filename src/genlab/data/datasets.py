@@ -79,17 +79,16 @@ def prepared_shape(path) -> dict | None:
 def check_data_on_disk(cfg) -> None:
     """Files a config names that must exist before training starts (the trainer calls this before it creates the run
     folder; load_config does not, so presets that name a folder you prepare later still load)."""
-    keys = PathKeys.of(cfg.data)
-    if dataset_registry.spec(cfg.data.name).needs_path and not Path(keys.path).exists():
+    keys, spec = PathKeys.of(cfg.data), dataset_registry.spec(cfg.data.name)
+    if spec.needs_path and not Path(keys.path).exists():
         raise GenlabError(f"no dataset at '{keys.path}' (no such folder); data.name={cfg.data.name} reads a folder "
                           "made by `genlab data` (prepare, encode, collect, generate)")
     if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
         if prepared_shape(cfg.eval.val_path) is None:  # found now, not after training
             raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
                               f"(no readable images.npy + meta.json)")
-    eval_check = dataset_registry.spec(cfg.data.name).eval_check
-    if eval_check is not None and cfg.eval.num_samples > 0:
-        eval_check(cfg)
+    if spec.eval_check is not None and cfg.eval.num_samples > 0:
+        spec.eval_check(cfg)
 
 
 def synthetic_spec(d) -> dict:

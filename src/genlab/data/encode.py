@@ -41,13 +41,6 @@ def read_source(path):
                       f"`genlab data prepare`")
 
 
-def source_record(path, data) -> dict:
-    """What meta.json says about the source: enough to find it again and to notice that it changed."""
-    n, h, w, c = data.images.shape
-    return {"path": str(Path(path).resolve()), "format": data.meta.get("format"), "sha256": data.meta.get("sha256"),
-            "shape": [int(h), int(w), int(c)], "num_samples": int(n)}
-
-
 def rank_chunks(todo, rank: int, world: int) -> list[int]:
     """Rank `rank`'s share of the chunks still to encode: contiguous blocks (sequential memmap writes), disjoint across
     ranks, together exactly `todo`."""
@@ -96,7 +89,10 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     c, h, w = codec.latent_shape(C, H, W)
     V = 2 if flip else 1
     n_chunks = -(-N // batch_size)
-    job = {"format": FORMAT, "codec": codec.describe(), "source": source_record(source, data), "num_samples": int(N),
+    # the source: enough to find it again and to notice that it changed
+    record = {"path": str(Path(source).resolve()), "format": data.meta.get("format"), "sha256": data.meta.get("sha256"),
+              "shape": [int(H), int(W), int(C)], "num_samples": int(N)}
+    job = {"format": FORMAT, "codec": codec.describe(), "source": record, "num_samples": int(N),
            "variants": V, "dtype": dtype, "shape": [c, h, w], "batch_size": int(batch_size),
            "precision": precision}
     # kernels (not the function) change with these: a resume must use the same, but older folders lack the keys

@@ -21,14 +21,6 @@ from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class TokenData:
     train: np.ndarray             # flat token ids (memmap or array)
@@ -131,7 +123,11 @@ def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenD
         verify = sum(a.nbytes for a in arrs.values()) < (1 << 30)
     if verify:
         for n in arrs:
-            if sha256_file(p / f"{n}.bin") != meta["sha256"][n]:
+            h = hashlib.sha256()
+            with open(p / f"{n}.bin", "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    h.update(chunk)
+            if h.hexdigest() != meta["sha256"][n]:
                 raise GenlabError(f"token dataset at '{p}' is corrupt: {n}.bin checksum differs from meta.json")
     return TokenData(arrs["train"], arrs["val"], seq_len, meta).check(str(p))
 

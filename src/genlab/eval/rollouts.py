@@ -100,13 +100,8 @@ def object_curves(real: torch.Tensor, gen: torch.Tensor, game: str) -> dict:
     return out
 
 
-def pooled(x: torch.Tensor) -> torch.Tensor:
-    x = x.flatten(0, -4).float()
-    return F.adaptive_avg_pool2d(x, min(16, x.shape[-1])).flatten(1)
-
-
 def frechet_in_domain(real: torch.Tensor, fake: torch.Tensor, dims: int = 32) -> float:
-    r, f = pooled(real), pooled(fake)
+    r, f = (F.adaptive_avg_pool2d(x.flatten(0, -4).float(), min(16, x.shape[-1])).flatten(1) for x in (real, fake))
     mean = r.mean(0)
     dims = min(dims, r.shape[0] - 1, r.shape[1])
     _, _, v = torch.linalg.svd(r - mean, full_matrices=False)
