@@ -70,8 +70,7 @@ class LPIPS(nn.Module):
         """x, y: float [B, 3, H, W] in [-1, 1] -> distance [B]."""
         total = 0
         for i, (fx, fy) in enumerate(zip(self.layer_features(x), self.layer_features(y))):
-            fx = fx / (fx.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            fy = fy / (fy.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+            fx, fy = (f / (f.pow(2).sum(1, keepdim=True).sqrt() + 1e-10) for f in (fx, fy))
             total = total + getattr(self, f"lin{i}").model((fx - fy) ** 2).mean((2, 3))
         return total.flatten()
 

@@ -27,9 +27,7 @@ def npz_headers(path) -> dict[str, tuple[tuple, np.dtype]]:
     """{array name: (shape, dtype)} of an .npz, read from the .npy headers only (no array data)."""
     out = {}
     with zipfile.ZipFile(path) as z:
-        for name in z.namelist():
-            if not name.endswith(".npy"):
-                continue
+        for name in (n for n in z.namelist() if n.endswith(".npy")):
             with z.open(name) as f:
                 version = np.lib.format.read_magic(f)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
