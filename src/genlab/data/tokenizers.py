@@ -64,10 +64,8 @@ def _gpt2_files() -> Path | None:
             cands.append(str(Path(spec.origin).parent / "data"))
     except (ImportError, ValueError):
         pass
-    for c in cands:
-        if c and (Path(c) / "encoder.json").exists() and (Path(c) / "vocab.bpe").exists():
-            return Path(c)
-    return None
+    return next((Path(c) for c in cands if c and (Path(c) / "encoder.json").exists() and (Path(c) / "vocab.bpe").exists()),
+                None)
 
 
 class GPT2Tokenizer:

@@ -19,10 +19,8 @@ def _read_json(p: Path) -> dict:
 def _generation_record(meta: dict) -> dict:
     """The part of a dataset's meta.json that records its generation cost: the top level, or the section a
     generator writes under its own name (`genlab data generate pairs`: meta["pairs"]); {} when there is none."""
-    for rec in (meta, *(v for v in meta.values() if isinstance(v, dict))):
-        if isinstance(rec.get("seconds"), (int, float)):
-            return rec
-    return {}
+    return next((r for r in (meta, *(v for v in meta.values() if isinstance(v, dict))) if isinstance(r.get("seconds"), (int, float))),
+                {})
 
 
 def generated_data(cfg: dict, seen: set | None = None) -> list[dict]:

@@ -17,7 +17,6 @@ FID_WEIGHTS_NAMES = ("pt_inception-2015-12-05-6726825d.pth",      # pytorch-fid
 FID_WEIGHTS_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth"
 INPUT_SIZE = 299
 SPATIAL_CHANNELS = 7        # ADM evaluator: spatial[..., :7] of mixed_6/conv:0
-SPATIAL_DIM = SPATIAL_CHANNELS * 17 * 17  # 2023
 OUTPUTS = ("pool3", "spatial", "logits")
 
 

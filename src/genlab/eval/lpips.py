@@ -92,8 +92,7 @@ def lpips_pairs(model: LPIPS, a_u8, b_u8, batch: int = 250, device=None) -> np.n
     device = device or next(model.parameters()).device
     out = []
     for i in range(0, len(a_u8), batch):
-        xa = to_lpips_input(torch.as_tensor(np.asarray(a_u8[i:i + batch])).to(device))
-        xb = to_lpips_input(torch.as_tensor(np.asarray(b_u8[i:i + batch])).to(device))
+        xa, xb = (to_lpips_input(torch.as_tensor(np.asarray(u8[i:i + batch])).to(device)) for u8 in (a_u8, b_u8))
         with torch.autocast(torch.device(device).type, enabled=False):
             out.append(model(xa, xb).double().cpu())
     return torch.cat(out).numpy()

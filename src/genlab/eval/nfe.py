@@ -49,12 +49,9 @@ def _point_context(ctx, cfg, name, steps, **extra):
 
 def nfe_rows(evaluate, ctx, cfg) -> list[dict]:
     """One row per (sampler, NFE): evaluate(ctx) -> metrics with that sampler and step count, the same seed each."""
-    rows = []
-    for name, steps in nfe_points(cfg):
-        res = evaluate(_point_context(ctx, cfg, name, steps))
-        rows.append({"sampler": name, "nfe": steps * nfe_per_step(name), "steps": steps,
-                     **{m: v for m, v in res.items() if isinstance(v, (int, float)) and m != "classifier_val_acc"}})
-    return rows
+    return [{"sampler": name, "nfe": steps * nfe_per_step(name), "steps": steps,
+             **{m: v for m, v in evaluate(_point_context(ctx, cfg, name, steps)).items()
+                if isinstance(v, (int, float)) and m != "classifier_val_acc"}} for name, steps in nfe_points(cfg)]
 
 
 GRID_CLASSES, GRID_NOISES, GRID_SEED = 10, 2, 0
