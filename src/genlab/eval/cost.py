@@ -16,13 +16,6 @@ def _read_json(p: Path) -> dict:
         return {}
 
 
-def _generation_record(meta: dict) -> dict:
-    """The part of a dataset's meta.json that records its generation cost: the top level, or the section a
-    generator writes under its own name (`genlab data generate pairs`: meta["pairs"]); {} when there is none."""
-    return next((r for r in (meta, *(v for v in meta.values() if isinstance(v, dict))) if isinstance(r.get("seconds"), (int, float))),
-                {})
-
-
 def generated_data(cfg: dict, seen: set | None = None) -> list[dict]:
     """Folders the config names that were generated with a recorded cost (meta.json "seconds"), skipping those in
     `seen` (resolved paths already counted further down a teacher chain) and adding the rest to it."""
@@ -34,7 +27,11 @@ def generated_data(cfg: dict, seen: set | None = None) -> list[dict]:
             key = str(Path(v).resolve())
             if key in seen:
                 continue
-            meta = _generation_record(_read_json(Path(v) / "meta.json"))
+            # the part of its meta.json that records a generation cost: the top level, or the section a generator
+            # writes under its own name (`genlab data generate pairs`: meta["pairs"])
+            meta = _read_json(Path(v) / "meta.json")
+            meta = next((r for r in (meta, *(x for x in meta.values() if isinstance(x, dict)))
+                         if isinstance(r.get("seconds"), (int, float))), {})
             if meta:
                 seen.add(key)
                 world = int(meta.get("world", 1) or 1)
