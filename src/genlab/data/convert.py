@@ -86,7 +86,7 @@ def _src_dir(src, kind: str, download_ok: bool) -> Path:
     raise GenlabError(f"`data prepare {kind}` needs --src DIR holding the public files (or --download)")
 
 
-# -- MNIST / Fashion-MNIST: idx files ------------------------------------------------------------
+# MNIST / Fashion-MNIST: idx files
 def parse_idx(raw: bytes, name: str) -> np.ndarray:
     """The idx format: 2 zero bytes, dtype code, ndim, big-endian int32 dims, then the data."""
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
@@ -102,8 +102,6 @@ def parse_idx(raw: bytes, name: str) -> np.ndarray:
 
 def prepare_idx(kind: str, src, out, split: str, verify: bool, download_ok: bool) -> Path:
     info = IDX_FILES[kind]
-    if split not in ("train", "test"):
-        raise GenlabError(f"unknown --split '{split}' for {kind}; valid: train, test")
     folder = _src_dir(src, kind, download_ok)
     arrays = []
     for fname, md5 in info[split]:
@@ -125,15 +123,11 @@ def prepare_idx(kind: str, src, out, split: str, verify: bool, download_ok: bool
                                source=f"{kind} {split} (idx files)", extra={"split": split})
 
 
-# -- CIFAR-10: python pickle batches ------------------------------------------------------------
+# CIFAR-10: python pickle batches
 def _cifar_members(folder: Path, names: list[str], download_ok: bool) -> dict[str, bytes]:
     """Read batch files from a folder (extracted or not) or from cifar-10-python.tar.gz in it."""
-    out = {}
-    for n in names:
-        for cand in (folder / n, folder / "cifar-10-batches-py" / n):
-            if cand.exists():
-                out[n] = cand.read_bytes()
-                break
+    found = {n: next((c for c in (folder / n, folder / "cifar-10-batches-py" / n) if c.exists()), None) for n in names}
+    out = {n: p.read_bytes() for n, p in found.items() if p is not None}
     missing = [n for n in names if n not in out]
     if not missing:
         return out
@@ -183,8 +177,6 @@ def _unpickle(raw: bytes, name: str) -> dict:
 
 
 def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Path:
-    if split not in CIFAR10_SPLITS:
-        raise GenlabError(f"unknown --split '{split}' for cifar10; valid: train, test")
     folder = _src_dir(src, "cifar10", download_ok)
     names = CIFAR10_SPLITS[split] + ["batches.meta"]
     raw = _cifar_members(folder, names, download_ok)
@@ -209,7 +201,7 @@ def prepare_cifar10(src, out, split: str, verify: bool, download_ok: bool) -> Pa
                                source=f"cifar10 {split} (python pickle batches)", extra={"split": split})
 
 
-# -- image sources: a class folder (one subfolder per class, ImageNet's train layout) or a CSV/JSON file list --------
+# image sources: a class folder (one subfolder per class, ImageNet's train layout) or a CSV/JSON file list
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
@@ -268,7 +260,7 @@ def list_source(src) -> tuple[list, list]:
     return files, classes
 
 
-# -- a folder of images, one subfolder per class ----------------------------------------------------
+# a folder of images, one subfolder per class
 def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
     from PIL import Image
     try:
@@ -304,7 +296,7 @@ def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
                                source=f"imagefolder {root}", extra={"files": len(files)})
 
 
-# -- shards: ADM's resize-and-centre-crop, in parallel; checked before anything is written -------------------------
+# shards: ADM's resize-and-centre-crop, in parallel; checked before anything is written
 def center_crop_arr(im, size: int) -> np.ndarray:
     """ADM/DiT preprocessing (guided-diffusion's image_datasets.py): while the short side is at least twice
     `size`, halve the image with a BOX filter (an exact 2x2 mean, so large downscales do not alias); then
@@ -373,7 +365,7 @@ def prepare_shards(src, out, size: int, channels: int = 3, shard_size: int = 100
     return Path(out)
 
 
-# -- video frames (frames.npy uint8 [T, H, W, C], e.g. Atari episodes) -> images, for long byte sequences --------
+# video frames (frames.npy uint8 [T, H, W, C], e.g. Atari episodes) -> images, for long byte sequences
 SPLITS = ("train", "test", "all")
 
 
@@ -418,11 +410,6 @@ def prepare_frames(src, out, size: int, channels: int, split: str) -> Path:
                                source=f"frames {src} ({split}, {len(chosen)} episodes)", extra={"split": split, "size": size})
 
 
-def prepare_digits(out) -> Path:
-    d = load_digits_uint8()
-    return write_image_dataset(out, d.images, d.labels, d.classes, source=d.meta["source"])
-
-
 def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool = True, size: int = 0,
             channels: int = 3, split: str = "train", tokenizer: str = "char", hf=None, shard_size: int = 1000,
             workers: int = 0, force: bool = False) -> Path:
@@ -440,8 +427,11 @@ def prepare(kind: str, src=None, out=None, download: bool = False, verify: bool 
         return prepare_text(src=src, out=out, tokenizer=tokenizer, hf=hf, workers=workers, force=force)
     if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
         raise GenlabError(f"--out '{out}' already exists and is not empty; choose another --out (nothing is overwritten)")
+    if kind in (*IDX_FILES, "cifar10") and split not in ("train", "test"):
+        raise GenlabError(f"unknown --split '{split}' for {kind}; valid: train, test")
     if kind == "digits":
-        return prepare_digits(out)
+        d = load_digits_uint8()
+        return write_image_dataset(out, d.images, d.labels, d.classes, source=d.meta["source"])
     if kind in IDX_FILES:
         return prepare_idx(kind, src, out, split, verify, download)
     if kind == "cifar10":

@@ -45,8 +45,19 @@ class SyntheticKeys(Keys, section="data"):
 
 
 def load_digits_uint8() -> ImageData:
-    """scikit-learn's bundled 8x8 digits (1797 images, values 0..16) as uint8 [N, 8, 8, 1]."""
-    pixels, labels = _read_digits_csv()
+    """scikit-learn's bundled 8x8 digits (1797 images, values 0..16) as uint8 [N, 8, 8, 1], read from the file inside
+    scikit-learn without importing it (its import, scipy included, costs ~3 s of every run's start-up); sklearn's
+    loader if the file moves."""
+    import importlib.util
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        pixels, labels = d.data, d.target
+    else:
+        table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
+        pixels, labels = table[:, :-1], table[:, -1]
     images = np.round(pixels.reshape(-1, 8, 8) * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)[..., None]
     labels = labels.astype(np.int64)
     meta = {"source": "sklearn.datasets.load_digits", "sha256": array_checksum(images, labels)}
@@ -68,37 +79,22 @@ def prepared_shape(path) -> dict | None:
 def check_data_on_disk(cfg) -> None:
     """Files a config names that must exist before training starts (the trainer calls this before it creates the run
     folder; load_config does not, so presets that name a folder you prepare later still load)."""
-    keys = PathKeys.of(cfg.data)
-    if dataset_registry.spec(cfg.data.name).needs_path and not Path(keys.path).exists():
+    keys, spec = PathKeys.of(cfg.data), dataset_registry.spec(cfg.data.name)
+    if spec.needs_path and not Path(keys.path).exists():
         raise GenlabError(f"no dataset at '{keys.path}' (no such folder); data.name={cfg.data.name} reads a folder "
                           "made by `genlab data` (prepare, encode, collect, generate)")
     if cfg.eval.val_path and cfg.eval.num_samples > 0 and "eval.val_path" in read_keys(cfg):
         if prepared_shape(cfg.eval.val_path) is None:  # found now, not after training
             raise GenlabError(f"eval.val_path '{cfg.eval.val_path}' is not a folder made by `genlab data prepare` "
                               f"(no readable images.npy + meta.json)")
-    eval_check = dataset_registry.spec(cfg.data.name).eval_check
-    if eval_check is not None and cfg.eval.num_samples > 0:
-        eval_check(cfg)
+    if spec.eval_check is not None and cfg.eval.num_samples > 0:
+        spec.eval_check(cfg)
 
 
 def synthetic_spec(d) -> dict:
     """The data spec of data.name=synthetic without generating it (benchmarks at large data.size)."""
     return {"kind": "image", "image_size": d.image_size, "channels": d.channels, "num_classes": d.num_classes,
             "num_samples": d.size, "classes": [str(i) for i in range(d.num_classes)], "batch_keys": ("image", "label")}
-
-
-def _read_digits_csv():
-    """The digits file that ships inside scikit-learn, read without importing scikit-learn (its import, scipy
-    included, costs ~3 s of every run's start-up); falls back to sklearn's loader if the file moves."""
-    import importlib.util
-    spec = importlib.util.find_spec("sklearn")
-    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
-    if path is None or not path.is_file():
-        from sklearn.datasets import load_digits
-        d = load_digits()
-        return d.data, d.target
-    table = np.loadtxt(path, delimiter=",")  # 64 pixel columns, then the label
-    return table[:, :-1], table[:, -1]
 
 
 @dataset_registry.register("digits", "scikit-learn's bundled 8x8 digits, embedded: needs no files", kind="image",

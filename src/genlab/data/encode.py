@@ -1,7 +1,5 @@
-"""`genlab data encode DATASET --vae SPEC --out DIR`: autoencoder latents of a prepared image set, computed once (the
-fast-DiT approach: the frozen encoder never runs during training). DIR holds latents.npy [N, V, c, h, w] (V = 2 adds
-encode(flip(x)), so flip augmentation stays exact), labels.npy and meta.json; the work happens in DIR.partial, resumable
-chunk by chunk (done.npy) and shared out across torchrun ranks (docs/latents.md: the format and its guarantees).
+"""`genlab data encode DATASET --vae SPEC --out DIR`: autoencoder latents of a prepared image set, computed once,
+resumable chunk by chunk in DIR.partial and shared out across torchrun ranks (docs/latents.md: format and guarantees).
 """
 from __future__ import annotations
 
@@ -43,13 +41,6 @@ def read_source(path):
                       f"`genlab data prepare`")
 
 
-def source_record(path, data) -> dict:
-    """What meta.json says about the source: enough to find it again and to notice that it changed."""
-    n, h, w, c = data.images.shape
-    return {"path": str(Path(path).resolve()), "format": data.meta.get("format"), "sha256": data.meta.get("sha256"),
-            "shape": [int(h), int(w), int(c)], "num_samples": int(n)}
-
-
 def rank_chunks(todo, rank: int, world: int) -> list[int]:
     """Rank `rank`'s share of the chunks still to encode: contiguous blocks (sequential memmap writes), disjoint across
     ranks, together exactly `todo`."""
@@ -72,12 +63,11 @@ def _check_out(out: Path, force: bool):
 
 
 def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = True, device="auto",
-                   dtype: str = "float16", force: bool = False, stop_after: int | None = None,
-                   precision: str = "fp32", channels_last: bool = False, compile: bool = False) -> Path:
+                   dtype: str = "float16", force: bool = False, precision: str = "fp32",
+                   channels_last: bool = False, compile: bool = False) -> Path:
     """Encode the prepared image set `source` with the autoencoder `vae` into `out`. `precision`: a plain
     train.precision entry (float8 converts trained linears; `auto` would tie the latents to the device); fp32 is IEEE,
-    convolutions too. `channels_last`: NHWC weights and inputs (other kernels, same function). `stop_after`: return
-    after this many chunks, leaving `out`.partial to resume (tests)."""
+    convolutions too. `channels_last`: NHWC weights and inputs (other kernels, same function)."""
     if dtype not in DTYPES:
         raise GenlabError(f"--dtype {dtype!r} is not a latent dtype; valid choices: {', '.join(DTYPES)}")
     if precision not in PRECISIONS:
@@ -99,7 +89,10 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     c, h, w = codec.latent_shape(C, H, W)
     V = 2 if flip else 1
     n_chunks = -(-N // batch_size)
-    job = {"format": FORMAT, "codec": codec.describe(), "source": source_record(source, data), "num_samples": int(N),
+    # the source: enough to find it again and to notice that it changed
+    record = {"path": str(Path(source).resolve()), "format": data.meta.get("format"), "sha256": data.meta.get("sha256"),
+              "shape": [int(H), int(W), int(C)], "num_samples": int(N)}
+    job = {"format": FORMAT, "codec": codec.describe(), "source": record, "num_samples": int(N),
            "variants": V, "dtype": dtype, "shape": [c, h, w], "batch_size": int(batch_size),
            "precision": precision}
     # kernels (not the function) change with these: a resume must use the same, but older folders lack the keys
@@ -128,9 +121,7 @@ def encode_dataset(source, vae: str, out, batch_size: int = 64, flip: bool = Tru
     total = sum(min(N, (k + 1) * batch_size) - k * batch_size for k in mine)
     with progress.enabled(progress.is_on() and rank == 0), \
             progress.Task(f"encoding {total} of {N} images with {vae}", total=total, unit="img") as task:
-        for i, k in enumerate(mine):
-            if stop_after is not None and i >= stop_after:
-                return tmp
+        for k in mine:
             s, e = k * batch_size, min(N, (k + 1) * batch_size)
             x = to_model(torch.from_numpy(np.array(data.images[s:e])).to(dev))  # a copy: memmaps are read-only
             if V == 2:

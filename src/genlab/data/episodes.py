@@ -104,7 +104,9 @@ def write_episodes(out, frames, actions, rewards=None, terminations=None, starts
                           ("terminations", terminations), ("episode_starts", starts)):
             np.save(tmp / f"{name}.npy", arr)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700; a finished folder gets the usual mode
+        mask = os.umask(0)  # read the umask (setting it is the only way) and put it back
+        os.umask(mask)
+        tmp.chmod(0o777 & ~mask)  # mkdtemp makes it 0700; a finished folder gets the usual mode
         if out.exists():
             out.rmdir()  # empty (checked above): rename replaces nothing
         tmp.rename(out)
@@ -112,12 +114,6 @@ def write_episodes(out, frames, actions, rewards=None, terminations=None, starts
         shutil.rmtree(made or tmp, ignore_errors=True)
         raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def check_lengths(T, actions, rewards, terminations, starts):

@@ -71,13 +71,18 @@ def write_image_dataset(out_dir, images: np.ndarray, labels: np.ndarray, classes
     if len(labels) != len(images):
         raise ValueError("images and labels differ in length")
     with atomic_folder(out_dir) as tmp:
-        np.save(tmp / "images.npy", images)
-        np.save(tmp / "labels.npy", labels)
-        meta = {"format": "genlab-images-v1", "source": source, "num_samples": int(len(images)),
-                "shape": list(images.shape[1:]), "classes": list(classes),
-                "sha256": array_checksum(images, labels), **(extra or {})}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        write_image_arrays(tmp, images, labels, classes, source, extra)
     return Path(out_dir)
+
+
+def write_image_arrays(folder: Path, images: np.ndarray, labels: np.ndarray, classes: list, source: str, extra=None):
+    """images.npy, labels.npy and meta.json (last) into `folder`, checked by the caller."""
+    np.save(folder / "images.npy", images)
+    np.save(folder / "labels.npy", labels)
+    meta = {"format": "genlab-images-v1", "source": source, "num_samples": int(len(images)),
+            "shape": list(images.shape[1:]), "classes": list(classes),
+            "sha256": array_checksum(images, labels), **(extra or {})}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
 
 
 def read_image_dataset(path, verify: bool | None = None) -> ImageData:

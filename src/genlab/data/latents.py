@@ -1,8 +1,5 @@
-"""Latent datasets (data.name=latents, data.path=DIR written by `genlab data encode`). Image methods train on latents
-as images [c, h, w]; the spec adds `codec` (stored with every checkpoint) and `pixel_shape`, so samples decode without
-this folder, and evaluation compares them with the source pixels (`pixel_reference`). No extra normalisation: the
-codec's scale/shift already gives roughly unit variance (meta.json records the measured mean/std). data.hflip picks
-the stored flipped variant per draw from (seed, epoch, position), so the loader's one-integer state resumes it exactly.
+"""Latent datasets (data.name=latents, a folder written by `genlab data encode`): image methods train on latents as
+images; the spec carries the codec and pixel shape, evaluation compares with the source pixels (docs/latents.md).
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from genlab.core.errors import GenlabError
 from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
 from genlab.data.encode import FORMAT, read_source
 from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
+from genlab.data.loader import IndexStream, StreamPosition, gather
 
 
 @dataclass
@@ -102,17 +99,14 @@ class LatentLoader(StreamPosition):
         V = data.variants
         if hflip and V < 2:
             raise GenlabError(no_flip_message(data.meta.get("path", "these latents")))
-        self.data, self.batch_size, self.device = data, batch_size, torch.device(device)
-        self.rank, self.world, self.V = rank, world, V
-        self.stream = VariantStream(len(data), seed, stride=V, choices=V if hflip else 1)
-        self.wait_time = 0.0
+        self.data, self.V = data, V
+        self.setup(VariantStream(len(data), seed, stride=V, choices=V if hflip else 1), batch_size, device, rank, world,
+                   data.latents.nbytes, on_device, pin_memory)
         N, _, c, h, w = data.latents.shape
         self.flat = data.latents.reshape(N * V, c, h, w)  # a view of the memmap
-        self.resident = on_device == "yes" or (on_device == "auto" and data.latents.nbytes <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
-        if self.resident:  # copies: memmaps are read-only
-            self.latents = torch.from_numpy(np.array(self.flat)).to(self.device)
-            self.labels = torch.from_numpy(np.array(data.labels, dtype=np.int64)).to(self.device)
+        if self.resident:
+            self.latents = self.to_resident(self.flat)
+            self.labels = self.to_resident(data.labels).long()
 
     def next(self) -> dict:
         t0 = time.perf_counter()

@@ -1,7 +1,5 @@
-"""Batch loaders: seeded, resumable, rank-sharded, normalised on the device. The sample stream concatenates per-epoch
-permutations seeded by (seed, epoch), so every epoch visits every sample once and no batch is dropped; a global batch
-takes the next `batch * world` indices and rank r its slice. The whole state is one integer (`pos`): exact resume.
-"""
+"""Batch loaders: seeded, resumable, rank-sharded, normalised on the device; the whole state is one integer (`pos`),
+a position in per-epoch seeded permutations (docs/data.md)."""
 from __future__ import annotations
 
 import time
@@ -54,6 +52,16 @@ def gather(a, idx: np.ndarray) -> np.ndarray:
 class StreamPosition:
     """The resumable part every loader shares: a position in `self.stream` (IndexStream or RandomStarts); each rank
     takes its slice of one global draw, so the order does not depend on the number of ranks."""
+
+    def setup(self, stream, batch_size, device, rank, world, nbytes, on_device, pin_memory, limit=RESIDENT_LIMIT_BYTES):
+        """The fields every loader has; resident: the data lives on the device (on_device=yes, or auto and it fits)."""
+        self.stream, self.batch_size, self.device = stream, batch_size, torch.device(device)
+        self.rank, self.world, self.wait_time = rank, world, 0.0
+        self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= limit)
+        self.pin = self.device.type == "cuda" and pin_memory != "no"
+
+    def to_resident(self, a) -> torch.Tensor:
+        return torch.from_numpy(np.array(a)).to(self.device)  # a copy: memmaps are read-only
 
     def state_dict(self):
         return {"pos": self.stream.pos}
@@ -118,19 +126,14 @@ class ImageLoader(Prefetching):
 
     def __init__(self, data, batch_size: int, device, seed: int = 0, rank: int = 0, world: int = 1,
                  on_device: str = "auto", prefetch: int = 2, pin_memory: str = "auto", hflip: bool = False):
-        self.data, self.batch_size, self.device = data, batch_size, torch.device(device)
-        self.rank, self.world, self.hflip = rank, world, hflip
-        self.stream = IndexStream(len(data), seed)
-        self.wait_time = 0.0
-        self.resident = on_device == "yes" or (on_device == "auto" and data.images.nbytes <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.data, self.hflip = data, hflip
+        self.setup(IndexStream(len(data), seed), batch_size, device, rank, world, data.images.nbytes, on_device, pin_memory)
         self.start_prefetch(max(1, prefetch), workers=min(4, max(1, prefetch)))
         self._flip_gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
         if self.resident:
-            self.images = torch.from_numpy(np.array(data.images)).to(self.device)  # copy: memmaps are read-only
-            self.labels = torch.from_numpy(np.array(data.labels)).to(self.device)
+            self.images, self.labels = self.to_resident(data.images), self.to_resident(data.labels)
 
-    # -- host path: worker threads gather from the memmap into (pinned) memory ahead of use ----
+    # the host path: worker threads gather from the memmap into (pinned) memory ahead of use
     def _gather(self, idx):
         out = (torch.from_numpy(gather(self.data.images, idx)),
                torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))

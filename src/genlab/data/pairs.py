@@ -1,12 +1,8 @@
-"""Teacher pairs (`genlab data generate pairs`), the data of reflow: a prepared image folder (so `data.name=images`
-reads it too) plus samples.npy and noise.npy, float32 [N, C, H, W]: each sampler endpoint exactly as the model returned
-it and the noise it started from (reflow's target is the straight line between them, which rounding or clamping to
-uint8 would move). `data.name=pairs` yields {"image": the float samples, "label", "noise"}; its evaluation reference
-is the teacher's own data (PairData.reference). Format: docs/data.md.
+"""Teacher pairs (`genlab data generate pairs`), the data of reflow: a prepared image folder plus the float32
+samples.npy and noise.npy, unrounded (docs/data.md); evaluation compares with the teacher's data (PairData.reference).
 """
 from __future__ import annotations
 
-import json
 import time
 import types
 from dataclasses import dataclass
@@ -17,8 +13,8 @@ import torch
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
+from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset, write_image_arrays
+from genlab.data.loader import IndexStream, StreamPosition, gather
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 
@@ -57,16 +53,12 @@ class PairLoader(StreamPosition):
     state is the stream position, as for the image loader."""
 
     def __init__(self, data: PairData, batch_size, device, seed=0, rank=0, world=1, on_device="auto", pin_memory="auto"):
-        self.data, self.batch_size, self.device = data, batch_size, torch.device(device)
-        self.rank, self.world = rank, world
-        self.stream = IndexStream(len(data), seed)
-        self.wait_time = 0.0
-        nbytes = data.samples.nbytes + data.noise.nbytes
-        self.resident = on_device == "yes" or (on_device == "auto" and nbytes <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.data = data
+        self.setup(IndexStream(len(data), seed), batch_size, device, rank, world, data.samples.nbytes + data.noise.nbytes,
+                   on_device, pin_memory)
         self.arrays = (data.samples, data.labels, data.noise)
-        if self.resident:  # copies: memmaps are read-only
-            self.arrays = [torch.from_numpy(np.array(a)).to(self.device) for a in self.arrays]
+        if self.resident:
+            self.arrays = [self.to_resident(a) for a in self.arrays]
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -105,17 +97,13 @@ def read_pairs(path, verify: bool | None = None) -> PairData:
 def write_pairs(tmp: Path, images_u8, labels, samples, noise, classes, meta_extra: dict) -> None:
     """The arrays of a pairs folder into `tmp` (an empty folder the caller renames into place). samples and noise
     may already be .npy memmaps inside tmp (written while sampling); they are flushed, not copied."""
-    np.save(tmp / "images.npy", images_u8)
-    np.save(tmp / "labels.npy", labels)
     for name, a in (("samples", samples), ("noise", noise)):
         if isinstance(a, np.memmap):
             a.flush()
         else:
             np.save(tmp / f"{name}.npy", a)
-    meta = {"format": "genlab-images-v1", "source": "genlab data generate pairs", "num_samples": int(len(images_u8)),
-            "shape": list(images_u8.shape[1:]), "classes": list(classes), "sha256": array_checksum(images_u8, labels),
-            "pairs": {**meta_extra, "sha256": array_checksum(samples, noise)}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    write_image_arrays(tmp, images_u8, labels, classes, "genlab data generate pairs",
+                       {"pairs": {**meta_extra, "sha256": array_checksum(samples, noise)}})
 
 
 @dataset_registry.register("pairs", "teacher (noise, image, label) triples written by `genlab data generate pairs` "

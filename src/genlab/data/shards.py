@@ -1,8 +1,5 @@
-"""Sharded image format and its dataset (data.name=shards) for image sets too large for one array: images-NNNNN.npy
-shards (uint8 [n, H, W, C]), labels.npy and index.json (written last), all plain .npy memory-mapped with
-allow_pickle=False (docs/data.md). Why not webdataset / MosaicML streaming / HF datasets: their sequential tar/parquet
-reads force shard-order + shuffle-buffer sampling and a buffer to replay on resume; random-access local shards keep
-genlab's one sample order (a seeded permutation per epoch) and its one-integer exact resume, with no dependency.
+"""Sharded image format and its dataset (data.name=shards) for image sets too large for one array: plain .npy
+shards, labels.npy and index.json, memory-mapped (docs/data.md: the layout, and why not webdataset & co.).
 """
 from __future__ import annotations
 
@@ -81,7 +78,6 @@ class ShardData(ImageData):
                            prefetch=cfg_data.prefetch, pin_memory=cfg_data.pin_memory, hflip=cfg_data.hflip)
 
 
-# -- writing ---------------------------------------------------------------------------------------
 def write_index(folder: Path, shards: list[dict], labels: np.ndarray, classes: list, shape, shard_size: int,
                 source: str, extra: dict | None = None):
     labels = np.asarray(labels, dtype=np.int64)
@@ -101,7 +97,6 @@ def save_shard(path: Path, images: np.ndarray) -> dict:
     return {"file": Path(path).name, "count": int(len(images)), "sha256": array_checksum(images)}
 
 
-# -- reading ---------------------------------------------------------------------------------------
 def _index(p: Path) -> dict:
     if not (p / "index.json").exists():
         raise GenlabError(f"no shard dataset at '{p}' (index.json missing); create one with `genlab data prepare shards`")

@@ -17,17 +17,8 @@ from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data import text_stream as ts
 from genlab.data.datasets import PathKeys, dataset_registry
-from genlab.data.text_stream import CHUNK_CHARS, VAL_FRACTION, token_dtype
 from genlab.data.token_loader import TokenLoader
 from genlab.data.tokenizers import TOKENIZERS, CharTokenizer, build_tokenizer, from_meta
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -61,7 +52,7 @@ class TokenData:
 
 def split_tokens(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The split rule (also text_stream's): the first 90 % of the token stream train, the rest val."""
-    n = int(len(ids) * (1 - VAL_FRACTION))
+    n = int(len(ids) * (1 - ts.VAL_FRACTION))
     return ids[:n], ids[n:]
 
 
@@ -80,7 +71,7 @@ def _read_hf(name: str) -> tuple[list[str], str]:
 
 
 def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: int = 1,
-                 chunk_chars: int = CHUNK_CHARS, force: bool = False) -> Path:
+                 chunk_chars: int = ts.CHUNK_CHARS, force: bool = False) -> Path:
     """Text files / folders / globs, .jsonl documents or a Hugging Face dataset's text column -> a token dataset,
     streaming (text_stream.py); workers=0: one per core for gpt2, else 1."""
     if tokenizer not in TOKENIZERS:
@@ -132,7 +123,11 @@ def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenD
         verify = sum(a.nbytes for a in arrs.values()) < (1 << 30)
     if verify:
         for n in arrs:
-            if sha256_file(p / f"{n}.bin") != meta["sha256"][n]:
+            h = hashlib.sha256()
+            with open(p / f"{n}.bin", "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 24), b""):
+                    h.update(chunk)
+            if h.hexdigest() != meta["sha256"][n]:
                 raise GenlabError(f"token dataset at '{p}' is corrupt: {n}.bin checksum differs from meta.json")
     return TokenData(arrs["train"], arrs["val"], seq_len, meta).check(str(p))
 
@@ -181,6 +176,6 @@ def text(cfg_data):
 def synthetic_tokens(cfg_data):  # data.vocab_size >= 2: _check_synthetic_tokens
     rng = np.random.default_rng(0)
     n = cfg_data.size * (cfg_data.seq_len + 1)
-    ids = rng.integers(0, cfg_data.vocab_size, size=n + n // 9 + cfg_data.seq_len + 2).astype(token_dtype(cfg_data.vocab_size))
+    ids = rng.integers(0, cfg_data.vocab_size, size=n + n // 9 + cfg_data.seq_len + 2).astype(ts.token_dtype(cfg_data.vocab_size))
     train, val = split_tokens(ids)
     return TokenData(train, val, cfg_data.seq_len, {"vocab_size": cfg_data.vocab_size, "source": "synthetic"}).check("synthetic_tokens")

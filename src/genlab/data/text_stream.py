@@ -1,8 +1,5 @@
-"""Streaming preparation of token datasets larger than memory (`genlab data prepare text`): the source (text files
-joined by "\n", or documents each followed by the tokenizer's boundary) is cut into work items at points where
-tokenizing the pieces gives exactly the whole text's tokens, tokenized in worker processes consumed in order (the
-output does not depend on the worker count) and appended to one hashed token file; the tail (10 %) becomes val.bin.
-"""
+"""Streaming preparation of token datasets larger than memory (`genlab data prepare text`): work items cut where
+tokenizing the pieces gives the whole text's tokens, tokenized in worker processes in order (docs/lm.md)."""
 from __future__ import annotations
 
 import codecs
@@ -35,7 +32,6 @@ def token_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= 65536 else np.uint32
 
 
-# -- sources: files, folders, globs ----------------------------------------------------------------
 def list_sources(src) -> tuple[list[Path], str]:
     """The files of --src (one or more files, folders or glob patterns; folders and globs in sorted order),
     and whether they are plain text ("text") or .jsonl documents ("docs"); the two do not mix."""
@@ -93,14 +89,10 @@ def source_items(files: list[Path], kind: str):
     """(text, ends_document, bytes_read) triples. Plain text files form one continuous text joined by "\\n";
     each document is encoded on its own and followed by the boundary."""
     for i, f in enumerate(files):
-        if kind == "docs":
-            for text, n in _read_jsonl(f):
-                yield text, True, n
-        else:
-            if i:
-                yield "\n", False, 0
-            for text, n in _read_text(f):
-                yield text, False, n
+        if i and kind != "docs":
+            yield "\n", False, 0
+        for text, n in (_read_jsonl if kind == "docs" else _read_text)(f):
+            yield text, kind == "docs", n
 
 
 def doc_items(docs):
@@ -110,7 +102,6 @@ def doc_items(docs):
         yield d, True, 0
 
 
-# -- cutting into work items ------------------------------------------------------------------------
 def safe_cut(tokenizer: str, s: str, want: int) -> int:
     """A position p in s, the first at or after `want` else the last before it (0 if none), where
     encode(s[:p]) + encode(rest) == encode(s + rest) for any continuation. char and byte encode character
@@ -120,16 +111,14 @@ def safe_cut(tokenizer: str, s: str, want: int) -> int:
     if tokenizer != "gpt2":
         return min(want, len(s))
     q = s.find("\n", max(1, want), len(s) - 1)
-    while q != -1:
-        if not s[q + 1].isspace():
-            return q
+    while q != -1 and s[q + 1].isspace():
         q = s.find("\n", q + 1, len(s) - 1)
+    if q != -1:
+        return q
     q = s.rfind("\n", 1, min(want, len(s) - 1))
-    while q != -1:
-        if not s[q + 1].isspace():
-            return q
+    while q != -1 and s[q + 1].isspace():
         q = s.rfind("\n", 1, q)
-    return 0
+    return max(q, 0)
 
 
 def work_items(items, tokenizer: str, chunk_chars: int):
@@ -159,7 +148,6 @@ def work_items(items, tokenizer: str, chunk_chars: int):
         yield parts, nbytes
 
 
-# -- tokenizing (in workers) ------------------------------------------------------------------------
 class Encoder:
     """Work item -> token array; the boundary after a document is <|endoftext|> for gpt2, else "\\n\\n"
     (nanoGPT's openwebtext prepare; the in-memory --hf converter did the same)."""
@@ -235,7 +223,6 @@ def encoded_items(chunks, meta: dict, dtype, workers: int):
             yield r.get(), m
 
 
-# -- writing ----------------------------------------------------------------------------------------
 class TokenFile:
     """Appends token arrays to one file, hashing as it goes; keeps a copy of the hash state every
     HASH_CHECKPOINT_BYTES so the hash of any prefix costs at most that much re-reading."""

@@ -15,20 +15,13 @@ PERMUTE_LIMIT = 1 << 24          # window starts above this are drawn iid per ba
 RESIDENT_LIMIT_BYTES = 1 << 30   # token streams below this (as int32) live on the device when on_device=auto
 
 
-class RandomStarts:
-    """IndexStream's interface without a permutation: batch b draws from rng(seed, b)."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.pos = n, seed, 0
+class RandomStarts(IndexStream):
+    """IndexStream without a permutation: the batch at position p draws from rng(seed, p)."""
 
     def take(self, k: int) -> np.ndarray:
         out = np.random.default_rng([self.seed, self.pos]).integers(0, self.n, size=k)
         self.pos += k
         return out
-
-    @property
-    def epoch(self) -> float:
-        return self.pos / self.n
 
 
 def window_starts(n_tokens: int, seq_len: int, seed: int):
@@ -42,12 +35,9 @@ class TokenLoader(Prefetching):
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, device, seed: int = 0, rank: int = 0,
                  world: int = 1, on_device: str = "auto", pin_memory: str = "auto", prefetch: int = 2):
-        self.tokens, self.T, self.batch_size = tokens, seq_len, batch_size
-        self.device, self.rank, self.world = torch.device(device), rank, world
-        self.stream = window_starts(len(tokens), seq_len, seed)
-        self.wait_time = 0.0
-        self.resident = on_device == "yes" or (on_device == "auto" and 4 * len(tokens) <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.tokens, self.T = tokens, seq_len
+        self.setup(window_starts(len(tokens), seq_len, seed), batch_size, device, rank, world, 4 * len(tokens), on_device,
+                   pin_memory, limit=RESIDENT_LIMIT_BYTES)
         self.start_prefetch(prefetch, workers=1)
         if self.resident:
             self.offsets = torch.arange(seq_len + 1, device=self.device)

@@ -64,10 +64,8 @@ def _gpt2_files() -> Path | None:
             cands.append(str(Path(spec.origin).parent / "data"))
     except (ImportError, ValueError):
         pass
-    for c in cands:
-        if c and (Path(c) / "encoder.json").exists() and (Path(c) / "vocab.bpe").exists():
-            return Path(c)
-    return None
+    return next((Path(c) for c in cands if c and (Path(c) / "encoder.json").exists() and (Path(c) / "vocab.bpe").exists()),
+                None)
 
 
 class GPT2Tokenizer:
@@ -114,10 +112,8 @@ def build_tokenizer(name: str, text: str | None = None):
         if text is None:
             raise GenlabError("the char tokenizer is fitted on the text; none given")
         return CharTokenizer.fit(text)
-    if name == "byte":
-        return ByteTokenizer()
-    if name == "gpt2":
-        return GPT2Tokenizer()
+    if name in ("byte", "gpt2"):
+        return ByteTokenizer() if name == "byte" else GPT2Tokenizer()
     raise GenlabError(f"unknown tokenizer '{name}'; valid: {', '.join(TOKENIZERS)}")
 
 

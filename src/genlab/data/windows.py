@@ -12,7 +12,7 @@ from genlab.config.fields import F, Keys
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, dataset_registry
 from genlab.data.episodes import Episodes, check_action_count, check_actions, read_episodes
-from genlab.data.loader import RESIDENT_LIMIT_BYTES, IndexStream, StreamPosition, gather
+from genlab.data.loader import IndexStream, StreamPosition, gather
 from genlab.data.pixels import to_model
 
 
@@ -41,21 +41,18 @@ class WindowLoader(StreamPosition):
 
     def __init__(self, eps: Episodes, window: int, batch_size: int, device, seed=0, rank=0, world=1,
                  on_device="auto", pin_memory="auto"):
-        self.eps, self.window, self.batch_size = eps, window, batch_size
-        self.device, self.rank, self.world = torch.device(device), rank, world
+        self.eps, self.window = eps, window
         self.starts = valid_starts(eps.starts, len(eps.frames), window)
         if len(self.starts) == 0:
             raise GenlabError(f"no episode is {window} frames long (data.context_frames + data.horizon); "
                               f"shorten them or collect longer episodes")
-        self.stream = IndexStream(len(self.starts), seed)
-        self.wait_time = 0.0
-        self.resident = on_device == "yes" or (on_device == "auto" and eps.frames.nbytes <= RESIDENT_LIMIT_BYTES)
-        self.pin = self.device.type == "cuda" and pin_memory != "no"
+        self.setup(IndexStream(len(self.starts), seed), batch_size, device, rank, world, eps.frames.nbytes, on_device,
+                   pin_memory)
         self.offsets = torch.arange(window, device=self.device)
         self.actions = torch.from_numpy(np.asarray(eps.actions)).to(self.device)
         self.starts_t = torch.from_numpy(self.starts).to(self.device)
         if self.resident:
-            self.frames = torch.from_numpy(np.array(eps.frames)).to(self.device)  # copy: memmaps are read-only
+            self.frames = self.to_resident(eps.frames)
 
     def next(self) -> dict:
         t0 = time.perf_counter()
@@ -73,22 +70,18 @@ class WindowLoader(StreamPosition):
         return {"frames": to_model(u8), "actions": self.actions[idx]}
 
 
-def check_episode_actions(eps: Episodes, where: str) -> None:
-    """Before a model is built: the actions fit the model that meta.json describes (an id past num_actions
-    would fail inside the action embedding at step 0) and are finite."""
-    check_actions(eps.actions, where)
-    if eps.discrete:
-        if eps.num_actions < 1:
-            raise GenlabError(f"{where}: meta.json gives no num_actions (>= 1) for its discrete actions")
-        check_action_count(eps.actions, eps.num_actions, where)
-
-
 class EpisodeData:
     """The training split of an episode folder, and its held-out episodes (the last `heldout` fraction)."""
 
     def __init__(self, cfg_data):
-        eps = read_episodes(cfg_data.path)
-        check_episode_actions(eps, f"data.path '{cfg_data.path}'")
+        eps, where = read_episodes(cfg_data.path), f"data.path '{cfg_data.path}'"
+        # before a model is built: finite actions, and ids that fit the model meta.json describes (an id past
+        # num_actions would fail inside the action embedding at step 0)
+        check_actions(eps.actions, where)
+        if eps.discrete:
+            if eps.num_actions < 1:
+                raise GenlabError(f"{where}: meta.json gives no num_actions (>= 1) for its discrete actions")
+            check_action_count(eps.actions, eps.num_actions, where)
         E = len(eps.starts)
         n_val = int(round(E * cfg_data.heldout)) if E > 1 else 0
         n_val = min(max(n_val, 1 if cfg_data.heldout > 0 and E > 1 else 0), E - 1)

@@ -15,10 +15,6 @@ from genlab.core import progress
 from genlab.data.pixels import to_model
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("GENLAB_CACHE", Path.home() / ".cache" / "genlab"))
-
-
 class SmallConvNet(nn.Module):
     def __init__(self, channels: int, num_classes: int, feat_dim: int = 128):
         super().__init__()
@@ -75,12 +71,9 @@ def train_classifier(images_u8: np.ndarray, labels: np.ndarray, num_classes: int
 
 @torch.no_grad()
 def predict(net, x, batch=1024, return_features=False):
-    outs, feats = [], []
-    for i in range(0, len(x), batch):
-        logits, f = net(x[i:i + batch], return_features=True)
-        outs.append(logits)
-        feats.append(f)
-    return (torch.cat(outs), torch.cat(feats)) if return_features else torch.cat(outs)
+    outs = [net(x[i:i + batch], return_features=True) for i in range(0, len(x), batch)]
+    logits, feats = (torch.cat(t) for t in zip(*outs))
+    return (logits, feats) if return_features else logits
 
 
 def _learned(num_classes: int) -> float:
@@ -93,7 +86,7 @@ def get_classifier(data, device="cpu", epochs: int = 30):
     $GENLAB_CACHE/classifiers/<data sha256[:16]>-e<epochs>.pt, so only a dataset's first evaluation trains it."""
     spec = data.spec
     key = (data.meta.get("sha256") or "nokey")[:16]
-    path = cache_dir() / "classifiers" / f"{key}-e{epochs}.pt"
+    path = Path(os.environ.get("GENLAB_CACHE", Path.home() / ".cache" / "genlab")) / "classifiers" / f"{key}-e{epochs}.pt"
     net = SmallConvNet(spec["channels"], spec["num_classes"])
     if data.meta.get("sha256") and path.exists():
         try:

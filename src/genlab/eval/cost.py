@@ -1,9 +1,5 @@
-"""What a run cost to make, in device-seconds, with everything it was made from (eval_nfe.json "cost"):
-- training: the training loop's wall-clock to its last step (metrics.jsonl, a resume's processes summed; else
-  summary.json's wall_time) x its processes ("world") / the seeds batched with it ("batched_seeds");
-- generated data: any folder the config names whose meta.json holds "seconds" (`genlab data generate`), once per chain;
-- the teacher: the run method.teacher names, followed recursively (a student of a student counts both).
-"""
+"""What a run cost to make, in device-seconds (eval_nfe.json "cost"; docs/few_step.md): its training, the generated
+data it reads (once per chain) and, recursively, its teacher's."""
 from __future__ import annotations
 
 import json
@@ -20,31 +16,6 @@ def _read_json(p: Path) -> dict:
         return {}
 
 
-def run_folder(path) -> Path | None:
-    """The run folder of a run folder, a checkpoint (RUN/checkpoints/step_N.pt) or an export (RUN/model.safetensors)."""
-    p = Path(path)
-    for cand in (p, p.parent, p.parent.parent):
-        if (cand / "config.toml").is_file():
-            return cand
-    return None
-
-
-def training_seconds(run_dir: Path) -> float | None:
-    recs = train_records(read_metrics(run_dir))
-    if recs and recs[-1].get("wall_time") is not None:
-        return float(recs[-1]["wall_time"])
-    return _read_json(run_dir / "summary.json").get("wall_time")
-
-
-def _generation_record(meta: dict) -> dict:
-    """The part of a dataset's meta.json that records its generation cost: the top level, or the section a
-    generator writes under its own name (`genlab data generate pairs`: meta["pairs"]); {} when there is none."""
-    for rec in (meta, *(v for v in meta.values() if isinstance(v, dict))):
-        if isinstance(rec.get("seconds"), (int, float)):
-            return rec
-    return {}
-
-
 def generated_data(cfg: dict, seen: set | None = None) -> list[dict]:
     """Folders the config names that were generated with a recorded cost (meta.json "seconds"), skipping those in
     `seen` (resolved paths already counted further down a teacher chain) and adding the rest to it."""
@@ -56,7 +27,11 @@ def generated_data(cfg: dict, seen: set | None = None) -> list[dict]:
             key = str(Path(v).resolve())
             if key in seen:
                 continue
-            meta = _generation_record(_read_json(Path(v) / "meta.json"))
+            # the part of its meta.json that records a generation cost: the top level, or the section a generator
+            # writes under its own name (`genlab data generate pairs`: meta["pairs"])
+            meta = _read_json(Path(v) / "meta.json")
+            meta = next((r for r in (meta, *(x for x in meta.values() if isinstance(x, dict)))
+                         if isinstance(r.get("seconds"), (int, float))), {})
             if meta:
                 seen.add(key)
                 world = int(meta.get("world", 1) or 1)
@@ -74,7 +49,8 @@ def run_cost(run_dir, _seen=None, _data_seen=None) -> dict:
     data_seen = set() if _data_seen is None else _data_seen
     seen.add(run_dir.resolve())
     summary = _read_json(run_dir / "summary.json")
-    secs = training_seconds(run_dir)
+    recs = train_records(read_metrics(run_dir))
+    secs = float(recs[-1]["wall_time"]) if recs and recs[-1].get("wall_time") is not None else summary.get("wall_time")
     world = int(summary.get("world", 1) or 1)
     cfg = load_toml(run_dir / "config.toml")
     data = generated_data(cfg, data_seen)
@@ -84,8 +60,9 @@ def run_cost(run_dir, _seen=None, _data_seen=None) -> dict:
            "train_gpu_seconds": None if secs is None else secs * share, "data": data, "own_gpu_seconds": own,
            "teacher": None}
     tpath = (cfg.get("method") or {}).get("teacher")
-    if tpath:
-        tdir = run_folder(tpath)
+    if tpath:  # a run folder, a checkpoint (RUN/checkpoints/step_N.pt) or an export (RUN/model.safetensors)
+        tdir = next((c for c in (Path(tpath), Path(tpath).parent, Path(tpath).parent.parent)
+                     if (c / "config.toml").is_file()), None)
         if tdir is None or tdir.resolve() in seen:
             res["teacher"] = {"path": tpath, "missing": True}
         else:
@@ -100,14 +77,14 @@ def cost_summary(run_dir) -> dict:
     chain = [c]
     while chain[-1].get("teacher") and not chain[-1]["teacher"].get("missing"):
         chain.append(chain[-1]["teacher"])
-    root = chain[-1] if len(chain) > 1 else None
+    root, last_teacher = chain[-1] if len(chain) > 1 else None, chain[-1].get("teacher") or {}
     students = chain[:-1] if root is not None else chain
     extra = sum(x["own_gpu_seconds"] for x in students)
     out = {"device": c["device"], "world": c["world"], "train_gpu_seconds": c["train_gpu_seconds"],
            "data_gpu_seconds": sum(d["gpu_seconds"] for d in c["data"]), "gpu_seconds": extra,
            "teacher_run": root["run"] if root else None, "teacher_gpu_seconds": root["own_gpu_seconds"] if root else None,
            "teacher_device": root["device"] if root else None,
-           "teacher_missing": (chain[-1].get("teacher") or {}).get("path") if (chain[-1].get("teacher") or {}).get("missing") else None}
+           "teacher_missing": last_teacher.get("path") if last_teacher.get("missing") else None}
     out["pct_of_teacher"] = 100 * extra / root["own_gpu_seconds"] if root and root["own_gpu_seconds"] else None
     out["chain"] = c
     return out

@@ -13,11 +13,6 @@ def gaussian_stats(features) -> tuple[np.ndarray, np.ndarray]:
     return f.mean(0), np.atleast_2d(np.cov(f, rowvar=False))
 
 
-def _psd_sqrt(s: np.ndarray) -> np.ndarray:
-    w, u = np.linalg.eigh(s)
-    return (u * np.sqrt(np.clip(w, 0, None))) @ u.T
-
-
 def trace_sqrt_product(s1: np.ndarray, s2: np.ndarray) -> float:
     """Tr (S1 S2)^{1/2} for covariance matrices.
 
@@ -28,8 +23,9 @@ def trace_sqrt_product(s1: np.ndarray, s2: np.ndarray) -> float:
     try:  # full rank (the usual case, n > d): S1 = L L^T, and L^T S2 L is similar to S1 S2 too, with no eigenvectors
         a = np.linalg.cholesky(s1)  # to compute (an eigh with vectors costs ~10x eigvalsh at d = 2048)
         m = a.T @ s2 @ a
-    except np.linalg.LinAlgError:  # singular S1 (fewer samples than dimensions)
-        a = _psd_sqrt(s1)
+    except np.linalg.LinAlgError:  # singular S1 (fewer samples than dimensions): A = S1^{1/2} from its eigenvectors
+        w, u = np.linalg.eigh(s1)
+        a = (u * np.sqrt(np.clip(w, 0, None))) @ u.T
         m = a @ s2 @ a
     return float(np.sqrt(np.clip(np.linalg.eigvalsh((m + m.T) / 2), 0, None)).sum())
 

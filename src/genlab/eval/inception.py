@@ -1,9 +1,6 @@
 """The Inception-v3 network of FID (Heusel et al. 2017): the 2015-12-05 TensorFlow graph as pytorch-fid ports it,
-without torchvision. Module and parameter names are torchvision's Inception3 (Conv2d_1a_3x3.conv.weight, ...), so the
-published pt_inception-2015-12-05-6726825d.pth loads strictly. The TF graph's differences from torchvision's net:
-average pools exclude the padding, the last block max-pools, 1008 classes. Outputs (one pass, docs/fid.md): pool3
-(2048-d: FID, precision/recall); spatial (the first 7 channels of mixed_6/conv in TF's NHWC order, 2023-d: sFID as the
-ADM evaluator); logits (pool3 @ fc.weight^T without the bias: the Inception Score's, as ADM and torch-fidelity)."""
+without torchvision; torchvision's module names, so the published pt_inception weights load strictly. Its outputs
+pool3, spatial and logits come from one pass (docs/fid.md)."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +17,6 @@ FID_WEIGHTS_NAMES = ("pt_inception-2015-12-05-6726825d.pth",      # pytorch-fid
 FID_WEIGHTS_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid_weights/pt_inception-2015-12-05-6726825d.pth"
 INPUT_SIZE = 299
 SPATIAL_CHANNELS = 7        # ADM evaluator: spatial[..., :7] of mixed_6/conv:0
-SPATIAL_DIM = SPATIAL_CHANNELS * 17 * 17  # 2023
 OUTPUTS = ("pool3", "spatial", "logits")
 
 
@@ -227,20 +223,15 @@ def find_fid_weights(explicit: str = ""):
                      "FID (Inception-v3, 2015-12-05 graph)", FID_WEIGHTS_URL)
 
 
-def load_inception_state(net: FIDInceptionV3, state: dict, what: str = "FID weights") -> FIDInceptionV3:
+def load_fid_inception(explicit: str = "", device="cpu") -> FIDInceptionV3:
     """Strict load; files converted without BatchNorm step counters (torch-fidelity's) get zeros."""
-    state = dict(state)
+    path = find_fid_weights(explicit)
+    net, state = FIDInceptionV3(), load_state(path, "FID weights")
     for k, v in net.state_dict().items():
         if k.endswith("num_batches_tracked") and k not in state:
             state[k] = torch.zeros_like(v)
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as e:
-        raise GenlabError(f"{what} do not fit the FID Inception network: {' '.join(str(e).split())[:300]}") from None
-    return net
-
-
-def load_fid_inception(explicit: str = "", device="cpu") -> FIDInceptionV3:
-    path = find_fid_weights(explicit)
-    net = load_inception_state(FIDInceptionV3(), load_state(path, "FID weights"), f"FID weights {path}")
+        raise GenlabError(f"FID weights {path} do not fit the FID Inception network: {' '.join(str(e).split())[:300]}") from None
     return net.to(device).eval().requires_grad_(False)

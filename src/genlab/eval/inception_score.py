@@ -1,10 +1,5 @@
-"""Inception Score (Salimans et al. 2016): exp E_x KL(p(y|x) || p(y)), averaged over splits of the samples.
-
-As the ADM evaluator (guided-diffusion evaluations/evaluator.py, compute_inception_score) and torch-fidelity
-(metric_isc.py) compute it: p(y|x) is the softmax of the FID Inception's 1008 logits taken without the fc bias
-(inception.py, output 'logits'); p(y) is the mean of p(y|x) within each split. Splits are consecutive, boundaries
-i*n//splits: at the protocol's 50,000 samples that is ADM's 10 splits of 5,000. torch-fidelity shuffles the samples
-first (seed 2020); genlab does not (its samples cycle through the classes, so consecutive splits are balanced)."""
+"""Inception Score (Salimans et al. 2016): exp E_x KL(p(y|x) || p(y)), as the ADM evaluator and torch-fidelity compute
+it (docs/fid.md: logits without the fc bias); consecutive splits, unshuffled: genlab's samples cycle through the classes."""
 from __future__ import annotations
 
 import numpy as np

@@ -9,17 +9,13 @@ PAD = 4
 LABEL_W = 140  # at least this wide, so pictures of different runs line up
 
 
-def _text_width(draw, text: str) -> int:
-    return int(draw.textlength(text))
-
-
 def labelled_rows(rows: list[tuple[str, np.ndarray]], path, scale: int = 2):
     """rows: (label, uint8 [n, H, W, C]) -> one PNG, a row of n images per label (a 1-pixel white gap)."""
     H, W, C = rows[0][1].shape[1:]
     n = max(len(imgs) for _, imgs in rows)
     strip_w = n * (W + 1) + 1
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    label_w = max(LABEL_W, max(_text_width(probe, lab) for lab, _ in rows) + 2 * PAD)
+    label_w = max(LABEL_W, max(int(probe.textlength(lab)) for lab, _ in rows) + 2 * PAD)
     row_h = max(H * scale, 12)
     img = Image.new("RGB", (label_w + strip_w * scale, len(rows) * (row_h + 1) + 1), "white")
     draw = ImageDraw.Draw(img)

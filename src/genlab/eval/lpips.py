@@ -70,8 +70,7 @@ class LPIPS(nn.Module):
         """x, y: float [B, 3, H, W] in [-1, 1] -> distance [B]."""
         total = 0
         for i, (fx, fy) in enumerate(zip(self.layer_features(x), self.layer_features(y))):
-            fx = fx / (fx.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
-            fy = fy / (fy.pow(2).sum(1, keepdim=True).sqrt() + 1e-10)
+            fx, fy = (f / (f.pow(2).sum(1, keepdim=True).sqrt() + 1e-10) for f in (fx, fy))
             total = total + getattr(self, f"lin{i}").model((fx - fy) ** 2).mean((2, 3))
         return total.flatten()
 
@@ -93,8 +92,7 @@ def lpips_pairs(model: LPIPS, a_u8, b_u8, batch: int = 250, device=None) -> np.n
     device = device or next(model.parameters()).device
     out = []
     for i in range(0, len(a_u8), batch):
-        xa = to_lpips_input(torch.as_tensor(np.asarray(a_u8[i:i + batch])).to(device))
-        xb = to_lpips_input(torch.as_tensor(np.asarray(b_u8[i:i + batch])).to(device))
+        xa, xb = (to_lpips_input(torch.as_tensor(np.asarray(u8[i:i + batch])).to(device)) for u8 in (a_u8, b_u8))
         with torch.autocast(torch.device(device).type, enabled=False):
             out.append(model(xa, xb).double().cpu())
     return torch.cat(out).numpy()
@@ -121,11 +119,13 @@ def find_lpips_files(net: str, explicit: str = ""):
     return backbone, lin
 
 
-def load_lpips_state(model: LPIPS, backbone: dict, lin: dict, what: str = "LPIPS weights") -> LPIPS:
+def load_lpips(net: str = "alex", explicit: str = "", device="cpu") -> LPIPS:
     """Strict loads: the backbone file's features.* (its classifier.* is not needed) and lin0..lin4."""
-    feats = {k[len("features."):]: v for k, v in backbone.items() if k.startswith("features.")}
+    backbone, lin = find_lpips_files(net, explicit)
+    model = LPIPS(net)
+    feats = {k[len("features."):]: v for k, v in load_state(backbone, "LPIPS backbone").items() if k.startswith("features.")}
     feats = {k: v for k, v in feats.items() if int(k.split(".")[0]) < len(model.features)}
-    lins = {k: v for k, v in lin.items() if k.startswith("lin")}
+    lins = {k: v for k, v in load_state(lin, "LPIPS linear layers").items() if k.startswith("lin")}
     try:
         model.features.load_state_dict(feats, strict=True)
         missing = [k for k in model.state_dict() if k.startswith("lin") and k not in lins]
@@ -133,12 +133,6 @@ def load_lpips_state(model: LPIPS, backbone: dict, lin: dict, what: str = "LPIPS
             raise RuntimeError(f"missing {', '.join(missing)}")
         model.load_state_dict({**{f"features.{k}": v for k, v in feats.items()}, **lins}, strict=True)
     except RuntimeError as e:
-        raise GenlabError(f"{what} do not fit LPIPS-{model.net}: {' '.join(str(e).split())[:300]}") from None
-    return model
-
-
-def load_lpips(net: str = "alex", explicit: str = "", device="cpu") -> LPIPS:
-    backbone, lin = find_lpips_files(net, explicit)
-    model = load_lpips_state(LPIPS(net), load_state(backbone, "LPIPS backbone"), load_state(lin, "LPIPS linear layers"),
-                             f"LPIPS weights {backbone.name} + {lin.name}")
+        raise GenlabError(f"LPIPS weights {backbone.name} + {lin.name} do not fit LPIPS-{net}: "
+                          f"{' '.join(str(e).split())[:300]}") from None
     return model.to(device).eval().requires_grad_(False)

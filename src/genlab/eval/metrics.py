@@ -21,7 +21,6 @@ from genlab.eval.frechet import frechet_from_stats, gaussian_stats
 from genlab.eval.inception import find_fid_weights, inception_outputs, load_fid_inception
 from genlab.eval.inception_score import inception_score as score
 from genlab.eval.lpips import find_lpips_files, load_lpips, lpips_pairs, same_class_pairs
-from genlab.eval.precision_recall import precision_recall
 from genlab.eval.real_split import real_split
 from genlab.eval.ref_stats import load_reference
 
@@ -74,6 +73,34 @@ class LpipsKeys(cf.Keys, section="eval"):
     lpips_weights: str = cf.F("", "flow: folder with the LPIPS files (alexnet-owt-7be5be79.pth or vgg16-397923af.pth + alex.pth "
                                   "or vgg.pth; empty: $GENLAB_LPIPS_WEIGHTS, then $TORCH_HOME/hub/checkpoints)", free="a folder path")
     lpips_pairs: int = cf.F(500, "flow: same-class sample pairs averaged by the LPIPS diversity", ge=1)
+
+
+# improved precision and recall (Kynkäänniemi et al. 2019): the share of each set inside the other's k-NN manifold
+def _cdist_rows(query: torch.Tensor, support: torch.Tensor, fn, chunk: int = 1024) -> torch.Tensor:
+    """fn(distances of a chunk of query rows to every support point), concatenated over the chunks."""
+    return torch.cat([fn(torch.cdist(query[i:i + chunk], support)) for i in range(0, len(query), chunk)])
+
+
+def knn_radii(feats: torch.Tensor, k: int) -> torch.Tensor:
+    """Distance from every point to its k-th nearest neighbour among the others."""
+    if not 1 <= k < len(feats):
+        raise ValueError(f"k={k} needs at least k+1={k + 1} points, got {len(feats)}")
+    return _cdist_rows(feats, feats, lambda d: d.kthvalue(k + 1, dim=1).values)  # the point itself is the 1st (distance 0)
+
+
+def coverage(query: torch.Tensor, support: torch.Tensor, radii: torch.Tensor) -> torch.Tensor:
+    """Bool per query point: inside some ball B(support_i, radii_i)."""
+    return _cdist_rows(query, support, lambda d: (d <= radii[None, :]).any(dim=1))
+
+
+def precision_recall(real, fake, k: int = 3, device=None) -> tuple[float, float]:
+    """(precision, recall) of fake [m, d] against real [n, d] features, distances in float64."""
+    device = device or (real.device if torch.is_tensor(real) else "cpu")
+    r, f = (torch.as_tensor(x if torch.is_tensor(x) else np.asarray(x, dtype=np.float64), dtype=torch.float64,
+                            device=device) for x in (real, fake))
+    precision = coverage(f, r, knn_radii(r, k)).double().mean().item()
+    recall = coverage(r, f, knn_radii(f, k)).double().mean().item()
+    return precision, recall
 
 
 _CACHE: dict = {}                    # real-image features and stats, reused across periodic evaluations
@@ -134,12 +161,15 @@ class Evaluation:
         # scored in the same feature space even when a weak classifier is not cached
         self._gen = {"classifier": ctx["classifier"]} if ctx.get("classifier") is not None else {}
 
-    # -- feature spaces ---------------------------------------------------------------------
+    def _once(self, key, fn):
+        """fn() computed once per evaluation (features of these samples)."""
+        if key not in self._gen:
+            self._gen[key] = fn()
+        return self._gen[key]
+
     def classifier(self):
         keys = EvalImageKeys.of(self.ecfg)
-        if "classifier" not in self._gen:
-            self._gen["classifier"] = get_classifier(self.data, device=self.device, epochs=keys.classifier_epochs)
-        return self._gen["classifier"]
+        return self._once("classifier", lambda: get_classifier(self.data, device=self.device, epochs=keys.classifier_epochs))
 
     def _classify(self, images_u8):
         net, _ = self.classifier()
@@ -149,9 +179,7 @@ class Evaluation:
         return logits.float().cpu(), f.double().cpu().numpy()
 
     def gen_logits_features(self):
-        if "clf_gen" not in self._gen:
-            self._gen["clf_gen"] = self._classify(self.samples)
-        return self._gen["clf_gen"]
+        return self._once("clf_gen", lambda: self._classify(self.samples))
 
     def features(self, space: str, which: str) -> np.ndarray:
         """[n, d] float64 features of 'gen', 'ref' (held-out, or eval.fid_ref's images in Inception spaces) or 'train'
@@ -168,9 +196,7 @@ class Evaluation:
 
     def _inception_outputs(self, which: str) -> dict:
         if which == "gen":
-            if "inception" not in self._gen:
-                self._gen["inception"] = self._inception_pass(self.samples)
-            return self._gen["inception"]
+            return self._once("inception", lambda: self._inception_pass(self.samples))
         ref = self.reference()
         if which == "ref" and ref is not None:
             return _cached(("inception", "ref_file", self.ecfg.fid_weights, _file_key(self.ecfg.fid_ref)),
@@ -229,7 +255,6 @@ class Evaluation:
         return {"precision": p, "recall": r, "precision_floor": pf, "recall_floor": rf}
 
 
-# -- the metrics ------------------------------------------------------------------------------
 @eval_metric_registry.register("accuracy", "sample accuracy: the in-project classifier agrees with the requested class")
 def accuracy(ev: Evaluation) -> dict:
     logits, _ = ev.gen_logits_features()
@@ -333,7 +358,6 @@ def lpips(ev: Evaluation) -> dict:
             "lpips_diversity_real": _cached(("lpips_real", e.lpips_net, e.lpips_pairs, *ev.data_key), real)}
 
 
-# -- running them ------------------------------------------------------------------------------
 def image_metrics(samples_u8: torch.Tensor, labels: torch.Tensor, data, ctx) -> dict:
     """Every metric of eval.metrics on uint8 [n, H, W, C] samples drawn for `labels`."""
     ev = Evaluation(samples_u8, labels, data, ctx)

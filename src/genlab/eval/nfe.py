@@ -1,8 +1,5 @@
 """Sample quality against the sampler's cost: the run's own evaluation at each (sampler, NFE) of eval.samplers x
-eval.nfe_list (`genlab eval RUN eval.nfe_list=4,8,16,32`). NFE = steps x the sampler's nfe_per_step (rounded down to
-whole steps; the row states the NFE it ran; with guidance one evaluation is a doubled batch). Writes eval_nfe.md (the
-table, the real-vs-real floors and the cost above it), eval_nfe.json and eval_nfe.png (fixed classes and noise).
-"""
+eval.nfe_list, written to eval_nfe.md / .json / .png (docs/image_flow.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -52,12 +49,9 @@ def _point_context(ctx, cfg, name, steps, **extra):
 
 def nfe_rows(evaluate, ctx, cfg) -> list[dict]:
     """One row per (sampler, NFE): evaluate(ctx) -> metrics with that sampler and step count, the same seed each."""
-    rows = []
-    for name, steps in nfe_points(cfg):
-        res = evaluate(_point_context(ctx, cfg, name, steps))
-        rows.append({"sampler": name, "nfe": steps * nfe_per_step(name), "steps": steps,
-                     **{m: v for m, v in res.items() if isinstance(v, (int, float)) and m != "classifier_val_acc"}})
-    return rows
+    return [{"sampler": name, "nfe": steps * nfe_per_step(name), "steps": steps,
+             **{m: v for m, v in evaluate(_point_context(ctx, cfg, name, steps)).items()
+                if isinstance(v, (int, float)) and m != "classifier_val_acc"}} for name, steps in nfe_points(cfg)]
 
 
 GRID_CLASSES, GRID_NOISES, GRID_SEED = 10, 2, 0

@@ -1,10 +1,6 @@
-"""Where the ball and the paddles are in an Atari frame, found by colour, at any frame size.
-
-A box-resized frame mixes a one-pixel ball with the background, so a pixel is read as background + a * (object
-colour - background): it belongs to the object whose colour direction explains its difference from the background
-(fraction a >= MIN_FRACTION, small residual), and the object's position is the a-weighted centroid of its pixels
-inside its band of rows. Colours and rows are the games' own (ALE v5 RGB frames, rows as fractions of 210).
-"""
+"""Where the ball and the paddles are in an Atari frame, found by colour at any frame size: a box-resized pixel is read
+as background + a * (object colour - background), and an object's position is the a-weighted centroid of its pixels
+inside its band of rows (colours and rows: ALE v5 RGB frames, rows as fractions of 210)."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,7 +37,7 @@ def object_masses(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
     spec = GAMES[game]
     bg = np.asarray(spec["background"], np.float32)
     d = frames.astype(np.float32) - bg
-    H = frames.shape[1]
+    H, W = frames.shape[1:3]
     names = list(spec["objects"])
     colours = [spec["objects"][n][0] for n in names] + spec.get("others", [])
     us = [np.asarray(c, np.float32) - bg for c in colours]
@@ -49,17 +45,15 @@ def object_masses(frames: np.ndarray, game: str) -> dict[str, np.ndarray]:
     resids = np.stack([np.linalg.norm(d - a[..., None] * u, axis=-1) / np.linalg.norm(u) for a, u in zip(fracs, us)])
     out = {}
     for k, name in enumerate(names):
-        r0, r1 = spec["objects"][name][1]
+        (r0, r1), (c0, c1) = spec["objects"][name][1], spec.get("cols", (0.0, 1.0))
         # the colour that explains the pixel best claims it (an orange paddle is not a dim ball, a grey wall not a red
         # ball); objects of one colour share pixels and their rows tell them apart
         ok = resids[k] <= resids.min(0)
         m = np.where(ok & (fracs[k] >= MIN_FRACTION) & (resids[k] <= MAX_RESIDUAL), np.minimum(fracs[k], 1.0), 0.0)
-        rows = np.zeros(H, bool)
-        rows[int(np.ceil(r0 * H)):int(np.floor(r1 * H))] = True  # only rows wholly inside the band
-        c0, c1 = spec.get("cols", (0.0, 1.0))
-        cols = np.zeros(frames.shape[2], bool)
-        cols[int(np.ceil(c0 * frames.shape[2])):int(np.floor(c1 * frames.shape[2]))] = True
-        out[name] = m * rows[None, :, None] * cols[None, None, :]
+        # only the rows and columns wholly inside the band
+        rows, cols = slice(int(np.ceil(r0 * H)), int(np.floor(r1 * H))), slice(int(np.ceil(c0 * W)), int(np.floor(c1 * W)))
+        out[name] = np.zeros_like(m)
+        out[name][:, rows, cols] = m[:, rows, cols]
     return out
 
 

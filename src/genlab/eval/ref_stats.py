@@ -1,7 +1,5 @@
-"""Reference statistics files of the standard FID protocol (eval.fid_ref), read (allow_pickle=False) and written:
-the ADM reference batch (`arr_0` uint8 images and/or `mu`, `sigma`, `mu_s`, `sigma_s`; stored statistics win over
-arr_0's, as in the ADM evaluator) or clean-fid / torch-fidelity / pytorch-fid `mu`, `sigma` (docs/fid.md).
-`genlab data ref-stats` writes the ADM layout plus a `genlab_meta` JSON string the evaluator ignores."""
+"""Reference statistics files of the standard FID protocol (eval.fid_ref), read (allow_pickle=False) and written by
+`genlab data ref-stats`: ADM reference batches or clean-fid / torch-fidelity / pytorch-fid mu, sigma (docs/fid.md)."""
 from __future__ import annotations
 
 import json
@@ -29,9 +27,7 @@ def npz_headers(path) -> dict[str, tuple[tuple, np.dtype]]:
     """{array name: (shape, dtype)} of an .npz, read from the .npy headers only (no array data)."""
     out = {}
     with zipfile.ZipFile(path) as z:
-        for name in z.namelist():
-            if not name.endswith(".npy"):
-                continue
+        for name in (n for n in z.namelist() if n.endswith(".npy")):
             with z.open(name) as f:
                 version = np.lib.format.read_magic(f)
                 read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
@@ -116,7 +112,6 @@ def load_reference(path) -> Reference:
     return Reference(p, headers)
 
 
-# -- writing ----------------------------------------------------------------------------------
 class _Moments:
     """Mean and unbiased covariance accumulated over batches in float64, about the first batch's mean (a shifted
     sum of squares: no cancellation when the mean is large against the spread)."""

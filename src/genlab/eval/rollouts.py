@@ -1,18 +1,7 @@
-"""World-model evaluation on held-out episodes.
-
-- teacher-forced next-frame PSNR / SSIM (real context), against copying the last context frame;
-- autoregressive rollouts of H steps with the true actions: per-step PSNR against copy-last;
-- Fréchet distance of rolled-out frames to the real ones in an in-domain feature space (PCA of
-  pooled real held-out frames: no ImageNet network knows Pong);
-- action sensitivity: the same contexts and noise with true vs shuffled actions; a positive margin
-  (true PSNR - shuffled PSNR) means the controls steer the generated frames;
-- per rollout step: PSNR / SSIM over the pixels that move (where the real frame differs from the real frame before
-  it: whole-frame PSNR rewards a blurred mean on games where most pixels never change), the Fréchet distance of that
-  step's frames (does quality drift with the horizon?), the action margin, and for Atari games that eval/objects.py
-  knows, the position error of the ball and the paddles found by their colours.
-
-It takes a rollout callable, rollout(context [B,L,...], actions [B,L+K-1], generator) -> frames [B,K,...], and
-the context length L: it never sees a method or a model.
+"""World-model evaluation on held-out episodes (docs/world.md: Evaluation): teacher-forced PSNR / SSIM, rollouts
+against copy-last (whole frame and moving pixels), an in-domain Fréchet distance, the action margin and Atari object
+tracking. It takes rollout(context [B,L,...], actions [B,L+K-1], generator) -> frames [B,K,...] and the context length
+L: it never sees a method or a model.
 """
 from __future__ import annotations
 
@@ -104,24 +93,15 @@ def object_curves(real: torch.Tensor, gen: torch.Tensor, game: str) -> dict:
     for name, e in errs.items():
         err = e["errors"].reshape(N, K)
         seen = ~np.isnan(err)  # lost objects are inf: misses at every threshold
-        med, within2, within4 = [], [], []
-        for k in range(K):
-            v = err[seen[:, k], k]
-            med.append(float(np.median(v)) if len(v) else None)
-            within2.append(float((v <= 2).mean()) if len(v) else None)
-            within4.append(float((v <= 4).mean()) if len(v) else None)
-        out[name] = {"median_error": med, "within_2px": within2, "within_4px": within4,
+        steps = [err[seen[:, k], k] for k in range(K)]
+        out[name] = {"median_error": [float(np.median(v)) if len(v) else None for v in steps],
+                     **{f"within_{px}px": [float((v <= px).mean()) if len(v) else None for v in steps] for px in (2, 4)},
                      "visible": seen.sum(0).tolist()}
     return out
 
 
-def pooled(x: torch.Tensor) -> torch.Tensor:
-    x = x.flatten(0, -4).float()
-    return F.adaptive_avg_pool2d(x, min(16, x.shape[-1])).flatten(1)
-
-
 def frechet_in_domain(real: torch.Tensor, fake: torch.Tensor, dims: int = 32) -> float:
-    r, f = pooled(real), pooled(fake)
+    r, f = (F.adaptive_avg_pool2d(x.flatten(0, -4).float(), min(16, x.shape[-1])).flatten(1) for x in (real, fake))
     mean = r.mean(0)
     dims = min(dims, r.shape[0] - 1, r.shape[1])
     _, _, v = torch.linalg.svd(r - mean, full_matrices=False)
@@ -129,12 +109,9 @@ def frechet_in_domain(real: torch.Tensor, fake: torch.Tensor, dims: int = 32) ->
     return float(frechet_distance(((r - mean) @ proj).double().cpu().numpy(), ((f - mean) @ proj).double().cpu().numpy()))
 
 
-def _seeded(device, seed):
-    return torch.Generator(device=device).manual_seed(seed)
-
-
 def _rollout_batched(rollout, L, frames, actions, K, seed, bs):
-    return torch.cat([rollout(frames[i:i + bs, :L], actions[i:i + bs, :L + K - 1], _seeded(frames.device, seed + i))
+    return torch.cat([rollout(frames[i:i + bs, :L], actions[i:i + bs, :L + K - 1],
+                              torch.Generator(device=frames.device).manual_seed(seed + i))
                       for i in range(0, len(frames), bs)])
 
 

@@ -15,22 +15,14 @@ def hub_checkpoints() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
-def search_dirs(explicit: str, env: str) -> list[tuple[str, Path]]:
-    """(label, folder or file) in lookup order."""
-    out = []
-    if explicit:
-        out.append(("config", Path(explicit).expanduser()))
-    if os.environ.get(env):
-        out.append((f"${env}", Path(os.environ[env]).expanduser()))
-    out.append(("torch hub", hub_checkpoints()))
-    return out
-
-
 def find_file(names: tuple[str, ...], explicit: str, env: str, key: str, what: str, url: str) -> Path:
     """The first existing file among `names` in the lookup folders (an explicit path may be the file
     itself); else a one-line GenlabError naming the places and how to get the file."""
     tried = []
-    for label, p in search_dirs(explicit, env):
+    for label, p in (("config", explicit), (f"${env}", os.environ.get(env)), ("torch hub", hub_checkpoints())):
+        if not p:
+            continue
+        p = Path(p).expanduser()
         if p.is_file() and label != "torch hub":
             return p
         for n in names:

@@ -12,6 +12,7 @@ import torch
 from conftest import REPO
 
 from genlab.data.encode import encode_dataset
+from test_latents import encode_interrupted
 
 pytest.importorskip("diffusers")
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -63,7 +64,8 @@ def test_channels_last_and_compiled_encoders_compute_the_plain_encode(vae_and_im
     assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
     meta = json.loads((other / "meta.json").read_text())
     assert all(meta["encode"][k] is True for k in opts) and all(meta[k] is True for k in opts)
-    partial = encode_dataset(images, vae, tmp_path / "part", batch_size=4, device="cpu", stop_after=1)
+    partial = tmp_path / "part.partial"
+    encode_interrupted(1, images, vae, tmp_path / "part", batch_size=4, device="cpu")
     from genlab.core.errors import GenlabError
     with pytest.raises(GenlabError, match="other settings"):
         encode_dataset(images, vae, tmp_path / "part", batch_size=4, device="cpu", **opts)

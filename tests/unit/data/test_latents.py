@@ -18,6 +18,7 @@ from conftest import REPO, cli_in_process, patch_everywhere, straight_and_resume
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import load_digits_uint8
+from genlab.data import encode
 from genlab.data.encode import encode_dataset, rank_chunks
 from genlab.data.formats import read_image_dataset, write_image_dataset
 from genlab.data.latents import LatentLoader, VariantStream, read_latents
@@ -79,16 +80,34 @@ def test_a_shard_source_encodes_like_the_same_images_as_one_array(digits, encode
     assert json.loads((out / "meta.json").read_text())["source"]["sha256"] == read_shards(shards).meta["sha256"]
 
 
+class Crash(Exception):
+    pass
+
+
+def encode_interrupted(after: int, *args, **kw):
+    """encode_dataset stopped as by a crash once `after` more chunks are on disk (their done flags flushed)."""
+    real, flushes = encode.flush_rows, []
+
+    def flush(mm, s, e):
+        real(mm, s, e)
+        flushes.append(1)
+        if len(flushes) == 2 * after:  # flush_rows runs for a chunk's latents, then for its done flag
+            raise Crash
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(Crash):
+        mp.setattr(encode, "flush_rows", flush)
+        encode_dataset(*args, **kw)
+
+
 def test_an_interrupted_encode_resumes_to_the_same_bytes(digits, encoded, tmp_path):
-    out = tmp_path / "lat"
-    partial = encode_dataset(digits, "unshuffle:2", out, batch_size=256, device="cpu", stop_after=3)
-    assert partial == tmp_path / "lat.partial" and not out.exists()
+    out, partial = tmp_path / "lat", tmp_path / "lat.partial"
+    encode_interrupted(3, digits, "unshuffle:2", out, batch_size=256, device="cpu")
+    assert partial.is_dir() and not out.exists()
     assert np.load(partial / "done.npy").tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
     with pytest.raises(GenlabError, match="unfinished encoding is in its .partial folder"):
         read_latents(out)
     with pytest.raises(GenlabError, match=r"other settings \(dtype\)"):
         encode_dataset(digits, "unshuffle:2", out, batch_size=256, device="cpu", dtype="float32")
-    encode_dataset(digits, "unshuffle:2", out, batch_size=256, device="cpu", stop_after=2)  # chunks 3, 4
+    encode_interrupted(2, digits, "unshuffle:2", out, batch_size=256, device="cpu")  # chunks 3, 4
     assert np.load(partial / "done.npy").tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
     encode_dataset(digits, "unshuffle:2", out, batch_size=256, device="cpu")
     assert (out / "latents.npy").read_bytes() == (encoded / "latents.npy").read_bytes()
@@ -148,7 +167,7 @@ def test_two_torchrun_ranks_finish_a_one_process_partial_to_the_same_bytes(digit
     """torchrun --nproc_per_node=2 (gloo, CPU) resumes an encoding a single process began: each rank takes a
     disjoint block of the chunks left, and the result is byte for byte the single-process one."""
     out = tmp_path / "lat"
-    encode_dataset(digits, "unshuffle:2", out, batch_size=256, device="cpu", stop_after=2)
+    encode_interrupted(2, digits, "unshuffle:2", out, batch_size=256, device="cpu")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "genlab",

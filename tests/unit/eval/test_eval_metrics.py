@@ -95,7 +95,7 @@ def _brute_pr(real, fake, k):
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_precision_recall_matches_brute_force(k):
-    from genlab.eval.precision_recall import precision_recall
+    from genlab.eval.metrics import precision_recall
     rng = np.random.default_rng(k)
     # overlapping clouds, each with a cluster the other lacks: precision and recall strictly inside (0, 1)
     real = np.concatenate([rng.standard_normal((30, 4)), rng.standard_normal((10, 4)) - 4])
@@ -107,7 +107,7 @@ def test_precision_recall_matches_brute_force(k):
 
 
 def test_precision_recall_toy_cases():
-    from genlab.eval.precision_recall import precision_recall
+    from genlab.eval.metrics import precision_recall
     x = np.random.default_rng(0).standard_normal((50, 8))
     assert precision_recall(x, x, k=3) == (1.0, 1.0)
     assert precision_recall(x, x + 100.0, k=3) == (0.0, 0.0)

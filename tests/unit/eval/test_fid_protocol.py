@@ -181,7 +181,7 @@ def test_inception_score_matches_the_adm_evaluators_formula():
 def test_one_pass_gives_pool3_the_2023_d_spatial_features_and_bias_free_logits(stand_in):
     """spatial = the first 7 channels of Mixed_6d's 1x1 branch (TF mixed_6/conv) in NHWC order, 7x17x17 = 2023;
     logits = pool3 @ fc.weight^T (no bias, as ADM's softmax graph and torch-fidelity's logits_unbiased)."""
-    from genlab.eval.inception import SPATIAL_DIM, inception_outputs
+    from genlab.eval.inception import SPATIAL_CHANNELS, inception_outputs
     net, _ = stand_in
     seen = {}
     h = net.Mixed_6d.branch1x1.register_forward_hook(lambda m, i, o: seen.setdefault("b1", o.detach()))
@@ -189,7 +189,7 @@ def test_one_pass_gives_pool3_the_2023_d_spatial_features_and_bias_free_logits(s
         out = inception_outputs(net, torch.randint(0, 256, (1, 12, 12, 3), dtype=torch.uint8))
     finally:
         h.remove()
-    assert SPATIAL_DIM == 2023
+    assert SPATIAL_CHANNELS * 17 * 17 == 2023
     assert {k: v.shape for k, v in out.items()} == {"pool3": (1, 2048), "spatial": (1, 2023), "logits": (1, 1008)}
     b1 = seen["b1"]
     assert b1.shape == (1, 192, 17, 17)
