@@ -88,7 +88,7 @@ class Method:
 
     def train_flops_per_sample(self, model, total_steps: int) -> int:
         """Training FLOPs of one sample in one step (forward + backward; steps that differ in cost: the run's mean)."""
-        return 3 * model.flops_per_sample()  # as train.metrics.train_flops_per_sample (imported here: a cycle)
+        return 3 * model.flops_per_sample()  # forward + backward (2x): docs/performance.md, MFU
 
     def trivial_baselines(self, data, generator: torch.Generator) -> list[Baseline]:
         """The levels of predictors that ignore their input (families/baselines.py), for the stall watcher; a method

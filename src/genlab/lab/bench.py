@@ -363,7 +363,8 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
         "switches": {"model": _model_label(cfg.model), "batch": tcfg.batch_size, "precision": b.precision.name,
                      **{k: getattr(tcfg, k) for k in ("compile", "activation_checkpointing", "parallel", "grad_accum")},
                      "optimizer": cfg.optim.name,
-                     **{k: getattr(tcfg, k) for k in ("compiled_autograd", "compile_optimizer", "graph_step", "compile_mode")},
+                     **{k: getattr(tcfg, k) for k in ("compiled_autograd", "compile_optimizer", "compile_mode")},
+                     "graph_step": b.train_step.graphed is not None,  # auto's decision, not the key's value
                      **{k: getattr(cfg.model, k) for k in ("attention", "adaln", "ce_kernel", "mlp", "qkv_kernel", "final_kernel")}},
         "steps": steps, "warmup": warmup_total, "turn_s": turn, "host_syncs_per_step": host_syncs,
         "host_sync_sites": host_sync_sites, "profile": prof,
@@ -386,7 +387,7 @@ def bench_cells(r: dict) -> list[str]:
     comp = s["compile"] + ("+autograd" if s.get("compiled_autograd") else "") + ("+optim" if s.get("compile_optimizer") else "")
     if s.get("compile_mode", "default") != "default" and s["compile"] != "off":
         comp += f" ({s['compile_mode']})"
-    comp += " + step graph" if s.get("graph_step") in (True, "true") else ""  # a bool in results of older trees
+    comp += " + step graph" if s.get("graph_step") else ""
     return [s["model"], s["batch"], s["precision"], comp, s["activation_checkpointing"], s["parallel"],
             _fmt(r.get("samples_per_s"), ".0f"), _fmt(r.get("tokens_per_s"), ".0f"), _fmt(r.get("step_ms"), ".1f"), split,
             mfu, _fmt(r.get("peak_mem_gib"), ".2f")]

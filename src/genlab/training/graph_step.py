@@ -57,27 +57,28 @@ def check_graph_step_config(cfg) -> None:
         refuse("batched seeds or variants (train.seeds / train.lrs / ...)")
 
 
-def resolve_auto(cfg, world: int) -> str | None:
-    """train.graph_step=auto becomes true or false for this run (kept so in its config.toml, so a resume replays the
-    same step): true wherever the captured step supports the config on one CUDA device; otherwise false, with the
-    one-line note saying why (None on the CPU, where CUDA graphs do not exist and nothing is said)."""
+def decide(cfg, world: int) -> tuple[bool, str | None]:
+    """Whether this run captures its step, and the one-line note that says so. train.graph_step=auto is decided
+    here, each time a run starts (a resume on another machine decides again; the config keeps "auto"): on wherever
+    the captured step supports the config on one CUDA device, else off with the reason (no note on the CPU, where
+    CUDA graphs do not exist). An explicit true was checked with the config; false is the plain step."""
     t = cfg.train
     if t.graph_step != "auto":
-        return None
-    t.graph_step = "false"
+        return t.graph_step == "true", None
     if config_check._trains_on_cpu(t.device):
-        return None
+        return False, None
     if world > 1:
-        return f"train.graph_step=auto: the plain step ({world} processes; the captured step runs on one device)"
+        return False, f"train.graph_step=auto: the plain step ({world} processes; the captured step runs on one device)"
     t.graph_step = "true"
-    try:  # the step's own checks and the method's (e.g. flow's adaptive timestep sampler)
+    try:  # the step's own checks and the method's (e.g. flow's adaptive timestep sampler), as for an explicit true
         check_graph_step_config(cfg)
         method_registry.get(cfg.method.name).check_config(cfg)
     except GenlabError as e:
-        t.graph_step = "false"
         why = str(e).split("; supported:")[0].removeprefix("train.graph_step=true ")
-        return f"train.graph_step=auto: the plain step ({why})"
-    return "train.graph_step=auto: the whole step runs as one CUDA graph (train.graph_step=false for the plain step)"
+        return False, f"train.graph_step=auto: the plain step ({why})"
+    finally:
+        t.graph_step = "auto"
+    return True, "train.graph_step=auto: the whole step runs as one CUDA graph (train.graph_step=false for the plain step)"
 
 
 def make_capturable(optimizer, device) -> None:

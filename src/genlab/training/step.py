@@ -31,7 +31,7 @@ from genlab.runtime.switches import (
     compile_optimizer_step,
     set_lr,
 )
-from genlab.training.graph_step import GraphedStep, check_graph_step_config, resolve_auto
+from genlab.training.graph_step import GraphedStep, check_graph_step_config, decide as decide_graph_step
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,8 +110,8 @@ class TrainStep:
                                                   list(self.model.parameters()), tcfg, device)
         self.gen = torch.Generator(device=device).manual_seed(tcfg.seed * 1000 + dist.rank)
         self._checked_keys = False
-        self.graph_note = resolve_auto(self.cfg, dist.world)  # train.graph_step=auto decided for this run
-        self.graphed = GraphedStep(self) if tcfg.graph_step == "true" else None  # the whole step as one CUDA graph
+        graphed, self.graph_note = decide_graph_step(self.cfg, dist.world)  # train.graph_step=auto decided here
+        self.graphed = GraphedStep(self) if graphed else None  # the whole step as one CUDA graph
 
     # -- extras and optimizers --------------------------------------------------------------------
     def _build_extras(self, resume_state):

@@ -101,30 +101,31 @@ def test_auto_takes_the_graph_wherever_the_run_supports_it(tmp_path, monkeypatch
     """As if on a CUDA machine: auto becomes true, or false with one line naming what the capture cannot hold (the
     same check as train.graph_step=true, which would refuse these configs before any work)."""
     import genlab.config.check as cc
-    from genlab.training.graph_step import resolve_auto
+    from genlab.training.graph_step import decide
     monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
     cfg = tiny_config(tmp_path, *overrides)
     assert cfg.train.graph_step == "auto"  # the default
-    note = resolve_auto(cfg, world=1)
-    assert cfg.train.graph_step == graph and note.startswith("train.graph_step=auto: ") and said in note, note
+    on, note = decide(cfg, world=1)
+    assert on == (graph == "true") and note.startswith("train.graph_step=auto: ") and said in note, note
     assert "\n" not in note and "supported:" not in note
+    assert cfg.train.graph_step == "auto"  # the config keeps auto: a resume elsewhere decides for its machine
 
 
 def test_auto_is_the_plain_step_on_several_processes_and_silent_on_the_cpu(tmp_path, monkeypatch):
     import genlab.config.check as cc
-    from genlab.training.graph_step import resolve_auto
-    cfg = tiny_config(tmp_path, "train.device=cpu")
-    assert resolve_auto(cfg, world=1) is None and cfg.train.graph_step == "false"
+    from genlab.training.graph_step import decide
+    assert decide(tiny_config(tmp_path, "train.device=cpu"), world=1) == (False, None)
     monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
-    cfg = tiny_config(tmp_path)
-    assert "2 processes" in resolve_auto(cfg, world=2) and cfg.train.graph_step == "false"
-    cfg = tiny_config(tmp_path, "train.graph_step=false")  # an explicit choice is never changed or commented
-    assert resolve_auto(cfg, world=1) is None and cfg.train.graph_step == "false"
+    on, note = decide(tiny_config(tmp_path), world=2)
+    assert not on and "2 processes" in note
+    # an explicit choice is taken as it is, without a note (true was checked with the config)
+    assert decide(tiny_config(tmp_path, "train.graph_step=false"), world=1) == (False, None)
+    assert decide(tiny_config(tmp_path, "train.graph_step=true"), world=1) == (True, None)
 
 
-def test_a_run_keeps_autos_decision_and_its_note_in_its_config(tmp_path, monkeypatch, one_thread, capfd):
-    """The trainer prints the decision and writes it into config.toml (so --resume replays the same step); on a
-    pretend-CUDA machine the GraphedStep is built (its eager warm-up steps run here, on the CPU)."""
+def test_a_run_says_autos_decision_and_keeps_the_note_in_its_config(tmp_path, monkeypatch, one_thread, capfd):
+    """The trainer prints the decision and keeps the note at the top of config.toml; on a pretend-CUDA machine the
+    GraphedStep is built (its eager warm-up steps run here, on the CPU); a resume on the CPU takes the plain step."""
     import genlab.config.check as cc
     from genlab.config.tree import load_config
     from genlab.training.trainer import Trainer
@@ -132,15 +133,19 @@ def test_a_run_keeps_autos_decision_and_its_note_in_its_config(tmp_path, monkeyp
     plain.fit()
     assert plain.steps.graphed is None and "graph_step" not in capfd.readouterr().err
     text = (tmp_path / "cpu" / "config.toml").read_text()
-    assert 'graph_step = "false"' in text and "# note" not in text
+    assert 'graph_step = "auto"' in text and "# note" not in text
     monkeypatch.setattr(cc, "_trains_on_cpu", lambda device: False)
     t = Trainer(tiny_config(tmp_path, f"train.steps={WARMUP_STEPS}", "eval.num_samples=0", "train.name=auto"))
     t.fit()
     assert t.steps.graphed is not None and t.steps.graphed.eager_steps == WARMUP_STEPS
     assert "genlab: note: train.graph_step=auto: the whole step runs as one CUDA graph" in capfd.readouterr().err
     text = (tmp_path / "auto" / "config.toml").read_text()
-    assert text.startswith("# note: train.graph_step=auto: the whole step") and 'graph_step = "true"' in text
-    assert load_config(str(tmp_path / "auto" / "config.toml")).train.graph_step == "true"
+    assert text.startswith("# note: train.graph_step=auto: the whole step") and 'graph_step = "auto"' in text
+    assert load_config(str(tmp_path / "auto" / "config.toml")).train.graph_step == "auto"
+    monkeypatch.undo()  # back on the CPU: the resume decides for this machine
+    r = Trainer(tiny_config(tmp_path, f"train.steps={WARMUP_STEPS + 1}", "eval.num_samples=0", "train.name=auto"),
+                resume=str(tmp_path / "auto"))
+    assert r.fit()["status"] == "finished" and r.steps.graphed is None
 
 
 def test_graph_step_keeps_loading_the_bool_of_older_configs(tmp_path):
