@@ -178,3 +178,27 @@ def plain_context(generator: torch.Generator, step: int = 0, total_steps: int = 
     from genlab.families.base import StepContext
     return StepContext(step=step, total_steps=total_steps, generator=generator, device=torch.device(generator.device),
                        precision=precision, ema=None, extras=extras or {})
+
+
+# tiny image backbones shared by the analysis and cached-sampling tests (tests/unit/lab, tests/unit/sampling)
+ANALYZE_SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
+ANALYZE_BACKBONES = ["dit", "dit_incontext", "mmdit", "mmdit model.dual_blocks=2"]  # the last: the DiT + MMDiT hybrid
+
+
+def analyze_model(name="dit", seed=0):
+    """A tiny random backbone whose blocks are not the identity (adaLN-Zero starts every block at zero output)."""
+    from genlab.config.tree import load_config
+    from genlab.training.step import build_model_and_method
+    name, *extra = name.split()
+    cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra])
+    model, method = build_model_and_method(cfg, ANALYZE_SPEC)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval(), method
+
+
+def analyze_sample(method, model, steps=3):
+    return method.sample(model, torch.arange(6) % 4, steps=steps, generator=torch.Generator().manual_seed(7),
+                         device="cpu")

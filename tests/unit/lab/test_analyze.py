@@ -6,7 +6,10 @@ import json
 
 import pytest
 import torch
+from conftest import ANALYZE_BACKBONES as BACKBONES
 from conftest import TINY, cli_in_process
+from conftest import analyze_model as _model
+from conftest import analyze_sample as _sample
 
 from genlab.lab.analyze.cka import centred, cka_matrix, layer_similarity
 from genlab.sampling.block_cache import cached_blocks
@@ -20,9 +23,6 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor) -> float:
     cross = (y.T @ x).square().sum()
     norm = torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)
     return float(cross / norm) if float(norm) > 0 else float("nan")  # a constant representation has no CKA
-
-
-SPEC = {"kind": "image", "image_size": 8, "channels": 1, "num_classes": 4}
 
 
 def hsic_cka(x, y):
@@ -66,28 +66,6 @@ def test_cka_matches_the_hsic_reference_in_float64(seed):
     assert linear_cka(x, y) == pytest.approx(ref, rel=1e-10)
     # float32 inputs: the only error is the inputs' rounding, widened to float64 inside
     assert cka_matrix([x, y])[0, 1].item() == pytest.approx(ref, rel=1e-10)
-
-
-BACKBONES = ["dit", "dit_incontext", "mmdit", "mmdit model.dual_blocks=2"]  # the last: the DiT + MMDiT hybrid
-
-
-def _model(name="dit", seed=0):
-    """A tiny random backbone whose blocks are not the identity (adaLN-Zero starts every block at zero output)."""
-    from genlab.config.tree import load_config
-    from genlab.training.step import build_model_and_method
-    name, *extra = name.split()
-    cfg = load_config("digits_flow", TINY + ["model.depth=4", f"model.name={name}", *extra])
-    model, method = build_model_and_method(cfg, SPEC)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return model.eval(), method
-
-
-def _sample(method, model, steps=3):
-    return method.sample(model, torch.arange(6) % 4, steps=steps, generator=torch.Generator().manual_seed(7),
-                         device="cpu")
 
 
 @pytest.mark.parametrize("name", BACKBONES)

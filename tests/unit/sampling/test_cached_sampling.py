@@ -8,7 +8,10 @@ import json
 import pytest
 import torch
 from conftest import TINY, cli_in_process
-from test_analyze import BACKBONES, SPEC, _model, _sample
+from conftest import ANALYZE_BACKBONES as BACKBONES
+from conftest import ANALYZE_SPEC as SPEC
+from conftest import analyze_model as _model
+from conftest import analyze_sample as _sample
 
 from genlab.sampling.block_cache import cached_blocks
 
