@@ -29,8 +29,9 @@ def __getattr__(name):  # DataConfig, ModelConfig, ...: the composed section cla
     raise AttributeError(name)
 
 
-def _coerce(value: Any, typ, where: str):
-    """Check/convert a TOML or CLI value to the declared field type (CLI values arrive as text)."""
+def _coerce(value: Any, typ, where: str, choices=None):
+    """Check/convert a TOML or CLI value to the declared field type (CLI values arrive as text); a TOML bool for a
+    text key whose choices are true/false (train.graph_step, a bool once) is that text, so old configs load."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if typ is bool:
         if isinstance(value, bool):
@@ -42,7 +43,7 @@ def _coerce(value: Any, typ, where: str):
             return typ(value)
     elif typ is str and (isinstance(value, str) or number):
         return str(value)
-    elif typ is str and isinstance(value, bool):  # a key that grew from a bool (train.graph_step): old configs load
+    elif typ is str and isinstance(value, bool) and str(value).lower() in (choices or ()):
         return str(value).lower()
     elif typ is list or typ is tuple or get_origin(typ) is tuple:  # TOML array, JSON text or comma-separated text
         if isinstance(value, str):
@@ -72,7 +73,8 @@ def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
         if not isinstance(val, dict):
             raise GenlabError(f"config section '{key}' in {source} must be a table")
         section = getattr(cfg, key)
-        types = {f.name: meta_of(f)["type"] for f in dataclasses.fields(section)}  # what values are coerced to
+        metas = {f.name: meta_of(f) for f in dataclasses.fields(section)}
+        types = {k: m["type"] for k, m in metas.items()}  # what values are coerced to
         for k, v in val.items():
             if f"{key}.{k}" in RETIRED and k not in types:
                 if v != RETIRED[f"{key}.{k}"]:
@@ -81,7 +83,7 @@ def apply_dict(cfg: Config, data: dict, source: str = "config") -> Config:
             if k not in types:
                 raise GenlabError(f"unknown config key '{key}.{k}' in {source}{did_you_mean(k, types)}; "
                                   f"valid keys of [{key}]: {', '.join(types)}")
-            setattr(section, k, _coerce(v, types[k], f"{key}.{k}"))
+            setattr(section, k, _coerce(v, types[k], f"{key}.{k}", metas[k].get("choices")))
     return cfg
 
 

@@ -7,6 +7,9 @@ loss that is the same computation every step (no step-dependent Python, host ran
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import torch
 
 from genlab.config import check as config_check
@@ -69,15 +72,14 @@ def decide(cfg, world: int) -> tuple[bool, str | None]:
         return False, None
     if world > 1:
         return False, f"train.graph_step=auto: the plain step ({world} processes; the captured step runs on one device)"
-    t.graph_step = "true"
-    try:  # the step's own checks and the method's (e.g. flow's adaptive timestep sampler), as for an explicit true
-        check_graph_step_config(cfg)
-        method_registry.get(cfg.method.name).check_config(cfg)
+    trial = copy.copy(cfg)  # the checks of an explicit true, on a copy: the run's config keeps auto
+    trial.train = dataclasses.replace(t, graph_step="true")
+    try:  # the step's own checks and the method's (e.g. flow's adaptive timestep sampler)
+        check_graph_step_config(trial)
+        method_registry.get(cfg.method.name).check_config(trial)
     except GenlabError as e:
         why = str(e).split("; supported:")[0].removeprefix("train.graph_step=true ")
         return False, f"train.graph_step=auto: the plain step ({why})"
-    finally:
-        t.graph_step = "auto"
     return True, "train.graph_step=auto: the whole step runs as one CUDA graph (train.graph_step=false for the plain step)"
 
 

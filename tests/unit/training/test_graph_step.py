@@ -154,6 +154,8 @@ def test_graph_step_keeps_loading_the_bool_of_older_configs(tmp_path):
     from genlab.config.tree import Config, apply_dict
     for value, want in ((True, "true"), (False, "false")):  # a TOML bool, as tomllib reads it
         assert apply_dict(Config(), {"train": {"graph_step": value}}).train.graph_step == want
+    with pytest.raises(GenlabError, match="expects str"):  # a free text key still refuses a bool
+        apply_dict(Config(), {"train": {"name": True}})
     p = tmp_path / "old.toml"
     p.write_text('preset = "digits_flow"\n[train]\ngraph_step = false\n')
     assert load_config(str(p)).train.graph_step == "false"
