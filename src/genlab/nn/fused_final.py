@@ -48,12 +48,6 @@ def _forward_kernel(h, W, b, target):
     return part.sum(1), diff
 
 
-def _forward_torch(h, W, b, target):
-    acc = _acc_dtype(h)
-    diff = F.linear(h.to(acc), W.to(acc), b.to(acc)) - target.to(acc)
-    return diff.square().sum((1, 2)), diff
-
-
 # -- the custom op: per-sample sum of squared errors, and the difference it leaves for the backward -------------------
 @torch.library.custom_op("genlab::final_sse", mutates_args=())
 def _sse_op(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor,
@@ -62,7 +56,9 @@ def _sse_op(h: torch.Tensor, W: torch.Tensor, b: torch.Tensor,
     with diff = h W^T + b - target, both in float32 (float64 for float64 inputs)."""
     if supports(h, target) and W.dtype == h.dtype:
         return _forward_kernel(h.contiguous(), W.contiguous(), b.contiguous(), target.contiguous())
-    return _forward_torch(h, W, b, target)
+    acc = _acc_dtype(h)
+    diff = F.linear(h.to(acc), W.to(acc), b.to(acc)) - target.to(acc)
+    return diff.square().sum((1, 2)), diff
 
 
 @_sse_op.register_fake

@@ -125,18 +125,14 @@ position_registry.register("rope2d", "axial 2-D rotary embedding over the patch 
                            head_multiple=4)(Rotary)
 
 
-def check_position_fits(name: str, model: str, rank: int):
-    """Names not fitting the model's token grid fail with the fitting ones (unknown names: the registry's message)."""
-    position_registry.get(name)
-    fits = fitting_positions(rank) if rank else position_registry.names()
+def build_position(name: str, dim: int, heads: int, grid: tuple, model: str):
+    """The position module for a model whose tokens form `grid`; a name not fitting the grid fails with the fitting
+    ones (unknown names: the registry's message)."""
+    entry = position_registry.get(name)
+    fits = fitting_positions(len(grid)) if grid else position_registry.names()
     if name not in fits:
         raise GenlabError(f"model.pos_emb={name} does not fit model {model}; valid choices: auto, {', '.join(fits)}")
-
-
-def build_position(name: str, dim: int, heads: int, grid: tuple, model: str):
-    """The position module for a model whose tokens form `grid`."""
-    check_position_fits(name, model, len(grid))
-    return position_registry.get(name)(dim, heads, grid)
+    return entry(dim, heads, grid)
 
 
 def fitting_positions(rank: int) -> list[str]:

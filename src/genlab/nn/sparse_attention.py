@@ -295,7 +295,8 @@ def flex(q, k, v, block_mask, scale):
     return _flex_outside_graph(q, k, v, block_mask, scale, options)
 
 
-def _flex_compiled(small: bool):
+def _flex_outside_graph(q, k, v, block_mask, scale, options):
+    small = options is not None
     if small not in _compiled_flex:
         # every part's mask_mod is its own closure, so each compiles once; past dynamo's default limit of
         # 8 it would silently fall back to eager flex (full score matrices)
@@ -306,11 +307,7 @@ def _flex_compiled(small: bool):
                 setattr(dcfg, key, max(64, getattr(dcfg, key)))
         _compiled_flex[small] = torch.compile(flex_attention, dynamic=False,
                                               mode="max-autotune-no-cudagraphs" if small else None)
-    return _compiled_flex[small]
-
-
-def _flex_outside_graph(q, k, v, block_mask, scale, options):
-    return _flex_compiled(options is not None)(q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
+    return _compiled_flex[small](q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
 
 
 class MaskCache:

@@ -57,9 +57,9 @@ def require_kernels(name: str, switch: str, valid: str):
     return m
 
 
-def _kernels():
-    """The softmax kernels module; None when triton cannot be imported."""
-    m = load_kernels("triton_attention_kernels")
+def _kernels(name: str = "triton_attention_kernels"):
+    """The kernels module `name` (default: the softmax kernels); None when triton cannot be imported."""
+    m = load_kernels(name)
     return None if isinstance(m, Exception) else m
 
 
@@ -86,13 +86,6 @@ def _exp_mode() -> int:
     if interpreting():
         return 0  # the interpreter cannot run inline PTX
     return int(os.environ.get("GENLAB_TRITON_ATTN_EXP", "2"))
-
-
-def _bwd_mode() -> str:
-    mode = os.environ.get("GENLAB_TRITON_ATTN_BWD", "atomic")  # measured faster on H100 at D=16 (docs/benchmarks.md)
-    if mode not in ("split", "atomic"):
-        raise GenlabError(f"GENLAB_TRITON_ATTN_BWD must be split or atomic, got {mode!r}")
-    return mode
 
 
 def _s(t):  # (z, h, n) strides of a [B, H, N, D] tensor
@@ -150,7 +143,10 @@ def _backward(do, q, k, v, o, lse, causal: bool):
     dv = _new_bnhd(B, H, N, D, v.dtype, v.device)
     sm_scale = D ** -0.5
     exp_mode = _exp_mode()
-    atomic = _bwd_mode() == "atomic"
+    mode = os.environ.get("GENLAB_TRITON_ATTN_BWD", "atomic")  # measured faster on H100 at D=16 (docs/benchmarks.md)
+    if mode not in ("split", "atomic"):
+        raise GenlabError(f"GENLAB_TRITON_ATTN_BWD must be split or atomic, got {mode!r}")
+    atomic = mode == "atomic"
     # atomic: dQ partials add into an fp32 [B, N, H, D] buffer; split: the dQ kernel writes the result
     dq_acc = (torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device).permute(0, 2, 1, 3) if atomic
               else _new_bnhd(B, H, N, D, q.dtype, q.device))

@@ -14,21 +14,15 @@ import os
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.nn.triton_attention import LOG2E, _cdiv, _new_bnhd, _prep, _s, interpreting, load_kernels, missing_triton  # no triton import
+from genlab.nn.triton_attention import LOG2E, _cdiv, _kernels, _new_bnhd, _prep, _s, interpreting, missing_triton  # no triton import
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
-
-
-def _kernels():
-    """The sigmoid kernels module; None when triton cannot be imported."""
-    m = load_kernels("triton_sigmoid_kernels")
-    return None if isinstance(m, Exception) else m
 
 
 @torch.compiler.assume_constant_result
 def triton_available() -> bool:
     """Whether the kernels can be imported (a constant to torch.compile: checked once, not traced)."""
-    return _kernels() is not None
+    return _kernels("triton_sigmoid_kernels") is not None
 
 
 def _shapes_ok(q, k, v) -> bool:
@@ -81,7 +75,7 @@ def _common(q, k):
 
 
 def _check(q, k, v):
-    K = _kernels()
+    K = _kernels("triton_sigmoid_kernels")
     if K is None:
         raise GenlabError(f"sigmoid attention's Triton path needs the 'triton' package "
                           f"{missing_triton('triton_sigmoid_kernels')}")

@@ -77,23 +77,22 @@ def build_optimizer(model, ocfg):
     return optimizer_registry.get(ocfg.name)(model, ocfg)
 
 
-def _dtensor_fused_supported(op) -> bool:
-    """DTensor has a sharding rule for this fused kernel (Adam(W): torch >= 2.4): FSDP2 params can use it."""
+def _fused_ok(model, op=None):
+    """The fused CUDA kernel: one launch per group, no per-parameter Python work. FSDP2/HSDP (DTensor) params use
+    it too where DTensor has a sharding rule for it (Adam(W): torch >= 2.4; the update is elementwise, so each rank
+    updates its shard)."""
+    p = next(model.parameters())
+    if not hasattr(p, "_local_tensor"):
+        return p.is_cuda
+    if not p._local_tensor.is_cuda:
+        return False
+    op = op or torch.ops.aten._fused_adamw_.default
     try:
         from torch.distributed.tensor import DTensor
         prop = DTensor._op_dispatcher.sharding_propagator
         return any(op in getattr(prop, name, {}) for name in ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules"))
     except Exception:  # noqa: BLE001 - older torch: fall back to foreach
         return False
-
-
-def _fused_ok(model, op=None):
-    """The fused CUDA kernel: one launch per group, no per-parameter Python work. FSDP2/HSDP (DTensor) params use
-    it too where DTensor has a rule for it (the update is elementwise, so each rank updates its shard)."""
-    p = next(model.parameters())
-    if hasattr(p, "_local_tensor"):
-        return p._local_tensor.is_cuda and _dtensor_fused_supported(op or torch.ops.aten._fused_adamw_.default)
-    return p.is_cuda
 
 
 @optimizer_entry("adamw", "torch.optim.AdamW (Loshchilov & Hutter 2019), fused kernel on CUDA; caution: genlab's wrapper")

@@ -1,6 +1,8 @@
 """Entries backed by heavyball (SOAP, PSGD-Kron, Muon, its AdamW), with heavyball's own caution."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from genlab.core.errors import GenlabError
@@ -49,13 +51,8 @@ def heavyball_adamw(model, ocfg):
 # output head. genlab's grouping (optim/groups.py, `optim.muon_scope`) marks Muon groups {"muon": True}; the subclass
 # keeps MuonAdamW's update rules and only replaces its route predicate by that flag. One optimizer: one state_dict,
 # one LR schedule and heavyball's own caution on both parts.
-_CLASS = None
-
-
+@functools.cache
 def muon_adamw_by_group():
-    global _CLASS
-    if _CLASS is not None:
-        return _CLASS
     import heavyball
     import heavyball.chainable as C
 
@@ -74,8 +71,7 @@ def muon_adamw_by_group():
             self._muon_group = bool(group.get("muon"))
             super()._step(group)
 
-    _CLASS = MuonAdamWByGroup
-    return _CLASS
+    return MuonAdamWByGroup
 
 
 @optimizer_entry("muon", "heavyball Muon (Jordan et al. 2024) on the hidden matrices (optim.muon_scope), AdamW on the rest, "

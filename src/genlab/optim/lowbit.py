@@ -16,14 +16,6 @@ STATE_CLASSES = ("OptimState8bit", "OptimState4bit", "OptimStateFp8")
 _TAG = "torchao_state"
 
 
-def _torchao_optim():
-    try:
-        import torchao.optim as ao
-    except ImportError:
-        raise GenlabError("the low-bit AdamW optimizers need torchao: pip install torchao==0.18.0") from None
-    return ao
-
-
 def _flatten(v):
     if type(v).__name__ in STATE_CLASSES and hasattr(v, "__tensor_flatten__"):
         names, attrs = v.__tensor_flatten__()
@@ -62,7 +54,11 @@ def plain_state_dict(opt):
 
 
 def build_lowbit(model, ocfg, cls_name):
-    cls = getattr(_torchao_optim(), cls_name)
+    try:
+        import torchao.optim as ao
+    except ImportError:
+        raise GenlabError("the low-bit AdamW optimizers need torchao: pip install torchao==0.18.0") from None
+    cls = getattr(ao, cls_name)
     # torchao keeps each group's LR in a CPU tensor; genlab's set_lr fills tensor LRs in place
     opt = cls(param_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas), eps=ocfg.eps)
     return cautious(plain_state_dict(opt), ocfg, decay_factor=adamw_decay_factor)

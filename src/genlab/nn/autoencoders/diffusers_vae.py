@@ -16,14 +16,6 @@ PICKLED = (".bin", ".ckpt", ".pt", ".pth")
 INSTALL = 'pip install "genlab[vae]"'
 
 
-def import_diffusers():
-    try:
-        import diffusers
-    except ImportError:
-        raise GenlabError(f"autoencoder diffusers:PATH needs the diffusers package ({INSTALL})") from None
-    return diffusers
-
-
 def check_folder(arg: str) -> Path:
     """The folder holds a config and safetensors weights, and diffusers imports: one line otherwise."""
     p = Path(arg).expanduser()
@@ -38,7 +30,10 @@ def check_folder(arg: str) -> Path:
             raise GenlabError(f"autoencoder diffusers:{arg}: refused {pickled[0]}: pickled weights can run code when "
                               f"loaded; genlab reads only {WEIGHTS} (save_pretrained(..., safe_serialization=True))")
         raise GenlabError(f"autoencoder diffusers:{arg}: no {WEIGHTS} in the folder")
-    import_diffusers()
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        raise GenlabError(f"autoencoder diffusers:PATH needs the diffusers package ({INSTALL})") from None
     return p
 
 
