@@ -14,7 +14,7 @@ from genlab.core.registry import Registry
 from genlab.nn.bitlinear import BitlinearKeys, NormedLinear, add_input_norm, to_bitlinear
 
 # module-name parts never converted: embeddings, conditioning and output layers (float8's list, shared)
-from genlab.nn.float8 import Float8Keys, SKIP_PARTS, check_float8_device, convert_float8, precompute_scales
+from genlab.nn.float8 import Float8Keys, SKIP_PARTS, check_float8_device, convert_float8
 
 convert_registry = Registry("convert")
 
@@ -39,7 +39,10 @@ def _float8(recipe):
 
     def after_step(model, cfg):
         if cfg.train.float8_all_gather:
-            precompute_scales(model)
+            # one fused amax over every sharded float8 weight, so the next forward's all-gathers cast with ready
+            # scales (torchao's recommendation, as torchtitan does)
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+            precompute_float8_dynamic_scale_for_fsdp(model)
     return Converter(apply, check_float8_device, after_step, linears=True)
 
 

@@ -74,7 +74,7 @@ def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim
                    all_gather: bool = False) -> nn.Module:
     """Swap eligible nn.Linear modules for torchao Float8Linear in place (plan in `model.float8_plan`). `emulate`: plain
     torch ops (a CPU sampling a float8 run). `all_gather`: FSDP2 all-gathers the weights in float8 (tensorwise only;
-    scales from `precompute_scales` after each optimizer step)."""
+    scales precomputed after each optimizer step: nn/convert.py)."""
     if recipe not in RECIPES:
         raise GenlabError(f"unknown float8 recipe '{recipe}'; valid: {', '.join(RECIPES)}")
     plan = float8_plan(model, min_dim)
@@ -102,9 +102,3 @@ def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim
 def count_float8(model: nn.Module) -> int:
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
 
-
-def precompute_scales(model: nn.Module) -> None:
-    """With float8 all-gather: one fused amax over every sharded float8 weight after the optimizer step, so the
-    all-gathers of the next forward cast with ready scales (torchao's recommendation, as torchtitan does)."""
-    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-    precompute_float8_dynamic_scale_for_fsdp(model)

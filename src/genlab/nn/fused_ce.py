@@ -78,14 +78,10 @@ def _cce_backward(ctx, dnll, _dlse):
 _cce_fwd.register_autograd(_cce_backward, setup_context=_cce_setup)
 
 
-def _cce_runs(h) -> bool:
-    return HAS_CCE and h.is_cuda and compute_dtype(h) in (torch.float16, torch.bfloat16)
-
-
 @ce_kernel_registry.register("cce", "Cut Cross-Entropy (cut-cross-entropy wheel; CUDA, bf16/fp16): no logits in memory, "
                                     "exact gradients, no host sync", cuda_only=True, package="cut_cross_entropy")
 def cce_ce(head, h, y, weights, vocab: int) -> torch.Tensor:
-    if not _cce_runs(h):
+    if resolve("cce", h, weights) != "cce":
         return plain_ce(head, h, y, weights, vocab)
     dt = compute_dtype(h)
     with torch.autocast(h.device.type, enabled=False):
@@ -136,7 +132,7 @@ def liger_ce(head, h, y, weights, vocab: int) -> torch.Tensor:
 
 def resolve(name: str, h: torch.Tensor, weights) -> str:
     """The entry that actually runs for these inputs (auto's choice; the plain fallback of cce/liger off CUDA)."""
-    if name in ("cce", "auto") and _cce_runs(h):
+    if name in ("cce", "auto") and HAS_CCE and h.is_cuda and compute_dtype(h) in (torch.float16, torch.bfloat16):
         return "cce"
     if name in ("liger", "auto") and HAS_LIGER and h.is_cuda and weights is None:
         return "liger"

@@ -76,21 +76,14 @@ class Cautious(torch.optim.Optimizer):
         delta = torch._foreach_sub(local, before)  # = -lr*u: agreement with g means delta*g < 0
         masks = [(d * g.to(d.dtype)) < 0 for d, g in zip(delta, grads)]
         kept = torch.stack([m.sum() for m in masks]).double()  # float64: numel / kept exact enough for any dtype
-        _sum_over_shards(kept, params)
+        if hasattr(params[0], "_local_tensor") and dist.is_initialized():
+            # FSDP2/HSDP: each tensor's kept count summed over the mesh dims that shard it
+            from torch.distributed.tensor.placement_types import Shard
+            for i, pl in enumerate(params[0].placements):
+                if isinstance(pl, Shard):
+                    dist.all_reduce(kept, group=params[0].device_mesh.get_group(i))
         inv_kept = kept.clamp(min=1).reciprocal()
         # scale = numel / kept (p.numel() is the global size of a DTensor); Python numbers: no host-to-device copy
         for t, b, d, m, inv, p in zip(local, before, delta, masks, inv_kept.unbind(), params):
             t.copy_(b + d * m * (inv * p.numel()).to(d.dtype))
         return loss
-
-
-def _sum_over_shards(counts: torch.Tensor, params) -> None:
-    """Sum each tensor's kept count over the mesh dims that shard it (FSDP2/HSDP), in place."""
-    p = params[0]
-    if not hasattr(p, "_local_tensor") or not dist.is_initialized():
-        return
-    from torch.distributed.tensor.placement_types import Shard
-    mesh = p.device_mesh
-    for i, pl in enumerate(p.placements):
-        if isinstance(pl, Shard):
-            dist.all_reduce(counts, group=mesh.get_group(i))

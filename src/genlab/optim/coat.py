@@ -102,21 +102,11 @@ class CoatAdamW(torch.optim.Optimizer):
         self._step_fn = torch.compile(param_step, dynamic=True) if compiled else param_step
         self._lr = {}  # device -> 0-d float32 tensor refilled each step: no new tensor (no copy, no sync) per param
 
-    def _lr_tensor(self, lr, device):
-        t = self._lr.setdefault(device, torch.zeros((), dtype=torch.float32, device=device))
-        return t.copy_(lr) if torch.is_tensor(lr) else t.fill_(lr)
-
     def _moment(self, st, name):
         return st[name], st[f"{name}_scale"], st[f"{name}_k"], st[f"{name}_centre"]
 
     def _write(self, st, name, q):
         st[name], st[f"{name}_scale"], st[f"{name}_k"], st[f"{name}_centre"] = q
-
-    def _init_state(self, st, p):
-        st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        zeros = torch.zeros(p.numel(), device=p.device)
-        for name in ("exp_avg", "exp_avg_sq"):
-            self._write(st, name, expand_quantize(zeros, self.group_size, self.target_range))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -132,10 +122,14 @@ class CoatAdamW(torch.optim.Optimizer):
                     continue
                 st = self.state[p]
                 if not st:
-                    self._init_state(st, p)
+                    st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    for name in ("exp_avg", "exp_avg_sq"):
+                        self._write(st, name, expand_quantize(torch.zeros(p.numel(), device=p.device), self.group_size,
+                                                              self.target_range))
                 st["step"] += 1
                 if p.device not in lrs:
-                    lrs[p.device] = self._lr_tensor(group["lr"], p.device)
+                    t = self._lr.setdefault(p.device, torch.zeros((), dtype=torch.float32, device=p.device))
+                    lrs[p.device] = t.copy_(group["lr"]) if torch.is_tensor(group["lr"]) else t.fill_(group["lr"])
                 p32, m_q, v_q = self._step_fn(
                     p.detach().reshape(-1).float(), p.grad.reshape(-1).float(), self._moment(st, "exp_avg"),
                     self._moment(st, "exp_avg_sq"), st["step"], lrs[p.device], beta1=beta1, beta2=beta2, eps=group["eps"],

@@ -28,21 +28,6 @@ def _param_owners(model: nn.Module) -> dict[int, list[tuple[str, nn.Module]]]:
     return owners
 
 
-def _decays(owners) -> bool:
-    return all(isinstance(mod, MATMUL_TYPES) and pname == "weight" for _, mod, pname in owners)
-
-
-def _is_adaln(name: str) -> bool:
-    return any(part.lower() in ADALN_PARTS for part in name.split(".")[:-1])
-
-
-def _block_param_ids(model) -> set[int] | None:
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.Module):
-        return None
-    return {id(p) for p in blocks.parameters()}
-
-
 def is_muon_matrix(p, owners, scope: str, in_blocks: set[int] | None) -> bool:
     if scope == "all_2d":
         return p.ndim >= 2
@@ -50,7 +35,8 @@ def is_muon_matrix(p, owners, scope: str, in_blocks: set[int] | None) -> bool:
         return False
     if in_blocks is not None and id(p) not in in_blocks:  # a module without `blocks`: every Linear weight
         return False
-    return scope == "hidden_adaln" or not any(_is_adaln(name) for name, _, _ in owners)
+    return scope == "hidden_adaln" or not any(part.lower() in ADALN_PARTS for name, _, _ in owners
+                                              for part in name.split(".")[:-1])
 
 
 def muon_lr_scale(p) -> float:
@@ -66,7 +52,8 @@ def param_groups(model: nn.Module, weight_decay: float, muon_scope: str | None =
     flagged {"muon": True} (one per LR scale, `lr_scale` read by set_lr), then the AdamW groups. Empty groups
     are dropped; parameter order within a group follows model.parameters()."""
     owners = _param_owners(model)
-    in_blocks = _block_param_ids(model)
+    blocks = getattr(model, "blocks", None)
+    in_blocks = {id(p) for p in blocks.parameters()} if isinstance(blocks, nn.Module) else None
     muon: dict[float, list] = {}
     decay, no_decay = [], []
     for p in model.parameters():
@@ -75,7 +62,7 @@ def param_groups(model: nn.Module, weight_decay: float, muon_scope: str | None =
         own = owners[id(p)]
         if muon_scope and is_muon_matrix(p, own, muon_scope, in_blocks):
             muon.setdefault(round(muon_lr_scale(p), 12), []).append(p)
-        elif _decays(own):
+        elif all(isinstance(mod, MATMUL_TYPES) and pname == "weight" for _, mod, pname in own):
             decay.append(p)
         else:
             no_decay.append(p)

@@ -23,11 +23,8 @@ def state_bytes(optimizer) -> int:
                     walk(getattr(t, name))
             else:
                 total += t.numel() * t.element_size()
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
+        elif isinstance(v, (dict, list, tuple)):
+            for x in (v.values() if isinstance(v, dict) else v):
                 walk(x)
         elif hasattr(v, "__dict__") and not isinstance(v, (type, torch.nn.Module)) and id(v) not in seen:
             # state held in library objects (pytorch-optimizer Shampoo's PreConditioner and graft): their tensors
