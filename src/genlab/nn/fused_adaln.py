@@ -36,15 +36,11 @@ def _launch_meta(D: int) -> dict:
     return {"BLOCK_D": block, "ROWS": ROWS, **({} if interpreting() else {"num_warps": 8 if block >= 2048 else 4})}
 
 
-def _vec(v):
-    return v.contiguous() if v is not None else None
-
-
 def _forward(x, y, g, sh, sc, eps: float, out_dtype: torch.dtype, res_dtype: torch.dtype):
     K = _kernels()
     B, N, D = x.shape
     has_res, has_norm = y is not None, sh is not None
-    x, y, g, sh, sc = x.contiguous(), _vec(y), _vec(g), _vec(sh), _vec(sc)
+    x, (y, g, sh, sc) = x.contiguous(), (v.contiguous() if v is not None else None for v in (y, g, sh, sc))
     r = torch.empty(x.shape, dtype=res_dtype, device=x.device) if has_res else x.new_empty(0)
     h = torch.empty(x.shape, dtype=out_dtype, device=x.device) if has_norm else x.new_empty(0)
     mean = torch.empty(B * N if has_norm else 0, dtype=torch.float32, device=x.device)

@@ -96,13 +96,6 @@ def _backward(ctx, dq, dk, dv):
 _fwd_op.register_autograd(_backward, setup_context=_setup)
 
 
-def _norm_weight(norm, hd: int, like: torch.Tensor):
-    """The RMSNorm's weight (ones when it has none), or None for no norm (nn.Identity)."""
-    if not isinstance(norm, torch.nn.RMSNorm):
-        return None
-    return norm.weight if norm.weight is not None else like.new_ones(hd, dtype=torch.float32)
-
-
 def _eps(norms, h):
     """nn.RMSNorm's eps: its own, or (eps=None) the float32 machine eps it uses for bf16/fp16/fp32 inputs."""
     for n in norms:
@@ -122,7 +115,9 @@ def split_triton(h, heads: int, q_norm, k_norm, rope=None):
     cos = sin = None
     if rope is not None:
         cos, sin = (t[:N].float().contiguous() for t in rope)
-    wq, wk = _norm_weight(q_norm, hd, h), _norm_weight(k_norm, hd, h)
+    # the RMSNorm's weight (ones when it has none), or None for no norm (nn.Identity)
+    wq, wk = ((n.weight if n.weight is not None else h.new_ones(hd, dtype=torch.float32))
+              if isinstance(n, torch.nn.RMSNorm) else None for n in (q_norm, k_norm))
     return _fwd_op(h.contiguous(), wq, wk, cos, sin, heads, _eps((q_norm, k_norm), h))
 
 

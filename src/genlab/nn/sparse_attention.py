@@ -12,9 +12,8 @@ positions (query i, key j):
                       and i itself, so no head that holds only this part has an empty softmax
   fixed with g summary groups (section 4.2): A^(2) becomes g parts, part s with the cells {l - (s+1)c, ..., l - sc - 1}.
 
-A *factorization mode* (section 4.3) assigns the factors to layers and heads: `interleaved` (layer r uses factor
-r mod p), `merged` (one head attends to the union) or `split` (the heads are divided among factors). The layouts
-(section 5.3) and the dense / flex / blocked backends: docs/sparse.md.
+A *factorization mode* (section 4.3: `interleaved`, `merged`, `split`) assigns the factors to layers and heads; the
+modes, the layouts (section 5.3) and the dense / flex / blocked backends: docs/sparse.md.
 """
 from __future__ import annotations
 

@@ -55,10 +55,8 @@ class HeavyballKeys(cf.Keys, section="optim"):
 
 
 def optimizer_entry(name, doc, *, fsdp=True, preconditioned=False, muon_groups=False, heavyball=False):
-    """Register `build(model, ocfg) -> torch.optim.Optimizer` as optimizer `name` with its capabilities (typed
-    OptimizerSpec fields): `fsdp` (False: refused with train.parallel=fsdp|hsdp, see tests/unit/optim/test_optim.py),
-    `preconditioned` (reads optim.precondition_every), `muon_groups` (gives Muon its own parameter groups: reads
-    optim.muon_scope) and `heavyball` (backed by heavyball: reads optim.heavyball_compile)."""
+    """Register `build(model, ocfg) -> torch.optim.Optimizer` as optimizer `name` with its capabilities (the typed
+    OptimizerSpec fields above), each bringing the optim.* keys it reads."""
     keys = tuple(c for c, on in ((PreconditionKeys, preconditioned), (MuonKeys, muon_groups), (HeavyballKeys, heavyball)) if on)
     return optimizer_registry.register(name, doc, keys=keys, fsdp=fsdp, preconditioned=preconditioned,
                                        muon_groups=muon_groups, heavyball=heavyball)

@@ -1,21 +1,9 @@
-"""COAT's FP8 optimizer states (Xi et al. 2024, "COAT: Compressing Optimizer states and Activation for
-Memory-Efficient FP8 Training", arXiv 2410.19313): AdamW whose moments are stored in float8 e4m3 per group of 128
-elements after the paper's dynamic range expansion.
-
-A group X spans R_X = max|X| / min|X| (non-zero min), usually far less than E4M3's range R, so plain absmax scaling
-wastes most exponents. The paper expands f(x) = sign(x) |x|^k with k = log R / log R_X, quantises f(x)/s to E4M3
-(s scales the group's max to 448) and inverts on read: x = sign(q) (|q| s)^(1/k).
-
-Form followed: the official code (NVlabs/COAT, coat/optimizer/kernels/fp8_adamw_expand_cuda_kernel.cu): each group is
-first divided by its geometric centre c = sqrt(max·min) (float32 range for any k), k is floored to a multiple of 1/16
-and a group keeps s, k and c. Plain torch here (the `fp8-coat` package needs its CUDA extension). One deliberate
-difference: the official target R = 448²/2 puts a group's smallest magnitudes into E4M3's subnormals (relative error
-up to ~1/4); genlab's default is E4M3's normal range R = 448 / 2^-6 = 28672 (`target_range=OFFICIAL_RANGE` gives theirs).
-
-Error bound: E4M3 rounding of a normal value has relative error at most u = 2^-4, and x̂ = x (q̂/q)^(1/k), so
-    |x̂/x - 1| <= (1 - u)^(-1/k) - 1          (≈ u/k for k >= 1; larger than u where k < 1, i.e. R_X > R)
-plus float32 rounding (~1e-6 relative). Zeros are stored exactly. The update is torch AdamW's, in float32 from the
-decoded moments, as in the official kernel.
+"""COAT's FP8 optimizer states (Xi et al. 2024, arXiv 2410.19313): AdamW whose moments are stored in float8 e4m3 per
+group of 128 elements after dynamic range expansion, f(x) = sign(x) |x / c|^k with k = log R / log R_X, quantised to
+E4M3 with a per-group scale s and inverted on read: x = sign(q) (|q| s)^(1/k) c. The official kernel's form
+(NVlabs/COAT, fp8_adamw_expand_cuda_kernel.cu: centre c = sqrt(max·min), k floored to a multiple of 1/16), with E4M3's
+normal range R = 448 / 2^-6 as the default target instead of its 448²/2, which puts a group's smallest magnitudes into
+the subnormals (`target_range=OFFICIAL_RANGE` gives theirs); why, and the read-back error bound: docs/precision.md.
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""One parameter-group policy for every optimizer.
-
-Weight decay: only Linear/Conv weights decay (by module type, not ndim: 2-D embedding and position tables do not);
-a weight tied to an embedding (GPT's head) counts as the embedding.
-
-Muon (Jordan et al. 2024) takes the hidden matrices, AdamW the rest (`optim.muon_scope`): `hidden` = Linear weights
-inside the backbone's `blocks` without adaLN modulations (default), `hidden_adaln` with them, `all_2d` every
-ndim >= 2 parameter (heavyball MuonAdamW's rule). adaLN modulations are zero-initialised and fed few distinct
-conditioning values, so their gradient is low-rank; orthogonalising it spreads a unit-RMS step over directions the
-gradient never saw and breaks each block's identity at init, so by default AdamW keeps them.
+"""One parameter-group policy for every optimizer (docs/optimizers.md): only Linear/Conv weights decay (by module type,
+not ndim; a weight tied to an embedding, GPT's head, counts as the embedding), and Muon (Jordan et al. 2024) takes the
+matrices of `optim.muon_scope`, AdamW the rest. adaLN modulations stay with AdamW by default: zero-initialised and fed
+few distinct conditioning values, their gradient is low-rank, and orthogonalising it spreads a unit-RMS step over
+directions the gradient never saw and breaks each block's identity at init.
 """
 from __future__ import annotations
 
