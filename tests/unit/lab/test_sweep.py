@@ -790,3 +790,24 @@ def test_a_killed_sweep_releases_its_folder(tmp_path):
             p.kill()
     with sweep_lock(d):  # not blocked (the lock is tried without waiting): the holder's pid is ours now
         assert (d / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_yes_no_metric_averages_to_the_share_of_seeds_and_the_cold_start_is_read_from_the_summary(tmp_path):
+    """World runs log yes/no results (rollout_beats_copy_all_steps_hH): the report shows the share of seeds for which
+    it held, not an empty cell; first_step_s (the cold start) lives only in summary.json."""
+    from genlab.lab.sweep.report import collect
+    d = tmp_path / "s"
+    status = {}
+    for seed, (beats, first) in enumerate([(True, 7.5), (False, 8.5), (True, None)]):
+        run = d / "runs" / f"a-s{seed}"
+        run.mkdir(parents=True)
+        recs = [{"step": 10, "loss": 1.0, "wall_time": 2.0}, {"step": 10, "eval/rollout_beats_copy_all_steps_h32": beats}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        if first is not None:
+            (run / "summary.json").write_text(json.dumps({"first_step_s": first}))
+        status[f"a-s{seed}"] = {"status": "finished", "variant": "a", "seed": seed}
+    (d / "status.json").write_text(json.dumps(status))
+    (row,), cols = collect(d)
+    assert row["rollout_beats_copy_all_steps_h32"] == pytest.approx(2 / 3)
+    assert row["first_step_s"] == pytest.approx(8.0)  # the mean over the runs that recorded it
+    assert "first_step_s" in cols

@@ -68,7 +68,10 @@ def run_row(run_dir: Path, loss_at=(), loss_at_time=()) -> dict:
     for r in recs:
         for k, v in r.items():
             if k.startswith("eval/") and isinstance(v, (int, float)):
-                row[k[5:]] = v
+                row[k[5:]] = float(v) if isinstance(v, bool) else v  # a yes/no averages to the share of seeds
+    first = read_summary(run_dir).get("first_step_s")  # the cold start is in summary.json only
+    if isinstance(first, (int, float)):
+        row["first_step_s"] = first
     return row
 
 
