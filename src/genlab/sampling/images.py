@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 
 import torch
+from torch import nn
 
 from genlab.core import progress
 from genlab.data.pixels import to_pixels
@@ -48,6 +50,38 @@ def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor
     return sample_images(method, model, labels, steps=ctx["eval"].sample_steps, cfg_scale=ctx["eval"].cfg_scale,
                          sampler=ctx.get("sampler"), generator=ctx["generator"], device=ctx["device"], batch=batch,
                          desc=desc, post=lambda x: to_pixels(x).cpu(), per_step=False)
+
+
+SAMPLE_COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
+_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {mode: its compiled sampling network}
+
+
+class _GraphReplay(nn.Module):
+    """A reduce-overhead network: each call starts a new CUDA-graph step and returns a copy, because the graph's
+    output buffer is overwritten by the next replay (a Heun step still holds its first velocity then)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return self.module(*args, **kwargs).clone()
+
+
+def compiled_for_sampling(model, mode: str):
+    """The network a sampler calls, compiled for evaluation at FID scale (eval.sample_compile): `default` and
+    `max-autotune-no-cudagraphs` fuse the forward; `reduce-overhead` also replays each batch shape's forward as a CUDA
+    graph (make eval.batch_size divide eval.num_samples: a last, smaller batch compiles again). Built once per model and
+    mode, so a training run's later evaluations reuse it (the weights are shared). `off`, or a model already compiled for
+    training, is returned as it is."""
+    if mode == "off" or hasattr(model, "_orig_mod"):
+        return model
+    per_mode = _compiled.setdefault(model, {})
+    if mode not in per_mode:
+        net = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
+        per_mode[mode] = _GraphReplay(net) if mode == "reduce-overhead" else net
+    return per_mode[mode]
 
 
 @functools.cache  # the frozen decoder, built once per process

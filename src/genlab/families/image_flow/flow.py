@@ -23,7 +23,7 @@ from genlab.families.image_flow.loss_weighting import loss_weighting_registry
 from genlab.families.image_flow.timesteps import resolve_shift, shift_time, timestep_sampler_registry
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
-from genlab.sampling.images import generate, sample_images
+from genlab.sampling.images import SAMPLE_COMPILE_MODES, compiled_for_sampling, generate, sample_images
 from genlab.sampling.samplers import call_sampler, nfe_per_step, sampler_registry, time_grid
 
 
@@ -253,13 +253,17 @@ class FlowMatching(Method):
             self.check_cache_schedule(cfg.eval.sample_steps, cfg.method.sampler)
         if cfg.eval.num_samples > 0:
             check_metrics(cfg.eval)
+        if cfg.eval.sample_compile != "off" and (self.cache_schedule or self.cache_blocks):
+            raise GenlabError(f"eval.sample_compile={cfg.eval.sample_compile} compiles the whole network and the block "
+                              "cache (method.cache_blocks / cache_schedule) hooks its blocks: use one of them")
 
     def evaluate(self, model, data, ctx) -> dict:
         return evaluate_class_conditional(self.pixels(model, ctx), data, ctx)
 
     def pixels(self, model, ctx):
         """generate(labels, desc) -> uint8 pixels on the CPU, drawn as ctx's evaluation says: what eval/ takes."""
-        return lambda labels, desc="sampling": generate(self, model, labels, ctx, ctx["eval"].batch_size, desc)
+        net = compiled_for_sampling(model, ctx["eval"].sample_compile)
+        return lambda labels, desc="sampling": generate(self, net, labels, ctx, ctx["eval"].batch_size, desc)
 
     def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
         """The class of each of n samples: `labels`, or one class, or cycling over the classes."""
@@ -367,6 +371,9 @@ class FlowMethodKeys(cf.Keys, section="method"):
 class FlowEvalKeys(cf.Keys, section="eval"):
     sample_steps: int = cf.F(20, "flow: sampler steps in evaluation", ge=1)
     cfg_scale: float = cf.F(2.0, "flow: guidance scale in evaluation", ge=0)
+    sample_compile: str = cf.F("off", "flow: torch.compile the network for evaluation sampling (reduce-overhead: also a "
+                                      "CUDA graph per batch shape; docs/performance.md: Sampling at FID scale)",
+                               choices=SAMPLE_COMPILE_MODES)
     grid_per_class: int = cf.F(10, "flow: columns of the sample grid", ge=1)
     metrics: str = cf.F("accuracy,fd,pr", "flow: image metrics of each evaluation (fid, sfid, inception_score, pr_inception and lpips need downloaded weights; README: Evaluation metrics, docs/fid.md)", free="comma-separated names of registry `eval_metric`: accuracy, fd, fid, inception_score, lpips, pr, pr_inception, sfid", lists="eval_metric")
     nfe_list: str = cf.F("", "flow, genlab eval: also a table of sample accuracy / feature FD at these NFEs (velocity "
