@@ -262,8 +262,10 @@ class FlowMatching(Method):
 
     def pixels(self, model, ctx):
         """generate(labels, desc) -> uint8 pixels on the CPU, drawn as ctx's evaluation says: what eval/ takes."""
-        net = compiled_for_sampling(model, ctx["eval"].sample_compile)
-        return lambda labels, desc="sampling": generate(self, net, labels, ctx, ctx["eval"].batch_size, desc)
+        def draw(labels, desc="sampling"):
+            net = compiled_for_sampling(model, ctx["eval"].sample_compile)  # built at the first call, then reused
+            return generate(self, net, labels, ctx, ctx["eval"].batch_size, desc)
+        return draw
 
     def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
         """The class of each of n samples: `labels`, or one class, or cycling over the classes."""
