@@ -4,9 +4,12 @@ even when a limit stops a stream: each stream runs `pytest -v` and its lines are
     python benchmarks/gpu_tests.py                        # -m gpu over tests/, one stream per visible GPU
     python benchmarks/gpu_tests.py --limit 280 --per-test 150 -- tests/integration/test_gpu.py -k graph_step
     python benchmarks/gpu_tests.py --streams 2 --marker "" -- tests/test_foo.py   # CPU: two plain processes
+    python benchmarks/gpu_tests.py --retry-alone 200      # then each failed test once more, alone in its own process
 
 Prints (and writes to --out) a markdown table (stream, reached, passed, failed, skipped, stopped in) and the failed /
-not-reached ids; exit 0 only when every selected test ran and none failed. Streams run `python -m pytest` of this
+not-reached ids; exit 0 only when every selected test ran and none failed. --retry-alone S reruns each failed test in
+a process of its own (GPU 0) within S more seconds, and lists which passed alone (a compile that outran its per-test
+limit on a loaded host does); exit 0 then also when every failure passed alone. Streams run `python -m pytest` of this
 interpreter with PYTHONPATH=src, as the suites do.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -43,12 +47,13 @@ def collect(marker: str, args: list[str], env: dict) -> list[str]:
 
 
 def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, env: dict, limit: float,
-               per_test: int | None, log: Path) -> dict:
+               per_test: int | None, log: Path, only: str | None = None) -> dict:
     """pytest -v over the selection's items k, k + n, ... (this module as a plugin picks them: the same items as
-    `ids`) on one GPU, stopped (SIGTERM, then SIGKILL) at `limit` seconds; outcomes read per line."""
+    `ids`; `only`: that one test id) on one GPU, stopped (SIGTERM, then SIGKILL) at `limit` seconds; outcomes read per
+    line."""
     # unbuffered: to a pipe, Python block-buffers stdout, so a stream stopped by the limit can lose its last lines
     # (three H200 streams on 2026-11-28 left empty logs after 460 s; buffering or a hang in collection, not known)
-    env = dict(env, GENLAB_TEST_STREAM=f"{k}/{n}", PYTHONUNBUFFERED="1",
+    env = dict(env, GENLAB_TEST_STREAM=f"{k}/{n}", PYTHONUNBUFFERED="1", **({"GENLAB_TEST_ONLY": only} if only else {}),
                **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
     timeout = ["--timeout", str(per_test)] if per_test else []
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "gpu_tests", "-W", "ignore", *timeout,
@@ -79,7 +84,8 @@ def pytest_collection_modifyitems(config, items):
     """As a pytest plugin (`-p gpu_tests`, GENLAB_TEST_STREAM=k/n): keep items k, k + n, ... of the selection, after
     the -m/-k deselection (trylast), so that stream k runs exactly ids[k::n] of the collection."""
     k, _, n = os.environ.get("GENLAB_TEST_STREAM", "0/1").partition("/")
-    items[:] = items[int(k)::int(n)]
+    only = os.environ.get("GENLAB_TEST_ONLY")
+    items[:] = [it for it in items if it.nodeid == only] if only else items[int(k)::int(n)]
 
 
 pytest_collection_modifyitems.trylast = True  # pluggy reads the attribute set by @pytest.hookimpl(trylast=True)
@@ -92,7 +98,8 @@ def pytest_runtest_logreport(report):
         print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n---", flush=True)
 
 
-def report(results: list[dict]) -> tuple[str, bool]:
+def report(results: list[dict], alone: dict | None = None) -> tuple[str, bool]:
+    """The streams' table and lists; `alone`: failed id -> its outcome when rerun alone."""
     cells, failed, missing = [], [], []
     for r in results:
         out = r["outcomes"]
@@ -106,6 +113,9 @@ def report(results: list[dict]) -> tuple[str, bool]:
     lines = [markdown_table(["stream (GPU)", "tests", "reached", "passed", "failed", "skipped", "stopped in"], cells,
                             "lrrrrrl"), "", f"{reached} of {total} tests reached; {len(failed)} failed; {len(missing)} not reached."]
     lines += [f"- failed: {i}" for i in failed] + [f"- not reached: {i}" for i in missing]
+    if alone is not None:
+        lines += [f"- rerun alone: {i}: {alone.get(i, 'not rerun (no time left)')}" for i in failed]
+        failed = [i for i in failed if alone.get(i) != "PASSED"]
     return "\n".join(lines), not failed and not missing
 
 
@@ -115,6 +125,8 @@ def main(argv=None) -> int:
     p.add_argument("--streams", type=int, default=0, help="processes (default: one per visible GPU, at least 1)")
     p.add_argument("--limit", type=float, default=540, help="seconds before a stream is stopped (default: 540)")
     p.add_argument("--per-test", type=int, default=None, help="pytest-timeout per test, seconds (needs pytest-timeout)")
+    p.add_argument("--retry-alone", type=float, default=0, metavar="S",
+                   help="rerun each failed test alone in its own process, within S more seconds (default: 0, none)")
     p.add_argument("--out", default=None, help="also write the table to this markdown file; stream logs beside it")
     p.add_argument("pytest_args", nargs="*", help="after --: paths and options of the selection (default: tests)")
     args = p.parse_args(argv)
@@ -136,7 +148,16 @@ def main(argv=None) -> int:
         t.start()
     for t in threads:
         t.join()
-    text, ok = report(results)
+    alone = None
+    if args.retry_alone > 0:
+        alone, deadline = {}, time.monotonic() + args.retry_alone
+        for i in [i for r in results for i, v in r["outcomes"].items() if v in ("FAILED", "ERROR")]:
+            if time.monotonic() >= deadline:
+                break
+            r = run_stream(0, 1, sel, [i], 0 if gpus else None, env, deadline - time.monotonic(), args.per_test,
+                           logs / f"gpu_tests_alone{len(alone)}.log", only=i)
+            alone[i] = r["outcomes"].get(i, "stopped by the limit")
+    text, ok = report(results, alone)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

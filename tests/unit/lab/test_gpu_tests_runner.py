@@ -65,3 +65,32 @@ def test_a_selection_that_runs_whole_and_passes_exits_0(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 of 2 tests reached; 0 failed; 0 not reached." in r.stdout  # 3 streams asked, 2 tests: 2 streams
     assert r.stdout.count("(-) | 1 | 1 |") == 2
+
+
+ORDER = '''
+import os
+
+def test_a_sets_state():
+    os.environ["GPU_TESTS_FAKE_STATE"] = "1"
+
+def test_b_needs_a_fresh_process():
+    assert "GPU_TESTS_FAKE_STATE" not in os.environ
+
+def test_c_always_fails():
+    assert 1 == 2
+'''
+
+
+@pytest.mark.slow  # one stream and two reruns, each a pytest subprocess (~8 s on 2 cores)
+def test_retry_alone_reruns_each_failure_in_its_own_process_and_says_which_passed(tmp_path):
+    """A test that fails only after another one in the same process (a compile that outran its limit on a loaded host)
+    passes when rerun alone; a real failure fails again, and the exit code stays 1."""
+    (tmp_path / "test_order.py").write_text(ORDER)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "1", "--marker", "", "--retry-alone", "100",
+                        "--out", str(tmp_path / "o.md"), "--", str(tmp_path / "test_order.py")],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    alone = {line.split(": ")[1].rsplit("::", 1)[-1]: line.rsplit(": ", 1)[-1]
+             for line in r.stdout.splitlines() if line.startswith("- rerun alone: ")}
+    assert alone == {"test_b_needs_a_fresh_process": "PASSED", "test_c_always_fails": "FAILED"}, r.stdout
+    assert "3 of 3 tests reached; 2 failed; 0 not reached." in r.stdout
