@@ -98,15 +98,18 @@ def pytest_runtest_logreport(report):
         print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n---", flush=True)
 
 
+def failed_ids(results: list[dict]) -> list[str]:
+    return [i for r in results for i, v in r["outcomes"].items() if v in ("FAILED", "ERROR")]
+
+
 def report(results: list[dict], alone: dict | None = None) -> tuple[str, bool]:
     """The streams' table and lists; `alone`: failed id -> its outcome when rerun alone."""
-    cells, failed, missing = [], [], []
+    cells, failed, missing = [], failed_ids(results), []
     for r in results:
         out = r["outcomes"]
         count = {s: sum(v == s for v in out.values()) for s in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
         cells.append([f"{r['stream']} ({'-' if r['gpu'] is None else r['gpu']})", len(r["ids"]), len(out), count["PASSED"],
                       count["FAILED"] + count["ERROR"], count["SKIPPED"], r["stopped_in"] or "-"])
-        failed += [i for i, v in out.items() if v in ("FAILED", "ERROR")]
         missing += [i for i in r["ids"] if i not in out]
     total = sum(len(r["ids"]) for r in results)
     reached = sum(len(r["outcomes"]) for r in results)
@@ -151,7 +154,7 @@ def main(argv=None) -> int:
     alone = None
     if args.retry_alone > 0:
         alone, deadline = {}, time.monotonic() + args.retry_alone
-        for i in [i for r in results for i, v in r["outcomes"].items() if v in ("FAILED", "ERROR")]:
+        for i in failed_ids(results):
             if time.monotonic() >= deadline:
                 break
             r = run_stream(0, 1, sel, [i], 0 if gpus else None, env, deadline - time.monotonic(), args.per_test,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import weakref
 
 import torch
 from torch import nn
@@ -53,7 +52,6 @@ def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor
 
 
 SAMPLE_COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhead")
-_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {mode: its compiled sampling network}
 
 
 class _GraphReplay(nn.Module):
@@ -72,16 +70,13 @@ class _GraphReplay(nn.Module):
 def compiled_for_sampling(model, mode: str):
     """The network a sampler calls, compiled for evaluation at FID scale (eval.sample_compile): `default` and
     `max-autotune-no-cudagraphs` fuse the forward; `reduce-overhead` also replays each batch shape's forward as a CUDA
-    graph (make eval.batch_size divide eval.num_samples: a last, smaller batch compiles again). Built once per model and
-    mode, so a training run's later evaluations reuse it (the weights are shared). `off`, or a model already compiled for
-    training, is returned as it is."""
+    graph (make eval.batch_size divide eval.num_samples: a last, smaller batch compiles again). The weights are shared,
+    so the caller keeps it for the model's later evaluations. `off`, or a model already compiled for training, is
+    returned as it is."""
     if mode == "off" or hasattr(model, "_orig_mod"):
         return model
-    per_mode = _compiled.setdefault(model, {})
-    if mode not in per_mode:
-        net = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
-        per_mode[mode] = _GraphReplay(net) if mode == "reduce-overhead" else net
-    return per_mode[mode]
+    net = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
+    return _GraphReplay(net) if mode == "reduce-overhead" else net
 
 
 @functools.cache  # the frozen decoder, built once per process

@@ -9,14 +9,25 @@ from conftest import analyze_model, cli_in_process
 from genlab.sampling.images import compiled_for_sampling, sample_images
 
 
-def test_off_and_a_training_compiled_model_are_used_as_they_are_and_each_mode_is_built_once():
-    model, _ = analyze_model("dit")
+def test_off_and_a_training_compiled_model_are_used_as_they_are_and_each_mode_is_built_once(monkeypatch):
+    from types import SimpleNamespace
+
+    from genlab.families.image_flow import flow
+    model, method = analyze_model("dit")
     assert compiled_for_sampling(model, "off") is model
     net = compiled_for_sampling(model, "default")
-    assert net is not model and compiled_for_sampling(model, "default") is net  # one build per model and mode
+    assert net is not model and net._orig_mod is model
     assert compiled_for_sampling(net, "default") is net  # already compiled (train.compile=model): left alone
     graphed = compiled_for_sampling(model, "reduce-overhead")
     assert graphed is not net and graphed.module._orig_mod is model
+    # one build per model and mode: a run's later evaluations reuse the network its first one built
+    built, used = [], []
+    monkeypatch.setattr(flow, "compiled_for_sampling", lambda m, mode: built.append((m, mode)) or (m, mode))
+    monkeypatch.setattr(flow, "generate", lambda method, net, *a: used.append(net))
+    ctx = {"eval": SimpleNamespace(sample_compile="default", batch_size=4)}
+    for _ in range(3):
+        method.pixels(model, ctx)(torch.arange(4))
+    assert built == [(model, "default")] and used == [(model, "default")] * 3
 
 
 @pytest.mark.slow

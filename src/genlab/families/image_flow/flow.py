@@ -126,6 +126,7 @@ class FlowMatching(Method):
         self.cache_schedule = cache_schedule_plan(cfg)  # sampling only: (period, {evaluation: blocks}) or None
         # model.final_kernel (dit only): the backbone computes the loss from the target (nn/fused_final.py)
         self.fused_final = cfg.model.final_kernel != "plain"
+        self.sampling_nets = {}  # (id(model), eval.sample_compile) -> the network evaluation samples with (pixels)
 
     def extra_modules(self):
         # the adaptive sampler's state is a frozen extra: checkpointed and restored with the run
@@ -263,8 +264,10 @@ class FlowMatching(Method):
     def pixels(self, model, ctx):
         """generate(labels, desc) -> uint8 pixels on the CPU, drawn as ctx's evaluation says: what eval/ takes."""
         def draw(labels, desc="sampling"):
-            net = compiled_for_sampling(model, ctx["eval"].sample_compile)  # built at the first call, then reused
-            return generate(self, net, labels, ctx, ctx["eval"].batch_size, desc)
+            key = (id(model), ctx["eval"].sample_compile)  # the entry holds the model, so its id stays its own
+            if key not in self.sampling_nets:  # built at the first evaluation, reused by the later ones
+                self.sampling_nets[key] = compiled_for_sampling(model, key[1])
+            return generate(self, self.sampling_nets[key], labels, ctx, ctx["eval"].batch_size, desc)
         return draw
 
     def labels_for(self, n: int, class_id=None, labels=None, device=None) -> torch.Tensor:
