@@ -56,7 +56,7 @@ def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, 
     env = dict(env, GENLAB_TEST_STREAM=f"{k}/{n}", PYTHONUNBUFFERED="1", **({"GENLAB_TEST_ONLY": only} if only else {}),
                **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}))
     timeout = ["--timeout", str(per_test)] if per_test else []
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "gpu_tests", "-W", "ignore", *timeout,
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "gpu_tests_plugin", "-W", "ignore", *timeout,
            *sel]
     outcomes: dict[str, str] = {}
     with open(log, "w") as f:
@@ -78,24 +78,6 @@ def run_stream(k: int, n: int, sel: list[str], ids: list[str], gpu: int | None, 
     missing = [i for i in ids if i not in outcomes]
     return {"stream": k, "gpu": gpu, "ids": ids, "outcomes": outcomes, "stopped_in": missing[0] if missing else None,
             "log": str(log)}
-
-
-def pytest_collection_modifyitems(config, items):
-    """As a pytest plugin (`-p gpu_tests`, GENLAB_TEST_STREAM=k/n): keep items k, k + n, ... of the selection, after
-    the -m/-k deselection (trylast), so that stream k runs exactly ids[k::n] of the collection."""
-    k, _, n = os.environ.get("GENLAB_TEST_STREAM", "0/1").partition("/")
-    only = os.environ.get("GENLAB_TEST_ONLY")
-    items[:] = [it for it in items if it.nodeid == only] if only else items[int(k)::int(n)]
-
-
-pytest_collection_modifyitems.trylast = True  # pluggy reads the attribute set by @pytest.hookimpl(trylast=True)
-
-
-def pytest_runtest_logreport(report):
-    """As the plugin: a failure's traceback printed when it happens, so a stream stopped by its limit keeps it (pytest
-    prints them only in the final summary)."""
-    if report.failed:
-        print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n---", flush=True)
 
 
 def failed_ids(results: list[dict]) -> list[str]:
@@ -136,7 +118,7 @@ def main(argv=None) -> int:
     if args.streams < 0 or args.limit <= 0:
         p.error("--streams must be >= 0 and --limit > 0")
     env = genlab_env(PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO / "benchmarks")])  # this module as the streams' plugin
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO / "benchmarks")])  # gpu_tests_plugin.py as the streams' plugin
     ids = collect(args.marker, args.pytest_args, env)
     gpus = torch.cuda.device_count()
     n = max(1, min(args.streams or gpus or 1, len(ids) or 1))

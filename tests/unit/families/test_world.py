@@ -789,7 +789,7 @@ def fps_play_server(tmp_path):
     server.server_close()
 
 
-@pytest.mark.slow  # a real browser and two drags: ~20 s
+@pytest.mark.slow  # a real browser and two drags: ~5 s
 def test_first_person_play_page_in_real_browser(fps_play_server, tmp_path):
     browser = _chrome()
     if browser is None:
@@ -813,9 +813,10 @@ def test_first_person_play_page_in_real_browser(fps_play_server, tmp_path):
         # drag across the view to the right, then to the left: the frames made during the drag turn that way
         for step, turn in ((6, "turn_right"), (-6, "turn_left")):
             session.taken.clear()
-            chain = ActionChains(browser).move_to_element(frame).click_and_hold()
+            # duration=0: each move lands at once (selenium's default glides 250 ms per move); the pauses pace the drag
+            chain = ActionChains(browser, duration=0).move_to_element(frame).click_and_hold()
             for _ in range(30):
-                chain = chain.move_by_offset(step, 0).pause(0.03)
+                chain = chain.move_by_offset(step, 0).pause(0.05)
             chain.release().perform()
             assert turn in session.taken and "turn_" + ("left" if step > 0 else "right") not in session.taken
         wait.until(lambda b: act() == "noop")  # the mouse stopped: no turn

@@ -37,7 +37,7 @@ def test_e_after(x):
 def test_streams_report_each_outcome_and_what_a_stopped_stream_never_reached(tmp_path):
     (tmp_path / "test_fake_device.py").write_text(FAKE)
     out = tmp_path / "out" / "t.md"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "2", "--marker", "", "--limit", "12", "--out", str(out),
+    r = subprocess.run([sys.executable, str(SCRIPT), "--streams", "2", "--marker", "", "--limit", "8", "--out", str(out),
                         "--", str(tmp_path / "test_fake_device.py")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stdout + r.stderr  # one failed, two not reached
     text = out.read_text()
@@ -56,7 +56,7 @@ def test_streams_report_each_outcome_and_what_a_stopped_stream_never_reached(tmp
                      re.S)
 
 
-@pytest.mark.slow  # two pytest streams in subprocesses (~6 s on 2 cores)
+@pytest.mark.slow  # two pytest streams in subprocesses (~4 s on 2 cores)
 def test_a_selection_that_runs_whole_and_passes_exits_0(tmp_path):
     (tmp_path / "test_ok.py").write_text("import pytest\n\ndef test_one():\n    pass\n\n"
                                           "@pytest.mark.skip(reason='x')\ndef test_two():\n    pass\n")
