@@ -7,7 +7,7 @@ rate plus the first batch, and the peak memory. Decoding latents to pixels is no
 of `benchmarks/latents.py`).
 
     python benchmarks/bench_sampling.py --out DIR [--preset bench_dit_xl2] [--batch 256,512] [--steps 50] [--cfg 1.5]
-        [--modes off,default,reduce-overhead] [--ref PATH/TO/DiT/models.py] [--batches 3]
+        [--modes off,default,reduce-overhead] [--quant fp8] [--ref PATH/TO/DiT/models.py] [--batches 3]
     python benchmarks/bench_sampling.py --quick      # CPU smoke run: tiny DiT, 2 steps, one timed batch
 
 --ref imports DiT's models.py (github.com/facebookresearch/DiT, which needs timm) and builds the model of the same
@@ -26,6 +26,7 @@ from common import device_name, error_cell, report, sync
 from genlab.config.tree import load_config
 from genlab.families.build import build_model_and_method
 from genlab.lab.bench import data_spec_for
+from genlab.nn.ptq import quantize_model
 from genlab.sampling.images import compiled_for_sampling, sample_images
 
 DIT_NAMES = {"XL": "DiT-XL/2", "L": "DiT-L/2", "B": "DiT-B/2", "S": "DiT-S/2"}  # genlab size -> the reference's name (patch 2)
@@ -47,9 +48,11 @@ def timed(draw, batches: int, device) -> tuple[float, float, float]:
     return first, (time.perf_counter() - t0) / batches, peak
 
 
-def genlab_row(cfg, mode: str, batch: int, args, device) -> dict:
+def genlab_row(cfg, mode: str, batch: int, args, device, quant: str | None = None) -> dict:
     model, method = build_model_and_method(cfg, data_spec_for(cfg))
     model = model.to(device).eval()
+    if quant:  # what `genlab quantize RUN --to QUANT` does to a trained run's block linears before its evaluation
+        quantize_model(model, quant, device)
     net = compiled_for_sampling(model, mode)
     labels = torch.arange(batch, device=device) % method.spec["num_classes"]
     gen = torch.Generator(device=device).manual_seed(0)
@@ -96,6 +99,8 @@ def main():
     p.add_argument("--steps", type=int, default=50, help="Euler steps (2 network evaluations each, guided, in one forward)")
     p.add_argument("--cfg", type=float, default=1.5, help="guidance scale (DiT's FID-50k setting: 1.5)")
     p.add_argument("--modes", default="off,default,reduce-overhead", help="eval.sample_compile modes to time")
+    p.add_argument("--quant", default="", help="also time each mode on the model quantized by `genlab quantize --to` this "
+                                               "format (e.g. fp8: float8 block linears, torchao)")
     p.add_argument("--ref", default=None, help="path to the reference DiT's models.py (a row per batch)")
     p.add_argument("--batches", type=int, default=3, help="timed batches per row after the first")
     p.add_argument("--fp32", dest="bf16", action="store_false", help="no bf16 autocast")
@@ -110,20 +115,23 @@ def main():
     cfg = load_config(args.preset, overrides)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     batches = [int(b) for b in args.batch.split(",")]
-    rows = [(mode, b) for b in batches for mode in args.modes.split(",")] + ([("reference", b) for b in batches] if args.ref else [])
+    quants = [None] + ([args.quant] if args.quant else [])
+    rows = [(mode, b, q) for b in batches for q in quants for mode in args.modes.split(",")] + \
+        ([("reference", b, None) for b in batches] if args.ref else [])
     lines = [f"`{args.preset}` ({cfg.model.name} {cfg.model.size}/{cfg.model.patch_size}), {args.steps} Euler steps, guidance "
              f"{args.cfg} in one batched forward, {'bf16 autocast' if args.bf16 else 'fp32'}, {device_name(device)}, torch "
              f"{torch.__version__}", "",
              "| sampler | batch | first batch s | images/s | 50,000 samples, min | peak GiB |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for name, b in rows:
+    for name, b, quant in rows:
         torch._dynamo.reset()
         try:
-            r = reference_row(cfg, b, args, device) if name == "reference" else genlab_row(cfg, name, b, args, device)
+            r = reference_row(cfg, b, args, device) if name == "reference" else genlab_row(cfg, name, b, args, device, quant)
             rate = b / r["batch_s"]
             cells = [f"{r['first_s']:.1f}", f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}", f"{(50_000 / rate + r['first_s']) / 60:.1f}", f"{r['peak_gib']:.1f}"]
         except Exception as e:  # a row that cannot run here (no reference code, out of memory) says so in its cells
             cells = [error_cell(e), "", "", ""]
-        label = "DiT reference, compiled" if name == "reference" else f"genlab, sample_compile={name}"
+        label = "DiT reference, compiled" if name == "reference" else \
+            f"genlab{f' {quant} (genlab quantize)' if quant else ''}, sample_compile={name}"
         lines.append(f"| {label} | {b} | " + " | ".join(cells) + " |")
         print("  " + lines[-1], flush=True)  # as it comes; the table (lines from "|") follows at the end
     report(lines, args.out)

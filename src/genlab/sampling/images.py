@@ -21,26 +21,65 @@ def eval_context(cfg, device, run_dir, **extra) -> dict:
 
 
 def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=None, generator=None, device=None,
-                  batch=256, desc="sampling", post=None, per_step: bool | None = None) -> torch.Tensor:
+                  batch=256, desc="sampling", post=None, per_step: bool | None = None, to_cpu: bool = False) -> torch.Tensor:
     """Images in [-1, 1], [n, C, H, W], drawn by `method.sample` in batches of `batch` labels (latents decoded here,
     before `post`). Progress per sampler step where sample() takes a callback, else (or per_step=False) per image.
-    `post` maps each batch (e.g. to uint8 pixels on the CPU, so evaluation samples never sit on the device)."""
+    `post` maps each batch (e.g. to uint8 pixels). `to_cpu`: the batches come back on the CPU; on a CUDA device each
+    batch's decode, `post` and copy run on a side stream into pinned memory while the next batch samples, so the
+    loop never waits on the device (one synchronisation at the end, whatever the number of batches)."""
     if per_step is None:
         per_step = "callback" in inspect.signature(method.sample).parameters
     steps = steps or method.mcfg.sample_steps
     n_batches = -(-len(labels) // batch)
-    out = []
+    finish = _Overlapped(post) if to_cpu and torch.device(device or "cpu").type == "cuda" else _InLine(post, to_cpu)
     with progress.Task(f"{desc} {len(labels)} images", total=steps * n_batches if per_step else len(labels),
                        unit="step" if per_step else "img") as task:
         for i in range(0, len(labels), batch):
             kw = {"callback": lambda *_: task.update()} if per_step else {}
             x = method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
                               generator=generator, device=device, **kw)
-            x = decode_latents(method, x)
-            out.append(post(x) if post is not None else x)
+            finish.add(lambda x=x: decode_latents(method, x), len(x))
             if not per_step:
-                task.update(len(out[-1]))
-    return torch.cat(out)
+                task.update(len(x))
+        return finish.result()
+
+
+class _InLine:
+    """Decode and map each batch where it was drawn (the CPU, or a caller that keeps samples on the device)."""
+
+    def __init__(self, post, to_cpu: bool):
+        self.post, self.to_cpu, self.out = post, to_cpu, []
+
+    def add(self, decode, n: int):
+        x = decode()
+        x = self.post(x) if self.post is not None else x
+        self.out.append(x.cpu() if self.to_cpu else x)
+
+    def result(self) -> torch.Tensor:
+        return torch.cat(self.out)
+
+
+class _Overlapped:
+    """Each batch decoded, mapped and copied to pinned CPU memory on a side stream that waits only for its own batch:
+    the default stream goes on with the next batch's sampler steps, and the host never blocks until result()."""
+
+    def __init__(self, post):
+        self.post, self.stream, self.out = post, torch.cuda.Stream(), []
+
+    def add(self, decode, n: int):
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)  # this batch's samples are ready on the side stream
+        with torch.cuda.stream(self.stream):
+            x = decode()
+            x = self.post(x) if self.post is not None else x
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host.copy_(x, non_blocking=True)
+            x.record_stream(self.stream)  # its memory is not reused by the default stream before the copy is done
+        self.out.append(host)  # the decode's own buffers belong to the side stream: the next batch never waits on it
+
+    def result(self) -> torch.Tensor:
+        self.stream.synchronize()  # the one wait: every batch's copy has landed in host memory
+        return torch.cat(self.out)
 
 
 def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor:
@@ -48,7 +87,7 @@ def generate(method, model, labels, ctx, batch, desc="sampling") -> torch.Tensor
     evaluation binds this into the generate(labels, desc) callable that eval/ takes."""
     return sample_images(method, model, labels, steps=ctx["eval"].sample_steps, cfg_scale=ctx["eval"].cfg_scale,
                          sampler=ctx.get("sampler"), generator=ctx["generator"], device=ctx["device"], batch=batch,
-                         desc=desc, post=lambda x: to_pixels(x).cpu(), per_step=False)
+                         desc=desc, post=to_pixels, per_step=False, to_cpu=True)
 
 
 SAMPLE_COMPILE_MODES = ("off", "default", "max-autotune-no-cudagraphs", "reduce-overhead")

@@ -81,6 +81,8 @@ def linear_quadratic_grid(steps, cfg=None):
 def time_grid(steps: int, device=None, schedule: str = "uniform", cfg=None) -> torch.Tensor:
     ts = step_schedule_registry.get(schedule)(steps, cfg)
     ts[0], ts[-1] = 0.0, 1.0  # exact end points whatever the rounding of the map
+    if torch.device(device or "cpu").type == "cuda":  # from pinned memory, asynchronously: sampling never waits on the host
+        return ts.pin_memory().to(device, non_blocking=True)
     return ts.to(device)
 
 
