@@ -848,3 +848,21 @@ def test_flow_loss_in_x_space_is_the_plain_frame_error_and_its_mean_predictor_le
     assert level == pytest.approx(((res - res.mean(0)) ** 2).mean().item(), rel=1e-6)
     with pytest.raises(GenlabError, match="loss_space=x .* needs method.prediction=x"):
         build(world_cfg(tmp_path, toy_dir, "method.loss_space=x", "method.prediction=v"), toy_dir)
+
+
+@pytest.mark.slow  # two short trainings, one compiled on the CPU: ~30 s on 2 cores
+def test_the_compiled_world_step_follows_the_eager_one_through_closed_loop_horizons(toy_dir, tmp_path):
+    """The world presets ship train.compile=model (reduce-overhead on CUDA). Over teacher-forced steps and closed-loop
+    steps of every horizon (the rollout inside the step runs the compiled model under no_grad), the compiled run's
+    losses follow the eager run's to float32 rounding of inductor's reordered sums, and its final evaluation runs."""
+    from genlab.training.trainer import Trainer
+    common = ("train.steps=8", "log.every=1", "method.closed_loop_start=0.25", "train.precision=fp32",
+              "optim.warmup_steps=2", "eval.world_rollouts=2", "eval.world_horizons=2")
+    losses, horizons = {}, {}
+    for name, extra in (("eager", ()), ("compiled", ("train.compile=model",))):
+        summary = Trainer(world_cfg(tmp_path, toy_dir, *common, f"train.name={name}", *extra)).fit()
+        assert summary["status"] == "finished" and "tf_psnr" in summary
+        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+        losses[name], horizons[name] = [r["loss"] for r in rows], [r["horizon"] for r in rows]
+    assert horizons["compiled"] == horizons["eager"] and max(horizons["eager"]) == 3  # closed loop reached horizon 3
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)  # 6e-6 measured (2026-11-28)
