@@ -38,7 +38,7 @@ def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=
             kw = {"callback": lambda *_: task.update()} if per_step else {}
             x = method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
                               generator=generator, device=device, **kw)
-            finish.add(lambda x=x: decode_latents(method, x), len(x))
+            finish.add(x, lambda x: decode_latents(method, x))
             if not per_step:
                 task.update(len(x))
         return finish.result()
@@ -50,8 +50,8 @@ class _InLine:
     def __init__(self, post, to_cpu: bool):
         self.post, self.to_cpu, self.out = post, to_cpu, []
 
-    def add(self, decode, n: int):
-        x = decode()
+    def add(self, x, decode):
+        x = decode(x)
         x = self.post(x) if self.post is not None else x
         self.out.append(x.cpu() if self.to_cpu else x)
 
@@ -66,15 +66,14 @@ class _Overlapped:
     def __init__(self, post):
         self.post, self.stream, self.out = post, torch.cuda.Stream(), []
 
-    def add(self, decode, n: int):
-        main = torch.cuda.current_stream()
-        self.stream.wait_stream(main)  # this batch's samples are ready on the side stream
+    def add(self, x, decode):
+        self.stream.wait_stream(torch.cuda.current_stream())  # this batch's samples are ready on the side stream
+        x.record_stream(self.stream)  # drawn on the default stream, read on the side one: not reused before that
         with torch.cuda.stream(self.stream):
-            x = decode()
+            x = decode(x)
             x = self.post(x) if self.post is not None else x
             host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
             host.copy_(x, non_blocking=True)
-            x.record_stream(self.stream)  # its memory is not reused by the default stream before the copy is done
         self.out.append(host)  # the decode's own buffers belong to the side stream: the next batch never waits on it
 
     def result(self) -> torch.Tensor:
