@@ -27,6 +27,7 @@ from genlab.config.tree import load_config
 from genlab.families.build import build_model_and_method
 from genlab.lab.bench import data_spec_for
 from genlab.nn.ptq import quantize_model
+from genlab.runtime.metrics import peak_flops
 from genlab.sampling.images import compiled_for_sampling, sample_images
 
 DIT_NAMES = {"XL": "DiT-XL/2", "L": "DiT-L/2", "B": "DiT-B/2", "S": "DiT-S/2"}  # genlab size -> the reference's name (patch 2)
@@ -118,18 +119,26 @@ def main():
     quants = [None] + ([args.quant] if args.quant else [])
     rows = [(mode, b, q) for b in batches for q in quants for mode in args.modes.split(",")] + \
         ([("reference", b, None) for b in batches] if args.ref else [])
+    with torch.device("meta"):  # the FLOP count needs the shapes only
+        forward = build_model_and_method(cfg, data_spec_for(cfg))[0].flops_per_sample()
+    per_image = forward * args.steps * (2 if args.cfg != 1 else 1)  # both halves of the guided forward
+    peak = peak_flops(device)
     lines = [f"`{args.preset}` ({cfg.model.name} {cfg.model.size}/{cfg.model.patch_size}), {args.steps} Euler steps, guidance "
              f"{args.cfg} in one batched forward, {'bf16 autocast' if args.bf16 else 'fp32'}, {device_name(device)}, torch "
-             f"{torch.__version__}", "",
-             "| sampler | batch | first batch s | images/s | 50,000 samples, min | peak GiB |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             f"{torch.__version__}; {forward / 1e9:.4g} GFLOP per forward (the model's own count), so {per_image / 1e12:.4g} "
+             "TFLOP per image; MFU against the bf16 dense peak", "",
+             "| sampler | batch | first batch s | images/s | TFLOP/s | MFU | 50,000 samples, min | peak GiB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, b, quant in rows:
         torch._dynamo.reset()
         try:
             r = reference_row(cfg, b, args, device) if name == "reference" else genlab_row(cfg, name, b, args, device, quant)
             rate = b / r["batch_s"]
-            cells = [f"{r['first_s']:.1f}", f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}", f"{(50_000 / rate + r['first_s']) / 60:.1f}", f"{r['peak_gib']:.1f}"]
+            cells = [f"{r['first_s']:.1f}", f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}", f"{rate * per_image / 1e12:.3g}",
+                     f"{rate * per_image / peak:.1%}" if peak else "-", f"{(50_000 / rate + r['first_s']) / 60:.1f}",
+                     f"{r['peak_gib']:.1f}"]
         except Exception as e:  # a row that cannot run here (no reference code, out of memory) says so in its cells
-            cells = [error_cell(e), "", "", ""]
+            cells = [error_cell(e), "", "", "", "", ""]
         label = "DiT reference, compiled" if name == "reference" else \
             f"genlab{f' {quant} (genlab quantize)' if quant else ''}, sample_compile={name}"
         lines.append(f"| {label} | {b} | " + " | ".join(cells) + " |")

@@ -31,53 +31,47 @@ def sample_images(method, model, labels, *, steps=None, cfg_scale=None, sampler=
         per_step = "callback" in inspect.signature(method.sample).parameters
     steps = steps or method.mcfg.sample_steps
     n_batches = -(-len(labels) // batch)
-    finish = _Overlapped(post) if to_cpu and torch.device(device or "cpu").type == "cuda" else _InLine(post, to_cpu)
+    finish = _Batches(method, post, to_cpu)
     with progress.Task(f"{desc} {len(labels)} images", total=steps * n_batches if per_step else len(labels),
                        unit="step" if per_step else "img") as task:
         for i in range(0, len(labels), batch):
             kw = {"callback": lambda *_: task.update()} if per_step else {}
             x = method.sample(model, labels[i:i + batch], steps=steps, cfg_scale=cfg_scale, sampler=sampler,
                               generator=generator, device=device, **kw)
-            finish.add(x, lambda x: decode_latents(method, x))
+            finish.add(x)
             if not per_step:
                 task.update(len(x))
         return finish.result()
 
 
-class _InLine:
-    """Decode and map each batch where it was drawn (the CPU, or a caller that keeps samples on the device)."""
+class _Batches:
+    """Each drawn batch decoded (latent runs) and mapped by `post`; with `to_cpu` brought to the CPU. A CUDA batch is
+    decoded, mapped and copied into pinned memory on a side stream that waits only for its own batch, so the default
+    stream goes on with the next batch's sampler steps and the host never blocks until result()."""
 
-    def __init__(self, post, to_cpu: bool):
-        self.post, self.to_cpu, self.out = post, to_cpu, []
+    def __init__(self, method, post, to_cpu: bool):
+        self.method, self.post, self.to_cpu, self.out, self.stream = method, post, to_cpu, [], None
 
-    def add(self, x, decode):
-        x = decode(x)
-        x = self.post(x) if self.post is not None else x
-        self.out.append(x.cpu() if self.to_cpu else x)
+    def _map(self, x):
+        x = decode_latents(self.method, x)
+        return self.post(x) if self.post is not None else x
 
-    def result(self) -> torch.Tensor:
-        return torch.cat(self.out)
-
-
-class _Overlapped:
-    """Each batch decoded, mapped and copied to pinned CPU memory on a side stream that waits only for its own batch:
-    the default stream goes on with the next batch's sampler steps, and the host never blocks until result()."""
-
-    def __init__(self, post):
-        self.post, self.stream, self.out = post, torch.cuda.Stream(), []
-
-    def add(self, x, decode):
-        self.stream.wait_stream(torch.cuda.current_stream())  # this batch's samples are ready on the side stream
+    def add(self, x):
+        if not (self.to_cpu and x.is_cuda):
+            self.out.append(self._map(x).cpu() if self.to_cpu else self._map(x))
+            return
+        self.stream = self.stream or torch.cuda.Stream(x.device)
+        self.stream.wait_stream(torch.cuda.current_stream(x.device))  # this batch's samples are ready on the side stream
         x.record_stream(self.stream)  # drawn on the default stream, read on the side one: not reused before that
         with torch.cuda.stream(self.stream):
-            x = decode(x)
-            x = self.post(x) if self.post is not None else x
+            x = self._map(x)
             host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
             host.copy_(x, non_blocking=True)
         self.out.append(host)  # the decode's own buffers belong to the side stream: the next batch never waits on it
 
     def result(self) -> torch.Tensor:
-        self.stream.synchronize()  # the one wait: every batch's copy has landed in host memory
+        if self.stream is not None:
+            self.stream.synchronize()  # the one wait: every batch's copy has landed in host memory
         return torch.cat(self.out)
 
 
