@@ -866,3 +866,63 @@ def test_the_compiled_world_step_follows_the_eager_one_through_closed_loop_horiz
         losses[name], horizons[name] = [r["loss"] for r in rows], [r["horizon"] for r in rows]
     assert horizons["compiled"] == horizons["eager"] and max(horizons["eager"]) == 3  # closed loop reached horizon 3
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-4)  # 6e-6 measured (2026-11-28)
+
+
+@pytest.mark.parametrize("objective", ["flow", "l1"])
+def test_motion_weight_weighs_the_pixels_that_move_against_a_float64_loop(toy_dir, tmp_path, objective):
+    """method.motion_weight=w: the loss is sum(w_p e_p) / sum(w_p) with w_p = 1 + w on the pixels where the real target
+    differs from the real frame before it by more than 1.5 uint8 levels (the evaluation's moving pixels), 1 elsewhere;
+    checked against a float64 loop over pixels. 0 is the plain mean."""
+    from genlab.families.base import StepContext
+    w = 9.0
+    extra = ["method.loss_space=x"] if objective == "flow" else []
+    cfg = world_cfg(tmp_path, toy_dir, f"method.objective={objective}", "method.ctx_noise_max=0",
+                    "method.closed_loop_start=1.0", f"method.motion_weight={w}", *extra)
+    _, _, method = build(cfg, toy_dir)
+    B, L, S = 3, method.L, 16
+    frames = torch.full((B, L + method.H, 3, S, S), -0.5)
+    frames[:, L, :, 2:5, 7:9] = 0.5                         # a moved block
+    frames[:, L, 1, 10, 10] = -0.5 + 1.0 * 2 / 255          # one level: below the tolerance, not moving
+    frames[:, L, 2, 12, 3] = -0.5 + 2.0 * 2 / 255           # two levels, one channel: moving
+    const = 0.3                                              # the 'model' predicts a constant residual
+    spy = Spy(lambda x, c: torch.full_like(x, const) - (x if objective == "l1" else 0))
+    ctx = StepContext(step=0, total_steps=10, generator=torch.Generator().manual_seed(0), device=torch.device("cpu"),
+                      precision="fp32", ema=None, extras={})
+    loss, _ = method.loss(spy, {"frames": frames, "actions": torch.zeros(B, L + method.H, dtype=torch.long)}, ctx)
+    target, prev = frames[:, L].double().numpy(), frames[:, L - 1].double().numpy()
+    num = den = 0.0
+    for b in range(B):
+        for y in range(S):
+            for x in range(S):
+                moving = max(abs(target[b, c, y, x] - prev[b, c, y, x]) for c in range(3)) > 1.5 * 2 / 255
+                for c in range(3):
+                    e = const - (target[b, c, y, x] - prev[b, c, y, x])
+                    num += (1 + w * moving) * (e * e if objective == "flow" else abs(e))
+                    den += 1 + w * moving
+    assert loss.item() == pytest.approx(num / den, rel=1e-5)
+    cfg0 = world_cfg(tmp_path, toy_dir, f"method.objective={objective}", "method.ctx_noise_max=0",
+                     "method.closed_loop_start=1.0", *extra)
+    _, _, plain = build(cfg0, toy_dir)
+    loss0, _ = plain.loss(spy, {"frames": frames, "actions": torch.zeros(B, L + method.H, dtype=torch.long)}, ctx)
+    res = frames[:, L] - frames[:, L - 1]
+    ref0 = ((const - res) ** 2).mean() if objective == "flow" else (const - res).abs().mean()
+    assert loss0.item() == pytest.approx(ref0.item(), rel=1e-6)
+
+
+def test_motion_weighted_mean_predictor_level_is_the_weighted_variance(toy_dir, tmp_path):
+    """The stall sentinel's level under method.motion_weight: the weighted loss of the best per-pixel constant,
+    brute-forced in float64 from the same windows (weighted mean, then weighted squared error)."""
+    data, _, method = build(world_cfg(tmp_path, toy_dir, "method.loss_space=x", "method.motion_weight=4"), toy_dir)
+    from genlab.data.windows import spaced_windows
+    frames, _ = spaced_windows(data.train, method.L + 1, 10 ** 6, "cpu")
+    cur, prev = frames[:, method.L].double(), frames[:, method.L - 1].double()
+    res = (cur - prev).numpy()
+    wpix = 1 + 4 * ((cur - prev).abs().amax(1) > 1.5 * 2 / 255).double().numpy()       # [N, H, W]
+    wfull = np.broadcast_to(wpix[:, None], res.shape)
+    mean = (wfull * res).sum(0) / wfull.sum(0)
+    ref = float((wfull * (res - mean) ** 2).sum() / wfull.sum())
+    level = next(b for b in method.trivial_baselines(data, torch.Generator()) if b.metric == "loss").value
+    assert level == pytest.approx(ref, rel=1e-9)
+    plain = next(b for b in build(world_cfg(tmp_path, toy_dir, "method.loss_space=x"), toy_dir)[2]
+                 .trivial_baselines(data, torch.Generator()) if b.metric == "loss").value
+    assert level != pytest.approx(plain, rel=1e-3)  # the moving paddle and ball weigh more: a different level

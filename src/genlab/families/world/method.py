@@ -13,7 +13,7 @@ from genlab.data.episodes import read_episodes
 from genlab.data.pixels import quantize
 from genlab.data.windows import spaced_windows
 from genlab.eval.nfe import parse_int_list
-from genlab.eval.rollouts import evaluate_world
+from genlab.eval.rollouts import evaluate_world, moving_mask
 from genlab.families.base import Extra, Method, StepContext, method_registry
 from genlab.families.baselines import MAX_IMAGES, Baseline, mean_element_variance
 from genlab.families.image_flow.flow import WEIGHT_DRAWS, check_sampler_conditions
@@ -46,6 +46,14 @@ def action_guided(model, context, actions, level, guidance: float):
     return net
 
 
+def weighted_element_variance(x: torch.Tensor, weight: torch.Tensor) -> float:
+    """The weighted loss of the best per-element constant [N, C, H, W] under pixel weights [N, H, W]: each element's
+    weighted mean across samples, its weighted squared error summed over everything over the summed weights."""
+    w = weight.double().unsqueeze(1).expand_as(x)
+    mean = (w * x).sum(0) / w.sum(0).clamp_min(1e-12)
+    return float((w * (x - mean) ** 2).sum() / w.sum())
+
+
 def check_world_config(cfg):
     keys = WorldEvalKeys.of(cfg.eval)
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
@@ -60,6 +68,15 @@ def check_world_config(cfg):
                           "guidance pushes away from the null-action prediction, which only dropout trains")
     if keys.world_episodes:  # a wrong folder is found now, not by the final evaluation
         read_episodes(keys.world_episodes)
+
+
+def motion_weights(target: torch.Tensor, prev: torch.Tensor, motion_weight: float):
+    """Per-pixel loss weights [B, H, W] (None when off): 1 + motion_weight where the real target differs from the real
+    frame before it (the evaluation's moving pixels), so a ball of a few pixels is not outweighed by the static
+    background that copying the last frame already gets right."""
+    if motion_weight <= 0:
+        return None
+    return 1 + motion_weight * moving_mask(target, prev).float()
 
 
 class WorldModel(Method):
@@ -95,17 +112,20 @@ class WorldModel(Method):
         return {"disc": Extra(PatchDiscriminator(self.spec["channels"]), trainable=True, optimizer="disc",
                               lr=keys.disc_lr)}
 
-    def denoise_loss(self, model, target, context, actions, level, gen, base=None, keep=None):
+    def denoise_loss(self, model, target, context, actions, level, gen, base=None, keep=None, weight=None):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
-        clean context frame) the diffused quantity is target - base: zero output = copy the last frame."""
+        clean context frame) the diffused quantity is target - base: zero output = copy the last frame. `weight`
+        [B, H, W] weighs each pixel's error."""
         keys = WorldKeys.of(self.mcfg)
         if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
             k = keys.residual_scale
-            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen, keep=keep)
+            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen, keep=keep,
+                                          weight=weight)
             return loss, est / k + base
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
         extra = {} if keep is None else {"action_keep": keep}  # a backbone without action dropout needs no such input
-        return self.objective.loss(self, lambda x, t: model(x, t, context, actions, level, **extra), target, noise, gen)
+        return self.objective.loss(self, lambda x, t: model(x, t, context, actions, level, **extra), target, noise, gen,
+                                   weight)
 
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):
@@ -164,6 +184,7 @@ class WorldModel(Method):
             gen_frames = self.rollout(model, context, actions[:, :L + h - 2], self.mcfg.sample_steps, gen)
             context = torch.cat([context, gen_frames], 1)[:, -L:]
         target, acts = frames[:, L + h - 1], actions[:, h - 1:h - 1 + L]
+        weight = motion_weights(target, frames[:, L + h - 2], keys.motion_weight)
         last = context[:, -1]  # clean (possibly generated) previous frame: the discriminator's condition
         context, level = augment_context(context, gen, keys.ctx_noise_max)
         # residual base = the clean last frame (the noised one measured 4 dB worse one-step PSNR on 32x32 Pong)
@@ -171,7 +192,7 @@ class WorldModel(Method):
         keep = None
         if keys.action_dropout > 0:  # the null action's samples: what action guidance extrapolates away from
             keep = (torch.rand(target.shape[0], generator=gen, device=target.device) >= keys.action_dropout).float()
-        loss, est = self.denoise_loss(model, target, context, acts, level, gen, base, keep)
+        loss, est = self.denoise_loss(model, target, context, acts, level, gen, base, keep, weight)
         metrics = {"horizon": h}
         if "disc" not in ctx.extras or keys.adv_weight <= 0:
             return loss, metrics
@@ -193,14 +214,15 @@ class WorldModel(Method):
     def flow_mean_baseline(self, data, generator) -> list[Baseline]:
         """The flow objective's loss for a network that outputs the mean of its target: with prediction v,
         Var(target) + 1 (the noise); with x, E[1 / max(1 - t, 0.05)^2] Var(target) (objectives.py: v_from_x), or
-        Var(target) with method.loss_space=x."""
+        Var(target) with method.loss_space=x. Under method.motion_weight the variance and the mean are weighted."""
         frames, _ = spaced_windows(data.train, self.L + 1, MAX_IMAGES, "cpu")
         if frames is None:
             return []
         target = frames[:, self.L].double()
+        weight = motion_weights(frames[:, self.L], frames[:, self.L - 1], self.mcfg.motion_weight)
         if self.mcfg.residual:
             target = (target - frames[:, self.L - 1].double()) * self.mcfg.residual_scale
-        var = mean_element_variance(target.numpy())
+        var = mean_element_variance(target.numpy()) if weight is None else weighted_element_variance(target, weight)
         if self.mcfg.prediction == "v":
             return [Baseline("loss", var + 1.0, "velocity loss of predicting the mean frame")]
         if self.mcfg.loss_space == "x":
@@ -234,6 +256,9 @@ class WorldKeys(cf.Keys, section="method"):
                                       "method.action_guidance has an action-free prediction to push away from", ge=0, lt=1)
     action_guidance: float = cf.F(1.0, "world: classifier-free guidance on the actions when generating frames: "
                                        "null + w (actions - null); 1 = off; needs method.action_dropout > 0", ge=0)
+    motion_weight: float = cf.F(0.0, "world: pixels that move (the real target differs from the real frame before it by "
+                                     "more than 1.5 uint8 levels, as in the moving-pixel PSNR) weigh 1 + this in the loss: "
+                                     "a Pong ball is ~0.1% of the frame (0 = a plain mean)", ge=0)
     adv_weight: float = cf.F(0.0, "world: weight of the adversarial term of a patch discriminator (0 = off)", ge=0)
     disc_lr: float = cf.F(2e-4, "world: discriminator learning rate (method.adv_weight > 0)", gt=0)
 

@@ -19,11 +19,28 @@ world_objective_registry = Registry("world_objective")
 Net = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def weighted_mean(err: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """Mean of a per-element error [B, C, H, W]; with per-pixel weights [B, H, W] (method.motion_weight) the weighted
+    mean sum(w e) / sum(w), every channel of a pixel weighed alike."""
+    if weight is None:
+        return err.mean()
+    w = weight.unsqueeze(1).to(err.dtype).expand_as(err)
+    return (w * err).sum() / w.sum()
+
+
+def mse(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    if weight is None:  # the unweighted loss stays torch's own kernel
+        return F.mse_loss(a.float(), b.float())
+    return weighted_mean((a.float() - b.float()).pow(2), weight)
+
+
 class WorldObjective:
     """Base of every `world_objective` entry; `world` (the WorldModel) lends its mcfg and sample_t."""
 
-    def loss(self, world, net: Net, target: torch.Tensor, noise: torch.Tensor, gen) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss, one-step estimate of the clean target) for targets [B, C, H, W] and their Gaussian noise."""
+    def loss(self, world, net: Net, target: torch.Tensor, noise: torch.Tensor, gen,
+             weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loss, one-step estimate of the clean target) for targets [B, C, H, W] and their Gaussian noise; `weight`
+        [B, H, W] weighs each pixel's error (None: a plain mean)."""
         raise NotImplementedError
 
     def grid(self, steps: int, device) -> torch.Tensor:
@@ -62,18 +79,18 @@ class FlowObjectiveKeys(cf.Keys, section="method"):
 @world_objective_registry.register("flow", "rectified flow; the network predicts the clean frame (x) or the velocity (v)",
                                    keys=FlowObjectiveKeys)
 class FlowObjective(WorldObjective):
-    def loss(self, world, net, target, noise, gen):
+    def loss(self, world, net, target, noise, gen, weight=None):
         keys = FlowObjectiveKeys.of(world.mcfg)
         t = world.sample_t(target.shape[0], gen, target.device, world.mcfg)
         x_t = interpolate(noise, target, t)
         out = net(x_t, t)
         if keys.prediction == "x" and keys.loss_space == "x":
-            return F.mse_loss(out.float(), target.float()), out
+            return mse(out, target, weight), out
         if keys.prediction == "x":  # the network outputs the clean target; the loss stays on v
             est, v, v_target = out, v_from_x(out, x_t, t), v_from_x(target, x_t, t)
         else:
             est, v, v_target = x_t + per_sample(1 - t, x_t) * out, out, target - noise
-        return F.mse_loss(v.float(), v_target.float()), est
+        return mse(v, v_target, weight), est
 
     def velocity(self, world, net, x, t):
         keys = FlowObjectiveKeys.of(world.mcfg)
@@ -104,14 +121,14 @@ SIGMA_DATA = 0.5
 
 @world_objective_registry.register("edm", "EDM preconditioning (Karras et al. 2022), DIAMOND's choice")
 class EDMObjective(WorldObjective):
-    def loss(self, world, net, target, noise, gen):
+    def loss(self, world, net, target, noise, gen, weight=None):
         sigma = (torch.randn(target.shape[0], generator=gen, device=target.device) * P_STD + P_MEAN).exp()
         c_skip, c_out, c_in, c_noise = preconditioning(sigma, SIGMA_DATA)
         x_noisy = target + per_sample(sigma, target) * noise
         out = net(per_sample(c_in, x_noisy) * x_noisy, c_noise)
         skip, scale = per_sample(c_skip, x_noisy) * x_noisy, per_sample(c_out, x_noisy)
         # the EDM-weighted loss on D equals the plain MSE on the network's target
-        return F.mse_loss(out.float(), ((target - skip) / scale).float()), skip + scale * out
+        return mse(out, (target - skip) / scale, weight), skip + scale * out
 
     def grid(self, steps, device):
         return 1 / (1 + karras_sigmas(steps, SIGMA_MIN, SIGMA_MAX, RHO, device=device))
@@ -125,9 +142,10 @@ class EDMObjective(WorldObjective):
 
 @world_objective_registry.register("l1", "one-step regression from noise (L1); with method.adv_weight > 0 a GAN")
 class L1Objective(WorldObjective):
-    def loss(self, world, net, target, noise, gen):
+    def loss(self, world, net, target, noise, gen, weight=None):
         est = noise + net(noise, torch.zeros(target.shape[0], device=target.device))
-        return F.l1_loss(est.float(), target.float()), est
+        l1 = F.l1_loss(est.float(), target.float()) if weight is None else weighted_mean((est.float() - target.float()).abs(), weight)
+        return l1, est
 
     def grid(self, steps, device):
         return torch.tensor([0.0, 1.0], device=device)  # one step whatever method.sample_steps says
