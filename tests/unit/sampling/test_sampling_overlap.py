@@ -54,6 +54,7 @@ def test_overlapped_batches_on_cuda_match_the_in_line_copy_and_sync_once(n):
             got = draw(method, model, labels, "cuda", post=to_pixels, to_cpu=True)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    # only the per-operation warnings count; the mode's own "prototype feature" notice comes once per process
+    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
     assert got.device.type == "cpu" and torch.equal(got, want)
     assert len(syncs) <= 1, [str(w.message) for w in syncs]
