@@ -6,6 +6,7 @@ L: it never sees a method or a model.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
+from genlab.core.files import write_atomic
 from genlab.core.tables import markdown_table
 from genlab.data.episodes import read_episodes
 from genlab.data.windows import spaced_windows
@@ -211,10 +213,16 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
     res["world_gain_db"] = world_gain_db(res)
     run_dir = ctx.get("run_dir")
     if run_dir is not None:  # another folder's scores go beside the run's own: world_eval_<folder>.md
-        name = "world_eval" + (f"_{Path(ecfg.world_episodes).name}" if ecfg.world_episodes else "")
+        name = "world_eval" + (f"_{ctx['report']}" if ctx.get("report") else "")
+        name += f"_{Path(ecfg.world_episodes).name}" if ecfg.world_episodes else ""
+        if ctx.get("report"):  # a later `genlab eval` never replaces an earlier one's report
+            name = next(f"{name}{s}" for s in [""] + [f"_{i}" for i in range(2, 10 ** 6)]
+                        if not (Path(run_dir) / f"{name}{s}.json").exists())
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / f"{name}.json").write_text(json.dumps({"metrics": res, "curves": curves}, indent=2))
-        (Path(run_dir) / f"{name}.md").write_text(rollout_table(curves, res))
+        write_atomic(Path(run_dir) / f"{name}.json", json.dumps({"metrics": res, "curves": curves}, indent=2))
+        write_atomic(Path(run_dir) / f"{name}.md", rollout_table(curves, res))
+        if ctx.get("report"):
+            print(f"rollout report: {Path(run_dir) / name}.md", file=sys.stderr)
     return res
 
 

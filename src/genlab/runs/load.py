@@ -94,7 +94,15 @@ def evaluate_run(run, overrides=(), device="auto"):
     """`genlab eval` (the sweep harness runs it too): the run's evaluation, with eval.nfe_list its NFE table."""
     cfg, model, method, dev, state = load_run(run, device, True, overrides)
     nfe_table = _nfe_table_wanted(cfg, method)
-    return evaluate_model(cfg, model, method, dev, eval_data(cfg, method), _run_dir(run), state, nfe_table)
+    return evaluate_model(cfg, model, method, dev, eval_data(cfg, method), _run_dir(run), state, nfe_table,
+                          report=report_name(overrides))
+
+
+def report_name(overrides) -> str:
+    """The tag of the reports a `genlab eval` writes into the run folder beside (never over) the training's own:
+    `eval`, then each override's key leaf and value (`eval_sample_temperature-1`)."""
+    parts = ["eval"] + [o.strip().split(".")[-1].replace("=", "-") for o in overrides if "=" in o]
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in "_".join(parts))[:120]
 
 
 def eval_data(cfg, method):
@@ -105,10 +113,11 @@ def eval_data(cfg, method):
     return build_dataset(cfg.data)
 
 
-def evaluate_model(cfg, model, method, dev, data, run_dir, state=None, nfe_table=False) -> dict:
+def evaluate_model(cfg, model, method, dev, data, run_dir, state=None, nfe_table=False, report=None) -> dict:
     """A loaded model's evaluation in the run's training precision from a fresh fixed-seed context (`genlab eval`, the
-    quantization gap); with nfe_table the same evaluation per (sampler, NFE), as a table (eval/nfe.py)."""
-    ctx = eval_context(cfg, dev, run_dir)
+    quantization gap); with nfe_table the same evaluation per (sampler, NFE), as a table (eval/nfe.py). `report` tags
+    the report files the evaluation writes into run_dir, so they never replace the training's own."""
+    ctx = eval_context(cfg, dev, run_dir, report=report)
     with sampling_precision(cfg, dev).autocast(dev):
         res = method.evaluate(model, data, ctx)
         if nfe_table:

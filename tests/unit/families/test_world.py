@@ -457,7 +457,16 @@ def test_tiny_model_overfits_short_episode(toy_dir, tmp_path):
     assert losses[-1] < 0.25 * losses[0], losses
     assert summary["tf_psnr"] > summary["tf_copy_last_psnr"]  # it predicts the motion, not just the last frame
     assert (Path(summary["run_dir"]) / "samples.gif").exists() and "rollout_psnr_h4" in summary
-    assert (Path(summary["run_dir"]) / "world_eval.md").read_text().count("| 4 |") == 1
+    run = Path(summary["run_dir"])
+    own = (run / "world_eval.md").read_text()
+    assert own.count("| 4 |") == 1
+    # `genlab eval` with other sampling settings reports beside the training's report, never over it, nor over itself
+    from genlab.runs.load import evaluate_run
+    for _ in range(2):
+        evaluate_run(run, ["method.sample_temperature=1"], device="cpu")
+    assert (run / "world_eval.md").read_text() == own
+    first, second = run / "world_eval_eval_sample_temperature-1.md", run / "world_eval_eval_sample_temperature-1_2.md"
+    assert first.exists() and second.exists() and first.read_text() != own
 
 
 def test_adversarial_objective_stays_finite(toy_dir, tmp_path):
