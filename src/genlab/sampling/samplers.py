@@ -81,7 +81,9 @@ def linear_quadratic_grid(steps, cfg=None):
 def time_grid(steps: int, device=None, schedule: str = "uniform", cfg=None) -> torch.Tensor:
     ts = step_schedule_registry.get(schedule)(steps, cfg)
     ts[0], ts[-1] = 0.0, 1.0  # exact end points whatever the rounding of the map
-    if torch.device(device or "cpu").type == "cuda":  # from pinned memory, asynchronously: sampling never waits on the host
+    # from pinned memory, asynchronously: sampling never waits on the host (a compiled caller bakes the grid in as a
+    # constant instead, and fake tensors cannot be pinned)
+    if torch.device(device or "cpu").type == "cuda" and not torch.compiler.is_compiling():
         return ts.pin_memory().to(device, non_blocking=True)
     return ts.to(device)
 

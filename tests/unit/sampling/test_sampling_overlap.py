@@ -37,6 +37,15 @@ def test_the_time_grid_is_the_same_on_every_device():
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_compiled_caller_gets_the_same_cuda_time_grid():
+    """torch.compile over a whole generation (bench_world.py's compiled rows) traces time_grid: the pinned copy is
+    skipped there, where fake tensors cannot be pinned."""
+    grid = torch.compile(lambda x: x + time_grid(7, "cuda", "shifted").sum())(torch.zeros((), device="cuda"))
+    torch.testing.assert_close(grid.cpu(), time_grid(7, "cpu", "shifted").sum())
+
+
 @pytest.mark.parametrize("n", [pytest.param(n, marks=needs_cuda) for n in (4, 16)])
 def test_overlapped_batches_on_cuda_match_the_in_line_copy_and_sync_once(n):
     """Side-stream decode + pinned copies give the bytes of `.cpu()` per batch; counted with torch's sync debug mode,
