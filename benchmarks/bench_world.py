@@ -176,6 +176,8 @@ def main():
                 rows.append((b, v, dt * 1e3, b / dt))
             except Exception as e:  # noqa: BLE001  (a variant that fails here is reported, not fatal)
                 rows.append((b, v, float("nan"), f"failed: {error_cell(e)}"))
+            b_, v_, ms, fps = rows[-1]  # each row as it lands: a run cut by its time limit keeps the rows it measured
+            print(markdown_row([b_, v_, f"{ms:.2f}", fps if isinstance(fps, str) else format(fps, ",.0f")]), file=sys.stderr, flush=True)
             if cuda:
                 torch.cuda.empty_cache()
     print(f"### world-model generation speed: {S}x{S}x{C}, {L} context frames, {args.steps} Euler steps, "
