@@ -213,11 +213,10 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
     res["world_gain_db"] = world_gain_db(res)
     run_dir = ctx.get("run_dir")
     if run_dir is not None:  # another folder's scores go beside the run's own: world_eval_<folder>.md
-        name = "world_eval" + (f"_{ctx['report']}" if ctx.get("report") else "")
-        name += f"_{Path(ecfg.world_episodes).name}" if ecfg.world_episodes else ""
-        if ctx.get("report"):  # a later `genlab eval` never replaces an earlier one's report
-            name = next(f"{name}{s}" for s in [""] + [f"_{i}" for i in range(2, 10 ** 6)]
-                        if not (Path(run_dir) / f"{name}{s}.json").exists())
+        name = "world_eval" + (f"_{Path(ecfg.world_episodes).name}" if ecfg.world_episodes else "")
+        if ctx.get("report") and (Path(run_dir) / f"{name}.json").exists():  # `genlab eval`: beside, never over
+            name = next(f"{name}_{ctx['report']}{s}" for s in [""] + [f"_{i}" for i in range(2, 10 ** 6)]
+                        if not (Path(run_dir) / f"{name}_{ctx['report']}{s}.json").exists())
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         write_atomic(Path(run_dir) / f"{name}.json", json.dumps({"metrics": res, "curves": curves}, indent=2))
         write_atomic(Path(run_dir) / f"{name}.md", rollout_table(curves, res))

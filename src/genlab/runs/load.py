@@ -99,8 +99,8 @@ def evaluate_run(run, overrides=(), device="auto"):
 
 
 def report_name(overrides) -> str:
-    """The tag of the reports a `genlab eval` writes into the run folder beside (never over) the training's own:
-    `eval`, then each override's key leaf and value (`eval_sample_temperature-1`)."""
+    """The tag of a report that a `genlab eval` writes into the run folder beside (never over) an earlier one, such as
+    the training's own: `eval`, then each override's key leaf and value (`eval_sample_temperature-1`)."""
     parts = ["eval"] + [o.strip().split(".")[-1].replace("=", "-") for o in overrides if "=" in o]
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in "_".join(parts))[:120]
 

@@ -467,6 +467,11 @@ def test_tiny_model_overfits_short_episode(toy_dir, tmp_path):
     assert (run / "world_eval.md").read_text() == own
     first, second = run / "world_eval_eval_sample_temperature-1.md", run / "world_eval_eval_sample_temperature-1_2.md"
     assert first.exists() and second.exists() and first.read_text() != own
+    # a run cut before its final evaluation has no report: `genlab eval` writes the run's own (the world suite reads it)
+    for f in ("world_eval.md", "world_eval.json"):
+        (run / f).unlink()
+    evaluate_run(run, [], device="cpu")
+    assert (run / "world_eval.md").read_text() == own and not (run / "world_eval_eval.md").exists()
 
 
 def test_adversarial_objective_stays_finite(toy_dir, tmp_path):
