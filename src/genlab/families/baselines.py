@@ -44,10 +44,15 @@ def position_byte_entropy(images_u8) -> float:
     return float(np.mean([entropy_nats(np.bincount(x[:, j], minlength=256)) for j in range(x.shape[1])]))
 
 
-def mean_element_variance(x) -> float:
-    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting the mean."""
+def mean_element_variance(x, weight=None) -> float:
+    """Mean over elements of each element's variance across samples [N, ...]: the MSE of predicting the mean. With
+    weights shaped like x: the weighted MSE of the best constant, each element's weighted mean."""
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    return float(x.var(0).mean())
+    if weight is None:
+        return float(x.var(0).mean())
+    w = np.asarray(weight, dtype=np.float64).reshape(x.shape)
+    mean = (w * x).sum(0) / np.maximum(w.sum(0), 1e-12)
+    return float((w * (x - mean) ** 2).sum() / w.sum())
 
 
 def mean_image_l1(x) -> float:

@@ -46,14 +46,6 @@ def action_guided(model, context, actions, level, guidance: float):
     return net
 
 
-def weighted_element_variance(x: torch.Tensor, weight: torch.Tensor) -> float:
-    """The weighted loss of the best per-element constant [N, C, H, W] under pixel weights [N, H, W]: each element's
-    weighted mean across samples, its weighted squared error summed over everything over the summed weights."""
-    w = weight.double().unsqueeze(1).expand_as(x)
-    mean = (w * x).sum(0) / w.sum(0).clamp_min(1e-12)
-    return float((w * (x - mean) ** 2).sum() / w.sum())
-
-
 def check_world_config(cfg):
     keys = WorldEvalKeys.of(cfg.eval)
     if cfg.method.timestep_sampler == "adaptive":  # its state lives in the flow method
@@ -222,7 +214,7 @@ class WorldModel(Method):
         weight = motion_weights(frames[:, self.L], frames[:, self.L - 1], self.mcfg.motion_weight)
         if self.mcfg.residual:
             target = (target - frames[:, self.L - 1].double()) * self.mcfg.residual_scale
-        var = mean_element_variance(target.numpy()) if weight is None else weighted_element_variance(target, weight)
+        var = mean_element_variance(target.numpy(), None if weight is None else weight.unsqueeze(1).expand_as(target).numpy())
         if self.mcfg.prediction == "v":
             return [Baseline("loss", var + 1.0, "velocity loss of predicting the mean frame")]
         if self.mcfg.loss_space == "x":

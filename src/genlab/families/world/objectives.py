@@ -34,6 +34,12 @@ def mse(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None) ->
     return weighted_mean((a.float() - b.float()).pow(2), weight)
 
 
+def l1(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    if weight is None:
+        return F.l1_loss(a.float(), b.float())
+    return weighted_mean((a.float() - b.float()).abs(), weight)
+
+
 class WorldObjective:
     """Base of every `world_objective` entry; `world` (the WorldModel) lends its mcfg and sample_t."""
 
@@ -144,8 +150,7 @@ class EDMObjective(WorldObjective):
 class L1Objective(WorldObjective):
     def loss(self, world, net, target, noise, gen, weight=None):
         est = noise + net(noise, torch.zeros(target.shape[0], device=target.device))
-        l1 = F.l1_loss(est.float(), target.float()) if weight is None else weighted_mean((est.float() - target.float()).abs(), weight)
-        return l1, est
+        return l1(est, target, weight), est
 
     def grid(self, steps, device):
         return torch.tensor([0.0, 1.0], device=device)  # one step whatever method.sample_steps says
