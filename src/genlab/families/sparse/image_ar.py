@@ -15,6 +15,7 @@ from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
 from genlab.families.base import Method, method_registry
 from genlab.families.baselines import Baseline, position_byte_entropy, subset_index
+from genlab.families.lm.autoregressive import next_token
 from genlab.families.models import model_registry
 from genlab.families.sparse import render
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
@@ -31,11 +32,7 @@ def sample_seq(model, n: int, T: int, device, given=None, given_mask=None, tempe
     out = torch.zeros(n, T, dtype=torch.long, device=device)
     cache, tok = [], torch.full((n, 1), START, dtype=torch.long, device=device)
     for t in range(T):
-        logits = base.decode(tok, cache).float()
-        if temperature <= 0:
-            nxt = logits.argmax(-1)
-        else:
-            nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[:, 0]
+        nxt = next_token(base.decode(tok, cache).float(), temperature, generator=generator)[:, 0]
         if given_mask is not None:
             nxt = torch.where(given_mask[:, t], given[:, t], nxt)
         out[:, t] = nxt
