@@ -78,7 +78,9 @@ class ImageAR(Method):
         return [Baseline("loss", h, what), Baseline("val_bits_per_dim", h / LN2, what)]
 
     def heldout(self, data, k: int):
-        """uint8 [k, H, W, C] held-out images (eval.val_path) and where they came from."""
+        """uint8 [k, H, W, C] held-out images (eval.val_path, else the tail of `data`: None = the run's dataset) and
+        where they came from."""
+        data = build_dataset(self.cfg.data) if data is None else data
         if self.cfg.eval.val_path:
             val = read_image_dataset(self.cfg.eval.val_path)
             if list(val.images.shape[1:]) != [self.H, self.H, self.C]:
@@ -95,9 +97,6 @@ class ImageAR(Method):
             nll += F.cross_entropy(logits.flatten(0, 1), y.reshape(-1), reduction="sum").item()
             count += y.numel()
         return nll / count / LN2
-
-    def dataset(self):
-        return build_dataset(self.cfg.data)
 
     @torch.no_grad()
     def evaluate(self, model, data, ctx) -> dict:
