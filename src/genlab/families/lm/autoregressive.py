@@ -29,17 +29,20 @@ def generate(model, idx: torch.Tensor, new_tokens: int, vocab_size: int, seq_len
             keep = max(1, seq_len // 2) if cache else seq_len
             cache.clear()
             logits = base.decode(idx[:, -keep:], cache)
-        logits = logits[:, :vocab_size].float()
-        if temperature <= 0:
-            nxt = logits.argmax(-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if 0 < top_k < vocab_size:
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
-        idx = torch.cat([idx, nxt], dim=1)
+        idx = torch.cat([idx, next_token(logits[:, :vocab_size].float(), temperature, top_k, generator)], dim=1)
     return idx
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: int = 0, generator=None) -> torch.Tensor:
+    """Ids [B, 1] from float logits [B, V]: the argmax at temperature 0, else a draw from softmax(logits / temperature)
+    over the top_k most likely (0 = all)."""
+    if temperature <= 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
 @torch.no_grad()
@@ -61,16 +64,11 @@ class Autoregressive(lm.TokenMethod):
     model_families, causal = ("gpt", "sparse_transformer"), True
     sampling_keys = ("method.temperature", "method.top_k", "method.sample_len", "method.prompt")
     best_metric = "val_loss"  # log.keep_best keeps the checkpoint with the lowest value
-
-    def __init__(self, cfg, data_spec):
-        lm.check_token_spec(data_spec, "autoregressive")
-        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
-        self.V, self.T = data_spec["vocab_size"], data_spec["seq_len"]
-        self._checked = False
+    name = "autoregressive"
 
     def loss(self, model, batch, ctx):
         if not self._checked:
-            lm.check_backbone(model, causal=True, method="autoregressive")
+            self.backbone(model)
             self._checked = True
         # the model computes the loss itself: under torch.compile the head and the cross-entropy fuse
         return model(batch["x"], targets=batch["y"]), {}
@@ -80,7 +78,7 @@ class Autoregressive(lm.TokenMethod):
         ecfg, device = ctx["eval"], ctx["device"]
         if ecfg.num_samples <= 0:
             return {}
-        base = lm.check_backbone(model, causal=True, method="autoregressive")
+        base = self.backbone(model)
         wins = lm.val_windows(data, self.T, ecfg.num_samples)
         bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
         nats = score_nats(model, wins.to(device), self.V, batch=bs).mean().item()
@@ -92,7 +90,7 @@ class Autoregressive(lm.TokenMethod):
              top_k=None, stats=None):
         """Token ids [n, L]: `length` (or `steps`) new tokens; `stats` (a dict) gets the settings for sample_header."""
         keys = ArKeys.of(self.mcfg)
-        base = lm.check_backbone(model, causal=True, method="autoregressive")
+        base = self.backbone(model)
         length = length or steps or self.mcfg.sample_len or self.T
         temperature = self.mcfg.temperature if temperature is None else temperature
         top_k = keys.top_k if top_k is None else top_k

@@ -31,6 +31,18 @@ class TokenMethod(Method):
 
     data_kinds = ("token",)
     render = render  # the samples file (lm/render.py)
+    name = ""  # the registry name, in error messages
+
+    def __init__(self, cfg, data_spec):
+        if data_spec.get("kind") != "tokens":
+            raise GenlabError(f"method {self.name} needs token data (data.name=text|tokens|synthetic_tokens), got kind {data_spec.get('kind')!r}")
+        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec
+        self.V, self.T = data_spec["vocab_size"], data_spec["seq_len"]
+        self._checked = False  # the backbone is checked in the first loss call only
+
+    def backbone(self, model):
+        """The unwrapped model, refused unless a token backbone with this method's attention (causal or not)."""
+        return check_backbone(model, self.causal, self.name)
 
     def synthetic_batch(self, batch_size, device, generator):
         ids = torch.randint(0, self.V, (batch_size, self.T + 1), generator=generator, device=device)
@@ -47,18 +59,13 @@ class TokenMethod(Method):
         return [decode(self.spec, row.tolist()) for row in samples]
 
 
-def check_token_spec(spec: dict, method: str):
-    if spec.get("kind") != "tokens":
-        raise GenlabError(f"method {method} needs token data (data.name=text|tokens|synthetic_tokens), got kind {spec.get('kind')!r}")
-
-
 def check_backbone(model, causal: bool, method: str):
     base = unwrap(model)
     if not hasattr(base, "causal") or not hasattr(base, "vocab_size"):
         raise GenlabError(f"method {method} needs a token backbone (model.name=gpt or sparse_transformer)")
     if bool(base.causal) != causal:
-        want = "true" if causal else "false"
-        raise GenlabError(f"method {method} needs a {'causal' if causal else 'bidirectional'} backbone: set model.causal={want}")
+        raise GenlabError(f"method {method} needs a {'causal' if causal else 'bidirectional'} backbone: "
+                          f"set model.causal={str(causal).lower()}")
     return base
 
 
@@ -79,11 +86,8 @@ def eval_batch_size(ecfg, seq_len: int, n_vocab: int) -> int:
 
 def per_token_metrics(prefix: str, nats: float, spec: dict) -> dict:
     out = {f"{prefix}_loss": nats, f"{prefix}_bits_per_token": nats / LN2, f"{prefix}_ppl": math.exp(min(nats, 50.0))}
-    if spec.get("tokenizer") == "char":
-        out[f"{prefix}_bpc"] = nats / LN2
-    elif spec.get("tokenizer") == "byte":
-        out[f"{prefix}_bits_per_byte"] = nats / LN2
-    return out
+    unit = {"char": "bpc", "byte": "bits_per_byte"}.get(spec.get("tokenizer"))  # one token is one character / byte
+    return {**out, f"{prefix}_{unit}": nats / LN2} if unit else out
 
 
 def encode_prompt(spec: dict, text: str) -> list[int]:

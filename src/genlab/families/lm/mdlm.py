@@ -134,14 +134,14 @@ class MaskedDiffusion(lm.TokenMethod):
     batch_keys = ("x",)
     best_metric = "nelbo_loss"  # log.keep_best keeps the checkpoint with the lowest value
 
-    def __init__(self, cfg, data_spec):
-        lm.check_token_spec(data_spec, "mdlm")
-        self.cfg, self.mcfg, self.spec = cfg, cfg.method, data_spec  # noise_schedule and eps: checked by their fields
-        self.schedule, self.V, self.T = self.mcfg.noise_schedule, data_spec["vocab_size"], data_spec["seq_len"]
-        self._checked = False
+    name = "mdlm"
 
-    def _base(self, model):
-        base = lm.check_backbone(model, causal=False, method="mdlm")
+    def __init__(self, cfg, data_spec):
+        super().__init__(cfg, data_spec)
+        self.schedule = self.mcfg.noise_schedule  # noise_schedule and eps: checked by their fields
+
+    def backbone(self, model):
+        base = super().backbone(model)
         if base.n_vocab <= base.mask_id or base.mask_id < self.V:
             raise GenlabError("mdlm needs a spare embedding row for [MASK] (model vocab > data vocab)")
         return base
@@ -149,7 +149,7 @@ class MaskedDiffusion(lm.TokenMethod):
     def loss(self, model, batch, ctx):
         keys, generator = MdlmKeys.of(self.mcfg), ctx.generator
         if not self._checked:
-            self.mask_id = self._base(model).mask_id
+            self.mask_id = self.backbone(model).mask_id
             self._checked = True
         x = batch["x"]
         B, L = x.shape
@@ -168,7 +168,7 @@ class MaskedDiffusion(lm.TokenMethod):
         """{T: (mean NELBO in nats/token, its standard error)} for T in eval.T_list and T=inf, {T: the same of the
         T-step bound minus the continuous one} (paired: the draws are common to every T), and the tokens scored."""
         ecfg, device = ctx["eval"], ctx["device"]
-        base = self._base(model)
+        base = self.backbone(model)
         T_list = sorted(set(parse_int_list(ecfg.T_list, "eval.T_list")))
         wins = lm.val_windows(data, self.T, ecfg.num_samples)[:, :-1].to(device)
         bs = lm.eval_batch_size(ecfg, self.T, base.n_vocab)
@@ -221,7 +221,7 @@ class MaskedDiffusion(lm.TokenMethod):
              block_len=None, stats=None):
         """Token ids [n, L] from `steps` denoising steps; `stats` (a dict) gets settings and model calls."""
         keys = MdlmKeys.of(self.mcfg)
-        base = self._base(model)
+        base = self.backbone(model)
         if length is not None and not 1 <= length <= self.T:
             raise GenlabError(f"sample length must be 1..{self.T} for mdlm (the model's context, data.seq_len: it "
                               f"generates every position at once), got {length}")

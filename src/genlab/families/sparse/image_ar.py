@@ -15,6 +15,7 @@ from genlab.data.formats import read_image_dataset
 from genlab.data.pixels import to_model, to_pixels
 from genlab.families.base import Method, method_registry
 from genlab.families.baselines import Baseline, position_byte_entropy, subset_index
+from genlab.families.lm.autoregressive import next_token
 from genlab.families.models import model_registry
 from genlab.families.sparse import render
 from genlab.families.sparse.sparse_transformer import START, image_to_seq, seq_to_image, shift_in
@@ -31,11 +32,7 @@ def sample_seq(model, n: int, T: int, device, given=None, given_mask=None, tempe
     out = torch.zeros(n, T, dtype=torch.long, device=device)
     cache, tok = [], torch.full((n, 1), START, dtype=torch.long, device=device)
     for t in range(T):
-        logits = base.decode(tok, cache).float()
-        if temperature <= 0:
-            nxt = logits.argmax(-1)
-        else:
-            nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[:, 0]
+        nxt = next_token(base.decode(tok, cache).float(), temperature, generator=generator)[:, 0]
         if given_mask is not None:
             nxt = torch.where(given_mask[:, t], given[:, t], nxt)
         out[:, t] = nxt
@@ -81,7 +78,9 @@ class ImageAR(Method):
         return [Baseline("loss", h, what), Baseline("val_bits_per_dim", h / LN2, what)]
 
     def heldout(self, data, k: int):
-        """uint8 [k, H, W, C] held-out images (eval.val_path) and where they came from."""
+        """uint8 [k, H, W, C] held-out images (eval.val_path, else the tail of `data`: None = the run's dataset) and
+        where they came from."""
+        data = build_dataset(self.cfg.data) if data is None else data
         if self.cfg.eval.val_path:
             val = read_image_dataset(self.cfg.eval.val_path)
             if list(val.images.shape[1:]) != [self.H, self.H, self.C]:
@@ -98,9 +97,6 @@ class ImageAR(Method):
             nll += F.cross_entropy(logits.flatten(0, 1), y.reshape(-1), reduction="sum").item()
             count += y.numel()
         return nll / count / LN2
-
-    def dataset(self):
-        return build_dataset(self.cfg.data)
 
     @torch.no_grad()
     def evaluate(self, model, data, ctx) -> dict:

@@ -31,7 +31,7 @@ def heat(values: np.ndarray) -> np.ndarray:
 
 def completion_grid(method, model, path, generator, device, m=4, k=4, data=None, temperature=None):
     """Rows of: a held-out image, its top half, k completions of it."""
-    imgs, _ = method.heldout(data if data is not None else method.dataset(), m)
+    imgs, _ = method.heldout(data, m)
     u8 = torch.from_numpy(imgs)
     comp, given = method.complete(model, u8, k, generator, device, temperature)
     masked = u8.clone()
@@ -66,7 +66,7 @@ def attention_picture(method, model, path, pixel, data=None, device=None):
     if not (0 <= r < method.H and 0 <= c < method.H):
         raise GenlabError(f"--attention {r},{c} is outside the {method.H}x{method.H} image")
     q = _query(method, base, r, c)
-    imgs, _ = method.heldout(data if data is not None else method.dataset(), 1)
+    imgs, _ = method.heldout(data, 1)
     y = method.seq(torch.from_numpy(imgs).long().to(device))
     rows_p = base.attention_rows(shift_in(y), q)[:, 0].float().cpu()  # [depth, heads, q + 1]
     full = torch.zeros(*rows_p.shape[:2], method.T)

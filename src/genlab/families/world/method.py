@@ -108,16 +108,14 @@ class WorldModel(Method):
         """(loss, one-step estimate of the clean target) for the configured objective. With `base` (the last
         clean context frame) the diffused quantity is target - base: zero output = copy the last frame. `weight`
         [B, H, W] weighs each pixel's error."""
-        keys = WorldKeys.of(self.mcfg)
+        k = WorldKeys.of(self.mcfg).residual_scale
         if base is not None:  # scaled: the small residual gets a variance closer to the unit noise it is drawn from
-            k = keys.residual_scale
-            loss, est = self.denoise_loss(model, (target - base) * k, context, actions, level, gen, keep=keep,
-                                          weight=weight)
-            return loss, est / k + base
+            target = (target - base) * k
         noise = torch.randn(target.shape, generator=gen, device=target.device, dtype=target.dtype)
         extra = {} if keep is None else {"action_keep": keep}  # a backbone without action dropout needs no such input
-        return self.objective.loss(self, lambda x, t: model(x, t, context, actions, level, **extra), target, noise, gen,
-                                   weight)
+        loss, est = self.objective.loss(self, lambda x, t: model(x, t, context, actions, level, **extra), target, noise,
+                                        gen, weight)
+        return (loss, est / k + base) if base is not None else (loss, est)
 
     @torch.no_grad()
     def generate(self, model, context, actions, steps=None, generator=None, noise=None):

@@ -29,15 +29,13 @@ def weighted_mean(err: torch.Tensor, weight: torch.Tensor | None) -> torch.Tenso
 
 
 def mse(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    if weight is None:  # the unweighted loss stays torch's own kernel
+    if weight is None:  # the unweighted losses stay torch's own kernels
         return F.mse_loss(a.float(), b.float())
     return weighted_mean((a.float() - b.float()).pow(2), weight)
 
 
 def l1(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    if weight is None:
-        return F.l1_loss(a.float(), b.float())
-    return weighted_mean((a.float() - b.float()).abs(), weight)
+    return F.l1_loss(a.float(), b.float()) if weight is None else weighted_mean((a.float() - b.float()).abs(), weight)
 
 
 class WorldObjective:

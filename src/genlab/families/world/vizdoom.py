@@ -146,8 +146,7 @@ def coverage(positions: np.ndarray, actions: np.ndarray, kind: str) -> dict:
     if kind == "discrete":
         hist = {name: int((actions == i).sum()) for i, name in enumerate(NAMES)}
     else:
-        hist = {"move": int((actions[:, 0] != 0).sum()), "strafe": int((actions[:, 1] != 0).sum()),
-                "turn": int((actions[:, 2] != 0).sum()), "attack": int(actions[:, 3].sum()), "use": int(actions[:, 4].sum())}
+        hist = {name: int((actions[:, i] != 0).sum()) for i, name in enumerate(("move", "strafe", "turn", "attack", "use"))}
     return {"cells_visited": len(cells), "cell_units": CELL, "distance_walked": round(walked, 1),
             "x_range": [float(positions[:, 0].min()), float(positions[:, 0].max())],
             "y_range": [float(positions[:, 1].min()), float(positions[:, 1].max())], "action_histogram": hist}
