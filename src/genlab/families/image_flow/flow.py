@@ -17,10 +17,10 @@ from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method, method_registry
 from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow import render
-from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
 from genlab.families.image_flow.loss_weighting import loss_weighting_registry
-from genlab.families.image_flow.timesteps import resolve_shift, shift_time, timestep_sampler_registry
+from genlab.families.image_flow.timesteps import (PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps, resolve_shift, shift_time,
+                                                  timestep_sampler_registry)
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
 from genlab.sampling.images import SAMPLE_COMPILE_MODES, compiled_for_sampling, generate, sample_images
