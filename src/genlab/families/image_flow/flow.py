@@ -106,6 +106,7 @@ class FlowMatching(Method):
     data_kinds = ("image", "latent")  # autoencoder latents too (data.name=latents): samples decoded in sampling/images.py
     model_families, sampling_keys, output = ("image",), FLOW_SAMPLING, "velocity"
     batched_seeds = final_loss = graph_step = True
+    flow_metric = "loss"  # the logged value that is the velocity loss (methods that add a term log it apart)
 
     check_config = staticmethod(check_flow_config)
 
@@ -190,7 +191,7 @@ class FlowMatching(Method):
         return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
 
     def trivial_baselines(self, data, generator):
-        return [Baseline("loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
+        return [Baseline(self.flow_metric, self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def mean_velocity_loss(self, data, generator, weighted: bool = True) -> float:
         """The velocity loss of the best constant prediction, E[w(t)] (Var(data) + 1), E[w] over WEIGHT_DRAWS times."""

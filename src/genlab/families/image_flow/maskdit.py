@@ -15,7 +15,7 @@ from genlab.core.errors import GenlabError
 from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow import dit
 from genlab.families.image_flow.dit import patchify
-from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, FlowMatching, check_flow_config
+from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, check_flow_config
 from genlab.families.models import model_registry
 from genlab.nn.backbone import block_flops
 from genlab.nn.conditions import combine
@@ -50,6 +50,8 @@ def normalised_patches(x: torch.Tensor, p: int) -> torch.Tensor:
 
 
 class MaskDiTFlow(FlowMatching):
+    flow_metric = "flow_loss"  # on random visible patches: flow's mean-predictor loss in expectation (trivial_baselines)
+
     @staticmethod
     def check_config(cfg):
         check_flow_config(cfg)
@@ -82,10 +84,6 @@ class MaskDiTFlow(FlowMatching):
             raise GenlabError(f"method.mask_ratio={m.mask_ratio} keeps no token of {self.tokens}; "
                               f"use a ratio below {1 - 1 / self.tokens:.4g}")
         self.mae_weight, self.unmask_steps, self.norm_pix = m.mae_weight, m.unmask_steps, m.mae_norm_pix
-
-    def trivial_baselines(self, data, generator):
-        # the flow part (flow_loss, on random visible patches) has flow's mean-predictor loss in expectation
-        return [Baseline("flow_loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def masked_at(self, step: int, total_steps: int) -> bool:
         """True in the masked stage; the last unmask_steps steps (and mask_ratio 0, which keeps all) are unmasked."""
