@@ -26,9 +26,7 @@ def build_model_and_method(cfg, spec: dict):
     method_class = method_registry.get(cfg.method.name)
     if method_class.conditions:
         spec = {**spec, "conditions": dict(method_class.conditions)}
-    model = prepare_converters(model_registry.get(cfg.model.name)(cfg.model, spec), cfg)
-    method = method_class(cfg, spec)
-    return model, method
+    return prepare_converters(model_registry.get(cfg.model.name)(cfg.model, spec), cfg), method_class(cfg, spec)
 
 
 def check_model_shapes(model, state: dict, source: str, verb: str = "resume from", what: str = "the model"):

@@ -45,8 +45,7 @@ class ModelSpec(Spec):
             return
         if m.size not in self.sizes:
             raise GenlabError(f"unknown model.size '{m.size}' for model {m.name}{did_you_mean(m.size, self.sizes)}; valid: {', '.join(self.sizes)}")
-        dim0, depth0, heads0 = self.sizes[m.size]
-        dim, heads, depth = m.dim or dim0, m.heads or heads0, m.depth or depth0
+        dim, depth, heads = model_size(m, self.sizes, m.name)
         if dim % heads:
             raise GenlabError(f"model.heads ({heads}) must divide model.dim ({dim})")
         if m.pos_emb != "auto":  # the entry must fit the token grid

@@ -1,4 +1,4 @@
-"""MaskDiT (families/image_flow/maskdit.py, families/image_flow/maskdit_backbone.py): the encoder sees exactly the requested share of each sample's
+"""MaskDiT (families/image_flow/maskdit.py: the method and its backbone): the encoder sees exactly the requested share of each sample's
 tokens, the diffusion loss reads only those, the fine-tune stage and sampling see every token, a tiny model learns,
 runs resume exactly, bad settings fail in one line before any work."""
 from __future__ import annotations

@@ -10,7 +10,7 @@ from scipy import integrate, optimize, stats
 
 from genlab.config.tree import load_config
 from conftest import plain_context
-from genlab.families.image_flow.adaptive_timesteps import AdaptiveTimesteps
+from genlab.families.image_flow.timesteps import AdaptiveTimesteps
 from genlab.families.image_flow.flow import FlowMatching
 from genlab.families.image_flow.loss_weighting import min_snr
 from genlab.families.image_flow.timesteps import DENSITIES, resolve_shift, shift_time, timestep_sampler_registry

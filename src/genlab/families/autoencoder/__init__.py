@@ -1,2 +1,2 @@
 """Image autoencoders trained by genlab, for latent diffusion."""
-from genlab.families.autoencoder import method, model, run_autoencoder  # noqa: F401,E402
+from genlab.families.autoencoder import method, model  # noqa: F401,E402

@@ -1,5 +1,7 @@
 """Training an image autoencoder for latent diffusion (model autoencoder_kl): LDM's loss without the perceptual term,
-an optional PatchGAN under VQGAN's adaptive weight (docs/latents.md); evaluation writes RUN/latent_stats.json.
+an optional PatchGAN under VQGAN's adaptive weight (docs/latents.md); evaluation writes RUN/latent_stats.json. And
+`run:RUN`, the codec of such a run: loaded like every run (EMA weights where kept), scaled by the latent std and shifted
+by the mean its evaluation measured.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from genlab.config import fields as cf
+from genlab.core.errors import GenlabError
 from genlab.core.files import write_atomic
 from genlab.data import build_dataset
 from genlab.data.pixels import to_model
@@ -20,6 +23,10 @@ from genlab.eval.real_split import real_split
 from genlab.families.autoencoder import render
 from genlab.families.base import Extra, Method, method_registry
 from genlab.families.baselines import Baseline, mean_image_l1, training_images
+from genlab.families.build import load_run
+from genlab.families.models import model_registry
+from genlab.nn.autoencoders import LatentCodec, autoencoder_registry
+from genlab.runtime.checkpoint import resolve_checkpoint
 from genlab.runtime.parallel import unwrap
 
 STATS_FILE = "latent_stats.json"
@@ -189,3 +196,52 @@ def read_stats(run_dir) -> dict | None:
 method_registry.register("autoencoder", "image autoencoder for latent diffusion: L1 + kl_weight * KL (+ optional "
                                         "PatchGAN hinge term), eval = held-out reconstruction L1/PSNR and latent std",
                          keys=AeMethodKeys, reads=("eval.val_path",))(Autoencoder)
+
+
+def find_stats(arg: str) -> dict:
+    p = Path(arg).expanduser()  # the run folder, or a checkpoint or exported file in it or one below
+    for d in [p] if p.is_dir() and p.suffix != ".dcp" else [p.parent, p.parent.parent]:
+        s = read_stats(d)
+        if s is not None:
+            return s
+    raise GenlabError(f"autoencoder run:{arg}: no {STATS_FILE} with the latent std (its evaluation writes it: "
+                      f"`genlab eval {arg}`, with eval.num_samples > 0)")
+
+
+def check_run(arg: str) -> None:
+    try:
+        resolve_checkpoint(arg)
+    except GenlabError as e:
+        raise GenlabError(f"autoencoder run:{arg}: {e}") from None
+    find_stats(arg)
+
+
+class RunCodec(LatentCodec):
+    def __init__(self, spec: str, model, channels: int, stats: dict, step: int):
+        super().__init__(spec, channels=channels, latent_channels=model.latent_channels, factor=model.factor,
+                         scale=1.0 / stats["latent_std"], shift=stats.get("latent_mean", 0.0))
+        self.model, self.step, self.stats = model, step, stats
+
+    def encode_raw(self, x):
+        return self.model.encode(x)
+
+    def decode_raw(self, z):
+        return self.model.decode(z)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "run_step": self.step,
+                "latent_stats": {k: self.stats.get(k) for k in ("images", "source", "rec_l1", "psnr")}}
+
+
+@autoencoder_registry.register("run", "an autoencoder genlab trained (method autoencoder): run folder or "
+                                      "checkpoint; scale 1/std, shift mean of its latents", arg="RUN", check=check_run)
+def build_run(arg, device):
+    try:
+        cfg, model, _, _, state = load_run(arg, device="cpu")
+    except GenlabError as e:
+        raise GenlabError(f"autoencoder run:{arg}: {e}") from None
+    if model_registry.spec(cfg.model.name).family != "autoencoder":
+        raise GenlabError(f"autoencoder run:{arg}: its model {cfg.model.name} is not an autoencoder "
+                          f"(train one with method.name=autoencoder, e.g. `genlab train mnist_autoencoder`)")
+    return RunCodec(f"run:{Path(arg).resolve()}", model, state["data_spec"]["channels"], find_stats(arg),  # absolute
+                    int(state.get("step", 0)))

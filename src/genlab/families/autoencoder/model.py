@@ -65,22 +65,16 @@ class AttnBlock(nn.Module):
         return x + self.proj(h.transpose(-1, -2).reshape(B, C, H, W))
 
 
-class Downsample(nn.Module):
-    def __init__(self, ch: int):
+class Resample(nn.Module):
+    """SD's stride-2 conv down (after an asymmetric pad: side n -> n / 2 for even n), or nearest 2x up, then a conv."""
+
+    def __init__(self, ch: int, down: bool):
         super().__init__()
-        self.conv = nn.Conv2d(ch, ch, 3, stride=2)
+        self.down = down
+        self.conv = nn.Conv2d(ch, ch, 3, stride=2) if down else nn.Conv2d(ch, ch, 3, padding=1)
 
     def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # SD's asymmetric pad: side n -> n / 2 for even n
-
-
-class Upsample(nn.Module):
-    def __init__(self, ch: int):
-        super().__init__()
-        self.conv = nn.Conv2d(ch, ch, 3, padding=1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+        return self.conv(F.pad(x, (0, 1, 0, 1)) if self.down else F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 def mid_block(ch: int, heads: int) -> nn.Sequential:
@@ -91,15 +85,15 @@ def out_head(ch: int, cout: int) -> nn.Sequential:
     return nn.Sequential(nn.GroupNorm(groups(ch), ch, eps=1e-6), nn.SiLU(), nn.Conv2d(ch, cout, 3, padding=1))
 
 
-def resnet_stages(cin: int, widths: list[int], depth: int, resample) -> tuple[nn.Sequential, int]:
-    """(`depth` ResnetBlocks per width with `resample` between, as one Sequential: keys down.N / up.N; its width)."""
+def resnet_stages(cin: int, widths: list[int], depth: int, down: bool) -> tuple[nn.Sequential, int]:
+    """(`depth` ResnetBlocks per width with a Resample between, as one Sequential: keys down.N / up.N; its width)."""
     layers = []
     for i, w in enumerate(widths):
         for _ in range(depth):
             layers.append(ResnetBlock(cin, w))
             cin = w
         if i < len(widths) - 1:
-            layers.append(resample(w))
+            layers.append(Resample(w, down))
     return nn.Sequential(*layers), cin
 
 
@@ -108,7 +102,7 @@ class Encoder(nn.Module):
         super().__init__()
         widths = [dim * m for m in mult]
         self.conv_in = nn.Conv2d(channels, dim, 3, padding=1)
-        self.down, cin = resnet_stages(dim, widths, depth, Downsample)
+        self.down, cin = resnet_stages(dim, widths, depth, down=True)
         self.mid = mid_block(cin, heads)
         self.out = out_head(cin, out_ch)
 
@@ -122,7 +116,7 @@ class Decoder(nn.Module):
         widths = [dim * m for m in mult][::-1]
         self.conv_in = nn.Conv2d(latent_channels, widths[0], 3, padding=1)
         self.mid = mid_block(widths[0], heads)
-        self.up, cin = resnet_stages(widths[0], widths, depth + 1, Upsample)
+        self.up, cin = resnet_stages(widths[0], widths, depth + 1, down=False)
         self.out = out_head(cin, channels)
 
     def forward(self, z):

@@ -69,10 +69,7 @@ class FewStepFlow(FlowMatching):
     uses_teacher = False      # loads method.teacher as the frozen extra "teacher"
     init_from_teacher = True  # a fresh student starts from the teacher's weights (trained from scratch: False)
     data_kinds, output = ("image",), ""  # pixels only; what it predicts is no plain velocity (reflow's is)
-
-    def __init__(self, cfg, data_spec):
-        super().__init__(cfg, data_spec)
-        self._teacher_state = None
+    _teacher_state = None     # the teacher run's checkpoint, read once (None again once a module holds its weights)
 
     def _teacher(self) -> dict:
         """The teacher run's checkpoint (read once), or a one-line error when it cannot teach this student."""
@@ -94,10 +91,10 @@ class FewStepFlow(FlowMatching):
         return self._teacher_state
 
     def init_weights(self, model) -> None:
-        keys = TeacherPathKeys.of(self.mcfg)
         if self.init_from_teacher:
             st = self._teacher()
-            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"], keys.teacher)
+            load_student_from_teacher(model, st["ema"] if st.get("ema") is not None else st["model"],
+                                      TeacherPathKeys.of(self.mcfg).teacher)
 
     def extra_modules(self):
         extras = dict(super().extra_modules())

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch
 
 from genlab.core import progress
 from genlab.core.errors import GenlabError
+from genlab.data.formats import atomic_folder
 from genlab.data.pairs import write_pairs
 from genlab.data.pixels import to_pixels
 from genlab.families.few_step.base import build_teacher
@@ -78,10 +77,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     labels = (torch.arange(n) % k)[torch.randperm(n, generator=gen)] if k else torch.zeros(n, dtype=torch.long)  # balanced
 
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_folder(out) as tmp:
         samples = np.lib.format.open_memmap(tmp / "samples.npy", "w+", np.float32, (n, C, S, S))
         noise = np.lib.format.open_memmap(tmp / "noise.npy", "w+", np.float32, (n, C, S, S))
         images = np.empty((n, S, S, C), np.uint8)
@@ -108,8 +104,4 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
         del samples, noise  # the memmaps close before the folder moves
         if out.exists():
             raise GenlabError(f"--out {out} appeared while the pairs were drawn; they were not written")
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -96,6 +96,12 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.ada[1].weight)
         nn.init.zeros_(self.ada[1].bias)
 
+    @classmethod
+    def of(cls, s, layer: int, **options):
+        """A block of an image backbone's spec `s` at depth index `layer`."""
+        return cls(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=layer,
+                   qkv_kernel=s.qkv_kernel, **options)
+
     def pre(self, x, c, rope=None):
         mod = self.ada(c).chunk(2 if self.pre_only else 6, dim=-1)
         return self.attn.heads_qkv(self.norm_modulate(x, mod[0], mod[1], self.eps), rope), mod
@@ -127,37 +133,40 @@ class FinalLayer(nn.Module):
         return self.linear(self.norm_modulate(x, shift, scale, self.eps))
 
 
-def add_image_stem(model: nn.Module, s) -> None:
-    """The input side every image backbone shares, as attributes of `model` (the same state-dict keys in each)."""
-    p = s.patch_size
-    if s.image_size % p:
-        raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
-    model.spec = s
-    model.residual_dtype = residual_registry.get(s.residual)
-    model.grid = s.image_size // p
-    model.num_tokens = model.grid ** 2
-    model.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
-    model.patch_embed = nn.Linear(p * p * s.channels, s.dim)
-    model.pos = build_position(s.pos_emb, s.dim, s.heads, (model.grid, model.grid), "dit")
-    model.t_embed = TimestepEmbedder(s.dim)
-    model.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
-    model.cond_embed = ConditionSet(s.dim, s.conditions)
+class ImageBackbone(nn.Module):
+    """What every image backbone shares: the input side (the same state-dict keys in each), its conditions, the
+    block stack with its long skips, the weight init and the output's image layout."""
 
-
-def embed_conditions(model, t, y, extra: dict) -> list[torch.Tensor]:
-    """[B, D] embeddings of time, class and every extra condition, the same way in every image backbone."""
-    return [model.t_embed(t), model.y_embed(y), *model.cond_embed(t.shape[0], **extra)]
-
-class DiT(nn.Module):
-    def __init__(self, spec: DiTSpec):
+    def __init__(self, s: DiTSpec):
         super().__init__()
-        s, p = spec, spec.patch_size
-        add_image_stem(self, s)
-        self.blocks = nn.ModuleList(DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm,
-                                             layer=i, qkv_kernel=s.qkv_kernel) for i in range(s.depth))
-        self.skips = LongSkips(s.dim, s.depth, s.long_skips)
-        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
-        self._init_weights()
+        p = s.patch_size
+        if s.image_size % p:
+            raise ValueError(f"image size {s.image_size} not divisible by patch size {p}")
+        self.spec = s
+        self.residual_dtype = residual_registry.get(s.residual)
+        self.grid = s.image_size // p
+        self.num_tokens = self.grid ** 2
+        self.null_class = s.num_classes  # the extra embedding row used for unconditional (CFG) passes
+        self.patch_embed = nn.Linear(p * p * s.channels, s.dim)
+        self.pos = build_position(s.pos_emb, s.dim, s.heads, (self.grid, self.grid), "dit")
+        self.t_embed = TimestepEmbedder(s.dim)
+        self.y_embed = nn.Embedding(s.num_classes + 1, s.dim)
+        self.cond_embed = ConditionSet(s.dim, s.conditions)
+
+    def embed(self, x_t, t, y, extra: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(patch tokens with positions in the residual dtype, [B, D] embeddings of time, class and every extra
+        condition), the same way in every image backbone."""
+        h = self.pos(self.patch_embed(patchify(x_t, self.spec.patch_size)).to(self.residual_dtype(x_t)))
+        return h, [self.t_embed(t), self.y_embed(y), *self.cond_embed(t.shape[0], **extra)]
+
+    def image(self, out: torch.Tensor) -> torch.Tensor:
+        s = self.spec
+        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+
+    def stem_flops(self) -> int:
+        """Forward FLOPs of the patch embedding and the condition MLPs."""
+        s, D = self.spec, self.spec.dim
+        return 2 * self.num_tokens * s.patch_size ** 2 * s.channels * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
 
     def _init_weights(self):
         for name, m in self.named_modules():
@@ -171,20 +180,6 @@ class DiT(nn.Module):
                 nn.init.normal_(m.weight, std=0.02)
         self.skips.reset_parameters()
 
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
-                loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
-        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional). With
-        loss_target: the weighted flow loss through the `final_kernel` entry instead (nn/fused_final.py)."""
-        s = self.spec
-        h = self.pos(self.patch_embed(patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        c = combine(embed_conditions(self, t, y, conditions))
-        h = self.run_blocks(h, c, rope=self.pos.rope(), grid=TokenGrid(0, self.grid, self.grid))
-        if loss_target is not None:  # the target goes to the patch layout (no gradient), not the output to the image's
-            return final_kernel_registry.get(s.final_kernel)(self.final, h, c, patchify(loss_target, s.patch_size),
-                                                             loss_weight)
-        out = self.final(h, c)
-        return depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
-
     def run_blocks(self, h, *c, rope=None, grid=None):
         """The block stack with its long skips (MaskDiT: on the visible tokens; the in-context DiT: without `c`)."""
         saved = {}
@@ -196,14 +191,35 @@ class DiT(nn.Module):
                 saved[i] = h
         return h
 
+
+class DiT(ImageBackbone):
+    def __init__(self, spec: DiTSpec):
+        super().__init__(spec)
+        s, p = spec, spec.patch_size
+        self.blocks = nn.ModuleList(DiTBlock.of(s, i) for i in range(s.depth))
+        self.skips = LongSkips(s.dim, s.depth, s.long_skips)
+        self.final = FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
+        self._init_weights()
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, loss_target: torch.Tensor | None = None,
+                loss_weight: torch.Tensor | None = None, **conditions) -> torch.Tensor:
+        """x_t: [B, C, H, W] noisy input; t: [B] in [0, 1]; y: [B] class ids (null_class = unconditional). With
+        loss_target: the weighted flow loss through the `final_kernel` entry instead (nn/fused_final.py)."""
+        s = self.spec
+        h, embs = self.embed(x_t, t, y, conditions)
+        c = combine(embs)
+        h = self.run_blocks(h, c, rope=self.pos.rope(), grid=TokenGrid(0, self.grid, self.grid))
+        if loss_target is not None:  # the target goes to the patch layout (no gradient), not the output to the image's
+            return final_kernel_registry.get(s.final_kernel)(self.final, h, c, patchify(loss_target, s.patch_size),
+                                                             loss_weight)
+        return self.image(self.final(h, c))
+
     def flops_per_sample(self) -> int:
         """Forward FLOPs (2 per multiply-add) of one sample, as torch.utils.flop_counter counts (attention_flops)."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
-        pd = s.patch_size ** 2 * s.channels
-        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)  # patch embed, condition MLPs
-        f += s.depth * block_flops(s, N, N, ada=6)
+        f = self.stem_flops() + s.depth * block_flops(s, N, N, ada=6)
         f += self.skips.flops(lambda j: N)
-        return f + 2 * D * 2 * D + 2 * N * D * pd                        # final adaLN + projection
+        return f + 2 * D * 2 * D + 2 * N * D * s.patch_size ** 2 * s.channels  # final adaLN + projection
 
 
 def dit_size(cfg_model) -> tuple[int, int, int]:

@@ -17,10 +17,10 @@ from genlab.eval.nfe import parse_int_list, samplers_of
 from genlab.families.base import Extra, Method, method_registry
 from genlab.families.baselines import Baseline, mean_element_variance, training_images
 from genlab.families.image_flow import render
-from genlab.families.image_flow.adaptive_timesteps import PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps
 from genlab.families.image_flow.dit import dit_size
 from genlab.families.image_flow.loss_weighting import loss_weighting_registry
-from genlab.families.image_flow.timesteps import resolve_shift, shift_time, timestep_sampler_registry
+from genlab.families.image_flow.timesteps import (PROBE_SAMPLES, PROBE_TIMES, AdaptiveTimesteps, resolve_shift, shift_time,
+                                                  timestep_sampler_registry)
 from genlab.runtime.parallel import unwrap  # noqa: F401 (re-exported for the flow-based methods)
 from genlab.sampling.block_cache import cached_blocks, parse_block_list
 from genlab.sampling.images import SAMPLE_COMPILE_MODES, compiled_for_sampling, generate, sample_images
@@ -106,6 +106,7 @@ class FlowMatching(Method):
     data_kinds = ("image", "latent")  # autoencoder latents too (data.name=latents): samples decoded in sampling/images.py
     model_families, sampling_keys, output = ("image",), FLOW_SAMPLING, "velocity"
     batched_seeds = final_loss = graph_step = True
+    flow_metric = "loss"  # the logged value that is the velocity loss (methods that add a term log it apart)
 
     check_config = staticmethod(check_flow_config)
 
@@ -190,7 +191,7 @@ class FlowMatching(Method):
         return (self.weight(inputs["t"].float(), self.mcfg) * per_sample).mean(), {}
 
     def trivial_baselines(self, data, generator):
-        return [Baseline("loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
+        return [Baseline(self.flow_metric, self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def mean_velocity_loss(self, data, generator, weighted: bool = True) -> float:
         """The velocity loss of the best constant prediction, E[w(t)] (Var(data) + 1), E[w] over WEIGHT_DRAWS times."""

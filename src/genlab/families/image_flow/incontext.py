@@ -13,7 +13,6 @@ from genlab.nn.norm import norm_registry
 from genlab.families.image_flow import dit
 from genlab.nn.attention import Attention
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
-from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid, mlp_registry
 
 PLACEMENTS = ("pre", "post")
@@ -42,11 +41,10 @@ class PlainBlock(nn.Module):
         return x + self.mlp(self.norm2(x), grid=grid)
 
 
-class InContextDiT(nn.Module):
+class InContextDiT(dit.ImageBackbone):
     def __init__(self, spec: dit.DiTSpec):
-        super().__init__()
+        super().__init__(spec)
         s, p = spec, spec.patch_size
-        dit.add_image_stem(self, s)
         self.blocks = nn.ModuleList(PlainBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.mlp, s.norm,
                                                s.ln_placement, layer=i, qkv_kernel=s.qkv_kernel)
                                     for i in range(s.depth))
@@ -54,27 +52,24 @@ class InContextDiT(nn.Module):
         # post-LN blocks end normalised; pre-LN needs the final norm (GPT-2)
         self.final_norm = nn.Identity() if s.ln_placement == "post" else norm_registry.get(s.norm)(s.dim, eps=1e-6)
         self.head = nn.Linear(s.dim, p * p * s.channels)
-        dit.DiT._init_weights(self)
+        self._init_weights()
         nn.init.zeros_(self.head.weight)  # zero velocity at init, as DiT's zero-initialised final layer
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **conditions) -> torch.Tensor:
-        s = self.spec
-        h = self.pos(self.patch_embed(dit.patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        cond = torch.stack(dit.embed_conditions(self, t, y, conditions), dim=1).to(h.dtype)  # one token per condition
+        h, embs = self.embed(x_t, t, y, conditions)
+        cond = torch.stack(embs, dim=1).to(h.dtype)  # one token per condition
         k = cond.shape[1]
         h = torch.cat([cond, h], dim=1)
         rope, grid = prefix_rope(self.pos.rope(), k), TokenGrid(k, self.grid, self.grid)
-        h = dit.DiT.run_blocks(self, h, rope=rope, grid=grid)
-        out = self.head(self.final_norm(h[:, k:]))
-        return dit.depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+        h = self.run_blocks(h, rope=rope, grid=grid)
+        return self.image(self.head(self.final_norm(h[:, k:])))
 
     def flops_per_sample(self) -> int:
         """Forward FLOPs as torch.utils.flop_counter counts them (see DiT.flops_per_sample): N + 2 tokens per block."""
         s, N, D = self.spec, self.num_tokens, self.spec.dim
-        n, pd = N + COND_TOKENS + len(s.conditions), s.patch_size ** 2 * s.channels
-        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
-        f += s.depth * block_flops(s, n, N, ada=0) + self.skips.flops(lambda j: n)
-        return f + 2 * N * D * pd
+        n = N + COND_TOKENS + len(s.conditions)
+        f = self.stem_flops() + s.depth * block_flops(s, n, N, ada=0) + self.skips.flops(lambda j: n)
+        return f + 2 * N * D * s.patch_size ** 2 * s.channels
 
 
 class IncontextKeys(cf.Keys, section="model"):

@@ -13,7 +13,6 @@ from genlab.families.image_flow import dit
 from genlab.nn.attention import attention_flops
 from genlab.nn.backbone import LongSkips, block_flops, prefix_rope
 from genlab.nn.conditions import combine
-from genlab.nn.embeddings import embed_flops
 from genlab.nn.mlp import TokenGrid
 
 NO_GRID = TokenGrid(0, 0, 0)  # conditioning tokens: an image backbone's tokens without grid positions
@@ -27,9 +26,8 @@ class JointBlock(nn.Module):
 
     def __init__(self, s: dit.DiTSpec, layer: int, last: bool = False):
         super().__init__()
-        args = (s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm)
-        self.x = dit.DiTBlock(*args, layer=layer, qkv_kernel=s.qkv_kernel)
-        self.ctx = dit.DiTBlock(*args, layer=layer, kernel=False, pre_only=last, grid=False, qkv_kernel=s.qkv_kernel)
+        self.x = dit.DiTBlock.of(s, layer)
+        self.ctx = dit.DiTBlock.of(s, layer, kernel=False, pre_only=last, grid=False)
 
     def forward(self, x, ctx, c, rope=None, grid=None):
         qkv_x, mod_x = self.x.pre(x, c, rope)
@@ -42,32 +40,27 @@ class JointBlock(nn.Module):
         return self.x.post(x, o[:, :, L:], mod_x, grid), self.ctx.post(ctx, o[:, :, :L], mod_c, NO_GRID)
 
 
-class MMDiT(nn.Module):
+class MMDiT(dit.ImageBackbone):
     def __init__(self, spec: dit.DiTSpec):
-        super().__init__()
         s, p = spec, spec.patch_size
         if not 0 <= s.dual_blocks <= s.depth:
             raise GenlabError(f"model.dual_blocks ({s.dual_blocks}) must be between 0 and model.depth ({s.depth})")
+        super().__init__(s)
         self.dual = s.dual_blocks or s.depth
-        dit.add_image_stem(self, s)
         self.context_embed = nn.Linear(s.context_dim, s.dim) if s.context_dim else None
         self.blocks = nn.ModuleList(
-            JointBlock(s, i, last=i == s.depth - 1) if i < self.dual else
-            dit.DiTBlock(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=i,
-                         qkv_kernel=s.qkv_kernel)
-            for i in range(s.depth))
+            JointBlock(s, i, last=i == s.depth - 1) if i < self.dual else dit.DiTBlock.of(s, i) for i in range(s.depth))
         self.skips = LongSkips(s.dim, s.depth, s.long_skips)                               # image / joint tokens
         self.ctx_skips = LongSkips(s.dim, s.depth, s.long_skips, receivers=range(self.dual))  # context, dual blocks
         self.final = dit.FinalLayer(s.dim, p * p * s.channels, s.adaln, s.norm)
-        dit.DiT._init_weights(self)
+        self._init_weights()
         self.ctx_skips.reset_parameters()
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None = None,
                 **conditions):
         """x_t [B, C, H, W], t [B], y [B] class ids (null_class = unconditional); context [B, L, context_dim] optional."""
         s = self.spec
-        x = self.pos(self.patch_embed(dit.patchify(x_t, s.patch_size)).to(self.residual_dtype(x_t)))
-        embs = dit.embed_conditions(self, t, y, conditions)
+        x, embs = self.embed(x_t, t, y, conditions)
         c = combine(embs)
         if context is not None and self.context_embed is None:  # ctx: the class and time tokens, or the context's
             raise GenlabError("this MMDiT was built without context_dim: it takes class and timestep tokens only")
@@ -95,14 +88,12 @@ class MMDiT(nn.Module):
                 saved[i] = h
         if self.dual < s.depth:
             x = h[:, L:]
-        out = self.final(x, c)
-        return dit.depatchify(out, s.patch_size, s.channels, s.image_size, s.image_size)
+        return self.image(self.final(x, c))
 
     def flops_per_sample(self, context_len: int = 2) -> int:
         """Forward FLOPs as DiT.flops_per_sample counts them, for context_len conditioning tokens."""
         s, N, D, L = self.spec, self.num_tokens, self.spec.dim, context_len
-        pd = s.patch_size ** 2 * s.channels
-        f = 2 * N * pd * D + embed_flops(self.t_embed, D) + self.cond_embed.flops(D)
+        f = self.stem_flops()
         if self.context_embed is not None and context_len:
             f += 2 * L * s.context_dim * D
         for i in range(s.depth):
@@ -114,7 +105,7 @@ class MMDiT(nn.Module):
             else:
                 f += block_flops(s, N + L, N)
         f += self.skips.flops(lambda j: N if j < self.dual else N + L) + self.ctx_skips.flops(lambda j: L)
-        return f + 2 * D * 2 * D + 2 * N * D * pd
+        return f + 2 * D * 2 * D + 2 * N * D * s.patch_size ** 2 * s.channels
 
 
 class MmditKeys(cf.Keys, section="model"):

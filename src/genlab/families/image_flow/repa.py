@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from genlab.config import fields as cf
 from genlab.core.errors import GenlabError
 from genlab.families.base import Extra, method_registry
-from genlab.families.baselines import Baseline
 from genlab.families.image_flow.dit import dit_size
-from genlab.families.image_flow.flow import FLOW_KEYS, MEAN_VELOCITY, FlowMatching, check_flow_config, unwrap
+from genlab.families.image_flow.flow import FLOW_KEYS, FlowMatching, check_flow_config, unwrap
 from genlab.families.image_flow.repa_encoders import build_encoder, check_encoder
 from genlab.families.models import model_registry
 
@@ -75,6 +74,7 @@ def aligned_block(cfg_block: int, depth: int) -> int:
 class REPA(FlowMatching):
     data_kinds = ("image",)  # the encoder it aligns to reads pixels
     final_loss = graph_step = True
+    flow_metric = "flow_loss"  # the loss adds the alignment term (a negative cosine): its baseline is flow's part's
 
     @staticmethod
     def check_config(cfg):
@@ -102,10 +102,6 @@ class REPA(FlowMatching):
     def extra_modules(self):
         return {**super().extra_modules(), "projector": Extra(self.projector, trainable=True, lr=self.lr),
                 "encoder": Extra(self.encoder, trainable=False)}
-
-    def trivial_baselines(self, data, generator):
-        # the loss adds the alignment term (a negative cosine): the flow part, logged as flow_loss, is flow's loss
-        return [Baseline("flow_loss", self.mean_velocity_loss(data, generator), MEAN_VELOCITY)]
 
     def loss(self, model, batch, ctx):
         self.tap.hook(model)

@@ -49,13 +49,6 @@ def build_encoder(cfg, data_spec, grid: int) -> nn.Module:
     return repa_encoder_registry.get(name)(arg, cfg, data_spec, grid)
 
 
-def count_flops(module, x) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
-        module(x)
-    return int(fc.get_total_flops())
-
-
 def to_grid(f: torch.Tensor, grid: int) -> torch.Tensor:
     """Feature map [B, D, h, w] -> tokens [B, grid^2, D]: average-pooled down, or bilinearly upsampled."""
     if f.shape[-1] >= grid and f.shape[-2] >= grid:
@@ -74,6 +67,13 @@ def tokens_to_map(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Frozen(nn.Module):
+    def count_flops(self, channels: int, image_size: int) -> None:
+        """Forward FLOPs of one image, counted once by torch.utils.flop_counter."""
+        from torch.utils.flop_counter import FlopCounterMode
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            self(torch.zeros(1, channels, image_size, image_size))
+        self._flops = int(fc.get_total_flops())
+
     def flops_per_sample(self) -> int:
         return self._flops
 
@@ -85,7 +85,7 @@ class ConvEncoder(_Frozen):
         super().__init__()
         self.features, self.grid = features, grid
         self.out_dim = [m for m in features if isinstance(m, nn.Conv2d)][-1].out_channels
-        self._flops = count_flops(self, torch.zeros(1, channels, image_size, image_size))
+        self.count_flops(channels, image_size)
 
     def forward(self, x):
         return to_grid(self.features(x), self.grid)
@@ -114,7 +114,7 @@ class RunEncoder(_Frozen):
         self.net, self.grid, self.out_dim = model, grid, dim
         self._out = []
         model.blocks[-1].register_forward_hook(lambda m, a, out: self._out.append(out))
-        self._flops = count_flops(self, torch.zeros(1, channels, image_size, image_size))
+        self.count_flops(channels, image_size)
 
     def forward(self, x):
         t = torch.ones(x.shape[0], device=x.device, dtype=x.dtype)
@@ -197,7 +197,7 @@ class TimmEncoder(_Frozen):
         self.out_dim = net.num_features
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
-        self._flops = count_flops(self, torch.zeros(1, channels, image_size, image_size))
+        self.count_flops(channels, image_size)
 
     def forward(self, x):
         x = (x.float() + 1) / 2
