@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
 import torch
-from common import sync
+from common import wall_ms
 
 from genlab.config.tree import load_config
 from genlab.core.tables import markdown_table
@@ -32,14 +31,8 @@ MNIST_SHAPE = ["data.name=synthetic", "data.path=", "data.image_size=28", "data.
 
 def timed_steps(step, warmup, steps, device) -> float:
     """Seconds of the calls step(warmup) .. step(warmup + steps - 1), after the untimed step(0) .. step(warmup - 1)."""
-    for i in range(warmup):
-        step(i)
-    sync(device)
-    t0 = time.perf_counter()
-    for i in range(warmup, warmup + steps):
-        step(i)
-    sync(device)
-    return time.perf_counter() - t0
+    i = iter(range(warmup + steps))
+    return wall_ms(lambda: step(next(i)), steps, warmup, device) * steps / 1e3
 
 
 def sequential(cfg_for, members, warmup, steps) -> float:

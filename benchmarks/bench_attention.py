@@ -98,19 +98,19 @@ def run_shape(shape, variants, rate, lines):
     B, H, N, D = shape
     fwd_flops = 4 * N * N * D * B * H
     q, k, v, do = qkv_views(B, N, H, D, "cuda")
-    ref = []
-    rows = []
+    ref, cells = [], []
+
+    def row(label, t_f, t_fb, err):
+        return [label, f"{t_f:.2f}", f"{t_fb:.2f}", f"{fwd_flops / t_f / 1e9:.0f}", f"{3.5 * fwd_flops / t_fb / 1e9:.0f}", err]
 
     def measure(label, attn):
         try:
             got, t_f, t_fb = fwd_and_bwd(attn, q, k, v, do, bench)
-            if not ref:  # the first row (sdpa flash) is the reference
-                ref.extend(got)
-            rows.append((label, t_f, t_fb, fwd_flops / t_f / 1e9, 3.5 * fwd_flops / t_fb / 1e9,
-                         max(rel(a, b) for a, b in zip(got, ref))))
+            ref.extend([] if ref else got)  # the first row (sdpa flash) is the reference
+            cells.append(row(label, t_f, t_fb, format(max(rel(a, b) for a, b in zip(got, ref)), ".1e")))
         except Exception as e:  # noqa: BLE001 - a backend that does not support the shape is a row, not a crash
-            rows.append((label, None, None, None, None, error_cell(e)))
-        print(rows[-1], flush=True)
+            cells.append([label, "n/a", "n/a", "n/a", "n/a", error_cell(e)])
+        print(cells[-1], flush=True)
 
     for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"):
         def sdpa(q, k, v, _b=getattr(SDPBackend, name)):
@@ -128,11 +128,7 @@ def run_shape(shape, variants, rate, lines):
             if key[0] == N:
                 print(f"tuned {name} {key[:6]}: {cfg}", flush=True)
     t_floor = B * H * N * N / rate * 1e3  # ms of the forward's exponentials
-    rows.append(("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, fwd_flops / t_floor / 1e9,
-                 3.5 * fwd_flops / (2 * t_floor) / 1e9, ""))
-    cells = [[label, "n/a", "n/a", "n/a", "n/a", err] if tf is None else
-             [label, f"{tf:.2f}", f"{tfb:.2f}", f"{ff:.0f}", f"{ffb:.0f}", err if isinstance(err, str) else format(err, ".1e")]
-             for label, tf, tfb, ff, ffb, err in rows]
+    cells.append(row("exp floor (measured MUFU rate)", t_floor, 2 * t_floor, ""))
     lines += [f"\n[B={B}, H={H}, N={N}, D={D}] bf16, non-causal; fwd FLOPs {fwd_flops:.3e}\n",
               markdown_table(["kernel", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s", "fwd+bwd TFLOP/s",
                               "max rel. diff to sdpa flash (out, dq, dk, dv)"], cells)]
@@ -210,10 +206,8 @@ def main():
     args = p.parse_args()
     if args.sigmoid:
         lines = ["", f"device: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}, torch {torch.__version__}"]
-        if args.quick:
-            run_sigmoid((64, 66), 2, 64, 256, lines)
-        else:
-            run_sigmoid([int(t) for t in args.tokens.split(",")], 12, 64, 65536, lines)
+        sizes = ((64, 66), 2, 64, 256) if args.quick else ([int(t) for t in args.tokens.split(",")], 12, 64, 65536)
+        run_sigmoid(*sizes, lines)  # tokens, heads, head dim, tokens per batch
         return report(lines, args.out)
     if args.once:  # one fwd+bwd of the long shape (for ncu), untuned
         set_variant(args.once + "/fixed")

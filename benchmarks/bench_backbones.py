@@ -122,11 +122,9 @@ def main():
             ov = shape + [o.format(half=2 if quick else 6) for o in BACKBONES[bb]]  # of depth 4 (tiny) or 12 (B)
             ov += [f"model.attention={att}", f"train.batch_size={batch}", *(QUICK if quick else [f"train.compile={args.compile}"])]
             try:
-                ov += [] if args.no_match or quick else matched(ov, spec)
+                rows.append(((bb, att, n, batch), ov + ([] if args.no_match or quick else matched(ov, spec)), None))
             except Exception as e:  # noqa: BLE001
                 rows.append(((bb, att, n, batch), None, f"match failed: {e}"))
-                continue
-            rows.append(((bb, att, n, batch), ov, None))
         in_process = quick or args.compile == "off"
         lock = None if in_process or args.parallel < 2 else Path(tempfile.mkdtemp()) / "gpu.lock"
 

@@ -102,9 +102,9 @@ def floors(data, val, ns, device):
     for n in ns:
         cfg = load_config("mnist_flow", [f"data.path={data}", f"eval.val_path={val}", f"eval.num_samples={n}"])
         d = read_image_dataset(data)
-        idx = np.random.default_rng(123).choice(len(d), n, replace=False)
-        res = image_metrics(torch.from_numpy(np.asarray(d.images[np.sort(idx)])),
-                            torch.from_numpy(np.asarray(d.labels[np.sort(idx)])), d, {"eval": cfg.eval, "device": device})
+        idx = np.sort(np.random.default_rng(123).choice(len(d), n, replace=False))
+        res = image_metrics(torch.from_numpy(np.asarray(d.images[idx])), torch.from_numpy(np.asarray(d.labels[idx])), d,
+                            {"eval": cfg.eval, "device": device})
         print(markdown_row([n, res["reference"], f"{res['feature_fd']:.3f}", f"{res['feature_fd_floor']:.3f}",
                             f"{res['precision']:.3f}", f"{res['recall']:.3f}", f"{res['sample_accuracy']:.4f}"]), flush=True)
 
@@ -113,8 +113,8 @@ def throughput(device, side, channels):
     imgs = torch.randint(0, 256, (1000, side, side, channels), dtype=torch.uint8)
     print(markdown_table(["network", "images", "img/s"], [], "lll"))
     nets = [("FID Inception-v3 (299 px)", FIDInceptionV3().to(device).eval(), lambda m: inception_features(m, imgs, 200, device))]
-    for name in ("alex", "vgg"):
-        nets.append((f"LPIPS-{name} (pairs)", LPIPS(name).to(device).eval(), lambda m: lpips_pairs(m, imgs, imgs.flip(0), 250, device)))
+    nets += [(f"LPIPS-{name} (pairs)", LPIPS(name).to(device).eval(), lambda m: lpips_pairs(m, imgs, imgs.flip(0), 250, device))
+             for name in ("alex", "vgg")]
     for label, net, fn in nets:
         ms = wall_ms(lambda: fn(net), 1, warmup=1, device=device)  # the warm-up call: cuDNN autotune
         print(markdown_row([label, f"{len(imgs)} of {side}x{side}x{channels}", f"{1e3 * len(imgs) / ms:.0f}"]), flush=True)

@@ -84,8 +84,7 @@ def main():
         if time.time() - t0 > a.budget:
             print(f"skipped {name}: past the {a.budget:.0f} s budget", flush=True)
             continue
-        base = name.split(":")[-1]
-        overrides, h = VARIANTS[base]
+        overrides, h = VARIANTS[name.split(":")[-1]]
         cfg = load_config("gpt2_124m", overrides + (QUICK if a.quick else []))
         torch._dynamo.reset()
         t1 = time.time()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import sync, wall_ms
+from common import wall_ms
 
 from genlab.core.tables import markdown_row, markdown_table
 from genlab.data.formats import read_image_dataset, write_image_dataset
@@ -40,15 +40,13 @@ def measure(loader, device, steps, work_ms):
     per = max(1, int(work_ms / wall_ms(lambda: a @ a, 5, 0, device))) if work_ms > 0 else 0  # matmuls in work_ms
     for _ in range(3):
         loader.next()
-    sync(device)
     loader.wait_time = 0.0
-    t0 = time.perf_counter()
-    for _ in range(steps):
+
+    def step():
         loader.next()["image"].sum()
         for _ in range(per):
             a @ a
-    sync(device)
-    dt = time.perf_counter() - t0
+    dt = wall_ms(step, steps, 0, device) * steps / 1e3
     return steps / dt, loader.wait_time / dt
 
 
@@ -67,10 +65,9 @@ def images(args):
             ld = ImageLoader(data, args.batch, device, seed=0, **kw)
             bps, wait = measure(ld, device, args.steps, args.work_ms)
             ld.close()
-            rows.append((name, bps, bps * args.batch, wait))
+            rows.append([name, f"{bps:.1f}", f"{bps * args.batch:.0f}", f"{wait:.3f}"])
     print(markdown_table([f"loader path ({args.device}, {args.n}x{args.size}x{args.size}x{args.channels}, batch "
-                          f"{args.batch}, work {args.work_ms} ms/step)", "batches/s", "img/s", "data-wait fraction"],
-                         [[name, f"{bps:.1f}", f"{ips:.0f}", f"{wait:.3f}"] for name, bps, ips, wait in rows]))
+                          f"{args.batch}, work {args.work_ms} ms/step)", "batches/s", "img/s", "data-wait fraction"], rows))
 
 
 def vm_hwm_mb() -> float:

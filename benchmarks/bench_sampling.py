@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import time
 
 import torch
-from common import device_name, error_cell, report, sync
+from common import device_name, error_cell, report, wall_ms
 
 from genlab.config.tree import load_config
 from genlab.families.build import build_model_and_method
@@ -33,20 +32,13 @@ from genlab.sampling.images import compiled_for_sampling, sample_images
 DIT_NAMES = {"XL": "DiT-XL/2", "L": "DiT-L/2", "B": "DiT-B/2", "S": "DiT-S/2"}  # genlab size -> the reference's name (patch 2)
 
 
-def timed(draw, batches: int, device) -> tuple[float, float, float]:
-    """(seconds of the first call, steady seconds per call over `batches` calls, peak GiB)."""
+def timed(draw, batches: int, device) -> dict:
+    """{first_s: seconds of the first call, batch_s: steady seconds per call over `batches` calls, peak_gib}."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    draw()
-    sync(device)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        draw()
-    sync(device)
+    first, steady = (wall_ms(draw, n, 0, device) / 1e3 for n in (1, batches))
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    return first, (time.perf_counter() - t0) / batches, peak
+    return {"first_s": first, "batch_s": steady, "peak_gib": peak}
 
 
 def genlab_row(cfg, mode: str, batch: int, args, device, quant: str | None = None) -> dict:
@@ -62,7 +54,7 @@ def genlab_row(cfg, mode: str, batch: int, args, device, quant: str | None = Non
         with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             return sample_images(method, net, labels, steps=args.steps, cfg_scale=args.cfg, sampler="euler",
                                  generator=gen, device=device, batch=batch)
-    return dict(zip(("first_s", "batch_s", "peak_gib"), timed(draw, args.batches, device)))
+    return timed(draw, args.batches, device)
 
 
 def reference_row(cfg, batch: int, args, device) -> dict:
@@ -90,7 +82,7 @@ def reference_row(cfg, batch: int, args, device) -> dict:
                 out = step(torch.cat([x, x]), t, y, args.cfg)
                 x = x - out[:batch, :C].float() / args.steps
         return x
-    return dict(zip(("first_s", "batch_s", "peak_gib"), timed(draw, args.batches, device)))
+    return timed(draw, args.batches, device)
 
 
 def main():

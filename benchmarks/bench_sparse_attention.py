@@ -176,12 +176,10 @@ def main():
     a = ap.parse_args()
     if a.train_step:
         return train_step_table(a.batch or 8, a.iters or 5, a.threads)
-    blocks = [int(b) for b in a.blocks.split(",") if b]
-    if bad := [b for b in blocks if b not in FLEX_BLOCKS]:
-        raise SystemExit(f"--blocks: {bad} not in {FLEX_BLOCKS}")
-    backends = [b for b in a.backends.split(",") if b]
-    if bad := [b for b in backends if b not in BACKENDS]:
-        raise SystemExit(f"--backends: {bad} not in {BACKENDS}")
+    blocks, backends = [int(b) for b in a.blocks.split(",") if b], [b for b in a.backends.split(",") if b]
+    for option, given, known in (("--blocks", blocks, FLEX_BLOCKS), ("--backends", backends, BACKENDS)):
+        if bad := [b for b in given if b not in known]:
+            raise SystemExit(f"{option}: {bad} not in {known}")
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     cuda = torch.cuda.is_available() and not a.tiny
     device = torch.device("cuda" if cuda else "cpu")

@@ -172,18 +172,17 @@ def main():
                 fn = gen if v == "eager" else torch.compile(gen, mode="reduce-overhead" if v == "cudagraphs" else "default")
                 with torch.no_grad():
                     # as many calls as fit in --seconds, after 3 warm-up calls (compile / graph capture)
-                    dt = wall_ms(lambda: fn(ctx, acts, noise), 0, 3, dev, args.seconds) / 1e3
-                rows.append((b, v, dt * 1e3, b / dt))
+                    ms = wall_ms(lambda: fn(ctx, acts, noise), 0, 3, dev, args.seconds)
+                rows.append([b, v, f"{ms:.2f}", format(b / (ms / 1e3), ",.0f")])
             except Exception as e:  # noqa: BLE001  (a variant that fails here is reported, not fatal)
-                rows.append((b, v, float("nan"), f"failed: {error_cell(e)}"))
-            b_, v_, ms, fps = rows[-1]  # each row as it lands: a run cut by its time limit keeps the rows it measured
-            print(markdown_row([b_, v_, f"{ms:.2f}", fps if isinstance(fps, str) else format(fps, ",.0f")]), file=sys.stderr, flush=True)
+                rows.append([b, v, "nan", f"failed: {error_cell(e)}"])
+            # each row as it lands: a run cut by its time limit keeps the rows it measured
+            print(markdown_row(rows[-1]), file=sys.stderr, flush=True)
             if cuda:
                 torch.cuda.empty_cache()
     print(f"### world-model generation speed: {S}x{S}x{C}, {L} context frames, {args.steps} Euler steps, "
           f"{params / 1e6:.1f}M params, {'bf16' if cuda else 'fp32'}, {device_name(dev)}\n")
-    print(markdown_table(["batch", "variant", "ms / batch", "frames / s"],
-                         [[b, v, f"{ms:.2f}", fps if isinstance(fps, str) else format(fps, ",.0f")] for b, v, ms, fps in rows]))
+    print(markdown_table(["batch", "variant", "ms / batch", "frames / s"], rows))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,7 @@ def table_cells(arg: str) -> list:
     fixed = [r["cache"]["fd_ratio"] for r in rows]
     stepped = [r["cache"]["scheduled"]["fd_ratio"] for r in rows]
     refs = " / ".join(f"{r['reference']['feature_fd']:.3f}" for r in rows)
-    blocks = [",".join(map(str, r["cache"]["blocks"])) for r in rows]
-    fixed_cells = ", ".join(f"{x:.3f} ({b})" for x, b in zip(fixed, blocks))
+    fixed_cells = ", ".join(f"{x:.3f} ({','.join(map(str, r['cache']['blocks']))})" for x, r in zip(fixed, rows))
     stepped_cells = ", ".join(f"{x:.3f}" for x in stepped)
     shares = sorted({f"{r['cache']['block_evals_saved']:.0%}" for r in rows})  # a search's share differs by run
     return [label, len(rows), refs, f"{fixed_cells}; {_band(fixed)}", f"{stepped_cells}; {_band(stepped)}", ", ".join(shares)]

@@ -70,8 +70,7 @@ def main() -> int:
                     raise SystemExit(f"{path}: {b} failed:\n{res['output']}")
                 got[name].append(res["samples_per_s"])
         ref = max(got[trees[0][0]])
-        for name, _ in trees:
-            vals = got[name]
+        for name, vals in got.items():
             rows.append([f"`{b}`", name, res["device"], " / ".join(f"{v:,.0f}" for v in vals), f"{max(vals):,.0f}",
                          f"{max(vals) / ref:.3f}"])
             print(markdown_row(rows[-1]), flush=True)

@@ -152,15 +152,10 @@ def median_ms(fn):
 
 def gemm_floor(D, depth, tokens, hidden, dev):
     """Every Linear GEMM of one training step (fwd Y=XW^T, bwd dX=dY W and dW=dY^T X), bf16, cuBLAS."""
-    rows = []
-    total_ms, total_flop = 0.0, 0.0
+    rows, total_ms, total_flop = [], 0.0, 0.0
     for name, k, n in (("qkv", D, 3 * D), ("proj", D, D), ("fc1", D, hidden), ("fc2", hidden, D)):
-        x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16)
-        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
-        f = median_ms(lambda: x @ w.t())
-        bx = median_ms(lambda: dy @ w)
-        bw = median_ms(lambda: dy.t() @ x)
+        x, w, dy = (torch.randn(*shape, device=dev, dtype=torch.bfloat16) for shape in ((tokens, k), (n, k), (tokens, n)))
+        f, bx, bw = (median_ms(fn) for fn in (lambda: x @ w.t(), lambda: dy @ w, lambda: dy.t() @ x))
         flop = 2 * tokens * k * n
         rows.append((name, tokens, k, n, f, bx, bw, 3 * flop / (f + bx + bw) / 1e9))
         total_ms += (f + bx + bw) * depth
@@ -181,15 +176,14 @@ def sdpa_variants(B, H, N, Dh, dev):
                 o.backward(torch.ones_like(o))
             try:
                 ms = median_ms(step)
-                flop = 3 * 4 * B * H * N * N * Dh  # fwd 2 matmuls x (1 fwd + 2 bwd)
-                out.append((layout, be, ms, flop / ms / 1e9))
+                out.append((layout, be, ms, 3 * 4 * B * H * N * N * Dh / ms / 1e9))  # fwd 2 matmuls x (1 fwd + 2 bwd)
             except Exception as e:  # noqa: BLE001
                 out.append((layout, be, float("nan"), str(e).splitlines()[0][:60]))
     return out
 
 
 def optimizer_variants(model, dev):
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     ema = [p.detach().clone() for p in params]
     res = []
     for fused in (True, False):
@@ -217,14 +211,12 @@ def optimizer_variants(model, dev):
         res.append((f"AdamW {tag}: step only", median_ms(lambda: (set_grads(), opt.step())) - base))
         res.append((f"AdamW {tag}: clip_grad_norm_ only", median_ms(lambda: (set_grads(), torch.nn.utils.clip_grad_norm_(params, 1.0))) - base))
         res.append(("EMA foreach_lerp_ only", median_ms(lambda: ema_update(ema, params, 1e-4))))
-        opt.grad_scale = None
     return res, sum(p.numel() for p in params)
 
 
 def norm_variants(tokens_b, N, D, dev):
     x = torch.randn(tokens_b, N, D, device=dev, requires_grad=True)
-    sh = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    sc = torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    sh, sc = (torch.randn(tokens_b, D, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     out = []
     for name, fn in (("unfused", norm_modulate_unfused), ("fused", norm_modulate_fused)):
         for comp in (False, True):

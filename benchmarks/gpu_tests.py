@@ -22,10 +22,11 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from common import REPO, genlab_env
+from common import REPO, genlab_env, report as write_report
 
 from genlab.core.tables import markdown_table
 from genlab.lab.sweep.runner import _stop
@@ -124,15 +125,10 @@ def main(argv=None) -> int:
     n = max(1, min(args.streams or gpus or 1, len(ids) or 1))
     logs = Path(args.out).parent if args.out else Path(os.environ.get("TMPDIR", "/tmp"))
     logs.mkdir(parents=True, exist_ok=True)
-    results: list[dict] = [None] * n
     sel = selection(args.marker, args.pytest_args)
-    threads = [threading.Thread(target=lambda k=k: results.__setitem__(k, run_stream(
-        k, n, sel, ids[k::n], k % gpus if gpus else None, env, args.limit, args.per_test,
-        logs / f"gpu_tests_stream{k}.log"))) for k in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda k: run_stream(k, n, sel, ids[k::n], k % gpus if gpus else None, env, args.limit,
+                                                     args.per_test, logs / f"gpu_tests_stream{k}.log"), range(n)))
     alone = None
     if args.retry_alone > 0:
         alone, deadline = {}, time.monotonic() + args.retry_alone
@@ -143,9 +139,7 @@ def main(argv=None) -> int:
                            logs / f"gpu_tests_alone{len(alone)}.log", only=i)
             alone[i] = r["outcomes"].get(i, "stopped by the limit")
     text, ok = report(results, alone)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    write_report([text], args.out)
     return 0 if ok else 1
 
 

@@ -117,9 +117,9 @@ def encode_speed(a):
     precisions = [p.strip() for p in a.precision.split(",") if p.strip()]
     flips = {"both": [True, False], "on": [True], "off": [False]}[a.flip]
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    work = Path(tempfile.mkdtemp(prefix="bench_encode_"))
     rows = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench_encode_", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
         vae = f"diffusers:{save_vae(work / 'vae', SMALL if a.small else SD_VAE)}"
         images = write_images(work / "images", a.n, a.size, a.source)
         warm = write_images(work / "warm", a.warmup * a.batch_size, a.size, None)
@@ -140,8 +140,6 @@ def encode_speed(a):
                          "images_per_s", "device")}, "encodes_per_s": round(cost["images_per_s"] * cost["variants"], 1),
                          "latent_shape": meta["shape"], "err_vs_fp32": err})
             shutil.rmtree(out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     cfg = "small VAE (--small)" if a.small else "SD 1.x VAE (random weights)"
     print(f"genlab data encode, {cfg}, {a.size}x{a.size}x3 -> latents {rows[0]['latent_shape']}, {a.n} images "
           f"({a.source or 'random pixels'}), {device_name(a.device)}, torch {torch.__version__}\n")

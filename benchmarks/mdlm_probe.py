@@ -77,15 +77,12 @@ def probe(preset: str, seed: int, steps: int, overrides: list[str], out: Path, l
     g = torch.Generator(device=device).manual_seed(12345)  # the fixed probe batch: 32 validation windows at t = 0.5
     vx = build_loader(data, cfg.data, 32, device, 999).next()["x"].clone()  # its own loader: the run's order stays
     vz = torch.where(torch.rand(vx.shape, generator=g, device=device) < 0.5, torch.full_like(vx, model.mask_id), vx)
-    names = [(n, p) for n, p in model.named_parameters()]
-    path = out / f"{label}-s{seed}.jsonl"
-    losses = []
-    t0 = time.time()
-    with open(path, "w") as f:
+    names = list(model.named_parameters())
+    losses, t0 = [], time.time()
+    with open(out / f"{label}-s{seed}.jsonl", "w") as f:
         for step in range(steps):
             rec_update = step < 300 and step % 5 == 0 or step % 50 == 0
-            rec = {"step": step}
-            rec["masked_share"] = round(masked_share(st, shape, m.eps, m.noise_schedule, m.antithetic), 4)
+            rec = {"step": step, "masked_share": round(masked_share(st, shape, m.eps, m.noise_schedule, m.antithetic), 4)}
             if step % 100 == 0 or step in (10, 25, 50, 75, 150):
                 model.eval()
                 rec["attn"] = attention_stats(model, vz)

@@ -5,22 +5,20 @@ schedules and the loss weightings, at their default parameters. genlab's convent
 """
 import argparse
 
-import matplotlib
+import matplotlib.pyplot as plt
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-
-from genlab.config.tree import load_config  # noqa: E402
-from genlab.families.image_flow.loss_weighting import min_snr  # noqa: E402
-from genlab.families.image_flow.timesteps import DENSITIES, shift_time, timestep_sampler_registry  # noqa: E402
-from genlab.sampling.samplers import time_grid  # noqa: E402
+from genlab.config.tree import load_config
+from genlab.families.image_flow.loss_weighting import min_snr
+from genlab.families.image_flow.timesteps import DENSITIES, shift_time, timestep_sampler_registry
+from genlab.sampling.samplers import time_grid
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/timesteps.png")
     args = ap.parse_args()
+    plt.switch_backend("Agg")  # no display needed: the figure goes to a file
     cfg = load_config("digits_flow").method
     t = torch.linspace(1e-4, 1 - 1e-4, 2000, dtype=torch.float64)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -48,7 +46,8 @@ def main():
     ax = axes[2]
     ax.plot(t, torch.ones_like(t), label="none")
     for g in (1.0, 5.0):
-        ax.plot(t, min_snr(t, type("C", (), {"snr_gamma": g})()), label=f"min_snr, gamma={g:g}")
+        cfg.snr_gamma = g  # the last use of cfg
+        ax.plot(t, min_snr(t, cfg), label=f"min_snr, gamma={g:g}")
     ax.set(xlabel="t", ylabel="weight on |v_hat - v|^2", title="loss weighting w(t)")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 
 from genlab.core.tables import markdown_table
 from genlab.runtime.dcp import load_dcp_full
+from genlab.runtime.metrics import read_metrics
 
 DEFAULT = ["gpt2_124m", "train.precision=fp32", "train.compile=off", "train.batch_size=32", "data.size=4096",
            "optim.warmup_steps=2"]
@@ -47,8 +48,7 @@ def _genlab(args: list[str], world: int, gpus: int, log: Path) -> float:
 
 
 def losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r and "step" in r}
+    return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r and "step" in r}
 
 
 def cut_back(src: Path, dst: Path, at: int) -> Path:
