@@ -12,7 +12,7 @@ import torch
 from conftest import cli_in_process
 
 from genlab.core.errors import GenlabError
-from genlab.data import text_stream, token_loader
+from genlab.data import text as text_stream, token_loader
 from genlab.data.text import prepare_text, read_token_dataset, split_tokens
 from genlab.data.token_loader import TokenLoader, window_starts
 from genlab.data.tokenizers import build_tokenizer
