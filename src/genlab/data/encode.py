@@ -22,7 +22,7 @@ import torch.distributed as dist
 from genlab.core import progress
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
-from genlab.data.formats import VERIFY_LIMIT_BYTES, array_checksum, read_image_dataset
+from genlab.data.formats import array_checksum, read_image_dataset, verifying
 from genlab.data.loader import IndexStream, StreamPosition, gather
 from genlab.data.pixels import to_model
 from genlab.data.shards import read_shards
@@ -349,9 +349,7 @@ def read_latents(path, verify: bool | None = None) -> LatentData:
     if latents.ndim != 5 or latents.shape != want or str(latents.dtype) != meta.get("dtype") or len(labels) != len(latents):
         raise GenlabError(f"latents at '{p}' are corrupt: latents {latents.dtype}{latents.shape}, labels {labels.shape}, "
                           f"meta.json says {meta.get('dtype')}{want}")
-    if verify is None:
-        verify = latents.nbytes < VERIFY_LIMIT_BYTES
-    if verify and array_checksum(latents, np.asarray(labels)) != meta.get("sha256"):
+    if verifying(verify, latents) and array_checksum(latents, np.asarray(labels)) != meta.get("sha256"):
         raise GenlabError(f"latents at '{p}' are corrupt: checksum mismatch with meta.json")
     return LatentData(latents=latents, labels=labels, classes=meta.get("classes", []), meta={**meta, "path": str(p)})
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset, write_image_arrays
+from genlab.data.formats import ImageData, array_checksum, read_image_dataset, verifying, write_image_arrays
 from genlab.data.loader import ImageLoader
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
@@ -71,9 +71,7 @@ def read_pairs(path, verify: bool | None = None) -> PairData:
     if samples.shape != (N, C, H, W) or noise.shape != (N, C, H, W):
         raise GenlabError(f"pairs at '{p}' are corrupt: samples {samples.shape}, noise {noise.shape}, images {base.images.shape}")
     want = (base.meta.get("pairs") or {}).get("sha256")
-    if verify is None:
-        verify = samples.nbytes + noise.nbytes < VERIFY_LIMIT_BYTES
-    if verify and want and array_checksum(samples, noise) != want:
+    if verifying(verify, samples, noise) and want and array_checksum(samples, noise) != want:
         raise GenlabError(f"pairs at '{p}' are corrupt: checksum mismatch with meta.json")
     return PairData(images=base.images, labels=base.labels, classes=base.classes, meta=base.meta,
                     samples=samples, noise=noise)

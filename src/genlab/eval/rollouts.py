@@ -125,10 +125,9 @@ def moving_curves(real, gen, last, res: dict, H: int) -> dict:
     prev = torch.cat([last, real[:, :-1]], 1).flatten(0, 1)
     mask = moving_mask(real.flatten(0, 1), prev)
     r, g, c = real.flatten(0, 1), gen.flatten(0, 1), last.expand_as(real).flatten(0, 1)
-    out = {"moving_model": _steps(masked_psnr(g, r, mask).view(N, H)), "moving_copy_last": _steps(masked_psnr(c, r, mask).view(N, H)),
-           "moving_ssim_model": _steps(masked_ssim(g, r, mask).view(N, H)),
-           "moving_ssim_copy_last": _steps(masked_ssim(c, r, mask).view(N, H)),
-           "moving_share": mask.float().mean((1, 2)).view(N, H).mean(0).tolist()}
+    out = {f"moving{kind}_{who}": _steps(score(x, r, mask).view(N, H))  # moving_model, ..., moving_ssim_copy_last
+           for kind, score in (("", masked_psnr), ("_ssim", masked_ssim)) for who, x in (("model", g), ("copy_last", c))}
+    out["moving_share"] = mask.float().mean((1, 2)).view(N, H).mean(0).tolist()
     pairs = [(m, p) for m, p in zip(out["moving_model"], out["moving_copy_last"]) if m is not None and p is not None]
     if pairs:
         res[f"moving_psnr_h{H}"] = float(np.mean([m for m, _ in pairs]))
