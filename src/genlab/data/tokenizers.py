@@ -18,6 +18,10 @@ class CharTokenizer:
         self.stoi = {c: i for i, c in enumerate(self.itos)}
         self.vocab_size = len(self.itos)
 
+    @classmethod
+    def fit(cls, text: str) -> "CharTokenizer":
+        return cls(sorted(set(text)))
+
     def encode(self, text: str) -> list[int]:
         try:
             return [self.stoi[c] for c in text]
@@ -107,7 +111,7 @@ def build_tokenizer(name: str, text: str | None = None):
     if name == "char":
         if text is None:
             raise GenlabError("the char tokenizer is fitted on the text; none given")
-        return CharTokenizer(sorted(set(text)))
+        return CharTokenizer.fit(text)
     if name in ("byte", "gpt2"):
         return ByteTokenizer() if name == "byte" else GPT2Tokenizer()
     raise GenlabError(f"unknown tokenizer '{name}'; valid: {', '.join(TOKENIZERS)}")
