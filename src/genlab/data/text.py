@@ -412,7 +412,7 @@ def prepare_text(src=None, out=None, tokenizer: str = "char", hf=None, workers: 
     if total is not None:  # no more processes than work items
         workers = max(1, min(workers, -(-total // chunk_chars)))
     return write_stream(out, items(), tok.meta(), source, workers=workers, chunk_chars=chunk_chars,
-                           total_bytes=total, force=force)
+                        total_bytes=total, force=force)
 
 
 def read_token_dataset(path, seq_len: int, verify: bool | None = None) -> TokenData:

@@ -1,4 +1,4 @@
-"""Token datasets larger than memory: streaming preparation (text_stream) against the in-memory rule, and the
+"""Token datasets larger than memory: streaming preparation (text.write_stream) against the in-memory rule, and the
 token loader's memmap path with the resident/permutation limits patched small."""
 from __future__ import annotations
 
