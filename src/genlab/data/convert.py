@@ -260,21 +260,26 @@ def list_source(src) -> tuple[list, list]:
     return files, classes
 
 
-# a folder of images, one subfolder per class
-def _load_image(path: Path, size: int, channels: int) -> np.ndarray:
+def load_image(path, channels: int, crop) -> np.ndarray:
+    """An image file as uint8 [H, W, channels], cropped and resized by crop(PIL image) -> array."""
     from PIL import Image
     try:
         with Image.open(path) as im:
-            im = im.convert("L" if channels == 1 else "RGB")
-            if size:
-                w, h = im.size
-                s = min(w, h)  # centre crop to a square, then resize
-                im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
-                im = im.resize((size, size), Image.BICUBIC)
-            a = np.asarray(im, dtype=np.uint8)
-    except OSError as e:
+            a = crop(im.convert("L" if channels == 1 else "RGB"))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL: SyntaxError = a broken file
         raise GenlabError(f"cannot read image {path}: {e}") from None
-    return a[..., None] if a.ndim == 2 else a
+    return np.ascontiguousarray(a[..., None] if a.ndim == 2 else a)
+
+
+# a folder of images, one subfolder per class
+def center_square(im, size: int) -> np.ndarray:
+    """imagefolder's preprocessing: the central square, BICUBIC-resized to size x size (size 0: as it is)."""
+    from PIL import Image
+    if size:
+        w, h = im.size
+        s = min(w, h)
+        im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s)).resize((size, size), Image.BICUBIC)
+    return np.asarray(im, dtype=np.uint8)
 
 
 def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
@@ -286,7 +291,7 @@ def prepare_imagefolder(src, out, size: int, channels: int) -> Path:
     if channels not in (1, 3):
         raise GenlabError(f"--channels must be 1 or 3, got {channels}")
     files, classes = list_class_folder(root)
-    images = [_load_image(f, size, channels) for f, _ in files]
+    images = [load_image(f, channels, lambda im: center_square(im, size)) for f, _ in files]
     shapes = {a.shape for a in images}
     if len(shapes) > 1:
         raise GenlabError(f"images under '{root}' have different sizes {sorted(shapes)[:3]}...; pass --size N to resize")
@@ -311,20 +316,10 @@ def center_crop_arr(im, size: int) -> np.ndarray:
     return a[top:top + size, left:left + size]
 
 
-def load_cropped(path, size: int, channels: int) -> np.ndarray:
-    from PIL import Image
-    try:
-        with Image.open(path) as im:
-            a = center_crop_arr(im.convert("L" if channels == 1 else "RGB"), size)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:  # PIL: SyntaxError = a broken file
-        raise GenlabError(f"cannot read image {path}: {e}") from None
-    return np.ascontiguousarray(a[..., None] if a.ndim == 2 else a)
-
-
 def _convert_shard(job) -> dict:
     """One pool task: decode, crop and save one shard; returns its index entry."""
     path, files, size, channels = job
-    return save_shard(Path(path), np.stack([load_cropped(f, size, channels) for f in files]))
+    return save_shard(Path(path), np.stack([load_image(f, channels, lambda im: center_crop_arr(im, size)) for f in files]))
 
 
 def _run_pool(jobs, workers: int):

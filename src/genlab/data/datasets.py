@@ -1,6 +1,7 @@
 """Dataset registry: `(cfg.data) -> ImageData` (or another data object with `.spec`)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -68,7 +69,6 @@ def prepared_shape(path) -> dict | None:
     """The shape of a prepared folder from the header of images.npy and meta.json (None when missing or
     unreadable: the dataset reader reports that)."""
     try:
-        import json
         n, h, w, c = np.load(Path(path) / "images.npy", mmap_mode="r").shape
         classes = json.loads((Path(path) / "meta.json").read_text()).get("classes", [])
         return {"kind": "image", "image_size": int(h), "channels": int(c), "num_classes": len(classes)}

@@ -8,13 +8,13 @@ import gzip
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from genlab.core.errors import GenlabError
+from genlab.data.formats import atomic_folder
 
 FORMAT = "genlab-episodes"
 
@@ -52,9 +52,8 @@ class Episodes:
         episodes = np.asarray(episodes, dtype=np.int64)
         s, e = self.starts[episodes], self.ends[episodes]
         idx = np.concatenate([np.arange(a, b) for a, b in zip(s, e)]) if len(episodes) else np.zeros(0, np.int64)
-        lens = e - s
         return Episodes(np.asarray(self.frames[idx]), self.actions[idx], self.rewards[idx], self.terminations[idx],
-                        np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64), dict(self.meta))
+                        np.concatenate([[0], np.cumsum(e - s)[:-1]]).astype(np.int64), dict(self.meta))
 
 
 def check_out_folder(out, flag: str = "--out") -> Path:
@@ -72,7 +71,7 @@ def check_out_folder(out, flag: str = "--out") -> Path:
 
 
 def write_episodes(out, frames, actions, rewards=None, terminations=None, starts=None, meta=None) -> Path:
-    """Validate everything, then write a temporary sibling folder renamed to `out`: a failure leaves nothing behind."""
+    """Validate everything, then write an atomic folder (formats.atomic_folder): a failure leaves nothing behind."""
     out = check_out_folder(out)
     frames = np.asarray(frames)
     T = len(frames)
@@ -96,23 +95,11 @@ def write_episodes(out, frames, actions, rewards=None, terminations=None, starts
         check_action_count(actions, meta["num_actions"], "actions")
     else:
         meta["action_dim"] = int(actions.shape[1])
-    made = next((p for p in reversed(out.parents) if not p.exists()), None)  # removed again on failure
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         for name, arr in (("frames", frames), ("actions", actions), ("rewards", rewards),
                           ("terminations", terminations), ("episode_starts", starts)):
             np.save(tmp / f"{name}.npy", arr)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        mask = os.umask(0)  # read the umask (setting it is the only way) and put it back
-        os.umask(mask)
-        tmp.chmod(0o777 & ~mask)  # mkdtemp makes it 0700; a finished folder gets the usual mode
-        if out.exists():
-            out.rmdir()  # empty (checked above): rename replaces nothing
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(made or tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -20,6 +20,11 @@ from genlab.core.errors import GenlabError
 VERIFY_LIMIT_BYTES = 2 << 30   # checksums of larger datasets are checked by `genlab data verify` only
 
 
+def verifying(verify: bool | None, *arrays) -> bool:
+    """verify as asked; by default (None) only arrays small enough to checksum at every read."""
+    return sum(a.nbytes for a in arrays) < VERIFY_LIMIT_BYTES if verify is None else verify
+
+
 def array_checksum(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
     for a in arrays:
@@ -47,10 +52,12 @@ class ImageData:
 
 @contextmanager
 def atomic_folder(out):
-    """Yield a temporary folder beside `out`; rename it to `out` on success, remove it on any failure."""
+    """Yield a temporary folder beside `out`; rename it to `out` on success, remove it and the parent folders it made
+    on any failure."""
     out = Path(out)
     if (out / "index.json").exists() or (out / "meta.json").exists():
         raise GenlabError(f"{out} already holds a dataset; remove it or choose another --out")
+    made = next((p for p in reversed(out.parents) if not p.exists()), None)
     tmp = out.with_name(out.name + ".tmp-write")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -60,7 +67,7 @@ def atomic_folder(out):
             out.rmdir()  # only an empty folder can be here
         os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(made or tmp, ignore_errors=True)
         raise
 
 
@@ -99,8 +106,6 @@ def read_image_dataset(path, verify: bool | None = None) -> ImageData:
         raise GenlabError(f"dataset at '{p}' is corrupt: images {images.dtype}{images.shape}, labels {labels.shape}")
     if list(images.shape[1:]) != meta.get("shape") or len(images) != meta.get("num_samples"):
         raise GenlabError(f"dataset at '{p}' is corrupt: arrays do not match meta.json")
-    if verify is None:
-        verify = images.nbytes < VERIFY_LIMIT_BYTES
-    if verify and meta.get("sha256") and array_checksum(images, labels) != meta["sha256"]:
+    if verifying(verify, images) and meta.get("sha256") and array_checksum(images, labels) != meta["sha256"]:
         raise GenlabError(f"dataset at '{p}' is corrupt: checksum mismatch with meta.json")
     return ImageData(images=images, labels=labels, classes=meta.get("classes", []), meta=meta)

@@ -122,36 +122,44 @@ class Prefetching(StreamPosition):
 
 
 class ImageLoader(Prefetching):
-    """Yields {"image": float [B,C,H,W] in [-1,1], "label": long [B]} on `device`."""
+    """Yields {"image": float [B,C,H,W] in [-1,1], "label": long [B]} on `device`. A subclass names other arrays of
+    the data in `fields` (batch key -> attribute) and post-processes in `finish`."""
+
+    fields = {"image": "images", "label": "labels"}
+    sized = ("images",)  # the arrays whose size decides residency
 
     def __init__(self, data, batch_size: int, device, seed: int = 0, rank: int = 0, world: int = 1,
                  on_device: str = "auto", prefetch: int = 2, pin_memory: str = "auto", hflip: bool = False):
         self.data, self.hflip = data, hflip
-        self.setup(IndexStream(len(data), seed), batch_size, device, rank, world, data.images.nbytes, on_device, pin_memory)
+        nbytes = sum(getattr(data, a).nbytes for a in self.sized)
+        self.setup(IndexStream(len(data), seed), batch_size, device, rank, world, nbytes, on_device, pin_memory)
         self.start_prefetch(max(1, prefetch), workers=min(4, max(1, prefetch)))
         self._flip_gen = torch.Generator(device="cpu").manual_seed(seed + 7919)
+        self.arrays = [getattr(data, a) for a in self.fields.values()]
         if self.resident:
-            self.images, self.labels = self.to_resident(data.images), self.to_resident(data.labels)
+            self.arrays = [self.to_resident(a) for a in self.arrays]
 
     # the host path: worker threads gather from the memmap into (pinned) memory ahead of use
     def _gather(self, idx):
-        out = (torch.from_numpy(gather(self.data.images, idx)),
-               torch.from_numpy(np.asarray(self.data.labels[idx], dtype=np.int64)))
-        return (out[0].pin_memory(), out[1].pin_memory()) if self.pin else out
+        out = [torch.from_numpy(gather(a, idx)) for a in self.arrays]
+        return [t.pin_memory() for t in out] if self.pin else out
 
     def next(self) -> dict:
         t0 = time.perf_counter()
         if self.resident:
             idx = torch.from_numpy(self.take_rank_slice()).to(self.device, non_blocking=True)
-            imgs, labels = self.images[idx], self.labels[idx]
+            out = [a[idx] for a in self.arrays]
         else:
-            imgs, labels = (t.to(self.device, non_blocking=True) for t in self._host_batch())
+            out = [t.to(self.device, non_blocking=True) for t in self._host_batch()]
         self.wait_time += time.perf_counter() - t0
-        x = to_model(imgs)
+        return self.finish(dict(zip(self.fields, out)))
+
+    def finish(self, batch: dict) -> dict:
+        x = to_model(batch["image"])
         if self.hflip:
             flip = (torch.rand(x.shape[0], generator=self._flip_gen) < 0.5).to(self.device)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
-        return {"image": x, "label": labels}
+        return {"image": x, "label": batch["label"].long()}
 
 
 def build_loader(data, cfg_data, batch_size, device, seed, rank=0, world=1):

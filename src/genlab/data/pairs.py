@@ -3,18 +3,16 @@ samples.npy and noise.npy, unrounded (docs/data.md); evaluation compares with th
 """
 from __future__ import annotations
 
-import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import PathKeys, build_dataset, dataset_registry, prepared_shape
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum, read_image_dataset, write_image_arrays
-from genlab.data.loader import IndexStream, StreamPosition, gather
+from genlab.data.formats import ImageData, array_checksum, read_image_dataset, verifying, write_image_arrays
+from genlab.data.loader import ImageLoader
 
 PAIR_ARRAYS = ("samples", "noise")  # float32 [N, C, H, W] each, beside images.npy / labels.npy
 
@@ -29,7 +27,7 @@ class PairData(ImageData):
         return {**super().spec, "batch_keys": ("image", "label", "noise")}
 
     def make_loader(self, cfg_data, batch_size, device, seed, rank, world):
-        return PairLoader(self, batch_size, device, seed, rank, world, cfg_data.on_device, cfg_data.pin_memory)
+        return PairLoader(self, batch_size, device, seed, rank, world, cfg_data.on_device, cfg_data.prefetch, cfg_data.pin_memory)
 
     def reference(self):
         """The teacher's training data (its data config, recorded in meta.json): what samples of a student trained on
@@ -48,28 +46,15 @@ class PairData(ImageData):
                               f"are evaluated against cannot be read: {e}") from None
 
 
-class PairLoader(StreamPosition):
-    """Yields {"image": float [B, C, H, W], "label": long [B], "noise": float [B, C, H, W]} on `device`; the whole
-    state is the stream position, as for the image loader."""
+class PairLoader(ImageLoader):
+    """Yields {"image": float [B, C, H, W], "label": long [B], "noise": float [B, C, H, W]} on `device` (the teacher's
+    samples are already model inputs); the whole state is the stream position, as for the image loader."""
 
-    def __init__(self, data: PairData, batch_size, device, seed=0, rank=0, world=1, on_device="auto", pin_memory="auto"):
-        self.data = data
-        self.setup(IndexStream(len(data), seed), batch_size, device, rank, world, data.samples.nbytes + data.noise.nbytes,
-                   on_device, pin_memory)
-        self.arrays = (data.samples, data.labels, data.noise)
-        if self.resident:
-            self.arrays = [self.to_resident(a) for a in self.arrays]
+    fields = {"image": "samples", "label": "labels", "noise": "noise"}
+    sized = ("samples", "noise")
 
-    def next(self) -> dict:
-        t0 = time.perf_counter()
-        k = self.take_rank_slice()
-        if self.resident:
-            idx = torch.from_numpy(k).to(self.device, non_blocking=True)
-            image, label, noise = (a[idx] for a in self.arrays)
-        else:
-            image, label, noise = [self.to_device(torch.from_numpy(gather(a, k))) for a in self.arrays]
-        self.wait_time += time.perf_counter() - t0
-        return {"image": image, "label": label.long(), "noise": noise}
+    def finish(self, batch: dict) -> dict:
+        return {**batch, "label": batch["label"].long()}
 
 
 def read_pairs(path, verify: bool | None = None) -> PairData:
@@ -86,9 +71,7 @@ def read_pairs(path, verify: bool | None = None) -> PairData:
     if samples.shape != (N, C, H, W) or noise.shape != (N, C, H, W):
         raise GenlabError(f"pairs at '{p}' are corrupt: samples {samples.shape}, noise {noise.shape}, images {base.images.shape}")
     want = (base.meta.get("pairs") or {}).get("sha256")
-    if verify is None:
-        verify = samples.nbytes + noise.nbytes < VERIFY_LIMIT_BYTES
-    if verify and want and array_checksum(samples, noise) != want:
+    if verifying(verify, samples, noise) and want and array_checksum(samples, noise) != want:
         raise GenlabError(f"pairs at '{p}' are corrupt: checksum mismatch with meta.json")
     return PairData(images=base.images, labels=base.labels, classes=base.classes, meta=base.meta,
                     samples=samples, noise=noise)

@@ -12,7 +12,7 @@ import numpy as np
 
 from genlab.core.errors import GenlabError
 from genlab.data.datasets import ImageKeys, PathKeys, dataset_registry
-from genlab.data.formats import VERIFY_LIMIT_BYTES, ImageData, array_checksum
+from genlab.data.formats import ImageData, array_checksum, verifying
 from genlab.data.loader import ImageLoader
 
 FORMAT = "genlab-shards-v1"
@@ -125,9 +125,7 @@ def read_shards(path, verify: bool | None = None) -> ShardData:
     if not arrays or len(labels) != index["num_samples"] or sum(len(a) for a in arrays) != len(labels):
         raise GenlabError(f"shard dataset at '{p}' is corrupt: labels and shards do not match index.json")
     images = ShardedArray(arrays)
-    if verify is None:
-        verify = images.nbytes < VERIFY_LIMIT_BYTES
-    if verify:
+    if verifying(verify, images):
         bad = [s["file"] for s, a in zip(index["shards"], arrays) if array_checksum(a) != s["sha256"]]
         if bad or array_checksum(np.asarray(labels)) != index["labels_sha256"]:
             raise GenlabError(f"shard dataset at '{p}' is corrupt: checksum mismatch in {', '.join(bad) or 'labels.npy'}")

@@ -1,7 +1,14 @@
 """The Inception-v3 network of FID (Heusel et al. 2017): the 2015-12-05 TensorFlow graph as pytorch-fid ports it,
 without torchvision; torchvision's module names, so the published pt_inception weights load strictly. Its outputs
-pool3, spatial and logits come from one pass (docs/fid.md)."""
+pool3, spatial and logits come from one pass (docs/fid.md).
+
+Pretrained metric weights (this network's and LPIPS') are looked up in an explicit path (config key), an environment
+variable, then torch's hub checkpoint folder ($TORCH_HOME/hub/checkpoints, by default ~/.cache/torch/hub/checkpoints),
+the folder torch.hub / torchvision / pytorch-fid download into. Nothing is ever downloaded here."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -10,7 +17,6 @@ import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
 from genlab.data.pixels import to_pixels
-from genlab.eval.weights import find_file, load_state
 
 FID_WEIGHTS_NAMES = ("pt_inception-2015-12-05-6726825d.pth",      # pytorch-fid
                      "weights-inception-2015-12-05-6726825d.pth")  # torch-fidelity (same tensors)
@@ -18,6 +24,42 @@ FID_WEIGHTS_URL = "https://github.com/mseitzer/pytorch-fid/releases/download/fid
 INPUT_SIZE = 299
 SPATIAL_CHANNELS = 7        # ADM evaluator: spatial[..., :7] of mixed_6/conv:0
 OUTPUTS = ("pool3", "spatial", "logits")
+
+
+def hub_checkpoints() -> Path:
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def find_file(names: tuple[str, ...], explicit: str, env: str, key: str, what: str, url: str) -> Path:
+    """The first existing file among `names` in the lookup folders (an explicit path may be the file
+    itself); else a one-line GenlabError naming the places and how to get the file."""
+    tried = []
+    for label, p in (("config", explicit), (f"${env}", os.environ.get(env)), ("torch hub", hub_checkpoints())):
+        if not p:
+            continue
+        p = Path(p).expanduser()
+        if p.is_file() and label != "torch hub":
+            return p
+        for n in names:
+            if (p / n).is_file():
+                return p / n
+        tried.append(str(p))
+    if explicit and not Path(explicit).expanduser().exists():
+        raise GenlabError(f"{key}={explicit} does not exist; {what} needs {names[0]} ({url})")
+    raise GenlabError(f"{what} needs the weights file {names[0]}, not found in {', '.join(tried)} "
+                      f"(set {key} or ${env}); download {url} into {hub_checkpoints()} (README: Evaluation metrics)")
+
+
+def load_state(path: Path, what: str) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (truncated download, HTML error page saved as .pth)
+        raise GenlabError(f"{what}: cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise GenlabError(f"{what}: {path} holds no state dict")
+    return state
 
 
 class BasicConv2d(nn.Module):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
 from genlab.data.pixels import to_model
-from genlab.eval.weights import find_file, load_state
+from genlab.eval.inception import find_file, load_state
 
 # conv (out, kernel, stride, padding) | "M" max pool; the index in the Sequential is torchvision's
 ALEX = [(64, 11, 4, 2), "M", (192, 5, 1, 2), "M", (384, 3, 1, 1), (256, 3, 1, 1), (256, 3, 1, 1), "M"]
@@ -111,12 +111,9 @@ def same_class_pairs(labels: np.ndarray, n_pairs: int, seed: int = 0) -> tuple[n
 
 
 def find_lpips_files(net: str, explicit: str = ""):
-    what = f"LPIPS ({net})"
-    backbone = find_file((BACKBONE_FILES[net],), explicit, "GENLAB_LPIPS_WEIGHTS", "eval.lpips_weights", what,
-                         BACKBONE_URLS[net])
-    lin = find_file((f"{net}.pth",), explicit, "GENLAB_LPIPS_WEIGHTS", "eval.lpips_weights", what,
-                    LIN_URL.format(net=net))
-    return backbone, lin
+    """(backbone file, linear layers file)."""
+    return tuple(find_file((name,), explicit, "GENLAB_LPIPS_WEIGHTS", "eval.lpips_weights", f"LPIPS ({net})", url)
+                 for name, url in ((BACKBONE_FILES[net], BACKBONE_URLS[net]), (f"{net}.pth", LIN_URL.format(net=net))))
 
 
 def load_lpips(net: str = "alex", explicit: str = "", device="cpu") -> LPIPS:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import torch
+
 from genlab.core.errors import GenlabError
 from genlab.core.tables import markdown_table
 from genlab.eval.cost import cost_line
@@ -61,8 +63,6 @@ def nfe_grid(pixels, num_classes: int, ctx, cfg, path):
     """eval_nfe.png: one row per (sampler, NFE), the same GRID_CLASSES classes x GRID_NOISES starting noises in every
     row and every run (a fixed seed, not the run's), so pictures of different runs and step counts line up.
     pixels(ctx) -> generate(labels, desc), uint8 pixels (image_quality's callable)."""
-    import torch
-
     k = max(1, num_classes)
     labels = torch.arange(GRID_NOISES * min(k, GRID_CLASSES), device=ctx["device"]) % min(k, GRID_CLASSES)
     rows = []

@@ -17,6 +17,7 @@ from genlab.core.errors import GenlabError
 from genlab.core.files import write_atomic
 from genlab.core.tables import markdown_table
 from genlab.data.episodes import read_episodes
+from genlab.data.pixels import to_pixels
 from genlab.data.windows import spaced_windows
 from genlab.eval.frechet import frechet_distance
 from genlab.eval.objects import BRICKS, GAMES, bricks_removed, position_errors
@@ -76,8 +77,8 @@ def masked_ssim(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> torch.T
 
 
 def to_uint8(x: torch.Tensor):
-    """[N, C, H, W] in [-1, 1] -> uint8 numpy [N, H, W, C]."""
-    return ((x.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    """[..., C, H, W] in [-1, 1] -> uint8 numpy [..., H, W, C]."""
+    return to_pixels(x).cpu().numpy()
 
 
 def _steps(values: torch.Tensor) -> list:
@@ -124,10 +125,9 @@ def moving_curves(real, gen, last, res: dict, H: int) -> dict:
     prev = torch.cat([last, real[:, :-1]], 1).flatten(0, 1)
     mask = moving_mask(real.flatten(0, 1), prev)
     r, g, c = real.flatten(0, 1), gen.flatten(0, 1), last.expand_as(real).flatten(0, 1)
-    out = {"moving_model": _steps(masked_psnr(g, r, mask).view(N, H)), "moving_copy_last": _steps(masked_psnr(c, r, mask).view(N, H)),
-           "moving_ssim_model": _steps(masked_ssim(g, r, mask).view(N, H)),
-           "moving_ssim_copy_last": _steps(masked_ssim(c, r, mask).view(N, H)),
-           "moving_share": mask.float().mean((1, 2)).view(N, H).mean(0).tolist()}
+    out = {f"moving{kind}_{who}": _steps(score(x, r, mask).view(N, H))  # moving_model, ..., moving_ssim_copy_last
+           for kind, score in (("", masked_psnr), ("_ssim", masked_ssim)) for who, x in (("model", g), ("copy_last", c))}
+    out["moving_share"] = mask.float().mean((1, 2)).view(N, H).mean(0).tolist()
     pairs = [(m, p) for m, p in zip(out["moving_model"], out["moving_copy_last"]) if m is not None and p is not None]
     if pairs:
         res[f"moving_psnr_h{H}"] = float(np.mean([m for m, _ in pairs]))
@@ -186,8 +186,7 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
             res[f"frechet_last32_over_first32_h{H}"] = float(np.mean(curves[H]["frechet"][-32:]) /
                                                              max(np.mean(curves[H]["frechet"][:32]), 1e-12))
         if game in BRICKS and real.shape[2] == 3:  # do the bricks the real ball removes go in the rollout too?
-            u8 = lambda x: to_uint8(x.flatten(0, 1)).reshape(*x.shape[:2], *x.shape[3:], x.shape[2])  # noqa: E731
-            b = curves[H]["bricks"] = bricks_removed(to_uint8(last[:, 0]), u8(real), u8(gen), game)
+            b = curves[H]["bricks"] = bricks_removed(to_uint8(last[:, 0]), to_uint8(real), to_uint8(gen), game)
             if b["removed_share"][-1] is not None:
                 res[f"bricks_removed_share_h{H}"] = b["removed_share"][-1]
                 res[f"bricks_rollouts_with_removal_h{H}"] = b["rollouts_with_removal"][-1]

@@ -21,7 +21,7 @@ from genlab.data.datasets import load_digits_uint8
 from genlab.data import encode
 from genlab.data.encode import encode_dataset, rank_chunks
 from genlab.data.formats import read_image_dataset, write_image_dataset
-from genlab.data.latents import LatentLoader, VariantStream, read_latents
+from genlab.data.encode import LatentLoader, VariantStream, read_latents
 from genlab.data.loader import IndexStream
 from genlab.data.pixels import to_model
 from genlab.nn.autoencoders import load_autoencoder

@@ -1,4 +1,4 @@
-"""Token datasets larger than memory: streaming preparation (text_stream) against the in-memory rule, and the
+"""Token datasets larger than memory: streaming preparation (text.write_stream) against the in-memory rule, and the
 token loader's memmap path with the resident/permutation limits patched small."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from conftest import cli_in_process
 
 from genlab.core.errors import GenlabError
-from genlab.data import text_stream, token_loader
+from genlab.data import text as text_stream, token_loader
 from genlab.data.text import prepare_text, read_token_dataset, split_tokens
 from genlab.data.token_loader import TokenLoader, window_starts
 from genlab.data.tokenizers import build_tokenizer
