@@ -26,7 +26,7 @@ class Variant:
     preset: str | None = None   # a named variant's own preset (else the sweep's [base] preset)
     eval: list = field(default_factory=list)    # `genlab eval RUN ...` overrides after it trains (stages.py)
     stage: bool = False         # a [[stage]] run: one run, named without a seed suffix
-    reference: str | None = None  # the run its quality-vs-NFE ratios divide by (nfe_report.py)
+    reference: str | None = None  # the run its quality-vs-NFE ratios divide by (report.py)
     # batched_variants: {"template": the name with {lr}/{weight_decay}/{ema_decay} where its batched values go,
     # "values": {train list key (lrs, ...): the value text}}; variants with one template share a process
     batch: dict | None = None

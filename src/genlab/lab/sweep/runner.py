@@ -22,6 +22,7 @@ from pathlib import Path
 from genlab.config.check import VARIANT_KEYS
 from genlab.core.errors import GenlabError
 from genlab.core.files import held, write_atomic
+from genlab.core.progress import TrainStatus
 from genlab.data.datasets import check_data_on_disk
 from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
@@ -384,23 +385,15 @@ def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=Non
 
 
 class _Progress:
-    """Overall progress: a tqdm bar on a terminal when tqdm is installed, else one plain line per event."""
+    """Overall progress on the training console (core.progress: a tqdm bar on a terminal, else one line per event)."""
 
     def __init__(self, total: int, done: int, enabled: bool):
-        self.total, self.done, self.enabled, self.bar = total, done, enabled, None
-        self.t0, self.ran = time.time(), 0
-        if enabled and sys.stderr.isatty():
-            try:
-                from tqdm.auto import tqdm
-                self.bar = tqdm(total=total, initial=done, desc="sweep", unit="run")
-            except ImportError:
-                pass
+        self.total, self.done, self.t0, self.ran = total, done, time.time(), 0
+        self.console = TrainStatus(total, done, "sweep") if enabled else None
 
     def say(self, msg: str):
-        if self.enabled and self.bar is not None:
-            self.bar.write(msg)
-        elif self.enabled:
-            print(msg, flush=True)
+        if self.console is not None:
+            self.console.note(msg)
 
     def finished(self, v: Variant, rec: dict):
         self.done += 1
@@ -410,12 +403,8 @@ class _Progress:
         eta = (time.time() - self.t0) / self.ran * left
         self.say(f"[{self.done}/{self.total}] {v.run_name}: {rec['status']}{extra} in {rec.get('seconds', 0):.0f} s"
                  + (f"; {left} left, about {eta / 60:.1f} min" if left else ""))
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
+        if self.console is not None:
+            self.console.update()
 
 
 def _pass_interrupt(wait, stop: threading.Event):
@@ -427,6 +416,11 @@ def _pass_interrupt(wait, stop: threading.Event):
         for p in list(_ACTIVE):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGINT)
+
+
+def _tags(v: Variant) -> dict:
+    """The variant a run's status record belongs to."""
+    return {"variant": v.name, "seed": v.seed, "overrides": v.overrides, **({"reference": v.reference} if v.reference else {})}
 
 
 def header() -> str:
@@ -504,8 +498,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         with lock:
             old = status.get(v.run_name, {})
             kept = {k: old[k] for k in ("eval", "eval_seconds") if k in old and rec.get("status") == old.get("status") == "finished"}
-            status[v.run_name] = {**kept, **rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides,
-                                  **({"reference": v.reference} if v.reference else {})}
+            status[v.run_name] = {**kept, **rec, **_tags(v)}
             ordered = {**{k: status[k] for k in order if k in status}, **status}  # sweep-file order, the rest after
             status.clear()
             status.update(ordered)
@@ -520,17 +513,19 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         with lock:
             status[v.run_name] = {"status": "running", "reason": "started; no exit recorded (running, or the sweep was killed)",
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "run_dir": str(d / "runs" / v.run_name),
-                                  "started": time.time(), "variant": v.name, "seed": v.seed, "overrides": v.overrides,
-                                  **({"reference": v.reference} if v.reference else {}), **({"stage": "run"} if v.stage else {})}
+                                  "started": time.time(), **_tags(v), **({"stage": "run"} if v.stage else {})}
             save_status(d, status)
 
+    def over() -> bool:
+        return stop.is_set() or (deadline is not None and time.time() > deadline)
+
     def attempt(v: Variant, on: list[int], st: Stage | None = None) -> dict:
-        if stop.is_set() or (deadline is not None and time.time() > deadline):
-            return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
+        late = over()
+        why = None if late else needs_gpus(sw, v, len(chosen), of)
+        if late or why:
+            return {"status": "skipped" if why else "not_run",
+                    "reason": why or ("sweep interrupted" if stop.is_set() else "sweep time budget used up"),
                     "log": "", "run_dir": str(d / "runs" / v.run_name)}
-        why = needs_gpus(sw, v, len(chosen), of)
-        if why:
-            return {"status": "skipped", "reason": why, "log": "", "run_dir": str(d / "runs" / v.run_name)}
         prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
         left = None if deadline is None else deadline - time.time()
         limit = None if st is None else min((st.timeout or sw.timeout), left or float("inf"))  # no stage outlives it
@@ -577,7 +572,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
             for v in todo:
                 groups.setdefault(v.batch["template"] if sw.batched_variants and v.batch else v.name, []).append(v)
             for vs in groups.values():
-                if stop.is_set() or (deadline is not None and time.time() > deadline):
+                if over():
                     break  # the one-by-one loop below records them as not_run
                 if needs_gpus(sw, vs[0], len(chosen), of):
                     continue  # the one-by-one loop records them as skipped
@@ -633,6 +628,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
             raise KeyboardInterrupt
         evaluate_finished(sw, d, status, deadline, prog, gpus=first)
     finally:
-        prog.close()
+        if prog.console is not None:
+            prog.console.close()
         write_report(d)
     return d
