@@ -129,8 +129,10 @@ def _check_same_overrides(sw: Sweep, d: Path) -> None:
                           f"[{' '.join(sw.cli) or 'none'}]; give those, or another --root")
 
 
-def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
-    """One line: why a run failed, from its exit code, summary and log."""
+def failure_reason(log: Path, rc: int | None, run: Path | None = None, timeout: float = 0) -> str:
+    """One line: why a run failed, from its exit code (None: it ran past `timeout`), summary and log."""
+    if rc is None:
+        return f"timeout after {timeout:.0f} s"
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     if "out of memory" in text.lower():
@@ -143,20 +145,22 @@ def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
     return f"crashed (exit {rc}): {err[:200]}"
 
 
+def _genlab_argv(args: list[str], nproc: int = 1, torchrun: bool = False) -> list[str]:
+    """`genlab ARGS` in this interpreter, under torchrun with nproc > 1 (or when asked)."""
+    run = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 or torchrun else []
+    return [sys.executable, *run, "-m", "genlab", *args]
+
+
 def _train_args(sw: Sweep, preset: str | None, ovs: list[str], runs: Path, name: str) -> list[str]:
     """`genlab train` of a fresh run (or batched runs) named `name` under `runs`."""
-    return ["-m", "genlab", "train", preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={name}",
+    return ["train", preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={name}",
             "log.progress=false"] + (["train.device=cpu"] if sw.launcher == "cpu" else [])
 
 
 def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
-    if resume:
-        args = ["-m", "genlab", "train", "--resume", str(runs / v.run_name)]
-    else:
-        args = _train_args(sw, v.preset, [resolve(o, runs.parent, sw.stage_map) for o in v.overrides], runs, v.run_name)
-    if v.nproc > 1 or sw.launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={v.nproc}", *args]
-    return [sys.executable, *args]
+    args = ["train", "--resume", str(runs / v.run_name)] if resume else _train_args(
+        sw, v.preset, [resolve(o, runs.parent, sw.stage_map) for o in v.overrides], runs, v.run_name)
+    return _genlab_argv(args, v.nproc, sw.launcher == "torchrun")
 
 
 def _stop(proc: subprocess.Popen, sig, grace: float):
@@ -235,8 +239,7 @@ def stage_argv(st: Stage, words: list[str], log: Path) -> list[str]:
         return [sys.executable, *args]
     if args[:1] == ["bench"] and "--json" not in args:
         args = args + ["--json", str(log.with_suffix(".json"))]
-    run = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={st.nproc}"] if st.nproc > 1 else []
-    return [sys.executable, *run, "-m", "genlab", *args]
+    return _genlab_argv(args, st.nproc)
 
 
 def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = None, timeout: float | None = None,
@@ -258,21 +261,16 @@ def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = No
     rec["seconds"] = secs
     if rc == 0 and (out.exists() or not makes):
         return {**rec, "status": "finished", "reason": ""}
-    why = f"timeout after {timeout:.0f} s" if rc is None else (
-        failure_reason(log, rc) if rc else f"exited 0 but wrote no {out}")
+    why = f"exited 0 but wrote no {out}" if rc == 0 else failure_reason(log, rc, timeout=timeout)
     return {**rec, "status": "failed", "reason": why, "returncode": rc}
 
 
 def run_eval(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
     """`genlab eval RUN <v.eval>` after a run finished: its eval_nfe.* files land in the run folder."""
-    run = d / "runs" / v.run_name
-    log = d / "logs" / f"{v.run_name}.log"
-    ovs = [resolve(o, d, sw.stage_map) for o in v.eval]
-    cmd = [sys.executable, "-m", "genlab", "eval", str(run), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else [])
+    log, ovs = d / "logs" / f"{v.run_name}.log", [resolve(o, d, sw.stage_map) for o in v.eval]
+    cmd = _genlab_argv(["eval", str(d / "runs" / v.run_name), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else []))
     rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
-    if rc == 0:
-        return {"eval": "finished", "eval_seconds": secs}
-    return {"eval": "failed: " + (f"timeout after {sw.timeout:.0f} s" if rc is None else failure_reason(log, rc)),
+    return {"eval": "finished" if rc == 0 else "failed: " + failure_reason(log, rc, timeout=sw.timeout),
             "eval_seconds": secs}
 
 
@@ -283,7 +281,6 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None, t
     runs = d / "runs"
     run = runs / v.run_name
     log = d / "logs" / f"{v.run_name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     ckpts = run / "checkpoints"
     resume = ckpts.exists() and any(ckpts.glob("step_*"))
     if run.exists() and not resume:  # started but never checkpointed: start over, keep the old log
@@ -338,13 +335,12 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
         return None
     variants = len({v.name for v in vs})
     log = d / "logs" / (f"{vs[0].name}-seeds.log" if variants == 1 and not lists else f"{vs[0].name}-batch{variants}.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
     last = [max((p.name for p in (runs / v.run_name / "checkpoints").glob("step_*")), default=None) for v in vs]
     resume = all(last) and len(set(last)) == 1
     if any(last) and not resume:
         return None
     if resume:
-        cmd = [sys.executable, "-m", "genlab", "train", *(a for v in vs for a in ("--resume", str(runs / v.run_name)))]
+        cmd = _genlab_argv(["train", *(a for v in vs for a in ("--resume", str(runs / v.run_name)))])
     else:
         for v in vs:  # started but never checkpointed: start over
             if (runs / v.run_name).exists():
@@ -354,7 +350,7 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
                if not o.startswith("train.seed=") and o.split("=", 1)[0].strip() not in batched_keys]
         ovs += ["train.seeds=" + ",".join(map(str, dict.fromkeys(v.seed for v in vs))),
                 *(f"train.{n}={','.join(values)}" for n, values in lists.items())]
-        cmd = [sys.executable, *_train_args(sw, vs[0].preset, ovs, runs, vs[0].batch["template"] if lists else vs[0].name)]
+        cmd = _genlab_argv(_train_args(sw, vs[0].preset, ovs, runs, vs[0].batch["template"] if lists else vs[0].name))
     t0, timeout = time.time(), sw.timeout * len(vs)  # the work of len(vs) runs, in one process
     rc, interrupted = _interruptible(cmd, log, _env(sw, gpus), timeout)
     return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs),
@@ -372,7 +368,7 @@ def _stage_done(st: Stage, d: Path, status: dict) -> bool:
 
 def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
     """`genlab eval` of every finished run (or of `runs`) that has eval overrides and no finished evaluation yet."""
-    for v in runs if runs is not None else sw.stage_runs() + sw.variants:
+    for v in runs if runs is not None else [sw.as_run(s) for s in sw.stages if s.is_run] + sw.variants:
         rec = status.get(v.run_name, {})
         if not v.eval or rec.get("status") != "finished" or rec.get("eval") == "finished":
             continue
@@ -454,10 +450,8 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
             status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
                                   "overrides": v.overrides}
-            continue
-        if st == "finished" or (st in ("failed", "skipped") and not retry_failed):
-            continue
-        todo.append(v)
+        elif not (st == "finished" or (st in ("failed", "skipped") and not retry_failed)):
+            todo.append(v)
     return todo
 
 
@@ -541,8 +535,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         return {"status": "not_run" if later else "failed", "reason": f"stage '{name}' did not finish", "log": ""}
 
     def one_stage(st: Stage):
-        as_run = Variant(st.name, st.overrides if st.is_run else st.command, 0, st.nproc, st.preset, st.eval, stage=True,
-                         reference=st.reference)
+        as_run = sw.as_run(st)
         tag = {"stage": "run" if st.is_run else "command", **({"table": st.table} if st.table else {})}
         if sw.needs(as_run) & failed:
             finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), **tag})

@@ -58,10 +58,10 @@ class Sweep:
     def stage_map(self) -> dict:
         return {s.name: s for s in self.stages}
 
-    def stage_runs(self) -> list[Variant]:
-        """The run stages as one-run variants (no seed suffix, no train.seed)."""
-        return [Variant(s.name, s.overrides, 0, 1, s.preset, list(s.eval), stage=True, reference=s.reference)
-                for s in self.stages if s.is_run]
+    def as_run(self, st) -> Variant:
+        """A stage as a one-run variant (no seed suffix, no train.seed); a command stage's words are its overrides."""
+        return Variant(st.name, st.overrides if st.is_run else st.command, 0, st.nproc, st.preset, st.eval, stage=True,
+                       reference=st.reference)
 
     def needs(self, v: Variant) -> set:
         """The stages a run depends on."""
