@@ -81,8 +81,7 @@ class Sampler:
     def __init__(self, cfg, method, model, data, device, run_dir):
         self.cfg, self.method, self.model, self.data, self.device, self.run_dir = cfg, method, model, data, device, run_dir
         self.precision = sampling_precision(cfg, device)  # as the run's own evaluations sampled
-        n = cfg.eval.num_samples
-        self.labels = torch.arange(n, device=device) % data.spec["num_classes"]
+        self.labels = torch.arange(cfg.eval.num_samples, device=device) % data.spec["num_classes"]
         self.classifier = None  # (net, held-out accuracy), trained or loaded once for every variant
 
     def draw(self, desc, labels=None):

@@ -177,14 +177,10 @@ def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
         if partial_to:
             reasons.append(f"partial: {len(partial_to)} unfinished run(s) to step {min(partial_to)}"
                            + (f"-{max(partial_to)}" if max(partial_to) != min(partial_to) else ""))
-        if all(x == "finished" for x in statuses):
-            agg = "finished"
-        else:
-            unfinished = ("failed", "interrupted", "running", "not_run", "skipped")
-            agg = next((x for x in unfinished if x in statuses), statuses[0])
-            n_ok = statuses.count("finished")
-            if n_ok:
-                agg += f" ({n_ok}/{len(statuses)} seeds finished)"
+        n_ok = statuses.count("finished")  # the first unfinished state is the row's, "finished" when there is none
+        agg = next((x for x in ("failed", "interrupted", "running", "not_run", "skipped") if x in statuses), statuses[0])
+        if 0 < n_ok < len(statuses):
+            agg += f" ({n_ok}/{len(statuses)} seeds finished)"
         logs = [f"logs/{rn}.log" for rn, _ in members if (d / "logs" / f"{rn}.log").exists()]
         row = {"variant": variant, "seeds": len(members), "status": agg, "reason": "; ".join(reasons),
                "stalled": sum(run_stalled(d / "runs" / rn) for rn, _ in members),
@@ -260,11 +256,13 @@ def _status_text(r) -> str:
     return r["status"] + stalled + (f": {r['reason']}" if r["reason"] else "")
 
 
+def _cells(r, cols) -> list[str]:
+    return [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+
+
 def markdown_table(rows, cols) -> str:
     head = ["variant", "seeds"] + [HEADERS.get(c, c) for c in cols] + ["status"]
-    cells = [[r["variant"], r["seeds"]] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols] + [_status_text(r)]
-             for r in rows]
-    return table(head, [[str(x).replace("|", "/") for x in c] for c in cells])
+    return table(head, [[x.replace("|", "/") for x in _cells(r, cols) + [_status_text(r)]] for r in rows])
 
 
 def _pyplot():
@@ -510,7 +508,7 @@ def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") 
     head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
     body = []
     for r in rows:
-        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+        cells = _cells(r, cols)
         logs = " ".join(f'<a href="{esc(lg)}">log</a>' for lg in r["logs"])
         body.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + f"<td>{esc(_status_text(r))} {logs}</td></tr>")
     imgs = "".join(f'<figure><img src="{esc(p)}"><figcaption>{esc(p)}</figcaption></figure>' for p in plots)
