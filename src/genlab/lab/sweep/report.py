@@ -216,10 +216,7 @@ def _fmt(v, sd=None, key=""):
     scale = 100 if pct else 1
     spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m", "optim_state_mib") or pct else \
         (".2f" if key == "peak_mem_gib" else ".4g")
-    out = format(v * scale, spec) + ("%" if pct else "")
-    if sd is not None:
-        out += " ± " + format(sd * scale, spec) + ("%" if pct else "")
-    return out
+    return " ± ".join(format(x * scale, spec) + ("%" if pct else "") for x in (v, sd) if x is not None)
 
 
 HEADERS = {"params_m": "params", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",

@@ -65,9 +65,7 @@ def choose_gpus(spec: str, launcher: str, visible: int) -> list[int]:
         raise GenlabError(f'--gpus needs launcher gpu, per_gpu or torchrun; this sweep has launcher "{launcher}"')
     if visible == 0:
         raise GenlabError(f"--gpus {spec}: no CUDA device is visible")
-    parts = [x.strip() for x in spec.split(",")]
-    if "," in spec:
-        parts = [x for x in parts if x]
+    parts = [x.strip() for x in spec.split(",") if x.strip() or "," not in spec]
     if not parts or not all(re.fullmatch(r"-?\d+", x) for x in parts):
         raise GenlabError(f"--gpus takes N (the first N GPUs) or indices such as 0,2,3; got '{spec}'")
     if "," not in spec:
