@@ -43,7 +43,7 @@ class BenchStep:
     """The trainer's own step (train.step.TrainStep) on a fixed synthetic batch, with optional per-phase timing."""
 
     def __init__(self, cfg):
-        self.cfg, tcfg = cfg, cfg.train
+        tcfg = cfg.train
         if is_batched(cfg):  # it would time one member's step and call that the batched rate
             raise GenlabError(f"genlab bench times one run's step; time {batched_label(cfg)} with "
                               "benchmarks/batched_seeds.py")
@@ -51,16 +51,14 @@ class BenchStep:
         self.precision = build_precision(tcfg.precision, self.device)  # float8 checks the GPU here
         torch.manual_seed(tcfg.seed)
         self.spec = data_spec_for(cfg)
-        self.micro = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
-        if self.micro < 1:
+        micro = tcfg.batch_size // (tcfg.grad_accum * self.dist.world)
+        if micro < 1:
             raise GenlabError(f"train.batch_size {tcfg.batch_size} is smaller than grad_accum x world size")
         self.train_step = TrainStep(cfg, self.spec, self.dist, self.device, self.precision)
         if self.train_step.graph_note and self.dist.is_main:  # the step `genlab train` would take, said the same way
             print(f"genlab: note: {self.train_step.graph_note}", file=sys.stderr)
-        self.model, self.method, self.ema = self.train_step.model, self.train_step.method, self.train_step.ema
-        self.flops_per_sample = self.train_step.flops_per_sample
         gen = torch.Generator(device=self.device).manual_seed(tcfg.seed)
-        self.batch = self.method.synthetic_batch(self.micro, self.device, gen)
+        self.batch = self.train_step.method.synthetic_batch(micro, self.device, gen)
         self.n = 0
 
     def step(self, timer=None):
@@ -113,31 +111,20 @@ def _event_device_us(e) -> float:
     return 0.0
 
 
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """Sorted, disjoint cover of the intervals."""
-    out: list[list[float]] = []
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of the intervals."""
+    total, end = 0.0, float("-inf")
     for a, z in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], z)
-        else:
-            out.append([a, z])
-    return [(a, z) for a, z in out]
+        total += max(0.0, z - max(a, end))
+        end = max(end, z)
+    return total
 
 
 def communication_overlap(comm: list[tuple[float, float]], compute: list[tuple[float, float]]) -> dict:
     """Time covered by communication kernels, and the part of it during which no compute kernel runs (the
     communication the step waits for). Intervals in any unit; kernels on other streams overlap freely."""
-    cu, ku = _union(comm), _union(compute)
-    total = sum(z - a for a, z in cu)
-    hidden, j = 0.0, 0
-    for a, z in cu:  # both lists are sorted and disjoint: one merge pass
-        while j < len(ku) and ku[j][1] <= a:
-            j += 1
-        k = j
-        while k < len(ku) and ku[k][0] < z:
-            hidden += min(z, ku[k][1]) - max(a, ku[k][0])
-            k += 1
-    return {"comm_us": total, "exposed_us": total - hidden}
+    total = _covered(comm)
+    return {"comm_us": total, "exposed_us": _covered(comm + compute) - _covered(compute)}
 
 
 def profile_steps(b: "BenchStep", steps: int, out_dir) -> dict:
@@ -350,7 +337,7 @@ def run_bench(cfg, steps: int = 20, warmup: int = 5, split_steps: int = 5, profi
         turn = [turn_start, time.time()]  # wall clock (epoch s) of the measured part: turns must not overlap
     leave_distributed(b.dist)
     peak = peak_flops(dev)
-    flops_step = b.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
+    flops_step = b.train_step.flops_per_sample * tcfg.batch_size / b.dist.world  # per device
     seq = b.spec.get("seq_len")
     samples_per_s, graphs = tcfg.batch_size / step_s, compile_counts()["graphs"]
     return {

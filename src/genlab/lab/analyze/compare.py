@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.lab.analyze.report import _plt, _table, adjacent_mean, heatmap
+from genlab.lab.analyze.run import _plt, _save_figure, _table, cka_stats, heatmap
 
 SKIP_OK = 1.5  # "a skip the model tolerates": FD within 1.5x the unskipped model's
 
@@ -32,10 +32,7 @@ def summarize(res: dict) -> dict:
     table's single-block FD ratios, its middle pair and the longest middle run within SKIP_OK; the cached sampler."""
     out = {"run": res.get("run", "?"), "depth": res.get("depth"), "model": res.get("model"), "cka": {}}
     for t, m in res.get("cka", {}).get("by_t", {}).items():
-        m = torch.tensor(m, dtype=torch.float64)
-        off = m[~torch.eye(len(m), dtype=torch.bool)]
-        out["cka"][t] = {"adjacent": adjacent_mean(m), "all_pairs": float(off.mean()) if len(off) else float("nan"),
-                         "first_last": float(m[0, -1])}
+        out["cka"][t] = cka_stats(torch.tensor(m, dtype=torch.float64))
     rows = res.get("skip")
     if rows:
         single = [r["fd_ratio"] for r in rows if len(r["blocks"]) == 1]
@@ -66,10 +63,7 @@ def heatmap_row(analyses: list[dict], t: str, out: Path) -> Path:
     axes[0][0].set_ylabel("block")
     fig.suptitle(f"linear CKA of block outputs, t = {t} (0 noise, 1 data)", fontsize=9)
     fig.colorbar(im, ax=list(axes[0]), shrink=0.85)
-    p = out / f"compare_cka_t{t}.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    return _save_figure(fig, out / f"compare_cka_t{t}.png")
 
 
 def markdown(sums: list[dict], ts: list[str], plots: list[Path]) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from genlab.config.tree import apply_overrides
 from genlab.core.errors import GenlabError
+from genlab.data.datasets import dataset_registry
 from genlab.lab.match import constant_param_dims, matched_overrides, reference_params
 
 AXIS_KEYS = {"key", "values", "zip", "variants", "type", "depths", "ref", "tolerance", "data"}
@@ -26,7 +27,7 @@ class Variant:
     preset: str | None = None   # a named variant's own preset (else the sweep's [base] preset)
     eval: list = field(default_factory=list)    # `genlab eval RUN ...` overrides after it trains (stages.py)
     stage: bool = False         # a [[stage]] run: one run, named without a seed suffix
-    reference: str | None = None  # the run its quality-vs-NFE ratios divide by (nfe_report.py)
+    reference: str | None = None  # the run its quality-vs-NFE ratios divide by (report.py)
     # batched_variants: {"template": the name with {lr}/{weight_decay}/{ema_decay} where its batched values go,
     # "values": {train list key (lrs, ...): the value text}}; variants with one template share a process
     batch: dict | None = None
@@ -92,10 +93,10 @@ def _named(ax, i, src):
     return out
 
 
-def _matched_params(ax, i, src, shape):
+def _matched_params(ax, i, src, base):
     """Named variants, each given the width (and MLP width) whose parameter count matches a plain DiT of the base
     config's size (genlab.lab.match), at the data shape `data = { image_size, channels, num_classes }`."""
-    data, base = ax.get("data"), shape.get("cfg")
+    data = ax.get("data")
     if not isinstance(data, dict) or set(data) != {"image_size", "channels", "num_classes"}:
         raise GenlabError(f"{src}: axis {i} (matched_params) needs data = {{ image_size = S, channels = C, num_classes = K }}")
     spec = {"kind": "image", **{k: int(v) for k, v in data.items()}}
@@ -112,7 +113,7 @@ def _matched_params(ax, i, src, shape):
     return out
 
 
-def _constant_params(ax, i, src, shape):
+def _constant_params(ax, i, src, base):
     if ax["type"] not in AXIS_TYPES:
         raise GenlabError(f"{src}: axis {i} has unknown type '{ax['type']}'; valid: {', '.join(AXIS_TYPES)}")
     depths, ref = ax.get("depths"), ax.get("ref", {})
@@ -123,8 +124,12 @@ def _constant_params(ax, i, src, shape):
     if int(ref["dim"]) % int(ref.get("head_dim", 64)):
         raise GenlabError(f"{src}: axis {i} (constant_params): ref.dim {ref['dim']} is not a multiple of head_dim {ref.get('head_dim', 64)}")
     tol = float(ax.get("tolerance", 0.05))
+    ds = dataset_registry.spec(base.data.name)
+    spec = None  # real datasets: their shape needs the data; the default latent shape is close enough to rank widths
+    if ds.synthetic and ds.shape is not None:
+        spec = {k: ds.shape(base.data)[k] for k in ("kind", "image_size", "channels", "num_classes")}
     rows = constant_param_dims(int(ref["depth"]), int(ref["dim"]), depths, head_dim=int(ref.get("head_dim", 64)),
-                               **{k: v for k, v in shape.items() if k in ("model", "spec")})
+                               model=base.model, spec=spec)
     bad = [f"depth {d}: {100 * e:+.1f}%" for d, _, _, e in rows if abs(e) > tol]
     if bad:
         raise GenlabError(f"{src}: axis {i} (constant_params): no width within {100 * tol:.0f}% of the reference "
@@ -132,9 +137,9 @@ def _constant_params(ax, i, src, shape):
     return [(f"depth={d}-dim={w}", [f"model.depth={d}", f"model.dim={w}", f"model.heads={h}"], 1, {}) for d, w, h, _ in rows]
 
 
-def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[tuple[str, list, int, dict]]:
-    """One [[axis]] table -> [(label, overrides, nproc, {preset, eval} of a named variant)]. `shape` = the base
-    model/data shape for sizes."""
+def axis_entries(ax: dict, i: int, src: str, base) -> list[tuple[str, list, int, dict]]:
+    """One [[axis]] table -> [(label, overrides, nproc, {preset, eval} of a named variant)]; `base`: the base config
+    (its model and data shape for the size axes)."""
     if not isinstance(ax, dict):
         raise GenlabError(f"{src}: axis {i} must be a table ([[axis]])")
     unknown = set(ax) - AXIS_KEYS
@@ -143,12 +148,12 @@ def axis_entries(ax: dict, i: int, src: str, shape: dict | None = None) -> list[
     if ax.get("type") == "matched_params":  # named variants, each matched in size to the reference DiT
         if "variants" not in ax or "values" in ax or "zip" in ax:
             raise GenlabError(f"{src}: axis {i} (matched_params) takes variants = [...] (and data, tolerance)")
-        return _matched_params(ax, i, src, shape or {})
+        return _matched_params(ax, i, src, base)
     kinds = [k for k in ("values", "zip", "variants", "type") if k in ax]
     if len(kinds) != 1:
         raise GenlabError(f"{src}: axis {i} must have exactly one of key+values, zip, variants or type = \"constant_params\"")
     if kinds[0] == "type":
-        return _constant_params(ax, i, src, shape or {})
+        return _constant_params(ax, i, src, base)
     return {"values": _grid, "zip": _zip, "variants": _named}[kinds[0]](ax, i, src)
 
 

@@ -1,5 +1,8 @@
 """Sweep reports: results.csv, report.md (one table) and report.html (the table, plots, sample grids). Every number
 comes from the run's own files (metrics.jsonl, config.toml); how each column is aggregated: docs/sweeps.md.
+For sweeps whose runs were evaluated with `eval.nfe_list` (each run's eval_nfe.json), the quality-vs-NFE part: one
+table method x (sampler, NFE) with the run's cost and its ratios to the run's `reference`, two plots and the runs'
+sample grids stacked into one picture (docs/sweeps.md). First finished seed of each variant.
 """
 from __future__ import annotations
 
@@ -13,9 +16,9 @@ from pathlib import Path
 from genlab.config.tree import from_dict, load_toml
 from genlab.core.tables import markdown_table as table
 from genlab.data.datasets import dataset_registry
+from genlab.eval.labelled_grid import stack_pictures
 from genlab.families.models import model_registry
 from genlab.lab.match import param_count as count
-from genlab.lab.sweep.nfe_report import write_nfe_report
 from genlab.lab.sweep.tables import render
 from genlab.runtime.checkpoint import read_summary
 from genlab.runtime.metrics import read_metrics, train_records
@@ -174,14 +177,10 @@ def collect(d: Path, partial: bool = False) -> tuple[list[dict], list[str]]:
         if partial_to:
             reasons.append(f"partial: {len(partial_to)} unfinished run(s) to step {min(partial_to)}"
                            + (f"-{max(partial_to)}" if max(partial_to) != min(partial_to) else ""))
-        if all(x == "finished" for x in statuses):
-            agg = "finished"
-        else:
-            unfinished = ("failed", "interrupted", "running", "not_run", "skipped")
-            agg = next((x for x in unfinished if x in statuses), statuses[0])
-            n_ok = statuses.count("finished")
-            if n_ok:
-                agg += f" ({n_ok}/{len(statuses)} seeds finished)"
+        n_ok = statuses.count("finished")  # the first unfinished state is the row's, "finished" when there is none
+        agg = next((x for x in ("failed", "interrupted", "running", "not_run", "skipped") if x in statuses), statuses[0])
+        if 0 < n_ok < len(statuses):
+            agg += f" ({n_ok}/{len(statuses)} seeds finished)"
         logs = [f"logs/{rn}.log" for rn, _ in members if (d / "logs" / f"{rn}.log").exists()]
         row = {"variant": variant, "seeds": len(members), "status": agg, "reason": "; ".join(reasons),
                "stalled": sum(run_stalled(d / "runs" / rn) for rn, _ in members),
@@ -217,10 +216,7 @@ def _fmt(v, sd=None, key=""):
     scale = 100 if pct else 1
     spec = ".1f" if key in ("samples_per_s", "tokens_per_s", "wall_time", "params_m", "optim_state_mib") or pct else \
         (".2f" if key == "peak_mem_gib" else ".4g")
-    out = format(v * scale, spec) + ("%" if pct else "")
-    if sd is not None:
-        out += " ± " + format(sd * scale, spec) + ("%" if pct else "")
-    return out
+    return " ± ".join(format(x * scale, spec) + ("%" if pct else "") for x in (v, sd) if x is not None)
 
 
 HEADERS = {"params_m": "params", "final_loss": "final loss", "samples_per_s": "samples/s", "tokens_per_s": "tokens/s",
@@ -257,24 +253,31 @@ def _status_text(r) -> str:
     return r["status"] + stalled + (f": {r['reason']}" if r["reason"] else "")
 
 
+def _cells(r, cols) -> list[str]:
+    return [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+
+
 def markdown_table(rows, cols) -> str:
     head = ["variant", "seeds"] + [HEADERS.get(c, c) for c in cols] + ["status"]
-    cells = [[r["variant"], r["seeds"]] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols] + [_status_text(r)]
-             for r in rows]
-    return table(head, [[str(x).replace("|", "/") for x in c] for c in cells])
+    return table(head, [[x.replace("|", "/") for x in _cells(r, cols) + [_status_text(r)]] for r in rows])
 
 
-def _plots(d: Path, rows) -> list[str]:
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    files = []
+    return plt
 
-    def save(fig, fname):
-        fig.tight_layout()
-        fig.savefig(d / fname, dpi=110)
-        plt.close(fig)
-        files.append(fname)
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path.name
+
+
+def _plots(d: Path, rows) -> list[str]:
+    plt, files = _pyplot(), []
     curves = {r["variant"]: train_records(read_metrics(d / "runs" / r["finished_runs"][0]))
               for r in rows if r["finished_runs"]}
     for xkey, fname, xlabel in (("step", "loss_vs_step.png", "step"), ("wall_time", "loss_vs_time.png", "wall-clock s")):
@@ -286,7 +289,7 @@ def _plots(d: Path, rows) -> list[str]:
         ax.set(xlabel=xlabel, ylabel="training loss (first finished seed)", yscale="log")
         if curves:
             ax.legend(fontsize=7)
-        save(fig, fname)
+        files.append(_save(fig, d / fname))
     tput = "tokens_per_s" if any(r.get("tokens_per_s") for r in rows) else "samples_per_s"
     bars = [(tput, "throughput.png", HEADERS[tput])]
     if has_memory(rows):
@@ -302,13 +305,140 @@ def _plots(d: Path, rows) -> list[str]:
                 color=["tab:blue" if r["status"] == "finished" else "tab:red" for r in rows])
         ax.set_xlabel(label + ("" if any(vals) else " (not measured on this device)") + "   red: not finished")
         ax.invert_yaxis()
-        save(fig, fname)
+        files.append(_save(fig, d / fname))
     return files
 
 
 def has_memory(rows) -> bool:
     """Whether any run measured its peak memory (CUDA runs do; on a CPU it is not measured)."""
     return any(r.get("peak_mem_gib") is not None for r in rows)
+
+
+BEST_FD_MAX_NFE = 100
+
+
+def _doc(run: Path) -> dict | None:
+    p = run / "eval_nfe.json"
+    try:
+        doc = json.loads(p.read_text()) if p.is_file() else None
+    except json.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("rows"), list) else None
+
+
+def _reference(name: str, docs: dict) -> dict:
+    ref = {"name": name}
+    if name in docs:
+        rdoc = docs[name][1]
+        rows = [r for r in rdoc["rows"] if r.get("feature_fd") is not None and r["nfe"] <= BEST_FD_MAX_NFE]
+        ref.update(best=min(rows, key=lambda r: r["feature_fd"], default=None), gpu_seconds=(rdoc.get("cost") or {}).get("gpu_seconds"),
+                   device=(rdoc.get("cost") or {}).get("device"))
+    return ref
+
+
+def nfe_rows(d: Path, rows: list[dict]) -> tuple[list[dict], dict]:
+    """(one dict per method x sampler x NFE, {reference name: its best row, gpu_seconds, device})."""
+    docs = {r["variant"]: (r, _doc(d / "runs" / r["finished_runs"][0])) for r in rows if r["finished_runs"]}
+    docs = {k: v for k, v in docs.items() if v[1] is not None}
+    refs = {r["reference"]: _reference(r["reference"], docs) for r, _ in docs.values() if r.get("reference")}
+    out = []
+    for name, (row, doc) in docs.items():
+        cost, ref = doc.get("cost") or {}, refs.get(row.get("reference"), {})
+        secs = cost.get("gpu_seconds")
+        pct = cost.get("pct_of_teacher") if not ref.get("gpu_seconds") else None if secs is None else 100 * secs / ref["gpu_seconds"]
+        best = (ref.get("best") or {}).get("feature_fd")
+        for r in doc["rows"]:
+            fd = r.get("feature_fd")
+            out.append({"method": name, "reference": ref.get("name"), "sampler": r["sampler"], "nfe": r["nfe"],
+                        "sample_accuracy": r.get("sample_accuracy"), "feature_fd": fd,
+                        "fd_ratio": fd / best if fd is not None and best else None,
+                        "precision": r.get("precision"), "recall": r.get("recall"), "feature_fd_floor": r.get("feature_fd_floor"),
+                        "gpu_seconds": secs, "pct_of_reference": pct, "device": cost.get("device"),
+                        **{k: r[k] for k in ("fid", "fid_floor", "lpips_diversity") if k in r}})
+    return out, refs
+
+
+def _f(v, spec=".4g", pct=False):
+    if v is None:
+        return ""
+    return f"{100 * v:.1f}%" if pct else format(v, spec)
+
+
+def nfe_markdown(out: list[dict], refs: dict) -> str:
+    lines = ["## Quality vs NFE", ""]
+    for ref in refs.values():
+        best = ref.get("best")
+        if best:
+            lines.append(f"Reference `{ref['name']}`: best feature FD {best['feature_fd']:.4g} ({best['sampler']}, NFE "
+                         f"{best['nfe']}, of its rows at <= {BEST_FD_MAX_NFE} NFE), training "
+                         f"{_f(ref.get('gpu_seconds'), '.1f')} device-s on {ref.get('device')}.")
+        else:
+            lines.append(f"Reference `{ref['name']}` has no evaluation table: its runs' ratios are left empty.")
+    floors = sorted({f"{r['feature_fd_floor']:.4g}" for r in out if r.get("feature_fd_floor") is not None})
+    if floors:
+        lines.append("Real-vs-real floor of feature FD: " + ", ".join(floors) + ".")
+    lines.append("Cost: device-seconds on top of the run's root teacher (its training, generated data, intermediate "
+                 "teachers); a run without a teacher: its own training.")
+    extra = [k for k in ("fid", "lpips_diversity") if any(k in r for r in out)]
+    head = ["method", "sampler", "NFE", "accuracy", "FD", "FD / ref best", "precision", "recall", *extra, "device-s",
+            "% of ref training"]
+    cells = [[r["method"], r["sampler"], r["nfe"], _f(r["sample_accuracy"], pct=True), _f(r["feature_fd"]),
+              _f(r["fd_ratio"], ".2f"), _f(r["precision"], ".3f"), _f(r["recall"], ".3f"),
+              *[_f(r.get(k)) for k in extra], _f(r["gpu_seconds"], ".1f"),
+              "" if r["pct_of_reference"] is None else f"{r['pct_of_reference']:.1f}%"] for r in out]
+    return "\n".join(lines + ["", table(head, cells)]) + "\n"
+
+
+def nfe_plots(d: Path, out: list[dict], refs: dict) -> list[str]:
+    plt = _pyplot()
+    series: dict = {}
+    for r in out:
+        if r["feature_fd"] is not None:
+            series.setdefault(f"{r['method']} ({r['sampler']})", []).append((r["nfe"], r["feature_fd"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, pts in series.items():
+        ax.plot(*zip(*sorted(pts)), marker="o", label=name)
+    for ref in refs.values():
+        if ref.get("best"):
+            ax.axhline(ref["best"]["feature_fd"], ls="--", lw=0.8, label=f"{ref['name']} best (<= {BEST_FD_MAX_NFE} NFE)")
+    floors = [r["feature_fd_floor"] for r in out if r.get("feature_fd_floor") is not None]
+    if floors:
+        ax.axhline(min(floors), ls=":", c="gray", lw=0.8, label="real-vs-real floor")
+    ax.set(xscale="log", yscale="log", xlabel="NFE (network evaluations per sample)", ylabel="feature FD")
+    ax.legend(fontsize=6)
+    first = _save(fig, d / "fd_vs_nfe.png")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    few = sorted({r["nfe"] for r in out if r["nfe"] <= 8})
+    for nfe, marker in zip(few, "osD^v<>p*h"):
+        pts = [(r["gpu_seconds"], r["feature_fd"], r["method"]) for r in out
+               if r["nfe"] == nfe and r["gpu_seconds"] and r["feature_fd"] is not None]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=f"NFE {nfe}")
+            for x, y, name in pts:
+                ax.annotate(name, (x, y), fontsize=5, alpha=0.7)
+    for ref in refs.values():
+        if ref.get("best") and ref.get("gpu_seconds"):
+            ax.scatter([ref["gpu_seconds"]], [ref["best"]["feature_fd"]], marker="*", s=120, label=f"{ref['name']} best")
+    ax.set(xscale="log", yscale="log", xlabel="cost: device-seconds on top of the teacher (reference: its training)",
+           ylabel="feature FD")
+    ax.legend(fontsize=6)
+    return [first, _save(fig, d / "cost_vs_fd.png")]
+
+
+def write_nfe_report(d: Path, rows: list[dict]) -> tuple[str, list[str]]:
+    """(the markdown section, the picture files) — empty when no run has an eval_nfe.json."""
+    out, refs = nfe_rows(d, rows)
+    if not out:
+        return "", []
+    md = nfe_markdown(out, refs)
+    (d / "nfe.md").write_text(md)
+    (d / "nfe.json").write_text(json.dumps({"references": refs, "rows": out}, indent=2, default=str))
+    # nfe_grid.png: every run's eval_nfe.png under its variant name (the same classes and noise in each)
+    items = [(r["variant"], d / "runs" / r["finished_runs"][0] / "eval_nfe.png") for r in rows if r["finished_runs"]]
+    items = [(n, p) for n, p in items if p.is_file()]
+    if items:
+        stack_pictures(items, d / "nfe_grid.png")
+    return md, nfe_plots(d, out, refs) + (["nfe_grid.png"] if items else [])
 
 
 NO_MEMORY = "No memory chart: no run measured its peak memory (it is measured on CUDA devices only)."
@@ -375,7 +505,7 @@ def _html(name, desc, rows, cols, plots, grids, nfe_md="", note="", missing="") 
     head = "".join(f"<th>{esc(HEADERS.get(c, c))}</th>" for c in ["variant", "seeds", *cols, "status"])
     body = []
     for r in rows:
-        cells = [r["variant"], str(r["seeds"])] + [_fmt(r.get(c), r.get(c + "_std"), c) for c in cols]
+        cells = _cells(r, cols)
         logs = " ".join(f'<a href="{esc(lg)}">log</a>' for lg in r["logs"])
         body.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + f"<td>{esc(_status_text(r))} {logs}</td></tr>")
     imgs = "".join(f'<figure><img src="{esc(p)}"><figcaption>{esc(p)}</figcaption></figure>' for p in plots)

@@ -22,6 +22,7 @@ from pathlib import Path
 from genlab.config.check import VARIANT_KEYS
 from genlab.core.errors import GenlabError
 from genlab.core.files import held, write_atomic
+from genlab.core.progress import TrainStatus
 from genlab.data.datasets import check_data_on_disk
 from genlab.lab.sweep.report import load_status, write_report
 from genlab.lab.sweep.spec import Sweep, Variant
@@ -64,9 +65,7 @@ def choose_gpus(spec: str, launcher: str, visible: int) -> list[int]:
         raise GenlabError(f'--gpus needs launcher gpu, per_gpu or torchrun; this sweep has launcher "{launcher}"')
     if visible == 0:
         raise GenlabError(f"--gpus {spec}: no CUDA device is visible")
-    parts = [x.strip() for x in spec.split(",")]
-    if "," in spec:
-        parts = [x for x in parts if x]
+    parts = [x.strip() for x in spec.split(",") if x.strip() or "," not in spec]
     if not parts or not all(re.fullmatch(r"-?\d+", x) for x in parts):
         raise GenlabError(f"--gpus takes N (the first N GPUs) or indices such as 0,2,3; got '{spec}'")
     if "," not in spec:
@@ -128,8 +127,10 @@ def _check_same_overrides(sw: Sweep, d: Path) -> None:
                           f"[{' '.join(sw.cli) or 'none'}]; give those, or another --root")
 
 
-def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
-    """One line: why a run failed, from its exit code, summary and log."""
+def failure_reason(log: Path, rc: int | None, run: Path | None = None, timeout: float = 0) -> str:
+    """One line: why a run failed, from its exit code (None: it ran past `timeout`), summary and log."""
+    if rc is None:
+        return f"timeout after {timeout:.0f} s"
     text = log.read_text(errors="replace") if log.exists() else ""
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     if "out of memory" in text.lower():
@@ -142,20 +143,22 @@ def failure_reason(log: Path, rc: int | None, run: Path | None = None) -> str:
     return f"crashed (exit {rc}): {err[:200]}"
 
 
+def _genlab_argv(args: list[str], nproc: int = 1, torchrun: bool = False) -> list[str]:
+    """`genlab ARGS` in this interpreter, under torchrun with nproc > 1 (or when asked)."""
+    run = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 or torchrun else []
+    return [sys.executable, *run, "-m", "genlab", *args]
+
+
 def _train_args(sw: Sweep, preset: str | None, ovs: list[str], runs: Path, name: str) -> list[str]:
     """`genlab train` of a fresh run (or batched runs) named `name` under `runs`."""
-    return ["-m", "genlab", "train", preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={name}",
+    return ["train", preset or sw.preset, *ovs, f"train.out_dir={runs}", f"train.name={name}",
             "log.progress=false"] + (["train.device=cpu"] if sw.launcher == "cpu" else [])
 
 
 def _command(sw: Sweep, v: Variant, runs: Path, resume: bool) -> list[str]:
-    if resume:
-        args = ["-m", "genlab", "train", "--resume", str(runs / v.run_name)]
-    else:
-        args = _train_args(sw, v.preset, [resolve(o, runs.parent, sw.stage_map) for o in v.overrides], runs, v.run_name)
-    if v.nproc > 1 or sw.launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={v.nproc}", *args]
-    return [sys.executable, *args]
+    args = ["train", "--resume", str(runs / v.run_name)] if resume else _train_args(
+        sw, v.preset, [resolve(o, runs.parent, sw.stage_map) for o in v.overrides], runs, v.run_name)
+    return _genlab_argv(args, v.nproc, sw.launcher == "torchrun")
 
 
 def _stop(proc: subprocess.Popen, sig, grace: float):
@@ -234,8 +237,7 @@ def stage_argv(st: Stage, words: list[str], log: Path) -> list[str]:
         return [sys.executable, *args]
     if args[:1] == ["bench"] and "--json" not in args:
         args = args + ["--json", str(log.with_suffix(".json"))]
-    run = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={st.nproc}"] if st.nproc > 1 else []
-    return [sys.executable, *run, "-m", "genlab", *args]
+    return _genlab_argv(args, st.nproc)
 
 
 def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = None, timeout: float | None = None,
@@ -257,21 +259,16 @@ def run_command_stage(sw: Sweep, st: Stage, d: Path, gpus: list[int] | None = No
     rec["seconds"] = secs
     if rc == 0 and (out.exists() or not makes):
         return {**rec, "status": "finished", "reason": ""}
-    why = f"timeout after {timeout:.0f} s" if rc is None else (
-        failure_reason(log, rc) if rc else f"exited 0 but wrote no {out}")
+    why = f"exited 0 but wrote no {out}" if rc == 0 else failure_reason(log, rc, timeout=timeout)
     return {**rec, "status": "failed", "reason": why, "returncode": rc}
 
 
 def run_eval(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None) -> dict:
     """`genlab eval RUN <v.eval>` after a run finished: its eval_nfe.* files land in the run folder."""
-    run = d / "runs" / v.run_name
-    log = d / "logs" / f"{v.run_name}.log"
-    ovs = [resolve(o, d, sw.stage_map) for o in v.eval]
-    cmd = [sys.executable, "-m", "genlab", "eval", str(run), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else [])
+    log, ovs = d / "logs" / f"{v.run_name}.log", [resolve(o, d, sw.stage_map) for o in v.eval]
+    cmd = _genlab_argv(["eval", str(d / "runs" / v.run_name), *ovs] + (["--device", "cpu"] if sw.launcher == "cpu" else []))
     rc, secs = _genlab(cmd, log, _env(sw, gpus), sw.timeout)
-    if rc == 0:
-        return {"eval": "finished", "eval_seconds": secs}
-    return {"eval": "failed: " + (f"timeout after {sw.timeout:.0f} s" if rc is None else failure_reason(log, rc)),
+    return {"eval": "finished" if rc == 0 else "failed: " + failure_reason(log, rc, timeout=sw.timeout),
             "eval_seconds": secs}
 
 
@@ -282,7 +279,6 @@ def run_variant(sw: Sweep, v: Variant, d: Path, gpus: list[int] | None = None, t
     runs = d / "runs"
     run = runs / v.run_name
     log = d / "logs" / f"{v.run_name}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     ckpts = run / "checkpoints"
     resume = ckpts.exists() and any(ckpts.glob("step_*"))
     if run.exists() and not resume:  # started but never checkpointed: start over, keep the old log
@@ -337,13 +333,12 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
         return None
     variants = len({v.name for v in vs})
     log = d / "logs" / (f"{vs[0].name}-seeds.log" if variants == 1 and not lists else f"{vs[0].name}-batch{variants}.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
     last = [max((p.name for p in (runs / v.run_name / "checkpoints").glob("step_*")), default=None) for v in vs]
     resume = all(last) and len(set(last)) == 1
     if any(last) and not resume:
         return None
     if resume:
-        cmd = [sys.executable, "-m", "genlab", "train", *(a for v in vs for a in ("--resume", str(runs / v.run_name)))]
+        cmd = _genlab_argv(["train", *(a for v in vs for a in ("--resume", str(runs / v.run_name)))])
     else:
         for v in vs:  # started but never checkpointed: start over
             if (runs / v.run_name).exists():
@@ -353,7 +348,7 @@ def run_seed_group(sw: Sweep, vs: list[Variant], d: Path, gpus: list[int] | None
                if not o.startswith("train.seed=") and o.split("=", 1)[0].strip() not in batched_keys]
         ovs += ["train.seeds=" + ",".join(map(str, dict.fromkeys(v.seed for v in vs))),
                 *(f"train.{n}={','.join(values)}" for n, values in lists.items())]
-        cmd = [sys.executable, *_train_args(sw, vs[0].preset, ovs, runs, vs[0].batch["template"] if lists else vs[0].name)]
+        cmd = _genlab_argv(_train_args(sw, vs[0].preset, ovs, runs, vs[0].batch["template"] if lists else vs[0].name))
     t0, timeout = time.time(), sw.timeout * len(vs)  # the work of len(vs) runs, in one process
     rc, interrupted = _interruptible(cmd, log, _env(sw, gpus), timeout)
     return [{**_outcome(runs / v.run_name, log, rc, interrupted, t0, timeout, resume, batched=True), "batched_seeds": len(vs),
@@ -371,7 +366,7 @@ def _stage_done(st: Stage, d: Path, status: dict) -> bool:
 
 def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=None, gpus: list[int] | None = None) -> None:
     """`genlab eval` of every finished run (or of `runs`) that has eval overrides and no finished evaluation yet."""
-    for v in runs if runs is not None else sw.stage_runs() + sw.variants:
+    for v in runs if runs is not None else [sw.as_run(s) for s in sw.stages if s.is_run] + sw.variants:
         rec = status.get(v.run_name, {})
         if not v.eval or rec.get("status") != "finished" or rec.get("eval") == "finished":
             continue
@@ -384,23 +379,15 @@ def evaluate_finished(sw: Sweep, d: Path, status: dict, deadline, prog, runs=Non
 
 
 class _Progress:
-    """Overall progress: a tqdm bar on a terminal when tqdm is installed, else one plain line per event."""
+    """Overall progress on the training console (core.progress: a tqdm bar on a terminal, else one line per event)."""
 
     def __init__(self, total: int, done: int, enabled: bool):
-        self.total, self.done, self.enabled, self.bar = total, done, enabled, None
-        self.t0, self.ran = time.time(), 0
-        if enabled and sys.stderr.isatty():
-            try:
-                from tqdm.auto import tqdm
-                self.bar = tqdm(total=total, initial=done, desc="sweep", unit="run")
-            except ImportError:
-                pass
+        self.total, self.done, self.t0, self.ran = total, done, time.time(), 0
+        self.console = TrainStatus(total, done, "sweep") if enabled else None
 
     def say(self, msg: str):
-        if self.enabled and self.bar is not None:
-            self.bar.write(msg)
-        elif self.enabled:
-            print(msg, flush=True)
+        if self.console is not None:
+            self.console.note(msg)
 
     def finished(self, v: Variant, rec: dict):
         self.done += 1
@@ -410,12 +397,8 @@ class _Progress:
         eta = (time.time() - self.t0) / self.ran * left
         self.say(f"[{self.done}/{self.total}] {v.run_name}: {rec['status']}{extra} in {rec.get('seconds', 0):.0f} s"
                  + (f"; {left} left, about {eta / 60:.1f} min" if left else ""))
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
+        if self.console is not None:
+            self.console.update()
 
 
 def _pass_interrupt(wait, stop: threading.Event):
@@ -427,6 +410,11 @@ def _pass_interrupt(wait, stop: threading.Event):
         for p in list(_ACTIVE):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGINT)
+
+
+def _tags(v: Variant) -> dict:
+    """The variant a run's status record belongs to."""
+    return {"variant": v.name, "seed": v.seed, "overrides": v.overrides, **({"reference": v.reference} if v.reference else {})}
 
 
 def header() -> str:
@@ -460,10 +448,8 @@ def todo_runs(sw: Sweep, d: Path, status: dict, retry_failed: bool) -> list[Vari
             status[v.run_name] = {"status": "finished", "reason": "", "run_dir": str(run), "recovered": True,
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "variant": v.name, "seed": v.seed,
                                   "overrides": v.overrides}
-            continue
-        if st == "finished" or (st in ("failed", "skipped") and not retry_failed):
-            continue
-        todo.append(v)
+        elif not (st == "finished" or (st in ("failed", "skipped") and not retry_failed)):
+            todo.append(v)
     return todo
 
 
@@ -504,8 +490,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         with lock:
             old = status.get(v.run_name, {})
             kept = {k: old[k] for k in ("eval", "eval_seconds") if k in old and rec.get("status") == old.get("status") == "finished"}
-            status[v.run_name] = {**kept, **rec, "variant": v.name, "seed": v.seed, "overrides": v.overrides,
-                                  **({"reference": v.reference} if v.reference else {})}
+            status[v.run_name] = {**kept, **rec, **_tags(v)}
             ordered = {**{k: status[k] for k in order if k in status}, **status}  # sweep-file order, the rest after
             status.clear()
             status.update(ordered)
@@ -520,17 +505,19 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         with lock:
             status[v.run_name] = {"status": "running", "reason": "started; no exit recorded (running, or the sweep was killed)",
                                   "log": str(d / "logs" / f"{v.run_name}.log"), "run_dir": str(d / "runs" / v.run_name),
-                                  "started": time.time(), "variant": v.name, "seed": v.seed, "overrides": v.overrides,
-                                  **({"reference": v.reference} if v.reference else {}), **({"stage": "run"} if v.stage else {})}
+                                  "started": time.time(), **_tags(v), **({"stage": "run"} if v.stage else {})}
             save_status(d, status)
 
+    def over() -> bool:
+        return stop.is_set() or (deadline is not None and time.time() > deadline)
+
     def attempt(v: Variant, on: list[int], st: Stage | None = None) -> dict:
-        if stop.is_set() or (deadline is not None and time.time() > deadline):
-            return {"status": "not_run", "reason": "sweep time budget used up" if not stop.is_set() else "sweep interrupted",
+        late = over()
+        why = None if late else needs_gpus(sw, v, len(chosen), of)
+        if late or why:
+            return {"status": "skipped" if why else "not_run",
+                    "reason": why or ("sweep interrupted" if stop.is_set() else "sweep time budget used up"),
                     "log": "", "run_dir": str(d / "runs" / v.run_name)}
-        why = needs_gpus(sw, v, len(chosen), of)
-        if why:
-            return {"status": "skipped", "reason": why, "log": "", "run_dir": str(d / "runs" / v.run_name)}
         prog.say(f"[{prog.done + 1}/{prog.total}] running {v.run_name} ...")
         left = None if deadline is None else deadline - time.time()
         limit = None if st is None else min((st.timeout or sw.timeout), left or float("inf"))  # no stage outlives it
@@ -546,8 +533,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
         return {"status": "not_run" if later else "failed", "reason": f"stage '{name}' did not finish", "log": ""}
 
     def one_stage(st: Stage):
-        as_run = Variant(st.name, st.overrides if st.is_run else st.command, 0, st.nproc, st.preset, st.eval, stage=True,
-                         reference=st.reference)
+        as_run = sw.as_run(st)
         tag = {"stage": "run" if st.is_run else "command", **({"table": st.table} if st.table else {})}
         if sw.needs(as_run) & failed:
             finish(as_run, {**blocked(as_run), "run_dir": str(stage_output(d, st)), **tag})
@@ -577,7 +563,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
             for v in todo:
                 groups.setdefault(v.batch["template"] if sw.batched_variants and v.batch else v.name, []).append(v)
             for vs in groups.values():
-                if stop.is_set() or (deadline is not None and time.time() > deadline):
+                if over():
                     break  # the one-by-one loop below records them as not_run
                 if needs_gpus(sw, vs[0], len(chosen), of):
                     continue  # the one-by-one loop records them as skipped
@@ -633,6 +619,7 @@ def _run_sweep(sw: Sweep, d: Path, retry_failed: bool, progress: bool, max_time:
             raise KeyboardInterrupt
         evaluate_finished(sw, d, status, deadline, prog, gpus=first)
     finally:
-        prog.close()
+        if prog.console is not None:
+            prog.console.close()
         write_report(d)
     return d

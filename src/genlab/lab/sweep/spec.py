@@ -12,7 +12,6 @@ from genlab.config.check import VARIANT_KEYS, member_name, sampling_keys_of
 from genlab.config.fields import did_you_mean
 from genlab.config.tree import SWEEP_DIR, load_config, load_toml
 from genlab.core.errors import GenlabError
-from genlab.data.datasets import dataset_registry
 from genlab.lab.sweep.expand import Variant, axis_entries, batch_templates, combine, safe_name
 from genlab.lab.sweep.stages import RESERVED as RESERVED_NAMES
 from genlab.lab.sweep.stages import VALUE, check_placeholders, expand_all, needs, parse_stages, references, resolve
@@ -58,10 +57,10 @@ class Sweep:
     def stage_map(self) -> dict:
         return {s.name: s for s in self.stages}
 
-    def stage_runs(self) -> list[Variant]:
-        """The run stages as one-run variants (no seed suffix, no train.seed)."""
-        return [Variant(s.name, s.overrides, 0, 1, s.preset, list(s.eval), stage=True, reference=s.reference)
-                for s in self.stages if s.is_run]
+    def as_run(self, st) -> Variant:
+        """A stage as a one-run variant (no seed suffix, no train.seed); a command stage's words are its overrides."""
+        return Variant(st.name, st.overrides if st.is_run else st.command, 0, st.nproc, st.preset, st.eval, stage=True,
+                       reference=st.reference)
 
     def needs(self, v: Variant) -> set:
         """The stages a run depends on."""
@@ -90,16 +89,6 @@ def _check_overrides(ovs, where, src, reserved=RESERVED):
             raise GenlabError(f"{src}: {where}: override {o!r} is not 'key=value'")
         if o.split("=", 1)[0].strip() in reserved:
             raise GenlabError(f"{src}: {where}: '{o}' is set by the sweep itself ({', '.join(RESERVED)}); use seeds = [...] (and batched_seeds) for seeds, batched_variants for lr / weight-decay / EMA axes")
-
-
-def _size_shape(cfg) -> dict:
-    """Model and data shape of the base config, for the constant-parameter size axis."""
-    ds = dataset_registry.spec(cfg.data.name)
-    if ds.synthetic and ds.shape is not None:
-        spec = {k: ds.shape(cfg.data)[k] for k in ("kind", "image_size", "channels", "num_classes")}
-    else:
-        spec = None  # real datasets: their shape needs the data; the default latent shape is close enough to rank widths
-    return {"model": cfg.model, "spec": spec, "cfg": cfg}
 
 
 def shipped_sweeps() -> list[str]:
@@ -187,15 +176,16 @@ def _check_eval(eval_ovs, preset, overrides, where, src, stages, nominal):
     """`genlab eval` overrides: only eval.* and the method's sampling keys, valid on the run's config."""
     check_placeholders(eval_ovs, [s.name for s in stages], where, src)
     _check_overrides(eval_ovs, f"{where}: eval", src)
+    ovs = [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides + eval_ovs]
     try:
-        cfg = load_config(preset, [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides])
+        cfg = load_config(preset, ovs[:len(overrides)])
         allowed = sampling_keys_of(cfg.method.name)
         for o in eval_ovs:
             key = o.split("=", 1)[0].strip()
             if not (key.startswith("eval.") or key in allowed):
                 raise GenlabError(f"eval override '{o}' is not an eval.* key or a sampling key of method "
                                   f"{cfg.method.name} ({', '.join(allowed) or 'none'})")
-        load_config(preset, [resolve(o, nominal, {s.name: s for s in stages}) for o in overrides + eval_ovs])
+        load_config(preset, ovs)
     except GenlabError as e:
         raise GenlabError(f"{src}: {where}: {e}") from None
 
@@ -312,7 +302,7 @@ def _stage_configs(sw: Sweep, cli: list[str], sweep_eval: list[str]) -> None:
 def _variants(sw: Sweep, raw: dict, axes: list, base_cfg, common: list[str], cli: list[str], sweep_eval: list[str]):
     """The axes crossed into variants x seeds, each variant's full config checked."""
     src, nominal, known = str(sw.path), Path("sweeps") / sw.name, [s.name for s in sw.stages]
-    entries = [axis_entries(ax, i, src, _size_shape(base_cfg)) for i, ax in enumerate(axes)]
+    entries = [axis_entries(ax, i, src, base_cfg) for i, ax in enumerate(axes)]
     target, first = raw.get("fd_target"), [e[0] for e in entries[0]]
     names = [target] if isinstance(target, str) else [*target, *target.values()] if isinstance(target, dict) else [target]
     if target is not None and any(n not in first for n in names):

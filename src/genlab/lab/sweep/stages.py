@@ -161,7 +161,7 @@ def _one(st: dict, raw_name: str, names: list[str], src: str) -> Stage:
     return Stage(name, preset=st["preset"], overrides=ovs, eval=ev, reference=st.get("reference", name), **common)
 
 
-def parse_stages(raw, src: str, tables=(), params: dict | None = None) -> list[Stage]:
+def parse_stages(raw, src: str, tables, params: dict) -> list[Stage]:
     """[[stage]] tables -> stages in order, a matrix stage as one stage per value; those whose `when` is unset go."""
     if not isinstance(raw, list):
         raise GenlabError(f"{src}: stages are [[stage]] tables")
@@ -176,8 +176,8 @@ def parse_stages(raw, src: str, tables=(), params: dict | None = None) -> list[S
         if st.get("table") is not None and st["table"] not in tables:
             raise GenlabError(f"{src}: stage '{st['name']}': table {st['table']!r} is not one of the file's [tables] "
                               f"({', '.join(tables) or 'none'})")
-        for combo in _matrix(st, params or {}, f"{src}: stage '{st['name']}'"):
-            one = expand_all({k: v for k, v in st.items() if k != "matrix"}, {**(params or {}), **combo})
+        for combo in _matrix(st, params, f"{src}: stage '{st['name']}'"):
+            one = expand_all({k: v for k, v in st.items() if k != "matrix"}, {**params, **combo})
             one["name"] = re.sub(r"[^\w.,=+-]", "_", one["name"])  # a matrix value with spaces names a folder too
             if truthy(one.pop("when", "1")):
                 stages.append(_one(one, st["name"], names, src))
