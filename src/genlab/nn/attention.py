@@ -48,18 +48,14 @@ def _sdpa_with(backend_name, half_only: bool = False):
     that takes fp16/bf16 only (half_only) would abort on float32 inputs (sampling runs outside the training
     autocast, as does train.precision=fp32): those run plain SDPA, with one note per process."""
     def attend(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
-        if not q.is_cuda:
-            return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
-        if half_only and q.dtype not in (torch.float16, torch.bfloat16):
-            if backend_name not in _NOTED:
-                _NOTED.add(backend_name)
-                print(f"genlab: note: SDPA's {backend_name.lower()} kernel takes fp16/bf16 only; {q.dtype} inputs "
-                      f"(sampling, or train.precision=fp32) run plain SDPA", file=sys.stderr)
-            return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
+        plain = not q.is_cuda or half_only and q.dtype not in (torch.float16, torch.bfloat16)
+        if plain and q.is_cuda and backend_name not in _NOTED:
+            _NOTED.add(backend_name)
+            print(f"genlab: note: SDPA's {backend_name.lower()} kernel takes fp16/bf16 only; {q.dtype} inputs "
+                  f"(sampling, or train.precision=fp32) run plain SDPA", file=sys.stderr)
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel(getattr(SDPBackend, backend_name)):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-                                                  dropout_p=dropout_p)
+        with contextlib.nullcontext() if plain else sdpa_kernel(getattr(SDPBackend, backend_name)):
+            return sdpa_attention(q, k, v, causal=causal, mask=mask, dropout_p=dropout_p)
     return attend
 
 
@@ -79,9 +75,6 @@ def sdpa_contiguous_attention(q, k, v, causal: bool = False, mask=None, dropout_
     return sdpa_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal, mask=mask, dropout_p=dropout_p)
 
 
-_BLOCK_MASKS = {}
-
-
 @attention_registry.register("flex", "FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, forward-only on CPU)",
                              cpu_backward=False,  # torch implements FlexAttention's backward for CUDA only
                              forward_ad=False, jvp_fallback=sdpa_attention)
@@ -94,6 +87,10 @@ def flex_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float = 
     return run(q, k, v, block_mask=block_mask)
 
 
+_BLOCK_MASKS = {}
+_FLEX = []
+
+
 def _causal_block_mask(n: int, m: int, device):
     """FlexAttention block mask for causal attention of n queries over m keys (queries are the last n positions)."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -101,9 +98,6 @@ def _causal_block_mask(n: int, m: int, device):
     if key not in _BLOCK_MASKS:  # built once per shape: creating a block mask costs more than the attention
         _BLOCK_MASKS[key] = create_block_mask(lambda b, h, qi, ki: qi + (m - n) >= ki, None, None, n, m, device=device)
     return _BLOCK_MASKS[key]
-
-
-_FLEX = []
 
 
 def _compiled_flex():
@@ -341,10 +335,10 @@ def plain_softmax_attention(model: nn.Module):
 def attention_choices(device: torch.device) -> list:
     """(name, model -> context) for the attention kernels a batched-seeds step (training/seeds.py) may use, in order
     of preference; why no SDPA kernel may run under vmap: docs/performance.md ("Batched seeds")."""
+    default = [("default", lambda model: contextlib.nullcontext())]
     if device.type != "cuda":
-        return [("default", lambda model: contextlib.nullcontext())]
+        return default
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return [("default", lambda model: contextlib.nullcontext()),
-            ("flash", lambda model: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
+    return default + [("flash", lambda model: sdpa_kernel([SDPBackend.FLASH_ATTENTION])),
             ("math", lambda model: sdpa_kernel([SDPBackend.MATH])),
             ("plain-ops", plain_softmax_attention)]

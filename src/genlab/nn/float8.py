@@ -101,4 +101,3 @@ def convert_float8(model: nn.Module, recipe: str, emulate: bool = False, min_dim
 
 def count_float8(model: nn.Module) -> int:
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
-

@@ -106,24 +106,19 @@ def _(xn, y, g, sc, mean, rstd, dr, dh, dx_dtype):
 
 
 def _setup(ctx, inputs, output):
-    x, y, g, sh, sc, eps, out_dtype, res_dtype = inputs
-    r, _, mean, rstd = output
-    has_res, has_norm = y is not None, sh is not None
+    x, y, g, sh, sc, *_ = inputs
     # the normalised tensor is the residual output when there is one (saved instead of x: same bytes)
-    ctx.save_for_backward(r if has_res else x, y, g, sc, mean, rstd)
-    ctx.flags = (has_res, has_norm, x.dtype, None if g is None else g.dtype,
-                 None if sh is None else sh.dtype, None if sc is None else sc.dtype)
+    ctx.save_for_backward(output[0] if y is not None else x, y, g, sc, output[2], output[3])
+    ctx.dtypes = [None if t is None else t.dtype for t in (x, g, sh, sc)]
 
 
 def _backward_rule(ctx, dr, dh, _dmean, _drstd):
     xn, y, g, sc, mean, rstd = ctx.saved_tensors
-    has_res, has_norm, x_dtype, g_dtype, sh_dtype, sc_dtype = ctx.flags
-    if not has_norm:
-        dh = None
-    if not has_res:
-        dr = None
+    x_dtype, g_dtype, sh_dtype, sc_dtype = ctx.dtypes
+    has_res, has_norm = y is not None, sc is not None
+    dh, dr = dh if has_norm else None, dr if has_res else None
     if has_res and not has_norm and dr is None:
-        return None, None, None, None, None, None, None, None
+        return (None,) * 8
     dx, dy, dg, dsh, dsc = _bwd_op(xn, y, g, sc, mean, rstd, dr, dh, x_dtype)
     return (dx, dy if has_res else None, dg.to(g_dtype) if has_res else None,
             dsh.to(sh_dtype) if has_norm else None, dsc.to(sc_dtype) if has_norm else None, None, None, None)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import importlib.util
 
 import torch
-import torch.nn.functional as F
 
-from genlab.nn.mlp import Mlp, mlp_registry, two_thirds
+from genlab.nn.mlp import Mlp, mlp_registry, swiglu_plain, two_thirds
 from genlab.nn.triton_attention import interpreting  # no triton import
 
 # found without importing it (a constant to torch.compile)
@@ -21,11 +20,6 @@ def supports(h: torch.Tensor) -> bool:
     """Whether liger's kernel runs on fc1's output h [.., 2H] (CUDA, or the Triton interpreter in tests)."""
     return (HAS_LIGER and (h.is_cuda or interpreting()) and h.dim() >= 1 and h.shape[-1] % 2 == 0
             and 0 < h.shape[-1] // 2 <= MAX_H and h.dtype in (torch.float32, torch.bfloat16, torch.float16))
-
-
-def swiglu_plain(h: torch.Tensor) -> torch.Tensor:
-    a, b = h.chunk(2, dim=-1)
-    return F.silu(a) * b
 
 
 @torch.library.custom_op("genlab::liger_swiglu_fwd", mutates_args=())

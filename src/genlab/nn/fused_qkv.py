@@ -24,29 +24,27 @@ def supports(h: torch.Tensor, heads: int) -> bool:
     return hd % 2 == 0 and 0 < hd <= MAX_HD and h.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _meta(heads: int, hd: int) -> dict:
-    return {"HALF": hd // 2, "BLOCK_H": triton_pow2(heads), "BLOCK_J": triton_pow2(hd // 2),
-            **({} if interpreting() else {"num_warps": 4})}
-
-
 def triton_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _or(t, like):
-    return t if t is not None else like  # a pointer for an absent input the kernel never reads
+def _launch(name: str, h, wq, wk, cos, sin, heads: int, eps: float, *bufs):
+    """Kernel `name`, one program per token of h; an absent input is passed as h (a pointer it never reads)."""
+    B, N, C = h.shape
+    half = C // (3 * heads) // 2
+    if B * N:
+        getattr(_kernels(), name)[(B * N,)](
+            h, *(h if t is None else t for t in (wq, wk, cos, sin)), *bufs, N, heads, eps, HAS_QN=wq is not None,
+            HAS_KN=wk is not None, HAS_ROPE=cos is not None, HALF=half, BLOCK_H=triton_pow2(heads),
+            BLOCK_J=triton_pow2(half), **({} if interpreting() else {"num_warps": 4}))
 
 
 @torch.library.custom_op("genlab::qkv_split_fwd", mutates_args=())
 def _fwd_op(h: torch.Tensor, wq: torch.Tensor | None, wk: torch.Tensor | None, cos: torch.Tensor | None,
             sin: torch.Tensor | None, heads: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, N, C = h.shape
-    hd = C // (3 * heads)
-    q, k, v = (h.new_empty(B, heads, N, hd) for _ in range(3))
-    if B * N:
-        _kernels()._split_fwd[(B * N,)](h, _or(wq, h), _or(wk, h), _or(cos, h), _or(sin, h), q, k, v, N, heads, eps,
-                                        HAS_QN=wq is not None, HAS_KN=wk is not None, HAS_ROPE=cos is not None,
-                                        **_meta(heads, hd))
+    q, k, v = (h.new_empty(B, heads, N, C // (3 * heads)) for _ in range(3))
+    _launch("_split_fwd", h, wq, wk, cos, sin, heads, eps, q, k, v)
     return q, k, v
 
 
@@ -61,13 +59,9 @@ def _bwd_op(h: torch.Tensor, wq: torch.Tensor | None, wk: torch.Tensor | None, c
             sin: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, heads: int,
             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     B, N, C = h.shape
-    hd = C // (3 * heads)
     dh = torch.empty_like(h)
-    pw = torch.zeros(2, B * N, hd, dtype=torch.float32, device=h.device)  # per-token d weight of q and k
-    if B * N:
-        _kernels()._split_bwd[(B * N,)](h, _or(wq, h), _or(wk, h), _or(cos, h), _or(sin, h), dq, dk, dv, dh, pw, N,
-                                        heads, eps, HAS_QN=wq is not None, HAS_KN=wk is not None,
-                                        HAS_ROPE=cos is not None, **_meta(heads, hd))
+    pw = torch.zeros(2, B * N, C // (3 * heads), dtype=torch.float32, device=h.device)  # per-token d weight of q and k
+    _launch("_split_bwd", h, wq, wk, cos, sin, heads, eps, dq, dk, dv, dh, pw)
     return dh, pw.sum(1)
 
 

@@ -44,12 +44,13 @@ class Mlp(nn.Module):
 
     def forward(self, x, grid: TokenGrid | None = None):  # grid: unused (Mix-FFN reads it)
         h = self.fc1(x)
-        if self.kind == "swiglu":
-            a, b = h.chunk(2, dim=-1)
-            h = F.silu(a) * b
-        else:
-            h = F.gelu(h, approximate="tanh")
-        return self.fc2(h)
+        return self.fc2(swiglu_plain(h) if self.kind == "swiglu" else F.gelu(h, approximate="tanh"))
+
+
+def swiglu_plain(h: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b of fc1's packed output h = [a | b] (gate first)."""
+    a, b = h.chunk(2, dim=-1)
+    return F.silu(a) * b
 
 
 # MLP entries: (dim, hidden, bias) -> module, where `hidden` is the GELU-MLP width of model.mlp_ratio; each entry

@@ -88,12 +88,9 @@ class Rotary(nn.Module):
     def __init__(self, dim: int, heads: int, grid: tuple):
         super().__init__()
         hd = dim // heads
-        if len(grid) == 1:
-            if hd % 2:
-                raise GenlabError(f"rope needs an even head width, got {hd}")
-            cos, sin = rope_cache(grid[0], hd)
-        else:
-            cos, sin = rope_2d(grid, hd)
+        if len(grid) == 1 and hd % 2:
+            raise GenlabError(f"rope needs an even head width, got {hd}")
+        cos, sin = rope_cache(grid[0], hd) if len(grid) == 1 else rope_2d(grid, hd)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

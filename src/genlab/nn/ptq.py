@@ -52,15 +52,19 @@ def _cuda_only(what: str, min_cap=(0, 0)):
     return needs
 
 
-def _bf16_io(linear: nn.Linear):
-    """int4 and float8 kernels take bf16 activations; a float32 model (sampling runs without autocast) casts
-    in and out around the layer."""
-    linear.register_forward_pre_hook(lambda m, args: tuple(a.to(torch.bfloat16) for a in args))
-    linear.register_forward_hook(lambda m, args, out: out.to(torch.float32))
-
-
 def _quantize_one(linear: nn.Linear, config):
     _torchao().quantize_(nn.Sequential(linear), config)  # quantize_ walks a parent: wrap the one layer
+
+
+def _bf16_apply(config_of):
+    """int4 and float8 kernels take bf16 weights and activations: the layer turns bf16, and a float32 model
+    (sampling runs without autocast) casts in and out around it; config_of(linear) -> the torchao config."""
+    def apply(linear, device):
+        linear.to(torch.bfloat16)
+        _quantize_one(linear, config_of(linear))
+        linear.register_forward_pre_hook(lambda m, args: tuple(a.to(torch.bfloat16) for a in args))
+        linear.register_forward_hook(lambda m, args, out: out.to(torch.float32))
+    return apply
 
 
 # -- nf4 ------------------------------------------------------------------------------------------------------
@@ -96,32 +100,25 @@ def int4_group(in_features: int) -> int | None:
     return next((g for g in (128, 64, 32) if in_features % g == 0), None)
 
 
-def _int4_apply(linear, device):
-    _torchao()
+def _int4_config(linear):  # tinygemm's packed int4 layout is bf16 only
+    q = _torchao()
     from torchao.quantization.quantize_.workflows.int4.int4_packing_format import Int4PackingFormat
-    linear.to(torch.bfloat16)  # tinygemm's packed int4 layout is bf16 only
-    _quantize_one(linear, _torchao().Int4WeightOnlyConfig(group_size=int4_group(linear.in_features),
-                                                         int4_packing_format=Int4PackingFormat.TILE_PACKED_TO_4D))
-    _bf16_io(linear)
+    return q.Int4WeightOnlyConfig(group_size=int4_group(linear.in_features),
+                                  int4_packing_format=Int4PackingFormat.TILE_PACKED_TO_4D)
 
 
 ptq_registry.register("int4", "int4 weight-only, asymmetric groups of 128/64/32 input weights (torchao "
                               "Int4WeightOnlyConfig, tinygemm layout); CUDA only")(
-    Format(_int4_apply, lambda m: None if int4_group(m.in_features) and m.out_features % 8 == 0
+    Format(_bf16_apply(_int4_config), lambda m: None if int4_group(m.in_features) and m.out_features % 8 == 0
            else f"shape {tuple(m.weight.shape)}: in_features not a multiple of 32 or out_features of 8",
            _cuda_only("int4 weight-only (tinygemm kernel)")))
 
 
 # -- fp8 ------------------------------------------------------------------------------------------------------
-def _fp8_apply(linear, device):
-    linear.to(torch.bfloat16)
-    _quantize_one(linear, _torchao().Float8DynamicActivationFloat8WeightConfig())
-    _bf16_io(linear)
-
-
 ptq_registry.register("fp8", "float8 e4m3 weights and dynamically scaled float8 activations (torchao "
                              "Float8DynamicActivationFloat8WeightConfig); CUDA SM89+ (H100/H200)")(
-    Format(_fp8_apply, lambda m: None if m.in_features % 16 == 0 and m.out_features % 16 == 0
+    Format(_bf16_apply(lambda m: _torchao().Float8DynamicActivationFloat8WeightConfig()),
+           lambda m: None if m.in_features % 16 == 0 and m.out_features % 16 == 0
            else f"shape {tuple(m.weight.shape)}: dims not multiples of 16", _cuda_only("float8 (e4m3 tensor cores)", (8, 9))))
 
 

@@ -17,7 +17,9 @@ modes, the layouts (section 5.3) and the dense / flex / blocked backends: docs/s
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Callable
 
@@ -132,8 +134,7 @@ def local_segments(l: int):
         m = torch.arange(2 * l, device=q.device)[None, :]
         band = (m >= a) & (m - l <= a)                       # key (r-1)*l + m for query r*l + a
         first = band & (m >= l)
-        mask = torch.stack([first] + [band] * (runs - 1)) if runs > 1 else first[None]
-        mask = mask[:, None].repeat(B, 1, 1, 1)               # [B * n/l, 1, l, 2l]
+        mask = torch.stack([first] + [band] * (runs - 1))[:, None].repeat(B, 1, 1, 1)  # [B * n/l, 1, l, 2l]
         out = F.scaled_dot_product_attention(_runs(q, l), pairs(k), pairs(v), attn_mask=mask, scale=scale)
         return _unruns(out, B, n)
     return run
@@ -169,13 +170,8 @@ def union(parts: list[Part], kv_order=None) -> Part:
     if len(parts) == 1:
         return parts[0]
     fns = [p.allowed for p in parts]
-
-    def allowed(i, j):
-        out = fns[0](i, j)
-        for f in fns[1:]:
-            out = out | f(i, j)
-        return out
-    return Part("+".join(p.name for p in parts), allowed, None, kv_order)
+    return Part("+".join(p.name for p in parts), lambda i, j: functools.reduce(operator.or_, (f(i, j) for f in fns)),
+                None, kv_order)
 
 
 def _share(heads: int, parts, what: str):
@@ -222,22 +218,16 @@ def layer_groups(pattern: str, mode: str, l: int, c: int, depth: int, heads: int
 
 # -- kernels -------------------------------------------------------------------------------------
 def _orders(part: Part, n: int, device):
-    q = part.q_order(n).to(device) if part.q_order else None
-    kv = part.kv_order(n).to(device) if part.kv_order else None
-    return q, kv
+    return tuple(order(n).to(device) if order else None for order in (part.q_order, part.kv_order))
 
 
 def make_block_mask(part: Part, n: int, device, block: int = FLEX_BLOCK):
     """FlexAttention BlockMask of `part` in its layout (queries in q_order, keys in kv_order)."""
     from torch.nn.attention.flex_attention import create_block_mask
-    q, kv = _orders(part, n, device)
-    qp = q if q is not None else torch.arange(n, device=device)
-    kp = kv if kv is not None else torch.arange(n, device=device)
+    qp, kp = (o if o is not None else torch.arange(n, device=device) for o in _orders(part, n, device))
     allowed = part.allowed
-
-    def mask_mod(b, h, qi, ki):
-        return allowed(qp[qi], kp[ki])
-    return create_block_mask(mask_mod, None, None, n, n, device=device, BLOCK_SIZE=block)
+    return create_block_mask(lambda b, h, qi, ki: allowed(qp[qi], kp[ki]), None, None, n, n, device=device,
+                             BLOCK_SIZE=block)
 
 
 def block_density(block_mask) -> float:
@@ -282,16 +272,13 @@ def flex(q, k, v, block_mask, scale):
     """flex_attention, compiled on CUDA (eager flex materialises the scores: tests only). Blocks under 128 compile on
     their own with max-autotune (a graph break inside a compiled model; why: docs/sparse.md, pytorch issue 176025)."""
     from torch.nn.attention.flex_attention import flex_attention
-    block = block_mask.BLOCK_SIZE[0]
-    if q.device.type != "cuda":
+    options = flex_kernel_options(block_mask.BLOCK_SIZE[0])
+    compiling = torch.compiler.is_compiling()
+    if q.device.type != "cuda" or compiling and options is None:
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
-    options = flex_kernel_options(block)
-    if torch.compiler.is_compiling():
-        if options is None:
-            return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
-        # inside a compiled model: a graph break, so the small-block kernel gets its own autotuned compile
-        return torch.compiler.disable(_flex_outside_graph)(q, k, v, block_mask, scale, options)
-    return _flex_outside_graph(q, k, v, block_mask, scale, options)
+    # inside a compiled model: a graph break, so the small-block kernel gets its own autotuned compile
+    run = torch.compiler.disable(_flex_outside_graph) if compiling else _flex_outside_graph
+    return run(q, k, v, block_mask, scale, options)
 
 
 def _flex_outside_graph(q, k, v, block_mask, scale, options):

@@ -15,6 +15,7 @@ import importlib.util
 import os
 
 import torch
+import torch.nn.functional as F
 
 from genlab.core.errors import GenlabError
 from genlab.nn.attention_spec import attention_registry
@@ -162,6 +163,18 @@ def _backward(do, q, k, v, o, lse, causal: bool):
     return dq_acc, dk, dv
 
 
+def attach_backward(fwd_op, bwd_op, save_outputs: bool) -> None:
+    """Autograd of a custom op (q, k, v, causal) -> out: bwd_op(do, q, k, v, *[fwd_op's outputs], causal) -> dq, dk, dv."""
+    def setup(ctx, inputs, output):
+        q, k, v, causal = inputs
+        ctx.save_for_backward(q, k, v, *(output if save_outputs else ()))
+        ctx.causal = causal
+
+    def backward(ctx, do, *_):  # nothing flows back through the saved log-sum-exp
+        return (*bwd_op(do, *ctx.saved_tensors, ctx.causal), None)
+    fwd_op.register_autograd(backward, setup_context=setup)
+
+
 # custom ops: opaque to torch.compile (dynamo does not trace into the launches), with autograd attached
 @torch.library.custom_op("genlab::triton_attn_fwd", mutates_args=())
 def _attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,20 +199,7 @@ def _(do, q, k, v, o, lse, causal):
     return tuple(_new_bnhd(B, H, N, D, t.dtype, t.device) for t in (q, k, v))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal = causal
-
-
-def _backward_rule(ctx, do, dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attn_bwd_op(do, q, k, v, o, lse, ctx.causal)
-    return dq, dk, dv, None
-
-
-_attn_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
+attach_backward(_attn_fwd_op, _attn_bwd_op, save_outputs=True)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -221,8 +221,8 @@ def _triton_attention(q, k, v, causal: bool = False, mask=None, dropout_p: float
 
 
 def _sdpa_for_jvp(q, k, v, causal: bool = False, mask=None, dropout_p: float = 0.0):
-    """The same softmax attention where a JVP needs forward-mode AD (the Triton kernel has none)."""
-    import torch.nn.functional as F  # SDPA itself: importing genlab's attention module here would close an import cycle
+    """The same softmax attention where a JVP needs forward-mode AD (the Triton kernel has none); SDPA itself:
+    importing genlab's attention module here would close an import cycle."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None, dropout_p=dropout_p)
 
 

@@ -43,6 +43,51 @@ def _exp2(x, EXP_MODE: tl.constexpr):
         y = tl.math.exp2(x)
     return y
 
+@triton.jit
+def _load_rows(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
+    """[len(offs), D] tile of rows `offs` (zeros past row n unless EVEN says every row exists)."""
+    ptrs = base + offs[:, None] * stride + offs_d[None, :]
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs[:, None] < n, other=0.0)
+    return x
+
+
+@triton.jit
+def _load_rows_t(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
+    """[D, len(offs)] transposed tile (read through the pointers, no register shuffle)."""
+    ptrs = base + offs[None, :] * stride + offs_d[:, None]
+    if EVEN:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=offs[None, :] < n, other=0.0)
+    return x
+
+
+@triton.jit
+def _store_rows(base, offs, stride, offs_d, n, x, EVEN: tl.constexpr):
+    """Store the [len(offs), D] tile x (cast to base's dtype) at rows `offs` (none past row n unless EVEN)."""
+    ptrs = base + offs[:, None] * stride + offs_d[None, :]
+    if EVEN:
+        tl.store(ptrs, x.to(base.dtype.element_ty))
+    else:
+        tl.store(ptrs, x.to(base.dtype.element_ty), mask=offs[:, None] < n)
+
+
+@triton.jit
+def _key_blocks(start_m, M_KV, causal_off, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(mid, hi) for query block start_m: key blocks [0, mid) run unmasked, [mid, hi) masked. Non-causal: the full
+    blocks, then the one past M_KV. Causal (query i sees keys j <= i + causal_off): keys < first row + off + 1 are
+    seen by every row of the block, so blocks below that need no mask."""
+    mid = (M_KV // BLOCK_N) * BLOCK_N
+    hi = M_KV
+    if CAUSAL:
+        mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, mid)
+        hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
+    return mid, hi
+
+
 # -- forward -------------------------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
@@ -53,14 +98,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, l
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_CTX, other=0.0)
-        else:
-            kt = tl.load(kt_ptrs)
-            v = tl.load(v_ptrs)
+        kt = _load_rows_t(k_base, offs_n, stride_kn, offs_d, N_CTX, not MASKED)
+        v = _load_rows(v_base, offs_n, stride_vn, offs_d, N_CTX, not MASKED)
         qk = tl.dot(q, kt)
         if MASKED:
             keep = offs_n[None, :] < N_CTX
@@ -98,17 +137,11 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale,
     k_base = K + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = V + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
     o_base = O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-    q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], mask=offs_m[:, None] < N_CTX, other=0.0)
+    q = _load_rows(q_base, offs_m, stride_qn, offs_d, N_CTX, False)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, 2 * HEAD_DIM if ROWSUM_MMA else HEAD_DIM], dtype=tl.float32)
-    n_full = (N_CTX // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
-        mid = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, n_full)
-    else:
-        hi = N_CTX
-        mid = n_full
+    mid, hi = _key_blocks(start_m, N_CTX, 0, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, N_CTX,
                                qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, EXP_MODE, ROWSUM_MMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, N_CTX,
@@ -117,25 +150,20 @@ def _attn_fwd(Q, K, V, O, LSE, sm_scale,
         acc, sums = tl.split(acc.reshape(BLOCK_M, HEAD_DIM, 2))
         l_i = tl.max(sums, 1)
     acc = acc / l_i[:, None]
-    row_ok = offs_m < N_CTX
-    tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
-    tl.store(o_base + offs_m[:, None] * stride_on + offs_d[None, :], acc.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < N_CTX)
+    _store_rows(o_base, offs_m, stride_on, offs_d, N_CTX, acc, False)
 
 # -- backward ------------------------------------------------------------------------------------------------------
 @triton.jit
 def _attn_bwd_preprocess(O, DO, DELTA, stride_oz, stride_oh, stride_on, stride_dz, stride_dh, stride_dn,
                          H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
     off_hz = tl.program_id(1)
-    off_z = off_hz // H
-    off_h = off_hz % H
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    ok = offs_m[:, None] < N_CTX
-    o = tl.load(O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_on + offs_d[None, :], mask=ok, other=0.0)
-    do = tl.load(DO + off_z.to(tl.int64) * stride_dz + off_h.to(tl.int64) * stride_dh
-                 + offs_m[:, None] * stride_dn + offs_d[None, :], mask=ok, other=0.0)
+    o = _load_rows(O + off_z * stride_oz + off_h * stride_oh, offs_m, stride_on, offs_d, N_CTX, False)
+    do = _load_rows(DO + off_z * stride_dz + off_h * stride_dh, offs_m, stride_dn, offs_d, N_CTX, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
 
@@ -152,8 +180,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base
         start_m = lo + ((it + step_rot) % n_steps) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < N_CTX
-        qt = tl.load(q_base + offs_m[None, :] * stride_qn + offs_d[:, None], mask=row_ok[None, :], other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_dn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        qt = _load_rows_t(q_base, offs_m, stride_qn, offs_d, N_CTX, False)
+        do = _load_rows(do_base, offs_m, stride_dn, offs_d, N_CTX, False)
         lse = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         st = tl.dot(k, qt)  # [BLOCK_N, BLOCK_M]
@@ -186,11 +214,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, sm_scale,
     qk_scale = sm_scale * 1.4426950408889634
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    col_ok = offs_n[:, None] < N_CTX
-    k = tl.load(K + off_z * stride_kz + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=col_ok, other=0.0)
-    v = tl.load(V + off_z * stride_vz + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-                mask=col_ok, other=0.0)
+    k = _load_rows(K + off_z * stride_kz + off_h * stride_kh, offs_n, stride_kn, offs_d, N_CTX, False)
+    v = _load_rows(V + off_z * stride_vz + off_h * stride_vh, offs_n, stride_vn, offs_d, N_CTX, False)
     q_base = Q + off_z * stride_qz + off_h * stride_qh
     do_base = DO + off_z * stride_dz + off_h * stride_dh
     dq_base = DQ + off_z * stride_dqz + off_h * stride_dqh
@@ -211,9 +236,8 @@ def _attn_bwd_dkdv(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, sm_scale,
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, dq_base, lse_base, delta_base, stride_qn,
                              stride_dn, stride_dqn, offs_n, mid, N_CTX, rot, N_CTX, qk_scale, sm_scale,
                              HEAD_DIM, BLOCK_M, False, CAUSAL, EXP_MODE, ATOMIC_DQ)
-    g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
-    tl.store(DK + g_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=col_ok)
-    tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=col_ok)
+    _store_rows(DK + off_z * stride_gz + off_h * stride_gh, offs_n, stride_gn, offs_d, N_CTX, dk * sm_scale, False)
+    _store_rows(DV + off_z * stride_gz + off_h * stride_gh, offs_n, stride_gn, offs_d, N_CTX, dv, False)
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, lo, hi, N_CTX, qk_scale,
@@ -222,14 +246,8 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, o
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kt_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None]
-        vt_ptrs = v_base + offs_n[None, :] * stride_vn + offs_d[:, None]
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
-            vt = tl.load(vt_ptrs, mask=offs_n[None, :] < N_CTX, other=0.0)
-        else:
-            kt = tl.load(kt_ptrs)
-            vt = tl.load(vt_ptrs)
+        kt = _load_rows_t(k_base, offs_n, stride_kn, offs_d, N_CTX, not MASKED)
+        vt = _load_rows_t(v_base, offs_n, stride_vn, offs_d, N_CTX, not MASKED)
         s = tl.dot(q, kt)
         p = _exp2(s * qk_scale - lse[:, None], EXP_MODE)
         if MASKED:
@@ -258,28 +276,19 @@ def _attn_bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, sm_scale,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < N_CTX
-    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dn + offs_d[None, :],
-                 mask=row_ok[:, None], other=0.0)
+    q = _load_rows(Q + off_z * stride_qz + off_h * stride_qh, offs_m, stride_qn, offs_d, N_CTX, False)
+    do = _load_rows(DO + off_z * stride_dz + off_h * stride_dh, offs_m, stride_dn, offs_d, N_CTX, False)
     lse = tl.load(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, mask=row_ok, other=0.0)
     k_base = K + off_z * stride_kz + off_h * stride_kh
     v_base = V + off_z * stride_vz + off_h * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    n_full = (N_CTX // BLOCK_N) * BLOCK_N
-    if CAUSAL:
-        hi = tl.minimum((start_m + 1) * BLOCK_M, N_CTX)
-        mid = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, n_full)
-    else:
-        hi = N_CTX
-        mid = n_full
+    mid, hi = _key_blocks(start_m, N_CTX, 0, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, N_CTX,
                        qk_scale, HEAD_DIM, BLOCK_N, False, CAUSAL, EXP_MODE)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, N_CTX,
                        qk_scale, HEAD_DIM, BLOCK_N, True, CAUSAL, EXP_MODE)
-    tl.store(DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqn + offs_d[None, :],
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    _store_rows(DQ + off_z * stride_dqz + off_h * stride_dqh, offs_m, stride_dqn, offs_d, N_CTX, dq * sm_scale, False)
 
 # -- autotuned versions (the raw kernels above run with a fixed config under the interpreter) ----------------------
 def _cfgs(specs):

@@ -14,7 +14,8 @@ import os
 import torch
 
 from genlab.core.errors import GenlabError
-from genlab.nn.triton_attention import LOG2E, _cdiv, _kernels, _new_bnhd, _prep, _s, interpreting, missing_triton  # no triton import
+from genlab.nn.triton_attention import (LOG2E, _cdiv, _kernels, _new_bnhd, _prep, _s, attach_backward,  # no triton import
+                                        interpreting, missing_triton)
 
 SUPPORTED_HEAD_DIMS = (32, 64, 128)
 
@@ -57,21 +58,23 @@ _FP32_CONFIGS = {
 _INTERP_CONFIG = (16, 16, 1, 1)
 
 
-def _config(kind: str, D: int, dtype: torch.dtype):
-    if interpreting():
-        bm, bn = _INTERP_CONFIG[:2]
-        return bm, bn, {"BLOCK_M": bm, "BLOCK_N": bn}
-    bm, bn, warps, stages = (_FP32_CONFIGS if dtype == torch.float32 else _CONFIGS)[kind][D]
-    return bm, bn, {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+def _scales(q, k):
+    """1 / sqrt(D), and the exp2 form's scale and bias: sigmoid(s / sqrt(D) - log M) = 1 / (1 + 2^-(s c + b))."""
+    scale = q.shape[-1] ** -0.5
+    return scale, scale * LOG2E, -math.log(k.shape[-2]) * LOG2E
 
 
-def _common(q, k):
-    D, M = q.shape[-1], k.shape[-2]
-    scale = D ** -0.5
+def _launch(kernel, kind: str, q, k, causal: bool, *args):
+    """`kernel` over (blocks of its rows: queries, or keys for dK/dV; batch * heads) with its config and constants."""
+    (B, H, N, D), M = q.shape, k.shape[-2]
+    interp = interpreting()
+    bm, bn, warps, stages = _INTERP_CONFIG if interp else (_FP32_CONFIGS if q.dtype == torch.float32 else _CONFIGS)[kind][D]
     precision = "tf32" if q.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 else "ieee"
     # Newton steps of the reciprocal: 2 leave 7e-6 relative error (below bf16/fp16 rounding), 3 leave 1e-7
     rcp_iters = 0 if os.environ.get("GENLAB_TRITON_SIGMOID_RCP") == "div" else 3 if q.dtype == torch.float32 else 2
-    return scale, scale * LOG2E, -math.log(M) * LOG2E, dict(PRECISION=precision, RCP_ITERS=rcp_iters)
+    kernel[(_cdiv(M, bn) if kind == "dkdv" else _cdiv(N, bm), B * H)](
+        *args, H, N, M, HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, PRECISION=precision,
+        RCP_ITERS=rcp_iters, BLOCK_M=bm, BLOCK_N=bn, **({} if interp else {"num_warps": warps, "num_stages": stages}))
 
 
 def _check(q, k, v):
@@ -91,16 +94,11 @@ def _check(q, k, v):
 def _forward(q, k, v, causal: bool):
     K = _check(q, k, v)
     B, H, N, D = q.shape
-    M = k.shape[-2]
     q, k, v = _prep(q), _prep(k), _prep(v)
     o = _new_bnhd(B, H, N, D, q.dtype, q.device)
     if N == 0 or B * H == 0:
         return o
-    _, scale2, bias2, consts = _common(q, k)
-    bm, bn, meta = _config("fwd", D, q.dtype)
-    K._sigmoid_fwd[(_cdiv(N, bm), B * H)](
-        q, k, v, o, scale2, bias2, *_s(q), *_s(k), *_s(v), *_s(o), H, N, M,
-        HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, **consts, **meta)
+    _launch(K._sigmoid_fwd, "fwd", q, k, causal, q, k, v, o, *_scales(q, k)[1:], *_s(q), *_s(k), *_s(v), *_s(o))
     return o
 
 
@@ -114,17 +112,9 @@ def _backward(do, q, k, v, causal: bool):
     dv = _new_bnhd(B, H, M, D, v.dtype, v.device)
     if N == 0 or B * H == 0:
         return dq, dk.zero_(), dv.zero_()
-    scale, scale2, bias2, consts = _common(q, k)
-    args = (q, k, v, do)
     strides = (*_s(q), *_s(k), *_s(v), *_s(do))
-    bm, bn, meta = _config("dkdv", D, q.dtype)
-    K._sigmoid_bwd_dkdv[(_cdiv(M, bn), B * H)](
-        *args, dk, dv, scale, scale2, bias2, *strides, *_s(dk), H, N, M,
-        HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, **consts, **meta)
-    bm, bn, meta = _config("dq", D, q.dtype)
-    K._sigmoid_bwd_dq[(_cdiv(N, bm), B * H)](
-        *args, dq, scale, scale2, bias2, *strides, *_s(dq), H, N, M,
-        HEAD_DIM=D, CAUSAL=causal, EVEN_M=N % bm == 0, EVEN_N=M % bn == 0, **consts, **meta)
+    _launch(K._sigmoid_bwd_dkdv, "dkdv", q, k, causal, q, k, v, do, dk, dv, *_scales(q, k), *strides, *_s(dk))
+    _launch(K._sigmoid_bwd_dq, "dq", q, k, causal, q, k, v, do, dq, *_scales(q, k), *strides, *_s(dq))
     return dq, dk, dv
 
 
@@ -154,19 +144,7 @@ def _(do, q, k, v, causal):
             _new_bnhd(B, H, M, D, v.dtype, v.device))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal = inputs
-    ctx.save_for_backward(q, k, v)  # P is recomputed from q and k: nothing else to keep
-    ctx.causal = causal
-
-
-def _backward_rule(ctx, do):
-    q, k, v = ctx.saved_tensors
-    dq, dk, dv = _bwd_op(do, q, k, v, ctx.causal)
-    return dq, dk, dv, None
-
-
-_fwd_op.register_autograd(_backward_rule, setup_context=_setup_context)
+attach_backward(_fwd_op, _bwd_op, save_outputs=False)  # P is recomputed from q and k: nothing else to keep
 
 
 def sigmoid_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:

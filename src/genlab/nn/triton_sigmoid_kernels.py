@@ -9,6 +9,8 @@ diagonal run without it (``MASK=False``).
 import triton
 import triton.language as tl
 
+from genlab.nn.triton_attention_kernels import _key_blocks, _load_rows, _load_rows_t, _store_rows
+
 
 @triton.jit
 def _sigmoid(s, scale2, bias2, RCP_ITERS: tl.constexpr):
@@ -26,28 +28,6 @@ def _sigmoid(s, scale2, bias2, RCP_ITERS: tl.constexpr):
         for _ in tl.static_range(RCP_ITERS):
             p = p + p * (1.0 - d * p)
     return p
-
-
-@triton.jit
-def _load_rows(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
-    """[len(offs), D] tile of rows `offs` (zeros past row n unless EVEN says every row exists)."""
-    ptrs = base + offs[:, None] * stride + offs_d[None, :]
-    if EVEN:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=offs[:, None] < n, other=0.0)
-    return x
-
-
-@triton.jit
-def _load_rows_t(base, offs, stride, offs_d, n, EVEN: tl.constexpr):
-    """[D, len(offs)] transposed tile (read through the pointers, no register shuffle)."""
-    ptrs = base + offs[None, :] * stride + offs_d[:, None]
-    if EVEN:
-        x = tl.load(ptrs)
-    else:
-        x = tl.load(ptrs, mask=offs[None, :] < n, other=0.0)
-    return x
 
 
 # -- forward: O = sigmoid(Q K^T scale + bias) V, one program per (query block, batch*head) -------------------------
@@ -85,21 +65,12 @@ def _sigmoid_fwd(Q, K, V, O, scale2, bias2,
     v_base = V + off_z * stride_vz + off_h * stride_vh
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     causal_off = M_KV - N_Q
-    n_full = (M_KV // BLOCK_N) * BLOCK_N  # key blocks with no row past M
-    mid, hi = n_full, M_KV  # non-causal: full key blocks, then the one past M with its rows masked
-    if CAUSAL:
-        # keys < first_row + off + 1 are seen by every row of this block: those blocks need no mask
-        mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, n_full)
-        hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
+    mid, hi = _key_blocks(start_m, M_KV, causal_off, BLOCK_M, BLOCK_N, CAUSAL)
     acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
                      scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
     acc = _fwd_inner(acc, q, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
                      scale2, bias2, HEAD_DIM, BLOCK_N, CAUSAL, EVEN_N and CAUSAL, PRECISION, RCP_ITERS)
-    o_ptrs = O + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :]
-    if EVEN_M:
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty))
-    else:
-        tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    _store_rows(O + off_z * stride_oz + off_h * stride_oh, offs_m, stride_on, offs_d, N_Q, acc, EVEN_M)
 
 
 # -- backward, dK and dV: one program per (key block, batch*head), looping over query blocks. ----------------------
@@ -156,13 +127,8 @@ def _sigmoid_bwd_dkdv(Q, K, V, DO, DK, DV, scale, scale2, bias2,
         mid = 0
     dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, stride_qn, stride_dn, offs_n, mid, N_Q, N_Q, causal_off,
                          scale2, bias2, HEAD_DIM, BLOCK_M, False, EVEN_M, PRECISION, RCP_ITERS)
-    g_off = off_z * stride_gz + off_h * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :]
-    if EVEN_N:
-        tl.store(DK + g_off, (dk * scale).to(DK.dtype.element_ty))
-        tl.store(DV + g_off, dv.to(DV.dtype.element_ty))
-    else:
-        tl.store(DK + g_off, (dk * scale).to(DK.dtype.element_ty), mask=offs_n[:, None] < M_KV)
-        tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=offs_n[:, None] < M_KV)
+    _store_rows(DK + off_z * stride_gz + off_h * stride_gh, offs_n, stride_gn, offs_d, M_KV, dk * scale, EVEN_N)
+    _store_rows(DV + off_z * stride_gz + off_h * stride_gh, offs_n, stride_gn, offs_d, M_KV, dv, EVEN_N)
 
 
 # -- backward, dQ: one program per (query block, batch*head), looping over key blocks (same ranges as the forward). ---
@@ -205,17 +171,9 @@ def _sigmoid_bwd_dq(Q, K, V, DO, DQ, scale, scale2, bias2,
     v_base = V + off_z * stride_vz + off_h * stride_vh
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     causal_off = M_KV - N_Q
-    n_full = (M_KV // BLOCK_N) * BLOCK_N
-    mid, hi = n_full, M_KV
-    if CAUSAL:
-        mid = tl.minimum(tl.maximum(start_m * BLOCK_M + causal_off + 1, 0) // BLOCK_N * BLOCK_N, n_full)
-        hi = tl.minimum((start_m + 1) * BLOCK_M + causal_off, M_KV)
+    mid, hi = _key_blocks(start_m, M_KV, causal_off, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, 0, mid, M_KV, causal_off,
                    scale2, bias2, HEAD_DIM, BLOCK_N, False, True, PRECISION, RCP_ITERS)
     dq = _dq_inner(dq, q, do, k_base, v_base, stride_kn, stride_vn, offs_m, mid, hi, M_KV, causal_off,
                    scale2, bias2, HEAD_DIM, BLOCK_N, CAUSAL, EVEN_N and CAUSAL, PRECISION, RCP_ITERS)
-    g_ptrs = DQ + off_z * stride_gz + off_h * stride_gh + offs_m[:, None] * stride_gn + offs_d[None, :]
-    if EVEN_M:
-        tl.store(g_ptrs, (dq * scale).to(DQ.dtype.element_ty))
-    else:
-        tl.store(g_ptrs, (dq * scale).to(DQ.dtype.element_ty), mask=offs_m[:, None] < N_Q)
+    _store_rows(DQ + off_z * stride_gz + off_h * stride_gh, offs_m, stride_gn, offs_d, N_Q, dq * scale, EVEN_M)
