@@ -43,9 +43,7 @@ def check_config(cfg) -> None:
 # unused option (data, model, optim, train, a method's training option) means the run is not what the user
 # believes it is, so it is an error. Which method keys act only at sampling time, each method class says.
 def _soft(key: str) -> bool:
-    if key.startswith("eval."):
-        return True
-    return any(key in sampling_keys_of(name) for name in _registry("method").names())
+    return key.startswith("eval.") or any(key in sampling_keys_of(name) for name in _registry("method").names())
 
 
 def sampling_keys_of(method: str) -> list[str]:
@@ -262,21 +260,21 @@ def _check_components(cfg):
 def _check_choices(cfg):
     """Every entry this config selects, asked whether it can run this config: the model its shapes and layers
     (families/models.py), the optimizer the parallelism, a kernel the device (nn/kernels.py)."""
-    declared = declared_keys()
-    for dotted in read_keys(cfg):
-        kind = meta_of(declared[dotted][0].field).get("registry")
-        if kind not in REGISTRIES:
-            continue
-        value = _lookup(cfg, dotted)
+    for dotted, kind, value in selections(cfg, read_keys(cfg)):
         for name in (value if isinstance(value, list) else [value]):
             REGISTRIES[kind].spec(name).check_choice(cfg, dotted, name, REGISTRIES[kind])
 
 
+def selections(cfg, read) -> list[tuple[str, str, object]]:
+    """(selector key, registry, its value: a name or a list of names) for every read key that names registry entries."""
+    declared = declared_keys()
+    return [(dotted, kind, _lookup(cfg, dotted)) for dotted in read
+            if (kind := meta_of(declared[dotted][0].field).get("registry")) in REGISTRIES]
+
+
 def _trains_on_cpu(device: str) -> bool:
     """train.device=cpu, or auto on a machine without CUDA."""
-    if device == "cpu":
-        return True
     if device != "auto":
-        return False
+        return device == "cpu"
     import torch
     return not torch.cuda.is_available()

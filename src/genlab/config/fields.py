@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, ClassVar, TypeVar, dataclass_transform, get_origin, get_type_hints
 
 from genlab.core.errors import GenlabError, did_you_mean  # noqa: F401  (did_you_mean lives with the errors: the registry needs no config import)
@@ -133,6 +134,9 @@ def meta_of(f: dataclasses.Field) -> dict:
     return dict(f.metadata) if f.metadata else {}
 
 
+BOUNDS = (("ge", ">=", operator.ge), ("gt", ">", operator.gt), ("le", "<=", operator.le), ("lt", "<", operator.lt))
+
+
 def _num(x) -> str:
     return repr(x) if isinstance(x, float) else str(x)
 
@@ -147,9 +151,7 @@ def describe_range(f: dataclasses.Field, typ, names: bool = True) -> str:
         return " | ".join(str(c) for c in m["choices"])
     if m.get("registry"):
         return f"registry `{m['registry']}`" + (_registry_names(m["registry"]) if names else " (`genlab list`)")
-    lo = (">= " + _num(m["ge"])) if m.get("ge") is not None else ("> " + _num(m["gt"])) if m.get("gt") is not None else None
-    hi = ("<= " + _num(m["le"])) if m.get("le") is not None else ("< " + _num(m["lt"])) if m.get("lt") is not None else None
-    parts = [p for p in (lo, hi) if p]
+    parts = [f"{sign} {_num(m[op])}" for op, sign, _ in BOUNDS if m.get(op) is not None]
     if parts:
         return ("each " if typ is tuple else "") + ", ".join(parts)
     return m.get("free") or ""
@@ -178,8 +180,7 @@ def check_value(section: str, f: dataclasses.Field, typ, value: Any) -> None:
             continue
         if v != v or v in (float("inf"), float("-inf")):
             raise GenlabError(f"{key} must be a finite number, got {v}")
-        for op, bound, ok in (("ge", ">=", lambda a, b: a >= b), ("gt", ">", lambda a, b: a > b),
-                              ("le", "<=", lambda a, b: a <= b), ("lt", "<", lambda a, b: a < b)):
+        for op, bound, ok in BOUNDS:
             b = m.get(op)
             if b is not None and not ok(v, b):
                 raise GenlabError(f"{key} must be {bound} {_num(b)}, got {value!r}")

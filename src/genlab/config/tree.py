@@ -12,9 +12,9 @@ from typing import Any, get_origin
 
 import tomllib
 
-from genlab.config.check import check_config, read_keys
+from genlab.config.check import check_config, read_keys, selections
 from genlab.config.fields import did_you_mean, meta_of
-from genlab.config.keys import RETIRED, SECTIONS, Config, declared_keys, section_class
+from genlab.config.keys import RETIRED, SECTIONS, Config, section_class
 from genlab.core.errors import GenlabError
 from genlab.core.registry import REGISTRIES
 
@@ -178,13 +178,8 @@ def _switched_at(layers: list[dict], dotted: str) -> int:
 
 def _chosen_components(cfg: Config, read) -> list[tuple[str, str, str, dict]]:
     """(selector key, registry, entry name, its defaults) for every read key that names one registry entry."""
-    declared, out = declared_keys(), []
-    for dotted in read:
-        kind, (sec, key) = meta_of(declared[dotted][0].field).get("registry"), dotted.split(".")
-        name = getattr(getattr(cfg, sec), key)
-        if kind in REGISTRIES and not isinstance(name, list) and name in REGISTRIES[kind]:  # unknown: validation's error
-            out.append((dotted, kind, name, REGISTRIES[kind].spec(name).defaults or {}))
-    return out
+    return [(dotted, kind, name, REGISTRIES[kind].spec(name).defaults or {}) for dotted, kind, name in selections(cfg, read)
+            if not isinstance(name, list) and name in REGISTRIES[kind]]  # an unknown name: validation's error
 
 
 validate = check_config  # ranges, unread options, then what model, data and method impose: before anything is built

@@ -63,7 +63,6 @@ def load_plugin(item: str):
     return mod
 
 
-# -- specs: what an entry declares about itself --------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     builder: Any                  # the registered function, class or value

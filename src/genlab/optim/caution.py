@@ -13,9 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-
-def _local(t):
-    return t._local_tensor if hasattr(t, "_local_tensor") else t
+from genlab.runtime.parallel import local as _local, sum_over_shards
 
 
 def adamw_decay_factor(group) -> float:
@@ -77,11 +75,7 @@ class Cautious(torch.optim.Optimizer):
         masks = [(d * g.to(d.dtype)) < 0 for d, g in zip(delta, grads)]
         kept = torch.stack([m.sum() for m in masks]).double()  # float64: numel / kept exact enough for any dtype
         if hasattr(params[0], "_local_tensor") and dist.is_initialized():
-            # FSDP2/HSDP: each tensor's kept count summed over the mesh dims that shard it
-            from torch.distributed.tensor.placement_types import Shard
-            for i, pl in enumerate(params[0].placements):
-                if isinstance(pl, Shard):
-                    dist.all_reduce(kept, group=params[0].device_mesh.get_group(i))
+            sum_over_shards(kept, params[0])  # FSDP2/HSDP: each tensor's kept count summed over its shards
         inv_kept = kept.clamp(min=1).reciprocal()
         # scale = numel / kept (p.numel() is the global size of a DTensor); Python numbers: no host-to-device copy
         for t, b, d, m, inv, p in zip(local, before, delta, masks, inv_kept.unbind(), params):

@@ -9,6 +9,7 @@ from genlab.core.errors import GenlabError
 from genlab.optim.build import cautious, optimizer_entry, precondition_every
 from genlab.optim.caution import adamw_decay_factor
 from genlab.optim.groups import param_groups
+from genlab.runtime.parallel import is_sharded
 
 
 def import_pytorch_optimizer(name):
@@ -20,10 +21,6 @@ def import_pytorch_optimizer(name):
     return pytorch_optimizer
 
 
-def _sharded(model) -> bool:
-    return hasattr(next(model.parameters()), "_local_tensor")
-
-
 @optimizer_entry("mars", "pytorch_optimizer.MARS (Yuan et al. 2024), MARS-AdamW on matrices, AdamW on 1-D params; caution: "
                          "the library's `cautious`")
 def mars(model, ocfg):
@@ -33,7 +30,7 @@ def mars(model, ocfg):
         g["weight_decay_1d"] = g["weight_decay"]
     # its foreach path uses _foreach_copy_, which DTensor has no sharding rule for: per-tensor updates under FSDP2
     return po.MARS(groups, lr=ocfg.lr, betas=tuple(ocfg.betas), lr_1d=ocfg.lr, betas_1d=tuple(ocfg.betas), eps=ocfg.eps,
-                   cautious=ocfg.caution, foreach=False if _sharded(model) else None)
+                   cautious=ocfg.caution, foreach=False if is_sharded(model) else None)
 
 
 @optimizer_entry("adopt", "pytorch_optimizer.ADOPT (Taniguchi et al. 2024) with the paper's step**0.25 clip, decoupled decay; "
@@ -46,7 +43,7 @@ def adopt(model, ocfg):
     for g in groups:
         g["cautious"] = ocfg.caution
     return po.ADOPT(groups, lr=ocfg.lr, betas=tuple(ocfg.betas), weight_decay=ocfg.weight_decay, weight_decouple=True,
-                    foreach=False if _sharded(model) else None)  # its foreach path has no DTensor rule either
+                    foreach=False if is_sharded(model) else None)  # its foreach path has no DTensor rule either
 
 
 def _tensor_state_shampoo(po):

@@ -203,11 +203,16 @@ def grad_norm(params) -> torch.Tensor:
         return torch.nn.utils.get_total_norm(grads)
     norms = torch._foreach_norm([local(g) for g in grads])
     sq = torch.stack([n.float() for n in norms]).square().sum()
-    from torch.distributed.tensor.placement_types import Shard
-    for i, pl in enumerate(grads[0].placements):
-        if isinstance(pl, Shard):
-            dist.all_reduce(sq, group=grads[0].device_mesh.get_group(i))
+    sum_over_shards(sq, grads[0])
     return sq.sqrt()
+
+
+def sum_over_shards(t: torch.Tensor, like) -> None:
+    """All-reduce (sum) `t` in place over the mesh dims that shard the DTensor `like` (FSDP2/HSDP)."""
+    from torch.distributed.tensor.placement_types import Shard
+    for i, pl in enumerate(like.placements):
+        if isinstance(pl, Shard):
+            dist.all_reduce(t, group=like.device_mesh.get_group(i))
 
 
 def fusable_grad_scale(optimizer) -> bool:
@@ -251,18 +256,12 @@ def no_sync(model, sync: bool):
     model = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) hides the DDP wrapper
     if isinstance(model, DDP):
         return model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: synced again on leaving the context
         model.set_requires_gradient_sync(False)
-        return _restore_sync(model)
+        undo = contextlib.ExitStack()
+        undo.callback(model.set_requires_gradient_sync, True)
+        return undo
     return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _restore_sync(model):
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 def wrap_parallel(model, info, tcfg, device):

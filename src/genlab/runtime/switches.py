@@ -22,7 +22,6 @@ compile_mode_registry = Registry("compile_mode")
 ac_registry = Registry("activation_checkpointing")
 
 
-# -- precision --------------------------------------------------------------------------------
 @dataclass
 class Precision:
     name: str
@@ -87,7 +86,6 @@ def build_precision(name: str, device: torch.device) -> Precision:
     return p
 
 
-# -- activation checkpointing -------------------------------------------------------------------
 def checkpoint_block(block: nn.Module, context_fn=None) -> nn.Module:
     """Recompute `block` in the backward pass instead of storing its activations. Its forward is replaced on the
     instance: the state-dict keys stay the plain model's and a later torch.compile / fully_shard sees the block itself."""
@@ -150,7 +148,6 @@ def ac_selective(model, tcfg):
     return _wrap_blocks(model, lambda i: True, context_fn=_selective_context)
 
 
-# -- compile ------------------------------------------------------------------------------------
 @compile_registry.register("off", "eager")
 def compile_off(model, tcfg):
     return model

@@ -21,13 +21,18 @@ def _streams(out):
 
 
 @contextmanager
-def _on_calls(model, fn):
-    """fn() before every forward of the whole model (one network evaluation of the sampler)."""
-    h = model.register_forward_pre_hook(lambda *_: fn())
+def _removing(handles):
+    """The hooks of `handles` stay registered inside the context only."""
     try:
         yield
     finally:
-        h.remove()
+        for h in handles:
+            h.remove()
+
+
+def _on_calls(model, fn):
+    """fn() before every forward of the whole model (one network evaluation of the sampler)."""
+    return _removing([model.register_forward_pre_hook(lambda *_: fn())])
 
 
 class BlockChange(dict):
@@ -107,12 +112,8 @@ def block_change(model, output_probe: bool = False):
     handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(model.blocks)]
     if output_probe:
         handles.append(model.register_forward_hook(probe, with_kwargs=True))
-    try:
-        with _on_calls(model, tick):
-            yield change
-    finally:
-        for h in handles:
-            h.remove()
+    with _removing(handles), _on_calls(model, tick):
+        yield change
 
 
 def step_schedule(change: BlockChange, share: float, depth: int) -> dict[int, frozenset[int]]:
@@ -266,12 +267,8 @@ def forward_timer(model, device):
             torch.cuda.synchronize(device)
         acc["seconds"] += time.perf_counter() - start.pop()
         acc["calls"] += 1
-    handles = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
-    try:
+    with _removing([model.register_forward_pre_hook(pre), model.register_forward_hook(post)]):
         yield acc
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def format_cache_schedule(period: int, plan: dict) -> str:

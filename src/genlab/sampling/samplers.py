@@ -94,28 +94,30 @@ def call_sampler(fn, velocity, x, ts, callback=None, extra_args=None, **opts):
     return fn(velocity, x, ts, callback=callback, extra_args=extra_args, **{k: v for k, v in opts.items() if k in params})
 
 
-def _report(callback, i, t_next, x, t, v):
-    """callback(i, t_{i+1}, x_{i+1}, denoised): denoised = x_t + (1 - t) v, the data the step's start point predicts."""
-    if callback is not None:
-        callback(i, t_next, x[0], x[1] + (1 - t) * v)
+def _integrate(x, ts, callback, step):
+    """The loop every sampler shares: x_{i+1}, v = step(i, x_i, t_i, t_{i+1}), then callback(i, t_{i+1}, x_{i+1},
+    denoised) with denoised = x_i + (1 - t_i) v, the data the step's start point predicts."""
+    for i in range(len(ts) - 1):
+        x_next, v = step(i, x, ts[i], ts[i + 1])
+        if callback is not None:
+            callback(i, ts[i + 1], x_next, x + (1 - ts[i]) * v)
+        x = x_next
+    return x
 
 
 def nfe_per_step(name: str) -> int:
     return sampler_registry.spec(name).nfe_per_step
 
 
-# -- ODE samplers ---------------------------------------------------------------------------------
 @sampler_registry.register("euler", "explicit Euler on the probability-flow ODE, 1 evaluation per step")
 @torch.no_grad()
 def sample_euler(velocity, x, ts, callback=None, extra_args=None):
     extra = extra_args or {}
-    for i in range(len(ts) - 1):
-        t = ts[i].expand(x.shape[0])
-        v = velocity(x, t, **extra)
-        x_next = x + (ts[i + 1] - ts[i]) * v
-        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v)
-        x = x_next
-    return x
+
+    def step(i, x, t, t_next):
+        v = velocity(x, t.expand(x.shape[0]), **extra)
+        return x + (t_next - t) * v, v
+    return _integrate(x, ts, callback, step)
 
 
 @sampler_registry.register("heun", "Heun's 2nd-order method (Karras et al. 2022, Alg. 1), 2 evaluations per step",
@@ -123,15 +125,13 @@ def sample_euler(velocity, x, ts, callback=None, extra_args=None):
 @torch.no_grad()
 def sample_heun(velocity, x, ts, callback=None, extra_args=None):
     extra = extra_args or {}
-    for i in range(len(ts) - 1):
-        dt = ts[i + 1] - ts[i]
-        v0 = velocity(x, ts[i].expand(x.shape[0]), **extra)
-        x_pred = x + dt * v0
-        v1 = velocity(x_pred, ts[i + 1].expand(x.shape[0]), **extra)
-        x_next = x + dt * 0.5 * (v0 + v1)
-        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v0)
-        x = x_next
-    return x
+
+    def step(i, x, t, t_next):
+        dt = t_next - t
+        v0 = velocity(x, t.expand(x.shape[0]), **extra)
+        v1 = velocity(x + dt * v0, t_next.expand(x.shape[0]), **extra)
+        return x + dt * 0.5 * (v0 + v1), v0
+    return _integrate(x, ts, callback, step)
 
 
 @sampler_registry.register("midpoint", "explicit midpoint rule (2nd-order Runge-Kutta), 2 evaluations per step",
@@ -139,17 +139,14 @@ def sample_heun(velocity, x, ts, callback=None, extra_args=None):
 @torch.no_grad()
 def sample_midpoint(velocity, x, ts, callback=None, extra_args=None):
     extra = extra_args or {}
-    for i in range(len(ts) - 1):
-        dt = ts[i + 1] - ts[i]
-        v0 = velocity(x, ts[i].expand(x.shape[0]), **extra)
-        x_mid = x + 0.5 * dt * v0
-        x_next = x + dt * velocity(x_mid, (ts[i] + 0.5 * dt).expand(x.shape[0]), **extra)
-        _report(callback, i, ts[i + 1], (x_next, x), ts[i], v0)
-        x = x_next
-    return x
+
+    def step(i, x, t, t_next):
+        dt = t_next - t
+        v0 = velocity(x, t.expand(x.shape[0]), **extra)
+        return x + dt * velocity(x + 0.5 * dt * v0, (t + 0.5 * dt).expand(x.shape[0]), **extra), v0
+    return _integrate(x, ts, callback, step)
 
 
-# -- SDE sampler ----------------------------------------------------------------------------------
 @sampler_registry.register("euler_maruyama", "Euler-Maruyama on the flow's marginal-preserving SDE dx = [v - eta (x - t v)] dt "
                                              "+ sqrt(2 eta (1-t)) dW (eta = method.sde_noise; 0 = Euler)",
                            keys=SdeKeys)
@@ -161,21 +158,18 @@ def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise:
     g(t)^2 = 2 eta (1-t) the drift is v - eta (x - t v), finite at both ends, and g vanishes at the data.
     The last step is deterministic: x + (1-t) v = E[x1 | x_t] when it ends at t=1 (no noise left in the output)."""
     extra = extra_args or {}
-    for i in range(len(ts) - 1):
-        t, dt = ts[i], ts[i + 1] - ts[i]
+
+    def step(i, x, t, t_next):
+        dt = t_next - t
         v = velocity(x, t.expand(x.shape[0]), **extra)
         if i == len(ts) - 2 or noise == 0:
-            x_next = x + dt * v
-        else:
-            g = torch.sqrt(2 * noise * (1 - t) * dt)
-            x_next = x + dt * (v - noise * (x - t * v)) + g * torch.randn(x.shape, generator=generator, device=x.device,
-                                                                             dtype=x.dtype)
-        _report(callback, i, ts[i + 1], (x_next, x), t, v)
-        x = x_next
-    return x
+            return x + dt * v, v
+        g = torch.sqrt(2 * noise * (1 - t) * dt)
+        return x + dt * (v - noise * (x - t * v)) + g * torch.randn(x.shape, generator=generator, device=x.device,
+                                                                    dtype=x.dtype), v
+    return _integrate(x, ts, callback, step)
 
 
-# -- few-step samplers: one network call per step -------------------------------------------------------
 # flow_map: the model, given the step size d as its `d` input, returns the average velocity over the step:
 # x_{i+1} = x_i + d * u(x_i, t_i, d) (shortcut models, MeanFlow), exact for any N when u is exact.
 # consistency: the data estimate x1 = x + (1 - t) v is re-noised, x_{i+1} = (1 - t_{i+1}) z + t_{i+1} x1
@@ -185,13 +179,12 @@ def sample_euler_maruyama(velocity, x, ts, callback=None, generator=None, noise:
 @torch.no_grad()
 def sample_flow_map(velocity, x, ts, callback=None, extra_args=None):
     extra = extra_args or {}
-    for i in range(len(ts) - 1):
-        t, d = ts[i].expand(x.shape[0]), (ts[i + 1] - ts[i]).expand(x.shape[0])
-        u = velocity(x, t, **extra, d=d)
-        x_next = x + d.view(-1, *([1] * (x.ndim - 1))) * u
-        _report(callback, i, ts[i + 1], (x_next, x), ts[i], u)
-        x = x_next
-    return x
+
+    def step(i, x, t, t_next):
+        d = (t_next - t).expand(x.shape[0])
+        u = velocity(x, t.expand(x.shape[0]), **extra, d=d)
+        return x + d.view(-1, *([1] * (x.ndim - 1))) * u, u
+    return _integrate(x, ts, callback, step)
 
 
 @sampler_registry.register("consistency", "multistep consistency sampling: predict the data x + (1-t) v, re-noise it to "
@@ -199,16 +192,12 @@ def sample_flow_map(velocity, x, ts, callback=None, extra_args=None):
 @torch.no_grad()
 def sample_consistency(velocity, x, ts, callback=None, extra_args=None, generator=None):
     extra = extra_args or {}
-    for i in range(len(ts) - 1):
-        t = ts[i]
+
+    def step(i, x, t, t_next):
         v = velocity(x, t.expand(x.shape[0]), **extra)
         x1 = x + (1 - t) * v
-        t_next = ts[i + 1]
         if i == len(ts) - 2:
-            x_next = x1
-        else:
-            z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-            x_next = (1 - t_next) * z + t_next * x1
-        _report(callback, i, t_next, (x_next, x), t, v)
-        x = x_next
-    return x
+            return x1, v
+        z = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        return (1 - t_next) * z + t_next * x1, v
+    return _integrate(x, ts, callback, step)

@@ -79,8 +79,7 @@ def seed_configs(cfg: Config) -> list[Config]:
         values = dict(zip(lists, combo))
         for s in seeds:
             c = copy.deepcopy(cfg)
-            c.train.seeds = ""
-            for n in VARIANT_KEYS:
+            for n in ("seeds", *VARIANT_KEYS):
                 setattr(c.train, n, "")
             apply_overrides(c, [f"{VARIANT_KEYS[n][0]}={v}" for n, v in values.items()])
             c.train.seed, c.train.name = s, f"{member_name(name, values) if values else name}-s{s}"  # the sweep's naming
@@ -252,7 +251,6 @@ class StackedStep:
         return {"model": clone(r.base.state_dict()), "ema": clone(r.ema.state_dict()) if r.ema is not None else None,
                 "optimizer": optimizer}
 
-    # -- the step -----------------------------------------------------------------------------------------------
     def _losses(self, inputs: dict, compiled: bool = True):
         model, method = self.model, self.method
 

@@ -113,7 +113,6 @@ class TrainStep:
         graphed, self.graph_note = decide_graph_step(self.cfg, dist.world)  # train.graph_step=auto decided here
         self.graphed = GraphedStep(self) if graphed else None  # the whole step as one CUDA graph
 
-    # -- extras and optimizers --------------------------------------------------------------------
     def _build_extras(self, resume_state):
         tcfg = self.cfg.train
         self.extras = self.method.extra_modules()
@@ -183,7 +182,6 @@ class TrainStep:
         return StepContext(step=step, total_steps=self.cfg.train.steps, generator=self.gen, device=self.device,
                            precision=self.precision.name, ema=self.ema_for_loss, extras=self.extras_wrapped)
 
-    # -- checkpoint state -------------------------------------------------------------------------
     def state_dict(self, member: int = 0, weights: bool = True) -> dict:
         """A checkpoint's part of the step: weights, EMA, optimizers, the method's modules, the loss scale."""
         big = {"model": self.model.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -206,7 +204,6 @@ class TrainStep:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
-    # -- the step ---------------------------------------------------------------------------------
     def _no_sync(self, sync: bool):
         """no_sync over the model and every trainable extra (micro-steps before the last skip the all-reduce)."""
         stack = contextlib.ExitStack()
@@ -279,29 +276,25 @@ class TrainStep:
         bad = ~finite_loss if self.scaler.is_enabled() else ~(finite_loss & finite_grads)
         if len(self.optimizers) > 1:
             metrics = {**metrics, **{f"loss/{k}": v for k, v in loss_sum.items()}, **{f"grad_norm/{k}": v for k, v in gnorms.items()}}
-        if tcfg.skip_nonfinite and bad.item():  # one host sync per step, only with this option
-            for opt in self.optimizers.values():
-                opt.zero_grad(set_to_none=True)
+        skipped = bool(tcfg.skip_nonfinite and bad.item())  # one host sync per step, only with this option
+        eager = not skipped and self.compiled_update is None
+        if skipped:
             self.scaler.update()
-            return loss_sum["model"], gnorms["model"], bad, metrics, True
-        decay = self._ema_decay(step)
-        if self.compiled_update is not None:  # optimizer steps + EMA in one compiled function (a CUDA graph)
-            self.compiled_update(decay)
+        elif self.compiled_update is not None:  # optimizer steps + EMA in one compiled function (a CUDA graph)
+            self.compiled_update(self._ema_decay(step))
+        else:
             for opt in self.optimizers.values():
-                opt.zero_grad(set_to_none=True)
-            mark("opt")
-            return loss_sum["model"], gnorms["model"], bad, metrics, False
-        for opt in self.optimizers.values():
-            self.scaler.step(opt)
-        self.scaler.update()
+                self.scaler.step(opt)
+            self.scaler.update()
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
-        for hook in self.after_step:
+        for hook in self.after_step if eager else ():
             hook(self.model, self.cfg)
-        if self.ema is not None:
-            ema_update(list(self.ema.parameters()), list(self.model.parameters()), decay)
-        mark("opt")
-        return loss_sum["model"], gnorms["model"], bad, metrics, False
+        if eager and self.ema is not None:
+            ema_update(list(self.ema.parameters()), list(self.model.parameters()), self._ema_decay(step))
+        if not skipped:
+            mark("opt")
+        return loss_sum["model"], gnorms["model"], bad, metrics, skipped
 
 
 # TrainStep runs three: compiled is eager with torch.compile on the model or blocks, graphed is its capture

@@ -64,7 +64,6 @@ class Trainer:
         self._run_lock = None  # the run folder's lock while this process trains it (folder_lock)
         self.prior_wall = 0.0  # a resumed run's seconds before this process: summary.json reports the whole run
 
-    # -- setup ----------------------------------------------------------------------------------
     def _setup(self):
         cfg, tcfg = self.cfg, self.cfg.train
         if self.resume_from:  # before anything is built or written: a finished run is only ever extended
@@ -165,7 +164,6 @@ class Trainer:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
 
-    # -- checkpoints ----------------------------------------------------------------------------
     def _state(self, weights=True):
         return {
             **self.steps.state_dict(weights=weights), "step": self.step, "loader": self.loader.state_dict(),
@@ -200,7 +198,6 @@ class Trainer:
         ckpt.save_best(self.run_dir, self._state())
         self.log.write({"step": self.step, f"best/{key}": v})
 
-    # -- the step -------------------------------------------------------------------------------
     def _train_step(self):
         self._full = None  # the previous step's gathered weights (_gathered) are stale: free their memory
         loss, gnorm, bad, extra, skipped = self.steps(self.step, self.loader.next)
@@ -222,7 +219,6 @@ class Trainer:
             raise NonFiniteLoss(f"non-finite loss or gradient before step {self.step}; stopped without saving "
                                 f"(last good checkpoint kept). Try a lower optim.lr, optim.grad_clip, or train.skip_nonfinite=true")
 
-    # -- eval and samples -----------------------------------------------------------------------
     def eval_ctx(self):
         return eval_context(self.cfg, self.device, self.run_dir)
 
