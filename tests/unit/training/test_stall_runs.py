@@ -169,7 +169,9 @@ def test_an_image_bytes_run_that_learns_is_silent(tmp_path, capfd):
 def test_an_mdlm_run_that_escapes_the_plateau_ends_not_stalled(tmp_path, capfd, words):
     """Issue 55's late seed: masked diffusion sits at the unigram level, then leaves it. The console says both, the
     summary keeps when (stall.left_at) and ends `stalled: false`."""
-    s = train(tmp_path, "text_mdlm", "data.name=tokens", f"data.path={words}", *WORDS_LM, "train.steps=200",
+    # 300 steps: where the loss leaves the plateau depends on the CPU's float rounding (step ~110 on one machine, after
+    # step 200 on another, one thread each); 300 leaves room on both
+    s = train(tmp_path, "text_mdlm", "data.name=tokens", f"data.path={words}", *WORDS_LM, "train.steps=300",
               "optim.lr=1e-2", "eval.nelbo_reps=1", "eval.T_list=8")
     out = capfd.readouterr().out
     assert s["status"] == "finished" and s["stalled"] is False and s["stall"]["left_at"] > s["stall"]["since_step"]
