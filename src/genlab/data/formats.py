@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,9 +59,8 @@ def atomic_folder(out):
     if (out / "index.json").exists() or (out / "meta.json").exists():
         raise GenlabError(f"{out} already holds a dataset; remove it or choose another --out")
     made = next((p for p in reversed(out.parents) if not p.exists()), None)
-    tmp = out.with_name(out.name + ".tmp-write")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))  # its own per writer: two never share one
     try:
         yield tmp
         if out.exists():

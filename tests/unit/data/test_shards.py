@@ -86,7 +86,7 @@ def test_class_folder_converts_to_shards_in_parallel(tmp_path):
     expect = np.stack([center_crop_arr(Image.open(f).convert("RGB"), 16) for f, _ in files])
     np.testing.assert_array_equal(one.images[:], expect)
     np.testing.assert_array_equal(two.images[:], expect)
-    assert not (tmp_path / "a.tmp-write").exists()
+    assert not list(tmp_path.glob(".a.tmp-*"))
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
@@ -135,7 +135,7 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tmp_path, capfd):
                            "--shard-size", "1", "--workers", "2")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (src, r.stderr)
         assert re.search(msg, r.stderr), (src, r.stderr)
-        assert not out.exists() and not out.with_name(out.name + ".tmp-write").exists()
+        assert not out.exists() and not list(out.parent.glob(f".{out.name}.tmp-*"))
     r = cli_in_process(capfd, "data", "prepare", "shards", "--src", tmp_path / "imgs", "--out", tmp_path / "o")
     assert r.returncode == 2 and "needs --size" in r.stderr
 
@@ -250,3 +250,18 @@ def test_the_cli_prepares_shards_and_a_run_refuses_to_make_them_resident(tmp_pat
     from genlab.config.tree import load_config
     with pytest.raises(GenlabError, match="never resident"):
         check_config(load_config("digits_flow", ["data.name=shards", f"data.path={tmp_path / 's'}", "data.on_device=yes"]))
+
+
+def test_two_writers_of_one_folder_never_share_a_temporary_folder(tmp_path):
+    """Each writer gets its own hidden temporary folder: the one that finishes first keeps `out`, the other fails
+    without touching it and leaves nothing behind."""
+    from genlab.data.formats import atomic_folder
+    out = tmp_path / "d"
+    with pytest.raises(OSError):
+        with atomic_folder(out) as first:
+            (first / "meta.json").write_text('{"writer": 1}')
+            with atomic_folder(out) as second:
+                assert second != first and first.exists()
+                (second / "meta.json").write_text('{"writer": 2}')
+    assert json.loads((out / "meta.json").read_text()) == {"writer": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
