@@ -23,13 +23,18 @@ def valid_starts(starts: np.ndarray, total: int, window: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
+def spaced_starts(eps: Episodes, window: int, n: int) -> np.ndarray:
+    """The first frames of n evenly spaced windows (deterministic) of `window` frames, each inside one episode."""
+    starts = valid_starts(eps.starts, len(eps.frames), window)
+    return starts[np.linspace(0, len(starts) - 1, min(n, len(starts))).round().astype(np.int64)] if len(starts) else starts
+
+
 def spaced_windows(eps: Episodes, window: int, n: int, device):
     """n evenly spaced windows (deterministic) of `window` frames from the given episodes: (frames float
     [n, window, C, H, W] in [-1, 1], actions [n, window(, D)]), or (None, None) if no episode is long enough."""
-    starts = valid_starts(eps.starts, len(eps.frames), window)
-    if len(starts) == 0:
+    pick = spaced_starts(eps, window, n)
+    if len(pick) == 0:
         return None, None
-    pick = starts[np.linspace(0, len(starts) - 1, min(n, len(starts))).round().astype(np.int64)]
     idx = pick[:, None] + np.arange(window)
     frames = to_model(torch.from_numpy(np.asarray(eps.frames[idx.reshape(-1)])).to(device))
     frames = frames.view(*idx.shape, *frames.shape[1:])
