@@ -18,6 +18,7 @@ from genlab.core.tables import markdown_table
 from genlab.data import build_dataset
 from genlab.data.windows import spaced_starts
 from genlab.eval.objects import object_positions
+from genlab.eval.rollouts import points_before
 
 
 def main():
@@ -33,11 +34,10 @@ def main():
     idx = spaced_starts(eps, L + H, cfg.eval.world_rollouts)[:, None] + np.arange(L + H)
     frames = np.asarray(eps.frames[idx.reshape(-1)])
     seen = ~np.isnan(object_positions(frames, eps.meta.get("game", "Pong"))["ball"][:, 0]).reshape(idx.shape)
-    rewards = np.asarray(eps.rewards)[idx]  # rewards[t] comes with frames[t + 1]
+    served = points_before(np.asarray(eps.rewards)[idx], L)
     rows = []
     for k in (int(s) for s in args.steps.split(",")):
-        visible = seen[:, L + k - 1]  # step 1 is frame L, the first generated one
-        point = (rewards[:, L - 1:L + k - 1] != 0).any(1)
+        visible, point = seen[:, L + k - 1], served[:, k - 1]  # step 1 is frame L, the first generated one
         rows.append([k, int(visible.sum()), int((visible & point).sum()), f"{(visible & point).sum() / max(1, visible.sum()):.0%}"])
     print(f"{args.preset}: {len(idx)} held-out windows of {L} + {H} frames\n")
     print(markdown_table(["step", "windows with the ball visible", "of them, a point ended before the step", "share"], rows, "rrrr"))

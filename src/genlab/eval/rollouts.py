@@ -18,12 +18,13 @@ from genlab.core.files import write_atomic
 from genlab.core.tables import markdown_table
 from genlab.data.episodes import read_episodes
 from genlab.data.pixels import to_pixels
-from genlab.data.windows import spaced_windows
+from genlab.data.windows import spaced_starts, spaced_windows
 from genlab.eval.frechet import frechet_distance
 from genlab.eval.objects import BRICKS, GAMES, bricks_removed, position_errors
 
 MOVE_TOL = 1.5 * 2 / 255  # a pixel moves when a channel changes by more than 1.5 uint8 levels ([-1, 1] frames)
 OBJECT_STEPS = {8: 2.0, 32: 4.0}  # rollout step -> position error (pixels) a tracked object must stay within
+SERVE_ON_REWARD = {"Pong"}  # games whose every reward ends a point, after which a new ball is served
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -87,20 +88,36 @@ def _steps(values: torch.Tensor) -> list:
     return [None if v != v else float(v) for v in m.tolist()]
 
 
-def object_curves(real: torch.Tensor, gen: torch.Tensor, game: str) -> dict:
+def _within(err: np.ndarray, rows: np.ndarray) -> dict:
+    """err [N, K] position errors (NaN: not in the real frame, inf: lost), rows [N, K] the rollouts to count: per step
+    the median error, the shares within 2 and 4 pixels and the count of rollouts whose real frame shows the object."""
+    steps = [err[rows[:, k] & ~np.isnan(err[:, k]), k] for k in range(err.shape[1])]
+    return {"median_error": [float(np.median(v)) if len(v) else None for v in steps],
+            **{f"within_{px}px": [float((v <= px).mean()) if len(v) else None for v in steps] for px in (2, 4)},
+            "visible": [len(v) for v in steps]}
+
+
+def object_curves(real: torch.Tensor, gen: torch.Tensor, game: str, served: np.ndarray | None = None) -> dict:
     """Per tracked object and step: the median position error and the share of rollouts (of those whose real frame
-    shows the object) within 2 and 4 pixels; a generated frame that lost the object counts as a miss."""
+    shows the object) within 2 and 4 pixels; a generated frame that lost the object counts as a miss. With served
+    [N, K] (a point ended after the context and before the step), the ball's curves also come split into the rollouts
+    whose ball at that step is a new serve and those whose ball is still the one in flight."""
     N, K = real.shape[:2]
     errs = position_errors(to_uint8(real.flatten(0, 1)), to_uint8(gen.flatten(0, 1)), game)
     out = {}
     for name, e in errs.items():
         err = e["errors"].reshape(N, K)
-        seen = ~np.isnan(err)  # lost objects are inf: misses at every threshold
-        steps = [err[seen[:, k], k] for k in range(K)]
-        out[name] = {"median_error": [float(np.median(v)) if len(v) else None for v in steps],
-                     **{f"within_{px}px": [float((v <= px).mean()) if len(v) else None for v in steps] for px in (2, 4)},
-                     "visible": seen.sum(0).tolist()}
+        out[name] = _within(err, np.ones((N, K), bool))
+        if served is not None and name == "ball":
+            out[name]["served"], out[name]["in_flight"] = _within(err, served), _within(err, ~served)
     return out
+
+
+def points_before(rewards: np.ndarray, L: int) -> np.ndarray:
+    """rewards [N, W] of windows of L context frames: [N, W - L], whether a reward came after the last context frame
+    and before each generated step's frame (rewards[t] comes with frames[t + 1])."""
+    r = rewards[:, L - 1:-1] != 0
+    return np.concatenate([np.zeros((len(r), 1), bool), np.logical_or.accumulate(r, 1)[:, :-1]], 1)
 
 
 def frechet_in_domain(real: torch.Tensor, fake: torch.Tensor, dims: int = 32) -> float:
@@ -193,11 +210,16 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
             if b["phantom_share"][-1] is not None:
                 res[f"bricks_phantom_share_h{H}"] = b["phantom_share"][-1]
         if game in GAMES and real.shape[2] == 3:
-            curves[H]["objects"] = object_curves(real, gen, game)
+            served = None
+            if game in SERVE_ON_REWARD:
+                idx = spaced_starts(eps, L + H, ecfg.world_rollouts)[:, None] + np.arange(L + H)
+                served = points_before(np.asarray(eps.rewards)[idx], L)
+            curves[H]["objects"] = object_curves(real, gen, game, served)
             for name, c in curves[H]["objects"].items():
                 for step, px in OBJECT_STEPS.items():
-                    if step <= H and c["visible"][step - 1]:
-                        res[f"{name}_within_{px:g}px_step{step}_h{H}"] = c[f"within_{px:g}px"][step - 1]
+                    for part, cc in (("", c), ("_served", c.get("served")), ("_in_flight", c.get("in_flight"))):
+                        if cc is not None and step <= H and cc["visible"][step - 1]:
+                            res[f"{name}_within_{px:g}px_step{step}_h{H}{part}"] = cc[f"within_{px:g}px"][step - 1]
         if H == min(horizons):
             # shuffled actions: another window's action sequence; same contexts and same noise seeds
             perm = torch.roll(torch.arange(len(actions), device=dev), 1)
@@ -239,13 +261,17 @@ def rollout_table(curves: dict, res: dict) -> str:
     for H, c in curves.items():
         objs = c.get("objects", {})
         head = ["step", "model", "copy-last", "margin", "moving: model", "moving: copy-last", "moving SSIM", "FD"]
+        split = {n: o for n, o in objs.items() if "served" in o}  # Pong's ball: in flight, or a new serve
         head += ["action margin"] * ("action_margin" in c) + [f"{n} within 2 / 4 px" for n in objs]
+        head += [f"{n} within 4 px: in flight / new serve (rollouts)" for n in split]
         rows = []
         for k, (m, p) in enumerate(zip(c["model"], c["copy_last"])):
             row = [k + 1, f"{m:.2f}", f"{p:.2f}", f"{m - p:+.2f}", fmt(c["moving_model"][k]), fmt(c["moving_copy_last"][k]),
                    fmt(c["moving_ssim_model"][k], "{:.3f}"), f"{c['frechet'][k]:.4f}"]
             row += [f"{c['action_margin'][k]:+.2f}"] if "action_margin" in c else []
             row += [f"{fmt(o['within_2px'][k], '{:.0%}')} / {fmt(o['within_4px'][k], '{:.0%}')}" for o in objs.values()]
+            row += [" / ".join(f"{fmt(o[part]['within_4px'][k], '{:.0%}')} ({o[part]['visible'][k]})" for part in ("in_flight", "served"))
+                    for o in split.values()]
             rows.append(row)
         lines += [f"### rollout H={H}: per-step PSNR (dB), model vs copy-last-frame, whole frame and moving pixels", "",
                   markdown_table(head, rows), ""]

@@ -1,6 +1,7 @@
 """Per-step world-model metrics (issue 53 §2): PSNR / SSIM over moving pixels against float64 references, and the
 rollout evaluation on a game whose dynamics are known (a Pong ball that moves one pixel a frame), where a perfect
 model and copy-last have known answers."""
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,8 +10,9 @@ import torch
 
 from genlab.core.errors import GenlabError
 from genlab.data.episodes import Episodes, write_episodes
+from genlab.data.windows import spaced_starts
 from genlab.eval.objects import GAMES
-from genlab.eval.rollouts import evaluate_world, masked_psnr, masked_ssim, moving_mask, ssim, ssim_map, world_gain_db
+from genlab.eval.rollouts import evaluate_world, points_before, masked_psnr, masked_ssim, moving_mask, ssim, ssim_map, world_gain_db
 
 
 def naive_ssim_map(a, b):
@@ -163,3 +165,25 @@ def test_breakout_rollouts_report_the_bricks_the_real_ball_removed():
                                                                             "run_dir": None})
     assert res["bricks_rollouts_with_removal_h16"] >= 2 and res["bricks_removed_share_h16"] == 0.0
     assert res.get("bricks_phantom_share_h16", 0.0) == 0.0
+
+
+def test_pong_ball_shares_come_split_into_balls_in_flight_and_new_serves(tmp_path):
+    """A point (a reward) after the context makes the ball of every later step a new serve: the ball shares are also
+    given over those rollouts and over the others, each counted over its own windows."""
+    eps = pong_episodes()
+    T = len(eps.frames) // len(eps.starts)
+    eps.rewards[np.arange(len(eps.starts)) * T + 10] = 1.0  # a point at frame 10 of every episode
+    served = points_before(np.asarray(eps.rewards)[spaced_starts(eps, 2 + 16, 16)[:, None] + np.arange(18)], 2)
+    assert served.any() and (~served).any() and (np.diff(served.astype(int), axis=1) >= 0).all()  # once served, stays
+    # step k (1-based) counts a reward on a transition from the last context frame up to step k - 1's frame
+    assert served.sum() == sum(s + 1 <= 10 <= s + k - 1 for s in spaced_starts(eps, 18, 16) % T for k in range(1, 17))
+    data = SimpleNamespace(val=eps)
+    ecfg = SimpleNamespace(batch_size=16, world_horizons="8,16", world_rollouts=16, world_episodes="")
+    res = evaluate_world(rollout_of("copy"), 2, data, {"eval": ecfg, "device": torch.device("cpu"), "run_dir": tmp_path})
+    ball = json.loads((tmp_path / "world_eval.json").read_text())["curves"]["16"]["objects"]["ball"]
+    assert [a + b for a, b in zip(ball["served"]["visible"], ball["in_flight"]["visible"])] == ball["visible"]
+    assert ball["served"]["visible"] == served.sum(0).tolist()
+    assert res["ball_within_2px_step8_h16"] == 0.0 and "ball_within_2px_step8_h16_in_flight" in res
+    assert "in flight / new serve" in (tmp_path / "world_eval.md").read_text()
+    plain = evaluate_world(rollout_of("copy"), 2, SimpleNamespace(val=pong_episodes()), {"eval": ecfg, "device": torch.device("cpu")})
+    assert plain["ball_within_2px_step8_h16"] == res["ball_within_2px_step8_h16"]  # the whole-set share is unchanged
