@@ -1,7 +1,8 @@
 """Which held-out Pong windows hold a new serve: per rollout step k, of the windows that the world evaluation scores
 (eval/rollouts.py: the same spaced windows) and whose real ball is visible at step k (the windows issue 53's ball
 targets count), how many saw a point end (a reward) between the last context frame and step k, so that the ball at
-step k is a new serve rather than the ball of the context frames.
+step k is a new serve rather than the ball of the context frames. Then, over the whole held-out set, how long the ball
+stays off the screen after a point and where the new serve appears: what a model must remember to place it.
 
     genlab data collect atari --game Pong --frames 50000 --policy sticky --size 64 --workers 14 --out data/pong64
     python benchmarks/ball_events.py pong_world data.path=data/pong64 [--horizon 64] [--steps 8,16,32]
@@ -41,6 +42,30 @@ def main():
         rows.append([k, int(visible.sum()), int((visible & point).sum()), f"{(visible & point).sum() / max(1, visible.sum()):.0%}"])
     print(f"{args.preset}: {len(idx)} held-out windows of {L} + {H} frames\n")
     print(markdown_table(["step", "windows with the ball visible", "of them, a point ended before the step", "share"], rows, "rrrr"))
+    gaps, serves = serve_gaps(eps)
+    print(f"\n{len(gaps)} points in the held-out episodes: the ball is off the screen for {np.median(gaps):g} steps after a point "
+          f"(min {gaps.min()}, max {gaps.max()}; {L} context frames); the new serve appears at x {serves[:, 0].mean():.1f} ± "
+          f"{serves[:, 0].std():.1f}, y {serves[:, 1].mean():.1f} ± {serves[:, 1].std():.1f} px")
+
+
+def serve_gaps(eps):
+    """Per point (a reward) of the episodes: the steps from the ball's leaving the screen to its return, and where it
+    returns (x, y)."""
+    pos = object_positions(np.asarray(eps.frames), eps.meta.get("game", "Pong"))["ball"]
+    seen, gaps, serves = ~np.isnan(pos[:, 0]), [], []
+    ends = np.append(eps.starts[1:], len(seen))
+    for t in np.nonzero(np.asarray(eps.rewards))[0]:
+        end = ends[np.searchsorted(eps.starts, t, side="right") - 1]  # the serve must come in the same episode
+        u = t + 1
+        while u < end and seen[u]:  # the ball may still show with the point's frame
+            u += 1
+        v = u
+        while v < end and not seen[v]:
+            v += 1
+        if v < end:
+            gaps.append(v - u)
+            serves.append(pos[v])
+    return np.array(gaps), np.array(serves)
 
 
 if __name__ == "__main__":
