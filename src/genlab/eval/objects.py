@@ -96,10 +96,13 @@ def brick_mass(frames: np.ndarray, game: str) -> np.ndarray:
     return (band.astype(np.float64) @ BRICK_WEIGHTS[game]).sum((1, 2)) / one
 
 
-def bricks_removed(last: np.ndarray, real: np.ndarray, generated: np.ndarray, game: str) -> dict:
+def bricks_removed(last: np.ndarray, real: np.ndarray, generated: np.ndarray, game: str,
+                   tracked: np.ndarray | None = None) -> dict:
     """Rollouts from context frame `last` [N, H, W, 3] against real and generated frames [N, K, H, W, 3]: per step, of the
     rollouts where the real ball has removed at least one brick by then, the share whose generated frames removed at
-    least half as many; and of those where it removed none, the share whose generated frames removed one (a phantom)."""
+    least half as many; and of those where it removed none, the share whose generated frames removed one (a phantom).
+    With tracked [N, K] (the generated ball near the real one), the last step's share is also split by whether the
+    generated ball was still tracked at the step the real ball removed its first brick: a lost ball cannot remove it."""
     N, K = real.shape[:2]
     m0 = brick_mass(last, game)[:, None]
     gone_real = m0 - brick_mass(real.reshape(N * K, *real.shape[2:]), game).reshape(N, K)
@@ -108,4 +111,11 @@ def bricks_removed(last: np.ndarray, real: np.ndarray, generated: np.ndarray, ga
     kept = [float((gone_gen[hit[:, k], k] >= 0.5 * gone_real[hit[:, k], k]).mean()) if hit[:, k].any() else None
             for k in range(K)]
     phantom = [float((gone_gen[none[:, k], k] >= 1.0).mean()) if none[:, k].any() else None for k in range(K)]
-    return {"removed_share": kept, "phantom_share": phantom, "rollouts_with_removal": hit.sum(0).tolist()}
+    out = {"removed_share": kept, "phantom_share": phantom, "rollouts_with_removal": hit.sum(0).tolist()}
+    if tracked is not None:
+        at_first = tracked[np.arange(N), hit.argmax(1)]  # the step of the first removal (where there is one)
+        kept_last = gone_gen[:, -1] >= 0.5 * gone_real[:, -1]
+        for name, rows in (("ball_tracked", hit[:, -1] & at_first), ("ball_lost", hit[:, -1] & ~at_first)):
+            out[f"removed_share_{name}"] = float(kept_last[rows].mean()) if rows.any() else None
+            out[f"rollouts_{name}"] = int(rows.sum())
+    return out

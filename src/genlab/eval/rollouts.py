@@ -97,17 +97,22 @@ def _within(err: np.ndarray, rows: np.ndarray) -> dict:
             "visible": [len(v) for v in steps]}
 
 
-def object_curves(real: torch.Tensor, gen: torch.Tensor, game: str, served: np.ndarray | None = None) -> dict:
+def object_errors(real: torch.Tensor, gen: torch.Tensor, game: str) -> dict[str, np.ndarray]:
+    """Per tracked object: [N, K] distances (pixels) between its real and generated positions of [N, K, ...] rollouts,
+    NaN where the real frame does not show it, inf where the generated frame lost it."""
+    N, K = real.shape[:2]
+    errs = position_errors(to_uint8(real.flatten(0, 1)), to_uint8(gen.flatten(0, 1)), game)
+    return {name: e["errors"].reshape(N, K) for name, e in errs.items()}
+
+
+def object_curves(errs: dict[str, np.ndarray], served: np.ndarray | None = None) -> dict:
     """Per tracked object and step: the median position error and the share of rollouts (of those whose real frame
     shows the object) within 2 and 4 pixels; a generated frame that lost the object counts as a miss. With served
     [N, K] (a point ended after the context and before the step), the ball's curves also come split into the rollouts
     whose ball at that step is a new serve and those whose ball is still the one in flight."""
-    N, K = real.shape[:2]
-    errs = position_errors(to_uint8(real.flatten(0, 1)), to_uint8(gen.flatten(0, 1)), game)
     out = {}
-    for name, e in errs.items():
-        err = e["errors"].reshape(N, K)
-        out[name] = _within(err, np.ones((N, K), bool))
+    for name, err in errs.items():
+        out[name] = _within(err, np.ones(err.shape, bool))
         if served is not None and name == "ball":
             out[name]["served"], out[name]["in_flight"] = _within(err, served), _within(err, ~served)
     return out
@@ -202,19 +207,24 @@ def evaluate_world(rollout, L, data, ctx) -> dict:
         if H >= 64:  # drift: the last 32 steps' frame FD over the first 32's (a collapse grows it)
             res[f"frechet_last32_over_first32_h{H}"] = float(np.mean(curves[H]["frechet"][-32:]) /
                                                              max(np.mean(curves[H]["frechet"][:32]), 1e-12))
+        errs = object_errors(real, gen, game) if game in GAMES and real.shape[2] == 3 else {}
         if game in BRICKS and real.shape[2] == 3:  # do the bricks the real ball removes go in the rollout too?
-            b = curves[H]["bricks"] = bricks_removed(to_uint8(last[:, 0]), to_uint8(real), to_uint8(gen), game)
+            tracked = errs["ball"] <= 4 if "ball" in errs else None  # NaN (no real ball) counts as not tracked
+            b = curves[H]["bricks"] = bricks_removed(to_uint8(last[:, 0]), to_uint8(real), to_uint8(gen), game, tracked)
             if b["removed_share"][-1] is not None:
                 res[f"bricks_removed_share_h{H}"] = b["removed_share"][-1]
                 res[f"bricks_rollouts_with_removal_h{H}"] = b["rollouts_with_removal"][-1]
+                for part in ("ball_tracked", "ball_lost"):
+                    if b.get(f"removed_share_{part}") is not None:
+                        res[f"bricks_removed_share_h{H}_{part}"] = b[f"removed_share_{part}"]
             if b["phantom_share"][-1] is not None:
                 res[f"bricks_phantom_share_h{H}"] = b["phantom_share"][-1]
-        if game in GAMES and real.shape[2] == 3:
+        if errs:
             served = None
             if game in SERVE_ON_REWARD:
                 idx = spaced_starts(eps, L + H, ecfg.world_rollouts)[:, None] + np.arange(L + H)
                 served = points_before(np.asarray(eps.rewards)[idx], L)
-            curves[H]["objects"] = object_curves(real, gen, game, served)
+            curves[H]["objects"] = object_curves(errs, served)
             for name, c in curves[H]["objects"].items():
                 for step, px in OBJECT_STEPS.items():
                     for part, cc in (("", c), ("_served", c.get("served")), ("_in_flight", c.get("in_flight"))):

@@ -101,3 +101,17 @@ def test_bricks_removed_by_the_real_ball_and_by_the_rollout():
     assert b["rollouts_with_removal"] == [0, 2]
     assert b["removed_share"] == [None, 0.5]            # rollout 0 removed them too, rollout 1 kept them
     assert b["phantom_share"] == [1 / 3, 1.0]           # rollout 2 removed bricks the real ball never hit
+
+
+def test_bricks_removed_split_by_whether_the_generated_ball_was_tracked_at_the_first_removal():
+    full, gone = box64(breakout_wall()), box64(breakout_wall({(1, 4), (1, 5)}))
+    last = np.stack([full] * 4)
+    real = np.stack([np.stack([full, gone, gone])] * 3 + [np.stack([full, full, full])])  # removal at step 2 in 0-2
+    gen = np.stack([np.stack([full, gone, gone]), np.stack([full, full, full]), np.stack([full, full, gone]),
+                    np.stack([full, full, full])])
+    tracked = np.array([[1, 1, 0], [1, 0, 0], [1, 0, 1], [1, 1, 1]], bool)  # at step 2: tracked, lost, lost, (none)
+    b = bricks_removed(last, real, gen, "Breakout", tracked)
+    assert b["rollouts_ball_tracked"] == 1 and b["removed_share_ball_tracked"] == 1.0
+    assert b["rollouts_ball_lost"] == 2 and b["removed_share_ball_lost"] == 0.5  # rollout 2 removed them late
+    assert b["removed_share"][-1] == pytest.approx(2 / 3)  # the unsplit share is unchanged
+    assert "removed_share_ball_tracked" not in bricks_removed(last, real, gen, "Breakout")

@@ -164,6 +164,8 @@ def test_breakout_rollouts_report_the_bricks_the_real_ball_removed():
     res = evaluate_world(rollout_of("copy"), 2, SimpleNamespace(val=eps), {"eval": ecfg, "device": torch.device("cpu"),
                                                                             "run_dir": None})
     assert res["bricks_rollouts_with_removal_h16"] >= 2 and res["bricks_removed_share_h16"] == 0.0
+    # no ball in these frames: every removal counts as one whose generated ball was not tracked
+    assert res["bricks_removed_share_h16_ball_lost"] == 0.0 and "bricks_removed_share_h16_ball_tracked" not in res
     assert res.get("bricks_phantom_share_h16", 0.0) == 0.0
 
 
