@@ -2,5 +2,5 @@
 
 # the modules that register components (core.registry.load_entries imports this package: explicit imports, no scan)
 from genlab.nn import (attention, autoencoders, conditions, convert, fused_adaln, fused_ce, fused_final,  # noqa: F401,E402
-                       fused_mlp, fused_qkv, mlp, norm, positions, ptq, quantized_training, sparse_attention,
-                       triton_attention)
+                       fused_mlp, fused_qkv, mlp, norm, positions, ptq, quack_mlp, quantized_training,
+                       sparse_attention, triton_attention)
