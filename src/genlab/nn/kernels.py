@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -18,6 +19,7 @@ class KernelSpec(Spec):
     (their forward still runs anywhere, as the plain composition), `package` names the import it needs."""
     cuda_only: bool = False                # its fused kernel runs on CUDA tensors only
     package: str = ""                      # top-level module it imports on CUDA (checked with the config)
+    install_problem: Callable[[], str] | None = None  # on CUDA, with the package there: "" or why its install won't run
 
     def check_choice(self, cfg, key, name, registry):
         """A CUDA-only kernel for CPU training, or (on a CUDA machine) one whose package is missing."""
@@ -30,6 +32,8 @@ class KernelSpec(Spec):
             ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
             raise GenlabError(f"{key}={name} needs the '{self.package}' package (not installed); "
                               f"valid choices: {', '.join(ok)}")
+        if self.install_problem and torch.cuda.is_available() and (why := self.install_problem()):
+            raise GenlabError(f"{key}={name}: {why}")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

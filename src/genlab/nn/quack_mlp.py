@@ -28,6 +28,18 @@ def supports(x: torch.Tensor, w1: torch.Tensor) -> bool:
             and w1.shape[0] % 8 == 0 and w1.shape[1] % 8 == 0 and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
+def install_problem() -> str:
+    """quack compiles only from a site-packages install: it fingerprints each function it compiles by its source unless
+    the function's file sits in a site-packages folder, and elsewhere walks into the CuTe DSL's internals and fails
+    mid-run (`epilogue fn depends on <ContextVar ...>`, seen with `pip install --target DIR`)."""
+    spec = importlib.util.find_spec("cutlass")
+    where = str(spec.origin) if spec else ""
+    if "site-packages" in where or "dist-packages" in where:
+        return ""
+    return (f"quack-kernels' CuTe DSL (nvidia-cutlass-dsl) is {'at ' + where if where else 'not importable'}; quack "
+            "compiles only from a site-packages install: pip install quack-kernels into the environment (not --target)")
+
+
 @torch.library.custom_op("genlab::quack_gelu_mlp_fwd", mutates_args=())
 def _fwd(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
          b2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +104,6 @@ class QuackGeluMlp(Mlp):
 
 @mlp_registry.register("gelu_quack", "gelu with fc1's GELU (forward) and GELU' (backward) in quack-kernels' GEMM epilogues "
                                      "on Hopper+ (same parameters; plain gelu elsewhere)",
-                       matrices=2, cuda_only=True, package="quack")
+                       matrices=2, cuda_only=True, package="quack", install_problem=install_problem)
 def gelu_quack_mlp(dim: int, hidden: int, bias: bool = True) -> QuackGeluMlp:
     return QuackGeluMlp(dim, hidden, bias)

@@ -165,3 +165,23 @@ def test_gpu_gelu_quack_compiles_in_one_graph_and_matches_eager():
     torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
     for a, b in zip(g, g_eager):
         assert rel(a, b) < 1e-2
+
+
+def test_gelu_quack_refuses_a_quack_outside_site_packages_before_the_run(monkeypatch, tmp_path):
+    """quack's compiler fails mid-run when the CuTe DSL is not in a site-packages folder (seen with pip --target):
+    the config check says so in one line instead, on a CUDA machine where quack is found."""
+    from genlab.config.tree import load_config
+    from genlab.core.errors import GenlabError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real = importlib.util.find_spec
+
+    def at(folder):
+        origin = folder / "cutlass" / "__init__.py"
+        return lambda name, *a: (types.SimpleNamespace(origin=str(origin)) if name in ("quack", "cutlass")
+                                 else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", at(tmp_path / "site"))
+    with pytest.raises(GenlabError, match=r"^model.mlp=gelu_quack: quack-kernels' CuTe DSL .* is at .*site/cutlass/"
+                                          r"__init__.py; quack compiles only from a site-packages install"):
+        load_config("digits_flow", ["model.mlp=gelu_quack", "train.device=cuda"])
+    monkeypatch.setattr(importlib.util, "find_spec", at(tmp_path / "lib" / "site-packages"))
+    assert load_config("digits_flow", ["model.mlp=gelu_quack", "train.device=cuda"]).model.mlp == "gelu_quack"
