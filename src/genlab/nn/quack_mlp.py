@@ -11,6 +11,7 @@ not take (CPU, float32/float64, widths not multiples of 8, GPUs before sm90) run
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,12 @@ from genlab.nn.mlp import Mlp, mlp_registry
 
 HAS_QUACK = importlib.util.find_spec("quack") is not None  # found without importing it (a constant to torch.compile)
 ACT = "gelu_tanh_approx"  # quack's name of F.gelu(approximate="tanh"), the plain MLP's activation
+
+
+def tuned() -> bool:
+    """Benchmarking knob GENLAB_QUACK_TUNED=1: quack's autotuner (it compiles ~44 tile configurations per GEMM shape on
+    sm90 at the first call) instead of its default configuration."""
+    return os.environ.get("GENLAB_QUACK_TUNED", "0") == "1"
 
 
 def supports(x: torch.Tensor, w1: torch.Tensor) -> bool:
@@ -45,7 +52,7 @@ def _fwd(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
          b2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, D] -> (out [M, D], pre-activation [M, H]); one epilogue GEMM and one cuBLAS addmm."""
     from quack.gemm_interface import gemm_act
-    pre, post = gemm_act(x, w1.t(), bias=b1, activation=ACT, store_preact=True, tuned=False)
+    pre, post = gemm_act(x, w1.t(), bias=b1, activation=ACT, store_preact=True, tuned=tuned())
     return torch.addmm(b2, post, w2.t()), pre
 
 
@@ -59,7 +66,7 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor, pre: torch.Tensor, w1: torch.Tensor,
          w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dW1, db1, dW2, db2) from dy [M, D] and the saved x and pre-activation."""
     from quack.gemm_interface import gemm_dact
-    dpre, post = gemm_dact(dy, w2, pre, activation=ACT, tuned=False)  # dy W2 * GELU'(pre), and GELU(pre)
+    dpre, post = gemm_dact(dy, w2, pre, activation=ACT, tuned=tuned())  # dy W2 * GELU'(pre), and GELU(pre)
     acc = torch.promote_types(dy.dtype, torch.float32)  # bias sums over all tokens: at least float32
     db1, db2 = dpre.sum(0, dtype=acc), dy.sum(0, dtype=acc)
     return dpre @ w1, dpre.t() @ x, db1.to(w1.dtype), dy.t() @ post, db2.to(w2.dtype)

@@ -185,3 +185,18 @@ def test_gelu_quack_refuses_a_quack_outside_site_packages_before_the_run(monkeyp
         load_config("digits_flow", ["model.mlp=gelu_quack", "train.device=cuda"])
     monkeypatch.setattr(importlib.util, "find_spec", at(tmp_path / "lib" / "site-packages"))
     assert load_config("digits_flow", ["model.mlp=gelu_quack", "train.device=cuda"]).model.mlp == "gelu_quack"
+
+
+def test_gelu_quack_tuning_knob_reaches_both_epilogue_gemms(stand_in_quack, monkeypatch):
+    """GENLAB_QUACK_TUNED=1 hands tuned=True to gemm_act and gemm_dact (quack's autotuner); unset, its default config."""
+    seen = []
+    mod = sys.modules["quack.gemm_interface"]
+    for name in ("gemm_act", "gemm_dact"):
+        fn = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _fn=fn, _name=name, **kw: seen.append((_name, kw["tuned"])) or _fn(*a, **kw))
+    m, _ = pair(dim=16, hidden=32)
+    for env, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("GENLAB_QUACK_TUNED", env)
+        seen.clear()
+        m(torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)).sum().backward()
+        assert seen == [("gemm_act", want), ("gemm_dact", want)]
