@@ -4,9 +4,10 @@ CuTe-DSL GEMMs (Tri Dao's `quack`) on Hopper or newer. Same module, parameters a
 Forward: fc1 is one `gemm_act` (x W1^T + b1, tanh GELU in the epilogue, pre-activation stored for the backward), fc2
 a cuBLAS addmm of the post-activation. Backward: d pre-activation is one `gemm_dact` (dy W2 times GELU'(pre) in the
 epilogue, the post-activation recomputed there for dW2); the weight and input gradients are cuBLAS matmuls, the bias
-gradients sums. Saved: x and the pre-activation (the plain path saves x, the pre-activation and, under compile, the
-post-activation). The whole MLP is two custom ops, so torch.compile keeps one graph around it. Inputs the kernels do
-not take (CPU, float32/float64, widths not multiples of 8, GPUs before sm90) run the plain composition.
+gradients sums. Saved: x, the pre-activation and the cast weights (eager autograd of the plain MLP also keeps the
+post-activation, for fc2's weight gradient). The whole MLP is two custom ops, so torch.compile keeps one graph around
+it. Inputs the kernels do not take (CPU, float32/float64, widths not multiples of 8, GPUs before sm90) run the plain
+composition.
 """
 from __future__ import annotations
 
