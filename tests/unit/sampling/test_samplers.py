@@ -6,9 +6,10 @@ import torch
 
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
-from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, parse_interval
+from genlab.families.image_flow.flow import FlowMatching, cfg_velocity, guidance_plan, parse_interval
 from genlab.families.image_flow.timesteps import shift_time
-from genlab.sampling.samplers import nfe_per_step, sample_euler, sample_euler_maruyama, sample_heun, sample_midpoint, time_grid
+from genlab.sampling.samplers import (call_sampler, nfe_per_step, sample_euler, sample_euler_maruyama, sample_heun,
+                                     sample_midpoint, sampler_registry, time_grid)
 
 MU, SIGMA = 1.5, 0.3
 
@@ -110,20 +111,47 @@ class CountingModel(torch.nn.Module):
         super().__init__()
         self.sizes = []
 
-    def forward(self, x, t, y):
+    def forward(self, x, t, y, **cond):  # cond: a flow map's step size d
         self.sizes.append(x.shape[0])
-        return torch.where((y == 10).view(-1, 1), torch.ones_like(x), 3 * torch.ones_like(x))
+        return torch.where((y == 10).view(-1, 1), torch.ones_like(x), 3 * torch.ones_like(x)) * (1 + t.view(-1, 1))
 
 
 def test_guidance_applies_only_inside_its_interval():
     m = CountingModel()
     v = cfg_velocity(m, torch.tensor([1, 2]), null_class=10, scale=2.0, interval=(0.2, 0.8))
-    guided, cond = 1 + 2.0 * (3 - 1), 3.0
-    assert torch.allclose(v(torch.zeros(2, 1), torch.full((2,), 0.5)), torch.full((2, 1), guided))
-    assert torch.allclose(v(torch.zeros(2, 1), torch.full((2,), 0.1)), torch.full((2, 1), cond))
-    assert torch.allclose(v(torch.zeros(2, 1), torch.full((2,), 0.9)), torch.full((2, 1), cond))
-    assert torch.allclose(v(torch.zeros(2, 1), torch.tensor([0.5, 0.9])), torch.tensor([[guided], [cond]]))
+    guided, cond = 1 + 2.0 * (3 - 1), 3.0  # at t = 0; the model scales both by 1 + t
+    assert torch.allclose(v(torch.zeros(2, 1), torch.full((2,), 0.5)), torch.full((2, 1), 1.5 * guided))
+    assert torch.allclose(v(torch.zeros(2, 1), torch.full((2,), 0.1)), torch.full((2, 1), 1.1 * cond))
+    assert torch.allclose(v(torch.zeros(2, 1), torch.full((2,), 0.9)), torch.full((2, 1), 1.9 * cond))
+    assert torch.allclose(v(torch.zeros(2, 1), torch.tensor([0.5, 0.9])), torch.tensor([[1.5 * guided], [1.9 * cond]]))
     assert m.sizes == [4, 2, 2, 4], "outside the interval one conditional forward, no doubled batch"
+
+
+def _host_read(*args, **kwargs):
+    raise AssertionError("a tensor was read back to the host (a host sync on CUDA)")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, _ in sampler_registry.specs()))  # every registered sampler
+def test_a_guidance_plan_makes_the_read_back_choices_without_reading_the_device(name, monkeypatch):
+    """guidance_plan replays a sampler's time points on the host: with it cfg_velocity makes the same one-or-two-
+    forward choice per call as reading t back (same samples, same batch per call, both kinds of call present), and no
+    tensor is read back during the draw (Tensor.__bool__ / item / __float__ raise)."""
+    fn, ts, interval = sampler_registry.get(name), time_grid(9, schedule="shifted"), (0.3, 0.7)
+    plan = guidance_plan(fn, ts, interval)
+    assert plan is not None and set(plan) == {True, False} and len(plan) == 9 * nfe_per_step(name)
+    runs = []
+    for p in (None, plan):
+        m = CountingModel()
+        v = cfg_velocity(m, torch.tensor([1, 2]), null_class=10, scale=2.0, interval=interval, plan=p)
+        with monkeypatch.context() as mp:
+            if p is not None:
+                for attr in ("__bool__", "item", "__float__"):
+                    mp.setattr(torch.Tensor, attr, _host_read)
+            out = call_sampler(fn, v, torch.zeros(2, 1), ts, generator=torch.Generator().manual_seed(0), noise=0.5)
+        runs.append((out, m.sizes))
+    assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+    assert runs[1][1] == [4 if inside else 2 for inside in plan]
+    assert guidance_plan(fn, ts, (0.0, 1.0)) is None  # the whole path: nothing to choose
 
 
 def test_parse_interval():

@@ -17,7 +17,7 @@ from genlab.data.formats import atomic_folder
 from genlab.data.pairs import write_pairs
 from genlab.data.pixels import to_pixels
 from genlab.families.few_step.base import build_teacher
-from genlab.families.image_flow.flow import cfg_velocity, parse_interval
+from genlab.families.image_flow.flow import cfg_velocity, guidance_plan, parse_interval
 from genlab.runtime import checkpoint as ckpt
 from genlab.runtime.parallel import resolve_device
 from genlab.sampling.samplers import call_sampler, nfe_per_step, sampler_registry, time_grid
@@ -73,6 +73,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
     model = build_teacher(state, dev)
     fn = sampler_registry.get(sampler)
     ts = time_grid(steps, device=dev, schedule=m.step_schedule, cfg=m)
+    plan = guidance_plan(fn, time_grid(steps, "cpu", m.step_schedule, m), interval)  # no host sync per step
     gen = torch.Generator().manual_seed(seed)  # on the CPU: the same pairs on any device
     labels = (torch.arange(n) % k)[torch.randperm(n, generator=gen)] if k else torch.zeros(n, dtype=torch.long)  # balanced
 
@@ -86,7 +87,7 @@ def generate_pairs(run, out, n, steps=None, sampler=None, cfg_scale=None, batch=
             for i in range(0, n, batch):
                 z = torch.randn((min(batch, n - i), C, S, S), generator=gen)
                 y = labels[i:i + len(z)].to(dev) if k else None
-                v = cfg_velocity(model, y, model.null_class, scale, interval)
+                v = cfg_velocity(model, y, model.null_class, scale, interval, plan)
                 x = call_sampler(fn, v, z.to(dev), ts, callback=lambda *_: task.update())
                 samples[i:i + len(z)] = x.float().cpu().numpy()
                 noise[i:i + len(z)] = z.numpy()

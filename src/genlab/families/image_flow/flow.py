@@ -43,9 +43,28 @@ def parse_interval(text: str, key: str = "method.cfg_interval") -> tuple[float, 
     return lo, hi
 
 
-def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0)):
+def guidance_plan(sampler_fn, ts_host: torch.Tensor, interval: tuple[float, float]) -> list[bool] | None:
+    """In call order, whether each network evaluation of `sampler_fn` over the host grid `ts_host` falls inside the
+    guidance interval (None for the whole path). Every registered sampler evaluates at times set by the grid alone,
+    not by x, so a replay on a one-element CPU tensor finds them without reading the device: cfg_velocity then
+    chooses one forward or two per call with no host synchronisation."""
+    if interval == (0.0, 1.0):
+        return None
+    lo, hi = interval
+    plan = []
+
+    def probe(x, t, **_):
+        plan.append(lo <= float(t[0]) <= hi)
+        return torch.zeros_like(x)
+    call_sampler(sampler_fn, probe, torch.zeros(1, 1), ts_host, generator=torch.Generator(), noise=0.0)
+    return plan
+
+
+def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float, float] = (0.0, 1.0),
+                 plan: list[bool] | None = None):
     """Velocity field with classifier-free guidance, v_u + s (v_c - v_u) in one batch, only for t in `interval`
-    (Kynkaanniemi et al. 2024; the conditional velocity alone elsewhere); extra conditions pass through."""
+    (Kynkaanniemi et al. 2024; the conditional velocity alone elsewhere); extra conditions pass through. `plan`
+    (guidance_plan) says per call whether its t is inside; without it each call reads t back from the device."""
     if y is None:
         return lambda x, t, **cond: model(x, t, torch.full((x.shape[0],), null_class, device=x.device, dtype=torch.long),
                                           **cond)
@@ -53,18 +72,23 @@ def cfg_velocity(model, y, null_class: int, scale: float, interval: tuple[float,
         return lambda x, t, **cond: model(x, t, y, **cond)
     lo, hi = interval
     limited = (lo, hi) != (0.0, 1.0)
+    planned = iter(plan or ())
 
     def velocity(x, t, **cond):
+        inside = None
         if limited:
-            inside = (t >= lo) & (t <= hi)
-            if not bool(inside.any()):  # one host sync per sampler step, outside the training loop
+            guide = next(planned, None)  # the host's replay of this call's time (None: past the plan, or none given)
+            if guide is None:
+                inside = (t >= lo) & (t <= hi)
+                guide = bool(inside.any())  # a host sync
+            if not guide:
                 return model(x, t, y, **cond)
         y_null = torch.full_like(y, null_class)
         twice = {k: torch.cat([c, c]) if torch.is_tensor(c) and c.ndim > 0 else c for k, c in cond.items()}  # scalars stay
         v = model(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), **twice)
         v_c, v_u = v.chunk(2)
         guided = v_u + scale * (v_c - v_u)
-        return torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c) if limited else guided
+        return guided if inside is None else torch.where(inside.view(-1, *([1] * (x.ndim - 1))), guided, v_c)
     return velocity
 
 
@@ -213,11 +237,14 @@ class FlowMatching(Method):
         n = len(labels) if labels is not None else n
         C, S = self.spec["channels"], self.spec["image_size"]
         x = torch.randn((n, C, S, S), generator=generator, device=device)
-        velocity = cfg_velocity(model, labels, base.null_class, keys.cfg_scale if cfg_scale is None else cfg_scale,
-                                self.cfg_interval)
-        ts = time_grid(steps or keys.sample_steps, device=device, schedule=keys.step_schedule, cfg=self.mcfg)
-        extra = self.sample_conditions(n, device) if conditions is None else conditions
         sampler = sampler or keys.sampler
+        steps = steps or keys.sample_steps
+        plan = guidance_plan(sampler_registry.get(sampler), time_grid(steps, "cpu", keys.step_schedule, self.mcfg),
+                             self.cfg_interval)
+        velocity = cfg_velocity(model, labels, base.null_class, keys.cfg_scale if cfg_scale is None else cfg_scale,
+                                self.cfg_interval, plan)
+        ts = time_grid(steps, device=device, schedule=keys.step_schedule, cfg=self.mcfg)
+        extra = self.sample_conditions(n, device) if conditions is None else conditions
         with self._block_cache(base, sampler, len(ts) - 1):
             return call_sampler(sampler_registry.get(sampler), velocity, x, ts, callback=callback,
                                 extra_args=extra, generator=generator, noise=self.mcfg.sde_noise)
