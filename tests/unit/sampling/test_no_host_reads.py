@@ -1,0 +1,48 @@
+"""Issue 54's "no host sync in a sampling step", checked on the CPU for every image method: a sample drawn with every
+way of reading a tensor back to the host forbidden (on CUDA each of them waits for the device). Generated from the
+method registry; the GPU test (test_sampling_overlap.py) counts the real synchronisations for the flow method.
+mdlm is not here: its ancestral sampler asks whether a step revealed a token, on purpose, to reuse the logits of
+steps that reveal nothing (one forward pass instead of one per step when steps > tokens)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ANALYZE_SPEC, TINY
+
+from genlab.config.tree import load_config
+from genlab.core.registry import load_entries
+from genlab.families.base import method_registry
+from genlab.families.image_flow import flow
+from genlab.training.step import build_model_and_method
+
+load_entries()
+IMAGE_METHODS = sorted(n for n in method_registry.names() if method_registry.get(n).model_families == ("image",)
+                       and callable(getattr(method_registry.get(n), "sample", None)))
+READS = ("__bool__", "item", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy")
+_REAL = {attr: getattr(torch.Tensor, attr) for attr in READS}
+
+
+def _host_read(*args, **kwargs):
+    raise AssertionError("a tensor was read back to the host (a host sync on CUDA)")
+
+
+@pytest.mark.parametrize("interval", ["0,1", "0.3,0.7"])
+@pytest.mark.parametrize("method", IMAGE_METHODS)
+def test_an_image_sample_reads_nothing_back_from_the_device(method, interval, monkeypatch):
+    extra = ["model.name=maskdit"] if method == "maskdit" else []
+    cfg = load_config("digits_flow", TINY + [f"method.name={method}", f"method.cfg_interval={interval}", *extra])
+    model, m = build_model_and_method(cfg, ANALYZE_SPEC)
+    labels, gen = torch.arange(4) % 4, torch.Generator().manual_seed(0)
+    real_plan = flow.guidance_plan
+
+    def host_plan(*args):  # reads are allowed here: time_grid(steps, "cpu", ...) is a host tensor on any device
+        with monkeypatch.context() as inner:
+            for attr in READS:
+                inner.setattr(torch.Tensor, attr, _REAL[attr])
+            return real_plan(*args)
+    with monkeypatch.context() as mp:
+        mp.setattr(flow, "guidance_plan", host_plan)
+        for attr in READS:
+            mp.setattr(torch.Tensor, attr, _host_read)
+        x = m.sample(model.eval(), labels, steps=3, cfg_scale=2.0, generator=gen, device="cpu")
+    assert x.shape[0] == 4 and torch.isfinite(x).all()
