@@ -202,3 +202,18 @@ def analyze_model(name="dit", seed=0):
 def analyze_sample(method, model, steps=3):
     return method.sample(model, torch.arange(6) % 4, steps=steps, generator=torch.Generator().manual_seed(7),
                          device="cpu")
+
+
+# every way of reading a tensor back to the host (on CUDA each waits for the device): tests that a step needs none
+HOST_READS = ("__bool__", "item", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy")
+_REAL_READS = {attr: getattr(torch.Tensor, attr) for attr in HOST_READS}
+
+
+def _host_read(*args, **kwargs):
+    raise AssertionError("a tensor was read back to the host (a host sync on CUDA)")
+
+
+def forbid_host_reads(mp, allow: bool = False):
+    """On the MonkeyPatch `mp`, make every host read of a tensor raise (allow=True: put the real ones back there)."""
+    for attr in HOST_READS:
+        mp.setattr(torch.Tensor, attr, _REAL_READS[attr] if allow else _host_read)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ANALYZE_SPEC, TINY
+from conftest import ANALYZE_SPEC, TINY, forbid_host_reads
 
 from genlab.config.tree import load_config
 from genlab.core.registry import load_entries
@@ -19,12 +19,6 @@ from genlab.training.step import build_model_and_method
 load_entries()
 IMAGE_METHODS = sorted(n for n in method_registry.names() if method_registry.get(n).model_families == ("image",)
                        and callable(getattr(method_registry.get(n), "sample", None)))
-READS = ("__bool__", "item", "__float__", "__int__", "__index__", "tolist", "cpu", "numpy")
-_REAL = {attr: getattr(torch.Tensor, attr) for attr in READS}
-
-
-def _host_read(*args, **kwargs):
-    raise AssertionError("a tensor was read back to the host (a host sync on CUDA)")
 
 
 @pytest.mark.parametrize("interval", ["0,1", "0.3,0.7"])
@@ -38,21 +32,18 @@ def test_an_image_sample_reads_nothing_back_from_the_device(method, interval, mo
 
     def host_plan(*args):  # reads are allowed here: time_grid(steps, "cpu", ...) is a host tensor on any device
         with monkeypatch.context() as inner:
-            for attr in READS:
-                inner.setattr(torch.Tensor, attr, _REAL[attr])
+            forbid_host_reads(inner, allow=True)
             return real_plan(*args)
     with monkeypatch.context() as mp:
         mp.setattr(flow, "guidance_plan", host_plan)
-        for attr in READS:
-            mp.setattr(torch.Tensor, attr, _host_read)
+        forbid_host_reads(mp)
         x = m.sample(model.eval(), labels, steps=3, cfg_scale=2.0, generator=gen, device="cpu")
     assert x.shape[0] == 4 and torch.isfinite(x).all()
 
 
 def _forbidding_reads(monkeypatch, fn):
     with monkeypatch.context() as mp:
-        for attr in READS:
-            mp.setattr(torch.Tensor, attr, _host_read)
+        forbid_host_reads(mp)
         return fn()
 
 

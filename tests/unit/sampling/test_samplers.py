@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from conftest import forbid_host_reads
 
 from genlab.config.tree import load_config
 from genlab.core.errors import GenlabError
@@ -127,15 +128,11 @@ def test_guidance_applies_only_inside_its_interval():
     assert m.sizes == [4, 2, 2, 4], "outside the interval one conditional forward, no doubled batch"
 
 
-def _host_read(*args, **kwargs):
-    raise AssertionError("a tensor was read back to the host (a host sync on CUDA)")
-
-
 @pytest.mark.parametrize("name", sorted(n for n, _ in sampler_registry.specs()))  # every registered sampler
 def test_a_guidance_plan_makes_the_read_back_choices_without_reading_the_device(name, monkeypatch):
     """guidance_plan replays a sampler's time points on the host: with it cfg_velocity makes the same one-or-two-
     forward choice per call as reading t back (same samples, same batch per call, both kinds of call present), and no
-    tensor is read back during the draw (Tensor.__bool__ / item / __float__ raise)."""
+    tensor is read back during the draw (conftest.forbid_host_reads)."""
     fn, ts, interval = sampler_registry.get(name), time_grid(9, schedule="shifted"), (0.3, 0.7)
     plan = guidance_plan(fn, ts, interval)
     assert plan is not None and set(plan) == {True, False} and len(plan) == 9 * nfe_per_step(name)
@@ -145,8 +142,7 @@ def test_a_guidance_plan_makes_the_read_back_choices_without_reading_the_device(
         v = cfg_velocity(m, torch.tensor([1, 2]), null_class=10, scale=2.0, interval=interval, plan=p)
         with monkeypatch.context() as mp:
             if p is not None:
-                for attr in ("__bool__", "item", "__float__"):
-                    mp.setattr(torch.Tensor, attr, _host_read)
+                forbid_host_reads(mp)
             out = call_sampler(fn, v, torch.zeros(2, 1), ts, generator=torch.Generator().manual_seed(0), noise=0.5)
         runs.append((out, m.sizes))
     assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
