@@ -258,13 +258,18 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(dim // heads) if qk_norm else nn.Identity()
         entry = attention_registry.get(backend)
-        check = attention_registry.spec(backend).check
+        spec = attention_registry.spec(backend)
+        check = spec.check
         if check is not None:  # e.g. triton: GenlabError before training
             check(dim // heads)
         # an entry that is a module class owns parameters (differential's lambda): one instance per layer
         is_module = isinstance(entry, type) and issubclass(entry, nn.Module)
         self.attend = None if not kernel else entry(dim // heads, heads, layer) if is_module else entry
         self.split = qkv_kernel_registry.get(qkv_kernel)  # the projection's output -> q, k, v (model.qkv_kernel)
+        # the entry's packed path (q, k, v read from the projection's output): only where the plain split would run
+        self.packed = spec.packed if kernel and not qk_norm and qkv_kernel == "plain" else None
+        # forward_ad_attention / plain_softmax_attention swap attend for a fallback: then the fallback runs, unpacked
+        self.entry = self.attend if self.packed is not None else None  # (a module entry would register twice)
 
     def heads_qkv(self, x, rope=None):
         """x [B, N, D] -> q, k, v [B, H, N, D/H] (normalised and rotated)."""
@@ -279,8 +284,16 @@ class Attention(nn.Module):
         B, H, N, hd = o.shape
         return self.proj(o.transpose(1, 2).reshape(B, N, H * hd))
 
+    def attend_tokens(self, x, causal: bool = False, rope=None, mask=None):
+        """x [B, N, D] -> the attention output [B, H, N, D/H]: the entry's packed path (AttentionSpec.packed) where
+        this call allows it (no RoPE, mask or attention dropout), else heads_qkv then kernel."""
+        dropout = self.attn_dropout > 0 and self.training
+        if self.packed is not None and self.attend is self.entry and rope is None and mask is None and not dropout:
+            return self.packed(self.qkv(x), self.heads, causal)
+        return self.kernel(*self.heads_qkv(x, rope), causal=causal, mask=mask)
+
     def forward(self, x, causal: bool = False, rope=None, mask=None):
-        return self.out(self.kernel(*self.heads_qkv(x, rope), causal=causal, mask=mask))
+        return self.out(self.attend_tokens(x, causal=causal, rope=rope, mask=mask))
 
 
 def softmax_flops(n: int, m: int, head_dim: int) -> int:

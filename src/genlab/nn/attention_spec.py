@@ -1,10 +1,12 @@
 """The attention registry (`model.attention`) and what an attention entry declares about itself. Its own module:
-the entries live in nn/attention.py and nn/triton_attention.py, which imports nothing of nn/attention.py."""
+the entries live in nn/attention.py, nn/cudnn_attention.py and nn/triton_attention.py (which imports nothing of
+nn/attention.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry, Spec
 
 
@@ -24,6 +26,20 @@ class AttentionSpec(Spec):
     # the same function in ops that run under torch.vmap where the entry's kernels do not (SDPA's, for a bf16 model
     # on CUDA: batched seeds); attention.plain_softmax_attention swaps it in
     vmap_fallback: Callable | None = None
+    # packed(h, heads, causal) -> o [B, heads, N, hd] straight from the fused QKV projection's output h [B, N, 3C],
+    # which Attention runs where the layer allows it (no qk-norm, RoPE, mask or dropout; nn/cudnn_attention.py)
+    packed: Callable | None = None
+    package: str = ""                      # top-level module it imports on CUDA (checked with the config)
+
+    def check_choice(self, cfg, key, name, registry):
+        """On a machine with CUDA, an entry whose package is missing (as nn/kernels.py's KernelSpec)."""
+        import importlib.util
+
+        import torch
+        if self.package and torch.cuda.is_available() and importlib.util.find_spec(self.package) is None:
+            ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
+            raise GenlabError(f"{key}={name} needs the '{self.package}' package (not installed); "
+                              f"valid choices: {', '.join(ok)}")
 
 
 attention_registry = Registry("attention", AttentionSpec)

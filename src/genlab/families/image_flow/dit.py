@@ -112,8 +112,9 @@ class DiTBlock(nn.Module):
         return self.gated_add(x, self.mlp(h, grid=grid), g2)
 
     def forward(self, x, c, rope=None, grid=None):
-        qkv, mod = self.pre(x, c, rope)
-        return self.post(x, self.attn.kernel(*qkv), mod, grid)
+        mod = self.ada(c).chunk(6, dim=-1)  # pre's, through attend_tokens: the entry's packed path where it has one
+        o = self.attn.attend_tokens(self.norm_modulate(x, mod[0], mod[1], self.eps), rope=rope)
+        return self.post(x, o, mod, grid)
 
 
 class FinalLayer(nn.Module):
