@@ -3,6 +3,7 @@ patch grids; a module adds its table to the tokens (`forward(h, offset)`) and/or
 (`rope(offset)`), and `axes` says which grid ranks it serves. The sin-cos and rotary tables and `apply_rope` too."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +63,7 @@ class LearnedPosition(nn.Module):
 
     def __init__(self, dim: int, heads: int, grid: tuple):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(int(torch.tensor(grid).prod()), dim).normal_(std=0.02))
+        self.weight = nn.Parameter(torch.empty(math.prod(grid), dim).normal_(std=0.02))
 
     def forward(self, h, offset: int = 0):
         return h + self.weight[offset:offset + h.shape[1]].to(h.dtype)
