@@ -20,7 +20,7 @@ The reference step is what the reference's own training script does, at genlab b
   disabled GradScaler, clip_grad_norm_ 1.0, zero_grad(set_to_none=True), the LR set on each group every step.
 Both: one fixed random batch on the device (as genlab bench; train.py reads its data: DiT through a VAE, nanoGPT from
 a memmap), TF32 on CUDA as both train.py set it, `--warmup` untimed steps, then one window of `--steps` steps between two
-synchronisations (perf_counter), peak memory since the warm-up. genlab bench does the same (two windows only with
+synchronisations (perf_counter), peak memory over the warm-up and the timed steps. genlab bench does the same (two windows only with
 --turn-lock); its DiT step is one CUDA graph on a GPU (train.graph_step=auto; `--set train.graph_step=false` for the
 plain step), that is part of what the ratio measures. MFU: genlab's analytic FLOP count of the matching preset
 (without --set) for both rows, against genlab's bf16 dense peak of the device (GENLAB_PEAK_FLOPS overrides).
@@ -179,11 +179,11 @@ def time_reference(w: Workload, path, steps: int, warmup: int, device="cpu", com
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     ref = load_reference(path, f"{w.family}_reference")
     step = (dit_step if w.family == "dit" else gpt_step)(ref, w, device, compile)
+    if device.type == "cuda":  # the peak spans the warm-up, as genlab bench's (whose graph step allocates there)
+        torch.cuda.reset_peak_memory_stats(device)
     for _ in range(warmup):
         step()
     _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
