@@ -124,6 +124,16 @@ def test_bench_on_gpu_has_no_recompiles_and_no_extra_host_syncs(extra):
     assert 0 < r["mfu"] < 1 and r["fwd_ms"] > 0 and r["bwd_ms"] > 0
 
 
+def test_bench_peak_memory_counts_the_graph_steps_activations():
+    """A whole-step CUDA graph allocates its activations while it is captured (in the warm-up) and never again:
+    bench's peak spans the warm-up, so the graphed step shows at least the plain step's activations."""
+    from genlab.config.tree import load_config
+    from genlab.lab.bench import run_bench
+    peaks = {g: run_bench(load_config("bench_dit_b2", ["model.size=S", "train.batch_size=64", f"train.graph_step={g}"]),
+                          steps=3, warmup=5)["peak_mem_gib"] for g in ("false", "true")}
+    assert peaks["true"] >= 0.9 * peaks["false"], peaks
+
+
 @pytest.mark.parametrize("compile_,method", [("off", ()), ("model", ()),
                                              ("model", ("method.name=repa", "method.repa_hidden=64", "method.repa_lr=3e-3"))],
                          ids=["off", "model", "repa-model"])
