@@ -217,3 +217,24 @@ def forbid_host_reads(mp, allow: bool = False):
     """On the MonkeyPatch `mp`, make every host read of a tensor raise (allow=True: put the real ones back there)."""
     for attr in HOST_READS:
         mp.setattr(torch.Tensor, attr, _REAL_READS[attr] if allow else _host_read)
+
+
+def relative_error(a, b) -> float:
+    """||a - b|| / ||b|| in float64."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def assert_one_inductor_graph_like_eager(module, x):
+    """Under bf16 autocast, `module` compiled with fullgraph is one inductor frame whose output and gradients (input
+    and parameters) match the eager module's (a kernel behind custom ops must trace whole)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    with torch.autocast(x.device.type, torch.bfloat16):
+        eager = module(x).float().tanh()
+        g_eager = torch.autograd.grad(eager.sum(), [x, *module.parameters()])
+        counter = CompileCounterWithBackend("inductor")
+        out = torch.compile(lambda t: module(t).float().tanh(), backend=counter, fullgraph=True)(x)
+        g = torch.autograd.grad(out.sum(), [x, *module.parameters()])
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
+    for a, b in zip(g, g_eager):
+        assert relative_error(a, b) < 1e-2

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import assert_one_inductor_graph_like_eager, relative_error
 from genlab.nn import quack_mlp
 from genlab.nn.mlp import mlp_registry
 
@@ -23,8 +24,7 @@ HAS_QUACK = importlib.util.find_spec("quack") is not None
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+rel = relative_error
 
 
 def pair(dim=24, hidden=96, dtype=torch.float64, device="cpu"):
@@ -152,19 +152,9 @@ def test_gpu_gelu_quack_matches_float64_under_bf16_autocast(shape, hidden):
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HOPPER and HAS_QUACK), reason="needs a Hopper (sm90+) GPU and quack-kernels")
 def test_gpu_gelu_quack_compiles_in_one_graph_and_matches_eager():
-    from torch._dynamo.testing import CompileCounterWithBackend
     m, _ = pair(256, 1024, torch.float32, "cuda")
     x = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
-    with torch.autocast("cuda", torch.bfloat16):
-        eager = m(x).float().tanh()
-        g_eager = torch.autograd.grad(eager.sum(), [x, *m.parameters()])
-        counter = CompileCounterWithBackend("inductor")
-        out = torch.compile(lambda t: m(t).float().tanh(), backend=counter, fullgraph=True)(x)
-        g = torch.autograd.grad(out.sum(), [x, *m.parameters()])
-    assert counter.frame_count == 1
-    torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
-    for a, b in zip(g, g_eager):
-        assert rel(a, b) < 1e-2
+    assert_one_inductor_graph_like_eager(m, x)
 
 
 def test_gelu_quack_refuses_a_quack_outside_site_packages_before_the_run(monkeypatch, tmp_path):
