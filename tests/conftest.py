@@ -238,3 +238,20 @@ def assert_one_inductor_graph_like_eager(module, x):
     torch.testing.assert_close(out, eager, atol=2e-2, rtol=2e-2)
     for a, b in zip(g, g_eager):
         assert relative_error(a, b) < 1e-2
+
+
+def mlp_pair(plain: str, fused: str, dim=24, hidden=96, dtype=torch.float64, device="cpu"):
+    """(the `fused` MLP entry, the `plain` one) with the same weights: their state dicts share keys, so a checkpoint
+    moves between the two."""
+    from genlab.nn.mlp import mlp_registry
+    torch.manual_seed(0)
+    ref = mlp_registry.get(plain)(dim, hidden).to(device, dtype)
+    m = mlp_registry.get(fused)(dim, hidden).to(device, dtype)
+    m.load_state_dict(ref.state_dict())
+    return m, ref
+
+
+def output_and_grads(m, x, cot):
+    """m(x) and the gradients of <m(x), cot> with respect to x and every parameter of m."""
+    out = m(x)
+    return out, torch.autograd.grad((out.float() * cot).sum(), [x, *m.parameters()])

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from genlab.core.errors import GenlabError
 from genlab.core.registry import Registry, Spec
+from genlab.nn.kernels import refuse_missing_package
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,14 +32,7 @@ class AttentionSpec(Spec):
     package: str = ""                      # top-level module it imports on CUDA (checked with the config)
 
     def check_choice(self, cfg, key, name, registry):
-        """On a machine with CUDA, an entry whose package is missing (as nn/kernels.py's KernelSpec)."""
-        import importlib.util
-
-        import torch
-        if self.package and torch.cuda.is_available() and importlib.util.find_spec(self.package) is None:
-            ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
-            raise GenlabError(f"{key}={name} needs the '{self.package}' package (not installed); "
-                              f"valid choices: {', '.join(ok)}")
+        refuse_missing_package(self.package, key, name, registry)
 
 
 attention_registry = Registry("attention", AttentionSpec)

@@ -105,7 +105,7 @@ def _plain_bwd(do, h, o, stats, heads, causal, scale):
 # -- cuDNN ------------------------------------------------------------------------------------------------------------
 def _handle(device: torch.device):
     """This thread's cuDNN handle for `device`, on torch's current stream."""
-    import cudnn
+    import cudnn  # optional (.[kernels]); imported on the first CUDA call only
     handles = _TLS.__dict__.setdefault("handles", {})
     if device not in handles:
         with torch.cuda.device(device):  # create_handle binds the current device
@@ -125,7 +125,7 @@ def _graph(step: str, h: torch.Tensor, heads: int, causal: bool, scale: float, h
 
 
 def _build(step, dtype, B, H, N, hd, causal, scale, handle):
-    import cudnn
+    import cudnn  # optional (.[kernels]); imported on the first CUDA call only
     io = cudnn.data_type.BFLOAT16 if dtype == torch.bfloat16 else cudnn.data_type.HALF
     g = cudnn.pygraph(handle=handle, io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                       compute_data_type=cudnn.data_type.FLOAT)

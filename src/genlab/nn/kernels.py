@@ -27,13 +27,17 @@ class KernelSpec(Spec):
             cpu = [n for n, s in registry.specs() if not s.cuda_only]
             raise GenlabError(f"{key}={name} is a CUDA kernel and this run trains on the CPU; "
                               f"valid choices on the CPU: {', '.join(cpu)}")
-        # the package matters where the run will import it: a machine with CUDA (suites are checked on CPU machines)
-        if self.package and torch.cuda.is_available() and importlib.util.find_spec(self.package) is None:
-            ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
-            raise GenlabError(f"{key}={name} needs the '{self.package}' package (not installed); "
-                              f"valid choices: {', '.join(ok)}")
+        refuse_missing_package(self.package, key, name, registry)
         if self.install_problem and torch.cuda.is_available() and (why := self.install_problem()):
             raise GenlabError(f"{key}={name}: {why}")
+
+
+def refuse_missing_package(package: str, key: str, name: str, registry) -> None:
+    """A choice whose package is missing, in one line naming the choices whose packages are there (entries declare
+    `package`). It matters where the run will import it: a machine with CUDA (suites are checked on CPU machines)."""
+    if package and torch.cuda.is_available() and importlib.util.find_spec(package) is None:
+        ok = [n for n, s in registry.specs() if not s.package or importlib.util.find_spec(s.package) is not None]
+        raise GenlabError(f"{key}={name} needs the '{package}' package (not installed); valid choices: {', '.join(ok)}")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

@@ -52,7 +52,7 @@ def install_problem() -> str:
 def _fwd(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
          b2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, D] -> (out [M, D], pre-activation [M, H]); one epilogue GEMM and one cuBLAS addmm."""
-    from quack.gemm_interface import gemm_act
+    from quack.gemm_interface import gemm_act  # optional (.[kernels], Hopper); the first CUDA call imports it
     pre, post = gemm_act(x, w1.t(), bias=b1, activation=ACT, store_preact=True, tuned=tuned())
     return torch.addmm(b2, post, w2.t()), pre
 
@@ -66,7 +66,7 @@ def _(x, w1, b1, w2, b2):
 def _bwd(dy: torch.Tensor, x: torch.Tensor, pre: torch.Tensor, w1: torch.Tensor,
          w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dW1, db1, dW2, db2) from dy [M, D] and the saved x and pre-activation."""
-    from quack.gemm_interface import gemm_dact
+    from quack.gemm_interface import gemm_dact  # optional (.[kernels], Hopper); the first CUDA call imports it
     dpre, post = gemm_dact(dy, w2, pre, activation=ACT, tuned=tuned())  # dy W2 * GELU'(pre), and GELU(pre)
     acc = torch.promote_types(dy.dtype, torch.float32)  # bias sums over all tokens: at least float32
     db1, db2 = dpre.sum(0, dtype=acc), dy.sum(0, dtype=acc)

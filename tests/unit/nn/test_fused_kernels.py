@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_under_triton_interpreter, src_pythonpath
+from conftest import mlp_pair, output_and_grads, run_under_triton_interpreter, src_pythonpath
 
 REPO = Path(__file__).resolve().parents[3]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -284,18 +284,11 @@ HAS_LIGER = importlib.util.find_spec("liger_kernel") is not None
 
 
 def _mlp_pair(dim=24, hidden=96, dtype=torch.float64, device="cpu"):
-    """A swiglu and a swiglu_liger MLP with the same weights (the state dicts share their keys)."""
-    from genlab.nn.mlp import mlp_registry
-    torch.manual_seed(0)
-    ref = mlp_registry.get("swiglu")(dim, hidden).to(device, dtype)
-    m = mlp_registry.get("swiglu_liger")(dim, hidden).to(device, dtype)
-    m.load_state_dict(ref.state_dict())
-    return m, ref
+    """A swiglu_liger and a swiglu MLP with the same weights."""
+    return mlp_pair("swiglu", "swiglu_liger", dim, hidden, dtype, device)
 
 
-def _mlp_grads(m, x, cot):
-    out = m(x)
-    return out, torch.autograd.grad((out.float() * cot).sum(), [x, *m.parameters()])
+_mlp_grads = output_and_grads
 
 
 def test_swiglu_liger_is_plain_swiglu_on_cpu():

@@ -16,9 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_one_inductor_graph_like_eager, relative_error
+from conftest import assert_one_inductor_graph_like_eager, mlp_pair, output_and_grads, relative_error
 from genlab.nn import quack_mlp
-from genlab.nn.mlp import mlp_registry
 
 HAS_QUACK = importlib.util.find_spec("quack") is not None
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
@@ -28,16 +27,10 @@ rel = relative_error
 
 
 def pair(dim=24, hidden=96, dtype=torch.float64, device="cpu"):
-    torch.manual_seed(0)
-    ref = mlp_registry.get("gelu")(dim, hidden).to(device, dtype)
-    m = mlp_registry.get("gelu_quack")(dim, hidden).to(device, dtype)
-    m.load_state_dict(ref.state_dict())  # same keys: a checkpoint moves between the two
-    return m, ref
+    return mlp_pair("gelu", "gelu_quack", dim, hidden, dtype, device)
 
 
-def grads(m, x, cot):
-    out = m(x)
-    return out, torch.autograd.grad((out.float() * cot).sum(), [x, *m.parameters()])
+grads = output_and_grads
 
 
 def test_gelu_quack_is_plain_gelu_on_cpu():
