@@ -102,9 +102,14 @@ class DiTBlock(nn.Module):
         return cls(s.dim, s.heads, s.mlp_ratio, s.attention, s.qk_norm, s.adaln, s.mlp, s.norm, layer=layer,
                    qkv_kernel=s.qkv_kernel, **options)
 
-    def pre(self, x, c, rope=None):
+    def modulated(self, x, c):
+        """The attention input (LayerNorm + the first shift/scale) and the block's modulation chunks."""
         mod = self.ada(c).chunk(2 if self.pre_only else 6, dim=-1)
-        return self.attn.heads_qkv(self.norm_modulate(x, mod[0], mod[1], self.eps), rope), mod
+        return self.norm_modulate(x, mod[0], mod[1], self.eps), mod
+
+    def pre(self, x, c, rope=None):
+        h, mod = self.modulated(x, c)
+        return self.attn.heads_qkv(h, rope), mod
 
     def post(self, x, o, mod, grid=None):
         _, _, g1, sh2, sc2, g2 = mod
@@ -112,9 +117,8 @@ class DiTBlock(nn.Module):
         return self.gated_add(x, self.mlp(h, grid=grid), g2)
 
     def forward(self, x, c, rope=None, grid=None):
-        mod = self.ada(c).chunk(6, dim=-1)  # pre's, through attend_tokens: the entry's packed path where it has one
-        o = self.attn.attend_tokens(self.norm_modulate(x, mod[0], mod[1], self.eps), rope=rope)
-        return self.post(x, o, mod, grid)
+        h, mod = self.modulated(x, c)  # then attend_tokens: the entry's packed path where it has one
+        return self.post(x, self.attn.attend_tokens(h, rope=rope), mod, grid)
 
 
 class FinalLayer(nn.Module):
